@@ -1,0 +1,188 @@
+//! Algorithms: functions from a validated problem to a [`Plan`]. They never touch an
+//! executor; executors never know which algorithm made a plan.
+
+use std::fmt;
+
+use thiserror::Error;
+
+use crate::plan::{BufId, BufferRole, Plan, PlanBuilder, PlanError};
+use crate::problem::{OpKind, Problem};
+
+mod ring;
+
+/// A 1D algorithm with its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// The non-overlapped baseline: the whole collective, then one GEMM (or the GEMM,
+    /// then the whole collective). Every benchmark compares against it.
+    Baseline,
+    /// Unidirectional ring, one message per shard.
+    Ring,
+    /// Bidirectional ring: both link directions carry shards (ag_gemm) or half of the
+    /// columns each (gemm_rs, gemm_ar).
+    RingBidir,
+    /// Unidirectional ring, each shard sent as `chunks` row chunks with one signal each
+    /// (ag_gemm only).
+    RingChunked {
+        /// Chunks per shard.
+        chunks: usize,
+    },
+}
+
+impl Algorithm {
+    /// Name as used in case files (without parameters).
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Baseline => "baseline",
+            Algorithm::Ring => "ring",
+            Algorithm::RingBidir => "ring_bidir",
+            Algorithm::RingChunked { .. } => "ring_chunked",
+        }
+    }
+
+    /// Parses a case file's algorithm name and optional chunk count.
+    pub fn parse(name: &str, chunks: Option<usize>) -> Result<Self, AlgorithmError> {
+        let algorithm = match name {
+            "baseline" => Algorithm::Baseline,
+            "ring" => Algorithm::Ring,
+            "ring_bidir" => Algorithm::RingBidir,
+            "ring_chunked" => Algorithm::RingChunked {
+                chunks: chunks.ok_or(AlgorithmError::MissingParameter {
+                    algorithm: "ring_chunked",
+                    parameter: "chunks",
+                })?,
+            },
+            other => {
+                return Err(AlgorithmError::Unknown {
+                    name: other.to_string(),
+                })
+            }
+        };
+        if chunks.is_some() && !matches!(algorithm, Algorithm::RingChunked { .. }) {
+            return Err(AlgorithmError::UnexpectedParameter {
+                algorithm: algorithm.name(),
+                parameter: "chunks",
+            });
+        }
+        Ok(algorithm)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Algorithm::RingChunked { chunks } => write!(f, "ring_chunked(c={chunks})"),
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
+/// Why an algorithm cannot produce a plan for a problem.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum AlgorithmError {
+    /// The algorithm name is not known.
+    #[error("unknown algorithm `{name}` (expected baseline, ring, ring_bidir or ring_chunked)")]
+    Unknown {
+        /// The name given.
+        name: String,
+    },
+    /// A required parameter is missing.
+    #[error("algorithm {algorithm} needs the parameter `{parameter}`")]
+    MissingParameter {
+        /// Algorithm.
+        algorithm: &'static str,
+        /// Parameter.
+        parameter: &'static str,
+    },
+    /// A parameter was given that the algorithm does not take.
+    #[error("algorithm {algorithm} takes no parameter `{parameter}`")]
+    UnexpectedParameter {
+        /// Algorithm.
+        algorithm: &'static str,
+        /// Parameter.
+        parameter: &'static str,
+    },
+    /// The algorithm does not implement this operation.
+    #[error("algorithm {algorithm} is not defined for {op}")]
+    Unsupported {
+        /// Operation.
+        op: OpKind,
+        /// Algorithm.
+        algorithm: Algorithm,
+    },
+    /// A parameter does not divide the size it splits.
+    #[error("{algorithm}: {what}={size} is not divisible by {param}={by}")]
+    Indivisible {
+        /// Algorithm.
+        algorithm: Algorithm,
+        /// The size being split.
+        what: &'static str,
+        /// Its value.
+        size: usize,
+        /// The parameter name.
+        param: &'static str,
+        /// The parameter value.
+        by: usize,
+    },
+    /// The produced plan failed validation (a bug in the algorithm).
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+/// Builds the plan of `algorithm` for `problem`.
+pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, AlgorithmError> {
+    match (problem.op, algorithm) {
+        (OpKind::AgGemm, Algorithm::Baseline) => ring::ag_gemm_baseline(problem),
+        (OpKind::AgGemm, Algorithm::Ring) => ring::ag_gemm_ring(problem, algorithm, 1),
+        (OpKind::AgGemm, Algorithm::RingChunked { chunks }) => ring::ag_gemm_ring(problem, algorithm, chunks),
+        (OpKind::AgGemm, Algorithm::RingBidir) => ring::ag_gemm_bidir(problem),
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Baseline) => ring::gemm_reduce_baseline(problem),
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Ring) => ring::gemm_reduce_ring(problem, false),
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::RingBidir) => ring::gemm_reduce_ring(problem, true),
+        (op, algorithm) => Err(AlgorithmError::Unsupported { op, algorithm }),
+    }
+}
+
+/// Every algorithm variant defined for `op` (with a representative chunk count).
+pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
+    match op {
+        OpKind::AgGemm => vec![
+            Algorithm::Baseline,
+            Algorithm::Ring,
+            Algorithm::RingBidir,
+            Algorithm::RingChunked { chunks: 2 },
+        ],
+        _ => vec![Algorithm::Baseline, Algorithm::Ring, Algorithm::RingBidir],
+    }
+}
+
+/// Declares the input buffer of global tensor `tensor` with each device's shard origin.
+fn input_buffer(b: &mut PlanBuilder, p: &Problem, tensor: u32) -> BufId {
+    let decl = p.inputs()[tensor as usize];
+    let shard = p.input_shard(tensor, 0);
+    let origins = (0..p.devices)
+        .map(|d| {
+            let w = p.input_shard(tensor, d);
+            (w.row0, w.col0)
+        })
+        .collect();
+    b.buffer(
+        decl.name,
+        p.input,
+        shard.rows,
+        shard.cols,
+        BufferRole::Input {
+            tensor,
+            global_cols: decl.cols,
+            origins,
+        },
+    )
+}
+
+/// Declares the output buffer `C` with the device's output window shape.
+fn output_buffer(b: &mut PlanBuilder, p: &Problem) -> BufId {
+    let w = p.output_window(0);
+    b.buffer("C", p.output, w.rows, w.cols, BufferRole::Output)
+}

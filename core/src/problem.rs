@@ -1,0 +1,443 @@
+//! Problems: an operation, a device count, global shapes and dtypes, validated.
+//!
+//! Every 1D operation is the global GEMM `C = A·B` (A is M×K, B is K×N) sharded in a
+//! different way (BRIEF §3.1–3.3):
+//!
+//! | op | device d holds | device d produces |
+//! |---|---|---|
+//! | `ag_gemm` | rows block d of A (M/D × K), columns block d of B (K × N/D) | columns block d of C (M × N/D) |
+//! | `gemm_rs` | columns block d of A (M × K/D), rows block d of B (K/D × N) | rows block d of C (M/D × N) |
+//! | `gemm_ar` | as `gemm_rs` | all of C (M × N) |
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::dtype::DType;
+
+/// The collective matmul operations of the 1D family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum OpKind {
+    /// AllGather of A's rows, then GEMM with the local columns of B.
+    AgGemm,
+    /// GEMM of local K-slices, then ReduceScatter of C's rows.
+    GemmRs,
+    /// GEMM of local K-slices, then AllReduce.
+    GemmAr,
+}
+
+impl OpKind {
+    /// Every operation.
+    pub const ALL: [OpKind; 3] = [OpKind::AgGemm, OpKind::GemmRs, OpKind::GemmAr];
+
+    /// Name as used in case files.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::AgGemm => "ag_gemm",
+            OpKind::GemmRs => "gemm_rs",
+            OpKind::GemmAr => "gemm_ar",
+        }
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for OpKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        OpKind::ALL
+            .into_iter()
+            .find(|op| op.name() == s)
+            .ok_or_else(|| format!("unknown op `{s}` (expected ag_gemm, gemm_rs or gemm_ar)"))
+    }
+}
+
+/// Why a problem is invalid.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ProblemError {
+    /// The device count is zero.
+    #[error("{op}: the device count D must be at least 1")]
+    NoDevices {
+        /// The operation.
+        op: OpKind,
+    },
+    /// A global dimension is zero.
+    #[error("{op}: dimension {dim} is 0 (M={m}, N={n}, K={k})")]
+    ZeroDimension {
+        /// The operation.
+        op: OpKind,
+        /// Which dimension ("M", "N" or "K").
+        dim: &'static str,
+        /// Global M.
+        m: usize,
+        /// Global N.
+        n: usize,
+        /// Global K.
+        k: usize,
+    },
+    /// A dimension the sharding splits is not a multiple of the device count.
+    #[error("{op}: {dim}={size} is not divisible by D={devices} (the sharding splits {dim} into D equal blocks)")]
+    Indivisible {
+        /// The operation.
+        op: OpKind,
+        /// Which dimension.
+        dim: &'static str,
+        /// Its size.
+        size: usize,
+        /// The device count.
+        devices: usize,
+    },
+    /// The output dtype is neither f32 nor the input dtype.
+    #[error(
+        "{op}: output dtype {output} with input dtype {input} is unsupported (the output is f32 or the input dtype)"
+    )]
+    UnsupportedDtypes {
+        /// The operation.
+        op: OpKind,
+        /// Input dtype.
+        input: DType,
+        /// Requested output dtype.
+        output: DType,
+    },
+    /// A tensor has more elements than the generator can index (2^32).
+    #[error("{op}: tensor {tensor} has {elements} elements, more than the 2^32 the input generator indexes")]
+    TooLarge {
+        /// The operation.
+        op: OpKind,
+        /// Which tensor.
+        tensor: &'static str,
+        /// Its element count.
+        elements: u128,
+    },
+}
+
+/// A window of a global row-major matrix: `rows × cols` starting at `(row0, col0)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Window {
+    /// First row.
+    pub row0: usize,
+    /// First column.
+    pub col0: usize,
+    /// Number of rows.
+    pub rows: usize,
+    /// Number of columns.
+    pub cols: usize,
+}
+
+/// A global input tensor of a problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorDecl {
+    /// Name ("A", "B").
+    pub name: &'static str,
+    /// Generator tensor id.
+    pub id: u32,
+    /// Global rows.
+    pub rows: usize,
+    /// Global columns.
+    pub cols: usize,
+}
+
+/// A validated 1D collective matmul problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Problem {
+    /// The operation.
+    pub op: OpKind,
+    /// Number of devices D in the ring.
+    pub devices: usize,
+    /// Global M (rows of A and C).
+    pub m: usize,
+    /// Global N (columns of B and C).
+    pub n: usize,
+    /// Global K (the contracted dimension).
+    pub k: usize,
+    /// Input dtype of A and B.
+    pub input: DType,
+    /// Output dtype of C.
+    pub output: DType,
+}
+
+impl Problem {
+    /// Validates and builds a problem.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        op: OpKind,
+        devices: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        input: DType,
+        output: DType,
+    ) -> Result<Self, ProblemError> {
+        if devices == 0 {
+            return Err(ProblemError::NoDevices { op });
+        }
+        for (dim, size) in [("M", m), ("N", n), ("K", k)] {
+            if size == 0 {
+                return Err(ProblemError::ZeroDimension { op, dim, m, n, k });
+            }
+        }
+        let split: &[(&'static str, usize)] = match op {
+            OpKind::AgGemm => &[("M", m), ("N", n)],
+            OpKind::GemmRs => &[("K", k), ("M", m)],
+            OpKind::GemmAr => &[("K", k), ("M", m)],
+        };
+        for &(dim, size) in split {
+            if size % devices != 0 {
+                return Err(ProblemError::Indivisible { op, dim, size, devices });
+            }
+        }
+        if output != DType::F32 && output != input {
+            return Err(ProblemError::UnsupportedDtypes { op, input, output });
+        }
+        for (tensor, elements) in [
+            ("A", m as u128 * k as u128),
+            ("B", k as u128 * n as u128),
+            ("C", m as u128 * n as u128),
+        ] {
+            if elements > u32::MAX as u128 {
+                return Err(ProblemError::TooLarge { op, tensor, elements });
+            }
+        }
+        Ok(Problem {
+            op,
+            devices,
+            m,
+            n,
+            k,
+            input,
+            output,
+        })
+    }
+
+    /// The global input tensors, A then B.
+    pub fn inputs(&self) -> [TensorDecl; 2] {
+        [
+            TensorDecl {
+                name: "A",
+                id: 0,
+                rows: self.m,
+                cols: self.k,
+            },
+            TensorDecl {
+                name: "B",
+                id: 1,
+                rows: self.k,
+                cols: self.n,
+            },
+        ]
+    }
+
+    /// The window of global tensor `tensor` (0 = A, 1 = B) that device `device` holds.
+    pub fn input_shard(&self, tensor: u32, device: usize) -> Window {
+        let d = self.devices;
+        let (m, n, k) = (self.m, self.n, self.k);
+        match (self.op, tensor) {
+            (OpKind::AgGemm, 0) => Window {
+                row0: device * m / d,
+                col0: 0,
+                rows: m / d,
+                cols: k,
+            },
+            (OpKind::AgGemm, _) => Window {
+                row0: 0,
+                col0: device * n / d,
+                rows: k,
+                cols: n / d,
+            },
+            (OpKind::GemmRs | OpKind::GemmAr, 0) => Window {
+                row0: 0,
+                col0: device * k / d,
+                rows: m,
+                cols: k / d,
+            },
+            (OpKind::GemmRs | OpKind::GemmAr, _) => Window {
+                row0: device * k / d,
+                col0: 0,
+                rows: k / d,
+                cols: n,
+            },
+        }
+    }
+
+    /// The window of the global C that device `device` produces.
+    pub fn output_window(&self, device: usize) -> Window {
+        let d = self.devices;
+        match self.op {
+            OpKind::AgGemm => Window {
+                row0: 0,
+                col0: device * self.n / d,
+                rows: self.m,
+                cols: self.n / d,
+            },
+            OpKind::GemmRs => Window {
+                row0: device * self.m / d,
+                col0: 0,
+                rows: self.m / d,
+                cols: self.n,
+            },
+            OpKind::GemmAr => Window {
+                row0: 0,
+                col0: 0,
+                rows: self.m,
+                cols: self.n,
+            },
+        }
+    }
+
+    /// Floating-point operations of the global GEMM.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+
+    /// A short shape string, e.g. `M=64 N=32 K=96`.
+    pub fn shape_string(&self) -> String {
+        format!("M={} N={} K={}", self.m, self.n, self.k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use DType::*;
+
+    #[test]
+    fn zero_devices_is_an_error() {
+        assert_eq!(
+            Problem::new(OpKind::AgGemm, 0, 8, 8, 8, F32, F32),
+            Err(ProblemError::NoDevices { op: OpKind::AgGemm })
+        );
+    }
+
+    #[test]
+    fn zero_dimension_names_it() {
+        let e = Problem::new(OpKind::GemmRs, 2, 8, 0, 8, F32, F32).unwrap_err();
+        assert!(matches!(e, ProblemError::ZeroDimension { dim: "N", .. }), "{e}");
+        assert!(e.to_string().contains("N=0"));
+    }
+
+    #[test]
+    fn indivisible_dimensions_name_size_and_devices() {
+        let e = Problem::new(OpKind::AgGemm, 3, 8, 9, 4, F32, F32).unwrap_err();
+        assert_eq!(
+            e,
+            ProblemError::Indivisible {
+                op: OpKind::AgGemm,
+                dim: "M",
+                size: 8,
+                devices: 3
+            }
+        );
+        let e = Problem::new(OpKind::AgGemm, 3, 9, 8, 4, F32, F32).unwrap_err();
+        assert_eq!(
+            e,
+            ProblemError::Indivisible {
+                op: OpKind::AgGemm,
+                dim: "N",
+                size: 8,
+                devices: 3
+            }
+        );
+        let e = Problem::new(OpKind::GemmRs, 4, 8, 8, 6, F32, F32).unwrap_err();
+        assert_eq!(
+            e,
+            ProblemError::Indivisible {
+                op: OpKind::GemmRs,
+                dim: "K",
+                size: 6,
+                devices: 4
+            }
+        );
+        let e = Problem::new(OpKind::GemmAr, 4, 6, 8, 8, F32, F32).unwrap_err();
+        assert!(e.to_string().contains("M=6 is not divisible by D=4"), "{e}");
+    }
+
+    #[test]
+    fn output_dtype_must_be_f32_or_input() {
+        let e = Problem::new(OpKind::GemmAr, 2, 8, 8, 8, Bf16, F16).unwrap_err();
+        assert_eq!(
+            e,
+            ProblemError::UnsupportedDtypes {
+                op: OpKind::GemmAr,
+                input: Bf16,
+                output: F16
+            }
+        );
+        assert!(Problem::new(OpKind::GemmAr, 2, 8, 8, 8, F16, F32).is_ok());
+        assert!(Problem::new(OpKind::GemmAr, 2, 8, 8, 8, F16, F16).is_ok());
+    }
+
+    #[test]
+    fn tensors_beyond_the_generator_index_are_rejected() {
+        let e = Problem::new(OpKind::AgGemm, 1, 1 << 17, 4, 1 << 16, F32, F32).unwrap_err();
+        assert!(matches!(e, ProblemError::TooLarge { tensor: "A", .. }), "{e}");
+    }
+
+    #[test]
+    fn shards_tile_the_global_tensors() {
+        let p = Problem::new(OpKind::AgGemm, 4, 8, 12, 5, F32, F32).unwrap();
+        assert_eq!(
+            p.input_shard(0, 2),
+            Window {
+                row0: 4,
+                col0: 0,
+                rows: 2,
+                cols: 5
+            }
+        );
+        assert_eq!(
+            p.input_shard(1, 3),
+            Window {
+                row0: 0,
+                col0: 9,
+                rows: 5,
+                cols: 3
+            }
+        );
+        assert_eq!(
+            p.output_window(1),
+            Window {
+                row0: 0,
+                col0: 3,
+                rows: 8,
+                cols: 3
+            }
+        );
+        let p = Problem::new(OpKind::GemmRs, 2, 8, 6, 4, F32, F32).unwrap();
+        assert_eq!(
+            p.input_shard(0, 1),
+            Window {
+                row0: 0,
+                col0: 2,
+                rows: 8,
+                cols: 2
+            }
+        );
+        assert_eq!(
+            p.input_shard(1, 1),
+            Window {
+                row0: 2,
+                col0: 0,
+                rows: 2,
+                cols: 6
+            }
+        );
+        assert_eq!(
+            p.output_window(1),
+            Window {
+                row0: 4,
+                col0: 0,
+                rows: 4,
+                cols: 6
+            }
+        );
+    }
+}

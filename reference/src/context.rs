@@ -1,0 +1,203 @@
+//! Getting a device: adapter selection (Vulkan first, then GL, then any backend), the
+//! adapter's real limits, and the compute pipelines built once per device.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::ReferenceError;
+use crate::params::PARAMS_SIZE;
+
+/// A wgpu device with the reference's pipelines, ready to run plans.
+#[derive(Debug)]
+pub struct Gpu {
+    /// The adapter that runs the work.
+    pub info: wgpu::AdapterInfo,
+    /// The device.
+    pub device: wgpu::Device,
+    /// Its queue.
+    pub queue: wgpu::Queue,
+    pub(crate) pipelines: Pipelines,
+    /// Errors wgpu raised outside an error scope (recorded instead of panicking).
+    pub(crate) uncaptured: Arc<Mutex<Vec<String>>>,
+}
+
+/// Every compute stage of the reference, sharing one bind group layout:
+/// binding 0 = the heap (`array<u32>`, read-write), binding 1 = the dispatch's
+/// parameters (uniform, dynamic offset).
+#[derive(Debug)]
+pub(crate) struct Pipelines {
+    pub layout: wgpu::BindGroupLayout,
+    pub gemm: wgpu::ComputePipeline,
+    pub copy: wgpu::ComputePipeline,
+    pub reduce: wgpu::ComputePipeline,
+    pub generate: wgpu::ComputePipeline,
+    pub signal: wgpu::ComputePipeline,
+}
+
+const NUMERIC: &str = include_str!("../../shaders/numeric.wgsl");
+
+/// The source of a stage: the shared numeric helpers followed by the stage itself.
+fn stage_source(stage: &str) -> String {
+    format!("{NUMERIC}\n{stage}")
+}
+
+/// WGSL sources of every stage, by name (for tests and tools).
+pub fn stage_sources() -> Vec<(&'static str, String)> {
+    vec![
+        ("gemm", stage_source(include_str!("../../shaders/gemm.wgsl"))),
+        ("copy", stage_source(include_str!("../../shaders/copy.wgsl"))),
+        ("reduce", stage_source(include_str!("../../shaders/reduce.wgsl"))),
+        ("generate", stage_source(include_str!("../../shaders/generate.wgsl"))),
+        ("signal", stage_source(include_str!("../../shaders/signal.wgsl"))),
+    ]
+}
+
+impl Pipelines {
+    fn new(device: &wgpu::Device) -> Pipelines {
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("cmm heap + params"),
+            entries: &[
+                wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only: false },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                },
+                wgpu::BindGroupLayoutEntry {
+                    binding: 1,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: true,
+                        min_binding_size: wgpu::BufferSize::new(PARAMS_SIZE),
+                    },
+                    count: None,
+                },
+            ],
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("cmm pipeline layout"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let sources = stage_sources();
+        let build = |name: &str| {
+            let source = &sources.iter().find(|(n, _)| *n == name).expect("known stage").1;
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(name),
+                source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+            });
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(name),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions::default(),
+                cache: None,
+            })
+        };
+        Pipelines {
+            gemm: build("gemm"),
+            copy: build("copy"),
+            reduce: build("reduce"),
+            generate: build("generate"),
+            signal: build("signal"),
+            layout,
+        }
+    }
+}
+
+fn describe(info: &wgpu::AdapterInfo) -> String {
+    format!(
+        "{} ({:?}, {:?}, driver {} {})",
+        info.name, info.backend, info.device_type, info.driver, info.driver_info
+    )
+}
+
+impl Gpu {
+    /// Finds an adapter (Vulkan first, GL second, then any backend the platform offers)
+    /// and creates a device with the adapter's real limits.
+    pub fn new() -> Result<Gpu, ReferenceError> {
+        let order = [
+            ("Vulkan", wgpu::Backends::VULKAN),
+            ("GL", wgpu::Backends::GL),
+            ("any", wgpu::Backends::all()),
+        ];
+        let mut tried = Vec::new();
+        for (name, backends) in order {
+            tried.push(name);
+            let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+                backends,
+                ..wgpu::InstanceDescriptor::new_without_display_handle()
+            });
+            let request = instance.request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            });
+            if let Ok(adapter) = pollster::block_on(request) {
+                return Gpu::from_adapter(&adapter);
+            }
+        }
+        Err(ReferenceError::NoAdapter {
+            tried: tried.join(", "),
+        })
+    }
+
+    /// Creates a device on a given adapter with the adapter's own limits.
+    pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Gpu, ReferenceError> {
+        let info = adapter.get_info();
+        let request = adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("cmm reference"),
+            required_features: wgpu::Features::empty(),
+            required_limits: adapter.limits(),
+            ..Default::default()
+        });
+        let (device, queue) = pollster::block_on(request).map_err(|e| ReferenceError::RequestDevice {
+            adapter: describe(&info),
+            reason: e.to_string(),
+        })?;
+        Ok(Gpu::from_device(info, device, queue))
+    }
+
+    /// Wraps a device the caller created (tests can pass their own).
+    pub fn from_device(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Gpu {
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        let pipelines = Pipelines::new(&device);
+        Gpu {
+            info,
+            device,
+            queue,
+            pipelines,
+            uncaptured,
+        }
+    }
+
+    /// One line naming the adapter, its backend and driver.
+    pub fn summary(&self) -> String {
+        describe(&self.info)
+    }
+
+    /// The largest heap one run can bind, in bytes.
+    pub fn max_heap_bytes(&self) -> u64 {
+        let l = self.device.limits();
+        (l.max_storage_buffer_binding_size as u64).min(l.max_buffer_size)
+    }
+
+    pub(crate) fn take_uncaptured(&self) -> Option<String> {
+        let mut v = self.uncaptured.lock().ok()?;
+        if v.is_empty() {
+            None
+        } else {
+            Some(std::mem::take(&mut *v).join("; "))
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! Errors of the reference executor.
+
+use cmm_core::plan::PlanError;
+use cmm_core::schedule::Deadlock;
+use thiserror::Error;
+
+/// Why the reference could not run.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ReferenceError {
+    /// No wgpu adapter exists on this machine.
+    #[error("no GPU adapter found (tried {tried}). On Linux without a GPU install Mesa's CPU Vulkan driver: `sudo apt-get install mesa-vulkan-drivers libvulkan1` (lavapipe); on other platforms install a Vulkan, Metal or DX12 driver")]
+    NoAdapter {
+        /// The backends that were tried.
+        tried: String,
+    },
+    /// The adapter refused to create a device.
+    #[error("adapter {adapter} refused to create a device: {reason}")]
+    RequestDevice {
+        /// Adapter summary.
+        adapter: String,
+        /// wgpu's reason.
+        reason: String,
+    },
+    /// The plan is malformed.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// The plan cannot finish.
+    #[error(transparent)]
+    Deadlock(#[from] Deadlock),
+    /// The plan's memory does not fit what the adapter can bind.
+    #[error("plan `{plan}` needs {needed} bytes of device memory for {devices} virtual devices; this adapter binds at most {limit} bytes in one storage buffer")]
+    TooLarge {
+        /// Plan name.
+        plan: String,
+        /// Bytes needed.
+        needed: u64,
+        /// Virtual devices.
+        devices: usize,
+        /// The adapter's limit.
+        limit: u64,
+    },
+    /// An op's shape exceeds what one dispatch can cover.
+    #[error("plan `{plan}`: {what}")]
+    Unsupported {
+        /// Plan name.
+        plan: String,
+        /// What is unsupported, with the sizes.
+        what: String,
+    },
+    /// wgpu reported a validation or device error.
+    #[error("wgpu error while {during}: {message}")]
+    Wgpu {
+        /// What the executor was doing.
+        during: &'static str,
+        /// wgpu's message.
+        message: String,
+    },
+    /// The GPU mirror of a semaphore disagrees with the host scheduler.
+    #[error("plan `{plan}`: semaphore {semaphore} of device {device} is {gpu} on the GPU but {host} on the host")]
+    SemaphoreMirror {
+        /// Plan name.
+        plan: String,
+        /// Device.
+        device: usize,
+        /// Semaphore name.
+        semaphore: String,
+        /// GPU-side value.
+        gpu: u32,
+        /// Host-side value.
+        host: u32,
+    },
+}

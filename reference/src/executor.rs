@@ -1,0 +1,558 @@
+//! Runs a plan on D virtual devices of one adapter.
+//!
+//! Memory: one heap buffer holds every device's copy of every symmetric buffer (one
+//! 32-bit word per element), then the GPU mirror of every semaphore, then a temporary
+//! f32 area for GEMMs whose K is split across dispatches. The host scheduler
+//! (`cmm_core::schedule`) fixes the order of all ops up front; each op becomes one or
+//! more dispatches in that order on one queue, so the same plan always produces the
+//! same bits.
+
+use std::time::{Duration, Instant};
+
+use cmm_core::generator::Family;
+use cmm_core::plan::{BufferRole, Op, Plan, Region};
+use cmm_core::schedule::schedule;
+use cmm_core::DType;
+
+use crate::context::Gpu;
+use crate::error::ReferenceError;
+use crate::params::*;
+
+/// Largest K slice of one GEMM dispatch: 16,384 · 17/16 loop trips per invocation stay
+/// well below lavapipe's 65,535 (BRIEF §7).
+pub const GEMM_K_PER_DISPATCH: usize = 16_384;
+
+/// The outcome of a run.
+#[derive(Debug, Clone)]
+pub struct RunOutput {
+    /// `[device][buffer]` words after the run (the layout of `cmm_core::cpu::Memory`).
+    pub buffers: Vec<Vec<Vec<u32>>>,
+    /// Wall time of the whole run (generation, ops, read-back).
+    pub elapsed: Duration,
+    /// Wall time of the ops alone (one submission, waited for).
+    pub execute: Duration,
+    /// Number of dispatches the ops took.
+    pub dispatches: usize,
+}
+
+fn dtype_code(d: DType) -> u32 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        _ => 2,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Gemm,
+    Copy,
+    Reduce,
+    Generate,
+    Signal,
+}
+
+struct Dispatch {
+    stage: Stage,
+    params: Vec<u8>,
+    groups: (u32, u32),
+}
+
+/// Word offsets of every (device, buffer), the semaphore mirror and the GEMM temporary.
+struct Layout {
+    base: Vec<Vec<usize>>,
+    sem_base: usize,
+    tmp_base: usize,
+    total: usize,
+}
+
+impl Layout {
+    fn new(plan: &Plan) -> Layout {
+        let mut next = 0;
+        let base = (0..plan.devices)
+            .map(|_| {
+                plan.buffers
+                    .iter()
+                    .map(|b| {
+                        let at = next;
+                        next += b.len();
+                        at
+                    })
+                    .collect()
+            })
+            .collect();
+        let sem_base = next;
+        next += plan.devices * plan.semaphores.len();
+        let tmp_base = next;
+        let tmp = plan
+            .ops()
+            .filter_map(|(_, op)| match op {
+                Op::Gemm { c, trans_a, a, .. } => {
+                    let k = if *trans_a { a.rows } else { a.cols };
+                    let needs = k > GEMM_K_PER_DISPATCH && plan.buffer(c.buf).dtype != DType::F32;
+                    needs.then_some(c.len())
+                }
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        next += tmp;
+        Layout {
+            base,
+            sem_base,
+            tmp_base,
+            total: next.max(1),
+        }
+    }
+
+    fn word(&self, device: usize, r: &Region) -> u32 {
+        (self.base[device][r.buf.0] + r.offset) as u32
+    }
+}
+
+struct Encoder<'a> {
+    plan: &'a Plan,
+    layout: &'a Layout,
+    max_groups: u32,
+    dispatches: Vec<Dispatch>,
+}
+
+impl Encoder<'_> {
+    fn unsupported(&self, what: String) -> ReferenceError {
+        ReferenceError::Unsupported {
+            plan: self.plan.name.clone(),
+            what,
+        }
+    }
+
+    fn push<T: bytemuck::Pod>(&mut self, stage: Stage, params: &T, groups: (u32, u32)) {
+        self.dispatches.push(Dispatch {
+            stage,
+            params: bytemuck::bytes_of(params).to_vec(),
+            groups,
+        });
+    }
+
+    /// Splits `rows × cols` elementwise work into dispatches of at most `max_groups` rows.
+    fn elementwise(
+        &mut self,
+        rows: usize,
+        cols: usize,
+        mut make: impl FnMut(u32) -> (Stage, Vec<u8>),
+    ) -> Result<(), ReferenceError> {
+        let gx = cols.div_ceil(64);
+        if gx > self.max_groups as usize {
+            return Err(self.unsupported(format!(
+                "{cols} columns need {gx} workgroups, more than the adapter's {}",
+                self.max_groups
+            )));
+        }
+        let mut begin = 0;
+        while begin < rows {
+            let count = (rows - begin).min(self.max_groups as usize);
+            let (stage, params) = make(begin as u32);
+            self.dispatches.push(Dispatch {
+                stage,
+                params,
+                groups: (gx as u32, count as u32),
+            });
+            begin += count;
+        }
+        Ok(())
+    }
+
+    fn generate(&mut self, device: usize, seed: u32, family: Family) -> Result<(), ReferenceError> {
+        for (i, b) in self.plan.buffers.iter().enumerate() {
+            if let BufferRole::Input {
+                tensor,
+                global_cols,
+                origins,
+            } = &b.role
+            {
+                let (row0, col0) = origins[device];
+                let p = GenerateParams {
+                    rows: b.rows as u32,
+                    cols: b.cols as u32,
+                    row_begin: 0,
+                    dst_off: self.layout.base[device][i] as u32,
+                    dtype: dtype_code(b.dtype),
+                    family: family.code(),
+                    seed,
+                    tensor: *tensor,
+                    global_cols: *global_cols as u32,
+                    row0: row0 as u32,
+                    col0: col0 as u32,
+                    _pad: 0,
+                };
+                self.elementwise(b.rows, b.cols, |row_begin| {
+                    (
+                        Stage::Generate,
+                        bytemuck::bytes_of(&GenerateParams { row_begin, ..p }).to_vec(),
+                    )
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn op(&mut self, device: usize, op: &Op) -> Result<(), ReferenceError> {
+        let dt = |r: &Region| dtype_code(self.plan.buffer(r.buf).dtype);
+        match op {
+            Op::Gemm {
+                a,
+                b,
+                c,
+                trans_a,
+                trans_b,
+                accumulate,
+            } => {
+                let (m, n) = (c.rows, c.cols);
+                let k = if *trans_a { a.rows } else { a.cols };
+                let (gx, gy) = (n.div_ceil(64), m.div_ceil(64));
+                if gx.max(gy) > self.max_groups as usize {
+                    return Err(self.unsupported(format!(
+                        "gemm {m}x{n} needs {gx}x{gy} workgroups, more than the adapter's {} per dimension",
+                        self.max_groups
+                    )));
+                }
+                let flags = (*trans_a as u32) * GEMM_TRANS_A + (*trans_b as u32) * GEMM_TRANS_B;
+                let c_f32 = self.plan.buffer(c.buf).dtype == DType::F32;
+                // Split K so that no invocation loops too long; chunks after the first
+                // accumulate in f32 exactly as a single pass would.
+                let split = k > GEMM_K_PER_DISPATCH;
+                let (c_off, c_stride, c_dtype) = if split && !c_f32 {
+                    (self.layout.tmp_base as u32, n as u32, 0)
+                } else {
+                    (self.layout.word(device, c), c.stride as u32, dt(c))
+                };
+                let mut k_begin = 0;
+                loop {
+                    let k_end = (k_begin + GEMM_K_PER_DISPATCH).min(k);
+                    let acc = if k_begin == 0 { *accumulate } else { true };
+                    let p = GemmParams {
+                        m: m as u32,
+                        n: n as u32,
+                        flags: flags | if acc { GEMM_ACCUMULATE } else { 0 },
+                        k_begin: k_begin as u32,
+                        k_end: k_end as u32,
+                        a_off: self.layout.word(device, a),
+                        a_stride: a.stride as u32,
+                        a_dtype: dt(a),
+                        b_off: self.layout.word(device, b),
+                        b_stride: b.stride as u32,
+                        b_dtype: dt(b),
+                        c_off,
+                        c_stride,
+                        c_dtype,
+                        _pad: [0; 2],
+                    };
+                    self.push(Stage::Gemm, &p, (gx as u32, gy as u32));
+                    k_begin = k_end;
+                    if k_begin >= k {
+                        break;
+                    }
+                }
+                if split && !c_f32 {
+                    let mut inputs = [[0u32; 4]; 4];
+                    inputs[0] = [self.layout.tmp_base as u32, n as u32, 0, 0];
+                    self.reduce(m, n, 1, inputs, self.layout.word(device, c), c.stride as u32, dt(c))?;
+                }
+            }
+            Op::Copy {
+                src, dst_device, dst, ..
+            } => {
+                let p = CopyParams {
+                    rows: src.rows as u32,
+                    cols: src.cols as u32,
+                    row_begin: 0,
+                    src_off: self.layout.word(device, src),
+                    src_stride: src.stride as u32,
+                    dst_off: self.layout.word(*dst_device, dst),
+                    dst_stride: dst.stride as u32,
+                    _pad: 0,
+                };
+                self.elementwise(src.rows, src.cols, |row_begin| {
+                    (Stage::Copy, bytemuck::bytes_of(&CopyParams { row_begin, ..p }).to_vec())
+                })?;
+            }
+            Op::Reduce { inputs, output } => {
+                if inputs.len() > 4 {
+                    return Err(self.unsupported(format!("reduce of {} inputs (at most 4 in one pass)", inputs.len())));
+                }
+                let mut packed = [[0u32; 4]; 4];
+                for (slot, r) in packed.iter_mut().zip(inputs) {
+                    *slot = [self.layout.word(device, r), r.stride as u32, dt(r), 0];
+                }
+                let out = self.layout.word(device, output);
+                self.reduce(
+                    output.rows,
+                    output.cols,
+                    inputs.len() as u32,
+                    packed,
+                    out,
+                    output.stride as u32,
+                    dt(output),
+                )?;
+            }
+            Op::Signal {
+                device: target,
+                sem,
+                add,
+            } => {
+                let word = self.layout.sem_base + target * self.plan.semaphores.len() + sem.0;
+                self.push(
+                    Stage::Signal,
+                    &SignalParams {
+                        word: word as u32,
+                        add: *add,
+                        _pad: [0; 2],
+                    },
+                    (1, 1),
+                );
+            }
+            Op::Wait { .. } => {}
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &mut self,
+        rows: usize,
+        cols: usize,
+        count: u32,
+        inputs: [[u32; 4]; 4],
+        out_off: u32,
+        out_stride: u32,
+        out_dtype: u32,
+    ) -> Result<(), ReferenceError> {
+        let p = ReduceParams {
+            rows: rows as u32,
+            cols: cols as u32,
+            row_begin: 0,
+            count,
+            out_off,
+            out_stride,
+            out_dtype,
+            _pad: 0,
+            inputs,
+        };
+        self.elementwise(rows, cols, |row_begin| {
+            (
+                Stage::Reduce,
+                bytemuck::bytes_of(&ReduceParams { row_begin, ..p }).to_vec(),
+            )
+        })
+    }
+}
+
+impl Gpu {
+    /// Runs `plan` with inputs from `(seed, family)` and returns every buffer of every device.
+    pub fn run(&self, plan: &Plan, seed: u32, family: Family) -> Result<RunOutput, ReferenceError> {
+        let start = Instant::now();
+        plan.validate()?;
+        let sched = schedule(plan)?;
+        let layout = Layout::new(plan);
+        let bytes = layout.total as u64 * 4;
+        if bytes > self.max_heap_bytes() || layout.total > u32::MAX as usize {
+            return Err(ReferenceError::TooLarge {
+                plan: plan.name.clone(),
+                needed: bytes,
+                devices: plan.devices,
+                limit: self.max_heap_bytes(),
+            });
+        }
+        let max_groups = self.device.limits().max_compute_workgroups_per_dimension;
+        let mut setup = Encoder {
+            plan,
+            layout: &layout,
+            max_groups,
+            dispatches: Vec::new(),
+        };
+        for d in 0..plan.devices {
+            setup.generate(d, seed, family)?;
+        }
+        let mut ops = Encoder {
+            plan,
+            layout: &layout,
+            max_groups,
+            dispatches: Vec::new(),
+        };
+        for site in &sched.order {
+            ops.op(site.device, &plan.programs[site.device].lanes[site.lane][site.index])?;
+        }
+
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let heap = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("cmm heap"),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.submit_dispatches(&heap, &setup.dispatches)?;
+        let t0 = Instant::now();
+        self.submit_dispatches(&heap, &ops.dispatches)?;
+        let execute = t0.elapsed();
+        let words = self.read_back(&heap, bytes)?;
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(ReferenceError::Wgpu {
+                during: "running the plan",
+                message: e.to_string(),
+            });
+        }
+        if let Some(message) = self.take_uncaptured() {
+            return Err(ReferenceError::Wgpu {
+                during: "running the plan",
+                message,
+            });
+        }
+        for (device, host) in sched.final_semaphores.iter().enumerate() {
+            for (s, &host_value) in host.iter().enumerate() {
+                let gpu = words[layout.sem_base + device * plan.semaphores.len() + s];
+                if gpu != host_value {
+                    return Err(ReferenceError::SemaphoreMirror {
+                        plan: plan.name.clone(),
+                        device,
+                        semaphore: plan.semaphores[s].clone(),
+                        gpu,
+                        host: host_value,
+                    });
+                }
+            }
+        }
+        let buffers = (0..plan.devices)
+            .map(|d| {
+                plan.buffers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| words[layout.base[d][i]..layout.base[d][i] + b.len()].to_vec())
+                    .collect()
+            })
+            .collect();
+        Ok(RunOutput {
+            buffers,
+            elapsed: start.elapsed(),
+            execute,
+            dispatches: ops.dispatches.len(),
+        })
+    }
+
+    /// Encodes `dispatches` in order in one compute pass, submits and waits.
+    fn submit_dispatches(&self, heap: &wgpu::Buffer, dispatches: &[Dispatch]) -> Result<(), ReferenceError> {
+        if dispatches.is_empty() {
+            return Ok(());
+        }
+        let align = (self.device.limits().min_uniform_buffer_offset_alignment as u64).max(PARAMS_SIZE);
+        let mut staging = vec![0u8; dispatches.len() * align as usize];
+        for (i, d) in dispatches.iter().enumerate() {
+            let at = i * align as usize;
+            staging[at..at + d.params.len()].copy_from_slice(&d.params);
+        }
+        let params = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("cmm dispatch params"),
+            size: staging.len() as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue.write_buffer(&params, 0, &staging);
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("cmm heap + params"),
+            layout: &self.pipelines.layout,
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: heap.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &params,
+                        offset: 0,
+                        size: wgpu::BufferSize::new(PARAMS_SIZE),
+                    }),
+                },
+            ],
+        });
+        let mut encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cmm ops") });
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("cmm ops"),
+                timestamp_writes: None,
+            });
+            let mut current = None;
+            for (i, d) in dispatches.iter().enumerate() {
+                if current != Some(d.stage) {
+                    pass.set_pipeline(match d.stage {
+                        Stage::Gemm => &self.pipelines.gemm,
+                        Stage::Copy => &self.pipelines.copy,
+                        Stage::Reduce => &self.pipelines.reduce,
+                        Stage::Generate => &self.pipelines.generate,
+                        Stage::Signal => &self.pipelines.signal,
+                    });
+                    current = Some(d.stage);
+                }
+                pass.set_bind_group(0, &bind_group, &[(i as u64 * align) as u32]);
+                pass.dispatch_workgroups(d.groups.0, d.groups.1, 1);
+            }
+        }
+        self.queue.submit([encoder.finish()]);
+        self.wait("executing dispatches")
+    }
+
+    fn wait(&self, during: &'static str) -> Result<(), ReferenceError> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: Some(Duration::from_secs(600)),
+            })
+            .map(|_| ())
+            .map_err(|e| ReferenceError::Wgpu {
+                during,
+                message: e.to_string(),
+            })
+    }
+
+    fn read_back(&self, heap: &wgpu::Buffer, bytes: u64) -> Result<Vec<u32>, ReferenceError> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("cmm read-back"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("cmm read-back"),
+        });
+        encoder.copy_buffer_to_buffer(heap, 0, &staging, 0, bytes);
+        self.queue.submit([encoder.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait("reading results back")?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                return Err(ReferenceError::Wgpu {
+                    during: "mapping the read-back buffer",
+                    message: e.to_string(),
+                })
+            }
+            Err(_) => {
+                return Err(ReferenceError::Wgpu {
+                    during: "mapping the read-back buffer",
+                    message: "the map callback never ran".into(),
+                })
+            }
+        }
+        let view = staging.get_mapped_range(..).map_err(|e| ReferenceError::Wgpu {
+            during: "reading the mapped buffer",
+            message: e.to_string(),
+        })?;
+        let words = bytemuck::cast_slice::<u8, u32>(&view).to_vec();
+        drop(view);
+        staging.unmap();
+        Ok(words)
+    }
+}

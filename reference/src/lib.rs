@@ -1,0 +1,121 @@
+//! cmm-reference: the deterministic wgpu executor. D virtual devices are D sets of a
+//! plan's symmetric buffers on one adapter (a GPU, or the CPU through Mesa lavapipe);
+//! semaphores live in the host scheduler and are mirrored on the GPU for checks.
+//!
+//! "Get a device" ([`Gpu::new`], [`Gpu::from_device`]) is separate from "run on this
+//! device" ([`Reference::run`]) so that tests and tools can pass their own device.
+
+mod context;
+mod error;
+mod executor;
+pub mod params;
+
+use std::time::Duration;
+
+use cmm_core::generator::Family;
+use cmm_core::plan::{BufferRole, Op, Plan, PlanBuilder};
+use cmm_core::DType;
+
+pub use context::{stage_sources, Gpu};
+pub use error::ReferenceError;
+pub use executor::{RunOutput, GEMM_K_PER_DISPATCH};
+
+/// The reference executor on one device.
+#[derive(Debug)]
+pub struct Reference {
+    gpu: Gpu,
+}
+
+impl Reference {
+    /// Selects an adapter (Vulkan, then GL, then any) and builds the pipelines.
+    pub fn new() -> Result<Reference, ReferenceError> {
+        Ok(Reference { gpu: Gpu::new()? })
+    }
+
+    /// Uses a device the caller already has.
+    pub fn with_gpu(gpu: Gpu) -> Reference {
+        Reference { gpu }
+    }
+
+    /// The device in use.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// One line naming the adapter that runs the work.
+    pub fn adapter_summary(&self) -> String {
+        self.gpu.summary()
+    }
+
+    /// Runs `plan` with inputs from `(seed, family)`.
+    pub fn run(&self, plan: &Plan, seed: u32, family: Family) -> Result<RunOutput, ReferenceError> {
+        self.gpu.run(plan, seed, family)
+    }
+
+    /// Generates `rows × cols` elements of tensor `tensor` on the device (the WGSL
+    /// generator), returning their bits; used to prove the WGSL and Rust generators agree.
+    pub fn generate(
+        &self,
+        rows: usize,
+        cols: usize,
+        tensor: u32,
+        dtype: DType,
+        seed: u32,
+        family: Family,
+    ) -> Result<Vec<u32>, ReferenceError> {
+        let mut b = PlanBuilder::new("generate", 1);
+        let role = BufferRole::Input {
+            tensor,
+            global_cols: cols,
+            origins: vec![(0, 0)],
+        };
+        b.buffer("X", dtype, rows, cols, role);
+        let plan = b.finish()?;
+        Ok(self.run(&plan, seed, family)?.buffers.remove(0).remove(0))
+    }
+
+    /// Throughput of the GEMM shader in GFLOP/s: `reps` back-to-back `m×k · k×n` GEMMs
+    /// with `dtype` inputs and f32 output, timed from submission to completion.
+    pub fn gemm_gflops(&self, m: usize, n: usize, k: usize, dtype: DType, reps: usize) -> Result<f64, ReferenceError> {
+        let mut b = PlanBuilder::new(format!("bench gemm {m}x{n}x{k} {dtype}"), 1);
+        let a = b.buffer(
+            "A",
+            dtype,
+            m,
+            k,
+            BufferRole::Input {
+                tensor: 0,
+                global_cols: k,
+                origins: vec![(0, 0)],
+            },
+        );
+        let bb = b.buffer(
+            "B",
+            dtype,
+            k,
+            n,
+            BufferRole::Input {
+                tensor: 1,
+                global_cols: n,
+                origins: vec![(0, 0)],
+            },
+        );
+        let c = b.buffer("C", DType::F32, m, n, BufferRole::Output);
+        let lane = b.lane("compute");
+        for _ in 0..reps.max(1) {
+            let op = Op::Gemm {
+                a: b.whole(a),
+                b: b.whole(bb),
+                c: b.whole(c),
+                trans_a: false,
+                trans_b: false,
+                accumulate: false,
+            };
+            b.push(0, lane, op);
+        }
+        let plan = b.finish()?;
+        let out = self.run(&plan, 1, Family::Realistic)?;
+        let secs = out.execute.max(Duration::from_nanos(1)).as_secs_f64();
+        Ok(2.0 * (m * n * k) as f64 * reps.max(1) as f64 / secs / 1e9)
+    }
+}

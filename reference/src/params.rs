@@ -1,0 +1,100 @@
+//! Host mirrors of the WGSL parameter structs. Each is `#[repr(C)]` + `Pod` and must
+//! match its shader's struct field for field (all u32, so no implicit padding).
+
+use bytemuck::{Pod, Zeroable};
+
+/// Mirror of `GemmParams` in `shaders/gemm.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct GemmParams {
+    pub m: u32,
+    pub n: u32,
+    pub flags: u32,
+    pub k_begin: u32,
+    pub k_end: u32,
+    pub a_off: u32,
+    pub a_stride: u32,
+    pub a_dtype: u32,
+    pub b_off: u32,
+    pub b_stride: u32,
+    pub b_dtype: u32,
+    pub c_off: u32,
+    pub c_stride: u32,
+    pub c_dtype: u32,
+    pub _pad: [u32; 2],
+}
+
+/// `GemmParams::flags` bit: use the transpose of A.
+pub const GEMM_TRANS_A: u32 = 1;
+/// `GemmParams::flags` bit: use the transpose of B.
+pub const GEMM_TRANS_B: u32 = 2;
+/// `GemmParams::flags` bit: add to C (f32) instead of overwriting it.
+pub const GEMM_ACCUMULATE: u32 = 4;
+
+/// Mirror of `CopyParams` in `shaders/copy.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct CopyParams {
+    pub rows: u32,
+    pub cols: u32,
+    pub row_begin: u32,
+    pub src_off: u32,
+    pub src_stride: u32,
+    pub dst_off: u32,
+    pub dst_stride: u32,
+    pub _pad: u32,
+}
+
+/// Mirror of `ReduceParams` in `shaders/reduce.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct ReduceParams {
+    pub rows: u32,
+    pub cols: u32,
+    pub row_begin: u32,
+    pub count: u32,
+    pub out_off: u32,
+    pub out_stride: u32,
+    pub out_dtype: u32,
+    pub _pad: u32,
+    /// Per input: offset, stride, dtype, unused.
+    pub inputs: [[u32; 4]; 4],
+}
+
+/// Mirror of `GenerateParams` in `shaders/generate.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct GenerateParams {
+    pub rows: u32,
+    pub cols: u32,
+    pub row_begin: u32,
+    pub dst_off: u32,
+    pub dtype: u32,
+    pub family: u32,
+    pub seed: u32,
+    pub tensor: u32,
+    pub global_cols: u32,
+    pub row0: u32,
+    pub col0: u32,
+    pub _pad: u32,
+}
+
+/// Mirror of `SignalParams` in `shaders/signal.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct SignalParams {
+    pub word: u32,
+    pub add: u32,
+    pub _pad: [u32; 2],
+}
+
+/// Bytes reserved per dispatch in the parameter buffer for any of the structs above.
+pub const PARAMS_SIZE: u64 = 128;
+
+const _: () = {
+    assert!(std::mem::size_of::<GemmParams>() as u64 <= PARAMS_SIZE);
+    assert!(std::mem::size_of::<CopyParams>() as u64 <= PARAMS_SIZE);
+    assert!(std::mem::size_of::<ReduceParams>() as u64 <= PARAMS_SIZE);
+    assert!(std::mem::size_of::<GenerateParams>() as u64 <= PARAMS_SIZE);
+    assert!(std::mem::size_of::<SignalParams>() as u64 <= PARAMS_SIZE);
+};

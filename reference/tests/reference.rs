@@ -1,0 +1,137 @@
+//! Reference executor tests. They need an adapter (lavapipe on a machine without a
+//! GPU); when none exists they say why and pass nothing off as checked.
+
+use cmm_core::algorithms::{algorithms_for, build_plan};
+use cmm_core::generator::{element_bits, Family};
+use cmm_core::oracle::expected_outputs;
+use cmm_core::plan::{BufferRole, Op, PlanBuilder};
+use cmm_core::{cpu, DType, OpKind, Problem};
+use cmm_reference::{Reference, ReferenceError, GEMM_K_PER_DISPATCH};
+
+fn reference() -> Option<Reference> {
+    match Reference::new() {
+        Ok(r) => Some(r),
+        Err(e) => {
+            // CI installs lavapipe, so there this branch never runs; it exists for
+            // machines without any adapter, where the test says what it skipped.
+            eprintln!("SKIPPED: no wgpu adapter: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn wgsl_generator_matches_rust_bit_for_bit() {
+    let Some(r) = reference() else { return };
+    for dtype in DType::ALL {
+        for family in [Family::Exact, Family::Realistic] {
+            let (rows, cols, tensor, seed) = (37, 129, 5, 0xdead_beef);
+            let gpu = r.generate(rows, cols, tensor, dtype, seed, family).unwrap();
+            let cpu: Vec<u32> = (0..rows * cols)
+                .map(|i| element_bits(seed, tensor, i as u32, family, dtype))
+                .collect();
+            assert_eq!(gpu, cpu, "{dtype} {family}");
+        }
+    }
+}
+
+#[test]
+fn every_algorithm_matches_the_cpu_twin_and_the_oracle() {
+    let Some(r) = reference() else { return };
+    println!("adapter: {}", r.adapter_summary());
+    for op in OpKind::ALL {
+        for (d, input, output) in [
+            (1, DType::F32, DType::F32),
+            (3, DType::F16, DType::F16),
+            (4, DType::Bf16, DType::F32),
+        ] {
+            let p = Problem::new(op, d, 8 * d, 6 * d, 70 * d, input, output).unwrap();
+            let want = expected_outputs(&p, 5, Family::Exact);
+            for alg in algorithms_for(op) {
+                let plan = build_plan(&p, alg).unwrap();
+                let out = r.run(&plan, 5, Family::Exact).unwrap();
+                let twin = cpu::run(&plan, 5, Family::Exact).unwrap();
+                let c = plan.output().unwrap().0;
+                for dev in 0..d {
+                    assert_eq!(out.buffers[dev][c], twin[dev][c], "{} device {dev}", plan.name);
+                    let oracle: Vec<u32> = want.values[dev].iter().map(|&v| output.encode(v as f32)).collect();
+                    assert_eq!(out.buffers[dev][c], oracle, "{} device {dev} vs oracle", plan.name);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn runs_are_bit_identical() {
+    let Some(r) = reference() else { return };
+    let p = Problem::new(OpKind::GemmRs, 4, 32, 24, 64, DType::F32, DType::F32).unwrap();
+    let plan = build_plan(&p, cmm_core::Algorithm::RingBidir).unwrap();
+    let a = r.run(&plan, 9, Family::Realistic).unwrap();
+    let b = r.run(&plan, 9, Family::Realistic).unwrap();
+    assert_eq!(a.buffers, b.buffers);
+}
+
+#[test]
+fn long_k_is_split_across_dispatches_and_stays_exact() {
+    let Some(r) = reference() else { return };
+    let k = GEMM_K_PER_DISPATCH + 1000;
+    for out_dtype in [DType::F32, DType::F16] {
+        let mut b = PlanBuilder::new("long k", 1);
+        let role = |t, cols| BufferRole::Input {
+            tensor: t,
+            global_cols: cols,
+            origins: vec![(0, 0)],
+        };
+        let a = b.buffer("A", DType::F16, 3, k, role(0, k));
+        let bb = b.buffer("B", DType::F16, k, 5, role(1, 5));
+        let c = b.buffer("C", out_dtype, 3, 5, BufferRole::Output);
+        let lane = b.lane("compute");
+        let op = Op::Gemm {
+            a: b.whole(a),
+            b: b.whole(bb),
+            c: b.whole(c),
+            trans_a: false,
+            trans_b: false,
+            accumulate: false,
+        };
+        b.push(0, lane, op);
+        let plan = b.finish().unwrap();
+        let out = r.run(&plan, 3, Family::Exact).unwrap();
+        let twin = cpu::run(&plan, 3, Family::Exact).unwrap();
+        assert_eq!(out.buffers[0][2], twin[0][2], "{out_dtype}");
+        assert!(out.dispatches >= 2);
+    }
+}
+
+#[test]
+fn a_missing_signal_is_a_deadlock_error_not_a_hang() {
+    let Some(r) = reference() else { return };
+    let p = Problem::new(OpKind::AgGemm, 3, 6, 6, 4, DType::F32, DType::F32).unwrap();
+    let mut plan = build_plan(&p, cmm_core::Algorithm::Ring).unwrap();
+    let comm = &mut plan.programs[1].lanes[1];
+    let at = comm.iter().position(|op| matches!(op, Op::Signal { .. })).unwrap();
+    comm.remove(at);
+    match r.run(&plan, 1, Family::Exact) {
+        Err(ReferenceError::Deadlock(d)) => {
+            let text = d.to_string();
+            assert!(!d.blocked.is_empty());
+            assert!(text.contains("device 0") && text.contains("recv"), "{text}");
+        }
+        other => panic!("expected a deadlock, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_plan_too_large_for_the_adapter_is_a_typed_error() {
+    let Some(r) = reference() else { return };
+    let limit = r.gpu().max_heap_bytes();
+    let rows = (limit / 4 / 4096 + 1) as usize;
+    let mut b = PlanBuilder::new("huge", 1);
+    b.buffer("X", DType::F32, rows, 4096, BufferRole::Scratch);
+    let plan = b.finish().unwrap();
+    assert!(matches!(
+        r.run(&plan, 0, Family::Exact),
+        Err(ReferenceError::TooLarge { .. })
+    ));
+}
