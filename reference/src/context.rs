@@ -189,7 +189,7 @@ impl Gpu {
     /// The largest heap one run can bind, in bytes.
     pub fn max_heap_bytes(&self) -> u64 {
         let l = self.device.limits();
-        (l.max_storage_buffer_binding_size as u64).min(l.max_buffer_size)
+        l.max_storage_buffer_binding_size.min(l.max_buffer_size)
     }
 
     pub(crate) fn take_uncaptured(&self) -> Option<String> {
