@@ -52,10 +52,10 @@ fn every_algorithm_matches_the_cpu_twin_and_the_oracle() {
                 let out = r.run(&plan, 5, Family::Exact).unwrap();
                 let twin = cpu::run(&plan, 5, Family::Exact).unwrap();
                 let c = plan.output().unwrap().0;
-                for dev in 0..d {
-                    assert_eq!(out.buffers[dev][c], twin[dev][c], "{} device {dev}", plan.name);
-                    let oracle: Vec<u32> = want.values[dev].iter().map(|&v| output.encode(v as f32)).collect();
-                    assert_eq!(out.buffers[dev][c], oracle, "{} device {dev} vs oracle", plan.name);
+                for (dev, (got, expected)) in out.buffers.iter().zip(&want.values).enumerate() {
+                    assert_eq!(got[c], twin[dev][c], "{} device {dev}", plan.name);
+                    let oracle: Vec<u32> = expected.iter().map(|&v| output.encode(v as f32)).collect();
+                    assert_eq!(got[c], oracle, "{} device {dev} vs oracle", plan.name);
                 }
             }
         }
