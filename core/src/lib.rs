@@ -10,6 +10,7 @@ pub mod plan;
 pub mod problem;
 pub mod schedule;
 pub mod tolerance;
+pub mod verify;
 
 pub use algorithms::{build_plan, Algorithm, AlgorithmError};
 pub use dtype::DType;

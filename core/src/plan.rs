@@ -192,7 +192,7 @@ pub struct Plan {
 }
 
 /// Where an op sits in a plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpSite {
     /// Device.
     pub device: usize,

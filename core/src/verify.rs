@@ -1,0 +1,490 @@
+//! The plan verifier: replays one schedule of a plan over shadow memory and reports
+//! races, reads of unwritten memory, outputs never written and semaphore accounting
+//! errors, without running any arithmetic.
+//!
+//! Happens-before is tracked with vector clocks, one component per (device, lane):
+//! program order within a lane, `Signal` = release, `Wait` = acquire. A wait for value
+//! v acquires the releases of the signals that brought the counter to v in this
+//! schedule (FastTrack-style epochs per element, one writer and the reads since it).
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use crate::plan::{BufferRole, Op, OpSite, Plan, Region};
+use crate::schedule::Schedule;
+
+/// What an op does to a region of a device's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// Whose memory.
+    pub device: usize,
+    /// Which region.
+    pub region: Region,
+    /// Write (true) or read.
+    pub write: bool,
+}
+
+/// Every region an op of device `device` reads or writes (reads first).
+pub fn accesses(device: usize, op: &Op) -> Vec<Access> {
+    let read = |region: &Region| Access {
+        device,
+        region: *region,
+        write: false,
+    };
+    match op {
+        Op::Gemm {
+            a, b, c, accumulate, ..
+        } => {
+            let mut v = vec![read(a), read(b)];
+            if *accumulate {
+                v.push(read(c));
+            }
+            v.push(Access {
+                device,
+                region: *c,
+                write: true,
+            });
+            v
+        }
+        Op::Copy {
+            src, dst_device, dst, ..
+        } => {
+            vec![
+                read(src),
+                Access {
+                    device: *dst_device,
+                    region: *dst,
+                    write: true,
+                },
+            ]
+        }
+        Op::Reduce { inputs, output } => {
+            let mut v: Vec<Access> = inputs.iter().map(read).collect();
+            v.push(Access {
+                device,
+                region: *output,
+                write: true,
+            });
+            v
+        }
+        Op::Signal { .. } | Op::Wait { .. } => Vec::new(),
+    }
+}
+
+/// A defect found by the verifier.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finding {
+    /// Two conflicting accesses not ordered by happens-before.
+    Race {
+        /// The earlier op (in this schedule).
+        first: OpSite,
+        /// Its text.
+        first_text: String,
+        /// The later op.
+        second: OpSite,
+        /// Its text.
+        second_text: String,
+        /// Whose memory.
+        device: usize,
+        /// Buffer name.
+        buffer: String,
+        /// First conflicting element (row, column).
+        element: (usize, usize),
+        /// "write/write", "write/read" or "read/write".
+        kind: &'static str,
+    },
+    /// An op read an element that no op (and no input) had written.
+    UnwrittenRead {
+        /// The op.
+        site: OpSite,
+        /// Its text.
+        text: String,
+        /// Whose memory.
+        device: usize,
+        /// Buffer name.
+        buffer: String,
+        /// First such element (row, column).
+        element: (usize, usize),
+    },
+    /// An output element that no op wrote (it would hold poison).
+    UnwrittenOutput {
+        /// Device.
+        device: usize,
+        /// Buffer name.
+        buffer: String,
+        /// First such element (row, column).
+        element: (usize, usize),
+        /// How many elements.
+        count: usize,
+    },
+    /// A semaphore whose final value disagrees with what the plan implies.
+    SemaphoreAudit {
+        /// Device.
+        device: usize,
+        /// Semaphore name.
+        semaphore: String,
+        /// The value implied by the plan.
+        expected: u32,
+        /// The value reached.
+        actual: u32,
+        /// Why `expected` is expected.
+        detail: &'static str,
+    },
+}
+
+fn site_text(plan: &Plan, s: &OpSite) -> String {
+    format!("device {} lane {} op {}", s.device, plan.lanes[s.lane], s.index)
+}
+
+impl Finding {
+    /// A one-line report.
+    pub fn describe(&self, plan: &Plan) -> String {
+        match self {
+            Finding::Race { first, first_text, second, second_text, device, buffer, element, kind } => format!(
+                "race ({kind}) on device {device} {buffer}[{}, {}]: {} `{first_text}` and {} `{second_text}` are not ordered",
+                element.0,
+                element.1,
+                site_text(plan, first),
+                site_text(plan, second)
+            ),
+            Finding::UnwrittenRead { site, text, device, buffer, element } => format!(
+                "read of unwritten memory: {} `{text}` reads device {device} {buffer}[{}, {}] before anything wrote it",
+                site_text(plan, site),
+                element.0,
+                element.1
+            ),
+            Finding::UnwrittenOutput { device, buffer, element, count } => format!(
+                "output never written: device {device} {buffer} has {count} elements no op wrote, first [{}, {}]",
+                element.0, element.1
+            ),
+            Finding::SemaphoreAudit { device, semaphore, expected, actual, detail } => {
+                format!("semaphore audit: device {device} {semaphore} ends at {actual}, expected {expected} ({detail})")
+            }
+        }
+    }
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Epoch {
+    lane: u32,
+    clock: u32,
+    site: OpSite,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Cell {
+    /// `None`: never written; `Some(None)`: an input (written before everything).
+    write: Option<Option<Epoch>>,
+    reads: Vec<Epoch>,
+}
+
+fn join(into: &mut [u32], other: &[u32]) {
+    for (a, b) in into.iter_mut().zip(other) {
+        *a = (*a).max(*b);
+    }
+}
+
+/// Replays `schedule` of `plan` and returns every finding (deduplicated per op pair).
+pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
+    let lanes = plan.lanes.len();
+    let n_lanes = plan.devices * lanes;
+    let lane_id = |s: &OpSite| s.device * lanes + s.lane;
+    let mut clocks: Vec<Vec<u32>> = (0..n_lanes)
+        .map(|t| {
+            let mut v = vec![0u32; n_lanes];
+            v[t] = 1;
+            v
+        })
+        .collect();
+    // Per (device, semaphore): cumulative value after each signal and the joined
+    // release clocks up to it.
+    let n_sems = plan.semaphores.len();
+    let mut history: Vec<Vec<(u32, Vec<u32>)>> = vec![Vec::new(); plan.devices * n_sems];
+    let mut shadow: Vec<Vec<Vec<Cell>>> = (0..plan.devices)
+        .map(|d| {
+            plan.buffers
+                .iter()
+                .map(|b| {
+                    let init = matches!(b.role, BufferRole::Input { .. });
+                    let _ = d;
+                    vec![
+                        Cell {
+                            write: init.then_some(None),
+                            reads: Vec::new()
+                        };
+                        b.len()
+                    ]
+                })
+                .collect()
+        })
+        .collect();
+    let mut findings = Vec::new();
+    let mut reported: BTreeSet<(OpSite, OpSite)> = BTreeSet::new();
+    let mut unwritten_reported: BTreeSet<OpSite> = BTreeSet::new();
+
+    for site in &schedule.order {
+        let t = lane_id(site);
+        let op = &plan.programs[site.device].lanes[site.lane][site.index];
+        let now = Epoch {
+            lane: t as u32,
+            clock: clocks[t][t],
+            site: *site,
+        };
+        match op {
+            Op::Signal { device, sem, add } => {
+                let h = &mut history[device * n_sems + sem.0];
+                let (value, mut clock) = h.last().cloned().unwrap_or((0, vec![0; n_lanes]));
+                join(&mut clock, &clocks[t]);
+                h.push((value.saturating_add(*add), clock));
+            }
+            Op::Wait { sem, value } => {
+                if *value > 0 {
+                    let h = &history[site.device * n_sems + sem.0];
+                    if let Some((_, clock)) = h.iter().find(|(v, _)| v >= value) {
+                        let clock = clock.clone();
+                        join(&mut clocks[t], &clock);
+                    }
+                }
+            }
+            _ => {
+                for acc in accesses(site.device, op) {
+                    let b = &plan.buffers[acc.region.buf.0];
+                    let cells = &mut shadow[acc.device][acc.region.buf.0];
+                    'elements: for r in 0..acc.region.rows {
+                        for c in 0..acc.region.cols {
+                            let idx = acc.region.offset + r * acc.region.stride + c;
+                            let Some(cell) = cells.get_mut(idx) else { continue };
+                            let element = (idx / b.cols.max(1), idx % b.cols.max(1));
+                            let ordered = |e: &Epoch| e.clock <= clocks[t][e.lane as usize];
+                            let mut race = |other: &Epoch, kind: &'static str| {
+                                if reported.insert((other.site, *site)) {
+                                    findings.push(Finding::Race {
+                                        first: other.site,
+                                        first_text: plan.op_text(
+                                            &plan.programs[other.site.device].lanes[other.site.lane][other.site.index],
+                                        ),
+                                        second: *site,
+                                        second_text: plan.op_text(op),
+                                        device: acc.device,
+                                        buffer: b.name.clone(),
+                                        element,
+                                        kind,
+                                    });
+                                }
+                            };
+                            match cell.write {
+                                None if !acc.write => {
+                                    if unwritten_reported.insert(*site) {
+                                        findings.push(Finding::UnwrittenRead {
+                                            site: *site,
+                                            text: plan.op_text(op),
+                                            device: acc.device,
+                                            buffer: b.name.clone(),
+                                            element,
+                                        });
+                                    }
+                                    continue 'elements;
+                                }
+                                Some(Some(w)) if !ordered(&w) => {
+                                    race(&w, if acc.write { "write/write" } else { "write/read" });
+                                }
+                                _ => {}
+                            }
+                            if acc.write {
+                                for rd in &cell.reads {
+                                    if !ordered(rd) && rd.lane != now.lane {
+                                        race(rd, "read/write");
+                                    }
+                                }
+                                cell.write = Some(Some(now));
+                                cell.reads.clear();
+                            } else {
+                                cell.reads.retain(|e| e.lane != now.lane);
+                                cell.reads.push(now);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        clocks[t][t] += 1;
+    }
+
+    for (device, bufs) in shadow.iter().enumerate() {
+        for (i, b) in plan.buffers.iter().enumerate() {
+            if b.role != BufferRole::Output {
+                continue;
+            }
+            let missing: Vec<usize> = (0..b.len()).filter(|&e| bufs[i][e].write.is_none()).collect();
+            if let Some(&first) = missing.first() {
+                findings.push(Finding::UnwrittenOutput {
+                    device,
+                    buffer: b.name.clone(),
+                    element: (first / b.cols.max(1), first % b.cols.max(1)),
+                    count: missing.len(),
+                });
+            }
+        }
+    }
+    findings.extend(audit(plan, schedule));
+    findings
+}
+
+/// The semaphore audit: each semaphore must end at the sum of the signals sent to it,
+/// and that sum must be exactly the largest value any wait on it needs (a signal that
+/// no wait consumes lets a later reuse run early).
+pub fn audit(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
+    let n_sems = plan.semaphores.len();
+    let mut implied = vec![0u32; plan.devices * n_sems];
+    let mut awaited = vec![0u32; plan.devices * n_sems];
+    for (site, op) in plan.ops() {
+        match op {
+            Op::Signal { device, sem, add } => {
+                let v = &mut implied[device * n_sems + sem.0];
+                *v = v.saturating_add(*add);
+            }
+            Op::Wait { sem, value } => {
+                let v = &mut awaited[site.device * n_sems + sem.0];
+                *v = (*v).max(*value);
+            }
+            _ => {}
+        }
+    }
+    let mut findings = Vec::new();
+    for device in 0..plan.devices {
+        for s in 0..n_sems {
+            let actual = schedule
+                .final_semaphores
+                .get(device)
+                .and_then(|v| v.get(s))
+                .copied()
+                .unwrap_or(0);
+            let semaphore = plan.semaphores[s].clone();
+            let (exp, waits) = (implied[device * n_sems + s], awaited[device * n_sems + s]);
+            if actual != exp {
+                findings.push(Finding::SemaphoreAudit {
+                    device,
+                    semaphore: semaphore.clone(),
+                    expected: exp,
+                    actual,
+                    detail: "the sum of the plan's signals to it",
+                });
+            } else if actual != waits {
+                findings.push(Finding::SemaphoreAudit {
+                    device,
+                    semaphore,
+                    expected: waits,
+                    actual,
+                    detail: "the largest value any wait on it needs",
+                });
+            }
+        }
+    }
+    findings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::{algorithms_for, build_plan};
+    use crate::schedule::{orders, schedule_with};
+    use crate::{DType, OpKind, Problem};
+
+    #[test]
+    fn corpus_like_plans_are_clean_under_every_order() {
+        for op in OpKind::ALL {
+            for d in [1, 2, 3, 4] {
+                let p = Problem::new(op, d, 4 * d, 2 * d, 2 * d, DType::F32, DType::F32).unwrap();
+                for alg in algorithms_for(op) {
+                    let plan = build_plan(&p, alg).unwrap();
+                    for order in orders(4, d) {
+                        let s = schedule_with(&plan, order).unwrap();
+                        let f = verify(&plan, &s);
+                        assert!(
+                            f.is_empty(),
+                            "{} {order}: {:?}",
+                            plan.name,
+                            f.iter().map(|x| x.describe(&plan)).collect::<Vec<_>>()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_wait_too_low_is_reported_as_a_race_naming_both_ops() {
+        let p = Problem::new(OpKind::AgGemm, 3, 6, 3, 2, DType::F32, DType::F32).unwrap();
+        let mut plan = build_plan(&p, crate::Algorithm::Ring).unwrap();
+        // Device 0's compute lane stops waiting for the shard it multiplies at step 1.
+        let compute = &mut plan.programs[0].lanes[0];
+        let at = compute.iter().position(|op| matches!(op, Op::Wait { .. })).unwrap();
+        compute[at] = Op::Wait {
+            sem: crate::SemId(0),
+            value: 0,
+        };
+        let mut found = false;
+        for order in orders(4, 3) {
+            let s = schedule_with(&plan, order).unwrap();
+            for f in verify(&plan, &s) {
+                let text = f.describe(&plan);
+                if let Finding::Race { .. } = f {
+                    assert!(text.contains("copy") && text.contains("gemm"), "{text}");
+                    found = true;
+                }
+                if let Finding::UnwrittenRead { .. } = f {
+                    found = true;
+                }
+            }
+        }
+        assert!(found);
+    }
+
+    #[test]
+    fn reading_scratch_before_any_write_is_reported() {
+        let p = Problem::new(OpKind::AgGemm, 2, 4, 2, 2, DType::F32, DType::F32).unwrap();
+        let mut plan = build_plan(&p, crate::Algorithm::Ring).unwrap();
+        // Device 1 never sends: device 0 then multiplies a slot nobody wrote. Replace
+        // the copy with nothing but keep the signal so nothing deadlocks.
+        let comm = &mut plan.programs[1].lanes[1];
+        let at = comm.iter().position(|op| matches!(op, Op::Copy { .. })).unwrap();
+        comm.remove(at);
+        let s = schedule_with(&plan, crate::schedule::Order::Default).unwrap();
+        let f = verify(&plan, &s);
+        assert!(
+            f.iter().any(|x| matches!(x, Finding::UnwrittenRead { device: 0, .. })),
+            "{f:?}"
+        );
+    }
+
+    #[test]
+    fn an_extra_signal_fails_the_audit() {
+        let p = Problem::new(OpKind::AgGemm, 2, 4, 2, 2, DType::F32, DType::F32).unwrap();
+        let mut plan = build_plan(&p, crate::Algorithm::Ring).unwrap();
+        plan.programs[1].lanes[1].push(Op::Signal {
+            device: 0,
+            sem: crate::SemId(0),
+            add: 1,
+        });
+        let s = schedule_with(&plan, crate::schedule::Order::Default).unwrap();
+        let f = verify(&plan, &s);
+        assert!(
+            f.iter().any(|x| matches!(
+                x,
+                Finding::SemaphoreAudit {
+                    device: 0,
+                    expected: 1,
+                    actual: 2,
+                    ..
+                }
+            )),
+            "{f:?}"
+        );
+    }
+}
