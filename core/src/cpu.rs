@@ -7,12 +7,13 @@
 use crate::dtype::DType;
 use crate::generator::{element_bits, Family};
 use crate::plan::{BufferRole, Op, Plan, Region};
-use crate::schedule::{schedule, Deadlock};
+use crate::schedule::{schedule_with, Deadlock, Order};
 
 /// Memory of all devices: `[device][buffer]` words.
 pub type Memory = Vec<Vec<Vec<u32>>>;
 
-/// Fills a buffer's input window: twin of `generate.wgsl`.
+/// A buffer's initial contents: its input window (twin of `generate.wgsl`), or poison
+/// ([`DType::poison_bits`]) for scratch and output buffers.
 pub fn generate_input(
     role: &BufferRole,
     device: usize,
@@ -22,13 +23,8 @@ pub fn generate_input(
     seed: u32,
     family: Family,
 ) -> Vec<u32> {
-    let mut out = vec![0u32; rows * cols];
-    if let BufferRole::Input {
-        tensor,
-        global_cols,
-        origins,
-    } = role
-    {
+    let mut out = vec![dtype.poison_bits(); rows * cols];
+    if let BufferRole::Input { tensor, global_cols, origins } = role {
         let (r0, c0) = origins[device];
         for r in 0..rows {
             for c in 0..cols {
@@ -44,15 +40,17 @@ fn at(r: &Region, row: usize, col: usize) -> usize {
     r.offset + row * r.stride + col
 }
 
-/// Runs `plan` on the CPU and returns every device's memory.
+/// Runs `plan` on the CPU in the default order and returns every device's memory.
 pub fn run(plan: &Plan, seed: u32, family: Family) -> Result<Memory, Deadlock> {
-    let sched = schedule(plan)?;
+    run_with(plan, seed, family, Order::Default)
+}
+
+/// Runs `plan` on the CPU in the given interleaving.
+pub fn run_with(plan: &Plan, seed: u32, family: Family, order: Order) -> Result<Memory, Deadlock> {
+    let sched = schedule_with(plan, order)?;
     let mut mem: Memory = (0..plan.devices)
         .map(|d| {
-            plan.buffers
-                .iter()
-                .map(|b| generate_input(&b.role, d, b.rows, b.cols, b.dtype, seed, family))
-                .collect()
+            plan.buffers.iter().map(|b| generate_input(&b.role, d, b.rows, b.cols, b.dtype, seed, family)).collect()
         })
         .collect();
     for site in sched.order {
@@ -66,25 +64,14 @@ pub fn run(plan: &Plan, seed: u32, family: Family) -> Result<Memory, Deadlock> {
 pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
     let dt = |r: &Region| plan.buffers[r.buf.0].dtype;
     match op {
-        Op::Gemm {
-            a,
-            b,
-            c,
-            trans_a,
-            trans_b,
-            accumulate,
-        } => {
+        Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => {
             let (m, n) = (c.rows, c.cols);
             let k = if *trans_a { a.rows } else { a.cols };
             let dev = &mem[device];
             let mut out = vec![0u32; m * n];
             for i in 0..m {
                 for j in 0..n {
-                    let mut acc = if *accumulate {
-                        f32::from_bits(dev[c.buf.0][at(c, i, j)])
-                    } else {
-                        0.0
-                    };
+                    let mut acc = if *accumulate { f32::from_bits(dev[c.buf.0][at(c, i, j)]) } else { 0.0 };
                     for p in 0..k {
                         let ai = if *trans_a { at(a, p, i) } else { at(a, i, p) };
                         let bi = if *trans_b { at(b, j, p) } else { at(b, p, j) };
@@ -101,9 +88,7 @@ pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
                 }
             }
         }
-        Op::Copy {
-            src, dst_device, dst, ..
-        } => {
+        Op::Copy { src, dst_device, dst, .. } => {
             for i in 0..src.rows {
                 for j in 0..src.cols {
                     let v = mem[device][src.buf.0][at(src, i, j)];

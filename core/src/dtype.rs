@@ -71,6 +71,17 @@ impl DType {
         }
     }
 
+    /// The poison pattern written into every non-input buffer before a run: a quiet NaN
+    /// with a recognisable payload, so that a read of memory no op wrote turns results
+    /// into NaN and shows up in the output check.
+    pub fn poison_bits(self) -> u32 {
+        match self {
+            DType::F32 => 0x7fc0_dead,
+            DType::F16 => 0x7e5a,
+            DType::Bf16 => 0x7fa5,
+        }
+    }
+
     /// Rounds an f32 to the nearest value representable in this type.
     pub fn round(self, x: f32) -> f32 {
         self.decode(self.encode(x))
@@ -121,11 +132,7 @@ pub fn f32_to_f16_bits(x: f32) -> u32 {
     let mant = b & 0x7f_ffff;
     if exp == 255 {
         // Inf stays inf; NaN stays a quiet NaN with the top payload bits.
-        return if mant == 0 {
-            sign | 0x7c00
-        } else {
-            sign | 0x7e00 | (mant >> 13)
-        };
+        return if mant == 0 { sign | 0x7c00 } else { sign | 0x7e00 | (mant >> 13) };
     }
     let e = exp - 127 + 15;
     if e >= 31 {

@@ -130,15 +130,9 @@ mod tests {
 
     #[test]
     fn tensors_and_seeds_are_independent_streams() {
-        let a: Vec<u32> = (0..64)
-            .map(|i| element_bits(1, 0, i, Family::Realistic, DType::F32))
-            .collect();
-        let b: Vec<u32> = (0..64)
-            .map(|i| element_bits(1, 1, i, Family::Realistic, DType::F32))
-            .collect();
-        let c: Vec<u32> = (0..64)
-            .map(|i| element_bits(2, 0, i, Family::Realistic, DType::F32))
-            .collect();
+        let a: Vec<u32> = (0..64).map(|i| element_bits(1, 0, i, Family::Realistic, DType::F32)).collect();
+        let b: Vec<u32> = (0..64).map(|i| element_bits(1, 1, i, Family::Realistic, DType::F32)).collect();
+        let c: Vec<u32> = (0..64).map(|i| element_bits(2, 0, i, Family::Realistic, DType::F32)).collect();
         assert_ne!(a, b);
         assert_ne!(a, c);
     }

@@ -21,9 +21,7 @@ pub struct Expected {
 /// Generates a global input tensor of `problem` as f64 (exactly the rounded inputs).
 pub fn global_input(problem: &Problem, tensor: u32, seed: u32, family: Family) -> Vec<f64> {
     let decl = problem.inputs()[tensor as usize];
-    (0..decl.rows * decl.cols)
-        .map(|i| element(seed, decl.id, i as u32, family, problem.input) as f64)
-        .collect()
+    (0..decl.rows * decl.cols).map(|i| element(seed, decl.id, i as u32, family, problem.input) as f64).collect()
 }
 
 /// Computes every device's expected output of `problem` for `(seed, family)`.

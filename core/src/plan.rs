@@ -283,19 +283,14 @@ impl Plan {
 
     /// The output buffer (the one with [`BufferRole::Output`]), if any.
     pub fn output(&self) -> Option<BufId> {
-        self.buffers
-            .iter()
-            .position(|b| b.role == BufferRole::Output)
-            .map(BufId)
+        self.buffers.iter().position(|b| b.role == BufferRole::Output).map(BufId)
     }
 
     /// Every op with its site, device by device, lane by lane.
     pub fn ops(&self) -> impl Iterator<Item = (OpSite, &Op)> + '_ {
         self.programs.iter().enumerate().flat_map(|(device, p)| {
             p.lanes.iter().enumerate().flat_map(move |(lane, ops)| {
-                ops.iter()
-                    .enumerate()
-                    .map(move |(index, op)| (OpSite { device, lane, index }, op))
+                ops.iter().enumerate().map(move |(index, op)| (OpSite { device, lane, index }, op))
             })
         })
     }
@@ -309,11 +304,7 @@ impl Plan {
     pub fn validate(&self) -> Result<(), PlanError> {
         let plan = || self.name.clone();
         if self.devices == 0 || self.programs.len() != self.devices {
-            return Err(PlanError::DeviceCount {
-                plan: plan(),
-                devices: self.devices,
-                programs: self.programs.len(),
-            });
+            return Err(PlanError::DeviceCount { plan: plan(), devices: self.devices, programs: self.programs.len() });
         }
         for (device, p) in self.programs.iter().enumerate() {
             if p.lanes.len() != self.lanes.len() {
@@ -330,11 +321,7 @@ impl Plan {
                 if origins.len() != self.devices {
                     return Err(PlanError::Mismatch {
                         plan: plan(),
-                        site: OpSite {
-                            device: 0,
-                            lane: 0,
-                            index: 0,
-                        },
+                        site: OpSite { device: 0, lane: 0, index: 0 },
                         detail: format!(
                             "input buffer `{}` has {} origins for {} devices",
                             b.name,
@@ -352,21 +339,10 @@ impl Plan {
     }
 
     fn validate_op(&self, site: OpSite, op: &Op) -> Result<(), PlanError> {
-        let bad = |what: String| PlanError::BadReference {
-            plan: self.name.clone(),
-            site,
-            what,
-        };
-        let mismatch = |detail: String| PlanError::Mismatch {
-            plan: self.name.clone(),
-            site,
-            detail,
-        };
+        let bad = |what: String| PlanError::BadReference { plan: self.name.clone(), site, what };
+        let mismatch = |detail: String| PlanError::Mismatch { plan: self.name.clone(), site, detail };
         let region = |r: &Region| -> Result<&BufferDecl, PlanError> {
-            let b = self
-                .buffers
-                .get(r.buf.0)
-                .ok_or_else(|| bad(format!("buffer #{} does not exist", r.buf.0)))?;
+            let b = self.buffers.get(r.buf.0).ok_or_else(|| bad(format!("buffer #{} does not exist", r.buf.0)))?;
             if r.end() > b.len() || (r.rows > 1 && r.stride < r.cols) {
                 return Err(PlanError::RegionOutOfBounds {
                     plan: self.name.clone(),
@@ -393,14 +369,7 @@ impl Plan {
             }
         };
         match op {
-            Op::Gemm {
-                a,
-                b,
-                c,
-                trans_a,
-                trans_b,
-                accumulate,
-            } => {
+            Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => {
                 region(a)?;
                 region(b)?;
                 let cb = region(c)?;
@@ -419,9 +388,7 @@ impl Plan {
                     )));
                 }
             }
-            Op::Copy {
-                src, dst_device, dst, ..
-            } => {
+            Op::Copy { src, dst_device, dst, .. } => {
                 let s = region(src)?;
                 let d = region(dst)?;
                 device(*dst_device)?;
@@ -476,14 +443,7 @@ impl Plan {
         };
         let sem = |s: &SemId| self.semaphores.get(s.0).map_or("?", String::as_str);
         match op {
-            Op::Gemm {
-                a,
-                b,
-                c,
-                trans_a,
-                trans_b,
-                accumulate,
-            } => format!(
+            Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => format!(
                 "gemm {} {} {}{} · {}{}",
                 reg(c),
                 if *accumulate { "+=" } else { "=" },
@@ -492,12 +452,7 @@ impl Plan {
                 reg(b),
                 if *trans_b { "ᵀ" } else { "" },
             ),
-            Op::Copy {
-                src,
-                dst_device,
-                dst,
-                engine,
-            } => format!(
+            Op::Copy { src, dst_device, dst, engine } => format!(
                 "copy {} -> dev{}:{} ({})",
                 reg(src),
                 dst_device,
@@ -507,11 +462,9 @@ impl Plan {
                     Engine::Sm => "sm",
                 }
             ),
-            Op::Reduce { inputs, output } => format!(
-                "reduce {} = {}",
-                reg(output),
-                inputs.iter().map(reg).collect::<Vec<_>>().join(" + ")
-            ),
+            Op::Reduce { inputs, output } => {
+                format!("reduce {} = {}", reg(output), inputs.iter().map(reg).collect::<Vec<_>>().join(" + "))
+            }
             Op::Signal { device, sem: s, add } => format!("signal dev{device}:{} += {add}", sem(s)),
             Op::Wait { sem: s, value } => format!("wait {} >= {value}", sem(s)),
         }
@@ -570,13 +523,7 @@ impl PlanBuilder {
 
     /// Declares a symmetric buffer.
     pub fn buffer(&mut self, name: &str, dtype: DType, rows: usize, cols: usize, role: BufferRole) -> BufId {
-        self.plan.buffers.push(BufferDecl {
-            name: name.into(),
-            dtype,
-            rows,
-            cols,
-            role,
-        });
+        self.plan.buffers.push(BufferDecl { name: name.into(), dtype, rows, cols, role });
         BufId(self.plan.buffers.len() - 1)
     }
 
@@ -613,25 +560,13 @@ impl PlanBuilder {
     /// A row block `[row0, row0 + rows)` of a whole buffer.
     pub fn rows(&self, buf: BufId, row0: usize, rows: usize) -> Region {
         let cols = self.decl(buf).cols;
-        Region {
-            buf,
-            offset: row0 * cols,
-            rows,
-            cols,
-            stride: cols,
-        }
+        Region { buf, offset: row0 * cols, rows, cols, stride: cols }
     }
 
     /// A sub-matrix of a buffer.
     pub fn window(&self, buf: BufId, row0: usize, col0: usize, rows: usize, cols: usize) -> Region {
         let stride = self.decl(buf).cols;
-        Region {
-            buf,
-            offset: row0 * stride + col0,
-            rows,
-            cols,
-            stride,
-        }
+        Region { buf, offset: row0 * stride + col0, rows, cols, stride }
     }
 
     /// The whole buffer.

@@ -198,41 +198,21 @@ impl Problem {
         if output != DType::F32 && output != input {
             return Err(ProblemError::UnsupportedDtypes { op, input, output });
         }
-        for (tensor, elements) in [
-            ("A", m as u128 * k as u128),
-            ("B", k as u128 * n as u128),
-            ("C", m as u128 * n as u128),
-        ] {
+        for (tensor, elements) in
+            [("A", m as u128 * k as u128), ("B", k as u128 * n as u128), ("C", m as u128 * n as u128)]
+        {
             if elements > u32::MAX as u128 {
                 return Err(ProblemError::TooLarge { op, tensor, elements });
             }
         }
-        Ok(Problem {
-            op,
-            devices,
-            m,
-            n,
-            k,
-            input,
-            output,
-        })
+        Ok(Problem { op, devices, m, n, k, input, output })
     }
 
     /// The global input tensors, A then B.
     pub fn inputs(&self) -> [TensorDecl; 2] {
         [
-            TensorDecl {
-                name: "A",
-                id: 0,
-                rows: self.m,
-                cols: self.k,
-            },
-            TensorDecl {
-                name: "B",
-                id: 1,
-                rows: self.k,
-                cols: self.n,
-            },
+            TensorDecl { name: "A", id: 0, rows: self.m, cols: self.k },
+            TensorDecl { name: "B", id: 1, rows: self.k, cols: self.n },
         ]
     }
 
@@ -241,30 +221,10 @@ impl Problem {
         let d = self.devices;
         let (m, n, k) = (self.m, self.n, self.k);
         match (self.op, tensor) {
-            (OpKind::AgGemm, 0) => Window {
-                row0: device * m / d,
-                col0: 0,
-                rows: m / d,
-                cols: k,
-            },
-            (OpKind::AgGemm, _) => Window {
-                row0: 0,
-                col0: device * n / d,
-                rows: k,
-                cols: n / d,
-            },
-            (OpKind::GemmRs | OpKind::GemmAr, 0) => Window {
-                row0: 0,
-                col0: device * k / d,
-                rows: m,
-                cols: k / d,
-            },
-            (OpKind::GemmRs | OpKind::GemmAr, _) => Window {
-                row0: device * k / d,
-                col0: 0,
-                rows: k / d,
-                cols: n,
-            },
+            (OpKind::AgGemm, 0) => Window { row0: device * m / d, col0: 0, rows: m / d, cols: k },
+            (OpKind::AgGemm, _) => Window { row0: 0, col0: device * n / d, rows: k, cols: n / d },
+            (OpKind::GemmRs | OpKind::GemmAr, 0) => Window { row0: 0, col0: device * k / d, rows: m, cols: k / d },
+            (OpKind::GemmRs | OpKind::GemmAr, _) => Window { row0: device * k / d, col0: 0, rows: k / d, cols: n },
         }
     }
 
@@ -272,24 +232,9 @@ impl Problem {
     pub fn output_window(&self, device: usize) -> Window {
         let d = self.devices;
         match self.op {
-            OpKind::AgGemm => Window {
-                row0: 0,
-                col0: device * self.n / d,
-                rows: self.m,
-                cols: self.n / d,
-            },
-            OpKind::GemmRs => Window {
-                row0: device * self.m / d,
-                col0: 0,
-                rows: self.m / d,
-                cols: self.n,
-            },
-            OpKind::GemmAr => Window {
-                row0: 0,
-                col0: 0,
-                rows: self.m,
-                cols: self.n,
-            },
+            OpKind::AgGemm => Window { row0: 0, col0: device * self.n / d, rows: self.m, cols: self.n / d },
+            OpKind::GemmRs => Window { row0: device * self.m / d, col0: 0, rows: self.m / d, cols: self.n },
+            OpKind::GemmAr => Window { row0: 0, col0: 0, rows: self.m, cols: self.n },
         }
     }
 
@@ -327,35 +272,11 @@ mod tests {
     #[test]
     fn indivisible_dimensions_name_size_and_devices() {
         let e = Problem::new(OpKind::AgGemm, 3, 8, 9, 4, F32, F32).unwrap_err();
-        assert_eq!(
-            e,
-            ProblemError::Indivisible {
-                op: OpKind::AgGemm,
-                dim: "M",
-                size: 8,
-                devices: 3
-            }
-        );
+        assert_eq!(e, ProblemError::Indivisible { op: OpKind::AgGemm, dim: "M", size: 8, devices: 3 });
         let e = Problem::new(OpKind::AgGemm, 3, 9, 8, 4, F32, F32).unwrap_err();
-        assert_eq!(
-            e,
-            ProblemError::Indivisible {
-                op: OpKind::AgGemm,
-                dim: "N",
-                size: 8,
-                devices: 3
-            }
-        );
+        assert_eq!(e, ProblemError::Indivisible { op: OpKind::AgGemm, dim: "N", size: 8, devices: 3 });
         let e = Problem::new(OpKind::GemmRs, 4, 8, 8, 6, F32, F32).unwrap_err();
-        assert_eq!(
-            e,
-            ProblemError::Indivisible {
-                op: OpKind::GemmRs,
-                dim: "K",
-                size: 6,
-                devices: 4
-            }
-        );
+        assert_eq!(e, ProblemError::Indivisible { op: OpKind::GemmRs, dim: "K", size: 6, devices: 4 });
         let e = Problem::new(OpKind::GemmAr, 4, 6, 8, 8, F32, F32).unwrap_err();
         assert!(e.to_string().contains("M=6 is not divisible by D=4"), "{e}");
     }
@@ -363,14 +284,7 @@ mod tests {
     #[test]
     fn output_dtype_must_be_f32_or_input() {
         let e = Problem::new(OpKind::GemmAr, 2, 8, 8, 8, Bf16, F16).unwrap_err();
-        assert_eq!(
-            e,
-            ProblemError::UnsupportedDtypes {
-                op: OpKind::GemmAr,
-                input: Bf16,
-                output: F16
-            }
-        );
+        assert_eq!(e, ProblemError::UnsupportedDtypes { op: OpKind::GemmAr, input: Bf16, output: F16 });
         assert!(Problem::new(OpKind::GemmAr, 2, 8, 8, 8, F16, F32).is_ok());
         assert!(Problem::new(OpKind::GemmAr, 2, 8, 8, 8, F16, F16).is_ok());
     }
@@ -384,60 +298,12 @@ mod tests {
     #[test]
     fn shards_tile_the_global_tensors() {
         let p = Problem::new(OpKind::AgGemm, 4, 8, 12, 5, F32, F32).unwrap();
-        assert_eq!(
-            p.input_shard(0, 2),
-            Window {
-                row0: 4,
-                col0: 0,
-                rows: 2,
-                cols: 5
-            }
-        );
-        assert_eq!(
-            p.input_shard(1, 3),
-            Window {
-                row0: 0,
-                col0: 9,
-                rows: 5,
-                cols: 3
-            }
-        );
-        assert_eq!(
-            p.output_window(1),
-            Window {
-                row0: 0,
-                col0: 3,
-                rows: 8,
-                cols: 3
-            }
-        );
+        assert_eq!(p.input_shard(0, 2), Window { row0: 4, col0: 0, rows: 2, cols: 5 });
+        assert_eq!(p.input_shard(1, 3), Window { row0: 0, col0: 9, rows: 5, cols: 3 });
+        assert_eq!(p.output_window(1), Window { row0: 0, col0: 3, rows: 8, cols: 3 });
         let p = Problem::new(OpKind::GemmRs, 2, 8, 6, 4, F32, F32).unwrap();
-        assert_eq!(
-            p.input_shard(0, 1),
-            Window {
-                row0: 0,
-                col0: 2,
-                rows: 8,
-                cols: 2
-            }
-        );
-        assert_eq!(
-            p.input_shard(1, 1),
-            Window {
-                row0: 2,
-                col0: 0,
-                rows: 2,
-                cols: 6
-            }
-        );
-        assert_eq!(
-            p.output_window(1),
-            Window {
-                row0: 4,
-                col0: 0,
-                rows: 4,
-                cols: 6
-            }
-        );
+        assert_eq!(p.input_shard(0, 1), Window { row0: 0, col0: 2, rows: 8, cols: 2 });
+        assert_eq!(p.input_shard(1, 1), Window { row0: 2, col0: 0, rows: 2, cols: 6 });
+        assert_eq!(p.output_window(1), Window { row0: 4, col0: 0, rows: 4, cols: 6 });
     }
 }

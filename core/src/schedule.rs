@@ -96,9 +96,7 @@ pub fn orders(n: usize, devices: usize) -> Vec<Order> {
     (0..n)
         .map(|i| match i {
             0 => Order::Default,
-            i if i % 2 == 1 => Order::RunAhead {
-                device: (i / 2) % devices.max(1),
-            },
+            i if i % 2 == 1 => Order::RunAhead { device: (i / 2) % devices.max(1) },
             i => Order::Random { seed: i as u64 },
         })
         .collect()
@@ -127,12 +125,7 @@ impl State<'_> {
 
     fn step(&mut self, device: usize, lane: usize) {
         let index = self.pc[device][lane];
-        if let Op::Signal {
-            device: target,
-            sem,
-            add,
-        } = &self.plan.programs[device].lanes[lane][index]
-        {
+        if let Op::Signal { device: target, sem, add } = &self.plan.programs[device].lanes[lane][index] {
             let s = &mut self.sems[*target][sem.0];
             *s = s.saturating_add(*add);
         }
@@ -163,11 +156,7 @@ impl State<'_> {
                 }
             }
         }
-        Deadlock {
-            plan: self.plan.name.clone(),
-            executed: self.order.len(),
-            blocked,
-        }
+        Deadlock { plan: self.plan.name.clone(), executed: self.order.len(), blocked }
     }
 }
 
@@ -189,9 +178,7 @@ pub fn schedule_with(plan: &Plan, order_kind: Order) -> Result<Schedule, Deadloc
         sems: vec![vec![0u32; plan.semaphores.len()]; plan.devices],
         order: Vec::with_capacity(plan.op_count()),
     };
-    let all: Vec<(usize, usize)> = (0..plan.devices)
-        .flat_map(|d| (0..lanes).map(move |l| (d, l)))
-        .collect();
+    let all: Vec<(usize, usize)> = (0..plan.devices).flat_map(|d| (0..lanes).map(move |l| (d, l))).collect();
     let mut rng = match order_kind {
         Order::Random { seed } => seed,
         _ => 0,
@@ -230,11 +217,7 @@ pub fn schedule_with(plan: &Plan, order_kind: Order) -> Result<Schedule, Deadloc
             }
         }
         if st.finished() {
-            return Ok(Schedule {
-                order_kind,
-                order: st.order,
-                final_semaphores: st.sems,
-            });
+            return Ok(Schedule { order_kind, order: st.order, final_semaphores: st.sems });
         }
         if st.order.len() == before {
             return Err(st.deadlock());

@@ -39,32 +39,16 @@ pub struct Worst {
 
 impl Tolerance {
     /// Bit-exact: no error allowed at all.
-    pub const EXACT: Tolerance = Tolerance {
-        rounding: 0.0,
-        accumulation: 0.0,
-        floor: 0.0,
-    };
+    pub const EXACT: Tolerance = Tolerance { rounding: 0.0, accumulation: 0.0, floor: 0.0 };
 
     /// Output rounding to f32, before scaling with K.
-    pub const F32: Tolerance = Tolerance {
-        rounding: f32::EPSILON as f64 / 2.0,
-        accumulation: 0.0,
-        floor: 1e-30,
-    };
+    pub const F32: Tolerance = Tolerance { rounding: f32::EPSILON as f64 / 2.0, accumulation: 0.0, floor: 1e-30 };
 
     /// Output rounding to f16, before scaling with K.
-    pub const F16: Tolerance = Tolerance {
-        rounding: 1.0 / 2048.0,
-        accumulation: 0.0,
-        floor: 6e-8,
-    };
+    pub const F16: Tolerance = Tolerance { rounding: 1.0 / 2048.0, accumulation: 0.0, floor: 6e-8 };
 
     /// Output rounding to bf16, before scaling with K.
-    pub const BF16: Tolerance = Tolerance {
-        rounding: 1.0 / 256.0,
-        accumulation: 0.0,
-        floor: 1e-30,
-    };
+    pub const BF16: Tolerance = Tolerance { rounding: 1.0 / 256.0, accumulation: 0.0, floor: 1e-30 };
 
     /// The preset for an output dtype.
     pub fn for_output(dtype: DType) -> Tolerance {
@@ -79,10 +63,7 @@ impl Tolerance {
     pub fn with_k(self, k: usize) -> Tolerance {
         let u = DType::F32.unit_roundoff();
         let nu = (k + 1) as f64 * u;
-        Tolerance {
-            accumulation: nu / (1.0 - nu),
-            ..self
-        }
+        Tolerance { accumulation: nu / (1.0 - nu), ..self }
     }
 
     /// The preset for a GEMM of depth `k` rounded to `output`.
@@ -109,33 +90,16 @@ impl Tolerance {
         let mut worst: Option<(f64, Worst)> = None;
         for (index, ((&g, &e), &m)) in got.iter().zip(expected).zip(magnitudes).enumerate() {
             let allowed = self.accumulation * m * (1.0 + self.rounding) + self.floor + self.rounding * e.abs();
-            let error = if g.is_nan() || e.is_nan() {
-                f64::INFINITY
-            } else {
-                (g - e).abs()
-            };
+            let error = if g.is_nan() || e.is_nan() { f64::INFINITY } else { (g - e).abs() };
             let pass = self.accepts(g, e, m);
             ok &= pass;
-            let score = if pass {
-                error / allowed.max(f64::MIN_POSITIVE)
-            } else {
-                f64::INFINITY
-            };
+            let score = if pass { error / allowed.max(f64::MIN_POSITIVE) } else { f64::INFINITY };
             let better = match &worst {
                 None => true,
                 Some((s, w)) => score > *s || (score == *s && !pass && error > w.error),
             };
             if better {
-                worst = Some((
-                    score,
-                    Worst {
-                        index,
-                        got: g,
-                        expected: e,
-                        error,
-                        allowed,
-                    },
-                ));
+                worst = Some((score, Worst { index, got: g, expected: e, error, allowed }));
             }
         }
         (ok, worst.map(|(_, w)| w))

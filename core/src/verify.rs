@@ -26,45 +26,22 @@ pub struct Access {
 
 /// Every region an op of device `device` reads or writes (reads first).
 pub fn accesses(device: usize, op: &Op) -> Vec<Access> {
-    let read = |region: &Region| Access {
-        device,
-        region: *region,
-        write: false,
-    };
+    let read = |region: &Region| Access { device, region: *region, write: false };
     match op {
-        Op::Gemm {
-            a, b, c, accumulate, ..
-        } => {
+        Op::Gemm { a, b, c, accumulate, .. } => {
             let mut v = vec![read(a), read(b)];
             if *accumulate {
                 v.push(read(c));
             }
-            v.push(Access {
-                device,
-                region: *c,
-                write: true,
-            });
+            v.push(Access { device, region: *c, write: true });
             v
         }
-        Op::Copy {
-            src, dst_device, dst, ..
-        } => {
-            vec![
-                read(src),
-                Access {
-                    device: *dst_device,
-                    region: *dst,
-                    write: true,
-                },
-            ]
+        Op::Copy { src, dst_device, dst, .. } => {
+            vec![read(src), Access { device: *dst_device, region: *dst, write: true }]
         }
         Op::Reduce { inputs, output } => {
             let mut v: Vec<Access> = inputs.iter().map(read).collect();
-            v.push(Access {
-                device,
-                region: *output,
-                write: true,
-            });
+            v.push(Access { device, region: *output, write: true });
             v
         }
         Op::Signal { .. } | Op::Wait { .. } => Vec::new(),
@@ -213,13 +190,7 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
                 .map(|b| {
                     let init = matches!(b.role, BufferRole::Input { .. });
                     let _ = d;
-                    vec![
-                        Cell {
-                            write: init.then_some(None),
-                            reads: Vec::new()
-                        };
-                        b.len()
-                    ]
+                    vec![Cell { write: init.then_some(None), reads: Vec::new() }; b.len()]
                 })
                 .collect()
         })
@@ -231,11 +202,7 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
     for site in &schedule.order {
         let t = lane_id(site);
         let op = &plan.programs[site.device].lanes[site.lane][site.index];
-        let now = Epoch {
-            lane: t as u32,
-            clock: clocks[t][t],
-            site: *site,
-        };
+        let now = Epoch { lane: t as u32, clock: clocks[t][t], site: *site };
         match op {
             Op::Signal { device, sem, add } => {
                 let h = &mut history[device * n_sems + sem.0];
@@ -359,12 +326,7 @@ pub fn audit(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
     let mut findings = Vec::new();
     for device in 0..plan.devices {
         for s in 0..n_sems {
-            let actual = schedule
-                .final_semaphores
-                .get(device)
-                .and_then(|v| v.get(s))
-                .copied()
-                .unwrap_or(0);
+            let actual = schedule.final_semaphores.get(device).and_then(|v| v.get(s)).copied().unwrap_or(0);
             let semaphore = plan.semaphores[s].clone();
             let (exp, waits) = (implied[device * n_sems + s], awaited[device * n_sems + s]);
             if actual != exp {
@@ -425,10 +387,7 @@ mod tests {
         // Device 0's compute lane stops waiting for the shard it multiplies at step 1.
         let compute = &mut plan.programs[0].lanes[0];
         let at = compute.iter().position(|op| matches!(op, Op::Wait { .. })).unwrap();
-        compute[at] = Op::Wait {
-            sem: crate::SemId(0),
-            value: 0,
-        };
+        compute[at] = Op::Wait { sem: crate::SemId(0), value: 0 };
         let mut found = false;
         for order in orders(4, 3) {
             let s = schedule_with(&plan, order).unwrap();
@@ -457,33 +416,18 @@ mod tests {
         comm.remove(at);
         let s = schedule_with(&plan, crate::schedule::Order::Default).unwrap();
         let f = verify(&plan, &s);
-        assert!(
-            f.iter().any(|x| matches!(x, Finding::UnwrittenRead { device: 0, .. })),
-            "{f:?}"
-        );
+        assert!(f.iter().any(|x| matches!(x, Finding::UnwrittenRead { device: 0, .. })), "{f:?}");
     }
 
     #[test]
     fn an_extra_signal_fails_the_audit() {
         let p = Problem::new(OpKind::AgGemm, 2, 4, 2, 2, DType::F32, DType::F32).unwrap();
         let mut plan = build_plan(&p, crate::Algorithm::Ring).unwrap();
-        plan.programs[1].lanes[1].push(Op::Signal {
-            device: 0,
-            sem: crate::SemId(0),
-            add: 1,
-        });
+        plan.programs[1].lanes[1].push(Op::Signal { device: 0, sem: crate::SemId(0), add: 1 });
         let s = schedule_with(&plan, crate::schedule::Order::Default).unwrap();
         let f = verify(&plan, &s);
         assert!(
-            f.iter().any(|x| matches!(
-                x,
-                Finding::SemaphoreAudit {
-                    device: 0,
-                    expected: 1,
-                    actual: 2,
-                    ..
-                }
-            )),
+            f.iter().any(|x| matches!(x, Finding::SemaphoreAudit { device: 0, expected: 1, actual: 2, .. })),
             "{f:?}"
         );
     }

@@ -111,21 +111,14 @@ impl Pipelines {
 }
 
 fn describe(info: &wgpu::AdapterInfo) -> String {
-    format!(
-        "{} ({:?}, {:?}, driver {} {})",
-        info.name, info.backend, info.device_type, info.driver, info.driver_info
-    )
+    format!("{} ({:?}, {:?}, driver {} {})", info.name, info.backend, info.device_type, info.driver, info.driver_info)
 }
 
 impl Gpu {
     /// Finds an adapter (Vulkan first, GL second, then any backend the platform offers)
     /// and creates a device with the adapter's real limits.
     pub fn new() -> Result<Gpu, ReferenceError> {
-        let order = [
-            ("Vulkan", wgpu::Backends::VULKAN),
-            ("GL", wgpu::Backends::GL),
-            ("any", wgpu::Backends::all()),
-        ];
+        let order = [("Vulkan", wgpu::Backends::VULKAN), ("GL", wgpu::Backends::GL), ("any", wgpu::Backends::all())];
         let mut tried = Vec::new();
         for (name, backends) in order {
             tried.push(name);
@@ -141,9 +134,7 @@ impl Gpu {
                 return Gpu::from_adapter(&adapter);
             }
         }
-        Err(ReferenceError::NoAdapter {
-            tried: tried.join(", "),
-        })
+        Err(ReferenceError::NoAdapter { tried: tried.join(", ") })
     }
 
     /// Creates a device on a given adapter with the adapter's own limits.
@@ -155,10 +146,8 @@ impl Gpu {
             required_limits: adapter.limits(),
             ..Default::default()
         });
-        let (device, queue) = pollster::block_on(request).map_err(|e| ReferenceError::RequestDevice {
-            adapter: describe(&info),
-            reason: e.to_string(),
-        })?;
+        let (device, queue) = pollster::block_on(request)
+            .map_err(|e| ReferenceError::RequestDevice { adapter: describe(&info), reason: e.to_string() })?;
         Ok(Gpu::from_device(info, device, queue))
     }
 
@@ -172,13 +161,7 @@ impl Gpu {
             }
         }));
         let pipelines = Pipelines::new(&device);
-        Gpu {
-            info,
-            device,
-            queue,
-            pipelines,
-            uncaptured,
-        }
+        Gpu { info, device, queue, pipelines, uncaptured }
     }
 
     /// One line naming the adapter, its backend and driver.

@@ -10,8 +10,9 @@
 use std::time::{Duration, Instant};
 
 use cmm_core::generator::Family;
+use cmm_core::plan::OpSite;
 use cmm_core::plan::{BufferRole, Op, Plan, Region};
-use cmm_core::schedule::schedule;
+use cmm_core::schedule::{schedule_with, Order};
 use cmm_core::DType;
 
 use crate::context::Gpu;
@@ -97,12 +98,7 @@ impl Layout {
             .max()
             .unwrap_or(0);
         next += tmp;
-        Layout {
-            base,
-            sem_base,
-            tmp_base,
-            total: next.max(1),
-        }
+        Layout { base, sem_base, tmp_base, total: next.max(1) }
     }
 
     fn word(&self, device: usize, r: &Region) -> u32 {
@@ -119,18 +115,11 @@ struct Encoder<'a> {
 
 impl Encoder<'_> {
     fn unsupported(&self, what: String) -> ReferenceError {
-        ReferenceError::Unsupported {
-            plan: self.plan.name.clone(),
-            what,
-        }
+        ReferenceError::Unsupported { plan: self.plan.name.clone(), what }
     }
 
     fn push<T: bytemuck::Pod>(&mut self, stage: Stage, params: &T, groups: (u32, u32)) {
-        self.dispatches.push(Dispatch {
-            stage,
-            params: bytemuck::bytes_of(params).to_vec(),
-            groups,
-        });
+        self.dispatches.push(Dispatch { stage, params: bytemuck::bytes_of(params).to_vec(), groups });
     }
 
     /// Splits `rows × cols` elementwise work into dispatches of at most `max_groups` rows.
@@ -151,11 +140,7 @@ impl Encoder<'_> {
         while begin < rows {
             let count = (rows - begin).min(self.max_groups as usize);
             let (stage, params) = make(begin as u32);
-            self.dispatches.push(Dispatch {
-                stage,
-                params,
-                groups: (gx as u32, count as u32),
-            });
+            self.dispatches.push(Dispatch { stage, params, groups: (gx as u32, count as u32) });
             begin += count;
         }
         Ok(())
@@ -163,12 +148,7 @@ impl Encoder<'_> {
 
     fn generate(&mut self, device: usize, seed: u32, family: Family) -> Result<(), ReferenceError> {
         for (i, b) in self.plan.buffers.iter().enumerate() {
-            if let BufferRole::Input {
-                tensor,
-                global_cols,
-                origins,
-            } = &b.role
-            {
+            if let BufferRole::Input { tensor, global_cols, origins } = &b.role {
                 let (row0, col0) = origins[device];
                 let p = GenerateParams {
                     rows: b.rows as u32,
@@ -185,10 +165,7 @@ impl Encoder<'_> {
                     _pad: 0,
                 };
                 self.elementwise(b.rows, b.cols, |row_begin| {
-                    (
-                        Stage::Generate,
-                        bytemuck::bytes_of(&GenerateParams { row_begin, ..p }).to_vec(),
-                    )
+                    (Stage::Generate, bytemuck::bytes_of(&GenerateParams { row_begin, ..p }).to_vec())
                 })?;
             }
         }
@@ -198,14 +175,7 @@ impl Encoder<'_> {
     fn op(&mut self, device: usize, op: &Op) -> Result<(), ReferenceError> {
         let dt = |r: &Region| dtype_code(self.plan.buffer(r.buf).dtype);
         match op {
-            Op::Gemm {
-                a,
-                b,
-                c,
-                trans_a,
-                trans_b,
-                accumulate,
-            } => {
+            Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => {
                 let (m, n) = (c.rows, c.cols);
                 let k = if *trans_a { a.rows } else { a.cols };
                 let (gx, gy) = (n.div_ceil(64), m.div_ceil(64));
@@ -258,9 +228,7 @@ impl Encoder<'_> {
                     self.reduce(m, n, 1, inputs, self.layout.word(device, c), c.stride as u32, dt(c))?;
                 }
             }
-            Op::Copy {
-                src, dst_device, dst, ..
-            } => {
+            Op::Copy { src, dst_device, dst, .. } => {
                 let p = CopyParams {
                     rows: src.rows as u32,
                     cols: src.cols as u32,
@@ -294,21 +262,9 @@ impl Encoder<'_> {
                     dt(output),
                 )?;
             }
-            Op::Signal {
-                device: target,
-                sem,
-                add,
-            } => {
+            Op::Signal { device: target, sem, add } => {
                 let word = self.layout.sem_base + target * self.plan.semaphores.len() + sem.0;
-                self.push(
-                    Stage::Signal,
-                    &SignalParams {
-                        word: word as u32,
-                        add: *add,
-                        _pad: [0; 2],
-                    },
-                    (1, 1),
-                );
+                self.push(Stage::Signal, &SignalParams { word: word as u32, add: *add, _pad: [0; 2] }, (1, 1));
             }
             Op::Wait { .. } => {}
         }
@@ -338,20 +294,45 @@ impl Encoder<'_> {
             inputs,
         };
         self.elementwise(rows, cols, |row_begin| {
-            (
-                Stage::Reduce,
-                bytemuck::bytes_of(&ReduceParams { row_begin, ..p }).to_vec(),
-            )
+            (Stage::Reduce, bytemuck::bytes_of(&ReduceParams { row_begin, ..p }).to_vec())
         })
     }
 }
 
+/// How to run a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunOptions {
+    /// The interleaving of the lanes.
+    pub order: Order,
+    /// Fault injection for testing the semaphore audit: the GPU mirror of this `Signal`
+    /// is not updated, as if the signal were lost on the way.
+    pub lose_signal: Option<OpSite>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { order: Order::Default, lose_signal: None }
+    }
+}
+
 impl Gpu {
-    /// Runs `plan` with inputs from `(seed, family)` and returns every buffer of every device.
+    /// Runs `plan` with inputs from `(seed, family)` in the default order.
     pub fn run(&self, plan: &Plan, seed: u32, family: Family) -> Result<RunOutput, ReferenceError> {
+        self.run_with(plan, seed, family, &RunOptions::default())
+    }
+
+    /// Runs `plan` with inputs from `(seed, family)` and returns every buffer of every
+    /// device. Scratch and output buffers start as poison (`DType::poison_bits`).
+    pub fn run_with(
+        &self,
+        plan: &Plan,
+        seed: u32,
+        family: Family,
+        options: &RunOptions,
+    ) -> Result<RunOutput, ReferenceError> {
         let start = Instant::now();
         plan.validate()?;
-        let sched = schedule(plan)?;
+        let sched = schedule_with(plan, options.order)?;
         let layout = Layout::new(plan);
         let bytes = layout.total as u64 * 4;
         if bytes > self.max_heap_bytes() || layout.total > u32::MAX as usize {
@@ -363,22 +344,15 @@ impl Gpu {
             });
         }
         let max_groups = self.device.limits().max_compute_workgroups_per_dimension;
-        let mut setup = Encoder {
-            plan,
-            layout: &layout,
-            max_groups,
-            dispatches: Vec::new(),
-        };
+        let mut setup = Encoder { plan, layout: &layout, max_groups, dispatches: Vec::new() };
         for d in 0..plan.devices {
             setup.generate(d, seed, family)?;
         }
-        let mut ops = Encoder {
-            plan,
-            layout: &layout,
-            max_groups,
-            dispatches: Vec::new(),
-        };
+        let mut ops = Encoder { plan, layout: &layout, max_groups, dispatches: Vec::new() };
         for site in &sched.order {
+            if options.lose_signal == Some(*site) {
+                continue;
+            }
             ops.op(site.device, &plan.programs[site.device].lanes[site.lane][site.index])?;
         }
 
@@ -389,22 +363,25 @@ impl Gpu {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let mut initial = vec![0u32; layout.total];
+        for bases in &layout.base {
+            for (b, &at) in plan.buffers.iter().zip(bases) {
+                if !matches!(b.role, BufferRole::Input { .. }) {
+                    initial[at..at + b.len()].fill(b.dtype.poison_bits());
+                }
+            }
+        }
+        self.queue.write_buffer(&heap, 0, bytemuck::cast_slice(&initial));
         self.submit_dispatches(&heap, &setup.dispatches)?;
         let t0 = Instant::now();
         self.submit_dispatches(&heap, &ops.dispatches)?;
         let execute = t0.elapsed();
         let words = self.read_back(&heap, bytes)?;
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(ReferenceError::Wgpu {
-                during: "running the plan",
-                message: e.to_string(),
-            });
+            return Err(ReferenceError::Wgpu { during: "running the plan", message: e.to_string() });
         }
         if let Some(message) = self.take_uncaptured() {
-            return Err(ReferenceError::Wgpu {
-                during: "running the plan",
-                message,
-            });
+            return Err(ReferenceError::Wgpu { during: "running the plan", message });
         }
         for (device, host) in sched.final_semaphores.iter().enumerate() {
             for (s, &host_value) in host.iter().enumerate() {
@@ -429,12 +406,7 @@ impl Gpu {
                     .collect()
             })
             .collect();
-        Ok(RunOutput {
-            buffers,
-            elapsed: start.elapsed(),
-            execute,
-            dispatches: ops.dispatches.len(),
-        })
+        Ok(RunOutput { buffers, elapsed: start.elapsed(), execute, dispatches: ops.dispatches.len() })
     }
 
     /// Encodes `dispatches` in order in one compute pass, submits and waits.
@@ -459,10 +431,7 @@ impl Gpu {
             label: Some("cmm heap + params"),
             layout: &self.pipelines.layout,
             entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: heap.as_entire_binding(),
-                },
+                wgpu::BindGroupEntry { binding: 0, resource: heap.as_entire_binding() },
                 wgpu::BindGroupEntry {
                     binding: 1,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -473,14 +442,11 @@ impl Gpu {
                 },
             ],
         });
-        let mut encoder = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cmm ops") });
+        let mut encoder =
+            self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cmm ops") });
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("cmm ops"),
-                timestamp_writes: None,
-            });
+            let mut pass = encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("cmm ops"), timestamp_writes: None });
             let mut current = None;
             for (i, d) in dispatches.iter().enumerate() {
                 if current != Some(d.stage) {
@@ -503,15 +469,9 @@ impl Gpu {
 
     fn wait(&self, during: &'static str) -> Result<(), ReferenceError> {
         self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: Some(Duration::from_secs(600)),
-            })
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(Duration::from_secs(600)) })
             .map(|_| ())
-            .map_err(|e| ReferenceError::Wgpu {
-                during,
-                message: e.to_string(),
-            })
+            .map_err(|e| ReferenceError::Wgpu { during, message: e.to_string() })
     }
 
     fn read_back(&self, heap: &wgpu::Buffer, bytes: u64) -> Result<Vec<u32>, ReferenceError> {
@@ -521,9 +481,8 @@ impl Gpu {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("cmm read-back"),
-        });
+        let mut encoder =
+            self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cmm read-back") });
         encoder.copy_buffer_to_buffer(heap, 0, &staging, 0, bytes);
         self.queue.submit([encoder.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -534,10 +493,7 @@ impl Gpu {
         match rx.recv() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                return Err(ReferenceError::Wgpu {
-                    during: "mapping the read-back buffer",
-                    message: e.to_string(),
-                })
+                return Err(ReferenceError::Wgpu { during: "mapping the read-back buffer", message: e.to_string() })
             }
             Err(_) => {
                 return Err(ReferenceError::Wgpu {
@@ -546,10 +502,9 @@ impl Gpu {
                 })
             }
         }
-        let view = staging.get_mapped_range(..).map_err(|e| ReferenceError::Wgpu {
-            during: "reading the mapped buffer",
-            message: e.to_string(),
-        })?;
+        let view = staging
+            .get_mapped_range(..)
+            .map_err(|e| ReferenceError::Wgpu { during: "reading the mapped buffer", message: e.to_string() })?;
         let words = bytemuck::cast_slice::<u8, u32>(&view).to_vec();
         drop(view);
         staging.unmap();

@@ -18,7 +18,7 @@ use cmm_core::DType;
 
 pub use context::{stage_sources, Gpu};
 pub use error::ReferenceError;
-pub use executor::{RunOutput, GEMM_K_PER_DISPATCH};
+pub use executor::{RunOptions, RunOutput, GEMM_K_PER_DISPATCH};
 
 /// The reference executor on one device.
 #[derive(Debug)]
@@ -52,6 +52,17 @@ impl Reference {
         self.gpu.run(plan, seed, family)
     }
 
+    /// Runs `plan` with explicit options (interleaving, fault injection).
+    pub fn run_with(
+        &self,
+        plan: &Plan,
+        seed: u32,
+        family: Family,
+        options: &RunOptions,
+    ) -> Result<RunOutput, ReferenceError> {
+        self.gpu.run_with(plan, seed, family, options)
+    }
+
     /// Generates `rows × cols` elements of tensor `tensor` on the device (the WGSL
     /// generator), returning their bits; used to prove the WGSL and Rust generators agree.
     pub fn generate(
@@ -64,11 +75,7 @@ impl Reference {
         family: Family,
     ) -> Result<Vec<u32>, ReferenceError> {
         let mut b = PlanBuilder::new("generate", 1);
-        let role = BufferRole::Input {
-            tensor,
-            global_cols: cols,
-            origins: vec![(0, 0)],
-        };
+        let role = BufferRole::Input { tensor, global_cols: cols, origins: vec![(0, 0)] };
         b.buffer("X", dtype, rows, cols, role);
         let plan = b.finish()?;
         Ok(self.run(&plan, seed, family)?.buffers.remove(0).remove(0))
@@ -78,28 +85,8 @@ impl Reference {
     /// with `dtype` inputs and f32 output, timed from submission to completion.
     pub fn gemm_gflops(&self, m: usize, n: usize, k: usize, dtype: DType, reps: usize) -> Result<f64, ReferenceError> {
         let mut b = PlanBuilder::new(format!("bench gemm {m}x{n}x{k} {dtype}"), 1);
-        let a = b.buffer(
-            "A",
-            dtype,
-            m,
-            k,
-            BufferRole::Input {
-                tensor: 0,
-                global_cols: k,
-                origins: vec![(0, 0)],
-            },
-        );
-        let bb = b.buffer(
-            "B",
-            dtype,
-            k,
-            n,
-            BufferRole::Input {
-                tensor: 1,
-                global_cols: n,
-                origins: vec![(0, 0)],
-            },
-        );
+        let a = b.buffer("A", dtype, m, k, BufferRole::Input { tensor: 0, global_cols: k, origins: vec![(0, 0)] });
+        let bb = b.buffer("B", dtype, k, n, BufferRole::Input { tensor: 1, global_cols: n, origins: vec![(0, 0)] });
         let c = b.buffer("C", DType::F32, m, n, BufferRole::Output);
         let lane = b.lane("compute");
         for _ in 0..reps.max(1) {

@@ -27,9 +27,7 @@ fn wgsl_generator_matches_rust_bit_for_bit() {
         for family in [Family::Exact, Family::Realistic] {
             let (rows, cols, tensor, seed) = (37, 129, 5, 0xdead_beef);
             let gpu = r.generate(rows, cols, tensor, dtype, seed, family).unwrap();
-            let cpu: Vec<u32> = (0..rows * cols)
-                .map(|i| element_bits(seed, tensor, i as u32, family, dtype))
-                .collect();
+            let cpu: Vec<u32> = (0..rows * cols).map(|i| element_bits(seed, tensor, i as u32, family, dtype)).collect();
             assert_eq!(gpu, cpu, "{dtype} {family}");
         }
     }
@@ -40,11 +38,9 @@ fn every_algorithm_matches_the_cpu_twin_and_the_oracle() {
     let Some(r) = reference() else { return };
     println!("adapter: {}", r.adapter_summary());
     for op in OpKind::ALL {
-        for (d, input, output) in [
-            (1, DType::F32, DType::F32),
-            (3, DType::F16, DType::F16),
-            (4, DType::Bf16, DType::F32),
-        ] {
+        for (d, input, output) in
+            [(1, DType::F32, DType::F32), (3, DType::F16, DType::F16), (4, DType::Bf16, DType::F32)]
+        {
             let p = Problem::new(op, d, 8 * d, 6 * d, 70 * d, input, output).unwrap();
             let want = expected_outputs(&p, 5, Family::Exact);
             for alg in algorithms_for(op) {
@@ -78,11 +74,7 @@ fn long_k_is_split_across_dispatches_and_stays_exact() {
     let k = GEMM_K_PER_DISPATCH + 1000;
     for out_dtype in [DType::F32, DType::F16] {
         let mut b = PlanBuilder::new("long k", 1);
-        let role = |t, cols| BufferRole::Input {
-            tensor: t,
-            global_cols: cols,
-            origins: vec![(0, 0)],
-        };
+        let role = |t, cols| BufferRole::Input { tensor: t, global_cols: cols, origins: vec![(0, 0)] };
         let a = b.buffer("A", DType::F16, 3, k, role(0, k));
         let bb = b.buffer("B", DType::F16, k, 5, role(1, 5));
         let c = b.buffer("C", out_dtype, 3, 5, BufferRole::Output);
@@ -130,8 +122,37 @@ fn a_plan_too_large_for_the_adapter_is_a_typed_error() {
     let mut b = PlanBuilder::new("huge", 1);
     b.buffer("X", DType::F32, rows, 4096, BufferRole::Scratch);
     let plan = b.finish().unwrap();
-    assert!(matches!(
-        r.run(&plan, 0, Family::Exact),
-        Err(ReferenceError::TooLarge { .. })
-    ));
+    assert!(matches!(r.run(&plan, 0, Family::Exact), Err(ReferenceError::TooLarge { .. })));
+}
+
+#[test]
+fn scratch_starts_as_poison_and_a_lost_signal_fails_the_mirror_audit() {
+    let Some(r) = reference() else { return };
+    let p = Problem::new(OpKind::AgGemm, 2, 4, 4, 4, DType::Bf16, DType::Bf16).unwrap();
+    let plan = build_plan(&p, cmm_core::Algorithm::Ring).unwrap();
+    // Before any op: scratch holds poison.
+    let mut empty = plan.clone();
+    for prog in &mut empty.programs {
+        for lane in &mut prog.lanes {
+            lane.clear();
+        }
+    }
+    let out = r.run(&empty, 1, Family::Exact).unwrap();
+    let s = plan.buffer_id("S").unwrap().0;
+    assert!(out.buffers[0][s].iter().all(|&w| w == DType::Bf16.poison_bits()));
+    // A signal the host counts but the GPU mirror never sees.
+    let (site, target) = plan
+        .ops()
+        .find_map(|(site, op)| match op {
+            Op::Signal { device, .. } => Some((site, *device)),
+            _ => None,
+        })
+        .unwrap();
+    let options = cmm_reference::RunOptions { lose_signal: Some(site), ..Default::default() };
+    match r.run_with(&plan, 1, Family::Exact, &options) {
+        Err(ReferenceError::SemaphoreMirror { device, gpu, host, .. }) => {
+            assert_eq!((device, gpu, host), (target, 0, 1));
+        }
+        other => panic!("expected a semaphore mirror error, got {other:?}"),
+    }
 }

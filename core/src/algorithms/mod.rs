@@ -48,22 +48,13 @@ impl Algorithm {
             "ring" => Algorithm::Ring,
             "ring_bidir" => Algorithm::RingBidir,
             "ring_chunked" => Algorithm::RingChunked {
-                chunks: chunks.ok_or(AlgorithmError::MissingParameter {
-                    algorithm: "ring_chunked",
-                    parameter: "chunks",
-                })?,
+                chunks: chunks
+                    .ok_or(AlgorithmError::MissingParameter { algorithm: "ring_chunked", parameter: "chunks" })?,
             },
-            other => {
-                return Err(AlgorithmError::Unknown {
-                    name: other.to_string(),
-                })
-            }
+            other => return Err(AlgorithmError::Unknown { name: other.to_string() }),
         };
         if chunks.is_some() && !matches!(algorithm, Algorithm::RingChunked { .. }) {
-            return Err(AlgorithmError::UnexpectedParameter {
-                algorithm: algorithm.name(),
-                parameter: "chunks",
-            });
+            return Err(AlgorithmError::UnexpectedParameter { algorithm: algorithm.name(), parameter: "chunks" });
         }
         Ok(algorithm)
     }
@@ -148,12 +139,9 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
 /// Every algorithm variant defined for `op` (with a representative chunk count).
 pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
     match op {
-        OpKind::AgGemm => vec![
-            Algorithm::Baseline,
-            Algorithm::Ring,
-            Algorithm::RingBidir,
-            Algorithm::RingChunked { chunks: 2 },
-        ],
+        OpKind::AgGemm => {
+            vec![Algorithm::Baseline, Algorithm::Ring, Algorithm::RingBidir, Algorithm::RingChunked { chunks: 2 }]
+        }
         _ => vec![Algorithm::Baseline, Algorithm::Ring, Algorithm::RingBidir],
     }
 }
@@ -168,17 +156,7 @@ fn input_buffer(b: &mut PlanBuilder, p: &Problem, tensor: u32) -> BufId {
             (w.row0, w.col0)
         })
         .collect();
-    b.buffer(
-        decl.name,
-        p.input,
-        shard.rows,
-        shard.cols,
-        BufferRole::Input {
-            tensor,
-            global_cols: decl.cols,
-            origins,
-        },
-    )
+    b.buffer(decl.name, p.input, shard.rows, shard.cols, BufferRole::Input { tensor, global_cols: decl.cols, origins })
 }
 
 /// Declares the output buffer `C` with the device's output window shape.

@@ -14,23 +14,11 @@ fn right(d: usize, n: usize) -> usize {
 }
 
 fn gemm(a: Region, b: Region, c: Region) -> Op {
-    Op::Gemm {
-        a,
-        b,
-        c,
-        trans_a: false,
-        trans_b: false,
-        accumulate: false,
-    }
+    Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false }
 }
 
 fn copy(src: Region, dst_device: usize, dst: Region) -> Op {
-    Op::Copy {
-        src,
-        dst_device,
-        dst,
-        engine: Engine::CopyEngine,
-    }
+    Op::Copy { src, dst_device, dst, engine: Engine::CopyEngine }
 }
 
 fn signal(device: usize, sem: SemId) -> Op {
@@ -122,10 +110,9 @@ pub(super) fn ag_gemm_bidir(p: &Problem) -> Result<Plan, AlgorithmError> {
     let comm_right = b.lane("comm_right");
     for d in 0..n {
         // Leftward flow into slots [0, from_right), rightward flow into the rest.
-        for (lane, count, base, sem, to) in [
-            (comm_left, from_right, 0, recv_r, left(d, n)),
-            (comm_right, from_left, from_right, recv_l, right(d, n)),
-        ] {
+        for (lane, count, base, sem, to) in
+            [(comm_left, from_right, 0, recv_r, left(d, n)), (comm_right, from_left, from_right, recv_l, right(d, n))]
+        {
             for j in 0..count {
                 let src = if j == 0 {
                     b.whole(a)
@@ -243,33 +230,19 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool) -> Result<Plan, Algorit
     let recv_buf = b.buffer("recv", DType::F32, (n - 1) * mb, p.n, BufferRole::Scratch);
     let compute = b.lane("compute");
     let mut dirs = Vec::new();
-    let halves = if bidir {
-        vec![(0, p.n.div_ceil(2), true), (p.n.div_ceil(2), p.n / 2, false)]
-    } else {
-        vec![(0, p.n, true)]
-    };
+    let halves =
+        if bidir { vec![(0, p.n.div_ceil(2), true), (p.n.div_ceil(2), p.n / 2, false)] } else { vec![(0, p.n, true)] };
     for (col0, cols, leftwards) in halves {
         let tag = if leftwards { "left" } else { "right" };
         let ready = b.semaphore(&format!("ready_{tag}"));
         let recv = b.semaphore(&format!("recv_{tag}"));
         let comm = b.lane(&format!("comm_{tag}"));
         if cols > 0 {
-            dirs.push(RsDirection {
-                col0,
-                cols,
-                leftwards,
-                ready,
-                recv,
-                comm,
-            });
+            dirs.push(RsDirection { col0, cols, leftwards, ready, recv, comm });
         }
     }
     let all_reduce = p.op == OpKind::GemmAr;
-    let (done, ag) = if all_reduce {
-        (Some(b.semaphore("done")), Some(b.semaphore("ag")))
-    } else {
-        (None, None)
-    };
+    let (done, ag) = if all_reduce { (Some(b.semaphore("done")), Some(b.semaphore("ag"))) } else { (None, None) };
     for d in 0..n {
         // The final block lands in C: rows block d for AR (C is M×N), all of C for RS.
         let final_row0 = if all_reduce { d * mb } else { 0 };
@@ -290,14 +263,7 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool) -> Result<Plan, Algorit
                     b.push(d, compute, gemm(a_rows, b_cols, part));
                     b.push(d, compute, wait(dir.recv, s as u32));
                     let got = b.window(recv_buf, (s - 1) * mb, dir.col0, mb, dir.cols);
-                    b.push(
-                        d,
-                        compute,
-                        Op::Reduce {
-                            inputs: vec![part, got],
-                            output: out,
-                        },
-                    );
+                    b.push(d, compute, Op::Reduce { inputs: vec![part, got], output: out });
                 }
                 if s < n - 1 {
                     b.push(d, compute, signal(d, dir.ready));
@@ -348,14 +314,7 @@ pub(super) fn gemm_reduce_baseline(p: &Problem) -> Result<Plan, AlgorithmError> 
         let final_out = if all_reduce { b.rows(c, d * mb, mb) } else { b.whole(c) };
         if n == 1 {
             let src = b.whole(partial);
-            b.push(
-                d,
-                main,
-                Op::Reduce {
-                    inputs: vec![src],
-                    output: final_out,
-                },
-            );
+            b.push(d, main, Op::Reduce { inputs: vec![src], output: final_out });
             continue;
         }
         for s in 0..n {
@@ -366,19 +325,8 @@ pub(super) fn gemm_reduce_baseline(p: &Problem) -> Result<Plan, AlgorithmError> 
             } else {
                 b.push(d, main, wait(recv, s as u32));
                 let got = b.rows(recv_buf, (s - 1) * mb, mb);
-                let out = if s == n - 1 {
-                    final_out
-                } else {
-                    b.rows(send, s * mb, mb)
-                };
-                b.push(
-                    d,
-                    main,
-                    Op::Reduce {
-                        inputs: vec![mine, got],
-                        output: out,
-                    },
-                );
+                let out = if s == n - 1 { final_out } else { b.rows(send, s * mb, mb) };
+                b.push(d, main, Op::Reduce { inputs: vec![mine, got], output: out });
                 out
             };
             if s < n - 1 {
