@@ -5,6 +5,7 @@ pub mod algorithms;
 pub mod cpu;
 pub mod dtype;
 pub mod generator;
+pub mod mutants;
 pub mod oracle;
 pub mod plan;
 pub mod problem;

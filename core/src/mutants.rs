@@ -1,0 +1,264 @@
+//! Plan mutants: small, plausible bugs injected into a correct plan, used to measure
+//! how many the verifier and the conformance checks catch (`cargo xtask mutants`).
+
+use std::fmt;
+
+use crate::plan::{BufferRole, Op, OpSite, Plan, Region};
+use crate::verify::accesses;
+
+/// The kinds of mutation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MutationKind {
+    /// Remove one `Signal`.
+    DropSignal,
+    /// Lower one `Wait` value by one.
+    LowerWait,
+    /// Swap two adjacent ops of a lane.
+    SwapAdjacent,
+    /// Send a `Copy` to a different device.
+    WrongPeer,
+    /// Write a `Copy` into the neighbouring slot of its destination buffer.
+    WrongSlot,
+    /// Shrink a multi-slot scratch buffer by one slot, so a slot is reused too early.
+    ShrinkScratch,
+}
+
+impl MutationKind {
+    /// Every kind, in report order.
+    pub const ALL: [MutationKind; 6] = [
+        MutationKind::DropSignal,
+        MutationKind::LowerWait,
+        MutationKind::SwapAdjacent,
+        MutationKind::WrongPeer,
+        MutationKind::WrongSlot,
+        MutationKind::ShrinkScratch,
+    ];
+
+    /// Short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            MutationKind::DropSignal => "drop-signal",
+            MutationKind::LowerWait => "lower-wait",
+            MutationKind::SwapAdjacent => "swap-adjacent",
+            MutationKind::WrongPeer => "wrong-peer",
+            MutationKind::WrongSlot => "wrong-slot",
+            MutationKind::ShrinkScratch => "shrink-scratch",
+        }
+    }
+}
+
+impl fmt::Display for MutationKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One mutant of a plan.
+#[derive(Clone, Debug)]
+pub struct Mutant {
+    /// The kind.
+    pub kind: MutationKind,
+    /// What was changed, for the report.
+    pub description: String,
+    /// The mutated plan.
+    pub plan: Plan,
+    /// When the mutation provably cannot change behaviour, why (such a mutant is
+    /// excluded from the kill rate if it survives, and the reason is printed).
+    pub equivalent: Option<&'static str>,
+}
+
+fn is_data(op: &Op) -> bool {
+    !matches!(op, Op::Signal { .. } | Op::Wait { .. })
+}
+
+fn conflict(device: usize, a: &Op, b: &Op) -> bool {
+    let (xa, xb) = (accesses(device, a), accesses(device, b));
+    xa.iter().any(|p| {
+        xb.iter().any(|q| {
+            (p.write || q.write)
+                && p.device == q.device
+                && p.region.buf == q.region.buf
+                && overlap(&p.region, &q.region)
+        })
+    })
+}
+
+fn overlap(a: &Region, b: &Region) -> bool {
+    // Conservative: the spans overlap.
+    a.offset < b.end() && b.offset < a.end()
+}
+
+/// Why swapping adjacent ops `a` (first) and `b` cannot change results, if it cannot.
+fn swap_equivalence(device: usize, a: &Op, b: &Op) -> Option<&'static str> {
+    match (a, b) {
+        (Op::Wait { .. }, Op::Wait { .. }) => Some("two acquires in a row commute: the lane proceeds after both"),
+        (Op::Signal { .. }, Op::Signal { .. }) => {
+            Some("two releases in a row commute: each covers the same earlier ops")
+        }
+        (Op::Signal { .. }, _) => {
+            Some("moves a release later: adds ordering only, so a race-free, deadlock-free result cannot change")
+        }
+        (_, Op::Wait { .. }) => {
+            Some("moves an acquire earlier: adds ordering only, so a race-free, deadlock-free result cannot change")
+        }
+        _ if is_data(a) && is_data(b) && !conflict(device, a, b) => {
+            Some("two data ops of one lane touching disjoint memory commute")
+        }
+        _ => None,
+    }
+}
+
+/// The slot size of a multi-slot scratch buffer: the size of the copies written into it.
+fn slot_size(plan: &Plan, buf: usize) -> Option<usize> {
+    let b = &plan.buffers[buf];
+    if b.role != BufferRole::Scratch {
+        return None;
+    }
+    plan.ops().find_map(|(_, op)| match op {
+        Op::Copy { dst, .. } if dst.buf.0 == buf && dst.stride == b.cols && dst.cols == b.cols => {
+            let slot = dst.rows * b.cols;
+            (slot > 0 && b.len() % slot == 0 && b.len() / slot >= 2).then_some(slot)
+        }
+        _ => None,
+    })
+}
+
+/// Every mutant of `plan` whose mutation site lies on one of `devices` (mutants are
+/// symmetric across devices; the first and last device cover the ring's wrap-around).
+pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
+    let mut out = Vec::new();
+    let n = plan.devices;
+    for (site, op) in plan.ops() {
+        if !devices.contains(&site.device) {
+            continue;
+        }
+        let OpSite { device, lane, index } = site;
+        let text = plan.op_text(op);
+        let mut with = |kind, description: String, f: &mut dyn FnMut(&mut Plan), equivalent| {
+            let mut p = plan.clone();
+            f(&mut p);
+            p.name = format!("{} [{kind}: {description}]", plan.name);
+            out.push(Mutant { kind, description, plan: p, equivalent });
+        };
+        let here = format!("device {device} lane {} op {index} `{text}`", plan.lanes[lane]);
+        match op {
+            Op::Signal { .. } => {
+                with(
+                    MutationKind::DropSignal,
+                    format!("drop {here}"),
+                    &mut |p| {
+                        p.programs[device].lanes[lane].remove(index);
+                    },
+                    None,
+                );
+            }
+            Op::Wait { sem, value } if *value > 0 => {
+                let (sem, value) = (*sem, *value);
+                with(
+                    MutationKind::LowerWait,
+                    format!("{here} -> >= {}", value - 1),
+                    &mut |p| {
+                        p.programs[device].lanes[lane][index] = Op::Wait { sem, value: value - 1 };
+                    },
+                    None,
+                );
+            }
+            Op::Copy { src, dst_device, dst, engine } if n > 1 => {
+                let (src, dst, engine) = (*src, *dst, *engine);
+                let wrong = (dst_device + 1) % n;
+                with(
+                    MutationKind::WrongPeer,
+                    format!("{here} -> dev{wrong}"),
+                    &mut |p| {
+                        p.programs[device].lanes[lane][index] = Op::Copy { src, dst_device: wrong, dst, engine };
+                    },
+                    None,
+                );
+            }
+            _ => {}
+        }
+        if let Op::Copy { src, dst_device, dst, engine } = op {
+            let len = plan.buffers[dst.buf.0].len();
+            let step = dst.rows * dst.stride;
+            let moved = if dst.end() + step <= len { Some(dst.offset + step) } else { dst.offset.checked_sub(step) };
+            if let (Some(offset), true) = (moved, step > 0) {
+                let (src, dst_device, engine) = (*src, *dst_device, *engine);
+                let dst = Region { offset, ..*dst };
+                with(
+                    MutationKind::WrongSlot,
+                    format!("{here} -> offset {offset}"),
+                    &mut |p| {
+                        p.programs[device].lanes[lane][index] = Op::Copy { src, dst_device, dst, engine };
+                    },
+                    None,
+                );
+            }
+        }
+        if let Some(next) = plan.programs[device].lanes[lane].get(index + 1) {
+            let equivalent = swap_equivalence(device, op, next);
+            let desc = format!("swap {here} with `{}`", plan.op_text(next));
+            with(
+                MutationKind::SwapAdjacent,
+                desc,
+                &mut |p| {
+                    p.programs[device].lanes[lane].swap(index, index + 1);
+                },
+                equivalent,
+            );
+        }
+    }
+    for buf in 0..plan.buffers.len() {
+        if let Some(slot) = slot_size(plan, buf) {
+            let len = plan.buffers[buf].len();
+            let smaller = len - slot;
+            let name = plan.buffers[buf].name.clone();
+            let mut p = plan.clone();
+            let remap = |r: &mut Region| {
+                if r.buf.0 == buf {
+                    r.offset %= smaller;
+                }
+            };
+            for prog in &mut p.programs {
+                for ops in &mut prog.lanes {
+                    for op in ops {
+                        match op {
+                            Op::Gemm { a, b, c, .. } => [a, b, c].into_iter().for_each(remap),
+                            Op::Copy { src, dst, .. } => [src, dst].into_iter().for_each(remap),
+                            Op::Reduce { inputs, output } => {
+                                inputs.iter_mut().for_each(remap);
+                                remap(output);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            p.buffers[buf].rows -= slot / p.buffers[buf].cols;
+            let description = format!("{name}: {} slots -> {}", len / slot, smaller / slot);
+            p.name = format!("{} [shrink-scratch: {description}]", plan.name);
+            out.push(Mutant { kind: MutationKind::ShrinkScratch, description, plan: p, equivalent: None });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::build_plan;
+    use crate::{Algorithm, DType, OpKind, Problem};
+
+    #[test]
+    fn every_kind_is_generated_for_a_ring_plan() {
+        let p = Problem::new(OpKind::AgGemm, 3, 6, 3, 2, DType::F32, DType::F32).unwrap();
+        let plan = build_plan(&p, Algorithm::Ring).unwrap();
+        let ms = mutants(&plan, &[0, 2]);
+        for kind in MutationKind::ALL {
+            assert!(ms.iter().any(|m| m.kind == kind), "{kind}");
+        }
+        assert!(ms.iter().all(|m| m.plan != plan));
+        // Shrinking keeps every region inside the smaller buffer.
+        let shrunk = ms.iter().find(|m| m.kind == MutationKind::ShrinkScratch).unwrap();
+        shrunk.plan.validate().unwrap();
+    }
+}
