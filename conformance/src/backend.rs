@@ -1,0 +1,63 @@
+//! Executors the corpus runs on: the wgpu reference, and the CPU twin for fast tests.
+
+use cmm_core::cpu::{self, Memory};
+use cmm_core::schedule::Deadlock;
+use cmm_core::{Family, Plan};
+use cmm_reference::{Reference, ReferenceError};
+use thiserror::Error;
+
+/// Why a backend could not run a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The plan deadlocks (found by the shared scheduler before any data moves).
+    #[error(transparent)]
+    Deadlock(#[from] Deadlock),
+    /// The backend reported an error (its text is kept as is).
+    #[error("{backend}: {message}")]
+    Failed {
+        /// The backend's name.
+        backend: String,
+        /// Its error message.
+        message: String,
+    },
+}
+
+/// An executor of plans.
+pub trait Backend {
+    /// Short name for reports.
+    fn name(&self) -> String;
+
+    /// Runs `plan` with inputs generated from `(seed, family)` and returns every
+    /// device's memory, `[device][buffer]` words as in [`cmm_core::cpu::Memory`].
+    fn run(&self, plan: &Plan, seed: u32, family: Family) -> Result<Memory, BackendError>;
+}
+
+/// The CPU twin of the reference ([`cmm_core::cpu::run`]): same schedule, same
+/// per-op arithmetic, no GPU. Used by the unit tests.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuTwin;
+
+impl Backend for CpuTwin {
+    fn name(&self) -> String {
+        "cpu-twin".into()
+    }
+
+    fn run(&self, plan: &Plan, seed: u32, family: Family) -> Result<Memory, BackendError> {
+        Ok(cpu::run(plan, seed, family)?)
+    }
+}
+
+impl Backend for Reference {
+    fn name(&self) -> String {
+        format!("reference on {}", self.adapter_summary())
+    }
+
+    fn run(&self, plan: &Plan, seed: u32, family: Family) -> Result<Memory, BackendError> {
+        match Reference::run(self, plan, seed, family) {
+            Ok(out) => Ok(out.buffers),
+            Err(ReferenceError::Deadlock(deadlock)) => Err(BackendError::Deadlock(deadlock)),
+            Err(e) => Err(BackendError::Failed { backend: "reference".into(), message: e.to_string() }),
+        }
+    }
+}

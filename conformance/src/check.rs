@@ -1,0 +1,486 @@
+//! The check of one case: run its plan on a backend, then compare every device's output
+//! with the f64 oracle and with the golden.
+//!
+//! | family | vs oracle | vs golden |
+//! |---|---|---|
+//! | exact | bit for bit with `output.encode(oracle as f32)` | bit for bit |
+//! | realistic | within [`Tolerance::gemm`]`(output, K)` of the oracle | within twice that tolerance |
+//!
+//! The golden comparison of the realistic family allows twice the oracle tolerance
+//! because the golden and the run are two results, each within the tolerance of the
+//! exact value (a backend may sum in a different order than the one that blessed).
+//! Both bounds are scaled by the oracle's Σ|a·b| of each element, so a wrong block, a
+//! wrong slot or a lost partial sum (errors of the order of |c|) fails either way.
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cmm_core::cpu::Memory;
+use cmm_core::oracle::{expected_outputs, Expected};
+use cmm_core::{build_plan, AlgorithmError, Family, Plan, ProblemError, Tolerance};
+use thiserror::Error;
+
+use crate::backend::{Backend, BackendError};
+use crate::case::Case;
+use crate::golden::{self, GoldenError};
+
+/// Where goldens live and whether this run writes them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Goldens {
+    /// The directory of `<case>.bin` files.
+    pub dir: PathBuf,
+    /// Write the goldens of cases that pass the oracle check instead of comparing.
+    pub bless: bool,
+}
+
+impl Goldens {
+    /// The golden directory of this crate (`conformance/golden`).
+    pub fn default_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("golden")
+    }
+
+    /// The path of a case's golden.
+    pub fn path(&self, case: &Case) -> PathBuf {
+        self.dir.join(format!("{}.bin", case.name))
+    }
+}
+
+/// The worst element of a failed comparison.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mismatch {
+    /// Device.
+    pub device: usize,
+    /// Row in the device's output.
+    pub row: usize,
+    /// Column in the device's output.
+    pub col: usize,
+    /// The backend's value.
+    pub got: f64,
+    /// The value it is compared with.
+    pub expected: f64,
+    /// Allowed absolute error; `None` for a bit-for-bit comparison.
+    pub allowed: Option<f64>,
+    /// Elements that failed, over all devices.
+    pub count: usize,
+    /// Elements compared, over all devices.
+    pub total: usize,
+}
+
+fn num(x: f64) -> String {
+    if x.is_finite() && x.fract() == 0.0 && x.abs() < 1e9 {
+        format!("{x}")
+    } else {
+        format!("{x:.6e}")
+    }
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "dev {} (row {}, col {}) got {} expected {}",
+            self.device,
+            self.row,
+            self.col,
+            num(self.got),
+            num(self.expected)
+        )?;
+        match self.allowed {
+            None => write!(f, "; {} of {} elements differ (bit-exact)", self.count, self.total),
+            Some(allowed) => write!(
+                f,
+                ", |error| {:.3e} > allowed {allowed:.3e}; {} of {} elements off",
+                (self.got - self.expected).abs(),
+                self.count,
+                self.total
+            ),
+        }
+    }
+}
+
+/// Why a case failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum Failure {
+    /// The case does not describe a valid problem.
+    #[error("invalid case: {0}")]
+    Problem(#[from] ProblemError),
+    /// The algorithm is unknown or cannot plan this problem.
+    #[error("no plan: {0}")]
+    Algorithm(#[from] AlgorithmError),
+    /// The plan does not fit the case (device count, output buffer).
+    #[error("plan does not fit the case: {0}")]
+    Plan(String),
+    /// The backend could not run the plan.
+    #[error("{0}")]
+    Backend(#[from] BackendError),
+    /// The backend returned memory of the wrong shape.
+    #[error("backend returned {0}")]
+    Memory(String),
+    /// The output differs from the f64 oracle.
+    #[error("oracle: {0}")]
+    Oracle(Mismatch),
+    /// The output differs from the golden.
+    #[error("golden: {0}")]
+    Golden(Mismatch),
+    /// There is no golden for the case.
+    #[error("golden {} is missing: run `cargo xtask conformance --bless` and commit it", path.display())]
+    GoldenMissing {
+        /// The expected golden path.
+        path: PathBuf,
+    },
+    /// The golden file is unusable (corrupt, stale, unreadable).
+    #[error("golden {}: {source}", path.display())]
+    GoldenInvalid {
+        /// The golden path.
+        path: PathBuf,
+        /// What is wrong.
+        source: GoldenError,
+    },
+    /// The golden could not be read or written.
+    #[error("golden {}: {source}", path.display())]
+    GoldenIo {
+        /// The golden path.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+}
+
+/// What happened to the golden of a case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GoldenStatus {
+    /// Not compared (the run failed before, or the golden is unusable).
+    NotChecked,
+    /// Compared.
+    Compared,
+    /// Written for the first time.
+    Created,
+    /// Rewritten with different contents.
+    Updated,
+    /// Blessed, and identical to the file already there.
+    Unchanged,
+}
+
+/// The outcome of one case.
+#[derive(Debug)]
+pub struct CaseResult {
+    /// The case.
+    pub case: Case,
+    /// Every failure; empty when the case passed.
+    pub failures: Vec<Failure>,
+    /// Largest |output − oracle| over all devices, when the run produced output.
+    pub max_error: Option<f64>,
+    /// Wall time of the backend's run.
+    pub elapsed: Option<Duration>,
+    /// What happened to the golden.
+    pub golden: GoldenStatus,
+}
+
+impl CaseResult {
+    fn new(case: &Case) -> Self {
+        CaseResult {
+            case: case.clone(),
+            failures: Vec::new(),
+            max_error: None,
+            elapsed: None,
+            golden: GoldenStatus::NotChecked,
+        }
+    }
+
+    /// Whether the case passed.
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+
+    /// The failures as one line.
+    pub fn reason(&self) -> String {
+        self.failures.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    }
+}
+
+/// Builds the case's plan and checks it (see [`check_case`]).
+pub fn run_case(case: &Case, backend: &dyn Backend, goldens: &Goldens) -> CaseResult {
+    run_case_keeping_memory(case, backend, goldens).0
+}
+
+/// [`run_case`], also returning the plan and the memory when the backend ran.
+pub(crate) fn run_case_keeping_memory(
+    case: &Case,
+    backend: &dyn Backend,
+    goldens: &Goldens,
+) -> (CaseResult, Option<(Plan, Memory)>) {
+    let plan = case.problem().map_err(Failure::from).and_then(|p| Ok(build_plan(&p, case.algorithm()?)?));
+    match plan {
+        Ok(plan) => {
+            let (result, memory) = check_with_memory(case, &plan, backend, goldens);
+            (result, memory.map(|m| (plan, m)))
+        }
+        Err(failure) => {
+            let mut result = CaseResult::new(case);
+            result.failures.push(failure);
+            (result, None)
+        }
+    }
+}
+
+/// Runs `plan` (normally the case's own plan; tests pass broken ones) on `backend` and
+/// compares the output with the oracle and the golden of `case`. Never panics on a
+/// bad plan or a failing backend: every problem is a [`Failure`] in the result.
+pub fn check_case(case: &Case, plan: &Plan, backend: &dyn Backend, goldens: &Goldens) -> CaseResult {
+    check_with_memory(case, plan, backend, goldens).0
+}
+
+fn check_with_memory(
+    case: &Case,
+    plan: &Plan,
+    backend: &dyn Backend,
+    goldens: &Goldens,
+) -> (CaseResult, Option<Memory>) {
+    let mut result = CaseResult::new(case);
+    match check_into(&mut result, case, plan, backend, goldens) {
+        Ok(memory) => (result, Some(memory)),
+        Err(failure) => {
+            result.failures.push(failure);
+            (result, None)
+        }
+    }
+}
+
+/// The check; an `Err` is a failure that stops it before the comparisons.
+fn check_into(
+    result: &mut CaseResult,
+    case: &Case,
+    plan: &Plan,
+    backend: &dyn Backend,
+    goldens: &Goldens,
+) -> Result<Memory, Failure> {
+    let problem = case.problem()?;
+    if plan.devices != problem.devices {
+        return Err(Failure::Plan(format!("the plan has D={}, the case D={}", plan.devices, problem.devices)));
+    }
+    let out = plan.output().ok_or_else(|| Failure::Plan("the plan has no output buffer".into()))?;
+    let expected = expected_outputs(&problem, case.seed, case.family);
+    let decl = plan.buffer(out);
+    if (decl.rows, decl.cols, decl.dtype) != (expected.rows, expected.cols, problem.output) {
+        return Err(Failure::Plan(format!(
+            "output buffer `{}` is {}[{}x{}], the case needs {}[{}x{}]",
+            decl.name, decl.dtype, decl.rows, decl.cols, problem.output, expected.rows, expected.cols
+        )));
+    }
+
+    let start = Instant::now();
+    let memory = backend.run(plan, case.seed, case.family)?;
+    result.elapsed = Some(start.elapsed());
+    let outputs = output_words(&memory, plan, out.0, expected.rows * expected.cols)?;
+
+    let got: Vec<Vec<f64>> =
+        outputs.iter().map(|w| w.iter().map(|&b| problem.output.decode(b) as f64).collect()).collect();
+    result.max_error = Some(max_error(&got, &expected.values));
+
+    let tolerance = Tolerance::gemm(problem.output, problem.k);
+    let oracle_rule = match case.family {
+        Family::Exact => Rule::Bits(
+            expected.values.iter().map(|d| d.iter().map(|&v| problem.output.encode(v as f32)).collect()).collect(),
+        ),
+        Family::Realistic => Rule::Within(tolerance),
+    };
+    let oracle = compare(&outputs, &got, &expected.values, &oracle_rule, &expected, expected.cols);
+    let oracle_ok = oracle.is_none();
+    result.failures.extend(oracle.map(Failure::Oracle));
+
+    let run = Run { case, expected: &expected, outputs: &outputs, got: &got, tolerance };
+    let golden =
+        if goldens.bless { bless(result, goldens, &run, oracle_ok) } else { compare_golden(result, goldens, &run) };
+    result.failures.extend(golden.err());
+    Ok(memory)
+}
+
+/// What one run produced, for the golden stage.
+struct Run<'a> {
+    case: &'a Case,
+    expected: &'a Expected,
+    /// Each device's output words.
+    outputs: &'a [&'a [u32]],
+    /// The same, decoded.
+    got: &'a [Vec<f64>],
+    /// The oracle tolerance of the case.
+    tolerance: Tolerance,
+}
+
+/// Writes the golden of a run that passed the oracle check.
+fn bless(result: &mut CaseResult, goldens: &Goldens, run: &Run, oracle_ok: bool) -> Result<(), Failure> {
+    if !oracle_ok {
+        return Ok(());
+    }
+    let output = run.case.output;
+    let mut payload = Vec::new();
+    for &w in run.outputs.iter().copied().flatten() {
+        output.push_le_bytes(w, &mut payload);
+    }
+    let bytes = golden::encode(run.case, run.expected.rows, run.expected.cols, &payload);
+    let path = goldens.path(run.case);
+    let io = |source| Failure::GoldenIo { path: path.clone(), source };
+    let old = match fs::read(&path) {
+        Ok(old) => Some(old),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io(e)),
+    };
+    result.golden = match old {
+        Some(old) if old == bytes => GoldenStatus::Unchanged,
+        old => {
+            fs::create_dir_all(&goldens.dir).map_err(io)?;
+            fs::write(&path, &bytes).map_err(io)?;
+            if old.is_some() {
+                GoldenStatus::Updated
+            } else {
+                GoldenStatus::Created
+            }
+        }
+    };
+    Ok(())
+}
+
+/// Compares a run with the case's golden.
+fn compare_golden(result: &mut CaseResult, goldens: &Goldens, run: &Run) -> Result<(), Failure> {
+    let (case, expected, output) = (run.case, run.expected, run.case.output);
+    let path = goldens.path(case);
+    let bytes = match fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Failure::GoldenMissing { path }),
+        Err(source) => return Err(Failure::GoldenIo { path, source }),
+    };
+    let stored = golden::decode(&bytes, case, expected.rows, expected.cols)
+        .map_err(|source| Failure::GoldenInvalid { path: path.clone(), source })?;
+    let len = expected.rows * expected.cols;
+    let golden_bits: Vec<Vec<u32>> =
+        (0..case.devices).map(|d| (0..len).map(|i| output.read_le_bits(stored, d * len + i)).collect()).collect();
+    let golden_values: Vec<Vec<f64>> =
+        golden_bits.iter().map(|d| d.iter().map(|&b| output.decode(b) as f64).collect()).collect();
+    let t = run.tolerance;
+    let rule = match case.family {
+        Family::Exact => Rule::Bits(golden_bits),
+        Family::Realistic => Rule::Within(Tolerance {
+            rounding: 2.0 * t.rounding,
+            accumulation: 2.0 * t.accumulation,
+            floor: 2.0 * t.floor,
+        }),
+    };
+    result.golden = GoldenStatus::Compared;
+    result
+        .failures
+        .extend(compare(run.outputs, run.got, &golden_values, &rule, expected, expected.cols).map(Failure::Golden));
+    Ok(())
+}
+
+/// Each device's output words, after checking the memory has the plan's shape.
+fn output_words<'m>(memory: &'m Memory, plan: &Plan, out: usize, len: usize) -> Result<Vec<&'m [u32]>, Failure> {
+    if memory.len() != plan.devices {
+        return Err(Failure::Memory(format!("{} devices' memory, the plan has {}", memory.len(), plan.devices)));
+    }
+    memory
+        .iter()
+        .enumerate()
+        .map(|(d, buffers)| match buffers.get(out) {
+            Some(words) if words.len() == len => Ok(words.as_slice()),
+            Some(words) => {
+                Err(Failure::Memory(format!("{} words for device {d}'s output buffer, expected {len}", words.len())))
+            }
+            None => Err(Failure::Memory(format!(
+                "{} buffers for device {d}, the plan has {}",
+                buffers.len(),
+                plan.buffers.len()
+            ))),
+        })
+        .collect()
+}
+
+fn max_error(got: &[Vec<f64>], want: &[Vec<f64>]) -> f64 {
+    got.iter()
+        .flatten()
+        .zip(want.iter().flatten())
+        .map(|(g, w)| if g.is_nan() || w.is_nan() { f64::INFINITY } else { (g - w).abs() })
+        .fold(0.0, f64::max)
+}
+
+/// How an element passes.
+enum Rule {
+    /// Its bits equal these (`[device][element]`).
+    Bits(Vec<Vec<u32>>),
+    /// Its value is within this tolerance, scaled by the oracle's magnitudes.
+    Within(Tolerance),
+}
+
+/// Compares every device's output; `None` when all elements pass, else the worst one.
+fn compare(
+    words: &[&[u32]],
+    got: &[Vec<f64>],
+    want: &[Vec<f64>],
+    rule: &Rule,
+    oracle: &Expected,
+    cols: usize,
+) -> Option<Mismatch> {
+    let total = got.iter().map(Vec::len).sum();
+    let mut count = 0;
+    // (score, mismatch): the worst is the largest error (relative to the allowance).
+    let mut worst: Option<(f64, Mismatch)> = None;
+    for (device, (g, w)) in got.iter().zip(want).enumerate() {
+        let candidate = match rule {
+            Rule::Bits(bits) => {
+                let mut local: Option<(f64, usize)> = None;
+                for (i, (&word, &bit)) in words[device].iter().zip(&bits[device]).enumerate() {
+                    if word != bit {
+                        count += 1;
+                        let error = if g[i].is_nan() || w[i].is_nan() { f64::INFINITY } else { (g[i] - w[i]).abs() };
+                        if local.is_none_or(|(e, _)| error > e) {
+                            local = Some((error, i));
+                        }
+                    }
+                }
+                local.map(|(error, i)| (error, i, None))
+            }
+            Rule::Within(tolerance) => {
+                let mags = &oracle.magnitudes[device];
+                let (ok, worst) = tolerance.compare(g, w, mags);
+                if ok {
+                    None
+                } else {
+                    count += (0..g.len()).filter(|&i| !tolerance.accepts(g[i], w[i], mags[i])).count();
+                    worst.map(|x| (x.error / x.allowed.max(f64::MIN_POSITIVE), x.index, Some(x.allowed)))
+                }
+            }
+        };
+        if let Some((score, index, allowed)) = candidate {
+            if worst.as_ref().is_none_or(|(s, _)| score > *s) {
+                let mismatch = Mismatch {
+                    device,
+                    row: index / cols,
+                    col: index % cols,
+                    got: g[index],
+                    expected: w[index],
+                    allowed,
+                    count: 0,
+                    total,
+                };
+                worst = Some((score, mismatch));
+            }
+        }
+    }
+    worst.map(|(_, m)| Mismatch { count, ..m })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mismatch_text_names_device_row_col_and_values() {
+        let m = Mismatch { device: 2, row: 5, col: 3, got: 12.0, expected: 14.0, allowed: None, count: 7, total: 64 };
+        assert_eq!(m.to_string(), "dev 2 (row 5, col 3) got 12 expected 14; 7 of 64 elements differ (bit-exact)");
+        let m = Mismatch { allowed: Some(1e-3), got: 0.5, expected: 0.25, ..m };
+        assert!(m.to_string().contains("|error| 2.500e-1 > allowed 1.000e-3"), "{m}");
+    }
+}

@@ -1,0 +1,220 @@
+//! Golden outputs: `golden/<case>.bin`, written only by `cargo xtask conformance --bless`.
+//!
+//! A golden is one text line, then the payload:
+//!
+//! ```text
+//! cmm-golden v1 case=<name> op=ag_gemm devices=4 m=96 n=32 k=256 input=bf16 output=f32 family=exact seed=7 rows=96 cols=8 digest=<fnv1a64 of the payload, 16 hex digits>\n
+//! <raw little-endian output elements in the output dtype (2 bytes for f16/bf16), device 0 first, each row-major rows×cols>
+//! ```
+//!
+//! The header records what the golden was blessed for, so a case edited after blessing
+//! is reported as stale instead of as a wall of wrong numbers, and the digest catches a
+//! truncated or hand-edited payload.
+
+use std::fmt::Write as _;
+
+use thiserror::Error;
+
+use crate::case::Case;
+
+const MAGIC: &str = "cmm-golden";
+const VERSION: &str = "v1";
+
+/// FNV-1a, 64 bits.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Why a golden file cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum GoldenError {
+    /// The file has no header line.
+    #[error("no header line")]
+    NoHeader,
+    /// The header does not start with `cmm-golden v1`.
+    #[error("header starts with `{found}`, expected `{MAGIC} {VERSION}`")]
+    BadMagic {
+        /// What the header starts with.
+        found: String,
+    },
+    /// A header token is not `key=value`, or a key repeats.
+    #[error("bad header field `{token}`")]
+    BadField {
+        /// The token.
+        token: String,
+    },
+    /// A header key is missing.
+    #[error("header lacks `{key}`")]
+    MissingField {
+        /// The key.
+        key: &'static str,
+    },
+    /// The golden was blessed for different case parameters.
+    #[error(
+        "blessed for {key}={golden}, but the case says {key}={case}: re-bless with `cargo xtask conformance --bless`"
+    )]
+    Stale {
+        /// The differing key.
+        key: &'static str,
+        /// Value in the golden header.
+        golden: String,
+        /// Value the case implies.
+        case: String,
+    },
+    /// The payload does not hash to the header's digest.
+    #[error(
+        "digest mismatch: header says {header}, payload hashes to {payload:016x} (the file is corrupt or was edited)"
+    )]
+    Digest {
+        /// Digest in the header.
+        header: String,
+        /// Digest of the payload.
+        payload: u64,
+    },
+    /// The payload has the wrong size for the header's shape.
+    #[error("payload has {found} bytes, the header's shape needs {expected}")]
+    Length {
+        /// Bytes needed.
+        expected: usize,
+        /// Bytes present.
+        found: usize,
+    },
+}
+
+/// The header fields a case implies, in file order (the digest comes last).
+fn fields(case: &Case, rows: usize, cols: usize) -> Vec<(&'static str, String)> {
+    vec![
+        ("case", case.name.clone()),
+        ("op", case.op.to_string()),
+        ("devices", case.devices.to_string()),
+        ("m", case.m.to_string()),
+        ("n", case.n.to_string()),
+        ("k", case.k.to_string()),
+        ("input", case.input.to_string()),
+        ("output", case.output.to_string()),
+        ("family", case.family.to_string()),
+        ("seed", case.seed.to_string()),
+        ("rows", rows.to_string()),
+        ("cols", cols.to_string()),
+    ]
+}
+
+/// Bytes of a golden file for `case` whose devices each output `rows × cols` elements.
+pub fn encode(case: &Case, rows: usize, cols: usize, payload: &[u8]) -> Vec<u8> {
+    let mut header = format!("{MAGIC} {VERSION}");
+    for (key, value) in fields(case, rows, cols) {
+        let _ = write!(header, " {key}={value}");
+    }
+    let _ = writeln!(header, " digest={:016x}", fnv1a64(payload));
+    let mut bytes = header.into_bytes();
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+/// Checks a golden file against `case` and the output shape, and returns its payload.
+pub fn decode<'a>(bytes: &'a [u8], case: &Case, rows: usize, cols: usize) -> Result<&'a [u8], GoldenError> {
+    let newline = bytes.iter().position(|&b| b == b'\n').ok_or(GoldenError::NoHeader)?;
+    let (header, payload) = (String::from_utf8_lossy(&bytes[..newline]), &bytes[newline + 1..]);
+    let mut tokens = header.split_whitespace();
+    let start = [tokens.next(), tokens.next()];
+    if start != [Some(MAGIC), Some(VERSION)] {
+        return Err(GoldenError::BadMagic { found: start.iter().flatten().copied().collect::<Vec<_>>().join(" ") });
+    }
+    let mut found: Vec<(&str, &str)> = Vec::new();
+    for token in tokens {
+        let bad = || GoldenError::BadField { token: token.to_string() };
+        let (key, value) = token.split_once('=').ok_or_else(bad)?;
+        if found.iter().any(|(k, _)| *k == key) {
+            return Err(bad());
+        }
+        found.push((key, value));
+    }
+    let get = |key: &'static str| {
+        found.iter().find(|(k, _)| *k == key).map(|(_, v)| *v).ok_or(GoldenError::MissingField { key })
+    };
+    for (key, want) in fields(case, rows, cols) {
+        let got = get(key)?;
+        if got != want {
+            return Err(GoldenError::Stale { key, golden: got.to_string(), case: want });
+        }
+    }
+    let digest = get("digest")?;
+    let actual = fnv1a64(payload);
+    if u64::from_str_radix(digest, 16).ok() != Some(actual) {
+        return Err(GoldenError::Digest { header: digest.to_string(), payload: actual });
+    }
+    let expected = case.devices * rows * cols * case.output.size_bytes();
+    if payload.len() != expected {
+        return Err(GoldenError::Length { expected, found: payload.len() });
+    }
+    Ok(payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cmm_core::{DType, Family, OpKind};
+
+    fn case() -> Case {
+        Case {
+            name: "t".into(),
+            op: OpKind::GemmRs,
+            algorithm: "ring".into(),
+            chunks: None,
+            devices: 2,
+            m: 4,
+            n: 3,
+            k: 2,
+            input: DType::F16,
+            output: DType::F16,
+            family: Family::Exact,
+            seed: 5,
+        }
+    }
+
+    #[test]
+    fn fnv1a64_known_values() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn round_trip_and_header_text() {
+        let payload: Vec<u8> = (0..24).collect();
+        let bytes = encode(&case(), 2, 3, &payload);
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.starts_with("cmm-golden v1 case=t op=gemm_rs devices=2 m=4 n=3 k=2 input=f16 output=f16 family=exact seed=5 rows=2 cols=3 digest="));
+        assert_eq!(decode(&bytes, &case(), 2, 3).unwrap(), &payload[..]);
+    }
+
+    #[test]
+    fn corruption_and_staleness_are_errors() {
+        let payload: Vec<u8> = (0..24).collect();
+        let bytes = encode(&case(), 2, 3, &payload);
+
+        let mut flipped = bytes.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        assert!(matches!(decode(&flipped, &case(), 2, 3), Err(GoldenError::Digest { .. })));
+
+        let truncated = encode(&case(), 2, 3, &payload[..20]);
+        assert_eq!(decode(&truncated, &case(), 2, 3), Err(GoldenError::Length { expected: 24, found: 20 }));
+
+        let mut other = case();
+        other.seed = 6;
+        let e = decode(&bytes, &other, 2, 3).unwrap_err();
+        assert_eq!(e, GoldenError::Stale { key: "seed", golden: "5".into(), case: "6".into() });
+        assert!(e.to_string().contains("--bless"));
+
+        assert_eq!(decode(b"no newline", &case(), 2, 3), Err(GoldenError::NoHeader));
+        assert!(matches!(decode(b"cmm-golden v2\n", &case(), 2, 3), Err(GoldenError::BadMagic { .. })));
+        let dup = String::from_utf8_lossy(&bytes).replacen("case=t", "case=t case=t", 1);
+        assert!(matches!(decode(dup.as_bytes(), &case(), 2, 3), Err(GoldenError::BadField { .. })));
+        let no_digest = String::from_utf8_lossy(&bytes).replacen("digest=", "digestx=", 1);
+        assert!(matches!(
+            decode(no_digest.as_bytes(), &case(), 2, 3),
+            Err(GoldenError::MissingField { key: "digest" })
+        ));
+    }
+}

@@ -1,0 +1,206 @@
+//! cmm-conformance: the corpus (`cases/*.toml`), the goldens (`golden/*.bin`) and the
+//! runner that checks a backend against both (BRIEF §6).
+//!
+//! Every case runs its plan on a [`Backend`], and every device's output is compared
+//! with the f64 oracle and with the golden (see [`check`] for the rules). The runner
+//! prints one aligned row per case, then `N passed, N failed`.
+
+pub mod backend;
+pub mod case;
+pub mod check;
+pub mod export;
+pub mod golden;
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+pub use backend::{Backend, BackendError, CpuTwin};
+pub use case::{cases_dir, load_corpus, Case, CorpusError};
+pub use check::{check_case, run_case, CaseResult, Failure, GoldenStatus, Goldens, Mismatch};
+
+/// What to run and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Run only cases whose name contains this substring.
+    pub filter: Option<String>,
+    /// Write goldens (of cases that pass the oracle check) instead of comparing.
+    pub bless: bool,
+    /// Export inputs and outputs of the selected cases as `.npy` files into this directory.
+    pub export: Option<PathBuf>,
+    /// The corpus directory.
+    pub cases_dir: PathBuf,
+    /// The golden directory.
+    pub golden_dir: PathBuf,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { filter: None, bless: false, export: None, cases_dir: cases_dir(), golden_dir: Goldens::default_dir() }
+    }
+}
+
+/// Counts of a corpus run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Cases that passed.
+    pub passed: usize,
+    /// Cases that failed.
+    pub failed: usize,
+}
+
+/// Why a corpus run could not proceed (case failures are not errors: they are counted).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ConformanceError {
+    /// The corpus could not be loaded.
+    #[error(transparent)]
+    Corpus(#[from] CorpusError),
+    /// The filter selects no case.
+    #[error("no case name contains `{filter}`")]
+    NoCases {
+        /// The filter.
+        filter: String,
+    },
+    /// Writing the report or the export failed.
+    #[error("cannot write {what}: {source}")]
+    Io {
+        /// What was being written.
+        what: String,
+        /// The I/O error.
+        source: io::Error,
+    },
+}
+
+/// Runs the selected cases on `backend`, printing rows to stdout as they finish.
+pub fn run_corpus(backend: &dyn Backend, options: &Options) -> Result<Summary, ConformanceError> {
+    run_corpus_to(backend, options, &mut io::stdout().lock())
+}
+
+/// [`run_corpus`], writing the report to `out` (flushed after every row).
+pub fn run_corpus_to(
+    backend: &dyn Backend,
+    options: &Options,
+    out: &mut dyn Write,
+) -> Result<Summary, ConformanceError> {
+    let cases: Vec<Case> = load_corpus(&options.cases_dir)?
+        .into_iter()
+        .filter(|c| options.filter.as_ref().is_none_or(|f| c.name.contains(f.as_str())))
+        .collect();
+    if cases.is_empty() {
+        return Err(ConformanceError::NoCases { filter: options.filter.clone().unwrap_or_default() });
+    }
+    let goldens = Goldens { dir: options.golden_dir.clone(), bless: options.bless };
+    let mut exporter = options
+        .export
+        .as_deref()
+        .map(export::Exporter::new)
+        .transpose()
+        .map_err(|source| ConformanceError::Io { what: "the export directory".into(), source })?;
+    let report = |source| ConformanceError::Io { what: "the report".into(), source };
+    let export_error = |source| ConformanceError::Io { what: "the export".into(), source };
+
+    let widths = Widths::new(&cases);
+    writeln!(out, "{}", widths.header()).map_err(report)?;
+    let mut summary = Summary::default();
+    for case in &cases {
+        let (result, ran) = check::run_case_keeping_memory(case, backend, &goldens);
+        if let (Some(exporter), Some((plan, memory))) = (exporter.as_mut(), &ran) {
+            exporter.add(&result, plan, memory).map_err(export_error)?;
+        }
+        writeln!(out, "{}", widths.row(&result)).map_err(report)?;
+        out.flush().map_err(report)?;
+        if result.passed() {
+            summary.passed += 1;
+        } else {
+            summary.failed += 1;
+        }
+    }
+    if let Some(exporter) = exporter {
+        let index = exporter.finish().map_err(export_error)?;
+        writeln!(out, "exported {} case(s); index: {}", cases.len(), index.display()).map_err(report)?;
+    }
+    writeln!(out, "{} passed, {} failed", summary.passed, summary.failed).map_err(report)?;
+    out.flush().map_err(report)?;
+    Ok(summary)
+}
+
+/// Column widths of the report.
+struct Widths {
+    name: usize,
+    algorithm: usize,
+    shape: usize,
+}
+
+fn shape(case: &Case) -> String {
+    format!("{}x{}x{}", case.m, case.n, case.k)
+}
+
+impl Widths {
+    fn new(cases: &[Case]) -> Self {
+        let max = |f: &dyn Fn(&Case) -> usize, min: usize| cases.iter().map(f).fold(min, usize::max);
+        Widths {
+            name: max(&|c| c.name.len(), 4),
+            algorithm: max(&|c| c.algorithm_label().len(), 9),
+            shape: max(&|c| shape(c).len(), 5),
+        }
+    }
+
+    fn header(&self) -> String {
+        format!(
+            "{:<nw$}  {:<7}  {:<aw$}  {:>2}  {:>sw$}  {:<10}  {:<9}  {:>9}  {:<6}  {:>9}  reason",
+            "case",
+            "op",
+            "algorithm",
+            "D",
+            "MxNxK",
+            "dtype",
+            "family",
+            "max err",
+            "result",
+            "time",
+            nw = self.name,
+            aw = self.algorithm,
+            sw = self.shape,
+        )
+    }
+
+    fn row(&self, r: &CaseResult) -> String {
+        let c = &r.case;
+        let max_error = match r.max_error {
+            None => "-".to_string(),
+            Some(0.0) => "0".to_string(),
+            Some(e) => format!("{e:.2e}"),
+        };
+        let time = r.elapsed.map_or("-".to_string(), |t| format!("{:.1} ms", t.as_secs_f64() * 1e3));
+        let (result, reason) = if r.passed() {
+            let note = match r.golden {
+                GoldenStatus::Created => "golden created",
+                GoldenStatus::Updated => "golden updated",
+                GoldenStatus::Unchanged => "golden unchanged",
+                GoldenStatus::Compared | GoldenStatus::NotChecked => "",
+            };
+            ("ok", note.to_string())
+        } else {
+            ("FAIL", r.reason())
+        };
+        let line = format!(
+            "{:<nw$}  {:<7}  {:<aw$}  {:>2}  {:>sw$}  {:<10}  {:<9}  {:>9}  {:<6}  {:>9}  {reason}",
+            c.name,
+            c.op.to_string(),
+            c.algorithm_label(),
+            c.devices,
+            shape(c),
+            format!("{}->{}", c.input, c.output),
+            c.family.to_string(),
+            max_error,
+            result,
+            time,
+            nw = self.name,
+            aw = self.algorithm,
+            sw = self.shape,
+        );
+        line.trim_end().to_string()
+    }
+}

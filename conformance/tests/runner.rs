@@ -1,0 +1,138 @@
+//! The runner end to end on the CPU twin: the report, the filter, bless, golden errors
+//! and the export.
+
+mod common;
+
+use std::fs;
+use std::path::PathBuf;
+
+use cmm_conformance::golden::GoldenError;
+use cmm_conformance::{run_case, run_corpus_to, ConformanceError, CpuTwin, Failure, GoldenStatus, Goldens, Options};
+
+/// A fresh directory under the system temp dir.
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cmm-conformance-{tag}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn run(options: &Options) -> (cmm_conformance::Summary, String) {
+    let mut out = Vec::new();
+    let summary = run_corpus_to(&CpuTwin, options, &mut out).unwrap();
+    (summary, String::from_utf8(out).unwrap())
+}
+
+#[test]
+fn report_has_a_header_one_row_per_case_and_a_total() {
+    let (summary, text) = run(&Options { filter: Some("_d3_".into()), ..Options::default() });
+    let lines: Vec<&str> = text.lines().collect();
+    let selected = common::corpus().iter().filter(|c| c.name.contains("_d3_")).count();
+    assert!(selected > 3);
+    assert_eq!((summary.passed, summary.failed), (selected, 0));
+    assert_eq!(lines.len(), selected + 2, "{text}");
+    assert!(lines[0].starts_with("case ") && lines[0].contains("max err"), "{text}");
+    assert_eq!(*lines.last().unwrap(), format!("{selected} passed, 0 failed"));
+    // Aligned: the op column starts at the same place on every row.
+    let at = lines[0].find("op").unwrap();
+    for row in &lines[1..=selected] {
+        assert!(row[at..].starts_with("ag_gemm") || row[at..].starts_with("gemm_"), "{row}");
+        assert!(row.contains(" ok "), "{row}");
+    }
+}
+
+#[test]
+fn a_filter_matching_nothing_is_an_error() {
+    let mut out = Vec::new();
+    let e = run_corpus_to(&CpuTwin, &Options { filter: Some("no such case".into()), ..Options::default() }, &mut out);
+    assert!(matches!(e, Err(ConformanceError::NoCases { .. })));
+}
+
+#[test]
+fn bless_writes_then_checks_and_bad_goldens_fail() {
+    let case = common::corpus().into_iter().find(|c| c.name.contains("gemm_rs_ring_d3")).unwrap();
+    let dir = temp_dir("bless");
+    let check = Goldens { dir: dir.clone(), bless: false };
+    let bless = Goldens { dir: dir.clone(), bless: true };
+
+    let r = run_case(&case, &CpuTwin, &check);
+    assert!(!r.passed());
+    assert!(matches!(r.failures[..], [Failure::GoldenMissing { .. }]), "{}", r.reason());
+    assert!(r.reason().contains("cargo xtask conformance --bless"), "{}", r.reason());
+
+    assert_eq!(run_case(&case, &CpuTwin, &bless).golden, GoldenStatus::Created);
+    assert_eq!(run_case(&case, &CpuTwin, &bless).golden, GoldenStatus::Unchanged);
+    let r = run_case(&case, &CpuTwin, &check);
+    assert!(r.passed(), "{}", r.reason());
+    // The blessed golden is the committed one, byte for byte.
+    let path = check.path(&case);
+    assert_eq!(fs::read(&path).unwrap(), fs::read(common::goldens().path(&case)).unwrap());
+
+    // A flipped payload bit breaks the digest.
+    let mut bytes = fs::read(&path).unwrap();
+    *bytes.last_mut().unwrap() ^= 0x10;
+    fs::write(&path, &bytes).unwrap();
+    let r = run_case(&case, &CpuTwin, &check);
+    assert!(
+        matches!(&r.failures[..], [Failure::GoldenInvalid { source: GoldenError::Digest { .. }, .. }]),
+        "{}",
+        r.reason()
+    );
+
+    // A golden of another seed is stale.
+    let mut other = case.clone();
+    other.seed += 1;
+    assert_eq!(run_case(&other, &CpuTwin, &bless).golden, GoldenStatus::Updated);
+    let r = run_case(&case, &CpuTwin, &check);
+    assert!(
+        matches!(&r.failures[..], [Failure::GoldenInvalid { source: GoldenError::Stale { key: "seed", .. }, .. }]),
+        "{}",
+        r.reason()
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_invalid_case_is_a_failed_row_not_a_panic() {
+    let mut case = common::corpus().into_iter().find(|c| c.devices == 3).unwrap();
+    case.m += 1;
+    let r = run_case(&case, &CpuTwin, &common::goldens());
+    assert!(matches!(r.failures[..], [Failure::Problem(_)]), "{}", r.reason());
+    assert!(r.reason().contains("not divisible by D=3"), "{}", r.reason());
+    case.m -= 1;
+    case.algorithm = "ring_sideways".into();
+    let r = run_case(&case, &CpuTwin, &common::goldens());
+    assert!(matches!(r.failures[..], [Failure::Algorithm(_)]), "{}", r.reason());
+}
+
+#[test]
+fn export_writes_npy_files_and_an_index() {
+    let dir = temp_dir("export");
+    let (summary, text) =
+        run(&Options { filter: Some("gemm_ar_ring_d2_".into()), export: Some(dir.clone()), ..Options::default() });
+    assert_eq!(summary.passed, 1, "{text}");
+    let case = common::corpus().into_iter().find(|c| c.name.starts_with("gemm_ar_ring_d2_")).unwrap();
+    let index = fs::read_to_string(dir.join("index.json")).unwrap();
+    assert!(index.contains(&format!("\"case\": \"{}\"", case.name)), "{index}");
+    assert!(index.contains("\"passed\": true"), "{index}");
+    for d in 0..2 {
+        for (buffer, rows, cols, dtype) in [
+            ("A", case.m, case.k / 2, case.input),
+            ("B", case.k / 2, case.n, case.input),
+            ("C", case.m, case.n, case.output),
+        ] {
+            let rel = format!("{}/d{d}_{buffer}.npy", case.name);
+            assert!(
+                index.contains(&format!("\"path\": \"{rel}\", \"shape\": [{rows}, {cols}], \"dtype\": \"{dtype}\"")),
+                "{rel}\n{index}"
+            );
+            let bytes = fs::read(dir.join(&rel)).unwrap();
+            let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+            let width = if dtype == cmm_core::DType::F16 { 2 } else { 4 };
+            assert_eq!(bytes.len(), 10 + header_len + rows * cols * width, "{rel}");
+        }
+    }
+    // Scratch buffers are not exported.
+    assert!(!index.contains("\"buffer\": \"send\""));
+    fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,130 @@
+//! `cargo xtask bench --backend reference`: GFLOP/s of the reference's GEMM shader beside
+//! native CPU sgemm (the `matrixmultiply` crate, single-threaded) on the same shapes, in
+//! the same run.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::ValueEnum;
+use cmm_core::DType;
+use cmm_reference::Reference;
+
+/// Which executor to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BenchBackend {
+    /// The wgpu reference.
+    Reference,
+}
+
+/// Arguments of `cargo xtask bench`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The executor to measure.
+    #[arg(long, value_enum, default_value = "reference")]
+    pub backend: BenchBackend,
+    /// Timed repetitions per measurement (the median is reported).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub reps: u32,
+}
+
+/// Shapes measured, as (M, N, K).
+const SHAPES: [(usize, usize, usize); 3] = [(256, 256, 256), (512, 512, 512), (256, 1024, 512)];
+
+/// GEMMs submitted back to back in one timed reference run.
+const GEMMS_PER_RUN: usize = 4;
+
+/// Input dtypes measured on the reference (the output is f32).
+const DTYPES: [DType; 2] = [DType::F32, DType::Bf16];
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// Median GFLOP/s of `reps` single-threaded `matrixmultiply::sgemm` calls.
+fn native_sgemm_gflops(m: usize, n: usize, k: usize, reps: u32) -> f64 {
+    let mut state = 0x2545_f491_u32;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+    };
+    let a: Vec<f32> = (0..m * k).map(|_| next()).collect();
+    let b: Vec<f32> = (0..k * n).map(|_| next()).collect();
+    let mut c = vec![0.0f32; m * n];
+    sgemm(m, n, k, &a, &b, &mut c); // warm-up
+    let times = (0..reps)
+        .map(|_| {
+            let start = Instant::now();
+            sgemm(m, n, k, &a, &b, &mut c);
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    2.0 * (m * n * k) as f64 / median(times) / 1e9
+}
+
+/// `c = a · b` for row-major `a` (m×k), `b` (k×n), `c` (m×n).
+#[allow(unsafe_code)]
+fn sgemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
+    assert!(a.len() == m * k && b.len() == k * n && c.len() == m * n);
+    // SAFETY: the slices have exactly the lengths the row-major strides below address
+    // (checked above), and `c` is a unique borrow that aliases neither input.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            k as isize,
+            1,
+            b.as_ptr(),
+            n as isize,
+            1,
+            0.0,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+/// Runs the benchmark and prints the table.
+pub fn run(args: &Args) -> Result<()> {
+    let BenchBackend::Reference = args.backend;
+    let reference = Reference::new().context("cannot start the wgpu reference")?;
+    println!("adapter: {}", reference.adapter_summary());
+    println!(
+        "reference: median of {} runs of the GEMM shader ({GEMMS_PER_RUN} back-to-back GEMMs per run), f32 output",
+        args.reps
+    );
+    println!("native:    median of {} calls of matrixmultiply::sgemm (f32, one thread) on the same shape", args.reps);
+    println!();
+    println!("{:>14}  {:<5}  {:>15}  {:>12}  {:>9}", "MxNxK", "input", "reference GF/s", "native GF/s", "ref/nat");
+    for (m, n, k) in SHAPES {
+        let native = native_sgemm_gflops(m, n, k, args.reps);
+        for dtype in DTYPES {
+            reference.gemm_gflops(m, n, k, dtype, 1).context("warm-up GEMM on the reference")?;
+            let runs = (0..args.reps)
+                .map(|_| reference.gemm_gflops(m, n, k, dtype, GEMMS_PER_RUN))
+                .collect::<Result<Vec<f64>, _>>()
+                .with_context(|| format!("GEMM {m}x{n}x{k} {dtype} on the reference"))?;
+            let gpu = median(runs);
+            println!(
+                "{:>14}  {:<5}  {:>15.2}  {:>12.2}  {:>9.4}",
+                format!("{m}x{n}x{k}"),
+                dtype.name(),
+                gpu,
+                native,
+                gpu / native
+            );
+        }
+    }
+    Ok(())
+}

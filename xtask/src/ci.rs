@@ -1,0 +1,42 @@
+//! `cargo xtask ci`: every check CI runs, in order, stopping at the first failure.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::conformance;
+
+/// The cargo steps, before the conformance run.
+const STEPS: [&[&str]; 3] = [
+    &["fmt", "--all", "--", "--check"],
+    &["clippy", "--workspace", "--all-targets", "--release", "--", "-D", "warnings"],
+    &["test", "--workspace", "--release"],
+];
+
+/// Runs the steps, then the conformance corpus on the reference.
+pub fn run() -> Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let root = crate::workspace_root();
+    for args in STEPS {
+        let shown = format!("cargo {}", args.join(" "));
+        println!("==> {shown}");
+        let status = Command::new(&cargo)
+            .args(args)
+            .current_dir(&root)
+            .status()
+            .with_context(|| format!("cannot start `{shown}`"))?;
+        if !status.success() {
+            bail!("ci step `{shown}` failed ({status}); fix it, then rerun `cargo xtask ci`");
+        }
+    }
+    println!("==> cargo xtask conformance");
+    conformance::run(&conformance::Args {
+        bless: false,
+        filter: None,
+        export: None,
+        backend: conformance::BackendKind::Reference,
+    })
+    .context("ci step `cargo xtask conformance` failed")?;
+    println!("ci: all steps passed");
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! `cargo xtask conformance [--bless] [--filter P] [--export DIR] [--backend B]`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::ValueEnum;
+use cmm_conformance::{run_corpus, Backend, CpuTwin, Options};
+use cmm_reference::Reference;
+
+/// Where the corpus runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// The wgpu reference (a GPU, or Mesa lavapipe on the CPU).
+    Reference,
+    /// The CPU twin of the reference (`cmm_core::cpu`): no GPU needed, same arithmetic.
+    Cpu,
+}
+
+/// Arguments of `cargo xtask conformance`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Write the goldens of cases that pass the oracle check (then commit them).
+    #[arg(long)]
+    pub bless: bool,
+    /// Run only the cases whose name contains this substring.
+    #[arg(long, value_name = "P")]
+    pub filter: Option<String>,
+    /// Write every device's inputs and outputs as .npy files, with an index.json.
+    #[arg(long, value_name = "DIR")]
+    pub export: Option<PathBuf>,
+    /// The executor to check.
+    #[arg(long, value_enum, default_value = "reference")]
+    pub backend: BackendKind,
+}
+
+/// Runs the corpus; fails when any case fails.
+pub fn run(args: &Args) -> Result<()> {
+    let options =
+        Options { filter: args.filter.clone(), bless: args.bless, export: args.export.clone(), ..Options::default() };
+    let backend: Box<dyn Backend> = match args.backend {
+        BackendKind::Reference => {
+            let reference = Reference::new()
+                .context("cannot start the wgpu reference (use `--backend cpu` to run on the CPU twin)")?;
+            println!("adapter: {}", reference.adapter_summary());
+            Box::new(reference)
+        }
+        BackendKind::Cpu => {
+            println!("adapter: none (CPU twin, cmm_core::cpu)");
+            Box::new(CpuTwin)
+        }
+    };
+    let summary = run_corpus(backend.as_ref(), &options).context("conformance run")?;
+    if summary.failed > 0 {
+        bail!("{} of {} conformance cases failed", summary.failed, summary.failed + summary.passed);
+    }
+    Ok(())
+}

@@ -1,0 +1,50 @@
+//! `cargo xtask <command>`: the project's tasks. Thin by design: each subcommand
+//! orchestrates, and the work lives in the crates (BRIEF §2).
+
+mod bench;
+mod ci;
+mod conformance;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// cmm project tasks.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the conformance corpus against the goldens and the f64 oracle.
+    Conformance(conformance::Args),
+    /// Measure the GEMM shader's throughput beside native CPU sgemm.
+    Bench(bench::Args),
+    /// Formatting, clippy, tests, then the conformance run; stops at the first failure.
+    Ci,
+}
+
+/// The workspace root (the parent of this crate).
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Conformance(args) => conformance::run(&args),
+        Command::Bench(args) => bench::run(&args),
+        Command::Ci => ci::run(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
