@@ -1,5 +1,5 @@
 //! `cargo xtask bench --backend reference`: GFLOP/s of the reference's GEMM shader beside
-//! native CPU sgemm (the `matrixmultiply` crate, single-threaded) on the same shapes, in
+//! native CPU sgemm (the `matrixmultiply` crate, on every core like lavapipe) on the same shapes, in
 //! the same run.
 
 use std::time::Instant;
@@ -46,7 +46,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
-/// Median GFLOP/s of `reps` single-threaded `matrixmultiply::sgemm` calls.
+/// Median GFLOP/s of `reps` `matrixmultiply::sgemm` calls (threaded over all cores).
 fn native_sgemm_gflops(m: usize, n: usize, k: usize, reps: u32) -> f64 {
     let mut state = 0x2545_f491_u32;
     let mut next = move || {
@@ -104,7 +104,11 @@ pub fn run(args: &Args) -> Result<()> {
         "reference: median of {} runs of the GEMM shader ({GEMMS_PER_RUN} back-to-back GEMMs per run), f32 output",
         args.reps
     );
-    println!("native:    median of {} calls of matrixmultiply::sgemm (f32, one thread) on the same shape", args.reps);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "native:    median of {} calls of matrixmultiply::sgemm (f32, {threads} threads) on the same shape",
+        args.reps
+    );
     println!();
     println!("{:>14}  {:<5}  {:>15}  {:>12}  {:>9}", "MxNxK", "input", "reference GF/s", "native GF/s", "ref/nat");
     for (m, n, k) in SHAPES {
