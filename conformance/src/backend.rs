@@ -1,9 +1,9 @@
 //! Executors the corpus runs on: the wgpu reference, and the CPU twin for fast tests.
 
 use cmm_core::cpu::{self, Memory};
-use cmm_core::schedule::Deadlock;
+use cmm_core::schedule::{Deadlock, Order};
 use cmm_core::{Family, Plan};
-use cmm_reference::{Reference, ReferenceError};
+use cmm_reference::{Reference, ReferenceError, RunOptions};
 use thiserror::Error;
 
 /// Why a backend could not run a plan.
@@ -28,9 +28,10 @@ pub trait Backend {
     /// Short name for reports.
     fn name(&self) -> String;
 
-    /// Runs `plan` with inputs generated from `(seed, family)` and returns every
-    /// device's memory, `[device][buffer]` words as in [`cmm_core::cpu::Memory`].
-    fn run(&self, plan: &Plan, seed: u32, family: Family) -> Result<Memory, BackendError>;
+    /// Runs `plan` with inputs generated from `(seed, family)`, its lanes interleaved in
+    /// `order`, and returns every device's memory, `[device][buffer]` words as in
+    /// [`cmm_core::cpu::Memory`].
+    fn run(&self, plan: &Plan, seed: u32, family: Family, order: Order) -> Result<Memory, BackendError>;
 }
 
 /// The CPU twin of the reference ([`cmm_core::cpu::run`]): same schedule, same
@@ -43,8 +44,8 @@ impl Backend for CpuTwin {
         "cpu-twin".into()
     }
 
-    fn run(&self, plan: &Plan, seed: u32, family: Family) -> Result<Memory, BackendError> {
-        Ok(cpu::run(plan, seed, family)?)
+    fn run(&self, plan: &Plan, seed: u32, family: Family, order: Order) -> Result<Memory, BackendError> {
+        Ok(cpu::run_with(plan, seed, family, order)?)
     }
 }
 
@@ -53,8 +54,8 @@ impl Backend for Reference {
         format!("reference on {}", self.adapter_summary())
     }
 
-    fn run(&self, plan: &Plan, seed: u32, family: Family) -> Result<Memory, BackendError> {
-        match Reference::run(self, plan, seed, family) {
+    fn run(&self, plan: &Plan, seed: u32, family: Family, order: Order) -> Result<Memory, BackendError> {
+        match Reference::run_with(self, plan, seed, family, &RunOptions { order, ..RunOptions::default() }) {
             Ok(out) => Ok(out.buffers),
             Err(ReferenceError::Deadlock(deadlock)) => Err(BackendError::Deadlock(deadlock)),
             Err(e) => Err(BackendError::Failed { backend: "reference".into(), message: e.to_string() }),

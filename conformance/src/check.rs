@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use cmm_core::cpu::Memory;
 use cmm_core::oracle::{expected_outputs, Expected};
-use cmm_core::{build_plan, AlgorithmError, Family, Plan, ProblemError, Tolerance};
+use cmm_core::schedule::{orders, schedule_with, Order};
+use cmm_core::verify::verify;
+use cmm_core::{build_plan, AlgorithmError, DType, Family, Plan, ProblemError, Tolerance};
 use thiserror::Error;
 
 use crate::backend::{Backend, BackendError};
@@ -124,8 +126,47 @@ pub enum Failure {
     #[error("oracle: {0}")]
     Oracle(Mismatch),
     /// The output differs from the golden.
-    #[error("golden: {0}")]
+    #[error("golden: {0} (if the change is intended, run `cargo xtask conformance --bless` and commit)")]
     Golden(Mismatch),
+    /// The verifier found races, reads of unwritten memory, unwritten outputs or
+    /// semaphore accounting errors in one interleaving.
+    #[error("verifier ({order}): {count} finding(s): {}", findings.join("; "))]
+    Verifier {
+        /// The interleaving replayed.
+        order: Order,
+        /// How many findings.
+        count: usize,
+        /// The first few, described.
+        findings: Vec<String>,
+    },
+    /// Poison (memory no op wrote) reached the output.
+    #[error("poison reached the output: dev {device} (row {row}, col {col}), {count} element(s) of the device never written")]
+    Poison {
+        /// Device.
+        device: usize,
+        /// Row.
+        row: usize,
+        /// Column.
+        col: usize,
+        /// Poisoned elements of that device.
+        count: usize,
+    },
+    /// Two interleavings of a plan produced different outputs.
+    #[error("schedule-dependent output: default and {order} differ first at dev {device} (row {row}, col {col}): {default_value} vs {other_value}")]
+    ScheduleDependent {
+        /// The interleaving that differs from the default order.
+        order: Order,
+        /// Device.
+        device: usize,
+        /// Row.
+        row: usize,
+        /// Column.
+        col: usize,
+        /// Value in the default order.
+        default_value: f64,
+        /// Value under `order`.
+        other_value: f64,
+    },
     /// There is no golden for the case.
     #[error("golden {} is missing: run `cargo xtask conformance --bless` and commit it", path.display())]
     GoldenMissing {
@@ -202,9 +243,9 @@ impl CaseResult {
     }
 }
 
-/// Builds the case's plan and checks it (see [`check_case`]).
+/// Builds the case's plan and checks it in the default order (see [`check_case`]).
 pub fn run_case(case: &Case, backend: &dyn Backend, goldens: &Goldens) -> CaseResult {
-    run_case_keeping_memory(case, backend, goldens).0
+    run_case_keeping_memory(case, backend, goldens, 1).0
 }
 
 /// [`run_case`], also returning the plan and the memory when the backend ran.
@@ -212,11 +253,12 @@ pub(crate) fn run_case_keeping_memory(
     case: &Case,
     backend: &dyn Backend,
     goldens: &Goldens,
+    schedules: usize,
 ) -> (CaseResult, Option<(Plan, Memory)>) {
     let plan = case.problem().map_err(Failure::from).and_then(|p| Ok(build_plan(&p, case.algorithm()?)?));
     match plan {
         Ok(plan) => {
-            let (result, memory) = check_with_memory(case, &plan, backend, goldens);
+            let (result, memory) = check_with_memory(case, &plan, backend, Some(goldens), schedules);
             (result, memory.map(|m| (plan, m)))
         }
         Err(failure) => {
@@ -231,17 +273,31 @@ pub(crate) fn run_case_keeping_memory(
 /// compares the output with the oracle and the golden of `case`. Never panics on a
 /// bad plan or a failing backend: every problem is a [`Failure`] in the result.
 pub fn check_case(case: &Case, plan: &Plan, backend: &dyn Backend, goldens: &Goldens) -> CaseResult {
-    check_with_memory(case, plan, backend, goldens).0
+    check_with_memory(case, plan, backend, Some(goldens), 1).0
+}
+
+/// [`check_case`] under the first `schedules` interleavings of
+/// [`cmm_core::schedule::orders`] (the default order first), and without a golden
+/// comparison when `goldens` is `None` (mutants have no golden).
+pub fn check_case_with(
+    case: &Case,
+    plan: &Plan,
+    backend: &dyn Backend,
+    goldens: Option<&Goldens>,
+    schedules: usize,
+) -> CaseResult {
+    check_with_memory(case, plan, backend, goldens, schedules).0
 }
 
 fn check_with_memory(
     case: &Case,
     plan: &Plan,
     backend: &dyn Backend,
-    goldens: &Goldens,
+    goldens: Option<&Goldens>,
+    schedules: usize,
 ) -> (CaseResult, Option<Memory>) {
     let mut result = CaseResult::new(case);
-    match check_into(&mut result, case, plan, backend, goldens) {
+    match check_into(&mut result, case, plan, backend, goldens, schedules) {
         Ok(memory) => (result, Some(memory)),
         Err(failure) => {
             result.failures.push(failure);
@@ -256,9 +312,11 @@ fn check_into(
     case: &Case,
     plan: &Plan,
     backend: &dyn Backend,
-    goldens: &Goldens,
+    goldens: Option<&Goldens>,
+    schedules: usize,
 ) -> Result<Memory, Failure> {
     let problem = case.problem()?;
+    plan.validate().map_err(|e| Failure::Plan(e.to_string()))?;
     if plan.devices != problem.devices {
         return Err(Failure::Plan(format!("the plan has D={}, the case D={}", plan.devices, problem.devices)));
     }
@@ -272,10 +330,34 @@ fn check_into(
         )));
     }
 
+    // The verifier replays every interleaving before anything runs: a plan that
+    // deadlocks or races is reported precisely rather than by its wrong numbers.
+    let orders = orders(schedules.max(1), plan.devices);
+    for &order in &orders {
+        let schedule = schedule_with(plan, order).map_err(BackendError::from)?;
+        let findings = verify(plan, &schedule);
+        if !findings.is_empty() {
+            let shown: Vec<String> = findings.iter().take(3).map(|f| f.describe(plan)).collect();
+            result.failures.push(Failure::Verifier { order, count: findings.len(), findings: shown });
+            break;
+        }
+    }
+
     let start = Instant::now();
-    let memory = backend.run(plan, case.seed, case.family)?;
+    let memory = backend.run(plan, case.seed, case.family, Order::Default)?;
     result.elapsed = Some(start.elapsed());
     let outputs = output_words(&memory, plan, out.0, expected.rows * expected.cols)?;
+    if let Some(p) = find_poison(&outputs, problem.output.poison_bits(), expected.cols) {
+        result.failures.push(p);
+    }
+    for &order in &orders[1..] {
+        let other = backend.run(plan, case.seed, case.family, order)?;
+        let other_outputs = output_words(&other, plan, out.0, expected.rows * expected.cols)?;
+        if let Some(f) = schedule_difference(&outputs, &other_outputs, order, problem.output, expected.cols) {
+            result.failures.push(f);
+            break;
+        }
+    }
 
     let got: Vec<Vec<f64>> =
         outputs.iter().map(|w| w.iter().map(|&b| problem.output.decode(b) as f64).collect()).collect();
@@ -293,10 +375,37 @@ fn check_into(
     result.failures.extend(oracle.map(Failure::Oracle));
 
     let run = Run { case, expected: &expected, outputs: &outputs, got: &got, tolerance };
-    let golden =
-        if goldens.bless { bless(result, goldens, &run, oracle_ok) } else { compare_golden(result, goldens, &run) };
-    result.failures.extend(golden.err());
+    if let Some(goldens) = goldens {
+        let golden = if goldens.bless {
+            bless(result, goldens, &run, oracle_ok && result.failures.is_empty())
+        } else {
+            compare_golden(result, goldens, &run)
+        };
+        result.failures.extend(golden.err());
+    }
     Ok(memory)
+}
+
+/// The first output element still holding the poison pattern: memory no op wrote.
+fn find_poison(outputs: &[&[u32]], poison: u32, cols: usize) -> Option<Failure> {
+    outputs.iter().enumerate().find_map(|(device, words)| {
+        let count = words.iter().filter(|&&w| w == poison).count();
+        words.iter().position(|&w| w == poison).map(|i| Failure::Poison { device, row: i / cols, col: i % cols, count })
+    })
+}
+
+/// The first element where a run under `order` differs from the default-order run.
+fn schedule_difference(first: &[&[u32]], other: &[&[u32]], order: Order, dtype: DType, cols: usize) -> Option<Failure> {
+    first.iter().zip(other).enumerate().find_map(|(device, (a, b))| {
+        a.iter().zip(b.iter()).position(|(x, y)| x != y).map(|i| Failure::ScheduleDependent {
+            order,
+            device,
+            row: i / cols,
+            col: i % cols,
+            default_value: dtype.decode(a[i]) as f64,
+            other_value: dtype.decode(b[i]) as f64,
+        })
+    })
 }
 
 /// What one run produced, for the golden stage.

@@ -10,6 +10,7 @@ pub mod case;
 pub mod check;
 pub mod export;
 pub mod golden;
+pub mod mutants;
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -18,7 +19,7 @@ use thiserror::Error;
 
 pub use backend::{Backend, BackendError, CpuTwin};
 pub use case::{cases_dir, load_corpus, Case, CorpusError};
-pub use check::{check_case, run_case, CaseResult, Failure, GoldenStatus, Goldens, Mismatch};
+pub use check::{check_case, check_case_with, run_case, CaseResult, Failure, GoldenStatus, Goldens, Mismatch};
 
 /// What to run and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,11 +34,21 @@ pub struct Options {
     pub cases_dir: PathBuf,
     /// The golden directory.
     pub golden_dir: PathBuf,
+    /// Interleavings each case runs under (the default order first); outputs must be
+    /// bit-identical across them, and the verifier replays each.
+    pub schedules: usize,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { filter: None, bless: false, export: None, cases_dir: cases_dir(), golden_dir: Goldens::default_dir() }
+        Options {
+            filter: None,
+            bless: false,
+            export: None,
+            cases_dir: cases_dir(),
+            golden_dir: Goldens::default_dir(),
+            schedules: 1,
+        }
     }
 }
 
@@ -105,7 +116,7 @@ pub fn run_corpus_to(
     writeln!(out, "{}", widths.header()).map_err(report)?;
     let mut summary = Summary::default();
     for case in &cases {
-        let (result, ran) = check::run_case_keeping_memory(case, backend, &goldens);
+        let (result, ran) = check::run_case_keeping_memory(case, backend, &goldens, options.schedules);
         if let (Some(exporter), Some((plan, memory))) = (exporter.as_mut(), &ran) {
             exporter.add(&result, plan, memory).map_err(export_error)?;
         }

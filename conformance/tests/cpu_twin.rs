@@ -28,3 +28,13 @@ fn wrong_slot_fails() {
 fn missing_signal_deadlocks() {
     common::missing_signal_deadlocks(&CpuTwin);
 }
+
+#[test]
+fn schedule_dependent_output_is_found() {
+    common::schedule_dependent_output_is_found(&CpuTwin);
+}
+
+#[test]
+fn mutants_of_a_ring_plan_are_caught() {
+    common::mutants_of_a_ring_plan_are_caught(&CpuTwin);
+}

@@ -52,3 +52,17 @@ fn missing_signal_deadlocks() {
         common::missing_signal_deadlocks(&r);
     }
 }
+
+#[test]
+fn schedule_dependent_output_is_found() {
+    if let Some(r) = reference() {
+        common::schedule_dependent_output_is_found(&r);
+    }
+}
+
+#[test]
+fn mutants_of_a_ring_plan_are_caught() {
+    if let Some(r) = reference() {
+        common::mutants_of_a_ring_plan_are_caught(&r);
+    }
+}

@@ -83,9 +83,19 @@ fn conflict(device: usize, a: &Op, b: &Op) -> bool {
     })
 }
 
+/// Whether two regions of one buffer share an element: exact for regions with the same
+/// row stride that do not wrap around a row, conservative (their spans overlap) otherwise.
 fn overlap(a: &Region, b: &Region) -> bool {
-    // Conservative: the spans overlap.
-    a.offset < b.end() && b.offset < a.end()
+    if a.is_empty() || b.is_empty() || a.offset >= b.end() || b.offset >= a.end() {
+        return false;
+    }
+    let s = a.stride;
+    let rect = |r: &Region| (r.offset / s, r.offset % s, r.rows, r.cols);
+    if s == 0 || b.stride != s || a.offset % s + a.cols > s || b.offset % s + b.cols > s {
+        return true;
+    }
+    let ((ar, ac, ah, aw), (br, bc, bh, bw)) = (rect(a), rect(b));
+    ar < br + bh && br < ar + ah && ac < bc + bw && bc < ac + aw
 }
 
 /// Why swapping adjacent ops `a` (first) and `b` cannot change results, if it cannot.

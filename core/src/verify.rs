@@ -94,6 +94,20 @@ pub enum Finding {
         /// How many elements.
         count: usize,
     },
+    /// An output element whose last write is not ordered before the end of its device's
+    /// program: the device could consider its result complete before the data arrives.
+    UnorderedOutput {
+        /// The writing op.
+        writer: OpSite,
+        /// Its text.
+        writer_text: String,
+        /// Whose output.
+        device: usize,
+        /// Buffer name.
+        buffer: String,
+        /// First such element (row, column).
+        element: (usize, usize),
+    },
     /// A semaphore whose final value disagrees with what the plan implies.
     SemaphoreAudit {
         /// Device.
@@ -133,6 +147,12 @@ impl Finding {
             Finding::UnwrittenOutput { device, buffer, element, count } => format!(
                 "output never written: device {device} {buffer} has {count} elements no op wrote, first [{}, {}]",
                 element.0, element.1
+            ),
+            Finding::UnorderedOutput { writer, writer_text, device, buffer, element } => format!(
+                "output not ordered before the end: device {device} {buffer}[{}, {}] is written by {} `{writer_text}`, which no wait of device {device} orders before its last op",
+                element.0,
+                element.1,
+                site_text(plan, writer)
             ),
             Finding::SemaphoreAudit { device, semaphore, expected, actual, detail } => {
                 format!("semaphore audit: device {device} {semaphore} ends at {actual}, expected {expected} ({detail})")
@@ -284,9 +304,27 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
     }
 
     for (device, bufs) in shadow.iter().enumerate() {
+        // The end of a device's program: every one of its lanes has finished.
+        let mut end = vec![0u32; n_lanes];
+        for lane in 0..lanes {
+            join(&mut end, &clocks[device * lanes + lane]);
+        }
         for (i, b) in plan.buffers.iter().enumerate() {
             if b.role != BufferRole::Output {
                 continue;
+            }
+            let late = bufs[i].iter().enumerate().find_map(|(e, cell)| match cell.write {
+                Some(Some(w)) if w.clock > end[w.lane as usize] => Some((e, w)),
+                _ => None,
+            });
+            if let Some((e, w)) = late {
+                findings.push(Finding::UnorderedOutput {
+                    writer: w.site,
+                    writer_text: plan.op_text(&plan.programs[w.site.device].lanes[w.site.lane][w.site.index]),
+                    device,
+                    buffer: b.name.clone(),
+                    element: (e / b.cols.max(1), e % b.cols.max(1)),
+                });
             }
             let missing: Vec<usize> = (0..b.len()).filter(|&e| bufs[i][e].write.is_none()).collect();
             if let Some(&first) = missing.first() {

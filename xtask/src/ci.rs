@@ -13,7 +13,8 @@ const STEPS: [&[&str]; 3] = [
     &["test", "--workspace", "--release"],
 ];
 
-/// Runs the steps, then the conformance corpus on the reference.
+/// Runs the steps, then the conformance corpus on the reference under four
+/// interleavings, then the mutation kill rate.
 pub fn run() -> Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let root = crate::workspace_root();
@@ -29,14 +30,22 @@ pub fn run() -> Result<()> {
             bail!("ci step `{shown}` failed ({status}); fix it, then rerun `cargo xtask ci`");
         }
     }
-    println!("==> cargo xtask conformance");
+    println!("==> cargo xtask conformance --schedules 4");
     conformance::run(&conformance::Args {
         bless: false,
         filter: None,
         export: None,
         backend: conformance::BackendKind::Reference,
+        schedules: 4,
     })
-    .context("ci step `cargo xtask conformance` failed")?;
+    .context("ci step `cargo xtask conformance --schedules 4` failed")?;
+    println!("==> cargo xtask mutants");
+    crate::mutants::run(&crate::mutants::Args {
+        filter: None,
+        backend: conformance::BackendKind::Reference,
+        verbose: false,
+    })
+    .context("ci step `cargo xtask mutants` failed")?;
     println!("ci: all steps passed");
     Ok(())
 }

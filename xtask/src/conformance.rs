@@ -31,13 +31,15 @@ pub struct Args {
     /// The executor to check.
     #[arg(long, value_enum, default_value = "reference")]
     pub backend: BackendKind,
+    /// Run every case under N interleavings (the default order first): the verifier
+    /// replays each, and the outputs must be bit-identical across them.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub schedules: u32,
 }
 
-/// Runs the corpus; fails when any case fails.
-pub fn run(args: &Args) -> Result<()> {
-    let options =
-        Options { filter: args.filter.clone(), bless: args.bless, export: args.export.clone(), ..Options::default() };
-    let backend: Box<dyn Backend> = match args.backend {
+/// Starts the chosen backend and prints which adapter runs the work.
+pub fn make_backend(kind: BackendKind) -> Result<Box<dyn Backend>> {
+    Ok(match kind {
         BackendKind::Reference => {
             let reference = Reference::new()
                 .context("cannot start the wgpu reference (use `--backend cpu` to run on the CPU twin)")?;
@@ -48,7 +50,19 @@ pub fn run(args: &Args) -> Result<()> {
             println!("adapter: none (CPU twin, cmm_core::cpu)");
             Box::new(CpuTwin)
         }
+    })
+}
+
+/// Runs the corpus; fails when any case fails.
+pub fn run(args: &Args) -> Result<()> {
+    let options = Options {
+        filter: args.filter.clone(),
+        bless: args.bless,
+        export: args.export.clone(),
+        schedules: args.schedules as usize,
+        ..Options::default()
     };
+    let backend = make_backend(args.backend)?;
     let summary = run_corpus(backend.as_ref(), &options).context("conformance run")?;
     if summary.failed > 0 {
         bail!("{} of {} conformance cases failed", summary.failed, summary.failed + summary.passed);

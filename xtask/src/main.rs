@@ -4,6 +4,7 @@
 mod bench;
 mod ci;
 mod conformance;
+mod mutants;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -24,6 +25,8 @@ enum Command {
     Conformance(conformance::Args),
     /// Measure the GEMM shader's throughput beside native CPU sgemm.
     Bench(bench::Args),
+    /// Mutate every corpus plan and report how many mutants the checks catch.
+    Mutants(mutants::Args),
     /// Formatting, clippy, tests, then the conformance run; stops at the first failure.
     Ci,
 }
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Conformance(args) => conformance::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Mutants(args) => mutants::run(&args),
         Command::Ci => ci::run(),
     };
     match result {

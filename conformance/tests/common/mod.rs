@@ -109,6 +109,40 @@ pub fn reversed_ring_fails(backend: &dyn Backend) {
     assert!(result.reason().contains("bit-exact"), "{}", result.reason());
 }
 
+/// A compute lane that does not wait for the shard it multiplies reads scratch before
+/// the copy lands in some interleavings and after it in others: the verifier names
+/// the race and the runs under different schedules differ.
+pub fn schedule_dependent_output_is_found(backend: &dyn Backend) {
+    let (case, plan) = ring_case();
+    let mut racy = plan.clone();
+    let compute = &mut racy.programs[0].lanes[0];
+    let at = compute.iter().position(|op| matches!(op, Op::Wait { .. })).expect("device 0 waits");
+    let Op::Wait { sem, .. } = compute[at] else { unreachable!() };
+    compute[at] = Op::Wait { sem, value: 0 };
+    let result = cmm_conformance::check_case_with(&case, &racy, backend, None, 4);
+    let reason = result.reason();
+    assert!(
+        result.failures.iter().any(|f| matches!(f, Failure::ScheduleDependent { .. })),
+        "no schedule dependence found: {reason}"
+    );
+    assert!(reason.contains("schedule-dependent output: default and"), "{reason}");
+    assert!(
+        result.failures.iter().any(|f| matches!(f, Failure::Verifier { .. })) && reason.contains("gemm"),
+        "the verifier should name the unsynchronised gemm: {reason}"
+    );
+}
+
+/// Every mutant of one corpus plan is caught or provably equivalent.
+pub fn mutants_of_a_ring_plan_are_caught(backend: &dyn Backend) {
+    let (case, _) = ring_case();
+    let mut out = Vec::new();
+    let report = cmm_conformance::mutants::run_mutants(&[case], backend, &mut out, false).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(report.survivors.is_empty(), "{text}");
+    assert!(report.counted() > 20, "{text}");
+    assert!(text.contains(&format!("{} of {} mutants caught", report.counted(), report.counted())), "{text}");
+}
+
 /// A shard written into the wrong scratch slot leaves a slot unwritten: the check fails
 /// (a wrong output, or the backend's report of the bad access), and nothing panics.
 pub fn wrong_slot_fails(backend: &dyn Backend) {
@@ -120,7 +154,11 @@ pub fn wrong_slot_fails(backend: &dyn Backend) {
     assert!(
         result.failures.iter().all(|f| matches!(
             f,
-            Failure::Oracle(_) | Failure::Golden(_) | Failure::Backend(BackendError::Failed { .. })
+            Failure::Oracle(_)
+                | Failure::Golden(_)
+                | Failure::Verifier { .. }
+                | Failure::Poison { .. }
+                | Failure::Backend(BackendError::Failed { .. })
         )),
         "{}",
         result.reason()
@@ -148,7 +186,7 @@ pub fn missing_signal_deadlocks(backend: &dyn Backend) {
     );
     assert!(text.contains(&expected), "{text}");
 
-    match backend.run(&broken, case.seed, case.family) {
+    match backend.run(&broken, case.seed, case.family, cmm_core::schedule::Order::Default) {
         Err(BackendError::Deadlock(d)) => assert_eq!(d, deadlock),
         Err(other) => panic!("expected the deadlock, got: {other}"),
         Ok(_) => panic!("a plan missing a signal ran to completion"),

@@ -242,7 +242,9 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool) -> Result<Plan, Algorit
         }
     }
     let all_reduce = p.op == OpKind::GemmAr;
-    let (done, ag) = if all_reduce { (Some(b.semaphore("done")), Some(b.semaphore("ag"))) } else { (None, None) };
+    // The AllGather of AR exists only with peers to gather from.
+    let (done, ag) =
+        if all_reduce && n > 1 { (Some(b.semaphore("done")), Some(b.semaphore("ag"))) } else { (None, None) };
     for d in 0..n {
         // The final block lands in C: rows block d for AR (C is M×N), all of C for RS.
         let final_row0 = if all_reduce { d * mb } else { 0 };
@@ -267,10 +269,12 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool) -> Result<Plan, Algorit
                 }
                 if s < n - 1 {
                     b.push(d, compute, signal(d, dir.ready));
-                } else if let Some(done) = done {
-                    b.push(d, compute, signal(d, done));
                 }
             }
+        }
+        if let Some(done) = done {
+            // One release after every direction's final reduce.
+            b.push(d, compute, signal(d, done));
         }
         for dir in &dirs {
             for s in 0..n - 1 {
@@ -285,7 +289,7 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool) -> Result<Plan, Algorit
             // AllGather of the reduced blocks on the first comm lane, once every
             // direction's final reduce is done.
             let lane = dirs[0].comm;
-            b.push(d, lane, wait(done, dirs.len() as u32));
+            b.push(d, lane, wait(done, 1));
             ring_all_gather(&mut b, d, lane, c, mb, ag);
         }
     }
