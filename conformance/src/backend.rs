@@ -62,3 +62,19 @@ impl Backend for Reference {
         }
     }
 }
+
+/// The CUDA backend. Its streams really run concurrently, so `order` does not apply:
+/// every run is one hardware interleaving, and `--schedules N` compares N runs.
+impl Backend for cmm_cuda::CudaBackend {
+    fn name(&self) -> String {
+        format!("cuda on {}", self.summary())
+    }
+
+    fn run(&self, plan: &Plan, seed: u32, family: Family, _order: Order) -> Result<Memory, BackendError> {
+        match cmm_cuda::CudaBackend::run(self, plan, seed, family, &cmm_cuda::CudaRunOptions::default()) {
+            Ok(out) => Ok(out.buffers),
+            Err(cmm_cuda::CudaError::Deadlock(deadlock)) => Err(BackendError::Deadlock(deadlock)),
+            Err(e) => Err(BackendError::Failed { backend: "cuda".into(), message: e.to_string() }),
+        }
+    }
+}

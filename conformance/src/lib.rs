@@ -53,12 +53,14 @@ impl Default for Options {
 }
 
 /// Counts of a corpus run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
     /// Cases that passed.
     pub passed: usize,
     /// Cases that failed.
     pub failed: usize,
+    /// Every case run, with whether it passed.
+    pub outcomes: Vec<(Case, bool)>,
 }
 
 /// Why a corpus run could not proceed (case failures are not errors: they are counted).
@@ -127,6 +129,7 @@ pub fn run_corpus_to(
         } else {
             summary.failed += 1;
         }
+        summary.outcomes.push((case.clone(), result.passed()));
     }
     if let Some(exporter) = exporter {
         let index = exporter.finish().map_err(export_error)?;

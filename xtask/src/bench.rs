@@ -14,6 +14,8 @@ use cmm_reference::Reference;
 pub enum BenchBackend {
     /// The wgpu reference.
     Reference,
+    /// The CUDA backend (gated on a conformance stamp).
+    Cuda,
 }
 
 /// Arguments of `cargo xtask bench`.
@@ -97,7 +99,9 @@ fn sgemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
 
 /// Runs the benchmark and prints the table.
 pub fn run(args: &Args) -> Result<()> {
-    let BenchBackend::Reference = args.backend;
+    if args.backend == BenchBackend::Cuda {
+        return crate::cuda::bench(args.reps.max(20) as usize);
+    }
     let reference = Reference::new().context("cannot start the wgpu reference")?;
     println!("adapter: {}", reference.adapter_summary());
     println!(

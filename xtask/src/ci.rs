@@ -30,6 +30,8 @@ pub fn run() -> Result<()> {
             bail!("ci step `{shown}` failed ({status}); fix it, then rerun `cargo xtask ci`");
         }
     }
+    println!("==> cargo xtask cuda-check");
+    crate::cuda::cuda_check(crate::cuda::CHECK_ARCH).context("ci step `cargo xtask cuda-check` failed")?;
     println!("==> cargo xtask conformance --schedules 4");
     conformance::run(&conformance::Args {
         bless: false,

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use cmm_conformance::{run_corpus, Backend, CpuTwin, Options};
+use cmm_cuda::CudaBackend;
 use cmm_reference::Reference;
 
 /// Where the corpus runs.
@@ -14,6 +15,9 @@ pub enum BackendKind {
     Reference,
     /// The CPU twin of the reference (`cmm_core::cpu`): no GPU needed, same arithmetic.
     Cpu,
+    /// The CUDA backend on GPU 0 (virtual devices); a pass writes the stamp that lets
+    /// `cargo xtask bench --backend cuda` time the passing op/algorithm pairs.
+    Cuda,
 }
 
 /// Arguments of `cargo xtask conformance`.
@@ -50,6 +54,11 @@ pub fn make_backend(kind: BackendKind) -> Result<Box<dyn Backend>> {
             println!("adapter: none (CPU twin, cmm_core::cpu)");
             Box::new(CpuTwin)
         }
+        BackendKind::Cuda => {
+            let cuda = CudaBackend::new(1).context("cannot start the CUDA backend")?;
+            println!("adapter: {}", cuda.summary());
+            Box::new(cuda)
+        }
     })
 }
 
@@ -62,8 +71,19 @@ pub fn run(args: &Args) -> Result<()> {
         schedules: args.schedules as usize,
         ..Options::default()
     };
+    if args.backend == BackendKind::Cuda {
+        let cuda = CudaBackend::new(1).context("cannot start the CUDA backend")?;
+        println!("adapter: {}", cuda.summary());
+        let summary = run_corpus(&cuda, &options).context("conformance run")?;
+        crate::cuda::write_stamp(&cuda, &summary)?;
+        return finish(&summary);
+    }
     let backend = make_backend(args.backend)?;
     let summary = run_corpus(backend.as_ref(), &options).context("conformance run")?;
+    finish(&summary)
+}
+
+fn finish(summary: &cmm_conformance::Summary) -> Result<()> {
     if summary.failed > 0 {
         bail!("{} of {} conformance cases failed", summary.failed, summary.failed + summary.passed);
     }

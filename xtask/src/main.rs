@@ -4,6 +4,7 @@
 mod bench;
 mod ci;
 mod conformance;
+mod cuda;
 mod mutants;
 
 use std::path::{Path, PathBuf};
@@ -25,6 +26,13 @@ enum Command {
     Conformance(conformance::Args),
     /// Measure the GEMM shader's throughput beside native CPU sgemm.
     Bench(bench::Args),
+    /// Compile every CUDA kernel with NVRTC and ptxas (no GPU needed); print registers,
+    /// shared memory and spills.
+    CudaCheck {
+        /// Target architecture.
+        #[arg(long, default_value = cuda::CHECK_ARCH)]
+        arch: String,
+    },
     /// Mutate every corpus plan and report how many mutants the checks catch.
     Mutants(mutants::Args),
     /// Formatting, clippy, tests, then the conformance run; stops at the first failure.
@@ -42,6 +50,7 @@ fn main() -> ExitCode {
         Command::Conformance(args) => conformance::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Mutants(args) => mutants::run(&args),
+        Command::CudaCheck { arch } => cuda::cuda_check(&arch),
         Command::Ci => ci::run(),
     };
     match result {

@@ -1,0 +1,91 @@
+// Shared device helpers, prepended to every kernel file by the host (NVRTC needs no
+// include path). CPU twins: cmm-core `dtype.rs` and `generator.rs`; WGSL twins:
+// shaders/numeric.wgsl and shaders/generate.wgsl. Integer algorithms only, so the bits
+// match the Rust and WGSL versions exactly. Dtype codes: 0 = f32, 1 = f16, 2 = bf16.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ float cmm_f16_bits_to_f32(u32 h) {
+    u32 sign = (h & 0x8000u) << 16;
+    u32 e = (h >> 10) & 0x1fu;
+    u32 mant = h & 0x3ffu;
+    if (e == 0u) {
+        float v = (float)mant * __uint_as_float(0x33800000u); // mant * 2^-24, exact
+        return __uint_as_float(sign | __float_as_uint(v));
+    }
+    if (e == 31u) {
+        return __uint_as_float(sign | 0x7f800000u | (mant << 13));
+    }
+    return __uint_as_float(sign | ((e + 112u) << 23) | (mant << 13));
+}
+
+__device__ __forceinline__ u32 cmm_f32_to_f16_bits(float x) {
+    u32 b = __float_as_uint(x);
+    u32 sign = (b >> 16) & 0x8000u;
+    int ex = (int)((b >> 23) & 0xffu);
+    u32 mant = b & 0x7fffffu;
+    if (ex == 255) {
+        return mant == 0u ? (sign | 0x7c00u) : (sign | 0x7e00u | (mant >> 13));
+    }
+    int e = ex - 127 + 15;
+    if (e >= 31) {
+        return sign | 0x7c00u;
+    }
+    if (e <= 0) {
+        if (e < -10) {
+            return sign;
+        }
+        u32 m = mant | 0x800000u;
+        u32 shift = (u32)(14 - e);
+        u32 q = m >> shift;
+        u32 rem = m & ((1u << shift) - 1u);
+        u32 halfway = 1u << (shift - 1u);
+        u32 up = (rem > halfway || (rem == halfway && (q & 1u) == 1u)) ? 1u : 0u;
+        return sign | (q + up);
+    }
+    u32 h = sign | ((u32)e << 10) | (mant >> 13);
+    u32 rem = mant & 0x1fffu;
+    u32 up = (rem > 0x1000u || (rem == 0x1000u && (h & 1u) == 1u)) ? 1u : 0u;
+    return h + up;
+}
+
+__device__ __forceinline__ u32 cmm_f32_to_bf16_bits(float x) {
+    u32 b = __float_as_uint(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return (b >> 16) | 0x40u;
+    }
+    u32 lsb = (b >> 16) & 1u;
+    return (b + 0x7fffu + lsb) >> 16;
+}
+
+__device__ __forceinline__ float cmm_decode(u32 bits, u32 dtype) {
+    if (dtype == 1u) return cmm_f16_bits_to_f32(bits);
+    if (dtype == 2u) return __uint_as_float(bits << 16);
+    return __uint_as_float(bits);
+}
+
+__device__ __forceinline__ u32 cmm_encode(float x, u32 dtype) {
+    if (dtype == 1u) return cmm_f32_to_f16_bits(x);
+    if (dtype == 2u) return cmm_f32_to_bf16_bits(x);
+    return __float_as_uint(x);
+}
+
+// Element `index` of a buffer of `dtype` at byte address `base` (f32: 4 bytes, else 2).
+__device__ __forceinline__ u32 cmm_load_bits(u64 base, u64 index, u32 dtype) {
+    if (dtype == 0u) return ((const u32*)base)[index];
+    return (u32)((const u16*)base)[index];
+}
+
+__device__ __forceinline__ void cmm_store_bits(u64 base, u64 index, u32 dtype, u32 bits) {
+    if (dtype == 0u) {
+        ((u32*)base)[index] = bits;
+    } else {
+        ((u16*)base)[index] = (u16)bits;
+    }
+}
+
+__device__ __forceinline__ float cmm_load(u64 base, u64 index, u32 dtype) {
+    return cmm_decode(cmm_load_bits(base, index, dtype), dtype);
+}

@@ -1,0 +1,184 @@
+//! Kernel sources (`cuda/kernels/*.cu`, each prepended with `common.cuh`) and their
+//! compilation with NVRTC for an explicit architecture. NVRTC runs on the CPU, so every
+//! kernel is compile-checked without a GPU (`cargo xtask cuda-check`).
+
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
+
+use crate::error::CudaError;
+
+const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// One kernel file and its entry points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelFile {
+    /// File name under `cuda/kernels/`.
+    pub name: &'static str,
+    /// Its source (without `common.cuh`).
+    pub source: &'static str,
+    /// The `extern "C" __global__` functions it defines.
+    pub entry_points: &'static [&'static str],
+}
+
+/// Every kernel file of the backend.
+pub const KERNEL_FILES: [KernelFile; 5] = [
+    KernelFile {
+        name: "generate.cu",
+        source: include_str!("../kernels/generate.cu"),
+        entry_points: &["cmm_generate", "cmm_fill"],
+    },
+    KernelFile {
+        name: "gemm.cu",
+        source: include_str!("../kernels/gemm.cu"),
+        entry_points: &["cmm_gemm_mma_f16", "cmm_gemm_mma_bf16", "cmm_gemm_simt"],
+    },
+    KernelFile { name: "copy.cu", source: include_str!("../kernels/copy.cu"), entry_points: &["cmm_copy2d"] },
+    KernelFile { name: "reduce.cu", source: include_str!("../kernels/reduce.cu"), entry_points: &["cmm_reduce"] },
+    KernelFile {
+        name: "sync.cu",
+        source: include_str!("../kernels/sync.cu"),
+        entry_points: &["cmm_signal", "cmm_wait"],
+    },
+];
+
+/// The architecture kernels are compiled for when no GPU says otherwise: Hopper with its
+/// architecture-specific features (H100/H200).
+pub const DEFAULT_ARCH: &str = "sm_90a";
+
+impl KernelFile {
+    /// The full source NVRTC compiles: `common.cuh`, then the file.
+    pub fn full_source(&self) -> String {
+        format!("{COMMON}\n// ---- {} ----\n{}", self.name, self.source)
+    }
+}
+
+/// The NVRTC virtual architecture for a real one (`sm_90a` -> `compute_90a`).
+pub fn virtual_arch(arch: &str) -> Result<&'static str, CudaError> {
+    // NVRTC's option takes a `&'static str`; the set of architectures is small.
+    const KNOWN: [(&str, &str); 8] = [
+        ("sm_80", "compute_80"),
+        ("sm_86", "compute_86"),
+        ("sm_89", "compute_89"),
+        ("sm_90", "compute_90"),
+        ("sm_90a", "compute_90a"),
+        ("sm_100", "compute_100"),
+        ("sm_100a", "compute_100a"),
+        ("sm_120", "compute_120"),
+    ];
+    KNOWN.iter().find(|(real, _)| *real == arch).map(|(_, v)| *v).ok_or_else(|| CudaError::Unsupported {
+        plan: String::new(),
+        what: format!("architecture {arch} (known: {})", KNOWN.map(|(r, _)| r).join(", ")),
+    })
+}
+
+/// Whether libnvrtc can be loaded (checked before touching cudarc, which panics otherwise).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only probes the dynamic loader for the library; nothing is called.
+    #[allow(unsafe_code)]
+    unsafe {
+        cudarc::nvrtc::sys::is_culib_present()
+    }
+}
+
+/// Compiles one kernel file to PTX for `arch` (e.g. `sm_90a`). Errors carry NVRTC's
+/// log and the file name.
+pub fn compile(kernel: &KernelFile, arch: &str) -> Result<String, CudaError> {
+    if !nvrtc_available() {
+        return Err(CudaError::NoNvrtc);
+    }
+    let options = CompileOptions {
+        arch: Some(virtual_arch(arch)?),
+        name: Some(kernel.name.to_string()),
+        // No fused multiply-add contraction differences matter for the exact family, but
+        // keep the default (fmad on) like any production build.
+        options: vec!["--std=c++17".into()],
+        ..Default::default()
+    };
+    compile_ptx_with_opts(kernel.full_source(), options).map(|ptx| ptx.to_src()).map_err(|e| {
+        let (message, log) = match &e {
+            CompileError::CompileError { nvrtc, log, .. } => (format!("{nvrtc:?}"), log.to_string_lossy().into_owned()),
+            other => (format!("{other:?}"), String::new()),
+        };
+        CudaError::Compile { kernel: kernel.name, arch: arch.to_string(), message, log }
+    })
+}
+
+/// Resource usage of one entry point as reported by `ptxas -v`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PtxasUsage {
+    /// Entry point.
+    pub function: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Static shared memory in bytes.
+    pub shared_bytes: u32,
+    /// Bytes of spill stores.
+    pub spill_stores: u32,
+    /// Bytes of spill loads.
+    pub spill_loads: u32,
+}
+
+/// Parses the `-v` output of ptxas into one record per function.
+pub fn parse_ptxas_verbose(text: &str) -> Vec<PtxasUsage> {
+    let mut out: Vec<PtxasUsage> = Vec::new();
+    let number_before = |line: &str, unit: &str| -> Option<u32> {
+        let at = line.find(unit)?;
+        line[..at].split_whitespace().last()?.parse().ok()
+    };
+    for line in text.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default().to_string();
+            out.push(PtxasUsage { function: name, ..Default::default() });
+        } else if let Some(current) = out.last_mut() {
+            if line.contains("bytes spill stores") {
+                current.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
+                current.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
+            }
+            if line.contains("Used") && line.contains("registers") {
+                current.registers = number_before(line, "registers").unwrap_or(0);
+                current.shared_bytes = number_before(line, "bytes smem").unwrap_or(0);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptxas_output_is_parsed() {
+        let text = "ptxas info    : 0 bytes gmem\n\
+            ptxas info    : Compiling entry function 'cmm_gemm_simt' for 'sm_90a'\n\
+            ptxas info    : Function properties for cmm_gemm_simt\n\
+            \x20   8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+            ptxas info    : Used 64 registers, used 1 barriers, 8192 bytes smem, 464 bytes cmem[0]\n";
+        let usage = parse_ptxas_verbose(text);
+        assert_eq!(
+            usage,
+            vec![PtxasUsage {
+                function: "cmm_gemm_simt".into(),
+                registers: 64,
+                shared_bytes: 8192,
+                spill_stores: 4,
+                spill_loads: 12
+            }]
+        );
+    }
+
+    #[test]
+    fn every_entry_point_is_declared_extern_c_global() {
+        for k in KERNEL_FILES {
+            for e in k.entry_points {
+                let decl = format!(" {e}(");
+                assert!(k.source.contains(&decl) && k.source.contains("extern \"C\" __global__"), "{} {e}", k.name);
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_architectures_are_a_typed_error() {
+        assert_eq!(virtual_arch("sm_90a").unwrap(), "compute_90a");
+        assert!(matches!(virtual_arch("sm_12"), Err(CudaError::Unsupported { .. })));
+    }
+}
