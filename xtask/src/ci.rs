@@ -31,7 +31,11 @@ pub fn run() -> Result<()> {
         }
     }
     println!("==> cargo xtask cuda-check");
-    crate::cuda::cuda_check(crate::cuda::CHECK_ARCH).context("ci step `cargo xtask cuda-check` failed")?;
+    if cmm_cuda::nvrtc_available() || std::env::var_os("CMM_REQUIRE_NVRTC").is_some() {
+        crate::cuda::cuda_check(crate::cuda::CHECK_ARCH).context("ci step `cargo xtask cuda-check` failed")?;
+    } else {
+        println!("skipped: libnvrtc is not installed here (.ci/run installs it; see `cargo xtask cuda-check`)");
+    }
     println!("==> cargo xtask conformance --schedules 4");
     conformance::run(&conformance::Args {
         bless: false,
