@@ -310,7 +310,20 @@ impl CudaBackend {
 
         // One stream per (device, lane); all wait for a start event, the setup stream
         // then waits for every lane, so two events bracket the plan's GPU time.
-        let begin = setup.record_event(None).map_err(|e| CudaError::driver("recording the start event", e))?;
+        let waits: Vec<(usize, usize, usize, u32, usize)> = plan
+            .ops()
+            .filter_map(|(s, op)| match op {
+                Op::Wait { sem, value } => Some((s.device, s.lane, s.index, *value, sem.0)),
+                _ => None,
+            })
+            .collect();
+        let status: CudaSlice<u32> =
+            setup.alloc_zeros(2 * waits.len().max(1)).map_err(|e| CudaError::driver("allocating wait status", e))?;
+        let status_base = raw(&status, &setup);
+        // Lane streams are non-blocking: they see the zeroed status and semaphores only
+        // through the start event, recorded after those writes on the setup stream.
+        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let begin = setup.record_event(timed).map_err(|e| CudaError::driver("recording the start event", e))?;
         let mut lane_streams = Vec::new();
         for d in 0..plan.devices {
             for _ in &plan.lanes {
@@ -322,16 +335,7 @@ impl CudaBackend {
                 lane_streams.push(s);
             }
         }
-        let waits: Vec<(usize, usize, usize, u32, usize)> = plan
-            .ops()
-            .filter_map(|(s, op)| match op {
-                Op::Wait { sem, value } => Some((s.device, s.lane, s.index, *value, sem.0)),
-                _ => None,
-            })
-            .collect();
-        let status: CudaSlice<u32> =
-            setup.alloc_zeros(2 * waits.len().max(1)).map_err(|e| CudaError::driver("allocating wait status", e))?;
-        let status_base = raw(&status, &setup);
+        let mut blas = BlasHandles::default();
         let mut wait_index = 0usize;
         for d in 0..plan.devices {
             let g = &self.gpus[gpu_of(d)];
@@ -342,7 +346,7 @@ impl CudaBackend {
                     if matches!(op, Op::Wait { .. }) {
                         wait_index += 1;
                     }
-                    self.encode(plan, &memory, g, stream, d, op, options, status_slot)?;
+                    self.encode(plan, &memory, g, stream, &mut blas, d, op, options, status_slot)?;
                 }
             }
         }
@@ -350,10 +354,11 @@ impl CudaBackend {
             let done = s.record_event(None).map_err(|e| CudaError::driver("recording a lane's end", e))?;
             setup.wait(&done).map_err(|e| CudaError::driver("joining lanes", e))?;
         }
-        let end = setup.record_event(None).map_err(|e| CudaError::driver("recording the end event", e))?;
+        let end = setup.record_event(timed).map_err(|e| CudaError::driver("recording the end event", e))?;
         for g in &self.gpus {
             g.ctx.synchronize().map_err(|e| CudaError::driver("running the plan", e))?;
         }
+        blas.destroy()?;
         let gpu_ms = begin.elapsed_ms(&end).map_err(|e| CudaError::driver("reading the event timer", e))?;
 
         let flags: Vec<u32> = setup.clone_dtoh(&status).map_err(|e| CudaError::driver("reading wait status", e))?;
@@ -381,6 +386,7 @@ impl CudaBackend {
         memory: &Memory,
         g: &Gpu,
         stream: &Arc<CudaStream>,
+        blas: &mut BlasHandles,
         d: usize,
         op: &Op,
         options: &CudaRunOptions,
@@ -412,7 +418,7 @@ impl CudaBackend {
                     flags: *trans_a as u32 | (*trans_b as u32) << 1 | (*accumulate as u32) << 2,
                     pad: 0,
                 };
-                if options.gemm == GemmEngine::Cublas && cublas_gemm(stream, &args, dt(a), dt(b), dt(c))? {
+                if options.gemm == GemmEngine::Cublas && cublas_gemm(blas, stream, &args, dt(a), dt(b), dt(c))? {
                     return Ok(());
                 }
                 let (function, threads) = match (dt(a), dt(b)) {
@@ -547,8 +553,19 @@ fn copy_engine_2d(
 }
 
 /// Runs a GEMM through cuBLAS when its dtypes allow; `Ok(false)` means "use the tile kernel".
-fn cublas_gemm(stream: &Arc<CudaStream>, g: &GemmArgs, a: DType, b: DType, c: DType) -> Result<bool, CudaError> {
-    if a != b || g.m == 0 || g.n == 0 || g.k == 0 || [g.m, g.n, g.k].iter().any(|&x| x > i32::MAX as u32) {
+fn cublas_gemm(
+    blas: &mut BlasHandles,
+    stream: &Arc<CudaStream>,
+    g: &GemmArgs,
+    a: DType,
+    b: DType,
+    c: DType,
+) -> Result<bool, CudaError> {
+    // cudarc panics when a library is missing, so probe libcublas before using it.
+    // SAFETY: only probes the dynamic loader.
+    #[allow(unsafe_code)]
+    let present = unsafe { blas_sys::is_culib_present() };
+    if !present || a != b || g.m == 0 || g.n == 0 || g.k == 0 || [g.m, g.n, g.k].iter().any(|&x| x > i32::MAX as u32) {
         return Ok(false);
     }
     let ty = |d: DType| match d {
@@ -556,7 +573,7 @@ fn cublas_gemm(stream: &Arc<CudaStream>, g: &GemmArgs, a: DType, b: DType, c: DT
         DType::F16 => blas_sys::cudaDataType::CUDA_R_16F,
         _ => blas_sys::cudaDataType::CUDA_R_16BF,
     };
-    let handle = blas_handle(stream)?;
+    let handle = blas.for_stream(stream)?;
     // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the operands.
     let op =
         |t: bool| if t { blas_sys::cublasOperation_t::CUBLAS_OP_T } else { blas_sys::cublasOperation_t::CUBLAS_OP_N };
@@ -591,25 +608,37 @@ fn cublas_gemm(stream: &Arc<CudaStream>, g: &GemmArgs, a: DType, b: DType, c: DT
     Ok(true)
 }
 
-/// A cuBLAS handle bound to `stream` (one per stream, created on first use).
-fn blas_handle(stream: &Arc<CudaStream>) -> Result<blas_sys::cublasHandle_t, CudaError> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    // Handles are keyed by the raw stream; they live as long as the process, like the
-    // streams of a backend normally do.
-    static HANDLES: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
-    let key = stream.cu_stream() as usize;
-    let mut map = HANDLES.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(&h) = map.get(&key) {
-        return Ok(h as blas_sys::cublasHandle_t);
+/// cuBLAS handles of one run, one per lane stream (a handle's workspace must not be
+/// shared by concurrent streams), created on first use and destroyed after the run.
+#[derive(Default)]
+struct BlasHandles {
+    handles: Vec<(sys::CUstream, blas_sys::cublasHandle_t)>,
+}
+
+impl BlasHandles {
+    fn for_stream(&mut self, stream: &Arc<CudaStream>) -> Result<blas_sys::cublasHandle_t, CudaError> {
+        if let Some(&(_, h)) = self.handles.iter().find(|(s, _)| *s == stream.cu_stream()) {
+            return Ok(h);
+        }
+        let handle = blas::create_handle().map_err(|e| CudaError::driver("creating a cuBLAS handle", e))?;
+        // SAFETY: `handle` was just created and `stream` is a live stream of this run.
+        #[allow(unsafe_code)]
+        unsafe { blas::set_stream(handle, stream.cu_stream() as _) }
+            .map_err(|e| CudaError::driver("binding cuBLAS to a stream", e))?;
+        self.handles.push((stream.cu_stream(), handle));
+        Ok(handle)
     }
-    let handle = blas::create_handle().map_err(|e| CudaError::driver("creating a cuBLAS handle", e))?;
-    // SAFETY: `handle` was just created and `stream` is a live stream of this context.
-    #[allow(unsafe_code)]
-    unsafe { blas::set_stream(handle, stream.cu_stream() as _) }
-        .map_err(|e| CudaError::driver("binding cuBLAS to a stream", e))?;
-    map.insert(key, handle as usize);
-    Ok(handle)
+
+    /// Destroys every handle; call after the streams have finished.
+    fn destroy(self) -> Result<(), CudaError> {
+        for (_, h) in self.handles {
+            // SAFETY: each handle was created by `for_stream` and is destroyed once,
+            // after the context synchronised, so no call on it is in flight.
+            #[allow(unsafe_code)]
+            unsafe { blas::destroy_handle(h) }.map_err(|e| CudaError::driver("destroying a cuBLAS handle", e))?;
+        }
+        Ok(())
+    }
 }
 
 fn enable_peer_access(gpus: &[Gpu]) -> Result<(), CudaError> {
@@ -634,7 +663,7 @@ fn enable_peer_access(gpus: &[Gpu]) -> Result<(), CudaError> {
 /// Device memory of a run: per device one allocation holding every buffer, and its
 /// semaphore array. `base[d][b]` is the peer-pointer table.
 struct Memory {
-    _allocations: Vec<CudaSlice<u8>>,
+    allocations: Vec<CudaSlice<u8>>,
     _semaphores: Vec<CudaSlice<u32>>,
     base: Vec<Vec<u64>>,
     sems: Vec<u64>,
@@ -676,7 +705,7 @@ impl Memory {
             allocations.push(heap);
             semaphores.push(sem);
         }
-        Ok(Memory { _allocations: allocations, _semaphores: semaphores, base, sems })
+        Ok(Memory { allocations: allocations, _semaphores: semaphores, base, sems })
     }
 
     fn read_back(
@@ -686,7 +715,7 @@ impl Memory {
         gpu_of: impl Fn(usize) -> usize,
     ) -> Result<Vec<Vec<Vec<u32>>>, CudaError> {
         let mut out = Vec::new();
-        for (d, heap) in self._allocations.iter().enumerate() {
+        for (d, heap) in self.allocations.iter().enumerate() {
             let stream = backend.gpus[gpu_of(d)].ctx.default_stream();
             let bytes: Vec<u8> = stream.clone_dtoh(heap).map_err(|e| CudaError::driver("reading results back", e))?;
             let b0 = self.base[d][0];
