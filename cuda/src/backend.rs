@@ -705,7 +705,7 @@ impl Memory {
             allocations.push(heap);
             semaphores.push(sem);
         }
-        Ok(Memory { allocations: allocations, _semaphores: semaphores, base, sems })
+        Ok(Memory { allocations, _semaphores: semaphores, base, sems })
     }
 
     fn read_back(
