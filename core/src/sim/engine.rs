@@ -9,8 +9,11 @@
 //!   (capped by the engine's rate: copy engine or SM copy), then one latency per hop;
 //!   a local copy reads and writes its bytes through the device's HBM;
 //! - `Signal`: one latency per hop, then the increment lands on the target semaphore;
-//! - `Wait`: blocks until the semaphore reaches the value, then pays a synchronisation
-//!   round (remote when the Signal that satisfied it came from another device).
+//! - `Wait`: blocks until the semaphore reaches the value, then pays a synchronisation cost:
+//!   `local_wait_us` when the Signal that satisfied it came from the same device; otherwise
+//!   `remote_round_us` (fence + semaphore round, seed 000's 6 µs) when the lane next runs SM
+//!   work (GEMM, reduce, SM copy), or `dma_wait_us` when it next runs a copy-engine copy or
+//!   nothing (the DMA front end only polls the flag).
 //!
 //! Shared resources (links, switch ports, HBM, compute) are **fair-shared**: the active
 //! users of every resource get max-min fair rates (progressive filling), recomputed
@@ -432,7 +435,16 @@ impl<'a> Sim<'a> {
                     }
                     record.start_s = self.now;
                     let sync = &self.profile.sync;
-                    let cost = if remote { sync.remote_round_us } else { sync.local_wait_us } * 1e-6;
+                    let next_uses_sms = match self.plan.programs[device].lanes[lane].get(site.index + 1) {
+                        Some(Op::Gemm { .. } | Op::Reduce { .. }) => true,
+                        Some(Op::Copy { engine, .. }) => *engine == Engine::Sm,
+                        _ => false,
+                    };
+                    let cost = match (remote, next_uses_sms) {
+                        (false, _) => sync.local_wait_us,
+                        (true, true) => sync.remote_round_us,
+                        (true, false) => sync.dma_wait_us,
+                    } * 1e-6;
                     if cost > 0.0 {
                         self.lanes[li].state = LaneState::Timed(self.now + cost);
                         return true;

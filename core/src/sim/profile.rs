@@ -141,8 +141,12 @@ pub struct CopyProfile {
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SyncProfile {
-    /// Cost of a Wait satisfied by another device's Signal (fence + semaphore round), µs.
+    /// Cost of a Wait satisfied by another device's Signal when its lane next runs SM work
+    /// (fence + semaphore round), µs. Also the L_sync of the analytic models.
     pub remote_round_us: f64,
+    /// Cost of a Wait satisfied by another device's Signal when its lane next runs a
+    /// copy-engine copy (or nothing): the DMA front end polls a flag, µs.
+    pub dma_wait_us: f64,
     /// Cost of a Wait satisfied by a Signal of the same device, µs.
     pub local_wait_us: f64,
 }
@@ -259,7 +263,8 @@ impl Profile {
                 "is a fraction of peak, at most 1",
             ));
         }
-        let non_negative: [(&'static str, f64); 4] = [
+        let non_negative: [(&'static str, f64); 5] = [
+            ("sync.dma_wait_us", self.sync.dma_wait_us),
             ("compute.launch_us", self.compute.launch_us),
             ("interconnect.link_latency_us", self.interconnect.link_latency_us),
             ("sync.remote_round_us", self.sync.remote_round_us),
