@@ -177,6 +177,22 @@ impl Timeline {
         t
     }
 
+    /// The timeline of a measured run: `(site, start µs, duration µs)` per executed op.
+    pub fn from_measured(plan: &Plan, title: impl Into<String>, ops: &[(crate::plan::OpSite, f64, f64)]) -> Timeline {
+        let mut t = Timeline::for_plan(plan, title);
+        for &(site, start_us, dur_us) in ops {
+            let op = &plan.programs[site.device].lanes[site.lane][site.index];
+            t.spans.push(Span {
+                track: Timeline::track_of(plan, site.device, site.lane),
+                start_us,
+                dur_us,
+                kind: SpanKind::of_op(op, site.device),
+                label: plan.op_text(op),
+            });
+        }
+        t
+    }
+
     /// End of the last span, µs.
     pub fn end_us(&self) -> f64 {
         self.spans.iter().map(|s| s.start_us + s.dur_us).fold(0.0, f64::max)
