@@ -269,7 +269,7 @@ impl Timeline {
             let w = (sp.dur_us / end * PLOT_W).max(0.6);
             let _ = writeln!(
                 s,
-                r#"<rect x="{:.2}" y="{y:.1}" width="{w:.2}" height="{:.1}" fill="{}"><title>{} — {:.2}..{:.2} µs ({:.2} µs)</title></rect>"#,
+                r#"<rect x="{:.2}" y="{y:.1}" width="{w:.2}" height="{:.1}" fill="{}" stroke="white" stroke-width="0.4"><title>{} — {:.2}..{:.2} µs ({:.2} µs)</title></rect>"#,
                 x(sp.start_us),
                 ROW_H - 4.0,
                 sp.kind.colour(),

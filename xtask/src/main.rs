@@ -5,6 +5,9 @@ mod bench;
 mod ci;
 mod conformance;
 mod mutants;
+mod problem_args;
+mod simulate;
+mod tune;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -27,6 +30,11 @@ enum Command {
     Bench(bench::Args),
     /// Mutate every corpus plan and report how many mutants the checks catch.
     Mutants(mutants::Args),
+    /// Simulate a plan on a hardware profile (or time it on the reference); --validate
+    /// prints the validation table.
+    Simulate(Box<simulate::Args>),
+    /// Rank candidate plans (1D, simulated) or 2D configurations (analytic model).
+    Tune(Box<tune::Args>),
     /// Formatting, clippy, tests, then the conformance run; stops at the first failure.
     Ci,
 }
@@ -42,6 +50,8 @@ fn main() -> ExitCode {
         Command::Conformance(args) => conformance::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Mutants(args) => mutants::run(&args),
+        Command::Simulate(args) => simulate::run(&args),
+        Command::Tune(args) => tune::run(&args),
         Command::Ci => ci::run(),
     };
     match result {

@@ -88,9 +88,12 @@ pub struct ClaimRow {
     pub holds: bool,
 }
 
+/// Seed 002's result: the claims checked, then per algorithm (name, best mesh, ms per block).
+pub type Seed002 = (Vec<ClaimRow>, Vec<(String, String, f64)>);
+
 /// Seed 002 (256 TPU v4, GPT-3 175B FC layers at batch 128): the ranking of the 2D
 /// algorithms at each one's best mesh, MeshSlice's speed-up over Wang, and the mesh shape.
-pub fn seed002(profile: &Profile) -> Result<(Vec<ClaimRow>, Vec<(String, String, f64)>), ValidationError> {
+pub fn seed002(profile: &Profile) -> Result<Seed002, ValidationError> {
     let llm = LlmConfig::gpt3_175b(128);
     let configs = tune_llm(&llm, 256, profile, &NoMeshPlans)?;
     let best = best_per_algorithm(&configs);
