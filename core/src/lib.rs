@@ -1,5 +1,6 @@
 //! cmm-core: problems and shardings, plans, the input generator, the f64 oracle and
-//! tolerances. No GPU dependency: every executor builds on this crate.
+//! tolerances, the simulator and its cost models. No GPU dependency: every executor builds
+//! on this crate.
 
 pub mod algorithms;
 pub mod cpu;
@@ -10,6 +11,8 @@ pub mod oracle;
 pub mod plan;
 pub mod problem;
 pub mod schedule;
+pub mod sim;
+pub mod timeline;
 pub mod tolerance;
 pub mod verify;
 

@@ -34,6 +34,19 @@ pub struct RunOutput {
     pub execute: Duration,
     /// Number of dispatches the ops took.
     pub dispatches: usize,
+    /// With [`RunOptions::time_ops`]: every op in executed order with its wall time.
+    pub op_times: Option<Vec<OpTiming>>,
+}
+
+/// The wall time of one op in a timed run ([`RunOptions::time_ops`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OpTiming {
+    /// The op.
+    pub site: OpSite,
+    /// From the start of the ops to its submission.
+    pub start: Duration,
+    /// From its submission to the queue finishing it (zero for ops with no dispatch: a Wait).
+    pub duration: Duration,
 }
 
 fn dtype_code(d: DType) -> u32 {
@@ -307,11 +320,14 @@ pub struct RunOptions {
     /// Fault injection for testing the semaphore audit: the GPU mirror of this `Signal`
     /// is not updated, as if the signal were lost on the way.
     pub lose_signal: Option<OpSite>,
+    /// Submit op by op and wait for each, recording its wall time in
+    /// [`RunOutput::op_times`] (slower: one submission per op instead of one in all).
+    pub time_ops: bool,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { order: Order::Default, lose_signal: None }
+        RunOptions { order: Order::Default, lose_signal: None, time_ops: false }
     }
 }
 
@@ -349,11 +365,14 @@ impl Gpu {
             setup.generate(d, seed, family)?;
         }
         let mut ops = Encoder { plan, layout: &layout, max_groups, dispatches: Vec::new() };
+        // Per executed op, the range of its dispatches (for timed runs).
+        let mut op_ranges = Vec::with_capacity(sched.order.len());
         for site in &sched.order {
-            if options.lose_signal == Some(*site) {
-                continue;
+            let first = ops.dispatches.len();
+            if options.lose_signal != Some(*site) {
+                ops.op(site.device, &plan.programs[site.device].lanes[site.lane][site.index])?;
             }
-            ops.op(site.device, &plan.programs[site.device].lanes[site.lane][site.index])?;
+            op_ranges.push((*site, first..ops.dispatches.len()));
         }
 
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -374,7 +393,18 @@ impl Gpu {
         self.queue.write_buffer(&heap, 0, bytemuck::cast_slice(&initial));
         self.submit_dispatches(&heap, &setup.dispatches)?;
         let t0 = Instant::now();
-        self.submit_dispatches(&heap, &ops.dispatches)?;
+        let op_times = if options.time_ops {
+            let mut times = Vec::with_capacity(op_ranges.len());
+            for (site, range) in op_ranges {
+                let start = t0.elapsed();
+                self.submit_dispatches(&heap, &ops.dispatches[range])?;
+                times.push(OpTiming { site, start, duration: t0.elapsed() - start });
+            }
+            Some(times)
+        } else {
+            self.submit_dispatches(&heap, &ops.dispatches)?;
+            None
+        };
         let execute = t0.elapsed();
         let words = self.read_back(&heap, bytes)?;
         if let Some(e) = pollster::block_on(scope.pop()) {
@@ -406,7 +436,7 @@ impl Gpu {
                     .collect()
             })
             .collect();
-        Ok(RunOutput { buffers, elapsed: start.elapsed(), execute, dispatches: ops.dispatches.len() })
+        Ok(RunOutput { buffers, elapsed: start.elapsed(), execute, dispatches: ops.dispatches.len(), op_times })
     }
 
     /// Encodes `dispatches` in order in one compute pass, submits and waits.

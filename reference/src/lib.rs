@@ -18,7 +18,7 @@ use cmm_core::DType;
 
 pub use context::{stage_sources, Gpu};
 pub use error::ReferenceError;
-pub use executor::{RunOptions, RunOutput, GEMM_K_PER_DISPATCH};
+pub use executor::{OpTiming, RunOptions, RunOutput, GEMM_K_PER_DISPATCH};
 
 /// The reference executor on one device.
 #[derive(Debug)]

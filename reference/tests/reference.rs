@@ -156,3 +156,22 @@ fn scratch_starts_as_poison_and_a_lost_signal_fails_the_mirror_audit() {
         other => panic!("expected a semaphore mirror error, got {other:?}"),
     }
 }
+
+#[test]
+fn timed_runs_time_every_op_in_order_and_give_the_same_bits() {
+    let Some(r) = reference() else { return };
+    let p = Problem::new(OpKind::AgGemm, 3, 24, 12, 32, DType::F16, DType::F32).unwrap();
+    let plan = build_plan(&p, cmm_core::Algorithm::Ring).unwrap();
+    let fast = r.run(&plan, 3, Family::Exact).unwrap();
+    assert!(fast.op_times.is_none(), "the default path does not time ops");
+    let options = cmm_reference::RunOptions { time_ops: true, ..Default::default() };
+    let timed = r.run_with(&plan, 3, Family::Exact, &options).unwrap();
+    assert_eq!(timed.buffers, fast.buffers);
+    let times = timed.op_times.unwrap();
+    assert_eq!(times.len(), plan.op_count());
+    assert!(times.windows(2).all(|w| w[0].start + w[0].duration <= w[1].start), "ops run one after another");
+    let gemms = times
+        .iter()
+        .filter(|t| matches!(plan.programs[t.site.device].lanes[t.site.lane][t.site.index], Op::Gemm { .. }));
+    assert!(gemms.clone().count() == 3 * 3 && gemms.clone().all(|t| t.duration.as_nanos() > 0));
+}

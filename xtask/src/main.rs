@@ -6,6 +6,9 @@ mod ci;
 mod conformance;
 mod cuda;
 mod mutants;
+mod problem_args;
+mod simulate;
+mod tune;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -35,6 +38,11 @@ enum Command {
     },
     /// Mutate every corpus plan and report how many mutants the checks catch.
     Mutants(mutants::Args),
+    /// Simulate a plan on a hardware profile (or time it on the reference); --validate
+    /// prints the validation table.
+    Simulate(Box<simulate::Args>),
+    /// Rank candidate plans (1D, simulated) or 2D configurations (analytic model).
+    Tune(Box<tune::Args>),
     /// Formatting, clippy, tests, then the conformance run; stops at the first failure.
     Ci,
 }
@@ -51,6 +59,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Mutants(args) => mutants::run(&args),
         Command::CudaCheck { arch } => cuda::cuda_check(&arch),
+        Command::Simulate(args) => simulate::run(&args),
+        Command::Tune(args) => tune::run(&args),
         Command::Ci => ci::run(),
     };
     match result {

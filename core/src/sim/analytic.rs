@@ -1,0 +1,650 @@
+//! Closed-form cost models (BRIEF §8, seed 002 §3.2), beside the simulator:
+//!
+//! - a collective on a ring of P chips: `T = T_launch + (P−1)·(L_sync + bytes_per_shard/BW)`;
+//! - a GEMM: FLOPs / effective FLOP/s ([`Profile::gemm_cost`]) plus one launch;
+//! - a pipelined loop of S iterations: `prologue + (S−1)·max(per-iteration terms) + epilogue`.
+//!
+//! [`ring_1d`] applies them to the 1D plans (to compare with the simulator on the real
+//! plans); [`estimate_mesh`] to the 2D algorithms of seed 002, which need no plan.
+
+use std::fmt;
+
+use thiserror::Error;
+
+use super::profile::{Profile, TopologyKind};
+use crate::algorithms::Algorithm;
+use crate::dtype::DType;
+use crate::problem::{OpKind, Problem};
+
+/// Seconds of a ring collective (AllGather or ReduceScatter) over `chips` chips whose
+/// shard is `shard_bytes`, with the profile's collective bandwidth.
+pub fn ring_collective_s(profile: &Profile, chips: usize, shard_bytes: f64) -> f64 {
+    if chips <= 1 {
+        return 0.0;
+    }
+    let bw = profile.link_bps() * profile.interconnect.collective_directions as f64;
+    profile.launch_s() + (chips - 1) as f64 * (profile.sync.remote_round_us * 1e-6 + shard_bytes / bw)
+}
+
+/// A GEMM op: launch plus its work.
+fn gemm_op_s(profile: &Profile, m: usize, n: usize, k: usize, input: DType, output: DType) -> f64 {
+    profile.launch_s() + profile.gemm_cost(m, n, k, input, output, false).work_s
+}
+
+/// A software-pipelined loop of `iterations` whose iterations each run `pre` (communication
+/// feeding the GEMM), `gemm` and `post` (communication of its result) on three independent
+/// resources: `pre + gemm + post + (iterations − 1)·max(pre, gemm, post)`.
+pub fn pipelined_s(iterations: usize, pre: f64, gemm: f64, post: f64) -> f64 {
+    pre + gemm + post + iterations.saturating_sub(1) as f64 * pre.max(gemm).max(post)
+}
+
+/// An analytic estimate of a 1D plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RingEstimate {
+    /// Total, seconds.
+    pub total_s: f64,
+    /// One step's GEMM, seconds.
+    pub gemm_step_s: f64,
+    /// One step's communication, seconds.
+    pub comm_step_s: f64,
+    /// The formula used.
+    pub formula: &'static str,
+}
+
+/// The closed-form estimate of a 1D algorithm (the formulas of BRIEF §7–8 applied to the
+/// ring family). The simulator replays the real plans; this is the back-of-envelope beside it.
+pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> RingEstimate {
+    let d = problem.devices;
+    let (m, n, k) = (problem.m, problem.n, problem.k);
+    let (input, output) = (problem.input, problem.output);
+    let sync = profile.sync.remote_round_us * 1e-6;
+    let launch = profile.launch_s();
+    let latency = profile.interconnect.link_latency_us * 1e-6;
+    let copy_bw = profile.copy.copy_engine_gbps.min(profile.interconnect.link_gbps) * 1e9;
+    // Both directions of a bidirectional ring share a GPU's switch port; on a torus they
+    // are separate links.
+    let bidir_bw = match profile.interconnect.topology {
+        TopologyKind::Switch => copy_bw.min(profile.link_bps() / 2.0),
+        TopologyKind::Torus => copy_bw,
+    };
+    let send = |bytes: f64, bw: f64| launch + bytes / bw + 2.0 * latency;
+    let steps = (d - 1) as f64;
+    match problem.op {
+        OpKind::AgGemm => {
+            let shard = (m / d * k * input.size_bytes()) as f64;
+            let step = gemm_op_s(profile, m / d, n / d, k, input, output);
+            match algorithm {
+                Algorithm::Baseline => {
+                    let comm = send(shard, copy_bw);
+                    let local_copy = launch + 2.0 * shard / profile.hbm_bps();
+                    let dma = profile.sync.dma_wait_us * 1e-6;
+                    let last_wait = if d > 1 { sync - dma } else { 0.0 };
+                    RingEstimate {
+                        total_s: local_copy
+                            + steps * (comm + dma)
+                            + last_wait
+                            + gemm_op_s(profile, m, n / d, k, input, output),
+                        gemm_step_s: step,
+                        comm_step_s: comm,
+                        formula: "AG: (D−1)·(launch + shard/BW + DMA wait), L_sync, then one GEMM",
+                    }
+                }
+                Algorithm::RingBidir => {
+                    let rounds = d / 2;
+                    let comm = send(shard, bidir_bw);
+                    let per_round = (2.0 * step).max(comm + sync) + sync;
+                    RingEstimate {
+                        total_s: step + rounds as f64 * per_round - if (d - 1) % 2 == 1 { step } else { 0.0 },
+                        gemm_step_s: step,
+                        comm_step_s: comm,
+                        formula: "GEMM + ⌈(D−1)/2⌉·(max(2·GEMM, shard/BW_dir) + L_sync)",
+                    }
+                }
+                Algorithm::RingChunked { chunks } => {
+                    let c = chunks.max(1);
+                    let chunk_gemm = gemm_op_s(profile, m / d / c, n / d, k, input, output);
+                    let comm = send(shard / c as f64, copy_bw);
+                    // c chunks pipelined per step: each pays a sync on the compute lane.
+                    let per_step = (c as f64 * (chunk_gemm + sync)).max(c as f64 * comm + sync);
+                    RingEstimate {
+                        total_s: step + steps * per_step,
+                        gemm_step_s: c as f64 * chunk_gemm,
+                        comm_step_s: c as f64 * comm,
+                        formula: "GEMM + (D−1)·max(c·(GEMM/c + L_sync), c·(shard/c)/BW + L_sync)",
+                    }
+                }
+                _ => {
+                    let comm = send(shard, copy_bw);
+                    RingEstimate {
+                        total_s: step + steps * (step.max(comm + sync) + sync),
+                        gemm_step_s: step,
+                        comm_step_s: comm,
+                        formula: "GEMM + (D−1)·(max(GEMM, shard/BW + L_sync) + L_sync)  [BRIEF §7 lower bound form]",
+                    }
+                }
+            }
+        }
+        OpKind::GemmRs | OpKind::GemmAr => {
+            let block = (m / d * n * DType::F32.size_bytes()) as f64;
+            let reduce = launch + 3.0 * block / profile.hbm_bps();
+            let ag = if problem.op == OpKind::GemmAr {
+                steps * (send((m / d * n * output.size_bytes()) as f64, copy_bw) + sync)
+            } else {
+                0.0
+            };
+            match algorithm {
+                Algorithm::Baseline => {
+                    let comm = send(block, copy_bw);
+                    RingEstimate {
+                        total_s: gemm_op_s(profile, m, n, k / d, input, DType::F32)
+                            + steps * (comm + sync + reduce)
+                            + ag,
+                        gemm_step_s: 0.0,
+                        comm_step_s: comm,
+                        formula: "one GEMM, then RS: (D−1)·(shard/BW + L_sync + reduce) [+ AG for AR]",
+                    }
+                }
+                _ => {
+                    let bidir = matches!(algorithm, Algorithm::RingBidir);
+                    let bw = if bidir { bidir_bw * 2.0 } else { copy_bw };
+                    let step = gemm_op_s(profile, m / d, n, k / d, input, DType::F32);
+                    let comm = send(block, bw);
+                    RingEstimate {
+                        total_s: step + steps * ((step + reduce + sync).max(comm + sync)) + ag,
+                        gemm_step_s: step,
+                        comm_step_s: comm,
+                        formula: "GEMM + (D−1)·max(GEMM + reduce + L_sync, block/BW + L_sync) [+ AG for AR]",
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A 2D GEMM dataflow (BRIEF §3.4): which matrix stays on its chip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dataflow {
+    /// Output stationary: C = A·B; A moves along rows, B along columns.
+    Os,
+    /// Left stationary: C = A·Bᵀ; B moves along columns, C is reduce-scattered along rows.
+    Ls,
+    /// Right stationary: C = Aᵀ·B; A moves along rows, C is reduce-scattered along columns.
+    Rs,
+}
+
+impl fmt::Display for Dataflow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Dataflow::Os => "OS",
+            Dataflow::Ls => "LS",
+            Dataflow::Rs => "RS",
+        })
+    }
+}
+
+/// The 2D algorithms of seed 002.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MeshAlgorithm {
+    /// One AllGather/ReduceScatter per direction, no overlap.
+    Collective,
+    /// lcm(Nr, Nc) iterations of pipelined ring broadcast/reduce.
+    Summa,
+    /// Square meshes: skew, then shift one block per step.
+    Cannon,
+    /// One direction as a ring of send/recv overlapped with partial GEMMs, the other a collective.
+    Wang,
+    /// S slices of partial AllGather/ReduceScatter, pipelined in both directions.
+    MeshSlice,
+}
+
+impl MeshAlgorithm {
+    /// Every algorithm.
+    pub const ALL: [MeshAlgorithm; 5] = [
+        MeshAlgorithm::MeshSlice,
+        MeshAlgorithm::Wang,
+        MeshAlgorithm::Collective,
+        MeshAlgorithm::Cannon,
+        MeshAlgorithm::Summa,
+    ];
+
+    /// Name.
+    pub fn name(self) -> &'static str {
+        match self {
+            MeshAlgorithm::Collective => "Collective",
+            MeshAlgorithm::Summa => "SUMMA",
+            MeshAlgorithm::Cannon => "Cannon",
+            MeshAlgorithm::Wang => "Wang",
+            MeshAlgorithm::MeshSlice => "MeshSlice",
+        }
+    }
+}
+
+impl fmt::Display for MeshAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An Nr × Nc mesh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MeshShape {
+    /// Rows Nr.
+    pub rows: usize,
+    /// Columns Nc.
+    pub cols: usize,
+}
+
+impl MeshShape {
+    /// Every Nr × Nc with Nr·Nc = chips.
+    pub fn all(chips: usize) -> Vec<MeshShape> {
+        (1..=chips).filter(|r| chips % r == 0).map(|rows| MeshShape { rows, cols: chips / rows }).collect()
+    }
+
+    /// Chips.
+    pub fn chips(self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// The mesh with rows and columns exchanged.
+    pub fn transposed(self) -> MeshShape {
+        MeshShape { rows: self.cols, cols: self.rows }
+    }
+}
+
+impl fmt::Display for MeshShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{}", self.rows, self.cols)
+    }
+}
+
+/// A 2D GEMM in its dataflow's own terms (BRIEF §3.4): OS computes A·B with A m×k and B
+/// k×n; LS computes A·Bᵀ with A m×k and B n×k; RS computes Aᵀ·B with A k×m and B k×n.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MeshGemm {
+    /// Rows of C.
+    pub m: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// The contracted dimension.
+    pub k: usize,
+    /// Dataflow.
+    pub dataflow: Dataflow,
+    /// Element type of every matrix and transfer.
+    pub dtype: DType,
+}
+
+/// Why a 2D configuration cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum MeshModelError {
+    /// Cannon needs Nr = Nc.
+    #[error("Cannon needs a square mesh, not {shape}")]
+    NotSquare {
+        /// The mesh.
+        shape: MeshShape,
+    },
+    /// A dimension does not split evenly over the mesh.
+    #[error("{dim}={size} does not split over the {shape} mesh")]
+    Indivisible {
+        /// Which dimension.
+        dim: &'static str,
+        /// Its size.
+        size: usize,
+        /// The mesh.
+        shape: MeshShape,
+    },
+    /// MeshSlice's slices do not align with the block size (BRIEF §3.4: S·B | the local
+    /// extent of the sliced dimension on both mesh axes).
+    #[error("S={slices} with block {block} does not divide {dim}={size} over the {shape} mesh")]
+    Slices {
+        /// Slices.
+        slices: usize,
+        /// Block size.
+        block: usize,
+        /// The sliced dimension.
+        dim: &'static str,
+        /// Its size.
+        size: usize,
+        /// The mesh.
+        shape: MeshShape,
+    },
+    /// Zero slices.
+    #[error("the slice count must be at least 1")]
+    ZeroSlices,
+}
+
+/// Block size of MeshSlice's slicing (seed 002 uses B = 8 on TPU).
+pub const SLICE_BLOCK: usize = 8;
+
+/// An analytic estimate of one 2D GEMM.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MeshEstimate {
+    /// Algorithm.
+    pub algorithm: MeshAlgorithm,
+    /// Mesh.
+    pub shape: MeshShape,
+    /// Slices (MeshSlice), iterations (SUMMA, Cannon) or ring steps (Wang).
+    pub iterations: usize,
+    /// Total, seconds.
+    pub total_s: f64,
+    /// Sum of the GEMM terms, seconds.
+    pub compute_s: f64,
+    /// Sum of the communication terms as if nothing overlapped, seconds.
+    pub comm_s: f64,
+    /// How the total was composed.
+    pub detail: String,
+}
+
+/// One moving matrix of a dataflow.
+#[derive(Clone, Copy, Debug)]
+struct Moving {
+    elements: f64,
+    /// Gathered before the GEMM (false: reduce-scattered after it).
+    input: bool,
+}
+
+struct Layout {
+    /// Moves along a mesh row (over Nc chips).
+    horizontal: Moving,
+    /// Moves along a mesh column (over Nr chips).
+    vertical: Moving,
+    /// Local GEMM (m, n, k) after everything is gathered.
+    local: (usize, usize, usize),
+    /// Which of local's dims the moving matrices gather or scatter: 0 = m, 1 = n, 2 = k.
+    split_dim: usize,
+    split_name: &'static str,
+    split_size: usize,
+}
+
+fn layout(g: &MeshGemm, s: MeshShape) -> Result<Layout, MeshModelError> {
+    for (dim, size) in [("M", g.m), ("N", g.n), ("K", g.k)] {
+        if size % s.rows != 0 || size % s.cols != 0 {
+            return Err(MeshModelError::Indivisible { dim, size, shape: s });
+        }
+    }
+    let (a, b, c) = ((g.m * g.k) as f64, (g.k * g.n) as f64, (g.m * g.n) as f64);
+    let (m, n, k, r, q) = (g.m, g.n, g.k, s.rows, s.cols);
+    Ok(match g.dataflow {
+        Dataflow::Os => Layout {
+            horizontal: Moving { elements: a, input: true },
+            vertical: Moving { elements: b, input: true },
+            local: (m / r, n / q, k),
+            split_dim: 2,
+            split_name: "K",
+            split_size: k,
+        },
+        Dataflow::Ls => Layout {
+            horizontal: Moving { elements: c, input: false },
+            vertical: Moving { elements: b, input: true },
+            local: (m / r, n, k / q),
+            split_dim: 1,
+            split_name: "N",
+            split_size: n,
+        },
+        Dataflow::Rs => Layout {
+            horizontal: Moving { elements: a, input: true },
+            vertical: Moving { elements: c, input: false },
+            local: (m, n / q, k / r),
+            split_dim: 0,
+            split_name: "M",
+            split_size: m,
+        },
+    })
+}
+
+impl Layout {
+    /// The local GEMM with the gathered dimension divided by `parts`.
+    fn part(&self, parts: usize) -> (usize, usize, usize) {
+        let (mut m, mut n, mut k) = self.local;
+        match self.split_dim {
+            0 => m /= parts,
+            1 => n /= parts,
+            _ => k /= parts,
+        }
+        (m.max(1), n.max(1), k.max(1))
+    }
+}
+
+/// Streaming ring broadcast (or reduce) of `bytes` over `chips` chips as seed 002 §2.3.3
+/// (Fig. 3) describes it: the panel is cut into as many packets as the ring has chips and
+/// streamed one way round the ring in `packets + chips − 1` stages, one synchronisation each.
+fn ring_broadcast_s(profile: &Profile, chips: usize, bytes: f64) -> f64 {
+    if chips <= 1 {
+        return 0.0;
+    }
+    let packets = chips as f64;
+    let stages = packets + chips as f64 - 1.0;
+    profile.launch_s() + stages * (profile.sync.remote_round_us * 1e-6 + bytes / packets / profile.link_bps())
+}
+
+/// The analytic time of one 2D GEMM: `algorithm` on `shape` with `slices` (MeshSlice only;
+/// other algorithms ignore it).
+pub fn estimate_mesh(
+    algorithm: MeshAlgorithm,
+    g: &MeshGemm,
+    shape: MeshShape,
+    slices: usize,
+    profile: &Profile,
+) -> Result<MeshEstimate, MeshModelError> {
+    let lay = layout(g, shape)?;
+    let chips = shape.chips() as f64;
+    let size = g.dtype.size_bytes() as f64;
+    let shard = |mv: &Moving| mv.elements / chips * size;
+    let (h, v) = (lay.horizontal, lay.vertical);
+    let gemm = |parts: usize| {
+        let (m, n, k) = lay.part(parts);
+        gemm_op_s(profile, m, n, k, g.dtype, g.dtype)
+    };
+    let coll = |mv: &Moving, ring: usize, parts: usize| ring_collective_s(profile, ring, shard(mv) / parts as f64);
+    let sync = profile.sync.remote_round_us * 1e-6;
+    let launch = profile.launch_s();
+    let est = |iterations: usize, total_s: f64, compute_s: f64, comm_s: f64, detail: String| MeshEstimate {
+        algorithm,
+        shape,
+        iterations,
+        total_s,
+        compute_s,
+        comm_s,
+        detail,
+    };
+    match algorithm {
+        MeshAlgorithm::Collective | MeshAlgorithm::MeshSlice => {
+            let s = if algorithm == MeshAlgorithm::Collective { 1 } else { slices };
+            if s == 0 {
+                return Err(MeshModelError::ZeroSlices);
+            }
+            let ok = |local: usize| local % (s * SLICE_BLOCK) == 0;
+            if s > 1 && !(ok(lay.split_size / shape.rows) && ok(lay.split_size / shape.cols)) {
+                return Err(MeshModelError::Slices {
+                    slices: s,
+                    block: SLICE_BLOCK,
+                    dim: lay.split_name,
+                    size: lay.split_size,
+                    shape,
+                });
+            }
+            let (th, tv) = (coll(&h, shape.cols, s), coll(&v, shape.rows, s));
+            let pre = if h.input { th } else { 0.0 }.max(if v.input { tv } else { 0.0 });
+            let post = if h.input { 0.0 } else { th }.max(if v.input { 0.0 } else { tv });
+            let g1 = gemm(s);
+            let total = pipelined_s(s, pre, g1, post);
+            Ok(est(
+                s,
+                total,
+                s as f64 * g1,
+                s as f64 * (th + tv),
+                format!(
+                    "S={s}: pre {:.1} µs + GEMM {:.1} µs + post {:.1} µs + {}·max",
+                    pre * 1e6,
+                    g1 * 1e6,
+                    post * 1e6,
+                    s - 1
+                ),
+            ))
+        }
+        MeshAlgorithm::Wang => {
+            // Decompose one direction into a ring of send/recv steps overlapped with partial
+            // GEMMs; the other stays one collective. Take the better choice.
+            let mut best: Option<MeshEstimate> = None;
+            for (ring_mv, ring_n, other, other_n, name) in
+                [(h, shape.cols, v, shape.rows, "rows"), (v, shape.rows, h, shape.cols, "columns")]
+            {
+                if ring_n < 2 {
+                    continue;
+                }
+                let bw = profile.link_bps() * profile.interconnect.collective_directions as f64;
+                let step_comm = launch + sync + shard(&ring_mv) / bw;
+                let step_gemm = gemm(ring_n);
+                let ring = step_gemm + (ring_n - 1) as f64 * step_gemm.max(step_comm);
+                let other_t = coll(&other, other_n, 1);
+                let total = other_t + ring;
+                let e = est(
+                    ring_n,
+                    total,
+                    ring_n as f64 * step_gemm,
+                    other_t + (ring_n - 1) as f64 * step_comm,
+                    format!(
+                        "ring along {name}: {} steps of max(GEMM {:.1} µs, send {:.1} µs); other direction one collective {:.1} µs",
+                        ring_n,
+                        step_gemm * 1e6,
+                        step_comm * 1e6,
+                        other_t * 1e6
+                    ),
+                );
+                if best.as_ref().is_none_or(|b| e.total_s < b.total_s) {
+                    best = Some(e);
+                }
+            }
+            // A 1×1 mesh has nothing to decompose: it is the collective algorithm.
+            match best {
+                Some(b) => Ok(b),
+                None => estimate_mesh(MeshAlgorithm::Collective, g, shape, 1, profile)
+                    .map(|e| MeshEstimate { algorithm, ..e }),
+            }
+        }
+        MeshAlgorithm::Cannon => {
+            if shape.rows != shape.cols {
+                return Err(MeshModelError::NotSquare { shape });
+            }
+            let q = shape.rows;
+            let link = profile.link_bps();
+            let biggest = shard(&h).max(shard(&v));
+            let shift = if q > 1 { launch + sync + biggest / link } else { 0.0 };
+            // Skewing moves shards up to ⌊q/2⌋ hops (the torus' shorter way round).
+            let skew = if q > 1 { launch + (q / 2) as f64 * (sync + biggest / link) } else { 0.0 };
+            let pre = if h.input || v.input { skew } else { 0.0 };
+            let post = if !h.input || !v.input { skew } else { 0.0 };
+            let step = gemm(q);
+            let total = pre + step + (q - 1) as f64 * step.max(shift) + post;
+            Ok(est(
+                q,
+                total,
+                q as f64 * step,
+                pre + post + (q - 1) as f64 * shift,
+                format!(
+                    "skew {:.1} µs, {q} steps of max(GEMM {:.1} µs, shift {:.1} µs)",
+                    (pre + post) * 1e6,
+                    step * 1e6,
+                    shift * 1e6
+                ),
+            ))
+        }
+        MeshAlgorithm::Summa => {
+            let iterations = lcm(shape.rows, shape.cols);
+            // One panel per iteration: 1/iterations of what a row (column) gathers.
+            let panel_h = h.elements / shape.rows as f64 / iterations as f64 * size;
+            let panel_v = v.elements / shape.cols as f64 / iterations as f64 * size;
+            let (bh, bv) =
+                (ring_broadcast_s(profile, shape.cols, panel_h), ring_broadcast_s(profile, shape.rows, panel_v));
+            let pre = if h.input { bh } else { 0.0 }.max(if v.input { bv } else { 0.0 });
+            let post = if h.input { 0.0 } else { bh }.max(if v.input { 0.0 } else { bv });
+            let g1 = gemm(iterations);
+            let total = pipelined_s(iterations, pre, g1, post);
+            Ok(est(
+                iterations,
+                total,
+                iterations as f64 * g1,
+                iterations as f64 * (bh + bv),
+                format!(
+                    "{iterations} iterations of max(bcast/reduce {:.1} µs, GEMM {:.1} µs)",
+                    pre.max(post) * 1e6,
+                    g1 * 1e6
+                ),
+            ))
+        }
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    a / gcd(a, b) * b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tpu() -> Profile {
+        Profile::load("tpuv4-torus").unwrap()
+    }
+
+    #[test]
+    fn ring_collective_is_the_seed_formula() {
+        let p = tpu();
+        let t = ring_collective_s(&p, 4, 1e6);
+        let expected = 5e-6 + 3.0 * (2e-6 + 1e6 / 90e9);
+        assert!((t - expected).abs() < 1e-15, "{t} vs {expected}");
+        assert_eq!(ring_collective_s(&p, 1, 1e6), 0.0);
+    }
+
+    #[test]
+    fn pipelined_loop_is_prologue_steady_epilogue() {
+        assert_eq!(pipelined_s(1, 2.0, 3.0, 0.0), 5.0);
+        assert_eq!(pipelined_s(4, 2.0, 3.0, 0.0), 2.0 + 3.0 * 3.0 + 3.0);
+        assert_eq!(pipelined_s(3, 1.0, 1.0, 5.0), 7.0 + 2.0 * 5.0);
+    }
+
+    #[test]
+    fn meshslice_with_one_slice_is_collective_and_slicing_hides_communication() {
+        let p = tpu();
+        let g = MeshGemm { m: 262_144, n: 49_152, k: 12_288, dataflow: Dataflow::Os, dtype: DType::Bf16 };
+        let shape = MeshShape { rows: 32, cols: 8 };
+        let coll = estimate_mesh(MeshAlgorithm::Collective, &g, shape, 1, &p).unwrap();
+        let one = estimate_mesh(MeshAlgorithm::MeshSlice, &g, shape, 1, &p).unwrap();
+        assert_eq!(coll.total_s, one.total_s);
+        let four = estimate_mesh(MeshAlgorithm::MeshSlice, &g, shape, 4, &p).unwrap();
+        assert!(four.total_s < coll.total_s);
+        assert!(four.total_s >= four.compute_s.max(four.comm_s / 2.0) * 0.999);
+    }
+
+    #[test]
+    fn bad_configurations_are_typed_errors() {
+        let p = tpu();
+        let g = MeshGemm { m: 1024, n: 1024, k: 1024, dataflow: Dataflow::Os, dtype: DType::Bf16 };
+        let rect = MeshShape { rows: 2, cols: 8 };
+        assert!(matches!(estimate_mesh(MeshAlgorithm::Cannon, &g, rect, 1, &p), Err(MeshModelError::NotSquare { .. })));
+        assert!(matches!(
+            estimate_mesh(MeshAlgorithm::MeshSlice, &g, rect, 64, &p),
+            Err(MeshModelError::Slices { slices: 64, .. })
+        ));
+        let odd = MeshShape { rows: 3, cols: 1 };
+        assert!(matches!(
+            estimate_mesh(MeshAlgorithm::Collective, &g, odd, 1, &p),
+            Err(MeshModelError::Indivisible { .. })
+        ));
+    }
+
+    #[test]
+    fn mesh_shapes_enumerate_every_factorisation() {
+        let s = MeshShape::all(16);
+        assert_eq!(s.len(), 5);
+        assert!(s.iter().all(|x| x.chips() == 16));
+    }
+}

@@ -1,0 +1,842 @@
+//! The discrete-event simulator: replays any plan with durations from a profile.
+//!
+//! Every (device, lane) is a sequential queue. An op goes through phases:
+//!
+//! - `Gemm`: launch overhead, then its work (FLOPs at the profile's efficiency, or its HBM
+//!   traffic, whichever is slower) on the device's compute resource;
+//! - `Reduce`: launch overhead, then its HBM traffic on the compute resource;
+//! - `Copy` to a peer: launch overhead, then its bytes through every link of its route
+//!   (capped by the engine's rate: copy engine or SM copy), then one latency per hop;
+//!   a local copy reads and writes its bytes through the device's HBM;
+//! - `Signal`: one latency per hop, then the increment lands on the target semaphore;
+//! - `Wait`: blocks until the semaphore reaches the value, then pays a synchronisation cost:
+//!   `local_wait_us` when the Signal that satisfied it came from the same device; otherwise
+//!   `remote_round_us` (fence + semaphore round, seed 000's 6 µs) when the lane next runs SM
+//!   work (GEMM, reduce, SM copy), or `dma_wait_us` when it next runs a copy-engine copy or
+//!   nothing (the DMA front end only polls the flag).
+//!
+//! Shared resources (links, switch ports, HBM, compute) are **fair-shared**: the active
+//! users of every resource get max-min fair rates (progressive filling), recomputed
+//! whenever a transfer starts or ends. A plan that cannot finish is a [`SimError::Deadlock`].
+//! Only shapes are used: no tensor is ever allocated.
+
+use thiserror::Error;
+
+use super::profile::Profile;
+use super::topology::{ResId, ResourceKind, Topology};
+use crate::dtype::DType;
+use crate::plan::{Engine, Op, OpSite, Plan, PlanError, SemId};
+use crate::schedule::BlockedLane;
+
+/// How to simulate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimOptions {
+    /// Torus shape for torus profiles (product = devices); default a ring of all devices.
+    pub torus_dims: Option<Vec<usize>>,
+}
+
+/// Why a plan cannot be simulated.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum SimError {
+    /// The plan is malformed.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// The plan has more devices than the profile's system.
+    #[error("plan `{plan}` has {devices} devices; profile {profile} describes at most {max}")]
+    TooManyDevices {
+        /// Plan name.
+        plan: String,
+        /// Devices of the plan.
+        devices: usize,
+        /// Profile name.
+        profile: String,
+        /// The profile's limit.
+        max: usize,
+    },
+    /// The torus shape does not hold the plan's devices.
+    #[error("torus shape {dims:?} does not hold the {devices} devices of the plan")]
+    TorusShape {
+        /// The shape given.
+        dims: Vec<usize>,
+        /// Devices of the plan.
+        devices: usize,
+    },
+    /// The plan cannot finish.
+    #[error("plan `{plan}` deadlocks at {time_us:.3} µs; blocked: {}", .blocked.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Deadlock {
+        /// Plan name.
+        plan: String,
+        /// Simulated time when nothing could move.
+        time_us: f64,
+        /// Every blocked lane.
+        blocked: Vec<BlockedLane>,
+    },
+}
+
+/// What kind of op a record is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpClass {
+    /// A GEMM.
+    Gemm,
+    /// A copy to the same device.
+    LocalCopy,
+    /// A copy to a peer.
+    RemoteCopy,
+    /// A reduction.
+    Reduce,
+    /// A semaphore increment.
+    Signal,
+    /// A semaphore wait.
+    Wait,
+}
+
+impl OpClass {
+    /// Whether the op keeps the device's compute engine busy.
+    pub fn is_compute(self) -> bool {
+        matches!(self, OpClass::Gemm | OpClass::Reduce)
+    }
+}
+
+/// When one op ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpRecord {
+    /// Where it is in the plan.
+    pub site: OpSite,
+    /// Its kind.
+    pub class: OpClass,
+    /// When its lane reached it, seconds.
+    pub reached_s: f64,
+    /// When it started working (for a Wait: when it was satisfied), seconds.
+    pub start_s: f64,
+    /// When it finished, seconds.
+    pub end_s: f64,
+    /// The op whose end determined this op's start: the previous op of the lane, or for a
+    /// blocked Wait the Signal that satisfied it.
+    pub pred: Option<OpSite>,
+    /// Bytes moved (copies) or touched (reduces).
+    pub bytes: f64,
+    /// Floating-point operations (GEMMs).
+    pub flops: f64,
+    /// Seconds of standalone work (GEMM/reduce at full compute, copy at full bandwidth).
+    pub work_s: f64,
+}
+
+/// The result of simulating a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimReport {
+    /// Plan name.
+    pub plan: String,
+    /// Profile name.
+    pub profile: String,
+    /// Devices.
+    pub devices: usize,
+    /// Lane names.
+    pub lanes: Vec<String>,
+    /// Time the last op ends, seconds.
+    pub makespan_s: f64,
+    /// Max over devices of the GEMM and reduce work (no launch overhead), seconds.
+    pub compute_floor_s: f64,
+    /// Max over directed links of bytes / bandwidth, seconds.
+    pub comm_floor_s: f64,
+    /// The link behind `comm_floor_s`, if any bytes crossed a link.
+    pub busiest_link: Option<String>,
+    /// `[device][lane][index]` records.
+    pub records: Vec<Vec<Vec<OpRecord>>>,
+    /// `[device][lane]` time spent executing ops (not blocked), seconds.
+    pub lane_busy_s: Vec<Vec<f64>>,
+    /// Per device: makespan minus the time its compute engine runs GEMMs/reduces, seconds.
+    pub exposed_comm_s: Vec<f64>,
+    /// The chain of ops that determines the makespan, first to last.
+    pub critical_path: Vec<OpSite>,
+}
+
+impl SimReport {
+    /// Every record, device by device, lane by lane.
+    pub fn ops(&self) -> impl Iterator<Item = &OpRecord> + '_ {
+        self.records.iter().flatten().flatten()
+    }
+
+    /// The record of one op.
+    pub fn record(&self, site: OpSite) -> &OpRecord {
+        &self.records[site.device][site.lane][site.index]
+    }
+
+    /// Largest exposed communication over devices, seconds.
+    pub fn max_exposed_comm_s(&self) -> f64 {
+        self.exposed_comm_s.iter().copied().fold(0.0, f64::max)
+    }
+
+    /// Mean duration of the ops of a class (0 when there are none), seconds.
+    pub fn mean_duration_s(&self, class: OpClass) -> f64 {
+        let (n, total) =
+            self.ops().filter(|r| r.class == class).fold((0usize, 0.0), |(n, t), r| (n + 1, t + (r.end_s - r.start_s)));
+        if n == 0 {
+            0.0
+        } else {
+            total / n as f64
+        }
+    }
+
+    /// Total time lanes spent blocked in Waits on device `device`'s compute lanes (lanes
+    /// that run GEMMs), seconds.
+    pub fn blocked_on_compute_lanes_s(&self, device: usize) -> f64 {
+        self.records[device]
+            .iter()
+            .filter(|lane| lane.iter().any(|r| r.class == OpClass::Gemm))
+            .flatten()
+            .filter(|r| r.class == OpClass::Wait)
+            .map(|r| r.start_s - r.reached_s)
+            .sum()
+    }
+}
+
+enum Phase {
+    Fixed(f64),
+    Fluid { amount: f64, cap: f64, resources: Vec<ResId> },
+    Deliver { device: usize, sem: SemId, add: u32 },
+    Block { sem: SemId, value: u32 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum LaneState {
+    Ready,
+    Timed(f64),
+    Flowing,
+    Blocked,
+    Finished,
+}
+
+struct Flow {
+    lane: usize,
+    remaining: f64,
+    cap: f64,
+    resources: Vec<ResId>,
+    rate: f64,
+}
+
+struct LaneRun {
+    device: usize,
+    lane: usize,
+    pc: usize,
+    phases: Vec<Phase>,
+    step: usize,
+    state: LaneState,
+}
+
+/// A semaphore increment that has landed.
+struct Landed {
+    value_after: u32,
+    from: OpSite,
+}
+
+struct Sim<'a> {
+    plan: &'a Plan,
+    profile: &'a Profile,
+    topo: Topology,
+    now: f64,
+    lanes: Vec<LaneRun>,
+    flows: Vec<Flow>,
+    flows_dirty: bool,
+    sems: Vec<Vec<u32>>,
+    landed: Vec<Vec<Vec<Landed>>>,
+    records: Vec<Vec<Vec<OpRecord>>>,
+    link_bytes: Vec<f64>,
+}
+
+fn dtype_of(plan: &Plan, buf: crate::plan::BufId) -> DType {
+    plan.buffer(buf).dtype
+}
+
+impl<'a> Sim<'a> {
+    fn class(op: &Op, device: usize) -> OpClass {
+        match op {
+            Op::Gemm { .. } => OpClass::Gemm,
+            Op::Copy { dst_device, .. } if *dst_device == device => OpClass::LocalCopy,
+            Op::Copy { .. } => OpClass::RemoteCopy,
+            Op::Reduce { .. } => OpClass::Reduce,
+            Op::Signal { .. } => OpClass::Signal,
+            Op::Wait { .. } => OpClass::Wait,
+        }
+    }
+
+    /// The phases of an op and its (bytes, flops, standalone work) for the record.
+    fn phases(&mut self, device: usize, op: &Op) -> (Vec<Phase>, f64, f64, f64) {
+        let p = self.profile;
+        let launch = p.launch_s();
+        match op {
+            Op::Gemm { a, b, c, trans_a, accumulate, .. } => {
+                let k = if *trans_a { a.rows } else { a.cols };
+                let (da, db) = (dtype_of(self.plan, a.buf), dtype_of(self.plan, b.buf));
+                // Mixed inputs run at the slower operand's rate.
+                let input = if p.peak_flops(da) <= p.peak_flops(db) { da } else { db };
+                let cost = p.gemm_cost(c.rows, c.cols, k, input, dtype_of(self.plan, c.buf), *accumulate);
+                let flops = 2.0 * c.rows as f64 * c.cols as f64 * k as f64;
+                let res = vec![self.topo.compute(device)];
+                (
+                    vec![Phase::Fixed(launch), Phase::Fluid { amount: cost.work_s, cap: 1.0, resources: res }],
+                    0.0,
+                    flops,
+                    cost.work_s,
+                )
+            }
+            Op::Reduce { inputs, output } => {
+                let bytes: f64 = inputs
+                    .iter()
+                    .chain(std::iter::once(output))
+                    .map(|r| r.len() as f64 * dtype_of(self.plan, r.buf).size_bytes() as f64)
+                    .sum();
+                let work = bytes / p.hbm_bps();
+                let res = vec![self.topo.compute(device)];
+                (vec![Phase::Fixed(launch), Phase::Fluid { amount: work, cap: 1.0, resources: res }], bytes, 0.0, work)
+            }
+            Op::Copy { src, dst_device, engine, .. } => {
+                let bytes = src.len() as f64 * dtype_of(self.plan, src.buf).size_bytes() as f64;
+                if *dst_device == device {
+                    // Each byte is read and written once.
+                    let res = vec![self.topo.hbm(device)];
+                    let work = 2.0 * bytes / p.hbm_bps();
+                    (
+                        vec![
+                            Phase::Fixed(launch),
+                            Phase::Fluid { amount: 2.0 * bytes, cap: f64::INFINITY, resources: res },
+                        ],
+                        bytes,
+                        0.0,
+                        work,
+                    )
+                } else {
+                    let rate = 1e9
+                        * match engine {
+                            Engine::CopyEngine => p.copy.copy_engine_gbps,
+                            Engine::Sm => p.copy.sm_copy_gbps,
+                        };
+                    let route = self.topo.route(device, *dst_device);
+                    for &r in &route {
+                        self.link_bytes[r] += bytes;
+                    }
+                    let hops = self.topo.hops(device, *dst_device) as f64;
+                    let work = bytes / rate.min(p.link_bps());
+                    (
+                        vec![
+                            Phase::Fixed(launch),
+                            Phase::Fluid { amount: bytes, cap: rate, resources: route },
+                            Phase::Fixed(hops * p.interconnect.link_latency_us * 1e-6),
+                        ],
+                        bytes,
+                        0.0,
+                        work,
+                    )
+                }
+            }
+            Op::Signal { device: target, sem, add } => {
+                let hops = self.topo.hops(device, *target) as f64;
+                (
+                    vec![
+                        Phase::Fixed(hops * p.interconnect.link_latency_us * 1e-6),
+                        Phase::Deliver { device: *target, sem: *sem, add: *add },
+                    ],
+                    0.0,
+                    0.0,
+                    0.0,
+                )
+            }
+            Op::Wait { sem, value } => (vec![Phase::Block { sem: *sem, value: *value }], 0.0, 0.0, 0.0),
+        }
+    }
+
+    /// Moves lane `li` as far as it can at the current time; returns whether it moved.
+    fn advance(&mut self, li: usize) -> bool {
+        let mut moved = false;
+        loop {
+            let (device, lane) = (self.lanes[li].device, self.lanes[li].lane);
+            match self.lanes[li].state {
+                LaneState::Finished | LaneState::Timed(_) | LaneState::Flowing => return moved,
+                LaneState::Ready | LaneState::Blocked => {}
+            }
+            let ops = &self.plan.programs[device].lanes[lane];
+            let run = &mut self.lanes[li];
+            if run.step >= run.phases.len() {
+                // The current op (if any) is done; start the next one.
+                if run.pc > 0 || !run.phases.is_empty() {
+                    self.records[device][lane][run.pc].end_s = self.now;
+                    run.pc += 1;
+                }
+                if run.pc >= ops.len() {
+                    run.state = LaneState::Finished;
+                    return true;
+                }
+                let index = run.pc;
+                let op = &ops[index];
+                let (phases, bytes, flops, work_s) = self.phases(device, op);
+                let pred = (index > 0).then_some(OpSite { device, lane, index: index - 1 });
+                self.records[device][lane][index] = OpRecord {
+                    site: OpSite { device, lane, index },
+                    class: Sim::class(op, device),
+                    reached_s: self.now,
+                    start_s: self.now,
+                    end_s: self.now,
+                    pred,
+                    bytes,
+                    flops,
+                    work_s,
+                };
+                let run = &mut self.lanes[li];
+                run.phases = phases;
+                run.step = 0;
+                run.state = LaneState::Ready;
+                moved = true;
+                continue;
+            }
+            let site = OpSite { device, lane, index: run.pc };
+            match &run.phases[run.step] {
+                Phase::Fixed(d) => {
+                    run.step += 1;
+                    if *d > 0.0 {
+                        run.state = LaneState::Timed(self.now + d);
+                        return true;
+                    }
+                }
+                Phase::Fluid { amount, cap, resources } => {
+                    run.step += 1;
+                    if *amount > 0.0 {
+                        self.flows.push(Flow {
+                            lane: li,
+                            remaining: *amount,
+                            cap: *cap,
+                            resources: resources.clone(),
+                            rate: 0.0,
+                        });
+                        self.flows_dirty = true;
+                        run.state = LaneState::Flowing;
+                        return true;
+                    }
+                }
+                Phase::Deliver { device: target, sem, add } => {
+                    let (target, sem, add) = (*target, *sem, *add);
+                    run.step += 1;
+                    let v = &mut self.sems[target][sem.0];
+                    *v = v.saturating_add(add);
+                    let value_after = *v;
+                    self.landed[target][sem.0].push(Landed { value_after, from: site });
+                }
+                Phase::Block { sem, value } => {
+                    let (sem, value) = (*sem, *value);
+                    if self.sems[device][sem.0] < value {
+                        run.state = LaneState::Blocked;
+                        return moved;
+                    }
+                    run.step += 1;
+                    let satisfier = self.landed[device][sem.0].iter().find(|l| l.value_after >= value).map(|l| l.from);
+                    let remote = satisfier.is_some_and(|s| s.device != device);
+                    let record = &mut self.records[device][lane][site.index];
+                    if self.now > record.reached_s {
+                        record.pred = satisfier.or(record.pred);
+                    }
+                    record.start_s = self.now;
+                    let sync = &self.profile.sync;
+                    let next_uses_sms = match self.plan.programs[device].lanes[lane].get(site.index + 1) {
+                        Some(Op::Gemm { .. } | Op::Reduce { .. }) => true,
+                        Some(Op::Copy { engine, .. }) => *engine == Engine::Sm,
+                        _ => false,
+                    };
+                    let cost = match (remote, next_uses_sms) {
+                        (false, _) => sync.local_wait_us,
+                        (true, true) => sync.remote_round_us,
+                        (true, false) => sync.dma_wait_us,
+                    } * 1e-6;
+                    if cost > 0.0 {
+                        self.lanes[li].state = LaneState::Timed(self.now + cost);
+                        return true;
+                    }
+                    self.lanes[li].state = LaneState::Ready;
+                    moved = true;
+                }
+            }
+        }
+    }
+
+    /// Max-min fair rates by progressive filling.
+    fn allocate(&mut self) {
+        let caps: Vec<f64> = self.topo.resources.iter().map(|r| r.capacity).collect();
+        let mut left = caps;
+        let mut users = vec![0usize; left.len()];
+        for f in &self.flows {
+            for &r in &f.resources {
+                users[r] += 1;
+            }
+        }
+        let mut open: Vec<usize> = (0..self.flows.len()).collect();
+        while !open.is_empty() {
+            let limit = |f: &Flow| f.resources.iter().map(|&r| left[r] / users[r] as f64).fold(f.cap, f64::min);
+            let lowest = open.iter().map(|&i| limit(&self.flows[i])).fold(f64::INFINITY, f64::min);
+            let (fix, keep): (Vec<usize>, Vec<usize>) =
+                open.iter().partition(|&&i| limit(&self.flows[i]) <= lowest * (1.0 + 1e-12));
+            for &i in &fix {
+                self.flows[i].rate = lowest;
+                for &r in &self.flows[i].resources {
+                    left[r] = (left[r] - lowest).max(0.0);
+                    users[r] -= 1;
+                }
+            }
+            open = keep;
+        }
+        self.flows_dirty = false;
+    }
+
+    fn deadlock(&self) -> SimError {
+        let blocked = self
+            .lanes
+            .iter()
+            .filter(|r| r.state == LaneState::Blocked)
+            .filter_map(|r| match self.plan.programs[r.device].lanes[r.lane].get(r.pc) {
+                Some(Op::Wait { sem, value }) => Some(BlockedLane {
+                    device: r.device,
+                    lane: self.plan.lanes[r.lane].clone(),
+                    index: r.pc,
+                    semaphore: self.plan.semaphores[sem.0].clone(),
+                    awaited: *value,
+                    reached: self.sems[r.device][sem.0],
+                }),
+                _ => None,
+            })
+            .collect();
+        SimError::Deadlock { plan: self.plan.name.clone(), time_us: self.now * 1e6, blocked }
+    }
+
+    fn run(&mut self) -> Result<(), SimError> {
+        loop {
+            // Settle: move every lane as far as it goes at this instant.
+            loop {
+                let mut moved = false;
+                for li in 0..self.lanes.len() {
+                    moved |= self.advance(li);
+                }
+                if !moved {
+                    break;
+                }
+            }
+            if self.lanes.iter().all(|r| r.state == LaneState::Finished) {
+                return Ok(());
+            }
+            if self.flows_dirty {
+                self.allocate();
+            }
+            let timed = self
+                .lanes
+                .iter()
+                .filter_map(|r| match r.state {
+                    LaneState::Timed(t) => Some(t),
+                    _ => None,
+                })
+                .fold(f64::INFINITY, f64::min);
+            let flowing = self.flows.iter().map(|f| self.now + f.remaining / f.rate).fold(f64::INFINITY, f64::min);
+            let next = timed.min(flowing);
+            if !next.is_finite() {
+                return Err(self.deadlock());
+            }
+            let dt = next - self.now;
+            let tolerance = next.abs() * 1e-12 + 1e-18;
+            let mut finished_lanes = Vec::new();
+            self.flows.retain_mut(|f| {
+                let done = self.now + f.remaining / f.rate <= next + tolerance;
+                f.remaining -= f.rate * dt;
+                if done {
+                    finished_lanes.push(f.lane);
+                }
+                !done
+            });
+            if !finished_lanes.is_empty() {
+                self.flows_dirty = true;
+            }
+            self.now = next;
+            for li in finished_lanes {
+                self.lanes[li].state = LaneState::Ready;
+            }
+            for r in &mut self.lanes {
+                if let LaneState::Timed(t) = r.state {
+                    if t <= next + tolerance {
+                        r.state = LaneState::Ready;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The torus shape a simulation uses.
+fn torus_dims(plan: &Plan, options: &SimOptions) -> Result<Vec<usize>, SimError> {
+    match &options.torus_dims {
+        None => Ok(vec![plan.devices]),
+        Some(dims) if dims.iter().product::<usize>() == plan.devices && dims.iter().all(|&d| d > 0) => Ok(dims.clone()),
+        Some(dims) => Err(SimError::TorusShape { dims: dims.clone(), devices: plan.devices }),
+    }
+}
+
+/// Simulates `plan` on the hardware of `profile`.
+pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<SimReport, SimError> {
+    plan.validate()?;
+    if plan.devices > profile.max_devices {
+        return Err(SimError::TooManyDevices {
+            plan: plan.name.clone(),
+            devices: plan.devices,
+            profile: profile.name.clone(),
+            max: profile.max_devices,
+        });
+    }
+    let topo = Topology::new(profile, plan.devices, torus_dims(plan, options)?);
+    let empty = OpRecord {
+        site: OpSite { device: 0, lane: 0, index: 0 },
+        class: OpClass::Wait,
+        reached_s: 0.0,
+        start_s: 0.0,
+        end_s: 0.0,
+        pred: None,
+        bytes: 0.0,
+        flops: 0.0,
+        work_s: 0.0,
+    };
+    let records =
+        plan.programs.iter().map(|p| p.lanes.iter().map(|ops| vec![empty.clone(); ops.len()]).collect()).collect();
+    let lanes = (0..plan.devices)
+        .flat_map(|device| {
+            (0..plan.lanes.len()).map(move |lane| LaneRun {
+                device,
+                lane,
+                pc: 0,
+                phases: Vec::new(),
+                step: 0,
+                state: LaneState::Ready,
+            })
+        })
+        .collect();
+    let n_res = topo.resources.len();
+    let mut sim = Sim {
+        plan,
+        profile,
+        topo,
+        now: 0.0,
+        lanes,
+        flows: Vec::new(),
+        flows_dirty: false,
+        sems: vec![vec![0; plan.semaphores.len()]; plan.devices],
+        landed: (0..plan.devices).map(|_| (0..plan.semaphores.len()).map(|_| Vec::new()).collect()).collect(),
+        records,
+        link_bytes: vec![0.0; n_res],
+    };
+    sim.run()?;
+    Ok(report(sim))
+}
+
+fn report(sim: Sim<'_>) -> SimReport {
+    let plan = sim.plan;
+    let records = sim.records;
+    let all = || records.iter().flatten().flatten();
+    let makespan_s = all().map(|r| r.end_s).fold(0.0, f64::max);
+    let compute_floor_s = (0..plan.devices)
+        .map(|d| records[d].iter().flatten().filter(|r| r.class.is_compute()).map(|r| r.work_s).sum::<f64>())
+        .fold(0.0, f64::max);
+    let (mut comm_floor_s, mut busiest_link) = (0.0, None);
+    for (r, res) in sim.topo.resources.iter().enumerate() {
+        if res.kind == ResourceKind::Link && sim.link_bytes[r] > 0.0 {
+            let t = sim.link_bytes[r] / res.capacity;
+            if t > comm_floor_s {
+                comm_floor_s = t;
+                busiest_link = Some(res.name.clone());
+            }
+        }
+    }
+    let lane_busy_s = records
+        .iter()
+        .map(|lanes| lanes.iter().map(|ops| ops.iter().map(|r| r.end_s - r.start_s).sum()).collect())
+        .collect();
+    let exposed_comm_s = records
+        .iter()
+        .map(|lanes| {
+            let mut spans: Vec<(f64, f64)> =
+                lanes.iter().flatten().filter(|r| r.class.is_compute()).map(|r| (r.start_s, r.end_s)).collect();
+            spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (mut covered, mut reach) = (0.0, f64::NEG_INFINITY);
+            for (s, e) in spans {
+                if e > reach {
+                    covered += e - s.max(reach);
+                    reach = e;
+                }
+            }
+            (makespan_s - covered).max(0.0)
+        })
+        .collect();
+    let mut critical_path = Vec::new();
+    let last = all().filter(|r| r.end_s >= makespan_s).map(|r| r.site).next();
+    let mut at = last;
+    while let Some(site) = at {
+        critical_path.push(site);
+        at = records[site.device][site.lane][site.index].pred;
+    }
+    critical_path.reverse();
+    SimReport {
+        plan: plan.name.clone(),
+        profile: sim.profile.name.clone(),
+        devices: plan.devices,
+        lanes: plan.lanes.clone(),
+        makespan_s,
+        compute_floor_s,
+        comm_floor_s,
+        busiest_link,
+        lane_busy_s,
+        exposed_comm_s,
+        critical_path,
+        records,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::{algorithms_for, build_plan};
+    use crate::{Algorithm, OpKind, Problem};
+
+    fn seed000(devices: usize) -> Problem {
+        Problem::new(OpKind::AgGemm, devices, devices * 1024, devices * 4096, 4096, DType::F16, DType::F16).unwrap()
+    }
+
+    fn sim(plan: &Plan, profile: &Profile) -> SimReport {
+        simulate(plan, profile, &SimOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn makespan_respects_the_compute_and_communication_floors() {
+        for name in Profile::builtin_names() {
+            let profile = Profile::load(name).unwrap();
+            for op in OpKind::ALL {
+                for d in [1, 2, 3, 4, 8] {
+                    let p = Problem::new(op, d, 512 * d, 256 * d, 128 * d, DType::Bf16, DType::F32).unwrap();
+                    for alg in algorithms_for(op) {
+                        let plan = build_plan(&p, alg).unwrap();
+                        let r = sim(&plan, &profile);
+                        let eps = 1e-12;
+                        assert!(r.makespan_s + eps >= r.compute_floor_s, "{name} {}: {r:?}", plan.name);
+                        assert!(r.makespan_s + eps >= r.comm_floor_s, "{name} {}", plan.name);
+                        assert!(r.compute_floor_s > 0.0);
+                        assert_eq!(r.comm_floor_s > 0.0, d > 1, "{name} {}", plan.name);
+                        assert_eq!(r.ops().count(), plan.op_count());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_lone_gemm_takes_launch_plus_its_work() {
+        let profile = Profile::load("h100-nvlink").unwrap();
+        let plan = build_plan(&seed000(1), Algorithm::Ring).unwrap();
+        let r = sim(&plan, &profile);
+        let work = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F16, false).work_s;
+        assert!((r.makespan_s - work - profile.launch_s()).abs() < 1e-12, "{}", r.makespan_s);
+        assert_eq!(r.compute_floor_s, work);
+    }
+
+    #[test]
+    fn more_bandwidth_is_never_slower() {
+        let base = Profile::load("h100-nvlink").unwrap();
+        for alg in algorithms_for(OpKind::AgGemm) {
+            for op in OpKind::ALL {
+                let p = Problem::new(op, 4, 4096, 4096, 4096, DType::F16, DType::F16).unwrap();
+                let Ok(plan) = build_plan(&p, alg) else { continue };
+                let mut previous = f64::INFINITY;
+                for scale in [0.05, 0.2, 1.0, 4.0] {
+                    let mut profile = base.clone();
+                    profile.interconnect.link_gbps *= scale;
+                    profile.copy.copy_engine_gbps *= scale;
+                    profile.copy.sm_copy_gbps *= scale;
+                    let t = sim(&plan, &profile).makespan_s;
+                    assert!(t <= previous * (1.0 + 1e-12), "{} at x{scale}: {t} > {previous}", plan.name);
+                    previous = t;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn more_devices_at_fixed_shard_size_are_never_faster_for_ag_gemm() {
+        let profile = Profile::load("h100-nvlink").unwrap();
+        for alg in [Algorithm::Baseline, Algorithm::Ring, Algorithm::RingBidir, Algorithm::RingChunked { chunks: 4 }] {
+            let mut previous = 0.0;
+            for d in 1..=8 {
+                let plan = build_plan(&seed000(d), alg).unwrap();
+                let t = sim(&plan, &profile).makespan_s;
+                assert!(t >= previous, "{alg} D={d}: {t} < {previous}");
+                previous = t;
+            }
+        }
+    }
+
+    #[test]
+    fn ring_hides_communication_the_baseline_exposes() {
+        let profile = Profile::load("h100-nvlink").unwrap();
+        let ring = sim(&build_plan(&seed000(4), Algorithm::Ring).unwrap(), &profile);
+        let base = sim(&build_plan(&seed000(4), Algorithm::Baseline).unwrap(), &profile);
+        assert!(ring.makespan_s < base.makespan_s);
+        assert!(ring.max_exposed_comm_s() < base.max_exposed_comm_s());
+        // The ring's critical path ends in a GEMM and runs through the compute lane.
+        let last = *ring.critical_path.last().unwrap();
+        assert_eq!(ring.record(last).class, OpClass::Gemm);
+        assert!(ring.critical_path.len() >= 4);
+    }
+
+    #[test]
+    fn two_copies_on_one_port_share_it_fairly() {
+        use crate::plan::{BufferRole, PlanBuilder};
+        // Device 0 sends the same bytes to devices 1 and 2 from two lanes at once: through
+        // one NVSwitch egress port each gets half of it.
+        let mut profile = Profile::load("h100-nvlink").unwrap();
+        profile.compute.launch_us = 0.0;
+        profile.interconnect.link_latency_us = 0.0;
+        profile.copy.copy_engine_gbps = profile.interconnect.link_gbps;
+        let mut b = PlanBuilder::new("fanout", 3);
+        let x = b.buffer("X", DType::F32, 1024, 1024, BufferRole::Scratch);
+        let l0 = b.lane("a");
+        let l1 = b.lane("b");
+        for (lane, to) in [(l0, 1), (l1, 2)] {
+            let r = b.whole(x);
+            b.push(0, lane, Op::Copy { src: r, dst_device: to, dst: r, engine: Engine::CopyEngine });
+        }
+        let plan = b.finish().unwrap();
+        let r = sim(&plan, &profile);
+        let one = 4.0 * 1024.0 * 1024.0 / profile.link_bps();
+        assert!((r.makespan_s - 2.0 * one).abs() < 1e-12, "{} vs {}", r.makespan_s, 2.0 * one);
+        assert!((r.comm_floor_s - 2.0 * one).abs() < 1e-12);
+        assert_eq!(r.busiest_link.as_deref(), Some("dev0 egress"));
+    }
+
+    #[test]
+    fn a_deadlocked_plan_is_an_error_naming_the_blocked_lane() {
+        let profile = Profile::load("h100-nvlink").unwrap();
+        let mut plan = build_plan(&seed000(2), Algorithm::Ring).unwrap();
+        // Device 1 never signals: device 0's compute lane waits forever.
+        plan.programs[1].lanes[1].retain(|op| !matches!(op, Op::Signal { .. }));
+        let e = simulate(&plan, &profile, &SimOptions::default()).unwrap_err();
+        match &e {
+            SimError::Deadlock { blocked, .. } => {
+                assert!(blocked.iter().any(|b| b.device == 0 && b.lane == "compute" && b.semaphore == "recv"), "{e}")
+            }
+            other => panic!("expected a deadlock, got {other}"),
+        }
+    }
+
+    #[test]
+    fn too_many_devices_and_bad_torus_shapes_are_errors() {
+        let profile = Profile::load("h100-nvlink").unwrap();
+        let p = Problem::new(OpKind::AgGemm, 16, 16, 16, 16, DType::F16, DType::F16).unwrap();
+        let plan = build_plan(&p, Algorithm::Ring).unwrap();
+        assert!(matches!(
+            simulate(&plan, &profile, &SimOptions::default()),
+            Err(SimError::TooManyDevices { max: 8, .. })
+        ));
+        let tpu = Profile::load("tpuv4-torus").unwrap();
+        let bad = SimOptions { torus_dims: Some(vec![3, 5]) };
+        assert!(matches!(simulate(&plan, &tpu, &bad), Err(SimError::TorusShape { .. })));
+        let square = SimOptions { torus_dims: Some(vec![4, 4]) };
+        assert!(simulate(&plan, &tpu, &square).is_ok());
+    }
+}

@@ -1,0 +1,432 @@
+//! Hardware profiles: the constants the simulator and the analytic models use, loaded from
+//! `core/profiles/*.toml`. Each file names the source of every constant in a comment.
+
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::dtype::DType;
+
+/// Why a profile cannot be used.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum ProfileError {
+    /// No built-in profile has this name.
+    #[error("unknown profile `{name}` (built in: {available}); or pass a path to a .toml file")]
+    Unknown {
+        /// The name asked for.
+        name: String,
+        /// The built-in names.
+        available: String,
+    },
+    /// The file could not be read.
+    #[error("cannot read profile {file}: {reason}")]
+    Read {
+        /// The file.
+        file: String,
+        /// The I/O error.
+        reason: String,
+    },
+    /// The file is not valid TOML or does not match the schema (the message names the field).
+    #[error("profile {file}: {message}")]
+    Parse {
+        /// The file.
+        file: String,
+        /// toml's message, naming the field and line.
+        message: String,
+    },
+    /// A field has a value no hardware can have.
+    #[error("profile {file}: field `{field}` = {value}: {reason}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// Dotted field name.
+        field: &'static str,
+        /// The value found.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+/// How devices are wired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TopologyKind {
+    /// Every device has one port into a non-blocking switch (NVSwitch, a PCIe switch): a
+    /// copy uses the sender's egress and the receiver's ingress.
+    Switch,
+    /// A torus of point-to-point links (TPU ICI); copies route dimension by dimension
+    /// along the shorter way round, using every directed link on the way.
+    Torus,
+}
+
+impl fmt::Display for TopologyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TopologyKind::Switch => "switch",
+            TopologyKind::Torus => "torus",
+        })
+    }
+}
+
+/// Peak throughput per input dtype, TFLOP/s.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeakTflops {
+    /// f16 inputs.
+    pub f16: f64,
+    /// bf16 inputs.
+    pub bf16: f64,
+    /// f32 inputs.
+    pub f32: f64,
+}
+
+/// The GEMM engine.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComputeProfile {
+    /// Dense peak per input dtype.
+    pub peak_tflops: PeakTflops,
+    /// SMs (GPU) or matrix units (TPU) that each take one output tile at a time.
+    pub parallel_units: usize,
+    /// Rows of one output tile.
+    pub tile_m: usize,
+    /// Columns of one output tile.
+    pub tile_n: usize,
+    /// Largest split of K used to fill idle units on skinny problems.
+    pub max_split_k: usize,
+    /// Fraction of peak reached when every unit is busy.
+    pub max_efficiency: f64,
+    /// Fixed cost of every data op (kernel launch), µs.
+    pub launch_us: f64,
+}
+
+/// Local memory.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryProfile {
+    /// HBM bandwidth, GB/s.
+    pub hbm_gbps: f64,
+}
+
+/// The interconnect.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterconnectProfile {
+    /// Switch or torus.
+    pub topology: TopologyKind,
+    /// Bandwidth of one port (switch) or link (torus), per direction, GB/s.
+    pub link_gbps: f64,
+    /// One-way latency of a small write, per hop, µs.
+    pub link_latency_us: f64,
+    /// How many directions a ring collective uses at once (2 on a torus ring).
+    pub collective_directions: usize,
+}
+
+/// Rates of the two ways to move bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CopyProfile {
+    /// One DMA copy, GB/s.
+    pub copy_engine_gbps: f64,
+    /// One SM copy kernel, GB/s.
+    pub sm_copy_gbps: f64,
+}
+
+/// Synchronisation costs.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncProfile {
+    /// Cost of a Wait satisfied by another device's Signal when its lane next runs SM work
+    /// (fence + semaphore round), µs. Also the L_sync of the analytic models.
+    pub remote_round_us: f64,
+    /// Cost of a Wait satisfied by another device's Signal when its lane next runs a
+    /// copy-engine copy (or nothing): the DMA front end polls a flag, µs.
+    pub dma_wait_us: f64,
+    /// Cost of a Wait satisfied by a Signal of the same device, µs.
+    pub local_wait_us: f64,
+}
+
+/// A hardware profile.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Short name, e.g. `h100-nvlink`.
+    pub name: String,
+    /// One line for humans.
+    pub description: String,
+    /// Most devices the system has.
+    pub max_devices: usize,
+    /// GEMM engine.
+    pub compute: ComputeProfile,
+    /// Local memory.
+    pub memory: MemoryProfile,
+    /// Interconnect.
+    pub interconnect: InterconnectProfile,
+    /// Copy rates.
+    pub copy: CopyProfile,
+    /// Synchronisation.
+    pub sync: SyncProfile,
+}
+
+/// The profiles shipped in `core/profiles/`, by name.
+const BUILTIN: [(&str, &str); 4] = [
+    ("h100-nvlink", include_str!("../../profiles/h100-nvlink.toml")),
+    ("h200-nvlink", include_str!("../../profiles/h200-nvlink.toml")),
+    ("tpuv4-torus", include_str!("../../profiles/tpuv4-torus.toml")),
+    ("pcie-gen4", include_str!("../../profiles/pcie-gen4.toml")),
+];
+
+/// The folder holding the shipped profile files.
+pub fn profiles_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles")
+}
+
+/// Time of one GEMM and how it was derived.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmCost {
+    /// Seconds the GEMM keeps the device's compute busy (no launch overhead).
+    pub work_s: f64,
+    /// Fraction of peak reached (after tiling and the memory roofline).
+    pub efficiency: f64,
+    /// Whether HBM traffic, not the tensor cores, bounds it.
+    pub memory_bound: bool,
+}
+
+impl Profile {
+    /// Names of the built-in profiles.
+    pub fn builtin_names() -> Vec<&'static str> {
+        BUILTIN.iter().map(|(n, _)| *n).collect()
+    }
+
+    /// A built-in profile by name, or a profile file when `name_or_path` ends in `.toml`.
+    pub fn load(name_or_path: &str) -> Result<Profile, ProfileError> {
+        if name_or_path.ends_with(".toml") {
+            return Profile::from_file(Path::new(name_or_path));
+        }
+        match BUILTIN.iter().find(|(n, _)| *n == name_or_path) {
+            Some((n, text)) => Profile::parse(text, &format!("core/profiles/{n}.toml")),
+            None => Err(ProfileError::Unknown {
+                name: name_or_path.to_string(),
+                available: Profile::builtin_names().join(", "),
+            }),
+        }
+    }
+
+    /// Reads and checks a profile file.
+    pub fn from_file(path: &Path) -> Result<Profile, ProfileError> {
+        let file = path.display().to_string();
+        let text =
+            fs::read_to_string(path).map_err(|e| ProfileError::Read { file: file.clone(), reason: e.to_string() })?;
+        Profile::parse(&text, &file)
+    }
+
+    /// Parses and checks profile text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Profile, ProfileError> {
+        let profile: Profile = toml::from_str(text)
+            .map_err(|e: toml::de::Error| ProfileError::Parse { file: file.to_string(), message: e.to_string() })?;
+        profile.check(file)?;
+        Ok(profile)
+    }
+
+    fn check(&self, file: &str) -> Result<(), ProfileError> {
+        let invalid = |field: &'static str, value: String, reason: &'static str| ProfileError::Invalid {
+            file: file.to_string(),
+            field,
+            value,
+            reason,
+        };
+        let positive: [(&'static str, f64); 9] = [
+            ("compute.peak_tflops.f16", self.compute.peak_tflops.f16),
+            ("compute.peak_tflops.bf16", self.compute.peak_tflops.bf16),
+            ("compute.peak_tflops.f32", self.compute.peak_tflops.f32),
+            ("compute.max_efficiency", self.compute.max_efficiency),
+            ("memory.hbm_gbps", self.memory.hbm_gbps),
+            ("interconnect.link_gbps", self.interconnect.link_gbps),
+            ("copy.copy_engine_gbps", self.copy.copy_engine_gbps),
+            ("copy.sm_copy_gbps", self.copy.sm_copy_gbps),
+            ("compute.parallel_units", self.compute.parallel_units as f64),
+        ];
+        for (field, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(invalid(field, v.to_string(), "must be a finite number above 0"));
+            }
+        }
+        if self.compute.max_efficiency > 1.0 {
+            return Err(invalid(
+                "compute.max_efficiency",
+                self.compute.max_efficiency.to_string(),
+                "is a fraction of peak, at most 1",
+            ));
+        }
+        let non_negative: [(&'static str, f64); 5] = [
+            ("sync.dma_wait_us", self.sync.dma_wait_us),
+            ("compute.launch_us", self.compute.launch_us),
+            ("interconnect.link_latency_us", self.interconnect.link_latency_us),
+            ("sync.remote_round_us", self.sync.remote_round_us),
+            ("sync.local_wait_us", self.sync.local_wait_us),
+        ];
+        for (field, v) in non_negative {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(invalid(field, v.to_string(), "must be a finite number, 0 or more"));
+            }
+        }
+        let counts: [(&'static str, usize); 5] = [
+            ("max_devices", self.max_devices),
+            ("compute.tile_m", self.compute.tile_m),
+            ("compute.tile_n", self.compute.tile_n),
+            ("compute.max_split_k", self.compute.max_split_k),
+            ("interconnect.collective_directions", self.interconnect.collective_directions),
+        ];
+        for (field, v) in counts {
+            if v == 0 {
+                return Err(invalid(field, v.to_string(), "must be at least 1"));
+            }
+        }
+        if self.interconnect.collective_directions > 2 {
+            return Err(invalid(
+                "interconnect.collective_directions",
+                self.interconnect.collective_directions.to_string(),
+                "a ring has at most 2 directions",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Peak FLOP/s for an input dtype.
+    pub fn peak_flops(&self, dtype: DType) -> f64 {
+        let p = &self.compute.peak_tflops;
+        1e12 * match dtype {
+            DType::F16 => p.f16,
+            DType::Bf16 => p.bf16,
+            _ => p.f32,
+        }
+    }
+
+    /// Fraction of the units busy for an `m × n` output split into tiles, with split-K
+    /// filling idle units on skinny problems (the small-tile efficiency curve).
+    pub fn tile_utilisation(&self, m: usize, n: usize, k: usize) -> f64 {
+        let c = &self.compute;
+        let tiles = m.div_ceil(c.tile_m) * n.div_ceil(c.tile_n);
+        if tiles == 0 {
+            return 1.0;
+        }
+        // Split K only while units would idle, and never into slices thinner than a tile.
+        let split = (c.parallel_units / tiles).clamp(1, c.max_split_k).min(k.div_ceil(c.tile_m).max(1));
+        let work = tiles * split;
+        let waves = work.div_ceil(c.parallel_units);
+        work as f64 / (waves * c.parallel_units) as f64
+    }
+
+    /// Cost of `c (m×n) = a (m×k) · b (k×n)` with `input` operands and an `output` result:
+    /// FLOPs at peak × max efficiency × tile utilisation, or HBM traffic at the HBM rate,
+    /// whichever is slower (a roofline).
+    pub fn gemm_cost(&self, m: usize, n: usize, k: usize, input: DType, output: DType, accumulate: bool) -> GemmCost {
+        let flops = 2.0 * m as f64 * n as f64 * k as f64;
+        let efficiency = self.compute.max_efficiency * self.tile_utilisation(m, n, k);
+        let compute_s = flops / (self.peak_flops(input) * efficiency);
+        let c_passes = if accumulate { 2.0 } else { 1.0 };
+        let bytes =
+            (m * k + k * n) as f64 * input.size_bytes() as f64 + c_passes * (m * n) as f64 * output.size_bytes() as f64;
+        let memory_s = bytes / (self.memory.hbm_gbps * 1e9);
+        let work_s = compute_s.max(memory_s);
+        let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { efficiency };
+        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s }
+    }
+
+    /// Seconds of one launch overhead.
+    pub fn launch_s(&self) -> f64 {
+        self.compute.launch_us * 1e-6
+    }
+
+    /// Bytes per second of one link direction.
+    pub fn link_bps(&self) -> f64 {
+        self.interconnect.link_gbps * 1e9
+    }
+
+    /// Bytes per second of HBM.
+    pub fn hbm_bps(&self) -> f64 {
+        self.memory.hbm_gbps * 1e9
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builtin_profile_loads_and_every_file_is_builtin() {
+        for name in Profile::builtin_names() {
+            let p = Profile::load(name).unwrap();
+            assert_eq!(p.name, name);
+            let from_disk = Profile::from_file(&profiles_dir().join(format!("{name}.toml"))).unwrap();
+            assert_eq!(from_disk, p);
+        }
+        let mut on_disk: Vec<String> = fs::read_dir(profiles_dir())
+            .unwrap()
+            .filter_map(|e| e.ok()?.path().file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .collect();
+        on_disk.sort();
+        let mut builtin: Vec<String> = Profile::builtin_names().into_iter().map(String::from).collect();
+        builtin.sort();
+        assert_eq!(on_disk, builtin);
+    }
+
+    #[test]
+    fn a_missing_field_is_named_with_the_file() {
+        let text = include_str!("../../profiles/h100-nvlink.toml").replace("hbm_gbps = 3350.0", "");
+        let e = Profile::parse(&text, "x.toml").unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, ProfileError::Parse { .. }), "{msg}");
+        assert!(msg.contains("x.toml") && msg.contains("hbm_gbps"), "{msg}");
+    }
+
+    #[test]
+    fn an_unknown_field_is_rejected() {
+        let text = include_str!("../../profiles/h100-nvlink.toml").replace("[memory]", "[memory]\nhbm_tbps = 3.0");
+        let msg = Profile::parse(&text, "y.toml").unwrap_err().to_string();
+        assert!(msg.contains("y.toml") && msg.contains("hbm_tbps"), "{msg}");
+    }
+
+    #[test]
+    fn an_impossible_value_names_the_field() {
+        let text = include_str!("../../profiles/h100-nvlink.toml").replace("link_gbps = 450.0", "link_gbps = -1.0");
+        let e = Profile::parse(&text, "z.toml").unwrap_err();
+        assert_eq!(
+            e,
+            ProfileError::Invalid {
+                file: "z.toml".into(),
+                field: "interconnect.link_gbps",
+                value: "-1".into(),
+                reason: "must be a finite number above 0"
+            }
+        );
+    }
+
+    #[test]
+    fn missing_file_and_unknown_name_are_errors() {
+        let e = Profile::load("/nonexistent/p.toml").unwrap_err();
+        assert!(matches!(e, ProfileError::Read { ref file, .. } if file == "/nonexistent/p.toml"), "{e}");
+        let e = Profile::load("h900").unwrap_err();
+        assert!(e.to_string().contains("h100-nvlink"), "{e}");
+    }
+
+    #[test]
+    fn h100_gemm_matches_its_sources() {
+        let p = Profile::load("h100-nvlink").unwrap();
+        // BRIEF §7: ~800 TFLOP/s at 8192^3.
+        let big = p.gemm_cost(8192, 8192, 8192, DType::F16, DType::F16, false);
+        let tflops = 2.0 * 8192f64.powi(3) / big.work_s / 1e12;
+        assert!((tflops - 800.0).abs() < 10.0, "{tflops}");
+        // Seed 000: 1024x4096x4096 in ~43 µs (a cross-check, not a fit).
+        let local = p.gemm_cost(1024, 4096, 4096, DType::F16, DType::F16, false);
+        assert!((local.work_s * 1e6 - 43.0).abs() < 2.0, "{}", local.work_s * 1e6);
+        // Tiny GEMMs are memory or tile bound and slower per FLOP.
+        let tiny = p.gemm_cost(64, 64, 64, DType::F16, DType::F16, false);
+        assert!(tiny.efficiency < 0.1, "{}", tiny.efficiency);
+    }
+}

@@ -1,0 +1,180 @@
+//! Shared resources of a simulated system and the route of every copy through them.
+//!
+//! Resources: per device its compute (capacity 1 work-second per second) and its HBM
+//! (bytes/s); per directed link or switch port its bandwidth (bytes/s). A copy to a peer
+//! uses the resources of its route; concurrent users of one resource share it fairly.
+
+use super::profile::{Profile, TopologyKind};
+
+/// Index of a resource in [`Topology::resources`].
+pub type ResId = usize;
+
+/// What a resource is.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResourceKind {
+    /// A device's GEMM/reduce engine.
+    Compute,
+    /// A device's HBM (local copies).
+    Hbm,
+    /// A directed link or switch port: counts towards the communication floor.
+    Link,
+}
+
+/// One shared resource.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resource {
+    /// Name for reports, e.g. `dev3 egress` or `2->3 (dim 0 +)`.
+    pub name: String,
+    /// Units per second.
+    pub capacity: f64,
+    /// Kind.
+    pub kind: ResourceKind,
+}
+
+/// The resources of `devices` devices wired as a profile says.
+#[derive(Clone, Debug)]
+pub struct Topology {
+    kind: TopologyKind,
+    devices: usize,
+    /// Torus dimensions (device index is row-major over them); `[devices]` for a ring.
+    dims: Vec<usize>,
+    /// Every resource.
+    pub resources: Vec<Resource>,
+    links_base: usize,
+}
+
+impl Topology {
+    /// Builds the topology; `dims` is the torus shape (product = devices), ignored by a switch.
+    pub fn new(profile: &Profile, devices: usize, dims: Vec<usize>) -> Topology {
+        let mut resources = Vec::new();
+        for d in 0..devices {
+            resources.push(Resource { name: format!("dev{d} compute"), capacity: 1.0, kind: ResourceKind::Compute });
+        }
+        for d in 0..devices {
+            resources.push(Resource {
+                name: format!("dev{d} hbm"),
+                capacity: profile.hbm_bps(),
+                kind: ResourceKind::Hbm,
+            });
+        }
+        let links_base = resources.len();
+        let bw = profile.link_bps();
+        match profile.interconnect.topology {
+            TopologyKind::Switch => {
+                for d in 0..devices {
+                    resources.push(Resource { name: format!("dev{d} egress"), capacity: bw, kind: ResourceKind::Link });
+                }
+                for d in 0..devices {
+                    resources.push(Resource {
+                        name: format!("dev{d} ingress"),
+                        capacity: bw,
+                        kind: ResourceKind::Link,
+                    });
+                }
+            }
+            TopologyKind::Torus => {
+                for d in 0..devices {
+                    for (dim, _) in dims.iter().enumerate() {
+                        for sign in ['+', '-'] {
+                            resources.push(Resource {
+                                name: format!("dev{d} dim{dim}{sign}"),
+                                capacity: bw,
+                                kind: ResourceKind::Link,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Topology { kind: profile.interconnect.topology, devices, dims, resources, links_base }
+    }
+
+    /// The compute resource of a device.
+    pub fn compute(&self, device: usize) -> ResId {
+        device
+    }
+
+    /// The HBM resource of a device.
+    pub fn hbm(&self, device: usize) -> ResId {
+        self.devices + device
+    }
+
+    fn coords(&self, mut device: usize) -> Vec<usize> {
+        let mut c = vec![0; self.dims.len()];
+        for i in (0..self.dims.len()).rev() {
+            c[i] = device % self.dims[i];
+            device /= self.dims[i];
+        }
+        c
+    }
+
+    fn index(&self, coords: &[usize]) -> usize {
+        coords.iter().zip(&self.dims).fold(0, |acc, (c, d)| acc * d + c)
+    }
+
+    fn torus_link(&self, device: usize, dim: usize, positive: bool) -> ResId {
+        self.links_base + (device * self.dims.len() + dim) * 2 + usize::from(!positive)
+    }
+
+    /// The link resources a copy from `src` to `dst` (a peer) crosses, in order.
+    pub fn route(&self, src: usize, dst: usize) -> Vec<ResId> {
+        match self.kind {
+            TopologyKind::Switch => vec![self.links_base + src, self.links_base + self.devices + dst],
+            TopologyKind::Torus => {
+                // Dimension-order routing, the shorter way round (ties go the + way).
+                let mut at = self.coords(src);
+                let to = self.coords(dst);
+                let mut links = Vec::new();
+                for dim in 0..self.dims.len() {
+                    let n = self.dims[dim];
+                    let forward = (to[dim] + n - at[dim]) % n;
+                    let positive = forward <= n - forward;
+                    let hops = if positive { forward } else { n - forward };
+                    for _ in 0..hops {
+                        let here = self.index(&at);
+                        links.push(self.torus_link(here, dim, positive));
+                        at[dim] = if positive { (at[dim] + 1) % n } else { (at[dim] + n - 1) % n };
+                    }
+                }
+                links
+            }
+        }
+    }
+
+    /// Number of hops a copy from `src` to `dst` takes (latency is paid per hop).
+    pub fn hops(&self, src: usize, dst: usize) -> usize {
+        match self.kind {
+            TopologyKind::Switch => usize::from(src != dst),
+            TopologyKind::Torus => self.route(src, dst).len(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torus_routes_take_the_short_way_dimension_by_dimension() {
+        let p = Profile::load("tpuv4-torus").unwrap();
+        let t = Topology::new(&p, 16, vec![4, 4]);
+        assert_eq!(t.route(0, 1).len(), 1);
+        assert_eq!(t.route(0, 3).len(), 1, "wraps round");
+        assert_eq!(t.route(0, 5).len(), 2);
+        assert_eq!(t.route(0, 10).len(), 4);
+        assert_eq!(t.route(0, 3), vec![t.torus_link(0, 1, false)]);
+        let ring = Topology::new(&p, 8, vec![8]);
+        assert_eq!(ring.hops(0, 7), 1);
+        assert_eq!(ring.hops(0, 4), 4);
+    }
+
+    #[test]
+    fn switch_routes_use_egress_and_ingress() {
+        let p = Profile::load("h100-nvlink").unwrap();
+        let t = Topology::new(&p, 4, vec![4]);
+        let r = t.route(1, 2);
+        assert_eq!(r.len(), 2);
+        assert_eq!(t.resources[r[0]].name, "dev1 egress");
+        assert_eq!(t.resources[r[1]].name, "dev2 ingress");
+    }
+}

@@ -1,0 +1,588 @@
+//! The autotuner.
+//!
+//! 1D: every candidate plan (baseline, ring, ring_bidir, ring_chunked with several chunk
+//! counts) is built with [`build_plan`] and simulated; the ranking is by simulated time and
+//! the baseline wins every tie, so overlap is never chosen when it does not pay.
+//!
+//! 2D: (algorithm, dataflow, mesh shape, S) ranked by the analytic model of seed 002 today.
+//! Candidates go through [`MeshPlanner`]: when the mesh module can build a plan for a
+//! candidate, the tuner simulates that plan instead of using the formula.
+
+use std::fmt;
+
+use thiserror::Error;
+
+use super::analytic::{estimate_mesh, Dataflow, MeshAlgorithm, MeshEstimate, MeshGemm, MeshShape};
+use super::engine::{simulate, OpClass, SimError, SimOptions, SimReport};
+use super::profile::Profile;
+use crate::algorithms::{build_plan, Algorithm};
+use crate::dtype::DType;
+use crate::plan::Plan;
+use crate::problem::{OpKind, Problem};
+
+/// Why tuning failed.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum TuneError {
+    /// Simulating a candidate failed.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    /// No candidate could be built for the problem.
+    #[error("no candidate algorithm builds a plan for {problem}: {reasons}")]
+    NoCandidate {
+        /// The problem.
+        problem: String,
+        /// Why each candidate was refused.
+        reasons: String,
+    },
+    /// No mesh shape and slice count fits the problem.
+    #[error("no 2D configuration fits {what} on {chips} chips")]
+    NoMeshConfiguration {
+        /// What was tuned.
+        what: String,
+        /// Chips.
+        chips: usize,
+    },
+}
+
+/// Chunk counts tried for `ring_chunked`.
+pub const CHUNK_CANDIDATES: [usize; 4] = [2, 4, 8, 16];
+
+/// The 1D candidates for an operation.
+pub fn candidates_1d(op: OpKind) -> Vec<Algorithm> {
+    let mut v = vec![Algorithm::Baseline, Algorithm::Ring, Algorithm::RingBidir];
+    if op == OpKind::AgGemm {
+        v.extend(CHUNK_CANDIDATES.iter().map(|&chunks| Algorithm::RingChunked { chunks }));
+    }
+    v
+}
+
+/// One simulated 1D candidate.
+#[derive(Clone, Debug)]
+pub struct Ranked1d {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// The simulation.
+    pub report: SimReport,
+}
+
+/// The ranking of a 1D problem, fastest first, with the reason the winner wins.
+#[derive(Clone, Debug)]
+pub struct Ranking1d {
+    /// Candidates, fastest first (the baseline first among equals).
+    pub ranked: Vec<Ranked1d>,
+    /// Candidates that cannot run this problem, with the reason.
+    pub skipped: Vec<(Algorithm, String)>,
+    /// Why the winner wins, in words.
+    pub reason: String,
+}
+
+impl Ranking1d {
+    /// The winner.
+    pub fn winner(&self) -> &Ranked1d {
+        &self.ranked[0]
+    }
+}
+
+fn us(s: f64) -> String {
+    format!("{:.1} µs", s * 1e6)
+}
+
+/// Time device 0's compute lane first waits for data (blocked time of its first Wait).
+fn first_wait_s(r: &SimReport) -> f64 {
+    r.records[0]
+        .iter()
+        .filter(|lane| lane.iter().any(|x| x.class == OpClass::Gemm))
+        .flat_map(|lane| lane.iter().find(|x| x.class == OpClass::Wait))
+        .map(|x| x.start_s - x.reached_s)
+        .next()
+        .unwrap_or(0.0)
+}
+
+fn explain(ranked: &[Ranked1d]) -> String {
+    let win = &ranked[0];
+    let r = &win.report;
+    let Some(base) = ranked.iter().find(|c| c.algorithm == Algorithm::Baseline) else {
+        return format!("{} is fastest at {}", win.algorithm, us(r.makespan_s));
+    };
+    if win.algorithm == Algorithm::Baseline {
+        let best_overlap = ranked.iter().find(|c| c.algorithm != Algorithm::Baseline);
+        return match best_overlap {
+            Some(o) => format!(
+                "the baseline wins: it exposes {} of communication, but the best overlapped plan ({}) is {} slower — \
+                 its {} GEMM launches and per-step synchronisations cost more than the communication it hides",
+                us(base.report.max_exposed_comm_s()),
+                o.algorithm,
+                us(o.report.makespan_s - base.report.makespan_s),
+                o.report.ops().filter(|x| x.class == OpClass::Gemm && x.site.device == 0).count()
+            ),
+            None => "the baseline is the only candidate".to_string(),
+        };
+    }
+    let gemm = r.mean_duration_s(OpClass::Gemm);
+    let copy = r.mean_duration_s(OpClass::RemoteCopy);
+    let saved = base.report.makespan_s - r.makespan_s;
+    let mut text = if copy <= gemm {
+        format!(
+            "communication {} per step hidden under {} GEMM per step; {} faster than the baseline, which exposes {}",
+            us(copy),
+            us(gemm),
+            us(saved),
+            us(base.report.max_exposed_comm_s())
+        )
+    } else {
+        format!(
+            "communication {} per step is longer than the {} GEMM per step, so only part of it hides; still {} faster than the baseline",
+            us(copy),
+            us(gemm),
+            us(saved)
+        )
+    };
+    if let Algorithm::RingChunked { chunks } = win.algorithm {
+        if let Some(ring) = ranked.iter().find(|c| c.algorithm == Algorithm::Ring) {
+            text += &format!(
+                "; chunking {chunks} saves the first step's wait ({} instead of {} with ring)",
+                us(first_wait_s(r)),
+                us(first_wait_s(&ring.report))
+            );
+        }
+    }
+    if win.algorithm == Algorithm::RingBidir {
+        text += "; both link directions carry shards, so half as many rounds";
+    }
+    text
+}
+
+/// Ranks every 1D candidate for `problem` by simulated time on `profile`.
+pub fn tune_1d(problem: &Problem, profile: &Profile) -> Result<Ranking1d, TuneError> {
+    let mut ranked = Vec::new();
+    let mut skipped = Vec::new();
+    for algorithm in candidates_1d(problem.op) {
+        match build_plan(problem, algorithm) {
+            Ok(plan) => {
+                let report = simulate(&plan, profile, &SimOptions::default())?;
+                ranked.push(Ranked1d { algorithm, report });
+            }
+            // e.g. a chunk count that does not divide M/D: not a candidate for this shape.
+            Err(e) => skipped.push((algorithm, e.to_string())),
+        }
+    }
+    if ranked.is_empty() {
+        return Err(TuneError::NoCandidate {
+            problem: format!("{} D={} {}", problem.op, problem.devices, problem.shape_string()),
+            reasons: skipped.iter().map(|(a, r)| format!("{a}: {r}")).collect::<Vec<_>>().join("; "),
+        });
+    }
+    // Stable sort with the baseline first: a tie never picks overlap.
+    ranked.sort_by(|a, b| {
+        a.report
+            .makespan_s
+            .total_cmp(&b.report.makespan_s)
+            .then((a.algorithm != Algorithm::Baseline).cmp(&(b.algorithm != Algorithm::Baseline)))
+    });
+    let reason = explain(&ranked);
+    Ok(Ranking1d { ranked, skipped, reason })
+}
+
+/// Builds plans for 2D candidates. The mesh module implements it when it lands; until then
+/// [`NoMeshPlans`] makes the tuner fall back to the analytic model.
+pub trait MeshPlanner {
+    /// A plan for `algorithm` on `shape` with `slices`, or `None` when this planner has none.
+    fn plan(&self, gemm: &MeshGemm, algorithm: MeshAlgorithm, shape: MeshShape, slices: usize) -> Option<Plan>;
+}
+
+/// The planner with no mesh plans (before the mesh module is merged).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoMeshPlans;
+
+impl MeshPlanner for NoMeshPlans {
+    fn plan(&self, _: &MeshGemm, _: MeshAlgorithm, _: MeshShape, _: usize) -> Option<Plan> {
+        None
+    }
+}
+
+/// How a 2D candidate's time was obtained.
+#[derive(Clone, Debug)]
+pub enum MeshEvaluation {
+    /// Seed 002's closed form.
+    Analytic(MeshEstimate),
+    /// A simulated mesh plan.
+    Simulated(Box<SimReport>),
+}
+
+impl MeshEvaluation {
+    /// Seconds.
+    pub fn total_s(&self) -> f64 {
+        match self {
+            MeshEvaluation::Analytic(e) => e.total_s,
+            MeshEvaluation::Simulated(r) => r.makespan_s,
+        }
+    }
+}
+
+/// Evaluates one 2D candidate: simulates the planner's plan when there is one, else the
+/// analytic model.
+pub fn evaluate_mesh(
+    gemm: &MeshGemm,
+    algorithm: MeshAlgorithm,
+    shape: MeshShape,
+    slices: usize,
+    profile: &Profile,
+    planner: &dyn MeshPlanner,
+) -> Option<MeshEvaluation> {
+    let analytic = estimate_mesh(algorithm, gemm, shape, slices, profile).ok()?;
+    match planner.plan(gemm, algorithm, shape, slices) {
+        Some(plan) => {
+            let options = SimOptions { torus_dims: Some(vec![shape.rows, shape.cols]) };
+            simulate(&plan, profile, &options).ok().map(|r| MeshEvaluation::Simulated(Box::new(r)))
+        }
+        None => Some(MeshEvaluation::Analytic(analytic)),
+    }
+}
+
+/// Slice counts tried for MeshSlice.
+pub fn slice_candidates() -> Vec<usize> {
+    (1..=64).collect()
+}
+
+/// A linear (fully connected) layer: `Y = X·W`, X is tokens × in, W is in × out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FcLayer {
+    /// Name.
+    pub name: &'static str,
+    /// Input features.
+    pub in_features: usize,
+    /// Output features.
+    pub out_features: usize,
+}
+
+/// The FC layers of one transformer block and the tokens of one step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LlmConfig {
+    /// Name.
+    pub name: &'static str,
+    /// Tokens per step (batch × sequence).
+    pub tokens: usize,
+    /// FC layers of one block, in order.
+    pub layers: Vec<FcLayer>,
+    /// Element type.
+    pub dtype: DType,
+}
+
+impl LlmConfig {
+    /// GPT-3 175B (hidden 12288, MLP 4×hidden, sequence 2048) at batch `batch` (seed 002's
+    /// weak scaling uses batch = chips / 2, so 128 on 256 chips), bf16.
+    pub fn gpt3_175b(batch: usize) -> LlmConfig {
+        let h = 12_288;
+        LlmConfig {
+            name: "GPT-3 175B",
+            tokens: batch * 2048,
+            layers: vec![
+                FcLayer { name: "qkv", in_features: h, out_features: 3 * h },
+                FcLayer { name: "attn_out", in_features: h, out_features: h },
+                FcLayer { name: "mlp_up", in_features: h, out_features: 4 * h },
+                FcLayer { name: "mlp_down", in_features: 4 * h, out_features: h },
+            ],
+            dtype: DType::Bf16,
+        }
+    }
+}
+
+/// Which matrix of `Y = X·W` stays on its chip (seed 002 Table 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stationary {
+    /// A-stn: the input X (forward LS).
+    Input,
+    /// B-stn: the weight W (forward RS, needs Xᵀ).
+    Weight,
+    /// C-stn: the output Y (forward OS).
+    Output,
+}
+
+impl fmt::Display for Stationary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Stationary::Input => "A-stn (X)",
+            Stationary::Weight => "B-stn (W)",
+            Stationary::Output => "C-stn (Y)",
+        })
+    }
+}
+
+/// One of a layer's three GEMMs with its dataflow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PassGemm {
+    /// "forward", "backward-data" or "backward-weight".
+    pub pass: &'static str,
+    /// The product in the dataflow's notation, e.g. `Y = OS(X, W)`.
+    pub formula: &'static str,
+    /// The GEMM.
+    pub gemm: MeshGemm,
+}
+
+/// Phase 1's choice for one layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerDataflows {
+    /// The layer.
+    pub layer: FcLayer,
+    /// The stationary matrix (the largest).
+    pub stationary: Stationary,
+    /// Whether the transposed dataflow is used (mesh directions swapped) so that the
+    /// layer's input needs no transpose.
+    pub transposed: bool,
+    /// Forward, backward-data, backward-weight.
+    pub passes: [PassGemm; 3],
+    /// Matrices stored transposed once (at initialisation), not per step.
+    pub stored_transposed: &'static str,
+}
+
+/// MeshSlice phase 1 (seed 002 §3.2.1): per layer keep the largest of X, W, Y stationary in
+/// forward, backward-data and backward-weight (Table 1's row), so that every matrix and its
+/// gradient flow the same way and nothing is transposed between the passes. Ties go to the
+/// output (C-stn). A B-stn row needs Xᵀ; the transposed row is used instead so that the
+/// activations coming from the previous layer keep their layout.
+pub fn choose_dataflows(llm: &LlmConfig) -> Vec<LayerDataflows> {
+    let t = llm.tokens;
+    let dt = llm.dtype;
+    let g = |m: usize, n: usize, k: usize, dataflow: Dataflow| MeshGemm { m, n, k, dataflow, dtype: dt };
+    llm.layers
+        .iter()
+        .map(|layer| {
+            let (i, o) = (layer.in_features, layer.out_features);
+            let (x, w, y) = (t * i, i * o, t * o);
+            let stationary = if y >= x && y >= w {
+                Stationary::Output
+            } else if x >= w {
+                Stationary::Input
+            } else {
+                Stationary::Weight
+            };
+            // Table 1 (BRIEF §3.4 notation: OS(A,B)=A·B, LS(A,B)=A·Bᵀ, RS(A,B)=Aᵀ·B).
+            let (passes, stored) = match stationary {
+                Stationary::Output => (
+                    [
+                        PassGemm { pass: "forward", formula: "Y = OS(X, W)", gemm: g(t, o, i, Dataflow::Os) },
+                        PassGemm { pass: "backward-data", formula: "dX = LS(dY, W)", gemm: g(t, i, o, Dataflow::Ls) },
+                        PassGemm { pass: "backward-weight", formula: "dW = RS(X, dY)", gemm: g(i, o, t, Dataflow::Rs) },
+                    ],
+                    "none",
+                ),
+                Stationary::Input => (
+                    [
+                        PassGemm { pass: "forward", formula: "Y = LS(X, Wᵀ)", gemm: g(t, o, i, Dataflow::Ls) },
+                        PassGemm {
+                            pass: "backward-data", formula: "dX = OS(dY, Wᵀ)", gemm: g(t, i, o, Dataflow::Os)
+                        },
+                        PassGemm {
+                            pass: "backward-weight",
+                            formula: "dWᵀ = RS(dY, X)",
+                            gemm: g(o, i, t, Dataflow::Rs),
+                        },
+                    ],
+                    "Wᵀ",
+                ),
+                Stationary::Weight => (
+                    [
+                        PassGemm { pass: "forward", formula: "Y = RS(Xᵀ, W)", gemm: g(t, o, i, Dataflow::Rs) },
+                        PassGemm {
+                            pass: "backward-data", formula: "dXᵀ = LS(W, dY)", gemm: g(i, t, o, Dataflow::Ls)
+                        },
+                        PassGemm {
+                            pass: "backward-weight",
+                            formula: "dW = OS(Xᵀ, dY)",
+                            gemm: g(i, o, t, Dataflow::Os),
+                        },
+                    ],
+                    "none",
+                ),
+            };
+            LayerDataflows {
+                layer: layer.clone(),
+                stationary,
+                transposed: stationary == Stationary::Weight,
+                passes,
+                stored_transposed: stored,
+            }
+        })
+        .collect()
+}
+
+/// One layer's best MeshSlice slice count and time on a mesh.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerChoice {
+    /// Layer name.
+    pub layer: &'static str,
+    /// Slices (MeshSlice) or the algorithm's own iteration count.
+    pub slices: usize,
+    /// Forward + backward time of the layer, seconds.
+    pub time_s: f64,
+}
+
+/// One (algorithm, mesh) configuration for a whole LLM block.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MeshConfig {
+    /// Algorithm.
+    pub algorithm: MeshAlgorithm,
+    /// Mesh.
+    pub shape: MeshShape,
+    /// Per layer.
+    pub layers: Vec<LayerChoice>,
+    /// Sum over layers and passes, seconds.
+    pub total_s: f64,
+    /// GEMM time alone (no communication), seconds.
+    pub compute_s: f64,
+}
+
+/// MeshSlice phase 2 and the same search for every other algorithm: for each mesh shape,
+/// each layer's best S (MeshSlice; one S per layer, shared by its three GEMMs), summed.
+/// Returns every feasible (algorithm, shape), fastest first.
+pub fn tune_llm(
+    llm: &LlmConfig,
+    chips: usize,
+    profile: &Profile,
+    planner: &dyn MeshPlanner,
+) -> Result<Vec<MeshConfig>, TuneError> {
+    let flows = choose_dataflows(llm);
+    let mut configs = Vec::new();
+    for shape in MeshShape::all(chips) {
+        for algorithm in MeshAlgorithm::ALL {
+            let slices = if algorithm == MeshAlgorithm::MeshSlice { slice_candidates() } else { vec![1] };
+            let mut layers = Vec::new();
+            let mut compute_s = 0.0;
+            let mut feasible = true;
+            for lf in &flows {
+                // Transposed dataflows swap the mesh directions.
+                let s = if lf.transposed { shape.transposed() } else { shape };
+                let mut best: Option<(usize, f64, f64)> = None;
+                for &sl in &slices {
+                    let mut time = 0.0;
+                    let mut comp = 0.0;
+                    let mut ok = true;
+                    for p in &lf.passes {
+                        match evaluate_mesh(&p.gemm, algorithm, s, sl, profile, planner) {
+                            Some(e) => {
+                                time += e.total_s();
+                                if let MeshEvaluation::Analytic(a) = &e {
+                                    comp += a.compute_s;
+                                }
+                            }
+                            None => {
+                                ok = false;
+                                break;
+                            }
+                        }
+                    }
+                    if ok && best.is_none_or(|b| time < b.1) {
+                        best = Some((sl, time, comp));
+                    }
+                }
+                match best {
+                    Some((sl, time, comp)) => {
+                        compute_s += comp;
+                        layers.push(LayerChoice { layer: lf.layer.name, slices: sl, time_s: time });
+                    }
+                    None => {
+                        feasible = false;
+                        break;
+                    }
+                }
+            }
+            if feasible {
+                let total_s = layers.iter().map(|l| l.time_s).sum();
+                configs.push(MeshConfig { algorithm, shape, layers, total_s, compute_s });
+            }
+        }
+    }
+    if configs.is_empty() {
+        return Err(TuneError::NoMeshConfiguration { what: llm.name.to_string(), chips });
+    }
+    configs.sort_by(|a, b| a.total_s.total_cmp(&b.total_s));
+    Ok(configs)
+}
+
+/// The fastest configuration of each algorithm, fastest first.
+pub fn best_per_algorithm(configs: &[MeshConfig]) -> Vec<&MeshConfig> {
+    let mut best: Vec<&MeshConfig> = Vec::new();
+    for c in configs {
+        if !best.iter().any(|b| b.algorithm == c.algorithm) {
+            best.push(c);
+        }
+    }
+    best
+}
+
+/// Ranks (algorithm, mesh, S) for one 2D GEMM with a given dataflow, fastest first.
+pub fn tune_mesh_gemm(
+    gemm: &MeshGemm,
+    chips: usize,
+    profile: &Profile,
+    planner: &dyn MeshPlanner,
+) -> Result<Vec<(MeshAlgorithm, MeshShape, usize, MeshEvaluation)>, TuneError> {
+    let mut out = Vec::new();
+    for shape in MeshShape::all(chips) {
+        for algorithm in MeshAlgorithm::ALL {
+            let slices = if algorithm == MeshAlgorithm::MeshSlice { slice_candidates() } else { vec![1] };
+            let best = slices
+                .into_iter()
+                .filter_map(|s| evaluate_mesh(gemm, algorithm, shape, s, profile, planner).map(|e| (s, e)))
+                .min_by(|a, b| a.1.total_s().total_cmp(&b.1.total_s()));
+            if let Some((s, e)) = best {
+                out.push((algorithm, shape, s, e));
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(TuneError::NoMeshConfiguration {
+            what: format!("{} GEMM M={} N={} K={}", gemm.dataflow, gemm.m, gemm.n, gemm.k),
+            chips,
+        });
+    }
+    out.sort_by(|a, b| a.3.total_s().total_cmp(&b.3.total_s()));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tuner_picks_the_baseline_on_a_tiny_problem() {
+        let profile = Profile::load("h100-nvlink").unwrap();
+        let p = Problem::new(OpKind::AgGemm, 4, 64, 64, 64, DType::F16, DType::F16).unwrap();
+        let r = tune_1d(&p, &profile).unwrap();
+        assert_eq!(r.winner().algorithm, Algorithm::Baseline, "{}", r.reason);
+        assert!(r.reason.starts_with("the baseline wins"), "{}", r.reason);
+        for op in [OpKind::GemmRs, OpKind::GemmAr] {
+            let p = Problem::new(op, 4, 64, 64, 64, DType::F16, DType::F16).unwrap();
+            assert_eq!(tune_1d(&p, &profile).unwrap().winner().algorithm, Algorithm::Baseline);
+        }
+    }
+
+    #[test]
+    fn the_tuner_overlaps_a_large_problem_and_says_why() {
+        let profile = Profile::load("h100-nvlink").unwrap();
+        let p = Problem::new(OpKind::AgGemm, 8, 8 * 1024, 8 * 4096, 4096, DType::F16, DType::F16).unwrap();
+        let r = tune_1d(&p, &profile).unwrap();
+        assert_ne!(r.winner().algorithm, Algorithm::Baseline);
+        assert!(r.reason.contains("hidden under"), "{}", r.reason);
+        // Ranked fastest first.
+        assert!(r.ranked.windows(2).all(|w| w[0].report.makespan_s <= w[1].report.makespan_s));
+    }
+
+    #[test]
+    fn phase_one_keeps_the_largest_matrix_stationary() {
+        let flows = choose_dataflows(&LlmConfig::gpt3_175b(128));
+        let by = |n: &str| flows.iter().find(|f| f.layer.name == n).unwrap();
+        assert_eq!(by("mlp_up").stationary, Stationary::Output);
+        assert_eq!(by("mlp_down").stationary, Stationary::Input);
+        assert_eq!(by("mlp_down").stored_transposed, "Wᵀ");
+        // Every pass of a layer does the same FLOPs.
+        for f in &flows {
+            let flops: Vec<usize> = f.passes.iter().map(|p| p.gemm.m * p.gemm.n * p.gemm.k).collect();
+            assert!(flops.iter().all(|&x| x == flops[0]), "{}", f.layer.name);
+        }
+        // A tiny-batch layer with a huge weight keeps W stationary via the transposed row.
+        let small = LlmConfig { tokens: 16, ..LlmConfig::gpt3_175b(1) };
+        assert!(choose_dataflows(&small).iter().all(|f| f.stationary == Stationary::Weight && f.transposed));
+    }
+}

@@ -1,0 +1,299 @@
+//! `cargo xtask simulate`: simulate one plan on a hardware profile (or time it on the wgpu
+//! reference), compare with the analytic formulas, write timelines, print the validation
+//! table.
+
+use std::fs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::ValueEnum;
+use cmm_core::algorithms::build_plan;
+use cmm_core::generator::Family;
+use cmm_core::plan::Plan;
+use cmm_core::sim::analytic::ring_1d;
+use cmm_core::sim::tune::candidates_1d;
+use cmm_core::sim::validate::{seed000, seed002};
+use cmm_core::sim::{simulate, OpClass, Profile, SimOptions, SimReport};
+use cmm_core::timeline::Timeline;
+use cmm_reference::{Reference, RunOptions};
+
+use crate::problem_args::{algorithm, us, ProblemArgs};
+
+/// Which executor produces the timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Executor {
+    /// The discrete-event simulator with the profile's durations.
+    Sim,
+    /// The wgpu reference, op by op, with wall time per op.
+    Reference,
+}
+
+/// Arguments of `cargo xtask simulate`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub problem: ProblemArgs,
+    /// Algorithm: baseline, ring, ring_bidir or ring_chunked.
+    #[arg(long, default_value = "ring")]
+    pub algorithm: String,
+    /// Chunks per shard (ring_chunked).
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    /// Torus shape for torus profiles, e.g. 4x4 (default: a ring of D devices).
+    #[arg(long, value_name = "RxC")]
+    pub torus: Option<String>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a Chrome/Perfetto trace JSON of the run.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Write an SVG Gantt chart of the run.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Who runs the plan.
+    #[arg(long, value_enum, default_value = "sim")]
+    pub executor: Executor,
+    /// Print every candidate algorithm's simulated time beside its analytic formula.
+    #[arg(long)]
+    pub compare: bool,
+    /// Print the validation table (seed 000 on h100-nvlink, seed 002 on tpuv4-torus).
+    #[arg(long)]
+    pub validate: bool,
+}
+
+fn torus_dims(spec: &Option<String>) -> Result<Option<Vec<usize>>> {
+    spec.as_ref()
+        .map(|s| {
+            s.split('x')
+                .map(|p| p.trim().parse::<usize>().with_context(|| format!("--torus {s}: expected e.g. 4x4")))
+                .collect()
+        })
+        .transpose()
+}
+
+fn write_timeline(args: &Args, timeline: &Timeline) -> Result<()> {
+    if let Some(path) = &args.trace {
+        fs::write(path, timeline.chrome_trace_json()).with_context(|| format!("writing {}", path.display()))?;
+        if !args.json {
+            println!("trace: {} (open in https://ui.perfetto.dev or chrome://tracing)", path.display());
+        }
+    }
+    if let Some(path) = &args.svg {
+        fs::write(path, timeline.svg()).with_context(|| format!("writing {}", path.display()))?;
+        if !args.json {
+            println!("svg:   {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Runs the command.
+pub fn run(args: &Args) -> Result<()> {
+    if args.validate {
+        return validate();
+    }
+    let problem = args.problem.problem()?;
+    let profile = args.problem.profile()?;
+    if args.compare {
+        return compare(&problem, &profile);
+    }
+    let alg = algorithm(&args.algorithm, args.chunks)?;
+    let plan = build_plan(&problem, alg)?;
+    match args.executor {
+        Executor::Sim => {
+            let options = SimOptions { torus_dims: torus_dims(&args.torus)? };
+            let report = simulate(&plan, &profile, &options)?;
+            let analytic = ring_1d(&problem, alg, &profile);
+            if args.json {
+                println!("{}", json(&plan, &report, analytic.total_s));
+            } else {
+                print_report(&plan, &profile, &report, analytic.total_s, analytic.formula);
+            }
+            write_timeline(args, &Timeline::from_simulation(&plan, &report))
+        }
+        Executor::Reference => reference(args, &plan),
+    }
+}
+
+fn reference(args: &Args, plan: &Plan) -> Result<()> {
+    let r = Reference::new().context("cannot start the wgpu reference")?;
+    let options = RunOptions { time_ops: true, ..Default::default() };
+    let out = r.run_with(plan, 1, Family::Realistic, &options).context("running the plan on the reference")?;
+    let times = out.op_times.unwrap_or_default();
+    let ops: Vec<_> = times.iter().map(|t| (t.site, micros(t.start), micros(t.duration))).collect();
+    let total = micros(out.execute);
+    let title = format!("{} on the wgpu reference ({}), op by op: {total:.0} µs", plan.name, r.gpu().info.name);
+    let timeline = Timeline::from_measured(plan, title, &ops);
+    if args.json {
+        println!(
+            "{{\"plan\":\"{}\",\"executor\":\"reference\",\"adapter\":\"{}\",\"wall_us\":{total:.3},\"ops\":{}}}",
+            plan.name.replace('"', "'"),
+            r.adapter_summary().replace('"', "'"),
+            ops.len()
+        );
+    } else {
+        println!("plan:     {}", plan.name);
+        println!("executor: wgpu reference on {}", r.adapter_summary());
+        println!("wall time of the ops, submitted one by one: {total:.0} µs ({} ops)", ops.len());
+        for kind in cmm_core::timeline::SpanKind::ALL {
+            let spans: Vec<_> = timeline.spans.iter().filter(|s| s.kind == kind).collect();
+            if !spans.is_empty() {
+                let sum: f64 = spans.iter().map(|s| s.dur_us).sum();
+                println!("  {:<10} {:>4} ops {:>12.0} µs", kind.name(), spans.len(), sum);
+            }
+        }
+    }
+    write_timeline(args, &timeline)
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic_s: f64, formula: &str) {
+    println!("plan:          {}", plan.name);
+    println!("profile:       {} ({})", profile.name, profile.description);
+    println!("makespan:      {}", us(r.makespan_s));
+    println!("compute floor: {} (max over devices of GEMM/reduce work)", us(r.compute_floor_s));
+    println!(
+        "comm floor:    {} (max over directed links of bytes/bandwidth{})",
+        us(r.comm_floor_s),
+        r.busiest_link.as_ref().map(|l| format!("; busiest: {l}")).unwrap_or_default()
+    );
+    println!("exposed comm:  {} (max over devices of makespan − compute busy)", us(r.max_exposed_comm_s()));
+    println!("analytic:      {} ({formula})", us(analytic_s));
+    println!("lane busy, device 0:");
+    for (lane, busy) in r.lanes.iter().zip(&r.lane_busy_s[0]) {
+        println!("  {lane:<12} {:>12} ({:.0} %)", us(*busy), 100.0 * busy / r.makespan_s.max(1e-30));
+    }
+    println!("critical path ({} ops):", r.critical_path.len());
+    const SHOWN: usize = 24;
+    let path = &r.critical_path;
+    for (i, site) in path.iter().enumerate() {
+        if path.len() > SHOWN && i == SHOWN / 2 {
+            println!("  … {} ops …", path.len() - SHOWN);
+        }
+        if path.len() > SHOWN && i >= SHOWN / 2 && i < path.len() - SHOWN / 2 {
+            continue;
+        }
+        let rec = r.record(*site);
+        let op = &plan.programs[site.device].lanes[site.lane][site.index];
+        let blocked = if rec.class == OpClass::Wait && rec.start_s > rec.reached_s {
+            format!(" (blocked {})", us(rec.start_s - rec.reached_s))
+        } else {
+            String::new()
+        };
+        println!(
+            "  {:>9.1} – {:>9.1} µs  dev{} {:<10} {}{blocked}",
+            rec.reached_s * 1e6,
+            rec.end_s * 1e6,
+            site.device,
+            plan.lanes[site.lane],
+            plan.op_text(op)
+        );
+    }
+}
+
+fn json(plan: &Plan, r: &SimReport, analytic_s: f64) -> String {
+    let path: Vec<String> = r
+        .critical_path
+        .iter()
+        .map(|s| {
+            let rec = r.record(*s);
+            format!(
+                "{{\"device\":{},\"lane\":\"{}\",\"index\":{},\"start_us\":{:.4},\"end_us\":{:.4}}}",
+                s.device,
+                plan.lanes[s.lane],
+                s.index,
+                rec.start_s * 1e6,
+                rec.end_s * 1e6
+            )
+        })
+        .collect();
+    let busy: Vec<String> = r
+        .lane_busy_s
+        .iter()
+        .map(|lanes| format!("[{}]", lanes.iter().map(|b| format!("{:.4}", b * 1e6)).collect::<Vec<_>>().join(",")))
+        .collect();
+    format!(
+        "{{\"plan\":\"{}\",\"profile\":\"{}\",\"devices\":{},\"lanes\":[{}],\"makespan_us\":{:.4},\"compute_floor_us\":{:.4},\"comm_floor_us\":{:.4},\"exposed_comm_us\":{:.4},\"analytic_us\":{:.4},\"lane_busy_us\":[{}],\"critical_path\":[{}]}}",
+        plan.name,
+        r.profile,
+        r.devices,
+        r.lanes.iter().map(|l| format!("\"{l}\"")).collect::<Vec<_>>().join(","),
+        r.makespan_s * 1e6,
+        r.compute_floor_s * 1e6,
+        r.comm_floor_s * 1e6,
+        r.max_exposed_comm_s() * 1e6,
+        analytic_s * 1e6,
+        busy.join(","),
+        path.join(",")
+    )
+}
+
+fn compare(problem: &cmm_core::Problem, profile: &Profile) -> Result<()> {
+    println!(
+        "{} D={} {} {}->{} on {}",
+        problem.op,
+        problem.devices,
+        problem.shape_string(),
+        problem.input,
+        problem.output,
+        profile.name
+    );
+    println!("{:<18} {:>12} {:>12} {:>8}  formula", "algorithm", "simulated", "analytic", "diff");
+    for alg in candidates_1d(problem.op) {
+        let Ok(plan) = build_plan(problem, alg) else { continue };
+        let r = simulate(&plan, profile, &SimOptions::default())?;
+        let a = ring_1d(problem, alg, profile);
+        println!(
+            "{:<18} {:>12} {:>12} {:>+7.1}%  {}",
+            alg.to_string(),
+            us(r.makespan_s),
+            us(a.total_s),
+            100.0 * (a.total_s - r.makespan_s) / r.makespan_s,
+            a.formula
+        );
+    }
+    Ok(())
+}
+
+fn validate() -> Result<()> {
+    let h100 = Profile::load("h100-nvlink")?;
+    println!("validation — the profiles are never fitted to these numbers; docs/simulator.md explains each gap");
+    println!();
+    println!(
+        "seed 000: ring AG+GEMM, {} f16, per-shard M=1024, K=N=4096 (ag_gemm M=D·1024, N=D·4096, K=4096)",
+        h100.name
+    );
+    println!("{:<44} {:>11} {:>11} {:>11} {:>8}", "case", "simulated", "analytic", "published", "error");
+    for row in seed000(&h100)? {
+        println!(
+            "{:<44} {:>8.1} µs {:>8.1} µs {:>8.0} µs {:>+7.1}%",
+            row.case.trim_start_matches("seed 000 "),
+            row.simulated_us,
+            row.analytic_us,
+            row.published_us,
+            100.0 * row.relative_error()
+        );
+    }
+    let tpu = Profile::load("tpuv4-torus")?;
+    println!();
+    println!(
+        "seed 002: 256 chips, {} bf16, GPT-3 175B FC layers (hidden 12288, MLP 4x, seq 2048, batch 128), fwd + bwd, analytic model",
+        tpu.name
+    );
+    let (claims, per_algorithm) = seed002(&tpu)?;
+    println!("{:<12} {:>10} {:>18}", "algorithm", "best mesh", "ms per block");
+    for (name, mesh, ms) in &per_algorithm {
+        println!("{name:<12} {mesh:>10} {ms:>18.2}");
+    }
+    for c in claims {
+        println!("[{}] {}", if c.holds { "holds" } else { "FAILS" }, c.claim);
+        println!("        predicted: {}", c.predicted);
+        println!("        published: {}", c.published);
+    }
+    Ok(())
+}

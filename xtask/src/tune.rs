@@ -1,0 +1,134 @@
+//! `cargo xtask tune`: rank the candidate plans of a 1D problem by simulated time, or the
+//! 2D configurations (algorithm, dataflow, mesh shape, S) of a GEMM or an LLM's FC layers by
+//! seed 002's analytic model.
+
+use anyhow::{bail, Result};
+use cmm_core::sim::analytic::{Dataflow, MeshGemm};
+use cmm_core::sim::tune::{
+    best_per_algorithm, choose_dataflows, tune_1d, tune_llm, tune_mesh_gemm, LlmConfig, MeshEvaluation, NoMeshPlans,
+};
+
+use crate::problem_args::{us, ProblemArgs};
+
+/// Arguments of `cargo xtask tune`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub problem: ProblemArgs,
+    /// 2D mode: the chip count P of the mesh (every Nr x Nc with Nr·Nc = P is tried).
+    #[arg(long)]
+    pub chips: Option<usize>,
+    /// 2D mode: the dataflow of the single GEMM given by -m -n -k (os, ls, rs).
+    #[arg(long, default_value = "os")]
+    pub dataflow: String,
+    /// 2D mode: tune every FC layer of a model instead of one GEMM (gpt3-175b).
+    #[arg(long)]
+    pub llm: Option<String>,
+    /// Batch size of the model (sequences of 2048 tokens).
+    #[arg(long, default_value_t = 128)]
+    pub batch: usize,
+    /// Rows of the 2D ranking to print.
+    #[arg(long, default_value_t = 12)]
+    pub top: usize,
+}
+
+/// Runs the command.
+pub fn run(args: &Args) -> Result<()> {
+    let profile = args.problem.profile()?;
+    let Some(chips) = args.chips else {
+        let problem = args.problem.problem()?;
+        let ranking = tune_1d(&problem, &profile)?;
+        println!(
+            "{} D={} {} {}->{} on {} (simulated)",
+            problem.op,
+            problem.devices,
+            problem.shape_string(),
+            problem.input,
+            problem.output,
+            profile.name
+        );
+        println!("{:<4} {:<18} {:>12} {:>14} {:>14}", "rank", "algorithm", "simulated", "exposed comm", "vs baseline");
+        let base =
+            ranking.ranked.iter().find(|c| c.algorithm == cmm_core::Algorithm::Baseline).map(|c| c.report.makespan_s);
+        for (i, c) in ranking.ranked.iter().enumerate() {
+            let speed = base.map(|b| format!("{:.2}x", b / c.report.makespan_s)).unwrap_or_default();
+            println!(
+                "{:<4} {:<18} {:>12} {:>14} {:>14}",
+                i + 1,
+                c.algorithm.to_string(),
+                us(c.report.makespan_s),
+                us(c.report.max_exposed_comm_s()),
+                speed
+            );
+        }
+        for (alg, why) in &ranking.skipped {
+            println!("     {alg}: skipped ({why})");
+        }
+        println!("winner: {} — {}", ranking.winner().algorithm, ranking.reason);
+        return Ok(());
+    };
+    if let Some(name) = &args.llm {
+        if name != "gpt3-175b" {
+            bail!("unknown model `{name}` (known: gpt3-175b)");
+        }
+        let llm = LlmConfig::gpt3_175b(args.batch);
+        println!(
+            "{} on {chips} chips of {}: {} tokens per step, {} (analytic model; simulated mesh plans once the mesh module lands)",
+            llm.name, profile.name, llm.tokens, llm.dtype
+        );
+        println!();
+        println!("phase 1: dataflows (the largest matrix stays stationary in all three passes)");
+        for lf in choose_dataflows(&llm) {
+            println!(
+                "  {:<9} {:<10} {}{}; stored transposed: {}",
+                lf.layer.name,
+                lf.stationary.to_string(),
+                lf.passes.iter().map(|p| format!("{}: {}", p.pass, p.formula)).collect::<Vec<_>>().join(", "),
+                if lf.transposed { " (transposed dataflow)" } else { "" },
+                lf.stored_transposed
+            );
+        }
+        let configs = tune_llm(&llm, chips, &profile, &NoMeshPlans)?;
+        println!();
+        println!("phase 2: mesh shape and slices — best configuration of each algorithm (one block, fwd + bwd)");
+        println!("{:<12} {:>8} {:>12} {:>10}  slices per layer", "algorithm", "mesh", "time", "GEMM share");
+        for c in best_per_algorithm(&configs) {
+            println!(
+                "{:<12} {:>8} {:>9.2} ms {:>9.0}%  {}",
+                c.algorithm.name(),
+                c.shape.to_string(),
+                c.total_s * 1e3,
+                100.0 * c.compute_s / c.total_s,
+                if c.algorithm == cmm_core::sim::analytic::MeshAlgorithm::MeshSlice {
+                    c.layers.iter().map(|l| format!("{}={}", l.layer, l.slices)).collect::<Vec<_>>().join(" ")
+                } else {
+                    "-".to_string()
+                }
+            );
+        }
+        let w = &configs[0];
+        println!("winner: {} on a {} mesh ({:.2} ms per block)", w.algorithm, w.shape, w.total_s * 1e3);
+        return Ok(());
+    }
+    let (Some(m), Some(n), Some(k)) = (args.problem.m, args.problem.n, args.problem.k) else {
+        bail!("2D mode needs -m -n -k (one GEMM) or --llm gpt3-175b");
+    };
+    let dataflow = match args.dataflow.as_str() {
+        "os" => Dataflow::Os,
+        "ls" => Dataflow::Ls,
+        "rs" => Dataflow::Rs,
+        other => bail!("unknown dataflow `{other}` (os, ls or rs)"),
+    };
+    let gemm = MeshGemm { m, n, k, dataflow, dtype: args.problem.input };
+    let ranked = tune_mesh_gemm(&gemm, chips, &profile, &NoMeshPlans)?;
+    println!("{dataflow} GEMM M={m} N={n} K={k} {} on {chips} chips of {}", gemm.dtype, profile.name);
+    println!("{:<4} {:<12} {:>8} {:>5} {:>12}  how", "rank", "algorithm", "mesh", "S", "time");
+    for (i, (alg, shape, s, e)) in ranked.iter().take(args.top).enumerate() {
+        let how = match e {
+            MeshEvaluation::Analytic(a) => format!("analytic: {}", a.detail),
+            MeshEvaluation::Simulated(_) => "simulated mesh plan".to_string(),
+        };
+        println!("{:<4} {:<12} {:>8} {:>5} {:>12}  {how}", i + 1, alg.name(), shape.to_string(), s, us(e.total_s()));
+    }
+    Ok(())
+}
