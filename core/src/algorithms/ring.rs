@@ -206,6 +206,40 @@ pub(crate) fn ring_reduce_scatter(
     }
 }
 
+/// One member's part of a ring broadcast from `root` (a position in `ring`): the root
+/// sends `src` into `dst` of its left neighbour, every member but the last forwards it
+/// on after waiting for `sem` to reach `arrived + 1`. Returns whether this member
+/// receives (then `dst` holds the data once `sem` reaches `arrived + 1`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ring_broadcast(
+    b: &mut PlanBuilder,
+    ring: &Ring,
+    lane: LaneId,
+    sem: SemId,
+    arrived: u32,
+    root: usize,
+    src: Region,
+    dst: Region,
+) -> bool {
+    let (n, me, to) = (ring.len(), ring.me(), ring.left());
+    if n == 1 {
+        return false;
+    }
+    // Hops from the root along the chain root, root−1, …, root+1.
+    let hops = (root + n - ring.pos) % n;
+    if hops == 0 {
+        b.push(me, lane, copy(src, to, dst));
+        b.push(me, lane, signal(to, sem));
+        return false;
+    }
+    if hops < n - 1 {
+        b.push(me, lane, wait(sem, arrived + 1));
+        b.push(me, lane, copy(dst, to, dst));
+        b.push(me, lane, signal(to, sem));
+    }
+    true
+}
+
 /// Reduces `part + got` (or just `part`) into the final pieces, merged where possible.
 pub(crate) fn reduce_pieces(
     b: &mut PlanBuilder,
@@ -228,6 +262,46 @@ pub(crate) fn reduce_pieces(
         let output = piece.pop().expect("a piece has an output");
         b.push(me, lane, Op::Reduce { inputs: piece, output });
     }
+}
+
+/// One member's part of a ring reduce to `root`: the chain starts at the root's left
+/// neighbour and runs leftwards all around, each member adding its `part` to the sum it
+/// received (`recv`, awaited at `arrived + 1`) and passing it on through `send`; the
+/// root's sum lands in `out`. Returns whether this member receives.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ring_reduce_to(
+    b: &mut PlanBuilder,
+    ring: &Ring,
+    lane: LaneId,
+    sem: SemId,
+    arrived: u32,
+    root: usize,
+    part: Region,
+    recv: Region,
+    send: Region,
+    out: &FinalPieces,
+) -> bool {
+    let (n, me, to) = (ring.len(), ring.me(), ring.left());
+    if n == 1 {
+        reduce_pieces(b, me, lane, part, None, out);
+        return false;
+    }
+    // Position in the chain root−1, root−2, …, root+1, root.
+    let link = (root + 2 * n - 1 - ring.pos) % n;
+    if link == 0 {
+        b.push(me, lane, copy(part, to, recv));
+        b.push(me, lane, signal(to, sem));
+        return false;
+    }
+    b.push(me, lane, wait(sem, arrived + 1));
+    if link == n - 1 {
+        reduce_pieces(b, me, lane, part, Some(recv), out);
+    } else {
+        b.push(me, lane, Op::Reduce { inputs: vec![part, recv], output: send });
+        b.push(me, lane, copy(send, to, recv));
+        b.push(me, lane, signal(to, sem));
+    }
+    true
 }
 
 /// One member's part of an overlapped ring reduction (the GEMM+RS ring of BRIEF §4):
