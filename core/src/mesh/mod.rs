@@ -270,9 +270,16 @@ pub enum MeshError {
         /// Mesh columns.
         nc: usize,
     },
-    /// The produced plan failed validation (a bug in the algorithm).
+    /// The produced plan failed validation (a bug in the algorithm). Boxed: it is
+    /// large and rare.
     #[error(transparent)]
-    Plan(#[from] PlanError),
+    Plan(Box<PlanError>),
+}
+
+impl From<PlanError> for MeshError {
+    fn from(e: PlanError) -> Self {
+        MeshError::Plan(Box::new(e))
+    }
 }
 
 /// A validated `mesh_gemm` problem.

@@ -286,3 +286,51 @@ fn algorithm_names_parse_with_their_parameters() {
     assert_eq!("rs".parse::<Dataflow>(), Ok(Dataflow::Rs));
     assert!("xs".parse::<Dataflow>().is_err());
 }
+
+/// The equivalence rules of `crate::mutants` that mesh plans rely on are sound here: every
+/// mutant they exclude is clean under the verifier and computes the same outputs.
+#[test]
+fn mutants_excluded_by_the_slot_and_accumulation_rules_change_nothing() {
+    use crate::mutants::{mutants, MutationKind};
+    let mut checked = [0usize; 2];
+    let cases = [
+        (2, 4, Dataflow::Ls, MeshAlgorithm::MeshSlice { slices: 3, block: 1 }),
+        (4, 2, Dataflow::Rs, MeshAlgorithm::MeshSlice { slices: 4, block: 1 }),
+        (3, 3, Dataflow::Rs, MeshAlgorithm::Summa),
+        (2, 2, Dataflow::Os, MeshAlgorithm::Summa),
+        (1, 4, Dataflow::Os, MeshAlgorithm::Summa),
+        (4, 1, Dataflow::Os, MeshAlgorithm::Summa),
+    ];
+    for (nr, nc, dataflow, alg) in cases {
+        let l = lcm(nr, nc);
+        let p = MeshProblem::new(nr, nc, dataflow, 8 * l, 12 * l, 8 * l, Bf16, F32).unwrap();
+        let plan = build_mesh_plan(&p, alg).unwrap();
+        let original = cpu::run(&plan, 9, Family::Realistic).unwrap();
+        let out = plan.output().unwrap().0;
+        for m in mutants(&plan, &[0, plan.devices - 1]) {
+            let rule = match (m.kind, m.equivalent) {
+                (MutationKind::ShrinkScratch, Some(_)) => 0,
+                (MutationKind::SwapAdjacent, Some(reason)) if reason.contains("accumulating") => 1,
+                _ => continue,
+            };
+            checked[rule] += 1;
+            for order in orders(4, m.plan.devices) {
+                let s = schedule_with(&m.plan, order).unwrap();
+                assert!(verify(&m.plan, &s).is_empty(), "{}", m.plan.name);
+            }
+            let got = cpu::run(&m.plan, 9, Family::Realistic).unwrap();
+            for (d, (g, o)) in got.iter().zip(&original).enumerate() {
+                let close = g[out].iter().zip(&o[out]).all(|(&x, &y)| {
+                    let (x, y) = (f32::from_bits(x), f32::from_bits(y));
+                    if rule == 0 {
+                        x.to_bits() == y.to_bits()
+                    } else {
+                        (x - y).abs() <= 1e-5 * y.abs().max(1.0)
+                    }
+                });
+                assert!(close, "{} device {d}", m.plan.name);
+            }
+        }
+    }
+    assert!(checked[0] > 0 && checked[1] > 0, "{checked:?}");
+}
