@@ -20,7 +20,7 @@ use crate::algorithms::ring::{
 };
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemId};
-use crate::problem::Window;
+use crate::problem::{ShardedGemm, Window};
 
 /// Builds the plan of `algorithm` for `problem`.
 pub fn build_mesh_plan(problem: &MeshProblem, algorithm: MeshAlgorithm) -> Result<Plan, MeshError> {
@@ -151,7 +151,6 @@ impl Slicing {
 
 /// Declares the input buffer of global tensor `tensor` with each chip's shard origin.
 fn input_buffer(b: &mut PlanBuilder, p: &MeshProblem, tensor: u32) -> BufId {
-    use crate::problem::ShardedGemm;
     let decl = p.global().inputs()[tensor as usize];
     let shard = p.input_shard(tensor, 0);
     let origins = (0..p.devices())
@@ -512,8 +511,8 @@ impl Flow {
                 cb: p.m / nr,
                 stationary: 1,
             },
-            // LS (OS never gets here).
-            _ => Flow {
+            // LS; OS is not a Flow and never asks for one.
+            Dataflow::Ls | Dataflow::Os => Flow {
                 transposed: false,
                 gather: Axis::Col,
                 reduce: Axis::Row,
@@ -574,8 +573,7 @@ impl Flow {
         }
     }
 
-    /// The final pieces of a C block's column range [col0, col0 + cols) written from a
-    /// reduce-scatter block of `cols` columns: whole.
+    /// The final piece of a reduce whose block (p × `cols`, logical) lands whole in `c`.
     fn whole_block(&self, c: Region, cols: usize) -> Vec<(Window, Region)> {
         vec![(self.stored(Window { row0: 0, col0: 0, rows: self.p, cols }), c)]
     }
