@@ -243,7 +243,9 @@ impl Case {
     pub fn devices(&self) -> usize {
         match self.topology {
             Topology::Ring { devices, .. } => devices,
-            Topology::Mesh { nr, nc, .. } => nr * nc,
+            // Saturating: a case is validated only when it runs, and absurd sizes must
+            // not overflow before that.
+            Topology::Mesh { nr, nc, .. } => nr.saturating_mul(nc),
         }
     }
 
