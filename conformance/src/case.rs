@@ -3,10 +3,10 @@
 //! ```toml
 //! [[case]]
 //! name = "ag_gemm_ring_d4_bf16_f32_exact"
-//! op = "ag_gemm"            # ag_gemm | gemm_rs | gemm_ar
+//! op = "ag_gemm"            # ag_gemm | gemm_rs | gemm_ar | mesh_gemm
 //! algorithm = "ring"        # baseline | ring | ring_bidir | ring_chunked
 //! chunks = 2                # only with ring_chunked
-//! devices = 4
+//! devices = 4               # 1D ops: the ring size D
 //! m = 96                    # global GEMM C = A·B: A is M×K, B is K×N
 //! n = 32
 //! k = 256
@@ -14,34 +14,73 @@
 //! output = "f32"            # f32 or the input dtype
 //! family = "exact"          # exact | realistic
 //! seed = 7
+//!
+//! [[case]]
+//! name = "mesh_os_meshslice_2x4_bf16_f32_exact"
+//! op = "mesh_gemm"
+//! dataflow = "os"           # os (C = A·B) | ls (C = A·Bᵀ) | rs (C = Aᵀ·B)
+//! nr = 2                    # mesh rows and columns (instead of `devices`)
+//! nc = 4
+//! algorithm = "meshslice"   # collective | summa | cannon | wang | meshslice
+//! slices = 2                # only with meshslice: S
+//! block = 4                 # only with meshslice: B
+//! m = 32
+//! …                         # n, k, input, output, family, seed as above
 //! ```
 //!
-//! Loading checks the syntax, the field types and that names are unique and usable as
-//! file names; whether a case describes a valid problem is checked when it runs, so an
-//! invalid case is a failed row rather than a refusal to run the rest.
+//! Loading checks the syntax, the field types, that the fields fit the op (`devices`
+//! for the 1D ops; `nr`, `nc` and `dataflow` for `mesh_gemm`) and that names are unique
+//! and usable as file names; whether a case describes a valid problem is checked when
+//! it runs, so an invalid case is a failed row rather than a refusal to run the rest.
 
+use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use cmm_core::{Algorithm, AlgorithmError, DType, Family, OpKind, Problem, ProblemError};
+use cmm_core::mesh::build_mesh_plan;
+use cmm_core::{
+    build_plan, Algorithm, AlgorithmError, DType, Dataflow, Family, MeshAlgorithm, MeshError, MeshProblem, OpKind,
+    Plan, Problem, ProblemError, ShardedGemm,
+};
 use serde::Deserialize;
 use thiserror::Error;
 
+/// What a case computes and on which devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Topology {
+    /// A 1D op on a ring of `devices` devices.
+    Ring {
+        /// The op.
+        op: OpKind,
+        /// Ring size D.
+        devices: usize,
+    },
+    /// `mesh_gemm` on an Nr×Nc mesh.
+    Mesh {
+        /// Mesh rows Nr.
+        nr: usize,
+        /// Mesh columns Nc.
+        nc: usize,
+        /// The dataflow.
+        dataflow: Dataflow,
+    },
+}
+
 /// One conformance case.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Case {
     /// Unique name; also the golden's file name (`golden/<name>.bin`).
     pub name: String,
-    /// The operation.
-    pub op: OpKind,
-    /// Algorithm name (`baseline`, `ring`, `ring_bidir`, `ring_chunked`).
+    /// The op and its devices.
+    pub topology: Topology,
+    /// Algorithm name (`ring`, …, or `collective`, …, `meshslice`).
     pub algorithm: String,
     /// Chunks per shard, for `ring_chunked` only.
-    #[serde(default)]
     pub chunks: Option<usize>,
-    /// Device count D.
-    pub devices: usize,
+    /// MeshSlice's slice count S.
+    pub slices: Option<usize>,
+    /// MeshSlice's block size B.
+    pub block: Option<usize>,
     /// Global M.
     pub m: usize,
     /// Global N.
@@ -58,21 +97,225 @@ pub struct Case {
     pub seed: u32,
 }
 
+/// The fields of a `[[case]]` table as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CaseTable {
+    name: String,
+    op: String,
+    algorithm: String,
+    #[serde(default)]
+    chunks: Option<usize>,
+    #[serde(default)]
+    devices: Option<usize>,
+    #[serde(default)]
+    nr: Option<usize>,
+    #[serde(default)]
+    nc: Option<usize>,
+    #[serde(default)]
+    dataflow: Option<Dataflow>,
+    #[serde(default)]
+    slices: Option<usize>,
+    #[serde(default)]
+    block: Option<usize>,
+    m: usize,
+    n: usize,
+    k: usize,
+    input: DType,
+    output: DType,
+    family: Family,
+    seed: u32,
+}
+
+/// The op name of the 2D family in case files.
+pub const MESH_GEMM: &str = "mesh_gemm";
+
+impl CaseTable {
+    /// The case, if the fields fit the op.
+    fn into_case(self) -> Result<Case, String> {
+        let given = |present: bool, field: &str, list: &mut Vec<String>| {
+            if present {
+                list.push(format!("`{field}`"));
+            }
+        };
+        let mut foreign = Vec::new();
+        let topology = if self.op == MESH_GEMM {
+            given(self.devices.is_some(), "devices", &mut foreign);
+            given(self.chunks.is_some(), "chunks", &mut foreign);
+            let missing = |field: &str| format!("{MESH_GEMM} needs the field `{field}`");
+            Topology::Mesh {
+                nr: self.nr.ok_or_else(|| missing("nr"))?,
+                nc: self.nc.ok_or_else(|| missing("nc"))?,
+                dataflow: self.dataflow.ok_or_else(|| missing("dataflow"))?,
+            }
+        } else {
+            let op: OpKind = self
+                .op
+                .parse()
+                .map_err(|_| format!("unknown op `{}` (expected ag_gemm, gemm_rs, gemm_ar or {MESH_GEMM})", self.op))?;
+            for (present, field) in [
+                (self.nr.is_some(), "nr"),
+                (self.nc.is_some(), "nc"),
+                (self.dataflow.is_some(), "dataflow"),
+                (self.slices.is_some(), "slices"),
+                (self.block.is_some(), "block"),
+            ] {
+                given(present, field, &mut foreign);
+            }
+            let devices = self.devices.ok_or_else(|| format!("{op} needs the field `devices`"))?;
+            Topology::Ring { op, devices }
+        };
+        if !foreign.is_empty() {
+            return Err(format!("{} does not take {}", self.op, foreign.join(", ")));
+        }
+        Ok(Case {
+            name: self.name,
+            topology,
+            algorithm: self.algorithm,
+            chunks: self.chunks,
+            slices: self.slices,
+            block: self.block,
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            input: self.input,
+            output: self.output,
+            family: self.family,
+            seed: self.seed,
+        })
+    }
+}
+
+/// The validated problem of a case, of either family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaseProblem {
+    /// A 1D ring problem.
+    Ring(Problem),
+    /// A 2D mesh problem.
+    Mesh(MeshProblem),
+}
+
+impl CaseProblem {
+    /// What the oracle and the check need, whatever the family.
+    pub fn sharded(&self) -> &dyn ShardedGemm {
+        match self {
+            CaseProblem::Ring(p) => p,
+            CaseProblem::Mesh(p) => p,
+        }
+    }
+}
+
+/// Why a case has no problem or no plan.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum CaseError {
+    /// The 1D problem is invalid.
+    #[error(transparent)]
+    Problem(#[from] ProblemError),
+    /// The 1D algorithm is unknown or cannot plan the problem.
+    #[error(transparent)]
+    Algorithm(#[from] AlgorithmError),
+    /// The mesh problem is invalid, or the mesh algorithm unknown or unable to plan it.
+    #[error(transparent)]
+    Mesh(#[from] MeshError),
+}
+
+/// An algorithm of either family, with its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaseAlgorithm {
+    /// A 1D algorithm.
+    Ring(Algorithm),
+    /// A 2D algorithm.
+    Mesh(MeshAlgorithm),
+}
+
+impl fmt::Display for CaseAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CaseAlgorithm::Ring(a) => a.fmt(f),
+            CaseAlgorithm::Mesh(a) => a.fmt(f),
+        }
+    }
+}
+
 impl Case {
+    /// Number of devices: D, or Nr·Nc.
+    pub fn devices(&self) -> usize {
+        match self.topology {
+            Topology::Ring { devices, .. } => devices,
+            // Saturating: a case is validated only when it runs, and absurd sizes must
+            // not overflow before that.
+            Topology::Mesh { nr, nc, .. } => nr.saturating_mul(nc),
+        }
+    }
+
+    /// The 1D op, or `None` for a mesh case.
+    pub fn ring_op(&self) -> Option<OpKind> {
+        match self.topology {
+            Topology::Ring { op, .. } => Some(op),
+            Topology::Mesh { .. } => None,
+        }
+    }
+
+    /// The op name as in case files.
+    pub fn op_name(&self) -> &'static str {
+        match self.topology {
+            Topology::Ring { op, .. } => op.name(),
+            Topology::Mesh { .. } => MESH_GEMM,
+        }
+    }
+
+    /// The op as printed in reports: `ag_gemm`, or `mesh_gemm os`.
+    pub fn op_label(&self) -> String {
+        match self.topology {
+            Topology::Ring { op, .. } => op.to_string(),
+            Topology::Mesh { dataflow, .. } => format!("{MESH_GEMM} {dataflow}"),
+        }
+    }
+
+    /// The devices as printed in reports: `4`, or `2x4` for a mesh.
+    pub fn devices_label(&self) -> String {
+        match self.topology {
+            Topology::Ring { devices, .. } => devices.to_string(),
+            Topology::Mesh { nr, nc, .. } => format!("{nr}x{nc}"),
+        }
+    }
+
     /// The validated problem the case describes.
-    pub fn problem(&self) -> Result<Problem, ProblemError> {
-        Problem::new(self.op, self.devices, self.m, self.n, self.k, self.input, self.output)
+    pub fn problem(&self) -> Result<CaseProblem, CaseError> {
+        let (m, n, k, input, output) = (self.m, self.n, self.k, self.input, self.output);
+        Ok(match self.topology {
+            Topology::Ring { op, devices } => CaseProblem::Ring(Problem::new(op, devices, m, n, k, input, output)?),
+            Topology::Mesh { nr, nc, dataflow } => {
+                CaseProblem::Mesh(MeshProblem::new(nr, nc, dataflow, m, n, k, input, output)?)
+            }
+        })
     }
 
     /// The algorithm the case names, with its parameters.
-    pub fn algorithm(&self) -> Result<Algorithm, AlgorithmError> {
-        Algorithm::parse(&self.algorithm, self.chunks)
+    pub fn algorithm(&self) -> Result<CaseAlgorithm, CaseError> {
+        Ok(match self.topology {
+            Topology::Ring { .. } => CaseAlgorithm::Ring(Algorithm::parse(&self.algorithm, self.chunks)?),
+            Topology::Mesh { .. } => {
+                CaseAlgorithm::Mesh(MeshAlgorithm::parse(&self.algorithm, self.slices, self.block)?)
+            }
+        })
     }
 
-    /// The algorithm as printed in reports: `ring_chunked(c=2)`, or the name as written
-    /// when it does not parse.
+    /// The algorithm as printed in reports: `ring_chunked(c=2)`, `meshslice(S=2,B=4)`,
+    /// or the name as written when it does not parse.
     pub fn algorithm_label(&self) -> String {
         self.algorithm().map_or_else(|_| self.algorithm.clone(), |a| a.to_string())
+    }
+
+    /// The plan of the case's algorithm for its problem.
+    pub fn plan(&self) -> Result<Plan, CaseError> {
+        Ok(match self.problem()? {
+            CaseProblem::Ring(p) => build_plan(&p, Algorithm::parse(&self.algorithm, self.chunks)?)?,
+            CaseProblem::Mesh(p) => {
+                build_mesh_plan(&p, MeshAlgorithm::parse(&self.algorithm, self.slices, self.block)?)?
+            }
+        })
     }
 }
 
@@ -174,8 +417,9 @@ pub fn parse_cases(text: &str, path: &Path) -> Result<Vec<Case>, CorpusError> {
         let name = value.get("name").and_then(|v| v.as_str()).map(str::to_string);
         let case_error =
             |message: String| CorpusError::Case { path: path.to_path_buf(), index: i + 1, name: name.clone(), message };
-        let case: Case =
+        let table: CaseTable =
             value.clone().try_into().map_err(|e: toml::de::Error| case_error(e.message().trim().to_string()))?;
+        let case = table.into_case().map_err(case_error)?;
         if case.name.is_empty() || !case.name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
         {
             return Err(case_error(
@@ -214,10 +458,77 @@ seed = 1
         let cases = parse_cases(GOOD, Path::new("x.toml")).unwrap();
         assert_eq!(cases.len(), 1);
         let c = &cases[0];
-        assert_eq!((c.op, c.devices, c.input, c.family), (OpKind::AgGemm, 2, DType::Bf16, Family::Exact));
-        assert_eq!(c.algorithm().unwrap(), Algorithm::RingChunked { chunks: 2 });
+        assert_eq!(
+            (c.topology, c.input, c.family),
+            (Topology::Ring { op: OpKind::AgGemm, devices: 2 }, DType::Bf16, Family::Exact)
+        );
+        assert_eq!(c.algorithm().unwrap(), CaseAlgorithm::Ring(Algorithm::RingChunked { chunks: 2 }));
         assert_eq!(c.algorithm_label(), "ring_chunked(c=2)");
         assert!(c.problem().is_ok());
+        assert!(c.plan().is_ok());
+    }
+
+    const MESH: &str = r#"
+[[case]]
+name = "m"
+op = "mesh_gemm"
+dataflow = "ls"
+nr = 2
+nc = 4
+algorithm = "meshslice"
+slices = 2
+block = 1
+m = 8
+n = 16
+k = 4
+input = "bf16"
+output = "bf16"
+family = "realistic"
+seed = 3
+"#;
+
+    #[test]
+    fn parses_a_mesh_case() {
+        let cases = parse_cases(MESH, Path::new("x.toml")).unwrap();
+        let c = &cases[0];
+        assert_eq!(c.topology, Topology::Mesh { nr: 2, nc: 4, dataflow: Dataflow::Ls });
+        assert_eq!((c.devices(), c.devices_label(), c.op_label()), (8, "2x4".to_string(), "mesh_gemm ls".to_string()));
+        assert_eq!(c.algorithm_label(), "meshslice(S=2,B=1)");
+        let problem = c.problem().unwrap();
+        assert_eq!(problem.sharded().device_count(), 8);
+        assert_eq!(c.plan().unwrap().devices, 8);
+    }
+
+    #[test]
+    fn fields_must_fit_the_op() {
+        let with_devices = MESH.replace("nr = 2", "nr = 2\ndevices = 8");
+        let text = parse_cases(&with_devices, Path::new("x.toml")).unwrap_err().to_string();
+        assert!(text.contains("mesh_gemm does not take `devices`"), "{text}");
+        let text = parse_cases(&MESH.replace("dataflow = \"ls\"\n", ""), Path::new("x.toml")).unwrap_err().to_string();
+        assert!(text.contains("mesh_gemm needs the field `dataflow`"), "{text}");
+        let text = parse_cases(&MESH.replace("dataflow = \"ls\"", "dataflow = \"xs\""), Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("xs"), "{text}");
+        let ring_with_mesh = GOOD.replace("devices = 2", "devices = 2\nnr = 1\nslices = 2");
+        let text = parse_cases(&ring_with_mesh, Path::new("x.toml")).unwrap_err().to_string();
+        assert!(text.contains("ag_gemm does not take `nr`, `slices`"), "{text}");
+        let text = parse_cases(&GOOD.replace("devices = 2\n", ""), Path::new("x.toml")).unwrap_err().to_string();
+        assert!(text.contains("ag_gemm needs the field `devices`"), "{text}");
+        let text =
+            parse_cases(&GOOD.replace("\"ag_gemm\"", "\"mesh_gem\""), Path::new("x.toml")).unwrap_err().to_string();
+        assert!(text.contains("unknown op `mesh_gem`"), "{text}");
+    }
+
+    #[test]
+    fn mesh_problems_and_algorithms_fail_at_run_time_with_typed_errors() {
+        let cases = parse_cases(&MESH.replace("n = 16", "n = 12"), Path::new("x.toml")).unwrap();
+        assert!(cases[0].problem().is_ok());
+        assert!(matches!(cases[0].plan(), Err(CaseError::Mesh(MeshError::SliceIndivisible { .. }))));
+        let cases = parse_cases(&MESH.replace("n = 16", "n = 6"), Path::new("x.toml")).unwrap();
+        assert!(matches!(cases[0].problem(), Err(CaseError::Mesh(MeshError::Indivisible { dim: "N", .. }))));
+        let cases = parse_cases(&MESH.replace("\"meshslice\"", "\"cannon\""), Path::new("x.toml")).unwrap();
+        assert!(matches!(cases[0].plan(), Err(CaseError::Mesh(MeshError::UnexpectedParameter { .. }))));
     }
 
     #[test]

@@ -22,11 +22,11 @@ use cmm_core::cpu::Memory;
 use cmm_core::oracle::{expected_outputs, Expected};
 use cmm_core::schedule::{orders, schedule_with, Order};
 use cmm_core::verify::verify;
-use cmm_core::{build_plan, AlgorithmError, DType, Family, Plan, ProblemError, Tolerance};
+use cmm_core::{AlgorithmError, DType, Family, MeshError, Plan, ProblemError, Tolerance};
 use thiserror::Error;
 
 use crate::backend::{Backend, BackendError};
-use crate::case::Case;
+use crate::case::{Case, CaseError};
 use crate::golden::{self, GoldenError};
 
 /// Where goldens live and whether this run writes them.
@@ -113,6 +113,9 @@ pub enum Failure {
     /// The algorithm is unknown or cannot plan this problem.
     #[error("no plan: {0}")]
     Algorithm(#[from] AlgorithmError),
+    /// The mesh case is invalid, or its algorithm unknown or unable to plan it.
+    #[error("mesh case: {0}")]
+    Mesh(#[from] MeshError),
     /// The plan does not fit the case (device count, output buffer).
     #[error("plan does not fit the case: {0}")]
     Plan(String),
@@ -221,6 +224,16 @@ pub struct CaseResult {
     pub golden: GoldenStatus,
 }
 
+impl From<CaseError> for Failure {
+    fn from(e: CaseError) -> Self {
+        match e {
+            CaseError::Problem(e) => Failure::Problem(e),
+            CaseError::Algorithm(e) => Failure::Algorithm(e),
+            CaseError::Mesh(e) => Failure::Mesh(e),
+        }
+    }
+}
+
 impl CaseResult {
     fn new(case: &Case) -> Self {
         CaseResult {
@@ -255,7 +268,7 @@ pub(crate) fn run_case_keeping_memory(
     goldens: &Goldens,
     schedules: usize,
 ) -> (CaseResult, Option<(Plan, Memory)>) {
-    let plan = case.problem().map_err(Failure::from).and_then(|p| Ok(build_plan(&p, case.algorithm()?)?));
+    let plan = case.plan().map_err(Failure::from);
     match plan {
         Ok(plan) => {
             let (result, memory) = check_with_memory(case, &plan, backend, Some(goldens), schedules);
@@ -316,17 +329,19 @@ fn check_into(
     schedules: usize,
 ) -> Result<Memory, Failure> {
     let problem = case.problem()?;
+    let problem = problem.sharded();
+    let global = problem.global();
     plan.validate().map_err(|e| Failure::Plan(e.to_string()))?;
-    if plan.devices != problem.devices {
-        return Err(Failure::Plan(format!("the plan has D={}, the case D={}", plan.devices, problem.devices)));
+    if plan.devices != problem.device_count() {
+        return Err(Failure::Plan(format!("the plan has D={}, the case D={}", plan.devices, problem.device_count())));
     }
     let out = plan.output().ok_or_else(|| Failure::Plan("the plan has no output buffer".into()))?;
-    let expected = expected_outputs(&problem, case.seed, case.family);
+    let expected = expected_outputs(problem, case.seed, case.family);
     let decl = plan.buffer(out);
-    if (decl.rows, decl.cols, decl.dtype) != (expected.rows, expected.cols, problem.output) {
+    if (decl.rows, decl.cols, decl.dtype) != (expected.rows, expected.cols, global.output) {
         return Err(Failure::Plan(format!(
             "output buffer `{}` is {}[{}x{}], the case needs {}[{}x{}]",
-            decl.name, decl.dtype, decl.rows, decl.cols, problem.output, expected.rows, expected.cols
+            decl.name, decl.dtype, decl.rows, decl.cols, global.output, expected.rows, expected.cols
         )));
     }
 
@@ -347,26 +362,26 @@ fn check_into(
     let memory = backend.run(plan, case.seed, case.family, Order::Default)?;
     result.elapsed = Some(start.elapsed());
     let outputs = output_words(&memory, plan, out.0, expected.rows * expected.cols)?;
-    if let Some(p) = find_poison(&outputs, problem.output.poison_bits(), expected.cols) {
+    if let Some(p) = find_poison(&outputs, global.output.poison_bits(), expected.cols) {
         result.failures.push(p);
     }
     for &order in &orders[1..] {
         let other = backend.run(plan, case.seed, case.family, order)?;
         let other_outputs = output_words(&other, plan, out.0, expected.rows * expected.cols)?;
-        if let Some(f) = schedule_difference(&outputs, &other_outputs, order, problem.output, expected.cols) {
+        if let Some(f) = schedule_difference(&outputs, &other_outputs, order, global.output, expected.cols) {
             result.failures.push(f);
             break;
         }
     }
 
     let got: Vec<Vec<f64>> =
-        outputs.iter().map(|w| w.iter().map(|&b| problem.output.decode(b) as f64).collect()).collect();
+        outputs.iter().map(|w| w.iter().map(|&b| global.output.decode(b) as f64).collect()).collect();
     result.max_error = Some(max_error(&got, &expected.values));
 
-    let tolerance = Tolerance::gemm(problem.output, problem.k);
+    let tolerance = Tolerance::gemm(global.output, global.k);
     let oracle_rule = match case.family {
         Family::Exact => Rule::Bits(
-            expected.values.iter().map(|d| d.iter().map(|&v| problem.output.encode(v as f32)).collect()).collect(),
+            expected.values.iter().map(|d| d.iter().map(|&v| global.output.encode(v as f32)).collect()).collect(),
         ),
         Family::Realistic => Rule::Within(tolerance),
     };
@@ -466,7 +481,7 @@ fn compare_golden(result: &mut CaseResult, goldens: &Goldens, run: &Run) -> Resu
         .map_err(|source| Failure::GoldenInvalid { path: path.clone(), source })?;
     let len = expected.rows * expected.cols;
     let golden_bits: Vec<Vec<u32>> =
-        (0..case.devices).map(|d| (0..len).map(|i| output.read_le_bits(stored, d * len + i)).collect()).collect();
+        (0..case.devices()).map(|d| (0..len).map(|i| output.read_le_bits(stored, d * len + i)).collect()).collect();
     let golden_values: Vec<Vec<f64>> =
         golden_bits.iter().map(|d| d.iter().map(|&b| output.decode(b) as f64).collect()).collect();
     let t = run.tolerance;

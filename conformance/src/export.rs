@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use cmm_core::cpu::Memory;
 use cmm_core::{BufferRole, DType, Plan};
 
+use crate::case::Topology;
 use crate::check::CaseResult;
 
 /// The bytes of an NPY v1.0 file holding a row-major `rows × cols` matrix of `dtype`
@@ -115,17 +116,27 @@ impl Exporter {
             }
             devices.push(format!("{{\"device\": {d}, \"files\": [\n        {}\n      ]}}", files.join(",\n        ")));
         }
+        let opt = |x: Option<usize>| x.map_or("null".to_string(), |v| v.to_string());
+        // Mesh cases name their mesh and dataflow; 1D cases keep the v1 fields only.
+        let topology = match case.topology {
+            Topology::Ring { .. } => format!("\"chunks\": {}, ", opt(case.chunks)),
+            Topology::Mesh { nr, nc, dataflow } => format!(
+                "\"dataflow\": \"{dataflow}\", \"nr\": {nr}, \"nc\": {nc}, \"slices\": {}, \"block\": {}, ",
+                opt(case.slices),
+                opt(case.block)
+            ),
+        };
         self.entries.push(format!(
             concat!(
-                "{{\"case\": {}, \"op\": \"{}\", \"algorithm\": {}, \"chunks\": {}, \"D\": {}, ",
+                "{{\"case\": {}, \"op\": \"{}\", \"algorithm\": {}, {}\"D\": {}, ",
                 "\"m\": {}, \"n\": {}, \"k\": {}, \"input\": \"{}\", \"output\": \"{}\", ",
                 "\"family\": \"{}\", \"seed\": {}, \"passed\": {},\n    \"devices\": [\n      {}\n    ]}}"
             ),
             json_str(&case.name),
-            case.op,
+            case.op_name(),
             json_str(&case.algorithm),
-            case.chunks.map_or("null".to_string(), |c| c.to_string()),
-            case.devices,
+            topology,
+            case.devices(),
             case.m,
             case.n,
             case.k,

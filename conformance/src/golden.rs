@@ -7,15 +7,16 @@
 //! <raw little-endian output elements in the output dtype (2 bytes for f16/bf16), device 0 first, each row-major rows×cols>
 //! ```
 //!
-//! The header records what the golden was blessed for, so a case edited after blessing
-//! is reported as stale instead of as a wall of wrong numbers, and the digest catches a
-//! truncated or hand-edited payload.
+//! Mesh cases add their shape after the device count (`op=mesh_gemm devices=8 nr=2
+//! nc=4 dataflow=os m=…`). The header records what the golden was blessed for, so a
+//! case edited after blessing is reported as stale instead of as a wall of wrong
+//! numbers, and the digest catches a truncated or hand-edited payload.
 
 use std::fmt::Write as _;
 
 use thiserror::Error;
 
-use crate::case::Case;
+use crate::case::{Case, Topology};
 
 const MAGIC: &str = "cmm-golden";
 const VERSION: &str = "v1";
@@ -82,12 +83,15 @@ pub enum GoldenError {
     },
 }
 
-/// The header fields a case implies, in file order (the digest comes last).
+/// The header fields a case implies, in file order (the digest comes last). Mesh
+/// cases add their mesh shape and dataflow after the device count.
 fn fields(case: &Case, rows: usize, cols: usize) -> Vec<(&'static str, String)> {
-    vec![
-        ("case", case.name.clone()),
-        ("op", case.op.to_string()),
-        ("devices", case.devices.to_string()),
+    let mut fields =
+        vec![("case", case.name.clone()), ("op", case.op_name().to_string()), ("devices", case.devices().to_string())];
+    if let Topology::Mesh { nr, nc, dataflow } = case.topology {
+        fields.extend([("nr", nr.to_string()), ("nc", nc.to_string()), ("dataflow", dataflow.to_string())]);
+    }
+    fields.extend([
         ("m", case.m.to_string()),
         ("n", case.n.to_string()),
         ("k", case.k.to_string()),
@@ -97,7 +101,8 @@ fn fields(case: &Case, rows: usize, cols: usize) -> Vec<(&'static str, String)> 
         ("seed", case.seed.to_string()),
         ("rows", rows.to_string()),
         ("cols", cols.to_string()),
-    ]
+    ]);
+    fields
 }
 
 /// Bytes of a golden file for `case` whose devices each output `rows × cols` elements.
@@ -144,7 +149,7 @@ pub fn decode<'a>(bytes: &'a [u8], case: &Case, rows: usize, cols: usize) -> Res
     if u64::from_str_radix(digest, 16).ok() != Some(actual) {
         return Err(GoldenError::Digest { header: digest.to_string(), payload: actual });
     }
-    let expected = case.devices * rows * cols * case.output.size_bytes();
+    let expected = case.devices() * rows * cols * case.output.size_bytes();
     if payload.len() != expected {
         return Err(GoldenError::Length { expected, found: payload.len() });
     }
@@ -154,15 +159,16 @@ pub fn decode<'a>(bytes: &'a [u8], case: &Case, rows: usize, cols: usize) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cmm_core::{DType, Family, OpKind};
+    use cmm_core::{DType, Dataflow, Family, OpKind};
 
     fn case() -> Case {
         Case {
             name: "t".into(),
-            op: OpKind::GemmRs,
+            topology: Topology::Ring { op: OpKind::GemmRs, devices: 2 },
             algorithm: "ring".into(),
             chunks: None,
-            devices: 2,
+            slices: None,
+            block: None,
             m: 4,
             n: 3,
             k: 2,
@@ -187,6 +193,26 @@ mod tests {
         let text = String::from_utf8_lossy(&bytes);
         assert!(text.starts_with("cmm-golden v1 case=t op=gemm_rs devices=2 m=4 n=3 k=2 input=f16 output=f16 family=exact seed=5 rows=2 cols=3 digest="));
         assert_eq!(decode(&bytes, &case(), 2, 3).unwrap(), &payload[..]);
+    }
+
+    #[test]
+    fn mesh_headers_name_the_mesh_and_the_dataflow() {
+        let mut mesh = case();
+        mesh.topology = Topology::Mesh { nr: 1, nc: 2, dataflow: Dataflow::Rs };
+        let payload: Vec<u8> = (0..24).collect();
+        let bytes = encode(&mesh, 2, 3, &payload);
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            text.starts_with("cmm-golden v1 case=t op=mesh_gemm devices=2 nr=1 nc=2 dataflow=rs m=4 n=3 k=2 "),
+            "{text}"
+        );
+        assert_eq!(decode(&bytes, &mesh, 2, 3).unwrap(), &payload[..]);
+        let mut other = mesh.clone();
+        other.topology = Topology::Mesh { nr: 2, nc: 1, dataflow: Dataflow::Rs };
+        assert_eq!(
+            decode(&bytes, &other, 2, 3),
+            Err(GoldenError::Stale { key: "nr", golden: "1".into(), case: "2".into() })
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod check;
 pub mod export;
 pub mod golden;
 pub mod mutants;
+pub mod stats;
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -18,7 +19,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 pub use backend::{Backend, BackendError, CpuTwin};
-pub use case::{cases_dir, load_corpus, Case, CorpusError};
+pub use case::{cases_dir, load_corpus, Case, CaseAlgorithm, CaseError, CaseProblem, CorpusError, Topology};
 pub use check::{check_case, check_case_with, run_case, CaseResult, Failure, GoldenStatus, Goldens, Mismatch};
 
 /// What to run and how.
@@ -37,6 +38,9 @@ pub struct Options {
     /// Interleavings each case runs under (the default order first); outputs must be
     /// bit-identical across them, and the verifier replays each.
     pub schedules: usize,
+    /// After each case, print the bytes each device sends (per mesh direction for
+    /// mesh cases), measured from the plan.
+    pub stats: bool,
 }
 
 impl Default for Options {
@@ -48,6 +52,7 @@ impl Default for Options {
             cases_dir: cases_dir(),
             golden_dir: Goldens::default_dir(),
             schedules: 1,
+            stats: false,
         }
     }
 }
@@ -123,6 +128,11 @@ pub fn run_corpus_to(
             exporter.add(&result, plan, memory).map_err(export_error)?;
         }
         writeln!(out, "{}", widths.row(&result)).map_err(report)?;
+        if options.stats {
+            if let Some(line) = stats::traffic_line(case) {
+                writeln!(out, "{line}").map_err(report)?;
+            }
+        }
         out.flush().map_err(report)?;
         if result.passed() {
             summary.passed += 1;
@@ -143,7 +153,9 @@ pub fn run_corpus_to(
 /// Column widths of the report.
 struct Widths {
     name: usize,
+    op: usize,
     algorithm: usize,
+    devices: usize,
     shape: usize,
 }
 
@@ -156,14 +168,16 @@ impl Widths {
         let max = |f: &dyn Fn(&Case) -> usize, min: usize| cases.iter().map(f).fold(min, usize::max);
         Widths {
             name: max(&|c| c.name.len(), 4),
+            op: max(&|c| c.op_label().chars().count(), 7),
             algorithm: max(&|c| c.algorithm_label().len(), 9),
+            devices: max(&|c| c.devices_label().len(), 2),
             shape: max(&|c| shape(c).len(), 5),
         }
     }
 
     fn header(&self) -> String {
         format!(
-            "{:<nw$}  {:<7}  {:<aw$}  {:>2}  {:>sw$}  {:<10}  {:<9}  {:>9}  {:<6}  {:>9}  reason",
+            "{:<nw$}  {:<ow$}  {:<aw$}  {:>dw$}  {:>sw$}  {:<10}  {:<9}  {:>9}  {:<6}  {:>9}  reason",
             "case",
             "op",
             "algorithm",
@@ -175,7 +189,9 @@ impl Widths {
             "result",
             "time",
             nw = self.name,
+            ow = self.op,
             aw = self.algorithm,
+            dw = self.devices,
             sw = self.shape,
         )
     }
@@ -200,11 +216,11 @@ impl Widths {
             ("FAIL", r.reason())
         };
         let line = format!(
-            "{:<nw$}  {:<7}  {:<aw$}  {:>2}  {:>sw$}  {:<10}  {:<9}  {:>9}  {:<6}  {:>9}  {reason}",
+            "{:<nw$}  {:<ow$}  {:<aw$}  {:>dw$}  {:>sw$}  {:<10}  {:<9}  {:>9}  {:<6}  {:>9}  {reason}",
             c.name,
-            c.op.to_string(),
+            c.op_label(),
             c.algorithm_label(),
-            c.devices,
+            c.devices_label(),
             shape(c),
             format!("{}->{}", c.input, c.output),
             c.family.to_string(),
@@ -212,7 +228,9 @@ impl Widths {
             result,
             time,
             nw = self.name,
+            ow = self.op,
             aw = self.algorithm,
+            dw = self.devices,
             sw = self.shape,
         );
         line.trim_end().to_string()

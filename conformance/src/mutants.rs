@@ -11,7 +11,7 @@ use std::io::Write;
 use cmm_core::mutants::{mutants, MutationKind};
 use cmm_core::schedule::{orders, schedule_with};
 use cmm_core::verify::verify;
-use cmm_core::{build_plan, Plan};
+use cmm_core::Plan;
 
 use crate::backend::Backend;
 use crate::case::Case;
@@ -84,9 +84,7 @@ pub fn run_mutants(
     let io = |source| ConformanceError::Io { what: "the mutant report".into(), source };
     let mut report = MutantReport::default();
     for case in cases {
-        let Ok(plan) = case.problem().map_err(|e| e.to_string()).and_then(|p| {
-            case.algorithm().map_err(|e| e.to_string()).and_then(|a| build_plan(&p, a).map_err(|e| e.to_string()))
-        }) else {
+        let Ok(plan) = case.plan() else {
             continue;
         };
         let sites = [0, plan.devices - 1];

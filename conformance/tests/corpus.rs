@@ -1,15 +1,28 @@
-//! Tidy checks of the corpus and the goldens: coverage, unique names, every case valid,
-//! every golden present and used, sizes small enough for lavapipe.
+//! Tidy checks of the corpus and the goldens: coverage (1D and mesh), unique names,
+//! every case valid, every golden present and used, sizes small enough for lavapipe.
 
 mod common;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use cmm_conformance::Goldens;
+use cmm_conformance::{Case, CaseAlgorithm, Goldens, Topology};
 use cmm_core::algorithms::algorithms_for;
-use cmm_core::{build_plan, DType, Family, OpKind};
+use cmm_core::{DType, Dataflow, Family, MeshAlgorithm, OpKind};
 
 const DEVICE_COUNTS: [usize; 5] = [1, 2, 3, 4, 8];
+
+/// The meshes every mesh algorithm must run on (Cannon on the square ones).
+const MESHES: [(usize, usize); 7] = [(1, 4), (4, 1), (2, 2), (2, 4), (4, 2), (3, 3), (4, 4)];
+
+/// The 1D cases.
+fn ring_cases() -> Vec<Case> {
+    common::corpus().into_iter().filter(|c| c.ring_op().is_some()).collect()
+}
+
+/// The mesh cases.
+fn mesh_cases() -> Vec<Case> {
+    common::corpus().into_iter().filter(|c| c.ring_op().is_none()).collect()
+}
 
 /// Every algorithm variant each op must be tested with, as printed in reports.
 fn required_algorithms(op: OpKind) -> Vec<String> {
@@ -23,7 +36,8 @@ fn required_algorithms(op: OpKind) -> Vec<String> {
 #[test]
 fn corpus_is_large_and_names_are_unique() {
     let cases = common::corpus();
-    assert!(cases.len() >= 60, "only {} cases", cases.len());
+    assert!(ring_cases().len() >= 60, "only {} 1D cases", ring_cases().len());
+    assert!(mesh_cases().len() >= 40, "only {} mesh cases", mesh_cases().len());
     let mut seen = HashSet::new();
     for c in &cases {
         assert!(seen.insert(c.name.as_str()), "duplicate case name {}", c.name);
@@ -32,12 +46,13 @@ fn corpus_is_large_and_names_are_unique() {
 
 #[test]
 fn every_algorithm_of_every_op_runs_at_every_device_count_and_family() {
-    let cases = common::corpus();
+    let cases = ring_cases();
     let mut devices: HashMap<(OpKind, String), BTreeSet<usize>> = HashMap::new();
     let mut families: HashMap<(OpKind, String), BTreeSet<&str>> = HashMap::new();
     for c in &cases {
-        let key = (c.op, c.algorithm_label());
-        devices.entry(key.clone()).or_default().insert(c.devices);
+        let Topology::Ring { op, devices: d } = c.topology else { continue };
+        let key = (op, c.algorithm_label());
+        devices.entry(key.clone()).or_default().insert(d);
         families.entry(key).or_default().insert(c.family.name());
     }
     for op in OpKind::ALL {
@@ -55,7 +70,7 @@ fn every_algorithm_of_every_op_runs_at_every_device_count_and_family() {
 
 #[test]
 fn every_dtype_pair_runs_in_both_families_and_shapes_are_not_all_square() {
-    let cases = common::corpus();
+    let cases = ring_cases();
     let combos: HashSet<(DType, DType, Family)> = cases.iter().map(|c| (c.input, c.output, c.family)).collect();
     for input in [DType::F32, DType::F16, DType::Bf16] {
         for output in [DType::F32, input] {
@@ -66,15 +81,71 @@ fn every_dtype_pair_runs_in_both_families_and_shapes_are_not_all_square() {
     }
     assert!(cases.iter().filter(|c| c.m != c.n || c.n != c.k).count() > cases.len() / 2);
     assert!(cases.iter().any(|c| c.k >= 512), "no case exercises a long K");
-    assert!(cases.iter().any(|c| c.devices % 2 == 1 && c.devices > 1), "no odd D > 1");
+    assert!(cases.iter().any(|c| c.devices() % 2 == 1 && c.devices() > 1), "no odd D > 1");
+}
+
+/// Whether `algorithm` can run on an nr×nc mesh at all (Cannon needs a square one).
+fn valid_on(algorithm: &str, (nr, nc): (usize, usize)) -> bool {
+    algorithm != "cannon" || nr == nc
+}
+
+#[test]
+fn every_valid_mesh_algorithm_dataflow_and_mesh_combination_runs() {
+    let present: HashSet<(String, Dataflow, (usize, usize))> = mesh_cases()
+        .iter()
+        .filter_map(|c| match c.topology {
+            Topology::Mesh { nr, nc, dataflow } => Some((c.algorithm.clone(), dataflow, (nr, nc))),
+            Topology::Ring { .. } => None,
+        })
+        .collect();
+    let mut missing = Vec::new();
+    for algorithm in MeshAlgorithm::NAMES {
+        for dataflow in Dataflow::ALL {
+            for mesh in MESHES {
+                if valid_on(algorithm, mesh) && !present.contains(&(algorithm.to_string(), dataflow, mesh)) {
+                    missing.push(format!("{algorithm} {dataflow} {}x{}", mesh.0, mesh.1));
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "mesh combinations without a case: {missing:?}");
+    // And every mesh case is on a valid combination (an invalid one could never pass).
+    for (algorithm, _, mesh) in &present {
+        assert!(valid_on(algorithm, *mesh), "{algorithm} on {mesh:?}");
+    }
+}
+
+#[test]
+fn mesh_cases_cover_families_dtypes_slicings_and_non_square_shapes() {
+    let cases = mesh_cases();
+    for algorithm in MeshAlgorithm::NAMES {
+        let families: BTreeSet<&str> =
+            cases.iter().filter(|c| c.algorithm == algorithm).map(|c| c.family.name()).collect();
+        assert_eq!(families.len(), 2, "{algorithm} covers only the families {families:?}");
+    }
+    for dataflow in Dataflow::ALL {
+        let of = |c: &&Case| matches!(c.topology, Topology::Mesh { dataflow: d, .. } if d == dataflow);
+        let inputs: HashSet<DType> = cases.iter().filter(of).map(|c| c.input).collect();
+        assert!(inputs.contains(&DType::F32) && inputs.contains(&DType::Bf16), "{dataflow}: inputs {inputs:?}");
+        assert!(cases.iter().filter(of).any(|c| c.output != DType::F32), "{dataflow}: no rounded output");
+    }
+    let slicings: BTreeSet<(usize, usize)> = cases
+        .iter()
+        .filter_map(|c| match c.algorithm() {
+            Ok(CaseAlgorithm::Mesh(MeshAlgorithm::MeshSlice { slices, block })) => Some((slices, block)),
+            _ => None,
+        })
+        .collect();
+    assert!(slicings.len() >= 5, "only the slicings {slicings:?}");
+    assert!(slicings.iter().any(|&(s, _)| s >= 3), "no MeshSlice with S >= 3: {slicings:?}");
+    assert!(slicings.iter().any(|&(_, b)| b >= 2), "no MeshSlice with B >= 2: {slicings:?}");
+    assert!(cases.iter().all(|c| c.m != c.n || c.n != c.k), "a mesh case is square");
 }
 
 #[test]
 fn every_case_builds_a_plan() {
     for c in common::corpus() {
-        let problem = c.problem().unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        let algorithm = c.algorithm().unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        build_plan(&problem, algorithm).unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        c.plan().unwrap_or_else(|e| panic!("{}: {e}", c.name));
     }
 }
 

@@ -38,3 +38,8 @@ fn schedule_dependent_output_is_found() {
 fn mutants_of_a_ring_plan_are_caught() {
     common::mutants_of_a_ring_plan_are_caught(&CpuTwin);
 }
+
+#[test]
+fn mutants_of_a_mesh_plan_are_caught() {
+    common::mutants_of_a_mesh_plan_are_caught(&CpuTwin);
+}

@@ -66,3 +66,10 @@ fn mutants_of_a_ring_plan_are_caught() {
         common::mutants_of_a_ring_plan_are_caught(&r);
     }
 }
+
+#[test]
+fn mutants_of_a_mesh_plan_are_caught() {
+    if let Some(r) = reference() {
+        common::mutants_of_a_mesh_plan_are_caught(&r);
+    }
+}

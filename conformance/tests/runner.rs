@@ -94,7 +94,7 @@ fn bless_writes_then_checks_and_bad_goldens_fail() {
 
 #[test]
 fn an_invalid_case_is_a_failed_row_not_a_panic() {
-    let mut case = common::corpus().into_iter().find(|c| c.devices == 3).unwrap();
+    let mut case = common::corpus().into_iter().find(|c| c.devices() == 3).unwrap();
     case.m += 1;
     let r = run_case(&case, &CpuTwin, &common::goldens());
     assert!(matches!(r.failures[..], [Failure::Problem(_)]), "{}", r.reason());
@@ -134,5 +134,61 @@ fn export_writes_npy_files_and_an_index() {
     }
     // Scratch buffers are not exported.
     assert!(!index.contains("\"buffer\": \"send\""));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn stats_print_each_devices_traffic_beside_the_seed_formula() {
+    let case = common::corpus().into_iter().find(|c| c.name.starts_with("mesh_ls_collective_2x4_")).unwrap();
+    let Ok(cmm_conformance::CaseProblem::Mesh(p)) = case.problem() else { panic!("{} is not a mesh case", case.name) };
+    let (row, col) = p.analytic_traffic();
+    let (summary, text) = run(&Options { filter: Some(case.name.clone()), stats: true, ..Options::default() });
+    assert_eq!(summary.passed, 1, "{text}");
+    let expected = format!(
+        "  traffic sent, within mesh rows: {row} B on every device; within mesh columns: {col} B on every device; \
+         seed 002 §2.3.1 (Nc−1)·size/(Nr·Nc): rows {row} B, columns {col} B"
+    );
+    assert!(text.lines().any(|l| l == expected), "{expected}\n{text}");
+    // Cannon's skew makes the traffic uneven and larger: per-device lists.
+    let (_, text) = run(&Options { filter: Some("mesh_os_cannon_3x3_".into()), stats: true, ..Options::default() });
+    assert!(text.contains("within mesh rows: [") && text.contains("] B; within mesh columns: ["), "{text}");
+    // 1D cases report one direction.
+    let (_, text) = run(&Options { filter: Some("gemm_ar_ring_d2_".into()), stats: true, ..Options::default() });
+    assert!(text.lines().any(|l| l.starts_with("  traffic sent: ") && l.ends_with("B on every device")), "{text}");
+    // Without --stats there is no traffic line.
+    let (_, text) = run(&Options { filter: Some(case.name.clone()), ..Options::default() });
+    assert!(!text.contains("traffic"), "{text}");
+}
+
+#[test]
+fn invalid_mesh_cases_are_failed_rows_with_typed_reasons() {
+    use cmm_core::MeshError;
+    let mut case = common::corpus().into_iter().find(|c| c.name.starts_with("mesh_os_collective_2x4_")).unwrap();
+    case.algorithm = "cannon".into();
+    let r = run_case(&case, &CpuTwin, &common::goldens());
+    assert!(matches!(r.failures[..], [Failure::Mesh(MeshError::NotSquare { nr: 2, nc: 4 })]), "{}", r.reason());
+    assert!(r.reason().contains("2x4 is not square"), "{}", r.reason());
+    case.algorithm = "meshslice".into();
+    (case.slices, case.block) = (Some(5), Some(1));
+    let r = run_case(&case, &CpuTwin, &common::goldens());
+    assert!(matches!(r.failures[..], [Failure::Mesh(MeshError::SliceIndivisible { .. })]), "{}", r.reason());
+    case.m += 1;
+    let r = run_case(&case, &CpuTwin, &common::goldens());
+    assert!(r.reason().contains("M=33 is not divisible by Nr=2"), "{}", r.reason());
+}
+
+#[test]
+fn export_names_the_mesh_of_a_mesh_case() {
+    let dir = temp_dir("export-mesh");
+    let filter = "mesh_rs_wang_2x4_";
+    let (summary, text) =
+        run(&Options { filter: Some(filter.into()), export: Some(dir.clone()), ..Options::default() });
+    assert_eq!(summary.passed, 1, "{text}");
+    let index = fs::read_to_string(dir.join("index.json")).unwrap();
+    assert!(index.contains("\"op\": \"mesh_gemm\", \"algorithm\": \"wang\", \"dataflow\": \"rs\", \"nr\": 2, \"nc\": 4, \"slices\": null, \"block\": null, \"D\": 8"), "{index}");
+    let case = common::corpus().into_iter().find(|c| c.name.starts_with(filter)).unwrap();
+    // RS: A is K×M, chip (i, j) holds (K/Nr)×(M/Nc) of it.
+    let rel = format!("{}/d7_A.npy", case.name);
+    assert!(index.contains(&format!("\"path\": \"{rel}\", \"shape\": [{}, {}]", case.k / 2, case.m / 4)), "{index}");
     fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,11 +1,12 @@
-//! cmm-core: problems and shardings, plans, the input generator, the f64 oracle and
-//! tolerances, the simulator and its cost models. No GPU dependency: every executor builds
-//! on this crate.
+//! cmm-core: problems and shardings (1D rings and 2D meshes), plans, the input generator,
+//! the f64 oracle and tolerances, the simulator and its cost models. No GPU dependency:
+//! every executor builds on this crate.
 
 pub mod algorithms;
 pub mod cpu;
 pub mod dtype;
 pub mod generator;
+pub mod mesh;
 pub mod mutants;
 pub mod oracle;
 pub mod plan;
@@ -19,6 +20,7 @@ pub mod verify;
 pub use algorithms::{build_plan, Algorithm, AlgorithmError};
 pub use dtype::DType;
 pub use generator::Family;
+pub use mesh::{Dataflow, MeshAlgorithm, MeshError, MeshProblem};
 pub use plan::{BufId, BufferDecl, BufferRole, Engine, Op, OpSite, Plan, PlanError, Region, SemId};
-pub use problem::{OpKind, Problem, ProblemError, Window};
+pub use problem::{GlobalGemm, OpKind, Problem, ProblemError, ShardedGemm, Window};
 pub use tolerance::Tolerance;

@@ -1,9 +1,12 @@
 //! The f64 CPU oracle: the global GEMM of the generated (dtype-rounded) inputs in f64,
 //! cut into each device's expected output window. It also returns |A|·|B|, the scale
 //! of the rounding error any f32 summation order may make (see [`crate::tolerance`]).
+//!
+//! It serves every sharded problem ([`ShardedGemm`]): the 1D ring family and the 2D
+//! mesh dataflows, whose global GEMM may use A or B transposed (`C = A·Bᵀ`, `C = Aᵀ·B`).
 
 use crate::generator::{element, Family};
-use crate::problem::Problem;
+use crate::problem::ShardedGemm;
 
 /// Expected outputs of one run, per device.
 #[derive(Clone, Debug, PartialEq)]
@@ -18,36 +21,43 @@ pub struct Expected {
     pub magnitudes: Vec<Vec<f64>>,
 }
 
-/// Generates a global input tensor of `problem` as f64 (exactly the rounded inputs).
-pub fn global_input(problem: &Problem, tensor: u32, seed: u32, family: Family) -> Vec<f64> {
-    let decl = problem.inputs()[tensor as usize];
-    (0..decl.rows * decl.cols).map(|i| element(seed, decl.id, i as u32, family, problem.input) as f64).collect()
+/// Generates a global input tensor of `problem` as stored (A then B), as f64 (exactly
+/// the rounded inputs).
+pub fn global_input(problem: &dyn ShardedGemm, tensor: u32, seed: u32, family: Family) -> Vec<f64> {
+    let global = problem.global();
+    let decl = global.inputs()[tensor as usize];
+    (0..decl.rows * decl.cols).map(|i| element(seed, decl.id, i as u32, family, global.input) as f64).collect()
 }
 
 /// Computes every device's expected output of `problem` for `(seed, family)`.
-pub fn expected_outputs(problem: &Problem, seed: u32, family: Family) -> Expected {
-    let (m, n, k) = (problem.m, problem.n, problem.k);
+pub fn expected_outputs(problem: &dyn ShardedGemm, seed: u32, family: Family) -> Expected {
+    let g = problem.global();
+    let (m, n, k) = (g.m, g.n, g.k);
     let a = global_input(problem, 0, seed, family);
     let b = global_input(problem, 1, seed, family);
+    // op(A)[i][p] and op(B)[p][j] as index functions of the stored tensors.
+    let a_at = |i: usize, p: usize| if g.trans_a { a[p * m + i] } else { a[i * k + p] };
+    // B is walked row by row of op(B); transpose it once so the inner loop is contiguous.
+    let b_rows: Vec<f64> = if g.trans_b { (0..k * n).map(|x| b[(x % n) * k + x / n]).collect() } else { b.clone() };
     let mut c = vec![0.0f64; m * n];
     let mut mag = vec![0.0f64; m * n];
     for i in 0..m {
         let (row, row_mag) = (&mut c[i * n..(i + 1) * n], &mut mag[i * n..(i + 1) * n]);
         for p in 0..k {
-            let av = a[i * k + p];
+            let av = a_at(i, p);
             if av == 0.0 {
                 continue;
             }
-            let brow = &b[p * n..(p + 1) * n];
+            let brow = &b_rows[p * n..(p + 1) * n];
             for j in 0..n {
                 row[j] += av * brow[j];
                 row_mag[j] += (av * brow[j]).abs();
             }
         }
     }
-    let w0 = problem.output_window(0);
+    let w0 = problem.output_window_of(0);
     let cut = |src: &[f64], d: usize| {
-        let w = problem.output_window(d);
+        let w = problem.output_window_of(d);
         let mut out = Vec::with_capacity(w.rows * w.cols);
         for r in 0..w.rows {
             let start = (w.row0 + r) * n + w.col0;
@@ -55,11 +65,12 @@ pub fn expected_outputs(problem: &Problem, seed: u32, family: Family) -> Expecte
         }
         out
     };
+    let devices = problem.device_count();
     Expected {
         rows: w0.rows,
         cols: w0.cols,
-        values: (0..problem.devices).map(|d| cut(&c, d)).collect(),
-        magnitudes: (0..problem.devices).map(|d| cut(&mag, d)).collect(),
+        values: (0..devices).map(|d| cut(&c, d)).collect(),
+        magnitudes: (0..devices).map(|d| cut(&mag, d)).collect(),
     }
 }
 
@@ -67,7 +78,7 @@ pub fn expected_outputs(problem: &Problem, seed: u32, family: Family) -> Expecte
 mod tests {
     use super::*;
     use crate::dtype::DType;
-    use crate::problem::OpKind;
+    use crate::problem::{OpKind, Problem};
 
     #[test]
     fn ag_gemm_devices_get_column_blocks_of_the_global_product() {

@@ -146,6 +146,50 @@ pub struct TensorDecl {
     pub cols: usize,
 }
 
+/// The global GEMM behind a sharded problem: `C (m×n) = op(A) · op(B)` over `k`, where
+/// `op(A)` is A (m×k) or, with `trans_a`, the transpose of A stored k×m (likewise B).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GlobalGemm {
+    /// Rows of C.
+    pub m: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// The contracted dimension.
+    pub k: usize,
+    /// A is stored k×m and used transposed.
+    pub trans_a: bool,
+    /// B is stored n×k and used transposed.
+    pub trans_b: bool,
+    /// Input dtype of A and B.
+    pub input: DType,
+    /// Output dtype of C.
+    pub output: DType,
+}
+
+impl GlobalGemm {
+    /// The global input tensors as stored, A (id 0) then B (id 1).
+    pub fn inputs(&self) -> [TensorDecl; 2] {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let a = if self.trans_a { (k, m) } else { (m, k) };
+        let b = if self.trans_b { (n, k) } else { (k, n) };
+        [TensorDecl { name: "A", id: 0, rows: a.0, cols: a.1 }, TensorDecl { name: "B", id: 1, rows: b.0, cols: b.1 }]
+    }
+}
+
+/// What the oracle and the conformance checks need from any sharded problem (the 1D
+/// ring family here, the 2D mesh family in [`crate::mesh`]): the global GEMM, and which
+/// window of each global tensor every device holds or produces.
+pub trait ShardedGemm {
+    /// Number of devices.
+    fn device_count(&self) -> usize;
+    /// The global GEMM.
+    fn global(&self) -> GlobalGemm;
+    /// The window of global input tensor `tensor` (0 = A, 1 = B) that `device` holds.
+    fn input_window(&self, tensor: u32, device: usize) -> Window;
+    /// The window of the global C that `device` produces.
+    fn output_window_of(&self, device: usize) -> Window;
+}
+
 /// A validated 1D collective matmul problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Problem {
@@ -210,10 +254,7 @@ impl Problem {
 
     /// The global input tensors, A then B.
     pub fn inputs(&self) -> [TensorDecl; 2] {
-        [
-            TensorDecl { name: "A", id: 0, rows: self.m, cols: self.k },
-            TensorDecl { name: "B", id: 1, rows: self.k, cols: self.n },
-        ]
+        self.global().inputs()
     }
 
     /// The window of global tensor `tensor` (0 = A, 1 = B) that device `device` holds.
@@ -246,6 +287,32 @@ impl Problem {
     /// A short shape string, e.g. `M=64 N=32 K=96`.
     pub fn shape_string(&self) -> String {
         format!("M={} N={} K={}", self.m, self.n, self.k)
+    }
+}
+
+impl ShardedGemm for Problem {
+    fn device_count(&self) -> usize {
+        self.devices
+    }
+
+    fn global(&self) -> GlobalGemm {
+        GlobalGemm {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            trans_a: false,
+            trans_b: false,
+            input: self.input,
+            output: self.output,
+        }
+    }
+
+    fn input_window(&self, tensor: u32, device: usize) -> Window {
+        self.input_shard(tensor, device)
+    }
+
+    fn output_window_of(&self, device: usize) -> Window {
+        self.output_window(device)
     }
 }
 

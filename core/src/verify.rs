@@ -187,22 +187,108 @@ fn join(into: &mut [u32], other: &[u32]) {
     }
 }
 
+/// Vector clocks of a replay: one per (device, lane), advanced by program order,
+/// `Signal` (release into the semaphore's history) and `Wait` (acquire of the signals
+/// that brought the counter to the awaited value in this schedule).
+struct Clocks {
+    lanes: usize,
+    n_sems: usize,
+    clocks: Vec<Vec<u32>>,
+    /// Per (device, semaphore): cumulative value after each signal and the joined
+    /// release clocks up to it.
+    history: Vec<Vec<(u32, Vec<u32>)>>,
+}
+
+impl Clocks {
+    fn new(plan: &Plan) -> Clocks {
+        let lanes = plan.lanes.len();
+        let n_lanes = plan.devices * lanes;
+        let clocks = (0..n_lanes)
+            .map(|t| {
+                let mut v = vec![0u32; n_lanes];
+                v[t] = 1;
+                v
+            })
+            .collect();
+        let n_sems = plan.semaphores.len();
+        Clocks { lanes, n_sems, clocks, history: vec![Vec::new(); plan.devices * n_sems] }
+    }
+
+    /// The lane index of a site (its vector clock component).
+    fn lane(&self, s: &OpSite) -> usize {
+        s.device * self.lanes + s.lane
+    }
+
+    /// Applies the synchronisation of `op` at `site` (before its data accesses).
+    fn sync(&mut self, site: &OpSite, op: &Op) {
+        let t = self.lane(site);
+        match op {
+            Op::Signal { device, sem, add } => {
+                let n_lanes = self.clocks.len();
+                let h = &mut self.history[device * self.n_sems + sem.0];
+                let (value, mut clock) = h.last().cloned().unwrap_or((0, vec![0; n_lanes]));
+                join(&mut clock, &self.clocks[t]);
+                h.push((value.saturating_add(*add), clock));
+            }
+            Op::Wait { sem, value } if *value > 0 => {
+                let h = &self.history[site.device * self.n_sems + sem.0];
+                if let Some((_, clock)) = h.iter().find(|(v, _)| v >= value) {
+                    let clock = clock.clone();
+                    join(&mut self.clocks[t], &clock);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Advances the lane of `site` past its op.
+    fn tick(&mut self, site: &OpSite) {
+        let t = self.lane(site);
+        self.clocks[t][t] += 1;
+    }
+}
+
+/// One op of a replay with its happens-before clock: op a happens before op b iff
+/// `a.clock[a.lane] <= b.clock[a.lane]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TimedOp {
+    /// The op.
+    pub site: OpSite,
+    /// Its lane's vector clock component.
+    pub lane: usize,
+    /// The vector clock of its lane when it ran.
+    pub clock: Vec<u32>,
+}
+
+impl TimedOp {
+    /// Whether this op happens before `other` (in the replayed schedule).
+    pub fn happens_before(&self, other: &TimedOp) -> bool {
+        self.clock[self.lane] <= other.clock[self.lane] && self.site != other.site
+    }
+}
+
+/// Every op of `schedule` with its happens-before clock, in schedule order.
+pub fn timed_ops(plan: &Plan, schedule: &Schedule) -> Vec<TimedOp> {
+    let mut clocks = Clocks::new(plan);
+    schedule
+        .order
+        .iter()
+        .map(|site| {
+            let op = &plan.programs[site.device].lanes[site.lane][site.index];
+            clocks.sync(site, op);
+            let lane = clocks.lane(site);
+            let timed = TimedOp { site: *site, lane, clock: clocks.clocks[lane].clone() };
+            clocks.tick(site);
+            timed
+        })
+        .collect()
+}
+
 /// Replays `schedule` of `plan` and returns every finding (deduplicated per op pair).
 pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
     let lanes = plan.lanes.len();
     let n_lanes = plan.devices * lanes;
-    let lane_id = |s: &OpSite| s.device * lanes + s.lane;
-    let mut clocks: Vec<Vec<u32>> = (0..n_lanes)
-        .map(|t| {
-            let mut v = vec![0u32; n_lanes];
-            v[t] = 1;
-            v
-        })
-        .collect();
-    // Per (device, semaphore): cumulative value after each signal and the joined
-    // release clocks up to it.
-    let n_sems = plan.semaphores.len();
-    let mut history: Vec<Vec<(u32, Vec<u32>)>> = vec![Vec::new(); plan.devices * n_sems];
+    let mut hb = Clocks::new(plan);
     let mut shadow: Vec<Vec<Vec<Cell>>> = (0..plan.devices)
         .map(|d| {
             plan.buffers
@@ -220,25 +306,13 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
     let mut unwritten_reported: BTreeSet<OpSite> = BTreeSet::new();
 
     for site in &schedule.order {
-        let t = lane_id(site);
+        let t = hb.lane(site);
         let op = &plan.programs[site.device].lanes[site.lane][site.index];
+        hb.sync(site, op);
+        let clocks = &hb.clocks;
         let now = Epoch { lane: t as u32, clock: clocks[t][t], site: *site };
         match op {
-            Op::Signal { device, sem, add } => {
-                let h = &mut history[device * n_sems + sem.0];
-                let (value, mut clock) = h.last().cloned().unwrap_or((0, vec![0; n_lanes]));
-                join(&mut clock, &clocks[t]);
-                h.push((value.saturating_add(*add), clock));
-            }
-            Op::Wait { sem, value } => {
-                if *value > 0 {
-                    let h = &history[site.device * n_sems + sem.0];
-                    if let Some((_, clock)) = h.iter().find(|(v, _)| v >= value) {
-                        let clock = clock.clone();
-                        join(&mut clocks[t], &clock);
-                    }
-                }
-            }
+            Op::Signal { .. } | Op::Wait { .. } => {}
             _ => {
                 for acc in accesses(site.device, op) {
                     let b = &plan.buffers[acc.region.buf.0];
@@ -300,8 +374,9 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
                 }
             }
         }
-        clocks[t][t] += 1;
+        hb.tick(site);
     }
+    let clocks = &hb.clocks;
 
     for (device, bufs) in shadow.iter().enumerate() {
         // The end of a device's program: every one of its lanes has finished.

@@ -43,6 +43,7 @@ pub fn run() -> Result<()> {
         export: None,
         backend: conformance::BackendKind::Reference,
         schedules: 4,
+        stats: false,
     })
     .context("ci step `cargo xtask conformance --schedules 4` failed")?;
     println!("==> cargo xtask mutants");

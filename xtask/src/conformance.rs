@@ -1,4 +1,4 @@
-//! `cargo xtask conformance [--bless] [--filter P] [--export DIR] [--backend B]`.
+//! `cargo xtask conformance [--bless] [--filter P] [--export DIR] [--backend B] [--schedules N] [--stats]`.
 
 use std::path::PathBuf;
 
@@ -39,6 +39,10 @@ pub struct Args {
     /// replays each, and the outputs must be bit-identical across them.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub schedules: u32,
+    /// After each case, print the bytes each device sends, measured from its plan (per
+    /// mesh direction for mesh cases, beside seed 002's analytic traffic).
+    #[arg(long)]
+    pub stats: bool,
 }
 
 /// Starts the chosen backend and prints which adapter runs the work.
@@ -69,6 +73,7 @@ pub fn run(args: &Args) -> Result<()> {
         bless: args.bless,
         export: args.export.clone(),
         schedules: args.schedules as usize,
+        stats: args.stats,
         ..Options::default()
     };
     if args.backend == BackendKind::Cuda {

@@ -84,7 +84,7 @@ pub fn write_stamp(backend: &CudaBackend, summary: &Summary) -> Result<()> {
     let mut passed = BTreeSet::new();
     let mut failed = BTreeSet::new();
     for (case, ok) in &summary.outcomes {
-        let key = format!("{} {}", case.op, case.algorithm);
+        let key = format!("{} {}", case.op_name(), case.algorithm);
         if *ok {
             passed.insert(key);
         } else {

@@ -7,7 +7,7 @@ use cmm_conformance::{
     cases_dir, check_case, load_corpus, run_case, Backend, BackendError, Case, Failure, GoldenStatus, Goldens,
 };
 use cmm_core::schedule::schedule;
-use cmm_core::{build_plan, Family, Op, OpKind, Plan};
+use cmm_core::{Family, Op, OpKind, Plan};
 
 pub fn corpus() -> Vec<Case> {
     load_corpus(&cases_dir()).unwrap_or_else(|e| panic!("{e}"))
@@ -30,10 +30,15 @@ fn right(d: usize, n: usize) -> usize {
 pub fn ring_case() -> (Case, Plan) {
     let case = corpus()
         .into_iter()
-        .filter(|c| c.op == OpKind::AgGemm && c.algorithm == "ring" && c.family == Family::Exact && c.devices >= 3)
-        .max_by_key(|c| c.devices)
+        .filter(|c| {
+            c.ring_op() == Some(OpKind::AgGemm)
+                && c.algorithm == "ring"
+                && c.family == Family::Exact
+                && c.devices() >= 3
+        })
+        .max_by_key(|c| c.devices())
         .expect("the corpus has an exact ag_gemm ring case with D >= 3");
-    let plan = build_plan(&case.problem().unwrap(), case.algorithm().unwrap()).unwrap();
+    let plan = case.plan().unwrap();
     (case, plan)
 }
 
@@ -141,6 +146,20 @@ pub fn mutants_of_a_ring_plan_are_caught(backend: &dyn Backend) {
     assert!(report.survivors.is_empty(), "{text}");
     assert!(report.counted() > 20, "{text}");
     assert!(text.contains(&format!("{} of {} mutants caught", report.counted(), report.counted())), "{text}");
+}
+
+/// Every mutant of an exact MeshSlice plan (both mesh directions pipelined, a reduce
+/// ring and a gather ring) is caught or provably equivalent.
+pub fn mutants_of_a_mesh_plan_are_caught(backend: &dyn Backend) {
+    let case = corpus()
+        .into_iter()
+        .find(|c| c.name.starts_with("mesh_ls_meshslice_s4b1_2x2_") && c.family == Family::Exact)
+        .expect("the corpus has an exact LS MeshSlice case on 2x2");
+    let mut out = Vec::new();
+    let report = cmm_conformance::mutants::run_mutants(&[case], backend, &mut out, false).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(report.survivors.is_empty(), "{text}");
+    assert!(report.counted() > 50, "{text}");
 }
 
 /// A shard written into the wrong scratch slot leaves a slot unwritten: the check fails

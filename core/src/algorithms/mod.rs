@@ -8,7 +8,7 @@ use thiserror::Error;
 use crate::plan::{BufId, BufferRole, Plan, PlanBuilder, PlanError};
 use crate::problem::{OpKind, Problem};
 
-mod ring;
+pub(crate) mod ring;
 
 /// A 1D algorithm with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

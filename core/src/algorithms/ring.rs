@@ -2,8 +2,8 @@
 
 use super::{input_buffer, output_buffer, Algorithm, AlgorithmError};
 use crate::dtype::DType;
-use crate::plan::{BufId, BufferRole, Engine, LaneId, Op, Plan, PlanBuilder, Region, SemId};
-use crate::problem::{OpKind, Problem};
+use crate::plan::{BufferRole, Engine, LaneId, Op, Plan, PlanBuilder, Region, SemId};
+use crate::problem::{OpKind, Problem, Window};
 
 fn left(d: usize, n: usize) -> usize {
     (d + n - 1) % n
@@ -13,20 +13,357 @@ fn right(d: usize, n: usize) -> usize {
     (d + 1) % n
 }
 
-fn gemm(a: Region, b: Region, c: Region) -> Op {
+pub(crate) fn gemm(a: Region, b: Region, c: Region) -> Op {
     Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false }
 }
 
-fn copy(src: Region, dst_device: usize, dst: Region) -> Op {
+pub(crate) fn copy(src: Region, dst_device: usize, dst: Region) -> Op {
     Op::Copy { src, dst_device, dst, engine: Engine::CopyEngine }
 }
 
-fn signal(device: usize, sem: SemId) -> Op {
+pub(crate) fn signal(device: usize, sem: SemId) -> Op {
     Op::Signal { device, sem, add: 1 }
 }
 
-fn wait(sem: SemId, value: u32) -> Op {
+pub(crate) fn wait(sem: SemId, value: u32) -> Op {
     Op::Wait { sem, value }
+}
+
+/// One member's view of a ring: the devices in ring order (a 1D ring is `0..D`; a mesh
+/// row or column is a sub-ring) and the member's position. Messages of the ring
+/// collectives travel to the left neighbour, the previous member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Ring {
+    /// Device ids in ring order.
+    pub members: Vec<usize>,
+    /// Position of this member in `members`.
+    pub pos: usize,
+}
+
+impl Ring {
+    /// The whole 1D ring `0..devices`, seen from `device`.
+    pub fn all(devices: usize, device: usize) -> Ring {
+        Ring { members: (0..devices).collect(), pos: device }
+    }
+
+    /// Number of members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// This member's device id.
+    pub fn me(&self) -> usize {
+        self.members[self.pos]
+    }
+
+    /// The device `offset` positions after this member (wrapping).
+    pub fn at(&self, offset: usize) -> usize {
+        self.members[(self.pos + offset) % self.len()]
+    }
+
+    /// The left neighbour (the previous member), where messages go.
+    pub fn left(&self) -> usize {
+        self.at(self.len() - 1)
+    }
+}
+
+/// A sub-window of a region, `window` relative to the region's element (0, 0).
+pub(crate) fn sub(r: Region, window: Window) -> Region {
+    Region { offset: r.offset + window.row0 * r.stride + window.col0, rows: window.rows, cols: window.cols, ..r }
+}
+
+/// Merges `u` same-shaped regions (one per piece, offsets in arithmetic progression) into
+/// one region covering exactly their elements, if such a 2D region exists.
+fn merge_one(parts: &[Region], rule: MergeRule) -> Option<Region> {
+    let first = *parts.first()?;
+    if parts.len() == 1 {
+        return Some(first);
+    }
+    let same = parts
+        .iter()
+        .all(|r| r.buf == first.buf && (r.rows, r.cols, r.stride) == (first.rows, first.cols, first.stride));
+    let delta = parts[1].offset.checked_sub(first.offset)?;
+    let progression = parts.iter().enumerate().all(|(u, r)| r.offset == first.offset + u * delta);
+    if !same || !progression {
+        return None;
+    }
+    let u = parts.len();
+    let contiguous = first.rows == 1 || first.stride == first.cols;
+    match rule {
+        // Blocks stacked one under the other.
+        MergeRule::Below if delta == first.rows * first.stride => Some(Region { rows: u * first.rows, ..first }),
+        // Blocks side by side.
+        MergeRule::Beside if delta == first.cols && (first.rows == 1 || u * first.cols <= first.stride) => {
+            Some(Region { cols: u * first.cols, ..first })
+        }
+        // Contiguous blocks at a constant distance: one row per block.
+        MergeRule::Strided if contiguous && delta >= first.len() => {
+            Some(Region { rows: u, cols: first.len(), stride: delta, ..first })
+        }
+        _ => None,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MergeRule {
+    Below,
+    Beside,
+    Strided,
+}
+
+/// Merges pieces of an elementwise op (each piece a list of same-shaped regions: e.g.
+/// a copy's source and destination, or a reduce's inputs and output) into one piece when
+/// every component merges by the same rule, so that the op runs once instead of once
+/// per piece. Otherwise the pieces are returned as they are.
+pub(crate) fn merge_pieces(pieces: Vec<Vec<Region>>) -> Vec<Vec<Region>> {
+    if pieces.len() <= 1 {
+        return pieces;
+    }
+    let width = pieces[0].len();
+    for rule in [MergeRule::Below, MergeRule::Beside, MergeRule::Strided] {
+        let merged: Option<Vec<Region>> =
+            (0..width).map(|c| merge_one(&pieces.iter().map(|p| p[c]).collect::<Vec<_>>(), rule)).collect();
+        if let Some(merged) = merged {
+            return vec![merged];
+        }
+    }
+    pieces
+}
+
+/// One member's part of a ring AllGather (BRIEF §4): `blocks[r]` is member r's block,
+/// the same region on every member. At iteration i the member sends block (pos+i)%n to
+/// its left neighbour (from `own` at i = 0, the member's own data, which may be
+/// `blocks[pos]` itself) and signals `sem` there; before forwarding a block it received
+/// it waits until `sem` reaches `base + i`. The last block arrives with `base + n − 1`,
+/// which the caller waits for where it reads the blocks.
+pub(crate) fn ring_all_gather(
+    b: &mut PlanBuilder,
+    ring: &Ring,
+    lane: LaneId,
+    sem: SemId,
+    base: u32,
+    own: Region,
+    blocks: &[Region],
+) {
+    let (n, me, to) = (ring.len(), ring.me(), ring.left());
+    for i in 0..n - 1 {
+        let blk = (ring.pos + i) % n;
+        let src = if i == 0 {
+            own
+        } else {
+            b.push(me, lane, wait(sem, base + i as u32));
+            blocks[blk]
+        };
+        b.push(me, lane, copy(src, to, blocks[blk]));
+        b.push(me, lane, signal(to, sem));
+    }
+}
+
+/// Where a ring ReduceScatter finishes: each piece is a window of the member's block
+/// (relative to it) and the region the sum of that window lands in (in the output
+/// dtype). One piece covering the whole block is the common case.
+pub(crate) type FinalPieces = [(Window, Region)];
+
+/// One member's part of a non-overlapped ring ReduceScatter (BRIEF §4): `parts[r]` is
+/// this member's partial of member r's block. At step s it adds block (pos+s+1)%n of its
+/// partial to the running sum received from its right neighbour (none at s = 0) and
+/// sends the sum left into `recv[s]` there, signalling `sem`; at s = n−1 the block is
+/// its own and the sum lands in `out`. Received sums are awaited at `base + s`. `send[s]`
+/// (1 ≤ s < n−1) holds the sums in flight; no slot is reused, so no back-pressure.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ring_reduce_scatter(
+    b: &mut PlanBuilder,
+    ring: &Ring,
+    lane: LaneId,
+    sem: SemId,
+    base: u32,
+    parts: &[Region],
+    recv: &[Region],
+    send: &[Region],
+    out: &FinalPieces,
+) {
+    let (n, me, to) = (ring.len(), ring.me(), ring.left());
+    if n == 1 {
+        reduce_pieces(b, me, lane, parts[0], None, out);
+        return;
+    }
+    for s in 0..n {
+        let blk = (ring.pos + s + 1) % n;
+        let mine = parts[blk];
+        let sum = if s == 0 {
+            mine
+        } else {
+            b.push(me, lane, wait(sem, base + s as u32));
+            if s == n - 1 {
+                reduce_pieces(b, me, lane, mine, Some(recv[s - 1]), out);
+                break;
+            }
+            b.push(me, lane, Op::Reduce { inputs: vec![mine, recv[s - 1]], output: send[s] });
+            send[s]
+        };
+        b.push(me, lane, copy(sum, to, recv[s]));
+        b.push(me, lane, signal(to, sem));
+    }
+}
+
+/// One member's part of a ring broadcast from `root` (a position in `ring`): the root
+/// sends `src` into `dst` of its left neighbour, every member but the last forwards it
+/// on after waiting for `sem` to reach `arrived + 1`. Returns whether this member
+/// receives (then `dst` holds the data once `sem` reaches `arrived + 1`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ring_broadcast(
+    b: &mut PlanBuilder,
+    ring: &Ring,
+    lane: LaneId,
+    sem: SemId,
+    arrived: u32,
+    root: usize,
+    src: Region,
+    dst: Region,
+) -> bool {
+    let (n, me, to) = (ring.len(), ring.me(), ring.left());
+    if n == 1 {
+        return false;
+    }
+    // Hops from the root along the chain root, root−1, …, root+1.
+    let hops = (root + n - ring.pos) % n;
+    if hops == 0 {
+        b.push(me, lane, copy(src, to, dst));
+        b.push(me, lane, signal(to, sem));
+        return false;
+    }
+    if hops < n - 1 {
+        b.push(me, lane, wait(sem, arrived + 1));
+        b.push(me, lane, copy(dst, to, dst));
+        b.push(me, lane, signal(to, sem));
+    }
+    true
+}
+
+/// Reduces `part + got` (or just `part`) into the final pieces, merged where possible.
+pub(crate) fn reduce_pieces(
+    b: &mut PlanBuilder,
+    me: usize,
+    lane: LaneId,
+    part: Region,
+    got: Option<Region>,
+    out: &FinalPieces,
+) {
+    let pieces = out
+        .iter()
+        .map(|&(w, dst)| {
+            let mut regions = vec![sub(part, w)];
+            regions.extend(got.map(|g| sub(g, w)));
+            regions.push(dst);
+            regions
+        })
+        .collect();
+    for mut piece in merge_pieces(pieces) {
+        let output = piece.pop().expect("a piece has an output");
+        b.push(me, lane, Op::Reduce { inputs: piece, output });
+    }
+}
+
+/// One member's part of a ring reduce to `root`: the chain starts at the root's left
+/// neighbour and runs leftwards all around, each member adding its `part` to the sum it
+/// received (`recv`, awaited at `arrived + 1`) and passing it on through `send`; the
+/// root's sum lands in `out`. Returns whether this member receives.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ring_reduce_to(
+    b: &mut PlanBuilder,
+    ring: &Ring,
+    lane: LaneId,
+    sem: SemId,
+    arrived: u32,
+    root: usize,
+    part: Region,
+    recv: Region,
+    send: Region,
+    out: &FinalPieces,
+) -> bool {
+    let (n, me, to) = (ring.len(), ring.me(), ring.left());
+    if n == 1 {
+        reduce_pieces(b, me, lane, part, None, out);
+        return false;
+    }
+    // Position in the chain root−1, root−2, …, root+1, root.
+    let link = (root + 2 * n - 1 - ring.pos) % n;
+    if link == 0 {
+        b.push(me, lane, copy(part, to, recv));
+        b.push(me, lane, signal(to, sem));
+        return false;
+    }
+    b.push(me, lane, wait(sem, arrived + 1));
+    if link == n - 1 {
+        reduce_pieces(b, me, lane, part, Some(recv), out);
+    } else {
+        b.push(me, lane, Op::Reduce { inputs: vec![part, recv], output: send });
+        b.push(me, lane, copy(send, to, recv));
+        b.push(me, lane, signal(to, sem));
+    }
+    true
+}
+
+/// One member's part of an overlapped ring reduction (the GEMM+RS ring of BRIEF §4):
+/// at step s the compute lane writes this step's partial, adds the running sum received
+/// from the right neighbour (s > 0) and releases it; the comm lane passes it to `peer`;
+/// at s = n−1 the sum is final and lands in the step's output instead.
+#[derive(Clone, Debug)]
+pub(crate) struct OverlappedReduce {
+    /// This member.
+    pub me: usize,
+    /// Where running sums go.
+    pub peer: usize,
+    /// Members of the ring (steps).
+    pub n: usize,
+    /// Compute → comm: the sum of step s is ready (local).
+    pub ready: SemId,
+    /// Sums received from the other neighbour.
+    pub recv: SemId,
+    /// The comm lane.
+    pub comm: LaneId,
+    /// Scratch for the partial of steps s > 0 (f32).
+    pub part: Region,
+    /// Sums in flight, one slot per step s < n−1 (f32).
+    pub send: Vec<Region>,
+    /// Sums received, one slot per step s < n−1 (f32).
+    pub recv_slots: Vec<Region>,
+}
+
+impl OverlappedReduce {
+    /// Step s of the compute lane: `partial(b, dst)` pushes the ops writing this step's
+    /// partial into `dst` (waits for its operands included); `out` is where the final
+    /// sum lands at s = n−1.
+    pub fn compute_step(
+        &self,
+        b: &mut PlanBuilder,
+        lane: LaneId,
+        s: usize,
+        out: Region,
+        partial: &mut dyn FnMut(&mut PlanBuilder, Region),
+    ) {
+        let n = self.n;
+        let dst = if s == n - 1 { out } else { self.send[s] };
+        if s == 0 {
+            partial(b, dst);
+        } else {
+            partial(b, self.part);
+            b.push(self.me, lane, wait(self.recv, s as u32));
+            b.push(self.me, lane, Op::Reduce { inputs: vec![self.part, self.recv_slots[s - 1]], output: dst });
+        }
+        if s < n - 1 {
+            b.push(self.me, lane, signal(self.me, self.ready));
+        }
+    }
+
+    /// The comm lane: passes each step's sum on as soon as it is ready.
+    pub fn comm(&self, b: &mut PlanBuilder) {
+        for s in 0..self.n - 1 {
+            b.push(self.me, self.comm, wait(self.ready, (s + 1) as u32));
+            b.push(self.me, self.comm, copy(self.send[s], self.peer, self.recv_slots[s]));
+            b.push(self.me, self.comm, signal(self.peer, self.recv));
+        }
+    }
 }
 
 fn plan_name(p: &Problem, algorithm: Algorithm) -> String {
@@ -154,63 +491,18 @@ pub(super) fn ag_gemm_baseline(p: &Problem) -> Result<Plan, AlgorithmError> {
     let g = b.buffer("G", p.input, p.m, p.k, BufferRole::Scratch);
     let recv = b.semaphore("recv");
     let main = b.lane("main");
+    let blocks: Vec<Region> = (0..n).map(|r| b.rows(g, r * ms, ms)).collect();
     for d in 0..n {
-        let (src, dst) = (b.whole(a), b.rows(g, d * ms, ms));
-        b.push(d, main, copy(src, d, dst));
-        ring_all_gather(&mut b, d, main, g, ms, recv);
+        let src = b.whole(a);
+        b.push(d, main, copy(src, d, blocks[d]));
+        ring_all_gather(&mut b, &Ring::all(n, d), main, recv, 0, blocks[d], &blocks);
+        if n > 1 {
+            b.push(d, main, wait(recv, (n - 1) as u32));
+        }
         let (whole_g, whole_b, whole_c) = (b.whole(g), b.whole(bm), b.whole(c));
         b.push(d, main, gemm(whole_g, whole_b, whole_c));
     }
     Ok(b.finish()?)
-}
-
-/// Ring AllGather of the row blocks of `buf` (block d already in place on device d):
-/// at iteration i device d forwards block (d+i)%D to its left neighbour, then waits
-/// until all D−1 remote blocks have arrived.
-fn ring_all_gather(b: &mut PlanBuilder, d: usize, lane: LaneId, buf: BufId, rows: usize, sem: SemId) {
-    let n = b.devices();
-    for i in 0..n - 1 {
-        if i > 0 {
-            b.push(d, lane, wait(sem, i as u32));
-        }
-        let blk = (d + i) % n;
-        let region = b.rows(buf, blk * rows, rows);
-        b.push(d, lane, copy(region, left(d, n), region));
-        b.push(d, lane, signal(left(d, n), sem));
-    }
-    if n > 1 {
-        b.push(d, lane, wait(sem, (n - 1) as u32));
-    }
-}
-
-/// Buffers and semaphores of one ring ReduceScatter direction.
-struct RsDirection {
-    /// Column window [col0, col0 + cols) of C this direction reduces.
-    col0: usize,
-    cols: usize,
-    /// true: send to the left neighbour (blocks (d+s+1)%D); false: to the right.
-    leftwards: bool,
-    ready: SemId,
-    recv: SemId,
-    comm: LaneId,
-}
-
-impl RsDirection {
-    fn block(&self, d: usize, s: usize, n: usize) -> usize {
-        if self.leftwards {
-            (d + s + 1) % n
-        } else {
-            (d + 2 * n - s - 1) % n
-        }
-    }
-
-    fn peer(&self, d: usize, n: usize) -> usize {
-        if self.leftwards {
-            left(d, n)
-        } else {
-            right(d, n)
-        }
-    }
 }
 
 /// GEMM+RS (and GEMM+AR as RS then AG), ring, overlapped: at step s device d computes
@@ -229,6 +521,7 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool) -> Result<Plan, Algorit
     let send = b.buffer("send", DType::F32, (n - 1) * mb, p.n, BufferRole::Scratch);
     let recv_buf = b.buffer("recv", DType::F32, (n - 1) * mb, p.n, BufferRole::Scratch);
     let compute = b.lane("compute");
+    // (column window, leftwards, ready, recv, comm lane) of each direction.
     let mut dirs = Vec::new();
     let halves =
         if bidir { vec![(0, p.n.div_ceil(2), true), (p.n.div_ceil(2), p.n / 2, false)] } else { vec![(0, p.n, true)] };
@@ -238,7 +531,7 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool) -> Result<Plan, Algorit
         let recv = b.semaphore(&format!("recv_{tag}"));
         let comm = b.lane(&format!("comm_{tag}"));
         if cols > 0 {
-            dirs.push(RsDirection { col0, cols, leftwards, ready, recv, comm });
+            dirs.push((col0, cols, leftwards, ready, recv, comm));
         }
     }
     let all_reduce = p.op == OpKind::GemmAr;
@@ -248,49 +541,49 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool) -> Result<Plan, Algorit
     for d in 0..n {
         // The final block lands in C: rows block d for AR (C is M×N), all of C for RS.
         let final_row0 = if all_reduce { d * mb } else { 0 };
-        for s in 0..n {
-            for dir in &dirs {
-                let blk = dir.block(d, s, n);
-                let a_rows = b.rows(a, blk * mb, mb);
-                let b_cols = b.window(bm, 0, dir.col0, p.k / n, dir.cols);
-                let out = if s == n - 1 {
-                    b.window(c, final_row0, dir.col0, mb, dir.cols)
-                } else {
-                    b.window(send, s * mb, dir.col0, mb, dir.cols)
+        // Leftwards, step s reduces block (d+s+1)%D; rightwards, block (d−s−1)%D.
+        let rings: Vec<(OverlappedReduce, usize, usize, bool)> = dirs
+            .iter()
+            .map(|&(col0, cols, leftwards, ready, recv, comm)| {
+                let slots = |buf| (0..n - 1).map(|s| b.window(buf, s * mb, col0, mb, cols)).collect::<Vec<Region>>();
+                let ring = OverlappedReduce {
+                    me: d,
+                    peer: if leftwards { left(d, n) } else { right(d, n) },
+                    n,
+                    ready,
+                    recv,
+                    comm,
+                    part: b.window(partial, 0, col0, mb, cols),
+                    send: slots(send),
+                    recv_slots: slots(recv_buf),
                 };
-                if s == 0 {
-                    b.push(d, compute, gemm(a_rows, b_cols, out));
-                } else {
-                    let part = b.window(partial, 0, dir.col0, mb, dir.cols);
-                    b.push(d, compute, gemm(a_rows, b_cols, part));
-                    b.push(d, compute, wait(dir.recv, s as u32));
-                    let got = b.window(recv_buf, (s - 1) * mb, dir.col0, mb, dir.cols);
-                    b.push(d, compute, Op::Reduce { inputs: vec![part, got], output: out });
-                }
-                if s < n - 1 {
-                    b.push(d, compute, signal(d, dir.ready));
-                }
+                (ring, col0, cols, leftwards)
+            })
+            .collect();
+        for s in 0..n {
+            for (ring, col0, cols, leftwards) in &rings {
+                let blk = if *leftwards { (d + s + 1) % n } else { (d + 2 * n - s - 1) % n };
+                let a_rows = b.rows(a, blk * mb, mb);
+                let b_cols = b.window(bm, 0, *col0, p.k / n, *cols);
+                let out = b.window(c, final_row0, *col0, mb, *cols);
+                ring.compute_step(&mut b, compute, s, out, &mut |b, dst| b.push(d, compute, gemm(a_rows, b_cols, dst)));
             }
         }
         if let Some(done) = done {
             // One release after every direction's final reduce.
             b.push(d, compute, signal(d, done));
         }
-        for dir in &dirs {
-            for s in 0..n - 1 {
-                b.push(d, dir.comm, wait(dir.ready, (s + 1) as u32));
-                let src = b.window(send, s * mb, dir.col0, mb, dir.cols);
-                let dst = b.window(recv_buf, s * mb, dir.col0, mb, dir.cols);
-                b.push(d, dir.comm, copy(src, dir.peer(d, n), dst));
-                b.push(d, dir.comm, signal(dir.peer(d, n), dir.recv));
-            }
+        for (ring, ..) in &rings {
+            ring.comm(&mut b);
         }
         if let (Some(done), Some(ag)) = (done, ag) {
             // AllGather of the reduced blocks on the first comm lane, once every
             // direction's final reduce is done.
-            let lane = dirs[0].comm;
+            let lane = rings[0].0.comm;
             b.push(d, lane, wait(done, 1));
-            ring_all_gather(&mut b, d, lane, c, mb, ag);
+            let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
+            ring_all_gather(&mut b, &Ring::all(n, d), lane, ag, 0, blocks[d], &blocks);
+            b.push(d, lane, wait(ag, (n - 1) as u32));
         }
     }
     Ok(b.finish()?)
@@ -312,35 +605,30 @@ pub(super) fn gemm_reduce_baseline(p: &Problem) -> Result<Plan, AlgorithmError> 
     let ag = b.semaphore("ag");
     let main = b.lane("main");
     let all_reduce = p.op == OpKind::GemmAr;
+    let parts: Vec<Region> = (0..n).map(|r| b.rows(partial, r * mb, mb)).collect();
+    let send_slots: Vec<Region> = (0..n - 1).map(|s| b.rows(send, s * mb, mb)).collect();
+    let recv_slots: Vec<Region> = (0..n - 1).map(|s| b.rows(recv_buf, s * mb, mb)).collect();
+    let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
     for d in 0..n {
         let (wa, wb, wp) = (b.whole(a), b.whole(bm), b.whole(partial));
         b.push(d, main, gemm(wa, wb, wp));
-        let final_out = if all_reduce { b.rows(c, d * mb, mb) } else { b.whole(c) };
-        if n == 1 {
-            let src = b.whole(partial);
-            b.push(d, main, Op::Reduce { inputs: vec![src], output: final_out });
-            continue;
-        }
-        for s in 0..n {
-            let blk = (d + s + 1) % n;
-            let mine = b.rows(partial, blk * mb, mb);
-            let out = if s == 0 {
-                mine
-            } else {
-                b.push(d, main, wait(recv, s as u32));
-                let got = b.rows(recv_buf, (s - 1) * mb, mb);
-                let out = if s == n - 1 { final_out } else { b.rows(send, s * mb, mb) };
-                b.push(d, main, Op::Reduce { inputs: vec![mine, got], output: out });
-                out
-            };
-            if s < n - 1 {
-                let dst = b.rows(recv_buf, s * mb, mb);
-                b.push(d, main, copy(out, left(d, n), dst));
-                b.push(d, main, signal(left(d, n), recv));
-            }
-        }
-        if all_reduce {
-            ring_all_gather(&mut b, d, main, c, mb, ag);
+        let final_out = if all_reduce { blocks[d] } else { b.whole(c) };
+        let whole_block = Window { row0: 0, col0: 0, rows: mb, cols: p.n };
+        let ring = Ring::all(n, d);
+        ring_reduce_scatter(
+            &mut b,
+            &ring,
+            main,
+            recv,
+            0,
+            &parts,
+            &recv_slots,
+            &send_slots,
+            &[(whole_block, final_out)],
+        );
+        if all_reduce && n > 1 {
+            ring_all_gather(&mut b, &ring, main, ag, 0, blocks[d], &blocks);
+            b.push(d, main, wait(ag, (n - 1) as u32));
         }
     }
     Ok(b.finish()?)

@@ -1,0 +1,875 @@
+//! The five 2D algorithms of seed 002 for the three dataflows, as plans.
+//!
+//! Every plan has one lane per mesh direction plus a compute lane, so the two directions
+//! communicate concurrently; row and column sub-rings have their own semaphores, each
+//! signalled by exactly one lane of one peer (so a wait for value v always acquires the
+//! same v signals, whatever the interleaving). Scratch slots are never reused, so no
+//! plan needs back-pressure. The ring collectives are the 1D helpers of
+//! [`crate::algorithms::ring`] run over a mesh row or column.
+//!
+//! OS is written directly. LS and RS are one logical form ([`Flow`]): the stationary
+//! operand S (p×q) times the transpose of the moving operand gathered along one axis,
+//! GM (G×q), is the partial P (p×G), reduce-scattered along the other axis into C blocks
+//! (p×G/n). LS (C = A·Bᵀ) stores those matrices as they are; RS (C = Aᵀ·B, i.e.
+//! Cᵀ = Bᵀ·(Aᵀ)ᵀ) is the same computation with every matrix stored transposed.
+
+use super::{Dataflow, MeshAlgorithm, MeshError, MeshProblem};
+use crate::algorithms::ring::{
+    copy, merge_pieces, ring_all_gather, ring_broadcast, ring_reduce_scatter, ring_reduce_to, signal, wait,
+    OverlappedReduce, Ring,
+};
+use crate::dtype::DType;
+use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemId};
+use crate::problem::{ShardedGemm, Window};
+
+/// Builds the plan of `algorithm` for `problem`.
+pub fn build_mesh_plan(problem: &MeshProblem, algorithm: MeshAlgorithm) -> Result<Plan, MeshError> {
+    let p = problem;
+    let name = format!("mesh_gemm/{}/{algorithm} {}", p.dataflow, p.shape_string());
+    let os = p.dataflow == Dataflow::Os;
+    let plan = match algorithm {
+        MeshAlgorithm::Collective => {
+            // MeshSlice with one slice is the collective algorithm: one AllGather or
+            // ReduceScatter per direction, the GEMM between them, nothing to overlap.
+            let (_, [(_, along_rows), (_, along_cols)]) = p.sliced_dimension();
+            let slicing = Slicing { slices: 1, block: gcd(along_rows, along_cols) };
+            if os {
+                os_meshslice(p, name, slicing)?
+            } else {
+                flow_meshslice(p, name, slicing)?
+            }
+        }
+        MeshAlgorithm::MeshSlice { slices, block } => {
+            let slicing = Slicing::check(p, slices, block)?;
+            if os {
+                os_meshslice(p, name, slicing)?
+            } else {
+                flow_meshslice(p, name, slicing)?
+            }
+        }
+        MeshAlgorithm::Summa if os => os_summa(p, name)?,
+        MeshAlgorithm::Summa => flow_summa(p, name)?,
+        MeshAlgorithm::Cannon => {
+            if p.nr != p.nc {
+                return Err(MeshError::NotSquare { nr: p.nr, nc: p.nc });
+            }
+            if os {
+                os_cannon(p, name)?
+            } else {
+                flow_cannon(p, name)?
+            }
+        }
+        MeshAlgorithm::Wang if os => os_wang(p, name)?,
+        // Wang decomposes the mesh-row direction: the ReduceScatter of C for LS, the
+        // AllGather of A for RS; the mesh-column direction is one collective.
+        MeshAlgorithm::Wang => {
+            if Flow::of(p).reduce == Axis::Row {
+                flow_wang_decomposed_reduce(p, name)?
+            } else {
+                flow_wang_decomposed_gather(p, name)?
+            }
+        }
+    };
+    Ok(plan)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    a / gcd(a, b) * b
+}
+
+/// A mesh direction: the sub-ring within a mesh row (horizontal, the chip's position is
+/// its column j) or within a mesh column (vertical, position i).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Axis {
+    Row,
+    Col,
+}
+
+impl Axis {
+    /// Chips along this axis.
+    fn len(self, p: &MeshProblem) -> usize {
+        match self {
+            Axis::Row => p.nc,
+            Axis::Col => p.nr,
+        }
+    }
+
+    /// The sub-ring of `device` along this axis, in increasing position; messages go to
+    /// the previous chip (left in a row, up in a column).
+    fn ring(self, p: &MeshProblem, device: usize) -> Ring {
+        let (i, j) = p.chip(device);
+        match self {
+            Axis::Row => Ring { members: (0..p.nc).map(|c| p.device(i, c)).collect(), pos: j },
+            Axis::Col => Ring { members: (0..p.nr).map(|r| p.device(r, j)).collect(), pos: i },
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Axis::Row => "row",
+            Axis::Col => "col",
+        }
+    }
+}
+
+/// MeshSlice's S slices of block size B: slice s of the sliced dimension is
+/// { x : (x / B) mod S = s }, the same set whichever chip's extent it is cut from.
+#[derive(Clone, Copy, Debug)]
+struct Slicing {
+    slices: usize,
+    block: usize,
+}
+
+impl Slicing {
+    fn check(p: &MeshProblem, slices: usize, block: usize) -> Result<Slicing, MeshError> {
+        if slices == 0 || block == 0 {
+            return Err(MeshError::ZeroSlicing { slices, block });
+        }
+        let (dim, extents) = p.sliced_dimension();
+        for (what, size) in extents {
+            if size % (slices * block) != 0 {
+                return Err(MeshError::SliceIndivisible { dataflow: p.dataflow, dim, what, size, slices, block });
+            }
+        }
+        Ok(Slicing { slices, block })
+    }
+
+    /// Blocks of slice s in an extent of `extent` indices: block u starts at u·S·B + s·B
+    /// there and at u·B in the slice's packed (natural order) form.
+    fn blocks(&self, extent: usize) -> usize {
+        extent / (self.slices * self.block)
+    }
+}
+
+/// Declares the input buffer of global tensor `tensor` with each chip's shard origin.
+fn input_buffer(b: &mut PlanBuilder, p: &MeshProblem, tensor: u32) -> BufId {
+    let decl = p.global().inputs()[tensor as usize];
+    let shard = p.input_shard(tensor, 0);
+    let origins = (0..p.devices())
+        .map(|d| {
+            let w = p.input_shard(tensor, d);
+            (w.row0, w.col0)
+        })
+        .collect();
+    b.buffer(decl.name, p.input, shard.rows, shard.cols, BufferRole::Input { tensor, global_cols: decl.cols, origins })
+}
+
+/// Declares the output buffer `C`, block (i, j) of the global C.
+fn output_buffer(b: &mut PlanBuilder, p: &MeshProblem) -> BufId {
+    let w = p.output_window(0);
+    b.buffer("C", p.output, w.rows, w.cols, BufferRole::Output)
+}
+
+/// Pushes the copies of a list of (source, destination) pieces on `device`'s `lane`,
+/// merged into one copy where the pieces form one 2D region on both sides.
+fn push_copies(b: &mut PlanBuilder, device: usize, lane: LaneId, pieces: Vec<Vec<Region>>) {
+    for piece in merge_pieces(pieces) {
+        b.push(device, lane, copy(piece[0], device, piece[1]));
+    }
+}
+
+/// Where the OS sum of several GEMMs accumulates: C itself when it is f32 or when a
+/// single GEMM writes it (rounded once); otherwise an f32 accumulator converted into C
+/// at the end, so that C is still rounded only once.
+struct OsTarget {
+    c: BufId,
+    acc: Option<BufId>,
+}
+
+impl OsTarget {
+    fn new(b: &mut PlanBuilder, p: &MeshProblem, c: BufId, gemms: usize) -> OsTarget {
+        let acc = (gemms > 1 && p.output != DType::F32).then(|| {
+            let w = p.output_window(0);
+            b.buffer("ACC", DType::F32, w.rows, w.cols, BufferRole::Scratch)
+        });
+        OsTarget { c, acc }
+    }
+
+    /// Step `t` of the sum: `target (+)= a · b`.
+    fn gemm(&self, b: &PlanBuilder, t: usize, a: Region, bm: Region) -> Op {
+        let c = b.whole(self.acc.unwrap_or(self.c));
+        Op::Gemm { a, b: bm, c, trans_a: false, trans_b: false, accumulate: t > 0 }
+    }
+
+    /// Converts the accumulator into C, if there is one.
+    fn finish(&self, b: &mut PlanBuilder, device: usize, lane: LaneId) {
+        if let Some(acc) = self.acc {
+            let (src, dst) = (b.whole(acc), b.whole(self.c));
+            b.push(device, lane, Op::Reduce { inputs: vec![src], output: dst });
+        }
+    }
+}
+
+/// OS MeshSlice (and, with one slice, OS Collective): for each slice s, the row lane
+/// packs slice s of A_ij (columns u·S·B + s·B …) into this chip's slot of slice s of GA
+/// and all-gathers it over the mesh row; the column lane does the same for the rows of
+/// B_ij over the mesh column; the compute lane adds GA_s · GB_s into C as soon as both
+/// slices have arrived, while the lanes already move slice s+1.
+fn os_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, MeshError> {
+    let (nr, nc, k) = (p.nr, p.nc, p.k);
+    let (mb, nb, kc, kr) = (p.m / nr, p.n / nc, k / nc, k / nr);
+    let (slices, blk) = (sl.slices, sl.block);
+    let ks = k / slices;
+    let mut b = PlanBuilder::new(name, p.devices());
+    let a = input_buffer(&mut b, p, 0);
+    let bm = input_buffer(&mut b, p, 1);
+    let c = output_buffer(&mut b, p);
+    let ga = b.buffer("GA", p.input, mb, k, BufferRole::Scratch);
+    let gb = b.buffer("GB", p.input, k, nb, BufferRole::Scratch);
+    let target = OsTarget::new(&mut b, p, c, slices);
+    let row_recv = b.semaphore("row_recv");
+    let col_recv = b.semaphore("col_recv");
+    let a_packed = b.semaphore("a_packed");
+    let b_packed = b.semaphore("b_packed");
+    let row_lane = b.lane("row");
+    let col_lane = b.lane("col");
+    let compute = b.lane("compute");
+    for d in 0..p.devices() {
+        let (row, col) = (Axis::Row.ring(p, d), Axis::Col.ring(p, d));
+        let (i, j) = p.chip(d);
+        for s in 0..slices {
+            // Slice s of the gathered K: chip x's part of it at offset s·K/S + x·(its
+            // extent)/S, in natural order, so GA_s's columns and GB_s's rows coincide.
+            let a_slots: Vec<Region> =
+                (0..nc).map(|x| b.window(ga, 0, s * ks + x * kc / slices, mb, kc / slices)).collect();
+            let pieces = (0..sl.blocks(kc))
+                .map(|u| {
+                    vec![
+                        b.window(a, 0, u * slices * blk + s * blk, mb, blk),
+                        b.window(ga, 0, s * ks + j * kc / slices + u * blk, mb, blk),
+                    ]
+                })
+                .collect();
+            push_copies(&mut b, d, row_lane, pieces);
+            b.push(d, row_lane, signal(d, a_packed));
+            ring_all_gather(&mut b, &row, row_lane, row_recv, (s * (nc - 1)) as u32, a_slots[j], &a_slots);
+
+            let b_slots: Vec<Region> = (0..nr).map(|x| b.rows(gb, s * ks + x * kr / slices, kr / slices)).collect();
+            let pieces = (0..sl.blocks(kr))
+                .map(|u| {
+                    vec![
+                        b.rows(bm, u * slices * blk + s * blk, blk),
+                        b.rows(gb, s * ks + i * kr / slices + u * blk, blk),
+                    ]
+                })
+                .collect();
+            push_copies(&mut b, d, col_lane, pieces);
+            b.push(d, col_lane, signal(d, b_packed));
+            ring_all_gather(&mut b, &col, col_lane, col_recv, (s * (nr - 1)) as u32, b_slots[i], &b_slots);
+
+            b.push(d, compute, wait(a_packed, (s + 1) as u32));
+            if nc > 1 {
+                b.push(d, compute, wait(row_recv, ((s + 1) * (nc - 1)) as u32));
+            }
+            b.push(d, compute, wait(b_packed, (s + 1) as u32));
+            if nr > 1 {
+                b.push(d, compute, wait(col_recv, ((s + 1) * (nr - 1)) as u32));
+            }
+            let (ga_s, gb_s) = (b.window(ga, 0, s * ks, mb, ks), b.rows(gb, s * ks, ks));
+            let op = target.gemm(&b, s, ga_s, gb_s);
+            b.push(d, compute, op);
+        }
+        target.finish(&mut b, d, compute);
+    }
+    Ok(b.finish()?)
+}
+
+/// The operand of step t of a broadcast or shift sequence on the compute lane: the
+/// chip's own data, or a received region after the wait that guards it.
+fn received(b: &mut PlanBuilder, device: usize, lane: LaneId, guard: Option<(SemId, u32)>, region: Region) -> Region {
+    if let Some((sem, value)) = guard {
+        b.push(device, lane, wait(sem, value));
+    }
+    region
+}
+
+/// OS SUMMA: the gathered K is cut into T = lcm(Nr, Nc) panels of K/T; at step t the
+/// owner of A's panel t broadcasts it along its mesh row, the owner of B's panel t along
+/// its mesh column, and every chip adds the panel product into C.
+fn os_summa(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
+    let (nr, nc, k) = (p.nr, p.nc, p.k);
+    let (mb, nb, kc, kr) = (p.m / nr, p.n / nc, k / nc, k / nr);
+    let steps = lcm(nr, nc);
+    let w = k / steps;
+    let mut b = PlanBuilder::new(name, p.devices());
+    let a = input_buffer(&mut b, p, 0);
+    let bm = input_buffer(&mut b, p, 1);
+    let c = output_buffer(&mut b, p);
+    let ga = b.buffer("GA", p.input, mb, k, BufferRole::Scratch);
+    let gb = b.buffer("GB", p.input, k, nb, BufferRole::Scratch);
+    let target = OsTarget::new(&mut b, p, c, steps);
+    let row_recv = b.semaphore("row_recv");
+    let col_recv = b.semaphore("col_recv");
+    let row_lane = b.lane("row");
+    let col_lane = b.lane("col");
+    let compute = b.lane("compute");
+    for d in 0..p.devices() {
+        let (row, col) = (Axis::Row.ring(p, d), Axis::Col.ring(p, d));
+        let (mut a_arrived, mut b_arrived) = (0, 0);
+        for t in 0..steps {
+            let (a_root, b_root) = (t * w / kc, t * w / kr);
+            let a_src = b.window(a, 0, t * w - a_root * kc, mb, w);
+            let a_dst = b.window(ga, 0, t * w, mb, w);
+            let a_guard =
+                ring_broadcast(&mut b, &row, row_lane, row_recv, a_arrived, a_root, a_src, a_dst).then(|| {
+                    a_arrived += 1;
+                    (row_recv, a_arrived)
+                });
+            let b_src = b.rows(bm, t * w - b_root * kr, w);
+            let b_dst = b.rows(gb, t * w, w);
+            let b_guard =
+                ring_broadcast(&mut b, &col, col_lane, col_recv, b_arrived, b_root, b_src, b_dst).then(|| {
+                    b_arrived += 1;
+                    (col_recv, b_arrived)
+                });
+            let a_t = received(&mut b, d, compute, a_guard, if a_guard.is_some() { a_dst } else { a_src });
+            let b_t = received(&mut b, d, compute, b_guard, if b_guard.is_some() { b_dst } else { b_src });
+            let op = target.gemm(&b, t, a_t, b_t);
+            b.push(d, compute, op);
+        }
+        target.finish(&mut b, d, compute);
+    }
+    Ok(b.finish()?)
+}
+
+/// Slots of Cannon's moving operand: slot 0 receives the skewed block, slot t+1 the
+/// block shifted in after step t. `own` is the chip's own block.
+struct CannonMover {
+    own: Region,
+    slots: Vec<Region>,
+    skew_sem: SemId,
+    shift_sem: SemId,
+}
+
+impl CannonMover {
+    /// The mover lane: sends the own block `skew` positions left along `ring` (unless
+    /// skew is 0, when the chip keeps it), then passes the current block one position
+    /// left after each step but the last.
+    fn lane(&self, b: &mut PlanBuilder, ring: &Ring, lane: LaneId, skew: usize) {
+        let (n, me) = (ring.len(), ring.me());
+        if skew % n != 0 {
+            let target = ring.at(n - skew % n);
+            b.push(me, lane, copy(self.own, target, self.slots[0]));
+            b.push(me, lane, signal(target, self.skew_sem));
+        }
+        for t in 0..n - 1 {
+            let current = self.operand(b, me, lane, skew % n, t);
+            b.push(me, lane, copy(current, ring.left(), self.slots[t + 1]));
+            b.push(me, lane, signal(ring.left(), self.shift_sem));
+        }
+    }
+
+    /// The block of step t on `lane`, after the wait that guards it.
+    fn operand(&self, b: &mut PlanBuilder, me: usize, lane: LaneId, skew: usize, t: usize) -> Region {
+        match (t, skew) {
+            (0, 0) => self.own,
+            (0, _) => received(b, me, lane, Some((self.skew_sem, 1)), self.slots[0]),
+            _ => received(b, me, lane, Some((self.shift_sem, t as u32)), self.slots[t]),
+        }
+    }
+}
+
+/// OS Cannon on an n×n mesh: A_ij is skewed i chips left and B_ij j chips up, so that
+/// chip (i, j) starts with A_{i,i+j} and B_{i+j,j}; then n steps multiply and add into C
+/// while A shifts one chip left and B one chip up.
+fn os_cannon(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
+    let n = p.nr;
+    let (mb, nb, kb) = (p.m / n, p.n / n, p.k / n);
+    let mut b = PlanBuilder::new(name, p.devices());
+    let a = input_buffer(&mut b, p, 0);
+    let bm = input_buffer(&mut b, p, 1);
+    let c = output_buffer(&mut b, p);
+    let sa = b.buffer("SA", p.input, n * mb, kb, BufferRole::Scratch);
+    let sb = b.buffer("SB", p.input, n * kb, nb, BufferRole::Scratch);
+    let target = OsTarget::new(&mut b, p, c, n);
+    let a_skew = b.semaphore("a_skew");
+    let a_shift = b.semaphore("a_shift");
+    let b_skew = b.semaphore("b_skew");
+    let b_shift = b.semaphore("b_shift");
+    let row_lane = b.lane("row");
+    let col_lane = b.lane("col");
+    let compute = b.lane("compute");
+    let a_mover = CannonMover {
+        own: b.whole(a),
+        slots: (0..n).map(|t| b.rows(sa, t * mb, mb)).collect(),
+        skew_sem: a_skew,
+        shift_sem: a_shift,
+    };
+    let b_mover = CannonMover {
+        own: b.whole(bm),
+        slots: (0..n).map(|t| b.rows(sb, t * kb, kb)).collect(),
+        skew_sem: b_skew,
+        shift_sem: b_shift,
+    };
+    for d in 0..p.devices() {
+        let (i, j) = p.chip(d);
+        a_mover.lane(&mut b, &Axis::Row.ring(p, d), row_lane, i);
+        b_mover.lane(&mut b, &Axis::Col.ring(p, d), col_lane, j);
+        for t in 0..n {
+            let a_t = a_mover.operand(&mut b, d, compute, i % n, t);
+            let b_t = b_mover.operand(&mut b, d, compute, j % n, t);
+            let op = target.gemm(&b, t, a_t, b_t);
+            b.push(d, compute, op);
+        }
+        target.finish(&mut b, d, compute);
+    }
+    Ok(b.finish()?)
+}
+
+/// OS Wang: B is all-gathered over the mesh column first (one collective), while A
+/// travels around the mesh row one shard per step, each step's GEMM overlapping the
+/// next shard's transfer (the 1D AG+GEMM ring).
+fn os_wang(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
+    let (nr, nc, k) = (p.nr, p.nc, p.k);
+    let (mb, nb, kc, kr) = (p.m / nr, p.n / nc, k / nc, k / nr);
+    let mut b = PlanBuilder::new(name, p.devices());
+    let a = input_buffer(&mut b, p, 0);
+    let bm = input_buffer(&mut b, p, 1);
+    let c = output_buffer(&mut b, p);
+    let ga = b.buffer("GA", p.input, mb, k, BufferRole::Scratch);
+    let gb = b.buffer("GB", p.input, k, nb, BufferRole::Scratch);
+    let target = OsTarget::new(&mut b, p, c, nc);
+    let row_recv = b.semaphore("row_recv");
+    let col_recv = b.semaphore("col_recv");
+    let b_ready = b.semaphore("b_ready");
+    let row_lane = b.lane("row");
+    let col_lane = b.lane("col");
+    let compute = b.lane("compute");
+    let a_blocks: Vec<Region> = (0..nc).map(|x| b.window(ga, 0, x * kc, mb, kc)).collect();
+    let b_blocks: Vec<Region> = (0..nr).map(|x| b.rows(gb, x * kr, kr)).collect();
+    for d in 0..p.devices() {
+        let (row, col) = (Axis::Row.ring(p, d), Axis::Col.ring(p, d));
+        let (i, j) = p.chip(d);
+        let own_a = b.whole(a);
+        ring_all_gather(&mut b, &row, row_lane, row_recv, 0, own_a, &a_blocks);
+
+        let own_b = b.whole(bm);
+        b.push(d, col_lane, copy(own_b, d, b_blocks[i]));
+        ring_all_gather(&mut b, &col, col_lane, col_recv, 0, b_blocks[i], &b_blocks);
+        if nr > 1 {
+            b.push(d, col_lane, wait(col_recv, (nr - 1) as u32));
+        }
+        b.push(d, col_lane, signal(d, b_ready));
+
+        b.push(d, compute, wait(b_ready, 1));
+        for t in 0..nc {
+            let x = (j + t) % nc;
+            let guard = (t > 0).then_some((row_recv, t as u32));
+            let a_t = received(&mut b, d, compute, guard, if t == 0 { own_a } else { a_blocks[x] });
+            let b_t = b.rows(gb, x * kc, kc);
+            let op = target.gemm(&b, t, a_t, b_t);
+            b.push(d, compute, op);
+        }
+        target.finish(&mut b, d, compute);
+    }
+    Ok(b.finish()?)
+}
+
+/// LS and RS in one logical form (see the module documentation).
+#[derive(Clone, Copy, Debug)]
+struct Flow {
+    /// RS: every logical matrix is stored transposed.
+    transposed: bool,
+    /// The axis the moving operand is gathered along.
+    gather: Axis,
+    /// The axis the partial products are reduce-scattered along.
+    reduce: Axis,
+    /// Rows of the stationary operand S and of P and C (logical).
+    p: usize,
+    /// Columns of S and of the moving operand (the chip's K extent).
+    q: usize,
+    /// Rows of the moving shard (its extent of the gathered dimension G).
+    g: usize,
+    /// The gathered dimension G (N for LS, M for RS).
+    big_g: usize,
+    /// Columns of a C block (G split over the reduce axis).
+    cb: usize,
+    /// Generator tensor of the stationary operand (the other one moves).
+    stationary: u32,
+}
+
+impl Flow {
+    fn of(p: &MeshProblem) -> Flow {
+        let (nr, nc) = (p.nr, p.nc);
+        match p.dataflow {
+            Dataflow::Rs => Flow {
+                transposed: true,
+                gather: Axis::Row,
+                reduce: Axis::Col,
+                p: p.n / nc,
+                q: p.k / nr,
+                g: p.m / nc,
+                big_g: p.m,
+                cb: p.m / nr,
+                stationary: 1,
+            },
+            // LS; OS is not a Flow and never asks for one.
+            Dataflow::Ls | Dataflow::Os => Flow {
+                transposed: false,
+                gather: Axis::Col,
+                reduce: Axis::Row,
+                p: p.m / nr,
+                q: p.k / nc,
+                g: p.n / nr,
+                big_g: p.n,
+                cb: p.n / nc,
+                stationary: 0,
+            },
+        }
+    }
+
+    /// A logical window as stored.
+    fn stored(&self, w: Window) -> Window {
+        if self.transposed {
+            Window { row0: w.col0, col0: w.row0, rows: w.cols, cols: w.rows }
+        } else {
+            w
+        }
+    }
+
+    /// Declares a scratch buffer of logical shape rows×cols.
+    fn scratch(&self, b: &mut PlanBuilder, name: &str, dtype: DType, rows: usize, cols: usize) -> BufId {
+        let s = self.stored(Window { row0: 0, col0: 0, rows, cols });
+        b.buffer(name, dtype, s.rows, s.cols, BufferRole::Scratch)
+    }
+
+    /// `count` scratch slots of logical shape rows×cols, stacked one under the other as
+    /// stored.
+    fn slots(
+        &self,
+        b: &mut PlanBuilder,
+        name: &str,
+        dtype: DType,
+        count: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Vec<Region> {
+        let s = self.stored(Window { row0: 0, col0: 0, rows, cols });
+        let buf = b.buffer(name, dtype, count * s.rows, s.cols, BufferRole::Scratch);
+        (0..count).map(|t| b.rows(buf, t * s.rows, s.rows)).collect()
+    }
+
+    /// A logical window of a buffer.
+    fn win(&self, b: &PlanBuilder, buf: BufId, row0: usize, col0: usize, rows: usize, cols: usize) -> Region {
+        let s = self.stored(Window { row0, col0, rows, cols });
+        b.window(buf, s.row0, s.col0, s.rows, s.cols)
+    }
+
+    /// `out = s · gmᵀ` in logical terms (s p×q, gm x×q, out p×x).
+    fn gemm(&self, s: Region, gm: Region, out: Region) -> Op {
+        if self.transposed {
+            // Stored: outᵀ (x×p) = gmᵀ (x×q) · sᵀ (q×p), gm stored q×x, s stored q×p.
+            Op::Gemm { a: gm, b: s, c: out, trans_a: true, trans_b: false, accumulate: false }
+        } else {
+            Op::Gemm { a: s, b: gm, c: out, trans_a: false, trans_b: true, accumulate: false }
+        }
+    }
+
+    /// The final piece of a reduce whose block (p × `cols`, logical) lands whole in `c`.
+    fn whole_block(&self, c: Region, cols: usize) -> Vec<(Window, Region)> {
+        vec![(self.stored(Window { row0: 0, col0: 0, rows: self.p, cols }), c)]
+    }
+}
+
+/// The buffers every LS/RS plan has.
+struct FlowBuffers {
+    stationary: BufId,
+    moving: BufId,
+    c: BufId,
+}
+
+fn flow_buffers(b: &mut PlanBuilder, p: &MeshProblem, f: &Flow) -> FlowBuffers {
+    // Declared in tensor order (A, B), so every plan of the family lists them alike.
+    let first = input_buffer(b, p, 0);
+    let second = input_buffer(b, p, 1);
+    let c = output_buffer(b, p);
+    let (stationary, moving) = if f.stationary == 0 { (first, second) } else { (second, first) };
+    FlowBuffers { stationary, moving, c }
+}
+
+/// LS/RS MeshSlice (and, with one slice, LS/RS Collective): for each slice s the gather
+/// lane packs slice s of the moving shard into this chip's slot of GM_s and all-gathers
+/// it; the compute lane multiplies it into P_s (the partial of slice s's columns of
+/// every C block of the reduce ring); the reduce lane reduce-scatters P_s, each chip's
+/// sum landing in slice s's columns of its C block, while the compute lane already works
+/// on slice s+1.
+fn flow_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, MeshError> {
+    let f = Flow::of(p);
+    let (ng, nrd) = (f.gather.len(p), f.reduce.len(p));
+    let (slices, blk) = (sl.slices, sl.block);
+    let (gs, gw, cw) = (f.big_g / slices, f.g / slices, f.cb / slices);
+    let mut b = PlanBuilder::new(name, p.devices());
+    let bufs = flow_buffers(&mut b, p, &f);
+    let gm = f.scratch(&mut b, "GM", p.input, f.big_g, f.q);
+    let part = f.scratch(&mut b, "P", DType::F32, f.p, f.big_g);
+    let recv_slots = f.slots(&mut b, "recv", DType::F32, slices * (nrd - 1), f.p, cw);
+    let send_slots = f.slots(&mut b, "send", DType::F32, slices * (nrd - 1), f.p, cw);
+    let g_recv = b.semaphore(&format!("{}_recv", f.gather.name()));
+    let packed = b.semaphore("packed");
+    let p_ready = b.semaphore("p_ready");
+    let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
+    let gather_lane = b.lane(f.gather.name());
+    let compute = b.lane("compute");
+    let reduce_lane = b.lane(f.reduce.name());
+    for d in 0..p.devices() {
+        let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
+        for s in 0..slices {
+            let slots: Vec<Region> = (0..ng).map(|x| f.win(&b, gm, s * gs + x * gw, 0, gw, f.q)).collect();
+            let pieces = (0..sl.blocks(f.g))
+                .map(|u| {
+                    vec![
+                        f.win(&b, bufs.moving, u * slices * blk + s * blk, 0, blk, f.q),
+                        f.win(&b, gm, s * gs + gring.pos * gw + u * blk, 0, blk, f.q),
+                    ]
+                })
+                .collect();
+            push_copies(&mut b, d, gather_lane, pieces);
+            b.push(d, gather_lane, signal(d, packed));
+            ring_all_gather(&mut b, &gring, gather_lane, g_recv, (s * (ng - 1)) as u32, slots[gring.pos], &slots);
+
+            b.push(d, compute, wait(packed, (s + 1) as u32));
+            if ng > 1 {
+                b.push(d, compute, wait(g_recv, ((s + 1) * (ng - 1)) as u32));
+            }
+            let (st, gm_s, p_s) =
+                (b.whole(bufs.stationary), f.win(&b, gm, s * gs, 0, gs, f.q), f.win(&b, part, 0, s * gs, f.p, gs));
+            b.push(d, compute, f.gemm(st, gm_s, p_s));
+            b.push(d, compute, signal(d, p_ready));
+
+            b.push(d, reduce_lane, wait(p_ready, (s + 1) as u32));
+            let parts: Vec<Region> = (0..nrd).map(|x| f.win(&b, part, 0, s * gs + x * cw, f.p, cw)).collect();
+            let out: Vec<(Window, Region)> = (0..sl.blocks(f.cb))
+                .map(|u| {
+                    let w = f.stored(Window { row0: 0, col0: u * blk, rows: f.p, cols: blk });
+                    (w, f.win(&b, bufs.c, 0, u * slices * blk + s * blk, f.p, blk))
+                })
+                .collect();
+            let range = s * (nrd - 1)..(s + 1) * (nrd - 1);
+            ring_reduce_scatter(
+                &mut b,
+                &rring,
+                reduce_lane,
+                r_recv,
+                range.start as u32,
+                &parts,
+                &recv_slots[range.clone()],
+                &send_slots[range],
+                &out,
+            );
+        }
+    }
+    Ok(b.finish()?)
+}
+
+/// LS/RS SUMMA: the gathered dimension G is cut into T = lcm(n_gather, n_reduce) panels
+/// of G/T; at step t the owner of the moving operand's panel t broadcasts it along the
+/// gather axis, every chip multiplies it into its partial panel, and the partials are
+/// reduced along the reduce axis to the chip whose C block holds panel t.
+fn flow_summa(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
+    let f = Flow::of(p);
+    let (ng, nrd) = (f.gather.len(p), f.reduce.len(p));
+    let steps = lcm(ng, nrd);
+    let w = f.big_g / steps;
+    let mut b = PlanBuilder::new(name, p.devices());
+    let bufs = flow_buffers(&mut b, p, &f);
+    let gm = f.scratch(&mut b, "GM", p.input, f.big_g, f.q);
+    let part = f.scratch(&mut b, "P", DType::F32, f.p, f.big_g);
+    let recv = f.scratch(&mut b, "recv", DType::F32, f.p, f.big_g);
+    let send = f.scratch(&mut b, "send", DType::F32, f.p, f.big_g);
+    let g_recv = b.semaphore(&format!("{}_recv", f.gather.name()));
+    let p_ready = b.semaphore("p_ready");
+    let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
+    let gather_lane = b.lane(f.gather.name());
+    let compute = b.lane("compute");
+    let reduce_lane = b.lane(f.reduce.name());
+    for d in 0..p.devices() {
+        let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
+        let (mut g_arrived, mut r_arrived) = (0, 0);
+        for t in 0..steps {
+            let (g_root, r_root) = (t * w / f.g, t * w / f.cb);
+            let src = f.win(&b, bufs.moving, t * w - g_root * f.g, 0, w, f.q);
+            let dst = f.win(&b, gm, t * w, 0, w, f.q);
+            let guard = ring_broadcast(&mut b, &gring, gather_lane, g_recv, g_arrived, g_root, src, dst).then(|| {
+                g_arrived += 1;
+                (g_recv, g_arrived)
+            });
+            let panel = received(&mut b, d, compute, guard, if guard.is_some() { dst } else { src });
+            let (st, p_t) = (b.whole(bufs.stationary), f.win(&b, part, 0, t * w, f.p, w));
+            b.push(d, compute, f.gemm(st, panel, p_t));
+            b.push(d, compute, signal(d, p_ready));
+
+            b.push(d, reduce_lane, wait(p_ready, (t + 1) as u32));
+            let (recv_t, send_t) = (f.win(&b, recv, 0, t * w, f.p, w), f.win(&b, send, 0, t * w, f.p, w));
+            let out = f.whole_block(f.win(&b, bufs.c, 0, t * w - r_root * f.cb, f.p, w), w);
+            if ring_reduce_to(&mut b, &rring, reduce_lane, r_recv, r_arrived, r_root, p_t, recv_t, send_t, &out) {
+                r_arrived += 1;
+            }
+        }
+    }
+    Ok(b.finish()?)
+}
+
+/// LS/RS Cannon on an n×n mesh. At step t chip (gather position x, reduce position y)
+/// holds moving block (x+y+t) mod n and the running sum of C block (x+y+t) mod n: the
+/// moving shard is skewed y chips back along the gather axis and shifted one chip per
+/// step, the sums travel one chip per step along the reduce axis (the overlapped GEMM+RS
+/// ring), and after the last step each sum is sent home to the chip owning that block.
+fn flow_cannon(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
+    let f = Flow::of(p);
+    let n = p.nr;
+    let mut b = PlanBuilder::new(name, p.devices());
+    let bufs = flow_buffers(&mut b, p, &f);
+    let moving_slots = f.slots(&mut b, "MS", p.input, n, f.g, f.q);
+    let part = f.scratch(&mut b, "P", DType::F32, f.p, f.cb);
+    let send = f.slots(&mut b, "send", DType::F32, n - 1, f.p, f.cb);
+    let recv = f.slots(&mut b, "recv", DType::F32, n - 1, f.p, f.cb);
+    let stage = f.scratch(&mut b, "stage", p.output, f.p, f.cb);
+    let skew = b.semaphore("skew");
+    let shift = b.semaphore("shift");
+    let ready = b.semaphore("ready");
+    let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
+    let home_sem = b.semaphore("home");
+    let gather_lane = b.lane(f.gather.name());
+    let compute = b.lane("compute");
+    let reduce_lane = b.lane(f.reduce.name());
+    let mover = CannonMover { own: b.whole(bufs.moving), slots: moving_slots, skew_sem: skew, shift_sem: shift };
+    for d in 0..p.devices() {
+        let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
+        let y = rring.pos;
+        mover.lane(&mut b, &gring, gather_lane, y);
+        let ring = OverlappedReduce {
+            me: d,
+            peer: rring.left(),
+            n,
+            ready,
+            recv: r_recv,
+            comm: reduce_lane,
+            part: b.whole(part),
+            send: send.clone(),
+            recv_slots: recv.clone(),
+        };
+        // After the last step this chip holds the sum of block x+y−1, owned by the chip
+        // at that position of its reduce ring.
+        let home = rring.at((gring.pos + 2 * n - 1) % n);
+        let out = if home == d { b.whole(bufs.c) } else { b.whole(stage) };
+        let st = b.whole(bufs.stationary);
+        for t in 0..n {
+            ring.compute_step(&mut b, compute, t, out, &mut |b, dst| {
+                let moving = mover.operand(b, d, compute, y % n, t);
+                b.push(d, compute, f.gemm(st, moving, dst));
+            });
+        }
+        if home != d {
+            let dst = b.whole(bufs.c);
+            b.push(d, compute, copy(out, home, dst));
+            b.push(d, compute, signal(home, home_sem));
+            // The chip whose last sum is this chip's block sends it here likewise.
+            b.push(d, compute, wait(home_sem, 1));
+        }
+        ring.comm(&mut b);
+    }
+    Ok(b.finish()?)
+}
+
+/// LS/RS Wang with the gather direction decomposed (RS: A along the mesh row): the
+/// moving shards travel around the gather ring one per step, each multiplied into its
+/// columns of P as it arrives; then P is reduce-scattered along the reduce axis as one
+/// collective.
+fn flow_wang_decomposed_gather(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
+    let f = Flow::of(p);
+    let (ng, nrd) = (f.gather.len(p), f.reduce.len(p));
+    let mut b = PlanBuilder::new(name, p.devices());
+    let bufs = flow_buffers(&mut b, p, &f);
+    let gm = f.scratch(&mut b, "GM", p.input, f.big_g, f.q);
+    let part = f.scratch(&mut b, "P", DType::F32, f.p, f.big_g);
+    let recv_slots = f.slots(&mut b, "recv", DType::F32, nrd - 1, f.p, f.cb);
+    let send_slots = f.slots(&mut b, "send", DType::F32, nrd - 1, f.p, f.cb);
+    let g_recv = b.semaphore(&format!("{}_recv", f.gather.name()));
+    let p_ready = b.semaphore("p_ready");
+    let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
+    let gather_lane = b.lane(f.gather.name());
+    let compute = b.lane("compute");
+    let reduce_lane = b.lane(f.reduce.name());
+    let blocks: Vec<Region> = (0..ng).map(|x| f.win(&b, gm, x * f.g, 0, f.g, f.q)).collect();
+    let parts: Vec<Region> = (0..nrd).map(|x| f.win(&b, part, 0, x * f.cb, f.p, f.cb)).collect();
+    for d in 0..p.devices() {
+        let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
+        let own = b.whole(bufs.moving);
+        ring_all_gather(&mut b, &gring, gather_lane, g_recv, 0, own, &blocks);
+        let st = b.whole(bufs.stationary);
+        for t in 0..ng {
+            let x = (gring.pos + t) % ng;
+            let guard = (t > 0).then_some((g_recv, t as u32));
+            let moving = received(&mut b, d, compute, guard, if t == 0 { own } else { blocks[x] });
+            let p_x = f.win(&b, part, 0, x * f.g, f.p, f.g);
+            b.push(d, compute, f.gemm(st, moving, p_x));
+        }
+        b.push(d, compute, signal(d, p_ready));
+        b.push(d, reduce_lane, wait(p_ready, 1));
+        let out = f.whole_block(b.whole(bufs.c), f.cb);
+        ring_reduce_scatter(&mut b, &rring, reduce_lane, r_recv, 0, &parts, &recv_slots, &send_slots, &out);
+    }
+    Ok(b.finish()?)
+}
+
+/// LS/RS Wang with the reduce direction decomposed (LS: C along the mesh row): the
+/// moving operand is all-gathered along the gather axis first (one collective), then the
+/// overlapped GEMM+RS ring computes at step s the partial of C block (y+s+1) mod n,
+/// adds the running sum from the right and passes it left.
+fn flow_wang_decomposed_reduce(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
+    let f = Flow::of(p);
+    let (ng, nrd) = (f.gather.len(p), f.reduce.len(p));
+    let mut b = PlanBuilder::new(name, p.devices());
+    let bufs = flow_buffers(&mut b, p, &f);
+    let gm = f.scratch(&mut b, "GM", p.input, f.big_g, f.q);
+    let part = f.scratch(&mut b, "P", DType::F32, f.p, f.cb);
+    let send = f.slots(&mut b, "send", DType::F32, nrd - 1, f.p, f.cb);
+    let recv = f.slots(&mut b, "recv", DType::F32, nrd - 1, f.p, f.cb);
+    let g_recv = b.semaphore(&format!("{}_recv", f.gather.name()));
+    let gm_ready = b.semaphore("gathered");
+    let ready = b.semaphore("ready");
+    let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
+    let gather_lane = b.lane(f.gather.name());
+    let compute = b.lane("compute");
+    let reduce_lane = b.lane(f.reduce.name());
+    let blocks: Vec<Region> = (0..ng).map(|x| f.win(&b, gm, x * f.g, 0, f.g, f.q)).collect();
+    for d in 0..p.devices() {
+        let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
+        let own = b.whole(bufs.moving);
+        b.push(d, gather_lane, copy(own, d, blocks[gring.pos]));
+        ring_all_gather(&mut b, &gring, gather_lane, g_recv, 0, blocks[gring.pos], &blocks);
+        if ng > 1 {
+            b.push(d, gather_lane, wait(g_recv, (ng - 1) as u32));
+        }
+        b.push(d, gather_lane, signal(d, gm_ready));
+
+        let ring = OverlappedReduce {
+            me: d,
+            peer: rring.left(),
+            n: nrd,
+            ready,
+            recv: r_recv,
+            comm: reduce_lane,
+            part: b.whole(part),
+            send: send.clone(),
+            recv_slots: recv.clone(),
+        };
+        b.push(d, compute, wait(gm_ready, 1));
+        let (st, out) = (b.whole(bufs.stationary), b.whole(bufs.c));
+        for s in 0..nrd {
+            let x = (rring.pos + s + 1) % nrd;
+            let gm_x = f.win(&b, gm, x * f.cb, 0, f.cb, f.q);
+            ring.compute_step(&mut b, compute, s, out, &mut |b, dst| b.push(d, compute, f.gemm(st, gm_x, dst)));
+        }
+        ring.comm(&mut b);
+    }
+    Ok(b.finish()?)
+}

@@ -1,0 +1,336 @@
+use super::*;
+use crate::cpu;
+use crate::generator::Family;
+use crate::oracle::{expected_outputs, global_input};
+use crate::schedule::{orders, schedule_with};
+use crate::verify::verify;
+use DType::*;
+
+const MESHES: [(usize, usize); 8] = [(1, 1), (1, 4), (4, 1), (2, 2), (2, 4), (4, 2), (3, 3), (4, 4)];
+
+fn lcm(a: usize, b: usize) -> usize {
+    (1..=a * b).find(|x| x % a == 0 && x % b == 0).unwrap_or(a * b)
+}
+
+/// A problem every dataflow and MeshSlice(S=2, B=1) can shard on the mesh, with
+/// non-square global shapes and two blocks per slice on every chip.
+fn problem(nr: usize, nc: usize, dataflow: Dataflow, input: DType, output: DType) -> MeshProblem {
+    let l = lcm(nr, nc);
+    MeshProblem::new(nr, nc, dataflow, 4 * l, 6 * l, 4 * l, input, output).unwrap()
+}
+
+fn algorithms(p: &MeshProblem) -> Vec<MeshAlgorithm> {
+    let mut all = vec![
+        MeshAlgorithm::Collective,
+        MeshAlgorithm::Summa,
+        MeshAlgorithm::Wang,
+        MeshAlgorithm::MeshSlice { slices: 2, block: 1 },
+        MeshAlgorithm::MeshSlice { slices: 1, block: 2 },
+    ];
+    if p.nr == p.nc {
+        all.push(MeshAlgorithm::Cannon);
+    }
+    all
+}
+
+#[test]
+fn every_algorithm_and_dataflow_matches_the_oracle_on_the_cpu() {
+    for (nr, nc) in MESHES {
+        for dataflow in Dataflow::ALL {
+            for (input, output) in [(Bf16, F32), (F16, F16)] {
+                let p = problem(nr, nc, dataflow, input, output);
+                let want = expected_outputs(&p, 21, Family::Exact);
+                for alg in algorithms(&p) {
+                    let plan = build_mesh_plan(&p, alg).unwrap_or_else(|e| panic!("{alg} {}: {e}", p.shape_string()));
+                    let mem = cpu::run(&plan, 21, Family::Exact).unwrap();
+                    let out = plan.output().unwrap();
+                    for (dev, dev_mem) in mem.iter().enumerate() {
+                        let got: Vec<f64> = dev_mem[out.0].iter().map(|&w| output.decode(w) as f64).collect();
+                        let exact: Vec<f64> =
+                            want.values[dev].iter().map(|&v| output.decode(output.encode(v as f32)) as f64).collect();
+                        assert_eq!(got, exact, "{} device {dev}", plan.name);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_plan_is_clean_under_four_interleavings() {
+    for (nr, nc) in MESHES {
+        for dataflow in Dataflow::ALL {
+            let p = problem(nr, nc, dataflow, F32, F32);
+            for alg in algorithms(&p) {
+                let plan = build_mesh_plan(&p, alg).unwrap();
+                for order in orders(4, plan.devices) {
+                    let s = schedule_with(&plan, order).unwrap();
+                    let f = verify(&plan, &s);
+                    assert!(
+                        f.is_empty(),
+                        "{} {order}: {:?}",
+                        plan.name,
+                        f.iter().take(3).map(|x| x.describe(&plan)).collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn collective_and_meshslice_traffic_is_the_seed_formula() {
+    for (nr, nc) in MESHES {
+        for dataflow in Dataflow::ALL {
+            for input in [F32, Bf16] {
+                let p = problem(nr, nc, dataflow, input, input);
+                let (row, col) = p.analytic_traffic();
+                for alg in [
+                    MeshAlgorithm::Collective,
+                    MeshAlgorithm::MeshSlice { slices: 2, block: 1 },
+                    MeshAlgorithm::MeshSlice { slices: 2, block: 2 },
+                ] {
+                    let Ok(plan) = build_mesh_plan(&p, alg) else { continue };
+                    let t = mesh_traffic(&plan, nr, nc).unwrap();
+                    for d in 0..p.devices() {
+                        assert_eq!((t.row[d], t.col[d], t.other[d]), (row, col, 0), "{} device {d}", plan.name);
+                    }
+                }
+            }
+        }
+    }
+    // The numbers themselves, for one case: OS on 2x4, f32, M=32 N=48 K=32: A flows in
+    // rows, (4−1)·(32·32·4 B)/8 = 1536 B per chip; B in columns, (2−1)·(32·48·4 B)/8 = 768 B.
+    let p = MeshProblem::new(2, 4, Dataflow::Os, 32, 48, 32, F32, F32).unwrap();
+    assert_eq!(p.analytic_traffic(), (1536, 768));
+    // LS on 4x2 sends f32 partial sums of C within rows: (2−1)·(32·48·4 B)/8 = 768 B.
+    let p = MeshProblem::new(4, 2, Dataflow::Ls, 32, 48, 32, Bf16, Bf16).unwrap();
+    assert_eq!(p.analytic_traffic(), (768, 3 * 48 * 32 * 2 / 8));
+}
+
+#[test]
+fn other_algorithms_stay_on_mesh_links_and_cannon_pays_for_its_skew() {
+    for dataflow in Dataflow::ALL {
+        let p = problem(3, 3, dataflow, F32, F32);
+        let (row, col) = p.analytic_traffic();
+        let total = |alg| {
+            let plan = build_mesh_plan(&p, alg).unwrap();
+            let t = mesh_traffic(&plan, 3, 3).unwrap();
+            assert!(t.other.iter().all(|&x| x == 0), "{}", plan.name);
+            t.row.iter().chain(&t.col).sum::<u64>()
+        };
+        let collective = total(MeshAlgorithm::Collective);
+        assert_eq!(collective, 9 * (row + col));
+        assert_eq!(total(MeshAlgorithm::Summa), collective, "{dataflow}");
+        assert_eq!(total(MeshAlgorithm::Wang), collective, "{dataflow}");
+        assert!(total(MeshAlgorithm::Cannon) > collective, "{dataflow}");
+    }
+}
+
+#[test]
+fn a_plan_on_another_mesh_size_is_an_error() {
+    let p = problem(2, 2, Dataflow::Os, F32, F32);
+    let plan = build_mesh_plan(&p, MeshAlgorithm::Collective).unwrap();
+    assert_eq!(
+        mesh_traffic(&plan, 2, 3),
+        Err(MeshError::DeviceCount { plan: plan.name.clone(), devices: 4, nr: 2, nc: 3 })
+    );
+    assert_eq!(mesh_traffic(&plan, 0, 3), Err(MeshError::EmptyMesh { nr: 0, nc: 3 }));
+}
+
+#[test]
+fn shards_and_outputs_are_blocks_of_the_global_tensors() {
+    let p = MeshProblem::new(2, 3, Dataflow::Rs, 12, 9, 8, F32, F32).unwrap();
+    // Chip (1, 2) = device 5: A is K×M = 8×12 in (K/Nr)×(M/Nc) = 4×4 blocks.
+    assert_eq!(p.input_shard(0, 5), Window { row0: 4, col0: 8, rows: 4, cols: 4 });
+    assert_eq!(p.input_shard(1, 5), Window { row0: 4, col0: 6, rows: 4, cols: 3 });
+    assert_eq!(p.output_window(5), Window { row0: 6, col0: 6, rows: 6, cols: 3 });
+    let p = MeshProblem::new(2, 3, Dataflow::Ls, 4, 12, 9, F32, F32).unwrap();
+    assert_eq!(p.input_shard(1, 4), Window { row0: 6, col0: 3, rows: 6, cols: 3 });
+}
+
+#[test]
+fn the_oracle_uses_the_transposes_of_ls_and_rs() {
+    let (seed, family) = (4, Family::Realistic);
+    let p = MeshProblem::new(2, 2, Dataflow::Ls, 4, 6, 8, F32, F32).unwrap();
+    let (a, b) = (global_input(&p, 0, seed, family), global_input(&p, 1, seed, family));
+    let e = expected_outputs(&p, seed, family);
+    // Device 3 = chip (1, 1), its (0, 1) is C[2][4] = Σ A[2][k]·B[4][k] (B is N×K).
+    let want: f64 = (0..8).map(|k| a[2 * 8 + k] * b[4 * 8 + k]).sum();
+    assert_eq!(e.values[3][1], want);
+    let p = MeshProblem::new(2, 2, Dataflow::Rs, 4, 6, 8, F32, F32).unwrap();
+    let (a, b) = (global_input(&p, 0, seed, family), global_input(&p, 1, seed, family));
+    let e = expected_outputs(&p, seed, family);
+    // C[2][4] = Σ A[k][2]·B[k][4] (A is K×M).
+    let want: f64 = (0..8).map(|k| a[k * 4 + 2] * b[k * 6 + 4]).sum();
+    assert_eq!(e.values[3][1], want);
+}
+
+#[test]
+fn indivisible_dimensions_name_the_dimension_and_the_mesh_axis() {
+    let new = |nr, nc, df, m, n, k| MeshProblem::new(nr, nc, df, m, n, k, F32, F32);
+    use Dataflow::*;
+    let e = new(2, 3, Os, 5, 6, 6).unwrap_err();
+    assert_eq!(e, MeshError::Indivisible { dataflow: Os, dim: "M", size: 5, axis: "Nr", parts: 2 });
+    assert!(e.to_string().contains("M=5 is not divisible by Nr=2"), "{e}");
+    assert_eq!(
+        new(2, 3, Os, 4, 6, 4).unwrap_err(),
+        MeshError::Indivisible { dataflow: Os, dim: "K", size: 4, axis: "Nc", parts: 3 }
+    );
+    assert_eq!(
+        new(2, 3, Os, 4, 6, 3).unwrap_err(),
+        MeshError::Indivisible { dataflow: Os, dim: "K", size: 3, axis: "Nr", parts: 2 }
+    );
+    assert_eq!(
+        new(2, 3, Os, 4, 4, 6).unwrap_err(),
+        MeshError::Indivisible { dataflow: Os, dim: "N", size: 4, axis: "Nc", parts: 3 }
+    );
+    // LS splits N over both axes (B's rows by Nr, C's columns by Nc), K only by Nc.
+    assert_eq!(
+        new(2, 3, Ls, 4, 3, 3).unwrap_err(),
+        MeshError::Indivisible { dataflow: Ls, dim: "N", size: 3, axis: "Nr", parts: 2 }
+    );
+    assert!(new(2, 3, Ls, 4, 6, 3).is_ok(), "LS does not split K over Nr");
+    assert_eq!(
+        new(2, 3, Ls, 4, 6, 4).unwrap_err(),
+        MeshError::Indivisible { dataflow: Ls, dim: "K", size: 4, axis: "Nc", parts: 3 }
+    );
+    // RS splits M over both axes, K only by Nr.
+    assert_eq!(
+        new(2, 3, Rs, 4, 6, 4).unwrap_err(),
+        MeshError::Indivisible { dataflow: Rs, dim: "M", size: 4, axis: "Nc", parts: 3 }
+    );
+    assert_eq!(
+        new(2, 3, Rs, 6, 6, 3).unwrap_err(),
+        MeshError::Indivisible { dataflow: Rs, dim: "K", size: 3, axis: "Nr", parts: 2 }
+    );
+    assert!(new(2, 3, Rs, 6, 6, 2).is_ok(), "RS does not split K over Nc");
+}
+
+#[test]
+fn zero_sizes_and_empty_meshes_are_errors() {
+    assert_eq!(MeshProblem::new(0, 2, Dataflow::Os, 4, 4, 4, F32, F32), Err(MeshError::EmptyMesh { nr: 0, nc: 2 }));
+    assert_eq!(MeshProblem::new(2, 0, Dataflow::Os, 4, 4, 4, F32, F32), Err(MeshError::EmptyMesh { nr: 2, nc: 0 }));
+    let e = MeshProblem::new(2, 2, Dataflow::Ls, 4, 0, 4, F32, F32).unwrap_err();
+    assert!(matches!(e, MeshError::ZeroDimension { dim: "N", .. }), "{e}");
+    assert!(e.to_string().contains("N=0"), "{e}");
+    let e = MeshProblem::new(2, 2, Dataflow::Rs, 4, 4, 4, Bf16, F16).unwrap_err();
+    assert_eq!(e, MeshError::UnsupportedDtypes { input: Bf16, output: F16 });
+    let e = MeshProblem::new(1, 1, Dataflow::Os, 1 << 17, 4, 1 << 16, F32, F32).unwrap_err();
+    assert!(matches!(e, MeshError::TooLarge { tensor: "A", .. }), "{e}");
+}
+
+#[test]
+fn cannon_on_a_non_square_mesh_is_an_error() {
+    for dataflow in Dataflow::ALL {
+        let p = problem(2, 4, dataflow, F32, F32);
+        let e = build_mesh_plan(&p, MeshAlgorithm::Cannon).unwrap_err();
+        assert_eq!(e, MeshError::NotSquare { nr: 2, nc: 4 });
+        assert!(e.to_string().contains("2x4 is not square"), "{e}");
+    }
+}
+
+#[test]
+fn meshslice_checks_that_s_times_b_divides_both_extents() {
+    // OS slices K: K/Nr = 12, K/Nc = 8 on a 2x3 mesh.
+    let p = MeshProblem::new(2, 3, Dataflow::Os, 4, 6, 24, F32, F32).unwrap();
+    assert!(build_mesh_plan(&p, MeshAlgorithm::MeshSlice { slices: 2, block: 2 }).is_ok());
+    let e = build_mesh_plan(&p, MeshAlgorithm::MeshSlice { slices: 3, block: 2 }).unwrap_err();
+    assert_eq!(
+        e,
+        MeshError::SliceIndivisible {
+            dataflow: Dataflow::Os,
+            dim: "K",
+            what: "K/Nc".into(),
+            size: 8,
+            slices: 3,
+            block: 2
+        }
+    );
+    assert!(e.to_string().contains("S·B = 3·2 = 6 does not divide K/Nc=8"), "{e}");
+    let e = build_mesh_plan(&p, MeshAlgorithm::MeshSlice { slices: 1, block: 8 }).unwrap_err();
+    assert!(matches!(&e, MeshError::SliceIndivisible { what, size: 12, .. } if what == "K/Nr"), "{e}");
+    // LS slices N (B's rows per chip N/Nr, C's columns per chip N/Nc); RS slices M.
+    let p = MeshProblem::new(2, 3, Dataflow::Ls, 4, 6, 3, F32, F32).unwrap();
+    let e = build_mesh_plan(&p, MeshAlgorithm::MeshSlice { slices: 2, block: 1 }).unwrap_err();
+    assert!(matches!(&e, MeshError::SliceIndivisible { dim: "N", what, size: 3, .. } if what == "N/Nr"), "{e}");
+    let p = MeshProblem::new(2, 3, Dataflow::Rs, 12, 6, 2, F32, F32).unwrap();
+    let e = build_mesh_plan(&p, MeshAlgorithm::MeshSlice { slices: 4, block: 1 }).unwrap_err();
+    assert!(matches!(&e, MeshError::SliceIndivisible { dim: "M", what, size: 6, .. } if what == "M/Nr"), "{e}");
+    for (slices, block) in [(0, 1), (2, 0)] {
+        let e = build_mesh_plan(&p, MeshAlgorithm::MeshSlice { slices, block }).unwrap_err();
+        assert_eq!(e, MeshError::ZeroSlicing { slices, block });
+    }
+}
+
+#[test]
+fn algorithm_names_parse_with_their_parameters() {
+    assert_eq!(
+        MeshAlgorithm::parse("meshslice", Some(2), Some(4)),
+        Ok(MeshAlgorithm::MeshSlice { slices: 2, block: 4 })
+    );
+    assert_eq!(MeshAlgorithm::MeshSlice { slices: 2, block: 4 }.to_string(), "meshslice(S=2,B=4)");
+    assert_eq!(
+        MeshAlgorithm::parse("meshslice", Some(2), None),
+        Err(MeshError::MissingParameter { algorithm: "meshslice", parameter: "block" })
+    );
+    assert_eq!(
+        MeshAlgorithm::parse("cannon", None, Some(2)),
+        Err(MeshError::UnexpectedParameter { algorithm: "cannon", parameter: "block" })
+    );
+    assert!(matches!(MeshAlgorithm::parse("fox", None, None), Err(MeshError::UnknownAlgorithm { .. })));
+    for name in MeshAlgorithm::NAMES {
+        let parsed = MeshAlgorithm::parse(name, (name == "meshslice").then_some(1), (name == "meshslice").then_some(1));
+        assert_eq!(parsed.map(MeshAlgorithm::name), Ok(name));
+    }
+    assert_eq!("rs".parse::<Dataflow>(), Ok(Dataflow::Rs));
+    assert!("xs".parse::<Dataflow>().is_err());
+}
+
+/// The equivalence rules of `crate::mutants` that mesh plans rely on are sound here: every
+/// mutant they exclude is clean under the verifier and computes the same outputs.
+#[test]
+fn mutants_excluded_by_the_slot_and_accumulation_rules_change_nothing() {
+    use crate::mutants::{mutants, MutationKind};
+    let mut checked = [0usize; 2];
+    let cases = [
+        (2, 4, Dataflow::Ls, MeshAlgorithm::MeshSlice { slices: 3, block: 1 }),
+        (4, 2, Dataflow::Rs, MeshAlgorithm::MeshSlice { slices: 4, block: 1 }),
+        (3, 3, Dataflow::Rs, MeshAlgorithm::Summa),
+        (2, 2, Dataflow::Os, MeshAlgorithm::Summa),
+        (1, 4, Dataflow::Os, MeshAlgorithm::Summa),
+        (4, 1, Dataflow::Os, MeshAlgorithm::Summa),
+    ];
+    for (nr, nc, dataflow, alg) in cases {
+        let l = lcm(nr, nc);
+        let p = MeshProblem::new(nr, nc, dataflow, 8 * l, 12 * l, 8 * l, Bf16, F32).unwrap();
+        let plan = build_mesh_plan(&p, alg).unwrap();
+        let original = cpu::run(&plan, 9, Family::Realistic).unwrap();
+        let out = plan.output().unwrap().0;
+        for m in mutants(&plan, &[0, plan.devices - 1]) {
+            let rule = match (m.kind, m.equivalent) {
+                (MutationKind::ShrinkScratch, Some(_)) => 0,
+                (MutationKind::SwapAdjacent, Some(reason)) if reason.contains("accumulating") => 1,
+                _ => continue,
+            };
+            checked[rule] += 1;
+            for order in orders(4, m.plan.devices) {
+                let s = schedule_with(&m.plan, order).unwrap();
+                assert!(verify(&m.plan, &s).is_empty(), "{}", m.plan.name);
+            }
+            let got = cpu::run(&m.plan, 9, Family::Realistic).unwrap();
+            for (d, (g, o)) in got.iter().zip(&original).enumerate() {
+                let close = g[out].iter().zip(&o[out]).all(|(&x, &y)| {
+                    let (x, y) = (f32::from_bits(x), f32::from_bits(y));
+                    if rule == 0 {
+                        x.to_bits() == y.to_bits()
+                    } else {
+                        (x - y).abs() <= 1e-5 * y.abs().max(1.0)
+                    }
+                });
+                assert!(close, "{} device {d}", m.plan.name);
+            }
+        }
+    }
+    assert!(checked[0] > 0 && checked[1] > 0, "{checked:?}");
+}
