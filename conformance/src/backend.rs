@@ -45,7 +45,11 @@ impl Backend for CpuTwin {
     }
 
     fn run(&self, plan: &Plan, seed: u32, family: Family, order: Order) -> Result<Memory, BackendError> {
-        Ok(cpu::run_with(plan, seed, family, order)?)
+        match cpu::run_with(plan, seed, family, order) {
+            Ok(memory) => Ok(memory),
+            Err(cpu::CpuError::Deadlock(deadlock)) => Err(BackendError::Deadlock(deadlock)),
+            Err(e) => Err(BackendError::Failed { backend: "cpu-twin".into(), message: e.to_string() }),
+        }
     }
 }
 

@@ -6,8 +6,20 @@
 
 use crate::dtype::DType;
 use crate::generator::{element_bits, Family};
-use crate::plan::{BufferRole, Op, Plan, Region};
+use crate::plan::{BufferRole, Op, Plan, PlanError, Region};
 use crate::schedule::{schedule_with, Deadlock, Order};
+
+/// Why the CPU twin could not run a plan.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CpuError {
+    /// The plan deadlocks.
+    #[error(transparent)]
+    Deadlock(#[from] Deadlock),
+    /// The plan is malformed or cannot be executed (generator range).
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
 
 /// Memory of all devices: `[device][buffer]` words.
 pub type Memory = Vec<Vec<Vec<u32>>>;
@@ -41,12 +53,14 @@ fn at(r: &Region, row: usize, col: usize) -> usize {
 }
 
 /// Runs `plan` on the CPU in the default order and returns every device's memory.
-pub fn run(plan: &Plan, seed: u32, family: Family) -> Result<Memory, Deadlock> {
+pub fn run(plan: &Plan, seed: u32, family: Family) -> Result<Memory, CpuError> {
     run_with(plan, seed, family, Order::Default)
 }
 
 /// Runs `plan` on the CPU in the given interleaving.
-pub fn run_with(plan: &Plan, seed: u32, family: Family, order: Order) -> Result<Memory, Deadlock> {
+pub fn run_with(plan: &Plan, seed: u32, family: Family, order: Order) -> Result<Memory, CpuError> {
+    plan.validate()?;
+    plan.check_generator_range()?;
     let sched = schedule_with(plan, order)?;
     let mut mem: Memory = (0..plan.devices)
         .map(|d| {

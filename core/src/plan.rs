@@ -258,6 +258,17 @@ pub enum PlanError {
         /// Buffer length.
         len: usize,
     },
+    /// An input buffer reaches generator indices beyond 2^32 (a plan built for the
+    /// simulator only); executors refuse it rather than wrap the indices.
+    #[error("plan `{plan}`: input buffer `{buffer}` reaches generator index {index}, beyond the 2^32 the input generator indexes (simulate such plans; do not execute them)")]
+    GeneratorRange {
+        /// Plan name.
+        plan: String,
+        /// Buffer name.
+        buffer: String,
+        /// The largest index it needs.
+        index: u64,
+    },
     /// The operands of an op have inconsistent shapes or dtypes.
     #[error("plan `{plan}` at {site}: {detail}")]
     Mismatch {
@@ -419,6 +430,29 @@ impl Plan {
                 sem(*s)?;
             }
             Op::Wait { sem: s, .. } => sem(*s)?,
+        }
+        Ok(())
+    }
+
+    /// Checks that every input buffer's generator indices fit in 32 bits, as every
+    /// executor's generator needs (the simulator does not generate and skips this).
+    pub fn check_generator_range(&self) -> Result<(), PlanError> {
+        for b in &self.buffers {
+            if let BufferRole::Input { global_cols, origins, .. } = &b.role {
+                for &(r0, c0) in origins {
+                    if b.is_empty() {
+                        continue;
+                    }
+                    let last = (r0 + b.rows - 1) as u64 * *global_cols as u64 + (c0 + b.cols - 1) as u64;
+                    if last > u32::MAX as u64 {
+                        return Err(PlanError::GeneratorRange {
+                            plan: self.name.clone(),
+                            buffer: b.name.clone(),
+                            index: last,
+                        });
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -264,6 +264,7 @@ impl CudaBackend {
     ) -> Result<CudaRunOutput, CudaError> {
         let start = Instant::now();
         plan.validate()?;
+        plan.check_generator_range()?;
         // The scheduler proves the plan finishes before any stream spins on a wait.
         schedule(plan)?;
         let gpu_of = |d: usize| match options.placement {

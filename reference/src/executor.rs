@@ -348,6 +348,7 @@ impl Gpu {
     ) -> Result<RunOutput, ReferenceError> {
         let start = Instant::now();
         plan.validate()?;
+        plan.check_generator_range()?;
         let sched = schedule_with(plan, options.order)?;
         let layout = Layout::new(plan);
         let bytes = layout.total as u64 * 4;

@@ -13,7 +13,7 @@ use cmm_core::generator::Family;
 use cmm_core::plan::Plan;
 use cmm_core::sim::analytic::ring_1d;
 use cmm_core::sim::tune::candidates_1d;
-use cmm_core::sim::validate::{seed000, seed002};
+use cmm_core::sim::validate::{seed000, seed002, seed002_simulated};
 use cmm_core::sim::{simulate, OpClass, Profile, SimOptions, SimReport};
 use cmm_core::timeline::Timeline;
 use cmm_reference::{Reference, RunOptions};
@@ -295,5 +295,37 @@ fn validate() -> Result<()> {
         println!("        predicted: {}", c.predicted);
         println!("        published: {}", c.published);
     }
+
+    // The tuner's pick against the simulator's best, over real MeshSlice plans.
+    println!();
+    println!(
+        "seed 002 cross-check: MeshSlice plans from the mesh module simulated on the {} torus, \
+         the analytic tuner's 3 best meshes, S in {:?}",
+        tpu.name, CROSS_CHECK_SLICES
+    );
+    let (tuner, simulated) = seed002_simulated(&tpu, 3, &CROSS_CHECK_SLICES)?;
+    let tuner_s: Vec<String> = tuner.layers.iter().map(|l| format!("{}:S={}", l.layer, l.slices)).collect();
+    println!("tuner (analytic): {} {} -> {:.2} ms", tuner.shape, tuner_s.join(" "), tuner.total_s * 1e3);
+    for c in &simulated {
+        let s: Vec<String> = c.layers.iter().map(|(l, s, _)| format!("{l}:S={s}")).collect();
+        println!("simulated:        {} {} -> {:.2} ms", c.shape, s.join(" "), c.total_s * 1e3);
+    }
+    if let Some(best) = simulated.first() {
+        let same_mesh = best.shape == tuner.shape;
+        let same_s = best.layers.iter().zip(&tuner.layers).all(|((_, s, _), t)| *s == t.slices);
+        println!(
+            "[{}] the tuner's mesh matches the simulator's best ({} vs {})",
+            if same_mesh { "holds" } else { "FAILS" },
+            tuner.shape,
+            best.shape
+        );
+        println!(
+            "[{}] the tuner's S per layer matches the simulator's best on that mesh",
+            if same_s { "holds" } else { "FAILS" }
+        );
+    }
     Ok(())
 }
+
+/// Slice counts the simulated cross-check tries (each a plan of up to ~10^6 ops).
+const CROSS_CHECK_SLICES: [usize; 8] = [1, 2, 4, 8, 12, 16, 24, 32];

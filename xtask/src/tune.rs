@@ -99,7 +99,7 @@ pub fn run(args: &Args) -> Result<()> {
                 c.shape.to_string(),
                 c.total_s * 1e3,
                 100.0 * c.compute_s / c.total_s,
-                if c.algorithm == cmm_core::sim::analytic::MeshAlgorithm::MeshSlice {
+                if c.algorithm == cmm_core::sim::analytic::MeshFamily::MeshSlice {
                     c.layers.iter().map(|l| format!("{}={}", l.layer, l.slices)).collect::<Vec<_>>().join(" ")
                 } else {
                     "-".to_string()

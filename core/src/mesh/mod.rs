@@ -349,6 +349,29 @@ impl MeshProblem {
         Ok(MeshProblem { nr, nc, dataflow, m, n, k, input, output })
     }
 
+    /// Like [`MeshProblem::new`] without the input generator's 2^32-element limit: for
+    /// problems that are only simulated (whole-model shapes at hundreds of chips). Their
+    /// plans cannot be executed: executors reject them with
+    /// [`crate::plan::PlanError::GeneratorRange`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn for_simulation(
+        nr: usize,
+        nc: usize,
+        dataflow: Dataflow,
+        m: usize,
+        n: usize,
+        k: usize,
+        input: DType,
+        output: DType,
+    ) -> Result<Self, MeshError> {
+        // Validate the shape on a problem scaled into the generator's range: the
+        // divisibility rules only involve the factors Nr, Nc, so check them directly.
+        match MeshProblem::new(nr, nc, dataflow, m, n, k, input, output) {
+            Err(MeshError::TooLarge { .. }) => Ok(MeshProblem { nr, nc, dataflow, m, n, k, input, output }),
+            other => other,
+        }
+    }
+
     /// Number of chips, Nr·Nc.
     pub fn devices(&self) -> usize {
         self.nr * self.nc

@@ -334,3 +334,16 @@ fn mutants_excluded_by_the_slot_and_accumulation_rules_change_nothing() {
     }
     assert!(checked[0] > 0 && checked[1] > 0, "{checked:?}");
 }
+
+#[test]
+fn simulation_only_problems_skip_the_generator_limit_but_their_plans_cannot_execute() {
+    let p = MeshProblem::for_simulation(2, 2, Dataflow::Os, 1 << 17, 4, 1 << 16, F32, F32).unwrap();
+    let plan = crate::mesh::build_mesh_plan(&p, MeshAlgorithm::Collective).unwrap();
+    assert!(plan.validate().is_ok());
+    let e = plan.check_generator_range().unwrap_err();
+    assert!(matches!(e, crate::plan::PlanError::GeneratorRange { .. }), "{e}");
+    let e = crate::cpu::run(&plan, 1, crate::Family::Exact).unwrap_err();
+    assert!(e.to_string().contains("beyond the 2^32"), "{e}");
+    // Shape errors are still errors.
+    assert!(MeshProblem::for_simulation(2, 2, Dataflow::Os, 3, 4, 4, F32, F32).is_err());
+}

@@ -161,30 +161,12 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
     }
 }
 
-/// A 2D GEMM dataflow (BRIEF §3.4): which matrix stays on its chip.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Dataflow {
-    /// Output stationary: C = A·B; A moves along rows, B along columns.
-    Os,
-    /// Left stationary: C = A·Bᵀ; B moves along columns, C is reduce-scattered along rows.
-    Ls,
-    /// Right stationary: C = Aᵀ·B; A moves along rows, C is reduce-scattered along columns.
-    Rs,
-}
+pub use crate::mesh::Dataflow;
 
-impl fmt::Display for Dataflow {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Dataflow::Os => "OS",
-            Dataflow::Ls => "LS",
-            Dataflow::Rs => "RS",
-        })
-    }
-}
-
-/// The 2D algorithms of seed 002.
+/// The 2D algorithms of seed 002, without their parameters (the plan-level
+/// [`crate::mesh::MeshAlgorithm`] carries MeshSlice's S and B).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum MeshAlgorithm {
+pub enum MeshFamily {
     /// One AllGather/ReduceScatter per direction, no overlap.
     Collective,
     /// lcm(Nr, Nc) iterations of pipelined ring broadcast/reduce.
@@ -197,29 +179,24 @@ pub enum MeshAlgorithm {
     MeshSlice,
 }
 
-impl MeshAlgorithm {
+impl MeshFamily {
     /// Every algorithm.
-    pub const ALL: [MeshAlgorithm; 5] = [
-        MeshAlgorithm::MeshSlice,
-        MeshAlgorithm::Wang,
-        MeshAlgorithm::Collective,
-        MeshAlgorithm::Cannon,
-        MeshAlgorithm::Summa,
-    ];
+    pub const ALL: [MeshFamily; 5] =
+        [MeshFamily::MeshSlice, MeshFamily::Wang, MeshFamily::Collective, MeshFamily::Cannon, MeshFamily::Summa];
 
     /// Name.
     pub fn name(self) -> &'static str {
         match self {
-            MeshAlgorithm::Collective => "Collective",
-            MeshAlgorithm::Summa => "SUMMA",
-            MeshAlgorithm::Cannon => "Cannon",
-            MeshAlgorithm::Wang => "Wang",
-            MeshAlgorithm::MeshSlice => "MeshSlice",
+            MeshFamily::Collective => "Collective",
+            MeshFamily::Summa => "SUMMA",
+            MeshFamily::Cannon => "Cannon",
+            MeshFamily::Wang => "Wang",
+            MeshFamily::MeshSlice => "MeshSlice",
         }
     }
 }
 
-impl fmt::Display for MeshAlgorithm {
+impl fmt::Display for MeshFamily {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
@@ -320,7 +297,7 @@ pub const SLICE_BLOCK: usize = 8;
 #[derive(Clone, Debug, PartialEq)]
 pub struct MeshEstimate {
     /// Algorithm.
-    pub algorithm: MeshAlgorithm,
+    pub algorithm: MeshFamily,
     /// Mesh.
     pub shape: MeshShape,
     /// Slices (MeshSlice), iterations (SUMMA, Cannon) or ring steps (Wang).
@@ -420,7 +397,7 @@ fn ring_broadcast_s(profile: &Profile, chips: usize, bytes: f64) -> f64 {
 /// The analytic time of one 2D GEMM: `algorithm` on `shape` with `slices` (MeshSlice only;
 /// other algorithms ignore it).
 pub fn estimate_mesh(
-    algorithm: MeshAlgorithm,
+    algorithm: MeshFamily,
     g: &MeshGemm,
     shape: MeshShape,
     slices: usize,
@@ -448,8 +425,8 @@ pub fn estimate_mesh(
         detail,
     };
     match algorithm {
-        MeshAlgorithm::Collective | MeshAlgorithm::MeshSlice => {
-            let s = if algorithm == MeshAlgorithm::Collective { 1 } else { slices };
+        MeshFamily::Collective | MeshFamily::MeshSlice => {
+            let s = if algorithm == MeshFamily::Collective { 1 } else { slices };
             if s == 0 {
                 return Err(MeshModelError::ZeroSlices);
             }
@@ -482,7 +459,7 @@ pub fn estimate_mesh(
                 ),
             ))
         }
-        MeshAlgorithm::Wang => {
+        MeshFamily::Wang => {
             // Decompose one direction into a ring of send/recv steps overlapped with partial
             // GEMMs; the other stays one collective. Take the better choice.
             let mut best: Option<MeshEstimate> = None;
@@ -518,11 +495,12 @@ pub fn estimate_mesh(
             // A 1×1 mesh has nothing to decompose: it is the collective algorithm.
             match best {
                 Some(b) => Ok(b),
-                None => estimate_mesh(MeshAlgorithm::Collective, g, shape, 1, profile)
-                    .map(|e| MeshEstimate { algorithm, ..e }),
+                None => {
+                    estimate_mesh(MeshFamily::Collective, g, shape, 1, profile).map(|e| MeshEstimate { algorithm, ..e })
+                }
             }
         }
-        MeshAlgorithm::Cannon => {
+        MeshFamily::Cannon => {
             if shape.rows != shape.cols {
                 return Err(MeshModelError::NotSquare { shape });
             }
@@ -549,7 +527,7 @@ pub fn estimate_mesh(
                 ),
             ))
         }
-        MeshAlgorithm::Summa => {
+        MeshFamily::Summa => {
             let iterations = lcm(shape.rows, shape.cols);
             // One panel per iteration: 1/iterations of what a row (column) gathers.
             let panel_h = h.elements / shape.rows as f64 / iterations as f64 * size;
@@ -616,10 +594,10 @@ mod tests {
         let p = tpu();
         let g = MeshGemm { m: 262_144, n: 49_152, k: 12_288, dataflow: Dataflow::Os, dtype: DType::Bf16 };
         let shape = MeshShape { rows: 32, cols: 8 };
-        let coll = estimate_mesh(MeshAlgorithm::Collective, &g, shape, 1, &p).unwrap();
-        let one = estimate_mesh(MeshAlgorithm::MeshSlice, &g, shape, 1, &p).unwrap();
+        let coll = estimate_mesh(MeshFamily::Collective, &g, shape, 1, &p).unwrap();
+        let one = estimate_mesh(MeshFamily::MeshSlice, &g, shape, 1, &p).unwrap();
         assert_eq!(coll.total_s, one.total_s);
-        let four = estimate_mesh(MeshAlgorithm::MeshSlice, &g, shape, 4, &p).unwrap();
+        let four = estimate_mesh(MeshFamily::MeshSlice, &g, shape, 4, &p).unwrap();
         assert!(four.total_s < coll.total_s);
         assert!(four.total_s >= four.compute_s.max(four.comm_s / 2.0) * 0.999);
     }
@@ -629,14 +607,14 @@ mod tests {
         let p = tpu();
         let g = MeshGemm { m: 1024, n: 1024, k: 1024, dataflow: Dataflow::Os, dtype: DType::Bf16 };
         let rect = MeshShape { rows: 2, cols: 8 };
-        assert!(matches!(estimate_mesh(MeshAlgorithm::Cannon, &g, rect, 1, &p), Err(MeshModelError::NotSquare { .. })));
+        assert!(matches!(estimate_mesh(MeshFamily::Cannon, &g, rect, 1, &p), Err(MeshModelError::NotSquare { .. })));
         assert!(matches!(
-            estimate_mesh(MeshAlgorithm::MeshSlice, &g, rect, 64, &p),
+            estimate_mesh(MeshFamily::MeshSlice, &g, rect, 64, &p),
             Err(MeshModelError::Slices { slices: 64, .. })
         ));
         let odd = MeshShape { rows: 3, cols: 1 };
         assert!(matches!(
-            estimate_mesh(MeshAlgorithm::Collective, &g, odd, 1, &p),
+            estimate_mesh(MeshFamily::Collective, &g, odd, 1, &p),
             Err(MeshModelError::Indivisible { .. })
         ));
     }

@@ -12,11 +12,12 @@ use std::fmt;
 
 use thiserror::Error;
 
-use super::analytic::{estimate_mesh, Dataflow, MeshAlgorithm, MeshEstimate, MeshGemm, MeshShape};
+use super::analytic::{estimate_mesh, Dataflow, MeshEstimate, MeshFamily, MeshGemm, MeshShape};
 use super::engine::{simulate, OpClass, SimError, SimOptions, SimReport};
 use super::profile::Profile;
 use crate::algorithms::{build_plan, Algorithm};
 use crate::dtype::DType;
+use crate::mesh::{build_mesh_plan, MeshAlgorithm, MeshProblem};
 use crate::plan::Plan;
 use crate::problem::{OpKind, Problem};
 
@@ -188,16 +189,55 @@ pub fn tune_1d(problem: &Problem, profile: &Profile) -> Result<Ranking1d, TuneEr
 /// [`NoMeshPlans`] makes the tuner fall back to the analytic model.
 pub trait MeshPlanner {
     /// A plan for `algorithm` on `shape` with `slices`, or `None` when this planner has none.
-    fn plan(&self, gemm: &MeshGemm, algorithm: MeshAlgorithm, shape: MeshShape, slices: usize) -> Option<Plan>;
+    fn plan(&self, gemm: &MeshGemm, algorithm: MeshFamily, shape: MeshShape, slices: usize) -> Option<Plan>;
 }
 
-/// The planner with no mesh plans (before the mesh module is merged).
+/// The planner with no mesh plans: the tuner uses the analytic model alone (fast enough
+/// for the whole search space at hundreds of chips).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoMeshPlans;
 
 impl MeshPlanner for NoMeshPlans {
-    fn plan(&self, _: &MeshGemm, _: MeshAlgorithm, _: MeshShape, _: usize) -> Option<Plan> {
+    fn plan(&self, _: &MeshGemm, _: MeshFamily, _: MeshShape, _: usize) -> Option<Plan> {
         None
+    }
+}
+
+/// The planner backed by the mesh module: the tuner simulates the real plans that the
+/// reference checks. MeshSlice's block size B is the largest that lets S·B divide both
+/// sliced extents (seed 002: S·B | K/Nr and S·B | K/Nc for OS).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MeshPlans;
+
+impl MeshPlanner for MeshPlans {
+    fn plan(&self, gemm: &MeshGemm, family: MeshFamily, shape: MeshShape, slices: usize) -> Option<Plan> {
+        let (rows, cols) = (shape.rows, shape.cols);
+        let problem =
+            MeshProblem::for_simulation(rows, cols, gemm.dataflow, gemm.m, gemm.n, gemm.k, gemm.dtype, gemm.dtype)
+                .ok()?;
+        let algorithm = match family {
+            MeshFamily::Collective => MeshAlgorithm::Collective,
+            MeshFamily::Summa => MeshAlgorithm::Summa,
+            MeshFamily::Cannon => MeshAlgorithm::Cannon,
+            MeshFamily::Wang => MeshAlgorithm::Wang,
+            MeshFamily::MeshSlice => {
+                let (_, [(_, along_rows), (_, along_cols)]) = problem.sliced_dimension();
+                let common = gcd(along_rows, along_cols);
+                if slices == 0 || common % slices != 0 {
+                    return None;
+                }
+                MeshAlgorithm::MeshSlice { slices, block: common / slices }
+            }
+        };
+        build_mesh_plan(&problem, algorithm).ok()
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 
@@ -224,7 +264,7 @@ impl MeshEvaluation {
 /// analytic model.
 pub fn evaluate_mesh(
     gemm: &MeshGemm,
-    algorithm: MeshAlgorithm,
+    algorithm: MeshFamily,
     shape: MeshShape,
     slices: usize,
     profile: &Profile,
@@ -422,7 +462,7 @@ pub struct LayerChoice {
 #[derive(Clone, Debug, PartialEq)]
 pub struct MeshConfig {
     /// Algorithm.
-    pub algorithm: MeshAlgorithm,
+    pub algorithm: MeshFamily,
     /// Mesh.
     pub shape: MeshShape,
     /// Per layer.
@@ -445,8 +485,8 @@ pub fn tune_llm(
     let flows = choose_dataflows(llm);
     let mut configs = Vec::new();
     for shape in MeshShape::all(chips) {
-        for algorithm in MeshAlgorithm::ALL {
-            let slices = if algorithm == MeshAlgorithm::MeshSlice { slice_candidates() } else { vec![1] };
+        for algorithm in MeshFamily::ALL {
+            let slices = if algorithm == MeshFamily::MeshSlice { slice_candidates() } else { vec![1] };
             let mut layers = Vec::new();
             let mut compute_s = 0.0;
             let mut feasible = true;
@@ -517,11 +557,11 @@ pub fn tune_mesh_gemm(
     chips: usize,
     profile: &Profile,
     planner: &dyn MeshPlanner,
-) -> Result<Vec<(MeshAlgorithm, MeshShape, usize, MeshEvaluation)>, TuneError> {
+) -> Result<Vec<(MeshFamily, MeshShape, usize, MeshEvaluation)>, TuneError> {
     let mut out = Vec::new();
     for shape in MeshShape::all(chips) {
-        for algorithm in MeshAlgorithm::ALL {
-            let slices = if algorithm == MeshAlgorithm::MeshSlice { slice_candidates() } else { vec![1] };
+        for algorithm in MeshFamily::ALL {
+            let slices = if algorithm == MeshFamily::MeshSlice { slice_candidates() } else { vec![1] };
             let best = slices
                 .into_iter()
                 .filter_map(|s| evaluate_mesh(gemm, algorithm, shape, s, profile, planner).map(|e| (s, e)))
