@@ -27,6 +27,7 @@ mod plans;
 mod traffic;
 
 pub use plans::build_mesh_plan;
+pub(crate) use plans::{gcd, lcm};
 pub use traffic::{mesh_traffic, MeshTraffic};
 
 /// Which matrix stays on its chip (seed 002 §2.3.1, figure 1).

@@ -73,7 +73,8 @@ pub fn build_mesh_plan(problem: &MeshProblem, algorithm: MeshAlgorithm) -> Resul
     Ok(plan)
 }
 
-fn gcd(a: usize, b: usize) -> usize {
+/// Greatest common divisor.
+pub(crate) fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {
         a
     } else {
@@ -81,7 +82,8 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
-fn lcm(a: usize, b: usize) -> usize {
+/// Least common multiple.
+pub(crate) fn lcm(a: usize, b: usize) -> usize {
     a / gcd(a, b) * b
 }
 

@@ -161,6 +161,7 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
     }
 }
 
+use crate::mesh::lcm;
 pub use crate::mesh::Dataflow;
 
 /// The 2D algorithms of seed 002, without their parameters (the plan-level
@@ -551,18 +552,6 @@ pub fn estimate_mesh(
             ))
         }
     }
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
-fn lcm(a: usize, b: usize) -> usize {
-    a / gcd(a, b) * b
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use super::engine::{simulate, OpClass, SimError, SimOptions, SimReport};
 use super::profile::Profile;
 use crate::algorithms::{build_plan, Algorithm};
 use crate::dtype::DType;
+use crate::mesh::gcd;
 use crate::mesh::{build_mesh_plan, MeshAlgorithm, MeshProblem};
 use crate::plan::Plan;
 use crate::problem::{OpKind, Problem};
@@ -230,14 +231,6 @@ impl MeshPlanner for MeshPlans {
             }
         };
         build_mesh_plan(&problem, algorithm).ok()
-    }
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
     }
 }
 
