@@ -12,12 +12,12 @@
 //! widened (exactly) to `<f4`, and the index gives both the tensor's `dtype` and the
 //! file's `npy_dtype`.
 
-use std::fmt::Write as _;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use cmm_core::cpu::Memory;
+use cmm_core::timeline::json_str;
 use cmm_core::{BufferRole, DType, Plan};
 
 use crate::case::Topology;
@@ -53,25 +53,6 @@ pub fn npy_descr(dtype: DType) -> &'static str {
         DType::F16 => "<f2",
         _ => "<f4",
     }
-}
-
-/// A JSON string literal.
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// Collects exported cases and writes the index at the end.

@@ -110,8 +110,8 @@ pub struct Timeline {
     pub spans: Vec<Span>,
 }
 
-/// A JSON string literal.
-fn json_str(s: &str) -> String {
+/// A JSON string literal (quoted and escaped); shared by every hand-written JSON writer.
+pub fn json_str(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {

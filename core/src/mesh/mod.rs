@@ -365,8 +365,8 @@ impl MeshProblem {
         input: DType,
         output: DType,
     ) -> Result<Self, MeshError> {
-        // Validate the shape on a problem scaled into the generator's range: the
-        // divisibility rules only involve the factors Nr, Nc, so check them directly.
+        // `new` checks the generator's range last, so any other error (an empty mesh, a
+        // zero or indivisible dimension, a dtype pair) still comes back as itself.
         match MeshProblem::new(nr, nc, dataflow, m, n, k, input, output) {
             Err(MeshError::TooLarge { .. }) => Ok(MeshProblem { nr, nc, dataflow, m, n, k, input, output }),
             other => other,
