@@ -67,15 +67,28 @@ impl Backend for Reference {
     }
 }
 
-/// The CUDA backend. Its streams really run concurrently, so `order` does not apply:
-/// every run is one hardware interleaving, and `--schedules N` compares N runs.
-impl Backend for cmm_cuda::CudaBackend {
+/// The CUDA backend with the options of its runs. Its streams really run
+/// concurrently, so `order` does not apply: every run is one hardware interleaving, and
+/// `--schedules N` compares N runs.
+#[derive(Debug)]
+pub struct Cuda {
+    /// The backend.
+    pub backend: cmm_cuda::CudaBackend,
+    /// How each case runs (GEMM engine, sync mode, time limits).
+    pub options: cmm_cuda::CudaRunOptions,
+}
+
+impl Backend for Cuda {
     fn name(&self) -> String {
-        format!("cuda on {}", self.summary())
+        let sync = match self.options.sync {
+            cmm_cuda::SyncMode::Kernels => "kernel waits",
+            cmm_cuda::SyncMode::StreamMemOps => "stream memory ops",
+        };
+        format!("cuda on {}; sync: {sync}", self.backend.summary())
     }
 
     fn run(&self, plan: &Plan, seed: u32, family: Family, _order: Order) -> Result<Memory, BackendError> {
-        match cmm_cuda::CudaBackend::run(self, plan, seed, family, &cmm_cuda::CudaRunOptions::default()) {
+        match self.backend.run(plan, seed, family, &self.options) {
             Ok(out) => Ok(out.buffers),
             Err(cmm_cuda::CudaError::Deadlock(deadlock)) => Err(BackendError::Deadlock(deadlock)),
             Err(e) => Err(BackendError::Failed { backend: "cuda".into(), message: e.to_string() }),

@@ -26,6 +26,18 @@
 //! block = 4                 # only with meshslice: B
 //! m = 32
 //! …                         # n, k, input, output, family, seed as above
+//!
+//! [[case]]
+//! name = "linear_mlp_train_ring_d4_mb2_bf16_realistic"
+//! op = "linear"
+//! layer = "mlp"             # column | row | mlp
+//! pass = "train"            # forward | backward (column, row) | train (mlp)
+//! sp = true                 # sequence parallelism (the mlp block needs it)
+//! devices = 4
+//! microbatches = 2
+//! algorithm = "ring"        # baseline | megatron | ring
+//! m = 32                    # S tokens per micro-batch; n = F features out, k = H in
+//! …                         # n, k, input, output (= input), family, seed as above
 //! ```
 //!
 //! Loading checks the syntax, the field types, that the fields fit the op (`devices`
@@ -37,10 +49,11 @@ use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use cmm_core::linear::build_linear_plan;
 use cmm_core::mesh::build_mesh_plan;
 use cmm_core::{
-    build_plan, Algorithm, AlgorithmError, DType, Dataflow, Family, MeshAlgorithm, MeshError, MeshProblem, OpKind,
-    Plan, Problem, ProblemError, ShardedGemm,
+    build_plan, Algorithm, AlgorithmError, DType, Dataflow, Family, Layer, LinearAlgorithm, LinearError, LinearProblem,
+    MeshAlgorithm, MeshError, MeshProblem, OpKind, Pass, Plan, PlanError, Problem, ProblemError, ShardedGemm, Workload,
 };
 use serde::Deserialize;
 use thiserror::Error;
@@ -63,6 +76,19 @@ pub enum Topology {
         nc: usize,
         /// The dataflow.
         dataflow: Dataflow,
+    },
+    /// A tensor-parallel linear layer (`op = "linear"`, [`cmm_core::linear`]).
+    Linear {
+        /// The layer.
+        layer: Layer,
+        /// The pass.
+        pass: Pass,
+        /// Sequence parallelism.
+        sp: bool,
+        /// D.
+        devices: usize,
+        /// Micro-batches.
+        microbatches: usize,
     },
 }
 
@@ -118,6 +144,14 @@ struct CaseTable {
     slices: Option<usize>,
     #[serde(default)]
     block: Option<usize>,
+    #[serde(default)]
+    layer: Option<Layer>,
+    #[serde(default)]
+    pass: Option<Pass>,
+    #[serde(default)]
+    sp: Option<bool>,
+    #[serde(default)]
+    microbatches: Option<usize>,
     m: usize,
     n: usize,
     k: usize,
@@ -130,6 +164,9 @@ struct CaseTable {
 /// The op name of the 2D family in case files.
 pub const MESH_GEMM: &str = "mesh_gemm";
 
+/// The op name of the linear-layer family in case files.
+pub const LINEAR: &str = "linear";
+
 impl CaseTable {
     /// The case, if the fields fit the op.
     fn into_case(self) -> Result<Case, String> {
@@ -139,27 +176,63 @@ impl CaseTable {
             }
         };
         let mut foreign = Vec::new();
+        let linear_fields = [
+            (self.layer.is_some(), "layer"),
+            (self.pass.is_some(), "pass"),
+            (self.sp.is_some(), "sp"),
+            (self.microbatches.is_some(), "microbatches"),
+        ];
         let topology = if self.op == MESH_GEMM {
             given(self.devices.is_some(), "devices", &mut foreign);
             given(self.chunks.is_some(), "chunks", &mut foreign);
+            for (present, field) in linear_fields {
+                given(present, field, &mut foreign);
+            }
             let missing = |field: &str| format!("{MESH_GEMM} needs the field `{field}`");
             Topology::Mesh {
                 nr: self.nr.ok_or_else(|| missing("nr"))?,
                 nc: self.nc.ok_or_else(|| missing("nc"))?,
                 dataflow: self.dataflow.ok_or_else(|| missing("dataflow"))?,
             }
-        } else {
-            let op: OpKind = self
-                .op
-                .parse()
-                .map_err(|_| format!("unknown op `{}` (expected ag_gemm, gemm_rs, gemm_ar or {MESH_GEMM})", self.op))?;
+        } else if self.op == LINEAR {
             for (present, field) in [
+                (self.chunks.is_some(), "chunks"),
                 (self.nr.is_some(), "nr"),
                 (self.nc.is_some(), "nc"),
                 (self.dataflow.is_some(), "dataflow"),
                 (self.slices.is_some(), "slices"),
                 (self.block.is_some(), "block"),
             ] {
+                given(present, field, &mut foreign);
+            }
+            let missing = |field: &str| format!("{LINEAR} needs the field `{field}`");
+            if self.output != self.input {
+                return Err(format!(
+                    "{LINEAR}: output must equal input ({}): activations and gradients keep the input dtype, main_grad is f32",
+                    self.input
+                ));
+            }
+            Topology::Linear {
+                layer: self.layer.ok_or_else(|| missing("layer"))?,
+                pass: self.pass.ok_or_else(|| missing("pass"))?,
+                sp: self.sp.ok_or_else(|| missing("sp"))?,
+                devices: self.devices.ok_or_else(|| missing("devices"))?,
+                microbatches: self.microbatches.ok_or_else(|| missing("microbatches"))?,
+            }
+        } else {
+            let op: OpKind = self.op.parse().map_err(|_| {
+                format!("unknown op `{}` (expected ag_gemm, gemm_rs, gemm_ar, {MESH_GEMM} or {LINEAR})", self.op)
+            })?;
+            for (present, field) in [
+                (self.nr.is_some(), "nr"),
+                (self.nc.is_some(), "nc"),
+                (self.dataflow.is_some(), "dataflow"),
+                (self.slices.is_some(), "slices"),
+                (self.block.is_some(), "block"),
+            ]
+            .into_iter()
+            .chain(linear_fields)
+            {
                 given(present, field, &mut foreign);
             }
             let devices = self.devices.ok_or_else(|| format!("{op} needs the field `devices`"))?;
@@ -186,21 +259,33 @@ impl CaseTable {
     }
 }
 
-/// The validated problem of a case, of either family.
+/// The validated problem of a case, of any family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CaseProblem {
     /// A 1D ring problem.
     Ring(Problem),
     /// A 2D mesh problem.
     Mesh(MeshProblem),
+    /// A linear-layer problem.
+    Linear(LinearProblem),
 }
 
 impl CaseProblem {
+    /// The sharded GEMM of a 1D or mesh case (`None` for the linear family).
+    pub fn sharded(&self) -> Option<&dyn ShardedGemm> {
+        match self {
+            CaseProblem::Ring(p) => Some(p),
+            CaseProblem::Mesh(p) => Some(p),
+            CaseProblem::Linear(_) => None,
+        }
+    }
+
     /// What the oracle and the check need, whatever the family.
-    pub fn sharded(&self) -> &dyn ShardedGemm {
+    pub fn workload(&self) -> &dyn Workload {
         match self {
             CaseProblem::Ring(p) => p,
             CaseProblem::Mesh(p) => p,
+            CaseProblem::Linear(p) => p,
         }
     }
 }
@@ -218,6 +303,12 @@ pub enum CaseError {
     /// The mesh problem is invalid, or the mesh algorithm unknown or unable to plan it.
     #[error(transparent)]
     Mesh(#[from] MeshError),
+    /// The linear problem is invalid.
+    #[error(transparent)]
+    Linear(#[from] LinearError),
+    /// The linear algorithm is unknown, or its plan failed validation.
+    #[error("{0}")]
+    LinearPlan(String),
 }
 
 /// An algorithm of either family, with its parameters.
@@ -227,6 +318,8 @@ pub enum CaseAlgorithm {
     Ring(Algorithm),
     /// A 2D algorithm.
     Mesh(MeshAlgorithm),
+    /// A linear-layer algorithm.
+    Linear(LinearAlgorithm),
 }
 
 impl fmt::Display for CaseAlgorithm {
@@ -234,6 +327,7 @@ impl fmt::Display for CaseAlgorithm {
         match self {
             CaseAlgorithm::Ring(a) => a.fmt(f),
             CaseAlgorithm::Mesh(a) => a.fmt(f),
+            CaseAlgorithm::Linear(a) => a.fmt(f),
         }
     }
 }
@@ -246,14 +340,15 @@ impl Case {
             // Saturating: a case is validated only when it runs, and absurd sizes must
             // not overflow before that.
             Topology::Mesh { nr, nc, .. } => nr.saturating_mul(nc),
+            Topology::Linear { devices, .. } => devices,
         }
     }
 
-    /// The 1D op, or `None` for a mesh case.
+    /// The 1D op, or `None` for a mesh or linear case.
     pub fn ring_op(&self) -> Option<OpKind> {
         match self.topology {
             Topology::Ring { op, .. } => Some(op),
-            Topology::Mesh { .. } => None,
+            Topology::Mesh { .. } | Topology::Linear { .. } => None,
         }
     }
 
@@ -262,22 +357,33 @@ impl Case {
         match self.topology {
             Topology::Ring { op, .. } => op.name(),
             Topology::Mesh { .. } => MESH_GEMM,
+            Topology::Linear { .. } => LINEAR,
         }
     }
 
-    /// The op as printed in reports: `ag_gemm`, or `mesh_gemm os`.
+    /// The op as printed in reports: `ag_gemm`, `mesh_gemm os`, or `linear column bwd sp`.
     pub fn op_label(&self) -> String {
         match self.topology {
             Topology::Ring { op, .. } => op.to_string(),
             Topology::Mesh { dataflow, .. } => format!("{MESH_GEMM} {dataflow}"),
+            Topology::Linear { layer, pass, sp, .. } => {
+                let pass = match pass {
+                    Pass::Forward => "fwd",
+                    Pass::Backward => "bwd",
+                    Pass::Train => "train",
+                };
+                format!("{LINEAR} {layer} {pass}{}", if sp { " sp" } else { "" })
+            }
         }
     }
 
-    /// The devices as printed in reports: `4`, or `2x4` for a mesh.
+    /// The devices as printed in reports: `4`, `2x4` for a mesh, `4·mb2` for a linear
+    /// case over two micro-batches.
     pub fn devices_label(&self) -> String {
         match self.topology {
             Topology::Ring { devices, .. } => devices.to_string(),
             Topology::Mesh { nr, nc, .. } => format!("{nr}x{nc}"),
+            Topology::Linear { devices, microbatches, .. } => format!("{devices}·mb{microbatches}"),
         }
     }
 
@@ -289,6 +395,9 @@ impl Case {
             Topology::Mesh { nr, nc, dataflow } => {
                 CaseProblem::Mesh(MeshProblem::new(nr, nc, dataflow, m, n, k, input, output)?)
             }
+            Topology::Linear { layer, pass, sp, devices, microbatches } => {
+                CaseProblem::Linear(LinearProblem::new(layer, pass, sp, devices, microbatches, m, k, n, input)?)
+            }
         })
     }
 
@@ -299,6 +408,7 @@ impl Case {
             Topology::Mesh { .. } => {
                 CaseAlgorithm::Mesh(MeshAlgorithm::parse(&self.algorithm, self.slices, self.block)?)
             }
+            Topology::Linear { .. } => CaseAlgorithm::Linear(self.algorithm.parse().map_err(CaseError::LinearPlan)?),
         })
     }
 
@@ -315,6 +425,10 @@ impl Case {
             CaseProblem::Mesh(p) => {
                 build_mesh_plan(&p, MeshAlgorithm::parse(&self.algorithm, self.slices, self.block)?)?
             }
+            CaseProblem::Linear(p) => {
+                let algorithm: LinearAlgorithm = self.algorithm.parse().map_err(CaseError::LinearPlan)?;
+                build_linear_plan(&p, algorithm).map_err(|e: PlanError| CaseError::LinearPlan(e.to_string()))?
+            }
         })
     }
 }
@@ -323,6 +437,12 @@ impl Case {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum CorpusError {
+    /// The corpus directory does not exist.
+    #[error("corpus directory {} does not exist: pass `--cases DIR` or set {CASES_DIR_VAR} (a binary copied to another machine does not find the source tree it was built from)", dir.display())]
+    MissingDir {
+        /// The directory looked for.
+        dir: PathBuf,
+    },
     /// A directory or file could not be read.
     #[error("cannot read {}: {source}", path.display())]
     Io {
@@ -369,13 +489,23 @@ pub enum CorpusError {
     },
 }
 
-/// The corpus directory of this crate (`conformance/cases`).
+/// The environment variable that points the runner at a corpus directory.
+pub const CASES_DIR_VAR: &str = "CMM_CASES_DIR";
+
+/// The corpus directory: `$CMM_CASES_DIR` when set, else this crate's `cases/` in the
+/// source tree it was built from (which a binary copied to another machine lacks:
+/// [`load_corpus`] then says how to point it elsewhere).
 pub fn cases_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("cases")
+    std::env::var_os(CASES_DIR_VAR)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("cases"))
 }
 
 /// Loads every case of `dir/*.toml`, files in name order, cases in file order.
 pub fn load_corpus(dir: &Path) -> Result<Vec<Case>, CorpusError> {
+    if !dir.is_dir() {
+        return Err(CorpusError::MissingDir { dir: dir.to_path_buf() });
+    }
     let io = |source| CorpusError::Io { path: dir.to_path_buf(), source };
     let mut files = Vec::new();
     for entry in fs::read_dir(dir).map_err(io)? {
@@ -495,7 +625,7 @@ seed = 3
         assert_eq!((c.devices(), c.devices_label(), c.op_label()), (8, "2x4".to_string(), "mesh_gemm ls".to_string()));
         assert_eq!(c.algorithm_label(), "meshslice(S=2,B=1)");
         let problem = c.problem().unwrap();
-        assert_eq!(problem.sharded().device_count(), 8);
+        assert_eq!(problem.workload().device_count(), 8);
         assert_eq!(c.plan().unwrap().devices, 8);
     }
 

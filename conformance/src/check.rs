@@ -1,10 +1,11 @@
-//! The check of one case: run its plan on a backend, then compare every device's output
-//! with the f64 oracle and with the golden.
+//! The check of one case: run its plan on a backend, then compare every output of every
+//! device (the workload's outputs, [`cmm_core::workload`]) with the f64 oracle and with
+//! the golden.
 //!
 //! | family | vs oracle | vs golden |
 //! |---|---|---|
 //! | exact | bit for bit with `output.encode(oracle as f32)` | bit for bit |
-//! | realistic | within [`Tolerance::gemm`]`(output, K)` of the oracle | within twice that tolerance |
+//! | realistic | within the output's tolerance (for a GEMM [`Tolerance::gemm`]`(output, K)`) | within twice that tolerance |
 //!
 //! The golden comparison of the realistic family allows twice the oracle tolerance
 //! because the golden and the run are two results, each within the tolerance of the
@@ -19,10 +20,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cmm_core::cpu::Memory;
-use cmm_core::oracle::{expected_outputs, Expected};
 use cmm_core::schedule::{orders, schedule_with, Order};
 use cmm_core::verify::verify;
-use cmm_core::{AlgorithmError, DType, Family, MeshError, Plan, ProblemError, Tolerance};
+use cmm_core::workload::ExpectedOutput;
+use cmm_core::{AlgorithmError, Family, MeshError, Plan, ProblemError, Tolerance};
 use thiserror::Error;
 
 use crate::backend::{Backend, BackendError};
@@ -39,9 +40,15 @@ pub struct Goldens {
 }
 
 impl Goldens {
-    /// The golden directory of this crate (`conformance/golden`).
+    /// The environment variable that points the runner at a golden directory.
+    pub const DIR_VAR: &'static str = "CMM_GOLDEN_DIR";
+
+    /// The golden directory: `$CMM_GOLDEN_DIR` when set, else this crate's `golden/` in
+    /// the source tree it was built from.
     pub fn default_dir() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("golden")
+        std::env::var_os(Self::DIR_VAR)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("golden"))
     }
 
     /// The path of a case's golden.
@@ -53,6 +60,8 @@ impl Goldens {
 /// The worst element of a failed comparison.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mismatch {
+    /// The output buffer, when the workload has several.
+    pub output: Option<String>,
     /// Device.
     pub device: usize,
     /// Row in the device's output.
@@ -81,6 +90,9 @@ fn num(x: f64) -> String {
 
 impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(output) = &self.output {
+            write!(f, "{output} ")?;
+        }
         write!(
             f,
             "dev {} (row {}, col {}) got {} expected {}",
@@ -116,9 +128,15 @@ pub enum Failure {
     /// The mesh case is invalid, or its algorithm unknown or unable to plan it.
     #[error("mesh case: {0}")]
     Mesh(#[from] MeshError),
+    /// The linear case is invalid, or its algorithm unknown or unable to plan it.
+    #[error("linear case: {0}")]
+    Linear(String),
     /// The plan does not fit the case (device count, output buffer).
     #[error("plan does not fit the case: {0}")]
     Plan(String),
+    /// The case asks for an input family its workload has no exact answer in.
+    #[error("invalid case: {0}")]
+    Family(String),
     /// The backend could not run the plan.
     #[error("{0}")]
     Backend(#[from] BackendError),
@@ -143,8 +161,10 @@ pub enum Failure {
         findings: Vec<String>,
     },
     /// Poison (memory no op wrote) reached the output.
-    #[error("poison reached the output: dev {device} (row {row}, col {col}), {count} element(s) of the device never written")]
+    #[error("poison reached the output{}: dev {device} (row {row}, col {col}), {count} element(s) of the device never written", output.as_ref().map(|o| format!(" {o}")).unwrap_or_default())]
     Poison {
+        /// The output buffer, when the workload has several.
+        output: Option<String>,
         /// Device.
         device: usize,
         /// Row.
@@ -155,8 +175,10 @@ pub enum Failure {
         count: usize,
     },
     /// Two interleavings of a plan produced different outputs.
-    #[error("schedule-dependent output: default and {order} differ first at dev {device} (row {row}, col {col}): {default_value} vs {other_value}")]
+    #[error("schedule-dependent output{}: default and {order} differ first at dev {device} (row {row}, col {col}): {default_value} vs {other_value}", output.as_ref().map(|o| format!(" {o}")).unwrap_or_default())]
     ScheduleDependent {
+        /// The output buffer, when the workload has several.
+        output: Option<String>,
         /// The interleaving that differs from the default order.
         order: Order,
         /// Device.
@@ -230,6 +252,8 @@ impl From<CaseError> for Failure {
             CaseError::Problem(e) => Failure::Problem(e),
             CaseError::Algorithm(e) => Failure::Algorithm(e),
             CaseError::Mesh(e) => Failure::Mesh(e),
+            CaseError::Linear(e) => Failure::Linear(e.to_string()),
+            CaseError::LinearPlan(e) => Failure::Linear(e),
         }
     }
 }
@@ -289,6 +313,16 @@ pub fn check_case(case: &Case, plan: &Plan, backend: &dyn Backend, goldens: &Gol
     check_with_memory(case, plan, backend, Some(goldens), 1).0
 }
 
+/// [`check_case_with`] without goldens, also returning the default-order run's memory.
+pub(crate) fn check_case_keeping_memory(
+    case: &Case,
+    plan: &Plan,
+    backend: &dyn Backend,
+    schedules: usize,
+) -> (CaseResult, Option<Memory>) {
+    check_with_memory(case, plan, backend, None, schedules)
+}
+
 /// [`check_case`] under the first `schedules` interleavings of
 /// [`cmm_core::schedule::orders`] (the default order first), and without a golden
 /// comparison when `goldens` is `None` (mutants have no golden).
@@ -329,20 +363,31 @@ fn check_into(
     schedules: usize,
 ) -> Result<Memory, Failure> {
     let problem = case.problem()?;
-    let problem = problem.sharded();
-    let global = problem.global();
+    let workload = problem.workload();
     plan.validate().map_err(|e| Failure::Plan(e.to_string()))?;
-    if plan.devices != problem.device_count() {
-        return Err(Failure::Plan(format!("the plan has D={}, the case D={}", plan.devices, problem.device_count())));
+    if plan.devices != workload.device_count() {
+        return Err(Failure::Plan(format!("the plan has D={}, the case D={}", plan.devices, workload.device_count())));
     }
-    let out = plan.output().ok_or_else(|| Failure::Plan("the plan has no output buffer".into()))?;
-    let expected = expected_outputs(problem, case.seed, case.family);
-    let decl = plan.buffer(out);
-    if (decl.rows, decl.cols, decl.dtype) != (expected.rows, expected.cols, global.output) {
-        return Err(Failure::Plan(format!(
-            "output buffer `{}` is {}[{}x{}], the case needs {}[{}x{}]",
-            decl.name, decl.dtype, decl.rows, decl.cols, global.output, expected.rows, expected.cols
-        )));
+    if let Some(why) = workload.unsupported_family(case.family) {
+        return Err(Failure::Family(why));
+    }
+    let expected = workload.expected(case.seed, case.family);
+    let several = expected.len() > 1;
+    let label = |e: &ExpectedOutput| several.then(|| e.buffer.clone());
+    let mut buffers = Vec::with_capacity(expected.len());
+    for e in &expected {
+        let id = plan
+            .buffer_id(&e.buffer)
+            .filter(|id| plan.buffer(*id).role.is_result())
+            .ok_or_else(|| Failure::Plan(format!("the plan has no output buffer `{}`", e.buffer)))?;
+        let decl = plan.buffer(id);
+        if (decl.rows, decl.cols, decl.dtype) != (e.rows, e.cols, e.dtype) {
+            return Err(Failure::Plan(format!(
+                "output buffer `{}` is {}[{}x{}], the case needs {}[{}x{}]",
+                decl.name, decl.dtype, decl.rows, decl.cols, e.dtype, e.rows, e.cols
+            )));
+        }
+        buffers.push(id.0);
     }
 
     // The verifier replays every interleaving before anything runs: a plan that
@@ -361,35 +406,50 @@ fn check_into(
     let start = Instant::now();
     let memory = backend.run(plan, case.seed, case.family, Order::Default)?;
     result.elapsed = Some(start.elapsed());
-    let outputs = output_words(&memory, plan, out.0, expected.rows * expected.cols)?;
-    if let Some(p) = find_poison(&outputs, global.output.poison_bits(), expected.cols) {
-        result.failures.push(p);
-    }
-    for &order in &orders[1..] {
-        let other = backend.run(plan, case.seed, case.family, order)?;
-        let other_outputs = output_words(&other, plan, out.0, expected.rows * expected.cols)?;
-        if let Some(f) = schedule_difference(&outputs, &other_outputs, order, global.output, expected.cols) {
-            result.failures.push(f);
+    let outputs: Vec<Vec<&[u32]>> = expected
+        .iter()
+        .zip(&buffers)
+        .map(|(e, &id)| output_words(&memory, plan, id, e.len()))
+        .collect::<Result<_, _>>()?;
+    for (e, words) in expected.iter().zip(&outputs) {
+        if let Some(p) = find_poison(words, e.dtype.poison_bits(), e.cols, label(e)) {
+            result.failures.push(p);
             break;
         }
     }
+    'orders: for &order in &orders[1..] {
+        let other = backend.run(plan, case.seed, case.family, order)?;
+        for (e, (words, &id)) in expected.iter().zip(outputs.iter().zip(&buffers)) {
+            let other_words = output_words(&other, plan, id, e.len())?;
+            if let Some(f) = schedule_difference(words, &other_words, order, e, label(e)) {
+                result.failures.push(f);
+                break 'orders;
+            }
+        }
+    }
 
-    let got: Vec<Vec<f64>> =
-        outputs.iter().map(|w| w.iter().map(|&b| global.output.decode(b) as f64).collect()).collect();
-    result.max_error = Some(max_error(&got, &expected.values));
+    let got: Vec<Vec<Vec<f64>>> = expected
+        .iter()
+        .zip(&outputs)
+        .map(|(e, words)| words.iter().map(|w| w.iter().map(|&b| e.dtype.decode(b) as f64).collect()).collect())
+        .collect();
+    result.max_error = Some(got.iter().zip(&expected).map(|(g, e)| max_error(g, &e.values)).fold(0.0, f64::max));
 
-    let tolerance = Tolerance::gemm(global.output, global.k);
-    let oracle_rule = match case.family {
-        Family::Exact => Rule::Bits(
-            expected.values.iter().map(|d| d.iter().map(|&v| global.output.encode(v as f32)).collect()).collect(),
-        ),
-        Family::Realistic => Rule::Within(tolerance),
-    };
-    let oracle = compare(&outputs, &got, &expected.values, &oracle_rule, &expected, expected.cols);
-    let oracle_ok = oracle.is_none();
-    result.failures.extend(oracle.map(Failure::Oracle));
+    let mut oracle_ok = true;
+    for ((e, words), g) in expected.iter().zip(&outputs).zip(&got) {
+        let rule = match case.family {
+            Family::Exact => {
+                Rule::Bits(e.values.iter().map(|d| d.iter().map(|&v| e.dtype.encode(v as f32)).collect()).collect())
+            }
+            Family::Realistic => Rule::Within(e.tolerance),
+        };
+        if let Some(m) = compare(words, g, &e.values, &rule, e, label(e)) {
+            oracle_ok = false;
+            result.failures.push(Failure::Oracle(m));
+        }
+    }
 
-    let run = Run { case, expected: &expected, outputs: &outputs, got: &got, tolerance };
+    let run = Run { case, expected: &expected, outputs: &outputs, got: &got };
     if let Some(goldens) = goldens {
         let golden = if goldens.bless {
             bless(result, goldens, &run, oracle_ok && result.failures.is_empty())
@@ -402,23 +462,36 @@ fn check_into(
 }
 
 /// The first output element still holding the poison pattern: memory no op wrote.
-fn find_poison(outputs: &[&[u32]], poison: u32, cols: usize) -> Option<Failure> {
+fn find_poison(outputs: &[&[u32]], poison: u32, cols: usize, output: Option<String>) -> Option<Failure> {
     outputs.iter().enumerate().find_map(|(device, words)| {
         let count = words.iter().filter(|&&w| w == poison).count();
-        words.iter().position(|&w| w == poison).map(|i| Failure::Poison { device, row: i / cols, col: i % cols, count })
+        words.iter().position(|&w| w == poison).map(|i| Failure::Poison {
+            output: output.clone(),
+            device,
+            row: i / cols,
+            col: i % cols,
+            count,
+        })
     })
 }
 
 /// The first element where a run under `order` differs from the default-order run.
-fn schedule_difference(first: &[&[u32]], other: &[&[u32]], order: Order, dtype: DType, cols: usize) -> Option<Failure> {
+fn schedule_difference(
+    first: &[&[u32]],
+    other: &[&[u32]],
+    order: Order,
+    e: &ExpectedOutput,
+    output: Option<String>,
+) -> Option<Failure> {
     first.iter().zip(other).enumerate().find_map(|(device, (a, b))| {
         a.iter().zip(b.iter()).position(|(x, y)| x != y).map(|i| Failure::ScheduleDependent {
+            output: output.clone(),
             order,
             device,
-            row: i / cols,
-            col: i % cols,
-            default_value: dtype.decode(a[i]) as f64,
-            other_value: dtype.decode(b[i]) as f64,
+            row: i / e.cols,
+            col: i % e.cols,
+            default_value: e.dtype.decode(a[i]) as f64,
+            other_value: e.dtype.decode(b[i]) as f64,
         })
     })
 }
@@ -426,13 +499,20 @@ fn schedule_difference(first: &[&[u32]], other: &[&[u32]], order: Order, dtype: 
 /// What one run produced, for the golden stage.
 struct Run<'a> {
     case: &'a Case,
-    expected: &'a Expected,
-    /// Each device's output words.
-    outputs: &'a [&'a [u32]],
+    expected: &'a [ExpectedOutput],
+    /// Per output, each device's words.
+    outputs: &'a [Vec<&'a [u32]>],
     /// The same, decoded.
-    got: &'a [Vec<f64>],
-    /// The oracle tolerance of the case.
-    tolerance: Tolerance,
+    got: &'a [Vec<Vec<f64>>],
+}
+
+impl Run<'_> {
+    fn shapes(&self) -> Vec<golden::OutputShape> {
+        self.expected
+            .iter()
+            .map(|e| golden::OutputShape { buffer: e.buffer.clone(), dtype: e.dtype, rows: e.rows, cols: e.cols })
+            .collect()
+    }
 }
 
 /// Writes the golden of a run that passed the oracle check.
@@ -440,12 +520,13 @@ fn bless(result: &mut CaseResult, goldens: &Goldens, run: &Run, oracle_ok: bool)
     if !oracle_ok {
         return Ok(());
     }
-    let output = run.case.output;
     let mut payload = Vec::new();
-    for &w in run.outputs.iter().copied().flatten() {
-        output.push_le_bytes(w, &mut payload);
+    for (e, words) in run.expected.iter().zip(run.outputs) {
+        for &w in words.iter().copied().flatten() {
+            e.dtype.push_le_bytes(w, &mut payload);
+        }
     }
-    let bytes = golden::encode(run.case, run.expected.rows, run.expected.cols, &payload);
+    let bytes = golden::encode(run.case, &run.shapes(), &payload);
     let path = goldens.path(run.case);
     let io = |source| Failure::GoldenIo { path: path.clone(), source };
     let old = match fs::read(&path) {
@@ -470,37 +551,44 @@ fn bless(result: &mut CaseResult, goldens: &Goldens, run: &Run, oracle_ok: bool)
 
 /// Compares a run with the case's golden.
 fn compare_golden(result: &mut CaseResult, goldens: &Goldens, run: &Run) -> Result<(), Failure> {
-    let (case, expected, output) = (run.case, run.expected, run.case.output);
+    let case = run.case;
     let path = goldens.path(case);
     let bytes = match fs::read(&path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Failure::GoldenMissing { path }),
         Err(source) => return Err(Failure::GoldenIo { path, source }),
     };
-    let stored = golden::decode(&bytes, case, expected.rows, expected.cols)
+    let stored = golden::decode(&bytes, case, &run.shapes())
         .map_err(|source| Failure::GoldenInvalid { path: path.clone(), source })?;
-    let len = expected.rows * expected.cols;
-    let golden_bits: Vec<Vec<u32>> =
-        (0..case.devices()).map(|d| (0..len).map(|i| output.read_le_bits(stored, d * len + i)).collect()).collect();
-    let golden_values: Vec<Vec<f64>> =
-        golden_bits.iter().map(|d| d.iter().map(|&b| output.decode(b) as f64).collect()).collect();
-    let t = run.tolerance;
-    let rule = match case.family {
-        Family::Exact => Rule::Bits(golden_bits),
-        Family::Realistic => Rule::Within(Tolerance {
-            rounding: 2.0 * t.rounding,
-            accumulation: 2.0 * t.accumulation,
-            floor: 2.0 * t.floor,
-        }),
-    };
     result.golden = GoldenStatus::Compared;
-    result
-        .failures
-        .extend(compare(run.outputs, run.got, &golden_values, &rule, expected, expected.cols).map(Failure::Golden));
+    let several = run.expected.len() > 1;
+    let mut at = 0usize;
+    for ((e, words), got) in run.expected.iter().zip(run.outputs).zip(run.got) {
+        let size = e.dtype.size_bytes();
+        let len = e.len();
+        let section = &stored[at..at + case.devices() * len * size];
+        at += section.len();
+        let golden_bits: Vec<Vec<u32>> = (0..case.devices())
+            .map(|d| (0..len).map(|i| e.dtype.read_le_bits(section, d * len + i)).collect())
+            .collect();
+        let golden_values: Vec<Vec<f64>> =
+            golden_bits.iter().map(|d| d.iter().map(|&b| e.dtype.decode(b) as f64).collect()).collect();
+        let t = e.tolerance;
+        let rule = match case.family {
+            Family::Exact => Rule::Bits(golden_bits),
+            Family::Realistic => Rule::Within(Tolerance {
+                rounding: 2.0 * t.rounding,
+                accumulation: 2.0 * t.accumulation,
+                floor: 2.0 * t.floor,
+            }),
+        };
+        let output = several.then(|| e.buffer.clone());
+        result.failures.extend(compare(words, got, &golden_values, &rule, e, output).map(Failure::Golden));
+    }
     Ok(())
 }
 
-/// Each device's output words, after checking the memory has the plan's shape.
+/// Each device's words of buffer `out`, after checking the memory has the plan's shape.
 fn output_words<'m>(memory: &'m Memory, plan: &Plan, out: usize, len: usize) -> Result<Vec<&'m [u32]>, Failure> {
     if memory.len() != plan.devices {
         return Err(Failure::Memory(format!("{} devices' memory, the plan has {}", memory.len(), plan.devices)));
@@ -510,9 +598,11 @@ fn output_words<'m>(memory: &'m Memory, plan: &Plan, out: usize, len: usize) -> 
         .enumerate()
         .map(|(d, buffers)| match buffers.get(out) {
             Some(words) if words.len() == len => Ok(words.as_slice()),
-            Some(words) => {
-                Err(Failure::Memory(format!("{} words for device {d}'s output buffer, expected {len}", words.len())))
-            }
+            Some(words) => Err(Failure::Memory(format!(
+                "{} words for device {d}'s output buffer `{}`, expected {len}",
+                words.len(),
+                plan.buffers[out].name
+            ))),
             None => Err(Failure::Memory(format!(
                 "{} buffers for device {d}, the plan has {}",
                 buffers.len(),
@@ -538,15 +628,17 @@ enum Rule {
     Within(Tolerance),
 }
 
-/// Compares every device's output; `None` when all elements pass, else the worst one.
+/// Compares every device's copy of one output; `None` when all elements pass, else the
+/// worst one.
 fn compare(
     words: &[&[u32]],
     got: &[Vec<f64>],
     want: &[Vec<f64>],
     rule: &Rule,
-    oracle: &Expected,
-    cols: usize,
+    oracle: &ExpectedOutput,
+    output: Option<String>,
 ) -> Option<Mismatch> {
+    let cols = oracle.cols;
     let total = got.iter().map(Vec::len).sum();
     let mut count = 0;
     // (score, mismatch): the worst is the largest error (relative to the allowance).
@@ -580,6 +672,7 @@ fn compare(
         if let Some((score, index, allowed)) = candidate {
             if worst.as_ref().is_none_or(|(s, _)| score > *s) {
                 let mismatch = Mismatch {
+                    output: output.clone(),
                     device,
                     row: index / cols,
                     col: index % cols,
@@ -602,9 +695,21 @@ mod tests {
 
     #[test]
     fn mismatch_text_names_device_row_col_and_values() {
-        let m = Mismatch { device: 2, row: 5, col: 3, got: 12.0, expected: 14.0, allowed: None, count: 7, total: 64 };
+        let m = Mismatch {
+            output: None,
+            device: 2,
+            row: 5,
+            col: 3,
+            got: 12.0,
+            expected: 14.0,
+            allowed: None,
+            count: 7,
+            total: 64,
+        };
         assert_eq!(m.to_string(), "dev 2 (row 5, col 3) got 12 expected 14; 7 of 64 elements differ (bit-exact)");
         let m = Mismatch { allowed: Some(1e-3), got: 0.5, expected: 0.25, ..m };
         assert!(m.to_string().contains("|error| 2.500e-1 > allowed 1.000e-3"), "{m}");
+        let m = Mismatch { output: Some("main_grad".into()), ..m };
+        assert!(m.to_string().starts_with("main_grad dev 2 (row 5, col 3)"), "{m}");
     }
 }

@@ -81,6 +81,7 @@ impl Exporter {
                 let role = match decl.role {
                     BufferRole::Input { .. } => "input",
                     BufferRole::Output => "output",
+                    BufferRole::Accumulator { .. } => "accumulator",
                     BufferRole::Scratch => continue,
                 };
                 let file = format!("d{d}_{}.npy", decl.name);
@@ -101,6 +102,9 @@ impl Exporter {
         // Mesh cases name their mesh and dataflow; 1D cases keep the v1 fields only.
         let topology = match case.topology {
             Topology::Ring { .. } => format!("\"chunks\": {}, ", opt(case.chunks)),
+            Topology::Linear { layer, pass, sp, microbatches, .. } => format!(
+                "\"layer\": \"{layer}\", \"pass\": \"{pass}\", \"sp\": {sp}, \"microbatches\": {microbatches}, "
+            ),
             Topology::Mesh { nr, nc, dataflow } => format!(
                 "\"dataflow\": \"{dataflow}\", \"nr\": {nr}, \"nc\": {nc}, \"slices\": {}, \"block\": {}, ",
                 opt(case.slices),

@@ -8,7 +8,10 @@
 //! ```
 //!
 //! Mesh cases add their shape after the device count (`op=mesh_gemm devices=8 nr=2
-//! nc=4 dataflow=os m=…`). The header records what the golden was blessed for, so a
+//! nc=4 dataflow=os m=…`), linear cases their layer (`layer=mlp pass=train sp=true
+//! microbatches=2`). A workload with several outputs replaces `rows=… cols=…` by
+//! `outputs=Y:bf16:8x64,dX:bf16:8x64,main_grad1:f32:64x32,…`, and the payload holds the
+//! outputs in that order, each device 0 first. The header records what the golden was blessed for, so a
 //! case edited after blessing is reported as stale instead of as a wall of wrong
 //! numbers, and the digest catches a truncated or hand-edited payload.
 
@@ -16,7 +19,22 @@ use std::fmt::Write as _;
 
 use thiserror::Error;
 
+use cmm_core::DType;
+
 use crate::case::{Case, Topology};
+
+/// The shape of one output as a golden records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutputShape {
+    /// The plan's buffer.
+    pub buffer: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Rows per device.
+    pub rows: usize,
+    /// Columns per device.
+    pub cols: usize,
+}
 
 const MAGIC: &str = "cmm-golden";
 const VERSION: &str = "v1";
@@ -84,12 +102,22 @@ pub enum GoldenError {
 }
 
 /// The header fields a case implies, in file order (the digest comes last). Mesh
-/// cases add their mesh shape and dataflow after the device count.
-fn fields(case: &Case, rows: usize, cols: usize) -> Vec<(&'static str, String)> {
+/// cases add their mesh shape and dataflow after the device count, linear cases their
+/// layer.
+fn fields(case: &Case, outputs: &[OutputShape]) -> Vec<(&'static str, String)> {
     let mut fields =
         vec![("case", case.name.clone()), ("op", case.op_name().to_string()), ("devices", case.devices().to_string())];
-    if let Topology::Mesh { nr, nc, dataflow } = case.topology {
-        fields.extend([("nr", nr.to_string()), ("nc", nc.to_string()), ("dataflow", dataflow.to_string())]);
+    match case.topology {
+        Topology::Mesh { nr, nc, dataflow } => {
+            fields.extend([("nr", nr.to_string()), ("nc", nc.to_string()), ("dataflow", dataflow.to_string())])
+        }
+        Topology::Linear { layer, pass, sp, microbatches, .. } => fields.extend([
+            ("layer", layer.to_string()),
+            ("pass", pass.to_string()),
+            ("sp", sp.to_string()),
+            ("microbatches", microbatches.to_string()),
+        ]),
+        Topology::Ring { .. } => {}
     }
     fields.extend([
         ("m", case.m.to_string()),
@@ -99,16 +127,25 @@ fn fields(case: &Case, rows: usize, cols: usize) -> Vec<(&'static str, String)> 
         ("output", case.output.to_string()),
         ("family", case.family.to_string()),
         ("seed", case.seed.to_string()),
-        ("rows", rows.to_string()),
-        ("cols", cols.to_string()),
     ]);
+    match outputs {
+        [one] => fields.extend([("rows", one.rows.to_string()), ("cols", one.cols.to_string())]),
+        several => fields.push((
+            "outputs",
+            several
+                .iter()
+                .map(|o| format!("{}:{}:{}x{}", o.buffer, o.dtype, o.rows, o.cols))
+                .collect::<Vec<_>>()
+                .join(","),
+        )),
+    }
     fields
 }
 
-/// Bytes of a golden file for `case` whose devices each output `rows × cols` elements.
-pub fn encode(case: &Case, rows: usize, cols: usize, payload: &[u8]) -> Vec<u8> {
+/// Bytes of a golden file for `case` with these outputs.
+pub fn encode(case: &Case, outputs: &[OutputShape], payload: &[u8]) -> Vec<u8> {
     let mut header = format!("{MAGIC} {VERSION}");
-    for (key, value) in fields(case, rows, cols) {
+    for (key, value) in fields(case, outputs) {
         let _ = write!(header, " {key}={value}");
     }
     let _ = writeln!(header, " digest={:016x}", fnv1a64(payload));
@@ -117,8 +154,8 @@ pub fn encode(case: &Case, rows: usize, cols: usize, payload: &[u8]) -> Vec<u8> 
     bytes
 }
 
-/// Checks a golden file against `case` and the output shape, and returns its payload.
-pub fn decode<'a>(bytes: &'a [u8], case: &Case, rows: usize, cols: usize) -> Result<&'a [u8], GoldenError> {
+/// Checks a golden file against `case` and the output shapes, and returns its payload.
+pub fn decode<'a>(bytes: &'a [u8], case: &Case, outputs: &[OutputShape]) -> Result<&'a [u8], GoldenError> {
     let newline = bytes.iter().position(|&b| b == b'\n').ok_or(GoldenError::NoHeader)?;
     let (header, payload) = (String::from_utf8_lossy(&bytes[..newline]), &bytes[newline + 1..]);
     let mut tokens = header.split_whitespace();
@@ -138,7 +175,7 @@ pub fn decode<'a>(bytes: &'a [u8], case: &Case, rows: usize, cols: usize) -> Res
     let get = |key: &'static str| {
         found.iter().find(|(k, _)| *k == key).map(|(_, v)| *v).ok_or(GoldenError::MissingField { key })
     };
-    for (key, want) in fields(case, rows, cols) {
+    for (key, want) in fields(case, outputs) {
         let got = get(key)?;
         if got != want {
             return Err(GoldenError::Stale { key, golden: got.to_string(), case: want });
@@ -149,7 +186,7 @@ pub fn decode<'a>(bytes: &'a [u8], case: &Case, rows: usize, cols: usize) -> Res
     if u64::from_str_radix(digest, 16).ok() != Some(actual) {
         return Err(GoldenError::Digest { header: digest.to_string(), payload: actual });
     }
-    let expected = case.devices() * rows * cols * case.output.size_bytes();
+    let expected: usize = outputs.iter().map(|o| case.devices() * o.rows * o.cols * o.dtype.size_bytes()).sum();
     if payload.len() != expected {
         return Err(GoldenError::Length { expected, found: payload.len() });
     }
@@ -159,7 +196,11 @@ pub fn decode<'a>(bytes: &'a [u8], case: &Case, rows: usize, cols: usize) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cmm_core::{DType, Dataflow, Family, OpKind};
+    use cmm_core::{Dataflow, Family, OpKind};
+
+    fn shape(rows: usize, cols: usize) -> Vec<OutputShape> {
+        vec![OutputShape { buffer: "C".into(), dtype: DType::F16, rows, cols }]
+    }
 
     fn case() -> Case {
         Case {
@@ -189,10 +230,10 @@ mod tests {
     #[test]
     fn round_trip_and_header_text() {
         let payload: Vec<u8> = (0..24).collect();
-        let bytes = encode(&case(), 2, 3, &payload);
+        let bytes = encode(&case(), &shape(2, 3), &payload);
         let text = String::from_utf8_lossy(&bytes);
         assert!(text.starts_with("cmm-golden v1 case=t op=gemm_rs devices=2 m=4 n=3 k=2 input=f16 output=f16 family=exact seed=5 rows=2 cols=3 digest="));
-        assert_eq!(decode(&bytes, &case(), 2, 3).unwrap(), &payload[..]);
+        assert_eq!(decode(&bytes, &case(), &shape(2, 3)).unwrap(), &payload[..]);
     }
 
     #[test]
@@ -200,46 +241,60 @@ mod tests {
         let mut mesh = case();
         mesh.topology = Topology::Mesh { nr: 1, nc: 2, dataflow: Dataflow::Rs };
         let payload: Vec<u8> = (0..24).collect();
-        let bytes = encode(&mesh, 2, 3, &payload);
+        let bytes = encode(&mesh, &shape(2, 3), &payload);
         let text = String::from_utf8_lossy(&bytes);
         assert!(
             text.starts_with("cmm-golden v1 case=t op=mesh_gemm devices=2 nr=1 nc=2 dataflow=rs m=4 n=3 k=2 "),
             "{text}"
         );
-        assert_eq!(decode(&bytes, &mesh, 2, 3).unwrap(), &payload[..]);
+        assert_eq!(decode(&bytes, &mesh, &shape(2, 3)).unwrap(), &payload[..]);
         let mut other = mesh.clone();
         other.topology = Topology::Mesh { nr: 2, nc: 1, dataflow: Dataflow::Rs };
         assert_eq!(
-            decode(&bytes, &other, 2, 3),
+            decode(&bytes, &other, &shape(2, 3)),
             Err(GoldenError::Stale { key: "nr", golden: "1".into(), case: "2".into() })
         );
     }
 
     #[test]
+    fn several_outputs_are_listed_and_sized_together() {
+        let outputs = vec![
+            OutputShape { buffer: "Y".into(), dtype: DType::F16, rows: 2, cols: 3 },
+            OutputShape { buffer: "main_grad".into(), dtype: DType::F32, rows: 1, cols: 2 },
+        ];
+        let payload: Vec<u8> = (0..2 * (12 + 8)).map(|x| x as u8).collect();
+        let bytes = encode(&case(), &outputs, &payload);
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.contains(" seed=5 outputs=Y:f16:2x3,main_grad:f32:1x2 digest="), "{text}");
+        assert_eq!(decode(&bytes, &case(), &outputs).unwrap(), &payload[..]);
+        assert!(matches!(decode(&bytes, &case(), &shape(2, 3)), Err(GoldenError::MissingField { key: "rows" })));
+    }
+
+    #[test]
     fn corruption_and_staleness_are_errors() {
         let payload: Vec<u8> = (0..24).collect();
-        let bytes = encode(&case(), 2, 3, &payload);
+        let bytes = encode(&case(), &shape(2, 3), &payload);
 
         let mut flipped = bytes.clone();
         *flipped.last_mut().unwrap() ^= 1;
-        assert!(matches!(decode(&flipped, &case(), 2, 3), Err(GoldenError::Digest { .. })));
+        assert!(matches!(decode(&flipped, &case(), &shape(2, 3)), Err(GoldenError::Digest { .. })));
 
-        let truncated = encode(&case(), 2, 3, &payload[..20]);
-        assert_eq!(decode(&truncated, &case(), 2, 3), Err(GoldenError::Length { expected: 24, found: 20 }));
+        let truncated = encode(&case(), &shape(2, 3), &payload[..20]);
+        assert_eq!(decode(&truncated, &case(), &shape(2, 3)), Err(GoldenError::Length { expected: 24, found: 20 }));
 
         let mut other = case();
         other.seed = 6;
-        let e = decode(&bytes, &other, 2, 3).unwrap_err();
+        let e = decode(&bytes, &other, &shape(2, 3)).unwrap_err();
         assert_eq!(e, GoldenError::Stale { key: "seed", golden: "5".into(), case: "6".into() });
         assert!(e.to_string().contains("--bless"));
 
-        assert_eq!(decode(b"no newline", &case(), 2, 3), Err(GoldenError::NoHeader));
-        assert!(matches!(decode(b"cmm-golden v2\n", &case(), 2, 3), Err(GoldenError::BadMagic { .. })));
+        assert_eq!(decode(b"no newline", &case(), &shape(2, 3)), Err(GoldenError::NoHeader));
+        assert!(matches!(decode(b"cmm-golden v2\n", &case(), &shape(2, 3)), Err(GoldenError::BadMagic { .. })));
         let dup = String::from_utf8_lossy(&bytes).replacen("case=t", "case=t case=t", 1);
-        assert!(matches!(decode(dup.as_bytes(), &case(), 2, 3), Err(GoldenError::BadField { .. })));
+        assert!(matches!(decode(dup.as_bytes(), &case(), &shape(2, 3)), Err(GoldenError::BadField { .. })));
         let no_digest = String::from_utf8_lossy(&bytes).replacen("digest=", "digestx=", 1);
         assert!(matches!(
-            decode(no_digest.as_bytes(), &case(), 2, 3),
+            decode(no_digest.as_bytes(), &case(), &shape(2, 3)),
             Err(GoldenError::MissingField { key: "digest" })
         ));
     }

@@ -18,8 +18,10 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-pub use backend::{Backend, BackendError, CpuTwin};
-pub use case::{cases_dir, load_corpus, Case, CaseAlgorithm, CaseError, CaseProblem, CorpusError, Topology};
+pub use backend::{Backend, BackendError, CpuTwin, Cuda};
+pub use case::{
+    cases_dir, load_corpus, Case, CaseAlgorithm, CaseError, CaseProblem, CorpusError, Topology, CASES_DIR_VAR,
+};
 pub use check::{check_case, check_case_with, run_case, CaseResult, Failure, GoldenStatus, Goldens, Mismatch};
 
 /// What to run and how.
@@ -75,6 +77,12 @@ pub enum ConformanceError {
     /// The corpus could not be loaded.
     #[error(transparent)]
     Corpus(#[from] CorpusError),
+    /// The golden directory does not exist (and the run does not bless).
+    #[error("golden directory {} does not exist: pass `--goldens DIR` or set {} (or `--bless` to create goldens)", dir.display(), Goldens::DIR_VAR)]
+    MissingGoldens {
+        /// The directory looked for.
+        dir: PathBuf,
+    },
     /// The filter selects no case.
     #[error("no case name contains `{filter}`")]
     NoCases {
@@ -108,6 +116,9 @@ pub fn run_corpus_to(
         .collect();
     if cases.is_empty() {
         return Err(ConformanceError::NoCases { filter: options.filter.clone().unwrap_or_default() });
+    }
+    if !options.bless && !options.golden_dir.is_dir() {
+        return Err(ConformanceError::MissingGoldens { dir: options.golden_dir.clone() });
     }
     let goldens = Goldens { dir: options.golden_dir.clone(), bless: options.bless };
     let mut exporter = options

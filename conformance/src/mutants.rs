@@ -8,14 +8,15 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use cmm_core::mutants::{mutants, MutationKind};
-use cmm_core::schedule::{orders, schedule_with};
+use cmm_core::cpu::Memory;
+use cmm_core::mutants::{dataflow_equivalence, mutants, MutationKind};
+use cmm_core::schedule::{orders, schedule_with, Order};
 use cmm_core::verify::verify;
-use cmm_core::Plan;
+use cmm_core::{Family, Op, Plan};
 
 use crate::backend::Backend;
 use crate::case::Case;
-use crate::check::check_case_with;
+use crate::check::check_case_keeping_memory;
 use crate::ConformanceError;
 
 /// Interleavings each mutant is checked under.
@@ -55,8 +56,36 @@ impl MutantReport {
     }
 }
 
-/// The first check a mutant fails, or `None` if it survives them all.
-pub fn catch(case: &Case, plan: &Plan, backend: &dyn Backend) -> Option<String> {
+/// Every word a run leaves in the buffers whose bits the plan fixes, by name:
+/// `(name, [device][word])`. These are the workload's outputs and every f32 buffer an
+/// accumulating GEMM adds into: an output rounded to f16/bf16 can hide a changed
+/// summation order that its f32 accumulator still shows.
+type Outputs = Vec<(String, Vec<Vec<u32>>)>;
+
+fn outputs_of(case: &Case, plan: &Plan, memory: &Memory) -> Option<Outputs> {
+    let workload = case.problem().ok()?;
+    let mut names: Vec<String> =
+        workload.workload().expected(case.seed, case.family).into_iter().map(|e| e.buffer).collect();
+    for op in plan.programs.iter().flat_map(|p| p.lanes.iter().flatten()) {
+        if let Op::Gemm { c, accumulate: true, .. } = op {
+            let name = &plan.buffers[c.buf.0].name;
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let id = plan.buffer_id(&name)?.0;
+            Some((name, memory.iter().map(|dev| dev.get(id).cloned().unwrap_or_default()).collect()))
+        })
+        .collect()
+}
+
+/// The first static check a mutant fails (plan validation, a deadlock, a verifier
+/// finding in one of the interleavings), or `None`.
+pub fn catch_static(plan: &Plan) -> Option<String> {
     if let Err(e) = plan.validate() {
         return Some(format!("invalid plan: {e}"));
     }
@@ -70,8 +99,37 @@ pub fn catch(case: &Case, plan: &Plan, backend: &dyn Backend) -> Option<String> 
             }
         }
     }
-    let result = check_case_with(case, plan, backend, None, MUTANT_SCHEDULES);
-    (!result.passed()).then(|| result.reason())
+    None
+}
+
+/// The first check of a run on `backend` a mutant fails, or `None`. With `original`
+/// (the unmutated plan's outputs and f32 accumulators on the same backend), a mutant
+/// whose outputs pass every check but leave other bits is caught too: the plan fixes
+/// its summation order, so goldens are stable and any change of it is visible.
+pub fn catch_dynamic(case: &Case, plan: &Plan, backend: &dyn Backend, original: Option<&Outputs>) -> Option<String> {
+    let (result, memory) = check_case_keeping_memory(case, plan, backend, MUTANT_SCHEDULES);
+    if !result.passed() {
+        return Some(result.reason());
+    }
+    let (original, memory) = (original?, memory?);
+    for (name, want) in original {
+        let id = plan.buffer_id(name)?.0;
+        let got: Vec<&[u32]> = memory.iter().map(|dev| dev.get(id).map_or(&[][..], |w| &w[..])).collect();
+        for (d, (w, g)) in want.iter().zip(got).enumerate() {
+            if let Some(i) = w.iter().zip(g).position(|(a, b)| a != b) {
+                return Some(format!(
+                    "{name} dev {d} word {i} differs from the unmutated plan's bits ({:#x} vs {:#x})",
+                    g[i], w[i]
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The first check a mutant fails ([`catch_static`], then [`catch_dynamic`]), or `None`.
+pub fn catch(case: &Case, plan: &Plan, backend: &dyn Backend, original: Option<&Outputs>) -> Option<String> {
+    catch_static(plan).or_else(|| catch_dynamic(case, plan, backend, original))
 }
 
 /// Mutates the plan of every case and reports the kill rate to `out`.
@@ -88,34 +146,51 @@ pub fn run_mutants(
             continue;
         };
         let sites = [0, plan.devices - 1];
+        let original = backend
+            .run(&plan, case.seed, case.family, Order::Default)
+            .ok()
+            .and_then(|memory| outputs_of(case, &plan, &memory));
         for m in mutants(&plan, &sites) {
             let k = report.kinds.entry(m.kind).or_default();
             k.total += 1;
-            match catch(case, &m.plan, backend) {
-                Some(why) => {
+            // A mutant the static checks pass and a proof covers needs no run: the
+            // proofs assume exactly what those checks establish (no deadlock, no race).
+            let caught = catch_static(&m.plan);
+            let proven = || {
+                m.equivalent
+                    .filter(|_| !m.exact_only || case.family == Family::Exact)
+                    .or_else(|| m.swapped.and_then(|(d, l, i)| dataflow_equivalence(&plan, &m.plan, d, l, i)))
+            };
+            let outcome = match caught {
+                Some(why) => Err(why),
+                None => match proven() {
+                    Some(reason) => Ok(Some(reason)),
+                    None => catch_dynamic(case, &m.plan, backend, original.as_ref()).map_or(Ok(None), Err),
+                },
+            };
+            match outcome {
+                Err(why) => {
                     k.caught += 1;
                     if verbose {
                         writeln!(out, "caught   {} {}: {why}", case.name, m.description).map_err(io)?;
                     }
                 }
-                None => match m.equivalent {
-                    Some(reason) => {
-                        k.equivalent += 1;
-                        *report.excluded.entry(reason).or_default() += 1;
-                    }
-                    None => {
-                        writeln!(out, "SURVIVED {} [{}] {}", case.name, m.kind, m.description).map_err(io)?;
-                        report.survivors.push((case.name.clone(), m.description));
-                    }
-                },
+                Ok(Some(reason)) => {
+                    k.equivalent += 1;
+                    *report.excluded.entry(reason).or_default() += 1;
+                }
+                Ok(None) => {
+                    writeln!(out, "SURVIVED {} [{}] {}", case.name, m.kind, m.description).map_err(io)?;
+                    report.survivors.push((case.name.clone(), m.description));
+                }
             }
         }
     }
-    writeln!(out, "{:<16} {:>7} {:>7} {:>10} {:>9}", "mutation", "total", "caught", "equivalent", "survived")
+    writeln!(out, "{:<20} {:>7} {:>7} {:>10} {:>9}", "mutation", "total", "caught", "equivalent", "survived")
         .map_err(io)?;
     for (kind, k) in &report.kinds {
         let survived = k.total - k.caught - k.equivalent;
-        writeln!(out, "{:<16} {:>7} {:>7} {:>10} {:>9}", kind.name(), k.total, k.caught, k.equivalent, survived)
+        writeln!(out, "{:<20} {:>7} {:>7} {:>10} {:>9}", kind.name(), k.total, k.caught, k.equivalent, survived)
             .map_err(io)?;
     }
     for (reason, n) in &report.excluded {

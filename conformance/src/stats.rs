@@ -1,6 +1,7 @@
 //! `--stats`: the communication volume of each case's plan, measured from the plan
 //! ([`cmm_core::mesh::mesh_traffic`]): bytes each device sends, per mesh direction for
-//! mesh cases (beside the traffic cost of seed 002 §2.3.1), in total for 1D cases.
+//! mesh cases (beside the traffic cost of seed 002 §2.3.1), in total for 1D and linear
+//! cases.
 
 use cmm_core::mesh::{mesh_traffic, MeshTraffic};
 
@@ -31,7 +32,7 @@ pub fn traffic_line(case: &Case) -> Option<String> {
             }
             line + &format!("; seed 002 §2.3.1 (Nc−1)·size/(Nr·Nc): rows {row} B, columns {col} B")
         }
-        CaseProblem::Ring(_) => {
+        CaseProblem::Ring(_) | CaseProblem::Linear(_) => {
             let t = mesh_traffic(&plan, 1, plan.devices).ok()?;
             format!("  traffic sent: {}", per_device(&t.row))
         }

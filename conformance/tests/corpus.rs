@@ -21,7 +21,7 @@ fn ring_cases() -> Vec<Case> {
 
 /// The mesh cases.
 fn mesh_cases() -> Vec<Case> {
-    common::corpus().into_iter().filter(|c| c.ring_op().is_none()).collect()
+    common::corpus().into_iter().filter(|c| matches!(c.topology, Topology::Mesh { .. })).collect()
 }
 
 /// Every algorithm variant each op must be tested with, as printed in reports.
@@ -95,7 +95,7 @@ fn every_valid_mesh_algorithm_dataflow_and_mesh_combination_runs() {
         .iter()
         .filter_map(|c| match c.topology {
             Topology::Mesh { nr, nc, dataflow } => Some((c.algorithm.clone(), dataflow, (nr, nc))),
-            Topology::Ring { .. } => None,
+            Topology::Ring { .. } | Topology::Linear { .. } => None,
         })
         .collect();
     let mut missing = Vec::new();

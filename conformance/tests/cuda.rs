@@ -1,37 +1,40 @@
 //! The conformance checks on the CUDA backend, when this machine has a GPU and NVRTC;
-//! otherwise each test prints why it skips (no GPU machine runs CI).
+//! otherwise each test prints why it skips (no GPU machine runs CI), or fails with
+//! `CMM_REQUIRE_GPU=1`.
 
 mod common;
 
-use cmm_cuda::CudaBackend;
+use cmm_conformance::Cuda;
+use cmm_cuda::{gpu_or_skip, CudaRunOptions, SyncMode};
 
-fn cuda() -> Option<CudaBackend> {
-    match CudaBackend::new(1) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            eprintln!("SKIPPED (GPU test): {e}");
-            None
-        }
-    }
+fn cuda(sync: SyncMode) -> Option<Cuda> {
+    gpu_or_skip().map(|backend| Cuda { backend, options: CudaRunOptions { sync, ..Default::default() } })
 }
 
 #[test]
 fn corpus_passes() {
-    if let Some(b) = cuda() {
+    if let Some(b) = cuda(SyncMode::Kernels) {
+        common::corpus_passes(&b);
+    }
+}
+
+#[test]
+fn corpus_passes_with_stream_memory_ops() {
+    if let Some(b) = cuda(SyncMode::StreamMemOps) {
         common::corpus_passes(&b);
     }
 }
 
 #[test]
 fn reversed_ring_fails() {
-    if let Some(b) = cuda() {
+    if let Some(b) = cuda(SyncMode::Kernels) {
         common::reversed_ring_fails(&b);
     }
 }
 
 #[test]
 fn missing_signal_deadlocks() {
-    if let Some(b) = cuda() {
+    if let Some(b) = cuda(SyncMode::Kernels) {
         common::missing_signal_deadlocks(&b);
     }
 }

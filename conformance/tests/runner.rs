@@ -192,3 +192,29 @@ fn export_names_the_mesh_of_a_mesh_case() {
     assert!(index.contains(&format!("\"path\": \"{rel}\", \"shape\": [{}, {}]", case.k / 2, case.m / 4)), "{index}");
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn missing_data_directories_say_how_to_point_at_them() {
+    let nowhere = std::env::temp_dir().join(format!("cmm-nowhere-{}", std::process::id()));
+    let mut out = Vec::new();
+    let e =
+        run_corpus_to(&CpuTwin, &Options { cases_dir: nowhere.clone(), ..Options::default() }, &mut out).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("does not exist") && text.contains("--cases") && text.contains("CMM_CASES_DIR"), "{text}");
+    let e =
+        run_corpus_to(&CpuTwin, &Options { golden_dir: nowhere.clone(), ..Options::default() }, &mut out).unwrap_err();
+    assert!(matches!(e, ConformanceError::MissingGoldens { .. }), "{e}");
+    assert!(e.to_string().contains("--goldens") && e.to_string().contains("CMM_GOLDEN_DIR"), "{e}");
+    // Blessing into a new directory is how goldens start, so it is not refused.
+    let dir = temp_dir("fresh-goldens");
+    let fresh = dir.join("golden");
+    let options = Options {
+        golden_dir: fresh.clone(),
+        bless: true,
+        filter: Some("ag_gemm_ring_d2".into()),
+        ..Options::default()
+    };
+    let summary = run_corpus_to(&CpuTwin, &options, &mut out).unwrap();
+    assert!(summary.passed > 0 && fresh.is_dir());
+    let _ = fs::remove_dir_all(&dir);
+}

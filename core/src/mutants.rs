@@ -5,7 +5,7 @@ use std::fmt;
 
 use crate::plan::{BufferRole, Op, OpSite, Plan, Region};
 use crate::schedule::{orders, schedule_with};
-use crate::verify::{accesses, timed_ops, TimedOp};
+use crate::verify::{accesses, dataflow, timed_ops, verify, TimedOp};
 
 /// The kinds of mutation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -22,17 +22,25 @@ pub enum MutationKind {
     WrongSlot,
     /// Shrink a multi-slot scratch buffer by one slot, so a slot is reused too early.
     ShrinkScratch,
+    /// Make an accumulating GEMM overwrite its output instead (a wgrad that forgets
+    /// beta = 1).
+    Overwrite,
+    /// Move an accumulating GEMM before the previous one into the same region of its
+    /// lane (the contributions added in another order).
+    ReorderAccumulation,
 }
 
 impl MutationKind {
     /// Every kind, in report order.
-    pub const ALL: [MutationKind; 6] = [
+    pub const ALL: [MutationKind; 8] = [
         MutationKind::DropSignal,
         MutationKind::LowerWait,
         MutationKind::SwapAdjacent,
         MutationKind::WrongPeer,
         MutationKind::WrongSlot,
         MutationKind::ShrinkScratch,
+        MutationKind::Overwrite,
+        MutationKind::ReorderAccumulation,
     ];
 
     /// Short name.
@@ -44,6 +52,8 @@ impl MutationKind {
             MutationKind::WrongPeer => "wrong-peer",
             MutationKind::WrongSlot => "wrong-slot",
             MutationKind::ShrinkScratch => "shrink-scratch",
+            MutationKind::Overwrite => "overwrite",
+            MutationKind::ReorderAccumulation => "reorder-accumulation",
         }
     }
 }
@@ -66,6 +76,11 @@ pub struct Mutant {
     /// When the mutation provably cannot change behaviour, why (such a mutant is
     /// excluded from the kill rate if it survives, and the reason is printed).
     pub equivalent: Option<&'static str>,
+    /// Whether that proof holds only for the exact input family (a change of the f32
+    /// summation order, invisible only when every partial sum is exact).
+    pub exact_only: bool,
+    /// For a swap of adjacent ops, the (device, lane, index) of the first.
+    pub swapped: Option<(usize, usize, usize)>,
 }
 
 fn is_data(op: &Op) -> bool {
@@ -118,14 +133,18 @@ fn swap_equivalence(device: usize, a: &Op, b: &Op) -> Option<&'static str> {
         (
             Op::Gemm { a: a1, b: b1, c: c1, accumulate: true, .. },
             Op::Gemm { a: a2, b: b2, c: c2, accumulate: true, .. },
-        ) if c1 == c2 && [a1, b1, a2, b2].iter().all(|r| r.buf != c1.buf || !overlap(r, c1)) => Some(
-            "two GEMMs accumulating into the same f32 region commute up to the order of the f32 sum, \
-             which the GEMM contract leaves to the algorithm (exact inputs sum exactly in any order; \
-             realistic outputs are checked against an order-independent bound)",
-        ),
+        ) if c1 == c2 && [a1, b1, a2, b2].iter().all(|r| r.buf != c1.buf || !overlap(r, c1)) => {
+            Some(ACCUMULATION_ORDER)
+        }
         _ => None,
     }
 }
+
+/// Why two GEMMs accumulating into one region may trade places (the exact family
+/// only: in the realistic family the changed rounding is caught by the comparison with
+/// the unmutated plan's bits).
+const ACCUMULATION_ORDER: &str = "two GEMMs accumulating into the same f32 region commute up to the order of the f32 \
+     sum: with exact inputs every partial sum is exact, so the bits cannot change (exact cases only)";
 
 /// Why shrinking scratch buffer `buf` by its last slot of `slot` elements cannot change
 /// results, if it cannot: after the shrink the last slot shares memory with the first,
@@ -169,6 +188,36 @@ fn shrink_equivalence(plan: &Plan, buf: usize, slot: usize) -> Option<&'static s
     )
 }
 
+/// Why swapping ops `index` and `index + 1` of a lane (a [`MutationKind::SwapAdjacent`]
+/// mutant, [`Mutant::swapped`]) cannot change results when no local rule says so
+/// (checked only for mutants that survive, it replays both plans): the swapped plan is race-free and every read in it observes the
+/// same write as in the plan (other synchronisation orders the accesses the swap
+/// exposes), so both compute the same function.
+pub fn dataflow_equivalence(
+    plan: &Plan,
+    mutant: &Plan,
+    device: usize,
+    lane: usize,
+    index: usize,
+) -> Option<&'static str> {
+    let schedule = schedule_with(plan, crate::schedule::Order::Default).ok()?;
+    let swapped = schedule_with(mutant, crate::schedule::Order::Default).ok()?;
+    if !verify(mutant, &swapped).is_empty() {
+        return None;
+    }
+    let rename = |s: OpSite| {
+        if (s.device, s.lane) == (device, lane) && (s.index == index || s.index == index + 1) {
+            OpSite { index: 2 * index + 1 - s.index, ..s }
+        } else {
+            s
+        }
+    };
+    (dataflow(plan, &schedule, &|s| s) == dataflow(mutant, &swapped, &rename)).then_some(
+        "the swap leaves every read and every output element with the same writer (other synchronisation \
+         orders the accesses it exposes) and the plan race-free, so it computes the same function",
+    )
+}
+
 /// Interleavings in which [`shrink_equivalence`] checks the order of slot uses (those
 /// `cargo xtask mutants` runs every mutant under).
 pub const EQUIVALENCE_ORDERS: usize = 4;
@@ -203,7 +252,9 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
             let mut p = plan.clone();
             f(&mut p);
             p.name = format!("{} [{kind}: {description}]", plan.name);
-            out.push(Mutant { kind, description, plan: p, equivalent });
+            let exact_only = equivalent == Some(ACCUMULATION_ORDER);
+            let swapped = (kind == MutationKind::SwapAdjacent).then_some((device, lane, index));
+            out.push(Mutant { kind, description, plan: p, equivalent, exact_only, swapped });
         };
         let here = format!("device {device} lane {} op {index} `{text}`", plan.lanes[lane]);
         match op {
@@ -259,6 +310,35 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                 );
             }
         }
+        if let Op::Gemm { a, b, c, trans_a, trans_b, accumulate: true } = op {
+            let (a, b, c, trans_a, trans_b) = (*a, *b, *c, *trans_a, *trans_b);
+            with(
+                MutationKind::Overwrite,
+                format!("{here} overwrites"),
+                &mut |p| {
+                    p.programs[device].lanes[lane][index] = Op::Gemm { a, b, c, trans_a, trans_b, accumulate: false };
+                },
+                None,
+            );
+            // The next accumulation into the same region of this lane, moved before this one.
+            let later = plan.programs[device].lanes[lane]
+                .iter()
+                .enumerate()
+                .skip(index + 1)
+                .find(|(_, o)| matches!(o, Op::Gemm { c: c2, accumulate: true, .. } if *c2 == c));
+            if let Some((j, next)) = later {
+                let pure = [&a, &b].iter().all(|r| r.buf != c.buf || !overlap(r, &c));
+                with(
+                    MutationKind::ReorderAccumulation,
+                    format!("move op {j} `{}` before {here}", plan.op_text(next)),
+                    &mut |p| {
+                        let moved = p.programs[device].lanes[lane].remove(j);
+                        p.programs[device].lanes[lane].insert(index, moved);
+                    },
+                    pure.then_some(ACCUMULATION_ORDER),
+                );
+            }
+        }
         if let Some(next) = plan.programs[device].lanes[lane].get(index + 1) {
             let equivalent = swap_equivalence(device, op, next);
             let desc = format!("swap {here} with `{}`", plan.op_text(next));
@@ -289,7 +369,7 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                         match op {
                             Op::Gemm { a, b, c, .. } => [a, b, c].into_iter().for_each(remap),
                             Op::Copy { src, dst, .. } => [src, dst].into_iter().for_each(remap),
-                            Op::Reduce { inputs, output } => {
+                            Op::Reduce { inputs, output } | Op::Pointwise { inputs, output, .. } => {
                                 inputs.iter_mut().for_each(remap);
                                 remap(output);
                             }
@@ -302,7 +382,14 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
             let description = format!("{name}: {} slots -> {}", len / slot, smaller / slot);
             p.name = format!("{} [shrink-scratch: {description}]", plan.name);
             let equivalent = shrink_equivalence(plan, buf, slot);
-            out.push(Mutant { kind: MutationKind::ShrinkScratch, description, plan: p, equivalent });
+            out.push(Mutant {
+                kind: MutationKind::ShrinkScratch,
+                description,
+                plan: p,
+                equivalent,
+                exact_only: false,
+                swapped: None,
+            });
         }
     }
     out
@@ -319,7 +406,9 @@ mod tests {
         let p = Problem::new(OpKind::AgGemm, 3, 6, 3, 2, DType::F32, DType::F32).unwrap();
         let plan = build_plan(&p, Algorithm::Ring).unwrap();
         let ms = mutants(&plan, &[0, 2]);
-        for kind in MutationKind::ALL {
+        // The ring has no accumulating GEMM (see the linear test for those kinds).
+        let accumulating = [MutationKind::Overwrite, MutationKind::ReorderAccumulation];
+        for kind in MutationKind::ALL.into_iter().filter(|k| !accumulating.contains(k)) {
             assert!(ms.iter().any(|m| m.kind == kind), "{kind}");
         }
         assert!(ms.iter().all(|m| m.plan != plan));
@@ -328,5 +417,19 @@ mod tests {
         shrunk.plan.validate().unwrap();
         // The ring's two slots are live at once (no happens-before between their uses).
         assert_eq!(shrunk.equivalent, None);
+    }
+
+    #[test]
+    fn accumulating_gemms_get_overwrite_and_reorder_mutants() {
+        use crate::linear::{build_linear_plan, Layer, LinearAlgorithm, LinearProblem, Pass};
+        let p = LinearProblem::new(Layer::Row, Pass::Backward, false, 2, 2, 4, 4, 4, DType::F32).unwrap();
+        let plan = build_linear_plan(&p, LinearAlgorithm::Baseline).unwrap();
+        let ms = mutants(&plan, &[0]);
+        let overwrite = ms.iter().find(|m| m.kind == MutationKind::Overwrite).expect("an overwrite mutant");
+        assert!(overwrite.plan.ops().any(|(_, op)| matches!(op, Op::Gemm { accumulate: false, c, .. }
+            if overwrite.plan.buffer(c.buf).name == "main_grad")));
+        let reorder = ms.iter().find(|m| m.kind == MutationKind::ReorderAccumulation).expect("a reorder mutant");
+        // Micro-batch 1's wgrad now comes first: equivalent only for exact inputs.
+        assert!(reorder.exact_only && reorder.equivalent.is_some(), "{}", reorder.description);
     }
 }

@@ -35,6 +35,36 @@ pub enum BufferRole {
     Output,
     /// Working memory: received shards, partial sums.
     Scratch,
+    /// Generated like an [`BufferRole::Input`], updated in place by the plan and read
+    /// back as a result (a main_grad the wgrad GEMMs add into).
+    Accumulator {
+        /// Generator tensor id.
+        tensor: u32,
+        /// Columns of the global tensor.
+        global_cols: usize,
+        /// Per device, the (row, column) of the buffer's element (0, 0) in the global tensor.
+        origins: Vec<(usize, usize)>,
+    },
+}
+
+/// Per device, the (row, column) of a generated buffer's element (0, 0) in its tensor.
+pub type Origins = [(usize, usize)];
+
+impl BufferRole {
+    /// The generator window of a buffer filled before the run (an input or an
+    /// accumulator): tensor id, global columns, per-device origins.
+    pub fn generated(&self) -> Option<(u32, usize, &Origins)> {
+        match self {
+            BufferRole::Input { tensor, global_cols, origins }
+            | BufferRole::Accumulator { tensor, global_cols, origins } => Some((*tensor, *global_cols, origins)),
+            BufferRole::Output | BufferRole::Scratch => None,
+        }
+    }
+
+    /// Whether the buffer holds a result read back after the run.
+    pub fn is_result(&self) -> bool {
+        matches!(self, BufferRole::Output | BufferRole::Accumulator { .. })
+    }
 }
 
 /// A buffer that every device has (a symmetric allocation), a row-major matrix.
@@ -100,6 +130,10 @@ impl Region {
     }
 }
 
+/// The most inputs one [`Op::Reduce`] may sum (every executor sums them in one pass);
+/// longer sums chain through an f32 accumulator, which adds in the same order.
+pub const MAX_REDUCE_INPUTS: usize = 4;
+
 /// Who moves the bytes of a [`Op::Copy`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Engine {
@@ -107,6 +141,50 @@ pub enum Engine {
     CopyEngine,
     /// A copy kernel on the SMs (TileLink's tile push).
     Sm,
+}
+
+/// An elementwise function of [`Op::Pointwise`] (the GeLU of seed 004's MLP block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pointwise {
+    /// `out = gelu(x)`, inputs `[x]`.
+    Gelu,
+    /// `out = dy · gelu'(x)`, inputs `[dy, x]`.
+    GeluGrad,
+}
+
+impl Pointwise {
+    /// How many inputs it takes.
+    pub fn arity(self) -> usize {
+        match self {
+            Pointwise::Gelu => 1,
+            Pointwise::GeluGrad => 2,
+        }
+    }
+
+    /// Name in plan texts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pointwise::Gelu => "gelu",
+            Pointwise::GeluGrad => "gelu_grad",
+        }
+    }
+
+    /// Its code in shaders and kernels (`shaders/pointwise.wgsl`, `cuda/kernels/pointwise.cu`).
+    pub fn code(self) -> u32 {
+        match self {
+            Pointwise::Gelu => 0,
+            Pointwise::GeluGrad => 1,
+        }
+    }
+
+    /// The function on f32 values, as every executor evaluates it (see
+    /// [`crate::linear::gelu`]).
+    pub fn apply(self, inputs: &[f32]) -> f32 {
+        match self {
+            Pointwise::Gelu => crate::linear::gelu(inputs[0]),
+            Pointwise::GeluGrad => inputs[0] * crate::linear::gelu_grad(inputs[1]),
+        }
+    }
 }
 
 /// One step of a lane.
@@ -146,6 +224,16 @@ pub enum Op {
         /// Local regions of equal shape.
         inputs: Vec<Region>,
         /// Local output region of the same shape.
+        output: Region,
+    },
+    /// `output = function(inputs…)` elementwise: each input decoded to f32, the function
+    /// evaluated in f32 as [`Pointwise::apply`], rounded once to the output's dtype.
+    Pointwise {
+        /// The function.
+        function: Pointwise,
+        /// Local regions of the output's shape, `function.arity()` of them.
+        inputs: Vec<Region>,
+        /// Local output region.
         output: Region,
     },
     /// Adds `add` to semaphore `sem` of device `device` (release: everything earlier in
@@ -328,7 +416,7 @@ impl Plan {
             }
         }
         for b in &self.buffers {
-            if let BufferRole::Input { origins, .. } = &b.role {
+            if let Some((_, _, origins)) = b.role.generated() {
                 if origins.len() != self.devices {
                     return Err(PlanError::Mismatch {
                         plan: plan(),
@@ -412,8 +500,11 @@ impl Plan {
             }
             Op::Reduce { inputs, output } => {
                 region(output)?;
-                if inputs.is_empty() {
-                    return Err(mismatch("reduce with no inputs".into()));
+                if inputs.is_empty() || inputs.len() > MAX_REDUCE_INPUTS {
+                    return Err(mismatch(format!(
+                        "reduce of {} inputs: 1 to {MAX_REDUCE_INPUTS} (chain longer sums through an f32 accumulator)",
+                        inputs.len()
+                    )));
                 }
                 for r in inputs {
                     region(r)?;
@@ -421,6 +512,30 @@ impl Plan {
                         return Err(mismatch(format!(
                             "reduce input {}x{} vs output {}x{}",
                             r.rows, r.cols, output.rows, output.cols
+                        )));
+                    }
+                }
+            }
+            Op::Pointwise { function, inputs, output } => {
+                region(output)?;
+                if inputs.len() != function.arity() {
+                    return Err(mismatch(format!(
+                        "{} takes {} input(s), got {}",
+                        function.name(),
+                        function.arity(),
+                        inputs.len()
+                    )));
+                }
+                for r in inputs {
+                    region(r)?;
+                    if (r.rows, r.cols) != (output.rows, output.cols) {
+                        return Err(mismatch(format!(
+                            "{} input {}x{} vs output {}x{}",
+                            function.name(),
+                            r.rows,
+                            r.cols,
+                            output.rows,
+                            output.cols
                         )));
                     }
                 }
@@ -438,12 +553,12 @@ impl Plan {
     /// executor's generator needs (the simulator does not generate and skips this).
     pub fn check_generator_range(&self) -> Result<(), PlanError> {
         for b in &self.buffers {
-            if let BufferRole::Input { global_cols, origins, .. } = &b.role {
+            if let Some((_, global_cols, origins)) = b.role.generated() {
                 for &(r0, c0) in origins {
                     if b.is_empty() {
                         continue;
                     }
-                    let last = (r0 + b.rows - 1) as u64 * *global_cols as u64 + (c0 + b.cols - 1) as u64;
+                    let last = (r0 + b.rows - 1) as u64 * global_cols as u64 + (c0 + b.cols - 1) as u64;
                     if last > u32::MAX as u64 {
                         return Err(PlanError::GeneratorRange {
                             plan: self.name.clone(),
@@ -499,6 +614,13 @@ impl Plan {
             Op::Reduce { inputs, output } => {
                 format!("reduce {} = {}", reg(output), inputs.iter().map(reg).collect::<Vec<_>>().join(" + "))
             }
+            Op::Pointwise { function, inputs, output } => format!(
+                "{} {} = {}({})",
+                function.name(),
+                reg(output),
+                function.name(),
+                inputs.iter().map(reg).collect::<Vec<_>>().join(", ")
+            ),
             Op::Signal { device, sem: s, add } => format!("signal dev{device}:{} += {add}", sem(s)),
             Op::Wait { sem: s, value } => format!("wait {} >= {value}", sem(s)),
         }
@@ -513,6 +635,7 @@ impl fmt::Display for Plan {
                 BufferRole::Input { tensor, .. } => format!("input of tensor {tensor}"),
                 BufferRole::Output => "output".to_string(),
                 BufferRole::Scratch => "scratch".to_string(),
+                BufferRole::Accumulator { tensor, .. } => format!("accumulator, initially tensor {tensor}"),
             };
             writeln!(f, "  buffer {}: {}[{}x{}] {}", b.name, b.dtype, b.rows, b.cols, role)?;
         }

@@ -68,7 +68,7 @@ impl SpanKind {
             Op::Gemm { .. } => SpanKind::Gemm,
             Op::Copy { dst_device, .. } if *dst_device == device => SpanKind::LocalCopy,
             Op::Copy { .. } => SpanKind::Copy,
-            Op::Reduce { .. } => SpanKind::Reduce,
+            Op::Reduce { .. } | Op::Pointwise { .. } => SpanKind::Reduce,
             Op::Signal { .. } => SpanKind::Signal,
             Op::Wait { .. } => SpanKind::Sync,
         }

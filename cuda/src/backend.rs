@@ -1,27 +1,44 @@
 //! The CUDA executor: a plan's (device, lane) pairs become streams, its ops kernel
-//! launches and copies, its semaphores counters in device memory.
+//! launches, copies and stream memory operations, its semaphores counters in device
+//! memory.
+//!
+//! A run, in order:
+//! 1. lower the plan on the CPU ([`crate::lower`]): the enqueue order is the schedule
+//!    order, proven unable to hang on `CUDA_DEVICE_MAX_CONNECTIONS` hardware queues, and
+//!    every launch is checked against its kernel's limits, so errors come before any
+//!    GPU work;
+//! 2. allocate (plain `cuMemAlloc`, so peer access covers it), generate the inputs,
+//!    poison the rest, and wait for that;
+//! 3. hold every lane stream behind `cmm_gate`, enqueue the whole plan, then open the
+//!    gate: the timed region (two events around all lanes) starts with the first op;
+//! 4. poll for the end with a deadline; past it, raise the abort word so every
+//!    `cmm_wait` returns, drain, and report;
+//! 5. on any error after the first launch, abort and drain the same way before memory is
+//!    freed; a sticky error marks the context lost, and the next run starts a new one.
 //!
 //! Placement: `Placement::Virtual` puts D virtual devices on one GPU (separate
 //! allocations); `Placement::Gpus` puts device d on GPU d with peer access enabled.
 //! Either way a device reaches its peers only through the table of peer pointers
 //! (`Memory::base`), so the op encoding is one code path.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cmm_core::generator::Family;
-use cmm_core::plan::{BufferRole, Engine, Op, Plan, Region};
-use cmm_core::schedule::schedule;
+use cmm_core::plan::{BufferRole, Op, Plan, PlanBuilder};
 use cmm_core::DType;
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
-    PushKernelArg,
+    result, sys, CudaContext, CudaEvent, CudaFunction, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
 use crate::error::CudaError;
 use crate::kernels::{compile, nvrtc_available, KERNEL_FILES};
+use crate::lower::{
+    hardware_queues, lower, Command, GemmCommand, GemmCounts, GemmEngine, GemmImpl, Loc, LowerOptions, Lowered,
+    SyncMode, MAX_REDUCE_INPUTS,
+};
 
 /// Where virtual devices live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,16 +49,6 @@ pub enum Placement {
     Gpus,
 }
 
-/// Which implementation runs `Gemm` ops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GemmEngine {
-    /// The NVRTC tile kernels (`gemm.cu`): tensor cores for f16/bf16, SIMT otherwise.
-    TileKernel,
-    /// cuBLAS `cublasGemmEx` with f32 compute, where the op's dtypes allow; the tile
-    /// kernel otherwise.
-    Cublas,
-}
-
 /// How to run a plan.
 #[derive(Clone, Copy, Debug)]
 pub struct CudaRunOptions {
@@ -49,16 +56,22 @@ pub struct CudaRunOptions {
     pub placement: Placement,
     /// GEMM implementation.
     pub gemm: GemmEngine,
-    /// Deadline of every wait.
+    /// How signals and waits are issued.
+    pub sync: SyncMode,
+    /// Deadline of every kernel wait.
     pub wait_timeout: Duration,
+    /// Deadline of the whole run, from the moment the gate opens.
+    pub run_timeout: Duration,
 }
 
 impl Default for CudaRunOptions {
     fn default() -> Self {
         CudaRunOptions {
             placement: Placement::Virtual,
-            gemm: GemmEngine::Cublas,
+            gemm: GemmEngine::Auto,
+            sync: SyncMode::Kernels,
             wait_timeout: Duration::from_secs(10),
+            run_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -70,8 +83,58 @@ pub struct CudaRunOutput {
     pub buffers: Vec<Vec<Vec<u32>>>,
     /// GPU time of the plan's ops, from CUDA events around all streams.
     pub gpu_time: Duration,
+    /// Whether the lanes were held behind the gate until the whole plan was enqueued
+    /// (plans too long for the launch queues run ungated, and `gpu_time` then includes
+    /// the host's enqueueing).
+    pub gated: bool,
+    /// Which engine ran the GEMMs.
+    pub gemms: GemmCounts,
     /// Wall time of the whole run.
     pub elapsed: Duration,
+}
+
+/// One GEMM shape for [`CudaBackend::time_gemm`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmSpec {
+    /// Rows of C.
+    pub m: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// Reduction length.
+    pub k: usize,
+    /// Dtype of A and B.
+    pub input: DType,
+    /// Dtype of C.
+    pub output: DType,
+    /// Transpose A.
+    pub trans_a: bool,
+    /// Transpose B.
+    pub trans_b: bool,
+    /// C += A·B (C must be f32).
+    pub accumulate: bool,
+}
+
+impl GemmSpec {
+    /// The spec of a plan's `Gemm` op (`None` for other ops or mixed input dtypes).
+    pub fn of(plan: &Plan, op: &Op) -> Option<GemmSpec> {
+        let Op::Gemm { a, b, c, trans_a, trans_b, accumulate } = op else { return None };
+        let (ta, tb) = (plan.buffer(a.buf).dtype, plan.buffer(b.buf).dtype);
+        (ta == tb).then(|| GemmSpec {
+            m: c.rows,
+            n: c.cols,
+            k: if *trans_a { a.rows } else { a.cols },
+            input: ta,
+            output: plan.buffer(c.buf).dtype,
+            trans_a: *trans_a,
+            trans_b: *trans_b,
+            accumulate: *accumulate,
+        })
+    }
+
+    /// 2·m·n·k.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+    }
 }
 
 /// Mirror of `CmmGemmArgs` in `cuda/kernels/gemm.cu`.
@@ -109,9 +172,28 @@ struct ReduceInput {
     pad: u32,
 }
 
-// SAFETY: `#[repr(C)]` plain old data matching `CmmReduceInput`.
+/// Mirror of `CmmReduceInputs` in `cuda/kernels/reduce.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct ReduceInputs {
+    inputs: [ReduceInput; MAX_REDUCE_INPUTS],
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmReduceInputs` (four `CmmReduceInput`).
 #[allow(unsafe_code)]
-unsafe impl DeviceRepr for ReduceInput {}
+unsafe impl DeviceRepr for ReduceInputs {}
+
+/// Mirror of `CmmPointwiseInputs` in `cuda/kernels/pointwise.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct PointwiseInputs {
+    inputs: [ReduceInput; 2],
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmPointwiseInputs` (two inputs laid out
+// as `CmmPointwiseInput`, which has `CmmReduceInput`'s fields).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for PointwiseInputs {}
 
 struct Functions {
     generate: CudaFunction,
@@ -121,26 +203,68 @@ struct Functions {
     gemm_simt: CudaFunction,
     copy2d: CudaFunction,
     reduce: CudaFunction,
+    pointwise: CudaFunction,
     signal: CudaFunction,
     wait: CudaFunction,
+    gate: CudaFunction,
 }
 
-/// One GPU with its compiled kernels.
+/// A cuBLAS handle, destroyed on drop (after its stream has finished).
+struct BlasHandle(blas_sys::cublasHandle_t);
+
+impl Drop for BlasHandle {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by `create_handle` and is destroyed once; the
+        // owner drops it only after the stream it is bound to has been synchronised.
+        // A failure here cannot be reported from a destructor and leaks the handle.
+        #[allow(unsafe_code)]
+        let _ = unsafe { blas::destroy_handle(self.0) };
+    }
+}
+
+/// A lane stream kept across runs (so its hardware queue stays put) with its cuBLAS
+/// handle, created on first use under the stream's context.
+struct LaneSlot {
+    blas: Option<BlasHandle>,
+    stream: Arc<CudaStream>,
+}
+
+/// One GPU with its compiled kernels and lane streams.
 struct Gpu {
-    ctx: Arc<CudaContext>,
+    lanes: Vec<LaneSlot>,
     functions: Functions,
+    ctx: Arc<CudaContext>,
+}
+
+/// Whether the contexts can take work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Health {
+    Ready,
+    /// A sticky error destroyed the contexts; rebuild before the next run.
+    Lost,
+    /// Work is stuck on the GPU; refuse everything.
+    Hung(String),
+}
+
+struct State {
+    gpus: Vec<Gpu>,
+    health: Health,
 }
 
 /// The CUDA backend.
 pub struct CudaBackend {
-    gpus: Vec<Gpu>,
+    state: Mutex<State>,
+    ptx: Vec<(String, Ptx)>,
+    ordinals: usize,
     arch: String,
     name: String,
+    cublas: bool,
+    memops: Result<(), String>,
 }
 
 impl std::fmt::Debug for CudaBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaBackend").field("gpus", &self.gpus.len()).field("arch", &self.arch).finish()
+        f.debug_struct("CudaBackend").field("gpus", &self.ordinals).field("arch", &self.arch).finish()
     }
 }
 
@@ -160,6 +284,15 @@ fn driver_present() -> bool {
     }
 }
 
+/// Whether libcublas can be loaded (cudarc panics on first use otherwise).
+pub fn cublas_present() -> bool {
+    // SAFETY: only probes the dynamic loader for libcublas.
+    #[allow(unsafe_code)]
+    unsafe {
+        blas_sys::is_culib_present()
+    }
+}
+
 /// Checks that the CUDA driver can be loaded and reports a GPU, without panicking.
 pub fn probe() -> Result<String, CudaError> {
     if !driver_present() {
@@ -172,6 +305,68 @@ pub fn probe() -> Result<String, CudaError> {
     Ok(format!("{count} CUDA device(s)"))
 }
 
+fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize) -> Result<Vec<Gpu>, CudaError> {
+    let mut out = Vec::new();
+    for ordinal in 0..ordinals {
+        let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::driver(format!("opening GPU {ordinal}"), e))?;
+        // SAFETY: streams are ordered only by the plan's own semaphores; cudarc's
+        // automatic cross-stream event tracking would add orderings the plan does not
+        // ask for, so it is turned off before any stream or allocation is made.
+        #[allow(unsafe_code)]
+        unsafe {
+            ctx.disable_event_tracking();
+        }
+        let module = |file: &str| {
+            let p = ptx.iter().find(|(n, _)| n == file).map(|(_, p)| p.clone()).expect("every kernel file compiled");
+            ctx.load_module(p).map_err(|e| CudaError::driver(format!("loading {file}"), e))
+        };
+        let (gen, gemm, copy, reduce, sync) =
+            (module("generate.cu")?, module("gemm.cu")?, module("copy.cu")?, module("reduce.cu")?, module("sync.cu")?);
+        let pointwise = module("pointwise.cu")?;
+        let f = |m: &Arc<cudarc::driver::CudaModule>, name: &str| {
+            m.load_function(name).map_err(|e| CudaError::driver(format!("loading kernel {name}"), e))
+        };
+        let functions = Functions {
+            generate: f(&gen, "cmm_generate")?,
+            fill: f(&gen, "cmm_fill")?,
+            gemm_mma_f16: f(&gemm, "cmm_gemm_mma_f16")?,
+            gemm_mma_bf16: f(&gemm, "cmm_gemm_mma_bf16")?,
+            gemm_simt: f(&gemm, "cmm_gemm_simt")?,
+            copy2d: f(&copy, "cmm_copy2d")?,
+            reduce: f(&reduce, "cmm_reduce")?,
+            pointwise: f(&pointwise, "cmm_pointwise")?,
+            signal: f(&sync, "cmm_signal")?,
+            wait: f(&sync, "cmm_wait")?,
+            gate: f(&sync, "cmm_gate")?,
+        };
+        out.push(Gpu { lanes: Vec::new(), functions, ctx });
+    }
+    if out.len() > 1 {
+        enable_peer_access(&out)?;
+    }
+    Ok(out)
+}
+
+/// Whether `cuStreamWaitValue32` works here: one wait that is already satisfied.
+fn probe_stream_memops(gpu: &Gpu) -> Result<(), String> {
+    let word = DeviceAlloc::zeroed(&gpu.ctx, 4).map_err(|e| e.to_string())?;
+    let stream = gpu.ctx.new_stream().map_err(|e| e.to_string())?;
+    // SAFETY: `word` is a live 4-byte allocation of this context, and the stream is
+    // synchronised before `word` is freed.
+    #[allow(unsafe_code)]
+    unsafe {
+        sys::cuStreamWaitValue32_v2(
+            stream.cu_stream(),
+            word.ptr,
+            0,
+            sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+        )
+        .result()
+    }
+    .map_err(|e| format!("cuStreamWaitValue32: {e}"))?;
+    stream.synchronize().map_err(|e| format!("cuStreamWaitValue32: {e}"))
+}
+
 impl CudaBackend {
     /// Opens GPU 0 (and, with `gpus > 1`, GPUs 1.. with peer access) and compiles every
     /// kernel for the exact architecture of GPU 0.
@@ -181,7 +376,8 @@ impl CudaBackend {
             return Err(CudaError::NoNvrtc);
         }
         let count = CudaContext::device_count().map_err(|e| CudaError::driver("counting devices", e))? as usize;
-        if gpus.max(1) > count {
+        let ordinals = gpus.max(1);
+        if ordinals > count {
             return Err(CudaError::NoCudaDevice { reason: format!("{gpus} GPUs requested, {count} present") });
         }
         let first = CudaContext::new(0).map_err(|e| CudaError::NoCudaDevice { reason: e.to_string() })?;
@@ -190,68 +386,76 @@ impl CudaBackend {
         // Hopper's wgmma/TMA features need the `a` variant; others use the plain arch.
         let arch = if major == 9 { "sm_90a".to_string() } else { format!("sm_{major}{minor}") };
         let name = first.name().map_err(|e| CudaError::driver("reading the device name", e))?;
+        drop(first);
         let ptx: Vec<(String, Ptx)> = KERNEL_FILES
             .iter()
             .map(|k| compile(k, &arch).map(|src| (k.name.to_string(), Ptx::from_src(src))))
             .collect::<Result<_, _>>()?;
-        let mut contexts = vec![first];
-        for ordinal in 1..gpus.max(1) {
-            contexts
-                .push(CudaContext::new(ordinal).map_err(|e| CudaError::driver(format!("opening GPU {ordinal}"), e))?);
-        }
-        let mut out = Vec::new();
-        for ctx in contexts {
-            // SAFETY: streams are ordered only by the plan's own semaphores; cudarc's
-            // automatic cross-stream event tracking would add orderings the plan does
-            // not ask for, so it is turned off before any allocation is made.
-            #[allow(unsafe_code)]
-            unsafe {
-                ctx.disable_event_tracking();
-            }
-            let module = |file: &str| {
-                let p =
-                    ptx.iter().find(|(n, _)| n == file).map(|(_, p)| p.clone()).expect("every kernel file compiled");
-                ctx.load_module(p).map_err(|e| CudaError::driver(format!("loading {file}"), e))
-            };
-            let (gen, gemm, copy, reduce, sync) = (
-                module("generate.cu")?,
-                module("gemm.cu")?,
-                module("copy.cu")?,
-                module("reduce.cu")?,
-                module("sync.cu")?,
-            );
-            let f = |m: &Arc<cudarc::driver::CudaModule>, name: &str| {
-                m.load_function(name).map_err(|e| CudaError::driver(format!("loading kernel {name}"), e))
-            };
-            let functions = Functions {
-                generate: f(&gen, "cmm_generate")?,
-                fill: f(&gen, "cmm_fill")?,
-                gemm_mma_f16: f(&gemm, "cmm_gemm_mma_f16")?,
-                gemm_mma_bf16: f(&gemm, "cmm_gemm_mma_bf16")?,
-                gemm_simt: f(&gemm, "cmm_gemm_simt")?,
-                copy2d: f(&copy, "cmm_copy2d")?,
-                reduce: f(&reduce, "cmm_reduce")?,
-                signal: f(&sync, "cmm_signal")?,
-                wait: f(&sync, "cmm_wait")?,
-            };
-            out.push(Gpu { ctx, functions });
-        }
-        if out.len() > 1 {
-            enable_peer_access(&out)?;
-        }
-        Ok(CudaBackend { gpus: out, arch, name })
+        let gpus = open_gpus(&ptx, ordinals)?;
+        let memops = probe_stream_memops(&gpus[0]);
+        Ok(CudaBackend {
+            state: Mutex::new(State { gpus, health: Health::Ready }),
+            ptx,
+            ordinals,
+            arch,
+            name,
+            cublas: cublas_present(),
+            memops,
+        })
     }
 
-    /// One line naming the GPU and the architecture the kernels were compiled for.
+    /// One line naming the GPU, the kernels' architecture and the GEMM library.
     pub fn summary(&self) -> String {
-        format!("{} x{} ({}, kernels compiled by NVRTC)", self.name, self.gpus.len(), self.arch)
+        let blas = if self.cublas { "cuBLAS found" } else { "no libcublas: GEMMs on the tile kernels" };
+        format!("{} x{} ({}, kernels compiled by NVRTC; {blas})", self.name, self.ordinals, self.arch)
+    }
+
+    /// Whether libcublas was found when the backend started.
+    pub fn has_cublas(&self) -> bool {
+        self.cublas
+    }
+
+    /// Whether stream memory operations work here ([`SyncMode::StreamMemOps`]), or why not.
+    pub fn stream_memops(&self) -> Result<(), String> {
+        self.memops.clone()
     }
 
     /// The GPU's name and UUID, for stamps keyed by GPU.
     pub fn identity(&self) -> Result<String, CudaError> {
-        let uuid = self.gpus[0].ctx.uuid().map_err(|e| CudaError::driver("reading the UUID", e))?;
+        let state = self.ready()?;
+        let uuid = state.gpus[0].ctx.uuid().map_err(|e| CudaError::driver("reading the UUID", e))?;
         let bytes: Vec<String> = uuid.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect();
         Ok(format!("{} {}", self.name, bytes.join("")))
+    }
+
+    /// The state, with lost contexts rebuilt; an error if the GPU is stuck.
+    fn ready(&self) -> Result<MutexGuard<'_, State>, CudaError> {
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match state.health.clone() {
+            Health::Ready => {}
+            Health::Hung(plan) => {
+                return Err(CudaError::Hung { plan, reason: "an earlier run could not be stopped".into() })
+            }
+            Health::Lost => {
+                // Drop every stream, handle, module and context, reset the primary
+                // contexts (freeing whatever a faulted run left), and start again.
+                state.gpus.clear();
+                for ordinal in 0..self.ordinals {
+                    let device = result::device::get(ordinal as i32)
+                        .map_err(|e| CudaError::driver("finding the GPU to reset", e))?;
+                    // SAFETY: no object of this backend refers to the context any more
+                    // (all were dropped above), so resetting it invalidates nothing in use.
+                    #[allow(unsafe_code)]
+                    unsafe { sys::cuDevicePrimaryCtxReset_v2(device).result() }.map_err(|e| CudaError::Driver {
+                        during: "resetting a lost context".into(),
+                        message: e.to_string(),
+                    })?;
+                }
+                state.gpus = open_gpus(&self.ptx, self.ordinals)?;
+                state.health = Health::Ready;
+            }
+        }
+        Ok(state)
     }
 
     /// Runs `plan`; see [`CudaRunOptions`].
@@ -265,234 +469,500 @@ impl CudaBackend {
         let start = Instant::now();
         plan.validate()?;
         plan.check_generator_range()?;
-        // The scheduler proves the plan finishes before any stream spins on a wait.
-        schedule(plan)?;
-        let gpu_of = |d: usize| match options.placement {
-            Placement::Virtual => 0,
-            Placement::Gpus => d,
-        };
-        if options.placement == Placement::Gpus && plan.devices > self.gpus.len() {
+        if options.sync == SyncMode::StreamMemOps {
+            self.memops.clone().map_err(|why| CudaError::Unsupported {
+                plan: plan.name.clone(),
+                what: format!("stream memory operations are not available on this GPU ({why})"),
+            })?;
+        }
+        let lowered = lower(
+            plan,
+            &LowerOptions {
+                gemm: options.gemm,
+                sync: options.sync,
+                cublas_present: self.cublas,
+                queues: hardware_queues()?,
+            },
+        )?;
+        if options.placement == Placement::Gpus && plan.devices > self.ordinals {
             return Err(CudaError::NoCudaDevice {
-                reason: format!("plan needs {} GPUs, the backend opened {}", plan.devices, self.gpus.len()),
+                reason: format!("plan needs {} GPUs, the backend opened {}", plan.devices, self.ordinals),
             });
         }
-        let memory = Memory::allocate(self, plan, gpu_of)?;
-        let setup = self.gpus[0].ctx.default_stream();
-        for d in 0..plan.devices {
-            let g = &self.gpus[gpu_of(d)];
-            let stream = g.ctx.default_stream();
-            for (i, b) in plan.buffers.iter().enumerate() {
-                let dst = memory.base[d][i];
-                let dtype = dtype_code(b.dtype);
-                match &b.role {
-                    BufferRole::Input { tensor, global_cols, origins } => {
-                        let (row0, col0) = (origins[d].0 as u32, origins[d].1 as u32);
-                        let (rows, cols, global_cols, family) =
-                            (b.rows as u32, b.cols as u32, *global_cols as u32, family.code());
-                        if let Some(cfg) = elementwise(b.len()) {
-                            let mut l = stream.launch_builder(&g.functions.generate);
-                            l.arg(&dst).arg(&dtype).arg(&rows).arg(&cols).arg(&seed).arg(tensor).arg(&family);
-                            l.arg(&global_cols).arg(&row0).arg(&col0);
-                            launch(l, cfg, "generating an input")?;
-                        }
-                    }
-                    _ => {
-                        let (count, bits) = (b.len() as u64, b.dtype.poison_bits());
-                        if let Some(cfg) = elementwise(b.len()) {
-                            let mut l = stream.launch_builder(&g.functions.fill);
-                            l.arg(&dst).arg(&dtype).arg(&count).arg(&bits);
-                            launch(l, cfg, "poisoning a buffer")?;
-                        }
-                    }
-                }
-            }
-            stream.synchronize().map_err(|e| CudaError::driver("generating inputs", e))?;
+        let mut state = self.ready()?;
+        let result = execute(&mut state, plan, &lowered, seed, family, options);
+        match &result {
+            Err(CudaError::ContextLost { .. }) => state.health = Health::Lost,
+            Err(CudaError::Hung { plan, .. }) => state.health = Health::Hung(plan.clone()),
+            _ => {}
         }
+        let mut out = result?;
+        out.elapsed = start.elapsed();
+        Ok(out)
+    }
 
-        // One stream per (device, lane); all wait for a start event, the setup stream
-        // then waits for every lane, so two events bracket the plan's GPU time.
-        let waits: Vec<(usize, usize, usize, u32, usize)> = plan
-            .ops()
-            .filter_map(|(s, op)| match op {
-                Op::Wait { sem, value } => Some((s.device, s.lane, s.index, *value, sem.0)),
-                _ => None,
-            })
-            .collect();
-        let status: CudaSlice<u32> =
-            setup.alloc_zeros(2 * waits.len().max(1)).map_err(|e| CudaError::driver("allocating wait status", e))?;
-        let status_base = raw(&status, &setup);
-        // Lane streams are non-blocking: they see the zeroed status and semaphores only
-        // through the start event, recorded after those writes on the setup stream.
+    /// Median GPU time in µs of `reps` back-to-back runs of one GEMM on GPU 0 (events
+    /// around each; inputs from the generator's realistic family, never zeros), and the
+    /// engine that ran it (`engine` must be [`GemmEngine::Cublas`] or
+    /// [`GemmEngine::TileKernel`]).
+    pub fn time_gemm(&self, spec: &GemmSpec, engine: GemmEngine, reps: usize) -> Result<f64, CudaError> {
+        let plan = gemm_plan(spec)?;
+        let lowered = lower(
+            &plan,
+            &LowerOptions { gemm: engine, sync: SyncMode::Kernels, cublas_present: self.cublas, queues: 1 },
+        )?;
+        let Some(step) = lowered.steps.first() else {
+            return Err(CudaError::Unsupported { plan: plan.name, what: "an empty GEMM has no time".into() });
+        };
+        let Some(Command::Gemm(command)) = step.command.clone() else { unreachable!("a one-GEMM plan") };
+        let mut state = self.ready()?;
+        let result = time_gemm_on(&mut state, &plan, &command, reps.max(1));
+        if let Err(CudaError::ContextLost { .. }) = &result {
+            state.health = Health::Lost;
+        }
+        result
+    }
+}
+
+/// A one-device plan holding one GEMM of `spec`.
+fn gemm_plan(spec: &GemmSpec) -> Result<Plan, CudaError> {
+    let (ar, ac) = if spec.trans_a { (spec.k, spec.m) } else { (spec.m, spec.k) };
+    let (br, bc) = if spec.trans_b { (spec.n, spec.k) } else { (spec.k, spec.n) };
+    let mut b = PlanBuilder::new(format!("gemm {}x{}x{} {}", spec.m, spec.n, spec.k, spec.input), 1);
+    let input = |tensor, cols| BufferRole::Input { tensor, global_cols: cols, origins: vec![(0, 0)] };
+    let x = b.buffer("A", spec.input, ar, ac, input(0, ac));
+    let y = b.buffer("B", spec.input, br, bc, input(1, bc));
+    let role = if spec.accumulate { input(2, spec.n) } else { BufferRole::Output };
+    let c = b.buffer("C", spec.output, spec.m, spec.n, role);
+    let lane = b.lane("main");
+    let (a, bb, cc) = (b.whole(x), b.whole(y), b.whole(c));
+    b.push(
+        0,
+        lane,
+        Op::Gemm { a, b: bb, c: cc, trans_a: spec.trans_a, trans_b: spec.trans_b, accumulate: spec.accumulate },
+    );
+    let plan = b.finish()?;
+    plan.check_generator_range()?;
+    Ok(plan)
+}
+
+fn time_gemm_on(state: &mut State, plan: &Plan, command: &GemmCommand, reps: usize) -> Result<f64, CudaError> {
+    let memory = Memory::allocate(&state.gpus, plan, |_| 0)?;
+    memory.initialise(&state.gpus, plan, 7, Family::Realistic, |_| 0)?;
+    ensure_lanes(state, 0, 1, command.imp == GemmImpl::Cublas)?;
+    let gpu = &state.gpus[0];
+    let stream = gpu.lanes[0].stream.clone();
+    let blas = gpu.lanes[0].blas.as_ref().map(|h| h.0);
+    let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let mut times = Vec::with_capacity(reps);
+    let issue = || issue_gemm(&gpu.functions, &stream, blas, &memory, command);
+    issue()?; // warm-up: cuBLAS picks and loads its kernel here
+    for _ in 0..reps {
+        let begin = stream.record_event(timed).map_err(|e| CudaError::driver("recording an event", e))?;
+        issue()?;
+        let end = stream.record_event(timed).map_err(|e| CudaError::driver("recording an event", e))?;
+        end.synchronize().map_err(|e| CudaError::driver("running a GEMM", e))?;
+        times.push(begin.elapsed_ms(&end).map_err(|e| CudaError::driver("reading an event", e))? as f64 * 1e3);
+    }
+    stream.synchronize().map_err(|e| CudaError::driver("running a GEMM", e))?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// The GPU of device `d`.
+fn gpu_of(placement: Placement, d: usize) -> usize {
+    match placement {
+        Placement::Virtual => 0,
+        Placement::Gpus => d,
+    }
+}
+
+/// Makes sure GPU `g` has `count` lane streams (created in order, so stream i keeps
+/// its hardware queue across runs) and, with `blas`, a cuBLAS handle on each.
+fn ensure_lanes(state: &mut State, g: usize, count: usize, blas: bool) -> Result<(), CudaError> {
+    let gpu = &mut state.gpus[g];
+    while gpu.lanes.len() < count {
+        let stream = gpu.ctx.new_stream().map_err(|e| CudaError::driver("creating a lane stream", e))?;
+        gpu.lanes.push(LaneSlot { blas: None, stream });
+    }
+    if blas {
+        gpu.ctx.bind_to_thread().map_err(|e| CudaError::driver("binding the context for cuBLAS", e))?;
+        for slot in gpu.lanes.iter_mut().take(count) {
+            if slot.blas.is_some() {
+                continue;
+            }
+            let handle = blas::create_handle().map_err(|e| CudaError::driver("creating a cuBLAS handle", e))?;
+            let handle = BlasHandle(handle);
+            // SAFETY: the handle was just created under this stream's context, which is
+            // current, and the stream lives as long as the slot that owns both.
+            #[allow(unsafe_code)]
+            unsafe { blas::set_stream(handle.0, slot.stream.cu_stream() as _) }
+                .map_err(|e| CudaError::driver("binding cuBLAS to a stream", e))?;
+            slot.blas = Some(handle);
+        }
+    }
+    Ok(())
+}
+
+/// Everything one run enqueues, kept together so that an error anywhere can stop and
+/// drain the GPU before any of it is freed.
+struct Run<'s> {
+    state: &'s State,
+    plan: &'s Plan,
+    options: &'s CudaRunOptions,
+    control: HostControl,
+    /// `(gpu, slot)` of each stream of the lowered plan.
+    streams: Vec<(usize, usize)>,
+    enqueued: bool,
+}
+
+fn execute(
+    state: &mut State,
+    plan: &Plan,
+    lowered: &Lowered,
+    seed: u32,
+    family: Family,
+    options: &CudaRunOptions,
+) -> Result<CudaRunOutput, CudaError> {
+    let memory = Memory::allocate(&state.gpus, plan, |d| gpu_of(options.placement, d))?;
+    memory.initialise(&state.gpus, plan, seed, family, |d| gpu_of(options.placement, d))?;
+    let lanes = plan.lanes.len();
+    let streams: Vec<(usize, usize)> = (0..lowered.streams)
+        .map(|s| {
+            let d = s / lanes.max(1);
+            match options.placement {
+                Placement::Virtual => (0, s),
+                Placement::Gpus => (d, s % lanes.max(1)),
+            }
+        })
+        .collect();
+    let blas = lowered.gemms.cublas > 0;
+    for g in 0..state.gpus.len() {
+        let count = streams.iter().filter(|(gpu, _)| *gpu == g).map(|(_, slot)| slot + 1).max().unwrap_or(0);
+        ensure_lanes(state, g, count, blas)?;
+    }
+    let state: &State = state;
+    let control = HostControl::new(&state.gpus[0].ctx, lowered.wait_slots.len())?;
+    let mut run = Run { state, plan, options, control, streams, enqueued: false };
+    let (gpu_ms, gated) = match run.go(lowered, &memory) {
+        Ok(timing) => timing,
+        Err(e) => {
+            let e = if run.enqueued { run.stop(e, lowered) } else { e };
+            if matches!(e, CudaError::Hung { .. }) {
+                // Streams may still read the memory and the control words: never free
+                // them under running work.
+                std::mem::forget(memory);
+                std::mem::forget(run);
+            }
+            return Err(e);
+        }
+    };
+    let buffers = memory.read_back(&state.gpus, plan, |d| gpu_of(options.placement, d))?;
+    Ok(CudaRunOutput {
+        buffers,
+        gpu_time: Duration::from_secs_f64(gpu_ms / 1e3),
+        gated,
+        gemms: lowered.gemms,
+        elapsed: Duration::ZERO,
+    })
+}
+
+/// Plans with more ops per stream than this run ungated: a held stream whose launch
+/// queue fills would block the host before it opens the gate.
+const GATE_MAX_OPS_PER_STREAM: usize = 256;
+
+impl Run<'_> {
+    fn stream(&self, s: usize) -> &Arc<CudaStream> {
+        let (g, slot) = self.streams[s];
+        &self.state.gpus[g].lanes[slot].stream
+    }
+
+    /// Enqueues and runs the plan; returns (GPU ms, gated).
+    fn go(&mut self, lowered: &Lowered, memory: &Memory) -> Result<(f64, bool), CudaError> {
+        let gpu0 = &self.state.gpus[0];
+        let setup = gpu0.ctx.default_stream();
+        let per_stream =
+            (0..lowered.streams).map(|s| lowered.steps.iter().filter(|st| st.stream == s).count()).max().unwrap_or(0);
+        let gated = per_stream <= GATE_MAX_OPS_PER_STREAM;
+        if !gated {
+            self.control.open_gate();
+        }
+        let timeout_ns = (2 * self.options.run_timeout + self.options.wait_timeout).as_nanos() as u64;
+        let (go, gate_status) =
+            (self.control.device_word(HostControl::GO), self.control.device_word(HostControl::GATE));
+        self.enqueued = true;
+        let mut l = setup.launch_builder(&gpu0.functions.gate);
+        l.arg(&go).arg(&timeout_ns).arg(&gate_status);
+        launch(l, ONE_THREAD, "the gate")?;
         let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let begin = setup.record_event(timed).map_err(|e| CudaError::driver("recording the start event", e))?;
-        let mut lane_streams = Vec::new();
-        for d in 0..plan.devices {
-            for _ in &plan.lanes {
-                let s = self.gpus[gpu_of(d)]
-                    .ctx
-                    .new_stream()
-                    .map_err(|e| CudaError::driver("creating a lane stream", e))?;
-                s.wait(&begin).map_err(|e| CudaError::driver("ordering a lane after the start", e))?;
-                lane_streams.push(s);
-            }
+        for s in 0..lowered.streams {
+            self.stream(s).wait(&begin).map_err(|e| CudaError::driver("ordering a lane after the start", e))?;
         }
-        let mut blas = BlasHandles::default();
-        let mut wait_index = 0usize;
-        for d in 0..plan.devices {
-            let g = &self.gpus[gpu_of(d)];
-            for (l, ops) in plan.programs[d].lanes.iter().enumerate() {
-                let stream = &lane_streams[d * plan.lanes.len() + l];
-                for op in ops {
-                    let status_slot = status_base + 8 * wait_index as u64;
-                    if matches!(op, Op::Wait { .. }) {
-                        wait_index += 1;
-                    }
-                    self.encode(plan, &memory, g, stream, &mut blas, d, op, options, status_slot)?;
-                }
-            }
+        for step in &lowered.steps {
+            let Some(command) = &step.command else { continue };
+            let (g, slot) = self.streams[step.stream];
+            let lane = &self.state.gpus[g].lanes[slot];
+            self.issue(&self.state.gpus[g].functions, &lane.stream, lane.blas.as_ref().map(|h| h.0), memory, command)?;
         }
-        for s in &lane_streams {
-            let done = s.record_event(None).map_err(|e| CudaError::driver("recording a lane's end", e))?;
+        let mut ends: Vec<CudaEvent> = Vec::new();
+        for s in 0..lowered.streams {
+            let done = self.stream(s).record_event(None).map_err(|e| CudaError::driver("recording a lane's end", e))?;
             setup.wait(&done).map_err(|e| CudaError::driver("joining lanes", e))?;
+            ends.push(done);
         }
         let end = setup.record_event(timed).map_err(|e| CudaError::driver("recording the end event", e))?;
-        for g in &self.gpus {
-            g.ctx.synchronize().map_err(|e| CudaError::driver("running the plan", e))?;
+        self.control.open_gate();
+        self.await_event(&end, self.options.run_timeout)?;
+        self.sync_all()?;
+        if self.control.read(HostControl::GATE) != 0 {
+            return Err(CudaError::RunTimeout {
+                plan: self.plan.name.clone(),
+                limit_ms: timeout_ns / 1_000_000,
+                pending: "the gate was never opened".into(),
+            });
         }
-        blas.destroy()?;
-        let gpu_ms = begin.elapsed_ms(&end).map_err(|e| CudaError::driver("reading the event timer", e))?;
-
-        let flags: Vec<u32> = setup.clone_dtoh(&status).map_err(|e| CudaError::driver("reading wait status", e))?;
-        for (i, &(device, lane, index, awaited, sem)) in waits.iter().enumerate() {
-            if flags[2 * i] != 0 {
+        for (slot, site) in lowered.wait_slots.iter().enumerate() {
+            let (why, seen) = self.control.status(slot);
+            if why != 0 {
+                let Op::Wait { sem, value } = &self.plan.programs[site.device].lanes[site.lane][site.index] else {
+                    unreachable!("wait slots point at waits")
+                };
                 return Err(CudaError::WaitTimeout {
-                    device,
-                    lane: plan.lanes[lane].clone(),
-                    index,
-                    semaphore: plan.semaphores[sem].clone(),
-                    awaited,
-                    current: flags[2 * i + 1],
-                    timeout_ms: options.wait_timeout.as_millis() as u64,
+                    device: site.device,
+                    lane: self.plan.lanes[site.lane].clone(),
+                    index: site.index,
+                    semaphore: self.plan.semaphores[sem.0].clone(),
+                    awaited: *value,
+                    current: seen,
+                    timeout_ms: self.options.wait_timeout.as_millis() as u64,
                 });
             }
         }
-        let buffers = memory.read_back(self, plan, gpu_of)?;
-        Ok(CudaRunOutput { buffers, gpu_time: Duration::from_secs_f64(gpu_ms as f64 / 1e3), elapsed: start.elapsed() })
+        let ms = begin.elapsed_ms(&end).map_err(|e| CudaError::driver("reading the event timer", e))?;
+        Ok((ms as f64, gated))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn encode(
+    fn issue(
         &self,
-        plan: &Plan,
-        memory: &Memory,
-        g: &Gpu,
+        functions: &Functions,
         stream: &Arc<CudaStream>,
-        blas: &mut BlasHandles,
-        d: usize,
-        op: &Op,
-        options: &CudaRunOptions,
-        status_slot: u64,
+        blas: Option<blas_sys::cublasHandle_t>,
+        memory: &Memory,
+        command: &Command,
     ) -> Result<(), CudaError> {
-        let dt = |r: &Region| plan.buffer(r.buf).dtype;
-        let addr = |dev: usize, r: &Region| memory.base[dev][r.buf.0] + (r.offset * dt(r).size_bytes()) as u64;
-        let unsupported = |what: String| CudaError::Unsupported { plan: plan.name.clone(), what };
-        match op {
-            Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => {
-                let (m, n) = (c.rows, c.cols);
-                let k = if *trans_a { a.rows } else { a.cols };
-                if m.div_ceil(64) > 65_535 || n.div_ceil(64) > i32::MAX as usize || k > u32::MAX as usize {
-                    return Err(unsupported(format!("gemm {m}x{n}x{k} exceeds the tile kernel's grid")));
-                }
-                let args = GemmArgs {
-                    a: addr(d, a),
-                    b: addr(d, b),
-                    c: addr(d, c),
-                    a_stride: a.stride as u64,
-                    b_stride: b.stride as u64,
-                    c_stride: c.stride as u64,
-                    m: m as u32,
-                    n: n as u32,
-                    k: k as u32,
-                    a_dtype: dtype_code(dt(a)),
-                    b_dtype: dtype_code(dt(b)),
-                    c_dtype: dtype_code(dt(c)),
-                    flags: *trans_a as u32 | (*trans_b as u32) << 1 | (*accumulate as u32) << 2,
-                    pad: 0,
-                };
-                if options.gemm == GemmEngine::Cublas && cublas_gemm(blas, stream, &args, dt(a), dt(b), dt(c))? {
-                    return Ok(());
-                }
-                let (function, threads) = match (dt(a), dt(b)) {
-                    (DType::F16, DType::F16) => (&g.functions.gemm_mma_f16, 128),
-                    (DType::Bf16, DType::Bf16) => (&g.functions.gemm_mma_bf16, 128),
-                    _ => (&g.functions.gemm_simt, 256),
-                };
-                let cfg = LaunchConfig {
-                    grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1),
-                    block_dim: (threads, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let mut l = stream.launch_builder(function);
-                l.arg(&args);
-                launch(l, cfg, "launching a gemm")?;
+        let addr = |l: &Loc| memory.addr(l);
+        // Driver and cuBLAS calls act in the current context: make it the stream's.
+        stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
+        match command {
+            Command::Gemm(g) => issue_gemm(functions, stream, blas, memory, g)?,
+            Command::CopyEngine { src, src_pitch, dst, dst_pitch, width, rows } => {
+                copy_engine_2d(stream, addr(src), *src_pitch, addr(dst), *dst_pitch, *width, *rows)?
             }
-            Op::Copy { src, dst_device, dst, engine } => {
-                let (s, t) = (addr(d, src), addr(*dst_device, dst));
-                let es = dt(src).size_bytes();
-                match engine {
-                    Engine::CopyEngine => {
-                        copy_engine_2d(stream, s, src.stride * es, t, dst.stride * es, src.cols * es, src.rows)?
-                    }
-                    Engine::Sm => {
-                        let (ss, ds, rows, cols, eb) =
-                            (src.stride as u64, dst.stride as u64, src.rows as u32, src.cols as u32, es as u32);
-                        if let Some(cfg) = elementwise(src.len()) {
-                            let mut l = stream.launch_builder(&g.functions.copy2d);
-                            l.arg(&s).arg(&ss).arg(&t).arg(&ds).arg(&rows).arg(&cols).arg(&eb);
-                            launch(l, cfg, "an SM copy")?;
-                        }
-                    }
+            Command::SmCopy { src, src_stride, dst, dst_stride, rows, cols, elem_bytes } => {
+                let (s, t) = (addr(src), addr(dst));
+                if let Some(cfg) = elementwise(*rows as usize * *cols as usize) {
+                    let mut l = stream.launch_builder(&functions.copy2d);
+                    l.arg(&s).arg(src_stride).arg(&t).arg(dst_stride).arg(rows).arg(cols).arg(elem_bytes);
+                    launch(l, cfg, "an SM copy")?;
                 }
             }
-            Op::Reduce { inputs, output } => {
-                if inputs.len() > 4 {
-                    return Err(unsupported(format!("reduce of {} inputs (at most 4)", inputs.len())));
+            Command::Reduce { out, out_stride, out_dtype, rows, cols, inputs } => {
+                let mut packed = ReduceInputs::default();
+                for (slot, (loc, stride, dtype)) in packed.inputs.iter_mut().zip(inputs) {
+                    *slot = ReduceInput { base: addr(loc), stride: *stride, dtype: dtype_code(*dtype), pad: 0 };
                 }
-                let mut packed = [ReduceInput::default(); 4];
-                for (slot, r) in packed.iter_mut().zip(inputs) {
-                    *slot = ReduceInput { base: addr(d, r), stride: r.stride as u64, dtype: dtype_code(dt(r)), pad: 0 };
-                }
-                let (out, out_stride, out_dtype) = (addr(d, output), output.stride as u64, dtype_code(dt(output)));
-                let (rows, cols, count) = (output.rows as u32, output.cols as u32, inputs.len() as u32);
-                if let Some(cfg) = elementwise(output.len()) {
-                    let mut l = stream.launch_builder(&g.functions.reduce);
-                    l.arg(&out).arg(&out_stride).arg(&out_dtype).arg(&rows).arg(&cols).arg(&count);
-                    l.arg(&packed[0]).arg(&packed[1]).arg(&packed[2]).arg(&packed[3]);
+                let (o, od, count) = (addr(out), dtype_code(*out_dtype), inputs.len() as u32);
+                if let Some(cfg) = elementwise(*rows as usize * *cols as usize) {
+                    let mut l = stream.launch_builder(&functions.reduce);
+                    l.arg(&o).arg(out_stride).arg(&od).arg(rows).arg(cols).arg(&count).arg(&packed);
                     launch(l, cfg, "a reduce")?;
                 }
             }
-            Op::Signal { device, sem, add } => {
-                let target = memory.sems[*device] + 4 * sem.0 as u64;
-                let mut l = stream.launch_builder(&g.functions.signal);
+            Command::Pointwise { function, out, out_stride, out_dtype, rows, cols, inputs } => {
+                let mut packed = PointwiseInputs::default();
+                for (slot, (loc, stride, dtype)) in packed.inputs.iter_mut().zip(inputs) {
+                    *slot = ReduceInput { base: addr(loc), stride: *stride, dtype: dtype_code(*dtype), pad: 0 };
+                }
+                let (o, od) = (addr(out), dtype_code(*out_dtype));
+                if let Some(cfg) = elementwise(*rows as usize * *cols as usize) {
+                    let mut l = stream.launch_builder(&functions.pointwise);
+                    l.arg(&o).arg(out_stride).arg(&od).arg(rows).arg(cols).arg(function).arg(&packed);
+                    launch(l, cfg, "a pointwise kernel")?;
+                }
+            }
+            Command::SignalAdd { device, sem, add } => {
+                let target = memory.sem(*device, *sem);
+                let mut l = stream.launch_builder(&functions.signal);
                 l.arg(&target).arg(add);
                 launch(l, ONE_THREAD, "a signal")?;
             }
-            Op::Wait { sem, value } => {
-                let word = memory.sems[d] + 4 * sem.0 as u64;
-                let timeout = options.wait_timeout.as_nanos() as u64;
-                let mut l = stream.launch_builder(&g.functions.wait);
-                l.arg(&word).arg(value).arg(&timeout).arg(&status_slot);
+            Command::SignalWrite { device, sem, value } => {
+                // SAFETY: the address is a semaphore word of a live allocation of this
+                // run; flag 0 keeps the memory barrier before the write (release).
+                #[allow(unsafe_code)]
+                unsafe {
+                    sys::cuStreamWriteValue32_v2(stream.cu_stream(), memory.sem(*device, *sem), *value, 0).result()
+                }
+                .map_err(|e| CudaError::driver("a stream write (signal)", e))?;
+            }
+            Command::WaitKernel { device, sem, value, slot } => {
+                let word = memory.sem(*device, *sem);
+                let timeout = self.options.wait_timeout.as_nanos() as u64;
+                let (status, abort) = (self.control.status_word(*slot), self.control.device_word(HostControl::ABORT));
+                let mut l = stream.launch_builder(&functions.wait);
+                l.arg(&word).arg(value).arg(&timeout).arg(&status).arg(&abort);
                 launch(l, ONE_THREAD, "a wait")?;
+            }
+            Command::WaitValue { device, sem, value } => {
+                // SAFETY: the address is a semaphore word of a live allocation of this run.
+                #[allow(unsafe_code)]
+                unsafe {
+                    sys::cuStreamWaitValue32_v2(
+                        stream.cu_stream(),
+                        memory.sem(*device, *sem),
+                        *value,
+                        sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                    )
+                    .result()
+                }
+                .map_err(|e| CudaError::driver("a stream wait", e))?;
             }
         }
         Ok(())
     }
+
+    /// Polls `event` until it completes, fails, or `limit` passes.
+    fn await_event(&self, event: &CudaEvent, limit: Duration) -> Result<(), CudaError> {
+        let start = Instant::now();
+        let mut nap = Duration::from_micros(20);
+        loop {
+            // SAFETY: the event is live for the duration of the call.
+            #[allow(unsafe_code)]
+            match unsafe { result::event::query(event.cu_event()) } {
+                Ok(()) => return Ok(()),
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                Err(e) => return Err(CudaError::driver("running the plan", e)),
+            }
+            if start.elapsed() > limit {
+                return Err(CudaError::RunTimeout {
+                    plan: self.plan.name.clone(),
+                    limit_ms: limit.as_millis() as u64,
+                    pending: "the run's end event never completed".into(),
+                });
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(2));
+        }
+    }
+
+    fn sync_all(&self) -> Result<(), CudaError> {
+        for g in &self.state.gpus {
+            g.ctx.synchronize().map_err(|e| CudaError::driver("running the plan", e))?;
+        }
+        Ok(())
+    }
+
+    /// After an error with work enqueued: abort every kernel wait, open the gate, and
+    /// wait (bounded) for the streams to drain. Returns the error to report.
+    fn stop(&self, error: CudaError, lowered: &Lowered) -> CudaError {
+        if matches!(error, CudaError::ContextLost { .. }) {
+            return error;
+        }
+        self.control.raise_abort();
+        self.control.open_gate();
+        let limit = self.options.wait_timeout + Duration::from_secs(5);
+        let start = Instant::now();
+        for s in 0..self.streams.len() {
+            loop {
+                // SAFETY: the stream is live (owned by the backend's lane slots).
+                #[allow(unsafe_code)]
+                match unsafe { sys::cuStreamQuery(self.stream(s).cu_stream()) } {
+                    sys::CUresult::CUDA_SUCCESS => break,
+                    sys::CUresult::CUDA_ERROR_NOT_READY if start.elapsed() < limit => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    sys::CUresult::CUDA_ERROR_NOT_READY => {
+                        let why = match self.options.sync {
+                            SyncMode::StreamMemOps => "a stream-memory-op wait cannot be aborted",
+                            SyncMode::Kernels => "the aborted waits did not drain",
+                        };
+                        return CudaError::Hung {
+                            plan: self.plan.name.clone(),
+                            reason: format!("{why}; after: {error}"),
+                        };
+                    }
+                    other => return CudaError::driver("draining after an error", format!("{other:?}; after: {error}")),
+                }
+            }
+        }
+        match error {
+            CudaError::RunTimeout { plan, limit_ms, pending } => {
+                // Name the waits the abort released: they are what the run was stuck on.
+                let aborted: Vec<String> = lowered
+                    .wait_slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(slot, _)| self.control.status(*slot).0 == 2)
+                    .map(|(slot, site)| {
+                        let op = &self.plan.programs[site.device].lanes[site.lane][site.index];
+                        format!("{site} `{}` at {}", self.plan.op_text(op), self.control.status(slot).1)
+                    })
+                    .collect();
+                let pending = if aborted.is_empty() {
+                    pending
+                } else {
+                    format!("waits released by the abort: {}", aborted.join("; "))
+                };
+                CudaError::RunTimeout { plan, limit_ms, pending }
+            }
+            other => other,
+        }
+    }
 }
 
-/// The raw device address of a slice (event tracking is off, so no guard is needed).
-fn raw<T>(slice: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
-    let (ptr, _guard) = slice.device_ptr(stream);
-    ptr
+/// Issues one GEMM command on `stream`.
+fn issue_gemm(
+    functions: &Functions,
+    stream: &Arc<CudaStream>,
+    blas: Option<blas_sys::cublasHandle_t>,
+    memory: &Memory,
+    g: &GemmCommand,
+) -> Result<(), CudaError> {
+    let args = GemmArgs {
+        a: memory.addr(&g.a),
+        b: memory.addr(&g.b),
+        c: memory.addr(&g.c),
+        a_stride: g.strides[0],
+        b_stride: g.strides[1],
+        c_stride: g.strides[2],
+        m: g.mnk[0],
+        n: g.mnk[1],
+        k: g.mnk[2],
+        a_dtype: dtype_code(g.dtypes[0]),
+        b_dtype: dtype_code(g.dtypes[1]),
+        c_dtype: dtype_code(g.dtypes[2]),
+        flags: g.trans_a as u32 | (g.trans_b as u32) << 1 | (g.accumulate as u32) << 2,
+        pad: 0,
+    };
+    let function = match g.imp {
+        GemmImpl::Cublas => {
+            let handle = blas.expect("lanes running cuBLAS GEMMs have handles");
+            return cublas_gemm(handle, &args, g.dtypes);
+        }
+        GemmImpl::MmaF16 => &functions.gemm_mma_f16,
+        GemmImpl::MmaBf16 => &functions.gemm_mma_bf16,
+        GemmImpl::Simt => &functions.gemm_simt,
+    };
+    let threads = if g.imp == GemmImpl::Simt { 256 } else { 128 };
+    let cfg = LaunchConfig {
+        grid_dim: (args.n.div_ceil(64), args.m.div_ceil(64), 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = stream.launch_builder(function);
+    l.arg(&args);
+    launch(l, cfg, "launching a gemm")
 }
 
 const ONE_THREAD: LaunchConfig = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
@@ -508,9 +978,10 @@ fn elementwise(count: usize) -> Option<LaunchConfig> {
 
 /// Launches a kernel whose arguments are already pushed.
 fn launch(mut args: LaunchArgs<'_>, cfg: LaunchConfig, what: &str) -> Result<(), CudaError> {
-    // SAFETY: every launch site passes addresses inside allocations of a validated plan
-    // (regions checked against their buffers) or the run's own semaphore and status
-    // arrays, with the element counts those regions hold; the kernels index within them.
+    // SAFETY: every launch site passes addresses inside allocations of a validated and
+    // lowered plan (regions checked against their buffers) or the run's own semaphore
+    // and control words, with the element counts those regions hold; the kernels index
+    // within them.
     #[allow(unsafe_code)]
     unsafe { args.launch(cfg) }.map(|_| ()).map_err(|e| CudaError::driver(what, e))
 }
@@ -547,40 +1018,26 @@ fn copy_engine_2d(
         Height: rows,
     };
     // SAFETY: both regions lie inside allocations of the validated plan (pitch ≥ width
-    // by plan validation); with unified addressing a peer's address is valid here.
+    // by lowering); with unified addressing a peer's address is valid here.
     #[allow(unsafe_code)]
     unsafe { sys::cuMemcpy2DAsync_v2(&desc, stream.cu_stream()).result() }
         .map_err(|e| CudaError::driver("a copy-engine copy", e))
 }
 
-/// Runs a GEMM through cuBLAS when its dtypes allow; `Ok(false)` means "use the tile kernel".
-fn cublas_gemm(
-    blas: &mut BlasHandles,
-    stream: &Arc<CudaStream>,
-    g: &GemmArgs,
-    a: DType,
-    b: DType,
-    c: DType,
-) -> Result<bool, CudaError> {
-    // cudarc panics when a library is missing, so probe libcublas before using it.
-    // SAFETY: only probes the dynamic loader.
-    #[allow(unsafe_code)]
-    let present = unsafe { blas_sys::is_culib_present() };
-    if !present || a != b || g.m == 0 || g.n == 0 || g.k == 0 || [g.m, g.n, g.k].iter().any(|&x| x > i32::MAX as u32) {
-        return Ok(false);
-    }
+/// Runs one GEMM through cuBLAS (the handle is bound to the lane's stream).
+fn cublas_gemm(handle: blas_sys::cublasHandle_t, g: &GemmArgs, dtypes: [DType; 3]) -> Result<(), CudaError> {
     let ty = |d: DType| match d {
         DType::F32 => blas_sys::cudaDataType::CUDA_R_32F,
         DType::F16 => blas_sys::cudaDataType::CUDA_R_16F,
         _ => blas_sys::cudaDataType::CUDA_R_16BF,
     };
-    let handle = blas.for_stream(stream)?;
     // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the operands.
     let op =
         |t: bool| if t { blas_sys::cublasOperation_t::CUBLAS_OP_T } else { blas_sys::cublasOperation_t::CUBLAS_OP_N };
     let (alpha, beta) = (1.0f32, if g.flags & 4 != 0 { 1.0f32 } else { 0.0f32 });
-    // SAFETY: the pointers address regions of the validated plan with the given leading
-    // dimensions; alpha/beta live until the call returns (host pointer mode).
+    // SAFETY: the pointers address regions of the validated plan with leading
+    // dimensions that lowering made valid; alpha/beta live until the call returns (host
+    // pointer mode); the handle is bound to the stream the GEMM belongs to.
     #[allow(unsafe_code)]
     unsafe {
         blas::gemm_ex(
@@ -592,54 +1049,20 @@ fn cublas_gemm(
             g.k as i32,
             (&alpha as *const f32).cast(),
             g.b as *const _,
-            ty(b),
+            ty(dtypes[1]),
             g.b_stride as i32,
             g.a as *const _,
-            ty(a),
+            ty(dtypes[0]),
             g.a_stride as i32,
             (&beta as *const f32).cast(),
             g.c as *mut _,
-            ty(c),
+            ty(dtypes[2]),
             g.c_stride as i32,
             blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
-    .map_err(|e| CudaError::driver("cublasGemmEx", e))?;
-    Ok(true)
-}
-
-/// cuBLAS handles of one run, one per lane stream (a handle's workspace must not be
-/// shared by concurrent streams), created on first use and destroyed after the run.
-#[derive(Default)]
-struct BlasHandles {
-    handles: Vec<(sys::CUstream, blas_sys::cublasHandle_t)>,
-}
-
-impl BlasHandles {
-    fn for_stream(&mut self, stream: &Arc<CudaStream>) -> Result<blas_sys::cublasHandle_t, CudaError> {
-        if let Some(&(_, h)) = self.handles.iter().find(|(s, _)| *s == stream.cu_stream()) {
-            return Ok(h);
-        }
-        let handle = blas::create_handle().map_err(|e| CudaError::driver("creating a cuBLAS handle", e))?;
-        // SAFETY: `handle` was just created and `stream` is a live stream of this run.
-        #[allow(unsafe_code)]
-        unsafe { blas::set_stream(handle, stream.cu_stream() as _) }
-            .map_err(|e| CudaError::driver("binding cuBLAS to a stream", e))?;
-        self.handles.push((stream.cu_stream(), handle));
-        Ok(handle)
-    }
-
-    /// Destroys every handle; call after the streams have finished.
-    fn destroy(self) -> Result<(), CudaError> {
-        for (_, h) in self.handles {
-            // SAFETY: each handle was created by `for_stream` and is destroyed once,
-            // after the context synchronised, so no call on it is in flight.
-            #[allow(unsafe_code)]
-            unsafe { blas::destroy_handle(h) }.map_err(|e| CudaError::driver("destroying a cuBLAS handle", e))?;
-        }
-        Ok(())
-    }
+    .map_err(|e| CudaError::driver("cublasGemmEx", e))
 }
 
 fn enable_peer_access(gpus: &[Gpu]) -> Result<(), CudaError> {
@@ -650,7 +1073,8 @@ fn enable_peer_access(gpus: &[Gpu]) -> Result<(), CudaError> {
             }
             a.ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
             // SAFETY: both contexts are live; enabling access twice is reported as an
-            // error code, which we treat as success.
+            // error code, which we treat as success. Allocations are plain `cuMemAlloc`
+            // (not the stream-ordered pool), which peer access covers.
             #[allow(unsafe_code)]
             let r = unsafe { sys::cuCtxEnablePeerAccess(b.ctx.cu_ctx(), 0) };
             if r != sys::CUresult::CUDA_SUCCESS && r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
@@ -661,17 +1085,151 @@ fn enable_peer_access(gpus: &[Gpu]) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// A plain device allocation (`cuMemAlloc`), freed on drop. Freed only after every
+/// stream that used it has finished (the run drains first, or leaks it when it cannot).
+struct DeviceAlloc {
+    ctx: Arc<CudaContext>,
+    ptr: u64,
+}
+
+impl DeviceAlloc {
+    /// An allocation of `bytes` whose contents the caller overwrites before any read.
+    fn uninit(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceAlloc, CudaError> {
+        ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
+        // SAFETY: the context is current; the pointer is owned by the returned value.
+        #[allow(unsafe_code)]
+        let ptr = unsafe { result::malloc_sync(bytes.max(4)) }
+            .map_err(|e| CudaError::driver("allocating device memory", e))?;
+        Ok(DeviceAlloc { ctx: ctx.clone(), ptr })
+    }
+
+    fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceAlloc, CudaError> {
+        ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
+        let bytes = bytes.max(4);
+        // SAFETY: the context is current; the pointer is owned by the returned value.
+        #[allow(unsafe_code)]
+        let ptr =
+            unsafe { result::malloc_sync(bytes) }.map_err(|e| CudaError::driver("allocating device memory", e))?;
+        let alloc = DeviceAlloc { ctx: ctx.clone(), ptr };
+        // SAFETY: `ptr` addresses `bytes` bytes just allocated in the current context.
+        #[allow(unsafe_code)]
+        unsafe { result::memset_d8_sync(ptr, 0, bytes) }.map_err(|e| CudaError::driver("zeroing device memory", e))?;
+        Ok(alloc)
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `malloc_sync` in this context and is freed once, after
+        // the streams using it finished (see the type's comment). Errors cannot be
+        // reported from a destructor; the context records them.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.ctx.record_err(self.ctx.bind_to_thread());
+            self.ctx.record_err(result::free_sync(self.ptr));
+        }
+    }
+}
+
+/// The run's control words in page-locked host memory mapped into every context:
+/// the gate, the abort word, the gate's status, then two words per kernel wait.
+struct HostControl {
+    host: *mut u32,
+    device: u64,
+    words: usize,
+}
+
+impl HostControl {
+    const GO: usize = 0;
+    const ABORT: usize = 1;
+    const GATE: usize = 2;
+    const FIRST_STATUS: usize = 4;
+
+    fn new(ctx: &Arc<CudaContext>, waits: usize) -> Result<HostControl, CudaError> {
+        ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
+        let words = Self::FIRST_STATUS + 2 * waits;
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: allocates `4 · words` page-locked bytes owned by the returned value.
+        #[allow(unsafe_code)]
+        let host = unsafe { result::malloc_host(4 * words, flags) }
+            .map_err(|e| CudaError::driver("allocating the control words", e))? as *mut u32;
+        let mut control = HostControl { host, device: 0, words };
+        for i in 0..words {
+            control.write(i, 0);
+        }
+        let mut device = 0u64;
+        // SAFETY: `host` is a mapped page-locked allocation; the call writes the device
+        // address of it into `device`.
+        #[allow(unsafe_code)]
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0).result() }
+            .map_err(|e| CudaError::driver("mapping the control words", e))?;
+        control.device = device;
+        Ok(control)
+    }
+
+    fn write(&self, word: usize, value: u32) {
+        assert!(word < self.words);
+        // SAFETY: `word` is within the allocation (checked); the GPU reads it with
+        // acquire loads, so a volatile store followed by a fence publishes it.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::ptr::write_volatile(self.host.add(word), value)
+        };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn read(&self, word: usize) -> u32 {
+        assert!(word < self.words);
+        // SAFETY: within the allocation (checked); the GPU may write it concurrently,
+        // hence the volatile read.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::ptr::read_volatile(self.host.add(word))
+        }
+    }
+
+    fn device_word(&self, word: usize) -> u64 {
+        self.device + 4 * word as u64
+    }
+
+    fn status_word(&self, slot: usize) -> u64 {
+        self.device_word(Self::FIRST_STATUS + 2 * slot)
+    }
+
+    /// (why, value seen) of a kernel wait: why = 0 reached, 1 deadline, 2 aborted.
+    fn status(&self, slot: usize) -> (u32, u32) {
+        (self.read(Self::FIRST_STATUS + 2 * slot), self.read(Self::FIRST_STATUS + 2 * slot + 1))
+    }
+
+    fn open_gate(&self) {
+        self.write(Self::GO, 1);
+    }
+
+    fn raise_abort(&self) {
+        self.write(Self::ABORT, 1);
+    }
+}
+
+impl Drop for HostControl {
+    fn drop(&mut self) {
+        // SAFETY: `host` came from `malloc_host` and is freed once; by now every kernel
+        // that reads it has finished (the run drained), or the run leaked its memory
+        // and so never reaches here with work pending (see `execute`).
+        #[allow(unsafe_code)]
+        let _ = unsafe { result::free_host(self.host.cast()) };
+    }
+}
+
 /// Device memory of a run: per device one allocation holding every buffer, and its
 /// semaphore array. `base[d][b]` is the peer-pointer table.
 struct Memory {
-    allocations: Vec<CudaSlice<u8>>,
-    _semaphores: Vec<CudaSlice<u32>>,
+    heaps: Vec<DeviceAlloc>,
+    semaphores: Vec<DeviceAlloc>,
     base: Vec<Vec<u64>>,
-    sems: Vec<u64>,
 }
 
 impl Memory {
-    fn allocate(backend: &CudaBackend, plan: &Plan, gpu_of: impl Fn(usize) -> usize) -> Result<Memory, CudaError> {
+    fn allocate(gpus: &[Gpu], plan: &Plan, gpu_of: impl Fn(usize) -> usize) -> Result<Memory, CudaError> {
         let align = |x: usize| x.div_ceil(256) * 256;
         let offsets: Vec<usize> = plan
             .buffers
@@ -683,11 +1241,11 @@ impl Memory {
             })
             .collect();
         let total = plan.buffers.iter().map(|b| align(b.len() * b.dtype.size_bytes())).sum::<usize>().max(256);
-        let (mut allocations, mut semaphores, mut base, mut sems) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut heaps, mut semaphores, mut base) = (Vec::new(), Vec::new(), Vec::new());
         for d in 0..plan.devices {
-            let g = &backend.gpus[gpu_of(d)];
-            let stream = g.ctx.default_stream();
-            let (free, _) = g.ctx.mem_get_info().map_err(|e| CudaError::driver("reading free memory", e))?;
+            let ctx = &gpus[gpu_of(d)].ctx;
+            ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
+            let (free, _) = result::mem_get_info().map_err(|e| CudaError::driver("reading free memory", e))?;
             if total > free {
                 return Err(CudaError::OutOfMemory {
                     plan: plan.name.clone(),
@@ -695,42 +1253,88 @@ impl Memory {
                     free: free as u64,
                 });
             }
-            let heap: CudaSlice<u8> =
-                stream.alloc_zeros(total).map_err(|e| CudaError::driver("allocating buffers", e))?;
-            let sem: CudaSlice<u32> = stream
-                .alloc_zeros(plan.semaphores.len().max(1))
-                .map_err(|e| CudaError::driver("allocating semaphores", e))?;
-            let b0 = raw(&heap, &stream);
-            base.push(offsets.iter().map(|&o| b0 + o as u64).collect());
-            sems.push(raw(&sem, &stream));
-            allocations.push(heap);
-            semaphores.push(sem);
+            // Every buffer is generated or poisoned before the run (`initialise`).
+            let heap = DeviceAlloc::uninit(ctx, total)?;
+            let sems = DeviceAlloc::zeroed(ctx, 4 * plan.semaphores.len())?;
+            base.push(offsets.iter().map(|&o| heap.ptr + o as u64).collect());
+            heaps.push(heap);
+            semaphores.push(sems);
         }
-        Ok(Memory { allocations, _semaphores: semaphores, base, sems })
+        Ok(Memory { heaps, semaphores, base })
+    }
+
+    fn addr(&self, l: &Loc) -> u64 {
+        self.base[l.device][l.buffer] + l.offset
+    }
+
+    fn sem(&self, device: usize, sem: usize) -> u64 {
+        self.semaphores[device].ptr + 4 * sem as u64
+    }
+
+    /// Generates the inputs and poisons every other buffer, then waits for it.
+    fn initialise(
+        &self,
+        gpus: &[Gpu],
+        plan: &Plan,
+        seed: u32,
+        family: Family,
+        gpu_of: impl Fn(usize) -> usize,
+    ) -> Result<(), CudaError> {
+        for d in 0..plan.devices {
+            let g = &gpus[gpu_of(d)];
+            let stream = g.ctx.default_stream();
+            for (i, b) in plan.buffers.iter().enumerate() {
+                let dst = self.base[d][i];
+                let dtype = dtype_code(b.dtype);
+                let Some(cfg) = elementwise(b.len()) else { continue };
+                match b.role.generated() {
+                    Some((tensor, global_cols, origins)) => {
+                        let (row0, col0) = (origins[d].0 as u32, origins[d].1 as u32);
+                        let (rows, cols, global_cols, family) =
+                            (b.rows as u32, b.cols as u32, global_cols as u32, family.code());
+                        let mut l = stream.launch_builder(&g.functions.generate);
+                        l.arg(&dst).arg(&dtype).arg(&rows).arg(&cols).arg(&seed).arg(&tensor).arg(&family);
+                        l.arg(&global_cols).arg(&row0).arg(&col0);
+                        launch(l, cfg, "generating an input")?;
+                    }
+                    _ => {
+                        let (count, bits) = (b.len() as u64, b.dtype.poison_bits());
+                        let mut l = stream.launch_builder(&g.functions.fill);
+                        l.arg(&dst).arg(&dtype).arg(&count).arg(&bits);
+                        launch(l, cfg, "poisoning a buffer")?;
+                    }
+                }
+            }
+            stream.synchronize().map_err(|e| CudaError::driver("generating inputs", e))?;
+        }
+        Ok(())
     }
 
     fn read_back(
         &self,
-        backend: &CudaBackend,
+        gpus: &[Gpu],
         plan: &Plan,
         gpu_of: impl Fn(usize) -> usize,
     ) -> Result<Vec<Vec<Vec<u32>>>, CudaError> {
         let mut out = Vec::new();
-        for (d, heap) in self.allocations.iter().enumerate() {
-            let stream = backend.gpus[gpu_of(d)].ctx.default_stream();
-            let bytes: Vec<u8> = stream.clone_dtoh(heap).map_err(|e| CudaError::driver("reading results back", e))?;
+        for (d, heap) in self.heaps.iter().enumerate() {
+            let ctx = &gpus[gpu_of(d)].ctx;
+            ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
             let b0 = self.base[d][0];
-            out.push(
-                plan.buffers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| {
-                        let at = (self.base[d][i] - b0) as usize;
-                        let raw = &bytes[at..at + b.len() * b.dtype.size_bytes()];
-                        (0..b.len()).map(|e| b.dtype.read_le_bits(raw, e)).collect()
-                    })
-                    .collect(),
-            );
+            let mut buffers = Vec::new();
+            for (i, b) in plan.buffers.iter().enumerate() {
+                let mut bytes = vec![0u8; b.len() * b.dtype.size_bytes()];
+                if !bytes.is_empty() {
+                    // SAFETY: the source lies inside `heap` (offset and length from the
+                    // same layout that sized it); the destination is a host buffer of
+                    // exactly that length; every stream has finished.
+                    #[allow(unsafe_code)]
+                    unsafe { result::memcpy_dtoh_sync(&mut bytes, heap.ptr + (self.base[d][i] - b0)) }
+                        .map_err(|e| CudaError::driver("reading results back", e))?;
+                }
+                buffers.push((0..b.len()).map(|e| b.dtype.read_le_bits(&bytes, e)).collect());
+            }
+            out.push(buffers);
         }
         Ok(out)
     }

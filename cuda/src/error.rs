@@ -2,6 +2,7 @@
 
 use cmm_core::plan::PlanError;
 use cmm_core::schedule::Deadlock;
+use cmm_core::verify::queues::EnqueueError;
 use thiserror::Error;
 
 /// Why the CUDA backend could not compile or run.
@@ -74,7 +75,8 @@ pub enum CudaError {
         /// Bytes free.
         free: u64,
     },
-    /// An op the backend cannot run (sizes beyond a kernel's indexing).
+    /// An op the backend cannot run (sizes beyond a kernel's indexing, a GEMM cuBLAS
+    /// cannot take under [`crate::GemmEngine::Cublas`]).
     #[error("plan `{plan}`: {what}")]
     Unsupported {
         /// Plan name.
@@ -82,11 +84,100 @@ pub enum CudaError {
         /// What, with the sizes.
         what: String,
     },
+    /// The enqueue order could hang on the hardware queues (or is malformed); found
+    /// before anything is launched.
+    #[error(transparent)]
+    Enqueue(#[from] EnqueueError),
+    /// cuBLAS was required ([`crate::GemmEngine::Cublas`]) but libcublas cannot be loaded.
+    #[error("cuBLAS was asked for but libcublas.so.13 cannot be loaded (install the CUDA toolkit or `pip install nvidia-cublas`, add its lib directory to LD_LIBRARY_PATH, or use GemmEngine::Auto / TileKernel)")]
+    NoCublas,
+    /// An environment variable the backend reads holds a value it cannot use.
+    #[error("{variable}={value}: expected {expected}")]
+    Environment {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+        /// What it should be.
+        expected: &'static str,
+    },
+    /// The run did not finish within its time limit; the waits were aborted and the
+    /// streams drained, so the backend stays usable.
+    #[error("plan `{plan}` did not finish within {limit_ms} ms (aborted; {pending})")]
+    RunTimeout {
+        /// Plan name.
+        plan: String,
+        /// The limit.
+        limit_ms: u64,
+        /// What was still waiting.
+        pending: String,
+    },
+    /// Work on the GPU could not be stopped (a stream-memory-op wait that nothing will
+    /// satisfy); the backend refuses every later run, and only a new process recovers.
+    #[error("the GPU is stuck in plan `{plan}` ({reason}); this backend refuses further runs: restart the process")]
+    Hung {
+        /// The plan that hung.
+        plan: String,
+        /// Why.
+        reason: String,
+    },
+    /// A kernel fault (illegal address, launch failure, …) destroyed the CUDA context.
+    /// The backend creates a fresh context at its next run.
+    #[error("the CUDA context was lost while {during}: {message} (the next run starts a fresh context)")]
+    ContextLost {
+        /// What the backend was doing.
+        during: String,
+        /// The driver's message.
+        message: String,
+    },
 }
 
 impl CudaError {
-    /// Wraps a driver error with what was being done.
+    /// Wraps a driver error with what was being done; errors that leave the context
+    /// unusable (CUDA's "sticky" errors) become [`CudaError::ContextLost`].
     pub(crate) fn driver(during: impl Into<String>, e: impl std::fmt::Display) -> CudaError {
-        CudaError::Driver { during: during.into(), message: e.to_string() }
+        let message = e.to_string();
+        if is_sticky(&message) {
+            CudaError::ContextLost { during: during.into(), message }
+        } else {
+            CudaError::Driver { during: during.into(), message }
+        }
+    }
+}
+
+/// Whether a driver error message names one of CUDA's sticky errors, after which every
+/// call on the context fails until it is destroyed.
+fn is_sticky(message: &str) -> bool {
+    const STICKY: [&str; 12] = [
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_LAUNCH_TIMEOUT",
+        "CUDA_ERROR_ECC_UNCORRECTABLE",
+        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        "CUDA_ERROR_CONTEXT_ALREADY_IN_USE",
+    ];
+    STICKY.iter().any(|s| message.contains(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sticky_driver_errors_mean_the_context_is_lost() {
+        let e = CudaError::driver(
+            "running the plan",
+            "DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"an illegal memory access was encountered\")",
+        );
+        assert!(matches!(e, CudaError::ContextLost { .. }), "{e}");
+        assert!(e.to_string().contains("next run starts a fresh context"), "{e}");
+        let e = CudaError::driver("allocating", "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")");
+        assert!(matches!(e, CudaError::Driver { .. }), "{e}");
     }
 }

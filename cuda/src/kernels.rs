@@ -20,7 +20,7 @@ pub struct KernelFile {
 }
 
 /// Every kernel file of the backend.
-pub const KERNEL_FILES: [KernelFile; 5] = [
+pub const KERNEL_FILES: [KernelFile; 6] = [
     KernelFile {
         name: "generate.cu",
         source: include_str!("../kernels/generate.cu"),
@@ -34,9 +34,14 @@ pub const KERNEL_FILES: [KernelFile; 5] = [
     KernelFile { name: "copy.cu", source: include_str!("../kernels/copy.cu"), entry_points: &["cmm_copy2d"] },
     KernelFile { name: "reduce.cu", source: include_str!("../kernels/reduce.cu"), entry_points: &["cmm_reduce"] },
     KernelFile {
+        name: "pointwise.cu",
+        source: include_str!("../kernels/pointwise.cu"),
+        entry_points: &["cmm_pointwise"],
+    },
+    KernelFile {
         name: "sync.cu",
         source: include_str!("../kernels/sync.cu"),
-        entry_points: &["cmm_signal", "cmm_wait"],
+        entry_points: &["cmm_signal", "cmm_wait", "cmm_gate"],
     },
 ];
 

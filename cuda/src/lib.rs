@@ -13,5 +13,25 @@ pub mod kernels;
 pub use error::CudaError;
 pub use kernels::{compile, nvrtc_available, KernelFile, KERNEL_FILES};
 mod backend;
+pub mod lower;
 
-pub use backend::{probe, CudaBackend, CudaRunOptions, CudaRunOutput, GemmEngine, Placement};
+pub use backend::{cublas_present, probe, CudaBackend, CudaRunOptions, CudaRunOutput, GemmSpec, Placement};
+pub use lower::{GemmCounts, GemmEngine, SyncMode};
+
+/// The variable that turns every "no GPU here" skip of a GPU test into a failure.
+pub const REQUIRE_GPU_VAR: &str = "CMM_REQUIRE_GPU";
+
+/// For tests that need a GPU: the backend on GPU 0, or `None` after printing why the
+/// test skips. With `CMM_REQUIRE_GPU=1` a missing GPU, driver or NVRTC is a panic with
+/// the reason instead, so a GPU machine cannot pass by skipping.
+pub fn gpu_or_skip() -> Option<CudaBackend> {
+    match CudaBackend::new(1) {
+        Ok(backend) => Some(backend),
+        Err(e) => {
+            let required = std::env::var(REQUIRE_GPU_VAR).is_ok_and(|v| v == "1");
+            assert!(!required, "{REQUIRE_GPU_VAR}=1 but the CUDA backend cannot start: {e}");
+            eprintln!("SKIPPED (GPU test; set {REQUIRE_GPU_VAR}=1 to make this a failure): {e}");
+            None
+        }
+    }
+}

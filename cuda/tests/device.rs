@@ -1,20 +1,25 @@
-//! Entry points without a GPU return typed errors (never a panic); with a GPU, the CUDA
-//! generator matches the Rust one bit for bit and a ring plan matches the oracle.
+//! Entry points without a GPU return typed errors (never a panic); with a GPU (these
+//! tests skip without one, or fail with `CMM_REQUIRE_GPU=1`): the CUDA generator
+//! matches the Rust one bit for bit, every GEMM engine and both sync modes match the CPU
+//! twin, a run past its time limit is aborted and drained and leaves the backend usable,
+//! and the GEMM timer reports which engine it timed.
 
 use cmm_core::generator::{element_bits, Family};
 use cmm_core::plan::{BufferRole, PlanBuilder};
 use cmm_core::{build_plan, Algorithm, DType, OpKind, Problem};
-use cmm_cuda::{probe, CudaBackend, CudaError, CudaRunOptions, GemmEngine};
+use std::time::Duration;
 
-/// The backend, or `None` with the reason printed when this machine has no GPU.
-fn backend() -> Option<CudaBackend> {
-    match CudaBackend::new(1) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            eprintln!("SKIPPED (GPU test): {e}");
-            None
-        }
+use cmm_cuda::{gpu_or_skip as backend, probe, CudaBackend, CudaError, CudaRunOptions, GemmEngine, GemmSpec, SyncMode};
+
+/// Runs `plan` on the exact family and compares every device's output with the twin.
+fn assert_matches_twin(b: &CudaBackend, plan: &cmm_core::Plan, options: &CudaRunOptions) -> cmm_cuda::CudaRunOutput {
+    let out = b.run(plan, 3, Family::Exact, options).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+    let twin = cmm_core::cpu::run(plan, 3, Family::Exact).unwrap();
+    let c = plan.output().unwrap().0;
+    for (d, (got, want)) in out.buffers.iter().zip(&twin).enumerate() {
+        assert_eq!(got[c], want[c], "{} {options:?} device {d}", plan.name);
     }
+    out
 }
 
 #[test]
@@ -50,16 +55,70 @@ fn cuda_generator_matches_rust_bit_for_bit() {
 #[test]
 fn tile_kernels_and_cublas_match_the_cpu_twin_on_the_exact_family() {
     let Some(b) = backend() else { return };
-    for engine in [GemmEngine::TileKernel, GemmEngine::Cublas] {
+    for engine in [GemmEngine::TileKernel, GemmEngine::Cublas, GemmEngine::Auto] {
         for (input, output) in [(DType::F16, DType::F16), (DType::Bf16, DType::F32), (DType::F32, DType::F32)] {
             let p = Problem::new(OpKind::GemmRs, 4, 96, 40, 200, input, output).unwrap();
             let plan = build_plan(&p, Algorithm::Ring).unwrap();
-            let out = b.run(&plan, 3, Family::Exact, &CudaRunOptions { gemm: engine, ..Default::default() }).unwrap();
-            let twin = cmm_core::cpu::run(&plan, 3, Family::Exact).unwrap();
-            let c = plan.output().unwrap().0;
-            for (d, (got, want)) in out.buffers.iter().zip(&twin).enumerate() {
-                assert_eq!(got[c], want[c], "{engine:?} {input}->{output} device {d}");
+            let out = assert_matches_twin(&b, &plan, &CudaRunOptions { gemm: engine, ..Default::default() });
+            let gemms = plan.ops().filter(|(_, op)| matches!(op, cmm_core::Op::Gemm { .. })).count();
+            match engine {
+                GemmEngine::TileKernel => assert_eq!((out.gemms.tile, out.gemms.cublas), (gemms, 0)),
+                _ if b.has_cublas() => assert_eq!((out.gemms.tile, out.gemms.cublas), (0, gemms)),
+                _ => {}
             }
+            assert!(out.gated, "a small plan runs behind the gate");
         }
+    }
+}
+
+#[test]
+fn stream_memory_ops_match_the_cpu_twin() {
+    let Some(b) = backend() else { return };
+    if let Err(why) = b.stream_memops() {
+        panic!("stream memory operations are unavailable on this GPU: {why}");
+    }
+    let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..Default::default() };
+    for (op, algorithm) in [(OpKind::AgGemm, Algorithm::Ring), (OpKind::GemmAr, Algorithm::RingBidir)] {
+        let p = Problem::new(op, 4, 64, 64, 64, DType::Bf16, DType::F32).unwrap();
+        assert_matches_twin(&b, &build_plan(&p, algorithm).unwrap(), &options);
+    }
+}
+
+#[test]
+fn a_run_past_its_limit_is_aborted_drained_and_the_backend_stays_usable() {
+    let Some(b) = backend() else { return };
+    let p = Problem::new(OpKind::AgGemm, 8, 8 * 256, 8 * 256, 1024, DType::F32, DType::F32).unwrap();
+    let plan = build_plan(&p, Algorithm::Ring).unwrap();
+    // A zero limit expires at the first look, while the ring is still waiting.
+    let hurried = CudaRunOptions { run_timeout: Duration::ZERO, ..Default::default() };
+    let start = std::time::Instant::now();
+    match b.run(&plan, 3, Family::Exact, &hurried) {
+        Err(CudaError::RunTimeout { pending, .. }) => eprintln!("aborted as expected: {pending}"),
+        Ok(_) => eprintln!("note: the plan finished before the first look; nothing to abort"),
+        Err(e) => panic!("{e}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(20), "the abort drained the streams quickly");
+    assert_matches_twin(&b, &plan, &CudaRunOptions::default());
+}
+
+#[test]
+fn the_gemm_timer_runs_each_engine() {
+    let Some(b) = backend() else { return };
+    let spec = GemmSpec {
+        m: 512,
+        n: 512,
+        k: 512,
+        input: DType::F16,
+        output: DType::F32,
+        trans_a: false,
+        trans_b: false,
+        accumulate: false,
+    };
+    let tile = b.time_gemm(&spec, GemmEngine::TileKernel, 5).unwrap();
+    assert!(tile > 0.0);
+    if b.has_cublas() {
+        assert!(b.time_gemm(&spec, GemmEngine::Cublas, 5).unwrap() > 0.0);
+    } else {
+        assert!(matches!(b.time_gemm(&spec, GemmEngine::Cublas, 5), Err(CudaError::NoCublas)));
     }
 }

@@ -29,6 +29,7 @@ pub(crate) struct Pipelines {
     pub gemm: wgpu::ComputePipeline,
     pub copy: wgpu::ComputePipeline,
     pub reduce: wgpu::ComputePipeline,
+    pub pointwise: wgpu::ComputePipeline,
     pub generate: wgpu::ComputePipeline,
     pub signal: wgpu::ComputePipeline,
 }
@@ -46,6 +47,7 @@ pub fn stage_sources() -> Vec<(&'static str, String)> {
         ("gemm", stage_source(include_str!("../../shaders/gemm.wgsl"))),
         ("copy", stage_source(include_str!("../../shaders/copy.wgsl"))),
         ("reduce", stage_source(include_str!("../../shaders/reduce.wgsl"))),
+        ("pointwise", stage_source(include_str!("../../shaders/pointwise.wgsl"))),
         ("generate", stage_source(include_str!("../../shaders/generate.wgsl"))),
         ("signal", stage_source(include_str!("../../shaders/signal.wgsl"))),
     ]
@@ -103,6 +105,7 @@ impl Pipelines {
             gemm: build("gemm"),
             copy: build("copy"),
             reduce: build("reduce"),
+            pointwise: build("pointwise"),
             generate: build("generate"),
             signal: build("signal"),
             layout,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cmm_core::generator::Family;
 use cmm_core::plan::OpSite;
-use cmm_core::plan::{BufferRole, Op, Plan, Region};
+use cmm_core::plan::{Op, Plan, Region};
 use cmm_core::schedule::{schedule_with, Order};
 use cmm_core::DType;
 
@@ -62,6 +62,7 @@ enum Stage {
     Gemm,
     Copy,
     Reduce,
+    Pointwise,
     Generate,
     Signal,
 }
@@ -161,7 +162,7 @@ impl Encoder<'_> {
 
     fn generate(&mut self, device: usize, seed: u32, family: Family) -> Result<(), ReferenceError> {
         for (i, b) in self.plan.buffers.iter().enumerate() {
-            if let BufferRole::Input { tensor, global_cols, origins } = &b.role {
+            if let Some((tensor, global_cols, origins)) = b.role.generated() {
                 let (row0, col0) = origins[device];
                 let p = GenerateParams {
                     rows: b.rows as u32,
@@ -171,8 +172,8 @@ impl Encoder<'_> {
                     dtype: dtype_code(b.dtype),
                     family: family.code(),
                     seed,
-                    tensor: *tensor,
-                    global_cols: *global_cols as u32,
+                    tensor,
+                    global_cols: global_cols as u32,
                     row0: row0 as u32,
                     col0: col0 as u32,
                     _pad: 0,
@@ -274,6 +275,26 @@ impl Encoder<'_> {
                     output.stride as u32,
                     dt(output),
                 )?;
+            }
+            Op::Pointwise { function, inputs, output } => {
+                let mut packed = [[0u32; 4]; 2];
+                for (slot, r) in packed.iter_mut().zip(inputs) {
+                    *slot = [self.layout.word(device, r), r.stride as u32, dt(r), 0];
+                }
+                let p = PointwiseParams {
+                    rows: output.rows as u32,
+                    cols: output.cols as u32,
+                    row_begin: 0,
+                    function: function.code(),
+                    out_off: self.layout.word(device, output),
+                    out_stride: output.stride as u32,
+                    out_dtype: dt(output),
+                    _pad: 0,
+                    inputs: packed,
+                };
+                self.elementwise(output.rows, output.cols, |row_begin| {
+                    (Stage::Pointwise, bytemuck::bytes_of(&PointwiseParams { row_begin, ..p }).to_vec())
+                })?;
             }
             Op::Signal { device: target, sem, add } => {
                 let word = self.layout.sem_base + target * self.plan.semaphores.len() + sem.0;
@@ -386,7 +407,7 @@ impl Gpu {
         let mut initial = vec![0u32; layout.total];
         for bases in &layout.base {
             for (b, &at) in plan.buffers.iter().zip(bases) {
-                if !matches!(b.role, BufferRole::Input { .. }) {
+                if b.role.generated().is_none() {
                     initial[at..at + b.len()].fill(b.dtype.poison_bits());
                 }
             }
@@ -485,6 +506,7 @@ impl Gpu {
                         Stage::Gemm => &self.pipelines.gemm,
                         Stage::Copy => &self.pipelines.copy,
                         Stage::Reduce => &self.pipelines.reduce,
+                        Stage::Pointwise => &self.pipelines.pointwise,
                         Stage::Generate => &self.pipelines.generate,
                         Stage::Signal => &self.pipelines.signal,
                     });

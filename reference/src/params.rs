@@ -61,6 +61,22 @@ pub struct ReduceParams {
     pub inputs: [[u32; 4]; 4],
 }
 
+/// Mirror of `PointwiseParams` in `shaders/pointwise.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct PointwiseParams {
+    pub rows: u32,
+    pub cols: u32,
+    pub row_begin: u32,
+    pub function: u32,
+    pub out_off: u32,
+    pub out_stride: u32,
+    pub out_dtype: u32,
+    pub _pad: u32,
+    /// Per input: offset, stride, dtype, unused.
+    pub inputs: [[u32; 4]; 2],
+}
+
 /// Mirror of `GenerateParams` in `shaders/generate.wgsl`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
@@ -95,6 +111,7 @@ const _: () = {
     assert!(std::mem::size_of::<GemmParams>() as u64 <= PARAMS_SIZE);
     assert!(std::mem::size_of::<CopyParams>() as u64 <= PARAMS_SIZE);
     assert!(std::mem::size_of::<ReduceParams>() as u64 <= PARAMS_SIZE);
+    assert!(std::mem::size_of::<PointwiseParams>() as u64 <= PARAMS_SIZE);
     assert!(std::mem::size_of::<GenerateParams>() as u64 <= PARAMS_SIZE);
     assert!(std::mem::size_of::<SignalParams>() as u64 <= PARAMS_SIZE);
 };

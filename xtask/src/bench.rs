@@ -24,9 +24,19 @@ pub struct Args {
     /// The executor to measure.
     #[arg(long, value_enum, default_value = "reference")]
     pub backend: BenchBackend,
-    /// Timed repetitions per measurement (the median is reported).
+    /// Timed repetitions per measurement (the median is reported; at least 20 on CUDA).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub reps: u32,
+    /// CUDA only: how signals and waits are issued (the plans must have passed
+    /// conformance in the same mode).
+    #[arg(long, value_enum, default_value = "kernels")]
+    pub sync: crate::conformance::Sync,
+    /// CUDA only: the stamp directory [default: $CMM_STAMP_DIR, else target/cuda-stamps].
+    #[arg(long, value_name = "DIR")]
+    pub stamps: Option<std::path::PathBuf>,
+    /// CUDA only: where to save the JSON report [default: bench/results/cuda-<gpu>-<sync>.json].
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<std::path::PathBuf>,
 }
 
 /// Shapes measured, as (M, N, K).
@@ -100,7 +110,12 @@ fn sgemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
 /// Runs the benchmark and prints the table.
 pub fn run(args: &Args) -> Result<()> {
     if args.backend == BenchBackend::Cuda {
-        return crate::cuda::bench(args.reps.max(20) as usize);
+        return crate::cuda::bench(&crate::cuda::BenchSettings {
+            reps: args.reps.max(20) as usize,
+            sync: args.sync,
+            stamps: args.stamps.clone(),
+            json: args.json.clone(),
+        });
     }
     let reference = Reference::new().context("cannot start the wgpu reference")?;
     println!("adapter: {}", reference.adapter_summary());

@@ -1,4 +1,6 @@
-//! `cargo xtask ci`: every check CI runs, in order, stopping at the first failure.
+//! `cargo xtask ci`: every check CI runs, in order, stopping at the first failure:
+//! fmt, clippy, tests, the CUDA compile check, the GPU bundle (built, and run here to
+//! check its no-GPU exit), the corpus under four interleavings, the mutants.
 
 use std::process::Command;
 
@@ -36,16 +38,12 @@ pub fn run() -> Result<()> {
     } else {
         println!("skipped: libnvrtc is not installed here (.ci/run installs it; see `cargo xtask cuda-check`)");
     }
+    println!("==> cargo xtask gpu-bundle --no-vulkan --check");
+    crate::bundle::run(&crate::bundle::Args { out: None, no_vulkan: true, check: true })
+        .context("ci step `cargo xtask gpu-bundle --no-vulkan --check` failed")?;
     println!("==> cargo xtask conformance --schedules 4");
-    conformance::run(&conformance::Args {
-        bless: false,
-        filter: None,
-        export: None,
-        backend: conformance::BackendKind::Reference,
-        schedules: 4,
-        stats: false,
-    })
-    .context("ci step `cargo xtask conformance --schedules 4` failed")?;
+    conformance::run(&conformance::Args::plain(conformance::BackendKind::Reference, 4))
+        .context("ci step `cargo xtask conformance --schedules 4` failed")?;
     println!("==> cargo xtask mutants");
     crate::mutants::run(&crate::mutants::Args {
         filter: None,

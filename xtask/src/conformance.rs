@@ -1,11 +1,13 @@
-//! `cargo xtask conformance [--bless] [--filter P] [--export DIR] [--backend B] [--schedules N] [--stats]`.
+//! `cargo xtask conformance [--bless] [--filter P] [--export DIR] [--backend B] [--schedules N] [--stats]
+//! [--cases DIR] [--goldens DIR] [--sync S] [--case-timeout SECS] [--stamps DIR]`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
-use cmm_conformance::{run_corpus, Backend, CpuTwin, Options};
-use cmm_cuda::CudaBackend;
+use cmm_conformance::{cases_dir, load_corpus, run_corpus, Backend, CpuTwin, Cuda, Goldens, Options};
+use cmm_cuda::{CudaBackend, CudaRunOptions, SyncMode};
 use cmm_reference::Reference;
 
 /// Where the corpus runs.
@@ -18,6 +20,33 @@ pub enum BackendKind {
     /// The CUDA backend on GPU 0 (virtual devices); a pass writes the stamp that lets
     /// `cargo xtask bench --backend cuda` time the passing op/algorithm pairs.
     Cuda,
+}
+
+/// How the CUDA backend issues signals and waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Sync {
+    /// One-thread signal and wait kernels (a wait has a deadline and can be aborted).
+    Kernels,
+    /// `cuStreamWaitValue32` / `cuStreamWriteValue32` where a semaphore has one signaller.
+    Memops,
+}
+
+impl Sync {
+    /// The backend's mode.
+    pub fn mode(self) -> SyncMode {
+        match self {
+            Sync::Kernels => SyncMode::Kernels,
+            Sync::Memops => SyncMode::StreamMemOps,
+        }
+    }
+
+    /// The name used in stamps and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sync::Kernels => "kernels",
+            Sync::Memops => "memops",
+        }
+    }
 }
 
 /// Arguments of `cargo xtask conformance`.
@@ -43,11 +72,61 @@ pub struct Args {
     /// mesh direction for mesh cases, beside seed 002's analytic traffic).
     #[arg(long)]
     pub stats: bool,
+    /// The corpus directory [default: $CMM_CASES_DIR, else conformance/cases of this
+    /// source tree].
+    #[arg(long, value_name = "DIR")]
+    pub cases: Option<PathBuf>,
+    /// The golden directory [default: $CMM_GOLDEN_DIR, else conformance/golden].
+    #[arg(long, value_name = "DIR")]
+    pub goldens: Option<PathBuf>,
+    /// CUDA only: how signals and waits are issued.
+    #[arg(long, value_enum, default_value = "kernels")]
+    pub sync: Sync,
+    /// CUDA only: the time limit of each run of a case, in seconds (past it the run is
+    /// aborted, drained and reported as a failure).
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub case_timeout: u64,
+    /// CUDA only: where the conformance stamps go [default: $CMM_STAMP_DIR, else
+    /// target/cuda-stamps].
+    #[arg(long, value_name = "DIR")]
+    pub stamps: Option<PathBuf>,
+}
+
+impl Args {
+    /// The arguments of a plain run on `backend` (what `cargo xtask ci` uses).
+    pub fn plain(backend: BackendKind, schedules: u32) -> Args {
+        Args {
+            bless: false,
+            filter: None,
+            export: None,
+            backend,
+            schedules,
+            stats: false,
+            cases: None,
+            goldens: None,
+            sync: Sync::Kernels,
+            case_timeout: 60,
+            stamps: None,
+        }
+    }
+
+    /// The corpus directory these arguments select.
+    pub fn cases_dir(&self) -> PathBuf {
+        self.cases.clone().unwrap_or_else(cases_dir)
+    }
+
+    fn cuda_options(&self) -> CudaRunOptions {
+        CudaRunOptions {
+            sync: self.sync.mode(),
+            run_timeout: Duration::from_secs(self.case_timeout),
+            ..CudaRunOptions::default()
+        }
+    }
 }
 
 /// Starts the chosen backend and prints which adapter runs the work.
-pub fn make_backend(kind: BackendKind) -> Result<Box<dyn Backend>> {
-    Ok(match kind {
+pub fn make_backend(args: &Args) -> Result<Box<dyn Backend>> {
+    Ok(match args.backend {
         BackendKind::Reference => {
             let reference = Reference::new()
                 .context("cannot start the wgpu reference (use `--backend cpu` to run on the CPU twin)")?;
@@ -58,12 +137,15 @@ pub fn make_backend(kind: BackendKind) -> Result<Box<dyn Backend>> {
             println!("adapter: none (CPU twin, cmm_core::cpu)");
             Box::new(CpuTwin)
         }
-        BackendKind::Cuda => {
-            let cuda = CudaBackend::new(1).context("cannot start the CUDA backend")?;
-            println!("adapter: {}", cuda.summary());
-            Box::new(cuda)
-        }
+        BackendKind::Cuda => Box::new(start_cuda(args)?),
     })
+}
+
+fn start_cuda(args: &Args) -> Result<Cuda> {
+    let backend = CudaBackend::new(1).context("cannot start the CUDA backend")?;
+    let cuda = Cuda { backend, options: args.cuda_options() };
+    println!("adapter: {}", cuda.name());
+    Ok(cuda)
 }
 
 /// Runs the corpus; fails when any case fails.
@@ -74,16 +156,17 @@ pub fn run(args: &Args) -> Result<()> {
         export: args.export.clone(),
         schedules: args.schedules as usize,
         stats: args.stats,
-        ..Options::default()
+        cases_dir: args.cases_dir(),
+        golden_dir: args.goldens.clone().unwrap_or_else(Goldens::default_dir),
     };
     if args.backend == BackendKind::Cuda {
-        let cuda = CudaBackend::new(1).context("cannot start the CUDA backend")?;
-        println!("adapter: {}", cuda.summary());
+        let cuda = start_cuda(args)?;
         let summary = run_corpus(&cuda, &options).context("conformance run")?;
-        crate::cuda::write_stamp(&cuda, &summary)?;
+        let corpus = load_corpus(&options.cases_dir).context("loading the corpus for the stamp")?;
+        crate::cuda::write_stamp(&cuda.backend, args.sync, args.stamps.as_deref(), &corpus, &summary)?;
         return finish(&summary);
     }
-    let backend = make_backend(args.backend)?;
+    let backend = make_backend(args)?;
     let summary = run_corpus(backend.as_ref(), &options).context("conformance run")?;
     finish(&summary)
 }

@@ -1,7 +1,7 @@
 //! CUDA tasks: `cargo xtask cuda-check` (compile every kernel without a GPU), the
 //! conformance stamp that gates benchmarks, and `cargo xtask bench --backend cuda`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,17 +10,20 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use cmm_conformance::golden::fnv1a64;
 use cmm_conformance::Summary;
-use cmm_core::{build_plan, Algorithm, DType, Family, OpKind, Problem};
+use cmm_core::{build_plan, Algorithm, DType, Family, OpKind, Plan, Problem};
 use cmm_cuda::kernels::{compile, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
-use cmm_cuda::{CudaBackend, CudaRunOptions, GemmEngine};
+use cmm_cuda::{CudaBackend, CudaRunOptions, GemmEngine, GemmSpec};
+use serde::Serialize;
+
+use crate::conformance::Sync;
 
 /// `cargo xtask cuda-check`: NVRTC to PTX, then `ptxas -v` for `arch`, per kernel file.
 pub fn cuda_check(arch: &str) -> Result<()> {
     if !nvrtc_available() {
         bail!(
             "libnvrtc cannot be loaded. Install it without a GPU with \
-             `python3 -m pip install --target ~/.cache/cmm/cuda nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-nvcc==13.0.88` \
-             and export LD_LIBRARY_PATH=~/.cache/cmm/cuda/nvidia/cu13/lib PATH=~/.cache/cmm/cuda/nvidia/cu13/bin:$PATH \
+             `python3 -m pip install --target ~/.cache/cmm/cuda-13.0.88 nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-nvcc==13.0.88` \
+             and export LD_LIBRARY_PATH=~/.cache/cmm/cuda-13.0.88/nvidia/cu13/lib CMM_PTXAS=~/.cache/cmm/cuda-13.0.88/nvidia/cu13/bin/ptxas \
              (what .ci/run does)"
         );
     }
@@ -66,45 +69,68 @@ pub fn cuda_check(arch: &str) -> Result<()> {
 /// The default architecture of `cuda-check`.
 pub const CHECK_ARCH: &str = DEFAULT_ARCH;
 
-/// Where stamps live: one file per (GPU, xtask binary).
-fn stamp_path(backend: &CudaBackend) -> Result<PathBuf> {
+/// The stamp directory: the flag, else `$CMM_STAMP_DIR`, else `target/cuda-stamps`.
+fn stamp_dir(flag: Option<&Path>) -> PathBuf {
+    flag.map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("CMM_STAMP_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| crate::workspace_root().join("target").join("cuda-stamps"))
+}
+
+/// Where the stamp of this GPU, this binary and this sync mode lives.
+fn stamp_path(backend: &CudaBackend, sync: Sync, dir: Option<&Path>) -> Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the running binary")?;
     let bytes = fs::read(&exe).with_context(|| format!("reading {}", exe.display()))?;
     let gpu = backend.identity()?;
-    Ok(crate::workspace_root().join("target").join("cuda-stamps").join(format!(
-        "{:016x}-{:016x}.txt",
-        fnv1a64(gpu.as_bytes()),
-        fnv1a64(&bytes)
-    )))
+    Ok(stamp_dir(dir).join(format!("{:016x}-{:016x}-{}.txt", fnv1a64(gpu.as_bytes()), fnv1a64(&bytes), sync.name())))
 }
 
-/// After `conformance --backend cuda`: records the (op, algorithm) pairs whose every
-/// selected case passed on this GPU with this binary.
-pub fn write_stamp(backend: &CudaBackend, summary: &Summary) -> Result<()> {
-    let mut passed = BTreeSet::new();
-    let mut failed = BTreeSet::new();
-    for (case, ok) in &summary.outcomes {
-        let key = format!("{} {}", case.op_name(), case.algorithm);
-        if *ok {
-            passed.insert(key);
-        } else {
-            failed.insert(key);
+/// After `conformance --backend cuda`: updates the stamp of this GPU, binary and sync
+/// mode. A pair (op, algorithm) is stamped when every corpus case of it ran in this run
+/// and passed; a failure removes it; a run that covered a pair only in part (a filter)
+/// leaves its entry as it was.
+pub fn write_stamp(
+    backend: &CudaBackend,
+    sync: Sync,
+    dir: Option<&Path>,
+    corpus: &[cmm_conformance::Case],
+    summary: &Summary,
+) -> Result<()> {
+    let key = |case: &cmm_conformance::Case| format!("{} {}", case.op_name(), case.algorithm);
+    let path = stamp_path(backend, sync, dir)?;
+    let mut stamp: BTreeSet<String> = match fs::read_to_string(&path) {
+        Ok(text) => text.lines().filter(|l| !l.is_empty()).map(str::to_string).collect(),
+        Err(_) => BTreeSet::new(),
+    };
+    let pairs: BTreeSet<String> = summary.outcomes.iter().map(|(c, _)| key(c)).collect();
+    for pair in pairs {
+        let ran: Vec<bool> = summary.outcomes.iter().filter(|(c, _)| key(c) == pair).map(|(_, ok)| *ok).collect();
+        let in_corpus = corpus.iter().filter(|c| key(c) == pair).count();
+        if ran.iter().any(|ok| !ok) {
+            stamp.remove(&pair);
+        } else if ran.len() == in_corpus {
+            stamp.insert(pair);
         }
     }
-    let lines: Vec<String> = passed.difference(&failed).cloned().collect();
-    let path = stamp_path(backend)?;
     fs::create_dir_all(path.parent().unwrap_or(Path::new("."))).context("creating the stamp directory")?;
+    let lines: Vec<&str> = stamp.iter().map(String::as_str).collect();
     fs::write(&path, lines.join("\n") + "\n").with_context(|| format!("writing {}", path.display()))?;
-    println!("stamp: {} op/algorithm pair(s) passed on {} -> {}", lines.len(), backend.identity()?, path.display());
+    println!(
+        "stamp: {} op/algorithm pair(s) passed every corpus case on {} ({}) -> {}",
+        lines.len(),
+        backend.identity()?,
+        sync.name(),
+        path.display()
+    );
     Ok(())
 }
 
-fn stamped(backend: &CudaBackend) -> Result<BTreeSet<String>> {
-    let path = stamp_path(backend)?;
+fn stamped(backend: &CudaBackend, sync: Sync, dir: Option<&Path>) -> Result<BTreeSet<String>> {
+    let path = stamp_path(backend, sync, dir)?;
     let text = fs::read_to_string(&path).with_context(|| {
         format!(
-            "no conformance stamp for this GPU and binary ({}): run `cargo xtask conformance --backend cuda` first",
-            path.display()
+            "no conformance stamp for this GPU, binary and sync mode ({}): run `cargo xtask conformance --backend cuda --sync {}` first",
+            path.display(),
+            sync.name()
         )
     })?;
     Ok(text.lines().map(str::to_string).collect())
@@ -115,91 +141,226 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-/// Median GPU time in µs of `reps` runs of `plan`, each with fresh inputs (new seed).
-fn time_plan(backend: &CudaBackend, plan: &cmm_core::Plan, options: &CudaRunOptions, reps: usize) -> Result<f64> {
-    backend.run(plan, 1, Family::Realistic, options).with_context(|| format!("warm-up of {}", plan.name))?;
+/// What the CUDA bench measures with.
+#[derive(Debug)]
+pub struct BenchSettings {
+    /// Timed repetitions (the median is reported).
+    pub reps: usize,
+    /// How signals and waits are issued.
+    pub sync: Sync,
+    /// Stamp directory.
+    pub stamps: Option<PathBuf>,
+    /// Where the JSON goes.
+    pub json: Option<PathBuf>,
+}
+
+/// One timed plan.
+#[derive(Debug, Serialize)]
+struct Row {
+    op: String,
+    devices: usize,
+    algorithm: String,
+    time_us: f64,
+    /// Σ over the plan's GEMM ops of the same GEMM alone through cuBLAS.
+    gemm_sum_us: f64,
+    time_over_gemm_sum: f64,
+    baseline_us: f64,
+    speedup_over_baseline: f64,
+    tflops: f64,
+    gemm_engine: String,
+    gated: bool,
+}
+
+/// The saved report.
+#[derive(Debug, Serialize)]
+struct Report {
+    gpu: String,
+    sync: &'static str,
+    commit: Option<String>,
+    reps: usize,
+    peak_cublas_tflops: f64,
+    local_gemm: String,
+    local_cublas_us: f64,
+    local_tile_us: f64,
+    tile_over_cublas: f64,
+    rows: Vec<Row>,
+}
+
+/// Median GPU time in µs of `reps` runs of `plan` (fresh inputs per run, a new seed),
+/// after one warm-up; fails unless every GEMM ran on cuBLAS.
+fn time_plan(backend: &CudaBackend, plan: &Plan, options: &CudaRunOptions, reps: usize) -> Result<(f64, bool)> {
+    let warm = backend.run(plan, 1, Family::Realistic, options).with_context(|| format!("warm-up of {}", plan.name))?;
+    if warm.gemms.tile > 0 {
+        bail!("{}: {} GEMM(s) ran on the tile kernels; the bench times cuBLAS plans only", plan.name, warm.gemms.tile);
+    }
     let mut times = Vec::new();
+    let mut gated = true;
     for rep in 0..reps {
         let out = backend
             .run(plan, 1000 + rep as u32, Family::Realistic, options)
             .with_context(|| format!("running {}", plan.name))?;
+        gated &= out.gated;
         times.push(out.gpu_time.as_secs_f64() * 1e6);
     }
-    Ok(median(times))
+    Ok((median(times), gated))
 }
 
-/// `cargo xtask bench --backend cuda`: the seed-000 shape (f16, per-shard M=1024,
-/// K=N=4096) at D = 2, 4, 8 virtual devices, overlapped plans beside the baseline and
-/// D × the cuBLAS local GEMM, refusing any op/algorithm without a conformance stamp.
-pub fn bench(reps: usize) -> Result<()> {
+/// Σ over the plan's GEMM ops of the cuBLAS time of the same GEMM alone (memoised per
+/// shape): the time the plan's arithmetic takes on one GPU with nothing overlapped.
+fn gemm_sum_us(backend: &CudaBackend, plan: &Plan, reps: usize, cache: &mut HashMap<GemmSpec, f64>) -> Result<f64> {
+    let mut total = 0.0;
+    for (_, op) in plan.ops() {
+        let Some(spec) = GemmSpec::of(plan, op) else { continue };
+        if spec.m == 0 || spec.n == 0 {
+            continue;
+        }
+        let us = match cache.get(&spec) {
+            Some(&us) => us,
+            None => {
+                let us = backend
+                    .time_gemm(&spec, GemmEngine::Cublas, reps)
+                    .with_context(|| format!("timing a {}x{}x{} GEMM", spec.m, spec.n, spec.k))?;
+                cache.insert(spec, us);
+                us
+            }
+        };
+        total += us;
+    }
+    Ok(total)
+}
+
+/// The seed-000 problem (f16, per-shard M=1024, K=N=4096) at `d` devices: every ring
+/// step is one 1024×4096×4096 GEMM per device.
+fn seed000(op: OpKind, d: usize) -> Result<Problem> {
+    Ok(match op {
+        OpKind::AgGemm => Problem::new(op, d, d * 1024, d * 4096, 4096, DType::F16, DType::F16)?,
+        _ => Problem::new(op, d, d * 1024, 4096, d * 4096, DType::F16, DType::F16)?,
+    })
+}
+
+/// `cargo xtask bench --backend cuda`: for ag_gemm and gemm_rs at the seed-000 shape and
+/// D = 2, 4, 8 virtual devices on one GPU, each stamped plan beside the direct baseline
+/// (copies, then one cuBLAS GEMM) and the sum of its own GEMMs timed alone through
+/// cuBLAS (the lower bound on one GPU, where all D² local GEMMs share the chip); then
+/// the tile kernel against cuBLAS on the local GEMM.
+pub fn bench(settings: &BenchSettings) -> Result<()> {
     let backend = CudaBackend::new(1).context("cannot start the CUDA backend")?;
     println!("gpu: {}", backend.summary());
-    let stamp = stamped(&backend)?;
-    let options =
-        CudaRunOptions { gemm: GemmEngine::Cublas, wait_timeout: Duration::from_secs(30), ..Default::default() };
-    // Peak: one 8192³ f16 GEMM through cuBLAS.
-    let peak_problem = Problem::new(OpKind::AgGemm, 1, 8192, 8192, 8192, DType::F16, DType::F16)?;
-    let peak_plan = build_plan(&peak_problem, Algorithm::Baseline)?;
-    let peak_us = time_plan(&backend, &peak_plan, &options, reps)?;
-    let peak_tflops = peak_problem.flops() / peak_us / 1e6;
-    let local_problem = Problem::new(OpKind::AgGemm, 1, 1024, 4096, 4096, DType::F16, DType::F16)?;
-    let local_us = time_plan(&backend, &build_plan(&local_problem, Algorithm::Baseline)?, &options, reps)?;
-    println!("cuBLAS peak 8192³ f16: {peak_tflops:.0} TFLOP/s; local GEMM 1024x4096x4096: {local_us:.1} µs");
+    if !backend.has_cublas() {
+        bail!("libcublas cannot be loaded: the bench compares plans with cuBLAS and will not label tile kernels as cuBLAS");
+    }
+    let stamp = stamped(&backend, settings.sync, settings.stamps.as_deref())?;
+    let reps = settings.reps;
+    let options = CudaRunOptions {
+        gemm: GemmEngine::Cublas,
+        sync: settings.sync.mode(),
+        wait_timeout: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let square = |n: usize| GemmSpec {
+        m: n,
+        n,
+        k: n,
+        input: DType::F16,
+        output: DType::F16,
+        trans_a: false,
+        trans_b: false,
+        accumulate: false,
+    };
+    let peak_us = backend.time_gemm(&square(8192), GemmEngine::Cublas, reps)?;
+    let peak_tflops = square(8192).flops() / peak_us / 1e6;
+    let local = GemmSpec { m: 1024, n: 4096, k: 4096, ..square(0) };
+    let local_cublas_us = backend.time_gemm(&local, GemmEngine::Cublas, reps)?;
+    let local_tile_us = backend.time_gemm(&local, GemmEngine::TileKernel, reps)?;
     println!(
-        "{:<8} {:>2} {:<14} {:>10} {:>12} {:>12} {:>9} {:>8} {:>9}",
-        "op", "D", "algorithm", "time µs", "baseline µs", "D×local µs", "speedup", "TFLOP/s", "TC util"
+        "cuBLAS 8192³ f16: {peak_tflops:.0} TFLOP/s; local GEMM 1024x4096x4096 f16: cuBLAS {local_cublas_us:.1} µs ({:.0} TFLOP/s), tile kernel {local_tile_us:.1} µs ({:.0} TFLOP/s, {:.2}× cuBLAS's time)",
+        local.flops() / local_cublas_us / 1e6,
+        local.flops() / local_tile_us / 1e6,
+        local_tile_us / local_cublas_us
+    );
+    println!("sync: {}; median of {reps} runs each, fresh inputs per run", settings.sync.name());
+    println!(
+        "{:<8} {:>2} {:<16} {:>10} {:>12} {:>8} {:>12} {:>8} {:>8}",
+        "op", "D", "plan", "time µs", "Σ GEMMs µs", "÷ Σ", "baseline µs", "speedup", "TFLOP/s"
     );
     let mut rows = Vec::new();
+    let mut cache = HashMap::new();
     for op in [OpKind::AgGemm, OpKind::GemmRs] {
         for d in [2usize, 4, 8] {
-            // Per device: A shard 1024×4096 and a 4096×4096 B (ag_gemm); gemm_rs with
-            // the same per-device GEMM, M = D·1024 rows reduced over a K split in D.
-            let problem = match op {
-                OpKind::AgGemm => Problem::new(op, d, d * 1024, d * 4096, 4096, DType::F16, DType::F16)?,
-                _ => Problem::new(op, d, d * 1024, 4096, d * 4096, DType::F16, DType::F16)?,
-            };
-            let baseline_key = format!("{op} baseline");
+            let problem = seed000(op, d)?;
+            let baseline_key = format!("{op} {}", Algorithm::BaselineDirect.name());
             if !stamp.contains(&baseline_key) {
                 bail!("`{baseline_key}` has not passed conformance on this GPU with this binary; refusing to time it");
             }
-            let baseline_us = time_plan(&backend, &build_plan(&problem, Algorithm::Baseline)?, &options, reps)?;
-            for algorithm in [Algorithm::Ring, Algorithm::RingBidir] {
+            let (baseline_us, _) =
+                time_plan(&backend, &build_plan(&problem, Algorithm::BaselineDirect)?, &options, reps)?;
+            for algorithm in [Algorithm::Ring, Algorithm::RingBidir, Algorithm::Baseline, Algorithm::BaselineDirect] {
                 let key = format!("{op} {}", algorithm.name());
                 if !stamp.contains(&key) {
-                    println!("{op:<8} {d:>2} {:<14} refused: no conformance stamp for `{key}`", algorithm.to_string());
+                    println!("{op:<8} {d:>2} {:<16} refused: no conformance stamp for `{key}`", algorithm.to_string());
                     continue;
                 }
-                let us = time_plan(&backend, &build_plan(&problem, algorithm)?, &options, reps)?;
+                let plan = build_plan(&problem, algorithm)?;
+                let (us, gated) = if algorithm == Algorithm::BaselineDirect {
+                    (baseline_us, true)
+                } else {
+                    time_plan(&backend, &plan, &options, reps)?
+                };
+                let bound = gemm_sum_us(&backend, &plan, reps, &mut cache)?;
                 let tflops = problem.flops() / us / 1e6;
                 println!(
-                    "{:<8} {:>2} {:<14} {:>10.1} {:>12.1} {:>12.1} {:>8.2}x {:>8.0} {:>8.0}%",
+                    "{:<8} {:>2} {:<16} {:>10.1} {:>12.1} {:>8.3} {:>12.1} {:>7.2}x {:>8.0}{}",
                     op.name(),
                     d,
                     algorithm.to_string(),
                     us,
+                    bound,
+                    us / bound,
                     baseline_us,
-                    d as f64 * local_us,
                     baseline_us / us,
                     tflops,
-                    100.0 * tflops / peak_tflops
+                    if gated { "" } else { "  (ungated: includes enqueueing)" }
                 );
-                rows.push(format!(
-                    "{{\"op\":\"{op}\",\"devices\":{d},\"algorithm\":\"{algorithm}\",\"time_us\":{us:.3},\"baseline_us\":{baseline_us:.3},\"d_times_local_us\":{:.3},\"tflops\":{tflops:.2},\"tc_util\":{:.4}}}",
-                    d as f64 * local_us,
-                    tflops / peak_tflops
-                ));
+                rows.push(Row {
+                    op: op.name().to_string(),
+                    devices: d,
+                    algorithm: algorithm.to_string(),
+                    time_us: us,
+                    gemm_sum_us: bound,
+                    time_over_gemm_sum: us / bound,
+                    baseline_us,
+                    speedup_over_baseline: baseline_us / us,
+                    tflops,
+                    gemm_engine: "cuBLAS".into(),
+                    gated,
+                });
             }
         }
     }
-    let dir = crate::workspace_root().join("bench").join("results");
-    fs::create_dir_all(&dir).context("creating bench/results")?;
-    let path = dir.join(format!("cuda-{:016x}.json", fnv1a64(backend.identity()?.as_bytes())));
-    let json = format!(
-        "{{\"gpu\":\"{}\",\"peak_tflops\":{peak_tflops:.2},\"local_gemm_us\":{local_us:.3},\"reps\":{reps},\"rows\":[{}]}}\n",
-        backend.summary(),
-        rows.join(",")
-    );
-    fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
+    let report = Report {
+        gpu: backend.identity()?,
+        sync: settings.sync.name(),
+        commit: std::env::var("CMM_COMMIT").ok(),
+        reps,
+        peak_cublas_tflops: peak_tflops,
+        local_gemm: "1024x4096x4096 f16->f16".into(),
+        local_cublas_us,
+        local_tile_us,
+        tile_over_cublas: local_tile_us / local_cublas_us,
+        rows,
+    };
+    let path = settings.json.clone().unwrap_or_else(|| {
+        crate::workspace_root().join("bench").join("results").join(format!(
+            "cuda-{:016x}-{}.json",
+            fnv1a64(report.gpu.as_bytes()),
+            settings.sync.name()
+        ))
+    });
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let json = serde_json::to_string_pretty(&report).context("encoding the bench report")?;
+    fs::write(&path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     println!("saved {}", path.display());
     Ok(())
 }

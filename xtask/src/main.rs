@@ -2,6 +2,7 @@
 //! orchestrates, and the work lives in the crates (BRIEF §2).
 
 mod bench;
+mod bundle;
 mod ci;
 mod conformance;
 mod cuda;
@@ -43,6 +44,12 @@ enum Command {
     Simulate(Box<simulate::Args>),
     /// Rank candidate plans (1D, simulated) or 2D configurations (analytic model).
     Tune(Box<tune::Args>),
+    /// Build the folder a GPU machine runs every CUDA check from (binaries, corpus,
+    /// goldens, run.sh); see docs/cuda.md.
+    GpuBundle(bundle::Args),
+    /// Summarise a bundle run's logs (called by the bundle's run.sh).
+    #[command(hide = true)]
+    GpuBundleSummary(bundle::SummaryArgs),
     /// Formatting, clippy, tests, then the conformance run; stops at the first failure.
     Ci,
 }
@@ -61,6 +68,8 @@ fn main() -> ExitCode {
         Command::CudaCheck { arch } => cuda::cuda_check(&arch),
         Command::Simulate(args) => simulate::run(&args),
         Command::Tune(args) => tune::run(&args),
+        Command::GpuBundle(args) => bundle::run(&args),
+        Command::GpuBundleSummary(args) => bundle::summarise(&args),
         Command::Ci => ci::run(),
     };
     match result {

@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use cmm_conformance::mutants::run_mutants;
 use cmm_conformance::{cases_dir, load_corpus};
 
-use crate::conformance::{make_backend, BackendKind};
+use crate::conformance::{self, make_backend, BackendKind};
 
 /// Arguments of `cargo xtask mutants`.
 #[derive(Debug, clap::Args)]
@@ -30,7 +30,7 @@ pub fn run(args: &Args) -> Result<()> {
     if cases.is_empty() {
         bail!("no case name contains `{}`", args.filter.clone().unwrap_or_default());
     }
-    let backend = make_backend(args.backend)?;
+    let backend = make_backend(&conformance::Args::plain(args.backend, 1))?;
     let report = run_mutants(&cases, backend.as_ref(), &mut std::io::stdout().lock(), args.verbose)?;
     if !report.survivors.is_empty() {
         bail!("{} mutant(s) survived every check", report.survivors.len());

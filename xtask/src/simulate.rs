@@ -13,10 +13,13 @@ use cmm_core::generator::Family;
 use cmm_core::plan::Plan;
 use cmm_core::sim::analytic::ring_1d;
 use cmm_core::sim::tune::candidates_1d;
+use cmm_core::sim::tune::tune_linear;
 use cmm_core::sim::validate::{seed000, seed002, seed002_simulated};
 use cmm_core::sim::{simulate, OpClass, Profile, SimOptions, SimReport};
 use cmm_core::timeline::Timeline;
+use cmm_core::{Layer, LinearProblem, Pass};
 use cmm_reference::{Reference, RunOptions};
+use serde::Serialize;
 
 use crate::problem_args::{algorithm, us, ProblemArgs};
 
@@ -61,6 +64,27 @@ pub struct Args {
     /// Print the validation table (seed 000 on h100-nvlink, seed 002 on tpuv4-torus).
     #[arg(long)]
     pub validate: bool,
+    /// A linear layer instead of a 1D op (with -d, -m = S tokens, -k = H, -n = F):
+    /// column, row or mlp; every algorithm is simulated and the overlap verdict printed.
+    #[arg(long, value_parser = parse_layer, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg"])]
+    pub layer: Option<Layer>,
+    /// The linear pass: forward, backward (column, row) or train (mlp).
+    #[arg(long, value_parser = parse_pass, requires = "layer")]
+    pub pass: Option<Pass>,
+    /// Without sequence parallelism (column and row layers).
+    #[arg(long, requires = "layer")]
+    pub no_sp: bool,
+    /// Micro-batches of the linear pass.
+    #[arg(long, default_value_t = 1, requires = "layer")]
+    pub microbatches: usize,
+}
+
+fn parse_layer(s: &str) -> Result<Layer, String> {
+    s.parse()
+}
+
+fn parse_pass(s: &str) -> Result<Pass, String> {
+    s.parse()
 }
 
 fn torus_dims(spec: &Option<String>) -> Result<Option<Vec<usize>>> {
@@ -93,6 +117,9 @@ fn write_timeline(args: &Args, timeline: &Timeline) -> Result<()> {
 pub fn run(args: &Args) -> Result<()> {
     if args.validate {
         return validate();
+    }
+    if let Some(layer) = args.layer {
+        return linear(args, layer);
     }
     let problem = args.problem.problem()?;
     let profile = args.problem.profile()?;
@@ -146,6 +173,73 @@ fn reference(args: &Args, plan: &Plan) -> Result<()> {
         }
     }
     write_timeline(args, &timeline)
+}
+
+/// One simulated linear algorithm, for `--json`.
+#[derive(Serialize)]
+struct LinearRow {
+    algorithm: String,
+    makespan_us: f64,
+    compute_floor_us: f64,
+    comm_floor_us: f64,
+    exposed_comm_us: f64,
+}
+
+/// `--layer`: every linear algorithm simulated, and the verdict.
+fn linear(args: &Args, layer: Layer) -> Result<()> {
+    let pa = &args.problem;
+    let (Some(d), Some(m), Some(n), Some(k)) = (pa.devices, pa.m, pa.n, pa.k) else {
+        anyhow::bail!(
+            "a linear layer needs -d, -m (S tokens), -n (F) and -k (H), e.g. --layer mlp --pass train -d 8 -m 2048 -k 12288 -n 49152"
+        );
+    };
+    if pa.output.is_some_and(|o| o != pa.input) {
+        anyhow::bail!("linear layers keep the input dtype for activations and gradients; drop --output");
+    }
+    let pass = args.pass.unwrap_or(if layer == Layer::Mlp { Pass::Train } else { Pass::Backward });
+    let problem = LinearProblem::new(layer, pass, !args.no_sp, d, args.microbatches, m, k, n, pa.input)?;
+    let profile = pa.profile()?;
+    let ranking = tune_linear(&problem, &profile)?;
+    if args.json {
+        let rows: Vec<LinearRow> = ranking
+            .ranked
+            .iter()
+            .map(|c| LinearRow {
+                algorithm: c.algorithm.to_string(),
+                makespan_us: c.report.makespan_s * 1e6,
+                compute_floor_us: c.report.compute_floor_s * 1e6,
+                comm_floor_us: c.report.comm_floor_s * 1e6,
+                exposed_comm_us: c.report.max_exposed_comm_s() * 1e6,
+            })
+            .collect();
+        let report = serde_json::json!({
+            "problem": problem.describe(),
+            "profile": profile.name,
+            "ranked": rows,
+            "overlap_pays": ranking.overlap_pays,
+            "reason": ranking.reason,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!("linear {} on {} ({:.1} TFLOP)", problem.describe(), profile.name, problem.flops() / 1e12);
+    println!(
+        "{:<10} {:>12} {:>14} {:>12} {:>13}",
+        "algorithm", "simulated", "compute floor", "comm floor", "exposed comm"
+    );
+    for c in &ranking.ranked {
+        let r = &c.report;
+        println!(
+            "{:<10} {:>12} {:>14} {:>12} {:>13}",
+            c.algorithm.to_string(),
+            us(r.makespan_s),
+            us(r.compute_floor_s),
+            us(r.comm_floor_s),
+            us(r.max_exposed_comm_s())
+        );
+    }
+    println!("verdict: {}: {}", if ranking.overlap_pays { "overlap pays" } else { "no overlap" }, ranking.reason);
+    Ok(())
 }
 
 fn micros(d: Duration) -> f64 {

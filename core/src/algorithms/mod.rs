@@ -8,6 +8,7 @@ use thiserror::Error;
 use crate::plan::{BufId, BufferRole, Plan, PlanBuilder, PlanError};
 use crate::problem::{OpKind, Problem};
 
+mod direct;
 pub(crate) mod ring;
 
 /// A 1D algorithm with its parameters.
@@ -17,6 +18,12 @@ pub enum Algorithm {
     /// The non-overlapped baseline: the whole collective, then one GEMM (or the GEMM,
     /// then the whole collective). Every benchmark compares against it.
     Baseline,
+    /// The non-overlapped baseline with a direct collective: every device copies its
+    /// shard (each block of its partial) straight to the peers that need it, one wait,
+    /// then one GEMM (or the GEMM first, then one sum per device). What a collective
+    /// library followed by cuBLAS does on a fully connected switch; the CUDA bench's
+    /// baseline.
+    BaselineDirect,
     /// Unidirectional ring, one message per shard.
     Ring,
     /// Bidirectional ring: both link directions carry shards (ag_gemm) or half of the
@@ -35,6 +42,7 @@ impl Algorithm {
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Baseline => "baseline",
+            Algorithm::BaselineDirect => "baseline_direct",
             Algorithm::Ring => "ring",
             Algorithm::RingBidir => "ring_bidir",
             Algorithm::RingChunked { .. } => "ring_chunked",
@@ -45,6 +53,7 @@ impl Algorithm {
     pub fn parse(name: &str, chunks: Option<usize>) -> Result<Self, AlgorithmError> {
         let algorithm = match name {
             "baseline" => Algorithm::Baseline,
+            "baseline_direct" => Algorithm::BaselineDirect,
             "ring" => Algorithm::Ring,
             "ring_bidir" => Algorithm::RingBidir,
             "ring_chunked" => Algorithm::RingChunked {
@@ -74,7 +83,7 @@ impl fmt::Display for Algorithm {
 #[non_exhaustive]
 pub enum AlgorithmError {
     /// The algorithm name is not known.
-    #[error("unknown algorithm `{name}` (expected baseline, ring, ring_bidir or ring_chunked)")]
+    #[error("unknown algorithm `{name}` (expected baseline, baseline_direct, ring, ring_bidir or ring_chunked)")]
     Unknown {
         /// The name given.
         name: String,
@@ -126,6 +135,8 @@ pub enum AlgorithmError {
 pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, AlgorithmError> {
     match (problem.op, algorithm) {
         (OpKind::AgGemm, Algorithm::Baseline) => ring::ag_gemm_baseline(problem),
+        (OpKind::AgGemm, Algorithm::BaselineDirect) => direct::ag_gemm(problem),
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::BaselineDirect) => direct::gemm_reduce(problem),
         (OpKind::AgGemm, Algorithm::Ring) => ring::ag_gemm_ring(problem, algorithm, 1),
         (OpKind::AgGemm, Algorithm::RingChunked { chunks }) => ring::ag_gemm_ring(problem, algorithm, chunks),
         (OpKind::AgGemm, Algorithm::RingBidir) => ring::ag_gemm_bidir(problem),
@@ -140,9 +151,15 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
 pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
     match op {
         OpKind::AgGemm => {
-            vec![Algorithm::Baseline, Algorithm::Ring, Algorithm::RingBidir, Algorithm::RingChunked { chunks: 2 }]
+            vec![
+                Algorithm::Baseline,
+                Algorithm::BaselineDirect,
+                Algorithm::Ring,
+                Algorithm::RingBidir,
+                Algorithm::RingChunked { chunks: 2 },
+            ]
         }
-        _ => vec![Algorithm::Baseline, Algorithm::Ring, Algorithm::RingBidir],
+        _ => vec![Algorithm::Baseline, Algorithm::BaselineDirect, Algorithm::Ring, Algorithm::RingBidir],
     }
 }
 

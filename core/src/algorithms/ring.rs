@@ -366,7 +366,7 @@ impl OverlappedReduce {
     }
 }
 
-fn plan_name(p: &Problem, algorithm: Algorithm) -> String {
+pub(crate) fn plan_name(p: &Problem, algorithm: Algorithm) -> String {
     format!("{}/{} D={} {}", p.op, algorithm, p.devices, p.shape_string())
 }
 

@@ -89,6 +89,19 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
                         formula: "AG: (D−1)·(launch + shard/BW + DMA wait), L_sync, then one GEMM",
                     }
                 }
+                Algorithm::BaselineDirect => {
+                    let comm = send(shard, copy_bw);
+                    let local_copy = launch + 2.0 * shard / profile.hbm_bps();
+                    RingEstimate {
+                        total_s: local_copy
+                            + steps * comm
+                            + if d > 1 { sync } else { 0.0 }
+                            + gemm_op_s(profile, m, n / d, k, input, output),
+                        gemm_step_s: step,
+                        comm_step_s: comm,
+                        formula: "AG: (D−1) direct sends of shard/BW, L_sync, then one GEMM",
+                    }
+                }
                 Algorithm::RingBidir => {
                     let rounds = d / 2;
                     let comm = send(shard, bidir_bw);
@@ -142,6 +155,26 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
                         gemm_step_s: 0.0,
                         comm_step_s: comm,
                         formula: "one GEMM, then RS: (D−1)·(shard/BW + L_sync + reduce) [+ AG for AR]",
+                    }
+                }
+                Algorithm::BaselineDirect => {
+                    let comm = send(block, copy_bw);
+                    let sum = launch + (d + 1) as f64 * block / profile.hbm_bps();
+                    let ag = if problem.op == OpKind::GemmAr {
+                        steps * send((m / d * n * output.size_bytes()) as f64, copy_bw) + sync
+                    } else {
+                        0.0
+                    };
+                    RingEstimate {
+                        total_s: gemm_op_s(profile, m, n, k / d, input, DType::F32)
+                            + steps * comm
+                            + if d > 1 { sync } else { 0.0 }
+                            + sum
+                            + ag,
+                        gemm_step_s: 0.0,
+                        comm_step_s: comm,
+                        formula:
+                            "one GEMM, then (D−1) direct sends of block/BW, L_sync, one D-way sum [+ direct AG for AR]",
                     }
                 }
                 _ => {

@@ -254,7 +254,7 @@ impl<'a> Sim<'a> {
             Op::Gemm { .. } => OpClass::Gemm,
             Op::Copy { dst_device, .. } if *dst_device == device => OpClass::LocalCopy,
             Op::Copy { .. } => OpClass::RemoteCopy,
-            Op::Reduce { .. } => OpClass::Reduce,
+            Op::Reduce { .. } | Op::Pointwise { .. } => OpClass::Reduce,
             Op::Signal { .. } => OpClass::Signal,
             Op::Wait { .. } => OpClass::Wait,
         }
@@ -280,7 +280,8 @@ impl<'a> Sim<'a> {
                     cost.work_s,
                 )
             }
-            Op::Reduce { inputs, output } => {
+            // Memory-bound: every input and the output cross HBM once.
+            Op::Reduce { inputs, output } | Op::Pointwise { inputs, output, .. } => {
                 let bytes: f64 = inputs
                     .iter()
                     .chain(std::iter::once(output))
@@ -436,7 +437,7 @@ impl<'a> Sim<'a> {
                     record.start_s = self.now;
                     let sync = &self.profile.sync;
                     let next_uses_sms = match self.plan.programs[device].lanes[lane].get(site.index + 1) {
-                        Some(Op::Gemm { .. } | Op::Reduce { .. }) => true,
+                        Some(Op::Gemm { .. } | Op::Reduce { .. } | Op::Pointwise { .. }) => true,
                         Some(Op::Copy { engine, .. }) => *engine == Engine::Sm,
                         _ => false,
                     };

@@ -4,6 +4,9 @@
 //! counts) is built with [`build_plan`] and simulated; the ranking is by simulated time and
 //! the baseline wins every tie, so overlap is never chosen when it does not pay.
 //!
+//! Linear layers: the baseline, Megatron's order and the ring decomposition of a
+//! [`LinearProblem`] simulated side by side, with the overlap verdict ([`tune_linear`]).
+//!
 //! 2D: (algorithm, dataflow, mesh shape, S) ranked by the analytic model of seed 002 today.
 //! Candidates go through [`MeshPlanner`]: when the mesh module can build a plan for a
 //! candidate, the tuner simulates that plan instead of using the formula.
@@ -17,6 +20,7 @@ use super::engine::{simulate, OpClass, SimError, SimOptions, SimReport};
 use super::profile::Profile;
 use crate::algorithms::{build_plan, Algorithm};
 use crate::dtype::DType;
+use crate::linear::{build_linear_plan, LinearAlgorithm, LinearProblem};
 use crate::mesh::gcd;
 use crate::mesh::{build_mesh_plan, MeshAlgorithm, MeshProblem};
 use crate::plan::Plan;
@@ -575,6 +579,38 @@ pub fn tune_mesh_gemm(
 }
 
 #[cfg(test)]
+mod linear_tests {
+    use super::*;
+    use crate::linear::{Layer, Pass};
+
+    fn gpt3(layer: Layer, pass: Pass, hidden: usize, ffn: usize) -> LinearProblem {
+        LinearProblem::new(layer, pass, true, 8, 1, 2048, hidden, ffn, DType::Bf16).unwrap()
+    }
+
+    #[test]
+    fn megatrons_async_reduce_scatter_pays_for_a_gpt3_column_backward() {
+        let profile = Profile::load("h100-nvlink").unwrap();
+        let r = tune_linear(&gpt3(Layer::Column, Pass::Backward, 12288, 49152), &profile).unwrap();
+        assert!(r.overlap_pays && r.ranked[0].algorithm == LinearAlgorithm::Megatron, "{}", r.reason);
+        assert!(r.reason.contains("megatron wins") && r.reason.contains("exposes"), "{}", r.reason);
+    }
+
+    #[test]
+    fn a_row_backward_has_nothing_for_megatron_to_hide() {
+        // Megatron's row-parallel backward gathers dY before both GEMMs: the same work as
+        // the baseline, so the verdict must not call a rounding difference a win.
+        let profile = Profile::load("h100-nvlink").unwrap();
+        let r = tune_linear(&gpt3(Layer::Row, Pass::Backward, 49152, 12288), &profile).unwrap();
+        let base = r.ranked.iter().find(|c| c.algorithm == LinearAlgorithm::Baseline).unwrap();
+        let megatron = r.ranked.iter().find(|c| c.algorithm == LinearAlgorithm::Megatron).unwrap();
+        assert!((megatron.report.makespan_s / base.report.makespan_s - 1.0).abs() < MEANINGFUL_GAIN);
+        if r.ranked[0].algorithm != LinearAlgorithm::Ring {
+            assert!(!r.overlap_pays, "{}", r.reason);
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -618,4 +654,89 @@ mod tests {
         let small = LlmConfig { tokens: 16, ..LlmConfig::gpt3_175b(1) };
         assert!(choose_dataflows(&small).iter().all(|f| f.stationary == Stationary::Weight && f.transposed));
     }
+}
+
+/// One simulated linear-layer plan.
+#[derive(Clone, Debug)]
+pub struct RankedLinear {
+    /// The algorithm.
+    pub algorithm: LinearAlgorithm,
+    /// The simulation.
+    pub report: SimReport,
+}
+
+/// Every linear algorithm for one problem, fastest first, with the overlap verdict.
+#[derive(Clone, Debug)]
+pub struct RankingLinear {
+    /// Candidates, fastest first (the baseline first among equals).
+    pub ranked: Vec<RankedLinear>,
+    /// Whether overlapping pays: the winner is not the baseline and at least
+    /// [`MEANINGFUL_GAIN`] faster.
+    pub overlap_pays: bool,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// The smallest gain (a fraction of the baseline's time) the verdict calls overlap paying:
+/// below it, the difference is within what the profile's constants can tell apart.
+pub const MEANINGFUL_GAIN: f64 = 0.02;
+
+/// Simulates the baseline, Megatron's order and the ring decomposition of a linear
+/// problem on `profile`, and says whether and why overlap pays.
+pub fn tune_linear(problem: &LinearProblem, profile: &Profile) -> Result<RankingLinear, TuneError> {
+    let mut ranked = Vec::new();
+    for algorithm in LinearAlgorithm::ALL {
+        let plan = build_linear_plan(problem, algorithm).map_err(|e| TuneError::NoCandidate {
+            problem: problem.describe(),
+            reasons: format!("{algorithm}: {e}"),
+        })?;
+        ranked.push(RankedLinear { algorithm, report: simulate(&plan, profile, &SimOptions::default())? });
+    }
+    ranked.sort_by(|a, b| {
+        a.report
+            .makespan_s
+            .total_cmp(&b.report.makespan_s)
+            .then((a.algorithm != LinearAlgorithm::Baseline).cmp(&(b.algorithm != LinearAlgorithm::Baseline)))
+    });
+    let base =
+        ranked.iter().find(|c| c.algorithm == LinearAlgorithm::Baseline).expect("the baseline ran").report.clone();
+    let win = &ranked[0];
+    let gain = 1.0 - win.report.makespan_s / base.makespan_s;
+    let overlap_pays = win.algorithm != LinearAlgorithm::Baseline && gain >= MEANINGFUL_GAIN;
+    let reason = if overlap_pays {
+        let exposed = |r: &SimReport| r.max_exposed_comm_s();
+        format!(
+            "{} wins: {} against the baseline's {} ({:.2}×); the baseline exposes {} of communication beyond its \
+             compute, {} exposes {}; the compute floor is {} and the busiest link needs {}",
+            win.algorithm,
+            us(win.report.makespan_s),
+            us(base.makespan_s),
+            base.makespan_s / win.report.makespan_s,
+            us(exposed(&base)),
+            win.algorithm,
+            us(exposed(&win.report)),
+            us(win.report.compute_floor_s),
+            us(win.report.comm_floor_s),
+        )
+    } else if win.algorithm != LinearAlgorithm::Baseline {
+        format!(
+            "no overlap worth having: {} is only {:.1} % faster than the baseline ({} vs {}); the baseline exposes {} \
+             of communication, and the layer's collective (or its data dependencies) leaves little to hide it under",
+            win.algorithm,
+            100.0 * gain,
+            us(win.report.makespan_s),
+            us(base.makespan_s),
+            us(base.max_exposed_comm_s())
+        )
+    } else {
+        let best = ranked.iter().find(|c| c.algorithm != LinearAlgorithm::Baseline).expect("three candidates");
+        format!(
+            "the baseline wins: it exposes only {} of communication, and the best overlapped plan ({}) is {} slower \
+             (its extra launches and synchronisations cost more than they hide)",
+            us(base.max_exposed_comm_s()),
+            best.algorithm,
+            us(best.report.makespan_s - base.makespan_s)
+        )
+    };
+    Ok(RankingLinear { ranked, overlap_pays, reason })
 }

@@ -7,10 +7,12 @@
 //! v acquires the releases of the signals that brought the counter to v in this
 //! schedule (FastTrack-style epochs per element, one writer and the reads since it).
 
+pub mod queues;
+
 use std::collections::BTreeSet;
 use std::fmt;
 
-use crate::plan::{BufferRole, Op, OpSite, Plan, Region};
+use crate::plan::{Op, OpSite, Plan, Region};
 use crate::schedule::Schedule;
 
 /// What an op does to a region of a device's buffer.
@@ -39,7 +41,7 @@ pub fn accesses(device: usize, op: &Op) -> Vec<Access> {
         Op::Copy { src, dst_device, dst, .. } => {
             vec![read(src), Access { device: *dst_device, region: *dst, write: true }]
         }
-        Op::Reduce { inputs, output } => {
+        Op::Reduce { inputs, output } | Op::Pointwise { inputs, output, .. } => {
             let mut v: Vec<Access> = inputs.iter().map(read).collect();
             v.push(Access { device, region: *output, write: true });
             v
@@ -294,7 +296,7 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
             plan.buffers
                 .iter()
                 .map(|b| {
-                    let init = matches!(b.role, BufferRole::Input { .. });
+                    let init = b.role.generated().is_some();
                     let _ = d;
                     vec![Cell { write: init.then_some(None), reads: Vec::new() }; b.len()]
                 })
@@ -385,7 +387,7 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
             join(&mut end, &clocks[device * lanes + lane]);
         }
         for (i, b) in plan.buffers.iter().enumerate() {
-            if b.role != BufferRole::Output {
+            if !b.role.is_result() {
                 continue;
             }
             let late = bufs[i].iter().enumerate().find_map(|(e, cell)| match cell.write {
@@ -414,6 +416,56 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
     }
     findings.extend(audit(plan, schedule));
     findings
+}
+
+/// Who each read observes: per (op, read access), a digest of the op that last wrote
+/// each element it reads (or "an input"), and per (device, output buffer) a digest of
+/// the last writer of each element, in the replayed schedule. In a race-free plan every
+/// read observes the write that happens before it, whatever the interleaving, so two
+/// race-free plans with equal dataflows (sites mapped by `rename`) compute the same
+/// function of their inputs.
+pub fn dataflow(
+    plan: &Plan,
+    schedule: &Schedule,
+    rename: &dyn Fn(OpSite) -> OpSite,
+) -> std::collections::BTreeMap<(OpSite, usize), u64> {
+    let fold = |h: u64, x: u64| (h ^ x).wrapping_mul(0x0100_0000_01b3);
+    let code = |w: Option<OpSite>| match w.map(rename) {
+        None => u64::MAX,
+        Some(s) => ((s.device as u64) << 48) ^ ((s.lane as u64) << 32) ^ s.index as u64,
+    };
+    let mut writer: Vec<Vec<Vec<Option<OpSite>>>> =
+        (0..plan.devices).map(|_| plan.buffers.iter().map(|b| vec![None; b.len()]).collect()).collect();
+    let mut out = std::collections::BTreeMap::new();
+    for site in &schedule.order {
+        let op = &plan.programs[site.device].lanes[site.lane][site.index];
+        for (i, acc) in accesses(site.device, op).into_iter().enumerate() {
+            let cells = &mut writer[acc.device][acc.region.buf.0];
+            let mut h = 0xcbf2_9ce4_8422_2325u64;
+            for r in 0..acc.region.rows {
+                for c in 0..acc.region.cols {
+                    let Some(cell) = cells.get_mut(acc.region.offset + r * acc.region.stride + c) else { continue };
+                    if acc.write {
+                        *cell = Some(*site);
+                    } else {
+                        h = fold(h, code(*cell));
+                    }
+                }
+            }
+            if !acc.write {
+                out.insert((rename(*site), i), h);
+            }
+        }
+    }
+    for (device, bufs) in writer.iter().enumerate() {
+        for (b, cells) in bufs.iter().enumerate() {
+            if plan.buffers[b].role.is_result() {
+                let h = cells.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, w| fold(h, code(*w)));
+                out.insert((OpSite { device, lane: usize::MAX, index: b }, 0), h);
+            }
+        }
+    }
+    out
 }
 
 /// The semaphore audit: each semaphore must end at the sum of the signals sent to it,

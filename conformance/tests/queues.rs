@@ -1,0 +1,97 @@
+//! The hardware-queue hang check on the whole corpus: the order in which the CUDA
+//! executor enqueues ops (the schedule order) cannot hang on 8 or 32 hardware queues,
+//! while the whole-lane order it used before hangs on most cases.
+
+mod common;
+
+use cmm_core::verify::queues::{
+    check_enqueue_order, schedule_order, whole_lane_order, EnqueueError, DEFAULT_QUEUES, MAX_QUEUES,
+};
+
+#[test]
+fn the_schedule_order_of_every_corpus_plan_cannot_hang() {
+    for case in common::corpus() {
+        let plan = case.plan().unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let order = schedule_order(&plan).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        // One queue is the strongest: it implies every mapping onto any number.
+        for queues in [1, DEFAULT_QUEUES, MAX_QUEUES] {
+            check_enqueue_order(&plan, &order, queues).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        }
+    }
+}
+
+#[test]
+fn the_whole_lane_order_hangs_on_the_corpus() {
+    let mut hangs = [0usize; 2];
+    let mut total = 0;
+    let mut example = None;
+    for case in common::corpus() {
+        let plan = case.plan().unwrap();
+        let order = whole_lane_order(&plan);
+        total += 1;
+        for (i, queues) in [DEFAULT_QUEUES, MAX_QUEUES].into_iter().enumerate() {
+            match check_enqueue_order(&plan, &order, queues) {
+                Ok(()) => {}
+                Err(EnqueueError::Hang(hang)) => {
+                    hangs[i] += 1;
+                    if example.is_none() {
+                        example = Some((case.name.clone(), hang.to_string()));
+                    }
+                }
+                Err(e) => panic!("{}: {e}", case.name),
+            }
+        }
+    }
+    eprintln!("whole-lane order: {} of {total} hang on 8 queues, {} on 32", hangs[0], hangs[1]);
+    let (name, sentence) = example.expect("some case hangs");
+    eprintln!("{name}: {sentence}");
+    assert!(hangs[0] > total / 2, "{} of {total} hang on 8 queues", hangs[0]);
+    // With 32 queues only plans with more than 32 streams (the 4×4 meshes) can hang.
+    assert!(hangs[1] > 0 && hangs[1] < hangs[0], "{} hang on 32 queues", hangs[1]);
+}
+
+#[test]
+fn a_ring_case_under_the_whole_lane_order_is_reported_in_one_sentence() {
+    let case = common::corpus()
+        .into_iter()
+        .find(|c| c.name.starts_with("ag_gemm_ring_d8_"))
+        .expect("the corpus has an ag_gemm ring case on 8 devices");
+    let plan = case.plan().unwrap();
+    let err = check_enqueue_order(&plan, &whole_lane_order(&plan), DEFAULT_QUEUES).unwrap_err();
+    let EnqueueError::Hang(hang) = &err else { panic!("{}: {err}", case.name) };
+    let text = err.to_string();
+    assert!(text.contains(&plan.name) && text.contains("heads queue") && text.ends_with('.'), "{text}");
+    for link in &hang.cycle {
+        assert!(text.contains(&link.wait_text), "{text}");
+        if let Some((_, signal, _)) = &link.signal {
+            assert!(text.contains(signal.as_str()), "{text}");
+        }
+    }
+}
+
+#[test]
+fn every_corpus_plan_lowers_for_the_cuda_executor() {
+    use cmm_cuda::lower::{lower, Command, LowerOptions};
+    use cmm_cuda::{GemmEngine, SyncMode};
+    let mut memops_writes = 0;
+    for case in common::corpus() {
+        let plan = case.plan().unwrap();
+        for (gemm, cublas_present) in
+            [(GemmEngine::Auto, true), (GemmEngine::Auto, false), (GemmEngine::TileKernel, true)]
+        {
+            for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
+                for queues in [DEFAULT_QUEUES, MAX_QUEUES] {
+                    let options = LowerOptions { gemm, sync, cublas_present, queues };
+                    let lowered = lower(&plan, &options).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+                    assert_eq!(lowered.steps.len(), plan.op_count(), "{}", case.name);
+                    if !cublas_present || gemm == GemmEngine::TileKernel {
+                        assert_eq!(lowered.gemms.cublas, 0, "{}", case.name);
+                    }
+                    memops_writes +=
+                        lowered.steps.iter().filter(|s| matches!(s.command, Some(Command::SignalWrite { .. }))).count();
+                }
+            }
+        }
+    }
+    assert!(memops_writes > 0, "stream memory ops replace some signal kernels");
+}

@@ -1,0 +1,179 @@
+//! The direct baselines: a plain collective, then the GEMM (or the GEMM, then the
+//! collective), with no overlap and no ring. Every device copies its shard (or each
+//! block of its partial) straight to the peer that needs it with the copy engine, one
+//! signal per message, so the collective costs one wait instead of D − 1 dependent hops.
+//! This is what "collective library, then cuBLAS" does on a fully connected NVLink
+//! switch, and what the CUDA bench compares the overlapped plans with.
+
+use super::ring::{copy, gemm, plan_name, signal, wait};
+use super::{input_buffer, output_buffer, Algorithm, AlgorithmError};
+use crate::dtype::DType;
+use crate::plan::{BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemId};
+use crate::problem::{OpKind, Problem};
+
+use crate::plan::MAX_REDUCE_INPUTS as REDUCE_FAN_IN;
+
+/// The peers of `d` in the order it sends to them: d+1, d+2, … (mod D), so that no two
+/// devices start with the same destination.
+fn peers(d: usize, n: usize) -> impl Iterator<Item = usize> {
+    (1..n).map(move |k| (d + k) % n)
+}
+
+/// Sends `src` to every peer's `dst` (the same region there), each copy followed by a
+/// release of `sem` on that peer.
+fn broadcast(b: &mut PlanBuilder, d: usize, lane: LaneId, sem: SemId, src: Region, dst: Region) {
+    for e in peers(d, b.devices()) {
+        b.push(d, lane, copy(src, e, dst));
+        b.push(d, lane, signal(e, sem));
+    }
+}
+
+/// AG+GEMM: own shard into the gathered buffer, a copy of it to every peer, one wait
+/// for the D − 1 that arrive, then one GEMM over all rows.
+pub(super) fn ag_gemm(p: &Problem) -> Result<Plan, AlgorithmError> {
+    let n = p.devices;
+    let ms = p.m / n;
+    let mut b = PlanBuilder::new(plan_name(p, Algorithm::BaselineDirect), n);
+    let a = input_buffer(&mut b, p, 0);
+    let bm = input_buffer(&mut b, p, 1);
+    let c = output_buffer(&mut b, p);
+    let g = b.buffer("G", p.input, p.m, p.k, BufferRole::Scratch);
+    let recv = b.semaphore("recv");
+    let main = b.lane("main");
+    for d in 0..n {
+        let (own, block) = (b.whole(a), b.rows(g, d * ms, ms));
+        b.push(d, main, copy(own, d, block));
+        broadcast(&mut b, d, main, recv, own, block);
+        if n > 1 {
+            b.push(d, main, wait(recv, (n - 1) as u32));
+        }
+        let (whole_g, whole_b, whole_c) = (b.whole(g), b.whole(bm), b.whole(c));
+        b.push(d, main, gemm(whole_g, whole_b, whole_c));
+    }
+    Ok(b.finish()?)
+}
+
+/// GEMM+RS (and GEMM+AR): the whole partial product, block r of it copied to device r,
+/// one wait, then one sum per device over the D partials in device order (chained
+/// through an f32 accumulator beyond [`REDUCE_FAN_IN`] inputs); for AR, the reduced
+/// block is then copied to every peer.
+pub(super) fn gemm_reduce(p: &Problem) -> Result<Plan, AlgorithmError> {
+    let n = p.devices;
+    let mb = p.m / n;
+    let mut b = PlanBuilder::new(plan_name(p, Algorithm::BaselineDirect), n);
+    let a = input_buffer(&mut b, p, 0);
+    let bm = input_buffer(&mut b, p, 1);
+    let c = output_buffer(&mut b, p);
+    let partial = b.buffer("P", DType::F32, p.m, p.n, BufferRole::Scratch);
+    // Slot s of `recv` on device r holds the block sent by device r + 1 + s (mod D).
+    let recv_buf = b.buffer("recv", DType::F32, (n - 1) * mb, p.n, BufferRole::Scratch);
+    let chained = n > REDUCE_FAN_IN;
+    let acc = chained.then(|| b.buffer("acc", DType::F32, mb, p.n, BufferRole::Scratch));
+    let recv = b.semaphore("recv");
+    let ag = (p.op == OpKind::GemmAr && n > 1).then(|| b.semaphore("ag"));
+    let main = b.lane("main");
+    for d in 0..n {
+        let (wa, wb, wp) = (b.whole(a), b.whole(bm), b.whole(partial));
+        b.push(d, main, gemm(wa, wb, wp));
+        for r in peers(d, n) {
+            let slot = (d + n - r - 1) % n;
+            let (src, dst) = (b.rows(partial, r * mb, mb), b.rows(recv_buf, slot * mb, mb));
+            b.push(d, main, copy(src, r, dst));
+            b.push(d, main, signal(r, recv));
+        }
+        if n > 1 {
+            b.push(d, main, wait(recv, (n - 1) as u32));
+        }
+        // The D partials of block d, in device order.
+        let terms: Vec<Region> = (0..n)
+            .map(|src| {
+                if src == d {
+                    b.rows(partial, d * mb, mb)
+                } else {
+                    b.rows(recv_buf, ((src + n - d - 1) % n) * mb, mb)
+                }
+            })
+            .collect();
+        let out = if p.op == OpKind::GemmAr { b.rows(c, d * mb, mb) } else { b.whole(c) };
+        for op in chained_sum(&terms, acc.map(|acc| b.whole(acc)), out) {
+            b.push(d, main, op);
+        }
+        if let Some(ag) = ag {
+            broadcast(&mut b, d, main, ag, out, out);
+            b.push(d, main, wait(ag, (n - 1) as u32));
+        }
+    }
+    Ok(b.finish()?)
+}
+
+/// `out = terms[0] + terms[1] + …` left to right as `Reduce` ops of at most
+/// [`REDUCE_FAN_IN`] inputs, the running sum kept in the f32 `acc` between them.
+fn chained_sum(terms: &[Region], acc: Option<Region>, out: Region) -> Vec<Op> {
+    if terms.len() <= REDUCE_FAN_IN {
+        return vec![Op::Reduce { inputs: terms.to_vec(), output: out }];
+    }
+    let acc = acc.expect("a chained sum has an accumulator");
+    let mut ops = vec![Op::Reduce { inputs: terms[..REDUCE_FAN_IN].to_vec(), output: acc }];
+    let mut at = REDUCE_FAN_IN;
+    while at < terms.len() {
+        let take = (REDUCE_FAN_IN - 1).min(terms.len() - at);
+        let last = at + take == terms.len();
+        let mut inputs = vec![acc];
+        inputs.extend_from_slice(&terms[at..at + take]);
+        ops.push(Op::Reduce { inputs, output: if last { out } else { acc } });
+        at += take;
+    }
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::build_plan;
+    use crate::cpu;
+    use crate::generator::Family;
+    use crate::schedule::schedule;
+    use crate::verify::verify;
+
+    fn problem(op: OpKind, d: usize, input: DType, output: DType) -> Problem {
+        Problem::new(op, d, 4 * d, 4 * d, 4 * d, input, output).unwrap()
+    }
+
+    #[test]
+    fn direct_baselines_equal_the_ring_baselines_bit_for_bit_on_exact_inputs() {
+        for op in [OpKind::AgGemm, OpKind::GemmRs, OpKind::GemmAr] {
+            for d in [1, 2, 3, 5, 9, 10] {
+                let p = problem(op, d, DType::Bf16, DType::F32);
+                let direct = build_plan(&p, Algorithm::BaselineDirect).unwrap();
+                let ring = build_plan(&p, Algorithm::Baseline).unwrap();
+                let (x, y) = (cpu::run(&direct, 5, Family::Exact).unwrap(), cpu::run(&ring, 5, Family::Exact).unwrap());
+                let (cx, cy) = (direct.output().unwrap().0, ring.output().unwrap().0);
+                for dev in 0..d {
+                    assert_eq!(x[dev][cx], y[dev][cy], "{op} D={d} device {dev}");
+                }
+                let s = schedule(&direct).unwrap();
+                assert!(verify(&direct, &s).is_empty(), "{op} D={d}: {:?}", verify(&direct, &s));
+            }
+        }
+    }
+
+    #[test]
+    fn sums_beyond_the_fan_in_chain_through_an_f32_accumulator() {
+        let p = problem(OpKind::GemmRs, 6, DType::F16, DType::F16);
+        let plan = build_plan(&p, Algorithm::BaselineDirect).unwrap();
+        let reduces: Vec<&Op> = plan.programs[0].lanes[0].iter().filter(|op| matches!(op, Op::Reduce { .. })).collect();
+        assert_eq!(reduces.len(), 2);
+        for op in &reduces {
+            let Op::Reduce { inputs, .. } = op else { unreachable!() };
+            assert!(inputs.len() <= REDUCE_FAN_IN);
+        }
+        let acc = plan.buffer_id("acc").unwrap();
+        assert_eq!(plan.buffer(acc).dtype, DType::F32);
+    }
+
+    #[test]
+    fn each_device_sends_its_first_message_to_a_different_peer() {
+        let firsts: Vec<usize> = (0..4).map(|d| peers(d, 4).next().unwrap()).collect();
+        assert_eq!(firsts, vec![1, 2, 3, 0]);
+    }
+}

@@ -1,0 +1,99 @@
+//! Workloads: what a plan must compute, as its oracle states it.
+//!
+//! A workload names the output buffers a plan leaves on every device and, for a seed
+//! and an input family, the f64 value each of their elements must approximate together
+//! with the scale of the error a correct run may make there. The conformance runner
+//! judges every output of every case this way, whatever the family of problem: the 1D
+//! and mesh GEMMs (one output, C), the linear layers (activations, input gradients and
+//! fp32 main_grads), and whatever comes next.
+
+use crate::dtype::DType;
+use crate::generator::Family;
+use crate::oracle::expected_outputs;
+use crate::problem::ShardedGemm;
+use crate::tolerance::Tolerance;
+
+/// One output a plan must produce, per device, with its oracle.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExpectedOutput {
+    /// The plan's buffer (role `Output`) holding it.
+    pub buffer: String,
+    /// Its element type.
+    pub dtype: DType,
+    /// Rows per device.
+    pub rows: usize,
+    /// Columns per device.
+    pub cols: usize,
+    /// Per device, row-major f64 values (computed without intermediate rounding).
+    pub values: Vec<Vec<f64>>,
+    /// Per device and element, the error scale the tolerance multiplies: Σ|a·b| for a
+    /// single GEMM, a derived absolute bound for a chain of ops.
+    pub magnitudes: Vec<Vec<f64>>,
+    /// How far a correct run may be from `values` in the realistic family.
+    pub tolerance: Tolerance,
+}
+
+impl ExpectedOutput {
+    /// Elements per device.
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// Whether the output has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Something plans compute, with its oracle.
+pub trait Workload {
+    /// Devices every plan of it runs on.
+    fn device_count(&self) -> usize;
+
+    /// Every output, in the order goldens store them.
+    fn expected(&self, seed: u32, family: Family) -> Vec<ExpectedOutput>;
+
+    /// Why the workload has no exact answer in `family`, if so (the exact family needs
+    /// every intermediate value exactly representable, which e.g. GeLU breaks).
+    fn unsupported_family(&self, family: Family) -> Option<String> {
+        let _ = family;
+        None
+    }
+}
+
+impl<T: ShardedGemm> Workload for T {
+    fn device_count(&self) -> usize {
+        ShardedGemm::device_count(self)
+    }
+
+    fn expected(&self, seed: u32, family: Family) -> Vec<ExpectedOutput> {
+        let global = self.global();
+        let e = expected_outputs(self, seed, family);
+        vec![ExpectedOutput {
+            buffer: "C".into(),
+            dtype: global.output,
+            rows: e.rows,
+            cols: e.cols,
+            values: e.values,
+            magnitudes: e.magnitudes,
+            tolerance: Tolerance::gemm(global.output, global.k),
+        }]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{OpKind, Problem};
+
+    #[test]
+    fn a_sharded_gemm_has_one_output_c_with_the_gemm_tolerance() {
+        let p = Problem::new(OpKind::GemmRs, 2, 8, 6, 4, DType::Bf16, DType::Bf16).unwrap();
+        let outputs = Workload::expected(&p, 1, Family::Realistic);
+        assert_eq!(outputs.len(), 1);
+        let c = &outputs[0];
+        assert_eq!((c.buffer.as_str(), c.dtype, c.rows, c.cols, c.values.len()), ("C", DType::Bf16, 4, 6, 2));
+        assert_eq!(c.tolerance, Tolerance::gemm(DType::Bf16, 4));
+        assert!(p.unsupported_family(Family::Exact).is_none());
+    }
+}

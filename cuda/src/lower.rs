@@ -1,0 +1,652 @@
+//! Lowering a plan to the executor's commands, without a GPU.
+//!
+//! Everything the CUDA executor decides before its first launch is decided here: the
+//! order in which ops are enqueued (the schedule order, proven not to hang on the
+//! hardware queues by [`cmm_core::verify::queues`]), which engine runs each GEMM, the
+//! launch limits of every kernel, and how each `Signal` and `Wait` is issued. The GPU
+//! side then only resolves addresses and calls the driver, so the whole corpus is
+//! lowered and checked on any machine (`conformance/tests/queues.rs`).
+
+use cmm_core::plan::{Engine, Op, OpSite, Plan, Region};
+use cmm_core::schedule::schedule;
+use cmm_core::verify::queues::{check_enqueue_order, stream_of, DEFAULT_QUEUES, MAX_QUEUES};
+use cmm_core::DType;
+
+use crate::error::CudaError;
+
+/// Which implementation runs `Gemm` ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GemmEngine {
+    /// The NVRTC tile kernels (`gemm.cu`): tensor cores for f16/bf16, SIMT otherwise.
+    TileKernel,
+    /// cuBLAS `cublasGemmEx` (f32 compute) for every GEMM; a GEMM cuBLAS cannot run
+    /// (A and B of different dtypes) or a missing libcublas is an error, never a
+    /// silent fallback.
+    Cublas,
+    /// cuBLAS where libcublas is present and the dtypes allow, the tile kernels
+    /// otherwise; [`GemmCounts`] says which ran.
+    #[default]
+    Auto,
+}
+
+/// How `Signal` and `Wait` ops are issued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SyncMode {
+    /// One-thread kernels: `cmm_signal` (a release add) and `cmm_wait` (an acquire spin
+    /// with a deadline and an abort flag), so a wait can never hang the GPU.
+    #[default]
+    Kernels,
+    /// Stream memory operations: `cuStreamWaitValue32` (≥) for waits, and
+    /// `cuStreamWriteValue32` of the running total for a signal whose semaphore has a
+    /// single signalling lane (the CUDA 13.0 driver has no atomic add among stream
+    /// memory operations, so other signals stay `cmm_signal` kernels). Cheaper, but a
+    /// wait has no deadline: a hang makes the backend unusable until the process exits.
+    StreamMemOps,
+}
+
+/// How many GEMMs ran on each engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GemmCounts {
+    /// cuBLAS calls.
+    pub cublas: usize,
+    /// Tile-kernel launches.
+    pub tile: usize,
+}
+
+impl GemmCounts {
+    /// "cuBLAS", "tile kernels" or "cuBLAS ×a, tile kernels ×b"; "none" without GEMMs.
+    pub fn describe(&self) -> String {
+        match (self.cublas, self.tile) {
+            (0, 0) => "none".into(),
+            (_, 0) => "cuBLAS".into(),
+            (0, _) => "tile kernels".into(),
+            (c, t) => format!("cuBLAS ×{c}, tile kernels ×{t}"),
+        }
+    }
+}
+
+/// An element address: buffer `buffer` of device `device`, `offset` bytes in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Loc {
+    /// Device.
+    pub device: usize,
+    /// Buffer index in the plan.
+    pub buffer: usize,
+    /// Byte offset.
+    pub offset: u64,
+}
+
+/// The GEMM kernel or library call of a `Gemm` op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmImpl {
+    /// `cublasGemmEx`.
+    Cublas,
+    /// `cmm_gemm_mma_f16`.
+    MmaF16,
+    /// `cmm_gemm_mma_bf16`.
+    MmaBf16,
+    /// `cmm_gemm_simt`.
+    Simt,
+}
+
+/// A GEMM with its operands resolved to locations; strides in elements, already
+/// valid as leading dimensions (a one-row operand's stride is at least its width).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmCommand {
+    /// Left operand storage.
+    pub a: Loc,
+    /// Right operand storage.
+    pub b: Loc,
+    /// Result.
+    pub c: Loc,
+    /// Row strides of the stored matrices.
+    pub strides: [u64; 3],
+    /// m, n, k.
+    pub mnk: [u32; 3],
+    /// Dtypes of a, b, c.
+    pub dtypes: [DType; 3],
+    /// Transpose A.
+    pub trans_a: bool,
+    /// Transpose B.
+    pub trans_b: bool,
+    /// c += instead of c =.
+    pub accumulate: bool,
+    /// Who runs it.
+    pub imp: GemmImpl,
+}
+
+/// One driver call or launch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// A GEMM.
+    Gemm(GemmCommand),
+    /// `cuMemcpy2DAsync` (pitches and width in bytes).
+    CopyEngine {
+        /// Source.
+        src: Loc,
+        /// Source pitch.
+        src_pitch: usize,
+        /// Destination.
+        dst: Loc,
+        /// Destination pitch.
+        dst_pitch: usize,
+        /// Bytes per row.
+        width: usize,
+        /// Rows.
+        rows: usize,
+    },
+    /// `cmm_copy2d` (strides in elements).
+    SmCopy {
+        /// Source.
+        src: Loc,
+        /// Source stride.
+        src_stride: u64,
+        /// Destination.
+        dst: Loc,
+        /// Destination stride.
+        dst_stride: u64,
+        /// Rows.
+        rows: u32,
+        /// Columns.
+        cols: u32,
+        /// Bytes per element.
+        elem_bytes: u32,
+    },
+    /// `cmm_reduce` of up to [`MAX_REDUCE_INPUTS`] inputs, each (location, stride, dtype).
+    Reduce {
+        /// Output.
+        out: Loc,
+        /// Output stride.
+        out_stride: u64,
+        /// Output dtype.
+        out_dtype: DType,
+        /// Rows.
+        rows: u32,
+        /// Columns.
+        cols: u32,
+        /// Inputs, summed left to right.
+        inputs: Vec<(Loc, u64, DType)>,
+    },
+    /// `cmm_pointwise` (GeLU and its backward) of up to two inputs.
+    Pointwise {
+        /// The function's code (`Pointwise::code`).
+        function: u32,
+        /// Output.
+        out: Loc,
+        /// Output stride.
+        out_stride: u64,
+        /// Output dtype.
+        out_dtype: DType,
+        /// Rows.
+        rows: u32,
+        /// Columns.
+        cols: u32,
+        /// Inputs: (location, stride, dtype).
+        inputs: Vec<(Loc, u64, DType)>,
+    },
+    /// `cmm_signal`: a release add on semaphore `sem` of `device`.
+    SignalAdd {
+        /// Target device.
+        device: usize,
+        /// Semaphore index.
+        sem: usize,
+        /// Increment.
+        add: u32,
+    },
+    /// `cuStreamWriteValue32` of the semaphore's running total (single signalling lane).
+    SignalWrite {
+        /// Target device.
+        device: usize,
+        /// Semaphore index.
+        sem: usize,
+        /// The total after this signal.
+        value: u32,
+    },
+    /// `cmm_wait` with its status slot.
+    WaitKernel {
+        /// The waiting device (its own semaphore).
+        device: usize,
+        /// Semaphore index.
+        sem: usize,
+        /// Value to reach.
+        value: u32,
+        /// Index of the wait's status words.
+        slot: usize,
+    },
+    /// `cuStreamWaitValue32` (≥).
+    WaitValue {
+        /// The waiting device.
+        device: usize,
+        /// Semaphore index.
+        sem: usize,
+        /// Value to reach.
+        value: u32,
+    },
+}
+
+/// The most inputs `cmm_reduce` sums in one launch: the plan model's limit.
+pub use cmm_core::plan::MAX_REDUCE_INPUTS;
+
+/// One op of the plan, in enqueue order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The op.
+    pub site: OpSite,
+    /// Its stream (`device · lanes + lane`).
+    pub stream: usize,
+    /// What to issue; `None` for an op with nothing to move (an empty region).
+    pub command: Option<Command>,
+}
+
+/// A plan lowered for the executor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lowered {
+    /// Every op, in the order it is enqueued.
+    pub steps: Vec<Step>,
+    /// Number of streams (`devices · lanes`).
+    pub streams: usize,
+    /// The wait of each status slot (kernel waits only).
+    pub wait_slots: Vec<OpSite>,
+    /// Which engine runs the GEMMs.
+    pub gemms: GemmCounts,
+    /// The hardware queue count the order was proven safe for.
+    pub queues: usize,
+}
+
+/// What lowering may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LowerOptions {
+    /// GEMM engine policy.
+    pub gemm: GemmEngine,
+    /// How signals and waits are issued.
+    pub sync: SyncMode,
+    /// Whether libcublas can be loaded.
+    pub cublas_present: bool,
+    /// Hardware queues to prove the order safe for.
+    pub queues: usize,
+}
+
+/// The hardware queue count of this process: `CUDA_DEVICE_MAX_CONNECTIONS`, 8 when unset.
+pub fn hardware_queues() -> Result<usize, CudaError> {
+    parse_queues(std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().as_deref())
+}
+
+/// Parses a `CUDA_DEVICE_MAX_CONNECTIONS` value (`None`: unset, CUDA's default of 8).
+pub fn parse_queues(value: Option<&str>) -> Result<usize, CudaError> {
+    let Some(text) = value else { return Ok(DEFAULT_QUEUES) };
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_QUEUES).contains(&n) => Ok(n),
+        _ => Err(CudaError::Environment {
+            variable: "CUDA_DEVICE_MAX_CONNECTIONS",
+            value: text.to_string(),
+            expected: "an integer from 1 to 32",
+        }),
+    }
+}
+
+/// Lowers `plan` (validated) in its schedule order, after proving that order safe.
+pub fn lower(plan: &Plan, options: &LowerOptions) -> Result<Lowered, CudaError> {
+    let order = schedule(plan)?.order;
+    lower_in_order(plan, &order, options)
+}
+
+/// Lowers `plan` in the given enqueue order, refusing an order that could hang on
+/// `options.queues` hardware queues.
+pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> Result<Lowered, CudaError> {
+    check_enqueue_order(plan, order, options.queues)?;
+    if options.gemm == GemmEngine::Cublas && !options.cublas_present {
+        return Err(CudaError::NoCublas);
+    }
+    let writes = signal_writes(plan, options.sync)?;
+    let mut lowered = Lowered {
+        steps: Vec::with_capacity(order.len()),
+        streams: plan.devices * plan.lanes.len(),
+        wait_slots: Vec::new(),
+        gemms: GemmCounts::default(),
+        queues: options.queues,
+    };
+    for site in order {
+        let op = &plan.programs[site.device].lanes[site.lane][site.index];
+        let command = lower_op(plan, *site, op, options, &writes, &mut lowered)?;
+        lowered.steps.push(Step { site: *site, stream: stream_of(plan, *site), command });
+    }
+    Ok(lowered)
+}
+
+/// For stream-memory-op sync: per signal site, the running total it writes, for the
+/// semaphores that exactly one lane signals.
+fn signal_writes(plan: &Plan, sync: SyncMode) -> Result<Vec<(OpSite, u32)>, CudaError> {
+    if sync != SyncMode::StreamMemOps {
+        return Ok(Vec::new());
+    }
+    let mut signallers: std::collections::BTreeMap<(usize, usize), Vec<(OpSite, u32)>> = Default::default();
+    for (site, op) in plan.ops() {
+        if let Op::Signal { device, sem, add } = op {
+            signallers.entry((*device, sem.0)).or_default().push((site, *add));
+        }
+    }
+    let mut writes = Vec::new();
+    for ((device, sem), signals) in signallers {
+        let (d0, l0) = (signals[0].0.device, signals[0].0.lane);
+        if signals.iter().any(|(s, _)| (s.device, s.lane) != (d0, l0)) {
+            continue;
+        }
+        // `plan.ops()` walks each lane in program order, so this is the running total.
+        let mut total = 0u32;
+        for (site, add) in signals {
+            total = total.checked_add(add).ok_or_else(|| CudaError::Unsupported {
+                plan: plan.name.clone(),
+                what: format!("semaphore {} of device {device} passes 2^32", plan.semaphores[sem]),
+            })?;
+            writes.push((site, total));
+        }
+    }
+    Ok(writes)
+}
+
+fn lower_op(
+    plan: &Plan,
+    site: OpSite,
+    op: &Op,
+    options: &LowerOptions,
+    writes: &[(OpSite, u32)],
+    lowered: &mut Lowered,
+) -> Result<Option<Command>, CudaError> {
+    let d = site.device;
+    let dt = |r: &Region| plan.buffer(r.buf).dtype;
+    let loc = |device: usize, r: &Region| Loc {
+        device,
+        buffer: r.buf.0,
+        offset: (r.offset * plan.buffer(r.buf).dtype.size_bytes()) as u64,
+    };
+    let unsupported =
+        |what: String| CudaError::Unsupported { plan: plan.name.clone(), what: format!("{site}: {what}") };
+    // A one-row region may have any stride; as a leading dimension it must cover the row.
+    let ld = |r: &Region| if r.rows <= 1 { r.stride.max(r.cols) } else { r.stride } as u64;
+    Ok(match op {
+        Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => {
+            let (m, n) = (c.rows, c.cols);
+            let k = if *trans_a { a.rows } else { a.cols };
+            if m == 0 || n == 0 {
+                return Ok(None);
+            }
+            let fits_i32 = [m, n, k].iter().all(|&x| x <= i32::MAX as usize)
+                && [ld(a), ld(b), ld(c)].iter().all(|&x| x <= i32::MAX as u64);
+            let blas_ok = options.cublas_present && dt(a) == dt(b) && k > 0 && fits_i32;
+            let imp = match options.gemm {
+                GemmEngine::Cublas if !blas_ok => {
+                    return Err(unsupported(format!(
+                        "gemm {m}x{n}x{k} with A {} and B {} cannot run on cuBLAS (GemmEngine::Cublas asks for it on every GEMM; use Auto to let the tile kernels take it)",
+                        dt(a),
+                        dt(b)
+                    )))
+                }
+                GemmEngine::Cublas => GemmImpl::Cublas,
+                GemmEngine::Auto if blas_ok => GemmImpl::Cublas,
+                _ => match (dt(a), dt(b)) {
+                    (DType::F16, DType::F16) => GemmImpl::MmaF16,
+                    (DType::Bf16, DType::Bf16) => GemmImpl::MmaBf16,
+                    _ => GemmImpl::Simt,
+                },
+            };
+            if imp != GemmImpl::Cublas
+                && (m.div_ceil(64) > 65_535 || n.div_ceil(64) > i32::MAX as usize || k > u32::MAX as usize)
+            {
+                return Err(unsupported(format!("gemm {m}x{n}x{k} exceeds the tile kernel's grid")));
+            }
+            if imp == GemmImpl::Cublas {
+                lowered.gemms.cublas += 1;
+            } else {
+                lowered.gemms.tile += 1;
+            }
+            Some(Command::Gemm(GemmCommand {
+                a: loc(d, a),
+                b: loc(d, b),
+                c: loc(d, c),
+                strides: [ld(a), ld(b), ld(c)],
+                mnk: [m as u32, n as u32, k as u32],
+                dtypes: [dt(a), dt(b), dt(c)],
+                trans_a: *trans_a,
+                trans_b: *trans_b,
+                accumulate: *accumulate,
+                imp,
+            }))
+        }
+        Op::Copy { src, dst_device, dst, engine } => {
+            if src.is_empty() {
+                return Ok(None);
+            }
+            let es = dt(src).size_bytes();
+            match engine {
+                Engine::CopyEngine => Some(Command::CopyEngine {
+                    src: loc(d, src),
+                    src_pitch: ld(src) as usize * es,
+                    dst: loc(*dst_device, dst),
+                    dst_pitch: ld(dst) as usize * es,
+                    width: src.cols * es,
+                    rows: src.rows,
+                }),
+                Engine::Sm => {
+                    if src.rows > u32::MAX as usize || src.cols > u32::MAX as usize {
+                        return Err(unsupported(format!("SM copy of {}x{} elements", src.rows, src.cols)));
+                    }
+                    Some(Command::SmCopy {
+                        src: loc(d, src),
+                        src_stride: src.stride as u64,
+                        dst: loc(*dst_device, dst),
+                        dst_stride: dst.stride as u64,
+                        rows: src.rows as u32,
+                        cols: src.cols as u32,
+                        elem_bytes: es as u32,
+                    })
+                }
+            }
+        }
+        Op::Reduce { inputs, output } => {
+            if inputs.len() > MAX_REDUCE_INPUTS {
+                return Err(unsupported(format!(
+                    "reduce of {} inputs (cmm_reduce sums at most {MAX_REDUCE_INPUTS})",
+                    inputs.len()
+                )));
+            }
+            if output.is_empty() {
+                return Ok(None);
+            }
+            if output.rows > u32::MAX as usize || output.cols > u32::MAX as usize {
+                return Err(unsupported(format!("reduce of {}x{} elements", output.rows, output.cols)));
+            }
+            Some(Command::Reduce {
+                out: loc(d, output),
+                out_stride: output.stride as u64,
+                out_dtype: dt(output),
+                rows: output.rows as u32,
+                cols: output.cols as u32,
+                inputs: inputs.iter().map(|r| (loc(d, r), r.stride as u64, dt(r))).collect(),
+            })
+        }
+        Op::Pointwise { function, inputs, output } => {
+            if output.is_empty() {
+                return Ok(None);
+            }
+            if output.rows > u32::MAX as usize || output.cols > u32::MAX as usize || inputs.len() > 2 {
+                return Err(unsupported(format!(
+                    "{} of {}x{} elements, {} inputs",
+                    function.name(),
+                    output.rows,
+                    output.cols,
+                    inputs.len()
+                )));
+            }
+            Some(Command::Pointwise {
+                function: function.code(),
+                out: loc(d, output),
+                out_stride: output.stride as u64,
+                out_dtype: dt(output),
+                rows: output.rows as u32,
+                cols: output.cols as u32,
+                inputs: inputs.iter().map(|r| (loc(d, r), r.stride as u64, dt(r))).collect(),
+            })
+        }
+        Op::Signal { device, sem, add } => match writes.iter().find(|(s, _)| *s == site) {
+            Some(&(_, value)) => Some(Command::SignalWrite { device: *device, sem: sem.0, value }),
+            None => Some(Command::SignalAdd { device: *device, sem: sem.0, add: *add }),
+        },
+        Op::Wait { sem, value } => match options.sync {
+            SyncMode::Kernels => {
+                let slot = lowered.wait_slots.len();
+                lowered.wait_slots.push(site);
+                Some(Command::WaitKernel { device: d, sem: sem.0, value: *value, slot })
+            }
+            SyncMode::StreamMemOps => Some(Command::WaitValue { device: d, sem: sem.0, value: *value }),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cmm_core::plan::{BufferRole, PlanBuilder};
+    use cmm_core::verify::queues::whole_lane_order;
+    use cmm_core::{build_plan, Algorithm, OpKind, Problem};
+
+    fn options(gemm: GemmEngine, sync: SyncMode, cublas_present: bool) -> LowerOptions {
+        LowerOptions { gemm, sync, cublas_present, queues: DEFAULT_QUEUES }
+    }
+
+    fn plan(op: OpKind, algorithm: Algorithm, d: usize, input: DType) -> Plan {
+        let p = Problem::new(op, d, 16 * d, 16 * d, 16 * d, input, DType::F32).unwrap();
+        build_plan(&p, algorithm).unwrap()
+    }
+
+    #[test]
+    fn steps_follow_the_schedule_and_every_op_is_lowered_once() {
+        let plan = plan(OpKind::GemmAr, Algorithm::RingBidir, 4, DType::F16);
+        let l = lower(&plan, &options(GemmEngine::Auto, SyncMode::Kernels, true)).unwrap();
+        let order: Vec<OpSite> = l.steps.iter().map(|s| s.site).collect();
+        assert_eq!(order, schedule(&plan).unwrap().order);
+        assert_eq!(l.streams, 4 * plan.lanes.len());
+        let waits = plan.ops().filter(|(_, op)| matches!(op, Op::Wait { .. })).count();
+        assert_eq!(l.wait_slots.len(), waits);
+        let gemms = plan.ops().filter(|(_, op)| matches!(op, Op::Gemm { .. })).count();
+        assert_eq!(l.gemms, GemmCounts { cublas: gemms, tile: 0 });
+    }
+
+    #[test]
+    fn an_order_that_can_hang_is_refused_before_any_launch() {
+        let plan = plan(OpKind::AgGemm, Algorithm::Ring, 8, DType::F32);
+        let err = lower_in_order(&plan, &whole_lane_order(&plan), &options(GemmEngine::Auto, SyncMode::Kernels, true))
+            .unwrap_err();
+        assert!(matches!(err, CudaError::Enqueue(_)), "{err}");
+        assert!(err.to_string().contains("hangs on 8 hardware queue(s)"), "{err}");
+    }
+
+    #[test]
+    fn the_gemm_engine_is_explicit() {
+        let plan = plan(OpKind::AgGemm, Algorithm::Ring, 2, DType::Bf16);
+        let tile = lower(&plan, &options(GemmEngine::Auto, SyncMode::Kernels, false)).unwrap();
+        assert_eq!(tile.gemms.cublas, 0);
+        assert!(tile.gemms.tile > 0);
+        assert_eq!(tile.gemms.describe(), "tile kernels");
+        let err = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, false)).unwrap_err();
+        assert!(matches!(err, CudaError::NoCublas), "{err}");
+        let blas = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap();
+        assert_eq!((blas.gemms.tile, blas.gemms.describe().as_str()), (0, "cuBLAS"));
+        let never = lower(&plan, &options(GemmEngine::TileKernel, SyncMode::Kernels, true)).unwrap();
+        assert_eq!(never.gemms.cublas, 0);
+    }
+
+    #[test]
+    fn mixed_dtypes_are_refused_by_strict_cublas_and_run_on_tiles_under_auto() {
+        let mut b = PlanBuilder::new("mixed", 1);
+        let x = b.buffer("X", DType::F16, 4, 8, BufferRole::Input { tensor: 0, global_cols: 8, origins: vec![(0, 0)] });
+        let y = b.buffer("Y", DType::F32, 8, 4, BufferRole::Input { tensor: 1, global_cols: 4, origins: vec![(0, 0)] });
+        let c = b.buffer("C", DType::F32, 4, 4, BufferRole::Output);
+        let lane = b.lane("main");
+        let (a, bb, cc) = (b.whole(x), b.whole(y), b.whole(c));
+        b.push(0, lane, Op::Gemm { a, b: bb, c: cc, trans_a: false, trans_b: false, accumulate: false });
+        let plan = b.finish().unwrap();
+        let err = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap_err();
+        assert!(err.to_string().contains("A f16 and B f32 cannot run on cuBLAS"), "{err}");
+        let auto = lower(&plan, &options(GemmEngine::Auto, SyncMode::Kernels, true)).unwrap();
+        assert_eq!(auto.gemms, GemmCounts { cublas: 0, tile: 1 });
+        let Some(Command::Gemm(g)) = &auto.steps[0].command else { panic!() };
+        assert_eq!(g.imp, GemmImpl::Simt);
+    }
+
+    #[test]
+    fn stream_memory_ops_write_running_totals_of_single_lane_semaphores() {
+        let plan = plan(OpKind::AgGemm, Algorithm::Ring, 4, DType::F32);
+        let l = lower(&plan, &options(GemmEngine::Auto, SyncMode::StreamMemOps, true)).unwrap();
+        let finals = schedule(&plan).unwrap().final_semaphores;
+        let mut last = std::collections::HashMap::new();
+        for step in &l.steps {
+            match &step.command {
+                Some(Command::SignalWrite { device, sem, value }) => {
+                    let prev = last.insert((*device, *sem), *value).unwrap_or(0);
+                    assert!(*value > prev, "totals grow");
+                }
+                Some(Command::SignalAdd { .. } | Command::WaitKernel { .. }) => {
+                    panic!("ring semaphores have one signaller")
+                }
+                _ => {}
+            }
+        }
+        for ((device, sem), value) in last {
+            assert_eq!(finals[device][sem], value, "the last write is the final value");
+        }
+        assert!(l.wait_slots.is_empty());
+    }
+
+    #[test]
+    fn a_semaphore_with_several_signallers_keeps_the_add_kernel() {
+        let mut b = PlanBuilder::new("two signallers", 3);
+        let s = b.semaphore("s");
+        let lane = b.lane("main");
+        b.push(1, lane, Op::Signal { device: 0, sem: s, add: 1 });
+        b.push(2, lane, Op::Signal { device: 0, sem: s, add: 1 });
+        b.push(0, lane, Op::Wait { sem: s, value: 2 });
+        let plan = b.finish().unwrap();
+        let l = lower(&plan, &options(GemmEngine::Auto, SyncMode::StreamMemOps, true)).unwrap();
+        let adds = l.steps.iter().filter(|s| matches!(s.command, Some(Command::SignalAdd { .. }))).count();
+        assert_eq!(adds, 2);
+    }
+
+    #[test]
+    fn too_many_reduce_inputs_are_a_typed_error() {
+        let mut b = PlanBuilder::new("wide reduce", 1);
+        let x = b.buffer("X", DType::F32, 9, 4, BufferRole::Input { tensor: 0, global_cols: 4, origins: vec![(0, 0)] });
+        let y = b.buffer("Y", DType::F32, 1, 4, BufferRole::Output);
+        let lane = b.lane("main");
+        let inputs = (0..9).map(|r| b.rows(x, r, 1)).collect();
+        let output = b.whole(y);
+        b.push(0, lane, Op::Reduce { inputs, output });
+        // The plan model refuses it before lowering; lowering refuses it too.
+        assert!(b.finish().unwrap_err().to_string().contains("reduce of 9 inputs"));
+    }
+
+    #[test]
+    fn one_row_operands_get_a_valid_leading_dimension() {
+        let mut b = PlanBuilder::new("one row", 1);
+        let x = b.buffer("X", DType::F32, 1, 8, BufferRole::Input { tensor: 0, global_cols: 8, origins: vec![(0, 0)] });
+        let y = b.buffer("Y", DType::F32, 8, 4, BufferRole::Input { tensor: 1, global_cols: 4, origins: vec![(0, 0)] });
+        let c = b.buffer("C", DType::F32, 1, 4, BufferRole::Output);
+        let lane = b.lane("main");
+        let a = Region { stride: 1, ..b.whole(x) };
+        let (bb, cc) = (b.whole(y), b.whole(c));
+        b.push(0, lane, Op::Gemm { a, b: bb, c: cc, trans_a: false, trans_b: false, accumulate: false });
+        let plan = b.finish().unwrap();
+        let l = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap();
+        let Some(Command::Gemm(g)) = &l.steps[0].command else { panic!() };
+        assert_eq!(g.strides, [8, 4, 4]);
+    }
+
+    #[test]
+    fn the_queue_count_comes_from_cuda_device_max_connections() {
+        assert_eq!(parse_queues(None).unwrap(), 8);
+        assert_eq!(parse_queues(Some(" 32 ")).unwrap(), 32);
+        for bad in ["0", "33", "eight", ""] {
+            let err = parse_queues(Some(bad)).unwrap_err();
+            assert!(err.to_string().contains(&format!("CUDA_DEVICE_MAX_CONNECTIONS={bad}")), "{err}");
+        }
+    }
+}

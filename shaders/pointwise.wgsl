@@ -1,0 +1,66 @@
+// Elementwise functions of `Op::Pointwise` (the MLP block's GeLU and its backward),
+// evaluated in f32 and rounded once to the output dtype. One invocation per element,
+// no loop. CPU twin: `Pointwise::apply` in cmm-core (`core/src/linear/gelu.rs`), whose
+// operation order this follows exactly: clamp, u = c·(x + k·x·x·x), e = exp(2u),
+// t = 1 − 2/(e + 1).
+//
+// function 0: out = gelu(in0); function 1: out = in0 · gelu'(in1).
+
+struct PointwiseParams {
+    rows: u32,
+    cols: u32,
+    row_begin: u32,
+    function: u32,
+    out_off: u32,
+    out_stride: u32,
+    out_dtype: u32,
+    _pad: u32,
+    // Per input: offset, stride, dtype, unused.
+    inputs: array<vec4<u32>, 2>,
+}
+
+@group(0) @binding(0) var<storage, read_write> mem: array<u32>;
+@group(0) @binding(1) var<uniform> P: PointwiseParams;
+
+const GELU_C: f32 = 0.7978846;
+const GELU_K: f32 = 0.044715;
+const GELU_CLAMP: f32 = 30.0;
+
+fn input_value(t: u32, r: u32, c: u32) -> f32 {
+    let d = P.inputs[t];
+    return decode(mem[d.x + r * d.y + c], d.z);
+}
+
+fn tanh_via_exp(xc: f32) -> f32 {
+    let inner = GELU_C * (xc + GELU_K * xc * xc * xc);
+    let e = exp(2.0 * inner);
+    return 1.0 - 2.0 / (e + 1.0);
+}
+
+fn gelu(x: f32) -> f32 {
+    let t = tanh_via_exp(clamp(x, -GELU_CLAMP, GELU_CLAMP));
+    return 0.5 * x * (1.0 + t);
+}
+
+fn gelu_grad(x: f32) -> f32 {
+    let xc = clamp(x, -GELU_CLAMP, GELU_CLAMP);
+    let t = tanh_via_exp(xc);
+    let s = 1.0 - t * t;
+    return 0.5 * (1.0 + t) + 0.5 * xc * s * GELU_C * (1.0 + 3.0 * GELU_K * xc * xc);
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    let r = P.row_begin + gid.y;
+    if (c >= P.cols || r >= P.rows) {
+        return;
+    }
+    var v: f32;
+    if (P.function == 0u) {
+        v = gelu(input_value(0u, r, c));
+    } else {
+        v = input_value(0u, r, c) * gelu_grad(input_value(1u, r, c));
+    }
+    mem[P.out_off + r * P.out_stride + c] = encode(v, P.out_dtype);
+}

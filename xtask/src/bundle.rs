@@ -1,0 +1,368 @@
+//! `cargo xtask gpu-bundle`: everything a GPU machine without a Rust toolchain needs to
+//! run every GPU check in one command — the xtask binary, the CUDA test binaries, the
+//! corpus, the goldens, the Vulkan loader for the reference, and `run.sh` — in one
+//! folder small enough to carry. `--check` then runs the script here, where it must
+//! fail cleanly for want of a GPU. `gpu-bundle-summary` (called by the script) turns the
+//! step table and logs into `summary.md` and `summary.json`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+/// The script the bundle runs.
+const RUN_SH: &str = include_str!("gpu-bundle/run.sh");
+
+/// The most a device call may carry, with room for the rest of the working tree.
+const CARRY_LIMIT_BYTES: u64 = 48 << 20;
+
+/// Arguments of `cargo xtask gpu-bundle`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The folder to (re)create [default: target/gpu-bundle].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Do not fetch the Vulkan loader (libvulkan1) with `apt-get download`.
+    #[arg(long)]
+    pub no_vulkan: bool,
+    /// After building, run the script here and require its "no GPU" exit (status 3).
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// Arguments of `cargo xtask gpu-bundle-summary`.
+#[derive(Debug, clap::Args)]
+pub struct SummaryArgs {
+    /// The folder with `steps.tsv` and one `<step>.log` per step.
+    #[arg(long, value_name = "DIR")]
+    pub logs: PathBuf,
+    /// Where `summary.md` and `summary.json` go.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<u64> {
+    fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    let mut bytes = 0;
+    for entry in fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let path = entry?.path();
+        if path.is_file() {
+            bytes += fs::copy(&path, to.join(path.file_name().expect("a file has a name")))
+                .with_context(|| format!("copying {}", path.display()))?;
+        }
+    }
+    Ok(bytes)
+}
+
+/// The release test binaries `(package, test target)`, built if needed, by path.
+fn test_binaries(targets: &[(&str, &str)]) -> Result<Vec<PathBuf>> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.current_dir(crate::workspace_root()).args(["test", "--release", "--no-run", "--message-format=json"]);
+    for (package, test) in targets {
+        command.args(["-p", package, "--test", test]);
+    }
+    let output = command.output().context("running cargo test --no-run")?;
+    if !output.status.success() {
+        bail!("building the test binaries failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+    let mut found = vec![None; targets.len()];
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let (Some(name), Some(exe)) = (message["target"]["name"].as_str(), message["executable"].as_str()) else {
+            continue;
+        };
+        let is_test = message["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|v| v == "test"));
+        if let Some(i) = targets.iter().position(|(_, t)| *t == name).filter(|_| is_test) {
+            found[i] = Some(PathBuf::from(exe));
+        }
+    }
+    targets
+        .iter()
+        .zip(found)
+        .map(|((p, t), f)| f.with_context(|| format!("cargo did not report the test binary {p}/{t}")))
+        .collect()
+}
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).current_dir(crate::workspace_root()).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn strip(path: &Path) {
+    // Best effort: symbols only make the bundle larger.
+    let _ = Command::new("strip").arg(path).status();
+}
+
+/// Builds the bundle (and with `--check` runs it here).
+pub fn run(args: &Args) -> Result<()> {
+    let root = crate::workspace_root();
+    let dir = args.out.clone().unwrap_or_else(|| root.join("target").join("gpu-bundle"));
+    if dir.exists() {
+        fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    let bin = dir.join("bin");
+    fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
+    let xtask = std::env::current_exe().context("locating the xtask binary")?;
+    let tests = test_binaries(&[("cmm-cuda", "device"), ("cmm-conformance", "cuda")])?;
+    for (from, name) in [(&xtask, "xtask"), (&tests[0], "cuda-device-tests"), (&tests[1], "conformance-cuda-tests")] {
+        let to = bin.join(name);
+        fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
+        strip(&to);
+    }
+    copy_dir(&cmm_conformance::cases_dir(), &dir.join("cases"))?;
+    copy_dir(&cmm_conformance::Goldens::default_dir(), &dir.join("golden"))?;
+    let script = dir.join("run.sh");
+    fs::write(&script, RUN_SH).context("writing run.sh")?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).context("making run.sh executable")?;
+    }
+    let commit = match (git(&["rev-parse", "HEAD"]), git(&["status", "--porcelain"])) {
+        (Some(head), Some(status)) if !status.is_empty() => format!("{head}-dirty"),
+        (Some(head), _) => head,
+        _ => "unknown".into(),
+    };
+    fs::write(dir.join("COMMIT"), format!("{commit}\n")).context("writing COMMIT")?;
+    let vulkan =
+        if args.no_vulkan { "not bundled (--no-vulkan)".to_string() } else { fetch_vulkan(&dir.join("vulkan")) };
+    let bytes = dir_bytes(&dir)?;
+    println!(
+        "bundle: {} ({:.1} MiB), commit {commit}; Vulkan loader: {vulkan}",
+        dir.display(),
+        bytes as f64 / 1048576.0
+    );
+    if bytes > CARRY_LIMIT_BYTES {
+        bail!("the bundle is {bytes} bytes, more than the {CARRY_LIMIT_BYTES} a device call can carry beside the tree");
+    }
+    let shown = dir.strip_prefix(&root).unwrap_or(&dir).display().to_string();
+    println!("run it on a GPU machine: `bash {shown}/run.sh` (carry `{shown}`; results under $OUT)");
+    if args.check {
+        check(&dir)?;
+    }
+    Ok(())
+}
+
+/// `apt-get download libvulkan1` into `dir`; returns what happened, in words.
+fn fetch_vulkan(dir: &Path) -> String {
+    if let Err(e) = fs::create_dir_all(dir) {
+        return format!("not bundled ({e})");
+    }
+    match Command::new("apt-get").args(["download", "libvulkan1"]).current_dir(dir).output() {
+        Ok(out) if out.status.success() => "libvulkan1 .deb bundled".into(),
+        Ok(out) => format!("not bundled (apt-get download: {})", String::from_utf8_lossy(&out.stderr).trim()),
+        Err(e) => format!("not bundled (apt-get: {e})"),
+    }
+}
+
+fn dir_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
+    }
+    Ok(total)
+}
+
+/// Runs the bundle here, where there is no GPU: it must exit 3 and say so.
+fn check(dir: &Path) -> Result<()> {
+    let out = std::env::temp_dir().join(format!("cmm-gpu-bundle-check-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&out);
+    let output = Command::new("bash").arg(dir.join("run.sh")).arg(&out).output().context("running run.sh")?;
+    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+    if crate_has_gpu() {
+        println!("check: this machine has a GPU; the no-GPU exit cannot be checked here");
+        return Ok(());
+    }
+    if output.status.code() != Some(3) || !text.contains("no GPU") {
+        bail!("run.sh without a GPU should exit 3 saying `no GPU`; it exited {:?}:\n{text}", output.status.code());
+    }
+    for file in ["summary.md", "summary.json", "logs.tar.gz"] {
+        if !out.join(file).is_file() {
+            bail!("run.sh without a GPU wrote no {file} under {}", out.display());
+        }
+    }
+    let summary = fs::read_to_string(out.join("summary.md"))?;
+    if !summary.contains("no GPU") {
+        bail!("summary.md does not say why nothing ran:\n{summary}");
+    }
+    let _ = fs::remove_dir_all(&out);
+    println!("check: without a GPU the bundle exits 3 with `no GPU` and still writes its summary");
+    Ok(())
+}
+
+fn crate_has_gpu() -> bool {
+    cmm_cuda::probe().is_ok()
+}
+
+/// One step of a bundle run, as summarised.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct StepSummary {
+    /// Step name.
+    pub name: String,
+    /// Exit status (`None`: skipped).
+    pub rc: Option<i32>,
+    /// Seconds it took.
+    pub seconds: u64,
+    /// "passed", "FAILED", "skipped" or "no GPU".
+    pub result: String,
+    /// The lines that matter from its log.
+    pub details: Vec<String>,
+}
+
+/// The whole summary.
+#[derive(Debug, Serialize)]
+struct Summary {
+    commit: Option<String>,
+    environment: Vec<String>,
+    steps: Vec<StepSummary>,
+}
+
+/// The lines of a step's log worth showing: counts, failures, sanitizer totals, tables.
+pub fn key_lines(step: &str, log: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_table = false;
+    for line in log.lines() {
+        let t = line.trim_end();
+        let counts = t.split_whitespace().collect::<Vec<_>>();
+        let is_total = counts.len() == 4 && counts[1] == "passed," && counts[3] == "failed";
+        let keep = is_total
+            || t.starts_with("adapter:")
+            || t.starts_with("error:")
+            || t.starts_with("stamp:")
+            || t.starts_with("test result:")
+            || (t.starts_with("test ") && t.ends_with("FAILED"))
+            || t.contains("panicked at")
+            || t.contains("ERROR SUMMARY")
+            || (step.starts_with("conformance") || step == "reference-vulkan") && t.contains("  FAIL  ");
+        if step.starts_with("bench") {
+            if t.starts_with("gpu:") || t.starts_with("cuBLAS") || t.starts_with("sync:") {
+                out.push(t.to_string());
+            }
+            if t.starts_with("op ") {
+                in_table = true;
+            }
+            if in_table && !t.is_empty() && !t.starts_with("saved") {
+                out.push(t.to_string());
+                continue;
+            }
+        }
+        if keep && out.len() < 60 {
+            out.push(t.to_string());
+        }
+    }
+    out
+}
+
+/// `cargo xtask gpu-bundle-summary`: `steps.tsv` and the logs into `summary.md` and
+/// `summary.json`.
+pub fn summarise(args: &SummaryArgs) -> Result<()> {
+    let table = fs::read_to_string(args.logs.join("steps.tsv")).context("reading steps.tsv")?;
+    let mut steps = Vec::new();
+    for row in table.lines().skip(1) {
+        let cols: Vec<&str> = row.split('\t').collect();
+        let [name, rc, seconds, note] = cols[..] else { continue };
+        let log = fs::read_to_string(args.logs.join(format!("{name}.log"))).unwrap_or_default();
+        let rc: Option<i32> = rc.parse().ok();
+        let result = match (rc, note) {
+            (_, "no GPU") => "no GPU",
+            (None, _) => "skipped",
+            (Some(0), _) => "passed",
+            _ => "FAILED",
+        };
+        let mut details = key_lines(name, &log);
+        if !note.is_empty() {
+            details.insert(0, note.to_string());
+        }
+        if name == "env" {
+            details = log.lines().take(12).map(str::to_string).collect();
+        }
+        steps.push(StepSummary {
+            name: name.to_string(),
+            rc,
+            seconds: seconds.parse().unwrap_or(0),
+            result: result.into(),
+            details,
+        });
+    }
+    let environment: Vec<String> = ["env.log", "libraries.log"]
+        .iter()
+        .filter_map(|f| fs::read_to_string(args.logs.join(f)).ok())
+        .flat_map(|t| t.lines().take(16).map(str::to_string).collect::<Vec<_>>())
+        .collect();
+    let summary = Summary { commit: std::env::var("CMM_COMMIT").ok(), environment, steps };
+    fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let json = serde_json::to_string_pretty(&summary).context("encoding the summary")?;
+    fs::write(args.out.join("summary.json"), json + "\n").context("writing summary.json")?;
+    let mut md = String::from("# cmm GPU bundle\n\n");
+    md += &format!("commit: {}\n\n```text\n", summary.commit.as_deref().unwrap_or("unknown"));
+    for line in &summary.environment {
+        md += &format!("{line}\n");
+    }
+    md += "```\n\n| step | result | seconds |\n|---|---|---:|\n";
+    for s in &summary.steps {
+        md += &format!("| {} | {} | {} |\n", s.name, s.result, s.seconds);
+    }
+    for s in &summary.steps {
+        if !s.details.is_empty() {
+            md += &format!("\n## {} ({})\n\n```text\n{}\n```\n", s.name, s.result, s.details.join("\n"));
+        }
+    }
+    fs::write(args.out.join("summary.md"), md).context("writing summary.md")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_lines_keep_totals_failures_and_the_bench_table() {
+        let conformance = "adapter: cuda on H100\ncase  op\nag_gemm_ring_d2  ag_gemm  ring  2  1x1x1  f32->f32  exact  0  ok  1.0 ms\n\
+            gemm_rs_ring_d3  gemm_rs  ring  3  1x1x1  f32->f32  exact  -  FAIL  -  cuda: wait timed out\n185 passed, 1 failed\n\
+            stamp: 20 op/algorithm pair(s)\n";
+        let lines = key_lines("conformance-kernels", conformance);
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert!(lines[1].contains("FAIL") && lines[2] == "185 passed, 1 failed");
+        let bench =
+            "gpu: H100\ncuBLAS 8192³ f16: 700 TFLOP/s\nsync: kernels\nop  D plan\nag_gemm 2 ring 100.0\nsaved x.json\n";
+        let lines = key_lines("bench-kernels", bench);
+        assert_eq!(
+            lines,
+            vec!["gpu: H100", "cuBLAS 8192³ f16: 700 TFLOP/s", "sync: kernels", "op  D plan", "ag_gemm 2 ring 100.0"]
+        );
+        let tests = "test a ... ok\ntest b ... FAILED\nthread 'b' panicked at x.rs:1:1:\ntest result: FAILED. 1 passed; 1 failed\n";
+        assert_eq!(key_lines("device-tests", tests).len(), 3);
+        assert_eq!(
+            key_lines("sanitizer-memcheck", "========= ERROR SUMMARY: 0 errors\n"),
+            vec!["========= ERROR SUMMARY: 0 errors"]
+        );
+    }
+
+    #[test]
+    fn the_summary_names_each_step_and_its_result() {
+        let dir = std::env::temp_dir().join(format!("cmm-summary-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("steps.tsv"),
+            "step\trc\tseconds\tnote\ndevice-tests\t0\t12\t\nconformance-kernels\t1\t40\t\nbench-kernels\t-\t0\tskipped: the time budget is spent\n",
+        )
+        .unwrap();
+        fs::write(dir.join("conformance-kernels.log"), "185 passed, 1 failed\n").unwrap();
+        summarise(&SummaryArgs { logs: dir.clone(), out: dir.clone() }).unwrap();
+        let md = fs::read_to_string(dir.join("summary.md")).unwrap();
+        assert!(md.contains("| device-tests | passed | 12 |"), "{md}");
+        assert!(md.contains("| conformance-kernels | FAILED | 40 |") && md.contains("185 passed, 1 failed"), "{md}");
+        assert!(md.contains("| bench-kernels | skipped | 0 |") && md.contains("time budget is spent"), "{md}");
+        let json: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+        assert_eq!(json["steps"][1]["result"], "FAILED");
+        assert_eq!(json["steps"][2]["rc"], serde_json::Value::Null);
+        let _ = fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The cmm GPU bundle: every GPU check of the CUDA backend in one command, on a machine
+# with an NVIDIA GPU and CUDA 13 but no Rust toolchain. Built by `cargo xtask gpu-bundle`
+# (see docs/cuda.md); the folder holds the binaries, the corpus, the goldens and this
+# script.
+#
+#   bash run.sh [OUT_DIR]        # OUT_DIR defaults to $OUT, else ./out beside this script
+#
+# Writes under OUT_DIR: summary.md, summary.json, bench-kernels.json, bench-memops.json
+# and logs.tar.gz. Steps run in order of importance under one time budget
+# (CMM_BUNDLE_BUDGET seconds, default 560: a device call may last 600); a step that no
+# longer fits is skipped and says so. CMM_BUNDLE_STEPS="a b …" runs only the named steps.
+# Exit status: 0 when every step passed, 1 when one failed or was skipped, 3 without a GPU.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+out="${1:-${OUT:-$here/out}}"
+budget="${CMM_BUNDLE_BUDGET:-560}"
+wanted="${CMM_BUNDLE_STEPS:-all}"
+mkdir -p "$out"
+scratch="$(mktemp -d)"
+logs="$scratch/logs"
+mkdir -p "$logs"
+export CMM_REQUIRE_GPU=1
+export CMM_CASES_DIR="$here/cases" CMM_GOLDEN_DIR="$here/golden" CMM_STAMP_DIR="$scratch/stamps"
+CMM_COMMIT="$(cat "$here/COMMIT" 2>/dev/null || echo unknown)"
+export CMM_COMMIT
+printf 'step\trc\tseconds\tnote\n' >"$logs/steps.tsv"
+
+finish() {
+    if ! "$here/bin/xtask" gpu-bundle-summary --logs "$logs" --out "$out"; then
+        echo "bundle: the summary could not be written; the raw step table:"
+        cat "$logs/steps.tsv"
+        cp "$logs/steps.tsv" "$out/steps.tsv"
+    fi
+    tar -czf "$out/logs.tar.gz" -C "$scratch" logs
+    cat "$out/summary.md" 2>/dev/null
+}
+
+# --- libraries: the driver, NVRTC and cuBLAS, wherever this machine keeps them -------
+find_lib() {
+    local name="$1" dir=""
+    dir="$(ldconfig -p 2>/dev/null | awk -v l="$name" '$1 == l { print $NF; exit }')"
+    if [ -z "$dir" ]; then
+        local roots=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia /usr/lib/x86_64-linux-gnu /opt /usr/local/lib)
+        local py
+        py="$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)"
+        # shellcheck disable=SC2206
+        roots+=($py)
+        dir="$(find "${roots[@]}" -name "$name" 2>/dev/null | head -n 1)"
+    fi
+    [ -n "$dir" ] && dirname "$dir"
+}
+{
+    echo "libraries:"
+    for lib in libcuda.so.1 libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13; do
+        if dir="$(find_lib "$lib")" && [ -n "$dir" ]; then
+            echo "  $lib: $dir"
+            case ":${LD_LIBRARY_PATH:-}:" in *":$dir:"*) ;; *) export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;; esac
+        else
+            echo "  $lib: not found"
+        fi
+    done
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+} >"$logs/libraries.log" 2>&1
+
+# --- no GPU: say so and stop -----------------------------------------------------------
+if ! nvidia-smi -L >"$logs/env.log" 2>&1 || ! grep -q "libcuda.so.1: /" "$logs/libraries.log"; then
+    {
+        echo "no GPU: this machine has no working NVIDIA driver (nvidia-smi -L and libcuda.so.1 are needed)."
+        echo "Run this bundle on a GPU machine; see docs/cuda.md."
+    } | tee -a "$logs/env.log"
+    printf 'env\t3\t0\tno GPU\n' >>"$logs/steps.tsv"
+    finish >/dev/null
+    exit 3
+fi
+
+# --- steps -----------------------------------------------------------------------------
+start=$SECONDS
+failed=0
+step() { # step NAME LIMIT_SECONDS COMMAND...
+    local name="$1" limit="$2"
+    shift 2
+    if [ "$wanted" != all ] && [[ " $wanted " != *" $name "* ]]; then
+        return
+    fi
+    local left=$((budget - (SECONDS - start)))
+    if [ "$left" -lt 20 ]; then
+        printf '%s\t-\t0\tskipped: the time budget is spent\n' "$name" >>"$logs/steps.tsv"
+        echo "bundle: $name skipped (time budget spent)"
+        failed=1
+        return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "bundle: $name (limit ${limit} s)"
+    local t0=$SECONDS rc
+    timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
+    rc=$?
+    local note=""
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && note="time limit of ${limit} s reached"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$note" >>"$logs/steps.tsv"
+    [ "$rc" -eq 0 ] || failed=1
+}
+
+x="$here/bin/xtask"
+export here scratch x
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    echo "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-unset (8)}"
+    echo "commit: $CMM_COMMIT"
+    uname -a
+    ldd --version 2>&1 | head -n 1
+} >>"$logs/env.log" 2>&1
+
+step device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1
+step conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
+step bench-kernels 150 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json"
+step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case-timeout 30
+step bench-memops 120 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
+step cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
+sanitize() { # the corpus's smallest ring cases under one compute-sanitizer tool
+    local tool="$1"
+    compute-sanitizer --tool "$tool" --error-exitcode 17 --print-limit 20 \
+        "$x" conformance --backend cuda --filter ring_d2_ --case-timeout 60 --stamps "$scratch/sanitizer-stamps"
+}
+export -f sanitize
+step sanitizer-memcheck 90 bash -c 'sanitize memcheck'
+step sanitizer-racecheck 90 bash -c 'sanitize racecheck'
+step sanitizer-synccheck 90 bash -c 'sanitize synccheck'
+reference_on_vulkan() { # the wgpu reference on this GPU's Vulkan driver
+    if ! ldconfig -p | grep -q libvulkan.so.1 && compgen -G "$here/vulkan/*.deb" >/dev/null; then
+        local root="$scratch/vulkan-root"
+        for deb in "$here"/vulkan/*.deb; do dpkg -x "$deb" "$root"; done
+        export LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+    fi
+    for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json; do
+        if [ -e "$icd" ]; then
+            export VK_DRIVER_FILES="$icd" VK_ICD_FILENAMES="$icd"
+            break
+        fi
+    done
+    echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-unset}"
+    "$x" conformance --backend reference
+}
+export -f reference_on_vulkan
+step reference-vulkan 120 bash -c reference_on_vulkan
+
+finish
+exit "$failed"
