@@ -38,6 +38,20 @@
 //! algorithm = "ring"        # baseline | megatron | ring
 //! m = 32                    # S tokens per micro-batch; n = F features out, k = H in
 //! …                         # n, k, input, output (= input), family, seed as above
+//!
+//! [[case]]
+//! name = "attn_causal_balanced_ring_d4_h4kv2_dh64_bf16"
+//! op = "attention"
+//! devices = 4
+//! algorithm = "ring"        # baseline | ring | ring_bidir (prefill) | split_kv (decode)
+//! m = 64                    # S, the sequence length; n = h query heads; k = dh
+//! n = 4
+//! k = 64
+//! kv_heads = 2              # divides n; fewer than n is grouped-query attention
+//! causal = true
+//! layout = "balanced"       # contiguous (default) | balanced (prefill only)
+//! queries = 2               # decode only: the last `queries` positions attend
+//! …                         # input, output (= input), family (= realistic), seed
 //! ```
 //!
 //! Loading checks the syntax, the field types, that the fields fit the op (`devices`
@@ -49,11 +63,13 @@ use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use cmm_core::attention::build_attention_plan;
 use cmm_core::linear::build_linear_plan;
 use cmm_core::mesh::build_mesh_plan;
 use cmm_core::{
-    build_plan, Algorithm, AlgorithmError, DType, Dataflow, Family, Layer, LinearAlgorithm, LinearError, LinearProblem,
-    MeshAlgorithm, MeshError, MeshProblem, OpKind, Pass, Plan, PlanError, Problem, ProblemError, ShardedGemm, Workload,
+    build_plan, Algorithm, AlgorithmError, AttentionAlgorithm, AttentionError, AttentionProblem, DType, Dataflow,
+    Family, Layer, Layout, LinearAlgorithm, LinearError, LinearProblem, MeshAlgorithm, MeshError, MeshProblem, OpKind,
+    Pass, Plan, PlanError, Problem, ProblemError, ShardedGemm, Workload,
 };
 use serde::Deserialize;
 use thiserror::Error;
@@ -89,6 +105,19 @@ pub enum Topology {
         devices: usize,
         /// Micro-batches.
         microbatches: usize,
+    },
+    /// Sequence-parallel attention (`op = "attention"`, [`cmm_core::attention`]).
+    Attention {
+        /// D.
+        devices: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+        /// Causal mask.
+        causal: bool,
+        /// Prefill layout.
+        layout: Layout,
+        /// Decode query count.
+        queries: Option<usize>,
     },
 }
 
@@ -152,6 +181,14 @@ struct CaseTable {
     sp: Option<bool>,
     #[serde(default)]
     microbatches: Option<usize>,
+    #[serde(default)]
+    kv_heads: Option<usize>,
+    #[serde(default)]
+    causal: Option<bool>,
+    #[serde(default)]
+    layout: Option<Layout>,
+    #[serde(default)]
+    queries: Option<usize>,
     m: usize,
     n: usize,
     k: usize,
@@ -166,6 +203,9 @@ pub const MESH_GEMM: &str = "mesh_gemm";
 
 /// The op name of the linear-layer family in case files.
 pub const LINEAR: &str = "linear";
+
+/// The op name of the attention family in case files.
+pub const ATTENTION: &str = "attention";
 
 impl CaseTable {
     /// The case, if the fields fit the op.
@@ -182,12 +222,42 @@ impl CaseTable {
             (self.sp.is_some(), "sp"),
             (self.microbatches.is_some(), "microbatches"),
         ];
-        let topology = if self.op == MESH_GEMM {
-            given(self.devices.is_some(), "devices", &mut foreign);
-            given(self.chunks.is_some(), "chunks", &mut foreign);
-            for (present, field) in linear_fields {
-                given(present, field, &mut foreign);
+        let attention_fields = [
+            (self.kv_heads.is_some(), "kv_heads"),
+            (self.causal.is_some(), "causal"),
+            (self.layout.is_some(), "layout"),
+            (self.queries.is_some(), "queries"),
+        ];
+        let mesh_fields = [
+            (self.nr.is_some(), "nr"),
+            (self.nc.is_some(), "nc"),
+            (self.dataflow.is_some(), "dataflow"),
+            (self.slices.is_some(), "slices"),
+            (self.block.is_some(), "block"),
+        ];
+        let ring_fields = [(self.chunks.is_some(), "chunks")];
+        let devices_field = [(self.devices.is_some(), "devices")];
+        // The fields of the other families are foreign to each op.
+        let mut reject = |groups: &[&[(bool, &str)]]| {
+            for (present, field) in groups.iter().flat_map(|g| g.iter()) {
+                given(*present, field, &mut foreign);
             }
+        };
+        let topology = if self.op == ATTENTION {
+            reject(&[&ring_fields, &mesh_fields, &linear_fields]);
+            if self.output != self.input {
+                return Err(format!("{ATTENTION}: output must equal input ({}); the log-sum-exp is f32", self.input));
+            }
+            let missing = |field: &str| format!("{ATTENTION} needs the field `{field}`");
+            Topology::Attention {
+                devices: self.devices.ok_or_else(|| missing("devices"))?,
+                kv_heads: self.kv_heads.ok_or_else(|| missing("kv_heads"))?,
+                causal: self.causal.ok_or_else(|| missing("causal"))?,
+                layout: self.layout.unwrap_or(Layout::Contiguous),
+                queries: self.queries,
+            }
+        } else if self.op == MESH_GEMM {
+            reject(&[&devices_field, &ring_fields, &linear_fields, &attention_fields]);
             let missing = |field: &str| format!("{MESH_GEMM} needs the field `{field}`");
             Topology::Mesh {
                 nr: self.nr.ok_or_else(|| missing("nr"))?,
@@ -195,16 +265,7 @@ impl CaseTable {
                 dataflow: self.dataflow.ok_or_else(|| missing("dataflow"))?,
             }
         } else if self.op == LINEAR {
-            for (present, field) in [
-                (self.chunks.is_some(), "chunks"),
-                (self.nr.is_some(), "nr"),
-                (self.nc.is_some(), "nc"),
-                (self.dataflow.is_some(), "dataflow"),
-                (self.slices.is_some(), "slices"),
-                (self.block.is_some(), "block"),
-            ] {
-                given(present, field, &mut foreign);
-            }
+            reject(&[&ring_fields, &mesh_fields, &attention_fields]);
             let missing = |field: &str| format!("{LINEAR} needs the field `{field}`");
             if self.output != self.input {
                 return Err(format!(
@@ -221,20 +282,12 @@ impl CaseTable {
             }
         } else {
             let op: OpKind = self.op.parse().map_err(|_| {
-                format!("unknown op `{}` (expected ag_gemm, gemm_rs, gemm_ar, {MESH_GEMM} or {LINEAR})", self.op)
+                format!(
+                    "unknown op `{}` (expected ag_gemm, gemm_rs, gemm_ar, {MESH_GEMM}, {LINEAR} or {ATTENTION})",
+                    self.op
+                )
             })?;
-            for (present, field) in [
-                (self.nr.is_some(), "nr"),
-                (self.nc.is_some(), "nc"),
-                (self.dataflow.is_some(), "dataflow"),
-                (self.slices.is_some(), "slices"),
-                (self.block.is_some(), "block"),
-            ]
-            .into_iter()
-            .chain(linear_fields)
-            {
-                given(present, field, &mut foreign);
-            }
+            reject(&[&mesh_fields, &linear_fields, &attention_fields]);
             let devices = self.devices.ok_or_else(|| format!("{op} needs the field `devices`"))?;
             Topology::Ring { op, devices }
         };
@@ -268,6 +321,8 @@ pub enum CaseProblem {
     Mesh(MeshProblem),
     /// A linear-layer problem.
     Linear(LinearProblem),
+    /// An attention problem.
+    Attention(AttentionProblem),
 }
 
 impl CaseProblem {
@@ -276,7 +331,7 @@ impl CaseProblem {
         match self {
             CaseProblem::Ring(p) => Some(p),
             CaseProblem::Mesh(p) => Some(p),
-            CaseProblem::Linear(_) => None,
+            CaseProblem::Linear(_) | CaseProblem::Attention(_) => None,
         }
     }
 
@@ -286,6 +341,7 @@ impl CaseProblem {
             CaseProblem::Ring(p) => p,
             CaseProblem::Mesh(p) => p,
             CaseProblem::Linear(p) => p,
+            CaseProblem::Attention(p) => p,
         }
     }
 }
@@ -309,6 +365,12 @@ pub enum CaseError {
     /// The linear algorithm is unknown, or its plan failed validation.
     #[error("{0}")]
     LinearPlan(String),
+    /// The attention problem is invalid.
+    #[error(transparent)]
+    Attention(#[from] AttentionError),
+    /// The attention algorithm is unknown, or cannot plan the problem.
+    #[error("{0}")]
+    AttentionPlan(String),
 }
 
 /// An algorithm of either family, with its parameters.
@@ -320,6 +382,8 @@ pub enum CaseAlgorithm {
     Mesh(MeshAlgorithm),
     /// A linear-layer algorithm.
     Linear(LinearAlgorithm),
+    /// An attention algorithm.
+    Attention(AttentionAlgorithm),
 }
 
 impl fmt::Display for CaseAlgorithm {
@@ -328,6 +392,7 @@ impl fmt::Display for CaseAlgorithm {
             CaseAlgorithm::Ring(a) => a.fmt(f),
             CaseAlgorithm::Mesh(a) => a.fmt(f),
             CaseAlgorithm::Linear(a) => a.fmt(f),
+            CaseAlgorithm::Attention(a) => a.fmt(f),
         }
     }
 }
@@ -340,7 +405,7 @@ impl Case {
             // Saturating: a case is validated only when it runs, and absurd sizes must
             // not overflow before that.
             Topology::Mesh { nr, nc, .. } => nr.saturating_mul(nc),
-            Topology::Linear { devices, .. } => devices,
+            Topology::Linear { devices, .. } | Topology::Attention { devices, .. } => devices,
         }
     }
 
@@ -348,7 +413,7 @@ impl Case {
     pub fn ring_op(&self) -> Option<OpKind> {
         match self.topology {
             Topology::Ring { op, .. } => Some(op),
-            Topology::Mesh { .. } | Topology::Linear { .. } => None,
+            Topology::Mesh { .. } | Topology::Linear { .. } | Topology::Attention { .. } => None,
         }
     }
 
@@ -358,6 +423,7 @@ impl Case {
             Topology::Ring { op, .. } => op.name(),
             Topology::Mesh { .. } => MESH_GEMM,
             Topology::Linear { .. } => LINEAR,
+            Topology::Attention { .. } => ATTENTION,
         }
     }
 
@@ -374,6 +440,13 @@ impl Case {
                 };
                 format!("{LINEAR} {layer} {pass}{}", if sp { " sp" } else { "" })
             }
+            Topology::Attention { causal, layout, queries, .. } => {
+                let mode = match queries {
+                    Some(t) => format!("decode T={t}"),
+                    None => layout.to_string(),
+                };
+                format!("attn {}{mode}", if causal { "causal " } else { "" })
+            }
         }
     }
 
@@ -384,6 +457,7 @@ impl Case {
             Topology::Ring { devices, .. } => devices.to_string(),
             Topology::Mesh { nr, nc, .. } => format!("{nr}x{nc}"),
             Topology::Linear { devices, microbatches, .. } => format!("{devices}·mb{microbatches}"),
+            Topology::Attention { devices, .. } => devices.to_string(),
         }
     }
 
@@ -398,6 +472,9 @@ impl Case {
             Topology::Linear { layer, pass, sp, devices, microbatches } => {
                 CaseProblem::Linear(LinearProblem::new(layer, pass, sp, devices, microbatches, m, k, n, input)?)
             }
+            Topology::Attention { devices, kv_heads, causal, layout, queries } => CaseProblem::Attention(
+                AttentionProblem::new(devices, m, n, kv_heads, k, causal, layout, queries, input)?,
+            ),
         })
     }
 
@@ -409,6 +486,9 @@ impl Case {
                 CaseAlgorithm::Mesh(MeshAlgorithm::parse(&self.algorithm, self.slices, self.block)?)
             }
             Topology::Linear { .. } => CaseAlgorithm::Linear(self.algorithm.parse().map_err(CaseError::LinearPlan)?),
+            Topology::Attention { .. } => {
+                CaseAlgorithm::Attention(self.algorithm.parse().map_err(CaseError::AttentionPlan)?)
+            }
         })
     }
 
@@ -428,6 +508,10 @@ impl Case {
             CaseProblem::Linear(p) => {
                 let algorithm: LinearAlgorithm = self.algorithm.parse().map_err(CaseError::LinearPlan)?;
                 build_linear_plan(&p, algorithm).map_err(|e: PlanError| CaseError::LinearPlan(e.to_string()))?
+            }
+            CaseProblem::Attention(p) => {
+                let algorithm: AttentionAlgorithm = self.algorithm.parse().map_err(CaseError::AttentionPlan)?;
+                build_attention_plan(&p, algorithm).map_err(|e| CaseError::AttentionPlan(e.to_string()))?
             }
         })
     }

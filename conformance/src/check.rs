@@ -131,6 +131,9 @@ pub enum Failure {
     /// The linear case is invalid, or its algorithm unknown or unable to plan it.
     #[error("linear case: {0}")]
     Linear(String),
+    /// The attention case is invalid, or its algorithm unknown or unable to plan it.
+    #[error("attention case: {0}")]
+    Attention(String),
     /// The plan does not fit the case (device count, output buffer).
     #[error("plan does not fit the case: {0}")]
     Plan(String),
@@ -254,6 +257,8 @@ impl From<CaseError> for Failure {
             CaseError::Mesh(e) => Failure::Mesh(e),
             CaseError::Linear(e) => Failure::Linear(e.to_string()),
             CaseError::LinearPlan(e) => Failure::Linear(e),
+            CaseError::Attention(e) => Failure::Attention(e.to_string()),
+            CaseError::AttentionPlan(e) => Failure::Attention(e),
         }
     }
 }
@@ -313,14 +318,25 @@ pub fn check_case(case: &Case, plan: &Plan, backend: &dyn Backend, goldens: &Gol
     check_with_memory(case, plan, backend, Some(goldens), 1).0
 }
 
-/// [`check_case_with`] without goldens, also returning the default-order run's memory.
-pub(crate) fn check_case_keeping_memory(
+/// The run of a mutant ([`crate::mutants`]): [`check_case_with`] without goldens,
+/// with the case's oracle computed once for all its mutants, and without the verifier
+/// (the mutant has passed it already, under the same interleavings); also returns the
+/// default-order run's memory.
+pub(crate) fn check_mutant_keeping_memory(
     case: &Case,
     plan: &Plan,
     backend: &dyn Backend,
     schedules: usize,
+    expected: &[ExpectedOutput],
 ) -> (CaseResult, Option<Memory>) {
-    check_with_memory(case, plan, backend, None, schedules)
+    let mut result = CaseResult::new(case);
+    match check_into(&mut result, case, plan, backend, None, schedules, Some(expected)) {
+        Ok(memory) => (result, Some(memory)),
+        Err(failure) => {
+            result.failures.push(failure);
+            (result, None)
+        }
+    }
 }
 
 /// [`check_case`] under the first `schedules` interleavings of
@@ -344,7 +360,7 @@ fn check_with_memory(
     schedules: usize,
 ) -> (CaseResult, Option<Memory>) {
     let mut result = CaseResult::new(case);
-    match check_into(&mut result, case, plan, backend, goldens, schedules) {
+    match check_into(&mut result, case, plan, backend, goldens, schedules, None) {
         Ok(memory) => (result, Some(memory)),
         Err(failure) => {
             result.failures.push(failure);
@@ -353,7 +369,9 @@ fn check_with_memory(
     }
 }
 
-/// The check; an `Err` is a failure that stops it before the comparisons.
+/// The check; an `Err` is a failure that stops it before the comparisons. With
+/// `prepared` (a mutant's run) the oracle's outputs are given and the verifier, which
+/// the mutant has passed, is not replayed.
 fn check_into(
     result: &mut CaseResult,
     case: &Case,
@@ -361,6 +379,7 @@ fn check_into(
     backend: &dyn Backend,
     goldens: Option<&Goldens>,
     schedules: usize,
+    prepared: Option<&[ExpectedOutput]>,
 ) -> Result<Memory, Failure> {
     let problem = case.problem()?;
     let workload = problem.workload();
@@ -371,11 +390,18 @@ fn check_into(
     if let Some(why) = workload.unsupported_family(case.family) {
         return Err(Failure::Family(why));
     }
-    let expected = workload.expected(case.seed, case.family);
+    let computed;
+    let expected: &[ExpectedOutput] = match prepared {
+        Some(e) => e,
+        None => {
+            computed = workload.expected(case.seed, case.family);
+            &computed
+        }
+    };
     let several = expected.len() > 1;
     let label = |e: &ExpectedOutput| several.then(|| e.buffer.clone());
     let mut buffers = Vec::with_capacity(expected.len());
-    for e in &expected {
+    for e in expected {
         let id = plan
             .buffer_id(&e.buffer)
             .filter(|id| plan.buffer(*id).role.is_result())
@@ -393,7 +419,7 @@ fn check_into(
     // The verifier replays every interleaving before anything runs: a plan that
     // deadlocks or races is reported precisely rather than by its wrong numbers.
     let orders = orders(schedules.max(1), plan.devices);
-    for &order in &orders {
+    for &order in orders.iter().take(if prepared.is_some() { 0 } else { orders.len() }) {
         let schedule = schedule_with(plan, order).map_err(BackendError::from)?;
         let findings = verify(plan, &schedule);
         if !findings.is_empty() {
@@ -433,7 +459,7 @@ fn check_into(
         .zip(&outputs)
         .map(|(e, words)| words.iter().map(|w| w.iter().map(|&b| e.dtype.decode(b) as f64).collect()).collect())
         .collect();
-    result.max_error = Some(got.iter().zip(&expected).map(|(g, e)| max_error(g, &e.values)).fold(0.0, f64::max));
+    result.max_error = Some(got.iter().zip(expected).map(|(g, e)| max_error(g, &e.values)).fold(0.0, f64::max));
 
     let mut oracle_ok = true;
     for ((e, words), g) in expected.iter().zip(&outputs).zip(&got) {
@@ -449,7 +475,7 @@ fn check_into(
         }
     }
 
-    let run = Run { case, expected: &expected, outputs: &outputs, got: &got };
+    let run = Run { case, expected, outputs: &outputs, got: &got };
     if let Some(goldens) = goldens {
         let golden = if goldens.bless {
             bless(result, goldens, &run, oracle_ok && result.failures.is_empty())

@@ -110,6 +110,12 @@ impl Exporter {
                 opt(case.slices),
                 opt(case.block)
             ),
+            Topology::Attention { kv_heads, causal, layout, queries, .. } => format!(
+                "\"heads\": {}, \"kv_heads\": {kv_heads}, \"head_dim\": {}, \"causal\": {causal}, \"layout\": \"{layout}\", \"queries\": {}, ",
+                case.n,
+                case.k,
+                opt(queries)
+            ),
         };
         self.entries.push(format!(
             concat!(

@@ -117,6 +117,12 @@ fn fields(case: &Case, outputs: &[OutputShape]) -> Vec<(&'static str, String)> {
             ("sp", sp.to_string()),
             ("microbatches", microbatches.to_string()),
         ]),
+        Topology::Attention { kv_heads, causal, layout, queries, .. } => fields.extend([
+            ("kv_heads", kv_heads.to_string()),
+            ("causal", causal.to_string()),
+            ("layout", layout.to_string()),
+            ("queries", queries.map_or("none".into(), |t| t.to_string())),
+        ]),
         Topology::Ring { .. } => {}
     }
     fields.extend([

@@ -12,11 +12,11 @@ use cmm_core::cpu::Memory;
 use cmm_core::mutants::{dataflow_equivalence, mutants, MutationKind};
 use cmm_core::schedule::{orders, schedule_with, Order};
 use cmm_core::verify::verify;
-use cmm_core::{Family, Op, Plan};
+use cmm_core::{ExpectedOutput, Family, Op, Plan};
 
 use crate::backend::Backend;
 use crate::case::Case;
-use crate::check::check_case_keeping_memory;
+use crate::check::check_mutant_keeping_memory;
 use crate::ConformanceError;
 
 /// Interleavings each mutant is checked under.
@@ -58,17 +58,20 @@ impl MutantReport {
 
 /// Every word a run leaves in the buffers whose bits the plan fixes, by name:
 /// `(name, [device][word])`. These are the workload's outputs and every f32 buffer an
-/// accumulating GEMM adds into: an output rounded to f16/bf16 can hide a changed
-/// summation order that its f32 accumulator still shows.
+/// accumulating GEMM adds into or an attention state lives in: an output rounded to
+/// f16/bf16 can hide a changed summation order that its f32 accumulator still shows.
 type Outputs = Vec<(String, Vec<Vec<u32>>)>;
 
-fn outputs_of(case: &Case, plan: &Plan, memory: &Memory) -> Option<Outputs> {
-    let workload = case.problem().ok()?;
-    let mut names: Vec<String> =
-        workload.workload().expected(case.seed, case.family).into_iter().map(|e| e.buffer).collect();
+fn outputs_of(expected: &[ExpectedOutput], plan: &Plan, memory: &Memory) -> Option<Outputs> {
+    let mut names: Vec<String> = expected.iter().map(|e| e.buffer.clone()).collect();
     for op in plan.programs.iter().flat_map(|p| p.lanes.iter().flatten()) {
-        if let Op::Gemm { c, accumulate: true, .. } = op {
-            let name = &plan.buffers[c.buf.0].name;
+        let targets = match op {
+            Op::Gemm { c, accumulate: true, .. } => vec![*c],
+            Op::Attend { state, .. } | Op::AttnMerge { into: state, .. } => state.regions().to_vec(),
+            _ => Vec::new(),
+        };
+        for r in targets {
+            let name = &plan.buffers[r.buf.0].name;
             if !names.contains(name) {
                 names.push(name.clone());
             }
@@ -106,8 +109,14 @@ pub fn catch_static(plan: &Plan) -> Option<String> {
 /// (the unmutated plan's outputs and f32 accumulators on the same backend), a mutant
 /// whose outputs pass every check but leave other bits is caught too: the plan fixes
 /// its summation order, so goldens are stable and any change of it is visible.
-pub fn catch_dynamic(case: &Case, plan: &Plan, backend: &dyn Backend, original: Option<&Outputs>) -> Option<String> {
-    let (result, memory) = check_case_keeping_memory(case, plan, backend, MUTANT_SCHEDULES);
+pub fn catch_dynamic(
+    case: &Case,
+    plan: &Plan,
+    backend: &dyn Backend,
+    expected: &[ExpectedOutput],
+    original: Option<&Outputs>,
+) -> Option<String> {
+    let (result, memory) = check_mutant_keeping_memory(case, plan, backend, MUTANT_SCHEDULES, expected);
     if !result.passed() {
         return Some(result.reason());
     }
@@ -128,8 +137,14 @@ pub fn catch_dynamic(case: &Case, plan: &Plan, backend: &dyn Backend, original: 
 }
 
 /// The first check a mutant fails ([`catch_static`], then [`catch_dynamic`]), or `None`.
-pub fn catch(case: &Case, plan: &Plan, backend: &dyn Backend, original: Option<&Outputs>) -> Option<String> {
-    catch_static(plan).or_else(|| catch_dynamic(case, plan, backend, original))
+pub fn catch(
+    case: &Case,
+    plan: &Plan,
+    backend: &dyn Backend,
+    expected: &[ExpectedOutput],
+    original: Option<&Outputs>,
+) -> Option<String> {
+    catch_static(plan).or_else(|| catch_dynamic(case, plan, backend, expected, original))
 }
 
 /// Mutates the plan of every case and reports the kill rate to `out`.
@@ -146,10 +161,15 @@ pub fn run_mutants(
             continue;
         };
         let sites = [0, plan.devices - 1];
+        // The oracle once per case, for every mutant's run.
+        let Ok(problem) = case.problem() else {
+            continue;
+        };
+        let expected = problem.workload().expected(case.seed, case.family);
         let original = backend
             .run(&plan, case.seed, case.family, Order::Default)
             .ok()
-            .and_then(|memory| outputs_of(case, &plan, &memory));
+            .and_then(|memory| outputs_of(&expected, &plan, &memory));
         for m in mutants(&plan, &sites) {
             let k = report.kinds.entry(m.kind).or_default();
             k.total += 1;
@@ -157,15 +177,17 @@ pub fn run_mutants(
             // proofs assume exactly what those checks establish (no deadlock, no race).
             let caught = catch_static(&m.plan);
             let proven = || {
-                m.equivalent
-                    .filter(|_| !m.exact_only || case.family == Family::Exact)
-                    .or_else(|| m.swapped.and_then(|(d, l, i)| dataflow_equivalence(&plan, &m.plan, d, l, i)))
+                m.equivalent.filter(|_| !m.exact_only || case.family == Family::Exact).or_else(|| {
+                    (m.swapped.is_some() || m.rewired)
+                        .then(|| dataflow_equivalence(&plan, &m.plan, m.swapped))
+                        .flatten()
+                })
             };
             let outcome = match caught {
                 Some(why) => Err(why),
                 None => match proven() {
                     Some(reason) => Ok(Some(reason)),
-                    None => catch_dynamic(case, &m.plan, backend, original.as_ref()).map_or(Ok(None), Err),
+                    None => catch_dynamic(case, &m.plan, backend, &expected, original.as_ref()).map_or(Ok(None), Err),
                 },
             };
             match outcome {

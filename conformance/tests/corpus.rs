@@ -1,13 +1,13 @@
-//! Tidy checks of the corpus and the goldens: coverage (1D and mesh), unique names,
+//! Tidy checks of the corpus and the goldens: coverage (1D, mesh, attention), unique names,
 //! every case valid, every golden present and used, sizes small enough for lavapipe.
 
 mod common;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use cmm_conformance::{Case, CaseAlgorithm, Goldens, Topology};
+use cmm_conformance::{Case, CaseAlgorithm, CaseProblem, Goldens, Topology};
 use cmm_core::algorithms::algorithms_for;
-use cmm_core::{DType, Dataflow, Family, MeshAlgorithm, OpKind};
+use cmm_core::{AttentionAlgorithm, AttentionProblem, DType, Dataflow, Family, Layout, MeshAlgorithm, OpKind};
 
 const DEVICE_COUNTS: [usize; 5] = [1, 2, 3, 4, 8];
 
@@ -95,7 +95,7 @@ fn every_valid_mesh_algorithm_dataflow_and_mesh_combination_runs() {
         .iter()
         .filter_map(|c| match c.topology {
             Topology::Mesh { nr, nc, dataflow } => Some((c.algorithm.clone(), dataflow, (nr, nc))),
-            Topology::Ring { .. } | Topology::Linear { .. } => None,
+            _ => None,
         })
         .collect();
     let mut missing = Vec::new();
@@ -140,6 +140,46 @@ fn mesh_cases_cover_families_dtypes_slicings_and_non_square_shapes() {
     assert!(slicings.iter().any(|&(s, _)| s >= 3), "no MeshSlice with S >= 3: {slicings:?}");
     assert!(slicings.iter().any(|&(_, b)| b >= 2), "no MeshSlice with B >= 2: {slicings:?}");
     assert!(cases.iter().all(|c| c.m != c.n || c.n != c.k), "a mesh case is square");
+}
+
+/// The attention cases, as the problems they describe.
+fn attention_cases() -> Vec<(Case, AttentionProblem)> {
+    common::corpus()
+        .into_iter()
+        .filter_map(|c| match c.problem() {
+            Ok(CaseProblem::Attention(p)) => Some((c, p)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn attention_cases_cover_masks_layouts_algorithms_heads_and_dtypes() {
+    let cases = attention_cases();
+    assert!(cases.len() >= 24, "only {} attention cases", cases.len());
+    assert!(cases.iter().all(|(c, _)| c.name.starts_with("attn_")));
+    let has = |f: &dyn Fn(&AttentionProblem) -> bool| cases.iter().any(|(_, p)| f(p));
+    for causal in [false, true] {
+        assert!(has(&|p| p.causal == causal && p.queries.is_none()), "no prefill with causal = {causal}");
+        assert!(has(&|p| p.causal == causal && p.queries.is_some()), "no decode with causal = {causal}");
+    }
+    assert!(has(&|p| p.causal && p.layout == Layout::Balanced), "no balanced causal prefill");
+    for d in [2, 4, 8] {
+        assert!(has(&|p| p.devices == d), "no attention case with D={d}");
+    }
+    assert!(has(&|p| p.kv_heads == p.heads) && has(&|p| p.kv_heads < p.heads), "MHA and GQA");
+    for dh in [64, 128] {
+        assert!(has(&|p| p.head_dim == dh), "no head dimension {dh}");
+    }
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        assert!(has(&|p| p.dtype == dtype), "no {dtype} attention case");
+    }
+    assert!(has(&|p| p.queries.is_some() && p.seq % p.devices != 0), "no ragged split-KV decode");
+    assert!(has(&|p| p.queries.is_none() && (p.seq / p.devices) % 16 != 0), "every shard a whole number of key tiles");
+    let algorithms: BTreeSet<String> = cases.iter().map(|(c, _)| c.algorithm.clone()).collect();
+    for a in AttentionAlgorithm::ALL {
+        assert!(algorithms.contains(a.name()), "no {a} case");
+    }
 }
 
 #[test]

@@ -27,6 +27,10 @@ fn the_whole_lane_order_hangs_on_the_corpus() {
     let mut example = None;
     for case in common::corpus() {
         let plan = case.plan().unwrap();
+        // A one-lane plan (a baseline) enqueues in program order whatever the executor does.
+        if plan.lanes.len() < 2 {
+            continue;
+        }
         let order = whole_lane_order(&plan);
         total += 1;
         for (i, queues) in [DEFAULT_QUEUES, MAX_QUEUES].into_iter().enumerate() {
@@ -42,7 +46,7 @@ fn the_whole_lane_order_hangs_on_the_corpus() {
             }
         }
     }
-    eprintln!("whole-lane order: {} of {total} hang on 8 queues, {} on 32", hangs[0], hangs[1]);
+    eprintln!("whole-lane order: {} of {total} multi-lane plans hang on 8 queues, {} on 32", hangs[0], hangs[1]);
     let (name, sentence) = example.expect("some case hangs");
     eprintln!("{name}: {sentence}");
     assert!(hangs[0] > total / 2, "{} of {total} hang on 8 queues", hangs[0]);

@@ -4,9 +4,10 @@
 //! `generate.wgsl`). It runs small plans quickly in unit tests and documents what
 //! each shader computes.
 
+use crate::attention::online;
 use crate::dtype::DType;
 use crate::generator::{element_bits, Family};
-use crate::plan::{BufferRole, Op, Plan, PlanError, Region};
+use crate::plan::{attention_scale, AttnState, BufferRole, Op, Plan, PlanError, Region};
 use crate::schedule::{schedule_with, Deadlock, Order};
 
 /// Why the CPU twin could not run a plan.
@@ -132,6 +133,106 @@ pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
                 }
             }
         }
+        Op::Attend { q, k, v, state, heads, kv_heads, causal, fresh } => {
+            let dh = q.cols / heads;
+            let group = heads / kv_heads;
+            let scale = attention_scale(dh);
+            let dev = &mem[device];
+            let get = |r: &Region, i: usize, j: usize| dt(r).decode(dev[r.buf.0][at(r, i, j)]);
+            let mut states = Vec::with_capacity(q.rows * heads);
+            for i in 0..q.rows {
+                for h in 0..*heads {
+                    let g = h / group;
+                    let mut row = if *fresh { online::RowState::empty(dh) } else { read_state(dev, state, i, h, dh) };
+                    let query: Vec<f32> = (0..dh).map(|c| get(q, i, h * dh + c)).collect();
+                    online::attend(
+                        &mut row,
+                        &query,
+                        k.rows,
+                        scale,
+                        |j, c| get(k, j, g * dh + c),
+                        |j, c| get(v, j, g * dh + c),
+                        |j| causal.is_none_or(|m| m.visible(i, j)),
+                    );
+                    states.push(row);
+                }
+            }
+            for (n, row) in states.iter().enumerate() {
+                write_state(&mut mem[device], state, n / heads, n % heads, row);
+            }
+        }
+        Op::AttnMerge { from, into, heads } => {
+            let dh = into.acc.cols / heads;
+            for i in 0..into.max.rows {
+                for h in 0..*heads {
+                    let other = read_state(&mem[device], from, i, h, dh);
+                    let mut row = read_state(&mem[device], into, i, h, dh);
+                    online::merge(&mut row, &other);
+                    write_state(&mut mem[device], into, i, h, &row);
+                }
+            }
+        }
+        Op::AttnFinish { state, out, lse, heads } => {
+            let dh = state.acc.cols / heads;
+            for i in 0..state.max.rows {
+                for h in 0..*heads {
+                    let row = read_state(&mem[device], state, i, h, dh);
+                    let (values, log_sum_exp) = online::finish(&row);
+                    for (c, x) in values.into_iter().enumerate() {
+                        mem[device][out.buf.0][at(out, i, h * dh + c)] = dt(out).encode(x);
+                    }
+                    mem[device][lse.buf.0][at(lse, i, h)] = log_sum_exp.to_bits();
+                }
+            }
+        }
         Op::Signal { .. } | Op::Wait { .. } => {}
+    }
+}
+
+/// Reads the state of (row `i`, head `h`) from a device's memory.
+fn read_state(dev: &[Vec<u32>], s: &AttnState, i: usize, h: usize, dh: usize) -> online::RowState {
+    let word = |r: &Region, j: usize| f32::from_bits(dev[r.buf.0][at(r, i, j)]);
+    online::RowState {
+        max: word(&s.max, h),
+        sum: word(&s.sum, h),
+        acc: (0..dh).map(|c| word(&s.acc, h * dh + c)).collect(),
+    }
+}
+
+/// Writes the state of (row `i`, head `h`) into a device's memory.
+fn write_state(dev: &mut [Vec<u32>], s: &AttnState, i: usize, h: usize, row: &online::RowState) {
+    let dh = row.acc.len();
+    dev[s.max.buf.0][at(&s.max, i, h)] = row.max.to_bits();
+    dev[s.sum.buf.0][at(&s.sum, i, h)] = row.sum.to_bits();
+    for (c, a) in row.acc.iter().enumerate() {
+        dev[s.acc.buf.0][at(&s.acc, i, h * dh + c)] = a.to_bits();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::{algorithms_for, build_plan};
+    use crate::oracle::expected_outputs;
+    use crate::problem::{OpKind, Problem};
+
+    /// Every algorithm on a few device counts matches the oracle exactly on the exact family.
+    #[test]
+    fn every_algorithm_matches_the_oracle_on_the_cpu() {
+        for op in OpKind::ALL {
+            for d in [1, 2, 3, 4, 5] {
+                let p = Problem::new(op, d, 4 * d, 2 * d, 3 * d, DType::Bf16, DType::F32).unwrap();
+                let want = expected_outputs(&p, 11, Family::Exact);
+                for alg in algorithms_for(op) {
+                    let plan = build_plan(&p, alg).unwrap();
+                    let mem = run(&plan, 11, Family::Exact).unwrap();
+                    let out = plan.output().unwrap();
+                    for (dev, dev_mem) in mem.iter().enumerate() {
+                        let got: Vec<f64> = dev_mem[out.0].iter().map(|&w| f32::from_bits(w) as f64).collect();
+                        assert_eq!(got, want.values[dev], "{} device {dev}", plan.name);
+                    }
+                }
+            }
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! every executor builds on this crate.
 
 pub mod algorithms;
+pub mod attention;
 pub mod cpu;
 pub mod dtype;
 pub mod generator;
@@ -20,11 +21,14 @@ pub mod verify;
 pub mod workload;
 
 pub use algorithms::{build_plan, Algorithm, AlgorithmError};
+pub use attention::{AttentionAlgorithm, AttentionError, AttentionProblem, Layout};
 pub use dtype::DType;
 pub use generator::Family;
 pub use linear::{Layer, LinearAlgorithm, LinearError, LinearProblem, Pass};
 pub use mesh::{Dataflow, MeshAlgorithm, MeshError, MeshProblem};
-pub use plan::{BufId, BufferDecl, BufferRole, Engine, Op, OpSite, Plan, PlanError, Pointwise, Region, SemId};
+pub use plan::{
+    AttnState, BufId, BufferDecl, BufferRole, Causal, Engine, Op, OpSite, Plan, PlanError, Pointwise, Region, SemId,
+};
 pub use problem::{GlobalGemm, OpKind, Problem, ProblemError, ShardedGemm, Window};
 pub use tolerance::Tolerance;
 pub use workload::{ExpectedOutput, Workload};

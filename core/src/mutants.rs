@@ -26,13 +26,19 @@ pub enum MutationKind {
     /// beta = 1).
     Overwrite,
     /// Move an accumulating GEMM before the previous one into the same region of its
-    /// lane (the contributions added in another order).
+    /// lane (the contributions added in another order); likewise an attention block
+    /// or state merge moved before the previous one into the same state.
     ReorderAccumulation,
+    /// Shift the first key position of a causal attention block by one (a wrong
+    /// causal offset).
+    CausalOffset,
+    /// Remove one attention block (a key block never attended).
+    SkipBlock,
 }
 
 impl MutationKind {
     /// Every kind, in report order.
-    pub const ALL: [MutationKind; 8] = [
+    pub const ALL: [MutationKind; 10] = [
         MutationKind::DropSignal,
         MutationKind::LowerWait,
         MutationKind::SwapAdjacent,
@@ -41,6 +47,8 @@ impl MutationKind {
         MutationKind::ShrinkScratch,
         MutationKind::Overwrite,
         MutationKind::ReorderAccumulation,
+        MutationKind::CausalOffset,
+        MutationKind::SkipBlock,
     ];
 
     /// Short name.
@@ -54,6 +62,8 @@ impl MutationKind {
             MutationKind::ShrinkScratch => "shrink-scratch",
             MutationKind::Overwrite => "overwrite",
             MutationKind::ReorderAccumulation => "reorder-accumulation",
+            MutationKind::CausalOffset => "causal-offset",
+            MutationKind::SkipBlock => "skip-block",
         }
     }
 }
@@ -81,6 +91,10 @@ pub struct Mutant {
     pub exact_only: bool,
     /// For a swap of adjacent ops, the (device, lane, index) of the first.
     pub swapped: Option<(usize, usize, usize)>,
+    /// Whether the mutation keeps every op in its place and changes only where a copy
+    /// writes or how long a wait waits (wrong peer, wrong slot, lower wait), so that
+    /// [`dataflow_equivalence`] can decide it.
+    pub rewired: bool,
 }
 
 fn is_data(op: &Op) -> bool {
@@ -188,34 +202,42 @@ fn shrink_equivalence(plan: &Plan, buf: usize, slot: usize) -> Option<&'static s
     )
 }
 
-/// Why swapping ops `index` and `index + 1` of a lane (a [`MutationKind::SwapAdjacent`]
-/// mutant, [`Mutant::swapped`]) cannot change results when no local rule says so
-/// (checked only for mutants that survive, it replays both plans): the swapped plan is race-free and every read in it observes the
-/// same write as in the plan (other synchronisation orders the accesses the swap
-/// exposes), so both compute the same function.
+/// Why a mutant that keeps every op in its place cannot change results when no local
+/// rule says so (checked only for mutants that survive; it replays both plans): the
+/// mutant is race-free and every read in it, and every element of every result,
+/// observes the same write as in the plan, so both compute the same function. `swapped`
+/// names the first of two adjacent ops a [`MutationKind::SwapAdjacent`] mutant swapped
+/// (their sites are exchanged before comparing); without it the sites are the plan's
+/// ([`Mutant::rewired`]: a copy sent elsewhere, a lower wait).
 pub fn dataflow_equivalence(
     plan: &Plan,
     mutant: &Plan,
-    device: usize,
-    lane: usize,
-    index: usize,
+    swapped: Option<(usize, usize, usize)>,
 ) -> Option<&'static str> {
     let schedule = schedule_with(plan, crate::schedule::Order::Default).ok()?;
-    let swapped = schedule_with(mutant, crate::schedule::Order::Default).ok()?;
-    if !verify(mutant, &swapped).is_empty() {
+    let replayed = schedule_with(mutant, crate::schedule::Order::Default).ok()?;
+    if !verify(mutant, &replayed).is_empty() {
         return None;
     }
-    let rename = |s: OpSite| {
-        if (s.device, s.lane) == (device, lane) && (s.index == index || s.index == index + 1) {
+    let rename = |s: OpSite| match swapped {
+        Some((device, lane, index))
+            if (s.device, s.lane) == (device, lane) && (s.index == index || s.index == index + 1) =>
+        {
             OpSite { index: 2 * index + 1 - s.index, ..s }
-        } else {
-            s
         }
+        _ => s,
     };
-    (dataflow(plan, &schedule, &|s| s) == dataflow(mutant, &swapped, &rename)).then_some(
+    if dataflow(plan, &schedule, &|s| s) != dataflow(mutant, &replayed, &rename) {
+        return None;
+    }
+    Some(if swapped.is_some() {
         "the swap leaves every read and every output element with the same writer (other synchronisation \
-         orders the accesses it exposes) and the plan race-free, so it computes the same function",
-    )
+         orders the accesses it exposes) and the plan race-free, so it computes the same function"
+    } else {
+        "the changed copy or wait leaves every read and every output element with the same writer (the data \
+         it moves is never read there, or other synchronisation orders it) and the plan race-free, so it \
+         computes the same function"
+    })
 }
 
 /// Interleavings in which [`shrink_equivalence`] checks the order of slot uses (those
@@ -254,7 +276,8 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
             p.name = format!("{} [{kind}: {description}]", plan.name);
             let exact_only = equivalent == Some(ACCUMULATION_ORDER);
             let swapped = (kind == MutationKind::SwapAdjacent).then_some((device, lane, index));
-            out.push(Mutant { kind, description, plan: p, equivalent, exact_only, swapped });
+            let rewired = matches!(kind, MutationKind::WrongPeer | MutationKind::WrongSlot | MutationKind::LowerWait);
+            out.push(Mutant { kind, description, plan: p, equivalent, exact_only, swapped, rewired });
         };
         let here = format!("device {device} lane {} op {index} `{text}`", plan.lanes[lane]);
         match op {
@@ -320,14 +343,31 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                 },
                 None,
             );
-            // The next accumulation into the same region of this lane, moved before this one.
-            let later = plan.programs[device].lanes[lane]
-                .iter()
-                .enumerate()
-                .skip(index + 1)
-                .find(|(_, o)| matches!(o, Op::Gemm { c: c2, accumulate: true, .. } if *c2 == c));
+        }
+        // The next accumulation into the same region (a GEMM's f32 output, an attention
+        // state) of this lane, moved before this one.
+        let target = |o: &Op| match o {
+            Op::Gemm { c, accumulate: true, .. } => Some(*c),
+            Op::Attend { state, .. } | Op::AttnMerge { into: state, .. } => Some(state.acc),
+            _ => None,
+        };
+        if let Some(acc) = target(op) {
+            let later = plan.programs[device].lanes[lane].iter().enumerate().skip(index + 1).find(|(_, o)| {
+                target(o) == Some(acc)
+                    && matches!(
+                        (o, op),
+                        (Op::Gemm { .. }, Op::Gemm { .. })
+                            | (Op::Attend { .. } | Op::AttnMerge { .. }, Op::Attend { .. } | Op::AttnMerge { .. })
+                    )
+            });
             if let Some((j, next)) = later {
-                let pure = [&a, &b].iter().all(|r| r.buf != c.buf || !overlap(r, &c));
+                // Two GEMMs commute in exact cases when neither reads what they add into.
+                let equivalent = match op {
+                    Op::Gemm { a, b, .. } => {
+                        [a, b].iter().all(|r| r.buf != acc.buf || !overlap(r, &acc)).then_some(ACCUMULATION_ORDER)
+                    }
+                    _ => None,
+                };
                 with(
                     MutationKind::ReorderAccumulation,
                     format!("move op {j} `{}` before {here}", plan.op_text(next)),
@@ -335,9 +375,34 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                         let moved = p.programs[device].lanes[lane].remove(j);
                         p.programs[device].lanes[lane].insert(index, moved);
                     },
-                    pure.then_some(ACCUMULATION_ORDER),
+                    equivalent,
                 );
             }
+        }
+        // Attention: a causal block whose keys start one position earlier (or later); a
+        // block skipped.
+        if let Op::Attend { causal, .. } = op {
+            if let Some(c) = causal {
+                let shifted = if c.k_pos > 0 { c.k_pos - 1 } else { c.k_pos + 1 };
+                with(
+                    MutationKind::CausalOffset,
+                    format!("{here} with keys from position {shifted}"),
+                    &mut |p| {
+                        if let Op::Attend { causal: Some(c), .. } = &mut p.programs[device].lanes[lane][index] {
+                            c.k_pos = shifted;
+                        }
+                    },
+                    None,
+                );
+            }
+            with(
+                MutationKind::SkipBlock,
+                format!("skip {here}"),
+                &mut |p| {
+                    p.programs[device].lanes[lane].remove(index);
+                },
+                None,
+            );
         }
         if let Some(next) = plan.programs[device].lanes[lane].get(index + 1) {
             let equivalent = swap_equivalence(device, op, next);
@@ -389,6 +454,7 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                 equivalent,
                 exact_only: false,
                 swapped: None,
+                rewired: false,
             });
         }
     }
@@ -406,9 +472,15 @@ mod tests {
         let p = Problem::new(OpKind::AgGemm, 3, 6, 3, 2, DType::F32, DType::F32).unwrap();
         let plan = build_plan(&p, Algorithm::Ring).unwrap();
         let ms = mutants(&plan, &[0, 2]);
-        // The ring has no accumulating GEMM (see the linear test for those kinds).
-        let accumulating = [MutationKind::Overwrite, MutationKind::ReorderAccumulation];
-        for kind in MutationKind::ALL.into_iter().filter(|k| !accumulating.contains(k)) {
+        // The ring has no accumulating GEMM and no attention (see the linear and
+        // attention tests for those kinds).
+        let elsewhere = [
+            MutationKind::Overwrite,
+            MutationKind::ReorderAccumulation,
+            MutationKind::CausalOffset,
+            MutationKind::SkipBlock,
+        ];
+        for kind in MutationKind::ALL.into_iter().filter(|k| !elsewhere.contains(k)) {
             assert!(ms.iter().any(|m| m.kind == kind), "{kind}");
         }
         assert!(ms.iter().all(|m| m.plan != plan));
@@ -431,5 +503,29 @@ mod tests {
         let reorder = ms.iter().find(|m| m.kind == MutationKind::ReorderAccumulation).expect("a reorder mutant");
         // Micro-batch 1's wgrad now comes first: equivalent only for exact inputs.
         assert!(reorder.exact_only && reorder.equivalent.is_some(), "{}", reorder.description);
+    }
+
+    #[test]
+    fn attention_blocks_get_offset_skip_and_reorder_mutants_and_copies_are_rewired() {
+        use crate::attention::{build_attention_plan, AttentionAlgorithm, AttentionProblem, Layout};
+        let p = AttentionProblem::new(4, 32, 2, 1, 4, true, Layout::Balanced, None, DType::F32).unwrap();
+        let plan = build_attention_plan(&p, AttentionAlgorithm::Ring).unwrap();
+        let ms = mutants(&plan, &[0, 3]);
+        for kind in [MutationKind::CausalOffset, MutationKind::SkipBlock, MutationKind::ReorderAccumulation] {
+            let m = ms.iter().find(|m| m.kind == kind).unwrap_or_else(|| panic!("no {kind} mutant"));
+            assert!(m.equivalent.is_none() && !m.rewired, "{}", m.description);
+        }
+        let offset = ms.iter().find(|m| m.kind == MutationKind::CausalOffset).unwrap();
+        assert!(offset
+            .plan
+            .ops()
+            .any(|(_, op)| matches!(op, Op::Attend { causal: Some(c), .. } if c.k_pos != c.q_pos)));
+        assert!(ms.iter().filter(|m| m.kind == MutationKind::WrongPeer).all(|m| m.rewired));
+        // A merge reordered in split-KV decode.
+        let p = AttentionProblem::new(4, 16, 2, 2, 4, false, Layout::Contiguous, Some(1), DType::F32).unwrap();
+        let plan = build_attention_plan(&p, AttentionAlgorithm::SplitKv).unwrap();
+        assert!(mutants(&plan, &[0])
+            .iter()
+            .any(|m| m.kind == MutationKind::ReorderAccumulation && m.description.contains("attn_merge")));
     }
 }

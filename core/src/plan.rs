@@ -187,6 +187,62 @@ impl Pointwise {
     }
 }
 
+/// Keys an [`Op::Attend`] processes per online-softmax update: every executor walks a
+/// block's keys in tiles of this many, from the block's first key, updating the running
+/// max once per tile. Part of the contract, since it fixes the rounding.
+pub const ATTN_KEY_TILE: usize = 16;
+
+/// The running max of an empty attention state, and the log-sum-exp of a row that saw
+/// no key: −f32::MAX, finite, because WGSL lets implementations assume no infinities.
+pub const ATTN_EMPTY_MAX: f32 = -f32::MAX;
+
+/// The largest head dimension the attention ops accept (every executor keeps one row of
+/// a head in registers or private memory).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The softmax scale of a head dimension, as every executor computes it on the host:
+/// 1/√dh rounded once to f32. The oracle uses this value too: it is part of the contract.
+pub fn attention_scale(head_dim: usize) -> f32 {
+    (1.0 / (head_dim as f64).sqrt()) as f32
+}
+
+/// The online-softmax state of attention rows (f32): per (query row, head) the running
+/// max (`max`, rows × heads) and sum of exponentials (`sum`, rows × heads), and the
+/// unnormalised output (`acc`, rows × heads·head_dim).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttnState {
+    /// Running max of the scaled scores.
+    pub max: Region,
+    /// Running sum of exp(score − max).
+    pub sum: Region,
+    /// Running Σ exp(score − max)·v.
+    pub acc: Region,
+}
+
+impl AttnState {
+    /// Its three regions.
+    pub fn regions(&self) -> [Region; 3] {
+        [self.max, self.sum, self.acc]
+    }
+}
+
+/// Causal masking of an [`Op::Attend`]: the global sequence positions of its first query
+/// row and first key row. Key j is visible to query i iff `k_pos + j <= q_pos + i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Causal {
+    /// Position of query row 0.
+    pub q_pos: usize,
+    /// Position of key row 0.
+    pub k_pos: usize,
+}
+
+impl Causal {
+    /// Whether key `j` is visible to query `i`.
+    pub fn visible(&self, i: usize, j: usize) -> bool {
+        self.k_pos + j <= self.q_pos + i
+    }
+}
+
 /// One step of a lane.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -235,6 +291,60 @@ pub enum Op {
         inputs: Vec<Region>,
         /// Local output region.
         output: Region,
+    },
+    /// Attention of query rows against one block of keys, as an online-softmax update
+    /// of `state` (seed 001's AG-KV attention). Per query row i and head h (kv head
+    /// g = h / (heads / kv_heads), dh = q.cols / heads), the block's keys are walked
+    /// in tiles of [`ATTN_KEY_TILE`]; per tile, with s_j = (Σ_c q[i,h·dh+c]·k[j,g·dh+c])
+    /// · [`attention_scale`] summed in increasing c over the visible keys: if none is
+    /// visible the tile is skipped; else m' = max(m, max_j s_j), α = exp(m − m'),
+    /// l = l·α, acc_c = acc_c·α, then for each visible j in order p = exp(s_j − m'),
+    /// l += p, acc_c += p·v[j,g·dh+c]; m = m'. A state with l = 0 is empty: its α is
+    /// 0, without evaluating exp (no executor computes with infinities). With `fresh`
+    /// the state starts empty (m = [`ATTN_EMPTY_MAX`], l = 0, acc = 0) instead of
+    /// being read.
+    Attend {
+        /// Queries (rows × heads·dh).
+        q: Region,
+        /// Keys (keys × kv_heads·dh).
+        k: Region,
+        /// Values (keys × kv_heads·dh).
+        v: Region,
+        /// The state updated in place.
+        state: AttnState,
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads (divides `heads`; fewer is grouped-query attention).
+        kv_heads: usize,
+        /// The causal mask, if any.
+        causal: Option<Causal>,
+        /// Start from the empty state instead of reading `state`.
+        fresh: bool,
+    },
+    /// Merges the attention state `from` into `into` (same shapes), per row and head:
+    /// nothing if `from` is empty (l₂ = 0); `into` becomes `from` if it is empty; else
+    /// m' = max(m₁, m₂), a₁ = exp(m₁ − m'), a₂ = exp(m₂ − m'), l = l₁·a₁ + l₂·a₂,
+    /// acc_c = acc₁_c·a₁ + acc₂_c·a₂, m = m'.
+    AttnMerge {
+        /// The other partial state (read).
+        from: AttnState,
+        /// The state merged into (read and written).
+        into: AttnState,
+        /// Heads.
+        heads: usize,
+    },
+    /// Normalises an attention state: `out[i, h·dh+c] = acc_c / l` rounded once to
+    /// out's dtype and `lse[i, h] = m + ln(l)` (f32); an empty row (l = 0, no visible
+    /// key) gives 0 and [`ATTN_EMPTY_MAX`].
+    AttnFinish {
+        /// The state (read).
+        state: AttnState,
+        /// The output (rows × heads·dh).
+        out: Region,
+        /// The log-sum-exp (rows × heads, f32).
+        lse: Region,
+        /// Heads.
+        heads: usize,
     },
     /// Adds `add` to semaphore `sem` of device `device` (release: everything earlier in
     /// this lane is visible to whoever acquires the new value).
@@ -540,11 +650,87 @@ impl Plan {
                     }
                 }
             }
+            Op::Attend { q, k, v, state, heads, kv_heads, .. } => {
+                for r in [q, k, v] {
+                    region(r)?;
+                }
+                if *heads == 0 || *kv_heads == 0 || heads % kv_heads != 0 || q.cols % heads != 0 {
+                    return Err(mismatch(format!(
+                        "attend: {heads} heads over {kv_heads} kv heads and {} query columns (kv heads must divide heads, heads the columns)",
+                        q.cols
+                    )));
+                }
+                let dh = q.cols / heads;
+                if dh == 0 || dh > MAX_HEAD_DIM {
+                    return Err(mismatch(format!("attend: head dimension {dh} is outside 1..={MAX_HEAD_DIM}")));
+                }
+                if k.cols != kv_heads * dh || (v.rows, v.cols) != (k.rows, k.cols) {
+                    return Err(mismatch(format!(
+                        "attend: k is {}x{} and v {}x{}, expected keys x {kv_heads}·{dh}",
+                        k.rows, k.cols, v.rows, v.cols
+                    )));
+                }
+                self.check_attn_state(state, q.rows, *heads, dh, &region, &mismatch)?;
+            }
+            Op::AttnMerge { from, into, heads } => {
+                let dh = if *heads == 0 { 0 } else { into.acc.cols / heads };
+                if dh == 0 || dh * heads != into.acc.cols {
+                    return Err(mismatch(format!("attn_merge: {heads} heads do not split {} columns", into.acc.cols)));
+                }
+                self.check_attn_state(from, into.max.rows, *heads, dh, &region, &mismatch)?;
+                self.check_attn_state(into, into.max.rows, *heads, dh, &region, &mismatch)?;
+            }
+            Op::AttnFinish { state, out, lse, heads } => {
+                let dh = if *heads == 0 { 0 } else { state.acc.cols / heads };
+                if dh == 0 || dh * heads != state.acc.cols {
+                    return Err(mismatch(format!(
+                        "attn_finish: {heads} heads do not split {} columns",
+                        state.acc.cols
+                    )));
+                }
+                let rows = state.max.rows;
+                self.check_attn_state(state, rows, *heads, dh, &region, &mismatch)?;
+                region(out)?;
+                let l = region(lse)?;
+                if (out.rows, out.cols) != (rows, heads * dh)
+                    || (lse.rows, lse.cols) != (rows, *heads)
+                    || l.dtype != DType::F32
+                {
+                    return Err(mismatch(format!(
+                        "attn_finish: out {}x{} and lse {}x{} ({}) for {rows} rows of {heads} heads of {dh} (lse is f32)",
+                        out.rows, out.cols, lse.rows, lse.cols, l.dtype
+                    )));
+                }
+            }
             Op::Signal { device: d, sem: s, .. } => {
                 device(*d)?;
                 sem(*s)?;
             }
             Op::Wait { sem: s, .. } => sem(*s)?,
+        }
+        Ok(())
+    }
+
+    /// Checks the shapes and dtype (f32) of an attention state for `rows` rows of `heads`
+    /// heads of dimension `dh`.
+    fn check_attn_state<'p>(
+        &'p self,
+        state: &AttnState,
+        rows: usize,
+        heads: usize,
+        dh: usize,
+        region: &dyn Fn(&Region) -> Result<&'p BufferDecl, PlanError>,
+        mismatch: &dyn Fn(String) -> PlanError,
+    ) -> Result<(), PlanError> {
+        let want = [(rows, heads), (rows, heads), (rows, heads * dh)];
+        for (r, (wr, wc)) in state.regions().iter().zip(want) {
+            let b = region(r)?;
+            if (r.rows, r.cols) != (wr, wc) || b.dtype != DType::F32 {
+                return Err(mismatch(format!(
+                    "attention state `{}` is {}x{} {}, expected {wr}x{wc} f32 ({rows} rows, {heads} heads of {dh})",
+                    b.name, r.rows, r.cols, b.dtype
+                )));
+            }
         }
         Ok(())
     }
@@ -621,6 +807,19 @@ impl Plan {
                 function.name(),
                 inputs.iter().map(reg).collect::<Vec<_>>().join(", ")
             ),
+            Op::Attend { q, k, v, state, heads, kv_heads, causal, fresh } => format!(
+                "attend {} {} softmax({}·{}ᵀ{}) {} ({heads}/{kv_heads} heads)",
+                reg(&state.acc),
+                if *fresh { "=" } else { "+=" },
+                reg(q),
+                reg(k),
+                causal.map_or(String::new(), |c| format!(" causal q@{} k@{}", c.q_pos, c.k_pos)),
+                reg(v),
+            ),
+            Op::AttnMerge { from, into, .. } => format!("attn_merge {} <- {}", reg(&into.acc), reg(&from.acc)),
+            Op::AttnFinish { state, out, lse, .. } => {
+                format!("attn_finish {}, {} = normalise {}", reg(out), reg(lse), reg(&state.acc))
+            }
             Op::Signal { device, sem: s, add } => format!("signal dev{device}:{} += {add}", sem(s)),
             Op::Wait { sem: s, value } => format!("wait {} >= {value}", sem(s)),
         }

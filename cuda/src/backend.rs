@@ -195,6 +195,46 @@ struct PointwiseInputs {
 #[allow(unsafe_code)]
 unsafe impl DeviceRepr for PointwiseInputs {}
 
+/// Mirror of `CmmAttendArgs` in `cuda/kernels/attention.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct AttendArgs {
+    /// q, k, v, max, sum, acc (each `CmmAttnTensor`, the layout of `CmmReduceInput`).
+    tensors: [ReduceInput; 6],
+    rows: u32,
+    keys: u32,
+    heads: u32,
+    group: u32,
+    head_dim: u32,
+    causal: u32,
+    q_pos: u32,
+    k_pos: u32,
+    fresh: u32,
+    scale_bits: u32,
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmAttendArgs` field for field (six
+// 24-byte tensors, then ten u32s).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for AttendArgs {}
+
+/// Mirror of `CmmAttnStateArgs` in `cuda/kernels/attention.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct AttnStateArgs {
+    /// from's max, sum, acc; into's max, sum, acc; out; lse.
+    tensors: [ReduceInput; 8],
+    function: u32,
+    rows: u32,
+    heads: u32,
+    head_dim: u32,
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmAttnStateArgs` field for field (eight
+// 24-byte tensors, then four u32s).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for AttnStateArgs {}
+
 struct Functions {
     generate: CudaFunction,
     fill: CudaFunction,
@@ -204,6 +244,8 @@ struct Functions {
     copy2d: CudaFunction,
     reduce: CudaFunction,
     pointwise: CudaFunction,
+    attend: CudaFunction,
+    attn_state: CudaFunction,
     signal: CudaFunction,
     wait: CudaFunction,
     gate: CudaFunction,
@@ -322,7 +364,7 @@ fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize) -> Result<Vec<Gpu>, CudaErr
         };
         let (gen, gemm, copy, reduce, sync) =
             (module("generate.cu")?, module("gemm.cu")?, module("copy.cu")?, module("reduce.cu")?, module("sync.cu")?);
-        let pointwise = module("pointwise.cu")?;
+        let (pointwise, attention) = (module("pointwise.cu")?, module("attention.cu")?);
         let f = |m: &Arc<cudarc::driver::CudaModule>, name: &str| {
             m.load_function(name).map_err(|e| CudaError::driver(format!("loading kernel {name}"), e))
         };
@@ -335,6 +377,8 @@ fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize) -> Result<Vec<Gpu>, CudaErr
             copy2d: f(&copy, "cmm_copy2d")?,
             reduce: f(&reduce, "cmm_reduce")?,
             pointwise: f(&pointwise, "cmm_pointwise")?,
+            attend: f(&attention, "cmm_attend")?,
+            attn_state: f(&attention, "cmm_attn_state")?,
             signal: f(&sync, "cmm_signal")?,
             wait: f(&sync, "cmm_wait")?,
             gate: f(&sync, "cmm_gate")?,
@@ -789,6 +833,46 @@ impl Run<'_> {
                     let mut l = stream.launch_builder(&functions.pointwise);
                     l.arg(&o).arg(out_stride).arg(&od).arg(rows).arg(cols).arg(function).arg(&packed);
                     launch(l, cfg, "a pointwise kernel")?;
+                }
+            }
+            Command::Attend { tensors, rows, keys, heads, group, head_dim, causal, fresh } => {
+                let mut args = AttendArgs {
+                    rows: *rows,
+                    keys: *keys,
+                    heads: *heads,
+                    group: *group,
+                    head_dim: *head_dim,
+                    causal: causal.is_some() as u32,
+                    q_pos: causal.map_or(0, |c| c.0),
+                    k_pos: causal.map_or(0, |c| c.1),
+                    fresh: *fresh as u32,
+                    scale_bits: cmm_core::plan::attention_scale(*head_dim as usize).to_bits(),
+                    ..AttendArgs::default()
+                };
+                for (slot, (loc, stride, dtype)) in args.tensors.iter_mut().zip(tensors) {
+                    *slot = ReduceInput { base: addr(loc), stride: *stride, dtype: dtype_code(*dtype), pad: 0 };
+                }
+                if let Some(cfg) = elementwise(*rows as usize * *heads as usize) {
+                    let mut l = stream.launch_builder(&functions.attend);
+                    l.arg(&args);
+                    launch(l, cfg, "an attention block")?;
+                }
+            }
+            Command::AttnState { function, tensors, rows, heads, head_dim } => {
+                let mut args = AttnStateArgs {
+                    function: *function,
+                    rows: *rows,
+                    heads: *heads,
+                    head_dim: *head_dim,
+                    ..AttnStateArgs::default()
+                };
+                for (slot, (loc, stride, dtype)) in args.tensors.iter_mut().zip(tensors) {
+                    *slot = ReduceInput { base: addr(loc), stride: *stride, dtype: dtype_code(*dtype), pad: 0 };
+                }
+                if let Some(cfg) = elementwise(*rows as usize * *heads as usize) {
+                    let mut l = stream.launch_builder(&functions.attn_state);
+                    l.arg(&args);
+                    launch(l, cfg, "an attention merge or finish")?;
                 }
             }
             Command::SignalAdd { device, sem, add } => {

@@ -20,7 +20,7 @@ pub struct KernelFile {
 }
 
 /// Every kernel file of the backend.
-pub const KERNEL_FILES: [KernelFile; 6] = [
+pub const KERNEL_FILES: [KernelFile; 7] = [
     KernelFile {
         name: "generate.cu",
         source: include_str!("../kernels/generate.cu"),
@@ -37,6 +37,11 @@ pub const KERNEL_FILES: [KernelFile; 6] = [
         name: "pointwise.cu",
         source: include_str!("../kernels/pointwise.cu"),
         entry_points: &["cmm_pointwise"],
+    },
+    KernelFile {
+        name: "attention.cu",
+        source: include_str!("../kernels/attention.cu"),
+        entry_points: &["cmm_attend", "cmm_attn_state"],
     },
     KernelFile {
         name: "sync.cu",

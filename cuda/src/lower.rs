@@ -184,6 +184,39 @@ pub enum Command {
         /// Inputs: (location, stride, dtype).
         inputs: Vec<(Loc, u64, DType)>,
     },
+    /// `cmm_attend`: one key block of attention (`Op::Attend`).
+    Attend {
+        /// q, k, v, then the state's max, sum and acc: (location, stride, dtype).
+        tensors: [(Loc, u64, DType); 6],
+        /// Query rows.
+        rows: u32,
+        /// Keys of the block.
+        keys: u32,
+        /// Query heads.
+        heads: u32,
+        /// Query heads per kv head.
+        group: u32,
+        /// Head dimension.
+        head_dim: u32,
+        /// The causal mask's (q_pos, k_pos), if any.
+        causal: Option<(u32, u32)>,
+        /// Start from the empty state.
+        fresh: bool,
+    },
+    /// `cmm_attn_state`: a merge (`from` into `into`) or a finish (`into` into `out`
+    /// and `lse`).
+    AttnState {
+        /// 0: merge, 1: finish.
+        function: u32,
+        /// from's max, sum, acc; into's max, sum, acc; out; lse: (location, stride, dtype).
+        tensors: [(Loc, u64, DType); 8],
+        /// Rows.
+        rows: u32,
+        /// Heads.
+        heads: u32,
+        /// Head dimension.
+        head_dim: u32,
+    },
     /// `cmm_signal`: a release add on semaphore `sem` of `device`.
     SignalAdd {
         /// Target device.
@@ -485,6 +518,50 @@ fn lower_op(
                 rows: output.rows as u32,
                 cols: output.cols as u32,
                 inputs: inputs.iter().map(|r| (loc(d, r), r.stride as u64, dt(r))).collect(),
+            })
+        }
+        Op::Attend { q, k, v, state, heads, kv_heads, causal, fresh } => {
+            let dh = q.cols / heads;
+            let fits = [q.rows, k.rows, *heads, dh].iter().all(|&x| x <= u32::MAX as usize)
+                && causal
+                    .is_none_or(|c| c.q_pos + q.rows <= u32::MAX as usize && c.k_pos + k.rows <= u32::MAX as usize);
+            if !fits {
+                return Err(unsupported(format!("attention over {}x{} queries and {} keys", q.rows, q.cols, k.rows)));
+            }
+            if q.rows == 0 {
+                return Ok(None);
+            }
+            let t = |r: &Region| (loc(d, r), r.stride as u64, dt(r));
+            Some(Command::Attend {
+                tensors: [t(q), t(k), t(v), t(&state.max), t(&state.sum), t(&state.acc)],
+                rows: q.rows as u32,
+                keys: k.rows as u32,
+                heads: *heads as u32,
+                group: (heads / kv_heads) as u32,
+                head_dim: dh as u32,
+                causal: causal.map(|c| (c.q_pos as u32, c.k_pos as u32)),
+                fresh: *fresh,
+            })
+        }
+        Op::AttnMerge { .. } | Op::AttnFinish { .. } => {
+            let t = |r: &Region| (loc(d, r), r.stride as u64, dt(r));
+            let (function, from, into, heads, out) = match op {
+                Op::AttnMerge { from, into, heads } => (0, from, into, *heads, None),
+                Op::AttnFinish { state, out, lse, heads } => (1, state, state, *heads, Some((out, lse))),
+                _ => unreachable!("matched above"),
+            };
+            if into.max.rows == 0 {
+                return Ok(None);
+            }
+            let [fm, fl, fa] = from.regions().map(|r| t(&r));
+            let [im, il, ia] = into.regions().map(|r| t(&r));
+            let (o, l) = out.map_or((im, im), |(o, l)| (t(o), t(l)));
+            Some(Command::AttnState {
+                function,
+                tensors: [fm, fl, fa, im, il, ia, o, l],
+                rows: into.max.rows as u32,
+                heads: heads as u32,
+                head_dim: (into.acc.cols / heads) as u32,
             })
         }
         Op::Signal { device, sem, add } => match writes.iter().find(|(s, _)| *s == site) {

@@ -30,6 +30,8 @@ pub(crate) struct Pipelines {
     pub copy: wgpu::ComputePipeline,
     pub reduce: wgpu::ComputePipeline,
     pub pointwise: wgpu::ComputePipeline,
+    pub attend: wgpu::ComputePipeline,
+    pub attn_state: wgpu::ComputePipeline,
     pub generate: wgpu::ComputePipeline,
     pub signal: wgpu::ComputePipeline,
 }
@@ -48,6 +50,8 @@ pub fn stage_sources() -> Vec<(&'static str, String)> {
         ("copy", stage_source(include_str!("../../shaders/copy.wgsl"))),
         ("reduce", stage_source(include_str!("../../shaders/reduce.wgsl"))),
         ("pointwise", stage_source(include_str!("../../shaders/pointwise.wgsl"))),
+        ("attend", stage_source(include_str!("../../shaders/attend.wgsl"))),
+        ("attn_state", stage_source(include_str!("../../shaders/attn_state.wgsl"))),
         ("generate", stage_source(include_str!("../../shaders/generate.wgsl"))),
         ("signal", stage_source(include_str!("../../shaders/signal.wgsl"))),
     ]
@@ -106,6 +110,8 @@ impl Pipelines {
             copy: build("copy"),
             reduce: build("reduce"),
             pointwise: build("pointwise"),
+            attend: build("attend"),
+            attn_state: build("attn_state"),
             generate: build("generate"),
             signal: build("signal"),
             layout,

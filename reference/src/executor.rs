@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cmm_core::generator::Family;
 use cmm_core::plan::OpSite;
-use cmm_core::plan::{Op, Plan, Region};
+use cmm_core::plan::{attention_scale, AttnState, Causal, Op, Plan, Region, ATTN_KEY_TILE};
 use cmm_core::schedule::{schedule_with, Order};
 use cmm_core::DType;
 
@@ -22,6 +22,10 @@ use crate::params::*;
 /// Largest K slice of one GEMM dispatch: 16,384 · 17/16 loop trips per invocation stay
 /// well below lavapipe's 65,535 (BRIEF §7).
 pub const GEMM_K_PER_DISPATCH: usize = 16_384;
+
+/// Loop trips one attention invocation may take per dispatch, below lavapipe's 65,535
+/// (BRIEF §7): a 16-key tile costs 33·dh + 48 trips, the state 2·dh.
+pub const ATTEND_LOOP_BUDGET: usize = 60_000;
 
 /// The outcome of a run.
 #[derive(Debug, Clone)]
@@ -63,6 +67,8 @@ enum Stage {
     Copy,
     Reduce,
     Pointwise,
+    Attend,
+    AttnState,
     Generate,
     Signal,
 }
@@ -158,6 +164,55 @@ impl Encoder<'_> {
             begin += count;
         }
         Ok(())
+    }
+
+    /// Splits work of one invocation per (row, head) into dispatches of at most
+    /// `max_groups` workgroups of 64.
+    fn per_row_head(
+        &mut self,
+        rows: usize,
+        heads: usize,
+        mut make: impl FnMut(u32) -> (Stage, Vec<u8>),
+    ) -> Result<(), ReferenceError> {
+        let rows_per_dispatch = (self.max_groups as usize * 64 / heads.max(1)).max(1);
+        let mut begin = 0;
+        while begin < rows {
+            let count = (rows - begin).min(rows_per_dispatch);
+            let (stage, params) = make(begin as u32);
+            self.dispatches.push(Dispatch { stage, params, groups: ((count * heads).div_ceil(64) as u32, 1) });
+            begin += count;
+        }
+        Ok(())
+    }
+
+    fn attn_state_params(
+        &self,
+        device: usize,
+        function: u32,
+        from: &AttnState,
+        into: &AttnState,
+        heads: usize,
+        finish: Option<(&Region, &Region)>,
+    ) -> AttnStateParams {
+        let region = |r: &Region| [self.layout.word(device, r), r.stride as u32, 0, 0];
+        let (out, lse) = finish.map_or(([0; 4], [0; 4]), |(o, l)| (region(o), region(l)));
+        AttnStateParams {
+            function,
+            rows: into.max.rows as u32,
+            heads: heads as u32,
+            head_dim: (into.acc.cols / heads) as u32,
+            row_begin: 0,
+            out_dtype: finish.map_or(0, |(o, _)| dtype_code(self.plan.buffer(o.buf).dtype)),
+            _pad: [0; 2],
+            from_m: region(&from.max),
+            from_l: region(&from.sum),
+            from_acc: region(&from.acc),
+            into_m: region(&into.max),
+            into_l: region(&into.sum),
+            into_acc: region(&into.acc),
+            out,
+            lse,
+        }
     }
 
     fn generate(&mut self, device: usize, seed: u32, family: Family) -> Result<(), ReferenceError> {
@@ -294,6 +349,62 @@ impl Encoder<'_> {
                 };
                 self.elementwise(output.rows, output.cols, |row_begin| {
                     (Stage::Pointwise, bytemuck::bytes_of(&PointwiseParams { row_begin, ..p }).to_vec())
+                })?;
+            }
+            Op::Attend { q, k, v, state, heads, kv_heads, causal, fresh } => {
+                let dh = q.cols / heads;
+                let tiles = ATTEND_LOOP_BUDGET.saturating_sub(2 * dh) / (33 * dh + 48);
+                if tiles == 0 {
+                    return Err(self.unsupported(format!("attention head dimension {dh} exceeds the loop budget")));
+                }
+                let region = |r: &Region| [self.layout.word(device, r), r.stride as u32, dt(r), 0];
+                let c = causal.unwrap_or(Causal { q_pos: 0, k_pos: 0 });
+                let p = AttendParams {
+                    rows: q.rows as u32,
+                    heads: *heads as u32,
+                    group: (heads / kv_heads) as u32,
+                    head_dim: dh as u32,
+                    key_begin: 0,
+                    key_end: 0,
+                    fresh: 0,
+                    causal: causal.is_some() as u32,
+                    q_pos: c.q_pos as u32,
+                    k_pos: c.k_pos as u32,
+                    scale_bits: attention_scale(dh).to_bits(),
+                    row_begin: 0,
+                    q: region(q),
+                    k: region(k),
+                    v: region(v),
+                    m: region(&state.max),
+                    l: region(&state.sum),
+                    acc: region(&state.acc),
+                };
+                // Key ranges of whole tiles, so that the dispatches round as one pass.
+                let step = tiles * ATTN_KEY_TILE;
+                let mut key_begin = 0;
+                loop {
+                    let key_end = (key_begin + step).min(k.rows);
+                    let fresh = (*fresh && key_begin == 0) as u32;
+                    let p = AttendParams { key_begin: key_begin as u32, key_end: key_end as u32, fresh, ..p };
+                    self.per_row_head(q.rows, *heads, |row_begin| {
+                        (Stage::Attend, bytemuck::bytes_of(&AttendParams { row_begin, ..p }).to_vec())
+                    })?;
+                    key_begin = key_end;
+                    if key_begin >= k.rows {
+                        break;
+                    }
+                }
+            }
+            Op::AttnMerge { from, into, heads } => {
+                let p = self.attn_state_params(device, ATTN_MERGE, from, into, *heads, None);
+                self.per_row_head(into.max.rows, *heads, |row_begin| {
+                    (Stage::AttnState, bytemuck::bytes_of(&AttnStateParams { row_begin, ..p }).to_vec())
+                })?;
+            }
+            Op::AttnFinish { state, out, lse, heads } => {
+                let p = self.attn_state_params(device, ATTN_FINISH, state, state, *heads, Some((out, lse)));
+                self.per_row_head(state.max.rows, *heads, |row_begin| {
+                    (Stage::AttnState, bytemuck::bytes_of(&AttnStateParams { row_begin, ..p }).to_vec())
                 })?;
             }
             Op::Signal { device: target, sem, add } => {
@@ -507,6 +618,8 @@ impl Gpu {
                         Stage::Copy => &self.pipelines.copy,
                         Stage::Reduce => &self.pipelines.reduce,
                         Stage::Pointwise => &self.pipelines.pointwise,
+                        Stage::Attend => &self.pipelines.attend,
+                        Stage::AttnState => &self.pipelines.attn_state,
                         Stage::Generate => &self.pipelines.generate,
                         Stage::Signal => &self.pipelines.signal,
                     });

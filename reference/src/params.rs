@@ -77,6 +77,60 @@ pub struct PointwiseParams {
     pub inputs: [[u32; 4]; 2],
 }
 
+/// Mirror of `AttendParams` in `shaders/attend.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct AttendParams {
+    pub rows: u32,
+    pub heads: u32,
+    pub group: u32,
+    pub head_dim: u32,
+    pub key_begin: u32,
+    pub key_end: u32,
+    pub fresh: u32,
+    pub causal: u32,
+    pub q_pos: u32,
+    pub k_pos: u32,
+    pub scale_bits: u32,
+    pub row_begin: u32,
+    /// Offset, stride, dtype, unused of q, k, v.
+    pub q: [u32; 4],
+    pub k: [u32; 4],
+    pub v: [u32; 4],
+    /// Offset, stride, unused, unused of the state's max, sum and acc.
+    pub m: [u32; 4],
+    pub l: [u32; 4],
+    pub acc: [u32; 4],
+}
+
+/// Mirror of `AttnStateParams` in `shaders/attn_state.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct AttnStateParams {
+    /// 0: merge `from` into `into`; 1: finish `into` into `out` and `lse`.
+    pub function: u32,
+    pub rows: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub row_begin: u32,
+    pub out_dtype: u32,
+    pub _pad: [u32; 2],
+    /// Offset, stride, unused, unused of each region.
+    pub from_m: [u32; 4],
+    pub from_l: [u32; 4],
+    pub from_acc: [u32; 4],
+    pub into_m: [u32; 4],
+    pub into_l: [u32; 4],
+    pub into_acc: [u32; 4],
+    pub out: [u32; 4],
+    pub lse: [u32; 4],
+}
+
+/// `AttnStateParams::function` of a merge.
+pub const ATTN_MERGE: u32 = 0;
+/// `AttnStateParams::function` of a finish.
+pub const ATTN_FINISH: u32 = 1;
+
 /// Mirror of `GenerateParams` in `shaders/generate.wgsl`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
@@ -104,8 +158,9 @@ pub struct SignalParams {
     pub _pad: [u32; 2],
 }
 
-/// Bytes reserved per dispatch in the parameter buffer for any of the structs above.
-pub const PARAMS_SIZE: u64 = 128;
+/// Bytes reserved per dispatch in the parameter buffer for any of the structs above
+/// (the usual uniform offset alignment, so it costs no space).
+pub const PARAMS_SIZE: u64 = 256;
 
 const _: () = {
     assert!(std::mem::size_of::<GemmParams>() as u64 <= PARAMS_SIZE);
@@ -113,5 +168,7 @@ const _: () = {
     assert!(std::mem::size_of::<ReduceParams>() as u64 <= PARAMS_SIZE);
     assert!(std::mem::size_of::<PointwiseParams>() as u64 <= PARAMS_SIZE);
     assert!(std::mem::size_of::<GenerateParams>() as u64 <= PARAMS_SIZE);
+    assert!(std::mem::size_of::<AttendParams>() as u64 <= PARAMS_SIZE);
+    assert!(std::mem::size_of::<AttnStateParams>() as u64 <= PARAMS_SIZE);
     assert!(std::mem::size_of::<SignalParams>() as u64 <= PARAMS_SIZE);
 };

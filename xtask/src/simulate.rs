@@ -13,11 +13,11 @@ use cmm_core::generator::Family;
 use cmm_core::plan::Plan;
 use cmm_core::sim::analytic::ring_1d;
 use cmm_core::sim::tune::candidates_1d;
-use cmm_core::sim::tune::tune_linear;
+use cmm_core::sim::tune::{tune_attention, tune_linear};
 use cmm_core::sim::validate::{seed000, seed002, seed002_simulated};
 use cmm_core::sim::{simulate, OpClass, Profile, SimOptions, SimReport};
 use cmm_core::timeline::Timeline;
-use cmm_core::{Layer, LinearProblem, Pass};
+use cmm_core::{AttentionProblem, Layer, Layout, LinearProblem, Pass};
 use cmm_reference::{Reference, RunOptions};
 use serde::Serialize;
 
@@ -77,6 +77,20 @@ pub struct Args {
     /// Micro-batches of the linear pass.
     #[arg(long, default_value_t = 1, requires = "layer")]
     pub microbatches: usize,
+    /// Sequence-parallel attention instead of a 1D op (with -d, -m = S, -n = query heads,
+    /// -k = head dimension): every algorithm is simulated, a causal prefill in both
+    /// layouts, and the verdicts printed.
+    #[arg(long, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg", "layer"])]
+    pub attention: bool,
+    /// Key/value heads (default: the query heads).
+    #[arg(long, requires = "attention")]
+    pub kv_heads: Option<usize>,
+    /// Causal mask.
+    #[arg(long, requires = "attention")]
+    pub causal: bool,
+    /// Decode: this many query tokens against S keys (split-KV).
+    #[arg(long, requires = "attention")]
+    pub queries: Option<usize>,
 }
 
 fn parse_layer(s: &str) -> Result<Layer, String> {
@@ -120,6 +134,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if let Some(layer) = args.layer {
         return linear(args, layer);
+    }
+    if args.attention {
+        return attention(args);
     }
     let problem = args.problem.problem()?;
     let profile = args.problem.profile()?;
@@ -175,14 +192,51 @@ fn reference(args: &Args, plan: &Plan) -> Result<()> {
     write_timeline(args, &timeline)
 }
 
-/// One simulated linear algorithm, for `--json`.
+/// The times of one simulated plan, for `--json`.
 #[derive(Serialize)]
-struct LinearRow {
-    algorithm: String,
+struct Timing {
     makespan_us: f64,
     compute_floor_us: f64,
     comm_floor_us: f64,
     exposed_comm_us: f64,
+}
+
+impl Timing {
+    fn of(r: &SimReport) -> Timing {
+        Timing {
+            makespan_us: r.makespan_s * 1e6,
+            compute_floor_us: r.compute_floor_s * 1e6,
+            comm_floor_us: r.comm_floor_s * 1e6,
+            exposed_comm_us: r.max_exposed_comm_s() * 1e6,
+        }
+    }
+}
+
+/// Prints a ranking with its verdict as one JSON object.
+fn print_ranking_json(
+    problem: String,
+    profile: &Profile,
+    ranked: impl Serialize,
+    overlap_pays: bool,
+    reason: &str,
+) -> Result<()> {
+    let report = serde_json::json!({
+        "problem": problem,
+        "profile": profile.name,
+        "ranked": ranked,
+        "overlap_pays": overlap_pays,
+        "reason": reason,
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// One simulated linear algorithm, for `--json`.
+#[derive(Serialize)]
+struct LinearRow {
+    algorithm: String,
+    #[serde(flatten)]
+    timing: Timing,
 }
 
 /// `--layer`: every linear algorithm simulated, and the verdict.
@@ -204,23 +258,9 @@ fn linear(args: &Args, layer: Layer) -> Result<()> {
         let rows: Vec<LinearRow> = ranking
             .ranked
             .iter()
-            .map(|c| LinearRow {
-                algorithm: c.algorithm.to_string(),
-                makespan_us: c.report.makespan_s * 1e6,
-                compute_floor_us: c.report.compute_floor_s * 1e6,
-                comm_floor_us: c.report.comm_floor_s * 1e6,
-                exposed_comm_us: c.report.max_exposed_comm_s() * 1e6,
-            })
+            .map(|c| LinearRow { algorithm: c.algorithm.to_string(), timing: Timing::of(&c.report) })
             .collect();
-        let report = serde_json::json!({
-            "problem": problem.describe(),
-            "profile": profile.name,
-            "ranked": rows,
-            "overlap_pays": ranking.overlap_pays,
-            "reason": ranking.reason,
-        });
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+        return print_ranking_json(problem.describe(), &profile, rows, ranking.overlap_pays, &ranking.reason);
     }
     println!("linear {} on {} ({:.1} TFLOP)", problem.describe(), profile.name, problem.flops() / 1e12);
     println!(
@@ -239,6 +279,75 @@ fn linear(args: &Args, layer: Layer) -> Result<()> {
         );
     }
     println!("verdict: {}: {}", if ranking.overlap_pays { "overlap pays" } else { "no overlap" }, ranking.reason);
+    Ok(())
+}
+
+/// One simulated attention plan, for `--json`.
+#[derive(Serialize)]
+struct AttentionRow {
+    layout: String,
+    algorithm: String,
+    #[serde(flatten)]
+    timing: Timing,
+    compute_per_device_us: Vec<f64>,
+}
+
+/// `--attention`: every attention algorithm simulated, and the verdicts.
+fn attention(args: &Args) -> Result<()> {
+    let pa = &args.problem;
+    let (Some(d), Some(s), Some(h), Some(dh)) = (pa.devices, pa.m, pa.n, pa.k) else {
+        anyhow::bail!(
+            "attention needs -d, -m (S), -n (query heads) and -k (head dimension), e.g. --attention --causal -d 8 -m 131072 -n 32 --kv-heads 8 -k 128 --input bf16"
+        );
+    };
+    if pa.output.is_some_and(|o| o != pa.input) {
+        anyhow::bail!("attention keeps the input dtype for its output (the log-sum-exp is f32); drop --output");
+    }
+    let problem = AttentionProblem::new(
+        d,
+        s,
+        h,
+        args.kv_heads.unwrap_or(h),
+        dh,
+        args.causal,
+        Layout::Contiguous,
+        args.queries,
+        pa.input,
+    )?;
+    let profile = pa.profile()?;
+    let ranking = tune_attention(&problem, &profile)?;
+    if args.json {
+        let rows: Vec<AttentionRow> = ranking
+            .ranked
+            .iter()
+            .map(|c| AttentionRow {
+                layout: c.layout.to_string(),
+                algorithm: c.algorithm.to_string(),
+                timing: Timing::of(&c.report),
+                compute_per_device_us: c.compute_s.iter().map(|s| s * 1e6).collect(),
+            })
+            .collect();
+        return print_ranking_json(problem.describe(), &profile, rows, ranking.overlap_pays, &ranking.reason);
+    }
+    println!("attention {} on {} ({:.1} TFLOP)", problem.describe(), profile.name, problem.flops() / 1e12);
+    println!(
+        "{:<11} {:<11} {:>13} {:>14} {:>12} {:>13} {:>21}",
+        "layout", "algorithm", "simulated", "compute floor", "comm floor", "exposed comm", "compute max/min dev"
+    );
+    for c in &ranking.ranked {
+        let r = &c.report;
+        println!(
+            "{:<11} {:<11} {:>13} {:>14} {:>12} {:>13} {:>21}",
+            c.layout.to_string(),
+            c.algorithm.to_string(),
+            us(r.makespan_s),
+            us(r.compute_floor_s),
+            us(r.comm_floor_s),
+            us(r.max_exposed_comm_s()),
+            format!("{:.2}", c.imbalance())
+        );
+    }
+    println!("verdict: {}", ranking.reason);
     Ok(())
 }
 

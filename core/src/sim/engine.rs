@@ -25,7 +25,7 @@ use thiserror::Error;
 use super::profile::Profile;
 use super::topology::{ResId, ResourceKind, Topology};
 use crate::dtype::DType;
-use crate::plan::{Engine, Op, OpSite, Plan, PlanError, SemId};
+use crate::plan::{Engine, Op, OpSite, Plan, PlanError, Region, SemId};
 use crate::schedule::BlockedLane;
 
 /// How to simulate.
@@ -251,10 +251,10 @@ fn dtype_of(plan: &Plan, buf: crate::plan::BufId) -> DType {
 impl<'a> Sim<'a> {
     fn class(op: &Op, device: usize) -> OpClass {
         match op {
-            Op::Gemm { .. } => OpClass::Gemm,
+            Op::Gemm { .. } | Op::Attend { .. } => OpClass::Gemm,
             Op::Copy { dst_device, .. } if *dst_device == device => OpClass::LocalCopy,
             Op::Copy { .. } => OpClass::RemoteCopy,
-            Op::Reduce { .. } | Op::Pointwise { .. } => OpClass::Reduce,
+            Op::Reduce { .. } | Op::Pointwise { .. } | Op::AttnMerge { .. } | Op::AttnFinish { .. } => OpClass::Reduce,
             Op::Signal { .. } => OpClass::Signal,
             Op::Wait { .. } => OpClass::Wait,
         }
@@ -279,6 +279,42 @@ impl<'a> Sim<'a> {
                     flops,
                     cost.work_s,
                 )
+            }
+            // Two GEMMs over the visible score tiles (Q·Kᵀ and P·V), see
+            // `Profile::attention_cost`; masked key tiles are skipped, so a causal block
+            // costs its visible fraction. The softmax's exponentials overlap the GEMMs, as
+            // in FlashAttention-3, and are not timed separately.
+            Op::Attend { q, k, heads, causal, .. } => {
+                let dh = q.cols / heads;
+                let visible = match causal {
+                    None => 1.0,
+                    Some(c) => crate::attention::visible_fraction(c, q.rows, k.rows),
+                };
+                let input = dtype_of(self.plan, q.buf);
+                let cost = p.attention_cost(q.rows * heads, k.rows, dh, k.rows * k.cols, input, visible);
+                let flops = 4.0 * (q.rows * heads * dh) as f64 * k.rows as f64 * visible;
+                let res = vec![self.topo.compute(device)];
+                (
+                    vec![Phase::Fixed(launch), Phase::Fluid { amount: cost.work_s, cap: 1.0, resources: res }],
+                    0.0,
+                    flops,
+                    cost.work_s,
+                )
+            }
+            // Memory-bound: every region crosses HBM once.
+            Op::AttnMerge { .. } | Op::AttnFinish { .. } => {
+                let regions: Vec<Region> = match op {
+                    Op::AttnMerge { from, into, .. } => {
+                        from.regions().into_iter().chain(into.regions()).chain(into.regions()).collect()
+                    }
+                    Op::AttnFinish { state, out, lse, .. } => state.regions().into_iter().chain([*out, *lse]).collect(),
+                    _ => Vec::new(),
+                };
+                let bytes: f64 =
+                    regions.iter().map(|r| r.len() as f64 * dtype_of(self.plan, r.buf).size_bytes() as f64).sum();
+                let work = bytes / p.hbm_bps();
+                let res = vec![self.topo.compute(device)];
+                (vec![Phase::Fixed(launch), Phase::Fluid { amount: work, cap: 1.0, resources: res }], bytes, 0.0, work)
             }
             // Memory-bound: every input and the output cross HBM once.
             Op::Reduce { inputs, output } | Op::Pointwise { inputs, output, .. } => {
@@ -437,7 +473,14 @@ impl<'a> Sim<'a> {
                     record.start_s = self.now;
                     let sync = &self.profile.sync;
                     let next_uses_sms = match self.plan.programs[device].lanes[lane].get(site.index + 1) {
-                        Some(Op::Gemm { .. } | Op::Reduce { .. } | Op::Pointwise { .. }) => true,
+                        Some(
+                            Op::Gemm { .. }
+                            | Op::Reduce { .. }
+                            | Op::Pointwise { .. }
+                            | Op::Attend { .. }
+                            | Op::AttnMerge { .. }
+                            | Op::AttnFinish { .. },
+                        ) => true,
                         Some(Op::Copy { engine, .. }) => *engine == Engine::Sm,
                         _ => false,
                     };

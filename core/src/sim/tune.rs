@@ -19,6 +19,7 @@ use super::analytic::{estimate_mesh, Dataflow, MeshEstimate, MeshFamily, MeshGem
 use super::engine::{simulate, OpClass, SimError, SimOptions, SimReport};
 use super::profile::Profile;
 use crate::algorithms::{build_plan, Algorithm};
+use crate::attention::{build_attention_plan, AttentionAlgorithm, AttentionProblem, Layout};
 use crate::dtype::DType;
 use crate::linear::{build_linear_plan, LinearAlgorithm, LinearProblem};
 use crate::mesh::gcd;
@@ -739,4 +740,152 @@ pub fn tune_linear(problem: &LinearProblem, profile: &Profile) -> Result<Ranking
         )
     };
     Ok(RankingLinear { ranked, overlap_pays, reason })
+}
+
+/// One simulated attention plan.
+#[derive(Clone, Debug)]
+pub struct RankedAttention {
+    /// The layout of the simulated problem.
+    pub layout: Layout,
+    /// The algorithm.
+    pub algorithm: AttentionAlgorithm,
+    /// The simulation.
+    pub report: SimReport,
+    /// Per device, the busy time of the lane that attends (its compute).
+    pub compute_s: Vec<f64>,
+}
+
+impl RankedAttention {
+    /// The busiest device's compute over the least busy one's.
+    pub fn imbalance(&self) -> f64 {
+        let max = self.compute_s.iter().copied().fold(0.0, f64::max);
+        let min = self.compute_s.iter().copied().fold(f64::INFINITY, f64::min);
+        max / min.max(1e-30)
+    }
+}
+
+/// Every attention algorithm (and, for causal prefill, both layouts), fastest first,
+/// with the verdicts on overlap and on the layout.
+#[derive(Clone, Debug)]
+pub struct RankingAttention {
+    /// Candidates, fastest first (the baseline first among equals).
+    pub ranked: Vec<RankedAttention>,
+    /// Whether overlapping pays in the winner's layout.
+    pub overlap_pays: bool,
+    /// Why, in words: overlap, then the layout.
+    pub reason: String,
+}
+
+/// Simulates every attention algorithm that plans `problem`'s mode on `profile`; a causal
+/// prefill is also simulated in the other layout, to show the contiguous layout's
+/// imbalance against the balanced one.
+pub fn tune_attention(problem: &AttentionProblem, profile: &Profile) -> Result<RankingAttention, TuneError> {
+    let layouts = if problem.causal && problem.queries.is_none() {
+        vec![Layout::Contiguous, Layout::Balanced]
+    } else {
+        vec![problem.layout]
+    };
+    let mut ranked = Vec::new();
+    let mut reasons = Vec::new();
+    for layout in layouts {
+        let p = match AttentionProblem::new(
+            problem.devices,
+            problem.seq,
+            problem.heads,
+            problem.kv_heads,
+            problem.head_dim,
+            problem.causal,
+            layout,
+            problem.queries,
+            problem.dtype,
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                reasons.push(format!("{layout}: {e}"));
+                continue;
+            }
+        };
+        for algorithm in AttentionAlgorithm::ALL.into_iter().filter(|a| a.plans(&p)) {
+            let plan = build_attention_plan(&p, algorithm)
+                .map_err(|e| TuneError::NoCandidate { problem: p.describe(), reasons: format!("{algorithm}: {e}") })?;
+            let report = simulate(&plan, profile, &SimOptions::default())?;
+            let lane = plan.lanes.iter().position(|l| l == "compute" || l == "main").unwrap_or(0);
+            let compute_s = report.lane_busy_s.iter().map(|lanes| lanes[lane]).collect();
+            ranked.push(RankedAttention { layout, algorithm, report, compute_s });
+        }
+    }
+    if ranked.is_empty() {
+        return Err(TuneError::NoCandidate { problem: problem.describe(), reasons: reasons.join("; ") });
+    }
+    ranked.sort_by(|a, b| {
+        a.report
+            .makespan_s
+            .total_cmp(&b.report.makespan_s)
+            .then((a.algorithm != AttentionAlgorithm::Baseline).cmp(&(b.algorithm != AttentionAlgorithm::Baseline)))
+    });
+    let win = &ranked[0];
+    let base = ranked
+        .iter()
+        .find(|c| c.layout == win.layout && c.algorithm == AttentionAlgorithm::Baseline)
+        .expect("the baseline plans every mode");
+    let gain = 1.0 - win.report.makespan_s / base.report.makespan_s;
+    let overlap_pays = win.algorithm != AttentionAlgorithm::Baseline && gain >= MEANINGFUL_GAIN;
+    let mut reason = if overlap_pays {
+        format!(
+            "{} wins in the {} layout: {} against the baseline's {} ({:.2}×); the baseline exposes {} of K/V traffic, {} exposes {}",
+            win.algorithm,
+            win.layout,
+            us(win.report.makespan_s),
+            us(base.report.makespan_s),
+            base.report.makespan_s / win.report.makespan_s,
+            us(base.report.max_exposed_comm_s()),
+            win.algorithm,
+            us(win.report.max_exposed_comm_s())
+        )
+    } else {
+        format!(
+            "no overlap worth having in the {} layout: {} takes {} against the baseline's {}",
+            win.layout,
+            win.algorithm,
+            us(win.report.makespan_s),
+            us(base.report.makespan_s)
+        )
+    };
+    let best_in = |layout| ranked.iter().find(|c| c.layout == layout);
+    if let (Some(naive), Some(balanced)) = (best_in(Layout::Contiguous), best_in(Layout::Balanced)) {
+        let compute = |c: &RankedAttention| c.compute_s.iter().copied().fold(0.0, f64::max);
+        reason += &format!(
+            "; with the causal mask the contiguous layout's busiest device attends {} against {} balanced \
+             (compute max/min across devices {:.1} vs {:.2}), so the best balanced plan ({}) takes {} against {} \
+             for the best contiguous one ({}), {:.2}×",
+            us(compute(naive)),
+            us(compute(balanced)),
+            naive.imbalance(),
+            balanced.imbalance(),
+            balanced.algorithm,
+            us(balanced.report.makespan_s),
+            us(naive.report.makespan_s),
+            naive.algorithm,
+            naive.report.makespan_s / balanced.report.makespan_s
+        );
+    }
+    Ok(RankingAttention { ranked, overlap_pays, reason })
+}
+
+#[cfg(test)]
+mod attention_tests {
+    use super::*;
+
+    #[test]
+    fn the_balanced_layout_beats_the_contiguous_one_on_a_long_causal_context() {
+        let profile = Profile::load("h100-nvlink").unwrap();
+        let p = AttentionProblem::new(8, 128 * 1024, 32, 8, 128, true, Layout::Contiguous, None, DType::Bf16).unwrap();
+        let r = tune_attention(&p, &profile).unwrap();
+        let best = |layout| r.ranked.iter().find(|c| c.layout == layout).unwrap();
+        let (naive, balanced) = (best(Layout::Contiguous), best(Layout::Balanced));
+        assert_eq!(r.ranked[0].layout, Layout::Balanced, "{}", r.reason);
+        assert!(naive.report.makespan_s > 1.5 * balanced.report.makespan_s, "{}", r.reason);
+        assert!(naive.imbalance() > 4.0 && balanced.imbalance() < 1.2, "{}", r.reason);
+        assert!(r.reason.contains("balanced"), "{}", r.reason);
+    }
 }

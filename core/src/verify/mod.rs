@@ -10,6 +10,8 @@
 pub mod queues;
 
 use std::collections::BTreeSet;
+
+use smallvec::SmallVec;
 use std::fmt;
 
 use crate::plan::{Op, OpSite, Plan, Region};
@@ -44,6 +46,24 @@ pub fn accesses(device: usize, op: &Op) -> Vec<Access> {
         Op::Reduce { inputs, output } | Op::Pointwise { inputs, output, .. } => {
             let mut v: Vec<Access> = inputs.iter().map(read).collect();
             v.push(Access { device, region: *output, write: true });
+            v
+        }
+        Op::Attend { q, k, v, state, fresh, .. } => {
+            let mut v: Vec<Access> = vec![read(q), read(k), read(v)];
+            if !*fresh {
+                v.extend(state.regions().iter().map(read));
+            }
+            v.extend(state.regions().iter().map(|r| Access { device, region: *r, write: true }));
+            v
+        }
+        Op::AttnMerge { from, into, .. } => {
+            let mut v: Vec<Access> = from.regions().iter().chain(&into.regions()).map(read).collect();
+            v.extend(into.regions().iter().map(|r| Access { device, region: *r, write: true }));
+            v
+        }
+        Op::AttnFinish { state, out, lse, .. } => {
+            let mut v: Vec<Access> = state.regions().iter().map(read).collect();
+            v.extend([out, lse].iter().map(|r| Access { device, region: **r, write: true }));
             v
         }
         Op::Signal { .. } | Op::Wait { .. } => Vec::new(),
@@ -173,14 +193,17 @@ impl fmt::Display for Finding {
 struct Epoch {
     lane: u32,
     clock: u32,
-    site: OpSite,
+    /// Position of the op in the schedule (its site is `schedule.order[pos]`).
+    pos: u32,
 }
 
 #[derive(Clone, Debug, Default)]
 struct Cell {
     /// `None`: never written; `Some(None)`: an input (written before everything).
     write: Option<Option<Epoch>>,
-    reads: Vec<Epoch>,
+    /// The reads since the write, at most one per lane; inline, since an element is
+    /// read by one or two lanes between writes in almost every plan.
+    reads: SmallVec<[Epoch; 2]>,
 }
 
 fn join(into: &mut [u32], other: &[u32]) {
@@ -292,13 +315,12 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
     let n_lanes = plan.devices * lanes;
     let mut hb = Clocks::new(plan);
     let mut shadow: Vec<Vec<Vec<Cell>>> = (0..plan.devices)
-        .map(|d| {
+        .map(|_| {
             plan.buffers
                 .iter()
                 .map(|b| {
-                    let init = b.role.generated().is_some();
-                    let _ = d;
-                    vec![Cell { write: init.then_some(None), reads: Vec::new() }; b.len()]
+                    let write = b.role.generated().is_some().then_some(None);
+                    (0..b.len()).map(|_| Cell { write, reads: SmallVec::new() }).collect()
                 })
                 .collect()
         })
@@ -307,12 +329,13 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
     let mut reported: BTreeSet<(OpSite, OpSite)> = BTreeSet::new();
     let mut unwritten_reported: BTreeSet<OpSite> = BTreeSet::new();
 
-    for site in &schedule.order {
+    let site_of = |e: &Epoch| schedule.order[e.pos as usize];
+    for (pos, site) in schedule.order.iter().enumerate() {
         let t = hb.lane(site);
         let op = &plan.programs[site.device].lanes[site.lane][site.index];
         hb.sync(site, op);
         let clocks = &hb.clocks;
-        let now = Epoch { lane: t as u32, clock: clocks[t][t], site: *site };
+        let now = Epoch { lane: t as u32, clock: clocks[t][t], pos: pos as u32 };
         match op {
             Op::Signal { .. } | Op::Wait { .. } => {}
             _ => {
@@ -326,12 +349,12 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
                             let element = (idx / b.cols.max(1), idx % b.cols.max(1));
                             let ordered = |e: &Epoch| e.clock <= clocks[t][e.lane as usize];
                             let mut race = |other: &Epoch, kind: &'static str| {
-                                if reported.insert((other.site, *site)) {
+                                let first = site_of(other);
+                                if reported.insert((first, *site)) {
                                     findings.push(Finding::Race {
-                                        first: other.site,
-                                        first_text: plan.op_text(
-                                            &plan.programs[other.site.device].lanes[other.site.lane][other.site.index],
-                                        ),
+                                        first,
+                                        first_text: plan
+                                            .op_text(&plan.programs[first.device].lanes[first.lane][first.index]),
                                         second: *site,
                                         second_text: plan.op_text(op),
                                         device: acc.device,
@@ -396,8 +419,11 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
             });
             if let Some((e, w)) = late {
                 findings.push(Finding::UnorderedOutput {
-                    writer: w.site,
-                    writer_text: plan.op_text(&plan.programs[w.site.device].lanes[w.site.lane][w.site.index]),
+                    writer: site_of(&w),
+                    writer_text: {
+                        let ws = site_of(&w);
+                        plan.op_text(&plan.programs[ws.device].lanes[ws.lane][ws.index])
+                    },
                     device,
                     buffer: b.name.clone(),
                     element: (e / b.cols.max(1), e % b.cols.max(1)),

@@ -1,0 +1,164 @@
+//! Every attention plan on the CPU twin against the oracle, through the verifier and
+//! the hardware-queue check; the bound's derivation exercised on both sides.
+
+use super::*;
+use crate::cpu;
+use crate::generator::Family;
+use crate::plan::Op;
+use crate::schedule::{orders, schedule_with};
+use crate::verify::queues::{check_enqueue_order, schedule_order};
+use crate::verify::verify;
+use crate::workload::Workload;
+
+#[allow(clippy::too_many_arguments)]
+fn problem(
+    d: usize,
+    s: usize,
+    h: usize,
+    hkv: usize,
+    dh: usize,
+    causal: bool,
+    layout: Layout,
+    q: Option<usize>,
+    dt: DType,
+) -> AttentionProblem {
+    AttentionProblem::new(d, s, h, hkv, dh, causal, layout, q, dt).unwrap()
+}
+
+fn problems() -> Vec<AttentionProblem> {
+    let mut v = Vec::new();
+    for d in [1, 2, 3, 4] {
+        for causal in [false, true] {
+            v.push(problem(d, 12 * d, 2, 1, 8, causal, Layout::Contiguous, None, DType::F32));
+            v.push(problem(d, 10 * d, 2, 2, 4, causal, Layout::Balanced, None, DType::Bf16));
+            // Ragged decode: S mod D ≠ 0 and a key tile that straddles shards.
+            v.push(problem(d, 17 * d + 1, 4, 2, 8, causal, Layout::Contiguous, Some(3), DType::F16));
+        }
+    }
+    v
+}
+
+/// The worst |got − value| / bound over every output of `plan`'s CPU run; panics when
+/// an element is outside its bound.
+fn check(p: &AttentionProblem, plan: &crate::plan::Plan) -> f64 {
+    let memory = cpu::run(plan, 5, Family::Realistic).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+    let mut worst = 0.0f64;
+    for e in Workload::expected(p, 5, Family::Realistic) {
+        let buf = plan.buffer_id(&e.buffer).unwrap().0;
+        for (d, want) in e.values.iter().enumerate() {
+            assert_eq!(want.len(), e.len());
+            for (i, (&bits, &v)) in memory[d][buf].iter().zip(want).enumerate() {
+                let got = e.dtype.decode(bits) as f64;
+                let m = e.magnitudes[d][i];
+                assert!(
+                    e.tolerance.accepts(got, v, m),
+                    "{} {} dev {d} elem {i}: {got} vs {v} ± {m}",
+                    plan.name,
+                    e.buffer
+                );
+                worst = worst.max((got - v).abs() / (m + e.tolerance.floor));
+            }
+        }
+    }
+    worst
+}
+
+#[test]
+fn every_plan_matches_the_oracle_and_passes_the_verifier_and_the_queue_check() {
+    for p in problems() {
+        for alg in AttentionAlgorithm::ALL.into_iter().filter(|a| a.plans(&p)) {
+            let plan = build_attention_plan(&p, alg).unwrap_or_else(|e| panic!("{} {alg}: {e}", p.describe()));
+            for order in orders(3, p.devices) {
+                let s = schedule_with(&plan, order).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+                let findings = verify(&plan, &s);
+                assert!(findings.is_empty(), "{} {order}: {}", plan.name, findings[0].describe(&plan));
+            }
+            let enqueue = schedule_order(&plan).unwrap();
+            check_enqueue_order(&plan, &enqueue, 1).unwrap_or_else(|e| panic!("{e}"));
+            check(&p, &plan);
+        }
+    }
+}
+
+#[test]
+fn the_bound_is_met_but_not_vacuous() {
+    // f32 output: no final rounding to hide behind, so the derived accumulation and
+    // exp terms carry the bound. A correct run uses a visible part of it; dropping
+    // one key block is far outside it.
+    let p = problem(4, 128, 2, 2, 64, true, Layout::Balanced, None, DType::F32);
+    let plan = build_attention_plan(&p, AttentionAlgorithm::Ring).unwrap();
+    let used = check(&p, &plan);
+    assert!(used > 1e-4 && used < 1.0, "a correct run uses {used} of the bound");
+    let mut skipped = plan.clone();
+    let lane = &mut skipped.programs[3].lanes[0];
+    let second = lane
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| matches!(op, Op::Attend { fresh: false, .. }))
+        .map(|(i, _)| i)
+        .nth(1)
+        .unwrap();
+    lane.remove(second);
+    let result = std::panic::catch_unwind(|| check(&p, &skipped));
+    assert!(result.is_err(), "a skipped key block passed the oracle");
+}
+
+#[test]
+fn balanced_layout_evens_out_causal_work() {
+    let work = |layout| -> Vec<f64> {
+        let p = problem(4, 64, 1, 1, 4, true, layout, None, DType::F32);
+        (0..4)
+            .map(|d| {
+                let qs = p.query_chunks(d);
+                (0..4)
+                    .flat_map(|r| p.kv_chunks(r))
+                    .flat_map(|k| qs.iter().map(move |&q| (q, k)))
+                    .filter_map(|(q, k)| match p.visibility(q, k) {
+                        Visibility::All => Some((q.rows * k.rows) as f64),
+                        Visibility::Partial(c) => Some(visible_fraction(&c, q.rows, k.rows) * (q.rows * k.rows) as f64),
+                        Visibility::Hidden => None,
+                    })
+                    .sum()
+            })
+            .collect()
+    };
+    let naive = work(Layout::Contiguous);
+    let balanced = work(Layout::Balanced);
+    assert_eq!(naive.iter().sum::<f64>(), balanced.iter().sum::<f64>());
+    assert!(balanced.iter().all(|&w| w == balanced[0]), "{balanced:?}");
+    assert!(naive[3] > 6.0 * naive[0], "{naive:?}");
+}
+
+#[test]
+fn invalid_problems_are_errors_with_the_sizes() {
+    let e = AttentionProblem::new(4, 60, 4, 3, 64, false, Layout::Contiguous, None, DType::F16).unwrap_err();
+    assert!(e.to_string().contains("3 kv heads do not divide 4"), "{e}");
+    let e = AttentionProblem::new(4, 36, 4, 2, 64, true, Layout::Balanced, None, DType::F16).unwrap_err();
+    assert!(e.to_string().contains("S=36") && e.to_string().contains("8 chunks"), "{e}");
+    let e = AttentionProblem::new(4, 36, 4, 2, 512, true, Layout::Contiguous, None, DType::F16).unwrap_err();
+    assert!(matches!(e, AttentionError::HeadDim(512)), "{e}");
+    let e = AttentionProblem::new(8, 5, 4, 2, 64, true, Layout::Contiguous, Some(1), DType::F16).unwrap_err();
+    assert!(e.to_string().contains("D=8"), "{e}");
+    let p = problem(2, 8, 2, 2, 4, false, Layout::Contiguous, None, DType::F32);
+    assert!(build_attention_plan(&p, AttentionAlgorithm::SplitKv).is_err());
+    assert!(p.unsupported_family(Family::Exact).is_some());
+}
+
+#[test]
+fn online_softmax_handles_empty_tiles_and_states() {
+    use super::online::{attend, finish, merge, RowState};
+    let mut s = RowState::empty(2);
+    attend(&mut s, &[1.0, 0.0], 20, 1.0, |j, _| j as f32, |j, c| (j + c) as f32, |_| false);
+    assert_eq!(s, RowState::empty(2));
+    let (out, lse) = finish(&s);
+    assert_eq!((out, lse), (vec![0.0, 0.0], crate::plan::ATTN_EMPTY_MAX));
+    attend(&mut s, &[1.0, 0.0], 20, 1.0, |_, _| 0.0, |j, c| (j + c) as f32, |j| j >= 17);
+    let (out, _) = finish(&s);
+    assert!((out[0] - 18.0).abs() < 1e-5 && (out[1] - 19.0).abs() < 1e-5, "{out:?}");
+    let mut empty = RowState::empty(2);
+    merge(&mut empty, &s);
+    assert_eq!(empty, s);
+    let before = s.clone();
+    merge(&mut s, &RowState::empty(2));
+    assert_eq!(s, before);
+}
