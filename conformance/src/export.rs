@@ -17,8 +17,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use cmm_core::cpu::Memory;
-use cmm_core::timeline::json_str;
 use cmm_core::{BufferRole, DType, Plan};
+use serde::Serialize;
+use serde_json::{json, Map, Value};
 
 use crate::case::Topology;
 use crate::check::CaseResult;
@@ -55,11 +56,65 @@ pub fn npy_descr(dtype: DType) -> &'static str {
     }
 }
 
+/// One exported file.
+#[derive(Serialize)]
+struct FileEntry {
+    buffer: String,
+    role: &'static str,
+    path: String,
+    shape: [usize; 2],
+    dtype: String,
+    npy_dtype: &'static str,
+}
+
+/// One device's files.
+#[derive(Serialize)]
+struct DeviceEntry {
+    device: usize,
+    files: Vec<FileEntry>,
+}
+
+/// One exported case: the case file's fields, whether it passed, the files.
+#[derive(Serialize)]
+struct CaseEntry {
+    case: String,
+    op: &'static str,
+    algorithm: String,
+    /// The fields of the case's family (mesh shape, layer, attention heads, …).
+    #[serde(flatten)]
+    topology: Map<String, Value>,
+    #[serde(rename = "D")]
+    devices: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    input: String,
+    output: String,
+    family: String,
+    seed: u32,
+    passed: bool,
+    #[serde(rename = "devices")]
+    files: Vec<DeviceEntry>,
+}
+
+/// `index.json`.
+#[derive(Serialize)]
+struct Index {
+    format: &'static str,
+    note: &'static str,
+    cases: Vec<CaseEntry>,
+}
+
 /// Collects exported cases and writes the index at the end.
-#[derive(Debug)]
 pub struct Exporter {
     dir: PathBuf,
-    entries: Vec<String>,
+    entries: Vec<CaseEntry>,
+}
+
+impl std::fmt::Debug for Exporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exporter").field("dir", &self.dir).field("cases", &self.entries.len()).finish()
+    }
 }
 
 impl Exporter {
@@ -85,74 +140,64 @@ impl Exporter {
                     BufferRole::Scratch => continue,
                 };
                 let file = format!("d{d}_{}.npy", decl.name);
-                let (bytes, descr) = npy_bytes(decl.dtype, decl.rows, decl.cols, words);
+                let (bytes, npy_dtype) = npy_bytes(decl.dtype, decl.rows, decl.cols, words);
                 fs::write(case_dir.join(&file), bytes)?;
-                files.push(format!(
-                    "{{\"buffer\": {}, \"role\": \"{role}\", \"path\": {}, \"shape\": [{}, {}], \"dtype\": \"{}\", \"npy_dtype\": \"{descr}\"}}",
-                    json_str(&decl.name),
-                    json_str(&format!("{}/{file}", case.name)),
-                    decl.rows,
-                    decl.cols,
-                    decl.dtype,
-                ));
+                files.push(FileEntry {
+                    buffer: decl.name.clone(),
+                    role,
+                    path: format!("{}/{file}", case.name),
+                    shape: [decl.rows, decl.cols],
+                    dtype: decl.dtype.to_string(),
+                    npy_dtype,
+                });
             }
-            devices.push(format!("{{\"device\": {d}, \"files\": [\n        {}\n      ]}}", files.join(",\n        ")));
+            devices.push(DeviceEntry { device: d, files });
         }
-        let opt = |x: Option<usize>| x.map_or("null".to_string(), |v| v.to_string());
-        // Mesh cases name their mesh and dataflow; 1D cases keep the v1 fields only.
+        // 1D cases keep the v1 fields; the other families name their own.
         let topology = match case.topology {
-            Topology::Ring { .. } => format!("\"chunks\": {}, ", opt(case.chunks)),
-            Topology::Linear { layer, pass, sp, microbatches, .. } => format!(
-                "\"layer\": \"{layer}\", \"pass\": \"{pass}\", \"sp\": {sp}, \"microbatches\": {microbatches}, "
-            ),
-            Topology::Mesh { nr, nc, dataflow } => format!(
-                "\"dataflow\": \"{dataflow}\", \"nr\": {nr}, \"nc\": {nc}, \"slices\": {}, \"block\": {}, ",
-                opt(case.slices),
-                opt(case.block)
-            ),
-            Topology::Attention { kv_heads, causal, layout, queries, .. } => format!(
-                "\"heads\": {}, \"kv_heads\": {kv_heads}, \"head_dim\": {}, \"causal\": {causal}, \"layout\": \"{layout}\", \"queries\": {}, ",
-                case.n,
-                case.k,
-                opt(queries)
-            ),
+            Topology::Ring { .. } => json!({ "chunks": case.chunks }),
+            Topology::Linear { layer, pass, sp, microbatches, .. } => json!({
+                "layer": layer.name(), "pass": pass.name(), "sp": sp, "microbatches": microbatches,
+            }),
+            Topology::Mesh { nr, nc, dataflow } => json!({
+                "dataflow": dataflow.to_string(), "nr": nr, "nc": nc, "slices": case.slices, "block": case.block,
+            }),
+            Topology::Attention { kv_heads, causal, layout, queries, .. } => json!({
+                "heads": case.n, "kv_heads": kv_heads, "head_dim": case.k, "causal": causal,
+                "layout": layout.name(), "queries": queries,
+            }),
         };
-        self.entries.push(format!(
-            concat!(
-                "{{\"case\": {}, \"op\": \"{}\", \"algorithm\": {}, {}\"D\": {}, ",
-                "\"m\": {}, \"n\": {}, \"k\": {}, \"input\": \"{}\", \"output\": \"{}\", ",
-                "\"family\": \"{}\", \"seed\": {}, \"passed\": {},\n    \"devices\": [\n      {}\n    ]}}"
-            ),
-            json_str(&case.name),
-            case.op_name(),
-            json_str(&case.algorithm),
+        let Value::Object(topology) = topology else { unreachable!("json! of an object literal") };
+        self.entries.push(CaseEntry {
+            case: case.name.clone(),
+            op: case.op_name(),
+            algorithm: case.algorithm.clone(),
             topology,
-            case.devices(),
-            case.m,
-            case.n,
-            case.k,
-            case.input,
-            case.output,
-            case.family,
-            case.seed,
-            result.passed(),
-            devices.join(",\n      "),
-        ));
+            devices: case.devices(),
+            m: case.m,
+            n: case.n,
+            k: case.k,
+            input: case.input.to_string(),
+            output: case.output.to_string(),
+            family: case.family.to_string(),
+            seed: case.seed,
+            passed: result.passed(),
+            files: devices,
+        });
         Ok(())
     }
 
     /// Writes `index.json` and returns its path.
     pub fn finish(self) -> io::Result<PathBuf> {
         let path = self.dir.join("index.json");
-        let text = format!(
-            concat!(
-                "{{\"format\": \"cmm-export v1\",\n",
-                " \"note\": \"matrices are row-major (rows, cols) per device; bf16 tensors are written as <f4 ",
-                "(exact widening): dtype is the tensor's type, npy_dtype the file's\",\n",
-                " \"cases\": [\n    {}\n  ]}}\n"
-            ),
-            self.entries.join(",\n    ")
-        );
+        let index = Index {
+            format: "cmm-export v1",
+            note: "matrices are row-major (rows, cols) per device; bf16 tensors are written as <f4 \
+                   (exact widening): dtype is the tensor's type, npy_dtype the file's",
+            cases: self.entries,
+        };
+        let mut text = serde_json::to_string_pretty(&index).map_err(io::Error::other)?;
+        text.push('\n');
         fs::write(&path, text)?;
         Ok(path)
     }
@@ -188,10 +233,5 @@ mod tests {
         let (bytes, descr) = npy_bytes(DType::F16, 1, 1, &[h]);
         assert_eq!(descr, "<f2");
         assert_eq!(u16::from_le_bytes(bytes[bytes.len() - 2..].try_into().unwrap()) as u32, h);
-    }
-
-    #[test]
-    fn json_strings_are_escaped() {
-        assert_eq!(json_str("a\"b\\c\n\u{1}"), "\"a\\\"b\\\\c\\n\\u0001\"");
     }
 }

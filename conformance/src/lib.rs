@@ -11,10 +11,11 @@ pub mod check;
 pub mod export;
 pub mod golden;
 pub mod mutants;
+pub mod report;
 pub mod stats;
 
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
@@ -23,6 +24,7 @@ pub use case::{
     cases_dir, load_corpus, Case, CaseAlgorithm, CaseError, CaseProblem, CorpusError, Topology, CASES_DIR_VAR,
 };
 pub use check::{check_case, check_case_with, run_case, CaseResult, Failure, GoldenStatus, Goldens, Mismatch};
+pub use report::{check_report_path, write_report, CaseRecord, ReportError};
 
 /// What to run and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,7 +62,7 @@ impl Default for Options {
 }
 
 /// Counts of a corpus run.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Summary {
     /// Cases that passed.
     pub passed: usize,
@@ -68,6 +70,10 @@ pub struct Summary {
     pub failed: usize,
     /// Every case run, with whether it passed.
     pub outcomes: Vec<(Case, bool)>,
+    /// Every case run, as a report records it.
+    pub records: Vec<CaseRecord>,
+    /// The backend's name.
+    pub backend: String,
 }
 
 /// Why a corpus run could not proceed (case failures are not errors: they are counted).
@@ -121,18 +127,17 @@ pub fn run_corpus_to(
         return Err(ConformanceError::MissingGoldens { dir: options.golden_dir.clone() });
     }
     let goldens = Goldens { dir: options.golden_dir.clone(), bless: options.bless };
-    let mut exporter = options
-        .export
-        .as_deref()
-        .map(export::Exporter::new)
-        .transpose()
-        .map_err(|source| ConformanceError::Io { what: "the export directory".into(), source })?;
+    let mut exporter =
+        options.export.as_deref().map(export::Exporter::new).transpose().map_err(|source| ConformanceError::Io {
+            what: format!("the export directory {}", options.export.as_deref().unwrap_or(Path::new("")).display()),
+            source,
+        })?;
     let report = |source| ConformanceError::Io { what: "the report".into(), source };
     let export_error = |source| ConformanceError::Io { what: "the export".into(), source };
 
     let widths = Widths::new(&cases);
     writeln!(out, "{}", widths.header()).map_err(report)?;
-    let mut summary = Summary::default();
+    let mut summary = Summary { backend: backend.name(), ..Summary::default() };
     for case in &cases {
         let (result, ran) = check::run_case_keeping_memory(case, backend, &goldens, options.schedules);
         if let (Some(exporter), Some((plan, memory))) = (exporter.as_mut(), &ran) {
@@ -151,6 +156,7 @@ pub fn run_corpus_to(
             summary.failed += 1;
         }
         summary.outcomes.push((case.clone(), result.passed()));
+        summary.records.push(CaseRecord::of(&result));
     }
     if let Some(exporter) = exporter {
         let index = exporter.finish().map_err(export_error)?;

@@ -147,16 +147,19 @@ pub fn catch(
     catch_static(plan).or_else(|| catch_dynamic(case, plan, backend, expected, original))
 }
 
-/// Mutates the plan of every case and reports the kill rate to `out`.
+/// Mutates the plan of every case and reports the kill rate to `out`; `progress` is
+/// told before each case (its index, the case count, its name).
 pub fn run_mutants(
     cases: &[Case],
     backend: &dyn Backend,
     out: &mut dyn Write,
     verbose: bool,
+    progress: &mut dyn FnMut(usize, usize, &str),
 ) -> Result<MutantReport, ConformanceError> {
     let io = |source| ConformanceError::Io { what: "the mutant report".into(), source };
     let mut report = MutantReport::default();
-    for case in cases {
+    for (i, case) in cases.iter().enumerate() {
+        progress(i, cases.len(), &case.name);
         let Ok(plan) = case.plan() else {
             continue;
         };

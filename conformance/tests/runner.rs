@@ -112,28 +112,28 @@ fn export_writes_npy_files_and_an_index() {
         run(&Options { filter: Some("gemm_ar_ring_d2_".into()), export: Some(dir.clone()), ..Options::default() });
     assert_eq!(summary.passed, 1, "{text}");
     let case = common::corpus().into_iter().find(|c| c.name.starts_with("gemm_ar_ring_d2_")).unwrap();
-    let index = fs::read_to_string(dir.join("index.json")).unwrap();
-    assert!(index.contains(&format!("\"case\": \"{}\"", case.name)), "{index}");
-    assert!(index.contains("\"passed\": true"), "{index}");
+    let index: serde_json::Value = serde_json::from_str(&fs::read_to_string(dir.join("index.json")).unwrap()).unwrap();
+    let entry = &index["cases"][0];
+    assert_eq!((entry["case"].as_str(), entry["passed"].as_bool()), (Some(case.name.as_str()), Some(true)), "{index}");
     for d in 0..2 {
+        let files = entry["devices"][d]["files"].as_array().unwrap();
         for (buffer, rows, cols, dtype) in [
             ("A", case.m, case.k / 2, case.input),
             ("B", case.k / 2, case.n, case.input),
             ("C", case.m, case.n, case.output),
         ] {
             let rel = format!("{}/d{d}_{buffer}.npy", case.name);
-            assert!(
-                index.contains(&format!("\"path\": \"{rel}\", \"shape\": [{rows}, {cols}], \"dtype\": \"{dtype}\"")),
-                "{rel}\n{index}"
-            );
+            let file = files.iter().find(|f| f["path"] == rel.as_str()).unwrap_or_else(|| panic!("{rel}\n{index}"));
+            assert_eq!(file["shape"], serde_json::json!([rows, cols]), "{rel}");
+            assert_eq!(file["dtype"], dtype.to_string(), "{rel}");
             let bytes = fs::read(dir.join(&rel)).unwrap();
             let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
             let width = if dtype == cmm_core::DType::F16 { 2 } else { 4 };
             assert_eq!(bytes.len(), 10 + header_len + rows * cols * width, "{rel}");
         }
+        // Scratch buffers are not exported.
+        assert!(files.iter().all(|f| f["role"] != "scratch" && f["buffer"] != "send"), "{index}");
     }
-    // Scratch buffers are not exported.
-    assert!(!index.contains("\"buffer\": \"send\""));
     fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -184,12 +184,25 @@ fn export_names_the_mesh_of_a_mesh_case() {
     let (summary, text) =
         run(&Options { filter: Some(filter.into()), export: Some(dir.clone()), ..Options::default() });
     assert_eq!(summary.passed, 1, "{text}");
-    let index = fs::read_to_string(dir.join("index.json")).unwrap();
-    assert!(index.contains("\"op\": \"mesh_gemm\", \"algorithm\": \"wang\", \"dataflow\": \"rs\", \"nr\": 2, \"nc\": 4, \"slices\": null, \"block\": null, \"D\": 8"), "{index}");
+    let index: serde_json::Value = serde_json::from_str(&fs::read_to_string(dir.join("index.json")).unwrap()).unwrap();
+    let entry = &index["cases"][0];
+    for (key, want) in [
+        ("op", serde_json::json!("mesh_gemm")),
+        ("algorithm", serde_json::json!("wang")),
+        ("dataflow", serde_json::json!("rs")),
+        ("nr", serde_json::json!(2)),
+        ("nc", serde_json::json!(4)),
+        ("slices", serde_json::Value::Null),
+        ("block", serde_json::Value::Null),
+        ("D", serde_json::json!(8)),
+    ] {
+        assert_eq!(entry[key], want, "{key} in {index}");
+    }
     let case = common::corpus().into_iter().find(|c| c.name.starts_with(filter)).unwrap();
     // RS: A is K×M, chip (i, j) holds (K/Nr)×(M/Nc) of it.
     let rel = format!("{}/d7_A.npy", case.name);
-    assert!(index.contains(&format!("\"path\": \"{rel}\", \"shape\": [{}, {}]", case.k / 2, case.m / 4)), "{index}");
+    let file = entry["devices"][7]["files"].as_array().unwrap().iter().find(|f| f["path"] == rel.as_str()).unwrap();
+    assert_eq!(file["shape"], serde_json::json!([case.k / 2, case.m / 4]), "{index}");
     fs::remove_dir_all(&dir).unwrap();
 }
 

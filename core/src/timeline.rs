@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+use serde_json::json;
+
 use crate::plan::{Op, Plan};
 use crate::sim::{OpClass, SimReport};
 
@@ -110,25 +112,6 @@ pub struct Timeline {
     pub spans: Vec<Span>,
 }
 
-/// A JSON string literal (quoted and escaped); shared by every hand-written JSON writer.
-pub fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 fn xml_escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
@@ -205,34 +188,24 @@ impl Timeline {
         let mut devices: Vec<usize> = self.tracks.iter().map(|t| t.device).collect();
         devices.dedup();
         for d in devices {
-            events.push(format!(
-                r#"{{"name":"process_name","ph":"M","pid":{d},"tid":0,"args":{{"name":"device {d}"}}}}"#
-            ));
+            events.push(json!({
+                "name": "process_name", "ph": "M", "pid": d, "tid": 0, "args": { "name": format!("device {d}") },
+            }));
         }
         for (i, t) in self.tracks.iter().enumerate() {
-            events.push(format!(
-                r#"{{"name":"thread_name","ph":"M","pid":{},"tid":{i},"args":{{"name":{}}}}}"#,
-                t.device,
-                json_str(&t.lane)
-            ));
+            events.push(json!({
+                "name": "thread_name", "ph": "M", "pid": t.device, "tid": i, "args": { "name": t.lane },
+            }));
         }
         for s in &self.spans {
             let t = &self.tracks[s.track];
-            events.push(format!(
-                r#"{{"name":{},"cat":{},"ph":"X","ts":{:.4},"dur":{:.4},"pid":{},"tid":{}}}"#,
-                json_str(&s.label),
-                json_str(s.kind.name()),
-                s.start_us,
-                s.dur_us,
-                t.device,
-                s.track
-            ));
+            events.push(json!({
+                "name": s.label, "cat": s.kind.name(), "ph": "X", "ts": s.start_us, "dur": s.dur_us,
+                "pid": t.device, "tid": s.track,
+            }));
         }
-        format!(
-            "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"title\":{}}},\"traceEvents\":[\n{}\n]}}\n",
-            json_str(&self.title),
-            events.join(",\n")
-        )
+        let trace = json!({ "displayTimeUnit": "ns", "otherData": { "title": self.title }, "traceEvents": events });
+        format!("{trace}\n")
     }
 
     /// A Gantt chart: lanes as rows, ops coloured by kind, a time axis in µs, a legend.
@@ -350,9 +323,13 @@ mod tests {
     #[test]
     fn chrome_trace_has_names_and_complete_events() {
         let j = sample().chrome_trace_json();
-        assert!(j.contains(r#""ph":"X""#) && j.contains(r#""ts":2.0000"#) && j.contains(r#""dur":5.0000"#), "{j}");
-        assert!(j.contains(r#"comm \"x\""#), "lane names are escaped: {j}");
-        assert_eq!(j.matches(r#""ph":"X""#).count(), 2);
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        let events = v["traceEvents"].as_array().unwrap();
+        let complete: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
+        assert_eq!(complete.len(), 2, "{j}");
+        assert_eq!((complete[1]["ts"].as_f64(), complete[1]["dur"].as_f64()), (Some(2.0), Some(5.0)));
+        assert!(events.iter().any(|e| e["args"]["name"] == "comm \"x\""), "lane names survive: {j}");
+        assert_eq!(v["otherData"]["title"], "t <1>");
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! `cargo xtask conformance [--bless] [--filter P] [--export DIR] [--backend B] [--schedules N] [--stats]
-//! [--cases DIR] [--goldens DIR] [--sync S] [--case-timeout SECS] [--stamps DIR]`.
+//! [--cases DIR] [--goldens DIR] [--sync S] [--case-timeout SECS] [--stamps DIR] [--report FILE]`.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
-use cmm_conformance::{cases_dir, load_corpus, run_corpus, Backend, CpuTwin, Cuda, Goldens, Options};
+use cmm_conformance::{
+    cases_dir, check_report_path, load_corpus, run_corpus, write_report, Backend, CpuTwin, Cuda, Goldens, Options,
+};
 use cmm_cuda::{CudaBackend, CudaRunOptions, SyncMode};
 use cmm_reference::Reference;
 
@@ -90,6 +92,10 @@ pub struct Args {
     /// target/cuda-stamps].
     #[arg(long, value_name = "DIR")]
     pub stamps: Option<PathBuf>,
+    /// Also write a machine-readable report: JSON for FILE.json, JUnit XML for FILE.xml
+    /// (one test case per corpus case).
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
 }
 
 impl Args {
@@ -107,6 +113,7 @@ impl Args {
             sync: Sync::Kernels,
             case_timeout: 60,
             stamps: None,
+            report: None,
         }
     }
 
@@ -150,6 +157,9 @@ fn start_cuda(args: &Args) -> Result<Cuda> {
 
 /// Runs the corpus; fails when any case fails.
 pub fn run(args: &Args) -> Result<()> {
+    if let Some(path) = &args.report {
+        check_report_path(path)?;
+    }
     let options = Options {
         filter: args.filter.clone(),
         bless: args.bless,
@@ -164,14 +174,18 @@ pub fn run(args: &Args) -> Result<()> {
         let summary = run_corpus(&cuda, &options).context("conformance run")?;
         let corpus = load_corpus(&options.cases_dir).context("loading the corpus for the stamp")?;
         crate::cuda::write_stamp(&cuda.backend, args.sync, args.stamps.as_deref(), &corpus, &summary)?;
-        return finish(&summary);
+        return finish(args, &summary);
     }
     let backend = make_backend(args)?;
     let summary = run_corpus(backend.as_ref(), &options).context("conformance run")?;
-    finish(&summary)
+    finish(args, &summary)
 }
 
-fn finish(summary: &cmm_conformance::Summary) -> Result<()> {
+fn finish(args: &Args, summary: &cmm_conformance::Summary) -> Result<()> {
+    if let Some(path) = &args.report {
+        write_report(path, &summary.backend, &summary.records)?;
+        println!("report: {}", path.display());
+    }
     if summary.failed > 0 {
         bail!("{} of {} conformance cases failed", summary.failed, summary.failed + summary.passed);
     }

@@ -50,8 +50,13 @@ enum Command {
     /// Summarise a bundle run's logs (called by the bundle's run.sh).
     #[command(hide = true)]
     GpuBundleSummary(bundle::SummaryArgs),
-    /// Formatting, clippy, tests, then the conformance run; stops at the first failure.
-    Ci,
+    /// Formatting, clippy, tests, the CUDA compile check, the GPU bundle, the corpus
+    /// under four interleavings, the mutants; stops at the first failure.
+    Ci {
+        /// Everything but the mutants (a few minutes instead of about ten).
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 /// The workspace root (the parent of this crate).
@@ -70,13 +75,45 @@ fn main() -> ExitCode {
         Command::Tune(args) => tune::run(&args),
         Command::GpuBundle(args) => bundle::run(&args),
         Command::GpuBundleSummary(args) => bundle::summarise(&args),
-        Command::Ci => ci::run(),
+        Command::Ci { quick } => ci::run(quick),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", describe(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes joined by `: `, leaving out a cause whose text the message
+/// before it already contains (the libraries' errors quote their sources).
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_quoted_by_its_error_is_printed_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::AlreadyExists, "File exists (os error 17)");
+        let e = anyhow::Error::new(cmm_conformance::ConformanceError::Io {
+            what: "the export directory x".into(),
+            source: io,
+        })
+        .context("conformance run");
+        assert_eq!(describe(&e), "conformance run: cannot write the export directory x: File exists (os error 17)");
     }
 }

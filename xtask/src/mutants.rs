@@ -1,8 +1,12 @@
 //! `cargo xtask mutants [--filter P] [--backend B] [--verbose]`: the mutation kill rate.
 
+use std::io::IsTerminal;
+use std::time::Instant;
+
 use anyhow::{bail, Context, Result};
 use cmm_conformance::mutants::run_mutants;
 use cmm_conformance::{cases_dir, load_corpus};
+use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::conformance::{self, make_backend, BackendKind};
 
@@ -31,7 +35,22 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("no case name contains `{}`", args.filter.clone().unwrap_or_default());
     }
     let backend = make_backend(&conformance::Args::plain(args.backend, 1))?;
-    let report = run_mutants(&cases, backend.as_ref(), &mut std::io::stdout().lock(), args.verbose)?;
+    // A bar on a terminal; elsewhere (CI logs) a line every tenth of the cases.
+    let bar = ProgressBar::new(cases.len() as u64).with_style(
+        ProgressStyle::with_template("mutants {bar:30} {pos}/{len} cases, {elapsed} {msg}").expect("a valid template"),
+    );
+    let terminal = std::io::stderr().is_terminal();
+    let step = cases.len().div_ceil(10).max(1);
+    let started = Instant::now();
+    let mut progress = |i: usize, total: usize, name: &str| {
+        bar.set_position(i as u64);
+        bar.set_message(name.to_string());
+        if !terminal && i % step == 0 {
+            eprintln!("mutants: case {}/{total} ({name}), {:.0} s", i + 1, started.elapsed().as_secs_f64());
+        }
+    };
+    let report = run_mutants(&cases, backend.as_ref(), &mut std::io::stdout().lock(), args.verbose, &mut progress)?;
+    bar.finish_and_clear();
     if !report.survivors.is_empty() {
         bail!("{} mutant(s) survived every check", report.survivors.len());
     }

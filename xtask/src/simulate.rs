@@ -171,12 +171,14 @@ fn reference(args: &Args, plan: &Plan) -> Result<()> {
     let title = format!("{} on the wgpu reference ({}), op by op: {total:.0} µs", plan.name, r.gpu().info.name);
     let timeline = Timeline::from_measured(plan, title, &ops);
     if args.json {
-        println!(
-            "{{\"plan\":\"{}\",\"executor\":\"reference\",\"adapter\":\"{}\",\"wall_us\":{total:.3},\"ops\":{}}}",
-            plan.name.replace('"', "'"),
-            r.adapter_summary().replace('"', "'"),
-            ops.len()
-        );
+        let report = serde_json::json!({
+            "plan": plan.name,
+            "executor": "reference",
+            "adapter": r.adapter_summary(),
+            "wall_us": total,
+            "ops": ops.len(),
+        });
+        println!("{report}");
     } else {
         println!("plan:     {}", plan.name);
         println!("executor: wgpu reference on {}", r.adapter_summary());
@@ -400,40 +402,35 @@ fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic_s: f64, 
 }
 
 fn json(plan: &Plan, r: &SimReport, analytic_s: f64) -> String {
-    let path: Vec<String> = r
+    let path: Vec<serde_json::Value> = r
         .critical_path
         .iter()
         .map(|s| {
             let rec = r.record(*s);
-            format!(
-                "{{\"device\":{},\"lane\":\"{}\",\"index\":{},\"start_us\":{:.4},\"end_us\":{:.4}}}",
-                s.device,
-                plan.lanes[s.lane],
-                s.index,
-                rec.start_s * 1e6,
-                rec.end_s * 1e6
-            )
+            serde_json::json!({
+                "device": s.device,
+                "lane": plan.lanes[s.lane],
+                "index": s.index,
+                "start_us": rec.start_s * 1e6,
+                "end_us": rec.end_s * 1e6,
+            })
         })
         .collect();
-    let busy: Vec<String> = r
-        .lane_busy_s
-        .iter()
-        .map(|lanes| format!("[{}]", lanes.iter().map(|b| format!("{:.4}", b * 1e6)).collect::<Vec<_>>().join(",")))
-        .collect();
-    format!(
-        "{{\"plan\":\"{}\",\"profile\":\"{}\",\"devices\":{},\"lanes\":[{}],\"makespan_us\":{:.4},\"compute_floor_us\":{:.4},\"comm_floor_us\":{:.4},\"exposed_comm_us\":{:.4},\"analytic_us\":{:.4},\"lane_busy_us\":[{}],\"critical_path\":[{}]}}",
-        plan.name,
-        r.profile,
-        r.devices,
-        r.lanes.iter().map(|l| format!("\"{l}\"")).collect::<Vec<_>>().join(","),
-        r.makespan_s * 1e6,
-        r.compute_floor_s * 1e6,
-        r.comm_floor_s * 1e6,
-        r.max_exposed_comm_s() * 1e6,
-        analytic_s * 1e6,
-        busy.join(","),
-        path.join(",")
-    )
+    let busy: Vec<Vec<f64>> = r.lane_busy_s.iter().map(|lanes| lanes.iter().map(|b| b * 1e6).collect()).collect();
+    serde_json::json!({
+        "plan": plan.name,
+        "profile": r.profile,
+        "devices": r.devices,
+        "lanes": r.lanes,
+        "makespan_us": r.makespan_s * 1e6,
+        "compute_floor_us": r.compute_floor_s * 1e6,
+        "comm_floor_us": r.comm_floor_s * 1e6,
+        "exposed_comm_us": r.max_exposed_comm_s() * 1e6,
+        "analytic_us": analytic_s * 1e6,
+        "lane_busy_us": busy,
+        "critical_path": path,
+    })
+    .to_string()
 }
 
 fn compare(problem: &cmm_core::Problem, profile: &Profile) -> Result<()> {
@@ -532,3 +529,25 @@ fn validate() -> Result<()> {
 
 /// Slice counts the simulated cross-check tries (each a plan of up to ~10^6 ops).
 const CROSS_CHECK_SLICES: [usize; 8] = [1, 2, 4, 8, 12, 16, 24, 32];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cmm_core::{OpKind, Problem};
+
+    #[test]
+    fn the_json_report_parses_whatever_the_profile_and_plan_are_called() {
+        let text = include_str!("../../core/profiles/h100-nvlink.toml")
+            .replace("name = \"h100-nvlink\"", "name = \"my \\\"big\\\" \\\\ cluster\"");
+        let profile = Profile::parse(&text, "my.toml").unwrap();
+        assert_eq!(profile.name, "my \"big\" \\ cluster");
+        let p = Problem::new(OpKind::AgGemm, 2, 64, 32, 16, cmm_core::DType::F16, cmm_core::DType::F16).unwrap();
+        let mut plan = build_plan(&p, cmm_core::Algorithm::Ring).unwrap();
+        plan.name = "plan \"with\" quotes\\".into();
+        let report = simulate(&plan, &profile, &SimOptions::default()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json(&plan, &report, 1e-6)).unwrap();
+        assert_eq!(v["profile"], "my \"big\" \\ cluster");
+        assert_eq!(v["plan"], "plan \"with\" quotes\\");
+        assert!(v["makespan_us"].as_f64().unwrap() > 0.0);
+    }
+}
