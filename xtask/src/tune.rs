@@ -7,6 +7,7 @@ use cmm_core::sim::analytic::{Dataflow, MeshGemm};
 use cmm_core::sim::tune::{
     best_per_algorithm, choose_dataflows, tune_1d, tune_llm, tune_mesh_gemm, LlmConfig, MeshEvaluation, NoMeshPlans,
 };
+use serde_json::json;
 
 use crate::problem_args::{us, ProblemArgs};
 
@@ -30,6 +31,14 @@ pub struct Args {
     /// Rows of the 2D ranking to print.
     #[arg(long, default_value_t = 12)]
     pub top: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn print_json(value: serde_json::Value) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(&value)?);
+    Ok(())
 }
 
 /// Runs the command.
@@ -38,6 +47,36 @@ pub fn run(args: &Args) -> Result<()> {
     let Some(chips) = args.chips else {
         let problem = args.problem.problem()?;
         let ranking = tune_1d(&problem, &profile)?;
+        if args.json {
+            let base = ranking.ranked.iter().find(|c| c.algorithm == cmm_core::Algorithm::Baseline);
+            let rows: Vec<_> = ranking
+                .ranked
+                .iter()
+                .map(|c| {
+                    json!({
+                        "algorithm": c.algorithm.to_string(),
+                        "makespan_us": c.report.makespan_s * 1e6,
+                        "exposed_comm_us": c.report.max_exposed_comm_s() * 1e6,
+                        "speedup_vs_baseline": base.map(|b| b.report.makespan_s / c.report.makespan_s),
+                    })
+                })
+                .collect();
+            let skipped: Vec<_> =
+                ranking.skipped.iter().map(|(a, why)| json!({ "algorithm": a.to_string(), "why": why })).collect();
+            return print_json(json!({
+                "mode": "1d",
+                "op": problem.op.to_string(),
+                "devices": problem.devices,
+                "shape": problem.shape_string(),
+                "input": problem.input.to_string(),
+                "output": problem.output.to_string(),
+                "profile": profile.name,
+                "ranked": rows,
+                "skipped": skipped,
+                "winner": ranking.winner().algorithm.to_string(),
+                "reason": ranking.reason,
+            }));
+        }
         println!(
             "{} D={} {} {}->{} on {} (simulated)",
             problem.op,
@@ -67,11 +106,38 @@ pub fn run(args: &Args) -> Result<()> {
         println!("winner: {} — {}", ranking.winner().algorithm, ranking.reason);
         return Ok(());
     };
+    // 2D mode tries every Nr x Nc mesh of P chips: a 1D op or device count has no place.
+    if args.problem.op.is_some() || args.problem.devices.is_some() {
+        bail!("--chips selects 2D mode, which tries every Nr x Nc = {chips} mesh: drop --op and -d (or drop --chips to rank 1D plans)");
+    }
     if let Some(name) = &args.llm {
         if name != "gpt3-175b" {
             bail!("unknown model `{name}` (known: gpt3-175b)");
         }
         let llm = LlmConfig::gpt3_175b(args.batch);
+        if args.json {
+            let configs = tune_llm(&llm, chips, &profile, &NoMeshPlans)?;
+            let best: Vec<_> = best_per_algorithm(&configs)
+                .into_iter()
+                .map(|c| {
+                    json!({
+                        "algorithm": c.algorithm.name(),
+                        "mesh": c.shape.to_string(),
+                        "time_ms": c.total_s * 1e3,
+                        "gemm_share": c.compute_s / c.total_s,
+                        "slices": c.layers.iter().map(|l| json!({ "layer": l.layer, "slices": l.slices })).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            return print_json(json!({
+                "mode": "llm",
+                "model": llm.name,
+                "chips": chips,
+                "profile": profile.name,
+                "best_per_algorithm": best,
+                "winner": { "algorithm": configs[0].algorithm.name(), "mesh": configs[0].shape.to_string() },
+            }));
+        }
         println!(
             "{} on {chips} chips of {}: {} tokens per step, {} (analytic model; simulated mesh plans once the mesh module lands)",
             llm.name, profile.name, llm.tokens, llm.dtype
@@ -121,6 +187,33 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let gemm = MeshGemm { m, n, k, dataflow, dtype: args.problem.input };
     let ranked = tune_mesh_gemm(&gemm, chips, &profile, &NoMeshPlans)?;
+    if args.json {
+        let rows: Vec<_> = ranked
+            .iter()
+            .take(args.top)
+            .map(|(alg, shape, s, e)| {
+                json!({
+                    "algorithm": alg.name(),
+                    "mesh": shape.to_string(),
+                    "slices": s,
+                    "time_us": e.total_s() * 1e6,
+                    "how": match e {
+                        MeshEvaluation::Analytic(_) => "analytic",
+                        MeshEvaluation::Simulated(_) => "simulated",
+                    },
+                })
+            })
+            .collect();
+        return print_json(json!({
+            "mode": "mesh_gemm",
+            "dataflow": dataflow.to_string(),
+            "m": m, "n": n, "k": k,
+            "dtype": gemm.dtype.to_string(),
+            "chips": chips,
+            "profile": profile.name,
+            "ranked": rows,
+        }));
+    }
     println!("{dataflow} GEMM M={m} N={n} K={k} {} on {chips} chips of {}", gemm.dtype, profile.name);
     println!("{:<4} {:<12} {:>8} {:>5} {:>12}  how", "rank", "algorithm", "mesh", "S", "time");
     for (i, (alg, shape, s, e)) in ranked.iter().take(args.top).enumerate() {
