@@ -2,6 +2,43 @@
 //! the f64 oracle and tolerances, the simulator and its cost models. No GPU dependency:
 //! every executor builds on this crate.
 
+/// `name()`, `Display` and `FromStr` for a fieldless enum from its case-file names:
+/// `names!(Layer, "layer", { Column => "column", Row => "row" })`.
+macro_rules! names {
+    ($ty:ident, $noun:literal, { $($variant:ident => $name:literal),* $(,)? }) => {
+        impl $ty {
+            /// Name as used in case files.
+            pub fn name(self) -> &'static str {
+                match self { $($ty::$variant => $name),* }
+            }
+        }
+        impl ::std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+        impl ::std::str::FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($name => Ok($ty::$variant),)*
+                    other => Err(format!("unknown {} `{other}` (expected {})", $noun, $crate::one_of(&[$($name),*]))),
+                }
+            }
+        }
+    };
+}
+
+/// `a`, `a or b`, `a, b or c`.
+#[doc(hidden)]
+pub fn one_of(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => (*one).to_string(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
 pub mod algorithms;
 pub mod attention;
 pub mod cpu;
@@ -32,3 +69,20 @@ pub use plan::{
 pub use problem::{GlobalGemm, OpKind, Problem, ProblemError, ShardedGemm, Window};
 pub use tolerance::Tolerance;
 pub use workload::{ExpectedOutput, Workload};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_print_and_list_the_alternatives() {
+        assert_eq!("ring_bidir".parse::<AttentionAlgorithm>(), Ok(AttentionAlgorithm::RingBidir));
+        assert_eq!(Layout::Balanced.to_string(), "balanced");
+        assert_eq!(
+            "x".parse::<LinearAlgorithm>().unwrap_err(),
+            "unknown linear algorithm `x` (expected baseline, megatron or ring)"
+        );
+        assert_eq!("y".parse::<Layer>().unwrap_err(), "unknown layer `y` (expected column, row or mlp)");
+        assert_eq!(one_of(&["a"]), "a");
+    }
+}

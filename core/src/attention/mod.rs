@@ -15,9 +15,6 @@
 //! | prefill, balanced layout | chunks d and 2D−1−d of 2D equal chunks of Q, K, V | O and LSE of its two chunks, stacked |
 //! | decode | all T query rows (the last T positions); keys and values in D contiguous shards, the first S mod D one row longer | O and LSE of the T queries, the same on every device |
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -45,21 +42,7 @@ pub enum Layout {
     Balanced,
 }
 
-impl Layout {
-    /// Name as used in case files.
-    pub fn name(self) -> &'static str {
-        match self {
-            Layout::Contiguous => "contiguous",
-            Layout::Balanced => "balanced",
-        }
-    }
-}
-
-impl fmt::Display for Layout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+names!(Layout, "layout", { Contiguous => "contiguous", Balanced => "balanced" });
 
 /// Why an attention problem is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -385,16 +368,6 @@ impl AttentionAlgorithm {
         AttentionAlgorithm::SplitKv,
     ];
 
-    /// Name as used in case files.
-    pub fn name(self) -> &'static str {
-        match self {
-            AttentionAlgorithm::Baseline => "baseline",
-            AttentionAlgorithm::Ring => "ring",
-            AttentionAlgorithm::RingBidir => "ring_bidir",
-            AttentionAlgorithm::SplitKv => "split_kv",
-        }
-    }
-
     /// Whether it plans the problem's mode (prefill: baseline, ring, ring_bidir;
     /// decode: baseline, split_kv).
     pub fn plans(self, p: &AttentionProblem) -> bool {
@@ -406,17 +379,9 @@ impl AttentionAlgorithm {
     }
 }
 
-impl fmt::Display for AttentionAlgorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for AttentionAlgorithm {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        AttentionAlgorithm::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| {
-            format!("unknown attention algorithm `{s}` (expected baseline, ring, ring_bidir or split_kv)")
-        })
-    }
-}
+names!(AttentionAlgorithm, "attention algorithm", {
+    Baseline => "baseline",
+    Ring => "ring",
+    RingBidir => "ring_bidir",
+    SplitKv => "split_kv",
+});

@@ -19,9 +19,6 @@
 //! Activations, gradients and weights share one dtype (f32, f16 or bf16); every
 //! intermediate (Z, A, dA, dZ) is rounded to it once, as a framework would store it.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -61,33 +58,8 @@ pub enum Pass {
     Train,
 }
 
-macro_rules! names {
-    ($ty:ident { $($variant:ident => $name:literal),* }) => {
-        impl $ty {
-            /// Name as used in case files.
-            pub fn name(self) -> &'static str {
-                match self { $($ty::$variant => $name),* }
-            }
-        }
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.name())
-            }
-        }
-        impl FromStr for $ty {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, Self::Err> {
-                match s {
-                    $($name => Ok($ty::$variant),)*
-                    other => Err(format!(concat!("unknown ", stringify!($ty), " `{}` (expected ", $($name, " "),*, ")"), other)),
-                }
-            }
-        }
-    };
-}
-
-names!(Layer { Column => "column", Row => "row", Mlp => "mlp" });
-names!(Pass { Forward => "forward", Backward => "backward", Train => "train" });
+names!(Layer, "layer", { Column => "column", Row => "row", Mlp => "mlp" });
+names!(Pass, "pass", { Forward => "forward", Backward => "backward", Train => "train" });
 
 /// Why a linear problem is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -394,29 +366,6 @@ pub enum LinearAlgorithm {
 impl LinearAlgorithm {
     /// Every algorithm.
     pub const ALL: [LinearAlgorithm; 3] = [LinearAlgorithm::Baseline, LinearAlgorithm::Megatron, LinearAlgorithm::Ring];
-
-    /// Name as used in case files.
-    pub fn name(self) -> &'static str {
-        match self {
-            LinearAlgorithm::Baseline => "baseline",
-            LinearAlgorithm::Megatron => "megatron",
-            LinearAlgorithm::Ring => "ring",
-        }
-    }
 }
 
-impl fmt::Display for LinearAlgorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for LinearAlgorithm {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        LinearAlgorithm::ALL
-            .into_iter()
-            .find(|a| a.name() == s)
-            .ok_or_else(|| format!("unknown linear algorithm `{s}` (expected baseline, megatron or ring)"))
-    }
-}
+names!(LinearAlgorithm, "linear algorithm", { Baseline => "baseline", Megatron => "megatron", Ring => "ring" });

@@ -25,8 +25,9 @@ use thiserror::Error;
 use super::profile::Profile;
 use super::topology::{ResId, ResourceKind, Topology};
 use crate::dtype::DType;
-use crate::plan::{Engine, Op, OpSite, Plan, PlanError, Region, SemId};
+use crate::plan::{Engine, Op, OpSite, Plan, PlanError, SemId};
 use crate::schedule::BlockedLane;
+use crate::verify::accesses;
 
 /// How to simulate.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -291,7 +292,7 @@ impl<'a> Sim<'a> {
                     Some(c) => crate::attention::visible_fraction(c, q.rows, k.rows),
                 };
                 let input = dtype_of(self.plan, q.buf);
-                let cost = p.attention_cost(q.rows * heads, k.rows, dh, k.rows * k.cols, input, visible);
+                let cost = p.attention_cost(q.rows * heads, k.rows, dh, k.len(), input, visible);
                 let flops = 4.0 * (q.rows * heads * dh) as f64 * k.rows as f64 * visible;
                 let res = vec![self.topo.compute(device)];
                 (
@@ -301,27 +302,12 @@ impl<'a> Sim<'a> {
                     cost.work_s,
                 )
             }
-            // Memory-bound: every region crosses HBM once.
-            Op::AttnMerge { .. } | Op::AttnFinish { .. } => {
-                let regions: Vec<Region> = match op {
-                    Op::AttnMerge { from, into, .. } => {
-                        from.regions().into_iter().chain(into.regions()).chain(into.regions()).collect()
-                    }
-                    Op::AttnFinish { state, out, lse, .. } => state.regions().into_iter().chain([*out, *lse]).collect(),
-                    _ => Vec::new(),
-                };
-                let bytes: f64 =
-                    regions.iter().map(|r| r.len() as f64 * dtype_of(self.plan, r.buf).size_bytes() as f64).sum();
-                let work = bytes / p.hbm_bps();
-                let res = vec![self.topo.compute(device)];
-                (vec![Phase::Fixed(launch), Phase::Fluid { amount: work, cap: 1.0, resources: res }], bytes, 0.0, work)
-            }
-            // Memory-bound: every input and the output cross HBM once.
-            Op::Reduce { inputs, output } | Op::Pointwise { inputs, output, .. } => {
-                let bytes: f64 = inputs
+            // Memory-bound: every region the op reads or writes (its verifier accesses)
+            // crosses HBM once.
+            Op::Reduce { .. } | Op::Pointwise { .. } | Op::AttnMerge { .. } | Op::AttnFinish { .. } => {
+                let bytes: f64 = accesses(device, op)
                     .iter()
-                    .chain(std::iter::once(output))
-                    .map(|r| r.len() as f64 * dtype_of(self.plan, r.buf).size_bytes() as f64)
+                    .map(|a| a.region.len() as f64 * dtype_of(self.plan, a.region.buf).size_bytes() as f64)
                     .sum();
                 let work = bytes / p.hbm_bps();
                 let res = vec![self.topo.compute(device)];

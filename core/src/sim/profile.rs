@@ -340,7 +340,7 @@ impl Profile {
 
     /// The cost of one attention block ([`crate::plan::Op::Attend`]): `rows` query rows
     /// times heads against `keys` keys of head dimension `dh`, of which the fraction
-    /// `visible` survives the mask. Compute: the two GEMMs Q·Kᵀ and P·V over the visible
+    /// `visible` survives the mask; K and V hold `kv_elements` elements each. Compute: the two GEMMs Q·Kᵀ and P·V over the visible
     /// pairs at this profile's GEMM efficiency for an (rows × keys × dh) tile grid; memory:
     /// Q, K, V and the f32 state (read and written) cross HBM once, the scores never do
     /// (a fused kernel keeps them on chip).
@@ -349,7 +349,7 @@ impl Profile {
         rows: usize,
         keys: usize,
         dh: usize,
-        kv_rows_cols: usize,
+        kv_elements: usize,
         input: DType,
         visible: f64,
     ) -> GemmCost {
@@ -357,7 +357,7 @@ impl Profile {
         let efficiency = self.compute.max_efficiency * self.tile_utilisation(rows, keys, dh);
         let compute_s = flops / (self.peak_flops(input) * efficiency);
         let bytes =
-            (rows * dh + 2 * kv_rows_cols) as f64 * input.size_bytes() as f64 + 2.0 * (rows * (dh + 2)) as f64 * 4.0;
+            (rows * dh + 2 * kv_elements) as f64 * input.size_bytes() as f64 + 2.0 * (rows * (dh + 2)) as f64 * 4.0;
         let memory_s = bytes / (self.memory.hbm_gbps * 1e9);
         let work_s = compute_s.max(memory_s);
         let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { efficiency };
