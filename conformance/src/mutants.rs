@@ -136,17 +136,6 @@ pub fn catch_dynamic(
     None
 }
 
-/// The first check a mutant fails ([`catch_static`], then [`catch_dynamic`]), or `None`.
-pub fn catch(
-    case: &Case,
-    plan: &Plan,
-    backend: &dyn Backend,
-    expected: &[ExpectedOutput],
-    original: Option<&Outputs>,
-) -> Option<String> {
-    catch_static(plan).or_else(|| catch_dynamic(case, plan, backend, expected, original))
-}
-
 /// Mutates the plan of every case and reports the kill rate to `out`; `progress` is
 /// told before each case (its index, the case count, its name).
 pub fn run_mutants(
