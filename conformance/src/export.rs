@@ -40,7 +40,7 @@ pub fn npy_bytes(dtype: DType, rows: usize, cols: usize, words: &[u32]) -> (Vec<
     bytes.extend_from_slice(header.as_bytes());
     for &w in words {
         match dtype {
-            DType::F32 | DType::F16 => dtype.push_le_bytes(w, &mut bytes),
+            DType::F32 | DType::F16 | DType::U32 => dtype.push_le_bytes(w, &mut bytes),
             _ => bytes.extend_from_slice(&dtype.decode(w).to_le_bytes()),
         }
     }
@@ -52,6 +52,7 @@ pub fn npy_bytes(dtype: DType, rows: usize, cols: usize, words: &[u32]) -> (Vec<
 pub fn npy_descr(dtype: DType) -> &'static str {
     match dtype {
         DType::F16 => "<f2",
+        DType::U32 => "<u4",
         _ => "<f4",
     }
 }

@@ -7,6 +7,7 @@
 use crate::attention::online;
 use crate::dtype::DType;
 use crate::generator::{element_bits, Family};
+use crate::moe::{check_routing, route, RoutingError, ROUTE_NONE};
 use crate::plan::{attention_scale, AttnState, BufferRole, Op, Plan, PlanError, Region};
 use crate::schedule::{schedule_with, Deadlock, Order};
 
@@ -20,13 +21,17 @@ pub enum CpuError {
     /// The plan is malformed or cannot be executed (generator range).
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// A routing table is malformed or routes more rows than the plan holds.
+    #[error(transparent)]
+    Routing(#[from] RoutingError),
 }
 
 /// Memory of all devices: `[device][buffer]` words.
 pub type Memory = Vec<Vec<Vec<u32>>>;
 
-/// A buffer's initial contents: its input window (twin of `generate.wgsl`), or poison
-/// ([`DType::poison_bits`]) for scratch and output buffers.
+/// A buffer's initial contents: its input window (twin of `generate.wgsl`), the
+/// router's table (the same on every device), or poison ([`DType::poison_bits`]) for
+/// scratch and output buffers.
 pub fn generate_input(
     role: &BufferRole,
     device: usize,
@@ -36,6 +41,9 @@ pub fn generate_input(
     seed: u32,
     family: Family,
 ) -> Vec<u32> {
+    if let BufferRole::Router { part, router } = role {
+        return router.words(*part, seed, family);
+    }
     let mut out = vec![dtype.poison_bits(); rows * cols];
     if let Some((tensor, global_cols, origins)) = role.generated() {
         let (r0, c0) = origins[device];
@@ -62,6 +70,7 @@ pub fn run(plan: &Plan, seed: u32, family: Family) -> Result<Memory, CpuError> {
 pub fn run_with(plan: &Plan, seed: u32, family: Family, order: Order) -> Result<Memory, CpuError> {
     plan.validate()?;
     plan.check_generator_range()?;
+    check_routing(plan, seed)?;
     let sched = schedule_with(plan, order)?;
     let mut mem: Memory = (0..plan.devices)
         .map(|d| {
@@ -185,7 +194,92 @@ pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
                 }
             }
         }
+        Op::Route { ids, tables, experts } => {
+            let words = read_region(&mem[device], ids);
+            let chunks = tables.chunks(*experts);
+            let t = route(&words, ids.cols, *experts, chunks, tables.perm.rows);
+            for (r, values) in [(&tables.seg, &t.seg), (&tables.perm, &t.perm), (&tables.inv, &t.inv)] {
+                write_region(&mut mem[device], r, values);
+            }
+        }
+        Op::GroupedGemm { a, b, c, tables, experts, groups, chunk, gather, zero_unrouted } => {
+            let dev = &mem[device];
+            let seg = read_region(dev, &tables.seg);
+            let perm = read_region(dev, &tables.perm);
+            let (chunks, slots) = (tables.chunks(*experts), tables.inv.cols);
+            let k = b.rows / experts;
+            // Every index read from a table is bounded before use, as in the shaders.
+            let bound = |x: u32| (x as usize).min(c.rows);
+            let mut rows: Vec<(usize, Vec<u32>)> = Vec::new();
+            for e in groups.clone() {
+                let s = e * chunks + chunk;
+                for r in bound(seg[s])..bound(seg[s + 1]) {
+                    let src = match gather {
+                        None => Some(r),
+                        Some(base) => {
+                            let token = (perm[r] != ROUTE_NONE).then(|| perm[r] as usize / slots);
+                            token.and_then(|t| t.checked_sub(*base)).filter(|&t| t < a.rows)
+                        }
+                    };
+                    let out = (0..c.cols)
+                        .map(|j| {
+                            let mut acc = 0.0f32;
+                            if let Some(i) = src {
+                                for p in 0..k {
+                                    let x = dt(a).decode(dev[a.buf.0][at(a, i, p)]);
+                                    let y = dt(b).decode(dev[b.buf.0][at(b, e * k + p, j)]);
+                                    acc += x * y;
+                                }
+                            }
+                            dt(c).encode(acc)
+                        })
+                        .collect();
+                    rows.push((r, out));
+                }
+            }
+            if *zero_unrouted {
+                let last = bound(seg[seg.len() - 1]);
+                rows.extend((last..c.rows).map(|r| (r, vec![dt(c).encode(0.0); c.cols])));
+            }
+            for (r, out) in rows {
+                for (j, w) in out.into_iter().enumerate() {
+                    mem[device][c.buf.0][at(c, r, j)] = w;
+                }
+            }
+        }
+        Op::Combine { rows, weights, inv, out } => {
+            let dev = &mem[device];
+            let mut values = Vec::with_capacity(out.len());
+            for t in 0..out.rows {
+                for j in 0..out.cols {
+                    let mut acc = 0.0f32;
+                    for s in 0..inv.cols {
+                        let row = dev[inv.buf.0][at(inv, t, s)] as usize;
+                        if row < rows.rows {
+                            let w = f32::from_bits(dev[weights.buf.0][at(weights, t, s)]);
+                            acc += w * dt(rows).decode(dev[rows.buf.0][at(rows, row, j)]);
+                        }
+                    }
+                    values.push(dt(out).encode(acc));
+                }
+            }
+            write_region(&mut mem[device], out, &values);
+        }
         Op::Signal { .. } | Op::Wait { .. } => {}
+    }
+}
+
+/// The words of a region, row-major.
+fn read_region(dev: &[Vec<u32>], r: &Region) -> Vec<u32> {
+    (0..r.rows).flat_map(|i| (0..r.cols).map(move |j| dev[r.buf.0][at(r, i, j)])).collect()
+}
+
+/// Writes row-major words into a region.
+fn write_region(dev: &mut [Vec<u32>], r: &Region, words: &[u32]) {
+    for i in 0..r.rows {
+        for j in 0..r.cols {
+            dev[r.buf.0][at(r, i, j)] = words[i * r.cols + j];
+        }
     }
 }
 

@@ -20,18 +20,28 @@ pub enum DType {
     F16,
     /// bfloat16 (the upper half of a binary32).
     Bf16,
+    /// Unsigned 32-bit integers: the routing tables of the MoE family (expert ids, row
+    /// offsets, permutations). No arithmetic op reads them as numbers; case files
+    /// cannot name them as an input or output type.
+    #[serde(skip)]
+    U32,
 }
 
 impl DType {
-    /// Every supported element type.
+    /// Every floating-point element type (the types of tensors ops compute with).
     pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::Bf16];
 
     /// Size of one element in memory, in bytes.
     pub fn size_bytes(self) -> usize {
         match self {
-            DType::F32 => 4,
+            DType::F32 | DType::U32 => 4,
             DType::F16 | DType::Bf16 => 2,
         }
+    }
+
+    /// Whether the type is a floating-point one (every type but [`DType::U32`]).
+    pub fn is_float(self) -> bool {
+        self != DType::U32
     }
 
     /// Lower-case name as used in case files.
@@ -40,6 +50,7 @@ impl DType {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::Bf16 => "bf16",
+            DType::U32 => "u32",
         }
     }
 
@@ -49,6 +60,7 @@ impl DType {
             DType::F32 => f32::EPSILON as f64 / 2.0,
             DType::F16 => 2f64.powi(-11),
             DType::Bf16 => 2f64.powi(-8),
+            DType::U32 => 0.0,
         }
     }
 
@@ -59,6 +71,9 @@ impl DType {
             DType::F32 => x.to_bits(),
             DType::F16 => f32_to_f16_bits(x),
             DType::Bf16 => f32_to_bf16_bits(x),
+            // Integers below 2^24 round-trip through f32 exactly; larger values saturate
+            // (u32::MAX, the tables' "none", decodes to 2^32 and encodes back to itself).
+            DType::U32 => x as u32,
         }
     }
 
@@ -68,6 +83,7 @@ impl DType {
             DType::F32 => f32::from_bits(bits),
             DType::F16 => f16_bits_to_f32(bits),
             DType::Bf16 => f32::from_bits(bits << 16),
+            DType::U32 => bits as f32,
         }
     }
 
@@ -79,6 +95,9 @@ impl DType {
             DType::F32 => 0x7fc0_dead,
             DType::F16 => 0x7e5a,
             DType::Bf16 => 0x7fa5,
+            // Far beyond any table's row count, so a read of an unwritten table entry
+            // selects no row.
+            DType::U32 => 0xdead_beef,
         }
     }
 
@@ -90,7 +109,7 @@ impl DType {
     /// Appends `bits` (one element) to `out` in this type's little-endian memory layout.
     pub fn push_le_bytes(self, bits: u32, out: &mut Vec<u8>) {
         match self {
-            DType::F32 => out.extend_from_slice(&bits.to_le_bytes()),
+            DType::F32 | DType::U32 => out.extend_from_slice(&bits.to_le_bytes()),
             DType::F16 | DType::Bf16 => out.extend_from_slice(&(bits as u16).to_le_bytes()),
         }
     }
@@ -100,7 +119,7 @@ impl DType {
         let n = self.size_bytes();
         let b = &bytes[index * n..index * n + n];
         match self {
-            DType::F32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            DType::F32 | DType::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
             DType::F16 | DType::Bf16 => u16::from_le_bytes([b[0], b[1]]) as u32,
         }
     }

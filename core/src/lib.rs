@@ -46,6 +46,7 @@ pub mod dtype;
 pub mod generator;
 pub mod linear;
 pub mod mesh;
+pub mod moe;
 pub mod mutants;
 pub mod oracle;
 pub mod plan;
@@ -63,8 +64,10 @@ pub use dtype::DType;
 pub use generator::Family;
 pub use linear::{Layer, LinearAlgorithm, LinearError, LinearProblem, Pass};
 pub use mesh::{Dataflow, MeshAlgorithm, MeshError, MeshProblem};
+pub use moe::{MoeError, MoeOp, MoeProblem, Routing};
 pub use plan::{
-    AttnState, BufId, BufferDecl, BufferRole, Causal, Engine, Op, OpSite, Plan, PlanError, Pointwise, Region, SemId,
+    AttnState, BufId, BufferDecl, BufferRole, Causal, Engine, Op, OpSite, Plan, PlanError, Pointwise, Region, RouteTables,
+    SemId,
 };
 pub use problem::{GlobalGemm, OpKind, Problem, ProblemError, ShardedGemm, Window};
 pub use tolerance::Tolerance;

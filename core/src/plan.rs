@@ -9,6 +9,7 @@ use std::fmt;
 use thiserror::Error;
 
 use crate::dtype::DType;
+use crate::moe::{Router, RouterPart};
 
 /// Index of a buffer in [`Plan::buffers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -45,6 +46,15 @@ pub enum BufferRole {
         /// Per device, the (row, column) of the buffer's element (0, 0) in the global tensor.
         origins: Vec<(usize, usize)>,
     },
+    /// A table of the router's result (every token's expert ids or weights), the same
+    /// on every device, generated on the host ([`crate::moe::Router::words`]) and
+    /// uploaded before the run: routing is data, not a property of the plan.
+    Router {
+        /// Which table.
+        part: RouterPart,
+        /// The router.
+        router: Router,
+    },
 }
 
 /// Per device, the (row, column) of a generated buffer's element (0, 0) in its tensor.
@@ -57,8 +67,13 @@ impl BufferRole {
         match self {
             BufferRole::Input { tensor, global_cols, origins }
             | BufferRole::Accumulator { tensor, global_cols, origins } => Some((*tensor, *global_cols, origins)),
-            BufferRole::Output | BufferRole::Scratch => None,
+            BufferRole::Output | BufferRole::Scratch | BufferRole::Router { .. } => None,
         }
+    }
+
+    /// Whether the buffer holds data before the run (generated or uploaded).
+    pub fn initialized(&self) -> bool {
+        self.generated().is_some() || matches!(self, BufferRole::Router { .. })
     }
 
     /// Whether the buffer holds a result read back after the run.
@@ -226,6 +241,36 @@ impl AttnState {
     }
 }
 
+/// The routing tables an [`Op::Route`] writes and the grouped GEMM and the combine
+/// read (all `u32`, see [`crate::moe::route`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RouteTables {
+    /// Segment offsets, 1 × (experts·chunks + 1): the rows of (expert e, chunk c) are
+    /// `[seg[e·chunks + c], seg[e·chunks + c + 1])`.
+    pub seg: Region,
+    /// Per row, its `token·slots + slot` (capacity × 1; [`crate::moe::ROUTE_NONE`] past
+    /// the routed rows).
+    pub perm: Region,
+    /// Per (token, slot), its row (tokens × slots; [`crate::moe::ROUTE_NONE`] when dropped).
+    pub inv: Region,
+}
+
+impl RouteTables {
+    /// Its three regions.
+    pub fn regions(&self) -> [Region; 3] {
+        [self.seg, self.perm, self.inv]
+    }
+
+    /// Token chunks of a segment table for `experts` experts (0 if it does not fit).
+    pub fn chunks(&self, experts: usize) -> usize {
+        if experts == 0 || self.seg.cols == 0 || (self.seg.cols - 1) % experts != 0 {
+            0
+        } else {
+            (self.seg.cols - 1) / experts
+        }
+    }
+}
+
 /// Causal masking of an [`Op::Attend`]: the global sequence positions of its first query
 /// row and first key row. Key j is visible to query i iff `k_pos + j <= q_pos + i`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -345,6 +390,59 @@ pub enum Op {
         lse: Region,
         /// Heads.
         heads: usize,
+    },
+    /// Builds the routing tables from the router's expert ids (tokens × slots, `u32`):
+    /// per (expert, chunk of tokens/chunks consecutive tokens) the number of routed
+    /// (token, slot) pairs, their offsets in expert-major then chunk order, the rows in
+    /// token then slot order within each segment (`perm`) and each pair's row (`inv`),
+    /// exactly as [`crate::moe::route`]. An id not below `experts` selects no row.
+    Route {
+        /// The router's ids (tokens × slots).
+        ids: Region,
+        /// The tables written.
+        tables: RouteTables,
+        /// Experts E.
+        experts: usize,
+    },
+    /// A GEMM per expert over the rows the tables give it: for each expert e in
+    /// `groups` and each row r of segment (e, `chunk`), `c[r] = a[r'] · b_e` with f32
+    /// accumulation in increasing k, rounded once to c's dtype. `b` stacks the experts'
+    /// K×N matrices (expert e at rows [e·K, (e+1)·K)); r' is r itself, or with
+    /// `gather = Some(base)` the token of `perm[r]` minus `base` (rows of a's token
+    /// shard). With `zero_unrouted`, rows of c past the last routed row are set to 0.
+    /// Rows of other segments are untouched.
+    GroupedGemm {
+        /// Left operand: a token shard (gather) or the rows themselves.
+        a: Region,
+        /// The experts' matrices, stacked (experts·K × N).
+        b: Region,
+        /// Result rows (capacity × N).
+        c: Region,
+        /// The routing tables (seg and perm are read).
+        tables: RouteTables,
+        /// Experts E (b's row blocks).
+        experts: usize,
+        /// Which experts this op computes (all of them, unless an algorithm splits).
+        groups: std::ops::Range<usize>,
+        /// Which token chunk's segments.
+        chunk: usize,
+        /// Gather a's rows by token, from this first token; `None`: a's row is c's.
+        gather: Option<usize>,
+        /// Zero the rows past the routed ones.
+        zero_unrouted: bool,
+    },
+    /// The top-k weighted combine: `out[t] = Σ_slot weights[t, slot] · rows[inv[t, slot]]`
+    /// over the slots in order whose row exists, in f32, rounded once to out's dtype
+    /// (0 for a token with no routed slot).
+    Combine {
+        /// Expert outputs per row (capacity × N).
+        rows: Region,
+        /// Slot weights of the tokens (tokens × slots, f32).
+        weights: Region,
+        /// The tokens' rows (tokens × slots, `u32`, the tables' `inv`).
+        inv: Region,
+        /// One row per token (tokens × N).
+        out: Region,
     },
     /// Adds `add` to semaphore `sem` of device `device` (release: everything earlier in
     /// this lane is visible to whoever acquires the new value).
@@ -577,6 +675,25 @@ impl Plan {
                 Err(bad(format!("semaphore #{} does not exist", s.0)))
             }
         };
+        // Only the routing ops and copies touch u32 tables; arithmetic decodes floats.
+        let arithmetic: Vec<&Region> = match op {
+            Op::Gemm { a, b, c, .. } | Op::GroupedGemm { a, b, c, .. } => vec![a, b, c],
+            Op::Reduce { inputs, output } | Op::Pointwise { inputs, output, .. } => {
+                inputs.iter().chain(std::iter::once(output)).collect()
+            }
+            Op::Attend { q, k, v, .. } => vec![q, k, v],
+            Op::AttnFinish { out, .. } => vec![out],
+            Op::Combine { rows, out, .. } => vec![rows, out],
+            _ => Vec::new(),
+        };
+        for r in arithmetic {
+            if self.buffers.get(r.buf.0).is_some_and(|b| !b.dtype.is_float()) {
+                return Err(mismatch(format!(
+                    "`{}` is a {} table; arithmetic ops read f32, f16 or bf16",
+                    self.buffers[r.buf.0].name, self.buffers[r.buf.0].dtype
+                )));
+            }
+        }
         match op {
             Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => {
                 region(a)?;
@@ -702,6 +819,69 @@ impl Plan {
                     )));
                 }
             }
+            Op::Route { ids, tables, experts } => {
+                let id = region(ids)?;
+                self.check_tables(tables, ids.rows, ids.cols, *experts, &region, &mismatch)?;
+                if id.dtype != DType::U32 {
+                    return Err(mismatch(format!("route: ids `{}` are {}, expected u32", id.name, id.dtype)));
+                }
+            }
+            Op::GroupedGemm { a, b, c, tables, experts, groups, chunk, gather, .. } => {
+                region(a)?;
+                region(b)?;
+                region(c)?;
+                let (tokens, slots) = (tables.inv.rows, tables.inv.cols);
+                let chunks = self.check_tables(tables, tokens, slots, *experts, &region, &mismatch)?;
+                let k = b.rows / experts;
+                if k * experts != b.rows || a.cols != k || c.cols != b.cols || c.rows != tables.perm.rows {
+                    return Err(mismatch(format!(
+                        "grouped gemm: a {}x{}, b {}x{} for {experts} experts, c {}x{} for {} table rows",
+                        a.rows, a.cols, b.rows, b.cols, c.rows, c.cols, tables.perm.rows
+                    )));
+                }
+                if *chunk >= chunks || groups.end > *experts || groups.start > groups.end {
+                    return Err(mismatch(format!(
+                        "grouped gemm: chunk {chunk} of {chunks}, experts {groups:?} of {experts}"
+                    )));
+                }
+                let shard = tokens / chunks;
+                match gather {
+                    Some(base) if a.rows != shard || base % shard != 0 || *base >= tokens => {
+                        return Err(mismatch(format!(
+                            "grouped gemm: gathering from token {base} needs a shard of {shard} tokens starting at a chunk, a has {} rows",
+                            a.rows
+                        )))
+                    }
+                    None if a.rows != c.rows => {
+                        return Err(mismatch(format!(
+                            "grouped gemm: without a gather a's rows are c's ({} vs {})",
+                            a.rows, c.rows
+                        )))
+                    }
+                    _ => {}
+                }
+            }
+            Op::Combine { rows, weights, inv, out } => {
+                region(rows)?;
+                let w = region(weights)?;
+                let i = region(inv)?;
+                region(out)?;
+                if w.dtype != DType::F32 || i.dtype != DType::U32 {
+                    return Err(mismatch(format!(
+                        "combine: weights are {} and the row table {}, expected f32 and u32",
+                        w.dtype, i.dtype
+                    )));
+                }
+                if (weights.rows, weights.cols) != (inv.rows, inv.cols)
+                    || out.rows != inv.rows
+                    || out.cols != rows.cols
+                {
+                    return Err(mismatch(format!(
+                        "combine: weights {}x{}, row table {}x{}, rows of {} columns into {}x{}",
+                        weights.rows, weights.cols, inv.rows, inv.cols, rows.cols, out.rows, out.cols
+                    )));
+                }
+            }
             Op::Signal { device: d, sem: s, .. } => {
                 device(*d)?;
                 sem(*s)?;
@@ -733,6 +913,38 @@ impl Plan {
             }
         }
         Ok(())
+    }
+
+    /// Checks routing tables for `tokens` × `slots` slots and `experts` experts (all
+    /// `u32`; seg one row, perm one column); returns the chunk count.
+    fn check_tables<'p>(
+        &'p self,
+        tables: &RouteTables,
+        tokens: usize,
+        slots: usize,
+        experts: usize,
+        region: &dyn Fn(&Region) -> Result<&'p BufferDecl, PlanError>,
+        mismatch: &dyn Fn(String) -> PlanError,
+    ) -> Result<usize, PlanError> {
+        for r in tables.regions() {
+            let b = region(&r)?;
+            if b.dtype != DType::U32 {
+                return Err(mismatch(format!("routing table `{}` is {}, expected u32", b.name, b.dtype)));
+            }
+        }
+        let chunks = tables.chunks(experts);
+        if chunks == 0
+            || tokens % chunks != 0
+            || tables.seg.rows != 1
+            || tables.perm.cols != 1
+            || (tables.inv.rows, tables.inv.cols) != (tokens, slots)
+        {
+            return Err(mismatch(format!(
+                "routing tables: seg {}x{}, perm {}x{}, inv {}x{} for {tokens} tokens x {slots} slots and {experts} experts (seg is 1 x experts·chunks+1 with chunks dividing the tokens, perm one column)",
+                tables.seg.rows, tables.seg.cols, tables.perm.rows, tables.perm.cols, tables.inv.rows, tables.inv.cols
+            )));
+        }
+        Ok(chunks)
     }
 
     /// Checks that every input buffer's generator indices fit in 32 bits, as every
@@ -820,6 +1032,26 @@ impl Plan {
             Op::AttnFinish { state, out, lse, .. } => {
                 format!("attn_finish {}, {} = normalise {}", reg(out), reg(lse), reg(&state.acc))
             }
+            Op::Route { ids, tables, experts } => format!(
+                "route {}, {}, {} = route({}, {experts} experts)",
+                reg(&tables.seg),
+                reg(&tables.perm),
+                reg(&tables.inv),
+                reg(ids)
+            ),
+            Op::GroupedGemm { a, b, c, experts, groups, chunk, gather, zero_unrouted, .. } => format!(
+                "grouped_gemm {} = {}{} · {} (chunk {chunk}, experts {}..{} of {experts}{})",
+                reg(c),
+                reg(a),
+                gather.map_or(String::new(), |t| format!(" gathered from token {t}")),
+                reg(b),
+                groups.start,
+                groups.end,
+                if *zero_unrouted { ", zero unrouted" } else { "" }
+            ),
+            Op::Combine { rows, weights, inv, out } => {
+                format!("combine {} = Σ {}·{}[{}]", reg(out), reg(weights), reg(rows), reg(inv))
+            }
             Op::Signal { device, sem: s, add } => format!("signal dev{device}:{} += {add}", sem(s)),
             Op::Wait { sem: s, value } => format!("wait {} >= {value}", sem(s)),
         }
@@ -835,6 +1067,7 @@ impl fmt::Display for Plan {
                 BufferRole::Output => "output".to_string(),
                 BufferRole::Scratch => "scratch".to_string(),
                 BufferRole::Accumulator { tensor, .. } => format!("accumulator, initially tensor {tensor}"),
+                BufferRole::Router { part, router } => format!("router {part:?} ({} routing)", router.routing),
             };
             writeln!(f, "  buffer {}: {}[{}x{}] {}", b.name, b.dtype, b.rows, b.cols, role)?;
         }

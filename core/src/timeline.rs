@@ -67,10 +67,15 @@ impl SpanKind {
     /// The kind of a plan op (a Wait counts as its sync cost).
     pub fn of_op(op: &Op, device: usize) -> SpanKind {
         match op {
-            Op::Gemm { .. } | Op::Attend { .. } => SpanKind::Gemm,
+            Op::Gemm { .. } | Op::Attend { .. } | Op::GroupedGemm { .. } => SpanKind::Gemm,
             Op::Copy { dst_device, .. } if *dst_device == device => SpanKind::LocalCopy,
             Op::Copy { .. } => SpanKind::Copy,
-            Op::Reduce { .. } | Op::Pointwise { .. } | Op::AttnMerge { .. } | Op::AttnFinish { .. } => SpanKind::Reduce,
+            Op::Reduce { .. }
+            | Op::Pointwise { .. }
+            | Op::AttnMerge { .. }
+            | Op::AttnFinish { .. }
+            | Op::Route { .. }
+            | Op::Combine { .. } => SpanKind::Reduce,
             Op::Signal { .. } => SpanKind::Signal,
             Op::Wait { .. } => SpanKind::Sync,
         }

@@ -56,6 +56,7 @@ impl Tolerance {
             DType::F32 => Tolerance::F32,
             DType::F16 => Tolerance::F16,
             DType::Bf16 => Tolerance::BF16,
+            DType::U32 => Tolerance::EXACT,
         }
     }
 

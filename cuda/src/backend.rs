@@ -314,7 +314,9 @@ fn dtype_code(d: DType) -> u32 {
     match d {
         DType::F32 => 0,
         DType::F16 => 1,
-        _ => 2,
+        DType::Bf16 => 2,
+        // Tables are never decoded (plan validation keeps them out of arithmetic).
+        _ => 3,
     }
 }
 

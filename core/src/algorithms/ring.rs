@@ -359,10 +359,15 @@ impl OverlappedReduce {
     /// The comm lane: passes each step's sum on as soon as it is ready.
     pub fn comm(&self, b: &mut PlanBuilder) {
         for s in 0..self.n - 1 {
-            b.push(self.me, self.comm, wait(self.ready, (s + 1) as u32));
-            b.push(self.me, self.comm, copy(self.send[s], self.peer, self.recv_slots[s]));
-            b.push(self.me, self.comm, signal(self.peer, self.recv));
+            self.comm_step(b, s);
         }
+    }
+
+    /// Step s (< n−1) of the comm lane; rings sharing a lane interleave their steps.
+    pub fn comm_step(&self, b: &mut PlanBuilder, s: usize) {
+        b.push(self.me, self.comm, wait(self.ready, (s + 1) as u32));
+        b.push(self.me, self.comm, copy(self.send[s], self.peer, self.recv_slots[s]));
+        b.push(self.me, self.comm, signal(self.peer, self.recv));
     }
 }
 

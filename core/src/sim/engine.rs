@@ -243,7 +243,13 @@ struct Sim<'a> {
     landed: Vec<Vec<Vec<Landed>>>,
     records: Vec<Vec<Vec<OpRecord>>>,
     link_bytes: Vec<f64>,
+    /// Routing tables per (device, segment buffer), built on first use.
+    routes: std::collections::HashMap<(usize, crate::plan::BufId), crate::moe::Tables>,
 }
+
+/// The seed whose routing the simulator prices grouped GEMMs with (the router's
+/// distribution is the problem's; which tokens go where barely changes the time).
+pub const SIM_ROUTING_SEED: u32 = 1;
 
 fn dtype_of(plan: &Plan, buf: crate::plan::BufId) -> DType {
     plan.buffer(buf).dtype
@@ -252,10 +258,15 @@ fn dtype_of(plan: &Plan, buf: crate::plan::BufId) -> DType {
 impl<'a> Sim<'a> {
     fn class(op: &Op, device: usize) -> OpClass {
         match op {
-            Op::Gemm { .. } | Op::Attend { .. } => OpClass::Gemm,
+            Op::Gemm { .. } | Op::Attend { .. } | Op::GroupedGemm { .. } => OpClass::Gemm,
             Op::Copy { dst_device, .. } if *dst_device == device => OpClass::LocalCopy,
             Op::Copy { .. } => OpClass::RemoteCopy,
-            Op::Reduce { .. } | Op::Pointwise { .. } | Op::AttnMerge { .. } | Op::AttnFinish { .. } => OpClass::Reduce,
+            Op::Reduce { .. }
+            | Op::Pointwise { .. }
+            | Op::AttnMerge { .. }
+            | Op::AttnFinish { .. }
+            | Op::Route { .. }
+            | Op::Combine { .. } => OpClass::Reduce,
             Op::Signal { .. } => OpClass::Signal,
             Op::Wait { .. } => OpClass::Wait,
         }
@@ -302,13 +313,40 @@ impl<'a> Sim<'a> {
                     cost.work_s,
                 )
             }
+            // The groups' rows come from the routing of this device's route op.
+            Op::GroupedGemm { b, c, tables, experts, groups, chunk, .. } => {
+                let t = self.tables(device, tables.seg.buf);
+                let chunks = tables.chunks(*experts);
+                let rows: Vec<usize> =
+                    groups.clone().map(|e| t.as_ref().map_or(0, |t| t.segment(e, *chunk, chunks).len())).collect();
+                let k = b.rows / experts;
+                let (input, output) = (dtype_of(self.plan, b.buf), dtype_of(self.plan, c.buf));
+                let cost = p.grouped_gemm_cost(&rows, c.cols, k, input, output);
+                let flops = 2.0 * rows.iter().sum::<usize>() as f64 * c.cols as f64 * k as f64;
+                let res = vec![self.topo.compute(device)];
+                (
+                    vec![Phase::Fixed(launch), Phase::Fluid { amount: cost.work_s, cap: 1.0, resources: res }],
+                    0.0,
+                    flops,
+                    cost.work_s,
+                )
+            }
             // Memory-bound: every region the op reads or writes (its verifier accesses)
-            // crosses HBM once.
-            Op::Reduce { .. } | Op::Pointwise { .. } | Op::AttnMerge { .. } | Op::AttnFinish { .. } => {
-                let bytes: f64 = accesses(device, op)
-                    .iter()
-                    .map(|a| a.region.len() as f64 * dtype_of(self.plan, a.region.buf).size_bytes() as f64)
-                    .sum();
+            // crosses HBM once; a combine reads only the k rows of each token.
+            Op::Reduce { .. }
+            | Op::Pointwise { .. }
+            | Op::AttnMerge { .. }
+            | Op::AttnFinish { .. }
+            | Op::Route { .. }
+            | Op::Combine { .. } => {
+                let size = |r: &crate::plan::Region| r.len() as f64 * dtype_of(self.plan, r.buf).size_bytes() as f64;
+                let bytes: f64 = match op {
+                    Op::Combine { rows, weights, inv, out } => {
+                        let row_bytes = rows.cols as f64 * dtype_of(self.plan, rows.buf).size_bytes() as f64;
+                        inv.len() as f64 * row_bytes + size(weights) + size(inv) + size(out)
+                    }
+                    _ => accesses(device, op).iter().map(|a| size(&a.region)).sum(),
+                };
                 let work = bytes / p.hbm_bps();
                 let res = vec![self.topo.compute(device)];
                 (vec![Phase::Fixed(launch), Phase::Fluid { amount: work, cap: 1.0, resources: res }], bytes, 0.0, work)
@@ -366,6 +404,30 @@ impl<'a> Sim<'a> {
             }
             Op::Wait { sem, value } => (vec![Phase::Block { sem: *sem, value: *value }], 0.0, 0.0, 0.0),
         }
+    }
+
+    /// The routing tables a device's route op writes into segment buffer `seg`, from the
+    /// router's ids under [`SIM_ROUTING_SEED`] (`None` if no route op reads a router).
+    fn tables(&mut self, device: usize, seg: crate::plan::BufId) -> Option<crate::moe::Tables> {
+        if let Some(t) = self.routes.get(&(device, seg)) {
+            return Some(t.clone());
+        }
+        let plan = self.plan;
+        let found = plan.programs[device].lanes.iter().flatten().find_map(|op| match op {
+            Op::Route { ids, tables, experts } if tables.seg.buf == seg => Some((ids, tables, *experts)),
+            _ => None,
+        });
+        let (ids, tables, experts) = found?;
+        let crate::plan::BufferRole::Router { router, .. } = &plan.buffer(ids.buf).role else { return None };
+        let t = crate::moe::route(
+            &router.ids(SIM_ROUTING_SEED),
+            ids.cols,
+            experts,
+            tables.chunks(experts),
+            tables.perm.rows,
+        );
+        self.routes.insert((device, seg), t.clone());
+        Some(t)
     }
 
     /// Moves lane `li` as far as it can at the current time; returns whether it moved.
@@ -653,6 +715,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
         landed: (0..plan.devices).map(|_| (0..plan.semaphores.len()).map(|_| Vec::new()).collect()).collect(),
         records,
         link_bytes: vec![0.0; n_res],
+        routes: std::collections::HashMap::new(),
     };
     sim.run()?;
     Ok(report(sim))

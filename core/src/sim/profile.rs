@@ -338,6 +338,30 @@ impl Profile {
         GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s }
     }
 
+    /// Cost of a grouped GEMM ([`crate::plan::Op::GroupedGemm`]): one kernel over every
+    /// group's output tiles, as a grouped GEMM runs, with `groups` the rows of each group
+    /// (from the actual routing). Every tile costs a whole tile_m × tile_n × k tile at
+    /// the profile's best efficiency, and tiles run in waves of `parallel_units`, so
+    /// small or uneven groups (partial tiles, a last partial wave) cost what they waste.
+    /// Memory: the gathered rows, the weights of the non-empty groups and the result
+    /// cross HBM once.
+    pub fn grouped_gemm_cost(&self, groups: &[usize], n: usize, k: usize, input: DType, output: DType) -> GemmCost {
+        let c = &self.compute;
+        let rows: usize = groups.iter().sum();
+        let flops = 2.0 * rows as f64 * n as f64 * k as f64;
+        let tiles: usize = groups.iter().map(|&m| m.div_ceil(c.tile_m) * n.div_ceil(c.tile_n)).sum();
+        let waves = tiles.div_ceil(c.parallel_units.max(1));
+        let tile_flops = 2.0 * (c.tile_m * c.tile_n * k) as f64;
+        let per_unit = self.peak_flops(input) * c.max_efficiency / c.parallel_units.max(1) as f64;
+        let compute_s = waves as f64 * tile_flops / per_unit;
+        let used = groups.iter().filter(|&&m| m > 0).count();
+        let bytes = (rows * k + used * k * n) as f64 * input.size_bytes() as f64 + (rows * n) as f64 * output.size_bytes() as f64;
+        let memory_s = bytes / self.hbm_bps();
+        let work_s = compute_s.max(memory_s);
+        let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { c.max_efficiency };
+        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s }
+    }
+
     /// The cost of one attention block ([`crate::plan::Op::Attend`]): `rows` query rows
     /// times heads against `keys` keys of head dimension `dh`, of which the fraction
     /// `visible` survives the mask; K and V hold `kv_elements` elements each. Compute: the two GEMMs Q·Kᵀ and P·V over the visible

@@ -66,6 +66,24 @@ pub fn accesses(device: usize, op: &Op) -> Vec<Access> {
             v.extend([out, lse].iter().map(|r| Access { device, region: **r, write: true }));
             v
         }
+        // Table-driven ops are described by the regions they may touch, whatever the
+        // tables hold: a plan proven race-free this way is race-free for every routing.
+        Op::Route { ids, tables, .. } => {
+            let mut v = vec![read(ids)];
+            v.extend(tables.regions().iter().map(|r| Access { device, region: *r, write: true }));
+            v
+        }
+        Op::GroupedGemm { a, b, c, tables, gather, .. } => {
+            let mut v = vec![read(a), read(b), read(&tables.seg)];
+            if gather.is_some() {
+                v.push(read(&tables.perm));
+            }
+            v.push(Access { device, region: *c, write: true });
+            v
+        }
+        Op::Combine { rows, weights, inv, out } => {
+            vec![read(rows), read(weights), read(inv), Access { device, region: *out, write: true }]
+        }
         Op::Signal { .. } | Op::Wait { .. } => Vec::new(),
     }
 }
@@ -319,7 +337,7 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
             plan.buffers
                 .iter()
                 .map(|b| {
-                    let write = b.role.generated().is_some().then_some(None);
+                    let write = b.role.initialized().then_some(None);
                     (0..b.len()).map(|_| Cell { write, reads: SmallVec::new() }).collect()
                 })
                 .collect()

@@ -1,0 +1,134 @@
+//! The f64 oracle of the MoE family.
+//!
+//! Values are computed from the generated inputs and the router's tables without any
+//! rounding. Bounds follow the GEMM rule (Higham §3.1): an element that is a sum of
+//! products reached through at most n f32 roundings on any path is within
+//! γ(n)·Σ|terms| before its final rounding to the output dtype.
+//! - ag_moe `Y`: one dot product of depth H: n = H + 1 (the GEMM preset for K = H).
+//! - moe_rs `C`: per device a dot product of depth F/D, a product with the slot weight,
+//!   a sum over ≤ k slots, then a sum over D devices' partials: n ≤ F/D + k + D + 1,
+//!   relative to Σ_slot |w|·Σ_f |h·w2|.
+//! - ag_moe `perm`: integers, compared bit for bit.
+
+use super::{MoeOp, MoeProblem, TENSOR_H, TENSOR_W1, TENSOR_W2, TENSOR_X};
+use crate::dtype::DType;
+use crate::generator::{element, Family};
+use crate::tolerance::Tolerance;
+use crate::workload::{ExpectedOutput, Workload};
+
+impl MoeProblem {
+    /// Rows × cols of generated tensor `tensor` in the input dtype, as f64.
+    fn tensor(&self, seed: u32, family: Family, tensor: u32, rows: usize, cols: usize) -> Vec<f64> {
+        (0..rows * cols).map(|i| element(seed, tensor, i as u32, family, self.input) as f64).collect()
+    }
+
+    fn ag_moe_expected(&self, seed: u32, family: Family) -> Vec<ExpectedOutput> {
+        let (h, f, k, cap) = (self.hidden, self.ffn, self.slots, self.capacity());
+        let fd = self.ffn_per_device();
+        let ids = self.router().ids(seed);
+        let tables = self.tables(seed, 1);
+        let x = self.tensor(seed, family, TENSOR_X, self.tokens, h);
+        let w1 = self.tensor(seed, family, TENSOR_W1, self.experts * h, f);
+        let mut values = vec![vec![0.0; cap * fd]; self.devices];
+        let mut magnitudes = vec![vec![0.0; cap * fd]; self.devices];
+        for (r, &slot) in tables.perm.iter().enumerate().take(tables.routed()) {
+            let token = slot as usize / k;
+            let e = ids[slot as usize] as usize;
+            for d in 0..self.devices {
+                for c in 0..fd {
+                    let (mut sum, mut mag) = (0.0, 0.0);
+                    for p in 0..h {
+                        let term = x[token * h + p] * w1[(e * h + p) * f + d * fd + c];
+                        sum += term;
+                        mag += term.abs();
+                    }
+                    values[d][r * fd + c] = sum;
+                    magnitudes[d][r * fd + c] = mag;
+                }
+            }
+        }
+        let perm: Vec<f64> = tables.perm.iter().map(|&w| DType::U32.decode(w) as f64).collect();
+        vec![
+            ExpectedOutput {
+                buffer: "Y".into(),
+                dtype: self.output,
+                rows: cap,
+                cols: fd,
+                values,
+                magnitudes,
+                tolerance: Tolerance::gemm(self.output, h),
+            },
+            ExpectedOutput {
+                buffer: "perm".into(),
+                dtype: DType::U32,
+                rows: cap,
+                cols: 1,
+                values: vec![perm; self.devices],
+                magnitudes: vec![vec![0.0; cap]; self.devices],
+                tolerance: Tolerance::EXACT,
+            },
+        ]
+    }
+
+    fn moe_rs_expected(&self, seed: u32, family: Family) -> Vec<ExpectedOutput> {
+        let (h, f, k, e_count) = (self.hidden, self.ffn, self.slots, self.experts);
+        let (fd, td) = (self.ffn_per_device(), self.tokens_per_device());
+        let router = self.router();
+        let ids = router.ids(seed);
+        let weights: Vec<f64> = router.weights(seed, family).iter().map(|&w| f32::from_bits(w) as f64).collect();
+        let tables = self.tables(seed, 1);
+        let act = self.tensor(seed, family, TENSOR_H, self.capacity(), f);
+        let w2 = self.tensor(seed, family, TENSOR_W2, e_count * f, h);
+        // Row f of W2_e in the stored layout (see TENSOR_W2).
+        let w2_row = |e: usize, f_row: usize| (f_row / fd) * e_count * fd + e * fd + f_row % fd;
+        let mut values = Vec::with_capacity(self.devices);
+        let mut magnitudes = Vec::with_capacity(self.devices);
+        for d in 0..self.devices {
+            let (mut v, mut m) = (vec![0.0; td * h], vec![0.0; td * h]);
+            for t in 0..td {
+                let token = d * td + t;
+                for j in 0..k {
+                    let row = tables.inv[token * k + j];
+                    if row == super::ROUTE_NONE {
+                        continue;
+                    }
+                    let (row, e, w) = (row as usize, ids[token * k + j] as usize, weights[token * k + j]);
+                    for c in 0..h {
+                        let (mut sum, mut mag) = (0.0, 0.0);
+                        for p in 0..f {
+                            let term = act[row * f + p] * w2[w2_row(e, p) * h + c];
+                            sum += term;
+                            mag += term.abs();
+                        }
+                        v[t * h + c] += w * sum;
+                        m[t * h + c] += w.abs() * mag;
+                    }
+                }
+            }
+            values.push(v);
+            magnitudes.push(m);
+        }
+        vec![ExpectedOutput {
+            buffer: "C".into(),
+            dtype: self.output,
+            rows: td,
+            cols: h,
+            values,
+            magnitudes,
+            tolerance: Tolerance::gemm(self.output, fd + k + self.devices + 1),
+        }]
+    }
+}
+
+impl Workload for MoeProblem {
+    fn device_count(&self) -> usize {
+        self.devices
+    }
+
+    fn expected(&self, seed: u32, family: Family) -> Vec<ExpectedOutput> {
+        match self.op {
+            MoeOp::AgMoe => self.ag_moe_expected(seed, family),
+            MoeOp::MoeRs => self.moe_rs_expected(seed, family),
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! The router's output and the routing tables built from it on the device.
+//!
+//! A router gives every token `slots` (top-k) expert ids and as many weights. Ids are
+//! data, generated on the host under a named [`Routing`] distribution and uploaded as a
+//! `u32` buffer; [`Op::Route`](crate::plan::Op::Route) turns them into the tables the
+//! grouped GEMM and the combine read. [`route`] is the CPU twin of that op (and of
+//! `shaders/route.wgsl`, `cuda/kernels/moe.cu`), and what the oracle, the simulator and
+//! the executors' table checks use.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::generator::{mix32, tensor_key, Family};
+
+/// The id of a dropped slot (a token over an expert's capacity), and of table entries
+/// that select no row.
+pub const ROUTE_NONE: u32 = u32::MAX;
+
+/// How the generator draws the router's expert ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Routing {
+    /// Every slot picks an expert uniformly (distinct within a token).
+    Uniform,
+    /// Zipf-like: expert e is drawn with probability falling steeply with e, so a few
+    /// low-numbered experts are hot and the last ones nearly idle.
+    Skewed,
+    /// Only even-numbered experts are ever chosen: half the experts receive no token
+    /// (needs k ≤ E/2).
+    Empty,
+    /// Slot 0 of every token goes to the last expert and the other slots are dropped:
+    /// all the work in one group.
+    Single,
+    /// Uniform, with each slot dropped (id [`ROUTE_NONE`]) with probability 1/4, as a
+    /// capacity limit does.
+    Drop,
+}
+
+names!(Routing, "routing", {
+    Uniform => "uniform",
+    Skewed => "skewed",
+    Empty => "empty",
+    Single => "single",
+    Drop => "drop",
+});
+
+impl Routing {
+    /// Every distribution.
+    pub const ALL: [Routing; 5] = [Routing::Uniform, Routing::Skewed, Routing::Empty, Routing::Single, Routing::Drop];
+}
+
+/// The router of an MoE layer: which ids and weights the generator produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Router {
+    /// Tokens T.
+    pub tokens: usize,
+    /// Experts E.
+    pub experts: usize,
+    /// Slots per token k (top-k).
+    pub slots: usize,
+    /// The distribution of the ids.
+    pub routing: Routing,
+    /// Generator tensor id (keys the ids' and weights' streams).
+    pub tensor: u32,
+}
+
+/// The two tables of a router.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RouterPart {
+    /// Expert ids, `u32`, tokens × slots.
+    Ids,
+    /// Slot weights, `f32`, tokens × slots.
+    Weights,
+}
+
+impl Router {
+    /// Expert ids (tokens × slots, row-major) for `seed`. The family does not matter:
+    /// routing is the same for exact and realistic inputs.
+    pub fn ids(&self, seed: u32) -> Vec<u32> {
+        let key = tensor_key(seed, self.tensor);
+        let (e, k) = (self.experts as u32, self.slots);
+        let mut out = vec![ROUTE_NONE; self.tokens * k];
+        for t in 0..self.tokens {
+            let row = &mut out[t * k..(t + 1) * k];
+            for j in 0..k {
+                let h = mix32(key ^ ((t * k + j) as u32).wrapping_mul(0x2545_f491));
+                let pick = match self.routing {
+                    Routing::Uniform | Routing::Drop => h % e,
+                    // u³ with u uniform in [0, 1): density ∝ x^(−2/3), steep near 0.
+                    Routing::Skewed => {
+                        let u = (h >> 8) as f64 / (1u32 << 24) as f64;
+                        ((u * u * u) * e as f64) as u32
+                    }
+                    Routing::Empty => 2 * (h % e.div_ceil(2)),
+                    Routing::Single => e - 1,
+                };
+                let dropped = match self.routing {
+                    Routing::Drop => mix32(h ^ 0x68e3_1da4) % 4 == 0,
+                    Routing::Single => j > 0,
+                    _ => false,
+                };
+                if dropped {
+                    continue;
+                }
+                // Distinct within a token: probe upwards (over the allowed experts).
+                let step = if self.routing == Routing::Empty { 2 } else { 1 };
+                let modulus = e + (self.routing == Routing::Empty && e % 2 == 1) as u32;
+                let mut id = pick;
+                // Bounded: with more slots than allowed experts (which problems refuse)
+                // the slot is dropped rather than probed forever.
+                for _ in 0..modulus {
+                    if !row[..j].contains(&id) {
+                        break;
+                    }
+                    id = (id + step) % modulus;
+                }
+                row[j] = if row[..j].contains(&id) { ROUTE_NONE } else { id };
+            }
+        }
+        out
+    }
+
+    /// Slot weights (tokens × slots, f32 bits) for `seed` and `family`: in the exact
+    /// family multiples of 1/4 in [1/4, 1], so every weighted sum of the corpus is exact
+    /// in f32; in the realistic family positive weights summing to 1 per token, as a
+    /// softmax router gives. Dropped slots weigh 0.
+    pub fn weights(&self, seed: u32, family: Family) -> Vec<u32> {
+        let ids = self.ids(seed);
+        let key = tensor_key(seed, self.tensor ^ 0x8000_0000);
+        let k = self.slots;
+        let mut out = vec![0u32; self.tokens * k];
+        for t in 0..self.tokens {
+            let raw: Vec<f32> = (0..k)
+                .map(|j| {
+                    if ids[t * k + j] == ROUTE_NONE {
+                        return 0.0;
+                    }
+                    let h = mix32(key ^ (t * k + j) as u32);
+                    match family {
+                        Family::Exact => (1 + h % 4) as f32 / 4.0,
+                        Family::Realistic => (1 + h % 1024) as f32 / 1024.0,
+                    }
+                })
+                .collect();
+            let total: f32 = raw.iter().sum();
+            for j in 0..k {
+                let w = match family {
+                    Family::Realistic if total > 0.0 => raw[j] / total,
+                    _ => raw[j],
+                };
+                out[t * k + j] = w.to_bits();
+            }
+        }
+        out
+    }
+
+    /// The words of one table, as every executor uploads them.
+    pub fn words(&self, part: RouterPart, seed: u32, family: Family) -> Vec<u32> {
+        match part {
+            RouterPart::Ids => self.ids(seed),
+            RouterPart::Weights => self.weights(seed, family),
+        }
+    }
+}
+
+/// A malformed routing table.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum RoutingError {
+    /// An expert id is neither below E nor [`ROUTE_NONE`].
+    #[error("routing table: token {token} slot {slot} names expert {id}, but there are {experts} experts (ids 0..{experts}, or {ROUTE_NONE} for a dropped slot)")]
+    ExpertOutOfRange {
+        /// Token.
+        token: usize,
+        /// Slot.
+        slot: usize,
+        /// The id.
+        id: u32,
+        /// E.
+        experts: usize,
+    },
+    /// A token names one expert twice.
+    #[error("routing table: token {token} names expert {id} in slots {first} and {second}; a token's experts must be distinct")]
+    DuplicateExpert {
+        /// Token.
+        token: usize,
+        /// The expert.
+        id: u32,
+        /// The first slot naming it.
+        first: usize,
+        /// The second.
+        second: usize,
+    },
+    /// More rows are routed than a table or output holds.
+    #[error("routing: {needed} (token, slot) rows are routed but `{buffer}` holds {capacity} rows")]
+    Overflow {
+        /// The buffer too small.
+        buffer: String,
+        /// Rows routed.
+        needed: usize,
+        /// Rows it holds.
+        capacity: usize,
+    },
+    /// A segment table's offsets decrease or run past the rows.
+    #[error("routing: segment table offset {at} is {value}, after {previous} (offsets must not decrease and stay within {capacity} rows)")]
+    OffsetsOutOfOrder {
+        /// Index in the segment table.
+        at: usize,
+        /// Its value.
+        value: u32,
+        /// The previous offset.
+        previous: u32,
+        /// Rows of the table.
+        capacity: usize,
+    },
+    /// A table's shape does not fit the router.
+    #[error("routing table: {0}")]
+    Shape(String),
+}
+
+/// Checks a router's ids: every id below `experts` or [`ROUTE_NONE`], distinct within
+/// a token.
+pub fn check_ids(ids: &[u32], slots: usize, experts: usize) -> Result<(), RoutingError> {
+    if slots == 0 || ids.len() % slots != 0 {
+        return Err(RoutingError::Shape(format!("{} ids do not form rows of {slots} slots", ids.len())));
+    }
+    for (token, row) in ids.chunks(slots).enumerate() {
+        for (slot, &id) in row.iter().enumerate() {
+            if id == ROUTE_NONE {
+                continue;
+            }
+            if id as usize >= experts {
+                return Err(RoutingError::ExpertOutOfRange { token, slot, id, experts });
+            }
+            if let Some(first) = row[..slot].iter().position(|&o| o == id) {
+                return Err(RoutingError::DuplicateExpert { token, id, first, second: slot });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The routing tables of [`route`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tables {
+    /// `experts·chunks + 1` offsets: the rows of segment (expert e, token chunk c) are
+    /// `[seg[e·chunks + c], seg[e·chunks + c + 1])`; `seg[experts·chunks]` rows are routed.
+    pub seg: Vec<u32>,
+    /// Per row (capacity of them), the (token, slot) it holds as `token·slots + slot`;
+    /// [`ROUTE_NONE`] past the routed rows.
+    pub perm: Vec<u32>,
+    /// Per (token, slot), its row; [`ROUTE_NONE`] for a dropped slot.
+    pub inv: Vec<u32>,
+}
+
+impl Tables {
+    /// Rows routed.
+    pub fn routed(&self) -> usize {
+        *self.seg.last().unwrap_or(&0) as usize
+    }
+
+    /// Rows of segment (expert, chunk) of a table built with `chunks` chunks.
+    pub fn segment(&self, expert: usize, chunk: usize, chunks: usize) -> std::ops::Range<usize> {
+        let i = expert * chunks + chunk;
+        self.seg[i] as usize..self.seg[i + 1] as usize
+    }
+
+    /// Checks a segment table: offsets from 0, never decreasing, within `capacity`.
+    pub fn check_offsets(seg: &[u32], capacity: usize) -> Result<(), RoutingError> {
+        let mut previous = 0;
+        for (at, &value) in seg.iter().enumerate() {
+            if value < previous || value as usize > capacity || (at == 0 && value != 0) {
+                return Err(RoutingError::OffsetsOutOfOrder { at, value, previous, capacity });
+            }
+            previous = value;
+        }
+        Ok(())
+    }
+}
+
+/// Routes `ids` (tokens × slots): rows grouped by expert, then by chunk of
+/// `tokens / chunks` consecutive tokens, then by token and slot. This is the contract
+/// of [`Op::Route`](crate::plan::Op::Route): an id that is not below `experts` selects
+/// no row (executors check the ids before a run, see [`check_ids`]), and rows past
+/// `capacity` are not stored.
+pub fn route(ids: &[u32], slots: usize, experts: usize, chunks: usize, capacity: usize) -> Tables {
+    let tokens = ids.len() / slots;
+    let per_chunk = tokens / chunks;
+    let mut counts = vec![0u32; experts * chunks];
+    for (i, &id) in ids.iter().enumerate() {
+        if (id as usize) < experts {
+            counts[id as usize * chunks + i / slots / per_chunk] += 1;
+        }
+    }
+    let mut seg = vec![0u32; experts * chunks + 1];
+    for i in 0..counts.len() {
+        seg[i + 1] = seg[i] + counts[i];
+    }
+    let mut perm = vec![ROUTE_NONE; capacity];
+    let mut inv = vec![ROUTE_NONE; ids.len()];
+    for e in 0..experts {
+        for c in 0..chunks {
+            let mut row = seg[e * chunks + c] as usize;
+            for i in c * per_chunk * slots..(c + 1) * per_chunk * slots {
+                if ids[i] as usize == e {
+                    if row < capacity {
+                        perm[row] = i as u32;
+                        inv[i] = row as u32;
+                    }
+                    row += 1;
+                }
+            }
+        }
+    }
+    Tables { seg, perm, inv }
+}
+
+/// Checks, before a run, every routing table a plan's [`Op::Route`]s read from the
+/// router (ids in range and distinct) and that the rows they route fit the row table
+/// and every grouped GEMM output (decided on the actual ids of `seed`). Executors call
+/// it so that a malformed table is a typed error, never a silently wrong result.
+///
+/// [`Op::Route`]: crate::plan::Op::Route
+pub fn check_routing(plan: &crate::plan::Plan, seed: u32) -> Result<(), RoutingError> {
+    use crate::plan::{BufferRole, Op};
+    let mut checked = std::collections::BTreeSet::new();
+    for (_, op) in plan.ops() {
+        let Op::Route { ids, tables, experts } = op else { continue };
+        if !checked.insert((ids.buf, ids.offset, tables.perm.rows, *experts)) {
+            continue;
+        }
+        let Some(BufferRole::Router { part: RouterPart::Ids, router }) = plan.buffers.get(ids.buf.0).map(|b| &b.role)
+        else {
+            continue;
+        };
+        let all = router.ids(seed);
+        let cols = plan.buffers[ids.buf.0].cols;
+        let words: Vec<u32> = (0..ids.rows)
+            .flat_map(|i| (0..ids.cols).map(move |j| ids.offset + i * cols + j))
+            .map(|at| all.get(at).copied().unwrap_or(ROUTE_NONE))
+            .collect();
+        check_ids(&words, ids.cols, *experts)?;
+        let needed = words.iter().filter(|&&id| (id as usize) < *experts).count();
+        let perm = &plan.buffers[tables.perm.buf.0];
+        if needed > tables.perm.rows {
+            return Err(RoutingError::Overflow { buffer: perm.name.clone(), needed, capacity: tables.perm.rows });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(routing: Routing, experts: usize, slots: usize) -> Router {
+        Router { tokens: 96, experts, slots, routing, tensor: 3 }
+    }
+
+    #[test]
+    fn every_distribution_gives_valid_distinct_ids() {
+        for routing in Routing::ALL {
+            for (e, k) in [(4, 1), (8, 2), (16, 4), (64, 8)] {
+                let r = router(routing, e, k);
+                let ids = r.ids(5);
+                check_ids(&ids, k, e).unwrap_or_else(|err| panic!("{routing} E={e} k={k}: {err}"));
+                let used: Vec<bool> = (0..e).map(|x| ids.contains(&(x as u32))).collect();
+                match routing {
+                    Routing::Empty => assert!(used.iter().skip(1).step_by(2).all(|u| !u), "{used:?}"),
+                    Routing::Single => assert_eq!(ids.iter().filter(|&&i| i != ROUTE_NONE).count(), 96),
+                    Routing::Drop => assert!(ids.contains(&ROUTE_NONE)),
+                    _ => assert!(!ids.contains(&ROUTE_NONE)),
+                }
+            }
+        }
+        // Skewed: the first quarter of the experts takes most of the slots.
+        let ids = router(Routing::Skewed, 16, 1).ids(1);
+        let hot = ids.iter().filter(|&&i| i < 4).count();
+        assert!(hot > 96 / 2, "{hot}");
+    }
+
+    #[test]
+    fn weights_are_quarters_or_a_distribution() {
+        let r = router(Routing::Drop, 8, 4);
+        let ids = r.ids(9);
+        let exact = r.weights(9, Family::Exact);
+        let real = r.weights(9, Family::Realistic);
+        for t in 0..r.tokens {
+            let row = |w: &[u32]| (0..4).map(|j| f32::from_bits(w[t * 4 + j])).collect::<Vec<f32>>();
+            let (x, y) = (row(&exact), row(&real));
+            for j in 0..4 {
+                let dropped = ids[t * 4 + j] == ROUTE_NONE;
+                assert_eq!(dropped, x[j] == 0.0);
+                assert!(dropped || [0.25, 0.5, 0.75, 1.0].contains(&x[j]));
+            }
+            let total: f32 = y.iter().sum();
+            assert!(total == 0.0 || (total - 1.0).abs() < 1e-6, "{y:?}");
+        }
+    }
+
+    #[test]
+    fn route_groups_by_expert_then_chunk_and_inverts() {
+        // 4 tokens, 2 slots, 3 experts, 2 chunks of 2 tokens.
+        let ids = [2, 0, 1, ROUTE_NONE, 0, 2, 1, 0];
+        let t = route(&ids, 2, 3, 2, 8);
+        // Expert 0: (t0,s1) chunk 0; (t2,s0), (t3,s1) chunk 1. Expert 1: (t1,s0) | (t3,s0).
+        assert_eq!(t.seg, [0, 1, 3, 4, 5, 6, 7]);
+        assert_eq!(t.perm, [1, 4, 7, 2, 6, 0, 5, ROUTE_NONE]);
+        for (row, &slot) in t.perm.iter().enumerate().take(t.routed()) {
+            assert_eq!(t.inv[slot as usize], row as u32);
+        }
+        assert_eq!(t.inv[3], ROUTE_NONE);
+        assert_eq!(t.segment(0, 1, 2), 1..3);
+        // One chunk: the same rows (expert-major, then token order).
+        assert_eq!(route(&ids, 2, 3, 1, 8).perm, t.perm);
+        Tables::check_offsets(&t.seg, 8).unwrap();
+    }
+
+    #[test]
+    fn malformed_tables_are_typed_errors() {
+        assert_eq!(
+            check_ids(&[0, 5], 2, 4),
+            Err(RoutingError::ExpertOutOfRange { token: 0, slot: 1, id: 5, experts: 4 })
+        );
+        assert_eq!(
+            check_ids(&[1, 2, 3, 3], 2, 4),
+            Err(RoutingError::DuplicateExpert { token: 1, id: 3, first: 0, second: 1 })
+        );
+        assert!(matches!(check_ids(&[1, 2, 3], 2, 4), Err(RoutingError::Shape(_))));
+        assert_eq!(
+            Tables::check_offsets(&[0, 3, 2], 8),
+            Err(RoutingError::OffsetsOutOfOrder { at: 2, value: 2, previous: 3, capacity: 8 })
+        );
+        assert!(Tables::check_offsets(&[0, 3, 9], 8).is_err());
+        let msg = check_ids(&[7], 1, 4).unwrap_err().to_string();
+        assert!(msg.contains("expert 7") && msg.contains("4 experts"), "{msg}");
+    }
+}

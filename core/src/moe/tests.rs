@@ -1,0 +1,157 @@
+//! Every MoE plan on the CPU twin against the oracle, through the verifier and the
+//! hardware-queue check; malformed routing refused with typed errors.
+
+use super::*;
+use crate::algorithms::Algorithm;
+use crate::cpu::{self, CpuError};
+use crate::generator::Family;
+use crate::plan::{BufferRole, Op};
+use crate::schedule::{orders, schedule_with};
+use crate::verify::queues::{check_enqueue_order, schedule_order};
+use crate::verify::verify;
+use crate::workload::Workload;
+
+#[allow(clippy::too_many_arguments)]
+fn problem(op: MoeOp, d: usize, t: usize, h: usize, f: usize, e: usize, k: usize, r: Routing, dt: DType) -> MoeProblem {
+    MoeProblem::new(op, d, t, h, f, e, k, r, dt, dt).unwrap()
+}
+
+fn problems() -> Vec<MoeProblem> {
+    let mut v = Vec::new();
+    for op in [MoeOp::AgMoe, MoeOp::MoeRs] {
+        for (d, routing) in [(1, Routing::Uniform), (2, Routing::Drop), (3, Routing::Skewed), (4, Routing::Empty)] {
+            v.push(problem(op, d, 6 * d, 5, 3 * d, 5, 2, routing, DType::F32));
+        }
+        v.push(problem(op, 2, 8, 4, 4, 4, 1, Routing::Single, DType::Bf16));
+        v.push(problem(op, 4, 16, 3, 8, 8, 4, Routing::Uniform, DType::F16));
+    }
+    v
+}
+
+fn algorithms() -> [Algorithm; 3] {
+    [Algorithm::Baseline, Algorithm::Ring, Algorithm::RingChunked { chunks: 2 }]
+}
+
+/// Every output of `plan`'s CPU run against the oracle; exact inputs must match bit for
+/// bit (every product and sum is an integer or a quarter), realistic ones within the
+/// bound.
+fn check(p: &MoeProblem, plan: &crate::plan::Plan, family: Family) {
+    let memory = cpu::run(plan, 7, family).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+    for e in Workload::expected(p, 7, family) {
+        let buf = plan.buffer_id(&e.buffer).unwrap().0;
+        for (d, want) in e.values.iter().enumerate() {
+            assert_eq!(want.len(), e.len());
+            for (i, (&bits, &v)) in memory[d][buf].iter().zip(want).enumerate() {
+                let got = e.dtype.decode(bits) as f64;
+                let ok = match family {
+                    Family::Exact => bits == e.dtype.encode(v as f32),
+                    Family::Realistic => e.tolerance.accepts(got, v, e.magnitudes[d][i]),
+                };
+                assert!(ok, "{} {family} {} dev {d} elem {i}: {got} vs {v}", plan.name, e.buffer);
+            }
+        }
+    }
+}
+
+#[test]
+fn every_plan_matches_the_oracle_and_passes_the_verifier_and_the_queue_check() {
+    for p in problems() {
+        for alg in algorithms() {
+            let plan = match build_moe_plan(&p, alg) {
+                Ok(plan) => plan,
+                Err(MoeError::Chunks { .. }) => continue,
+                Err(e) => panic!("{} {alg}: {e}", p.describe()),
+            };
+            for order in orders(3, p.devices) {
+                let s = schedule_with(&plan, order).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+                let findings = verify(&plan, &s);
+                assert!(findings.is_empty(), "{} {order}: {}", plan.name, findings[0].describe(&plan));
+            }
+            let enqueue = schedule_order(&plan).unwrap();
+            check_enqueue_order(&plan, &enqueue, 1).unwrap_or_else(|e| panic!("{e}"));
+            check(&p, &plan, Family::Exact);
+            check(&p, &plan, Family::Realistic);
+        }
+    }
+}
+
+#[test]
+fn algorithms_agree_on_every_row_and_the_permutation() {
+    // The row order is the contract's, not the algorithm's: Y and perm are the same bits.
+    let p = problem(MoeOp::AgMoe, 4, 16, 6, 8, 6, 3, Routing::Drop, DType::F32);
+    let outputs = |alg| {
+        let plan = build_moe_plan(&p, alg).unwrap();
+        let mem = cpu::run(&plan, 3, Family::Realistic).unwrap();
+        let (y, perm) = (plan.buffer_id("Y").unwrap().0, plan.buffer_id("perm").unwrap().0);
+        mem.iter().map(|m| (m[y].clone(), m[perm].clone())).collect::<Vec<_>>()
+    };
+    let base = outputs(Algorithm::Baseline);
+    assert_eq!(outputs(Algorithm::Ring), base);
+    assert_eq!(outputs(Algorithm::RingChunked { chunks: 2 }), base);
+    // Dropped slots leave rows unrouted: they are zero, and perm says none.
+    let routed = p.tables(3, 1).routed();
+    assert!(routed < p.capacity());
+    assert!(base[0].1[routed..].iter().all(|&w| w == ROUTE_NONE));
+    assert!(base[0].0[routed * 2..].iter().all(|&w| w == 0));
+}
+
+#[test]
+fn problems_and_algorithms_refuse_what_they_cannot_do() {
+    let e = MoeProblem::new(MoeOp::AgMoe, 3, 8, 4, 6, 4, 2, Routing::Uniform, DType::F32, DType::F32);
+    assert_eq!(e, Err(MoeError::Indivisible { op: MoeOp::AgMoe, dim: "T", size: 8, devices: 3 }));
+    let e = MoeProblem::new(MoeOp::MoeRs, 2, 8, 4, 6, 4, 3, Routing::Empty, DType::F32, DType::F32);
+    assert!(matches!(e, Err(MoeError::Slots { available: 2, .. })), "{e:?}");
+    let e = MoeProblem::new(MoeOp::MoeRs, 2, 8, 4, 6, 4, 2, Routing::Uniform, DType::U32, DType::F32);
+    assert!(matches!(e, Err(MoeError::DType { .. })), "{e:?}");
+    let p = problem(MoeOp::MoeRs, 2, 8, 4, 4, 4, 2, Routing::Uniform, DType::F32);
+    assert!(matches!(build_moe_plan(&p, Algorithm::RingChunked { chunks: 3 }), Err(MoeError::Chunks { .. })));
+    assert!(matches!(build_moe_plan(&p, Algorithm::RingBidir), Err(MoeError::Algorithm { .. })));
+}
+
+#[test]
+fn a_malformed_routing_table_is_a_typed_error_before_anything_runs() {
+    let p = problem(MoeOp::AgMoe, 2, 8, 4, 4, 4, 2, Routing::Uniform, DType::F32);
+    let mut plan = build_moe_plan(&p, Algorithm::Ring).unwrap();
+    // A router that names more experts than the plan's route op knows: ids out of range.
+    let ids = plan.buffer_id("ids").unwrap().0;
+    if let BufferRole::Router { router, .. } = &mut plan.buffers[ids].role {
+        router.experts = 64;
+    }
+    match cpu::run(&plan, 1, Family::Exact) {
+        Err(CpuError::Routing(RoutingError::ExpertOutOfRange { experts: 4, id, .. })) => assert!(id >= 4),
+        other => panic!("{other:?}"),
+    }
+    // A row table too small for the rows routed: an overflow, named with the sizes.
+    let mut plan = build_moe_plan(&p, Algorithm::Baseline).unwrap();
+    for (_, op) in plan.programs.iter_mut().flat_map(|pr| pr.lanes.iter_mut().flatten().map(|op| ((), op))) {
+        if let Op::Route { tables, .. } = op {
+            tables.perm.rows = 5;
+        }
+    }
+    let perm = plan.buffer_id("perm").unwrap().0;
+    plan.buffers[perm].rows = 5;
+    match crate::moe::check_routing(&plan, 1) {
+        Err(RoutingError::Overflow { needed: 16, capacity: 5, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_simulator_prices_grouped_gemms_from_the_routing() {
+    use crate::sim::{simulate, Profile, SimOptions};
+    let profile = Profile::load("h100-nvlink").unwrap();
+    // The same 1024 rows in one group, or spread thinly over 64 experts (partial tiles).
+    let one = profile.grouped_gemm_cost(&[1024], 4096, 4096, DType::Bf16, DType::Bf16).work_s;
+    let spread = profile.grouped_gemm_cost(&[16; 64], 4096, 4096, DType::Bf16, DType::Bf16).work_s;
+    assert!(spread > 1.5 * one, "{spread} vs {one}");
+    let time = |routing, experts| {
+        let p = MoeProblem::new(MoeOp::AgMoe, 8, 16384, 4096, 14336, experts, 2, routing, DType::Bf16, DType::Bf16)
+            .unwrap();
+        let plan = build_moe_plan(&p, Algorithm::Ring).unwrap();
+        simulate(&plan, &profile, &SimOptions::default()).unwrap().compute_floor_s
+    };
+    // The same rows over many small experts waste tiles (compute floors: the ring of
+    // these shapes is bound by its links).
+    let (uniform, many) = (time(Routing::Uniform, 8), time(Routing::Uniform, 64));
+    assert!(many > 1.5 * uniform, "{many} vs {uniform}");
+}
