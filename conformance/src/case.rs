@@ -66,10 +66,11 @@ use std::path::{Path, PathBuf};
 use cmm_core::attention::build_attention_plan;
 use cmm_core::linear::build_linear_plan;
 use cmm_core::mesh::build_mesh_plan;
+use cmm_core::moe::build_moe_plan;
 use cmm_core::{
     build_plan, Algorithm, AlgorithmError, AttentionAlgorithm, AttentionError, AttentionProblem, DType, Dataflow,
-    Family, Layer, Layout, LinearAlgorithm, LinearError, LinearProblem, MeshAlgorithm, MeshError, MeshProblem, OpKind,
-    Pass, Plan, PlanError, Problem, ProblemError, ShardedGemm, Workload,
+    Family, Layer, Layout, LinearAlgorithm, LinearError, LinearProblem, MeshAlgorithm, MeshError, MeshProblem,
+    MoeError, MoeOp, MoeProblem, OpKind, Pass, Plan, PlanError, Problem, ProblemError, Routing, ShardedGemm, Workload,
 };
 use serde::Deserialize;
 use thiserror::Error;
@@ -105,6 +106,19 @@ pub enum Topology {
         devices: usize,
         /// Micro-batches.
         microbatches: usize,
+    },
+    /// A mixture-of-experts op (`op = "ag_moe"` or `"moe_rs"`, [`cmm_core::moe`]).
+    Moe {
+        /// The op.
+        op: MoeOp,
+        /// D.
+        devices: usize,
+        /// Experts E.
+        experts: usize,
+        /// Slots per token k.
+        topk: usize,
+        /// The router's distribution.
+        routing: Routing,
     },
     /// Sequence-parallel attention (`op = "attention"`, [`cmm_core::attention`]).
     Attention {
@@ -189,6 +203,12 @@ struct CaseTable {
     layout: Option<Layout>,
     #[serde(default)]
     queries: Option<usize>,
+    #[serde(default)]
+    experts: Option<usize>,
+    #[serde(default)]
+    topk: Option<usize>,
+    #[serde(default)]
+    routing: Option<String>,
     m: usize,
     n: usize,
     k: usize,
@@ -235,6 +255,8 @@ impl CaseTable {
             (self.slices.is_some(), "slices"),
             (self.block.is_some(), "block"),
         ];
+        let moe_fields =
+            [(self.experts.is_some(), "experts"), (self.topk.is_some(), "topk"), (self.routing.is_some(), "routing")];
         let ring_fields = [(self.chunks.is_some(), "chunks")];
         let devices_field = [(self.devices.is_some(), "devices")];
         // The fields of the other families are foreign to each op.
@@ -243,8 +265,20 @@ impl CaseTable {
                 given(*present, field, &mut foreign);
             }
         };
-        let topology = if self.op == ATTENTION {
-            reject(&[&ring_fields, &mesh_fields, &linear_fields]);
+        let moe_op = self.op.parse::<MoeOp>().ok();
+        let topology = if let Some(op) = moe_op {
+            reject(&[&mesh_fields, &linear_fields, &attention_fields]);
+            let missing = |field: &str| format!("{op} needs the field `{field}`");
+            let routing = self.routing.as_deref().ok_or_else(|| missing("routing"))?.parse()?;
+            Topology::Moe {
+                op,
+                devices: self.devices.ok_or_else(|| missing("devices"))?,
+                experts: self.experts.ok_or_else(|| missing("experts"))?,
+                topk: self.topk.ok_or_else(|| missing("topk"))?,
+                routing,
+            }
+        } else if self.op == ATTENTION {
+            reject(&[&ring_fields, &mesh_fields, &linear_fields, &moe_fields]);
             if self.output != self.input {
                 return Err(format!("{ATTENTION}: output must equal input ({}); the log-sum-exp is f32", self.input));
             }
@@ -257,7 +291,7 @@ impl CaseTable {
                 queries: self.queries,
             }
         } else if self.op == MESH_GEMM {
-            reject(&[&devices_field, &ring_fields, &linear_fields, &attention_fields]);
+            reject(&[&devices_field, &ring_fields, &linear_fields, &attention_fields, &moe_fields]);
             let missing = |field: &str| format!("{MESH_GEMM} needs the field `{field}`");
             Topology::Mesh {
                 nr: self.nr.ok_or_else(|| missing("nr"))?,
@@ -265,7 +299,7 @@ impl CaseTable {
                 dataflow: self.dataflow.ok_or_else(|| missing("dataflow"))?,
             }
         } else if self.op == LINEAR {
-            reject(&[&ring_fields, &mesh_fields, &attention_fields]);
+            reject(&[&ring_fields, &mesh_fields, &attention_fields, &moe_fields]);
             let missing = |field: &str| format!("{LINEAR} needs the field `{field}`");
             if self.output != self.input {
                 return Err(format!(
@@ -283,11 +317,11 @@ impl CaseTable {
         } else {
             let op: OpKind = self.op.parse().map_err(|_| {
                 format!(
-                    "unknown op `{}` (expected ag_gemm, gemm_rs, gemm_ar, {MESH_GEMM}, {LINEAR} or {ATTENTION})",
+                    "unknown op `{}` (expected ag_gemm, gemm_rs, gemm_ar, {MESH_GEMM}, {LINEAR}, {ATTENTION}, ag_moe or moe_rs)",
                     self.op
                 )
             })?;
-            reject(&[&mesh_fields, &linear_fields, &attention_fields]);
+            reject(&[&mesh_fields, &linear_fields, &attention_fields, &moe_fields]);
             let devices = self.devices.ok_or_else(|| format!("{op} needs the field `devices`"))?;
             Topology::Ring { op, devices }
         };
@@ -323,6 +357,8 @@ pub enum CaseProblem {
     Linear(LinearProblem),
     /// An attention problem.
     Attention(AttentionProblem),
+    /// An MoE problem.
+    Moe(MoeProblem),
 }
 
 impl CaseProblem {
@@ -331,7 +367,7 @@ impl CaseProblem {
         match self {
             CaseProblem::Ring(p) => Some(p),
             CaseProblem::Mesh(p) => Some(p),
-            CaseProblem::Linear(_) | CaseProblem::Attention(_) => None,
+            CaseProblem::Linear(_) | CaseProblem::Attention(_) | CaseProblem::Moe(_) => None,
         }
     }
 
@@ -342,6 +378,7 @@ impl CaseProblem {
             CaseProblem::Mesh(p) => p,
             CaseProblem::Linear(p) => p,
             CaseProblem::Attention(p) => p,
+            CaseProblem::Moe(p) => p,
         }
     }
 }
@@ -371,6 +408,9 @@ pub enum CaseError {
     /// The attention algorithm is unknown, or cannot plan the problem.
     #[error("{0}")]
     AttentionPlan(String),
+    /// The MoE problem is invalid, or the algorithm cannot plan it.
+    #[error(transparent)]
+    Moe(#[from] MoeError),
 }
 
 /// An algorithm of either family, with its parameters.
@@ -405,7 +445,9 @@ impl Case {
             // Saturating: a case is validated only when it runs, and absurd sizes must
             // not overflow before that.
             Topology::Mesh { nr, nc, .. } => nr.saturating_mul(nc),
-            Topology::Linear { devices, .. } | Topology::Attention { devices, .. } => devices,
+            Topology::Linear { devices, .. } | Topology::Attention { devices, .. } | Topology::Moe { devices, .. } => {
+                devices
+            }
         }
     }
 
@@ -413,7 +455,7 @@ impl Case {
     pub fn ring_op(&self) -> Option<OpKind> {
         match self.topology {
             Topology::Ring { op, .. } => Some(op),
-            Topology::Mesh { .. } | Topology::Linear { .. } | Topology::Attention { .. } => None,
+            Topology::Mesh { .. } | Topology::Linear { .. } | Topology::Attention { .. } | Topology::Moe { .. } => None,
         }
     }
 
@@ -424,6 +466,7 @@ impl Case {
             Topology::Mesh { .. } => MESH_GEMM,
             Topology::Linear { .. } => LINEAR,
             Topology::Attention { .. } => ATTENTION,
+            Topology::Moe { op, .. } => op.name(),
         }
     }
 
@@ -447,6 +490,7 @@ impl Case {
                 };
                 format!("attn {}{mode}", if causal { "causal " } else { "" })
             }
+            Topology::Moe { op, experts, topk, routing, .. } => format!("{op} E{experts} k{topk} {routing}"),
         }
     }
 
@@ -457,7 +501,7 @@ impl Case {
             Topology::Ring { devices, .. } => devices.to_string(),
             Topology::Mesh { nr, nc, .. } => format!("{nr}x{nc}"),
             Topology::Linear { devices, microbatches, .. } => format!("{devices}·mb{microbatches}"),
-            Topology::Attention { devices, .. } => devices.to_string(),
+            Topology::Attention { devices, .. } | Topology::Moe { devices, .. } => devices.to_string(),
         }
     }
 
@@ -475,6 +519,9 @@ impl Case {
             Topology::Attention { devices, kv_heads, causal, layout, queries } => CaseProblem::Attention(
                 AttentionProblem::new(devices, m, n, kv_heads, k, causal, layout, queries, input)?,
             ),
+            Topology::Moe { op, devices, experts, topk, routing } => {
+                CaseProblem::Moe(MoeProblem::new(op, devices, m, k, n, experts, topk, routing, input, output)?)
+            }
         })
     }
 
@@ -489,6 +536,7 @@ impl Case {
             Topology::Attention { .. } => {
                 CaseAlgorithm::Attention(self.algorithm.parse().map_err(CaseError::AttentionPlan)?)
             }
+            Topology::Moe { .. } => CaseAlgorithm::Ring(Algorithm::parse(&self.algorithm, self.chunks)?),
         })
     }
 
@@ -513,6 +561,7 @@ impl Case {
                 let algorithm: AttentionAlgorithm = self.algorithm.parse().map_err(CaseError::AttentionPlan)?;
                 build_attention_plan(&p, algorithm).map_err(|e| CaseError::AttentionPlan(e.to_string()))?
             }
+            CaseProblem::Moe(p) => build_moe_plan(&p, Algorithm::parse(&self.algorithm, self.chunks)?)?,
         })
     }
 }

@@ -134,6 +134,9 @@ pub enum Failure {
     /// The attention case is invalid, or its algorithm unknown or unable to plan it.
     #[error("attention case: {0}")]
     Attention(String),
+    /// The MoE case is invalid, or its algorithm unknown or unable to plan it.
+    #[error(transparent)]
+    Moe(cmm_core::MoeError),
     /// The plan does not fit the case (device count, output buffer).
     #[error("plan does not fit the case: {0}")]
     Plan(String),
@@ -259,6 +262,7 @@ impl From<CaseError> for Failure {
             CaseError::LinearPlan(e) => Failure::Linear(e),
             CaseError::Attention(e) => Failure::Attention(e.to_string()),
             CaseError::AttentionPlan(e) => Failure::Attention(e),
+            CaseError::Moe(e) => Failure::Moe(e),
         }
     }
 }

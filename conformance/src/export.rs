@@ -138,6 +138,7 @@ impl Exporter {
                     BufferRole::Input { .. } => "input",
                     BufferRole::Output => "output",
                     BufferRole::Accumulator { .. } => "accumulator",
+                    BufferRole::Router { .. } => "router",
                     BufferRole::Scratch => continue,
                 };
                 let file = format!("d{d}_{}.npy", decl.name);
@@ -166,6 +167,10 @@ impl Exporter {
             Topology::Attention { kv_heads, causal, layout, queries, .. } => json!({
                 "heads": case.n, "kv_heads": kv_heads, "head_dim": case.k, "causal": causal,
                 "layout": layout.name(), "queries": queries,
+            }),
+            Topology::Moe { experts, topk, routing, .. } => json!({
+                "tokens": case.m, "hidden": case.k, "ffn": case.n, "experts": experts, "topk": topk,
+                "routing": routing.name(), "chunks": case.chunks,
             }),
         };
         self.entries.push(CaseEntry {

@@ -123,6 +123,11 @@ fn fields(case: &Case, outputs: &[OutputShape]) -> Vec<(&'static str, String)> {
             ("layout", layout.to_string()),
             ("queries", queries.map_or("none".into(), |t| t.to_string())),
         ]),
+        Topology::Moe { experts, topk, routing, .. } => fields.extend([
+            ("experts", experts.to_string()),
+            ("topk", topk.to_string()),
+            ("routing", routing.to_string()),
+        ]),
         Topology::Ring { .. } => {}
     }
     fields.extend([

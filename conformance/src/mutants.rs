@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use cmm_core::cpu::Memory;
-use cmm_core::mutants::{dataflow_equivalence, mutants, MutationKind};
+use cmm_core::mutants::{dataflow_equivalence, mutants, routing_equivalence, MutationKind};
 use cmm_core::schedule::{orders, schedule_with, Order};
 use cmm_core::verify::verify;
 use cmm_core::{ExpectedOutput, Family, Op, Plan};
@@ -169,11 +169,14 @@ pub fn run_mutants(
             // proofs assume exactly what those checks establish (no deadlock, no race).
             let caught = catch_static(&m.plan);
             let proven = || {
-                m.equivalent.filter(|_| !m.exact_only || case.family == Family::Exact).or_else(|| {
-                    (m.swapped.is_some() || m.rewired)
-                        .then(|| dataflow_equivalence(&plan, &m.plan, m.swapped))
-                        .flatten()
-                })
+                m.equivalent
+                    .filter(|_| !m.exact_only || case.family == Family::Exact)
+                    .or_else(|| m.segments.as_ref().and_then(|s| routing_equivalence(&plan, s, case.seed)))
+                    .or_else(|| {
+                        (m.swapped.is_some() || m.rewired)
+                            .then(|| dataflow_equivalence(&plan, &m.plan, m.swapped))
+                            .flatten()
+                    })
             };
             let outcome = match caught {
                 Some(why) => Err(why),

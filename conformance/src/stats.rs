@@ -32,7 +32,7 @@ pub fn traffic_line(case: &Case) -> Option<String> {
             }
             line + &format!("; seed 002 §2.3.1 (Nc−1)·size/(Nr·Nc): rows {row} B, columns {col} B")
         }
-        CaseProblem::Ring(_) | CaseProblem::Linear(_) | CaseProblem::Attention(_) => {
+        CaseProblem::Ring(_) | CaseProblem::Linear(_) | CaseProblem::Attention(_) | CaseProblem::Moe(_) => {
             let t = mesh_traffic(&plan, 1, plan.devices).ok()?;
             format!("  traffic sent: {}", per_device(&t.row))
         }

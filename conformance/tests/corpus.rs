@@ -7,7 +7,10 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use cmm_conformance::{Case, CaseAlgorithm, CaseProblem, Goldens, Topology};
 use cmm_core::algorithms::algorithms_for;
-use cmm_core::{AttentionAlgorithm, AttentionProblem, DType, Dataflow, Family, Layout, MeshAlgorithm, OpKind};
+use cmm_core::{
+    AttentionAlgorithm, AttentionProblem, DType, Dataflow, Family, Layout, MeshAlgorithm, MoeOp, MoeProblem, OpKind,
+    Routing,
+};
 
 const DEVICE_COUNTS: [usize; 5] = [1, 2, 3, 4, 8];
 
@@ -180,6 +183,51 @@ fn attention_cases_cover_masks_layouts_algorithms_heads_and_dtypes() {
     for a in AttentionAlgorithm::ALL {
         assert!(algorithms.contains(a.name()), "no {a} case");
     }
+}
+
+/// The MoE cases, as the problems they describe.
+fn moe_cases() -> Vec<(Case, MoeProblem)> {
+    common::corpus()
+        .into_iter()
+        .filter_map(|c| match c.problem() {
+            Ok(CaseProblem::Moe(p)) => Some((c, p)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn moe_cases_cover_ops_algorithms_devices_experts_slots_routings_dtypes_and_families() {
+    let cases = moe_cases();
+    assert!(cases.len() >= 30, "only {} MoE cases", cases.len());
+    assert!(cases.iter().all(|(c, _)| c.name.starts_with("moe_")));
+    let has = |f: &dyn Fn(&Case, &MoeProblem) -> bool| cases.iter().any(|(c, p)| f(c, p));
+    for op in [MoeOp::AgMoe, MoeOp::MoeRs] {
+        for algorithm in ["baseline", "ring", "ring_chunked"] {
+            assert!(has(&|c, p| p.op == op && c.algorithm == algorithm), "no {op} {algorithm} case");
+        }
+        for routing in Routing::ALL {
+            assert!(has(&|_, p| p.op == op && p.routing == routing), "no {op} case with {routing} routing");
+        }
+        for family in [Family::Exact, Family::Realistic] {
+            assert!(has(&|c, p| p.op == op && c.family == family), "no {op} case in the {family} family");
+        }
+    }
+    for d in [2, 4, 8] {
+        assert!(has(&|_, p| p.devices == d), "no MoE case with D={d}");
+    }
+    for k in [1, 2, 4, 8] {
+        assert!(has(&|_, p| p.slots == k), "no MoE case with k={k}");
+    }
+    assert!(has(&|_, p| p.experts == 4) && has(&|_, p| p.experts == 64), "E from 4 to 64");
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        assert!(has(&|_, p| p.input == dtype), "no {dtype} MoE case");
+    }
+    // Per-expert row counts that are not multiples of any tile size.
+    assert!(
+        has(&|c, p| p.tables(c.seed, 1).seg.windows(2).any(|w| (w[1] - w[0]) % 8 != 0)),
+        "every expert's rows are a multiple of 8"
+    );
 }
 
 #[test]

@@ -210,36 +210,53 @@ pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
             let k = b.rows / experts;
             // Every index read from a table is bounded before use, as in the shaders.
             let bound = |x: u32| (x as usize).min(c.rows);
+            let start = |e: usize| bound(seg[e * chunks + chunk]);
+            let routed = bound(seg[seg.len() - 1]);
             let mut rows: Vec<(usize, Vec<u32>)> = Vec::new();
-            for e in groups.clone() {
-                let s = e * chunks + chunk;
-                for r in bound(seg[s])..bound(seg[s + 1]) {
-                    let src = match gather {
-                        None => Some(r),
-                        Some(base) => {
-                            let token = (perm[r] != ROUTE_NONE).then(|| perm[r] as usize / slots);
-                            token.and_then(|t| t.checked_sub(*base)).filter(|&t| t < a.rows)
-                        }
-                    };
-                    let out = (0..c.cols)
-                        .map(|j| {
-                            let mut acc = 0.0f32;
-                            if let Some(i) = src {
-                                for p in 0..k {
-                                    let x = dt(a).decode(dev[a.buf.0][at(a, i, p)]);
-                                    let y = dt(b).decode(dev[b.buf.0][at(b, e * k + p, j)]);
-                                    acc += x * y;
-                                }
-                            }
-                            dt(c).encode(acc)
-                        })
-                        .collect();
-                    rows.push((r, out));
+            // perm has c's rows (plan validation).
+            for (r, &slot) in perm.iter().enumerate() {
+                // The last group whose segment starts at or before r, by the shaders'
+                // binary search; r is in it if it ends after r.
+                let (mut lo, mut hi) = (groups.start, groups.end);
+                for _ in 0..32 {
+                    if lo >= hi {
+                        break;
+                    }
+                    let mid = lo + (hi - lo) / 2;
+                    if start(mid) <= r {
+                        lo = mid + 1;
+                    } else {
+                        hi = mid;
+                    }
                 }
-            }
-            if *zero_unrouted {
-                let last = bound(seg[seg.len() - 1]);
-                rows.extend((last..c.rows).map(|r| (r, vec![dt(c).encode(0.0); c.cols])));
+                let expert = (lo > groups.start && r < bound(seg[(lo - 1) * chunks + chunk + 1])).then(|| lo - 1);
+                let Some(e) = expert else {
+                    if *zero_unrouted && r >= routed {
+                        rows.push((r, vec![dt(c).encode(0.0); c.cols]));
+                    }
+                    continue;
+                };
+                let src = match gather {
+                    None => Some(r),
+                    Some(base) => {
+                        let token = (slot != ROUTE_NONE).then_some(slot as usize / slots);
+                        token.and_then(|t| t.checked_sub(*base)).filter(|&t| t < a.rows)
+                    }
+                };
+                let out = (0..c.cols)
+                    .map(|j| {
+                        let mut acc = 0.0f32;
+                        if let Some(i) = src {
+                            for p in 0..k {
+                                let x = dt(a).decode(dev[a.buf.0][at(a, i, p)]);
+                                let y = dt(b).decode(dev[b.buf.0][at(b, e * k + p, j)]);
+                                acc += x * y;
+                            }
+                        }
+                        dt(c).encode(acc)
+                    })
+                    .collect();
+                rows.push((r, out));
             }
             for (r, out) in rows {
                 for (j, w) in out.into_iter().enumerate() {

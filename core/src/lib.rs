@@ -66,8 +66,8 @@ pub use linear::{Layer, LinearAlgorithm, LinearError, LinearProblem, Pass};
 pub use mesh::{Dataflow, MeshAlgorithm, MeshError, MeshProblem};
 pub use moe::{MoeError, MoeOp, MoeProblem, Routing};
 pub use plan::{
-    AttnState, BufId, BufferDecl, BufferRole, Causal, Engine, Op, OpSite, Plan, PlanError, Pointwise, Region, RouteTables,
-    SemId,
+    AttnState, BufId, BufferDecl, BufferRole, Causal, Engine, Op, OpSite, Plan, PlanError, Pointwise, Region,
+    RouteTables, SemId,
 };
 pub use problem::{GlobalGemm, OpKind, Problem, ProblemError, ShardedGemm, Window};
 pub use tolerance::Tolerance;

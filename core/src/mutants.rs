@@ -34,11 +34,18 @@ pub enum MutationKind {
     CausalOffset,
     /// Remove one attention block (a key block never attended).
     SkipBlock,
+    /// Point a grouped GEMM at the next token chunk's segments (a wrong offset into
+    /// the routing tables).
+    WrongOffset,
+    /// Shift a combine's weights by one slot (each row weighted by its neighbour's weight).
+    WrongWeight,
+    /// Leave out the last expert group of a grouped GEMM.
+    DropGroup,
 }
 
 impl MutationKind {
     /// Every kind, in report order.
-    pub const ALL: [MutationKind; 10] = [
+    pub const ALL: [MutationKind; 13] = [
         MutationKind::DropSignal,
         MutationKind::LowerWait,
         MutationKind::SwapAdjacent,
@@ -49,6 +56,9 @@ impl MutationKind {
         MutationKind::ReorderAccumulation,
         MutationKind::CausalOffset,
         MutationKind::SkipBlock,
+        MutationKind::WrongOffset,
+        MutationKind::WrongWeight,
+        MutationKind::DropGroup,
     ];
 
     /// Short name.
@@ -64,6 +74,9 @@ impl MutationKind {
             MutationKind::ReorderAccumulation => "reorder-accumulation",
             MutationKind::CausalOffset => "causal-offset",
             MutationKind::SkipBlock => "skip-block",
+            MutationKind::WrongOffset => "wrong-offset",
+            MutationKind::WrongWeight => "wrong-weight",
+            MutationKind::DropGroup => "drop-group",
         }
     }
 }
@@ -95,6 +108,36 @@ pub struct Mutant {
     /// writes or how long a wait waits (wrong peer, wrong slot, lower wait), so that
     /// [`dataflow_equivalence`] can decide it.
     pub rewired: bool,
+    /// For a mutation of a grouped GEMM, the (device, op, segments) it changes: it is
+    /// equivalent when the routing of the run leaves all of them empty
+    /// ([`routing_equivalence`]).
+    pub segments: Option<ChangedSegments>,
+}
+
+/// The routing segments a grouped-GEMM mutant changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChangedSegments {
+    /// Device of the op.
+    pub device: usize,
+    /// The segment table the op reads.
+    pub seg: crate::plan::BufId,
+    /// (expert, chunk) pairs whose rows the mutant computes differently.
+    pub pairs: Vec<(usize, usize)>,
+}
+
+/// Why a grouped-GEMM mutant cannot change results under `seed`'s routing, if it
+/// cannot: every segment it changes is empty (the router sent no token there).
+pub fn routing_equivalence(plan: &Plan, changed: &ChangedSegments, seed: u32) -> Option<&'static str> {
+    let (ids, tables, experts) = plan.programs[changed.device].lanes.iter().flatten().find_map(|op| match op {
+        Op::Route { ids, tables, experts } if tables.seg.buf == changed.seg => Some((ids, tables, *experts)),
+        _ => None,
+    })?;
+    let BufferRole::Router { router, .. } = &plan.buffer(ids.buf).role else { return None };
+    let chunks = tables.chunks(experts);
+    let t = crate::moe::route(&router.ids(seed), ids.cols, experts, chunks, tables.perm.rows);
+    changed.pairs.iter().all(|&(e, c)| t.segment(e, c, chunks).is_empty()).then_some(
+        "every routing segment the mutant changes is empty under this case's routing: no row is computed differently",
+    )
 }
 
 fn is_data(op: &Op) -> bool {
@@ -143,6 +186,18 @@ fn swap_equivalence(device: usize, a: &Op, b: &Op) -> Option<&'static str> {
         }
         _ if is_data(a) && is_data(b) && !conflict(device, a, b) => {
             Some("two data ops of one lane touching disjoint memory commute")
+        }
+        (
+            Op::GroupedGemm { a: a1, c: c1, tables: t1, chunk: k1, groups: g1, zero_unrouted: false, .. },
+            Op::GroupedGemm { a: a2, c: c2, tables: t2, chunk: k2, groups: g2, zero_unrouted: false, .. },
+        ) if c1 == c2
+            && t1 == t2
+            && (k1 != k2 || g1.end <= g2.start || g2.end <= g1.start)
+            && [a1, a2].iter().all(|r| r.buf != c1.buf) =>
+        {
+            Some(
+                "two grouped GEMMs of different routing segments write disjoint rows whatever the routing, and commute",
+            )
         }
         (
             Op::Gemm { a: a1, b: b1, c: c1, accumulate: true, .. },
@@ -277,7 +332,7 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
             let exact_only = equivalent == Some(ACCUMULATION_ORDER);
             let swapped = (kind == MutationKind::SwapAdjacent).then_some((device, lane, index));
             let rewired = matches!(kind, MutationKind::WrongPeer | MutationKind::WrongSlot | MutationKind::LowerWait);
-            out.push(Mutant { kind, description, plan: p, equivalent, exact_only, swapped, rewired });
+            out.push(Mutant { kind, description, plan: p, equivalent, exact_only, swapped, rewired, segments: None });
         };
         let here = format!("device {device} lane {} op {index} `{text}`", plan.lanes[lane]);
         match op {
@@ -404,6 +459,73 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                 None,
             );
         }
+        // MoE: a grouped GEMM reading the next chunk's segments, or missing its last
+        // group; a combine weighting each slot with its neighbour's weight.
+        let mut table_mutants = Vec::new();
+        if let Op::GroupedGemm { tables, experts, groups, chunk, .. } = op {
+            let chunks = tables.chunks(*experts);
+            let segs = |c: usize, gs: std::ops::Range<usize>| gs.map(move |e| (e, c));
+            let changed = |pairs: Vec<(usize, usize)>| ChangedSegments { device, seg: tables.seg.buf, pairs };
+            let mut table_mutant = |kind, description: String, f: &mut dyn FnMut(&mut Op), pairs| {
+                let mut p = plan.clone();
+                f(&mut p.programs[device].lanes[lane][index]);
+                p.name = format!("{} [{kind}: {description}]", plan.name);
+                let segments = Some(changed(pairs));
+                table_mutants.push(Mutant {
+                    kind,
+                    description,
+                    plan: p,
+                    equivalent: None,
+                    exact_only: false,
+                    swapped: None,
+                    rewired: false,
+                    segments,
+                });
+            };
+            if chunks > 1 {
+                let wrong = (chunk + 1) % chunks;
+                let pairs = segs(*chunk, groups.clone()).chain(segs(wrong, groups.clone())).collect();
+                table_mutant(
+                    MutationKind::WrongOffset,
+                    format!("{here} -> chunk {wrong}"),
+                    &mut |o| {
+                        if let Op::GroupedGemm { chunk, .. } = o {
+                            *chunk = wrong;
+                        }
+                    },
+                    pairs,
+                );
+            }
+            if !groups.is_empty() {
+                let last = groups.end - 1;
+                table_mutant(
+                    MutationKind::DropGroup,
+                    format!("{here} without expert {last}"),
+                    &mut |o| {
+                        if let Op::GroupedGemm { groups, .. } = o {
+                            groups.end -= 1;
+                        }
+                    },
+                    vec![(last, *chunk)],
+                );
+            }
+        }
+        if let Op::Combine { weights, .. } = op {
+            let len = plan.buffers[weights.buf.0].len();
+            let shifted = if weights.end() < len { weights.offset + 1 } else { weights.offset.saturating_sub(1) };
+            if shifted != weights.offset {
+                with(
+                    MutationKind::WrongWeight,
+                    format!("{here} with weights shifted one slot"),
+                    &mut |p| {
+                        if let Op::Combine { weights, .. } = &mut p.programs[device].lanes[lane][index] {
+                            weights.offset = shifted;
+                        }
+                    },
+                    None,
+                );
+            }
+        }
         if let Some(next) = plan.programs[device].lanes[lane].get(index + 1) {
             let equivalent = swap_equivalence(device, op, next);
             let desc = format!("swap {here} with `{}`", plan.op_text(next));
@@ -416,6 +538,7 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                 equivalent,
             );
         }
+        out.append(&mut table_mutants);
     }
     for buf in 0..plan.buffers.len() {
         if let Some(slot) = slot_size(plan, buf) {
@@ -432,7 +555,12 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                 for ops in &mut prog.lanes {
                     for op in ops {
                         match op {
-                            Op::Gemm { a, b, c, .. } => [a, b, c].into_iter().for_each(remap),
+                            Op::Gemm { a, b, c, .. } | Op::GroupedGemm { a, b, c, .. } => {
+                                [a, b, c].into_iter().for_each(remap)
+                            }
+                            Op::Combine { rows, weights, inv, out } => {
+                                [rows, weights, inv, out].into_iter().for_each(remap)
+                            }
                             Op::Copy { src, dst, .. } => [src, dst].into_iter().for_each(remap),
                             Op::Reduce { inputs, output } | Op::Pointwise { inputs, output, .. } => {
                                 inputs.iter_mut().for_each(remap);
@@ -455,6 +583,7 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                 exact_only: false,
                 swapped: None,
                 rewired: false,
+                segments: None,
             });
         }
     }
@@ -472,13 +601,16 @@ mod tests {
         let p = Problem::new(OpKind::AgGemm, 3, 6, 3, 2, DType::F32, DType::F32).unwrap();
         let plan = build_plan(&p, Algorithm::Ring).unwrap();
         let ms = mutants(&plan, &[0, 2]);
-        // The ring has no accumulating GEMM and no attention (see the linear and
-        // attention tests for those kinds).
+        // The ring has no accumulating GEMM, no attention and no routing (see the linear,
+        // attention and MoE tests for those kinds).
         let elsewhere = [
             MutationKind::Overwrite,
             MutationKind::ReorderAccumulation,
             MutationKind::CausalOffset,
             MutationKind::SkipBlock,
+            MutationKind::WrongOffset,
+            MutationKind::WrongWeight,
+            MutationKind::DropGroup,
         ];
         for kind in MutationKind::ALL.into_iter().filter(|k| !elsewhere.contains(k)) {
             assert!(ms.iter().any(|m| m.kind == kind), "{kind}");
@@ -527,5 +659,25 @@ mod tests {
         assert!(mutants(&plan, &[0])
             .iter()
             .any(|m| m.kind == MutationKind::ReorderAccumulation && m.description.contains("attn_merge")));
+    }
+
+    #[test]
+    fn grouped_gemms_and_combines_get_table_mutants_decided_on_the_routing() {
+        use crate::moe::{build_moe_plan, MoeOp, MoeProblem, Routing};
+        let p = MoeProblem::new(MoeOp::MoeRs, 2, 8, 4, 4, 4, 1, Routing::Single, DType::F32, DType::F32).unwrap();
+        let plan = build_moe_plan(&p, Algorithm::Ring).unwrap();
+        let ms = mutants(&plan, &[0]);
+        for kind in [MutationKind::WrongOffset, MutationKind::WrongWeight, MutationKind::DropGroup] {
+            let m = ms.iter().find(|m| m.kind == kind).unwrap_or_else(|| panic!("no {kind} mutant"));
+            m.plan.validate().unwrap_or_else(|e| panic!("{}: {e}", m.description));
+        }
+        // Single routing sends every token to the last expert: dropping it changes rows,
+        // while a wrong offset between two chunks that both route to it does too.
+        let drop = ms.iter().find(|m| m.kind == MutationKind::DropGroup).unwrap();
+        assert_eq!(routing_equivalence(&plan, drop.segments.as_ref().unwrap(), 1), None);
+        // Dropping expert 0 instead (which single routing never uses) is provably harmless.
+        let mut empty = drop.segments.clone().unwrap();
+        empty.pairs = vec![(0, 0), (0, 1)];
+        assert!(routing_equivalence(&plan, &empty, 1).is_some());
     }
 }

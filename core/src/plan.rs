@@ -409,8 +409,10 @@ pub enum Op {
     /// accumulation in increasing k, rounded once to c's dtype. `b` stacks the experts'
     /// K×N matrices (expert e at rows [e·K, (e+1)·K)); r' is r itself, or with
     /// `gather = Some(base)` the token of `perm[r]` minus `base` (rows of a's token
-    /// shard). With `zero_unrouted`, rows of c past the last routed row are set to 0.
-    /// Rows of other segments are untouched.
+    /// shard; a row outside a gives 0). With `zero_unrouted`, rows of c past the last
+    /// routed row are set to 0. Rows of other segments are untouched. Every executor
+    /// finds a row's expert by binary search over the segment starts (which Route
+    /// writes in increasing order) and bounds every table entry by c's rows.
     GroupedGemm {
         /// Left operand: a token shard (gather) or the rows themselves.
         a: Region,
@@ -872,9 +874,7 @@ impl Plan {
                         w.dtype, i.dtype
                     )));
                 }
-                if (weights.rows, weights.cols) != (inv.rows, inv.cols)
-                    || out.rows != inv.rows
-                    || out.cols != rows.cols
+                if (weights.rows, weights.cols) != (inv.rows, inv.cols) || out.rows != inv.rows || out.cols != rows.cols
                 {
                     return Err(mismatch(format!(
                         "combine: weights {}x{}, row table {}x{}, rows of {} columns into {}x{}",

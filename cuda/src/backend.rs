@@ -218,6 +218,91 @@ struct AttendArgs {
 #[allow(unsafe_code)]
 unsafe impl DeviceRepr for AttendArgs {}
 
+/// Mirror of `CmmRouteArgs` in `cuda/kernels/moe.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct RouteArgs {
+    ids: u64,
+    ids_stride: u64,
+    seg: u64,
+    perm: u64,
+    perm_stride: u64,
+    inv: u64,
+    inv_stride: u64,
+    pass: u32,
+    tokens: u32,
+    slots: u32,
+    experts: u32,
+    chunks: u32,
+    capacity: u32,
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmRouteArgs` field for field (seven
+// u64s, then six u32s).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for RouteArgs {}
+
+/// Mirror of `CmmGroupedGemmArgs` in `cuda/kernels/moe.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct GroupedGemmArgs {
+    a: u64,
+    a_stride: u64,
+    b: u64,
+    b_stride: u64,
+    c: u64,
+    c_stride: u64,
+    seg: u64,
+    perm: u64,
+    perm_stride: u64,
+    a_dtype: u32,
+    b_dtype: u32,
+    c_dtype: u32,
+    a_rows: u32,
+    rows: u32,
+    n: u32,
+    k: u32,
+    chunks: u32,
+    chunk: u32,
+    group_begin: u32,
+    group_end: u32,
+    experts: u32,
+    slots: u32,
+    gather: u32,
+    gather_base: u32,
+    zero_unrouted: u32,
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmGroupedGemmArgs` field for field
+// (nine u64s, then sixteen u32s).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for GroupedGemmArgs {}
+
+/// Mirror of `CmmCombineArgs` in `cuda/kernels/moe.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct CombineArgs {
+    src: u64,
+    src_stride: u64,
+    w: u64,
+    w_stride: u64,
+    inv: u64,
+    inv_stride: u64,
+    out: u64,
+    out_stride: u64,
+    src_dtype: u32,
+    src_rows: u32,
+    out_dtype: u32,
+    rows: u32,
+    cols: u32,
+    slots: u32,
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmCombineArgs` field for field (eight
+// u64s, then six u32s).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for CombineArgs {}
+
 /// Mirror of `CmmAttnStateArgs` in `cuda/kernels/attention.cu`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -246,6 +331,9 @@ struct Functions {
     pointwise: CudaFunction,
     attend: CudaFunction,
     attn_state: CudaFunction,
+    route: CudaFunction,
+    grouped_gemm: CudaFunction,
+    combine: CudaFunction,
     signal: CudaFunction,
     wait: CudaFunction,
     gate: CudaFunction,
@@ -366,7 +454,7 @@ fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize) -> Result<Vec<Gpu>, CudaErr
         };
         let (gen, gemm, copy, reduce, sync) =
             (module("generate.cu")?, module("gemm.cu")?, module("copy.cu")?, module("reduce.cu")?, module("sync.cu")?);
-        let (pointwise, attention) = (module("pointwise.cu")?, module("attention.cu")?);
+        let (pointwise, attention, moe) = (module("pointwise.cu")?, module("attention.cu")?, module("moe.cu")?);
         let f = |m: &Arc<cudarc::driver::CudaModule>, name: &str| {
             m.load_function(name).map_err(|e| CudaError::driver(format!("loading kernel {name}"), e))
         };
@@ -381,6 +469,9 @@ fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize) -> Result<Vec<Gpu>, CudaErr
             pointwise: f(&pointwise, "cmm_pointwise")?,
             attend: f(&attention, "cmm_attend")?,
             attn_state: f(&attention, "cmm_attn_state")?,
+            route: f(&moe, "cmm_route")?,
+            grouped_gemm: f(&moe, "cmm_grouped_gemm")?,
+            combine: f(&moe, "cmm_combine")?,
             signal: f(&sync, "cmm_signal")?,
             wait: f(&sync, "cmm_wait")?,
             gate: f(&sync, "cmm_gate")?,
@@ -515,6 +606,7 @@ impl CudaBackend {
         let start = Instant::now();
         plan.validate()?;
         plan.check_generator_range()?;
+        cmm_core::moe::check_routing(plan, seed)?;
         if options.sync == SyncMode::StreamMemOps {
             self.memops.clone().map_err(|why| CudaError::Unsupported {
                 plan: plan.name.clone(),
@@ -875,6 +967,96 @@ impl Run<'_> {
                     let mut l = stream.launch_builder(&functions.attn_state);
                     l.arg(&args);
                     launch(l, cfg, "an attention merge or finish")?;
+                }
+            }
+            Command::Route { ids, seg, perm, inv, sizes } => {
+                let [tokens, slots, experts, chunks, capacity] = *sizes;
+                let args = RouteArgs {
+                    ids: addr(&ids.0),
+                    ids_stride: ids.1,
+                    seg: addr(seg),
+                    perm: addr(&perm.0),
+                    perm_stride: perm.1,
+                    inv: addr(&inv.0),
+                    inv_stride: inv.1,
+                    pass: 0,
+                    tokens,
+                    slots,
+                    experts,
+                    chunks,
+                    capacity,
+                };
+                let words = (tokens as usize * slots as usize).max(capacity as usize).max((experts * chunks) as usize);
+                if let Some(cfg) = elementwise(words.max(1)) {
+                    for pass in 0..3 {
+                        let args = RouteArgs { pass, ..args };
+                        let mut l = stream.launch_builder(&functions.route);
+                        l.arg(&args);
+                        launch(l, cfg, "building routing tables")?;
+                    }
+                }
+            }
+            Command::GroupedGemm { tensors, seg, perm, shape, routing, gather, zero_unrouted } => {
+                let [(a, a_stride, a_dtype), (b, b_stride, b_dtype), (c, c_stride, c_dtype)] = tensors;
+                let [a_rows, rows, n, k] = *shape;
+                let [chunks, chunk, group_begin, group_end, experts, slots] = *routing;
+                let args = GroupedGemmArgs {
+                    a: addr(a),
+                    a_stride: *a_stride,
+                    b: addr(b),
+                    b_stride: *b_stride,
+                    c: addr(c),
+                    c_stride: *c_stride,
+                    seg: addr(seg),
+                    perm: addr(&perm.0),
+                    perm_stride: perm.1,
+                    a_dtype: dtype_code(*a_dtype),
+                    b_dtype: dtype_code(*b_dtype),
+                    c_dtype: dtype_code(*c_dtype),
+                    a_rows,
+                    rows,
+                    n,
+                    k,
+                    chunks,
+                    chunk,
+                    group_begin,
+                    group_end,
+                    experts,
+                    slots,
+                    gather: gather.is_some() as u32,
+                    gather_base: gather.unwrap_or(0),
+                    zero_unrouted: *zero_unrouted as u32,
+                };
+                if let Some(cfg) = elementwise(rows as usize * n as usize) {
+                    let mut l = stream.launch_builder(&functions.grouped_gemm);
+                    l.arg(&args);
+                    launch(l, cfg, "a grouped gemm")?;
+                }
+            }
+            Command::Combine { tensors, src_rows, shape } => {
+                let [(src, src_stride, src_dtype), (w, w_stride, _), (inv, inv_stride, _), (out, out_stride, out_dtype)] =
+                    tensors;
+                let [rows, cols, slots] = *shape;
+                let args = CombineArgs {
+                    src: addr(src),
+                    src_stride: *src_stride,
+                    w: addr(w),
+                    w_stride: *w_stride,
+                    inv: addr(inv),
+                    inv_stride: *inv_stride,
+                    out: addr(out),
+                    out_stride: *out_stride,
+                    src_dtype: dtype_code(*src_dtype),
+                    src_rows: *src_rows,
+                    out_dtype: dtype_code(*out_dtype),
+                    rows,
+                    cols,
+                    slots,
+                };
+                if let Some(cfg) = elementwise(rows as usize * cols as usize) {
+                    let mut l = stream.launch_builder(&functions.combine);
+                    l.arg(&args);
+                    launch(l, cfg, "a top-k combine")?;
                 }
             }
             Command::SignalAdd { device, sem, add } => {
@@ -1373,6 +1555,20 @@ impl Memory {
                 let dst = self.base[d][i];
                 let dtype = dtype_code(b.dtype);
                 let Some(cfg) = elementwise(b.len()) else { continue };
+                if let BufferRole::Router { part, router } = &b.role {
+                    // Routing is data: the router's table, generated on the host.
+                    let mut bytes = Vec::with_capacity(b.len() * 4);
+                    for w in router.words(*part, seed, family) {
+                        b.dtype.push_le_bytes(w, &mut bytes);
+                    }
+                    // SAFETY: the destination lies inside this device's heap (offset and
+                    // length from the layout that sized it); the source is a host buffer
+                    // of exactly that length; nothing else uses the heap yet.
+                    #[allow(unsafe_code)]
+                    unsafe { result::memcpy_htod_sync(dst, &bytes) }
+                        .map_err(|e| CudaError::driver("uploading a routing table", e))?;
+                    continue;
+                }
                 match b.role.generated() {
                     Some((tensor, global_cols, origins)) => {
                         let (row0, col0) = (origins[d].0 as u32, origins[d].1 as u32);

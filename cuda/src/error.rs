@@ -44,6 +44,9 @@ pub enum CudaError {
     /// The plan is malformed.
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// A routing table of the run is malformed or overflows the plan's tables.
+    #[error(transparent)]
+    Routing(#[from] cmm_core::moe::RoutingError),
     /// The plan cannot finish (found by the scheduler before anything runs).
     #[error(transparent)]
     Deadlock(#[from] Deadlock),

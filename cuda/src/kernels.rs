@@ -20,7 +20,7 @@ pub struct KernelFile {
 }
 
 /// Every kernel file of the backend.
-pub const KERNEL_FILES: [KernelFile; 7] = [
+pub const KERNEL_FILES: [KernelFile; 8] = [
     KernelFile {
         name: "generate.cu",
         source: include_str!("../kernels/generate.cu"),
@@ -42,6 +42,11 @@ pub const KERNEL_FILES: [KernelFile; 7] = [
         name: "attention.cu",
         source: include_str!("../kernels/attention.cu"),
         entry_points: &["cmm_attend", "cmm_attn_state"],
+    },
+    KernelFile {
+        name: "moe.cu",
+        source: include_str!("../kernels/moe.cu"),
+        entry_points: &["cmm_route", "cmm_grouped_gemm", "cmm_combine"],
     },
     KernelFile {
         name: "sync.cu",

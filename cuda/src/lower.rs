@@ -217,6 +217,45 @@ pub enum Command {
         /// Head dimension.
         head_dim: u32,
     },
+    /// `cmm_route`, three launches (count, scan, fill): the routing tables (`Op::Route`).
+    Route {
+        /// The router's ids and their row stride.
+        ids: (Loc, u64),
+        /// The segment offsets.
+        seg: Loc,
+        /// The row permutation and its stride.
+        perm: (Loc, u64),
+        /// The inverse (tokens × slots) and its stride.
+        inv: (Loc, u64),
+        /// Tokens, slots, experts, chunks, row capacity.
+        sizes: [u32; 5],
+    },
+    /// `cmm_grouped_gemm` (`Op::GroupedGemm`).
+    GroupedGemm {
+        /// a, b, c: (location, stride, dtype).
+        tensors: [(Loc, u64, DType); 3],
+        /// The segment offsets.
+        seg: Loc,
+        /// The row permutation and its stride.
+        perm: (Loc, u64),
+        /// a's rows, c's rows, n, k.
+        shape: [u32; 4],
+        /// chunks, chunk, first group, end of groups, experts, slots.
+        routing: [u32; 6],
+        /// The first token of a gathered shard, if a's rows are gathered.
+        gather: Option<u32>,
+        /// Zero the rows past the routed ones.
+        zero_unrouted: bool,
+    },
+    /// `cmm_combine` (`Op::Combine`).
+    Combine {
+        /// The expert rows, weights, inverse table and output: (location, stride, dtype).
+        tensors: [(Loc, u64, DType); 4],
+        /// The expert rows' row count.
+        src_rows: u32,
+        /// Tokens, columns, slots.
+        shape: [u32; 3],
+    },
     /// `cmm_signal`: a release add on semaphore `sem` of `device`.
     SignalAdd {
         /// Target device.
@@ -562,6 +601,55 @@ fn lower_op(
                 rows: into.max.rows as u32,
                 heads: heads as u32,
                 head_dim: (into.acc.cols / heads) as u32,
+            })
+        }
+        Op::Route { ids, tables, experts } => {
+            let chunks = tables.chunks(*experts);
+            let sizes = [ids.rows, ids.cols, *experts, chunks, tables.perm.rows];
+            if sizes.iter().any(|&x| x > u32::MAX as usize) || ids.len() > u32::MAX as usize {
+                return Err(unsupported(format!("routing {}x{} slots over {experts} experts", ids.rows, ids.cols)));
+            }
+            Some(Command::Route {
+                ids: (loc(d, ids), ld(ids)),
+                seg: loc(d, &tables.seg),
+                perm: (loc(d, &tables.perm), ld(&tables.perm)),
+                inv: (loc(d, &tables.inv), ld(&tables.inv)),
+                sizes: sizes.map(|x| x as u32),
+            })
+        }
+        Op::GroupedGemm { a, b, c, tables, experts, groups, chunk, gather, zero_unrouted } => {
+            let k = b.rows / experts;
+            let chunks = tables.chunks(*experts);
+            let all = [a.rows, c.rows, c.cols, k, chunks, *chunk, groups.start, groups.end, *experts, tables.inv.cols];
+            if all.iter().chain(gather.iter()).any(|&x| x > u32::MAX as usize) {
+                return Err(unsupported(format!("grouped gemm {}x{}x{k} over {experts} experts", c.rows, c.cols)));
+            }
+            if c.is_empty() {
+                return Ok(None);
+            }
+            let t = |r: &Region| (loc(d, r), ld(r), dt(r));
+            Some(Command::GroupedGemm {
+                tensors: [t(a), t(b), t(c)],
+                seg: loc(d, &tables.seg),
+                perm: (loc(d, &tables.perm), ld(&tables.perm)),
+                shape: [a.rows, c.rows, c.cols, k].map(|x| x as u32),
+                routing: [chunks, *chunk, groups.start, groups.end, *experts, tables.inv.cols].map(|x| x as u32),
+                gather: gather.map(|g| g as u32),
+                zero_unrouted: *zero_unrouted,
+            })
+        }
+        Op::Combine { rows, weights, inv, out } => {
+            if [rows.rows, out.rows, out.cols, inv.cols].iter().any(|&x| x > u32::MAX as usize) {
+                return Err(unsupported(format!("combine of {}x{} elements", out.rows, out.cols)));
+            }
+            if out.is_empty() {
+                return Ok(None);
+            }
+            let t = |r: &Region| (loc(d, r), ld(r), dt(r));
+            Some(Command::Combine {
+                tensors: [t(rows), t(weights), t(inv), t(out)],
+                src_rows: rows.rows as u32,
+                shape: [out.rows, out.cols, inv.cols].map(|x| x as u32),
             })
         }
         Op::Signal { device, sem, add } => match writes.iter().find(|(s, _)| *s == site) {

@@ -34,6 +34,9 @@ pub(crate) struct Pipelines {
     pub attn_state: wgpu::ComputePipeline,
     pub generate: wgpu::ComputePipeline,
     pub signal: wgpu::ComputePipeline,
+    pub route: wgpu::ComputePipeline,
+    pub grouped_gemm: wgpu::ComputePipeline,
+    pub combine: wgpu::ComputePipeline,
 }
 
 const NUMERIC: &str = include_str!("../../shaders/numeric.wgsl");
@@ -54,6 +57,9 @@ pub fn stage_sources() -> Vec<(&'static str, String)> {
         ("attn_state", stage_source(include_str!("../../shaders/attn_state.wgsl"))),
         ("generate", stage_source(include_str!("../../shaders/generate.wgsl"))),
         ("signal", stage_source(include_str!("../../shaders/signal.wgsl"))),
+        ("route", stage_source(include_str!("../../shaders/route.wgsl"))),
+        ("grouped_gemm", stage_source(include_str!("../../shaders/grouped_gemm.wgsl"))),
+        ("combine", stage_source(include_str!("../../shaders/combine.wgsl"))),
     ]
 }
 
@@ -114,6 +120,9 @@ impl Pipelines {
             attn_state: build("attn_state"),
             generate: build("generate"),
             signal: build("signal"),
+            route: build("route"),
+            grouped_gemm: build("grouped_gemm"),
+            combine: build("combine"),
             layout,
         }
     }

@@ -25,6 +25,9 @@ pub enum ReferenceError {
     /// The plan is malformed.
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// A routing table of the run is malformed or overflows the plan's tables.
+    #[error(transparent)]
+    Routing(#[from] cmm_core::moe::RoutingError),
     /// The plan cannot finish.
     #[error(transparent)]
     Deadlock(#[from] Deadlock),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cmm_core::generator::Family;
 use cmm_core::plan::OpSite;
-use cmm_core::plan::{attention_scale, AttnState, Causal, Op, Plan, Region, ATTN_KEY_TILE};
+use cmm_core::plan::{attention_scale, AttnState, BufferRole, Causal, Op, Plan, Region, ATTN_KEY_TILE};
 use cmm_core::schedule::{schedule_with, Order};
 use cmm_core::DType;
 
@@ -26,6 +26,10 @@ pub const GEMM_K_PER_DISPATCH: usize = 16_384;
 /// Loop trips one attention invocation may take per dispatch, below lavapipe's 65,535
 /// (BRIEF §7): a 16-key tile costs 33·dh + 48 trips, the state 2·dh.
 pub const ATTEND_LOOP_BUDGET: usize = 60_000;
+
+/// Loop trips one routing or grouped-GEMM invocation may take, below lavapipe's 65,535
+/// (BRIEF §7): a chunk's slots or the segment count (route), groups + k (grouped GEMM).
+pub const ROUTE_LOOP_BUDGET: usize = 60_000;
 
 /// The outcome of a run.
 #[derive(Debug, Clone)]
@@ -73,6 +77,9 @@ enum Stage {
     AttnState,
     Generate,
     Signal,
+    Route,
+    GroupedGemm,
+    Combine,
 }
 
 struct Dispatch {
@@ -409,6 +416,107 @@ impl Encoder<'_> {
                     (Stage::AttnState, bytemuck::bytes_of(&AttnStateParams { row_begin, ..p }).to_vec())
                 })?;
             }
+            Op::Route { ids, tables, experts } => {
+                let chunks = tables.chunks(*experts);
+                let (tokens, slots) = (ids.rows, ids.cols);
+                let per_chunk = tokens / chunks * slots;
+                if per_chunk > ROUTE_LOOP_BUDGET || experts * chunks > ROUTE_LOOP_BUDGET {
+                    return Err(self.unsupported(format!(
+                        "routing {tokens} tokens x {slots} slots in {chunks} chunks over {experts} experts loops {per_chunk} or {} times per invocation, more than {ROUTE_LOOP_BUDGET}",
+                        experts * chunks
+                    )));
+                }
+                let word = |r: &Region| self.layout.word(device, r);
+                let p = RouteParams {
+                    pass: 0,
+                    tokens: tokens as u32,
+                    slots: slots as u32,
+                    experts: *experts as u32,
+                    chunks: chunks as u32,
+                    capacity: tables.perm.rows as u32,
+                    ids_off: word(ids),
+                    ids_stride: ids.stride as u32,
+                    seg_off: word(&tables.seg),
+                    perm_off: word(&tables.perm),
+                    perm_stride: tables.perm.stride as u32,
+                    inv_off: word(&tables.inv),
+                    inv_stride: tables.inv.stride as u32,
+                    row_begin: 0,
+                    _pad: [0; 2],
+                };
+                let words = (tokens * slots).max(tables.perm.rows).max(experts * chunks).max(1);
+                for pass in 0..3 {
+                    let p = RouteParams { pass, ..p };
+                    self.elementwise(words.div_ceil(ROUTE_ROW), ROUTE_ROW, |row_begin| {
+                        (Stage::Route, bytemuck::bytes_of(&RouteParams { row_begin, ..p }).to_vec())
+                    })?;
+                }
+            }
+            Op::GroupedGemm { a, b, c, tables, experts, groups, chunk, gather, zero_unrouted } => {
+                let k = b.rows / experts;
+                if k + experts > ROUTE_LOOP_BUDGET {
+                    return Err(self.unsupported(format!(
+                        "grouped gemm with k={k} over {experts} experts loops more than {ROUTE_LOOP_BUDGET} times per invocation"
+                    )));
+                }
+                let word = |r: &Region| self.layout.word(device, r);
+                let p = GroupedGemmParams {
+                    rows: c.rows as u32,
+                    n: c.cols as u32,
+                    k: k as u32,
+                    row_begin: 0,
+                    a_off: word(a),
+                    a_stride: a.stride as u32,
+                    a_dtype: dt(a),
+                    a_rows: a.rows as u32,
+                    b_off: word(b),
+                    b_stride: b.stride as u32,
+                    b_dtype: dt(b),
+                    c_off: word(c),
+                    c_stride: c.stride as u32,
+                    c_dtype: dt(c),
+                    seg_off: word(&tables.seg),
+                    perm_off: word(&tables.perm),
+                    perm_stride: tables.perm.stride as u32,
+                    chunks: tables.chunks(*experts) as u32,
+                    chunk: *chunk as u32,
+                    group_begin: groups.start as u32,
+                    group_end: groups.end as u32,
+                    experts: *experts as u32,
+                    slots: tables.inv.cols as u32,
+                    gather: gather.is_some() as u32,
+                    gather_base: gather.unwrap_or(0) as u32,
+                    zero_unrouted: *zero_unrouted as u32,
+                    _pad: [0; 2],
+                };
+                self.elementwise(c.rows, c.cols, |row_begin| {
+                    (Stage::GroupedGemm, bytemuck::bytes_of(&GroupedGemmParams { row_begin, ..p }).to_vec())
+                })?;
+            }
+            Op::Combine { rows, weights, inv, out } => {
+                let word = |r: &Region| self.layout.word(device, r);
+                let p = CombineParams {
+                    rows: out.rows as u32,
+                    cols: out.cols as u32,
+                    row_begin: 0,
+                    slots: inv.cols as u32,
+                    src_off: word(rows),
+                    src_stride: rows.stride as u32,
+                    src_dtype: dt(rows),
+                    src_rows: rows.rows as u32,
+                    w_off: word(weights),
+                    w_stride: weights.stride as u32,
+                    inv_off: word(inv),
+                    inv_stride: inv.stride as u32,
+                    out_off: word(out),
+                    out_stride: out.stride as u32,
+                    out_dtype: dt(out),
+                    _pad: 0,
+                };
+                self.elementwise(out.rows, out.cols, |row_begin| {
+                    (Stage::Combine, bytemuck::bytes_of(&CombineParams { row_begin, ..p }).to_vec())
+                })?;
+            }
             Op::Signal { device: target, sem, add } => {
                 let word = self.layout.sem_base + target * self.plan.semaphores.len() + sem.0;
                 self.push(Stage::Signal, &SignalParams { word: word as u32, add: *add, _pad: [0; 2] }, (1, 1));
@@ -483,6 +591,7 @@ impl Gpu {
         let start = Instant::now();
         plan.validate()?;
         plan.check_generator_range()?;
+        cmm_core::moe::check_routing(plan, seed)?;
         let sched = schedule_with(plan, options.order)?;
         let layout = Layout::new(plan);
         let bytes = layout.total as u64 * 4;
@@ -520,7 +629,9 @@ impl Gpu {
         let mut initial = vec![0u32; layout.total];
         for bases in &layout.base {
             for (b, &at) in plan.buffers.iter().zip(bases) {
-                if b.role.generated().is_none() {
+                if let BufferRole::Router { part, router } = &b.role {
+                    initial[at..at + b.len()].copy_from_slice(&router.words(*part, seed, family));
+                } else if b.role.generated().is_none() {
                     initial[at..at + b.len()].fill(b.dtype.poison_bits());
                 }
             }
@@ -619,6 +730,9 @@ impl Gpu {
                         Stage::Gemm => &self.pipelines.gemm,
                         Stage::Copy => &self.pipelines.copy,
                         Stage::Reduce => &self.pipelines.reduce,
+                        Stage::Route => &self.pipelines.route,
+                        Stage::GroupedGemm => &self.pipelines.grouped_gemm,
+                        Stage::Combine => &self.pipelines.combine,
                         Stage::Pointwise => &self.pipelines.pointwise,
                         Stage::Attend => &self.pipelines.attend,
                         Stage::AttnState => &self.pipelines.attn_state,

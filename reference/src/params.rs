@@ -149,6 +149,85 @@ pub struct GenerateParams {
     pub _pad: u32,
 }
 
+/// Mirror of `RouteParams` in `shaders/route.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct RouteParams {
+    pub pass: u32,
+    pub tokens: u32,
+    pub slots: u32,
+    pub experts: u32,
+    pub chunks: u32,
+    pub capacity: u32,
+    pub ids_off: u32,
+    pub ids_stride: u32,
+    pub seg_off: u32,
+    pub perm_off: u32,
+    pub perm_stride: u32,
+    pub inv_off: u32,
+    pub inv_stride: u32,
+    pub row_begin: u32,
+    pub _pad: [u32; 2],
+}
+
+/// Words one row of a route dispatch covers (`ROW` in `shaders/route.wgsl`).
+pub const ROUTE_ROW: usize = 4096;
+
+/// Mirror of `GroupedGemmParams` in `shaders/grouped_gemm.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct GroupedGemmParams {
+    pub rows: u32,
+    pub n: u32,
+    pub k: u32,
+    pub row_begin: u32,
+    pub a_off: u32,
+    pub a_stride: u32,
+    pub a_dtype: u32,
+    pub a_rows: u32,
+    pub b_off: u32,
+    pub b_stride: u32,
+    pub b_dtype: u32,
+    pub c_off: u32,
+    pub c_stride: u32,
+    pub c_dtype: u32,
+    pub seg_off: u32,
+    pub perm_off: u32,
+    pub perm_stride: u32,
+    pub chunks: u32,
+    pub chunk: u32,
+    pub group_begin: u32,
+    pub group_end: u32,
+    pub experts: u32,
+    pub slots: u32,
+    pub gather: u32,
+    pub gather_base: u32,
+    pub zero_unrouted: u32,
+    pub _pad: [u32; 2],
+}
+
+/// Mirror of `CombineParams` in `shaders/combine.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct CombineParams {
+    pub rows: u32,
+    pub cols: u32,
+    pub row_begin: u32,
+    pub slots: u32,
+    pub src_off: u32,
+    pub src_stride: u32,
+    pub src_dtype: u32,
+    pub src_rows: u32,
+    pub w_off: u32,
+    pub w_stride: u32,
+    pub inv_off: u32,
+    pub inv_stride: u32,
+    pub out_off: u32,
+    pub out_stride: u32,
+    pub out_dtype: u32,
+    pub _pad: u32,
+}
+
 /// Mirror of `SignalParams` in `shaders/signal.wgsl`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
@@ -171,4 +250,7 @@ const _: () = {
     assert!(std::mem::size_of::<AttendParams>() as u64 <= PARAMS_SIZE);
     assert!(std::mem::size_of::<AttnStateParams>() as u64 <= PARAMS_SIZE);
     assert!(std::mem::size_of::<SignalParams>() as u64 <= PARAMS_SIZE);
+    assert!(std::mem::size_of::<RouteParams>() as u64 <= PARAMS_SIZE);
+    assert!(std::mem::size_of::<GroupedGemmParams>() as u64 <= PARAMS_SIZE);
+    assert!(std::mem::size_of::<CombineParams>() as u64 <= PARAMS_SIZE);
 };

@@ -13,11 +13,12 @@ use cmm_core::generator::Family;
 use cmm_core::plan::Plan;
 use cmm_core::sim::analytic::ring_1d;
 use cmm_core::sim::tune::candidates_1d;
+use cmm_core::sim::tune::tune_moe;
 use cmm_core::sim::tune::{tune_attention, tune_linear};
 use cmm_core::sim::validate::{seed000, seed002, seed002_simulated};
 use cmm_core::sim::{simulate, OpClass, Profile, SimOptions, SimReport};
 use cmm_core::timeline::Timeline;
-use cmm_core::{AttentionProblem, Layer, Layout, LinearProblem, Pass};
+use cmm_core::{AttentionProblem, Layer, Layout, LinearProblem, MoeOp, MoeProblem, Pass, Routing};
 use cmm_reference::{Reference, RunOptions};
 use serde::Serialize;
 
@@ -91,6 +92,28 @@ pub struct Args {
     /// Decode: this many query tokens against S keys (split-KV).
     #[arg(long, requires = "attention")]
     pub queries: Option<usize>,
+    /// A mixture-of-experts op instead of a 1D op (ag_moe or moe_rs; with -d, -m = T
+    /// tokens, -k = H, -n = F, --experts, --topk, --routing): every algorithm is
+    /// simulated, grouped GEMMs priced from the routing, and the verdict printed.
+    #[arg(long, value_parser = parse_moe_op, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg", "layer", "attention"])]
+    pub moe: Option<MoeOp>,
+    /// Experts E.
+    #[arg(long, requires = "moe")]
+    pub experts: Option<usize>,
+    /// Experts per token k (top-k).
+    #[arg(long, requires = "moe")]
+    pub topk: Option<usize>,
+    /// The router's distribution: uniform, skewed, empty, single or drop.
+    #[arg(long, default_value = "uniform", value_parser = parse_routing, requires = "moe")]
+    pub routing: Routing,
+}
+
+fn parse_moe_op(s: &str) -> Result<MoeOp, String> {
+    s.parse()
+}
+
+fn parse_routing(s: &str) -> Result<Routing, String> {
+    s.parse()
 }
 
 fn parse_layer(s: &str) -> Result<Layer, String> {
@@ -137,6 +160,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if args.attention {
         return attention(args);
+    }
+    if let Some(op) = args.moe {
+        return moe(args, op);
     }
     let problem = args.problem.problem()?;
     let profile = args.problem.profile()?;
@@ -265,23 +291,65 @@ fn linear(args: &Args, layer: Layer) -> Result<()> {
         return print_ranking_json(problem.describe(), &profile, rows, ranking.overlap_pays, &ranking.reason);
     }
     println!("linear {} on {} ({:.1} TFLOP)", problem.describe(), profile.name, problem.flops() / 1e12);
+    print_ranked(ranking.ranked.iter().map(|c| (c.algorithm.to_string(), &c.report)));
+    println!("verdict: {}: {}", if ranking.overlap_pays { "overlap pays" } else { "no overlap" }, ranking.reason);
+    Ok(())
+}
+
+/// `--moe`: every MoE algorithm simulated, and the verdict.
+fn moe(args: &Args, op: MoeOp) -> Result<()> {
+    let pa = &args.problem;
+    let (Some(d), Some(t), Some(f), Some(h), Some(e), Some(k)) =
+        (pa.devices, pa.m, pa.n, pa.k, args.experts, args.topk)
+    else {
+        anyhow::bail!(
+            "an MoE op needs -d, -m (T tokens), -n (F), -k (H), --experts and --topk, e.g. --moe ag_moe -d 8 -m 8192 -k 4096 -n 14336 --experts 8 --topk 2 --input bf16"
+        );
+    };
+    let problem = MoeProblem::new(op, d, t, h, f, e, k, args.routing, pa.input, pa.output.unwrap_or(pa.input))?;
+    let profile = pa.profile()?;
+    let ranking = tune_moe(&problem, &profile)?;
+    if args.json {
+        let rows: Vec<LinearRow> = ranking
+            .ranked
+            .iter()
+            .map(|c| LinearRow { algorithm: c.algorithm.to_string(), timing: Timing::of(&c.report) })
+            .collect();
+        return print_ranking_json(problem.describe(), &profile, rows, ranking.overlap_pays, &ranking.reason);
+    }
+    let tables = problem.tables(cmm_core::sim::engine::SIM_ROUTING_SEED, 1);
+    let rows: Vec<usize> = (0..e).map(|x| tables.segment(x, 0, 1).len()).collect();
     println!(
-        "{:<10} {:>12} {:>14} {:>12} {:>13}",
+        "{op} {} on {} ({:.1} TFLOP; {} of {} slots routed, rows per expert {}..{})",
+        problem.describe(),
+        profile.name,
+        problem.flops(cmm_core::sim::engine::SIM_ROUTING_SEED) / 1e12,
+        tables.routed(),
+        problem.capacity(),
+        rows.iter().min().unwrap_or(&0),
+        rows.iter().max().unwrap_or(&0),
+    );
+    print_ranked(ranking.ranked.iter().map(|c| (c.algorithm.to_string(), &c.report)));
+    println!("verdict: {}: {}", if ranking.overlap_pays { "overlap pays" } else { "no overlap" }, ranking.reason);
+    Ok(())
+}
+
+/// The table of ranked candidates: simulated time, floors and exposed communication.
+fn print_ranked<'r>(rows: impl Iterator<Item = (String, &'r SimReport)>) {
+    println!(
+        "{:<18} {:>12} {:>14} {:>12} {:>13}",
         "algorithm", "simulated", "compute floor", "comm floor", "exposed comm"
     );
-    for c in &ranking.ranked {
-        let r = &c.report;
+    for (name, r) in rows {
         println!(
-            "{:<10} {:>12} {:>14} {:>12} {:>13}",
-            c.algorithm.to_string(),
+            "{:<18} {:>12} {:>14} {:>12} {:>13}",
+            name,
             us(r.makespan_s),
             us(r.compute_floor_s),
             us(r.comm_floor_s),
             us(r.max_exposed_comm_s())
         );
     }
-    println!("verdict: {}: {}", if ranking.overlap_pays { "overlap pays" } else { "no overlap" }, ranking.reason);
-    Ok(())
 }
 
 /// One simulated attention plan, for `--json`.

@@ -66,7 +66,9 @@ pub enum MoeError {
         devices: usize,
     },
     /// More slots than experts the distribution can pick distinctly.
-    #[error("{op}: top-{slots} needs {slots} distinct experts, but {routing} routing picks from {available} of E={experts}")]
+    #[error(
+        "{op}: top-{slots} needs {slots} distinct experts, but {routing} routing picks from {available} of E={experts}"
+    )]
     Slots {
         /// The op.
         op: MoeOp,
@@ -107,7 +109,7 @@ pub enum MoeError {
     },
     /// The produced plan failed validation (a bug in the algorithm).
     #[error(transparent)]
-    Plan(#[from] crate::plan::PlanError),
+    Plan(Box<crate::plan::PlanError>),
     /// A table or tensor is too large.
     #[error("{op}: {what} has {size} entries, more than the {limit} the tables index exactly")]
     TooLarge {
@@ -120,6 +122,12 @@ pub enum MoeError {
         /// The limit.
         limit: u128,
     },
+}
+
+impl From<crate::plan::PlanError> for MoeError {
+    fn from(e: crate::plan::PlanError) -> Self {
+        MoeError::Plan(Box::new(e))
+    }
 }
 
 /// Generator id of X (ag_moe).
@@ -206,7 +214,12 @@ impl MoeProblem {
         }
         let rows = tokens as u128 * slots as u128;
         if rows >= MAX_TABLE_ROWS as u128 {
-            return Err(MoeError::TooLarge { op, what: "the row table (T·k)", size: rows, limit: MAX_TABLE_ROWS as u128 });
+            return Err(MoeError::TooLarge {
+                op,
+                what: "the row table (T·k)",
+                size: rows,
+                limit: MAX_TABLE_ROWS as u128,
+            });
         }
         let p = MoeProblem { op, devices, tokens, hidden, ffn, experts, slots, routing, input, output };
         for (what, size) in [

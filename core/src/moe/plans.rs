@@ -71,14 +71,17 @@ impl Io {
                 BufferRole::Router { part, router }
             })
         };
-        let input = |tensor, global_cols, origins: Vec<(usize, usize)>| BufferRole::Input {
-            tensor,
-            global_cols,
-            origins,
-        };
+        let input =
+            |tensor, global_cols, origins: Vec<(usize, usize)>| BufferRole::Input { tensor, global_cols, origins };
         let (a, w, out) = match p.op {
             MoeOp::AgMoe => {
-                let x = b.buffer("X", p.input, td, p.hidden, input(TENSOR_X, p.hidden, (0..n).map(|d| (d * td, 0)).collect()));
+                let x = b.buffer(
+                    "X",
+                    p.input,
+                    td,
+                    p.hidden,
+                    input(TENSOR_X, p.hidden, (0..n).map(|d| (d * td, 0)).collect()),
+                );
                 let w1 = b.buffer(
                     "W1",
                     p.input,

@@ -355,7 +355,8 @@ impl Profile {
         let per_unit = self.peak_flops(input) * c.max_efficiency / c.parallel_units.max(1) as f64;
         let compute_s = waves as f64 * tile_flops / per_unit;
         let used = groups.iter().filter(|&&m| m > 0).count();
-        let bytes = (rows * k + used * k * n) as f64 * input.size_bytes() as f64 + (rows * n) as f64 * output.size_bytes() as f64;
+        let bytes = (rows * k + used * k * n) as f64 * input.size_bytes() as f64
+            + (rows * n) as f64 * output.size_bytes() as f64;
         let memory_s = bytes / self.hbm_bps();
         let work_s = compute_s.max(memory_s);
         let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { c.max_efficiency };

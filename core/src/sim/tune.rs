@@ -24,6 +24,7 @@ use crate::dtype::DType;
 use crate::linear::{build_linear_plan, LinearAlgorithm, LinearProblem};
 use crate::mesh::gcd;
 use crate::mesh::{build_mesh_plan, MeshAlgorithm, MeshProblem};
+use crate::moe::{build_moe_plan, MoeProblem};
 use crate::plan::Plan;
 use crate::problem::{OpKind, Problem};
 
@@ -699,47 +700,109 @@ pub fn tune_linear(problem: &LinearProblem, profile: &Profile) -> Result<Ranking
             .total_cmp(&b.report.makespan_s)
             .then((a.algorithm != LinearAlgorithm::Baseline).cmp(&(b.algorithm != LinearAlgorithm::Baseline)))
     });
-    let base =
-        ranked.iter().find(|c| c.algorithm == LinearAlgorithm::Baseline).expect("the baseline ran").report.clone();
-    let win = &ranked[0];
-    let gain = 1.0 - win.report.makespan_s / base.makespan_s;
-    let overlap_pays = win.algorithm != LinearAlgorithm::Baseline && gain >= MEANINGFUL_GAIN;
+    let (overlap_pays, reason) = overlap_verdict(
+        &ranked
+            .iter()
+            .map(|c| (c.algorithm.to_string(), c.algorithm == LinearAlgorithm::Baseline, &c.report))
+            .collect::<Vec<_>>(),
+        "the layer's collective (or its data dependencies) leaves little to hide it under",
+    );
+    Ok(RankingLinear { ranked, overlap_pays, reason })
+}
+
+/// The overlap verdict over candidates ranked fastest first, each (name, whether it is
+/// the baseline, its simulation): whether the winner beats the baseline by at least
+/// [`MEANINGFUL_GAIN`], and why in words. `little_to_hide` says why a small gain is small.
+fn overlap_verdict(ranked: &[(String, bool, &SimReport)], little_to_hide: &str) -> (bool, String) {
+    let base = ranked.iter().find(|c| c.1).expect("the baseline is a candidate").2;
+    let (win_name, win_is_base, win) = &ranked[0];
+    let gain = 1.0 - win.makespan_s / base.makespan_s;
+    let overlap_pays = !win_is_base && gain >= MEANINGFUL_GAIN;
     let reason = if overlap_pays {
         let exposed = |r: &SimReport| r.max_exposed_comm_s();
         format!(
-            "{} wins: {} against the baseline's {} ({:.2}×); the baseline exposes {} of communication beyond its \
-             compute, {} exposes {}; the compute floor is {} and the busiest link needs {}",
-            win.algorithm,
-            us(win.report.makespan_s),
+            "{win_name} wins: {} against the baseline's {} ({:.2}×); the baseline exposes {} of communication beyond its \
+             compute, {win_name} exposes {}; the compute floor is {} and the busiest link needs {}",
+            us(win.makespan_s),
             us(base.makespan_s),
-            base.makespan_s / win.report.makespan_s,
-            us(exposed(&base)),
-            win.algorithm,
-            us(exposed(&win.report)),
-            us(win.report.compute_floor_s),
-            us(win.report.comm_floor_s),
+            base.makespan_s / win.makespan_s,
+            us(exposed(base)),
+            us(exposed(win)),
+            us(win.compute_floor_s),
+            us(win.comm_floor_s),
         )
-    } else if win.algorithm != LinearAlgorithm::Baseline {
+    } else if !win_is_base {
         format!(
-            "no overlap worth having: {} is only {:.1} % faster than the baseline ({} vs {}); the baseline exposes {} \
-             of communication, and the layer's collective (or its data dependencies) leaves little to hide it under",
-            win.algorithm,
+            "no overlap worth having: {win_name} is only {:.1} % faster than the baseline ({} vs {}); the baseline \
+             exposes {} of communication, and {little_to_hide}",
             100.0 * gain,
-            us(win.report.makespan_s),
+            us(win.makespan_s),
             us(base.makespan_s),
             us(base.max_exposed_comm_s())
         )
     } else {
-        let best = ranked.iter().find(|c| c.algorithm != LinearAlgorithm::Baseline).expect("three candidates");
+        let (best_name, _, best) = ranked.iter().find(|c| !c.1).expect("an overlapped candidate");
         format!(
-            "the baseline wins: it exposes only {} of communication, and the best overlapped plan ({}) is {} slower \
-             (its extra launches and synchronisations cost more than they hide)",
+            "the baseline wins: it exposes only {} of communication, and the best overlapped plan ({best_name}) is {} \
+             slower (its extra launches and synchronisations cost more than they hide)",
             us(base.max_exposed_comm_s()),
-            best.algorithm,
-            us(best.report.makespan_s - base.makespan_s)
+            us(best.makespan_s - base.makespan_s)
         )
     };
-    Ok(RankingLinear { ranked, overlap_pays, reason })
+    (overlap_pays, reason)
+}
+
+/// One simulated MoE plan.
+#[derive(Clone, Debug)]
+pub struct RankedMoe {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// The simulation.
+    pub report: SimReport,
+}
+
+/// Every MoE algorithm for one problem, fastest first, with the overlap verdict.
+#[derive(Clone, Debug)]
+pub struct RankingMoe {
+    /// Candidates, fastest first (the baseline first among equals).
+    pub ranked: Vec<RankedMoe>,
+    /// Whether overlapping pays.
+    pub overlap_pays: bool,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// Simulates the baseline, the ring and the chunked ring (2, 4 and 8 chunks where they
+/// divide a device's tokens) of an MoE problem on `profile`, grouped GEMMs priced from
+/// the problem's routing ([`super::engine::SIM_ROUTING_SEED`]), and says whether and
+/// why overlap pays.
+pub fn tune_moe(problem: &MoeProblem, profile: &Profile) -> Result<RankingMoe, TuneError> {
+    let mut ranked = Vec::new();
+    let chunked = [2, 4, 8].into_iter().filter(|c| problem.tokens_per_device() % c == 0);
+    for algorithm in [Algorithm::Baseline, Algorithm::Ring]
+        .into_iter()
+        .chain(chunked.map(|chunks| Algorithm::RingChunked { chunks }))
+    {
+        let plan = build_moe_plan(problem, algorithm).map_err(|e| TuneError::NoCandidate {
+            problem: problem.describe(),
+            reasons: format!("{algorithm}: {e}"),
+        })?;
+        ranked.push(RankedMoe { algorithm, report: simulate(&plan, profile, &SimOptions::default())? });
+    }
+    ranked.sort_by(|a, b| {
+        a.report
+            .makespan_s
+            .total_cmp(&b.report.makespan_s)
+            .then((a.algorithm != Algorithm::Baseline).cmp(&(b.algorithm != Algorithm::Baseline)))
+    });
+    let (overlap_pays, reason) = overlap_verdict(
+        &ranked
+            .iter()
+            .map(|c| (c.algorithm.to_string(), c.algorithm == Algorithm::Baseline, &c.report))
+            .collect::<Vec<_>>(),
+        "the grouped GEMMs leave little to hide it under",
+    );
+    Ok(RankingMoe { ranked, overlap_pays, reason })
 }
 
 /// One simulated attention plan.

@@ -1,0 +1,188 @@
+// The MoE ops: routing tables from the router's ids, the grouped GEMM by table and the
+// top-k weighted combine. Twins of shaders/route.wgsl, grouped_gemm.wgsl and
+// combine.wgsl (CPU twins in cmm-core `moe/route.rs` and `cpu.rs`). Products and sums
+// use __fmul_rn/__fadd_rn so that no multiply-add is contracted: the bits are the
+// reference's. Table entries are bounded before every use.
+
+#define CMM_NONE 0xffffffffu
+
+// Mirror: `RouteArgs` in cuda/src/backend.rs.
+struct CmmRouteArgs {
+    u64 ids;
+    u64 ids_stride;
+    u64 seg;
+    u64 perm;
+    u64 perm_stride;
+    u64 inv;
+    u64 inv_stride;
+    u32 pass;
+    u32 tokens;
+    u32 slots;
+    u32 experts;
+    u32 chunks;
+    u32 capacity;
+};
+
+__device__ __forceinline__ u32 cmm_route_id(const CmmRouteArgs& a, u32 slot) {
+    return ((const u32*)a.ids)[(u64)(slot / a.slots) * a.ids_stride + slot % a.slots];
+}
+
+// Pass 0: clear perm and inv, count every (expert, chunk) segment; pass 1: scan the
+// counts (one thread); pass 2: fill each segment in token then slot order.
+extern "C" __global__ void cmm_route(CmmRouteArgs a) {
+    u32* seg = (u32*)a.seg;
+    u32* perm = (u32*)a.perm;
+    u32* inv = (u32*)a.inv;
+    u64 total = (u64)a.tokens * a.slots;
+    u64 segments = (u64)a.experts * a.chunks;
+    u32 per_chunk = (a.tokens / a.chunks) * a.slots;
+    u64 n = total > a.capacity ? total : a.capacity;
+    n = n > segments ? n : segments;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        if (a.pass == 0u) {
+            if (i < total) inv[(i / a.slots) * a.inv_stride + i % a.slots] = CMM_NONE;
+            if (i < a.capacity) perm[i * a.perm_stride] = CMM_NONE;
+            if (i == 0) seg[0] = 0u;
+            if (i < segments) {
+                u32 e = (u32)(i / a.chunks);
+                u32 first = (u32)(i % a.chunks) * per_chunk;
+                u32 count = 0u;
+                for (u32 s = 0u; s < per_chunk; ++s) count += cmm_route_id(a, first + s) == e ? 1u : 0u;
+                seg[i + 1] = count;
+            }
+        } else if (a.pass == 1u) {
+            if (i == 0) {
+                for (u64 s = 1; s <= segments; ++s) seg[s] += seg[s - 1];
+            }
+        } else if (i < segments) {
+            u32 e = (u32)(i / a.chunks);
+            u32 first = (u32)(i % a.chunks) * per_chunk;
+            u32 row = seg[i];
+            for (u32 s = 0u; s < per_chunk; ++s) {
+                u32 slot = first + s;
+                if (cmm_route_id(a, slot) == e) {
+                    if (row < a.capacity) {
+                        perm[(u64)row * a.perm_stride] = slot;
+                        inv[(u64)(slot / a.slots) * a.inv_stride + slot % a.slots] = row;
+                    }
+                    ++row;
+                }
+            }
+        }
+    }
+}
+
+// Mirror: `GroupedGemmArgs` in cuda/src/backend.rs.
+struct CmmGroupedGemmArgs {
+    u64 a;
+    u64 a_stride;
+    u64 b;
+    u64 b_stride;
+    u64 c;
+    u64 c_stride;
+    u64 seg;
+    u64 perm;
+    u64 perm_stride;
+    u32 a_dtype;
+    u32 b_dtype;
+    u32 c_dtype;
+    u32 a_rows;
+    u32 rows;
+    u32 n;
+    u32 k;
+    u32 chunks;
+    u32 chunk;
+    u32 group_begin;
+    u32 group_end;
+    u32 experts;
+    u32 slots;
+    u32 gather;
+    u32 gather_base;
+    u32 zero_unrouted;
+};
+
+__device__ __forceinline__ u32 cmm_seg(const CmmGroupedGemmArgs& a, u32 i) {
+    u32 v = ((const u32*)a.seg)[i];
+    return v < a.rows ? v : a.rows;
+}
+
+// One thread per (row, column) of C: find the row's expert among this chunk's
+// segments, gather its A row, accumulate over k in order.
+extern "C" __global__ void cmm_grouped_gemm(CmmGroupedGemmArgs a) {
+    u64 total = (u64)a.rows * a.n;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        u32 r = (u32)(i / a.n);
+        u32 j = (u32)(i % a.n);
+        // The last group whose segment starts at or before r, by binary search.
+        u32 lo = a.group_begin, hi = a.group_end;
+        for (u32 step = 0u; step < 32u && lo < hi; ++step) {
+            u32 mid = lo + (hi - lo) / 2u;
+            if (cmm_seg(a, mid * a.chunks + a.chunk) <= r) lo = mid + 1u; else hi = mid;
+        }
+        u32 expert = CMM_NONE;
+        if (lo > a.group_begin && r < cmm_seg(a, (lo - 1u) * a.chunks + a.chunk + 1u)) expert = lo - 1u;
+        u64 out = (u64)r * a.c_stride + j;
+        if (expert == CMM_NONE) {
+            if (a.zero_unrouted != 0u && r >= cmm_seg(a, a.experts * a.chunks)) {
+                cmm_store_bits(a.c, out, a.c_dtype, cmm_encode(0.0f, a.c_dtype));
+            }
+            continue;
+        }
+        u32 src = r;
+        if (a.gather != 0u) {
+            u32 slot = ((const u32*)a.perm)[(u64)r * a.perm_stride];
+            src = CMM_NONE;
+            if (slot != CMM_NONE) {
+                u32 token = slot / a.slots;
+                if (token >= a.gather_base && token - a.gather_base < a.a_rows) src = token - a.gather_base;
+            }
+        }
+        float acc = 0.0f;
+        if (src != CMM_NONE) {
+            u64 b0 = (u64)expert * a.k * a.b_stride + j;
+            for (u32 p = 0u; p < a.k; ++p) {
+                float x = cmm_load(a.a, (u64)src * a.a_stride + p, a.a_dtype);
+                float y = cmm_load(a.b, b0 + (u64)p * a.b_stride, a.b_dtype);
+                acc = __fadd_rn(acc, __fmul_rn(x, y));
+            }
+        }
+        cmm_store_bits(a.c, out, a.c_dtype, cmm_encode(acc, a.c_dtype));
+    }
+}
+
+// Mirror: `CombineArgs` in cuda/src/backend.rs.
+struct CmmCombineArgs {
+    u64 src;
+    u64 src_stride;
+    u64 w;
+    u64 w_stride;
+    u64 inv;
+    u64 inv_stride;
+    u64 out;
+    u64 out_stride;
+    u32 src_dtype;
+    u32 src_rows;
+    u32 out_dtype;
+    u32 rows;
+    u32 cols;
+    u32 slots;
+};
+
+// One thread per (token, column): the weighted sum of the token's rows, slots in order.
+extern "C" __global__ void cmm_combine(CmmCombineArgs a) {
+    u64 total = (u64)a.rows * a.cols;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        u64 t = i / a.cols;
+        u64 c = i % a.cols;
+        float acc = 0.0f;
+        for (u32 s = 0u; s < a.slots; ++s) {
+            u32 row = ((const u32*)a.inv)[t * a.inv_stride + s];
+            if (row < a.src_rows) {
+                float w = __uint_as_float(((const u32*)a.w)[t * a.w_stride + s]);
+                float v = cmm_load(a.src, (u64)row * a.src_stride + c, a.src_dtype);
+                acc = __fadd_rn(acc, __fmul_rn(w, v));
+            }
+        }
+        cmm_store_bits(a.out, t * a.out_stride + c, a.out_dtype, cmm_encode(acc, a.out_dtype));
+    }
+}
