@@ -4,22 +4,15 @@
 // `Op::Combine` in cmm-core `cpu.rs`.
 
 struct CombineParams {
-    rows: u32,
     cols: u32,
-    row_begin: u32,
     slots: u32,
-    src_off: u32,
-    src_stride: u32,
-    src_dtype: u32,
-    src_rows: u32,
-    w_off: u32,
-    w_stride: u32,
-    inv_off: u32,
-    inv_stride: u32,
-    out_off: u32,
-    out_stride: u32,
-    out_dtype: u32,
+    row_begin: u32,
     _pad: u32,
+    // Per operand: word offset, row stride, dtype, rows.
+    src: vec4<u32>,
+    weights: vec4<u32>,
+    inv: vec4<u32>,
+    out: vec4<u32>,
 }
 
 @group(0) @binding(0) var<storage, read_write> mem: array<u32>;
@@ -29,16 +22,16 @@ struct CombineParams {
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.x;
     let t = P.row_begin + gid.y;
-    if (c >= P.cols || t >= P.rows) {
+    if (c >= P.cols || t >= P.out.w) {
         return;
     }
     var acc = 0.0;
     for (var s = 0u; s < P.slots; s = s + 1u) {
-        let row = mem[P.inv_off + t * P.inv_stride + s];
-        if (row < P.src_rows) {
-            let w = bitcast<f32>(mem[P.w_off + t * P.w_stride + s]);
-            acc = acc + w * decode(mem[P.src_off + row * P.src_stride + c], P.src_dtype);
+        let row = mem[P.inv.x + t * P.inv.y + s];
+        if (row < P.src.w) {
+            let w = bitcast<f32>(mem[P.weights.x + t * P.weights.y + s]);
+            acc = acc + w * decode(mem[P.src.x + row * P.src.y + c], P.src.z);
         }
     }
-    mem[P.out_off + t * P.out_stride + c] = encode(acc, P.out_dtype);
+    mem[P.out.x + t * P.out.y + c] = encode(acc, P.out.z);
 }

@@ -8,34 +8,26 @@
 // k under lavapipe's 65,535.
 
 struct GroupedGemmParams {
-    rows: u32,
     n: u32,
     k: u32,
     row_begin: u32,
-    a_off: u32,
-    a_stride: u32,
-    a_dtype: u32,
-    a_rows: u32,
-    b_off: u32,
-    b_stride: u32,
-    b_dtype: u32,
-    c_off: u32,
-    c_stride: u32,
-    c_dtype: u32,
+    experts: u32,
+    // Per operand: word offset, row stride, dtype, rows.
+    a: vec4<u32>,
+    b: vec4<u32>,
+    c: vec4<u32>,
     seg_off: u32,
     perm_off: u32,
     perm_stride: u32,
+    slots: u32,
     chunks: u32,
     chunk: u32,
     group_begin: u32,
     group_end: u32,
-    experts: u32,
-    slots: u32,
     gather: u32,
     gather_base: u32,
     zero_unrouted: u32,
-    _pad0: u32,
-    _pad1: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> mem: array<u32>;
@@ -44,14 +36,14 @@ struct GroupedGemmParams {
 const NONE: u32 = 0xffffffffu;
 
 fn seg(i: u32) -> u32 {
-    return min(mem[P.seg_off + i], P.rows);
+    return min(mem[P.seg_off + i], P.c.w);
 }
 
 @compute @workgroup_size(64, 1, 1)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let j = gid.x;
     let r = P.row_begin + gid.y;
-    if (j >= P.n || r >= P.rows) {
+    if (j >= P.n || r >= P.c.w) {
         return;
     }
     // The last group whose segment starts at or before r (starts never decrease with
@@ -70,10 +62,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (lo > P.group_begin && r < seg((lo - 1u) * P.chunks + P.chunk + 1u)) {
         expert = lo - 1u;
     }
-    let out = P.c_off + r * P.c_stride + j;
+    let out = P.c.x + r * P.c.y + j;
     if (expert == NONE) {
         if (P.zero_unrouted != 0u && r >= seg(P.experts * P.chunks)) {
-            mem[out] = encode(0.0, P.c_dtype);
+            mem[out] = encode(0.0, P.c.z);
         }
         return;
     }
@@ -83,19 +75,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         src = NONE;
         if (slot != NONE) {
             let token = slot / P.slots;
-            if (token >= P.gather_base && token - P.gather_base < P.a_rows) {
+            if (token >= P.gather_base && token - P.gather_base < P.a.w) {
                 src = token - P.gather_base;
             }
         }
     }
     var acc = 0.0;
     if (src != NONE) {
-        let b0 = P.b_off + expert * P.k * P.b_stride + j;
+        let b0 = P.b.x + expert * P.k * P.b.y + j;
         for (var p = 0u; p < P.k; p = p + 1u) {
-            let x = decode(mem[P.a_off + src * P.a_stride + p], P.a_dtype);
-            let y = decode(mem[b0 + p * P.b_stride], P.b_dtype);
+            let x = decode(mem[P.a.x + src * P.a.y + p], P.a.z);
+            let y = decode(mem[b0 + p * P.b.y], P.b.z);
             acc = acc + x * y;
         }
     }
-    mem[out] = encode(acc, P.c_dtype);
+    mem[out] = encode(acc, P.c.z);
 }

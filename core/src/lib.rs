@@ -53,6 +53,8 @@ pub mod plan;
 pub mod problem;
 pub mod schedule;
 pub mod sim;
+#[cfg(test)]
+mod testing;
 pub mod timeline;
 pub mod tolerance;
 pub mod verify;

@@ -814,4 +814,41 @@ mod tests {
             assert!(err.to_string().contains(&format!("CUDA_DEVICE_MAX_CONNECTIONS={bad}")), "{err}");
         }
     }
+
+    #[test]
+    fn moe_plans_lower_every_table_op_with_its_routing_parameters() {
+        use cmm_core::moe::{build_moe_plan, MoeOp, MoeProblem, Routing};
+        let p = MoeProblem::new(MoeOp::AgMoe, 4, 32, 8, 8, 6, 2, Routing::Drop, DType::Bf16, DType::Bf16).unwrap();
+        let plan = build_moe_plan(&p, Algorithm::RingChunked { chunks: 2 }).unwrap();
+        for queues in [8, 32] {
+            let l = lower(&plan, &LowerOptions { queues, ..options(GemmEngine::Auto, SyncMode::Kernels, true) })
+                .unwrap_or_else(|e| panic!("{queues} queues: {e}"));
+            let routes = l.steps.iter().filter(|s| matches!(s.command, Some(Command::Route { .. }))).count();
+            assert_eq!(routes, 4, "one route per device");
+            let chunks: Vec<u32> = l
+                .steps
+                .iter()
+                .filter(|s| s.site.device == 1)
+                .filter_map(|s| match &s.command {
+                    Some(Command::GroupedGemm { routing, gather, .. }) => {
+                        assert_eq!(routing[0], 8, "D·c = 8 token chunks");
+                        assert_eq!(gather.unwrap() % 4, 0, "gathered from a chunk's first token");
+                        Some(routing[1])
+                    }
+                    _ => None,
+                })
+                .collect();
+            // Device 1 computes its own two sub-chunks first, then the others' as they arrive.
+            assert_eq!(chunks, [2, 3, 4, 5, 6, 7, 0, 1]);
+        }
+        let rs = MoeProblem::new(MoeOp::MoeRs, 2, 8, 4, 4, 4, 2, Routing::Uniform, DType::F32, DType::F32).unwrap();
+        let l =
+            lower(&build_moe_plan(&rs, Algorithm::Ring).unwrap(), &options(GemmEngine::Auto, SyncMode::Kernels, true))
+                .unwrap();
+        let combine = l.steps.iter().find_map(|s| match &s.command {
+            Some(Command::Combine { shape, src_rows, .. }) => Some((*shape, *src_rows)),
+            _ => None,
+        });
+        assert_eq!(combine, Some(([4, 4, 2], 16)), "4 tokens x 4 columns over 2 slots, 16 expert rows");
+    }
 }

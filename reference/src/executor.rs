@@ -194,6 +194,11 @@ impl Encoder<'_> {
         Ok(())
     }
 
+    /// A region as a shader operand: (word offset, row stride, dtype code, rows).
+    fn tensor(&self, device: usize, r: &Region) -> [u32; 4] {
+        [self.layout.word(device, r), r.stride as u32, dtype_code(self.plan.buffer(r.buf).dtype), r.rows as u32]
+    }
+
     fn attn_state_params(
         &self,
         device: usize,
@@ -461,57 +466,40 @@ impl Encoder<'_> {
                 }
                 let word = |r: &Region| self.layout.word(device, r);
                 let p = GroupedGemmParams {
-                    rows: c.rows as u32,
                     n: c.cols as u32,
                     k: k as u32,
                     row_begin: 0,
-                    a_off: word(a),
-                    a_stride: a.stride as u32,
-                    a_dtype: dt(a),
-                    a_rows: a.rows as u32,
-                    b_off: word(b),
-                    b_stride: b.stride as u32,
-                    b_dtype: dt(b),
-                    c_off: word(c),
-                    c_stride: c.stride as u32,
-                    c_dtype: dt(c),
+                    experts: *experts as u32,
+                    a: self.tensor(device, a),
+                    b: self.tensor(device, b),
+                    c: self.tensor(device, c),
                     seg_off: word(&tables.seg),
                     perm_off: word(&tables.perm),
                     perm_stride: tables.perm.stride as u32,
+                    slots: tables.inv.cols as u32,
                     chunks: tables.chunks(*experts) as u32,
                     chunk: *chunk as u32,
                     group_begin: groups.start as u32,
                     group_end: groups.end as u32,
-                    experts: *experts as u32,
-                    slots: tables.inv.cols as u32,
                     gather: gather.is_some() as u32,
                     gather_base: gather.unwrap_or(0) as u32,
                     zero_unrouted: *zero_unrouted as u32,
-                    _pad: [0; 2],
+                    _pad: 0,
                 };
                 self.elementwise(c.rows, c.cols, |row_begin| {
                     (Stage::GroupedGemm, bytemuck::bytes_of(&GroupedGemmParams { row_begin, ..p }).to_vec())
                 })?;
             }
             Op::Combine { rows, weights, inv, out } => {
-                let word = |r: &Region| self.layout.word(device, r);
                 let p = CombineParams {
-                    rows: out.rows as u32,
                     cols: out.cols as u32,
-                    row_begin: 0,
                     slots: inv.cols as u32,
-                    src_off: word(rows),
-                    src_stride: rows.stride as u32,
-                    src_dtype: dt(rows),
-                    src_rows: rows.rows as u32,
-                    w_off: word(weights),
-                    w_stride: weights.stride as u32,
-                    inv_off: word(inv),
-                    inv_stride: inv.stride as u32,
-                    out_off: word(out),
-                    out_stride: out.stride as u32,
-                    out_dtype: dt(out),
+                    row_begin: 0,
                     _pad: 0,
+                    src: self.tensor(device, rows),
+                    weights: self.tensor(device, weights),
+                    inv: self.tensor(device, inv),
+                    out: self.tensor(device, out),
                 };
                 self.elementwise(out.rows, out.cols, |row_begin| {
                     (Stage::Combine, bytemuck::bytes_of(&CombineParams { row_begin, ..p }).to_vec())

@@ -173,59 +173,45 @@ pub struct RouteParams {
 /// Words one row of a route dispatch covers (`ROW` in `shaders/route.wgsl`).
 pub const ROUTE_ROW: usize = 4096;
 
-/// Mirror of `GroupedGemmParams` in `shaders/grouped_gemm.wgsl`.
+/// Mirror of `GroupedGemmParams` in `shaders/grouped_gemm.wgsl`. Each operand is
+/// (word offset, row stride, dtype code, rows).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct GroupedGemmParams {
-    pub rows: u32,
     pub n: u32,
     pub k: u32,
     pub row_begin: u32,
-    pub a_off: u32,
-    pub a_stride: u32,
-    pub a_dtype: u32,
-    pub a_rows: u32,
-    pub b_off: u32,
-    pub b_stride: u32,
-    pub b_dtype: u32,
-    pub c_off: u32,
-    pub c_stride: u32,
-    pub c_dtype: u32,
+    pub experts: u32,
+    pub a: [u32; 4],
+    pub b: [u32; 4],
+    pub c: [u32; 4],
     pub seg_off: u32,
     pub perm_off: u32,
     pub perm_stride: u32,
+    pub slots: u32,
     pub chunks: u32,
     pub chunk: u32,
     pub group_begin: u32,
     pub group_end: u32,
-    pub experts: u32,
-    pub slots: u32,
     pub gather: u32,
     pub gather_base: u32,
     pub zero_unrouted: u32,
-    pub _pad: [u32; 2],
+    pub _pad: u32,
 }
 
-/// Mirror of `CombineParams` in `shaders/combine.wgsl`.
+/// Mirror of `CombineParams` in `shaders/combine.wgsl`. Each operand is (word offset,
+/// row stride, dtype code, rows).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct CombineParams {
-    pub rows: u32,
     pub cols: u32,
-    pub row_begin: u32,
     pub slots: u32,
-    pub src_off: u32,
-    pub src_stride: u32,
-    pub src_dtype: u32,
-    pub src_rows: u32,
-    pub w_off: u32,
-    pub w_stride: u32,
-    pub inv_off: u32,
-    pub inv_stride: u32,
-    pub out_off: u32,
-    pub out_stride: u32,
-    pub out_dtype: u32,
+    pub row_begin: u32,
     pub _pad: u32,
+    pub src: [u32; 4],
+    pub weights: [u32; 4],
+    pub inv: [u32; 4],
+    pub out: [u32; 4],
 }
 
 /// Mirror of `SignalParams` in `shaders/signal.wgsl`.

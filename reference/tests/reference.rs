@@ -175,3 +175,38 @@ fn timed_runs_time_every_op_in_order_and_give_the_same_bits() {
         .filter(|t| matches!(plan.programs[t.site.device].lanes[t.site.lane][t.site.index], Op::Gemm { .. }));
     assert!(gemms.clone().count() == 3 * 3 && gemms.clone().all(|t| t.duration.as_nanos() > 0));
 }
+
+#[test]
+fn moe_stages_match_their_cpu_twins_word_for_word_and_malformed_routing_is_refused() {
+    use cmm_core::moe::{build_moe_plan, MoeOp, MoeProblem, Routing, RoutingError};
+    use cmm_core::Algorithm;
+    let Some(r) = reference() else { return };
+    // Every buffer, tables and scratch included: the route, grouped GEMM and combine
+    // stages are the twins' bit for bit, realistic inputs and dropped slots included.
+    for (op, routing, alg) in [
+        (MoeOp::AgMoe, Routing::Drop, Algorithm::RingChunked { chunks: 2 }),
+        (MoeOp::MoeRs, Routing::Skewed, Algorithm::Ring),
+        (MoeOp::MoeRs, Routing::Empty, Algorithm::Baseline),
+    ] {
+        let p = MoeProblem::new(op, 4, 32, 12, 8, 6, 3, routing, DType::Bf16, DType::Bf16).unwrap();
+        let plan = build_moe_plan(&p, alg).unwrap();
+        let out = r.run(&plan, 3, Family::Realistic).unwrap();
+        let twin = cpu::run(&plan, 3, Family::Realistic).unwrap();
+        for (dev, (got, want)) in out.buffers.iter().zip(&twin).enumerate() {
+            for (b, decl) in plan.buffers.iter().enumerate() {
+                assert_eq!(got[b], want[b], "{} device {dev} buffer {}", plan.name, decl.name);
+            }
+        }
+    }
+    // A router naming experts the plan does not have: refused before anything runs.
+    let p = MoeProblem::new(MoeOp::AgMoe, 2, 8, 4, 4, 4, 2, Routing::Uniform, DType::F32, DType::F32).unwrap();
+    let mut plan = build_moe_plan(&p, Algorithm::Ring).unwrap();
+    let ids = plan.buffer_id("ids").unwrap().0;
+    if let BufferRole::Router { router, .. } = &mut plan.buffers[ids].role {
+        router.experts = 64;
+    }
+    match r.run(&plan, 1, Family::Exact) {
+        Err(ReferenceError::Routing(RoutingError::ExpertOutOfRange { experts: 4, .. })) => {}
+        other => panic!("{:?}", other.map(|o| o.dispatches)),
+    }
+}

@@ -259,7 +259,7 @@ fn print_ranking_json(
     Ok(())
 }
 
-/// One simulated linear algorithm, for `--json`.
+/// One simulated algorithm (linear or MoE), for `--json`.
 #[derive(Serialize)]
 struct LinearRow {
     algorithm: String,
@@ -282,18 +282,9 @@ fn linear(args: &Args, layer: Layer) -> Result<()> {
     let problem = LinearProblem::new(layer, pass, !args.no_sp, d, args.microbatches, m, k, n, pa.input)?;
     let profile = pa.profile()?;
     let ranking = tune_linear(&problem, &profile)?;
-    if args.json {
-        let rows: Vec<LinearRow> = ranking
-            .ranked
-            .iter()
-            .map(|c| LinearRow { algorithm: c.algorithm.to_string(), timing: Timing::of(&c.report) })
-            .collect();
-        return print_ranking_json(problem.describe(), &profile, rows, ranking.overlap_pays, &ranking.reason);
-    }
-    println!("linear {} on {} ({:.1} TFLOP)", problem.describe(), profile.name, problem.flops() / 1e12);
-    print_ranked(ranking.ranked.iter().map(|c| (c.algorithm.to_string(), &c.report)));
-    println!("verdict: {}: {}", if ranking.overlap_pays { "overlap pays" } else { "no overlap" }, ranking.reason);
-    Ok(())
+    let header = format!("linear {} on {} ({:.1} TFLOP)", problem.describe(), profile.name, problem.flops() / 1e12);
+    let rows = ranking.ranked.iter().map(|c| (c.algorithm.to_string(), &c.report)).collect();
+    print_ranking(args.json, header, problem.describe(), &profile, rows, ranking.overlap_pays, &ranking.reason)
 }
 
 /// `--moe`: every MoE algorithm simulated, and the verdict.
@@ -309,17 +300,9 @@ fn moe(args: &Args, op: MoeOp) -> Result<()> {
     let problem = MoeProblem::new(op, d, t, h, f, e, k, args.routing, pa.input, pa.output.unwrap_or(pa.input))?;
     let profile = pa.profile()?;
     let ranking = tune_moe(&problem, &profile)?;
-    if args.json {
-        let rows: Vec<LinearRow> = ranking
-            .ranked
-            .iter()
-            .map(|c| LinearRow { algorithm: c.algorithm.to_string(), timing: Timing::of(&c.report) })
-            .collect();
-        return print_ranking_json(problem.describe(), &profile, rows, ranking.overlap_pays, &ranking.reason);
-    }
     let tables = problem.tables(cmm_core::sim::engine::SIM_ROUTING_SEED, 1);
     let rows: Vec<usize> = (0..e).map(|x| tables.segment(x, 0, 1).len()).collect();
-    println!(
+    let header = format!(
         "{op} {} on {} ({:.1} TFLOP; {} of {} slots routed, rows per expert {}..{})",
         problem.describe(),
         profile.name,
@@ -329,8 +312,30 @@ fn moe(args: &Args, op: MoeOp) -> Result<()> {
         rows.iter().min().unwrap_or(&0),
         rows.iter().max().unwrap_or(&0),
     );
-    print_ranked(ranking.ranked.iter().map(|c| (c.algorithm.to_string(), &c.report)));
-    println!("verdict: {}: {}", if ranking.overlap_pays { "overlap pays" } else { "no overlap" }, ranking.reason);
+    let rows = ranking.ranked.iter().map(|c| (c.algorithm.to_string(), &c.report)).collect();
+    print_ranking(args.json, header, problem.describe(), &profile, rows, ranking.overlap_pays, &ranking.reason)
+}
+
+/// A ranking of algorithms with its verdict: one JSON object with `--json`, else the
+/// header, the table of candidates (simulated time, floors, exposed communication) and
+/// the verdict.
+fn print_ranking(
+    json: bool,
+    header: String,
+    problem: String,
+    profile: &Profile,
+    ranked: Vec<(String, &SimReport)>,
+    overlap_pays: bool,
+    reason: &str,
+) -> Result<()> {
+    if json {
+        let rows: Vec<LinearRow> =
+            ranked.iter().map(|(name, r)| LinearRow { algorithm: name.clone(), timing: Timing::of(r) }).collect();
+        return print_ranking_json(problem, profile, rows, overlap_pays, reason);
+    }
+    println!("{header}");
+    print_ranked(ranked.into_iter());
+    println!("verdict: {}: {reason}", if overlap_pays { "overlap pays" } else { "no overlap" });
     Ok(())
 }
 

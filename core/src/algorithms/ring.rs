@@ -2,7 +2,7 @@
 
 use super::{input_buffer, output_buffer, Algorithm, AlgorithmError};
 use crate::dtype::DType;
-use crate::plan::{BufferRole, Engine, LaneId, Op, Plan, PlanBuilder, Region, SemId};
+use crate::plan::{BufId, BufferRole, Engine, LaneId, Op, Plan, PlanBuilder, Region, SemId};
 use crate::problem::{OpKind, Problem, Window};
 
 fn left(d: usize, n: usize) -> usize {
@@ -397,25 +397,11 @@ pub(super) fn ag_gemm_ring(p: &Problem, algorithm: Algorithm, chunks: usize) -> 
     let bm = input_buffer(&mut b, p, 1);
     let c = output_buffer(&mut b, p);
     let s = b.buffer("S", p.input, (n - 1) * ms, p.k, BufferRole::Scratch);
-    let recv = b.semaphore("recv");
+    let ring = ChunkedRing { own: a, slots: s, shard_rows: ms, chunks, recv: b.semaphore("recv") };
     let compute = b.lane("compute");
     let comm = b.lane("comm");
-    let arrived = |step: usize, chunk: usize| ((step - 1) * chunks + chunk + 1) as u32;
     for d in 0..n {
-        let to = left(d, n);
-        for i in 0..n - 1 {
-            for j in 0..chunks {
-                let src = if i == 0 {
-                    b.rows(a, j * cr, cr)
-                } else {
-                    b.push(d, comm, wait(recv, arrived(i, j)));
-                    b.rows(s, (i - 1) * ms + j * cr, cr)
-                };
-                let dst = b.rows(s, i * ms + j * cr, cr);
-                b.push(d, comm, copy(src, to, dst));
-                b.push(d, comm, signal(to, recv));
-            }
-        }
+        ring.forward(&mut b, d, n, comm);
         let whole_b = b.whole(bm);
         let own = b.rows(c, d * ms, ms);
         let whole_a = b.whole(a);
@@ -423,14 +409,57 @@ pub(super) fn ag_gemm_ring(p: &Problem, algorithm: Algorithm, chunks: usize) -> 
         for i in 1..n {
             let blk = (d + i) % n;
             for j in 0..chunks {
-                b.push(d, compute, wait(recv, arrived(i, j)));
-                let src = b.rows(s, (i - 1) * ms + j * cr, cr);
+                let src = ring.chunk(&mut b, d, compute, i, j);
                 let dst = b.rows(c, blk * ms + j * cr, cr);
                 b.push(d, compute, gemm(src, whole_b, dst));
             }
         }
     }
     Ok(b.finish()?)
+}
+
+/// A unidirectional ring AllGather whose shards (`shard_rows` rows each) travel as
+/// `chunks` row chunks with one signal each: at step i device d holds the shard of
+/// device (d+i) mod D, its own (`own`) at i = 0, else slot i−1 of `slots` (D−1 slots, so
+/// no slot is reused), where it arrives with `recv` at `(i−1)·chunks + j + 1`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChunkedRing {
+    /// The device's own shard.
+    pub own: BufId,
+    /// The received shards, one slot per step i ≥ 1.
+    pub slots: BufId,
+    /// Rows of a shard.
+    pub shard_rows: usize,
+    /// Chunks per shard.
+    pub chunks: usize,
+    /// Counts the chunks that have arrived.
+    pub recv: SemId,
+}
+
+impl ChunkedRing {
+    /// Chunk j of the shard device d holds at step i, after waiting for it on `lane`.
+    pub fn chunk(&self, b: &mut PlanBuilder, d: usize, lane: LaneId, i: usize, j: usize) -> Region {
+        let cr = self.shard_rows / self.chunks;
+        if i == 0 {
+            return b.rows(self.own, j * cr, cr);
+        }
+        b.push(d, lane, wait(self.recv, ((i - 1) * self.chunks + j + 1) as u32));
+        b.rows(self.slots, (i - 1) * self.shard_rows + j * cr, cr)
+    }
+
+    /// Device d's comm lane: every chunk it holds forwarded to its left neighbour (into
+    /// the next slot there) as soon as it holds it.
+    pub fn forward(&self, b: &mut PlanBuilder, d: usize, n: usize, lane: LaneId) {
+        let (to, cr) = (left(d, n), self.shard_rows / self.chunks);
+        for i in 0..n - 1 {
+            for j in 0..self.chunks {
+                let src = self.chunk(b, d, lane, i, j);
+                let dst = b.rows(self.slots, i * self.shard_rows + j * cr, cr);
+                b.push(d, lane, copy(src, to, dst));
+                b.push(d, lane, signal(to, self.recv));
+            }
+        }
+    }
 }
 
 /// AG+GEMM, bidirectional ring: shards from the right travel leftwards and shards from

@@ -2,12 +2,8 @@
 //! the hardware-queue check; the bound's derivation exercised on both sides.
 
 use super::*;
-use crate::cpu;
 use crate::generator::Family;
 use crate::plan::Op;
-use crate::schedule::{orders, schedule_with};
-use crate::verify::queues::{check_enqueue_order, schedule_order};
-use crate::verify::verify;
 use crate::workload::Workload;
 
 #[allow(clippy::too_many_arguments)]
@@ -41,26 +37,7 @@ fn problems() -> Vec<AttentionProblem> {
 /// The worst |got − value| / bound over every output of `plan`'s CPU run; panics when
 /// an element is outside its bound.
 fn check(p: &AttentionProblem, plan: &crate::plan::Plan) -> f64 {
-    let memory = cpu::run(plan, 5, Family::Realistic).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
-    let mut worst = 0.0f64;
-    for e in Workload::expected(p, 5, Family::Realistic) {
-        let buf = plan.buffer_id(&e.buffer).unwrap().0;
-        for (d, want) in e.values.iter().enumerate() {
-            assert_eq!(want.len(), e.len());
-            for (i, (&bits, &v)) in memory[d][buf].iter().zip(want).enumerate() {
-                let got = e.dtype.decode(bits) as f64;
-                let m = e.magnitudes[d][i];
-                assert!(
-                    e.tolerance.accepts(got, v, m),
-                    "{} {} dev {d} elem {i}: {got} vs {v} ± {m}",
-                    plan.name,
-                    e.buffer
-                );
-                worst = worst.max((got - v).abs() / (m + e.tolerance.floor));
-            }
-        }
-    }
-    worst
+    crate::testing::assert_matches_oracle(plan, p, 5, Family::Realistic)
 }
 
 #[test]
@@ -68,13 +45,7 @@ fn every_plan_matches_the_oracle_and_passes_the_verifier_and_the_queue_check() {
     for p in problems() {
         for alg in AttentionAlgorithm::ALL.into_iter().filter(|a| a.plans(&p)) {
             let plan = build_attention_plan(&p, alg).unwrap_or_else(|e| panic!("{} {alg}: {e}", p.describe()));
-            for order in orders(3, p.devices) {
-                let s = schedule_with(&plan, order).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
-                let findings = verify(&plan, &s);
-                assert!(findings.is_empty(), "{} {order}: {}", plan.name, findings[0].describe(&plan));
-            }
-            let enqueue = schedule_order(&plan).unwrap();
-            check_enqueue_order(&plan, &enqueue, 1).unwrap_or_else(|e| panic!("{e}"));
+            crate::testing::assert_sound(&plan);
             check(&p, &plan);
         }
     }

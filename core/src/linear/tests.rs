@@ -1,11 +1,8 @@
 //! Every linear plan on the CPU twin against the oracle, and through the verifier.
 
 use super::*;
-use crate::cpu;
 use crate::generator::Family;
 use crate::plan::Op;
-use crate::schedule::{orders, schedule_with};
-use crate::verify::verify;
 use crate::workload::Workload;
 
 fn problems() -> Vec<LinearProblem> {
@@ -31,34 +28,8 @@ fn problems() -> Vec<LinearProblem> {
 /// Runs `plan` on the twin and checks each output against the oracle.
 fn check(p: &LinearProblem, alg: LinearAlgorithm, family: Family) {
     let plan = build_linear_plan(p, alg).unwrap_or_else(|e| panic!("{} {alg}: {e}", p.describe()));
-    for order in orders(3, p.devices) {
-        let s = schedule_with(&plan, order).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
-        let findings = verify(&plan, &s);
-        assert!(findings.is_empty(), "{} {order}: {}", plan.name, findings[0].describe(&plan));
-    }
-    let memory = cpu::run(&plan, 9, family).unwrap();
-    for e in Workload::expected(p, 9, family) {
-        let buf = plan.buffer_id(&e.buffer).unwrap().0;
-        for (d, want) in e.values.iter().enumerate() {
-            for (i, (&bits, &v)) in memory[d][buf].iter().zip(want).enumerate() {
-                let got = e.dtype.decode(bits) as f64;
-                match family {
-                    Family::Exact => {
-                        assert_eq!(bits, e.dtype.encode(v as f32), "{} {} dev {d} elem {i}", plan.name, e.buffer)
-                    }
-                    Family::Realistic => {
-                        let m = e.magnitudes[d][i];
-                        assert!(
-                            e.tolerance.accepts(got, v, m),
-                            "{} {} dev {d} elem {i}: {got} vs {v} ± {m}",
-                            plan.name,
-                            e.buffer
-                        )
-                    }
-                }
-            }
-        }
-    }
+    crate::testing::assert_sound(&plan);
+    crate::testing::assert_matches_oracle(&plan, p, 9, family);
 }
 
 #[test]

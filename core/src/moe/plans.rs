@@ -14,7 +14,7 @@
 //! `P`, the combined partials and the ring's send/receive slots (moe_rs, f32).
 
 use super::{MoeError, MoeOp, MoeProblem, RouterPart, TENSOR_H, TENSOR_W1, TENSOR_W2, TENSOR_X};
-use crate::algorithms::ring::{copy, ring_all_gather, ring_reduce_scatter, signal, wait, OverlappedReduce, Ring};
+use crate::algorithms::ring::{copy, ring_all_gather, ring_reduce_scatter, wait, ChunkedRing, OverlappedReduce, Ring};
 use crate::algorithms::Algorithm;
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, RouteTables};
@@ -179,36 +179,17 @@ fn ag_moe_ring(b: &mut PlanBuilder, p: &MoeProblem, io: &Io, c: usize) {
     let (n, td) = (p.devices, p.tokens_per_device());
     let cr = td / c;
     let s = b.buffer("S", p.input, (n - 1) * td, p.hidden, BufferRole::Scratch);
-    let recv = b.semaphore("recv");
+    let ring = ChunkedRing { own: io.a, slots: s, shard_rows: td, chunks: c, recv: b.semaphore("recv") };
     let compute = b.lane("compute");
     let comm = b.lane("comm");
-    let arrived = |step: usize, j: usize| ((step - 1) * c + j + 1) as u32;
     for d in 0..n {
-        let to = (d + n - 1) % n;
-        for i in 0..n - 1 {
-            for j in 0..c {
-                let src = if i == 0 {
-                    b.rows(io.a, j * cr, cr)
-                } else {
-                    b.push(d, comm, wait(recv, arrived(i, j)));
-                    b.rows(s, (i - 1) * td + j * cr, cr)
-                };
-                let dst = b.rows(s, i * td + j * cr, cr);
-                b.push(d, comm, copy(src, to, dst));
-                b.push(d, comm, signal(to, recv));
-            }
-        }
+        ring.forward(b, d, n, comm);
         io.route(b, p, d, compute);
         let y = b.whole(io.out);
         for i in 0..n {
             let blk = (d + i) % n;
             for j in 0..c {
-                let a = if i == 0 {
-                    b.rows(io.a, j * cr, cr)
-                } else {
-                    b.push(d, compute, wait(recv, arrived(i, j)));
-                    b.rows(s, (i - 1) * td + j * cr, cr)
-                };
+                let a = ring.chunk(b, d, compute, i, j);
                 let first = i == 0 && j == 0;
                 io.grouped(b, p, d, compute, a, y, blk * c + j, Some(blk * td + j * cr), first);
             }

@@ -6,10 +6,7 @@ use crate::algorithms::Algorithm;
 use crate::cpu::{self, CpuError};
 use crate::generator::Family;
 use crate::plan::{BufferRole, Op};
-use crate::schedule::{orders, schedule_with};
-use crate::verify::queues::{check_enqueue_order, schedule_order};
-use crate::verify::verify;
-use crate::workload::Workload;
+use crate::testing::{assert_matches_oracle, assert_sound};
 
 #[allow(clippy::too_many_arguments)]
 fn problem(op: MoeOp, d: usize, t: usize, h: usize, f: usize, e: usize, k: usize, r: Routing, dt: DType) -> MoeProblem {
@@ -32,27 +29,6 @@ fn algorithms() -> [Algorithm; 3] {
     [Algorithm::Baseline, Algorithm::Ring, Algorithm::RingChunked { chunks: 2 }]
 }
 
-/// Every output of `plan`'s CPU run against the oracle; exact inputs must match bit for
-/// bit (every product and sum is an integer or a quarter), realistic ones within the
-/// bound.
-fn check(p: &MoeProblem, plan: &crate::plan::Plan, family: Family) {
-    let memory = cpu::run(plan, 7, family).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
-    for e in Workload::expected(p, 7, family) {
-        let buf = plan.buffer_id(&e.buffer).unwrap().0;
-        for (d, want) in e.values.iter().enumerate() {
-            assert_eq!(want.len(), e.len());
-            for (i, (&bits, &v)) in memory[d][buf].iter().zip(want).enumerate() {
-                let got = e.dtype.decode(bits) as f64;
-                let ok = match family {
-                    Family::Exact => bits == e.dtype.encode(v as f32),
-                    Family::Realistic => e.tolerance.accepts(got, v, e.magnitudes[d][i]),
-                };
-                assert!(ok, "{} {family} {} dev {d} elem {i}: {got} vs {v}", plan.name, e.buffer);
-            }
-        }
-    }
-}
-
 #[test]
 fn every_plan_matches_the_oracle_and_passes_the_verifier_and_the_queue_check() {
     for p in problems() {
@@ -62,15 +38,9 @@ fn every_plan_matches_the_oracle_and_passes_the_verifier_and_the_queue_check() {
                 Err(MoeError::Chunks { .. }) => continue,
                 Err(e) => panic!("{} {alg}: {e}", p.describe()),
             };
-            for order in orders(3, p.devices) {
-                let s = schedule_with(&plan, order).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
-                let findings = verify(&plan, &s);
-                assert!(findings.is_empty(), "{} {order}: {}", plan.name, findings[0].describe(&plan));
-            }
-            let enqueue = schedule_order(&plan).unwrap();
-            check_enqueue_order(&plan, &enqueue, 1).unwrap_or_else(|e| panic!("{e}"));
-            check(&p, &plan, Family::Exact);
-            check(&p, &plan, Family::Realistic);
+            assert_sound(&plan);
+            assert_matches_oracle(&plan, &p, 7, Family::Exact);
+            assert_matches_oracle(&plan, &p, 7, Family::Realistic);
         }
     }
 }

@@ -658,25 +658,61 @@ mod tests {
     }
 }
 
-/// One simulated linear-layer plan.
+/// One simulated candidate of a family's algorithms.
 #[derive(Clone, Debug)]
-pub struct RankedLinear {
+pub struct Ranked<A> {
     /// The algorithm.
-    pub algorithm: LinearAlgorithm,
+    pub algorithm: A,
     /// The simulation.
     pub report: SimReport,
 }
 
-/// Every linear algorithm for one problem, fastest first, with the overlap verdict.
+/// Every algorithm of a family for one problem, fastest first, with the overlap verdict.
 #[derive(Clone, Debug)]
-pub struct RankingLinear {
+pub struct Ranking<A> {
     /// Candidates, fastest first (the baseline first among equals).
-    pub ranked: Vec<RankedLinear>,
+    pub ranked: Vec<Ranked<A>>,
     /// Whether overlapping pays: the winner is not the baseline and at least
     /// [`MEANINGFUL_GAIN`] faster.
     pub overlap_pays: bool,
     /// Why, in words.
     pub reason: String,
+}
+
+/// The linear layers' ranking.
+pub type RankingLinear = Ranking<LinearAlgorithm>;
+
+/// The MoE ops' ranking.
+pub type RankingMoe = Ranking<MoeAlgorithm>;
+
+/// An MoE algorithm (the 1D ring family's names: baseline, ring, ring_chunked).
+pub type MoeAlgorithm = Algorithm;
+
+/// Simulates the plan of every candidate on `profile` and ranks them, fastest first and
+/// the baseline first among equals, with the overlap verdict.
+fn rank<A: Copy + PartialEq + fmt::Display>(
+    problem: String,
+    candidates: impl IntoIterator<Item = A>,
+    baseline: A,
+    build: impl Fn(A) -> Result<Plan, String>,
+    profile: &Profile,
+    little_to_hide: &str,
+) -> Result<Ranking<A>, TuneError> {
+    let mut ranked = Vec::new();
+    for algorithm in candidates {
+        let plan = build(algorithm)
+            .map_err(|e| TuneError::NoCandidate { problem: problem.clone(), reasons: format!("{algorithm}: {e}") })?;
+        ranked.push(Ranked { algorithm, report: simulate(&plan, profile, &SimOptions::default())? });
+    }
+    ranked.sort_by(|a, b| {
+        a.report
+            .makespan_s
+            .total_cmp(&b.report.makespan_s)
+            .then((a.algorithm != baseline).cmp(&(b.algorithm != baseline)))
+    });
+    let rows: Vec<_> = ranked.iter().map(|c| (c.algorithm.to_string(), c.algorithm == baseline, &c.report)).collect();
+    let (overlap_pays, reason) = overlap_verdict(&rows, little_to_hide);
+    Ok(Ranking { ranked, overlap_pays, reason })
 }
 
 /// The smallest gain (a fraction of the baseline's time) the verdict calls overlap paying:
@@ -686,28 +722,14 @@ pub const MEANINGFUL_GAIN: f64 = 0.02;
 /// Simulates the baseline, Megatron's order and the ring decomposition of a linear
 /// problem on `profile`, and says whether and why overlap pays.
 pub fn tune_linear(problem: &LinearProblem, profile: &Profile) -> Result<RankingLinear, TuneError> {
-    let mut ranked = Vec::new();
-    for algorithm in LinearAlgorithm::ALL {
-        let plan = build_linear_plan(problem, algorithm).map_err(|e| TuneError::NoCandidate {
-            problem: problem.describe(),
-            reasons: format!("{algorithm}: {e}"),
-        })?;
-        ranked.push(RankedLinear { algorithm, report: simulate(&plan, profile, &SimOptions::default())? });
-    }
-    ranked.sort_by(|a, b| {
-        a.report
-            .makespan_s
-            .total_cmp(&b.report.makespan_s)
-            .then((a.algorithm != LinearAlgorithm::Baseline).cmp(&(b.algorithm != LinearAlgorithm::Baseline)))
-    });
-    let (overlap_pays, reason) = overlap_verdict(
-        &ranked
-            .iter()
-            .map(|c| (c.algorithm.to_string(), c.algorithm == LinearAlgorithm::Baseline, &c.report))
-            .collect::<Vec<_>>(),
+    rank(
+        problem.describe(),
+        LinearAlgorithm::ALL,
+        LinearAlgorithm::Baseline,
+        |a| build_linear_plan(problem, a).map_err(|e| e.to_string()),
+        profile,
         "the layer's collective (or its data dependencies) leaves little to hide it under",
-    );
-    Ok(RankingLinear { ranked, overlap_pays, reason })
+    )
 }
 
 /// The overlap verdict over candidates ranked fastest first, each (name, whether it is
@@ -752,57 +774,22 @@ fn overlap_verdict(ranked: &[(String, bool, &SimReport)], little_to_hide: &str) 
     (overlap_pays, reason)
 }
 
-/// One simulated MoE plan.
-#[derive(Clone, Debug)]
-pub struct RankedMoe {
-    /// The algorithm.
-    pub algorithm: Algorithm,
-    /// The simulation.
-    pub report: SimReport,
-}
-
-/// Every MoE algorithm for one problem, fastest first, with the overlap verdict.
-#[derive(Clone, Debug)]
-pub struct RankingMoe {
-    /// Candidates, fastest first (the baseline first among equals).
-    pub ranked: Vec<RankedMoe>,
-    /// Whether overlapping pays.
-    pub overlap_pays: bool,
-    /// Why, in words.
-    pub reason: String,
-}
-
 /// Simulates the baseline, the ring and the chunked ring (2, 4 and 8 chunks where they
 /// divide a device's tokens) of an MoE problem on `profile`, grouped GEMMs priced from
 /// the problem's routing ([`super::engine::SIM_ROUTING_SEED`]), and says whether and
 /// why overlap pays.
 pub fn tune_moe(problem: &MoeProblem, profile: &Profile) -> Result<RankingMoe, TuneError> {
-    let mut ranked = Vec::new();
     let chunked = [2, 4, 8].into_iter().filter(|c| problem.tokens_per_device() % c == 0);
-    for algorithm in [Algorithm::Baseline, Algorithm::Ring]
-        .into_iter()
-        .chain(chunked.map(|chunks| Algorithm::RingChunked { chunks }))
-    {
-        let plan = build_moe_plan(problem, algorithm).map_err(|e| TuneError::NoCandidate {
-            problem: problem.describe(),
-            reasons: format!("{algorithm}: {e}"),
-        })?;
-        ranked.push(RankedMoe { algorithm, report: simulate(&plan, profile, &SimOptions::default())? });
-    }
-    ranked.sort_by(|a, b| {
-        a.report
-            .makespan_s
-            .total_cmp(&b.report.makespan_s)
-            .then((a.algorithm != Algorithm::Baseline).cmp(&(b.algorithm != Algorithm::Baseline)))
-    });
-    let (overlap_pays, reason) = overlap_verdict(
-        &ranked
-            .iter()
-            .map(|c| (c.algorithm.to_string(), c.algorithm == Algorithm::Baseline, &c.report))
-            .collect::<Vec<_>>(),
+    rank(
+        problem.describe(),
+        [Algorithm::Baseline, Algorithm::Ring]
+            .into_iter()
+            .chain(chunked.map(|chunks| Algorithm::RingChunked { chunks })),
+        Algorithm::Baseline,
+        |a| build_moe_plan(problem, a).map_err(|e| e.to_string()),
+        profile,
         "the grouped GEMMs leave little to hide it under",
-    );
-    Ok(RankingMoe { ranked, overlap_pays, reason })
+    )
 }
 
 /// One simulated attention plan.
