@@ -95,3 +95,51 @@ impl Backend for Cuda {
         }
     }
 }
+
+/// A user's own outputs, read from `.npy` files instead of running the plan: device d's
+/// result buffer `B` of case `C` is `DIR/C/dd_B.npy`, the layout `cmm golden` and
+/// `--export` write (see `index.json`). Every other buffer is poison. With it the
+/// conformance runner judges a kernel written elsewhere by the project's rules
+/// (`cmm check`).
+#[derive(Clone, Debug)]
+pub struct OutputFiles {
+    dir: std::path::PathBuf,
+    /// Plan name → case name (a backend sees plans, the files are named by case).
+    cases: std::collections::BTreeMap<String, String>,
+}
+
+impl OutputFiles {
+    /// Outputs of `cases` under `dir`.
+    pub fn new(dir: &std::path::Path, cases: &[crate::case::Case]) -> Self {
+        let cases = cases.iter().filter_map(|c| Some((c.plan().ok()?.name, c.name.clone()))).collect();
+        OutputFiles { dir: dir.to_path_buf(), cases }
+    }
+}
+
+impl Backend for OutputFiles {
+    fn name(&self) -> String {
+        format!("outputs read from {}", self.dir.display())
+    }
+
+    fn run(&self, plan: &Plan, seed: u32, family: Family, _order: Order) -> Result<Memory, BackendError> {
+        let _ = (seed, family);
+        let failed = |message: String| BackendError::Failed { backend: "outputs".into(), message };
+        let case = self.cases.get(&plan.name).ok_or_else(|| failed(format!("no case has plan `{}`", plan.name)))?;
+        (0..plan.devices)
+            .map(|d| {
+                plan.buffers
+                    .iter()
+                    .map(|b| {
+                        if !b.role.is_result() {
+                            return Ok(vec![b.dtype.poison_bits(); b.len()]);
+                        }
+                        let path = self.dir.join(case).join(format!("d{d}_{}.npy", b.name));
+                        let bytes = std::fs::read(&path).map_err(|e| failed(format!("{}: {e}", path.display())))?;
+                        crate::export::read_npy(&bytes, b.dtype, b.rows, b.cols)
+                            .map_err(|e| failed(format!("{}: {e}", path.display())))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}

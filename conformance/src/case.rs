@@ -235,6 +235,11 @@ impl CaseTable {
                 list.push(format!("`{field}`"));
             }
         };
+        for dtype in [self.input, self.output] {
+            if !dtype.is_float() {
+                return Err(format!("{dtype} is a routing-table type; a case's input and output are f32, f16 or bf16"));
+            }
+        }
         let mut foreign = Vec::new();
         let linear_fields = [
             (self.layer.is_some(), "layer"),
@@ -615,7 +620,7 @@ pub enum CorpusError {
         second: PathBuf,
     },
     /// The directory holds no case at all.
-    #[error("no case found in {}/*.toml", dir.display())]
+    #[error("no case found in {} (a case file, or a directory of *.toml case files)", dir.display())]
     Empty {
         /// The corpus directory.
         dir: PathBuf,
@@ -634,8 +639,26 @@ pub fn cases_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("cases"))
 }
 
-/// Loads every case of `dir/*.toml`, files in name order, cases in file order.
+/// Loads every case of `dir/*.toml`, files in name order, cases in file order; `dir`
+/// may also be one case file.
 pub fn load_corpus(dir: &Path) -> Result<Vec<Case>, CorpusError> {
+    if dir.is_file() {
+        let text = fs::read_to_string(dir).map_err(|source| CorpusError::Io { path: dir.to_path_buf(), source })?;
+        let cases = parse_cases(&text, dir)?;
+        for (i, case) in cases.iter().enumerate() {
+            if cases[..i].iter().any(|c| c.name == case.name) {
+                return Err(CorpusError::DuplicateName {
+                    name: case.name.clone(),
+                    first: dir.to_path_buf(),
+                    second: dir.to_path_buf(),
+                });
+            }
+        }
+        if cases.is_empty() {
+            return Err(CorpusError::Empty { dir: dir.to_path_buf() });
+        }
+        return Ok(cases);
+    }
     if !dir.is_dir() {
         return Err(CorpusError::MissingDir { dir: dir.to_path_buf() });
     }

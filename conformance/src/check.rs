@@ -153,7 +153,7 @@ pub enum Failure {
     #[error("oracle: {0}")]
     Oracle(Mismatch),
     /// The output differs from the golden.
-    #[error("golden: {0} (if the change is intended, run `cargo xtask conformance --bless` and commit)")]
+    #[error("golden: {0} (if the change is intended, regenerate the golden: `cargo xtask conformance --bless` and commit in the repository, `cmm golden` for your own cases)")]
     Golden(Mismatch),
     /// The verifier found races, reads of unwritten memory, unwritten outputs or
     /// semaphore accounting errors in one interleaving.

@@ -17,11 +17,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use cmm_core::cpu::Memory;
-use cmm_core::{BufferRole, DType, Plan};
+use cmm_core::{BufferRole, DType, Family, Plan};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::case::Topology;
+use crate::case::{Case, Topology};
 use crate::check::CaseResult;
 
 /// The bytes of an NPY v1.0 file holding a row-major `rows × cols` matrix of `dtype`
@@ -47,6 +47,116 @@ pub fn npy_bytes(dtype: DType, rows: usize, cols: usize, words: &[u32]) -> (Vec<
     (bytes, descr)
 }
 
+/// Why an `.npy` file cannot be read as an output.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NpyError {
+    /// Not an NPY v1–v3 file, or a header this reader does not understand.
+    #[error("not an .npy file this reader understands: {0}")]
+    Format(String),
+    /// The file's element type cannot hold the output's dtype.
+    #[error("holds {descr}, but the output is {dtype} (accepted: {accepted})")]
+    DType {
+        /// The file's descr.
+        descr: String,
+        /// The output's dtype.
+        dtype: DType,
+        /// What would be accepted.
+        accepted: &'static str,
+    },
+    /// The array's shape is not the output's.
+    #[error("has shape {found:?}, expected [{rows}, {cols}]")]
+    Shape {
+        /// The file's shape.
+        found: Vec<usize>,
+        /// Expected rows.
+        rows: usize,
+        /// Expected columns.
+        cols: usize,
+    },
+}
+
+/// Reads an NPY file holding a `rows × cols` matrix of `dtype` (as NumPy and ml_dtypes
+/// write it: f32 `<f4`, f16 `<f2`, bf16 as `<f4` holding bf16 values or ml_dtypes'
+/// 2-byte `bfloat16`, u32 `<u4`; C order) into executor words. A bf16 value given as
+/// f32 is rounded to bf16 once, as the output would be.
+pub fn read_npy(bytes: &[u8], dtype: DType, rows: usize, cols: usize) -> Result<Vec<u32>, NpyError> {
+    let bad = |what: &str| NpyError::Format(what.to_string());
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err(bad("no NPY magic"));
+    }
+    let (header_len, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
+        v => return Err(NpyError::Format(format!("version {v}"))),
+    };
+    let header = bytes.get(start..start + header_len).ok_or_else(|| bad("truncated header"))?;
+    let header = std::str::from_utf8(header).map_err(|_| bad("header is not text"))?;
+    let field = |key: &str| -> Result<&str, NpyError> {
+        let at =
+            header.find(&format!("'{key}':")).ok_or_else(|| NpyError::Format(format!("no '{key}' in the header")))?;
+        Ok(header[at + key.len() + 3..].trim_start())
+    };
+    let descr = field("descr")?;
+    let descr =
+        descr.strip_prefix('\'').and_then(|d| d.split('\'').next()).ok_or_else(|| bad("descr is not a string"))?;
+    if field("fortran_order")?.starts_with("True") {
+        return Err(bad("Fortran order (save a C-contiguous array)"));
+    }
+    let shape_text = field("shape")?;
+    let shape_text = shape_text.strip_prefix('(').and_then(|s| s.split(')').next()).ok_or_else(|| bad("shape"))?;
+    let shape: Vec<usize> = shape_text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().map_err(|_| NpyError::Format(format!("shape entry `{s}`"))))
+        .collect::<Result<_, _>>()?;
+    let fits = match shape.as_slice() {
+        [r, c] => (*r, *c) == (rows, cols),
+        [n] => rows == 1 && *n == cols || cols == 1 && *n == rows,
+        _ => false,
+    };
+    if !fits {
+        return Err(NpyError::Shape { found: shape, rows, cols });
+    }
+    let data = &bytes[start + header_len..];
+    let n = rows * cols;
+    let word = |size: usize, i: usize| -> u32 {
+        let b = &data[i * size..i * size + size];
+        if size == 4 {
+            u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        } else {
+            u16::from_le_bytes([b[0], b[1]]) as u32
+        }
+    };
+    let (size, convert): (usize, &dyn Fn(u32) -> u32) = match (dtype, descr) {
+        (DType::F32, "<f4") | (DType::U32, "<u4") | (DType::F16, "<f2") => (descr_size(descr), &|w| w),
+        (DType::Bf16, "<f4") => (4, &|w| DType::Bf16.encode(f32::from_bits(w))),
+        (DType::Bf16, "<V2" | "|V2" | "bfloat16") => (2, &|w| w),
+        _ => {
+            let accepted = match dtype {
+                DType::F32 => "<f4",
+                DType::F16 => "<f2",
+                DType::Bf16 => "<f4 holding bf16 values, or ml_dtypes bfloat16",
+                _ => "<u4",
+            };
+            return Err(NpyError::DType { descr: descr.to_string(), dtype, accepted });
+        }
+    };
+    if data.len() < n * size {
+        return Err(NpyError::Format(format!("{} data bytes for {n} elements of {size} bytes", data.len())));
+    }
+    Ok((0..n).map(|i| convert(word(size, i))).collect())
+}
+
+fn descr_size(descr: &str) -> usize {
+    if descr.ends_with('2') {
+        2
+    } else {
+        4
+    }
+}
+
 /// The NumPy dtype a tensor of `dtype` is written as: its own for f32 and f16, f32
 /// (an exact widening) for types NumPy lacks, such as bf16.
 pub fn npy_descr(dtype: DType) -> &'static str {
@@ -66,6 +176,29 @@ struct FileEntry {
     shape: [usize; 2],
     dtype: String,
     npy_dtype: &'static str,
+}
+
+/// How one output is judged: where it sits, and the rule.
+#[derive(Serialize)]
+struct OutputEntry {
+    buffer: String,
+    dtype: String,
+    shape: [usize; 2],
+    /// Where each device's output sits in the global result.
+    layout: String,
+    /// `bits` (exact family: equal to the oracle rounded once) or `within`.
+    rule: &'static str,
+    /// For `within`: |got − value| ≤ accumulation·magnitude·(1 + rounding) + floor +
+    /// rounding·|value|, magnitude per element (Σ|a·b| or a derived bound; `cmm check`
+    /// computes it).
+    tolerance: ToleranceEntry,
+}
+
+#[derive(Serialize)]
+struct ToleranceEntry {
+    rounding: f64,
+    accumulation: f64,
+    floor: f64,
 }
 
 /// One device's files.
@@ -94,6 +227,8 @@ struct CaseEntry {
     family: String,
     seed: u32,
     passed: bool,
+    /// Every output with its layout and the rule that judges it.
+    outputs: Vec<OutputEntry>,
     #[serde(rename = "devices")]
     files: Vec<DeviceEntry>,
 }
@@ -104,6 +239,31 @@ struct Index {
     format: &'static str,
     note: &'static str,
     cases: Vec<CaseEntry>,
+}
+
+/// The outputs of a case with their layouts and rules (none if the case is invalid).
+fn outputs_of(case: &Case) -> Vec<OutputEntry> {
+    let Ok(problem) = case.problem() else { return Vec::new() };
+    let workload = problem.workload();
+    if workload.unsupported_family(case.family).is_some() {
+        return Vec::new();
+    }
+    workload
+        .expected(case.seed, case.family)
+        .into_iter()
+        .map(|e| OutputEntry {
+            rule: if case.family == Family::Exact { "bits" } else { "within" },
+            tolerance: ToleranceEntry {
+                rounding: e.tolerance.rounding,
+                accumulation: e.tolerance.accumulation,
+                floor: e.tolerance.floor,
+            },
+            shape: [e.rows, e.cols],
+            dtype: e.dtype.to_string(),
+            layout: e.layout,
+            buffer: e.buffer,
+        })
+        .collect()
 }
 
 /// Collects exported cases and writes the index at the end.
@@ -187,6 +347,7 @@ impl Exporter {
             family: case.family.to_string(),
             seed: case.seed,
             passed: result.passed(),
+            outputs: outputs_of(case),
             files: devices,
         });
         Ok(())
@@ -211,6 +372,34 @@ impl Exporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn npy_files_read_back_as_the_words_they_were_written_from() {
+        let words: Vec<u32> = (0..6).map(|i| DType::Bf16.encode(i as f32 * 0.75 - 1.0)).collect();
+        for dtype in [DType::F32, DType::F16, DType::Bf16, DType::U32] {
+            let w: Vec<u32> = match dtype {
+                DType::F32 => (0..6).map(|i| (i as f32 * 0.1).to_bits()).collect(),
+                DType::F16 => (0..6).map(|i| DType::F16.encode(i as f32 * 0.1)).collect(),
+                DType::U32 => vec![0, 1, 7, 9, u32::MAX, 3],
+                _ => words.clone(),
+            };
+            let (bytes, _) = npy_bytes(dtype, 2, 3, &w);
+            assert_eq!(read_npy(&bytes, dtype, 2, 3).unwrap(), w, "{dtype}");
+        }
+        let (bytes, _) = npy_bytes(DType::F32, 2, 3, &[0; 6]);
+        assert!(matches!(read_npy(&bytes, DType::F32, 3, 2), Err(NpyError::Shape { .. })));
+        assert!(matches!(read_npy(&bytes, DType::F16, 2, 3), Err(NpyError::DType { .. })));
+        assert!(matches!(read_npy(b"not an npy file", DType::F32, 2, 3), Err(NpyError::Format(_))));
+        // ml_dtypes' bfloat16: two bytes per element.
+        let mut raw = bytes[..bytes.len() - 24].to_vec();
+        let text = String::from_utf8_lossy(&raw[10..]).replace("'<f4'", "'<V2'");
+        raw.truncate(10);
+        raw.extend_from_slice(text.as_bytes());
+        for w in &words {
+            raw.extend_from_slice(&(*w as u16).to_le_bytes());
+        }
+        assert_eq!(read_npy(&raw, DType::Bf16, 2, 3).unwrap(), words);
+    }
 
     #[test]
     fn npy_header_is_aligned_and_describes_the_data() {

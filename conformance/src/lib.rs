@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-pub use backend::{Backend, BackendError, CpuTwin, Cuda};
+pub use backend::{Backend, BackendError, CpuTwin, Cuda, OutputFiles};
 pub use case::{
     cases_dir, load_corpus, Case, CaseAlgorithm, CaseError, CaseProblem, CorpusError, Topology, CASES_DIR_VAR,
 };

@@ -21,9 +21,8 @@ pub enum DType {
     /// bfloat16 (the upper half of a binary32).
     Bf16,
     /// Unsigned 32-bit integers: the routing tables of the MoE family (expert ids, row
-    /// offsets, permutations). No arithmetic op reads them as numbers; case files
-    /// cannot name them as an input or output type.
-    #[serde(skip)]
+    /// offsets, permutations). No arithmetic op reads them as numbers, and no case may
+    /// name them as its input or output type.
     U32,
 }
 

@@ -50,6 +50,7 @@ pub mod moe;
 pub mod mutants;
 pub mod oracle;
 pub mod plan;
+pub mod plan_file;
 pub mod problem;
 pub mod schedule;
 pub mod sim;

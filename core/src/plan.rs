@@ -6,21 +6,25 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::dtype::DType;
 use crate::moe::{Router, RouterPart};
 
 /// Index of a buffer in [`Plan::buffers`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct BufId(pub usize);
 
 /// Index of a semaphore in [`Plan::semaphores`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct SemId(pub usize);
 
 /// What a buffer holds at the start and end of a run.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum BufferRole {
     /// Filled by the input generator before the run: on device d, the window of global
     /// tensor `tensor` (of `global_cols` columns) starting at `origins[d]`.
@@ -83,7 +87,7 @@ impl BufferRole {
 }
 
 /// A buffer that every device has (a symmetric allocation), a row-major matrix.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BufferDecl {
     /// Name used when printing plans.
     pub name: String,
@@ -110,7 +114,7 @@ impl BufferDecl {
 }
 
 /// A 2D strided region of one buffer: element (r, c) is at `offset + r * stride + c`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Region {
     /// The buffer.
     pub buf: BufId,
@@ -150,7 +154,8 @@ impl Region {
 pub const MAX_REDUCE_INPUTS: usize = 4;
 
 /// Who moves the bytes of a [`Op::Copy`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Engine {
     /// A DMA copy engine (cudaMemcpyAsync); no SMs used.
     CopyEngine,
@@ -159,7 +164,8 @@ pub enum Engine {
 }
 
 /// An elementwise function of [`Op::Pointwise`] (the GeLU of seed 004's MLP block).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Pointwise {
     /// `out = gelu(x)`, inputs `[x]`.
     Gelu,
@@ -224,7 +230,7 @@ pub fn attention_scale(head_dim: usize) -> f32 {
 /// The online-softmax state of attention rows (f32): per (query row, head) the running
 /// max (`max`, rows × heads) and sum of exponentials (`sum`, rows × heads), and the
 /// unnormalised output (`acc`, rows × heads·head_dim).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttnState {
     /// Running max of the scaled scores.
     pub max: Region,
@@ -243,7 +249,7 @@ impl AttnState {
 
 /// The routing tables an [`Op::Route`] writes and the grouped GEMM and the combine
 /// read (all `u32`, see [`crate::moe::route`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RouteTables {
     /// Segment offsets, 1 × (experts·chunks + 1): the rows of (expert e, chunk c) are
     /// `[seg[e·chunks + c], seg[e·chunks + c + 1])`.
@@ -273,7 +279,7 @@ impl RouteTables {
 
 /// Causal masking of an [`Op::Attend`]: the global sequence positions of its first query
 /// row and first key row. Key j is visible to query i iff `k_pos + j <= q_pos + i`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Causal {
     /// Position of query row 0.
     pub q_pos: usize,
@@ -289,7 +295,8 @@ impl Causal {
 }
 
 /// One step of a lane.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
     /// `c (+)= op(a) · op(b)` with f32 accumulation in increasing k, rounded once to c's
     /// dtype. `op(x)` is `x` or, with `trans_*`, its transpose. With `accumulate`, c
@@ -466,14 +473,14 @@ pub enum Op {
 }
 
 /// The program of one device: its lanes, in the order of [`Plan::lanes`].
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DeviceProgram {
     /// Ops of each lane.
     pub lanes: Vec<Vec<Op>>,
 }
 
 /// A schedule of a collective matmul on `devices` devices.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     /// Human-readable name, e.g. `ag_gemm/ring D=4`.
     pub name: String,

@@ -31,6 +31,22 @@ pub struct ExpectedOutput {
     pub magnitudes: Vec<Vec<f64>>,
     /// How far a correct run may be from `values` in the realistic family.
     pub tolerance: Tolerance,
+    /// Where each device's output sits in the global result, in words with the sizes
+    /// (exported in `index.json` for users checking their own kernels).
+    pub layout: String,
+}
+
+/// The layout of an output that is a window of a global matrix on every device:
+/// `global` names it (with its shape), then each device's rows and columns.
+pub fn window_layout(global: &str, windows: &[crate::problem::Window]) -> String {
+    let per_device: Vec<String> = windows
+        .iter()
+        .enumerate()
+        .map(|(d, w)| {
+            format!("device {d}: rows {}..{}, columns {}..{}", w.row0, w.row0 + w.rows, w.col0, w.col0 + w.cols)
+        })
+        .collect();
+    format!("a window of {global}; {}", per_device.join("; "))
 }
 
 impl ExpectedOutput {
@@ -69,7 +85,9 @@ impl<T: ShardedGemm> Workload for T {
     fn expected(&self, seed: u32, family: Family) -> Vec<ExpectedOutput> {
         let global = self.global();
         let e = expected_outputs(self, seed, family);
+        let windows: Vec<_> = (0..self.device_count()).map(|d| self.output_window_of(d)).collect();
         vec![ExpectedOutput {
+            layout: window_layout(&format!("the global C = A·B ({}×{})", global.m, global.n), &windows),
             buffer: "C".into(),
             dtype: global.output,
             rows: e.rows,

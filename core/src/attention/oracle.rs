@@ -110,6 +110,18 @@ impl AttentionProblem {
         AttentionBound { out, out_bound, lse, lse_bound }
     }
 
+    /// Which query positions each device's rows of `what` hold.
+    fn row_layout(&self, what: &str) -> String {
+        let per_device: Vec<String> = (0..self.devices)
+            .map(|d| {
+                let chunks: Vec<String> =
+                    self.query_chunks(d).iter().map(|c| format!("{}..{}", c.pos, c.pos + c.rows)).collect();
+                format!("device {d}: positions {}", chunks.join(" then "))
+            })
+            .collect();
+        format!("rows of {what} for query positions, in order; {}", per_device.join("; "))
+    }
+
     /// Global Q row and position of every output row of device `d`.
     fn output_rows(&self, d: usize) -> Vec<(usize, usize)> {
         self.query_chunks(d)
@@ -163,6 +175,7 @@ impl Workload for AttentionProblem {
             |dtype: DType| Tolerance { rounding: 0.0, accumulation: 1.0, floor: Tolerance::for_output(dtype).floor };
         vec![
             ExpectedOutput {
+                layout: self.row_layout("O (query rows × heads·dh)"),
                 buffer: "O".into(),
                 dtype: self.dtype,
                 rows,
@@ -172,6 +185,7 @@ impl Workload for AttentionProblem {
                 tolerance: tolerance(self.dtype),
             },
             ExpectedOutput {
+                layout: self.row_layout("LSE (query rows × heads, f32)"),
                 buffer: "LSE".into(),
                 dtype: DType::F32,
                 rows,

@@ -288,7 +288,20 @@ impl Workload for LinearProblem {
                     values.push(value.v);
                     magnitudes.push(error.v.iter().map(|e| e * margin).collect());
                 }
+                let windows: Vec<_> = (0..self.devices)
+                    .map(|d| {
+                        parts.first().map_or(crate::problem::Window { row0: 0, col0: 0, rows, cols }, |g| {
+                            self.output_window(index, g.value.rows, g.value.cols, d)
+                        })
+                    })
+                    .collect();
+                let global = format!(
+                    "the global {name} of each micro-batch ({}×{}; micro-batches stacked by rows)",
+                    parts.first().map_or(rows, |g| g.value.rows),
+                    parts.first().map_or(cols, |g| g.value.cols)
+                );
                 ExpectedOutput {
+                    layout: crate::workload::window_layout(&global, &windows),
                     buffer: name.to_string(),
                     dtype,
                     rows,

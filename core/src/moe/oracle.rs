@@ -50,6 +50,10 @@ impl MoeProblem {
         let perm: Vec<f64> = tables.perm.iter().map(|&w| DType::U32.decode(w) as f64).collect();
         vec![
             ExpectedOutput {
+                layout: format!(
+                    "one row per routed (token, slot) in expert, token, slot order (the routed rows first, zeros after), \
+                     columns d·{fd}..(d+1)·{fd} of the {f} FFN columns on device d"
+                ),
                 buffer: "Y".into(),
                 dtype: self.output,
                 rows: cap,
@@ -59,6 +63,7 @@ impl MoeProblem {
                 tolerance: Tolerance::gemm(self.output, h),
             },
             ExpectedOutput {
+                layout: format!("per row of Y, its token·{k} + slot (u32; 4294967295 past the routed rows), the same on every device"),
                 buffer: "perm".into(),
                 dtype: DType::U32,
                 rows: cap,
@@ -109,6 +114,7 @@ impl MoeProblem {
             magnitudes.push(m);
         }
         vec![ExpectedOutput {
+            layout: format!("tokens d·{td}..(d+1)·{td} of the {} tokens on device d, all {h} columns", self.tokens),
             buffer: "C".into(),
             dtype: self.output,
             rows: td,

@@ -50,7 +50,7 @@ impl Routing {
 }
 
 /// The router of an MoE layer: which ids and weights the generator produces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Router {
     /// Tokens T.
     pub tokens: usize,
@@ -65,7 +65,8 @@ pub struct Router {
 }
 
 /// The two tables of a router.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RouterPart {
     /// Expert ids, `u32`, tokens × slots.
     Ids,

@@ -1,0 +1,274 @@
+//! `cmm`: the project's checks applied to your own work (docs/guide.md).
+//!
+//! - `cmm golden` runs the cases of any case file on the reference (or the CPU twin),
+//!   checks them against the f64 oracle, and writes goldens, inputs, outputs and an
+//!   `index.json` that says where every output sits and how it is judged.
+//! - `cmm check` judges outputs your kernel wrote (`.npy`) by the same rules.
+//! - `cmm plan` writes the plan of a case as a plan file; `cmm verify` checks a plan
+//!   file for races, deadlocks and semaphore errors; `cmm simulate` times it on a
+//!   hardware profile.
+//!
+//! `cargo xtask` is the developers' tool; both call the same library code.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use cmm_conformance::{load_corpus, run_corpus, write_report, Backend, CpuTwin, Options, OutputFiles, Summary};
+use cmm_core::schedule::{orders, schedule_with};
+use cmm_core::sim::{simulate, Profile, SimOptions};
+use cmm_core::verify::verify;
+use cmm_core::Plan;
+use cmm_reference::Reference;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cmm",
+    version,
+    about = "Goldens, output checks, plan verification and simulation for collective matmuls"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Who runs the cases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum BackendKind {
+    /// The wgpu reference (a GPU, or the CPU through Mesa's lavapipe).
+    Reference,
+    /// The CPU twin of the reference: no adapter, the same bits.
+    Cpu,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the cases of a case file, check them against the oracle, and write goldens,
+    /// inputs, outputs (.npy) and index.json into a directory.
+    Golden {
+        /// A case file (or a directory of *.toml case files).
+        #[arg(long)]
+        cases: PathBuf,
+        /// Where to write: DIR/golden/<case>.bin, DIR/<case>/d<d>_<buffer>.npy, DIR/index.json.
+        #[arg(long)]
+        out: PathBuf,
+        /// Only cases whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Who runs the cases.
+        #[arg(long, value_enum, default_value = "reference")]
+        backend: BackendKind,
+    },
+    /// Judge outputs your kernel wrote (DIR/<case>/d<d>_<buffer>.npy) against the
+    /// goldens of `cmm golden` and the f64 oracle; exits 1 if any case fails.
+    Check {
+        /// The case file the goldens were made from.
+        #[arg(long)]
+        cases: PathBuf,
+        /// The directory `cmm golden --out` wrote.
+        #[arg(long)]
+        golden: PathBuf,
+        /// Your outputs.
+        #[arg(long)]
+        outputs: PathBuf,
+        /// Only cases whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Also write a report: JSON for .json, JUnit XML for .xml.
+        #[arg(long)]
+        report: Option<PathBuf>,
+    },
+    /// Write the plan of one case as a plan file (JSON, format cmm-plan version 1).
+    Plan {
+        /// The case file.
+        #[arg(long)]
+        cases: PathBuf,
+        /// The case's name.
+        #[arg(long)]
+        case: String,
+        /// The plan file to write (default: standard output).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Check a plan file: structure, deadlocks, races, reads of unwritten memory and
+    /// semaphore accounting under several interleavings; exits 1 on any finding.
+    Verify {
+        /// The plan file.
+        plan: PathBuf,
+        /// Interleavings to replay (the default order first).
+        #[arg(long, default_value_t = 4)]
+        schedules: usize,
+    },
+    /// Time a plan file on a hardware profile with the discrete-event simulator.
+    Simulate {
+        /// The plan file.
+        plan: PathBuf,
+        /// A built-in profile (h100-nvlink, h200-nvlink, tpuv4-torus, pcie-gen4) or a .toml file.
+        #[arg(long, default_value = "h100-nvlink")]
+        profile: String,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse().command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Golden { cases, out, filter, backend } => golden(&cases, &out, filter, backend),
+        Command::Check { cases, golden, outputs, filter, report } => {
+            check(&cases, &golden, &outputs, filter, report.as_deref())
+        }
+        Command::Plan { cases, case, out } => plan(&cases, &case, out.as_deref()),
+        Command::Verify { plan, schedules } => verify_file(&plan, schedules),
+        Command::Simulate { plan, profile, json } => simulate_file(&plan, &profile, json),
+    }
+}
+
+fn exit(summary: &Summary) -> ExitCode {
+    if summary.failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn golden(cases: &Path, out: &Path, filter: Option<String>, backend: BackendKind) -> Result<ExitCode> {
+    let runner: Box<dyn Backend> = match backend {
+        BackendKind::Reference => {
+            let r = Reference::new()
+                .context("cannot start the wgpu reference (`--backend cpu` runs the cases on the CPU twin)")?;
+            println!("adapter: {}", r.adapter_summary());
+            Box::new(r)
+        }
+        BackendKind::Cpu => Box::new(CpuTwin),
+    };
+    let options = Options {
+        filter,
+        bless: true,
+        export: Some(out.to_path_buf()),
+        cases_dir: cases.to_path_buf(),
+        golden_dir: out.join("golden"),
+        schedules: 1,
+        stats: false,
+    };
+    let summary = run_corpus(runner.as_ref(), &options).context("running the cases")?;
+    if summary.failed > 0 {
+        eprintln!("{} case(s) failed the oracle check: no golden was written for them", summary.failed);
+    }
+    Ok(exit(&summary))
+}
+
+fn check(
+    cases: &Path,
+    golden: &Path,
+    outputs: &Path,
+    filter: Option<String>,
+    report: Option<&Path>,
+) -> Result<ExitCode> {
+    if let Some(path) = report {
+        cmm_conformance::check_report_path(path)?;
+    }
+    let corpus = load_corpus(cases)?;
+    let files = OutputFiles::new(outputs, &corpus);
+    let options = Options {
+        filter,
+        bless: false,
+        export: None,
+        cases_dir: cases.to_path_buf(),
+        golden_dir: golden.join("golden"),
+        schedules: 1,
+        stats: false,
+    };
+    if !options.golden_dir.is_dir() {
+        bail!("{} is not a directory: pass the directory `cmm golden --out` wrote", options.golden_dir.display());
+    }
+    let summary = run_corpus(&files, &options).context("checking the outputs")?;
+    if let Some(path) = report {
+        write_report(path, &summary.backend, &summary.records)?;
+        println!("report: {}", path.display());
+    }
+    Ok(exit(&summary))
+}
+
+fn plan(cases: &Path, name: &str, out: Option<&Path>) -> Result<ExitCode> {
+    let corpus = load_corpus(cases)?;
+    let case =
+        corpus.iter().find(|c| c.name == name).with_context(|| format!("no case `{name}` in {}", cases.display()))?;
+    let text = case.plan().with_context(|| format!("case `{name}` has no plan"))?.to_file_json();
+    match out {
+        Some(path) => std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?,
+        None => println!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn read_plan(path: &Path) -> Result<Plan> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Plan::from_file_json(&text).with_context(|| format!("{}", path.display()))
+}
+
+fn verify_file(path: &Path, schedules: usize) -> Result<ExitCode> {
+    let plan = read_plan(path)?;
+    println!("plan {}: {} devices, {} lanes, {} ops", plan.name, plan.devices, plan.lanes.len(), plan.op_count());
+    let mut findings = 0;
+    for order in orders(schedules.max(1), plan.devices) {
+        let schedule = match schedule_with(&plan, order) {
+            Ok(s) => s,
+            Err(deadlock) => {
+                println!("{order}: {deadlock}");
+                findings += 1;
+                continue;
+            }
+        };
+        let found = verify(&plan, &schedule);
+        for f in &found {
+            println!("{order}: {}", f.describe(&plan));
+        }
+        if found.is_empty() {
+            println!("{order}: no finding");
+        }
+        findings += found.len();
+    }
+    if findings > 0 {
+        println!("{findings} finding(s)");
+        return Ok(ExitCode::FAILURE);
+    }
+    println!("verified under {} interleaving(s): no race, no deadlock, no read of unwritten memory", schedules.max(1));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn simulate_file(path: &Path, profile: &str, json: bool) -> Result<ExitCode> {
+    let plan = read_plan(path)?;
+    let profile = Profile::load(profile).context("loading the hardware profile")?;
+    let r = simulate(&plan, &profile, &SimOptions::default())?;
+    let us = |s: f64| s * 1e6;
+    if json {
+        let report = serde_json::json!({
+            "plan": plan.name,
+            "profile": profile.name,
+            "makespan_us": us(r.makespan_s),
+            "compute_floor_us": us(r.compute_floor_s),
+            "comm_floor_us": us(r.comm_floor_s),
+            "exposed_comm_us": us(r.max_exposed_comm_s()),
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("plan {} on {}", plan.name, profile.name);
+        println!("simulated:     {:.1} µs", us(r.makespan_s));
+        println!("compute floor: {:.1} µs", us(r.compute_floor_s));
+        println!("comm floor:    {:.1} µs", us(r.comm_floor_s));
+        println!("exposed comm:  {:.1} µs", us(r.max_exposed_comm_s()));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,188 @@
+//! The user's loop through the `cmm` binary, outside the repository: goldens for a case
+//! file the user wrote, a check of outputs written elsewhere (one right, one with a
+//! single wrong element), a plan file that verifies and one with a missing wait that
+//! does not, and a simulation.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn cmm(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cmm")).args(args).current_dir(dir).output().expect("cmm runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A fresh directory outside the repository, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("cmm-cli-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const CASES: &str = r#"
+[[case]]
+name = "mine_ag_gemm"
+op = "ag_gemm"
+devices = 4
+algorithm = "ring"
+m = 64
+n = 32
+k = 48
+input = "bf16"
+output = "bf16"
+family = "realistic"
+seed = 7
+
+[[case]]
+name = "mine_moe"
+op = "moe_rs"
+devices = 2
+algorithm = "ring"
+experts = 8
+topk = 2
+routing = "skewed"
+m = 16
+n = 8
+k = 12
+input = "f16"
+output = "f16"
+family = "exact"
+seed = 9
+"#;
+
+/// Adds `delta` to element (row, col) of an f32 `.npy` matrix of `cols` columns.
+fn nudge(path: &Path, row: usize, col: usize, cols: usize, delta: f32) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let header = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let at = 10 + header + 4 * (row * cols + col);
+    let v = f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) + delta;
+    bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn golden_then_check_passes_right_outputs_and_names_the_wrong_element() {
+    let s = Scratch::new("golden");
+    std::fs::write(s.0.join("my.toml"), CASES).unwrap();
+    let o = cmm(&s.0, &["golden", "--cases", "my.toml", "--out", "g", "--backend", "cpu"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(s.0.join("g/index.json")).unwrap()).unwrap();
+    let outputs = &index["cases"][0]["outputs"][0];
+    assert_eq!(outputs["buffer"], "C");
+    assert_eq!(outputs["rule"], "within");
+    assert!(outputs["tolerance"]["accumulation"].as_f64().unwrap() > 0.0);
+    assert!(outputs["layout"].as_str().unwrap().contains("device 3: rows 0..64, columns 24..32"), "{outputs}");
+    assert_eq!(index["cases"][1]["outputs"][0]["rule"], "bits");
+
+    // The user's kernel wrote exactly our outputs: they pass.
+    for (case, devices) in [("mine_ag_gemm", 4), ("mine_moe", 2)] {
+        std::fs::create_dir_all(s.0.join("mine").join(case)).unwrap();
+        for d in 0..devices {
+            let name = format!("d{d}_C.npy");
+            std::fs::copy(s.0.join("g").join(case).join(&name), s.0.join("mine").join(case).join(&name)).unwrap();
+        }
+    }
+    let check = ["check", "--cases", "my.toml", "--golden", "g", "--outputs", "mine", "--report", "r.xml"];
+    let o = cmm(&s.0, &check);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("2 passed, 0 failed"), "{}", text(&o));
+    assert!(std::fs::read_to_string(s.0.join("r.xml")).unwrap().contains("<testsuite"));
+
+    // One element off by one: the check fails and names it.
+    nudge(&s.0.join("mine/mine_ag_gemm/d2_C.npy"), 3, 5, 8, 1.0);
+    let o = cmm(&s.0, &check);
+    assert!(!o.status.success());
+    let out = text(&o);
+    assert!(out.contains("dev 2 (row 3, col 5)") && out.contains("1 of 2048 elements off"), "{out}");
+    assert!(out.contains("1 passed, 1 failed"), "{out}");
+
+    // A missing file is a failed case naming the path, not a crash.
+    std::fs::remove_file(s.0.join("mine/mine_moe/d1_C.npy")).unwrap();
+    let out = text(&cmm(&s.0, &check));
+    assert!(out.contains("d1_C.npy"), "{out}");
+}
+
+#[test]
+fn plan_files_verify_and_a_missing_wait_is_a_finding_in_words() {
+    let s = Scratch::new("verify");
+    std::fs::write(s.0.join("my.toml"), CASES).unwrap();
+    let o = cmm(&s.0, &["plan", "--cases", "my.toml", "--case", "mine_ag_gemm", "--out", "ring.json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = cmm(&s.0, &["verify", "ring.json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("no race, no deadlock"), "{}", text(&o));
+
+    let mut plan: serde_json::Value = serde_json::from_slice(&std::fs::read(s.0.join("ring.json")).unwrap()).unwrap();
+    let compute = plan["plan"]["lanes"].as_array().unwrap().iter().position(|l| l == "compute").unwrap();
+    let ops = plan["plan"]["programs"][1]["lanes"][compute].as_array_mut().unwrap();
+    let wait = ops.iter().position(|op| op["op"] == "wait").unwrap();
+    ops.remove(wait);
+    std::fs::write(s.0.join("broken.json"), plan.to_string()).unwrap();
+    let o = cmm(&s.0, &["verify", "broken.json"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("reads device 1 S[0, 0] before anything wrote it"), "{}", text(&o));
+
+    let o = cmm(&s.0, &["simulate", "ring.json", "--profile", "h100-nvlink", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(report["makespan_us"].as_f64().unwrap() > 0.0);
+
+    std::fs::write(s.0.join("junk.json"), "{\"format\": \"cmm-plan\", \"version\": 7, \"plan\": {}}").unwrap();
+    let o = cmm(&s.0, &["verify", "junk.json"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("not a plan file") || text(&o).contains("version"), "{}", text(&o));
+}
+
+/// The fenced block of `lang` that follows the line containing `after` in the guide.
+fn guide_block(guide: &str, after: &str, lang: &str) -> String {
+    let from = guide.find(after).unwrap_or_else(|| panic!("docs/guide.md has no `{after}`"));
+    let fence = format!("```{lang}\n");
+    let start = from + guide[from..].find(&fence).expect("a code block follows") + fence.len();
+    let end = start + guide[start..].find("```").expect("the block ends");
+    guide[start..end].to_string()
+}
+
+/// docs/guide.md's case file, NumPy script and commands, run as written (the reference
+/// runs the goldens; CI installs lavapipe and numpy, elsewhere a missing one is said).
+#[test]
+fn the_guide_works_as_written() {
+    let guide = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/guide.md")).unwrap();
+    let numpy = Command::new("python3").args(["-c", "import numpy"]).status().is_ok_and(|s| s.success());
+    if !numpy {
+        assert!(std::env::var_os("CI").is_none(), "CI is set but python3 cannot import numpy (.ci/run installs it)");
+        eprintln!("SKIPPED: python3 with numpy is not available here");
+        return;
+    }
+    let s = Scratch::new("guide");
+    std::fs::write(s.0.join("my.toml"), guide_block(&guide, "Write a case file anywhere", "toml")).unwrap();
+    std::fs::write(s.0.join("outputs.py"), guide_block(&guide, "stands in for a kernel", "python")).unwrap();
+    let o = cmm(&s.0, &["golden", "--cases", "my.toml", "--out", "g"]);
+    if !o.status.success() && text(&o).contains("cannot start the wgpu reference") && std::env::var_os("CI").is_none() {
+        eprintln!("SKIPPED: no wgpu adapter: {}", text(&o));
+        return;
+    }
+    assert!(o.status.success(), "{}", text(&o));
+    let index = std::fs::read_to_string(s.0.join("g/index.json")).unwrap();
+    assert!(index.contains("device 3: rows 0..64, columns 24..32"), "the guide's layout example");
+    let o = Command::new("python3").arg("outputs.py").current_dir(&s.0).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let right = cmm(&s.0, &["check", "--cases", "my.toml", "--golden", "g", "--outputs", "right"]);
+    assert!(right.status.success() && text(&right).contains("1 passed, 0 failed"), "{}", text(&right));
+    let wrong = cmm(&s.0, &["check", "--cases", "my.toml", "--golden", "g", "--outputs", "wrong"]);
+    assert!(!wrong.status.success());
+    assert!(text(&wrong).contains("oracle: dev 2 (row 3, col 5)"), "{}", text(&wrong));
+    assert!(text(&wrong).contains("1 of 2048 elements off"), "{}", text(&wrong));
+}
