@@ -29,8 +29,8 @@ pub enum Algorithm {
     /// Bidirectional ring: both link directions carry shards (ag_gemm) or half of the
     /// columns each (gemm_rs, gemm_ar).
     RingBidir,
-    /// Unidirectional ring, each shard sent as `chunks` row chunks with one signal each
-    /// (ag_gemm only).
+    /// Unidirectional ring, each shard (ag_gemm) or each block's running sum (gemm_rs,
+    /// gemm_ar) sent as `chunks` row chunks with one signal each.
     RingChunked {
         /// Chunks per shard.
         chunks: usize,
@@ -104,14 +104,6 @@ pub enum AlgorithmError {
         /// Parameter.
         parameter: &'static str,
     },
-    /// The algorithm does not implement this operation.
-    #[error("algorithm {algorithm} is not defined for {op}")]
-    Unsupported {
-        /// Operation.
-        op: OpKind,
-        /// Algorithm.
-        algorithm: Algorithm,
-    },
     /// A parameter does not divide the size it splits.
     #[error("{algorithm}: {what}={size} is not divisible by {param}={by}")]
     Indivisible {
@@ -141,26 +133,25 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
         (OpKind::AgGemm, Algorithm::RingChunked { chunks }) => ring::ag_gemm_ring(problem, algorithm, chunks),
         (OpKind::AgGemm, Algorithm::RingBidir) => ring::ag_gemm_bidir(problem),
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Baseline) => ring::gemm_reduce_baseline(problem),
-        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Ring) => ring::gemm_reduce_ring(problem, false),
-        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::RingBidir) => ring::gemm_reduce_ring(problem, true),
-        (op, algorithm) => Err(AlgorithmError::Unsupported { op, algorithm }),
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Ring) => ring::gemm_reduce_ring(problem, false, 1),
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::RingBidir) => ring::gemm_reduce_ring(problem, true, 1),
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::RingChunked { chunks }) => {
+            ring::gemm_reduce_ring(problem, false, chunks)
+        }
     }
 }
 
-/// Every algorithm variant defined for `op` (with a representative chunk count).
+/// Every algorithm variant defined for `op` (with a representative chunk count): the same
+/// five for every 1D op.
 pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
-    match op {
-        OpKind::AgGemm => {
-            vec![
-                Algorithm::Baseline,
-                Algorithm::BaselineDirect,
-                Algorithm::Ring,
-                Algorithm::RingBidir,
-                Algorithm::RingChunked { chunks: 2 },
-            ]
-        }
-        _ => vec![Algorithm::Baseline, Algorithm::BaselineDirect, Algorithm::Ring, Algorithm::RingBidir],
-    }
+    let _ = op;
+    vec![
+        Algorithm::Baseline,
+        Algorithm::BaselineDirect,
+        Algorithm::Ring,
+        Algorithm::RingBidir,
+        Algorithm::RingChunked { chunks: 2 },
+    ]
 }
 
 /// Declares the input buffer of global tensor `tensor` with each device's shard origin.

@@ -542,11 +542,28 @@ pub(super) fn ag_gemm_baseline(p: &Problem) -> Result<Plan, AlgorithmError> {
 /// GEMM+RS (and GEMM+AR as RS then AG), ring, overlapped: at step s device d computes
 /// its partial of block b_s, adds the running sum received from its neighbour and sends
 /// the result on; at s = D−1 the block is its own and the sum is final. With `bidir`
-/// the columns are split in two halves that travel in opposite directions.
-pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool) -> Result<Plan, AlgorithmError> {
+/// the columns are split in two halves that travel in opposite directions. With
+/// `chunks` > 1 each block is cut into that many row chunks, each its own ring (own
+/// semaphores, steps interleaved on the comm lane), so a chunk's sum travels while the
+/// next chunk's partial is computed.
+pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool, chunks: usize) -> Result<Plan, AlgorithmError> {
     let n = p.devices;
     let mb = p.m / n;
-    let algorithm = if bidir { Algorithm::RingBidir } else { Algorithm::Ring };
+    let algorithm = match (bidir, chunks) {
+        (true, _) => Algorithm::RingBidir,
+        (false, 1) => Algorithm::Ring,
+        (false, c) => Algorithm::RingChunked { chunks: c },
+    };
+    if chunks == 0 || mb % chunks != 0 {
+        return Err(AlgorithmError::Indivisible {
+            algorithm,
+            what: "per-block rows M/D",
+            size: mb,
+            param: "chunks",
+            by: chunks,
+        });
+    }
+    let cr = mb / chunks;
     let mut b = PlanBuilder::new(plan_name(p, algorithm), n);
     let a = input_buffer(&mut b, p, 0);
     let bm = input_buffer(&mut b, p, 1);
@@ -555,17 +572,21 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool) -> Result<Plan, Algorit
     let send = b.buffer("send", DType::F32, (n - 1) * mb, p.n, BufferRole::Scratch);
     let recv_buf = b.buffer("recv", DType::F32, (n - 1) * mb, p.n, BufferRole::Scratch);
     let compute = b.lane("compute");
-    // (column window, leftwards, ready, recv, comm lane) of each direction.
+    // (column window, leftwards, comm lane, per chunk (ready, recv)) of each direction.
     let mut dirs = Vec::new();
     let halves =
         if bidir { vec![(0, p.n.div_ceil(2), true), (p.n.div_ceil(2), p.n / 2, false)] } else { vec![(0, p.n, true)] };
     for (col0, cols, leftwards) in halves {
         let tag = if leftwards { "left" } else { "right" };
-        let ready = b.semaphore(&format!("ready_{tag}"));
-        let recv = b.semaphore(&format!("recv_{tag}"));
+        let sems: Vec<(SemId, SemId)> = (0..chunks)
+            .map(|j| {
+                let chunk = if chunks == 1 { String::new() } else { format!(".{j}") };
+                (b.semaphore(&format!("ready_{tag}{chunk}")), b.semaphore(&format!("recv_{tag}{chunk}")))
+            })
+            .collect();
         let comm = b.lane(&format!("comm_{tag}"));
         if cols > 0 {
-            dirs.push((col0, cols, leftwards, ready, recv, comm));
+            dirs.push((col0, cols, leftwards, comm, sems));
         }
     }
     let all_reduce = p.op == OpKind::GemmAr;
@@ -576,10 +597,17 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool) -> Result<Plan, Algorit
         // The final block lands in C: rows block d for AR (C is M×N), all of C for RS.
         let final_row0 = if all_reduce { d * mb } else { 0 };
         // Leftwards, step s reduces block (d+s+1)%D; rightwards, block (d−s−1)%D.
-        let rings: Vec<(OverlappedReduce, usize, usize, bool)> = dirs
+        // One ring per (direction, chunk j), over rows [j·cr, (j+1)·cr) of each block.
+        let rings: Vec<(OverlappedReduce, usize, usize, bool, usize)> = dirs
             .iter()
-            .map(|&(col0, cols, leftwards, ready, recv, comm)| {
-                let slots = |buf| (0..n - 1).map(|s| b.window(buf, s * mb, col0, mb, cols)).collect::<Vec<Region>>();
+            .flat_map(|(col0, cols, leftwards, comm, sems)| {
+                sems.iter()
+                    .enumerate()
+                    .map(move |(j, &(ready, recv))| (*col0, *cols, *leftwards, *comm, j, ready, recv))
+            })
+            .map(|(col0, cols, leftwards, comm, j, ready, recv)| {
+                let slots =
+                    |buf| (0..n - 1).map(|s| b.window(buf, s * mb + j * cr, col0, cr, cols)).collect::<Vec<Region>>();
                 let ring = OverlappedReduce {
                     me: d,
                     peer: if leftwards { left(d, n) } else { right(d, n) },
@@ -587,32 +615,34 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool) -> Result<Plan, Algorit
                     ready,
                     recv,
                     comm,
-                    part: b.window(partial, 0, col0, mb, cols),
+                    part: b.window(partial, j * cr, col0, cr, cols),
                     send: slots(send),
                     recv_slots: slots(recv_buf),
                 };
-                (ring, col0, cols, leftwards)
+                (ring, col0, cols, leftwards, j)
             })
             .collect();
         for s in 0..n {
-            for (ring, col0, cols, leftwards) in &rings {
+            for (ring, col0, cols, leftwards, j) in &rings {
                 let blk = if *leftwards { (d + s + 1) % n } else { (d + 2 * n - s - 1) % n };
-                let a_rows = b.rows(a, blk * mb, mb);
+                let a_rows = b.rows(a, blk * mb + j * cr, cr);
                 let b_cols = b.window(bm, 0, *col0, p.k / n, *cols);
-                let out = b.window(c, final_row0, *col0, mb, *cols);
+                let out = b.window(c, final_row0 + j * cr, *col0, cr, *cols);
                 ring.compute_step(&mut b, compute, s, out, &mut |b, dst| b.push(d, compute, gemm(a_rows, b_cols, dst)));
             }
         }
         if let Some(done) = done {
-            // One release after every direction's final reduce.
+            // One release after every ring's final reduce.
             b.push(d, compute, signal(d, done));
         }
-        for (ring, ..) in &rings {
-            ring.comm(&mut b);
+        for s in 0..n - 1 {
+            for (ring, ..) in &rings {
+                ring.comm_step(&mut b, s);
+            }
         }
         if let (Some(done), Some(ag)) = (done, ag) {
             // AllGather of the reduced blocks on the first comm lane, once every
-            // direction's final reduce is done.
+            // ring's final reduce is done.
             let lane = rings[0].0.comm;
             b.push(d, lane, wait(done, 1));
             let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();

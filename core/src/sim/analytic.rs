@@ -177,6 +177,21 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
                             "one GEMM, then (D−1) direct sends of block/BW, L_sync, one D-way sum [+ direct AG for AR]",
                     }
                 }
+                Algorithm::RingChunked { chunks } => {
+                    let c = chunks.max(1) as f64;
+                    let chunk_gemm = gemm_op_s(profile, m / d / chunks.max(1), n, k / d, input, DType::F32);
+                    let chunk_reduce = launch + 3.0 * block / c / profile.hbm_bps();
+                    let comm = send(block / c, copy_bw);
+                    // c chunk rings interleaved: each chunk's sum travels while the next is computed.
+                    let per_step = (c * (chunk_gemm + chunk_reduce + sync)).max(c * comm + sync);
+                    RingEstimate {
+                        total_s: c * chunk_gemm + steps * per_step + ag,
+                        gemm_step_s: c * chunk_gemm,
+                        comm_step_s: c * comm,
+                        formula:
+                            "GEMM + (D−1)·max(c·(GEMM/c + reduce/c + L_sync), c·(block/c)/BW + L_sync) [+ AG for AR]",
+                    }
+                }
                 _ => {
                     let bidir = matches!(algorithm, Algorithm::RingBidir);
                     let bw = if bidir { bidir_bw * 2.0 } else { copy_bw };

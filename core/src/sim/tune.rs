@@ -58,10 +58,9 @@ pub const CHUNK_CANDIDATES: [usize; 4] = [2, 4, 8, 16];
 
 /// The 1D candidates for an operation.
 pub fn candidates_1d(op: OpKind) -> Vec<Algorithm> {
+    let _ = op;
     let mut v = vec![Algorithm::Baseline, Algorithm::Ring, Algorithm::RingBidir];
-    if op == OpKind::AgGemm {
-        v.extend(CHUNK_CANDIDATES.iter().map(|&chunks| Algorithm::RingChunked { chunks }));
-    }
+    v.extend(CHUNK_CANDIDATES.iter().map(|&chunks| Algorithm::RingChunked { chunks }));
     v
 }
 
