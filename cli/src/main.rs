@@ -104,7 +104,7 @@ enum Command {
     Simulate {
         /// The plan file.
         plan: PathBuf,
-        /// A built-in profile (h100-nvlink, h200-nvlink, tpuv4-torus, pcie-gen4) or a .toml file.
+        /// A built-in profile (h100-nvlink, h100-ib, h200-nvlink, tpuv4-torus, pcie-gen4) or a .toml file.
         #[arg(long, default_value = "h100-nvlink")]
         profile: String,
         /// Print one JSON object.

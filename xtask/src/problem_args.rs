@@ -28,7 +28,7 @@ pub struct ProblemArgs {
     /// Output dtype (default: the input dtype).
     #[arg(long, value_parser = parse_dtype)]
     pub output: Option<DType>,
-    /// Hardware profile: a built-in name (h100-nvlink, h200-nvlink, tpuv4-torus, pcie-gen4)
+    /// Hardware profile: a built-in name (h100-nvlink, h100-ib, h200-nvlink, tpuv4-torus, pcie-gen4)
     /// or a path to a .toml file.
     #[arg(long, default_value = "h100-nvlink")]
     pub profile: String,

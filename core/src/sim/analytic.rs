@@ -59,12 +59,15 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
     let (input, output) = (problem.input, problem.output);
     let sync = profile.sync.remote_round_us * 1e-6;
     let launch = profile.launch_s();
-    let latency = profile.interconnect.link_latency_us * 1e-6;
-    let copy_bw = profile.copy.copy_engine_gbps.min(profile.interconnect.link_gbps) * 1e9;
-    // Both directions of a bidirectional ring share a GPU's switch port; on a torus they
-    // are separate links.
+    // A ring that spans nodes moves every step at the pace of its hop between nodes.
+    let network = profile.network.filter(|net| d > net.devices_per_node);
+    let latency = network.map_or(profile.interconnect.link_latency_us, |net| net.latency_us) * 1e-6;
+    let link_gbps = network.map_or(profile.interconnect.link_gbps, |net| net.nic_gbps);
+    let copy_bw = profile.copy.copy_engine_gbps.min(link_gbps) * 1e9;
+    // Both directions of a bidirectional ring share a GPU's switch port (and NIC); on a
+    // torus they are separate links.
     let bidir_bw = match profile.interconnect.topology {
-        TopologyKind::Switch => copy_bw.min(profile.link_bps() / 2.0),
+        TopologyKind::Switch => copy_bw.min(link_gbps * 1e9 / 2.0),
         TopologyKind::Torus => copy_bw,
     };
     let send = |bytes: f64, bw: f64| launch + bytes / bw + 2.0 * latency;

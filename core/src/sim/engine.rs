@@ -44,7 +44,7 @@ pub enum SimError {
     #[error(transparent)]
     Plan(#[from] PlanError),
     /// The plan has more devices than the profile's system.
-    #[error("plan `{plan}` has {devices} devices; profile {profile} describes at most {max}")]
+    #[error("plan `{plan}` has {devices} devices; profile {profile} describes at most {max} (a multi-node profile such as h100-ib, or one with a [network] section, describes more)")]
     TooManyDevices {
         /// Plan name.
         plan: String,
@@ -376,13 +376,13 @@ impl<'a> Sim<'a> {
                     for &r in &route {
                         self.link_bytes[r] += bytes;
                     }
-                    let hops = self.topo.hops(device, *dst_device) as f64;
+                    let latency = self.topo.latency_s(device, *dst_device);
                     let work = bytes / rate.min(p.link_bps());
                     (
                         vec![
                             Phase::Fixed(launch),
                             Phase::Fluid { amount: bytes, cap: rate, resources: route },
-                            Phase::Fixed(hops * p.interconnect.link_latency_us * 1e-6),
+                            Phase::Fixed(latency),
                         ],
                         bytes,
                         0.0,
@@ -391,16 +391,8 @@ impl<'a> Sim<'a> {
                 }
             }
             Op::Signal { device: target, sem, add } => {
-                let hops = self.topo.hops(device, *target) as f64;
-                (
-                    vec![
-                        Phase::Fixed(hops * p.interconnect.link_latency_us * 1e-6),
-                        Phase::Deliver { device: *target, sem: *sem, add: *add },
-                    ],
-                    0.0,
-                    0.0,
-                    0.0,
-                )
+                let latency = self.topo.latency_s(device, *target);
+                (vec![Phase::Fixed(latency), Phase::Deliver { device: *target, sem: *sem, add: *add }], 0.0, 0.0, 0.0)
             }
             Op::Wait { sem, value } => (vec![Phase::Block { sem: *sem, value: *value }], 0.0, 0.0, 0.0),
         }
@@ -795,6 +787,24 @@ mod tests {
 
     fn sim(plan: &Plan, profile: &Profile) -> SimReport {
         simulate(plan, profile, &SimOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn a_ring_across_nodes_waits_on_the_network() {
+        let p = Problem::new(OpKind::AgGemm, 16, 16 * 1024, 16 * 4096, 4096, DType::Bf16, DType::Bf16).unwrap();
+        let plan = build_plan(&p, Algorithm::Ring).unwrap();
+        let nvlink = Profile::load("h100-nvlink").unwrap();
+        assert!(matches!(
+            simulate(&plan, &nvlink, &SimOptions::default()),
+            Err(SimError::TooManyDevices { max: 8, .. })
+        ));
+        let ib = Profile::load("h100-ib").unwrap();
+        let r = sim(&plan, &ib);
+        // Two of the 16 ring hops cross nodes; the ring moves at their pace.
+        assert!(r.busiest_link.as_deref().is_some_and(|l| l.contains("nic")), "{:?}", r.busiest_link);
+        let eight = sim(&build_plan(&seed000(8), Algorithm::Ring).unwrap(), &ib);
+        assert!(eight.busiest_link.as_deref().is_some_and(|l| !l.contains("nic")), "one node stays on NVLink");
+        assert!(r.makespan_s >= r.comm_floor_s);
     }
 
     #[test]

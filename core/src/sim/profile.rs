@@ -127,6 +127,20 @@ pub struct InterconnectProfile {
     pub collective_directions: usize,
 }
 
+/// The network joining nodes of a multi-node system: the interconnect above wires the
+/// devices inside a node; a copy between nodes leaves through the sender's NIC and
+/// enters through the receiver's (one NIC per device, as on DGX/HGX systems).
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkProfile {
+    /// Devices per node (device d is in node d / devices_per_node).
+    pub devices_per_node: usize,
+    /// Bandwidth of one device's NIC, per direction, GB/s.
+    pub nic_gbps: f64,
+    /// One-way latency of a small write between nodes, µs.
+    pub latency_us: f64,
+}
+
 /// Rates of the two ways to move bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -171,11 +185,15 @@ pub struct Profile {
     pub copy: CopyProfile,
     /// Synchronisation.
     pub sync: SyncProfile,
+    /// The network between nodes, for multi-node systems (absent: one node).
+    #[serde(default)]
+    pub network: Option<NetworkProfile>,
 }
 
 /// The profiles shipped in `core/profiles/`, by name.
-const BUILTIN: [(&str, &str); 4] = [
+const BUILTIN: [(&str, &str); 5] = [
     ("h100-nvlink", include_str!("../../profiles/h100-nvlink.toml")),
+    ("h100-ib", include_str!("../../profiles/h100-ib.toml")),
     ("h200-nvlink", include_str!("../../profiles/h200-nvlink.toml")),
     ("tpuv4-torus", include_str!("../../profiles/tpuv4-torus.toml")),
     ("pcie-gen4", include_str!("../../profiles/pcie-gen4.toml")),
@@ -285,6 +303,28 @@ impl Profile {
         for (field, v) in counts {
             if v == 0 {
                 return Err(invalid(field, v.to_string(), "must be at least 1"));
+            }
+        }
+        if let Some(n) = &self.network {
+            if n.devices_per_node == 0 {
+                return Err(invalid("network.devices_per_node", "0".into(), "must be at least 1"));
+            }
+            if !(n.nic_gbps.is_finite() && n.nic_gbps > 0.0) {
+                return Err(invalid("network.nic_gbps", n.nic_gbps.to_string(), "must be a finite number above 0"));
+            }
+            if !(n.latency_us.is_finite() && n.latency_us >= 0.0) {
+                return Err(invalid(
+                    "network.latency_us",
+                    n.latency_us.to_string(),
+                    "must be a finite number, 0 or more",
+                ));
+            }
+            if self.interconnect.topology != TopologyKind::Switch {
+                return Err(invalid(
+                    "network",
+                    self.interconnect.topology.to_string(),
+                    "joins nodes whose devices share a switch (interconnect.topology = \"switch\")",
+                ));
             }
         }
         if self.interconnect.collective_directions > 2 {

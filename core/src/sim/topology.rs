@@ -41,6 +41,11 @@ pub struct Topology {
     /// Every resource.
     pub resources: Vec<Resource>,
     links_base: usize,
+    /// Multi-node: devices per node and the index of the first NIC resource (each
+    /// device's egress, then each device's ingress).
+    nodes: Option<(usize, ResId)>,
+    /// One-way latency of a hop inside a node and between nodes, seconds.
+    latency_s: (f64, f64),
 }
 
 impl Topology {
@@ -86,7 +91,25 @@ impl Topology {
                 }
             }
         }
-        Topology { kind: profile.interconnect.topology, devices, dims, resources, links_base }
+        let nodes = profile.network.map(|net| {
+            let base = resources.len();
+            for (dir, d) in ["egress", "ingress"].iter().flat_map(|dir| (0..devices).map(move |d| (dir, d))) {
+                resources.push(Resource {
+                    name: format!("dev{d} nic {dir}"),
+                    capacity: net.nic_gbps * 1e9,
+                    kind: ResourceKind::Link,
+                });
+            }
+            (net.devices_per_node, base)
+        });
+        let latency_s =
+            (profile.interconnect.link_latency_us * 1e-6, profile.network.map_or(0.0, |n| n.latency_us * 1e-6));
+        Topology { kind: profile.interconnect.topology, devices, dims, resources, links_base, nodes, latency_s }
+    }
+
+    /// Whether a copy from `src` to `dst` crosses the network between nodes.
+    fn between_nodes(&self, src: usize, dst: usize) -> bool {
+        self.nodes.is_some_and(|(per, _)| src / per != dst / per)
     }
 
     /// The compute resource of a device.
@@ -118,6 +141,9 @@ impl Topology {
 
     /// The link resources a copy from `src` to `dst` (a peer) crosses, in order.
     pub fn route(&self, src: usize, dst: usize) -> Vec<ResId> {
+        if let (true, Some((_, nic))) = (self.between_nodes(src, dst), self.nodes) {
+            return vec![nic + src, nic + self.devices + dst];
+        }
         match self.kind {
             TopologyKind::Switch => vec![self.links_base + src, self.links_base + self.devices + dst],
             TopologyKind::Torus => {
@@ -148,6 +174,16 @@ impl Topology {
             TopologyKind::Torus => self.route(src, dst).len(),
         }
     }
+
+    /// One-way latency of a small write from `src` to `dst`: per hop inside a node, the
+    /// network's between nodes.
+    pub fn latency_s(&self, src: usize, dst: usize) -> f64 {
+        if self.between_nodes(src, dst) {
+            self.latency_s.1
+        } else {
+            self.hops(src, dst) as f64 * self.latency_s.0
+        }
+    }
 }
 
 #[cfg(test)]
@@ -166,6 +202,23 @@ mod tests {
         let ring = Topology::new(&p, 8, vec![8]);
         assert_eq!(ring.hops(0, 7), 1);
         assert_eq!(ring.hops(0, 4), 4);
+    }
+
+    #[test]
+    fn nodes_talk_through_their_nics_and_pay_the_network_latency() {
+        let p = Profile::load("h100-ib").unwrap();
+        let t = Topology::new(&p, 16, vec![16]);
+        let inside = t.route(1, 2);
+        assert_eq!(
+            (t.resources[inside[0]].name.as_str(), t.resources[inside[1]].name.as_str()),
+            ("dev1 egress", "dev2 ingress")
+        );
+        let across = t.route(7, 8);
+        assert_eq!(t.resources[across[0]].name, "dev7 nic egress");
+        assert_eq!(t.resources[across[1]].name, "dev8 nic ingress");
+        assert!(t.resources[across[0]].capacity < t.resources[inside[0]].capacity);
+        assert!(t.latency_s(7, 8) > t.latency_s(1, 2));
+        assert_eq!(t.latency_s(3, 3), 0.0);
     }
 
     #[test]
