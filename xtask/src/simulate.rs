@@ -6,19 +6,23 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use cmm_core::algorithms::build_plan;
 use cmm_core::generator::Family;
+use cmm_core::mesh::build_mesh_plan;
 use cmm_core::plan::Plan;
 use cmm_core::sim::analytic::ring_1d;
+use cmm_core::sim::analytic::{estimate_mesh, mesh_family, MeshGemm, MeshShape};
 use cmm_core::sim::tune::candidates_1d;
 use cmm_core::sim::tune::tune_moe;
 use cmm_core::sim::tune::{tune_attention, tune_linear};
 use cmm_core::sim::validate::{seed000, seed002, seed002_simulated};
+use cmm_core::sim::TopologyKind;
 use cmm_core::sim::{simulate, OpClass, Profile, SimOptions, SimReport};
 use cmm_core::timeline::Timeline;
 use cmm_core::{AttentionProblem, Layer, Layout, LinearProblem, MoeOp, MoeProblem, Pass, Routing};
+use cmm_core::{Dataflow, MeshAlgorithm, MeshProblem};
 use cmm_reference::{Reference, RunOptions};
 use serde::Serialize;
 
@@ -106,6 +110,20 @@ pub struct Args {
     /// The router's distribution: uniform, skewed, empty, single or drop.
     #[arg(long, default_value = "uniform", value_parser = parse_routing, requires = "moe")]
     pub routing: Routing,
+    /// A 2D GEMM on an Nr×Nc mesh instead of a 1D op (with -m -n -k, --dataflow and
+    /// --algorithm collective, summa, cannon, wang or meshslice): the mesh plan itself is
+    /// simulated, beside seed 002's analytic model.
+    #[arg(long, value_name = "NRxNC", conflicts_with_all = ["op", "chunks", "torus", "compare", "layer", "attention", "moe"])]
+    pub mesh: Option<String>,
+    /// The mesh dataflow: os, ls or rs.
+    #[arg(long, default_value = "os", requires = "mesh")]
+    pub dataflow: String,
+    /// MeshSlice's slice count S.
+    #[arg(long, requires = "mesh")]
+    pub slices: Option<usize>,
+    /// MeshSlice's block size B (default: the largest with S·B dividing both sliced extents).
+    #[arg(long, requires = "mesh")]
+    pub block: Option<usize>,
 }
 
 fn parse_moe_op(s: &str) -> Result<MoeOp, String> {
@@ -163,6 +181,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if let Some(op) = args.moe {
         return moe(args, op);
+    }
+    if let Some(mesh) = &args.mesh {
+        return mesh_gemm(args, mesh);
     }
     let problem = args.problem.problem()?;
     let profile = args.problem.profile()?;
@@ -285,6 +306,35 @@ fn linear(args: &Args, layer: Layer) -> Result<()> {
     let header = format!("linear {} on {} ({:.1} TFLOP)", problem.describe(), profile.name, problem.flops() / 1e12);
     let rows = ranking.ranked.iter().map(|c| (c.algorithm.to_string(), &c.report)).collect();
     print_ranking(args.json, header, problem.describe(), &profile, rows, ranking.overlap_pays, &ranking.reason)
+}
+
+/// `--mesh`: one 2D plan simulated on the mesh, beside seed 002's analytic estimate.
+fn mesh_gemm(args: &Args, mesh: &str) -> Result<()> {
+    let dims = torus_dims(&Some(mesh.to_string()))?.unwrap_or_default();
+    let [nr, nc] = dims[..] else { bail!("--mesh {mesh}: expected NRxNC, e.g. 4x4") };
+    let pa = &args.problem;
+    let (Some(m), Some(n), Some(k)) = (pa.m, pa.n, pa.k) else {
+        bail!("a mesh GEMM needs -m, -n and -k, e.g. --mesh 4x4 --dataflow os --algorithm meshslice --slices 4 -m 8192 -n 8192 -k 8192");
+    };
+    let dataflow: Dataflow = args.dataflow.parse().map_err(anyhow::Error::msg)?;
+    let output = pa.output.unwrap_or(pa.input);
+    let problem = MeshProblem::for_simulation(nr, nc, dataflow, m, n, k, pa.input, output)?;
+    // MeshSlice's block defaults to the largest B with S·B dividing both sliced extents.
+    let block = args.block.or_else(|| problem.largest_block(args.slices?).filter(|_| args.algorithm == "meshslice"));
+    let algorithm = MeshAlgorithm::parse(&args.algorithm, args.slices, block)?;
+    let plan = build_mesh_plan(&problem, algorithm)?;
+    let profile = pa.profile()?;
+    let torus = profile.interconnect.topology == TopologyKind::Torus;
+    let report = simulate(&plan, &profile, &SimOptions { torus_dims: torus.then(|| vec![nr, nc]) })?;
+    let (family, slices) = mesh_family(algorithm);
+    let gemm = MeshGemm { m, n, k, dataflow, dtype: pa.input };
+    let analytic = estimate_mesh(family, &gemm, MeshShape { rows: nr, cols: nc }, slices, &profile)?;
+    if args.json {
+        println!("{}", json(&plan, &report, analytic.total_s));
+    } else {
+        print_report(&plan, &profile, &report, analytic.total_s, "seed 002's analytic model");
+    }
+    write_timeline(args, &Timeline::from_simulation(&plan, &report))
 }
 
 /// `--moe`: every MoE algorithm simulated, and the verdict.
@@ -622,5 +672,23 @@ mod tests {
         assert_eq!(v["profile"], "my \"big\" \\ cluster");
         assert_eq!(v["plan"], "plan \"with\" quotes\\");
         assert!(v["makespan_us"].as_f64().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn the_mesh_mode_simulates_the_mesh_plan_and_refuses_bad_shapes() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let parse = |line: &str| Cli::try_parse_from(line.split_whitespace()).map(|c| c.args);
+        let ok = parse("x --mesh 2x2 --dataflow os --algorithm meshslice --slices 2 -m 64 -n 64 -k 64 --json").unwrap();
+        run(&ok).unwrap();
+        let bad = parse("x --mesh 2x2x2 --algorithm summa -m 64 -n 64 -k 64").unwrap();
+        assert!(run(&bad).unwrap_err().to_string().contains("expected NRxNC"));
+        let slices = parse("x --mesh 2x2 --algorithm meshslice --slices 3 -m 64 -n 64 -k 64").unwrap();
+        assert!(run(&slices).is_err(), "3 slices do not divide K/Nr = 32");
+        assert!(parse("x --mesh 2x2 --op ag_gemm -m 64 -n 64 -k 64").is_err(), "--op and --mesh conflict");
     }
 }

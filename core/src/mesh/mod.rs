@@ -421,6 +421,14 @@ impl MeshProblem {
         (dim, [(format!("{dim}/Nr"), size / self.nr), (format!("{dim}/Nc"), size / self.nc)])
     }
 
+    /// MeshSlice's largest block size B for `slices` slices: S·B divides both sliced
+    /// extents (seed 002: S·B | K/Nr and S·B | K/Nc for OS). `None` if S divides neither.
+    pub fn largest_block(&self, slices: usize) -> Option<usize> {
+        let (_, [(_, along_rows), (_, along_cols)]) = self.sliced_dimension();
+        let common = gcd(along_rows, along_cols);
+        (slices > 0 && common % slices == 0).then(|| common / slices)
+    }
+
     /// The bytes each device sends by the traffic cost of seed 002 §2.3.1: within its
     /// mesh row (Nc−1)·size(M_c)/(Nr·Nc), within its mesh column (Nr−1)·size(M_r)/(Nr·Nc),
     /// where M_c and M_r are the matrices flowing horizontally and vertically (inputs in

@@ -215,6 +215,19 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
 use crate::mesh::lcm;
 pub use crate::mesh::Dataflow;
 
+/// The analytic model's family of a mesh plan's algorithm, with its slice count (1 for
+/// the algorithms that do not slice).
+pub fn mesh_family(algorithm: crate::mesh::MeshAlgorithm) -> (MeshFamily, usize) {
+    use crate::mesh::MeshAlgorithm;
+    match algorithm {
+        MeshAlgorithm::Collective => (MeshFamily::Collective, 1),
+        MeshAlgorithm::Summa => (MeshFamily::Summa, 1),
+        MeshAlgorithm::Cannon => (MeshFamily::Cannon, 1),
+        MeshAlgorithm::Wang => (MeshFamily::Wang, 1),
+        MeshAlgorithm::MeshSlice { slices, .. } => (MeshFamily::MeshSlice, slices),
+    }
+}
+
 /// The 2D algorithms of seed 002, without their parameters (the plan-level
 /// [`crate::mesh::MeshAlgorithm`] carries MeshSlice's S and B).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

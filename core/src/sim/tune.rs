@@ -22,7 +22,6 @@ use crate::algorithms::{build_plan, Algorithm};
 use crate::attention::{build_attention_plan, AttentionAlgorithm, AttentionProblem, Layout};
 use crate::dtype::DType;
 use crate::linear::{build_linear_plan, LinearAlgorithm, LinearProblem};
-use crate::mesh::gcd;
 use crate::mesh::{build_mesh_plan, MeshAlgorithm, MeshProblem};
 use crate::moe::{build_moe_plan, MoeProblem};
 use crate::plan::Plan;
@@ -226,14 +225,7 @@ impl MeshPlanner for MeshPlans {
             MeshFamily::Summa => MeshAlgorithm::Summa,
             MeshFamily::Cannon => MeshAlgorithm::Cannon,
             MeshFamily::Wang => MeshAlgorithm::Wang,
-            MeshFamily::MeshSlice => {
-                let (_, [(_, along_rows), (_, along_cols)]) = problem.sliced_dimension();
-                let common = gcd(along_rows, along_cols);
-                if slices == 0 || common % slices != 0 {
-                    return None;
-                }
-                MeshAlgorithm::MeshSlice { slices, block: common / slices }
-            }
+            MeshFamily::MeshSlice => MeshAlgorithm::MeshSlice { slices, block: problem.largest_block(slices)? },
         };
         build_mesh_plan(&problem, algorithm).ok()
     }
