@@ -5,8 +5,9 @@
 //!   `index.json` that says where every output sits and how it is judged.
 //! - `cmm check` judges outputs your kernel wrote (`.npy`) by the same rules.
 //! - `cmm plan` writes the plan of a case as a plan file; `cmm verify` checks a plan
-//!   file for races, deadlocks and semaphore errors; `cmm simulate` times it on a
-//!   hardware profile.
+//!   file for races, deadlocks and semaphore errors.
+//! - `cmm simulate` times a plan file or a problem's plans on a hardware profile;
+//!   `cmm tune` ranks the candidates.
 //!
 //! `cargo xtask` is the developers' tool; both call the same library code.
 
@@ -15,9 +16,10 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use cmm_conformance::{load_corpus, run_corpus, write_report, Backend, CpuTwin, Options, OutputFiles, Summary};
+use cmm_conformance::{
+    load_corpus, run_corpus, write_report, Backend, CaseRecord, CpuTwin, Options, OutputFiles, Summary,
+};
 use cmm_core::schedule::{orders, schedule_with};
-use cmm_core::sim::{simulate, Profile, SimOptions};
 use cmm_core::verify::verify;
 use cmm_core::Plan;
 use cmm_reference::Reference;
@@ -99,18 +101,17 @@ enum Command {
         /// Interleavings to replay (the default order first).
         #[arg(long, default_value_t = 4)]
         schedules: usize,
-    },
-    /// Time a plan file on a hardware profile with the discrete-event simulator.
-    Simulate {
-        /// The plan file.
-        plan: PathBuf,
-        /// A built-in profile (h100-nvlink, h100-ib, h200-nvlink, tpuv4-torus, pcie-gen4) or a .toml file.
-        #[arg(long, default_value = "h100-nvlink")]
-        profile: String,
-        /// Print one JSON object.
+        /// Also write a report, one test case per interleaving: JSON for .json, JUnit XML
+        /// for .xml.
         #[arg(long)]
-        json: bool,
+        report: Option<PathBuf>,
     },
+    /// Simulate a plan file, or a problem's plan (1D op, mesh GEMM, linear layer,
+    /// attention, MoE op), on a hardware profile; --json for one JSON object.
+    Simulate(Box<cmm_cli::simulate::Args>),
+    /// Rank the candidate plans of a problem by simulated time (or 2D configurations by
+    /// seed 002's model) and say why the winner wins.
+    Tune(Box<cmm_cli::tune::Args>),
 }
 
 fn main() -> ExitCode {
@@ -130,8 +131,9 @@ fn run(command: Command) -> Result<ExitCode> {
             check(&cases, &golden, &outputs, filter, report.as_deref())
         }
         Command::Plan { cases, case, out } => plan(&cases, &case, out.as_deref()),
-        Command::Verify { plan, schedules } => verify_file(&plan, schedules),
-        Command::Simulate { plan, profile, json } => simulate_file(&plan, &profile, json),
+        Command::Verify { plan, schedules, report } => verify_file(&plan, schedules, report.as_deref()),
+        Command::Simulate(args) => cmm_cli::simulate::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Tune(args) => cmm_cli::tune::run(&args).map(|()| ExitCode::SUCCESS),
     }
 }
 
@@ -218,57 +220,48 @@ fn read_plan(path: &Path) -> Result<Plan> {
     Plan::from_file_json(&text).with_context(|| format!("{}", path.display()))
 }
 
-fn verify_file(path: &Path, schedules: usize) -> Result<ExitCode> {
+fn verify_file(path: &Path, schedules: usize, report: Option<&Path>) -> Result<ExitCode> {
+    if let Some(path) = report {
+        cmm_conformance::check_report_path(path)?;
+    }
     let plan = read_plan(path)?;
     println!("plan {}: {} devices, {} lanes, {} ops", plan.name, plan.devices, plan.lanes.len(), plan.op_count());
     let mut findings = 0;
+    let mut records = Vec::new();
     for order in orders(schedules.max(1), plan.devices) {
-        let schedule = match schedule_with(&plan, order) {
-            Ok(s) => s,
-            Err(deadlock) => {
-                println!("{order}: {deadlock}");
-                findings += 1;
-                continue;
-            }
+        let found: Vec<String> = match schedule_with(&plan, order) {
+            Ok(schedule) => verify(&plan, &schedule).iter().map(|f| f.describe(&plan)).collect(),
+            Err(deadlock) => vec![deadlock.to_string()],
         };
-        let found = verify(&plan, &schedule);
         for f in &found {
-            println!("{order}: {}", f.describe(&plan));
+            println!("{order}: {f}");
         }
         if found.is_empty() {
             println!("{order}: no finding");
         }
         findings += found.len();
+        records.push(CaseRecord {
+            name: format!("{} [{order}]", plan.name),
+            op: "verify".into(),
+            algorithm: String::new(),
+            devices: plan.devices.to_string(),
+            shape: String::new(),
+            dtype: String::new(),
+            family: String::new(),
+            passed: found.is_empty(),
+            time_ms: None,
+            max_error: None,
+            reason: found.join("; "),
+        });
+    }
+    if let Some(path) = report {
+        write_report(path, "verifier", &records)?;
+        println!("report: {}", path.display());
     }
     if findings > 0 {
         println!("{findings} finding(s)");
         return Ok(ExitCode::FAILURE);
     }
     println!("verified under {} interleaving(s): no race, no deadlock, no read of unwritten memory", schedules.max(1));
-    Ok(ExitCode::SUCCESS)
-}
-
-fn simulate_file(path: &Path, profile: &str, json: bool) -> Result<ExitCode> {
-    let plan = read_plan(path)?;
-    let profile = Profile::load(profile).context("loading the hardware profile")?;
-    let r = simulate(&plan, &profile, &SimOptions::default())?;
-    let us = |s: f64| s * 1e6;
-    if json {
-        let report = serde_json::json!({
-            "plan": plan.name,
-            "profile": profile.name,
-            "makespan_us": us(r.makespan_s),
-            "compute_floor_us": us(r.compute_floor_s),
-            "comm_floor_us": us(r.comm_floor_s),
-            "exposed_comm_us": us(r.max_exposed_comm_s()),
-        });
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        println!("plan {} on {}", plan.name, profile.name);
-        println!("simulated:     {:.1} µs", us(r.makespan_s));
-        println!("compute floor: {:.1} µs", us(r.compute_floor_s));
-        println!("comm floor:    {:.1} µs", us(r.comm_floor_s));
-        println!("exposed comm:  {:.1} µs", us(r.max_exposed_comm_s()));
-    }
     Ok(ExitCode::SUCCESS)
 }

@@ -131,9 +131,12 @@ fn plan_files_verify_and_a_missing_wait_is_a_finding_in_words() {
     let wait = ops.iter().position(|op| op["op"] == "wait").unwrap();
     ops.remove(wait);
     std::fs::write(s.0.join("broken.json"), plan.to_string()).unwrap();
-    let o = cmm(&s.0, &["verify", "broken.json"]);
+    let o = cmm(&s.0, &["verify", "broken.json", "--report", "v.json"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("reads device 1 S[0, 0] before anything wrote it"), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(s.0.join("v.json")).unwrap()).unwrap();
+    assert_eq!(report["cases"].as_array().unwrap().len(), 4, "one test case per interleaving");
+    assert!(report["failed"].as_u64().unwrap() > 0);
 
     let o = cmm(&s.0, &["simulate", "ring.json", "--profile", "h100-nvlink", "--json"]);
     assert!(o.status.success(), "{}", text(&o));

@@ -32,6 +32,13 @@ pub trait Backend {
     /// `order`, and returns every device's memory, `[device][buffer]` words as in
     /// [`cmm_core::cpu::Memory`].
     fn run(&self, plan: &Plan, seed: u32, family: Family, order: Order) -> Result<Memory, BackendError>;
+
+    /// Whether the backend can hold `plan` at all, checked before the oracle and the
+    /// run (an adapter's binding limit); the default says yes.
+    fn check_fits(&self, plan: &Plan) -> Result<(), BackendError> {
+        let _ = plan;
+        Ok(())
+    }
 }
 
 /// The CPU twin of the reference ([`cmm_core::cpu::run`]): same schedule, same
@@ -56,6 +63,12 @@ impl Backend for CpuTwin {
 impl Backend for Reference {
     fn name(&self) -> String {
         format!("reference on {}", self.adapter_summary())
+    }
+
+    fn check_fits(&self, plan: &Plan) -> Result<(), BackendError> {
+        self.gpu()
+            .check_fits(plan)
+            .map_err(|e| BackendError::Failed { backend: "reference".into(), message: e.to_string() })
     }
 
     fn run(&self, plan: &Plan, seed: u32, family: Family, order: Order) -> Result<Memory, BackendError> {

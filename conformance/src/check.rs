@@ -394,6 +394,8 @@ fn check_into(
     if let Some(why) = workload.unsupported_family(case.family) {
         return Err(Failure::Family(why));
     }
+    // Refused before the oracle (which can take long on a shape too large to run).
+    backend.check_fits(plan)?;
     let computed;
     let expected: &[ExpectedOutput] = match prepared {
         Some(e) => e,

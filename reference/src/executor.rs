@@ -562,6 +562,22 @@ impl Default for RunOptions {
 }
 
 impl Gpu {
+    /// Whether `plan`'s memory fits what this adapter binds, checked before any work
+    /// (inputs, oracle, dispatches): a typed error naming the sizes, and the CPU twin.
+    pub fn check_fits(&self, plan: &Plan) -> Result<(), ReferenceError> {
+        let layout = Layout::new(plan);
+        let bytes = layout.total as u64 * 4;
+        if bytes > self.max_heap_bytes() || layout.total > u32::MAX as usize {
+            return Err(ReferenceError::TooLarge {
+                plan: plan.name.clone(),
+                needed: bytes,
+                devices: plan.devices,
+                limit: self.max_heap_bytes(),
+            });
+        }
+        Ok(())
+    }
+
     /// Runs `plan` with inputs from `(seed, family)` in the default order.
     pub fn run(&self, plan: &Plan, seed: u32, family: Family) -> Result<RunOutput, ReferenceError> {
         self.run_with(plan, seed, family, &RunOptions::default())
@@ -581,16 +597,9 @@ impl Gpu {
         plan.check_generator_range()?;
         cmm_core::moe::check_routing(plan, seed)?;
         let sched = schedule_with(plan, options.order)?;
+        self.check_fits(plan)?;
         let layout = Layout::new(plan);
         let bytes = layout.total as u64 * 4;
-        if bytes > self.max_heap_bytes() || layout.total > u32::MAX as usize {
-            return Err(ReferenceError::TooLarge {
-                plan: plan.name.clone(),
-                needed: bytes,
-                devices: plan.devices,
-                limit: self.max_heap_bytes(),
-            });
-        }
         let max_groups = self.device.limits().max_compute_workgroups_per_dimension;
         let mut setup = Encoder { plan, layout: &layout, max_groups, dispatches: Vec::new() };
         for d in 0..plan.devices {

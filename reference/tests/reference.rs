@@ -123,6 +123,9 @@ fn a_plan_too_large_for_the_adapter_is_a_typed_error() {
     b.buffer("X", DType::F32, rows, 4096, BufferRole::Scratch);
     let plan = b.finish().unwrap();
     assert!(matches!(r.run(&plan, 0, Family::Exact), Err(ReferenceError::TooLarge { .. })));
+    // Also before any work, with the way out named.
+    let e = r.gpu().check_fits(&plan).unwrap_err();
+    assert!(e.to_string().contains("--backend cpu"), "{e}");
 }
 
 #[test]

@@ -7,14 +7,12 @@ mod ci;
 mod conformance;
 mod cuda;
 mod mutants;
-mod problem_args;
-mod simulate;
-mod tune;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use cmm_cli::{simulate, tune};
 
 /// cmm project tasks.
 #[derive(Debug, Parser)]

@@ -1,4 +1,4 @@
-//! `cargo xtask simulate`: simulate one plan on a hardware profile (or time it on the wgpu
+//! `cmm simulate` (also `cargo xtask simulate`): simulate one plan on a hardware profile (or time it on the wgpu
 //! reference), compare with the analytic formulas, write timelines, print the validation
 //! table.
 
@@ -37,9 +37,12 @@ pub enum Executor {
     Reference,
 }
 
-/// Arguments of `cargo xtask simulate`.
+/// Arguments of `cmm simulate` and `cargo xtask simulate`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// A plan file (JSON, format cmm-plan) to simulate instead of a problem.
+    #[arg(value_name = "PLAN", conflicts_with_all = ["op", "chunks", "compare", "validate", "layer", "attention", "moe", "mesh"])]
+    pub plan: Option<PathBuf>,
     #[command(flatten)]
     pub problem: ProblemArgs,
     /// Algorithm: baseline, ring, ring_bidir or ring_chunked.
@@ -173,6 +176,9 @@ pub fn run(args: &Args) -> Result<()> {
     if args.validate {
         return validate();
     }
+    if let Some(path) = &args.plan {
+        return plan_file(args, path);
+    }
     if let Some(layer) = args.layer {
         return linear(args, layer);
     }
@@ -198,9 +204,9 @@ pub fn run(args: &Args) -> Result<()> {
             let report = simulate(&plan, &profile, &options)?;
             let analytic = ring_1d(&problem, alg, &profile);
             if args.json {
-                println!("{}", json(&plan, &report, analytic.total_s));
+                println!("{}", json(&plan, &report, Some(analytic.total_s)));
             } else {
-                print_report(&plan, &profile, &report, analytic.total_s, analytic.formula);
+                print_report(&plan, &profile, &report, Some((analytic.total_s, analytic.formula)));
             }
             write_timeline(args, &Timeline::from_simulation(&plan, &report))
         }
@@ -308,6 +314,20 @@ fn linear(args: &Args, layer: Layer) -> Result<()> {
     print_ranking(args.json, header, problem.describe(), &profile, rows, ranking.overlap_pays, &ranking.reason)
 }
 
+/// A plan file simulated as it is (no analytic model: the plan says nothing of a problem).
+fn plan_file(args: &Args, path: &std::path::Path) -> Result<()> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let plan = Plan::from_file_json(&text).with_context(|| format!("{}", path.display()))?;
+    let profile = args.problem.profile()?;
+    let report = simulate(&plan, &profile, &SimOptions { torus_dims: torus_dims(&args.torus)? })?;
+    if args.json {
+        println!("{}", json(&plan, &report, None));
+    } else {
+        print_report(&plan, &profile, &report, None);
+    }
+    write_timeline(args, &Timeline::from_simulation(&plan, &report))
+}
+
 /// `--mesh`: one 2D plan simulated on the mesh, beside seed 002's analytic estimate.
 fn mesh_gemm(args: &Args, mesh: &str) -> Result<()> {
     let dims = torus_dims(&Some(mesh.to_string()))?.unwrap_or_default();
@@ -330,9 +350,9 @@ fn mesh_gemm(args: &Args, mesh: &str) -> Result<()> {
     let gemm = MeshGemm { m, n, k, dataflow, dtype: pa.input };
     let analytic = estimate_mesh(family, &gemm, MeshShape { rows: nr, cols: nc }, slices, &profile)?;
     if args.json {
-        println!("{}", json(&plan, &report, analytic.total_s));
+        println!("{}", json(&plan, &report, Some(analytic.total_s)));
     } else {
-        print_report(&plan, &profile, &report, analytic.total_s, "seed 002's analytic model");
+        print_report(&plan, &profile, &report, Some((analytic.total_s, "seed 002's analytic model")));
     }
     write_timeline(args, &Timeline::from_simulation(&plan, &report))
 }
@@ -480,7 +500,7 @@ fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic_s: f64, formula: &str) {
+fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic: Option<(f64, &str)>) {
     println!("plan:          {}", plan.name);
     println!("profile:       {} ({})", profile.name, profile.description);
     println!("makespan:      {}", us(r.makespan_s));
@@ -491,7 +511,9 @@ fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic_s: f64, 
         r.busiest_link.as_ref().map(|l| format!("; busiest: {l}")).unwrap_or_default()
     );
     println!("exposed comm:  {} (max over devices of makespan − compute busy)", us(r.max_exposed_comm_s()));
-    println!("analytic:      {} ({formula})", us(analytic_s));
+    if let Some((analytic_s, formula)) = analytic {
+        println!("analytic:      {} ({formula})", us(analytic_s));
+    }
     println!("lane busy, device 0:");
     for (lane, busy) in r.lanes.iter().zip(&r.lane_busy_s[0]) {
         println!("  {lane:<12} {:>12} ({:.0} %)", us(*busy), 100.0 * busy / r.makespan_s.max(1e-30));
@@ -524,7 +546,7 @@ fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic_s: f64, 
     }
 }
 
-fn json(plan: &Plan, r: &SimReport, analytic_s: f64) -> String {
+fn json(plan: &Plan, r: &SimReport, analytic_s: Option<f64>) -> String {
     let path: Vec<serde_json::Value> = r
         .critical_path
         .iter()
@@ -549,7 +571,7 @@ fn json(plan: &Plan, r: &SimReport, analytic_s: f64) -> String {
         "compute_floor_us": r.compute_floor_s * 1e6,
         "comm_floor_us": r.comm_floor_s * 1e6,
         "exposed_comm_us": r.max_exposed_comm_s() * 1e6,
-        "analytic_us": analytic_s * 1e6,
+        "analytic_us": analytic_s.map(|s| s * 1e6),
         "lane_busy_us": busy,
         "critical_path": path,
     })
@@ -668,7 +690,7 @@ mod tests {
         let mut plan = build_plan(&p, cmm_core::Algorithm::Ring).unwrap();
         plan.name = "plan \"with\" quotes\\".into();
         let report = simulate(&plan, &profile, &SimOptions::default()).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&json(&plan, &report, 1e-6)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json(&plan, &report, Some(1e-6))).unwrap();
         assert_eq!(v["profile"], "my \"big\" \\ cluster");
         assert_eq!(v["plan"], "plan \"with\" quotes\\");
         assert!(v["makespan_us"].as_f64().unwrap() > 0.0);

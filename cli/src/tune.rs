@@ -1,4 +1,4 @@
-//! `cargo xtask tune`: rank the candidate plans of a 1D problem by simulated time, or the
+//! `cmm tune` (also `cargo xtask tune`): rank the candidate plans of a 1D problem by simulated time, or the
 //! 2D configurations (algorithm, dataflow, mesh shape, S) of a GEMM or an LLM's FC layers by
 //! seed 002's analytic model.
 
