@@ -33,14 +33,13 @@ struct AttendParams {
     acc: vec4<u32>,
 }
 
-@group(0) @binding(0) var<storage, read_write> mem: array<u32>;
 @group(0) @binding(1) var<uniform> P: AttendParams;
 
 const TILE: u32 = 16u;
 const EMPTY_MAX: f32 = -3.40282347e+38;
 
 fn load(t: vec4<u32>, r: u32, c: u32) -> f32 {
-    return decode(mem[t.x + r * t.y + c], t.z);
+    return decode(ld(t.x + r * t.y + c), t.z);
 }
 
 @compute @workgroup_size(64, 1, 1)
@@ -61,11 +60,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var l = 0.0;
     if (P.fresh == 1u) {
         for (var c = 0u; c < dh; c = c + 1u) {
-            mem[aw + c] = 0u;
+            st(aw + c, 0u);
         }
     } else {
-        m = bitcast<f32>(mem[mw]);
-        l = bitcast<f32>(mem[lw]);
+        m = bitcast<f32>(ld(mw));
+        l = bitcast<f32>(ld(lw));
     }
     var s: array<f32, 16>;
     var p: array<f32, 16>;
@@ -106,18 +105,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
                 }
             }
             for (var c = 0u; c < dh; c = c + 1u) {
-                var a = bitcast<f32>(mem[aw + c]) * alpha;
+                var a = bitcast<f32>(ld(aw + c)) * alpha;
                 for (var t = 0u; t < n; t = t + 1u) {
                     if (vis[t] == 1u) {
                         a = a + p[t] * load(P.v, t0 + t, kc + c);
                     }
                 }
-                mem[aw + c] = bitcast<u32>(a);
+                st(aw + c, bitcast<u32>(a));
             }
             m = new_max;
             l = sum;
         }
     }
-    mem[mw] = bitcast<u32>(m);
-    mem[lw] = bitcast<u32>(l);
+    st(mw, bitcast<u32>(m));
+    st(lw, bitcast<u32>(l));
 }

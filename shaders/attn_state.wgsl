@@ -25,7 +25,6 @@ struct AttnStateParams {
     lse: vec4<u32>,
 }
 
-@group(0) @binding(0) var<storage, read_write> mem: array<u32>;
 @group(0) @binding(1) var<uniform> P: AttnStateParams;
 
 const EMPTY_MAX: f32 = -3.40282347e+38;
@@ -42,44 +41,44 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let dh = P.head_dim;
-    let m1 = bitcast<f32>(mem[word(P.into_m, r, h)]);
-    let l1 = bitcast<f32>(mem[word(P.into_l, r, h)]);
+    let m1 = bitcast<f32>(ld(word(P.into_m, r, h)));
+    let l1 = bitcast<f32>(ld(word(P.into_l, r, h)));
     if (P.function == 1u) {
         if (l1 == 0.0) {
             for (var c = 0u; c < dh; c = c + 1u) {
-                mem[word(P.out, r, h * dh + c)] = encode(0.0, P.out_dtype);
+                st(word(P.out, r, h * dh + c), encode(0.0, P.out_dtype));
             }
-            mem[word(P.lse, r, h)] = bitcast<u32>(EMPTY_MAX);
+            st(word(P.lse, r, h), bitcast<u32>(EMPTY_MAX));
             return;
         }
         for (var c = 0u; c < dh; c = c + 1u) {
-            let a = bitcast<f32>(mem[word(P.into_acc, r, h * dh + c)]);
-            mem[word(P.out, r, h * dh + c)] = encode(a / l1, P.out_dtype);
+            let a = bitcast<f32>(ld(word(P.into_acc, r, h * dh + c)));
+            st(word(P.out, r, h * dh + c), encode(a / l1, P.out_dtype));
         }
-        mem[word(P.lse, r, h)] = bitcast<u32>(m1 + log(l1));
+        st(word(P.lse, r, h), bitcast<u32>(m1 + log(l1)));
         return;
     }
-    let m2 = bitcast<f32>(mem[word(P.from_m, r, h)]);
-    let l2 = bitcast<f32>(mem[word(P.from_l, r, h)]);
+    let m2 = bitcast<f32>(ld(word(P.from_m, r, h)));
+    let l2 = bitcast<f32>(ld(word(P.from_l, r, h)));
     if (l2 == 0.0) {
         return;
     }
     if (l1 == 0.0) {
-        mem[word(P.into_m, r, h)] = bitcast<u32>(m2);
-        mem[word(P.into_l, r, h)] = bitcast<u32>(l2);
+        st(word(P.into_m, r, h), bitcast<u32>(m2));
+        st(word(P.into_l, r, h), bitcast<u32>(l2));
         for (var c = 0u; c < dh; c = c + 1u) {
-            mem[word(P.into_acc, r, h * dh + c)] = mem[word(P.from_acc, r, h * dh + c)];
+            st(word(P.into_acc, r, h * dh + c), ld(word(P.from_acc, r, h * dh + c)));
         }
         return;
     }
     let m = max(m1, m2);
     let a1 = exp(m1 - m);
     let a2 = exp(m2 - m);
-    mem[word(P.into_m, r, h)] = bitcast<u32>(m);
-    mem[word(P.into_l, r, h)] = bitcast<u32>(l1 * a1 + l2 * a2);
+    st(word(P.into_m, r, h), bitcast<u32>(m));
+    st(word(P.into_l, r, h), bitcast<u32>(l1 * a1 + l2 * a2));
     for (var c = 0u; c < dh; c = c + 1u) {
-        let x = bitcast<f32>(mem[word(P.into_acc, r, h * dh + c)]);
-        let y = bitcast<f32>(mem[word(P.from_acc, r, h * dh + c)]);
-        mem[word(P.into_acc, r, h * dh + c)] = bitcast<u32>(x * a1 + y * a2);
+        let x = bitcast<f32>(ld(word(P.into_acc, r, h * dh + c)));
+        let y = bitcast<f32>(ld(word(P.from_acc, r, h * dh + c)));
+        st(word(P.into_acc, r, h * dh + c), bitcast<u32>(x * a1 + y * a2));
     }
 }

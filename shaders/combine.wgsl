@@ -15,7 +15,6 @@ struct CombineParams {
     out: vec4<u32>,
 }
 
-@group(0) @binding(0) var<storage, read_write> mem: array<u32>;
 @group(0) @binding(1) var<uniform> P: CombineParams;
 
 @compute @workgroup_size(64, 1, 1)
@@ -27,11 +26,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var acc = 0.0;
     for (var s = 0u; s < P.slots; s = s + 1u) {
-        let row = mem[P.inv.x + t * P.inv.y + s];
+        let row = ld(P.inv.x + t * P.inv.y + s);
         if (row < P.src.w) {
-            let w = bitcast<f32>(mem[P.weights.x + t * P.weights.y + s]);
-            acc = acc + w * decode(mem[P.src.x + row * P.src.y + c], P.src.z);
+            let w = bitcast<f32>(ld(P.weights.x + t * P.weights.y + s));
+            acc = acc + w * decode(ld(P.src.x + row * P.src.y + c), P.src.z);
         }
     }
-    mem[P.out.x + t * P.out.y + c] = encode(acc, P.out.z);
+    st(P.out.x + t * P.out.y + c, encode(acc, P.out.z));
 }

@@ -14,7 +14,6 @@ struct CopyParams {
     _pad: u32,
 }
 
-@group(0) @binding(0) var<storage, read_write> mem: array<u32>;
 @group(0) @binding(1) var<uniform> P: CopyParams;
 
 @compute @workgroup_size(64, 1, 1)
@@ -24,5 +23,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (c >= P.cols || r >= P.rows) {
         return;
     }
-    mem[P.dst_off + r * P.dst_stride + c] = mem[P.src_off + r * P.src_stride + c];
+    st(P.dst_off + r * P.dst_stride + c, ld(P.src_off + r * P.src_stride + c));
 }

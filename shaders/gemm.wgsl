@@ -23,7 +23,6 @@ struct GemmParams {
     _pad1: u32,
 }
 
-@group(0) @binding(0) var<storage, read_write> mem: array<u32>;
 @group(0) @binding(1) var<uniform> P: GemmParams;
 
 // As[q * 16 + g] holds rows 4g..4g+3 of the tile at depth q; Bs[q * 16 + g] columns 4g..4g+3.
@@ -38,7 +37,7 @@ fn load_a(i: u32, p: u32) -> f32 {
     if ((P.flags & 1u) != 0u) {
         idx = P.a_off + p * P.a_stride + i;
     }
-    return decode(mem[idx], P.a_dtype);
+    return decode(ld(idx), P.a_dtype);
 }
 
 fn load_b(p: u32, j: u32) -> f32 {
@@ -49,14 +48,14 @@ fn load_b(p: u32, j: u32) -> f32 {
     if ((P.flags & 2u) != 0u) {
         idx = P.b_off + j * P.b_stride + p;
     }
-    return decode(mem[idx], P.b_dtype);
+    return decode(ld(idx), P.b_dtype);
 }
 
 fn load_c(i: u32, j: u32) -> f32 {
     if (i >= P.m || j >= P.n) {
         return 0.0;
     }
-    return bitcast<f32>(mem[P.c_off + i * P.c_stride + j]);
+    return bitcast<f32>(ld(P.c_off + i * P.c_stride + j));
 }
 
 fn load_c4(i: u32, j: u32) -> vec4<f32> {
@@ -68,10 +67,10 @@ fn store_c4(i: u32, j: u32, v: vec4<f32>) {
         return;
     }
     let base = P.c_off + i * P.c_stride;
-    if (j < P.n) { mem[base + j] = encode(v.x, P.c_dtype); }
-    if (j + 1u < P.n) { mem[base + j + 1u] = encode(v.y, P.c_dtype); }
-    if (j + 2u < P.n) { mem[base + j + 2u] = encode(v.z, P.c_dtype); }
-    if (j + 3u < P.n) { mem[base + j + 3u] = encode(v.w, P.c_dtype); }
+    if (j < P.n) { st(base + j, encode(v.x, P.c_dtype)); }
+    if (j + 1u < P.n) { st(base + j + 1u, encode(v.y, P.c_dtype)); }
+    if (j + 2u < P.n) { st(base + j + 2u, encode(v.z, P.c_dtype)); }
+    if (j + 3u < P.n) { st(base + j + 3u, encode(v.w, P.c_dtype)); }
 }
 
 @compute @workgroup_size(16, 16, 1)

@@ -18,7 +18,6 @@ struct GenerateParams {
     _pad: u32,
 }
 
-@group(0) @binding(0) var<storage, read_write> mem: array<u32>;
 @group(0) @binding(1) var<uniform> P: GenerateParams;
 
 fn mix32(v: u32) -> u32 {
@@ -54,5 +53,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let index = (P.row0 + r) * P.global_cols + P.col0 + c;
     let key = tensor_key(P.seed, P.tensor);
-    mem[P.dst_off + r * P.cols + c] = encode(raw_value(key, index, P.family), P.dtype);
+    st(P.dst_off + r * P.cols + c, encode(raw_value(key, index, P.family), P.dtype));
 }

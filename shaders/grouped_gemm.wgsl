@@ -30,13 +30,12 @@ struct GroupedGemmParams {
     _pad: u32,
 }
 
-@group(0) @binding(0) var<storage, read_write> mem: array<u32>;
 @group(0) @binding(1) var<uniform> P: GroupedGemmParams;
 
 const NONE: u32 = 0xffffffffu;
 
 fn seg(i: u32) -> u32 {
-    return min(mem[P.seg_off + i], P.c.w);
+    return min(ld(P.seg_off + i), P.c.w);
 }
 
 @compute @workgroup_size(64, 1, 1)
@@ -65,13 +64,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let out = P.c.x + r * P.c.y + j;
     if (expert == NONE) {
         if (P.zero_unrouted != 0u && r >= seg(P.experts * P.chunks)) {
-            mem[out] = encode(0.0, P.c.z);
+            st(out, encode(0.0, P.c.z));
         }
         return;
     }
     var src = r;
     if (P.gather != 0u) {
-        let slot = mem[P.perm_off + r * P.perm_stride];
+        let slot = ld(P.perm_off + r * P.perm_stride);
         src = NONE;
         if (slot != NONE) {
             let token = slot / P.slots;
@@ -84,10 +83,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (src != NONE) {
         let b0 = P.b.x + expert * P.k * P.b.y + j;
         for (var p = 0u; p < P.k; p = p + 1u) {
-            let x = decode(mem[P.a.x + src * P.a.y + p], P.a.z);
-            let y = decode(mem[b0 + p * P.b.y], P.b.z);
+            let x = decode(ld(P.a.x + src * P.a.y + p), P.a.z);
+            let y = decode(ld(b0 + p * P.b.y), P.b.z);
             acc = acc + x * y;
         }
     }
-    mem[out] = encode(acc, P.c.z);
+    st(out, encode(acc, P.c.z));
 }

@@ -19,7 +19,6 @@ struct PointwiseParams {
     inputs: array<vec4<u32>, 2>,
 }
 
-@group(0) @binding(0) var<storage, read_write> mem: array<u32>;
 @group(0) @binding(1) var<uniform> P: PointwiseParams;
 
 const GELU_C: f32 = 0.7978846;
@@ -28,7 +27,7 @@ const GELU_CLAMP: f32 = 30.0;
 
 fn input_value(t: u32, r: u32, c: u32) -> f32 {
     let d = P.inputs[t];
-    return decode(mem[d.x + r * d.y + c], d.z);
+    return decode(ld(d.x + r * d.y + c), d.z);
 }
 
 fn tanh_via_exp(xc: f32) -> f32 {
@@ -62,5 +61,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     } else {
         v = input_value(0u, r, c) * gelu_grad(input_value(1u, r, c));
     }
-    mem[P.out_off + r * P.out_stride + c] = encode(v, P.out_dtype);
+    st(P.out_off + r * P.out_stride + c, encode(v, P.out_dtype));
 }

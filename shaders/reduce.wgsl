@@ -15,12 +15,11 @@ struct ReduceParams {
     inputs: array<vec4<u32>, 4>,
 }
 
-@group(0) @binding(0) var<storage, read_write> mem: array<u32>;
 @group(0) @binding(1) var<uniform> P: ReduceParams;
 
 fn input_value(t: u32, r: u32, c: u32) -> f32 {
     let d = P.inputs[t];
-    return decode(mem[d.x + r * d.y + c], d.z);
+    return decode(ld(d.x + r * d.y + c), d.z);
 }
 
 @compute @workgroup_size(64, 1, 1)
@@ -34,5 +33,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (P.count > 1u) { acc = acc + input_value(1u, r, c); }
     if (P.count > 2u) { acc = acc + input_value(2u, r, c); }
     if (P.count > 3u) { acc = acc + input_value(3u, r, c); }
-    mem[P.out_off + r * P.out_stride + c] = encode(acc, P.out_dtype);
+    st(P.out_off + r * P.out_stride + c, encode(acc, P.out_dtype));
 }

@@ -24,14 +24,13 @@ struct RouteParams {
     _pad1: u32,
 }
 
-@group(0) @binding(0) var<storage, read_write> mem: array<u32>;
 @group(0) @binding(1) var<uniform> P: RouteParams;
 
 const NONE: u32 = 0xffffffffu;
 const ROW: u32 = 4096u;
 
 fn id_at(slot: u32) -> u32 {
-    return mem[P.ids_off + (slot / P.slots) * P.ids_stride + slot % P.slots];
+    return ld(P.ids_off + (slot / P.slots) * P.ids_stride + slot % P.slots);
 }
 
 @compute @workgroup_size(64, 1, 1)
@@ -42,13 +41,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let per_chunk = (P.tokens / P.chunks) * P.slots;
     if (P.pass_ == 0u) {
         if (i < total) {
-            mem[P.inv_off + (i / P.slots) * P.inv_stride + i % P.slots] = NONE;
+            st(P.inv_off + (i / P.slots) * P.inv_stride + i % P.slots, NONE);
         }
         if (i < P.capacity) {
-            mem[P.perm_off + i * P.perm_stride] = NONE;
+            st(P.perm_off + i * P.perm_stride, NONE);
         }
         if (i == 0u) {
-            mem[P.seg_off] = 0u;
+            st(P.seg_off, 0u);
         }
         if (i < segments) {
             let e = i / P.chunks;
@@ -59,24 +58,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
                     count = count + 1u;
                 }
             }
-            mem[P.seg_off + i + 1u] = count;
+            st(P.seg_off + i + 1u, count);
         }
     } else if (P.pass_ == 1u) {
         if (i == 0u) {
             for (var s = 1u; s <= segments; s = s + 1u) {
-                mem[P.seg_off + s] = mem[P.seg_off + s] + mem[P.seg_off + s - 1u];
+                st(P.seg_off + s, ld(P.seg_off + s) + ld(P.seg_off + s - 1u));
             }
         }
     } else if (i < segments) {
         let e = i / P.chunks;
         let first = (i % P.chunks) * per_chunk;
-        var row = mem[P.seg_off + i];
+        var row = ld(P.seg_off + i);
         for (var s = 0u; s < per_chunk; s = s + 1u) {
             let slot = first + s;
             if (id_at(slot) == e) {
                 if (row < P.capacity) {
-                    mem[P.perm_off + row * P.perm_stride] = slot;
-                    mem[P.inv_off + (slot / P.slots) * P.inv_stride + slot % P.slots] = row;
+                    st(P.perm_off + row * P.perm_stride, slot);
+                    st(P.inv_off + (slot / P.slots) * P.inv_stride + slot % P.slots, row);
                 }
                 row = row + 1u;
             }

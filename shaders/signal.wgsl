@@ -9,10 +9,9 @@ struct SignalParams {
     _pad1: u32,
 }
 
-@group(0) @binding(0) var<storage, read_write> mem: array<u32>;
 @group(0) @binding(1) var<uniform> P: SignalParams;
 
 @compute @workgroup_size(1, 1, 1)
 fn main() {
-    mem[P.word] = mem[P.word] + P.add;
+    st(P.word, ld(P.word) + P.add);
 }

@@ -41,7 +41,7 @@ pub enum Executor {
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// A plan file (JSON, format cmm-plan) to simulate instead of a problem.
-    #[arg(value_name = "PLAN", conflicts_with_all = ["op", "chunks", "compare", "validate", "layer", "attention", "moe", "mesh"])]
+    #[arg(value_name = "PLAN", conflicts_with_all = ["op", "chunks", "compare", "validate", "layer", "attention", "moe", "mesh", "executor"])]
     pub plan: Option<PathBuf>,
     #[command(flatten)]
     pub problem: ProblemArgs,
@@ -67,14 +67,14 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "sim")]
     pub executor: Executor,
     /// Print every candidate algorithm's simulated time beside its analytic formula.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["executor", "trace", "svg", "json"])]
     pub compare: bool,
     /// Print the validation table (seed 000 on h100-nvlink, seed 002 on tpuv4-torus).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["op", "devices", "m", "n", "k", "profile", "input", "output", "compare", "executor", "trace", "svg", "json"])]
     pub validate: bool,
     /// A linear layer instead of a 1D op (with -d, -m = S tokens, -k = H, -n = F):
     /// column, row or mlp; every algorithm is simulated and the overlap verdict printed.
-    #[arg(long, value_parser = parse_layer, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg"])]
+    #[arg(long, value_parser = parse_layer, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg", "executor", "validate"])]
     pub layer: Option<Layer>,
     /// The linear pass: forward, backward (column, row) or train (mlp).
     #[arg(long, value_parser = parse_pass, requires = "layer")]
@@ -88,7 +88,7 @@ pub struct Args {
     /// Sequence-parallel attention instead of a 1D op (with -d, -m = S, -n = query heads,
     /// -k = head dimension): every algorithm is simulated, a causal prefill in both
     /// layouts, and the verdicts printed.
-    #[arg(long, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg", "layer"])]
+    #[arg(long, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg", "layer", "executor", "validate"])]
     pub attention: bool,
     /// Key/value heads (default: the query heads).
     #[arg(long, requires = "attention")]
@@ -102,7 +102,7 @@ pub struct Args {
     /// A mixture-of-experts op instead of a 1D op (ag_moe or moe_rs; with -d, -m = T
     /// tokens, -k = H, -n = F, --experts, --topk, --routing): every algorithm is
     /// simulated, grouped GEMMs priced from the routing, and the verdict printed.
-    #[arg(long, value_parser = parse_moe_op, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg", "layer", "attention"])]
+    #[arg(long, value_parser = parse_moe_op, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg", "layer", "attention", "executor", "validate"])]
     pub moe: Option<MoeOp>,
     /// Experts E.
     #[arg(long, requires = "moe")]
@@ -116,7 +116,7 @@ pub struct Args {
     /// A 2D GEMM on an Nr×Nc mesh instead of a 1D op (with -m -n -k, --dataflow and
     /// --algorithm collective, summa, cannon, wang or meshslice): the mesh plan itself is
     /// simulated, beside seed 002's analytic model.
-    #[arg(long, value_name = "NRxNC", conflicts_with_all = ["op", "chunks", "torus", "compare", "layer", "attention", "moe"])]
+    #[arg(long, value_name = "NRxNC", conflicts_with_all = ["op", "chunks", "torus", "compare", "layer", "attention", "moe", "executor", "validate"])]
     pub mesh: Option<String>,
     /// The mesh dataflow: os, ls or rs.
     #[arg(long, default_value = "os", requires = "mesh")]
@@ -712,5 +712,28 @@ mod tests {
         let slices = parse("x --mesh 2x2 --algorithm meshslice --slices 3 -m 64 -n 64 -k 64").unwrap();
         assert!(run(&slices).is_err(), "3 slices do not divide K/Nr = 32");
         assert!(parse("x --mesh 2x2 --op ag_gemm -m 64 -n 64 -k 64").is_err(), "--op and --mesh conflict");
+    }
+
+    #[test]
+    fn flags_a_mode_would_ignore_are_refused() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let parse = |line: &str| Cli::try_parse_from(line.split_whitespace()).map(|c| c.args);
+        for line in [
+            "x --validate --op ag_gemm",
+            "x --validate -m 64",
+            "x --compare --executor reference",
+            "x --mesh 2x2 --executor reference -m 64 -n 64 -k 64",
+            "x --moe ag_moe --executor reference",
+            "x --layer mlp --validate",
+            "x plan.json --op ag_gemm",
+        ] {
+            assert!(parse(line).is_err(), "`{line}` should be refused");
+        }
+        assert!(parse("x --mesh 2x2 --algorithm summa -m 64 -n 64 -k 64").is_ok());
     }
 }

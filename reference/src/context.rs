@@ -18,10 +18,12 @@ pub struct Gpu {
     pub(crate) pipelines: Pipelines,
     /// Errors wgpu raised outside an error scope (recorded instead of panicking).
     pub(crate) uncaptured: Arc<Mutex<Vec<String>>>,
+    /// Words of one heap part (the pipelines are built for it).
+    part_words: u64,
 }
 
-/// Every compute stage of the reference, sharing one bind group layout:
-/// binding 0 = the heap (`array<u32>`, read-write), binding 1 = the dispatch's
+/// Every compute stage of the reference, sharing one bind group layout: bindings 0, 2,
+/// 3 and 4 = the heap's parts (`array<u32>`, read-write), binding 1 = the dispatch's
 /// parameters (uniform, dynamic offset).
 #[derive(Debug)]
 pub(crate) struct Pipelines {
@@ -40,10 +42,17 @@ pub(crate) struct Pipelines {
 }
 
 const NUMERIC: &str = include_str!("../../shaders/numeric.wgsl");
+const MEMORY: &str = include_str!("../../shaders/memory.wgsl");
 
-/// The source of a stage: the shared numeric helpers followed by the stage itself.
+/// Storage bindings the heap is split over (`shaders/memory.wgsl`): bindings 0, 2, 3, 4.
+pub const HEAP_PARTS: usize = 4;
+
+/// The binding of each heap part.
+pub(crate) const HEAP_BINDINGS: [u32; HEAP_PARTS] = [0, 2, 3, 4];
+
+/// The source of a stage: the shared numeric helpers and heap access, then the stage.
 fn stage_source(stage: &str) -> String {
-    format!("{NUMERIC}\n{stage}")
+    format!("{NUMERIC}\n{MEMORY}\n{stage}")
 }
 
 /// WGSL sources of every stage, by name (for tests and tools).
@@ -64,20 +73,25 @@ pub fn stage_sources() -> Vec<(&'static str, String)> {
 }
 
 impl Pipelines {
-    fn new(device: &wgpu::Device) -> Pipelines {
+    fn new(device: &wgpu::Device, part_words: u64) -> Pipelines {
+        let heap_part = |binding| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: false },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let part_words = part_words as f64;
         let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some("cmm heap + params"),
             entries: &[
-                wgpu::BindGroupLayoutEntry {
-                    binding: 0,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage { read_only: false },
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    count: None,
-                },
+                heap_part(HEAP_BINDINGS[0]),
+                heap_part(HEAP_BINDINGS[1]),
+                heap_part(HEAP_BINDINGS[2]),
+                heap_part(HEAP_BINDINGS[3]),
                 wgpu::BindGroupLayoutEntry {
                     binding: 1,
                     visibility: wgpu::ShaderStages::COMPUTE,
@@ -107,7 +121,10 @@ impl Pipelines {
                 layout: Some(&pipeline_layout),
                 module: &module,
                 entry_point: Some("main"),
-                compilation_options: wgpu::PipelineCompilationOptions::default(),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &[("PART_WORDS", part_words)],
+                    ..Default::default()
+                },
                 cache: None,
             })
         };
@@ -128,6 +145,13 @@ impl Pipelines {
     }
 }
 
+/// Words of one heap part on `device`: its largest storage binding (and buffer), in
+/// whole words, at most 2^30 so that four parts stay within the u32 word index.
+fn heap_part_words(device: &wgpu::Device) -> u64 {
+    let l = device.limits();
+    (l.max_storage_buffer_binding_size.min(l.max_buffer_size) / 4).min(1 << 30)
+}
+
 fn describe(info: &wgpu::AdapterInfo) -> String {
     format!("{} ({:?}, {:?}, driver {} {})", info.name, info.backend, info.device_type, info.driver, info.driver_info)
 }
@@ -136,6 +160,16 @@ impl Gpu {
     /// Finds an adapter (Vulkan first, GL second, then any backend the platform offers)
     /// and creates a device with the adapter's real limits.
     pub fn new() -> Result<Gpu, ReferenceError> {
+        Gpu::from_adapter(&Gpu::find_adapter()?)
+    }
+
+    /// [`Gpu::new`] with heap parts of `part_words` words (see [`Gpu::with_heap_parts_of`]).
+    pub fn new_with_heap_parts_of(part_words: u64) -> Result<Gpu, ReferenceError> {
+        let gpu = Gpu::new()?;
+        Ok(Gpu::with_heap_parts_of(gpu.info, gpu.device, gpu.queue, part_words))
+    }
+
+    fn find_adapter() -> Result<wgpu::Adapter, ReferenceError> {
         let order = [("Vulkan", wgpu::Backends::VULKAN), ("GL", wgpu::Backends::GL), ("any", wgpu::Backends::all())];
         let mut tried = Vec::new();
         for (name, backends) in order {
@@ -149,7 +183,7 @@ impl Gpu {
                 ..Default::default()
             });
             if let Ok(adapter) = pollster::block_on(request) {
-                return Gpu::from_adapter(&adapter);
+                return Ok(adapter);
             }
         }
         Err(ReferenceError::NoAdapter { tried: tried.join(", ") })
@@ -171,6 +205,20 @@ impl Gpu {
 
     /// Wraps a device the caller created (tests can pass their own).
     pub fn from_device(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Gpu {
+        let part_words = heap_part_words(&device);
+        Gpu::with_heap_parts_of(info, device, queue, part_words)
+    }
+
+    /// Wraps a device with heap parts of `part_words` words (at most the adapter's
+    /// binding): small parts make small plans cross parts, which is how the tests check
+    /// the split heap.
+    pub fn with_heap_parts_of(
+        info: wgpu::AdapterInfo,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        part_words: u64,
+    ) -> Gpu {
+        let part_words = part_words.clamp(1, heap_part_words(&device));
         let uncaptured = Arc::new(Mutex::new(Vec::new()));
         let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -178,8 +226,8 @@ impl Gpu {
                 v.push(e.to_string());
             }
         }));
-        let pipelines = Pipelines::new(&device);
-        Gpu { info, device, queue, pipelines, uncaptured }
+        let pipelines = Pipelines::new(&device, part_words);
+        Gpu { info, device, queue, pipelines, uncaptured, part_words }
     }
 
     /// One line naming the adapter, its backend and driver.
@@ -187,10 +235,16 @@ impl Gpu {
         describe(&self.info)
     }
 
-    /// The largest heap one run can bind, in bytes.
+    /// The largest heap one run can bind, in bytes: [`HEAP_PARTS`] storage bindings of
+    /// the adapter's largest binding each.
     pub fn max_heap_bytes(&self) -> u64 {
-        let l = self.device.limits();
-        l.max_storage_buffer_binding_size.min(l.max_buffer_size)
+        HEAP_PARTS as u64 * self.heap_part_words() * 4
+    }
+
+    /// Words of one heap part (normally the adapter's largest storage binding, in whole
+    /// words).
+    pub fn heap_part_words(&self) -> u64 {
+        self.part_words
     }
 
     pub(crate) fn take_uncaptured(&self) -> Option<String> {

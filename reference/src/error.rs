@@ -32,7 +32,7 @@ pub enum ReferenceError {
     #[error(transparent)]
     Deadlock(#[from] Deadlock),
     /// The plan's memory does not fit what the adapter can bind.
-    #[error("plan `{plan}` needs {needed} bytes of device memory for {devices} virtual devices; this adapter binds at most {limit} bytes in one storage buffer (the CPU twin has no such limit and gives the same bits: `--backend cpu`)")]
+    #[error("plan `{plan}` needs {needed} bytes of device memory for {devices} virtual devices; this adapter binds at most {limit} bytes (four storage buffers of its largest binding) (the CPU twin has no such limit and gives the same bits: `--backend cpu`)")]
     TooLarge {
         /// Plan name.
         plan: String,

@@ -1,8 +1,10 @@
 //! Runs a plan on D virtual devices of one adapter.
 //!
-//! Memory: one heap buffer holds every device's copy of every symmetric buffer (one
-//! 32-bit word per element), then the GPU mirror of every semaphore, then a temporary
-//! f32 area for GEMMs whose K is split across dispatches. The host scheduler
+//! Memory: one heap holds every device's copy of every symmetric buffer (one 32-bit word
+//! per element), then the GPU mirror of every semaphore, then a temporary f32 area for
+//! GEMMs whose K is split across dispatches. It is split over up to four storage
+//! bindings of the adapter's largest binding each (`shaders/memory.wgsl`), so a plan may
+//! need four times what one binding holds; beyond that it is refused before any work. The host scheduler
 //! (`cmm_core::schedule`) fixes the order of all ops up front; each op becomes one or
 //! more dispatches in that order on one queue, so the same plan always produces the
 //! same bits.
@@ -15,7 +17,7 @@ use cmm_core::plan::{attention_scale, AttnState, BufferRole, Causal, Op, Plan, R
 use cmm_core::schedule::{schedule_with, Order};
 use cmm_core::DType;
 
-use crate::context::Gpu;
+use crate::context::{Gpu, HEAP_BINDINGS, HEAP_PARTS};
 use crate::error::ReferenceError;
 use crate::params::*;
 
@@ -599,7 +601,6 @@ impl Gpu {
         let sched = schedule_with(plan, options.order)?;
         self.check_fits(plan)?;
         let layout = Layout::new(plan);
-        let bytes = layout.total as u64 * 4;
         let max_groups = self.device.limits().max_compute_workgroups_per_dimension;
         let mut setup = Encoder { plan, layout: &layout, max_groups, dispatches: Vec::new() };
         for d in 0..plan.devices {
@@ -617,12 +618,7 @@ impl Gpu {
         }
 
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let heap = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("cmm heap"),
-            size: bytes,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let heap = self.heap_parts(layout.total);
         let mut initial = vec![0u32; layout.total];
         for bases in &layout.base {
             for (b, &at) in plan.buffers.iter().zip(bases) {
@@ -633,7 +629,10 @@ impl Gpu {
                 }
             }
         }
-        self.queue.write_buffer(&heap, 0, bytemuck::cast_slice(&initial));
+        let part_words = self.heap_part_words() as usize;
+        for (part, words) in heap.iter().zip(initial.chunks(part_words)) {
+            self.queue.write_buffer(part, 0, bytemuck::cast_slice(words));
+        }
         self.submit_dispatches(&heap, &setup.dispatches)?;
         let t0 = Instant::now();
         let op_times = if options.time_ops {
@@ -649,7 +648,13 @@ impl Gpu {
             None
         };
         let execute = t0.elapsed();
-        let words = self.read_back(&heap, bytes)?;
+        let mut words = Vec::with_capacity(layout.total);
+        for (k, part) in heap.iter().enumerate() {
+            let len = layout.total.saturating_sub(k * part_words).min(part_words);
+            if len > 0 {
+                words.extend(self.read_back(part, len as u64 * 4)?);
+            }
+        }
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(ReferenceError::Wgpu { during: "running the plan", message: e.to_string() });
         }
@@ -683,7 +688,24 @@ impl Gpu {
     }
 
     /// Encodes `dispatches` in order in one compute pass, submits and waits.
-    fn submit_dispatches(&self, heap: &wgpu::Buffer, dispatches: &[Dispatch]) -> Result<(), ReferenceError> {
+    /// The heap of `total` words as [`HEAP_PARTS`] buffers of at most one binding each
+    /// (parts past the end get a one-word buffer, since every binding must be bound).
+    fn heap_parts(&self, total: usize) -> Vec<wgpu::Buffer> {
+        let part_words = self.heap_part_words() as usize;
+        (0..HEAP_PARTS)
+            .map(|k| {
+                let words = total.saturating_sub(k * part_words).min(part_words).max(1);
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("cmm heap part"),
+                    size: words as u64 * 4,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })
+            .collect()
+    }
+
+    fn submit_dispatches(&self, heap: &[wgpu::Buffer], dispatches: &[Dispatch]) -> Result<(), ReferenceError> {
         if dispatches.is_empty() {
             return Ok(());
         }
@@ -704,7 +726,10 @@ impl Gpu {
             label: Some("cmm heap + params"),
             layout: &self.pipelines.layout,
             entries: &[
-                wgpu::BindGroupEntry { binding: 0, resource: heap.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: HEAP_BINDINGS[0], resource: heap[0].as_entire_binding() },
+                wgpu::BindGroupEntry { binding: HEAP_BINDINGS[1], resource: heap[1].as_entire_binding() },
+                wgpu::BindGroupEntry { binding: HEAP_BINDINGS[2], resource: heap[2].as_entire_binding() },
+                wgpu::BindGroupEntry { binding: HEAP_BINDINGS[3], resource: heap[3].as_entire_binding() },
                 wgpu::BindGroupEntry {
                     binding: 1,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {

@@ -213,3 +213,34 @@ fn moe_stages_match_their_cpu_twins_word_for_word_and_malformed_routing_is_refus
         other => panic!("{:?}", other.map(|o| o.dispatches)),
     }
 }
+
+#[test]
+fn a_heap_split_over_several_bindings_gives_the_bits_of_one_binding() {
+    use cmm_core::attention::{build_attention_plan, AttentionAlgorithm, AttentionProblem, Layout};
+    use cmm_core::moe::{build_moe_plan, MoeOp, MoeProblem, Routing};
+    use cmm_core::Algorithm;
+    let Some(whole) = reference() else { return };
+    // Parts of 500 words: every plan below spans two to four of them, so every stage
+    // reads and writes across part boundaries.
+    let r = Reference::with_gpu(cmm_reference::Gpu::new_with_heap_parts_of(500).unwrap());
+    assert_eq!(r.gpu().max_heap_bytes(), 4 * 500 * 4);
+    let ring = Problem::new(OpKind::GemmRs, 2, 16, 12, 16, DType::F16, DType::F32).unwrap();
+    let attn = AttentionProblem::new(2, 16, 2, 1, 8, true, Layout::Balanced, None, DType::Bf16).unwrap();
+    let moe = MoeProblem::new(MoeOp::AgMoe, 2, 16, 8, 8, 4, 2, Routing::Drop, DType::F32, DType::F32).unwrap();
+    let plans = [
+        build_plan(&ring, Algorithm::RingChunked { chunks: 2 }).unwrap(),
+        build_attention_plan(&attn, AttentionAlgorithm::Ring).unwrap(),
+        build_moe_plan(&moe, Algorithm::Ring).unwrap(),
+    ];
+    for plan in plans {
+        let out = r.run(&plan, 4, Family::Realistic).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+        let one_part = whole.run(&plan, 4, Family::Realistic).unwrap();
+        assert!(out.buffers == one_part.buffers, "{}: the split heap changed the bits", plan.name);
+        let words: usize = plan.buffers.iter().map(|b| b.len()).sum::<usize>() * plan.devices;
+        assert!(words > 500, "{} fits one part ({words} words): it tests nothing", plan.name);
+    }
+    // Beyond four parts: refused before anything runs.
+    let big = Problem::new(OpKind::AgGemm, 2, 64, 64, 64, DType::F32, DType::F32).unwrap();
+    let e = r.run(&build_plan(&big, Algorithm::Ring).unwrap(), 1, Family::Exact).unwrap_err();
+    assert!(matches!(e, ReferenceError::TooLarge { limit: 8000, .. }), "{e}");
+}
