@@ -28,6 +28,9 @@ pub struct ProblemArgs {
     /// Output dtype (default: the input dtype).
     #[arg(long, value_parser = parse_dtype)]
     pub output: Option<DType>,
+    /// The dtype partial sums travel in (gemm_rs, gemm_ar; default f32).
+    #[arg(long, value_parser = parse_dtype)]
+    pub wire: Option<DType>,
     /// Hardware profile: a built-in name (h100-nvlink, h100-ib, h200-nvlink, tpuv4-torus, pcie-gen4)
     /// or a path to a .toml file.
     #[arg(long, default_value = "h100-nvlink")]
@@ -53,7 +56,11 @@ impl ProblemArgs {
         let (Some(op), Some(d), Some(m), Some(n), Some(k)) = (self.op, self.devices, self.m, self.n, self.k) else {
             bail!("a problem needs --op, --devices, -m, -n and -k (e.g. --op ag_gemm -d 8 -m 8192 -n 32768 -k 4096)");
         };
-        Ok(Problem::new(op, d, m, n, k, self.input, self.output.unwrap_or(self.input))?)
+        let p = Problem::new(op, d, m, n, k, self.input, self.output.unwrap_or(self.input))?;
+        Ok(match self.wire {
+            Some(wire) => p.with_wire(wire)?,
+            None => p,
+        })
     }
 }
 

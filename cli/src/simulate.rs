@@ -17,7 +17,7 @@ use cmm_core::sim::analytic::{estimate_mesh, mesh_family, MeshGemm, MeshShape};
 use cmm_core::sim::tune::candidates_1d;
 use cmm_core::sim::tune::tune_moe;
 use cmm_core::sim::tune::{tune_attention, tune_linear};
-use cmm_core::sim::validate::{seed000, seed002, seed002_simulated};
+use cmm_core::sim::validate::{flux, seed000, seed002, seed002_simulated};
 use cmm_core::sim::TopologyKind;
 use cmm_core::sim::{simulate, OpClass, Profile, SimOptions, SimReport};
 use cmm_core::timeline::Timeline;
@@ -620,6 +620,20 @@ fn validate() -> Result<()> {
             row.case.trim_start_matches("seed 000 "),
             row.simulated_us,
             row.analytic_us,
+            row.published_us,
+            100.0 * row.relative_error()
+        );
+    }
+    let h800 = Profile::load("h800-nvlink")?;
+    println!();
+    println!("Flux's performance report: 8 GPUs, {} bf16 (its numbers measured on 8×H800)", h800.name);
+    println!("{:<68} {:<18} {:>11} {:>11} {:>8}", "case", "our algorithm", "simulated", "published", "error");
+    for (algorithm, row) in flux(&h800)? {
+        println!(
+            "{:<68} {:<18} {:>8.1} µs {:>8.0} µs {:>+7.1}%",
+            row.case,
+            algorithm,
+            row.simulated_us,
             row.published_us,
             100.0 * row.relative_error()
         );

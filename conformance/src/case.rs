@@ -84,6 +84,8 @@ pub enum Topology {
         op: OpKind,
         /// Ring size D.
         devices: usize,
+        /// The dtype partial sums travel in (gemm_rs, gemm_ar; `None`: f32).
+        wire: Option<DType>,
     },
     /// `mesh_gemm` on an Nr×Nc mesh.
     Mesh {
@@ -204,6 +206,8 @@ struct CaseTable {
     #[serde(default)]
     queries: Option<usize>,
     #[serde(default)]
+    wire: Option<DType>,
+    #[serde(default)]
     experts: Option<usize>,
     #[serde(default)]
     topk: Option<usize>,
@@ -263,6 +267,7 @@ impl CaseTable {
         let moe_fields =
             [(self.experts.is_some(), "experts"), (self.topk.is_some(), "topk"), (self.routing.is_some(), "routing")];
         let ring_fields = [(self.chunks.is_some(), "chunks")];
+        let wire_fields = [(self.wire.is_some(), "wire")];
         let devices_field = [(self.devices.is_some(), "devices")];
         // The fields of the other families are foreign to each op.
         let mut reject = |groups: &[&[(bool, &str)]]| {
@@ -272,7 +277,7 @@ impl CaseTable {
         };
         let moe_op = self.op.parse::<MoeOp>().ok();
         let topology = if let Some(op) = moe_op {
-            reject(&[&mesh_fields, &linear_fields, &attention_fields]);
+            reject(&[&mesh_fields, &linear_fields, &attention_fields, &wire_fields]);
             let missing = |field: &str| format!("{op} needs the field `{field}`");
             let routing = self.routing.as_deref().ok_or_else(|| missing("routing"))?.parse()?;
             Topology::Moe {
@@ -283,7 +288,7 @@ impl CaseTable {
                 routing,
             }
         } else if self.op == ATTENTION {
-            reject(&[&ring_fields, &mesh_fields, &linear_fields, &moe_fields]);
+            reject(&[&ring_fields, &wire_fields, &mesh_fields, &linear_fields, &moe_fields]);
             if self.output != self.input {
                 return Err(format!("{ATTENTION}: output must equal input ({}); the log-sum-exp is f32", self.input));
             }
@@ -296,7 +301,7 @@ impl CaseTable {
                 queries: self.queries,
             }
         } else if self.op == MESH_GEMM {
-            reject(&[&devices_field, &ring_fields, &linear_fields, &attention_fields, &moe_fields]);
+            reject(&[&devices_field, &ring_fields, &wire_fields, &linear_fields, &attention_fields, &moe_fields]);
             let missing = |field: &str| format!("{MESH_GEMM} needs the field `{field}`");
             Topology::Mesh {
                 nr: self.nr.ok_or_else(|| missing("nr"))?,
@@ -304,7 +309,7 @@ impl CaseTable {
                 dataflow: self.dataflow.ok_or_else(|| missing("dataflow"))?,
             }
         } else if self.op == LINEAR {
-            reject(&[&ring_fields, &mesh_fields, &attention_fields, &moe_fields]);
+            reject(&[&ring_fields, &wire_fields, &mesh_fields, &attention_fields, &moe_fields]);
             let missing = |field: &str| format!("{LINEAR} needs the field `{field}`");
             if self.output != self.input {
                 return Err(format!(
@@ -328,7 +333,7 @@ impl CaseTable {
             })?;
             reject(&[&mesh_fields, &linear_fields, &attention_fields, &moe_fields]);
             let devices = self.devices.ok_or_else(|| format!("{op} needs the field `devices`"))?;
-            Topology::Ring { op, devices }
+            Topology::Ring { op, devices, wire: self.wire }
         };
         if !foreign.is_empty() {
             return Err(format!("{} does not take {}", self.op, foreign.join(", ")));
@@ -478,6 +483,7 @@ impl Case {
     /// The op as printed in reports: `ag_gemm`, `mesh_gemm os`, or `linear column bwd sp`.
     pub fn op_label(&self) -> String {
         match self.topology {
+            Topology::Ring { op, wire: Some(wire), .. } => format!("{op} wire={wire}"),
             Topology::Ring { op, .. } => op.to_string(),
             Topology::Mesh { dataflow, .. } => format!("{MESH_GEMM} {dataflow}"),
             Topology::Linear { layer, pass, sp, .. } => {
@@ -514,7 +520,13 @@ impl Case {
     pub fn problem(&self) -> Result<CaseProblem, CaseError> {
         let (m, n, k, input, output) = (self.m, self.n, self.k, self.input, self.output);
         Ok(match self.topology {
-            Topology::Ring { op, devices } => CaseProblem::Ring(Problem::new(op, devices, m, n, k, input, output)?),
+            Topology::Ring { op, devices, wire } => {
+                let p = Problem::new(op, devices, m, n, k, input, output)?;
+                CaseProblem::Ring(match wire {
+                    Some(wire) => p.with_wire(wire)?,
+                    None => p,
+                })
+            }
             Topology::Mesh { nr, nc, dataflow } => {
                 CaseProblem::Mesh(MeshProblem::new(nr, nc, dataflow, m, n, k, input, output)?)
             }
@@ -746,7 +758,7 @@ seed = 1
         let c = &cases[0];
         assert_eq!(
             (c.topology, c.input, c.family),
-            (Topology::Ring { op: OpKind::AgGemm, devices: 2 }, DType::Bf16, Family::Exact)
+            (Topology::Ring { op: OpKind::AgGemm, devices: 2, wire: None }, DType::Bf16, Family::Exact)
         );
         assert_eq!(c.algorithm().unwrap(), CaseAlgorithm::Ring(Algorithm::RingChunked { chunks: 2 }));
         assert_eq!(c.algorithm_label(), "ring_chunked(c=2)");

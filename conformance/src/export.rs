@@ -317,7 +317,7 @@ impl Exporter {
         }
         // 1D cases keep the v1 fields; the other families name their own.
         let topology = match case.topology {
-            Topology::Ring { .. } => json!({ "chunks": case.chunks }),
+            Topology::Ring { wire, .. } => json!({ "chunks": case.chunks, "wire": wire.unwrap_or(DType::F32).name() }),
             Topology::Linear { layer, pass, sp, microbatches, .. } => json!({
                 "layer": layer.name(), "pass": pass.name(), "sp": sp, "microbatches": microbatches,
             }),

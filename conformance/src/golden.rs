@@ -128,7 +128,8 @@ fn fields(case: &Case, outputs: &[OutputShape]) -> Vec<(&'static str, String)> {
             ("topk", topk.to_string()),
             ("routing", routing.to_string()),
         ]),
-        Topology::Ring { .. } => {}
+        Topology::Ring { wire: Some(wire), .. } => fields.push(("wire", wire.to_string())),
+        Topology::Ring { wire: None, .. } => {}
     }
     fields.extend([
         ("m", case.m.to_string()),
@@ -216,7 +217,7 @@ mod tests {
     fn case() -> Case {
         Case {
             name: "t".into(),
-            topology: Topology::Ring { op: OpKind::GemmRs, devices: 2 },
+            topology: Topology::Ring { op: OpKind::GemmRs, devices: 2, wire: None },
             algorithm: "ring".into(),
             chunks: None,
             slices: None,

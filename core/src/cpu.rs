@@ -346,4 +346,26 @@ mod tests {
             }
         }
     }
+
+    /// Partial sums in bf16: every GEMM+RS/AR algorithm stays within the derived bound in
+    /// the realistic family, and its partial buffers really are bf16.
+    #[test]
+    fn bf16_partials_stay_within_their_bound() {
+        use crate::workload::Workload;
+        for op in [OpKind::GemmRs, OpKind::GemmAr] {
+            for d in [1, 2, 4] {
+                let p = Problem::new(op, d, 8 * d, 6 * d, 40 * d, DType::Bf16, DType::Bf16)
+                    .and_then(|p| p.with_wire(DType::Bf16))
+                    .unwrap();
+                assert!(p.unsupported_family(Family::Exact).is_some());
+                for alg in algorithms_for(op) {
+                    let plan = build_plan(&p, alg).unwrap();
+                    assert_eq!(plan.buffer(plan.buffer_id("P").unwrap()).dtype, DType::Bf16, "{}", plan.name);
+                    crate::testing::assert_matches_oracle(&plan, &p, 3, Family::Realistic);
+                }
+            }
+        }
+        let ag = Problem::new(OpKind::AgGemm, 2, 8, 8, 8, DType::Bf16, DType::Bf16).unwrap();
+        assert!(ag.with_wire(DType::Bf16).is_err(), "ag_gemm sends no partial sums");
+    }
 }

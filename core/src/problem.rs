@@ -108,6 +108,14 @@ pub enum ProblemError {
         /// Requested output dtype.
         output: DType,
     },
+    /// A wire dtype for an op without partial sums, or not a float type.
+    #[error("{op}: partial sums travel as f32, f16 or bf16, and only gemm_rs and gemm_ar send partial sums (got wire dtype {wire})")]
+    Wire {
+        /// The operation.
+        op: OpKind,
+        /// The requested wire dtype.
+        wire: DType,
+    },
     /// A tensor has more elements than the generator can index (2^32).
     #[error("{op}: tensor {tensor} has {elements} elements, more than the 2^32 the input generator indexes")]
     TooLarge {
@@ -188,6 +196,11 @@ pub trait ShardedGemm {
     fn input_window(&self, tensor: u32, device: usize) -> Window;
     /// The window of the global C that `device` produces.
     fn output_window_of(&self, device: usize) -> Window;
+    /// If partial sums travel rounded to a narrower type than f32: that type and the most
+    /// roundings of one running sum on its way (the partial's own and one per reduction).
+    fn partial_rounding(&self) -> Option<(DType, usize)> {
+        None
+    }
 }
 
 /// A validated 1D collective matmul problem.
@@ -207,9 +220,21 @@ pub struct Problem {
     pub input: DType,
     /// Output dtype of C.
     pub output: DType,
+    /// The dtype partial sums travel and are reduced in (gemm_rs, gemm_ar): f32 by
+    /// default; the input dtype halves the bytes, as NCCL users run it, and rounds each
+    /// hop's running sum once ([`Problem::with_wire`]).
+    pub wire: DType,
 }
 
 impl Problem {
+    /// The same problem with partial sums in `wire` (gemm_rs and gemm_ar only).
+    pub fn with_wire(self, wire: DType) -> Result<Problem, ProblemError> {
+        if self.op == OpKind::AgGemm && wire != DType::F32 || !wire.is_float() {
+            return Err(ProblemError::Wire { op: self.op, wire });
+        }
+        Ok(Problem { wire, ..self })
+    }
+
     /// Validates and builds a problem.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -249,7 +274,12 @@ impl Problem {
                 return Err(ProblemError::TooLarge { op, tensor, elements });
             }
         }
-        Ok(Problem { op, devices, m, n, k, input, output })
+        for dtype in [input, output] {
+            if !dtype.is_float() {
+                return Err(ProblemError::UnsupportedDtypes { op, input, output });
+            }
+        }
+        Ok(Problem { op, devices, m, n, k, input, output, wire: DType::F32 })
     }
 
     /// The global input tensors, A then B.
@@ -286,13 +316,18 @@ impl Problem {
 
     /// A short shape string, e.g. `M=64 N=32 K=96`.
     pub fn shape_string(&self) -> String {
-        format!("M={} N={} K={}", self.m, self.n, self.k)
+        let wire = if self.wire == DType::F32 { String::new() } else { format!(" wire={}", self.wire) };
+        format!("M={} N={} K={}{wire}", self.m, self.n, self.k)
     }
 }
 
 impl ShardedGemm for Problem {
     fn device_count(&self) -> usize {
         self.devices
+    }
+
+    fn partial_rounding(&self) -> Option<(DType, usize)> {
+        (self.wire != DType::F32).then_some((self.wire, self.devices))
     }
 
     fn global(&self) -> GlobalGemm {

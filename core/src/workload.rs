@@ -94,8 +94,27 @@ impl<T: ShardedGemm> Workload for T {
             cols: e.cols,
             values: e.values,
             magnitudes: e.magnitudes,
-            tolerance: Tolerance::gemm(global.output, global.k),
+            tolerance: match self.partial_rounding() {
+                None => Tolerance::gemm(global.output, global.k),
+                // Each of the `hops` roundings of a running sum to `wire` adds at most
+                // u_wire times its magnitude, itself at most Σ|a·b| (up to second order).
+                Some((wire, hops)) => {
+                    let g = Tolerance::gemm(global.output, global.k);
+                    let rounded = hops as f64 * wire.unit_roundoff();
+                    Tolerance { accumulation: (g.accumulation + rounded) * (1.0 + rounded), ..g }
+                }
+            },
         }]
+    }
+
+    fn unsupported_family(&self, family: Family) -> Option<String> {
+        let (wire, _) = self.partial_rounding()?;
+        (family == Family::Exact).then(|| {
+            format!(
+                "partial sums travelling as {wire} are rounded at every hop, so integer inputs have no exact answer; \
+                 run this case in the realistic family"
+            )
+        })
     }
 }
 

@@ -64,9 +64,9 @@ pub(super) fn gemm_reduce(p: &Problem) -> Result<Plan, AlgorithmError> {
     let a = input_buffer(&mut b, p, 0);
     let bm = input_buffer(&mut b, p, 1);
     let c = output_buffer(&mut b, p);
-    let partial = b.buffer("P", DType::F32, p.m, p.n, BufferRole::Scratch);
+    let partial = b.buffer("P", p.wire, p.m, p.n, BufferRole::Scratch);
     // Slot s of `recv` on device r holds the block sent by device r + 1 + s (mod D).
-    let recv_buf = b.buffer("recv", DType::F32, (n - 1) * mb, p.n, BufferRole::Scratch);
+    let recv_buf = b.buffer("recv", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
     let chained = n > REDUCE_FAN_IN;
     let acc = chained.then(|| b.buffer("acc", DType::F32, mb, p.n, BufferRole::Scratch));
     let recv = b.semaphore("recv");

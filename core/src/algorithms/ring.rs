@@ -1,7 +1,6 @@
 //! The 1D ring family (BRIEF §4) and the non-overlapped baselines.
 
 use super::{input_buffer, output_buffer, Algorithm, AlgorithmError};
-use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, Engine, LaneId, Op, Plan, PlanBuilder, Region, SemId};
 use crate::problem::{OpKind, Problem, Window};
 
@@ -568,9 +567,9 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool, chunks: usize) -> Resul
     let a = input_buffer(&mut b, p, 0);
     let bm = input_buffer(&mut b, p, 1);
     let c = output_buffer(&mut b, p);
-    let partial = b.buffer("P", DType::F32, mb, p.n, BufferRole::Scratch);
-    let send = b.buffer("send", DType::F32, (n - 1) * mb, p.n, BufferRole::Scratch);
-    let recv_buf = b.buffer("recv", DType::F32, (n - 1) * mb, p.n, BufferRole::Scratch);
+    let partial = b.buffer("P", p.wire, mb, p.n, BufferRole::Scratch);
+    let send = b.buffer("send", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
+    let recv_buf = b.buffer("recv", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
     let compute = b.lane("compute");
     // (column window, leftwards, comm lane, per chunk (ready, recv)) of each direction.
     let mut dirs = Vec::new();
@@ -662,9 +661,9 @@ pub(super) fn gemm_reduce_baseline(p: &Problem) -> Result<Plan, AlgorithmError> 
     let a = input_buffer(&mut b, p, 0);
     let bm = input_buffer(&mut b, p, 1);
     let c = output_buffer(&mut b, p);
-    let partial = b.buffer("P", DType::F32, p.m, p.n, BufferRole::Scratch);
-    let send = b.buffer("send", DType::F32, (n - 1) * mb, p.n, BufferRole::Scratch);
-    let recv_buf = b.buffer("recv", DType::F32, (n - 1) * mb, p.n, BufferRole::Scratch);
+    let partial = b.buffer("P", p.wire, p.m, p.n, BufferRole::Scratch);
+    let send = b.buffer("send", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
+    let recv_buf = b.buffer("recv", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
     let recv = b.semaphore("recv");
     let ag = b.semaphore("ag");
     let main = b.lane("main");

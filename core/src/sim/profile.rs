@@ -191,8 +191,9 @@ pub struct Profile {
 }
 
 /// The profiles shipped in `core/profiles/`, by name.
-const BUILTIN: [(&str, &str); 5] = [
+const BUILTIN: [(&str, &str); 6] = [
     ("h100-nvlink", include_str!("../../profiles/h100-nvlink.toml")),
+    ("h800-nvlink", include_str!("../../profiles/h800-nvlink.toml")),
     ("h100-ib", include_str!("../../profiles/h100-ib.toml")),
     ("h200-nvlink", include_str!("../../profiles/h200-nvlink.toml")),
     ("tpuv4-torus", include_str!("../../profiles/tpuv4-torus.toml")),

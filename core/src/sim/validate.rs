@@ -76,6 +76,40 @@ pub fn seed000(profile: &Profile) -> Result<Vec<TimeRow>, ValidationError> {
     Ok(rows)
 }
 
+/// Flux's published performance report (8×H800, bf16): two shapes, the non-overlapped
+/// NCCL + torch time and Flux's fused kernels. Ours: the baseline plan beside the first,
+/// the tuner's best plan beside the second (rows are the algorithm's name and the numbers).
+/// GEMM+RS is shown with f32 partial sums (our default contract) and with bf16 partials,
+/// as NCCL's reduce-scatter runs in the input dtype.
+pub fn flux(profile: &Profile) -> Result<Vec<(String, TimeRow)>, ValidationError> {
+    // (op, M, N, K, wire, NCCL+torch µs, Flux µs)
+    const SHAPES: [(OpKind, usize, usize, usize, DType, f64, f64); 3] = [
+        (OpKind::AgGemm, 4096, 49152, 12288, DType::F32, 1429.0, 957.0),
+        (OpKind::GemmRs, 4096, 12288, 49152, DType::F32, 1408.0, 932.0),
+        (OpKind::GemmRs, 4096, 12288, 49152, DType::Bf16, 1408.0, 932.0),
+    ];
+    let mut rows = Vec::new();
+    for (op, m, n, k, wire, torch, fused) in SHAPES {
+        let p = Problem::new(op, 8, m, n, k, DType::Bf16, DType::Bf16)?.with_wire(wire)?;
+        let ranking = super::tune::tune_1d(&p, profile)?;
+        let base = ranking.ranked.iter().find(|c| c.algorithm == Algorithm::Baseline).expect("the baseline runs");
+        let best = &ranking.ranked[0];
+        let shape = format!("{op} {}", p.shape_string());
+        for (ranked, published, what) in [(base, torch, "baseline vs NCCL+torch"), (best, fused, "best plan vs Flux")] {
+            rows.push((
+                ranked.algorithm.to_string(),
+                TimeRow {
+                    case: format!("{shape} {what}"),
+                    simulated_us: ranked.report.makespan_s * 1e6,
+                    analytic_us: ring_1d(&p, ranked.algorithm, profile).total_s * 1e6,
+                    published_us: published,
+                },
+            ));
+        }
+    }
+    Ok(rows)
+}
+
 /// One claim of seed 002 checked against the analytic model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClaimRow {
