@@ -579,15 +579,7 @@ fn json(plan: &Plan, r: &SimReport, analytic_s: Option<f64>) -> String {
 }
 
 fn compare(problem: &cmm_core::Problem, profile: &Profile) -> Result<()> {
-    println!(
-        "{} D={} {} {}->{} on {}",
-        problem.op,
-        problem.devices,
-        problem.shape_string(),
-        problem.input,
-        problem.output,
-        profile.name
-    );
+    println!("{} on {}", problem.describe(), profile.name);
     println!("{:<18} {:>12} {:>12} {:>8}  formula", "algorithm", "simulated", "analytic", "diff");
     for alg in candidates_1d(problem.op) {
         let Ok(plan) = build_plan(problem, alg) else { continue };

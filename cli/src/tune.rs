@@ -77,15 +77,7 @@ pub fn run(args: &Args) -> Result<()> {
                 "reason": ranking.reason,
             }));
         }
-        println!(
-            "{} D={} {} {}->{} on {} (simulated)",
-            problem.op,
-            problem.devices,
-            problem.shape_string(),
-            problem.input,
-            problem.output,
-            profile.name
-        );
+        println!("{} on {} (simulated)", problem.describe(), profile.name);
         println!("{:<4} {:<18} {:>12} {:>14} {:>14}", "rank", "algorithm", "simulated", "exposed comm", "vs baseline");
         let base =
             ranking.ranked.iter().find(|c| c.algorithm == cmm_core::Algorithm::Baseline).map(|c| c.report.makespan_s);

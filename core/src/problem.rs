@@ -314,7 +314,13 @@ impl Problem {
         2.0 * self.m as f64 * self.n as f64 * self.k as f64
     }
 
-    /// A short shape string, e.g. `M=64 N=32 K=96`.
+    /// `op D=.. M=.. N=.. K=.. input->output`, for reports.
+    pub fn describe(&self) -> String {
+        format!("{} D={} {} {}->{}", self.op, self.devices, self.shape_string(), self.input, self.output)
+    }
+
+    /// A short shape string, e.g. `M=64 N=32 K=96` (and ` wire=bf16` when partial sums do
+    /// not travel in f32).
     pub fn shape_string(&self) -> String {
         let wire = if self.wire == DType::F32 { String::new() } else { format!(" wire={}", self.wire) };
         format!("M={} N={} K={}{wire}", self.m, self.n, self.k)
