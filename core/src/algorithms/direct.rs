@@ -5,7 +5,7 @@
 //! This is what "collective library, then cuBLAS" does on a fully connected NVLink
 //! switch, and what the CUDA bench compares the overlapped plans with.
 
-use super::ring::{copy, gemm, plan_name, signal, wait};
+use super::ring::{ag_gemm_gathered, copy, gemm, plan_name, signal, wait};
 use super::{input_buffer, output_buffer, Algorithm, AlgorithmError};
 use crate::dtype::DType;
 use crate::plan::{BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemId};
@@ -31,26 +31,9 @@ fn broadcast(b: &mut PlanBuilder, d: usize, lane: LaneId, sem: SemId, src: Regio
 /// AG+GEMM: own shard into the gathered buffer, a copy of it to every peer, one wait
 /// for the D − 1 that arrive, then one GEMM over all rows.
 pub(super) fn ag_gemm(p: &Problem) -> Result<Plan, AlgorithmError> {
-    let n = p.devices;
-    let ms = p.m / n;
-    let mut b = PlanBuilder::new(plan_name(p, Algorithm::BaselineDirect), n);
-    let a = input_buffer(&mut b, p, 0);
-    let bm = input_buffer(&mut b, p, 1);
-    let c = output_buffer(&mut b, p);
-    let g = b.buffer("G", p.input, p.m, p.k, BufferRole::Scratch);
-    let recv = b.semaphore("recv");
-    let main = b.lane("main");
-    for d in 0..n {
-        let (own, block) = (b.whole(a), b.rows(g, d * ms, ms));
-        b.push(d, main, copy(own, d, block));
-        broadcast(&mut b, d, main, recv, own, block);
-        if n > 1 {
-            b.push(d, main, wait(recv, (n - 1) as u32));
-        }
-        let (whole_g, whole_b, whole_c) = (b.whole(g), b.whole(bm), b.whole(c));
-        b.push(d, main, gemm(whole_g, whole_b, whole_c));
-    }
-    Ok(b.finish()?)
+    ag_gemm_gathered(p, Algorithm::BaselineDirect, &|b, d, lane, sem, own, blocks| {
+        broadcast(b, d, lane, sem, own, blocks[d])
+    })
 }
 
 /// GEMM+RS (and GEMM+AR): the whole partial product, block r of it copied to device r,

@@ -516,8 +516,22 @@ pub(super) fn ag_gemm_bidir(p: &Problem) -> Result<Plan, AlgorithmError> {
 /// AG+GEMM baseline: ring AllGather of A into a gathered buffer, then one GEMM.
 pub(super) fn ag_gemm_baseline(p: &Problem) -> Result<Plan, AlgorithmError> {
     let n = p.devices;
+    ag_gemm_gathered(p, Algorithm::Baseline, &|b, d, lane, sem, _own, blocks| {
+        ring_all_gather(b, &Ring::all(n, d), lane, sem, 0, blocks[d], blocks)
+    })
+}
+
+/// How a non-overlapped AG+GEMM fills the gathered buffer: on device d, from its own
+/// shard (`own`, already copied into `blocks[d]`), every other block, each arrival a
+/// release of `sem` there.
+pub(super) type Gather<'a> = dyn Fn(&mut PlanBuilder, usize, LaneId, SemId, Region, &[Region]) + 'a;
+
+/// AG+GEMM without overlap: the own shard into the gathered buffer G, `gather` for the
+/// other D − 1 blocks, one wait for them, then one GEMM over all rows.
+pub(super) fn ag_gemm_gathered(p: &Problem, algorithm: Algorithm, gather: &Gather) -> Result<Plan, AlgorithmError> {
+    let n = p.devices;
     let ms = p.m / n;
-    let mut b = PlanBuilder::new(plan_name(p, Algorithm::Baseline), n);
+    let mut b = PlanBuilder::new(plan_name(p, algorithm), n);
     let a = input_buffer(&mut b, p, 0);
     let bm = input_buffer(&mut b, p, 1);
     let c = output_buffer(&mut b, p);
@@ -526,9 +540,9 @@ pub(super) fn ag_gemm_baseline(p: &Problem) -> Result<Plan, AlgorithmError> {
     let main = b.lane("main");
     let blocks: Vec<Region> = (0..n).map(|r| b.rows(g, r * ms, ms)).collect();
     for d in 0..n {
-        let src = b.whole(a);
-        b.push(d, main, copy(src, d, blocks[d]));
-        ring_all_gather(&mut b, &Ring::all(n, d), main, recv, 0, blocks[d], &blocks);
+        let own = b.whole(a);
+        b.push(d, main, copy(own, d, blocks[d]));
+        gather(&mut b, d, main, recv, own, &blocks);
         if n > 1 {
             b.push(d, main, wait(recv, (n - 1) as u32));
         }
