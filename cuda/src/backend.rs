@@ -905,28 +905,32 @@ impl Run<'_> {
                     launch(l, cfg, "an SM copy")?;
                 }
             }
-            Command::Reduce { out, out_stride, out_dtype, rows, cols, inputs } => {
-                let mut packed = ReduceInputs::default();
-                for (slot, (loc, stride, dtype)) in packed.inputs.iter_mut().zip(inputs) {
-                    *slot = ReduceInput { base: addr(loc), stride: *stride, dtype: dtype_code(*dtype), pad: 0 };
-                }
-                let (o, od, count) = (addr(out), dtype_code(*out_dtype), inputs.len() as u32);
-                if let Some(cfg) = elementwise(*rows as usize * *cols as usize) {
-                    let mut l = stream.launch_builder(&functions.reduce);
-                    l.arg(&o).arg(out_stride).arg(&od).arg(rows).arg(cols).arg(&count).arg(&packed);
-                    launch(l, cfg, "a reduce")?;
-                }
-            }
-            Command::Pointwise { function, out, out_stride, out_dtype, rows, cols, inputs } => {
-                let mut packed = PointwiseInputs::default();
-                for (slot, (loc, stride, dtype)) in packed.inputs.iter_mut().zip(inputs) {
-                    *slot = ReduceInput { base: addr(loc), stride: *stride, dtype: dtype_code(*dtype), pad: 0 };
-                }
-                let (o, od) = (addr(out), dtype_code(*out_dtype));
-                if let Some(cfg) = elementwise(*rows as usize * *cols as usize) {
+            Command::Reduce(e) | Command::Pointwise { target: e, .. } => {
+                let packed: Vec<ReduceInput> = e
+                    .inputs
+                    .iter()
+                    .map(|(loc, stride, dtype)| ReduceInput {
+                        base: addr(loc),
+                        stride: *stride,
+                        dtype: dtype_code(*dtype),
+                        pad: 0,
+                    })
+                    .collect();
+                let (o, od) = (addr(&e.out), dtype_code(e.out_dtype));
+                let Some(cfg) = elementwise(e.rows as usize * e.cols as usize) else { return Ok(()) };
+                if let Command::Pointwise { function, .. } = command {
+                    let mut inputs = PointwiseInputs::default();
+                    inputs.inputs.iter_mut().zip(&packed).for_each(|(slot, p)| *slot = *p);
                     let mut l = stream.launch_builder(&functions.pointwise);
-                    l.arg(&o).arg(out_stride).arg(&od).arg(rows).arg(cols).arg(function).arg(&packed);
+                    l.arg(&o).arg(&e.out_stride).arg(&od).arg(&e.rows).arg(&e.cols).arg(function).arg(&inputs);
                     launch(l, cfg, "a pointwise kernel")?;
+                } else {
+                    let mut inputs = ReduceInputs::default();
+                    inputs.inputs.iter_mut().zip(&packed).for_each(|(slot, p)| *slot = *p);
+                    let count = packed.len() as u32;
+                    let mut l = stream.launch_builder(&functions.reduce);
+                    l.arg(&o).arg(&e.out_stride).arg(&od).arg(&e.rows).arg(&e.cols).arg(&count).arg(&inputs);
+                    launch(l, cfg, "a reduce")?;
                 }
             }
             Command::Attend { tensors, rows, keys, heads, group, head_dim, causal, fresh } => {

@@ -152,37 +152,14 @@ pub enum Command {
         /// Bytes per element.
         elem_bytes: u32,
     },
-    /// `cmm_reduce` of up to [`MAX_REDUCE_INPUTS`] inputs, each (location, stride, dtype).
-    Reduce {
-        /// Output.
-        out: Loc,
-        /// Output stride.
-        out_stride: u64,
-        /// Output dtype.
-        out_dtype: DType,
-        /// Rows.
-        rows: u32,
-        /// Columns.
-        cols: u32,
-        /// Inputs, summed left to right.
-        inputs: Vec<(Loc, u64, DType)>,
-    },
+    /// `cmm_reduce` of up to [`MAX_REDUCE_INPUTS`] inputs, summed left to right.
+    Reduce(Elementwise),
     /// `cmm_pointwise` (GeLU and its backward) of up to two inputs.
     Pointwise {
         /// The function's code (`Pointwise::code`).
         function: u32,
-        /// Output.
-        out: Loc,
-        /// Output stride.
-        out_stride: u64,
-        /// Output dtype.
-        out_dtype: DType,
-        /// Rows.
-        rows: u32,
-        /// Columns.
-        cols: u32,
-        /// Inputs: (location, stride, dtype).
-        inputs: Vec<(Loc, u64, DType)>,
+        /// Output and inputs.
+        target: Elementwise,
     },
     /// `cmm_attend`: one key block of attention (`Op::Attend`).
     Attend {
@@ -294,6 +271,23 @@ pub enum Command {
         /// Value to reach.
         value: u32,
     },
+}
+
+/// An elementwise kernel's output and inputs (`cmm_reduce`, `cmm_pointwise`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Elementwise {
+    /// Output.
+    pub out: Loc,
+    /// Output stride.
+    pub out_stride: u64,
+    /// Output dtype.
+    pub out_dtype: DType,
+    /// Rows.
+    pub rows: u32,
+    /// Columns.
+    pub cols: u32,
+    /// Inputs: (location, stride, dtype).
+    pub inputs: Vec<(Loc, u64, DType)>,
 }
 
 /// The most inputs `cmm_reduce` sums in one launch: the plan model's limit.
@@ -435,6 +429,14 @@ fn lower_op(
         |what: String| CudaError::Unsupported { plan: plan.name.clone(), what: format!("{site}: {what}") };
     // A one-row region may have any stride; as a leading dimension it must cover the row.
     let ld = |r: &Region| if r.rows <= 1 { r.stride.max(r.cols) } else { r.stride } as u64;
+    let elementwise = |output: &Region, inputs: &[Region]| Elementwise {
+        out: loc(d, output),
+        out_stride: output.stride as u64,
+        out_dtype: dt(output),
+        rows: output.rows as u32,
+        cols: output.cols as u32,
+        inputs: inputs.iter().map(|r| (loc(d, r), r.stride as u64, dt(r))).collect(),
+    };
     Ok(match op {
         Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => {
             let (m, n) = (c.rows, c.cols);
@@ -527,14 +529,7 @@ fn lower_op(
             if output.rows > u32::MAX as usize || output.cols > u32::MAX as usize {
                 return Err(unsupported(format!("reduce of {}x{} elements", output.rows, output.cols)));
             }
-            Some(Command::Reduce {
-                out: loc(d, output),
-                out_stride: output.stride as u64,
-                out_dtype: dt(output),
-                rows: output.rows as u32,
-                cols: output.cols as u32,
-                inputs: inputs.iter().map(|r| (loc(d, r), r.stride as u64, dt(r))).collect(),
-            })
+            Some(Command::Reduce(elementwise(output, inputs)))
         }
         Op::Pointwise { function, inputs, output } => {
             if output.is_empty() {
@@ -549,15 +544,7 @@ fn lower_op(
                     inputs.len()
                 )));
             }
-            Some(Command::Pointwise {
-                function: function.code(),
-                out: loc(d, output),
-                out_stride: output.stride as u64,
-                out_dtype: dt(output),
-                rows: output.rows as u32,
-                cols: output.cols as u32,
-                inputs: inputs.iter().map(|r| (loc(d, r), r.stride as u64, dt(r))).collect(),
-            })
+            Some(Command::Pointwise { function: function.code(), target: elementwise(output, inputs) })
         }
         Op::Attend { q, k, v, state, heads, kv_heads, causal, fresh } => {
             let dh = q.cols / heads;
