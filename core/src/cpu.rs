@@ -88,7 +88,7 @@ pub fn run_with(plan: &Plan, seed: u32, family: Family, order: Order) -> Result<
 pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
     let dt = |r: &Region| plan.buffers[r.buf.0].dtype;
     match op {
-        Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => {
+        Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } => {
             let (m, n) = (c.rows, c.cols);
             let k = if *trans_a { a.rows } else { a.cols };
             let dev = &mem[device];

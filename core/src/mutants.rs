@@ -148,27 +148,9 @@ fn conflict(device: usize, a: &Op, b: &Op) -> bool {
     let (xa, xb) = (accesses(device, a), accesses(device, b));
     xa.iter().any(|p| {
         xb.iter().any(|q| {
-            (p.write || q.write)
-                && p.device == q.device
-                && p.region.buf == q.region.buf
-                && overlap(&p.region, &q.region)
+            (p.write || q.write) && p.device == q.device && p.region.buf == q.region.buf && p.region.overlaps(&q.region)
         })
     })
-}
-
-/// Whether two regions of one buffer share an element: exact for regions with the same
-/// row stride that do not wrap around a row, conservative (their spans overlap) otherwise.
-fn overlap(a: &Region, b: &Region) -> bool {
-    if a.is_empty() || b.is_empty() || a.offset >= b.end() || b.offset >= a.end() {
-        return false;
-    }
-    let s = a.stride;
-    let rect = |r: &Region| (r.offset / s, r.offset % s, r.rows, r.cols);
-    if s == 0 || b.stride != s || a.offset % s + a.cols > s || b.offset % s + b.cols > s {
-        return true;
-    }
-    let ((ar, ac, ah, aw), (br, bc, bh, bw)) = (rect(a), rect(b));
-    ar < br + bh && br < ar + ah && ac < bc + bw && bc < ac + aw
 }
 
 /// Why swapping adjacent ops `a` (first) and `b` cannot change results, if it cannot.
@@ -202,7 +184,7 @@ fn swap_equivalence(device: usize, a: &Op, b: &Op) -> Option<&'static str> {
         (
             Op::Gemm { a: a1, b: b1, c: c1, accumulate: true, .. },
             Op::Gemm { a: a2, b: b2, c: c2, accumulate: true, .. },
-        ) if c1 == c2 && [a1, b1, a2, b2].iter().all(|r| r.buf != c1.buf || !overlap(r, c1)) => {
+        ) if c1 == c2 && [a1, b1, a2, b2].iter().all(|r| r.buf != c1.buf || !r.overlaps(c1)) => {
             Some(ACCUMULATION_ORDER)
         }
         _ => None,
@@ -388,13 +370,14 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                 );
             }
         }
-        if let Op::Gemm { a, b, c, trans_a, trans_b, accumulate: true } = op {
-            let (a, b, c, trans_a, trans_b) = (*a, *b, *c, *trans_a, *trans_b);
+        if let Op::Gemm { a, b, c, trans_a, trans_b, accumulate: true, fused } = op {
+            let (a, b, c, trans_a, trans_b, fused) = (*a, *b, *c, *trans_a, *trans_b, *fused);
             with(
                 MutationKind::Overwrite,
                 format!("{here} overwrites"),
                 &mut |p| {
-                    p.programs[device].lanes[lane][index] = Op::Gemm { a, b, c, trans_a, trans_b, accumulate: false };
+                    p.programs[device].lanes[lane][index] =
+                        Op::Gemm { a, b, c, trans_a, trans_b, accumulate: false, fused };
                 },
                 None,
             );
@@ -419,7 +402,7 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                 // Two GEMMs commute in exact cases when neither reads what they add into.
                 let equivalent = match op {
                     Op::Gemm { a, b, .. } => {
-                        [a, b].iter().all(|r| r.buf != acc.buf || !overlap(r, &acc)).then_some(ACCUMULATION_ORDER)
+                        [a, b].iter().all(|r| r.buf != acc.buf || !r.overlaps(&acc)).then_some(ACCUMULATION_ORDER)
                     }
                     _ => None,
                 };

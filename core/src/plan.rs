@@ -129,6 +129,23 @@ pub struct Region {
 }
 
 impl Region {
+    /// Whether two regions (of one buffer) share an element: exact for regions with the
+    /// same row stride that do not wrap around a row, conservative (their spans overlap)
+    /// otherwise.
+    pub fn overlaps(&self, other: &Region) -> bool {
+        let (a, b) = (self, other);
+        if a.is_empty() || b.is_empty() || a.offset >= b.end() || b.offset >= a.end() {
+            return false;
+        }
+        let s = a.stride;
+        let rect = |r: &Region| (r.offset / s, r.offset % s, r.rows, r.cols);
+        if s == 0 || b.stride != s || a.offset % s + a.cols > s || b.offset % s + b.cols > s {
+            return true;
+        }
+        let ((ar, ac, ah, aw), (br, bc, bh, bw)) = (rect(a), rect(b));
+        ar < br + bh && br < ar + ah && ac < bc + bw && bc < ac + aw
+    }
+
     /// One past the last element the region touches (0 when empty).
     pub fn end(&self) -> usize {
         if self.rows == 0 || self.cols == 0 {
@@ -314,6 +331,12 @@ pub enum Op {
         trans_b: bool,
         /// Add to c instead of overwriting it.
         accumulate: bool,
+        /// The tile-granular GEMM this one is a block of: the GEMMs of a lane that
+        /// share an id are the row blocks of one persistent kernel ([`FusedRun`]), and
+        /// the Waits and Signals between them gate and release single blocks. `None`: a
+        /// GEMM of its own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fused: Option<u32>,
     },
     /// Copies a local region into `dst` on device `dst_device` (itself or a peer).
     Copy {
@@ -496,6 +519,34 @@ pub struct Plan {
     pub programs: Vec<DeviceProgram>,
 }
 
+/// One tile-granular GEMM ([`Op::Gemm`] blocks sharing a `fused` id in one lane): a
+/// persistent kernel over every block's output tiles. Its meaning is the lane's ops as
+/// written: block i runs after the Waits before it, and a Signal after block i releases
+/// the blocks up to i. A kernel keeps that meaning while it computes several ready
+/// blocks at once: before a tile of block i it checks every Wait up to block i, and it
+/// performs a Signal only once every earlier block is written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedRun {
+    /// Device.
+    pub device: usize,
+    /// Lane index.
+    pub lane: usize,
+    /// The `fused` id.
+    pub id: u32,
+    /// Lane indices of the blocks, in order.
+    pub blocks: Vec<usize>,
+    /// Lane index of the last block.
+    pub end: usize,
+}
+
+impl FusedRun {
+    /// Whether lane index `index` lies inside the run: after its first block, up to its
+    /// last (the Waits and Signals between blocks).
+    pub fn inside(&self, index: usize) -> bool {
+        self.blocks[0] < index && index < self.end
+    }
+}
+
 /// Where an op sits in a plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpSite {
@@ -651,6 +702,84 @@ impl Plan {
         for (site, op) in self.ops() {
             self.validate_op(site, op)?;
         }
+        self.fused_runs().map(|_| ())
+    }
+
+    /// Every tile-granular GEMM of the plan, checked: its blocks lie in one lane with
+    /// only Waits and Signals between them, agree on b, the transposes, accumulation and
+    /// dtypes, and no block writes what another block of the run reads or writes (the
+    /// kernel computes ready blocks concurrently).
+    pub fn fused_runs(&self) -> Result<Vec<FusedRun>, PlanError> {
+        let mut runs: Vec<FusedRun> = Vec::new();
+        for (device, program) in self.programs.iter().enumerate() {
+            for (lane, ops) in program.lanes.iter().enumerate() {
+                let first_run = runs.len();
+                let mut open: Option<FusedRun> = None;
+                for (index, op) in ops.iter().enumerate() {
+                    let site = OpSite { device, lane, index };
+                    let mismatch = |detail: String| PlanError::Mismatch { plan: self.name.clone(), site, detail };
+                    match (op, open.as_mut()) {
+                        // Only waits and signals keep a run open, so this block follows
+                        // the previous one.
+                        (Op::Gemm { fused: Some(id), .. }, Some(run)) if run.id == *id => {
+                            run.blocks.push(index);
+                            run.end = index;
+                        }
+                        (Op::Gemm { fused: Some(id), .. }, _) => {
+                            if let Some(run) = open.take() {
+                                runs.push(run);
+                            }
+                            if runs[first_run..].iter().any(|r| r.id == *id) {
+                                return Err(mismatch(format!(
+                                    "fused gemm {id} resumes after other ops of its lane; its blocks must follow one another with only waits and signals between them"
+                                )));
+                            }
+                            open = Some(FusedRun { device, lane, id: *id, blocks: vec![index], end: index });
+                        }
+                        (Op::Wait { .. } | Op::Signal { .. }, _) => {}
+                        _ => runs.extend(open.take()),
+                    }
+                }
+                runs.extend(open);
+            }
+        }
+        for run in &runs {
+            self.check_fused_run(run)?;
+        }
+        Ok(runs)
+    }
+
+    fn check_fused_run(&self, run: &FusedRun) -> Result<(), PlanError> {
+        let ops = &self.programs[run.device].lanes[run.lane];
+        let block = |i: usize| match &ops[run.blocks[i]] {
+            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } => (a, b, c, (*trans_a, *trans_b, *accumulate)),
+            _ => unreachable!("run blocks are gemms"),
+        };
+        let (a0, b0, c0, flags0) = block(0);
+        let dtypes = |a: &Region, c: &Region| (self.buffer(a.buf).dtype, self.buffer(c.buf).dtype);
+        for i in 0..run.blocks.len() {
+            let site = OpSite { device: run.device, lane: run.lane, index: run.blocks[i] };
+            let mismatch = |detail: String| PlanError::Mismatch { plan: self.name.clone(), site, detail };
+            let (a, b, c, flags) = block(i);
+            if b != b0 || flags != flags0 || dtypes(a, c) != dtypes(a0, c0) || c.cols != c0.cols {
+                return Err(mismatch(format!(
+                    "block {i} of fused gemm {} differs from block 0 in b, transposes, accumulation, dtypes or columns; the blocks of one kernel share all of them",
+                    run.id
+                )));
+            }
+            for j in 0..i {
+                let (other_a, _, other_c, _) = block(j);
+                let clash =
+                    [(c, other_c), (c, other_a), (a, other_c)].iter().any(|(x, y)| x.buf == y.buf && x.overlaps(y))
+                        || (flags.2 && c.buf == other_c.buf && c.overlaps(other_c));
+                if clash || b.buf == other_c.buf && b.overlaps(other_c) || b.buf == c.buf && b.overlaps(c) {
+                    return Err(mismatch(format!(
+                        "blocks {j} and {i} of fused gemm {} touch the same elements and one of them writes them; the kernel computes ready blocks concurrently",
+                        run.id
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -704,7 +833,7 @@ impl Plan {
             }
         }
         match op {
-            Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => {
+            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } => {
                 region(a)?;
                 region(b)?;
                 let cb = region(c)?;
@@ -997,8 +1126,9 @@ impl Plan {
         };
         let sem = |s: &SemId| self.semaphores.get(s.0).map_or("?", String::as_str);
         match op {
-            Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => format!(
-                "gemm {} {} {}{} · {}{}",
+            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, fused } => format!(
+                "gemm{} {} {} {}{} · {}{}",
+                fused.map_or(String::new(), |k| format!("[fused {k}]")),
                 reg(c),
                 if *accumulate { "+=" } else { "=" },
                 reg(a),

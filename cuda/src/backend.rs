@@ -117,7 +117,7 @@ pub struct GemmSpec {
 impl GemmSpec {
     /// The spec of a plan's `Gemm` op (`None` for other ops or mixed input dtypes).
     pub fn of(plan: &Plan, op: &Op) -> Option<GemmSpec> {
-        let Op::Gemm { a, b, c, trans_a, trans_b, accumulate } = op else { return None };
+        let Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } = op else { return None };
         let (ta, tb) = (plan.buffer(a.buf).dtype, plan.buffer(b.buf).dtype);
         (ta == tb).then(|| GemmSpec {
             m: c.rows,
@@ -677,7 +677,15 @@ fn gemm_plan(spec: &GemmSpec) -> Result<Plan, CudaError> {
     b.push(
         0,
         lane,
-        Op::Gemm { a, b: bb, c: cc, trans_a: spec.trans_a, trans_b: spec.trans_b, accumulate: spec.accumulate },
+        Op::Gemm {
+            a,
+            b: bb,
+            c: cc,
+            trans_a: spec.trans_a,
+            trans_b: spec.trans_b,
+            accumulate: spec.accumulate,
+            fused: None,
+        },
     );
     let plan = b.finish()?;
     plan.check_generator_range()?;

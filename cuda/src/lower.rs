@@ -438,7 +438,7 @@ fn lower_op(
         inputs: inputs.iter().map(|r| (loc(d, r), r.stride as u64, dt(r))).collect(),
     };
     Ok(match op {
-        Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => {
+        Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } => {
             let (m, n) = (c.rows, c.cols);
             let k = if *trans_a { a.rows } else { a.cols };
             if m == 0 || n == 0 {
@@ -715,7 +715,7 @@ mod tests {
         let c = b.buffer("C", DType::F32, 4, 4, BufferRole::Output);
         let lane = b.lane("main");
         let (a, bb, cc) = (b.whole(x), b.whole(y), b.whole(c));
-        b.push(0, lane, Op::Gemm { a, b: bb, c: cc, trans_a: false, trans_b: false, accumulate: false });
+        b.push(0, lane, Op::Gemm { a, b: bb, c: cc, trans_a: false, trans_b: false, accumulate: false, fused: None });
         let plan = b.finish().unwrap();
         let err = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap_err();
         assert!(err.to_string().contains("A f16 and B f32 cannot run on cuBLAS"), "{err}");
@@ -785,7 +785,7 @@ mod tests {
         let lane = b.lane("main");
         let a = Region { stride: 1, ..b.whole(x) };
         let (bb, cc) = (b.whole(y), b.whole(c));
-        b.push(0, lane, Op::Gemm { a, b: bb, c: cc, trans_a: false, trans_b: false, accumulate: false });
+        b.push(0, lane, Op::Gemm { a, b: bb, c: cc, trans_a: false, trans_b: false, accumulate: false, fused: None });
         let plan = b.finish().unwrap();
         let l = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap();
         let Some(Command::Gemm(g)) = &l.steps[0].command else { panic!() };

@@ -260,7 +260,7 @@ impl Encoder<'_> {
     fn op(&mut self, device: usize, op: &Op) -> Result<(), ReferenceError> {
         let dt = |r: &Region| dtype_code(self.plan.buffer(r.buf).dtype);
         match op {
-            Op::Gemm { a, b, c, trans_a, trans_b, accumulate } => {
+            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } => {
                 let (m, n) = (c.rows, c.cols);
                 let k = if *trans_a { a.rows } else { a.cols };
                 let (gx, gy) = (n.div_ceil(64), m.div_ceil(64));

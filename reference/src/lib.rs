@@ -97,6 +97,7 @@ impl Reference {
                 trans_a: false,
                 trans_b: false,
                 accumulate: false,
+                fused: None,
             };
             b.push(0, lane, op);
         }

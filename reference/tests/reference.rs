@@ -86,6 +86,7 @@ fn long_k_is_split_across_dispatches_and_stays_exact() {
             trans_a: false,
             trans_b: false,
             accumulate: false,
+            fused: None,
         };
         b.push(0, lane, op);
         let plan = b.finish().unwrap();

@@ -35,6 +35,13 @@ pub enum Algorithm {
         /// Chunks per shard.
         chunks: usize,
     },
+    /// The ring with its GEMMs fused into one tile-granular GEMM (seed 000's persistent
+    /// kernel): every block of output rows waits only for its own operand rows and is
+    /// released as soon as it is written; shards (or sums) travel in `chunks` row chunks.
+    Fused {
+        /// Chunks per shard.
+        chunks: usize,
+    },
 }
 
 impl Algorithm {
@@ -46,6 +53,7 @@ impl Algorithm {
             Algorithm::Ring => "ring",
             Algorithm::RingBidir => "ring_bidir",
             Algorithm::RingChunked { .. } => "ring_chunked",
+            Algorithm::Fused { .. } => "fused",
         }
     }
 
@@ -60,9 +68,11 @@ impl Algorithm {
                 chunks: chunks
                     .ok_or(AlgorithmError::MissingParameter { algorithm: "ring_chunked", parameter: "chunks" })?,
             },
+            // One chunk per shard unless told otherwise.
+            "fused" => Algorithm::Fused { chunks: chunks.unwrap_or(1) },
             other => return Err(AlgorithmError::Unknown { name: other.to_string() }),
         };
-        if chunks.is_some() && !matches!(algorithm, Algorithm::RingChunked { .. }) {
+        if chunks.is_some() && !matches!(algorithm, Algorithm::RingChunked { .. } | Algorithm::Fused { .. }) {
             return Err(AlgorithmError::UnexpectedParameter { algorithm: algorithm.name(), parameter: "chunks" });
         }
         Ok(algorithm)
@@ -73,6 +83,8 @@ impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Algorithm::RingChunked { chunks } => write!(f, "ring_chunked(c={chunks})"),
+            Algorithm::Fused { chunks: 1 } => f.write_str("fused"),
+            Algorithm::Fused { chunks } => write!(f, "fused(c={chunks})"),
             other => f.write_str(other.name()),
         }
     }
@@ -83,7 +95,9 @@ impl fmt::Display for Algorithm {
 #[non_exhaustive]
 pub enum AlgorithmError {
     /// The algorithm name is not known.
-    #[error("unknown algorithm `{name}` (expected baseline, baseline_direct, ring, ring_bidir or ring_chunked)")]
+    #[error(
+        "unknown algorithm `{name}` (expected baseline, baseline_direct, ring, ring_bidir, ring_chunked or fused)"
+    )]
     Unknown {
         /// The name given.
         name: String,
@@ -130,7 +144,9 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
         (OpKind::AgGemm, Algorithm::BaselineDirect) => direct::ag_gemm(problem),
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::BaselineDirect) => direct::gemm_reduce(problem),
         (OpKind::AgGemm, Algorithm::Ring) => ring::ag_gemm_ring(problem, algorithm, 1),
-        (OpKind::AgGemm, Algorithm::RingChunked { chunks }) => ring::ag_gemm_ring(problem, algorithm, chunks),
+        (OpKind::AgGemm, Algorithm::RingChunked { chunks } | Algorithm::Fused { chunks }) => {
+            ring::ag_gemm_ring(problem, algorithm, chunks)
+        }
         (OpKind::AgGemm, Algorithm::RingBidir) => ring::ag_gemm_bidir(problem),
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Baseline) => ring::gemm_reduce_baseline(problem),
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Ring) => ring::gemm_reduce_ring(problem, false, 1),
@@ -138,11 +154,12 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::RingChunked { chunks }) => {
             ring::gemm_reduce_ring(problem, false, chunks)
         }
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Fused { chunks }) => ring::gemm_reduce_fused(problem, chunks),
     }
 }
 
 /// Every algorithm variant defined for `op` (with a representative chunk count): the same
-/// five for every 1D op.
+/// seven for every 1D op.
 pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
     let _ = op;
     vec![
@@ -151,6 +168,8 @@ pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
         Algorithm::Ring,
         Algorithm::RingBidir,
         Algorithm::RingChunked { chunks: 2 },
+        Algorithm::Fused { chunks: 1 },
+        Algorithm::Fused { chunks: 2 },
     ]
 }
 

@@ -13,7 +13,12 @@ fn right(d: usize, n: usize) -> usize {
 }
 
 pub(crate) fn gemm(a: Region, b: Region, c: Region) -> Op {
-    Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false }
+    Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false, fused: None }
+}
+
+/// A block of tile-granular GEMM `id` of its lane.
+pub(crate) fn gemm_block(a: Region, b: Region, c: Region, id: u32) -> Op {
+    Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false, fused: Some(id) }
 }
 
 pub(crate) fn copy(src: Region, dst_device: usize, dst: Region) -> Op {
@@ -377,7 +382,9 @@ pub(crate) fn plan_name(p: &Problem, algorithm: Algorithm) -> String {
 /// AG+GEMM, unidirectional ring. At step i device d multiplies the shard of device
 /// (d+i)%D and forwards it to (d−1)%D into scratch slot i; each shard travels as
 /// `chunks` row chunks, each with its own signal, so the consumer can start on the
-/// first chunk early. Scratch has D−1 slots, so no slot is ever reused.
+/// first chunk early. Scratch has D−1 slots, so no slot is ever reused. With
+/// [`Algorithm::Fused`] the GEMMs are the blocks of one tile-granular GEMM: the own
+/// shard first, then each chunk as it arrives, gated by its wait inside the kernel.
 pub(super) fn ag_gemm_ring(p: &Problem, algorithm: Algorithm, chunks: usize) -> Result<Plan, AlgorithmError> {
     let n = p.devices;
     let ms = p.m / n;
@@ -404,13 +411,15 @@ pub(super) fn ag_gemm_ring(p: &Problem, algorithm: Algorithm, chunks: usize) -> 
         let whole_b = b.whole(bm);
         let own = b.rows(c, d * ms, ms);
         let whole_a = b.whole(a);
-        b.push(d, compute, gemm(whole_a, whole_b, own));
+        let fused = matches!(algorithm, Algorithm::Fused { .. });
+        let multiply = |a, c| if fused { gemm_block(a, whole_b, c, 0) } else { gemm(a, whole_b, c) };
+        b.push(d, compute, multiply(whole_a, own));
         for i in 1..n {
             let blk = (d + i) % n;
             for j in 0..chunks {
                 let src = ring.chunk(&mut b, d, compute, i, j);
                 let dst = b.rows(c, blk * ms + j * cr, cr);
-                b.push(d, compute, gemm(src, whole_b, dst));
+                b.push(d, compute, multiply(src, dst));
             }
         }
     }
@@ -661,6 +670,104 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool, chunks: usize) -> Resul
             let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
             ring_all_gather(&mut b, &Ring::all(n, d), lane, ag, 0, blocks[d], &blocks);
             b.push(d, lane, wait(ag, (n - 1) as u32));
+        }
+    }
+    Ok(b.finish()?)
+}
+
+/// GEMM+RS (and GEMM+AR), fused: one tile-granular GEMM computes this device's
+/// partials of every block in the order the ring consumes them (block (d+s+1)%D at step
+/// s, in `chunks` row chunks), each into its own slot of P, released as soon as it is
+/// written. The reduce lane adds each to the running sum received from the right
+/// neighbour; the comm lane passes the sums on leftwards. At s = D−1 the block is d's
+/// own and the sum is final. GEMM+AR then gathers the reduced blocks on the comm lane.
+/// No slot is reused, so nothing waits for a slot to drain.
+pub(super) fn gemm_reduce_fused(p: &Problem, chunks: usize) -> Result<Plan, AlgorithmError> {
+    let n = p.devices;
+    let mb = p.m / n;
+    let algorithm = Algorithm::Fused { chunks };
+    if chunks == 0 || mb % chunks != 0 {
+        return Err(AlgorithmError::Indivisible {
+            algorithm,
+            what: "per-block rows M/D",
+            size: mb,
+            param: "chunks",
+            by: chunks,
+        });
+    }
+    let cr = mb / chunks;
+    let mut b = PlanBuilder::new(plan_name(p, algorithm), n);
+    let a = input_buffer(&mut b, p, 0);
+    let bm = input_buffer(&mut b, p, 1);
+    let c = output_buffer(&mut b, p);
+    let partial = b.buffer("P", p.wire, p.m, p.n, BufferRole::Scratch);
+    let send = b.buffer("send", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
+    let recv_buf = b.buffer("recv", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
+    // Local: chunks the GEMM has written, running sums ready to send. From the right
+    // neighbour: running sums received, in (step, chunk) order.
+    let computed = b.semaphore("computed");
+    let summed = b.semaphore("summed");
+    let recv = b.semaphore("recv");
+    let compute = b.lane("compute");
+    let reduce = b.lane("reduce");
+    let comm = b.lane("comm");
+    let all_reduce = p.op == OpKind::GemmAr;
+    let (done, ag) =
+        if all_reduce && n > 1 { (Some(b.semaphore("done")), Some(b.semaphore("ag"))) } else { (None, None) };
+    // The count a semaphore reaches with chunk j of step s.
+    let count = |s: usize, j: usize| (s * chunks + j + 1) as u32;
+    for d in 0..n {
+        let final_row0 = if all_reduce { d * mb } else { 0 };
+        let whole_b = b.whole(bm);
+        let part = |b: &mut PlanBuilder, s: usize, j: usize| b.rows(partial, s * mb + j * cr, cr);
+        for s in 0..n {
+            let blk = (d + s + 1) % n;
+            for j in 0..chunks {
+                let (a_rows, dst) = (b.rows(a, blk * mb + j * cr, cr), part(&mut b, s, j));
+                b.push(d, compute, gemm_block(a_rows, whole_b, dst, 0));
+                b.push(d, compute, signal(d, computed));
+            }
+        }
+        for s in (1..n).chain((n == 1).then_some(0)) {
+            for j in 0..chunks {
+                b.push(d, reduce, wait(computed, count(s, j)));
+                let mut inputs = vec![part(&mut b, s, j)];
+                // With one device the partial is the sum: a conversion into C.
+                if s > 0 {
+                    b.push(d, reduce, wait(recv, count(s - 1, j)));
+                    inputs.push(b.rows(recv_buf, (s - 1) * mb + j * cr, cr));
+                }
+                let last = s == n - 1;
+                let output = if last { b.rows(c, final_row0 + j * cr, cr) } else { b.rows(send, s * mb + j * cr, cr) };
+                b.push(d, reduce, Op::Reduce { inputs, output });
+                if !last {
+                    b.push(d, reduce, signal(d, summed));
+                }
+            }
+        }
+        if let Some(done) = done {
+            b.push(d, reduce, signal(d, done));
+        }
+        for s in 0..n - 1 {
+            for j in 0..chunks {
+                // Step 0 sends the partial itself, later steps the running sum.
+                let src = if s == 0 {
+                    b.push(d, comm, wait(computed, count(0, j)));
+                    part(&mut b, 0, j)
+                } else {
+                    b.push(d, comm, wait(summed, count(s - 1, j)));
+                    b.rows(send, s * mb + j * cr, cr)
+                };
+                let dst = b.rows(recv_buf, s * mb + j * cr, cr);
+                b.push(d, comm, copy(src, left(d, n), dst));
+                b.push(d, comm, signal(left(d, n), recv));
+            }
+        }
+        if let (Some(done), Some(ag)) = (done, ag) {
+            b.push(d, comm, wait(done, 1));
+            let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
+            ring_all_gather(&mut b, &Ring::all(n, d), comm, ag, 0, blocks[d], &blocks);
+            b.push(d, comm, wait(ag, (n - 1) as u32));
         }
     }
     Ok(b.finish()?)

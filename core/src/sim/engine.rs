@@ -25,7 +25,7 @@ use thiserror::Error;
 use super::profile::Profile;
 use super::topology::{ResId, ResourceKind, Topology};
 use crate::dtype::DType;
-use crate::plan::{Engine, Op, OpSite, Plan, PlanError, SemId};
+use crate::plan::{Engine, FusedRun, Op, OpSite, Plan, PlanError, SemId};
 use crate::schedule::BlockedLane;
 use crate::verify::accesses;
 
@@ -194,9 +194,44 @@ impl SimReport {
 
 enum Phase {
     Fixed(f64),
-    Fluid { amount: f64, cap: f64, resources: Vec<ResId> },
-    Deliver { device: usize, sem: SemId, add: u32 },
-    Block { sem: SemId, value: u32 },
+    Fluid {
+        amount: f64,
+        cap: f64,
+        resources: Vec<ResId>,
+    },
+    Deliver {
+        device: usize,
+        sem: SemId,
+        add: u32,
+    },
+    Block {
+        sem: SemId,
+        value: u32,
+    },
+    /// A Wait between the blocks of a tile-granular GEMM: the kernel's next tiles poll
+    /// the flag, so it costs nothing when already set, and a synchronisation round when
+    /// the kernel has to wait for it.
+    Gate {
+        sem: SemId,
+        value: u32,
+    },
+    /// A Signal between the blocks of a tile-granular GEMM: the kernel posts it and goes
+    /// on computing; it lands after the latency.
+    Post {
+        device: usize,
+        sem: SemId,
+        add: u32,
+        latency: f64,
+    },
+}
+
+/// A posted increment on its way to its semaphore.
+struct InFlight {
+    at: f64,
+    device: usize,
+    sem: SemId,
+    add: u32,
+    from: OpSite,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -245,6 +280,12 @@ struct Sim<'a> {
     link_bytes: Vec<f64>,
     /// Routing tables per (device, segment buffer), built on first use.
     routes: std::collections::HashMap<(usize, crate::plan::BufId), crate::moe::Tables>,
+    /// The tile-granular GEMMs, and per (device, lane) the runs in it.
+    runs: Vec<FusedRun>,
+    /// Per run, the work of each block: the run's one-kernel cost shared by tiles.
+    block_work: Vec<Vec<f64>>,
+    /// Posted increments not landed yet.
+    in_flight: Vec<InFlight>,
 }
 
 /// The seed whose routing the simulator prices grouped GEMMs with (the router's
@@ -445,7 +486,14 @@ impl<'a> Sim<'a> {
                 }
                 let index = run.pc;
                 let op = &ops[index];
-                let (phases, bytes, flops, work_s) = self.phases(device, op);
+                let (mut phases, bytes, mut flops, mut work_s) = self.phases(device, op);
+                if let Some(run) = self
+                    .runs
+                    .iter()
+                    .position(|r| r.device == device && r.lane == lane && (r.blocks[0]..=r.end).contains(&index))
+                {
+                    (phases, flops, work_s) = self.fused_phases(run, index, op, phases, flops, work_s);
+                }
                 let pred = (index > 0).then_some(OpSite { device, lane, index: index - 1 });
                 self.records[device][lane][index] = OpRecord {
                     site: OpSite { device, lane, index },
@@ -492,10 +540,34 @@ impl<'a> Sim<'a> {
                 Phase::Deliver { device: target, sem, add } => {
                     let (target, sem, add) = (*target, *sem, *add);
                     run.step += 1;
-                    let v = &mut self.sems[target][sem.0];
-                    *v = v.saturating_add(add);
-                    let value_after = *v;
-                    self.landed[target][sem.0].push(Landed { value_after, from: site });
+                    self.land(target, sem, add, site);
+                }
+                Phase::Post { device: target, sem, add, latency } => {
+                    let at = self.now + latency;
+                    self.in_flight.push(InFlight { at, device: *target, sem: *sem, add: *add, from: site });
+                    run.step += 1;
+                }
+                Phase::Gate { sem, value } => {
+                    let (sem, value) = (*sem, *value);
+                    if self.sems[device][sem.0] < value {
+                        run.state = LaneState::Blocked;
+                        return moved;
+                    }
+                    run.step += 1;
+                    let record = &mut self.records[device][lane][site.index];
+                    if self.now > record.reached_s {
+                        let satisfier =
+                            self.landed[device][sem.0].iter().find(|l| l.value_after >= value).map(|l| l.from);
+                        record.pred = satisfier.or(record.pred);
+                        record.start_s = self.now;
+                        let sync = &self.profile.sync;
+                        let remote = satisfier.is_some_and(|s| s.device != device);
+                        let cost = if remote { sync.remote_round_us } else { sync.local_wait_us } * 1e-6;
+                        self.lanes[li].state = LaneState::Timed(self.now + cost);
+                        return true;
+                    }
+                    record.start_s = self.now;
+                    moved = true;
                 }
                 Phase::Block { sem, value } => {
                     let (sem, value) = (*sem, *value);
@@ -541,6 +613,77 @@ impl<'a> Sim<'a> {
     }
 
     /// Max-min fair rates by progressive filling.
+    fn land(&mut self, device: usize, sem: SemId, add: u32, from: OpSite) {
+        let v = &mut self.sems[device][sem.0];
+        *v = v.saturating_add(add);
+        let value_after = *v;
+        self.landed[device][sem.0].push(Landed { value_after, from });
+    }
+
+    /// The phases of an op of a tile-granular GEMM (`run`): the first block launches the
+    /// kernel, each block computes its tiles' share of the one kernel's work, the Waits
+    /// between blocks gate and the Signals between them are posted.
+    fn fused_phases(
+        &mut self,
+        run: usize,
+        index: usize,
+        op: &Op,
+        phases: Vec<Phase>,
+        flops: f64,
+        work_s: f64,
+    ) -> (Vec<Phase>, f64, f64) {
+        let r = &self.runs[run];
+        let (device, first) = (r.device, r.blocks[0]);
+        match op {
+            Op::Gemm { .. } => {
+                let position = r.blocks.iter().position(|&b| b == index).expect("a run's gemm is one of its blocks");
+                if self.block_work[run].is_empty() {
+                    self.block_work[run] = self.run_work(run);
+                }
+                let work = self.block_work[run][position];
+                let compute = vec![self.topo.compute(device)];
+                let mut fused = Vec::new();
+                if index == first {
+                    fused.push(Phase::Fixed(self.profile.launch_s()));
+                }
+                fused.push(Phase::Fluid { amount: work, cap: 1.0, resources: compute });
+                (fused, flops, work)
+            }
+            Op::Wait { sem, value } if r.inside(index) => {
+                (vec![Phase::Gate { sem: *sem, value: *value }], flops, work_s)
+            }
+            Op::Signal { device: target, sem, add } if r.inside(index) => {
+                let latency = self.topo.latency_s(device, *target);
+                (vec![Phase::Post { device: *target, sem: *sem, add: *add, latency }], flops, work_s)
+            }
+            _ => (phases, flops, work_s),
+        }
+    }
+
+    /// Each block's share of a run's one-kernel cost, by its output tiles.
+    fn run_work(&self, run: usize) -> Vec<f64> {
+        let r = &self.runs[run];
+        let ops = &self.plan.programs[r.device].lanes[r.lane];
+        let shapes: Vec<(usize, usize, usize)> = r
+            .blocks
+            .iter()
+            .map(|&i| match &ops[i] {
+                Op::Gemm { a, c, trans_a, .. } => (c.rows, c.cols, if *trans_a { a.rows } else { a.cols }),
+                _ => unreachable!("run blocks are gemms"),
+            })
+            .collect();
+        let Op::Gemm { a, b, c, accumulate, .. } = &ops[r.blocks[0]] else { unreachable!("run blocks are gemms") };
+        let p = self.profile;
+        let (da, db) = (dtype_of(self.plan, a.buf), dtype_of(self.plan, b.buf));
+        let input = if p.peak_flops(da) <= p.peak_flops(db) { da } else { db };
+        let (n, k) = (shapes[0].1, shapes[0].2);
+        let rows: Vec<usize> = shapes.iter().map(|s| s.0).collect();
+        let cost = p.fused_gemm_cost(&rows, n, k, input, dtype_of(self.plan, c.buf), *accumulate);
+        let tiles: Vec<usize> = rows.iter().map(|&m| p.tiles(m, n)).collect();
+        let total = tiles.iter().sum::<usize>().max(1) as f64;
+        tiles.iter().map(|&t| cost.work_s * t as f64 / total).collect()
+    }
+
     fn allocate(&mut self) {
         let caps: Vec<f64> = self.topo.resources.iter().map(|r| r.capacity).collect();
         let mut left = caps;
@@ -600,7 +743,7 @@ impl<'a> Sim<'a> {
                     break;
                 }
             }
-            if self.lanes.iter().all(|r| r.state == LaneState::Finished) {
+            if self.lanes.iter().all(|r| r.state == LaneState::Finished) && self.in_flight.is_empty() {
                 return Ok(());
             }
             if self.flows_dirty {
@@ -615,7 +758,8 @@ impl<'a> Sim<'a> {
                 })
                 .fold(f64::INFINITY, f64::min);
             let flowing = self.flows.iter().map(|f| self.now + f.remaining / f.rate).fold(f64::INFINITY, f64::min);
-            let next = timed.min(flowing);
+            let landing = self.in_flight.iter().map(|f| f.at).fold(f64::INFINITY, f64::min);
+            let next = timed.min(flowing).min(landing);
             if !next.is_finite() {
                 return Err(self.deadlock());
             }
@@ -634,6 +778,12 @@ impl<'a> Sim<'a> {
                 self.flows_dirty = true;
             }
             self.now = next;
+            let (landed, flying): (Vec<InFlight>, Vec<InFlight>) =
+                std::mem::take(&mut self.in_flight).into_iter().partition(|f| f.at <= next + tolerance);
+            self.in_flight = flying;
+            for f in landed {
+                self.land(f.device, f.sem, f.add, f.from);
+            }
             for li in finished_lanes {
                 self.lanes[li].state = LaneState::Ready;
             }
@@ -669,6 +819,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
         });
     }
     let topo = Topology::new(profile, plan.devices, torus_dims(plan, options)?);
+    let runs = plan.fused_runs()?;
     let empty = OpRecord {
         site: OpSite { device: 0, lane: 0, index: 0 },
         class: OpClass::Wait,
@@ -708,6 +859,9 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
         records,
         link_bytes: vec![0.0; n_res],
         routes: std::collections::HashMap::new(),
+        block_work: vec![Vec::new(); runs.len()],
+        runs,
+        in_flight: Vec::new(),
     };
     sim.run()?;
     Ok(report(sim))

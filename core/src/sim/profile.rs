@@ -387,17 +387,49 @@ impl Profile {
     /// Memory: the gathered rows, the weights of the non-empty groups and the result
     /// cross HBM once.
     pub fn grouped_gemm_cost(&self, groups: &[usize], n: usize, k: usize, input: DType, output: DType) -> GemmCost {
-        let c = &self.compute;
         let rows: usize = groups.iter().sum();
-        let flops = 2.0 * rows as f64 * n as f64 * k as f64;
-        let tiles: usize = groups.iter().map(|&m| m.div_ceil(c.tile_m) * n.div_ceil(c.tile_n)).sum();
+        let used = groups.iter().filter(|&&m| m > 0).count();
+        let bytes = (rows * k + used * k * n) as f64 * input.size_bytes() as f64
+            + (rows * n) as f64 * output.size_bytes() as f64;
+        self.tiled_cost(groups, n, k, input, bytes)
+    }
+
+    /// Cost of a tile-granular GEMM ([`crate::plan::FusedRun`]): one persistent kernel
+    /// over the output tiles of every block (`blocks` holds each block's rows), in waves of
+    /// `parallel_units` at the profile's best efficiency, so the blocks share their waves
+    /// instead of each ending in a partial one. Memory: every block's rows of a, b once,
+    /// and the result (read too when accumulating) cross HBM once.
+    pub fn fused_gemm_cost(
+        &self,
+        blocks: &[usize],
+        n: usize,
+        k: usize,
+        input: DType,
+        output: DType,
+        accumulate: bool,
+    ) -> GemmCost {
+        let rows: usize = blocks.iter().sum();
+        let c_passes = if accumulate { 2.0 } else { 1.0 };
+        let bytes = (rows * k + k * n) as f64 * input.size_bytes() as f64
+            + c_passes * (rows * n) as f64 * output.size_bytes() as f64;
+        self.tiled_cost(blocks, n, k, input, bytes)
+    }
+
+    /// Output tiles of a GEMM of `rows` × `n` (whole tiles: a partial one costs a whole one).
+    pub fn tiles(&self, rows: usize, n: usize) -> usize {
+        rows.div_ceil(self.compute.tile_m) * n.div_ceil(self.compute.tile_n)
+    }
+
+    /// One kernel over the tiles of groups of rows (`rows` × n × k each), whole tiles in
+    /// waves, against `bytes` of HBM traffic: whichever is slower.
+    fn tiled_cost(&self, groups: &[usize], n: usize, k: usize, input: DType, bytes: f64) -> GemmCost {
+        let c = &self.compute;
+        let flops = 2.0 * groups.iter().sum::<usize>() as f64 * n as f64 * k as f64;
+        let tiles: usize = groups.iter().map(|&m| self.tiles(m, n)).sum();
         let waves = tiles.div_ceil(c.parallel_units.max(1));
         let tile_flops = 2.0 * (c.tile_m * c.tile_n * k) as f64;
         let per_unit = self.peak_flops(input) * c.max_efficiency / c.parallel_units.max(1) as f64;
         let compute_s = waves as f64 * tile_flops / per_unit;
-        let used = groups.iter().filter(|&&m| m > 0).count();
-        let bytes = (rows * k + used * k * n) as f64 * input.size_bytes() as f64
-            + (rows * n) as f64 * output.size_bytes() as f64;
         let memory_s = bytes / self.hbm_bps();
         let work_s = compute_s.max(memory_s);
         let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { c.max_efficiency };
