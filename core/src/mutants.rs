@@ -41,11 +41,16 @@ pub enum MutationKind {
     WrongWeight,
     /// Leave out the last expert group of a grouped GEMM.
     DropGroup,
+    /// Compute a block of a tile-granular GEMM before the Wait that gates it (the
+    /// kernel skips the block's flag).
+    UngatedBlock,
+    /// Perform a Signal of a tile-granular GEMM before the block it releases is written.
+    EarlyRelease,
 }
 
 impl MutationKind {
     /// Every kind, in report order.
-    pub const ALL: [MutationKind; 13] = [
+    pub const ALL: [MutationKind; 15] = [
         MutationKind::DropSignal,
         MutationKind::LowerWait,
         MutationKind::SwapAdjacent,
@@ -59,6 +64,8 @@ impl MutationKind {
         MutationKind::WrongOffset,
         MutationKind::WrongWeight,
         MutationKind::DropGroup,
+        MutationKind::UngatedBlock,
+        MutationKind::EarlyRelease,
     ];
 
     /// Short name.
@@ -77,6 +84,8 @@ impl MutationKind {
             MutationKind::WrongOffset => "wrong-offset",
             MutationKind::WrongWeight => "wrong-weight",
             MutationKind::DropGroup => "drop-group",
+            MutationKind::UngatedBlock => "ungated-block",
+            MutationKind::EarlyRelease => "early-release",
         }
     }
 }
@@ -312,7 +321,9 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
             f(&mut p);
             p.name = format!("{} [{kind}: {description}]", plan.name);
             let exact_only = equivalent == Some(ACCUMULATION_ORDER);
-            let swapped = (kind == MutationKind::SwapAdjacent).then_some((device, lane, index));
+            let swapped =
+                matches!(kind, MutationKind::SwapAdjacent | MutationKind::UngatedBlock | MutationKind::EarlyRelease)
+                    .then_some((device, lane, index));
             let rewired = matches!(kind, MutationKind::WrongPeer | MutationKind::WrongSlot | MutationKind::LowerWait);
             out.push(Mutant { kind, description, plan: p, equivalent, exact_only, swapped, rewired, segments: None });
         };
@@ -512,8 +523,14 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
         if let Some(next) = plan.programs[device].lanes[lane].get(index + 1) {
             let equivalent = swap_equivalence(device, op, next);
             let desc = format!("swap {here} with `{}`", plan.op_text(next));
+            // Two swaps of a tile-granular GEMM's blocks have names of their own.
+            let kind = match (op, next) {
+                (Op::Wait { .. }, Op::Gemm { fused: Some(_), .. }) => MutationKind::UngatedBlock,
+                (Op::Gemm { fused: Some(_), .. }, Op::Signal { .. }) => MutationKind::EarlyRelease,
+                _ => MutationKind::SwapAdjacent,
+            };
             with(
-                MutationKind::SwapAdjacent,
+                kind,
                 desc,
                 &mut |p| {
                     p.programs[device].lanes[lane].swap(index, index + 1);
@@ -594,6 +611,8 @@ mod tests {
             MutationKind::WrongOffset,
             MutationKind::WrongWeight,
             MutationKind::DropGroup,
+            MutationKind::UngatedBlock,
+            MutationKind::EarlyRelease,
         ];
         for kind in MutationKind::ALL.into_iter().filter(|k| !elsewhere.contains(k)) {
             assert!(ms.iter().any(|m| m.kind == kind), "{kind}");
@@ -604,6 +623,29 @@ mod tests {
         shrunk.plan.validate().unwrap();
         // The ring's two slots are live at once (no happens-before between their uses).
         assert_eq!(shrunk.equivalent, None);
+    }
+
+    #[test]
+    fn fused_gemm_blocks_without_their_wait_or_released_early_are_caught_statically() {
+        for op in [OpKind::AgGemm, OpKind::GemmRs] {
+            let p = Problem::new(op, 3, 12, 6, 6, DType::F32, DType::F32).unwrap();
+            let plan = build_plan(&p, Algorithm::Fused { chunks: 2 }).unwrap();
+            let ms = mutants(&plan, &[0, 2]);
+            let kinds = if op == OpKind::AgGemm {
+                vec![MutationKind::UngatedBlock, MutationKind::EarlyRelease]
+            } else {
+                vec![MutationKind::EarlyRelease]
+            };
+            for kind in kinds {
+                let of_kind: Vec<&Mutant> = ms.iter().filter(|m| m.kind == kind).collect();
+                assert!(!of_kind.is_empty(), "{op}: no {kind} mutant");
+                for m in of_kind {
+                    m.plan.validate().unwrap_or_else(|e| panic!("{}: {e}", m.description));
+                    let s = schedule_with(&m.plan, crate::schedule::Order::Default).unwrap();
+                    assert!(!verify(&m.plan, &s).is_empty(), "{op}: not caught: {}", m.description);
+                }
+            }
+        }
     }
 
     #[test]

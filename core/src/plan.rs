@@ -1307,3 +1307,59 @@ impl PlanBuilder {
         Ok(self.plan)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::{build_plan, Algorithm};
+    use crate::{OpKind, Problem};
+
+    fn fused_ag_gemm() -> Plan {
+        let p = Problem::new(OpKind::AgGemm, 2, 8, 6, 4, DType::F32, DType::F32).unwrap();
+        build_plan(&p, Algorithm::Fused { chunks: 2 }).unwrap()
+    }
+
+    fn compute_lane(plan: &mut Plan) -> &mut Vec<Op> {
+        &mut plan.programs[0].lanes[0]
+    }
+
+    #[test]
+    fn a_fused_gemm_is_one_run_of_blocks_with_its_waits_inside() {
+        let plan = fused_ag_gemm();
+        let runs = plan.fused_runs().unwrap();
+        assert_eq!(runs.len(), 2, "one run per device");
+        let run = &runs[0];
+        // The own shard, then two chunks of the peer's, each behind its wait.
+        assert_eq!(run.blocks, vec![0, 2, 4]);
+        assert!(run.inside(1) && run.inside(3) && !run.inside(0) && !run.inside(4));
+    }
+
+    #[test]
+    fn malformed_fused_gemms_are_refused_with_the_reason() {
+        let refused = |plan: &Plan, words: &str| match plan.validate() {
+            Err(PlanError::Mismatch { detail, .. }) => assert!(detail.contains(words), "{detail}"),
+            other => panic!("expected a mismatch about {words}, got {other:?}"),
+        };
+        // A block after another kind of op: the kernel would have to resume.
+        let mut split = fused_ag_gemm();
+        let lane = compute_lane(&mut split);
+        let Op::Gemm { a, c, .. } = lane[0] else { panic!() };
+        lane.insert(3, Op::Reduce { inputs: vec![c], output: c });
+        let _ = a;
+        refused(&split, "resumes");
+        // Blocks of one kernel share b.
+        let mut other_b = fused_ag_gemm();
+        if let Op::Gemm { b, .. } = &mut compute_lane(&mut other_b)[2] {
+            b.cols -= 1;
+        }
+        assert!(other_b.validate().is_err());
+        // Two blocks writing the same rows would race inside the kernel.
+        let mut clash = fused_ag_gemm();
+        let lane = compute_lane(&mut clash);
+        let Op::Gemm { c: first, .. } = lane[0] else { panic!() };
+        if let Op::Gemm { c, .. } = &mut lane[2] {
+            *c = Region { rows: c.rows, ..first };
+        }
+        refused(&clash, "touch the same elements");
+    }
+}

@@ -31,6 +31,11 @@ fn gemm_op_s(profile: &Profile, m: usize, n: usize, k: usize, input: DType, outp
     profile.launch_s() + profile.gemm_cost(m, n, k, input, output, false).work_s
 }
 
+/// One tile-granular GEMM over blocks of these rows (its work, no launch).
+fn fused_gemm_s(profile: &Profile, blocks: &[usize], n: usize, k: usize, input: DType, output: DType) -> f64 {
+    profile.fused_gemm_cost(blocks, n, k, input, output, false).work_s
+}
+
 /// A software-pipelined loop of `iterations` whose iterations each run `pre` (communication
 /// feeding the GEMM), `gemm` and `post` (communication of its result) on three independent
 /// resources: `pre + gemm + post + (iterations − 1)·max(pre, gemm, post)`.
@@ -129,6 +134,20 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
                         formula: "GEMM + (D−1)·max(c·(GEMM/c + L_sync), c·(shard/c)/BW + L_sync)",
                     }
                 }
+                Algorithm::Fused { chunks } => {
+                    let c = chunks.max(1);
+                    let g = fused_gemm_s(profile, &vec![m / d / c; d * c], n / d, k, input, output);
+                    let comm = send(shard / c as f64, copy_bw);
+                    // The last chunk arrives after (D−1)·c sends and is then computed; the
+                    // kernel waits only when the data is late.
+                    let last = steps * c as f64 * comm + sync + g / (d * c) as f64;
+                    RingEstimate {
+                        total_s: launch + g.max(last),
+                        gemm_step_s: g / d as f64,
+                        comm_step_s: c as f64 * comm,
+                        formula: "launch + max(G, (D−1)·shard/BW + L_sync + G/(D·c))  (G: one kernel over all blocks)",
+                    }
+                }
                 _ => {
                     let comm = send(shard, copy_bw);
                     RingEstimate {
@@ -141,7 +160,7 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
             }
         }
         OpKind::GemmRs | OpKind::GemmAr => {
-            let block = (m / d * n * DType::F32.size_bytes()) as f64;
+            let block = (m / d * n * problem.wire.size_bytes()) as f64;
             let reduce = launch + 3.0 * block / profile.hbm_bps();
             let ag = if problem.op == OpKind::GemmAr {
                 steps * (send((m / d * n * output.size_bytes()) as f64, copy_bw) + sync)
@@ -193,6 +212,22 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
                         comm_step_s: c * comm,
                         formula:
                             "GEMM + (D−1)·max(c·(GEMM/c + reduce/c + L_sync), c·(block/c)/BW + L_sync) [+ AG for AR]",
+                    }
+                }
+                Algorithm::Fused { chunks } => {
+                    let c = chunks.max(1);
+                    let g = fused_gemm_s(profile, &vec![m / d / c; d * c], n, k / d, input, problem.wire);
+                    let chunk_reduce = launch + 3.0 * block / c as f64 / profile.hbm_bps();
+                    let comm = send(block / c as f64, copy_bw);
+                    // The own block is computed last; its running sum arrives after D−1
+                    // hops of (send, reduce), the first starting once the first chunk is out.
+                    let chain = g / (d * c) as f64 + steps * (comm + chunk_reduce + sync);
+                    RingEstimate {
+                        total_s: launch + g.max(chain) + chunk_reduce + sync + ag,
+                        gemm_step_s: g / d as f64,
+                        comm_step_s: c as f64 * comm,
+                        formula:
+                            "launch + max(G, G/(D·c) + (D−1)·(block/c/BW + reduce/c + L_sync)) + reduce/c [+ AG for AR]",
                     }
                 }
                 _ => {

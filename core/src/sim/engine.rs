@@ -1067,6 +1067,27 @@ mod tests {
     }
 
     #[test]
+    fn a_fused_gemm_waits_inside_only_for_late_data() {
+        // Over PCIe the shards arrive long after the GEMM could use them: the kernel's
+        // blocks wait, and the plan cannot beat the ring's arrival of the last shard.
+        let p = seed000(4);
+        let pcie = Profile::load("pcie-gen4").unwrap();
+        let fused = sim(&build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap(), &pcie);
+        assert!(fused.comm_floor_s > fused.compute_floor_s);
+        assert!(fused.makespan_s >= fused.comm_floor_s, "{} < {}", fused.makespan_s, fused.comm_floor_s);
+        let gated: f64 =
+            fused.records[0][0].iter().filter(|r| r.class == OpClass::Wait).map(|r| r.start_s - r.reached_s).sum();
+        assert!(gated > 0.0, "no block waited");
+        // On NVLink the data is early: no block waits, and the kernel is one launch.
+        let h100 = Profile::load("h100-nvlink").unwrap();
+        let fast = sim(&build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap(), &h100);
+        let gated: f64 =
+            fast.records[0][0].iter().filter(|r| r.class == OpClass::Wait).map(|r| r.end_s - r.reached_s).sum();
+        assert_eq!(gated, 0.0);
+        assert!((fast.makespan_s - (h100.launch_s() + fast.compute_floor_s)).abs() < 1e-9, "{fast:?}");
+    }
+
+    #[test]
     fn a_deadlocked_plan_is_an_error_naming_the_blocked_lane() {
         let profile = Profile::load("h100-nvlink").unwrap();
         let mut plan = build_plan(&seed000(2), Algorithm::Ring).unwrap();

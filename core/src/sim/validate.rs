@@ -256,6 +256,35 @@ mod tests {
     }
 
     #[test]
+    fn the_fused_plans_reach_flux_on_its_shapes_with_bf16_partials() {
+        let h800 = Profile::load("h800-nvlink").unwrap();
+        let rows = flux(&h800).unwrap();
+        let row = |case: &str| rows.iter().find(|(_, r)| r.case.contains(case)).unwrap_or_else(|| panic!("{case}"));
+        for case in ["ag_gemm M=4096 N=49152 K=12288 best", "wire=bf16 best"] {
+            let (algorithm, r) = row(case);
+            assert!(algorithm.starts_with("fused"), "{case}: {algorithm}");
+            assert!(r.simulated_us <= r.published_us, "{case}: {r:?}");
+        }
+        // The non-overlapped baseline as users run it (bf16 partials) stays near NCCL+torch.
+        let (_, base) = row("wire=bf16 baseline");
+        assert!(base.relative_error().abs() <= 0.15, "{base:?}");
+    }
+
+    #[test]
+    fn the_fused_plan_beats_the_pallas_time_at_seed000_d8() {
+        let h100 = Profile::load("h100-nvlink").unwrap();
+        let p = Problem::new(OpKind::AgGemm, 8, 8 * 1024, 8 * 4096, 4096, DType::F16, DType::F16).unwrap();
+        let time = |algorithm| {
+            simulate(&build_plan(&p, algorithm).unwrap(), &h100, &SimOptions::default()).unwrap().makespan_s * 1e6
+        };
+        let (fused, ring) = (time(Algorithm::Fused { chunks: 1 }), time(Algorithm::Ring));
+        assert!(fused <= 400.0 && fused < ring, "fused {fused:.1} µs, ring {ring:.1} µs");
+        // One kernel of waves: never below its own compute.
+        let g = h100.fused_gemm_cost(&[1024; 8], 4096, 4096, DType::F16, DType::F16, false).work_s * 1e6;
+        assert!(fused >= g, "{fused} < {g}");
+    }
+
+    #[test]
     fn seed002_meshslice_leads_and_overlap_beats_collective() {
         let tpu = Profile::load("tpuv4-torus").unwrap();
         let (claims, per_algorithm) = seed002(&tpu).unwrap();
