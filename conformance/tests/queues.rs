@@ -99,3 +99,41 @@ fn every_corpus_plan_lowers_for_the_cuda_executor() {
     }
     assert!(memops_writes > 0, "stream memory ops replace some signal kernels");
 }
+
+#[test]
+fn a_fused_gemm_lowers_to_one_persistent_kernel_enqueued_after_what_it_waits_for() {
+    use cmm_cuda::lower::{lower, Command, LowerOptions};
+    use cmm_cuda::{GemmEngine, SyncMode};
+    let mut kernels = 0;
+    for case in common::corpus().into_iter().filter(|c| c.algorithm == "fused") {
+        let plan = case.plan().unwrap();
+        let runs = plan.fused_runs().unwrap();
+        // One queue is the strongest: the kernel's waits never stand in front of their signals.
+        for queues in [1, DEFAULT_QUEUES] {
+            let options =
+                LowerOptions { gemm: GemmEngine::Auto, sync: SyncMode::Kernels, cublas_present: true, queues };
+            let lowered = lower(&plan, &options).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            let fused: Vec<_> = lowered
+                .steps
+                .iter()
+                .filter_map(|s| match &s.command {
+                    Some(Command::FusedGemm(f)) => Some(f),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(fused.len(), runs.len(), "{}", case.name);
+            for (f, run) in fused.iter().zip(&runs) {
+                assert_eq!(f.blocks.len(), run.blocks.len(), "{}", case.name);
+                assert!(f.blocks.windows(2).all(|w| w[0].first_tile < w[1].first_tile), "{}", case.name);
+            }
+            // No op of a run is issued on its own: the kernel waits and signals inside.
+            let inside = lowered.steps.iter().filter(|s| {
+                runs.iter().any(|r| (r.device, r.lane) == (s.site.device, s.site.lane) && r.inside(s.site.index))
+            });
+            assert!(inside.clone().all(|s| s.command.is_none()), "{}", case.name);
+            assert_eq!(lowered.gemms.cublas, 0, "{}: cuBLAS cannot wait inside a GEMM", case.name);
+            kernels += fused.len();
+        }
+    }
+    assert!(kernels > 0);
+}

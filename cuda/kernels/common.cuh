@@ -89,3 +89,20 @@ __device__ __forceinline__ void cmm_store_bits(u64 base, u64 index, u32 dtype, u
 __device__ __forceinline__ float cmm_load(u64 base, u64 index, u32 dtype) {
     return cmm_decode(cmm_load_bits(base, index, dtype), dtype);
 }
+
+// Synchronisation helpers of sync.cu and the persistent GEMM (gemm.cu).
+__device__ __forceinline__ u32 cmm_load_acquire(u64 addr) {
+    u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ u64 cmm_globaltimer_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// How many polls of the semaphore between two reads of the abort word (which lives in
+// host memory, a PCIe round trip away).
+#define CMM_ABORT_POLL 32u

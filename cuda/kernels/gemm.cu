@@ -62,14 +62,14 @@ __device__ __forceinline__ void cmm_mma16816(float* d, const u32* a, const u32* 
     }
 }
 
+// One 64×64 output tile at (row0, col0), 128 threads.
 template <bool BF16>
-__device__ void cmm_gemm_mma(const CmmGemmArgs g) {
+__device__ void cmm_gemm_mma(const CmmGemmArgs& g, u32 row0, u32 col0) {
     __shared__ u16 As[CMM_TILE][CMM_KSTEP + CMM_APAD];
     __shared__ u16 Bs[CMM_KSTEP][CMM_TILE + CMM_BPAD];
     const u32 tid = threadIdx.x;
     const u32 warp = tid / 32, lane = tid % 32;
     const u32 gid = lane / 4, tig = lane % 4;
-    const u32 row0 = blockIdx.y * CMM_TILE, col0 = blockIdx.x * CMM_TILE;
     const u32 wm = (warp / 2) * 32, wn = (warp % 2) * 32;
 
     // acc[mi][ni][e]: rows wm + 16 mi + gid (+8 for e >= 2), cols wn + 8 ni + 2 tig (+1 for odd e).
@@ -132,18 +132,18 @@ __device__ void cmm_gemm_mma(const CmmGemmArgs g) {
 }
 
 extern "C" __global__ void __launch_bounds__(128) cmm_gemm_mma_f16(const CmmGemmArgs g) {
-    cmm_gemm_mma<false>(g);
+    cmm_gemm_mma<false>(g, blockIdx.y * CMM_TILE, blockIdx.x * CMM_TILE);
 }
 
 extern "C" __global__ void __launch_bounds__(128) cmm_gemm_mma_bf16(const CmmGemmArgs g) {
-    cmm_gemm_mma<true>(g);
+    cmm_gemm_mma<true>(g, blockIdx.y * CMM_TILE, blockIdx.x * CMM_TILE);
 }
 
-extern "C" __global__ void __launch_bounds__(256) cmm_gemm_simt(const CmmGemmArgs g) {
+// One 64×64 output tile at (row0, col0), 256 threads, any dtypes.
+__device__ void cmm_gemm_simt_tile(const CmmGemmArgs& g, u32 row0, u32 col0) {
     __shared__ float As[CMM_KSTEP][CMM_TILE];
     __shared__ float Bs[CMM_KSTEP][CMM_TILE];
     const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const u32 row0 = blockIdx.y * CMM_TILE, col0 = blockIdx.x * CMM_TILE;
     float acc[4][4];
     #pragma unroll
     for (int r = 0; r < 4; ++r)
@@ -179,4 +179,156 @@ extern "C" __global__ void __launch_bounds__(256) cmm_gemm_simt(const CmmGemmArg
     for (int r = 0; r < 4; ++r)
         #pragma unroll
         for (int c = 0; c < 4; ++c) cmm_c_store(g, row0 + ty * 4 + r, col0 + tx * 4 + c, acc[r][c]);
+}
+
+extern "C" __global__ void __launch_bounds__(256) cmm_gemm_simt(const CmmGemmArgs g) {
+    cmm_gemm_simt_tile(g, blockIdx.y * CMM_TILE, blockIdx.x * CMM_TILE);
+}
+
+// ---- The tile-granular GEMM (a fused run of the plan: `FusedRun` in cmm-core plan.rs) ----
+//
+// One persistent kernel over the 64×64 output tiles of every block, block after block.
+// Its CTAs take tiles in order from a counter (a tile scheduler), so every tile of block i
+// is taken before any tile of block i+1. Before its first tile of block i a CTA checks
+// every wait of the run up to block i (acquire, with the deadline and abort word of
+// cmm_wait). When the last tile of block i is written, the CTA that wrote it performs the
+// block's signals (release), but only after block i−1's: the signals happen in block
+// order, each covering every block before it, which is what the plan's lane says. The
+// host launches at most one CTA per SM it gives the kernel, so all of them are resident;
+// a CTA waits only for work enqueued before the kernel or released by earlier blocks.
+
+struct CmmFusedBlock {
+    u64 a;              // byte address of the block's op(A) storage element (0, 0)
+    u64 c;              // byte address of the block's C element (0, 0)
+    u64 a_stride;       // row strides of the stored matrices, in elements
+    u64 c_stride;
+    u32 rows;           // rows of op(A) and C
+    u32 first_tile;     // tiles of the blocks before it
+    u32 waits_end;      // waits [0, waits_end) gate it
+    u32 signals_begin;  // signals [signals_begin, signals_end) release it
+    u32 signals_end;
+    u32 pad;
+};
+
+struct CmmFusedSync {
+    u64 sem;    // semaphore word (any device's)
+    u32 value;  // a wait's value to reach, a signal's increment
+    u32 pad;
+};
+
+struct CmmFusedArgs {
+    CmmGemmArgs g;   // b, strides, n, k, dtypes and flags; a, c and m come per block
+    u64 blocks;      // CmmFusedBlock[count]
+    u64 waits;       // CmmFusedSync[]
+    u64 signals;     // CmmFusedSync[]
+    u64 control;     // u32[3 + count], zero at launch: next tile, blocks released, failed, per-block tiles done
+    u64 status;      // per wait u32[2]: why it gave up (1: deadline, 2: aborted), the last value seen
+    u64 abort;       // the run's abort word (host-mapped)
+    u64 timeout_ns;  // deadline of one wait
+    u32 count;       // blocks
+    u32 tiles;       // tiles of all blocks
+    u32 tiles_n;     // column tiles of a row of tiles
+    u32 pad;
+};
+
+// Spins until `*word >= value`; false when the deadline passes or the run is aborted
+// (then `status`, if any, says which and the value seen).
+__device__ bool cmm_fused_spin(const CmmFusedArgs& f, u64 word, u32 value, u64 status) {
+    u64 start = cmm_globaltimer_ns();
+    u32 seen = cmm_load_acquire(word);
+    u32 polls = 0u;
+    while (seen < value) {
+        u32 why = 0u;
+        if (++polls % CMM_ABORT_POLL == 0u && cmm_load_acquire(f.abort) != 0u) {
+            why = 2u;
+        } else if (cmm_globaltimer_ns() - start > f.timeout_ns) {
+            why = 1u;
+        }
+        if (why != 0u) {
+            if (status != 0ull) {
+                ((u32*)status)[1] = seen;
+                ((volatile u32*)status)[0] = why;
+            }
+            return false;
+        }
+        __nanosleep(200);
+        seen = cmm_load_acquire(word);
+    }
+    return true;
+}
+
+template <int KIND>  // 0: f16 tensor cores, 1: bf16 tensor cores, 2: SIMT
+__device__ void cmm_fused_gemm(const CmmFusedArgs& f) {
+    __shared__ u32 shared_tile, shared_block, shared_ok;
+    u32* control = (u32*)f.control;
+    const CmmFusedBlock* blocks = (const CmmFusedBlock*)f.blocks;
+    const CmmFusedSync* waits = (const CmmFusedSync*)f.waits;
+    const CmmFusedSync* signals = (const CmmFusedSync*)f.signals;
+    u32 block = 0u, checked = 0u;  // thread 0's: tiles are taken in order, so both only grow
+    for (u32 round = 0u; round < f.tiles; ++round) {
+        if (threadIdx.x == 0u) {
+            u32 t = atomicAdd(&control[0], 1u);
+            u32 ok = cmm_load_acquire((u64)&control[2]) == 0u;
+            if (t < f.tiles && ok) {
+                while (block + 1u < f.count && blocks[block + 1u].first_tile <= t) ++block;
+                for (; checked < blocks[block].waits_end && ok; ++checked) {
+                    ok = cmm_fused_spin(f, waits[checked].sem, waits[checked].value, f.status + 8ull * checked);
+                }
+                if (!ok) atomicExch(&control[2], 1u);
+            }
+            shared_tile = t;
+            shared_block = block;
+            shared_ok = ok;
+        }
+        __syncthreads();
+        const u32 t = shared_tile, b = shared_block;
+        const bool go = t < f.tiles && shared_ok != 0u;
+        __syncthreads();
+        if (!go) return;
+        const CmmFusedBlock blk = blocks[b];
+        CmmGemmArgs g = f.g;
+        g.a = blk.a;
+        g.c = blk.c;
+        g.a_stride = blk.a_stride;
+        g.c_stride = blk.c_stride;
+        g.m = blk.rows;
+        const u32 local = t - blk.first_tile;
+        const u32 row0 = (local / f.tiles_n) * CMM_TILE, col0 = (local % f.tiles_n) * CMM_TILE;
+        if (KIND == 0) cmm_gemm_mma<false>(g, row0, col0);
+        if (KIND == 1) cmm_gemm_mma<true>(g, row0, col0);
+        if (KIND == 2) cmm_gemm_simt_tile(g, row0, col0);
+        // Every thread's stores are visible device- and system-wide before the tile counts.
+        __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0u) {
+            const u32 end = b + 1u < f.count ? blocks[b + 1u].first_tile : f.tiles;
+            if (atomicAdd(&control[3u + b], 1u) + 1u == end - blk.first_tile) {
+                // The block's last tile: release it once the blocks before it are released.
+                // A failure here leaves the run to its timeout or abort.
+                if (cmm_fused_spin(f, (u64)&control[1], b, 0ull)) {
+                    __threadfence_system();
+                    for (u32 s = blk.signals_begin; s < blk.signals_end; ++s) {
+                        asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(signals[s].sem),
+                                     "r"(signals[s].value) : "memory");
+                    }
+                    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"((u64)&control[1]), "r"(b + 1u)
+                                 : "memory");
+                } else {
+                    atomicExch(&control[2], 1u);
+                }
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) cmm_fused_gemm_mma_f16(const CmmFusedArgs f) {
+    cmm_fused_gemm<0>(f);
+}
+
+extern "C" __global__ void __launch_bounds__(128) cmm_fused_gemm_mma_bf16(const CmmFusedArgs f) {
+    cmm_fused_gemm<1>(f);
+}
+
+extern "C" __global__ void __launch_bounds__(256) cmm_fused_gemm_simt(const CmmFusedArgs f) {
+    cmm_fused_gemm<2>(f);
 }

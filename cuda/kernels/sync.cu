@@ -16,22 +16,6 @@ extern "C" __global__ void cmm_signal(u64 sem, u32 add) {
     asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(sem), "r"(add) : "memory");
 }
 
-__device__ __forceinline__ u32 cmm_load_acquire(u64 addr) {
-    u32 v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ u64 cmm_globaltimer_ns() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-// How many polls of the semaphore between two reads of the abort word (which lives in
-// host memory, a PCIe round trip away).
-#define CMM_ABORT_POLL 32u
-
 // status[0] = 1 (deadline) or 2 (aborted), status[1] = the last value seen.
 extern "C" __global__ void cmm_wait(u64 sem, u32 value, u64 timeout_ns, u64 status, u64 abort) {
     u64 start = cmm_globaltimer_ns();

@@ -36,8 +36,8 @@ use cudarc::nvrtc::Ptx;
 use crate::error::CudaError;
 use crate::kernels::{compile, nvrtc_available, KERNEL_FILES};
 use crate::lower::{
-    hardware_queues, lower, Command, GemmCommand, GemmCounts, GemmEngine, GemmImpl, Loc, LowerOptions, Lowered,
-    SyncMode, MAX_REDUCE_INPUTS,
+    hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, Loc,
+    LowerOptions, Lowered, SyncMode, MAX_REDUCE_INPUTS,
 };
 
 /// Where virtual devices live.
@@ -161,6 +161,54 @@ struct GemmArgs {
 // field (u64s first, then u32s), so passing it by value as a kernel parameter is sound.
 #[allow(unsafe_code)]
 unsafe impl DeviceRepr for GemmArgs {}
+
+/// Mirror of `CmmFusedBlock` in `cuda/kernels/gemm.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct FusedBlockArgs {
+    a: u64,
+    c: u64,
+    a_stride: u64,
+    c_stride: u64,
+    rows: u32,
+    first_tile: u32,
+    waits_end: u32,
+    signals_begin: u32,
+    signals_end: u32,
+    pad: u32,
+}
+
+/// Mirror of `CmmFusedSync` in `cuda/kernels/gemm.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct FusedSyncArgs {
+    sem: u64,
+    value: u32,
+    pad: u32,
+}
+
+/// Mirror of `CmmFusedArgs` in `cuda/kernels/gemm.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct FusedArgs {
+    gemm: GemmArgs,
+    blocks: u64,
+    waits: u64,
+    signals: u64,
+    control: u64,
+    status: u64,
+    abort: u64,
+    timeout_ns: u64,
+    count: u32,
+    tiles: u32,
+    tiles_n: u32,
+    pad: u32,
+}
+
+// SAFETY: `FusedArgs` is `#[repr(C)]` plain old data matching `CmmFusedArgs` field for
+// field (the GEMM's arguments, then u64s, then u32s).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for FusedArgs {}
 
 /// Mirror of `CmmReduceInput` in `cuda/kernels/reduce.cu`.
 #[repr(C)]
@@ -326,6 +374,9 @@ struct Functions {
     gemm_mma_f16: CudaFunction,
     gemm_mma_bf16: CudaFunction,
     gemm_simt: CudaFunction,
+    fused_mma_f16: CudaFunction,
+    fused_mma_bf16: CudaFunction,
+    fused_simt: CudaFunction,
     copy2d: CudaFunction,
     reduce: CudaFunction,
     pointwise: CudaFunction,
@@ -464,6 +515,9 @@ fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize) -> Result<Vec<Gpu>, CudaErr
             gemm_mma_f16: f(&gemm, "cmm_gemm_mma_f16")?,
             gemm_mma_bf16: f(&gemm, "cmm_gemm_mma_bf16")?,
             gemm_simt: f(&gemm, "cmm_gemm_simt")?,
+            fused_mma_f16: f(&gemm, "cmm_fused_gemm_mma_f16")?,
+            fused_mma_bf16: f(&gemm, "cmm_fused_gemm_mma_bf16")?,
+            fused_simt: f(&gemm, "cmm_fused_gemm_simt")?,
             copy2d: f(&copy, "cmm_copy2d")?,
             reduce: f(&reduce, "cmm_reduce")?,
             pointwise: f(&pointwise, "cmm_pointwise")?,
@@ -760,6 +814,8 @@ struct Run<'s> {
     /// `(gpu, slot)` of each stream of the lowered plan.
     streams: Vec<(usize, usize)>,
     enqueued: bool,
+    /// Per fused GEMM command, in step order: its tables and control words.
+    fused: Vec<DeviceAlloc>,
 }
 
 fn execute(
@@ -789,7 +845,8 @@ fn execute(
     }
     let state: &State = state;
     let control = HostControl::new(&state.gpus[0].ctx, lowered.wait_slots.len())?;
-    let mut run = Run { state, plan, options, control, streams, enqueued: false };
+    let fused = fused_tables(state, lowered, &memory, &streams)?;
+    let mut run = Run { state, plan, options, control, streams, enqueued: false, fused };
     let (gpu_ms, gated) = match run.go(lowered, &memory) {
         Ok(timing) => timing,
         Err(e) => {
@@ -845,10 +902,16 @@ impl Run<'_> {
         for s in 0..lowered.streams {
             self.stream(s).wait(&begin).map_err(|e| CudaError::driver("ordering a lane after the start", e))?;
         }
+        let mut fused = self.fused.iter();
         for step in &lowered.steps {
             let Some(command) = &step.command else { continue };
             let (g, slot) = self.streams[step.stream];
             let lane = &self.state.gpus[g].lanes[slot];
+            if let Command::FusedGemm(f) = command {
+                let table = fused.next().expect("one table per fused gemm");
+                self.issue_fused(g, &lane.stream, memory, f, table)?;
+                continue;
+            }
             self.issue(&self.state.gpus[g].functions, &lane.stream, lane.blas.as_ref().map(|h| h.0), memory, command)?;
         }
         let mut ends: Vec<CudaEvent> = Vec::new();
@@ -889,6 +952,59 @@ impl Run<'_> {
         Ok((ms as f64, gated))
     }
 
+    /// Launches a tile-granular GEMM: one CTA per SM its GPU gives each device (at most
+    /// one per tile), so every CTA is resident and the kernel's waits cannot starve the
+    /// work they wait for of a slot.
+    fn issue_fused(
+        &self,
+        gpu: usize,
+        stream: &Arc<CudaStream>,
+        memory: &Memory,
+        f: &FusedGemmCommand,
+        table: &DeviceAlloc,
+    ) -> Result<(), CudaError> {
+        let ctx = &self.state.gpus[gpu].ctx;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| CudaError::driver("reading the SM count", e))?
+            .max(1) as u32;
+        let sharing = match self.options.placement {
+            Placement::Virtual => self.plan.devices as u32,
+            Placement::Gpus => 1,
+        };
+        let layout = FusedLayout::of(f);
+        let g = gemm_args(memory, &f.gemm);
+        let args = FusedArgs {
+            gemm: g,
+            blocks: table.ptr,
+            waits: table.ptr + layout.waits,
+            signals: table.ptr + layout.signals,
+            control: table.ptr + layout.control,
+            status: self.control.status_word(f.first_slot),
+            abort: self.control.device_word(HostControl::ABORT),
+            timeout_ns: self.options.wait_timeout.as_nanos() as u64,
+            count: f.blocks.len() as u32,
+            tiles: f.tiles,
+            tiles_n: f.tiles_n,
+            pad: 0,
+        };
+        let functions = &self.state.gpus[gpu].functions;
+        let (function, threads) = match f.gemm.imp {
+            GemmImpl::MmaF16 => (&functions.fused_mma_f16, 128),
+            GemmImpl::MmaBf16 => (&functions.fused_mma_bf16, 128),
+            _ => (&functions.fused_simt, 256),
+        };
+        let cfg = LaunchConfig {
+            grid_dim: ((sms / sharing).max(1).min(f.tiles.max(1)), 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
+        let mut l = stream.launch_builder(function);
+        l.arg(&args);
+        launch(l, cfg, "a fused gemm")
+    }
+
     fn issue(
         &self,
         functions: &Functions,
@@ -902,6 +1018,8 @@ impl Run<'_> {
         stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
         match command {
             Command::Gemm(g) => issue_gemm(functions, stream, blas, memory, g)?,
+            // Its table lives in the run: `Run::issue_fused`.
+            Command::FusedGemm(_) => unreachable!("fused gemms are issued by issue_fused"),
             Command::CopyEngine { src, src_pitch, dst, dst_pitch, width, rows } => {
                 copy_engine_2d(stream, addr(src), *src_pitch, addr(dst), *dst_pitch, *width, *rows)?
             }
@@ -1202,14 +1320,68 @@ impl Run<'_> {
 }
 
 /// Issues one GEMM command on `stream`.
-fn issue_gemm(
-    functions: &Functions,
-    stream: &Arc<CudaStream>,
-    blas: Option<blas_sys::cublasHandle_t>,
+/// Byte offsets in a fused GEMM's table: blocks, then waits, signals and control words.
+struct FusedLayout {
+    waits: u64,
+    signals: u64,
+    control: u64,
+    bytes: usize,
+}
+
+impl FusedLayout {
+    fn of(f: &FusedGemmCommand) -> FusedLayout {
+        let sync = std::mem::size_of::<FusedSyncArgs>();
+        let waits = f.blocks.len() * std::mem::size_of::<FusedBlockArgs>();
+        let signals = waits + f.waits.len() * sync;
+        let control = signals + f.signals.len() * sync;
+        // Next tile, blocks released, failed, then per block its tiles done.
+        let bytes = control + 4 * (3 + f.blocks.len());
+        FusedLayout { waits: waits as u64, signals: signals as u64, control: control as u64, bytes }
+    }
+}
+
+/// Every fused GEMM's table, in step order, on the GPU of its stream: blocks, waits and
+/// signals resolved to addresses, and zeroed control words.
+fn fused_tables(
+    state: &State,
+    lowered: &Lowered,
     memory: &Memory,
-    g: &GemmCommand,
-) -> Result<(), CudaError> {
-    let args = GemmArgs {
+    streams: &[(usize, usize)],
+) -> Result<Vec<DeviceAlloc>, CudaError> {
+    let mut tables = Vec::new();
+    for step in &lowered.steps {
+        let Some(Command::FusedGemm(f)) = &step.command else { continue };
+        let layout = FusedLayout::of(f);
+        let mut bytes: Vec<u8> = Vec::with_capacity(layout.bytes);
+        for b in &f.blocks {
+            for word in [memory.addr(&b.a.0), memory.addr(&b.c.0), b.a.1, b.c.1] {
+                bytes.extend(word.to_le_bytes());
+            }
+            for word in [b.rows, b.first_tile, b.waits_end, b.signals.0, b.signals.1, 0] {
+                bytes.extend(word.to_le_bytes());
+            }
+        }
+        for &(device, sem, value) in f.waits.iter().chain(&f.signals) {
+            bytes.extend(memory.sem(device, sem).to_le_bytes());
+            bytes.extend(value.to_le_bytes());
+            bytes.extend(0u32.to_le_bytes());
+        }
+        debug_assert_eq!(bytes.len() as u64, layout.control);
+        bytes.resize(layout.bytes, 0);
+        let table = DeviceAlloc::uninit(&state.gpus[streams[step.stream].0].ctx, layout.bytes)?;
+        // SAFETY: the allocation holds `layout.bytes` bytes, the length of `bytes`, and its
+        // context is current (bound by `uninit`).
+        #[allow(unsafe_code)]
+        unsafe { result::memcpy_htod_sync(table.ptr, &bytes) }
+            .map_err(|e| CudaError::driver("uploading a fused gemm's table", e))?;
+        tables.push(table);
+    }
+    Ok(tables)
+}
+
+/// The kernel arguments of a GEMM command.
+fn gemm_args(memory: &Memory, g: &GemmCommand) -> GemmArgs {
+    GemmArgs {
         a: memory.addr(&g.a),
         b: memory.addr(&g.b),
         c: memory.addr(&g.c),
@@ -1224,7 +1396,17 @@ fn issue_gemm(
         c_dtype: dtype_code(g.dtypes[2]),
         flags: g.trans_a as u32 | (g.trans_b as u32) << 1 | (g.accumulate as u32) << 2,
         pad: 0,
-    };
+    }
+}
+
+fn issue_gemm(
+    functions: &Functions,
+    stream: &Arc<CudaStream>,
+    blas: Option<blas_sys::cublasHandle_t>,
+    memory: &Memory,
+    g: &GemmCommand,
+) -> Result<(), CudaError> {
+    let args = gemm_args(memory, g);
     let function = match g.imp {
         GemmImpl::Cublas => {
             let handle = blas.expect("lanes running cuBLAS GEMMs have handles");

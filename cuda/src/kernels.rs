@@ -29,7 +29,14 @@ pub const KERNEL_FILES: [KernelFile; 8] = [
     KernelFile {
         name: "gemm.cu",
         source: include_str!("../kernels/gemm.cu"),
-        entry_points: &["cmm_gemm_mma_f16", "cmm_gemm_mma_bf16", "cmm_gemm_simt"],
+        entry_points: &[
+            "cmm_gemm_mma_f16",
+            "cmm_gemm_mma_bf16",
+            "cmm_gemm_simt",
+            "cmm_fused_gemm_mma_f16",
+            "cmm_fused_gemm_mma_bf16",
+            "cmm_fused_gemm_simt",
+        ],
     },
     KernelFile { name: "copy.cu", source: include_str!("../kernels/copy.cu"), entry_points: &["cmm_copy2d"] },
     KernelFile { name: "reduce.cu", source: include_str!("../kernels/reduce.cu"), entry_points: &["cmm_reduce"] },

@@ -115,11 +115,53 @@ pub struct GemmCommand {
     pub imp: GemmImpl,
 }
 
+/// One block of a tile-granular GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedBlock {
+    /// op(A)'s storage and its row stride.
+    pub a: (Loc, u64),
+    /// C and its row stride.
+    pub c: (Loc, u64),
+    /// Rows of op(A) and C.
+    pub rows: u32,
+    /// Tiles of the blocks before it.
+    pub first_tile: u32,
+    /// The first `waits_end` waits of the run gate it.
+    pub waits_end: u32,
+    /// Its range of the run's signals (performed once it and every block before it are written).
+    pub signals: (u32, u32),
+}
+
+/// A tile-granular GEMM ([`cmm_core::plan::FusedRun`]): `cmm_fused_gemm_*`, one
+/// persistent kernel whose waits and signals between blocks happen inside it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedGemmCommand {
+    /// Block 0 as a GEMM: b, n, k, dtypes, transposes, accumulation and the tile kernel.
+    pub gemm: GemmCommand,
+    /// The blocks, in order.
+    pub blocks: Vec<FusedBlock>,
+    /// The run's waits in lane order: (device, semaphore, value).
+    pub waits: Vec<(usize, usize, u32)>,
+    /// The run's signals in lane order: (device, semaphore, increment).
+    pub signals: Vec<(usize, usize, u32)>,
+    /// The status slot of the first wait; the others follow.
+    pub first_slot: usize,
+    /// Tiles of all blocks.
+    pub tiles: u32,
+    /// Column tiles (of 64) of a row of tiles.
+    pub tiles_n: u32,
+}
+
+/// The output tile edge of the tile kernels (`CMM_TILE` in gemm.cu).
+pub const TILE: usize = 64;
+
 /// One driver call or launch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// A GEMM.
     Gemm(GemmCommand),
+    /// A tile-granular GEMM (a fused run of the plan).
+    FusedGemm(FusedGemmCommand),
     /// `cuMemcpy2DAsync` (pitches and width in bytes).
     CopyEngine {
         /// Source.
@@ -358,7 +400,26 @@ pub fn lower(plan: &Plan, options: &LowerOptions) -> Result<Lowered, CudaError> 
 
 /// Lowers `plan` in the given enqueue order, refusing an order that could hang on
 /// `options.queues` hardware queues.
+///
+/// A fused run is one kernel: its ops are enqueued together where the order reaches its
+/// last block, so everything its waits need was enqueued before it (the check then
+/// sees the kernel occupy its queue while it waits, as it does).
 pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> Result<Lowered, CudaError> {
+    let runs = plan.fused_runs()?;
+    let run_of = |s: &OpSite| {
+        runs.iter().position(|r| r.device == s.device && r.lane == s.lane && (r.blocks[0]..=r.end).contains(&s.index))
+    };
+    let mut contiguous = Vec::with_capacity(order.len());
+    for s in order {
+        match run_of(s) {
+            None => contiguous.push(*s),
+            Some(i) if s.index == runs[i].end => {
+                contiguous.extend((runs[i].blocks[0]..=runs[i].end).map(|index| OpSite { index, ..*s }))
+            }
+            Some(_) => {}
+        }
+    }
+    let order = &contiguous[..];
     check_enqueue_order(plan, order, options.queues)?;
     if options.gemm == GemmEngine::Cublas && !options.cublas_present {
         return Err(CudaError::NoCublas);
@@ -373,7 +434,14 @@ pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> 
     };
     for site in order {
         let op = &plan.programs[site.device].lanes[site.lane][site.index];
-        let command = lower_op(plan, *site, op, options, &writes, &mut lowered)?;
+        let command = match run_of(site) {
+            Some(i) if site.index == runs[i].blocks[0] => {
+                Some(Command::FusedGemm(lower_fused(plan, &runs[i], options, &mut lowered)?))
+            }
+            // Inside the kernel.
+            Some(_) => None,
+            None => lower_op(plan, *site, op, options, &writes, &mut lowered)?,
+        };
         lowered.steps.push(Step { site: *site, stream: stream_of(plan, *site), command });
     }
     Ok(lowered)
@@ -408,6 +476,86 @@ fn signal_writes(plan: &Plan, sync: SyncMode) -> Result<Vec<(OpSite, u32)>, Cuda
         }
     }
     Ok(writes)
+}
+
+/// The persistent kernel of a fused run.
+fn lower_fused(
+    plan: &Plan,
+    run: &cmm_core::plan::FusedRun,
+    options: &LowerOptions,
+    lowered: &mut Lowered,
+) -> Result<FusedGemmCommand, CudaError> {
+    let first = OpSite { device: run.device, lane: run.lane, index: run.blocks[0] };
+    let unsupported =
+        |what: String| CudaError::Unsupported { plan: plan.name.clone(), what: format!("{first}: {what}") };
+    if options.gemm == GemmEngine::Cublas {
+        return Err(unsupported(
+            "a fused gemm waits and signals between its blocks inside one kernel, which cuBLAS cannot; GemmEngine::Cublas asks for cuBLAS on every GEMM (use Auto)".into(),
+        ));
+    }
+    // Block 0 lowered as a tile-kernel GEMM gives the shared operand, shape and kernel.
+    let tile_only = LowerOptions { gemm: GemmEngine::TileKernel, ..*options };
+    let ops = &plan.programs[run.device].lanes[run.lane];
+    let gemm_of = |index: usize, lowered: &mut Lowered| -> Result<GemmCommand, CudaError> {
+        let site = OpSite { index, ..first };
+        match lower_op(plan, site, &ops[index], &tile_only, &[], lowered)? {
+            Some(Command::Gemm(g)) => Ok(g),
+            _ => Err(unsupported(format!("block at op {index} has no output"))),
+        }
+    };
+    let gemm = gemm_of(run.blocks[0], lowered)?;
+    let tiles_n = (gemm.mnk[1] as usize).div_ceil(TILE);
+    let mut command = FusedGemmCommand {
+        gemm,
+        blocks: Vec::new(),
+        waits: Vec::new(),
+        signals: Vec::new(),
+        first_slot: lowered.wait_slots.len(),
+        tiles: 0,
+        tiles_n: tiles_n as u32,
+    };
+    let mut tiles = 0usize;
+    for (index, op) in ops.iter().enumerate().take(run.end + 1).skip(run.blocks[0]) {
+        match op {
+            Op::Gemm { .. } => {
+                let g = if index == run.blocks[0] { command.gemm } else { gemm_of(index, lowered)? };
+                let rows = g.mnk[0] as usize;
+                let block_tiles = rows.div_ceil(TILE) * tiles_n;
+                if block_tiles == 0 {
+                    return Err(unsupported(format!(
+                        "block at op {index} of fused gemm {} has no output tile ({rows} rows, {} columns)",
+                        run.id, g.mnk[1]
+                    )));
+                }
+                let signal_at = command.signals.len() as u32;
+                command.blocks.push(FusedBlock {
+                    a: (g.a, g.strides[0]),
+                    c: (g.c, g.strides[2]),
+                    rows: rows as u32,
+                    first_tile: tiles as u32,
+                    waits_end: command.waits.len() as u32,
+                    signals: (signal_at, signal_at),
+                });
+                tiles += block_tiles;
+            }
+            Op::Wait { sem, value } => {
+                command.waits.push((run.device, sem.0, *value));
+                lowered.wait_slots.push(OpSite { index, ..first });
+            }
+            Op::Signal { device, sem, add } => {
+                command.signals.push((*device, sem.0, *add));
+                if let Some(last) = command.blocks.last_mut() {
+                    last.signals.1 = command.signals.len() as u32;
+                }
+            }
+            other => return Err(unsupported(format!("`{}` inside a fused gemm", plan.op_text(other)))),
+        }
+    }
+    // One kernel, however many blocks (lowering each counted one).
+    lowered.gemms.tile -= command.blocks.len();
+    lowered.gemms.tile += 1;
+    command.tiles = u32::try_from(tiles).map_err(|_| unsupported(format!("{tiles} tiles exceed the tile counter")))?;
+    Ok(command)
 }
 
 fn lower_op(
@@ -668,6 +816,42 @@ mod tests {
     fn plan(op: OpKind, algorithm: Algorithm, d: usize, input: DType) -> Plan {
         let p = Problem::new(op, d, 16 * d, 16 * d, 16 * d, input, DType::F32).unwrap();
         build_plan(&p, algorithm).unwrap()
+    }
+
+    #[test]
+    fn a_fused_gemm_is_one_tile_kernel_with_its_waits_and_signals_inside() {
+        let ag = plan(OpKind::AgGemm, Algorithm::Fused { chunks: 2 }, 3, DType::F16);
+        let lowered = lower(&ag, &options(GemmEngine::Auto, SyncMode::Kernels, true)).unwrap();
+        let fused: Vec<&FusedGemmCommand> = lowered
+            .steps
+            .iter()
+            .filter_map(|s| if let Some(Command::FusedGemm(f)) = &s.command { Some(f) } else { None })
+            .collect();
+        assert_eq!(fused.len(), 3);
+        // Own shard, then two chunks of each of the two peers' shards, each behind a wait.
+        let f = fused[0];
+        assert_eq!(f.gemm.imp, GemmImpl::MmaF16);
+        assert_eq!(f.blocks.len(), 5);
+        assert_eq!(f.blocks.iter().map(|b| b.waits_end).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(
+            lowered.wait_slots.len()
+                - lowered.steps.iter().filter(|s| matches!(s.command, Some(Command::WaitKernel { .. }))).count(),
+            12
+        );
+        assert_eq!(lowered.gemms, GemmCounts { cublas: 0, tile: 3 });
+        // GEMM+RS: each block released by the signal after it.
+        let rs = plan(OpKind::GemmRs, Algorithm::Fused { chunks: 1 }, 2, DType::F32);
+        let lowered = lower(&rs, &options(GemmEngine::TileKernel, SyncMode::Kernels, false)).unwrap();
+        let Some(Command::FusedGemm(f)) =
+            lowered.steps.iter().find_map(|s| s.command.clone().filter(|c| matches!(c, Command::FusedGemm(_))))
+        else {
+            panic!("no fused gemm")
+        };
+        assert_eq!(f.blocks.iter().map(|b| b.signals).collect::<Vec<_>>(), vec![(0, 1), (1, 1)]);
+        assert_eq!(f.gemm.imp, GemmImpl::Simt);
+        // cuBLAS cannot wait inside a GEMM: asking for it everywhere is an error.
+        let err = lower(&ag, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap_err();
+        assert!(err.to_string().contains("cuBLAS cannot"), "{err}");
     }
 
     #[test]
