@@ -31,7 +31,7 @@ pub fn cuda_check(arch: &str) -> Result<()> {
     let out_dir = crate::workspace_root().join("target").join("cuda-check");
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     println!(
-        "{:<12} {:<20} {:>9} {:>11} {:>12} {:>11}",
+        "{:<12} {:<24} {:>9} {:>11} {:>12} {:>11}",
         "file", "kernel", "registers", "smem bytes", "spill stores", "spill loads"
     );
     for kernel in KERNEL_FILES {
@@ -57,7 +57,7 @@ pub fn cuda_check(arch: &str) -> Result<()> {
                 .find(|u| u.function == *entry)
                 .with_context(|| format!("ptxas reported nothing for {entry} in {}", kernel.name))?;
             println!(
-                "{:<12} {:<20} {:>9} {:>11} {:>12} {:>11}",
+                "{:<12} {:<24} {:>9} {:>11} {:>12} {:>11}",
                 kernel.name, u.function, u.registers, u.shared_bytes, u.spill_stores, u.spill_loads
             );
         }

@@ -222,12 +222,14 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
                     // The own block is computed last; its running sum arrives after D−1
                     // hops of (send, reduce), the first starting once the first chunk is out.
                     let chain = g / (d * c) as f64 + steps * (comm + chunk_reduce + sync);
+                    // The reduces share the device's compute with the kernel.
+                    let busy = g + steps * 3.0 * block / profile.hbm_bps();
                     RingEstimate {
-                        total_s: launch + g.max(chain) + chunk_reduce + sync + ag,
+                        total_s: launch + busy.max(chain) + chunk_reduce + sync + ag,
                         gemm_step_s: g / d as f64,
                         comm_step_s: c as f64 * comm,
                         formula:
-                            "launch + max(G, G/(D·c) + (D−1)·(block/c/BW + reduce/c + L_sync)) + reduce/c [+ AG for AR]",
+                            "launch + max(G + (D−1)·reduce, G/(D·c) + (D−1)·(block/c/BW + reduce/c + L_sync)) + reduce/c [+ AG for AR]",
                     }
                 }
                 _ => {
