@@ -321,14 +321,14 @@ __device__ void cmm_fused_gemm(const CmmFusedArgs& f) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128) cmm_fused_gemm_mma_f16(const CmmFusedArgs f) {
+extern "C" __global__ void __launch_bounds__(128, 1) cmm_fused_gemm_mma_f16(const CmmFusedArgs f) {
     cmm_fused_gemm<0>(f);
 }
 
-extern "C" __global__ void __launch_bounds__(128) cmm_fused_gemm_mma_bf16(const CmmFusedArgs f) {
+extern "C" __global__ void __launch_bounds__(128, 1) cmm_fused_gemm_mma_bf16(const CmmFusedArgs f) {
     cmm_fused_gemm<1>(f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) cmm_fused_gemm_simt(const CmmFusedArgs f) {
+extern "C" __global__ void __launch_bounds__(256, 1) cmm_fused_gemm_simt(const CmmFusedArgs f) {
     cmm_fused_gemm<2>(f);
 }
