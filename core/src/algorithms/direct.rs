@@ -5,8 +5,8 @@
 //! This is what "collective library, then cuBLAS" does on a fully connected NVLink
 //! switch, and what the CUDA bench compares the overlapped plans with.
 
-use super::ring::{ag_gemm_gathered, copy, gemm, plan_name, signal, wait};
-use super::{input_buffer, output_buffer, Algorithm, AlgorithmError};
+use super::ring::{ag_gemm_gathered, copy, gemm, signal, wait};
+use super::{start_plan, Algorithm, AlgorithmError};
 use crate::dtype::DType;
 use crate::plan::{BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemId};
 use crate::problem::{OpKind, Problem};
@@ -43,10 +43,7 @@ pub(super) fn ag_gemm(p: &Problem) -> Result<Plan, AlgorithmError> {
 pub(super) fn gemm_reduce(p: &Problem) -> Result<Plan, AlgorithmError> {
     let n = p.devices;
     let mb = p.m / n;
-    let mut b = PlanBuilder::new(plan_name(p, Algorithm::BaselineDirect), n);
-    let a = input_buffer(&mut b, p, 0);
-    let bm = input_buffer(&mut b, p, 1);
-    let c = output_buffer(&mut b, p);
+    let (mut b, a, bm, c) = start_plan(p, Algorithm::BaselineDirect);
     let partial = b.buffer("P", p.wire, p.m, p.n, BufferRole::Scratch);
     // Slot s of `recv` on device r holds the block sent by device r + 1 + s (mod D).
     let recv_buf = b.buffer("recv", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);

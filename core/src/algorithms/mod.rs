@@ -174,6 +174,24 @@ pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
 }
 
 /// Declares the input buffer of global tensor `tensor` with each device's shard origin.
+/// A plan builder for `algorithm` on `p` with the problem's operands declared: A and B
+/// (inputs 0 and 1) and the output C.
+fn start_plan(p: &Problem, algorithm: Algorithm) -> (PlanBuilder, BufId, BufId, BufId) {
+    let mut b = PlanBuilder::new(ring::plan_name(p, algorithm), p.devices);
+    let a = input_buffer(&mut b, p, 0);
+    let bm = input_buffer(&mut b, p, 1);
+    let c = output_buffer(&mut b, p);
+    (b, a, bm, c)
+}
+
+/// Rows of one of `chunks` chunks of `rows` rows (`what`: a shard or a block).
+fn chunk_rows(algorithm: Algorithm, what: &'static str, rows: usize, chunks: usize) -> Result<usize, AlgorithmError> {
+    if chunks == 0 || rows % chunks != 0 {
+        return Err(AlgorithmError::Indivisible { algorithm, what, size: rows, param: "chunks", by: chunks });
+    }
+    Ok(rows / chunks)
+}
+
 fn input_buffer(b: &mut PlanBuilder, p: &Problem, tensor: u32) -> BufId {
     let decl = p.inputs()[tensor as usize];
     let shard = p.input_shard(tensor, 0);

@@ -1,6 +1,6 @@
 //! The 1D ring family (BRIEF §4) and the non-overlapped baselines.
 
-use super::{input_buffer, output_buffer, Algorithm, AlgorithmError};
+use super::{chunk_rows, start_plan, Algorithm, AlgorithmError};
 use crate::plan::{BufId, BufferRole, Engine, LaneId, Op, Plan, PlanBuilder, Region, SemId};
 use crate::problem::{OpKind, Problem, Window};
 
@@ -375,6 +375,15 @@ impl OverlappedReduce {
     }
 }
 
+/// The running sums of a ring ReduceScatter in flight: sent and received, one block
+/// slot per step but the last, in the wire dtype.
+fn sum_slots(b: &mut PlanBuilder, p: &Problem) -> (BufId, BufId) {
+    let rows = (p.devices - 1) * (p.m / p.devices);
+    let send = b.buffer("send", p.wire, rows, p.n, BufferRole::Scratch);
+    let recv = b.buffer("recv", p.wire, rows, p.n, BufferRole::Scratch);
+    (send, recv)
+}
+
 pub(crate) fn plan_name(p: &Problem, algorithm: Algorithm) -> String {
     format!("{}/{} D={} {}", p.op, algorithm, p.devices, p.shape_string())
 }
@@ -388,20 +397,8 @@ pub(crate) fn plan_name(p: &Problem, algorithm: Algorithm) -> String {
 pub(super) fn ag_gemm_ring(p: &Problem, algorithm: Algorithm, chunks: usize) -> Result<Plan, AlgorithmError> {
     let n = p.devices;
     let ms = p.m / n;
-    if chunks == 0 || ms % chunks != 0 {
-        return Err(AlgorithmError::Indivisible {
-            algorithm,
-            what: "per-shard rows M/D",
-            size: ms,
-            param: "chunks",
-            by: chunks,
-        });
-    }
-    let cr = ms / chunks;
-    let mut b = PlanBuilder::new(plan_name(p, algorithm), n);
-    let a = input_buffer(&mut b, p, 0);
-    let bm = input_buffer(&mut b, p, 1);
-    let c = output_buffer(&mut b, p);
+    let cr = chunk_rows(algorithm, "per-shard rows M/D", ms, chunks)?;
+    let (mut b, a, bm, c) = start_plan(p, algorithm);
     let s = b.buffer("S", p.input, (n - 1) * ms, p.k, BufferRole::Scratch);
     let ring = ChunkedRing { own: a, slots: s, shard_rows: ms, chunks, recv: b.semaphore("recv") };
     let compute = b.lane("compute");
@@ -477,10 +474,7 @@ pub(super) fn ag_gemm_bidir(p: &Problem) -> Result<Plan, AlgorithmError> {
     let ms = p.m / n;
     let from_right = n / 2; // ⌈(D−1)/2⌉
     let from_left = (n - 1) / 2; // ⌊(D−1)/2⌋
-    let mut b = PlanBuilder::new(plan_name(p, Algorithm::RingBidir), n);
-    let a = input_buffer(&mut b, p, 0);
-    let bm = input_buffer(&mut b, p, 1);
-    let c = output_buffer(&mut b, p);
+    let (mut b, a, bm, c) = start_plan(p, Algorithm::RingBidir);
     let s = b.buffer("S", p.input, (n - 1) * ms, p.k, BufferRole::Scratch);
     let recv_r = b.semaphore("recv_from_right");
     let recv_l = b.semaphore("recv_from_left");
@@ -540,10 +534,7 @@ pub(super) type Gather<'a> = dyn Fn(&mut PlanBuilder, usize, LaneId, SemId, Regi
 pub(super) fn ag_gemm_gathered(p: &Problem, algorithm: Algorithm, gather: &Gather) -> Result<Plan, AlgorithmError> {
     let n = p.devices;
     let ms = p.m / n;
-    let mut b = PlanBuilder::new(plan_name(p, algorithm), n);
-    let a = input_buffer(&mut b, p, 0);
-    let bm = input_buffer(&mut b, p, 1);
-    let c = output_buffer(&mut b, p);
+    let (mut b, a, bm, c) = start_plan(p, algorithm);
     let g = b.buffer("G", p.input, p.m, p.k, BufferRole::Scratch);
     let recv = b.semaphore("recv");
     let main = b.lane("main");
@@ -576,23 +567,10 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool, chunks: usize) -> Resul
         (false, 1) => Algorithm::Ring,
         (false, c) => Algorithm::RingChunked { chunks: c },
     };
-    if chunks == 0 || mb % chunks != 0 {
-        return Err(AlgorithmError::Indivisible {
-            algorithm,
-            what: "per-block rows M/D",
-            size: mb,
-            param: "chunks",
-            by: chunks,
-        });
-    }
-    let cr = mb / chunks;
-    let mut b = PlanBuilder::new(plan_name(p, algorithm), n);
-    let a = input_buffer(&mut b, p, 0);
-    let bm = input_buffer(&mut b, p, 1);
-    let c = output_buffer(&mut b, p);
+    let cr = chunk_rows(algorithm, "per-block rows M/D", mb, chunks)?;
+    let (mut b, a, bm, c) = start_plan(p, algorithm);
     let partial = b.buffer("P", p.wire, mb, p.n, BufferRole::Scratch);
-    let send = b.buffer("send", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
-    let recv_buf = b.buffer("recv", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
+    let (send, recv_buf) = sum_slots(&mut b, p);
     let compute = b.lane("compute");
     // (column window, leftwards, comm lane, per chunk (ready, recv)) of each direction.
     let mut dirs = Vec::new();
@@ -686,23 +664,10 @@ pub(super) fn gemm_reduce_fused(p: &Problem, chunks: usize) -> Result<Plan, Algo
     let n = p.devices;
     let mb = p.m / n;
     let algorithm = Algorithm::Fused { chunks };
-    if chunks == 0 || mb % chunks != 0 {
-        return Err(AlgorithmError::Indivisible {
-            algorithm,
-            what: "per-block rows M/D",
-            size: mb,
-            param: "chunks",
-            by: chunks,
-        });
-    }
-    let cr = mb / chunks;
-    let mut b = PlanBuilder::new(plan_name(p, algorithm), n);
-    let a = input_buffer(&mut b, p, 0);
-    let bm = input_buffer(&mut b, p, 1);
-    let c = output_buffer(&mut b, p);
+    let cr = chunk_rows(algorithm, "per-block rows M/D", mb, chunks)?;
+    let (mut b, a, bm, c) = start_plan(p, algorithm);
     let partial = b.buffer("P", p.wire, p.m, p.n, BufferRole::Scratch);
-    let send = b.buffer("send", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
-    let recv_buf = b.buffer("recv", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
+    let (send, recv_buf) = sum_slots(&mut b, p);
     // Local: chunks the GEMM has written, running sums ready to send. From the right
     // neighbour: running sums received, in (step, chunk) order.
     let computed = b.semaphore("computed");
@@ -778,13 +743,9 @@ pub(super) fn gemm_reduce_fused(p: &Problem, chunks: usize) -> Result<Plan, Algo
 pub(super) fn gemm_reduce_baseline(p: &Problem) -> Result<Plan, AlgorithmError> {
     let n = p.devices;
     let mb = p.m / n;
-    let mut b = PlanBuilder::new(plan_name(p, Algorithm::Baseline), n);
-    let a = input_buffer(&mut b, p, 0);
-    let bm = input_buffer(&mut b, p, 1);
-    let c = output_buffer(&mut b, p);
+    let (mut b, a, bm, c) = start_plan(p, Algorithm::Baseline);
     let partial = b.buffer("P", p.wire, p.m, p.n, BufferRole::Scratch);
-    let send = b.buffer("send", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
-    let recv_buf = b.buffer("recv", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
+    let (send, recv_buf) = sum_slots(&mut b, p);
     let recv = b.semaphore("recv");
     let ag = b.semaphore("ag");
     let main = b.lane("main");

@@ -547,29 +547,8 @@ impl<'a> Sim<'a> {
                     self.in_flight.push(InFlight { at, device: *target, sem: *sem, add: *add, from: site });
                     run.step += 1;
                 }
-                Phase::Gate { sem, value } => {
-                    let (sem, value) = (*sem, *value);
-                    if self.sems[device][sem.0] < value {
-                        run.state = LaneState::Blocked;
-                        return moved;
-                    }
-                    run.step += 1;
-                    let record = &mut self.records[device][lane][site.index];
-                    if self.now > record.reached_s {
-                        let satisfier =
-                            self.landed[device][sem.0].iter().find(|l| l.value_after >= value).map(|l| l.from);
-                        record.pred = satisfier.or(record.pred);
-                        record.start_s = self.now;
-                        let sync = &self.profile.sync;
-                        let remote = satisfier.is_some_and(|s| s.device != device);
-                        let cost = if remote { sync.remote_round_us } else { sync.local_wait_us } * 1e-6;
-                        self.lanes[li].state = LaneState::Timed(self.now + cost);
-                        return true;
-                    }
-                    record.start_s = self.now;
-                    moved = true;
-                }
-                Phase::Block { sem, value } => {
+                Phase::Block { sem, value } | Phase::Gate { sem, value } => {
+                    let in_kernel = matches!(run.phases[run.step], Phase::Gate { .. });
                     let (sem, value) = (*sem, *value);
                     if self.sems[device][sem.0] < value {
                         run.state = LaneState::Blocked;
@@ -579,7 +558,8 @@ impl<'a> Sim<'a> {
                     let satisfier = self.landed[device][sem.0].iter().find(|l| l.value_after >= value).map(|l| l.from);
                     let remote = satisfier.is_some_and(|s| s.device != device);
                     let record = &mut self.records[device][lane][site.index];
-                    if self.now > record.reached_s {
+                    let waited = self.now > record.reached_s;
+                    if waited {
                         record.pred = satisfier.or(record.pred);
                     }
                     record.start_s = self.now;
@@ -596,10 +576,12 @@ impl<'a> Sim<'a> {
                         Some(Op::Copy { engine, .. }) => *engine == Engine::Sm,
                         _ => false,
                     };
-                    let cost = match (remote, next_uses_sms) {
-                        (false, _) => sync.local_wait_us,
-                        (true, true) => sync.remote_round_us,
-                        (true, false) => sync.dma_wait_us,
+                    let cost = match (in_kernel, waited, remote, next_uses_sms) {
+                        // A kernel's next tiles poll the flag: free when it is already set.
+                        (true, false, _, _) => 0.0,
+                        (true, true, true, _) | (false, _, true, true) => sync.remote_round_us,
+                        (true, true, false, _) | (false, _, false, _) => sync.local_wait_us,
+                        (false, _, true, false) => sync.dma_wait_us,
                     } * 1e-6;
                     if cost > 0.0 {
                         self.lanes[li].state = LaneState::Timed(self.now + cost);
@@ -612,7 +594,7 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Max-min fair rates by progressive filling.
+    /// Lands an increment on a semaphore, remembering which op made it.
     fn land(&mut self, device: usize, sem: SemId, add: u32, from: OpSite) {
         let v = &mut self.sems[device][sem.0];
         *v = v.saturating_add(add);
@@ -684,6 +666,7 @@ impl<'a> Sim<'a> {
         tiles.iter().map(|&t| cost.work_s * t as f64 / total).collect()
     }
 
+    /// Max-min fair rates by progressive filling.
     fn allocate(&mut self) {
         let caps: Vec<f64> = self.topo.resources.iter().map(|r| r.capacity).collect();
         let mut left = caps;
