@@ -215,25 +215,53 @@ impl OsTarget {
 /// and all-gathers it over the mesh row; the column lane does the same for the rows of
 /// B_ij over the mesh column; the compute lane adds GA_s · GB_s into C as soon as both
 /// slices have arrived, while the lanes already move slice s+1.
+/// What every OS plan declares: its operands A, B and C, and the row, column and compute
+/// lanes.
+struct Os {
+    a: BufId,
+    bm: BufId,
+    c: BufId,
+    row_lane: LaneId,
+    col_lane: LaneId,
+    compute: LaneId,
+}
+
+impl Os {
+    fn start(p: &MeshProblem, name: String) -> (PlanBuilder, Os) {
+        let mut b = PlanBuilder::new(name, p.devices());
+        let (a, bm, c) = (input_buffer(&mut b, p, 0), input_buffer(&mut b, p, 1), output_buffer(&mut b, p));
+        let (row_lane, col_lane, compute) = (b.lane("row"), b.lane("col"), b.lane("compute"));
+        (b, Os { a, bm, c, row_lane, col_lane, compute })
+    }
+}
+
+/// The gathered operands of an OS plan that collects A along its mesh row (GA, M/Nr × K)
+/// and B along its mesh column (GB, K × N/Nc), with the semaphores counting arrivals.
+struct Gathered {
+    ga: BufId,
+    gb: BufId,
+    row_recv: SemId,
+    col_recv: SemId,
+}
+
+impl Gathered {
+    fn declare(b: &mut PlanBuilder, p: &MeshProblem) -> Gathered {
+        let ga = b.buffer("GA", p.input, p.m / p.nr, p.k, BufferRole::Scratch);
+        let gb = b.buffer("GB", p.input, p.k, p.n / p.nc, BufferRole::Scratch);
+        Gathered { ga, gb, row_recv: b.semaphore("row_recv"), col_recv: b.semaphore("col_recv") }
+    }
+}
+
 fn os_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, MeshError> {
     let (nr, nc, k) = (p.nr, p.nc, p.k);
-    let (mb, nb, kc, kr) = (p.m / nr, p.n / nc, k / nc, k / nr);
+    let (mb, kc, kr) = (p.m / nr, k / nc, k / nr);
     let (slices, blk) = (sl.slices, sl.block);
     let ks = k / slices;
-    let mut b = PlanBuilder::new(name, p.devices());
-    let a = input_buffer(&mut b, p, 0);
-    let bm = input_buffer(&mut b, p, 1);
-    let c = output_buffer(&mut b, p);
-    let ga = b.buffer("GA", p.input, mb, k, BufferRole::Scratch);
-    let gb = b.buffer("GB", p.input, k, nb, BufferRole::Scratch);
+    let (mut b, Os { a, bm, c, row_lane, col_lane, compute }) = Os::start(p, name);
+    let Gathered { ga, gb, row_recv, col_recv } = Gathered::declare(&mut b, p);
     let target = OsTarget::new(&mut b, p, c, slices);
-    let row_recv = b.semaphore("row_recv");
-    let col_recv = b.semaphore("col_recv");
     let a_packed = b.semaphore("a_packed");
     let b_packed = b.semaphore("b_packed");
-    let row_lane = b.lane("row");
-    let col_lane = b.lane("col");
-    let compute = b.lane("compute");
     for d in 0..p.devices() {
         let (row, col) = (Axis::Row.ring(p, d), Axis::Col.ring(p, d));
         let (i, j) = p.chip(d);
@@ -298,21 +326,12 @@ fn received(b: &mut PlanBuilder, device: usize, lane: LaneId, guard: Option<(Sem
 /// its mesh column, and every chip adds the panel product into C.
 fn os_summa(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
     let (nr, nc, k) = (p.nr, p.nc, p.k);
-    let (mb, nb, kc, kr) = (p.m / nr, p.n / nc, k / nc, k / nr);
+    let (mb, kc, kr) = (p.m / nr, k / nc, k / nr);
     let steps = lcm(nr, nc);
     let w = k / steps;
-    let mut b = PlanBuilder::new(name, p.devices());
-    let a = input_buffer(&mut b, p, 0);
-    let bm = input_buffer(&mut b, p, 1);
-    let c = output_buffer(&mut b, p);
-    let ga = b.buffer("GA", p.input, mb, k, BufferRole::Scratch);
-    let gb = b.buffer("GB", p.input, k, nb, BufferRole::Scratch);
+    let (mut b, Os { a, bm, c, row_lane, col_lane, compute }) = Os::start(p, name);
+    let Gathered { ga, gb, row_recv, col_recv } = Gathered::declare(&mut b, p);
     let target = OsTarget::new(&mut b, p, c, steps);
-    let row_recv = b.semaphore("row_recv");
-    let col_recv = b.semaphore("col_recv");
-    let row_lane = b.lane("row");
-    let col_lane = b.lane("col");
-    let compute = b.lane("compute");
     for d in 0..p.devices() {
         let (row, col) = (Axis::Row.ring(p, d), Axis::Col.ring(p, d));
         let (mut a_arrived, mut b_arrived) = (0, 0);
@@ -385,10 +404,7 @@ impl CannonMover {
 fn os_cannon(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
     let n = p.nr;
     let (mb, nb, kb) = (p.m / n, p.n / n, p.k / n);
-    let mut b = PlanBuilder::new(name, p.devices());
-    let a = input_buffer(&mut b, p, 0);
-    let bm = input_buffer(&mut b, p, 1);
-    let c = output_buffer(&mut b, p);
+    let (mut b, Os { a, bm, c, row_lane, col_lane, compute }) = Os::start(p, name);
     let sa = b.buffer("SA", p.input, n * mb, kb, BufferRole::Scratch);
     let sb = b.buffer("SB", p.input, n * kb, nb, BufferRole::Scratch);
     let target = OsTarget::new(&mut b, p, c, n);
@@ -396,9 +412,6 @@ fn os_cannon(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
     let a_shift = b.semaphore("a_shift");
     let b_skew = b.semaphore("b_skew");
     let b_shift = b.semaphore("b_shift");
-    let row_lane = b.lane("row");
-    let col_lane = b.lane("col");
-    let compute = b.lane("compute");
     let a_mover = CannonMover {
         own: b.whole(a),
         slots: (0..n).map(|t| b.rows(sa, t * mb, mb)).collect(),
@@ -431,20 +444,11 @@ fn os_cannon(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
 /// next shard's transfer (the 1D AG+GEMM ring).
 fn os_wang(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
     let (nr, nc, k) = (p.nr, p.nc, p.k);
-    let (mb, nb, kc, kr) = (p.m / nr, p.n / nc, k / nc, k / nr);
-    let mut b = PlanBuilder::new(name, p.devices());
-    let a = input_buffer(&mut b, p, 0);
-    let bm = input_buffer(&mut b, p, 1);
-    let c = output_buffer(&mut b, p);
-    let ga = b.buffer("GA", p.input, mb, k, BufferRole::Scratch);
-    let gb = b.buffer("GB", p.input, k, nb, BufferRole::Scratch);
+    let (mb, kc, kr) = (p.m / nr, k / nc, k / nr);
+    let (mut b, Os { a, bm, c, row_lane, col_lane, compute }) = Os::start(p, name);
+    let Gathered { ga, gb, row_recv, col_recv } = Gathered::declare(&mut b, p);
     let target = OsTarget::new(&mut b, p, c, nc);
-    let row_recv = b.semaphore("row_recv");
-    let col_recv = b.semaphore("col_recv");
     let b_ready = b.semaphore("b_ready");
-    let row_lane = b.lane("row");
-    let col_lane = b.lane("col");
-    let compute = b.lane("compute");
     let a_blocks: Vec<Region> = (0..nc).map(|x| b.window(ga, 0, x * kc, mb, kc)).collect();
     let b_blocks: Vec<Region> = (0..nr).map(|x| b.rows(gb, x * kr, kr)).collect();
     for d in 0..p.devices() {
@@ -781,26 +785,64 @@ fn flow_cannon(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
     Ok(b.finish()?)
 }
 
+/// What both decomposed LS/RS Wang plans declare: the flow, its operands, the gathered
+/// moving operand GM (one block per gather-ring member), the running sums in flight (sent
+/// and received slots), the gather and reduce semaphores and the three lanes.
+struct Wang {
+    f: Flow,
+    ng: usize,
+    nrd: usize,
+    bufs: FlowBuffers,
+    gm: BufId,
+    blocks: Vec<Region>,
+    send: Vec<Region>,
+    recv: Vec<Region>,
+    g_recv: SemId,
+    r_recv: SemId,
+    gather_lane: LaneId,
+    compute: LaneId,
+    reduce_lane: LaneId,
+}
+
+impl Wang {
+    fn declare(b: &mut PlanBuilder, p: &MeshProblem) -> Wang {
+        let f = Flow::of(p);
+        let (ng, nrd) = (f.gather.len(p), f.reduce.len(p));
+        let bufs = flow_buffers(b, p, &f);
+        let gm = f.scratch(b, "GM", p.input, f.big_g, f.q);
+        let send = f.slots(b, "send", DType::F32, nrd - 1, f.p, f.cb);
+        let recv = f.slots(b, "recv", DType::F32, nrd - 1, f.p, f.cb);
+        let g_recv = b.semaphore(&format!("{}_recv", f.gather.name()));
+        let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
+        let (gather_lane, compute, reduce_lane) = (b.lane(f.gather.name()), b.lane("compute"), b.lane(f.reduce.name()));
+        let blocks = (0..ng).map(|x| f.win(b, gm, x * f.g, 0, f.g, f.q)).collect();
+        Wang { f, ng, nrd, bufs, gm, blocks, send, recv, g_recv, r_recv, gather_lane, compute, reduce_lane }
+    }
+}
+
 /// LS/RS Wang with the gather direction decomposed (RS: A along the mesh row): the
 /// moving shards travel around the gather ring one per step, each multiplied into its
 /// columns of P as it arrives; then P is reduce-scattered along the reduce axis as one
 /// collective.
 fn flow_wang_decomposed_gather(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
-    let f = Flow::of(p);
-    let (ng, nrd) = (f.gather.len(p), f.reduce.len(p));
     let mut b = PlanBuilder::new(name, p.devices());
-    let bufs = flow_buffers(&mut b, p, &f);
-    let gm = f.scratch(&mut b, "GM", p.input, f.big_g, f.q);
+    let Wang {
+        f,
+        ng,
+        nrd,
+        bufs,
+        blocks,
+        send: send_slots,
+        recv: recv_slots,
+        g_recv,
+        r_recv,
+        gather_lane,
+        compute,
+        reduce_lane,
+        ..
+    } = Wang::declare(&mut b, p);
     let part = f.scratch(&mut b, "P", DType::F32, f.p, f.big_g);
-    let recv_slots = f.slots(&mut b, "recv", DType::F32, nrd - 1, f.p, f.cb);
-    let send_slots = f.slots(&mut b, "send", DType::F32, nrd - 1, f.p, f.cb);
-    let g_recv = b.semaphore(&format!("{}_recv", f.gather.name()));
     let p_ready = b.semaphore("p_ready");
-    let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
-    let gather_lane = b.lane(f.gather.name());
-    let compute = b.lane("compute");
-    let reduce_lane = b.lane(f.reduce.name());
-    let blocks: Vec<Region> = (0..ng).map(|x| f.win(&b, gm, x * f.g, 0, f.g, f.q)).collect();
     let parts: Vec<Region> = (0..nrd).map(|x| f.win(&b, part, 0, x * f.cb, f.p, f.cb)).collect();
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
@@ -827,22 +869,12 @@ fn flow_wang_decomposed_gather(p: &MeshProblem, name: String) -> Result<Plan, Me
 /// overlapped GEMM+RS ring computes at step s the partial of C block (y+s+1) mod n,
 /// adds the running sum from the right and passes it left.
 fn flow_wang_decomposed_reduce(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
-    let f = Flow::of(p);
-    let (ng, nrd) = (f.gather.len(p), f.reduce.len(p));
     let mut b = PlanBuilder::new(name, p.devices());
-    let bufs = flow_buffers(&mut b, p, &f);
-    let gm = f.scratch(&mut b, "GM", p.input, f.big_g, f.q);
+    let Wang { f, ng, nrd, bufs, gm, blocks, send, recv, g_recv, r_recv, gather_lane, compute, reduce_lane } =
+        Wang::declare(&mut b, p);
     let part = f.scratch(&mut b, "P", DType::F32, f.p, f.cb);
-    let send = f.slots(&mut b, "send", DType::F32, nrd - 1, f.p, f.cb);
-    let recv = f.slots(&mut b, "recv", DType::F32, nrd - 1, f.p, f.cb);
-    let g_recv = b.semaphore(&format!("{}_recv", f.gather.name()));
     let gm_ready = b.semaphore("gathered");
     let ready = b.semaphore("ready");
-    let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
-    let gather_lane = b.lane(f.gather.name());
-    let compute = b.lane("compute");
-    let reduce_lane = b.lane(f.reduce.name());
-    let blocks: Vec<Region> = (0..ng).map(|x| f.win(&b, gm, x * f.g, 0, f.g, f.q)).collect();
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
         let own = b.whole(bufs.moving);
