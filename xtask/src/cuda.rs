@@ -319,10 +319,8 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 // kernel, and its row says so.
                 let fused = matches!(algorithm, Algorithm::Fused { .. });
                 let engine = if fused { "persistent tile kernel" } else { "cuBLAS" };
-                let run_options = CudaRunOptions {
-                    gemm: if fused { GemmEngine::Auto } else { GemmEngine::Cublas },
-                    ..options
-                };
+                let run_options =
+                    CudaRunOptions { gemm: if fused { GemmEngine::Auto } else { GemmEngine::Cublas }, ..options };
                 let (us, gated) = if algorithm == Algorithm::BaselineDirect {
                     (baseline_us, true)
                 } else {
