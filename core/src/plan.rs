@@ -547,6 +547,80 @@ impl FusedRun {
     }
 }
 
+/// The checks of one op, with the plan and site its errors name.
+struct OpCheck<'p> {
+    plan: &'p Plan,
+    site: OpSite,
+}
+
+impl<'p> OpCheck<'p> {
+    /// The op names something that does not exist.
+    fn bad(&self, what: String) -> PlanError {
+        PlanError::BadReference { plan: self.plan.name.clone(), site: self.site, what }
+    }
+
+    /// The op's operands disagree.
+    fn mismatch(&self, detail: String) -> PlanError {
+        PlanError::Mismatch { plan: self.plan.name.clone(), site: self.site, detail }
+    }
+
+    /// The buffer of a region that exists and fits it.
+    fn region(&self, r: &Region) -> Result<&'p BufferDecl, PlanError> {
+        let plan = self.plan;
+        let b = plan.buffers.get(r.buf.0).ok_or_else(|| self.bad(format!("buffer #{} does not exist", r.buf.0)))?;
+        if r.end() > b.len() || (r.rows > 1 && r.stride < r.cols) {
+            return Err(PlanError::RegionOutOfBounds {
+                plan: plan.name.clone(),
+                site: self.site,
+                region: *r,
+                buffer: b.name.clone(),
+                len: b.len(),
+            });
+        }
+        Ok(b)
+    }
+
+    /// Checks the shapes and dtype (f32) of an attention state for `rows` rows of `heads`
+    /// heads of dimension `dh`.
+    fn attn_state(&self, state: &AttnState, rows: usize, heads: usize, dh: usize) -> Result<(), PlanError> {
+        let want = [(rows, heads), (rows, heads), (rows, heads * dh)];
+        for (r, (wr, wc)) in state.regions().iter().zip(want) {
+            let b = self.region(r)?;
+            if (r.rows, r.cols) != (wr, wc) || b.dtype != DType::F32 {
+                return Err(self.mismatch(format!(
+                    "attention state `{}` is {}x{} {}, expected {wr}x{wc} f32 ({rows} rows, {heads} heads of {dh})",
+                    b.name, r.rows, r.cols, b.dtype
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks routing tables for `tokens` × `slots` slots and `experts` experts (all
+    /// `u32`; seg one row, perm one column); returns the chunk count.
+    fn tables(&self, tables: &RouteTables, tokens: usize, slots: usize, experts: usize) -> Result<usize, PlanError> {
+        for r in tables.regions() {
+            let b = self.region(&r)?;
+            if b.dtype != DType::U32 {
+                return Err(self.mismatch(format!("routing table `{}` is {}, expected u32", b.name, b.dtype)));
+            }
+        }
+        let chunks = tables.chunks(experts);
+        if chunks == 0
+            || tokens % chunks != 0
+            || tables.seg.rows != 1
+            || tables.perm.cols != 1
+            || (tables.inv.rows, tables.inv.cols) != (tokens, slots)
+        {
+            return Err(self.mismatch(format!(
+                "routing tables: seg {}x{}, perm {}x{}, inv {}x{} for {tokens} tokens x {slots} slots and {experts} experts (seg is 1 x experts·chunks+1 with chunks dividing the tokens, perm one column)",
+                tables.seg.rows, tables.seg.cols, tables.perm.rows, tables.perm.cols, tables.inv.rows, tables.inv.cols
+            )));
+        }
+        Ok(chunks)
+    }
+}
+
 /// Where an op sits in a plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpSite {
@@ -717,7 +791,7 @@ impl Plan {
                 let mut open: Option<FusedRun> = None;
                 for (index, op) in ops.iter().enumerate() {
                     let site = OpSite { device, lane, index };
-                    let mismatch = |detail: String| PlanError::Mismatch { plan: self.name.clone(), site, detail };
+                    let mismatch = |detail: String| OpCheck { plan: self, site }.mismatch(detail);
                     match (op, open.as_mut()) {
                         // Only waits and signals keep a run open, so this block follows
                         // the previous one.
@@ -759,7 +833,7 @@ impl Plan {
         let dtypes = |a: &Region, c: &Region| (self.buffer(a.buf).dtype, self.buffer(c.buf).dtype);
         for i in 0..run.blocks.len() {
             let site = OpSite { device: run.device, lane: run.lane, index: run.blocks[i] };
-            let mismatch = |detail: String| PlanError::Mismatch { plan: self.name.clone(), site, detail };
+            let mismatch = |detail: String| OpCheck { plan: self, site }.mismatch(detail);
             let (a, b, c, flags) = block(i);
             if b != b0 || flags != flags0 || dtypes(a, c) != dtypes(a0, c0) || c.cols != c0.cols {
                 return Err(mismatch(format!(
@@ -784,21 +858,10 @@ impl Plan {
     }
 
     fn validate_op(&self, site: OpSite, op: &Op) -> Result<(), PlanError> {
-        let bad = |what: String| PlanError::BadReference { plan: self.name.clone(), site, what };
-        let mismatch = |detail: String| PlanError::Mismatch { plan: self.name.clone(), site, detail };
-        let region = |r: &Region| -> Result<&BufferDecl, PlanError> {
-            let b = self.buffers.get(r.buf.0).ok_or_else(|| bad(format!("buffer #{} does not exist", r.buf.0)))?;
-            if r.end() > b.len() || (r.rows > 1 && r.stride < r.cols) {
-                return Err(PlanError::RegionOutOfBounds {
-                    plan: self.name.clone(),
-                    site,
-                    region: *r,
-                    buffer: b.name.clone(),
-                    len: b.len(),
-                });
-            }
-            Ok(b)
-        };
+        let check = OpCheck { plan: self, site };
+        let bad = |what: String| check.bad(what);
+        let mismatch = |detail: String| check.mismatch(detail);
+        let region = |r: &Region| check.region(r);
         let device = |d: usize| {
             if d < self.devices {
                 Ok(())
@@ -925,15 +988,15 @@ impl Plan {
                         k.rows, k.cols, v.rows, v.cols
                     )));
                 }
-                self.check_attn_state(state, q.rows, *heads, dh, &region, &mismatch)?;
+                check.attn_state(state, q.rows, *heads, dh)?;
             }
             Op::AttnMerge { from, into, heads } => {
                 let dh = if *heads == 0 { 0 } else { into.acc.cols / heads };
                 if dh == 0 || dh * heads != into.acc.cols {
                     return Err(mismatch(format!("attn_merge: {heads} heads do not split {} columns", into.acc.cols)));
                 }
-                self.check_attn_state(from, into.max.rows, *heads, dh, &region, &mismatch)?;
-                self.check_attn_state(into, into.max.rows, *heads, dh, &region, &mismatch)?;
+                check.attn_state(from, into.max.rows, *heads, dh)?;
+                check.attn_state(into, into.max.rows, *heads, dh)?;
             }
             Op::AttnFinish { state, out, lse, heads } => {
                 let dh = if *heads == 0 { 0 } else { state.acc.cols / heads };
@@ -944,7 +1007,7 @@ impl Plan {
                     )));
                 }
                 let rows = state.max.rows;
-                self.check_attn_state(state, rows, *heads, dh, &region, &mismatch)?;
+                check.attn_state(state, rows, *heads, dh)?;
                 region(out)?;
                 let l = region(lse)?;
                 if (out.rows, out.cols) != (rows, heads * dh)
@@ -959,7 +1022,7 @@ impl Plan {
             }
             Op::Route { ids, tables, experts } => {
                 let id = region(ids)?;
-                self.check_tables(tables, ids.rows, ids.cols, *experts, &region, &mismatch)?;
+                check.tables(tables, ids.rows, ids.cols, *experts)?;
                 if id.dtype != DType::U32 {
                     return Err(mismatch(format!("route: ids `{}` are {}, expected u32", id.name, id.dtype)));
                 }
@@ -969,7 +1032,7 @@ impl Plan {
                 region(b)?;
                 region(c)?;
                 let (tokens, slots) = (tables.inv.rows, tables.inv.cols);
-                let chunks = self.check_tables(tables, tokens, slots, *experts, &region, &mismatch)?;
+                let chunks = check.tables(tables, tokens, slots, *experts)?;
                 let k = b.rows / experts;
                 if k * experts != b.rows || a.cols != k || c.cols != b.cols || c.rows != tables.perm.rows {
                     return Err(mismatch(format!(
@@ -1025,62 +1088,6 @@ impl Plan {
             Op::Wait { sem: s, .. } => sem(*s)?,
         }
         Ok(())
-    }
-
-    /// Checks the shapes and dtype (f32) of an attention state for `rows` rows of `heads`
-    /// heads of dimension `dh`.
-    fn check_attn_state<'p>(
-        &'p self,
-        state: &AttnState,
-        rows: usize,
-        heads: usize,
-        dh: usize,
-        region: &dyn Fn(&Region) -> Result<&'p BufferDecl, PlanError>,
-        mismatch: &dyn Fn(String) -> PlanError,
-    ) -> Result<(), PlanError> {
-        let want = [(rows, heads), (rows, heads), (rows, heads * dh)];
-        for (r, (wr, wc)) in state.regions().iter().zip(want) {
-            let b = region(r)?;
-            if (r.rows, r.cols) != (wr, wc) || b.dtype != DType::F32 {
-                return Err(mismatch(format!(
-                    "attention state `{}` is {}x{} {}, expected {wr}x{wc} f32 ({rows} rows, {heads} heads of {dh})",
-                    b.name, r.rows, r.cols, b.dtype
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Checks routing tables for `tokens` × `slots` slots and `experts` experts (all
-    /// `u32`; seg one row, perm one column); returns the chunk count.
-    fn check_tables<'p>(
-        &'p self,
-        tables: &RouteTables,
-        tokens: usize,
-        slots: usize,
-        experts: usize,
-        region: &dyn Fn(&Region) -> Result<&'p BufferDecl, PlanError>,
-        mismatch: &dyn Fn(String) -> PlanError,
-    ) -> Result<usize, PlanError> {
-        for r in tables.regions() {
-            let b = region(&r)?;
-            if b.dtype != DType::U32 {
-                return Err(mismatch(format!("routing table `{}` is {}, expected u32", b.name, b.dtype)));
-            }
-        }
-        let chunks = tables.chunks(experts);
-        if chunks == 0
-            || tokens % chunks != 0
-            || tables.seg.rows != 1
-            || tables.perm.cols != 1
-            || (tables.inv.rows, tables.inv.cols) != (tokens, slots)
-        {
-            return Err(mismatch(format!(
-                "routing tables: seg {}x{}, perm {}x{}, inv {}x{} for {tokens} tokens x {slots} slots and {experts} experts (seg is 1 x experts·chunks+1 with chunks dividing the tokens, perm one column)",
-                tables.seg.rows, tables.seg.cols, tables.perm.rows, tables.perm.cols, tables.inv.rows, tables.inv.cols
-            )));
-        }
-        Ok(chunks)
     }
 
     /// Checks that every input buffer's generator indices fit in 32 bits, as every
