@@ -280,7 +280,7 @@ struct Sim<'a> {
     link_bytes: Vec<f64>,
     /// Routing tables per (device, segment buffer), built on first use.
     routes: std::collections::HashMap<(usize, crate::plan::BufId), crate::moe::Tables>,
-    /// The tile-granular GEMMs, and per (device, lane) the runs in it.
+    /// The plan's tile-granular GEMMs.
     runs: Vec<FusedRun>,
     /// Per run, the work of each block: the run's one-kernel cost shared by tiles.
     block_work: Vec<Vec<f64>>,
@@ -486,13 +486,9 @@ impl<'a> Sim<'a> {
                 }
                 let index = run.pc;
                 let op = &ops[index];
-                let (mut phases, bytes, mut flops, mut work_s) = self.phases(device, op);
-                if let Some(run) = self
-                    .runs
-                    .iter()
-                    .position(|r| r.device == device && r.lane == lane && (r.blocks[0]..=r.end).contains(&index))
-                {
-                    (phases, flops, work_s) = self.fused_phases(run, index, op, phases, flops, work_s);
+                let (mut phases, bytes, flops, mut work_s) = self.phases(device, op);
+                if let Some((fused, work)) = self.fused_phases(OpSite { device, lane, index }, op) {
+                    (phases, work_s) = (fused, work);
                 }
                 let pred = (index > 0).then_some(OpSite { device, lane, index: index - 1 });
                 self.records[device][lane][index] = OpRecord {
@@ -602,43 +598,35 @@ impl<'a> Sim<'a> {
         self.landed[device][sem.0].push(Landed { value_after, from });
     }
 
-    /// The phases of an op of a tile-granular GEMM (`run`): the first block launches the
-    /// kernel, each block computes its tiles' share of the one kernel's work, the Waits
-    /// between blocks gate and the Signals between them are posted.
-    fn fused_phases(
-        &mut self,
-        run: usize,
-        index: usize,
-        op: &Op,
-        phases: Vec<Phase>,
-        flops: f64,
-        work_s: f64,
-    ) -> (Vec<Phase>, f64, f64) {
+    /// The phases and work of an op of a tile-granular GEMM, `None` for an op outside
+    /// every run: the first block launches the kernel, each block computes its tiles'
+    /// share of the one kernel's work, the Waits between blocks gate and the Signals
+    /// between them are posted.
+    fn fused_phases(&mut self, site: OpSite, op: &Op) -> Option<(Vec<Phase>, f64)> {
+        let OpSite { device, lane, index } = site;
+        let run = self
+            .runs
+            .iter()
+            .position(|r| (r.device, r.lane) == (device, lane) && (r.blocks[0]..=r.end).contains(&index))?;
         let r = &self.runs[run];
-        let (device, first) = (r.device, r.blocks[0]);
         match op {
             Op::Gemm { .. } => {
-                let position = r.blocks.iter().position(|&b| b == index).expect("a run's gemm is one of its blocks");
+                let position = r.blocks.iter().position(|&b| b == index)?;
+                let first = index == r.blocks[0];
                 if self.block_work[run].is_empty() {
                     self.block_work[run] = self.run_work(run);
                 }
                 let work = self.block_work[run][position];
-                let compute = vec![self.topo.compute(device)];
-                let mut fused = Vec::new();
-                if index == first {
-                    fused.push(Phase::Fixed(self.profile.launch_s()));
-                }
-                fused.push(Phase::Fluid { amount: work, cap: 1.0, resources: compute });
-                (fused, flops, work)
+                let launch = first.then(|| Phase::Fixed(self.profile.launch_s()));
+                let compute = Phase::Fluid { amount: work, cap: 1.0, resources: vec![self.topo.compute(device)] };
+                Some((launch.into_iter().chain([compute]).collect(), work))
             }
-            Op::Wait { sem, value } if r.inside(index) => {
-                (vec![Phase::Gate { sem: *sem, value: *value }], flops, work_s)
-            }
+            Op::Wait { sem, value } if r.inside(index) => Some((vec![Phase::Gate { sem: *sem, value: *value }], 0.0)),
             Op::Signal { device: target, sem, add } if r.inside(index) => {
                 let latency = self.topo.latency_s(device, *target);
-                (vec![Phase::Post { device: *target, sem: *sem, add: *add, latency }], flops, work_s)
+                Some((vec![Phase::Post { device: *target, sem: *sem, add: *add, latency }], 0.0))
             }
-            _ => (phases, flops, work_s),
+            _ => None,
         }
     }
 
