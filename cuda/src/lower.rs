@@ -442,6 +442,12 @@ pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> 
             Some(_) => None,
             None => lower_op(plan, *site, op, options, &writes, &mut lowered)?,
         };
+        // A fused run is one tile kernel, however many blocks it has.
+        match &command {
+            Some(Command::Gemm(g)) if g.imp == GemmImpl::Cublas => lowered.gemms.cublas += 1,
+            Some(Command::Gemm(_) | Command::FusedGemm(_)) => lowered.gemms.tile += 1,
+            _ => {}
+        }
         lowered.steps.push(Step { site: *site, stream: stream_of(plan, *site), command });
     }
     Ok(lowered)
@@ -551,9 +557,6 @@ fn lower_fused(
             other => return Err(unsupported(format!("`{}` inside a fused gemm", plan.op_text(other)))),
         }
     }
-    // One kernel, however many blocks (lowering each counted one).
-    lowered.gemms.tile -= command.blocks.len();
-    lowered.gemms.tile += 1;
     command.tiles = u32::try_from(tiles).map_err(|_| unsupported(format!("{tiles} tiles exceed the tile counter")))?;
     Ok(command)
 }
@@ -615,11 +618,6 @@ fn lower_op(
                 && (m.div_ceil(64) > 65_535 || n.div_ceil(64) > i32::MAX as usize || k > u32::MAX as usize)
             {
                 return Err(unsupported(format!("gemm {m}x{n}x{k} exceeds the tile kernel's grid")));
-            }
-            if imp == GemmImpl::Cublas {
-                lowered.gemms.cublas += 1;
-            } else {
-                lowered.gemms.tile += 1;
             }
             Some(Command::Gemm(GemmCommand {
                 a: loc(d, a),
