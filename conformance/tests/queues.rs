@@ -127,9 +127,7 @@ fn a_fused_gemm_lowers_to_one_persistent_kernel_enqueued_after_what_it_waits_for
                 assert!(f.blocks.windows(2).all(|w| w[0].first_tile < w[1].first_tile), "{}", case.name);
             }
             // No op of a run is issued on its own: the kernel waits and signals inside.
-            let inside = lowered.steps.iter().filter(|s| {
-                runs.iter().any(|r| (r.device, r.lane) == (s.site.device, s.site.lane) && r.inside(s.site.index))
-            });
+            let inside = lowered.steps.iter().filter(|s| runs.iter().any(|r| r.inside(s.site)));
             assert!(inside.clone().all(|s| s.command.is_none()), "{}", case.name);
             assert_eq!(lowered.gemms.cublas, 0, "{}: cuBLAS cannot wait inside a GEMM", case.name);
             kernels += fused.len();

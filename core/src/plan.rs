@@ -533,17 +533,30 @@ pub struct FusedRun {
     pub lane: usize,
     /// The `fused` id.
     pub id: u32,
-    /// Lane indices of the blocks, in order.
+    /// Lane indices of the blocks, in order (at least one).
     pub blocks: Vec<usize>,
-    /// Lane index of the last block.
-    pub end: usize,
 }
 
 impl FusedRun {
-    /// Whether lane index `index` lies inside the run: after its first block, up to its
-    /// last (the Waits and Signals between blocks).
-    pub fn inside(&self, index: usize) -> bool {
-        self.blocks[0] < index && index < self.end
+    /// Lane index of the last block.
+    pub fn end(&self) -> usize {
+        self.blocks[self.blocks.len() - 1]
+    }
+
+    /// Lane indices from the first block to the last.
+    pub fn span(&self) -> std::ops::RangeInclusive<usize> {
+        self.blocks[0]..=self.end()
+    }
+
+    /// Whether an op of the plan lies in the run's span.
+    pub fn holds(&self, site: OpSite) -> bool {
+        (site.device, site.lane) == (self.device, self.lane) && self.span().contains(&site.index)
+    }
+
+    /// Whether an op lies between the run's first and last block (a Wait or Signal the
+    /// kernel performs).
+    pub fn inside(&self, site: OpSite) -> bool {
+        self.holds(site) && self.blocks[0] < site.index && site.index < self.end()
     }
 }
 
@@ -797,7 +810,6 @@ impl Plan {
                         // the previous one.
                         (Op::Gemm { fused: Some(id), .. }, Some(run)) if run.id == *id => {
                             run.blocks.push(index);
-                            run.end = index;
                         }
                         (Op::Gemm { fused: Some(id), .. }, _) => {
                             if let Some(run) = open.take() {
@@ -808,7 +820,7 @@ impl Plan {
                                     "fused gemm {id} resumes after other ops of its lane; its blocks must follow one another with only waits and signals between them"
                                 )));
                             }
-                            open = Some(FusedRun { device, lane, id: *id, blocks: vec![index], end: index });
+                            open = Some(FusedRun { device, lane, id: *id, blocks: vec![index] });
                         }
                         (Op::Wait { .. } | Op::Signal { .. }, _) => {}
                         _ => runs.extend(open.take()),
@@ -1338,7 +1350,9 @@ mod tests {
         let run = &runs[0];
         // The own shard, then two chunks of the peer's, each behind its wait.
         assert_eq!(run.blocks, vec![0, 2, 4]);
-        assert!(run.inside(1) && run.inside(3) && !run.inside(0) && !run.inside(4));
+        let at = |index| OpSite { device: 0, lane: 0, index };
+        assert!(run.inside(at(1)) && run.inside(at(3)) && !run.inside(at(0)) && !run.inside(at(4)));
+        assert!(!run.inside(OpSite { device: 1, ..at(1) }), "another device's op");
     }
 
     #[test]

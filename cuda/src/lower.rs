@@ -406,15 +406,13 @@ pub fn lower(plan: &Plan, options: &LowerOptions) -> Result<Lowered, CudaError> 
 /// sees the kernel occupy its queue while it waits, as it does).
 pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> Result<Lowered, CudaError> {
     let runs = plan.fused_runs()?;
-    let run_of = |s: &OpSite| {
-        runs.iter().position(|r| r.device == s.device && r.lane == s.lane && (r.blocks[0]..=r.end).contains(&s.index))
-    };
+    let run_of = |s: &OpSite| runs.iter().position(|r| r.holds(*s));
     let mut contiguous = Vec::with_capacity(order.len());
     for s in order {
         match run_of(s) {
             None => contiguous.push(*s),
-            Some(i) if s.index == runs[i].end => {
-                contiguous.extend((runs[i].blocks[0]..=runs[i].end).map(|index| OpSite { index, ..*s }))
+            Some(i) if s.index == runs[i].end() => {
+                contiguous.extend(runs[i].span().map(|index| OpSite { index, ..*s }))
             }
             Some(_) => {}
         }
@@ -521,7 +519,7 @@ fn lower_fused(
         tiles_n: tiles_n as u32,
     };
     let mut tiles = 0usize;
-    for (index, op) in ops.iter().enumerate().take(run.end + 1).skip(run.blocks[0]) {
+    for (index, op) in ops.iter().enumerate().take(run.end() + 1).skip(run.blocks[0]) {
         match op {
             Op::Gemm { .. } => {
                 let g = if index == run.blocks[0] { command.gemm } else { gemm_of(index, lowered)? };

@@ -603,11 +603,8 @@ impl<'a> Sim<'a> {
     /// share of the one kernel's work, the Waits between blocks gate and the Signals
     /// between them are posted.
     fn fused_phases(&mut self, site: OpSite, op: &Op) -> Option<(Vec<Phase>, f64)> {
-        let OpSite { device, lane, index } = site;
-        let run = self
-            .runs
-            .iter()
-            .position(|r| (r.device, r.lane) == (device, lane) && (r.blocks[0]..=r.end).contains(&index))?;
+        let OpSite { device, index, .. } = site;
+        let run = self.runs.iter().position(|r| r.holds(site))?;
         let r = &self.runs[run];
         match op {
             Op::Gemm { .. } => {
@@ -621,8 +618,8 @@ impl<'a> Sim<'a> {
                 let compute = Phase::Fluid { amount: work, cap: 1.0, resources: vec![self.topo.compute(device)] };
                 Some((launch.into_iter().chain([compute]).collect(), work))
             }
-            Op::Wait { sem, value } if r.inside(index) => Some((vec![Phase::Gate { sem: *sem, value: *value }], 0.0)),
-            Op::Signal { device: target, sem, add } if r.inside(index) => {
+            Op::Wait { sem, value } if r.inside(site) => Some((vec![Phase::Gate { sem: *sem, value: *value }], 0.0)),
+            Op::Signal { device: target, sem, add } if r.inside(site) => {
                 let latency = self.topo.latency_s(device, *target);
                 Some((vec![Phase::Post { device: *target, sem: *sem, add: *add, latency }], 0.0))
             }
