@@ -80,24 +80,25 @@ impl Backend for Reference {
     }
 }
 
-/// The CUDA backend with the options of its runs. Its streams really run
-/// concurrently, so `order` does not apply: every run is one hardware interleaving, and
-/// `--schedules N` compares N runs.
+/// The CUDA backend (or its host twin, [`cmm_cuda::HostTwin`]: the same lowering and
+/// kernel sources compiled by the system C++ compiler, one OS thread per stream) with
+/// the options of its runs. Its streams really run concurrently, so `order` does not
+/// apply: every run is one interleaving, and `--schedules N` compares N runs.
 #[derive(Debug)]
-pub struct Cuda {
+pub struct Cuda<E = cmm_cuda::CudaBackend> {
     /// The backend.
-    pub backend: cmm_cuda::CudaBackend,
+    pub backend: E,
     /// How each case runs (GEMM engine, sync mode, time limits).
     pub options: cmm_cuda::CudaRunOptions,
 }
 
-impl Backend for Cuda {
+impl<E: cmm_cuda::CudaExecutor> Backend for Cuda<E> {
     fn name(&self) -> String {
         let sync = match self.options.sync {
             cmm_cuda::SyncMode::Kernels => "kernel waits",
             cmm_cuda::SyncMode::StreamMemOps => "stream memory ops",
         };
-        format!("cuda on {}; sync: {sync}", self.backend.summary())
+        format!("{}; sync: {sync}", self.backend.describe())
     }
 
     fn run(&self, plan: &Plan, seed: u32, family: Family, _order: Order) -> Result<Memory, BackendError> {

@@ -90,7 +90,10 @@ __device__ __forceinline__ float cmm_load(u64 base, u64 index, u32 dtype) {
     return cmm_decode(cmm_load_bits(base, index, dtype), dtype);
 }
 
-// Synchronisation helpers of sync.cu and the persistent GEMM (gemm.cu).
+// Synchronisation helpers of sync.cu and the persistent GEMM (gemm.cu). Every inline
+// PTX of the kernels lives in these helpers (and in gemm.cu's mma), so the host twin of
+// the kernels (cuda/host/runtime.h, which defines CMM_HOST) can supply its own.
+#ifndef CMM_HOST
 __device__ __forceinline__ u32 cmm_load_acquire(u64 addr) {
     u32 v;
     asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
@@ -102,6 +105,16 @@ __device__ __forceinline__ u64 cmm_globaltimer_ns() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+
+// A signal: every write of this thread before it is visible to whoever acquires the sum.
+__device__ __forceinline__ void cmm_red_release_add(u64 addr, u32 value) {
+    asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
+}
+
+__device__ __forceinline__ void cmm_store_release_gpu(u64 addr, u32 value) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
+}
+#endif
 
 // How many polls of the semaphore between two reads of the abort word (which lives in
 // host memory, a PCIe round trip away).

@@ -45,6 +45,8 @@ __device__ __forceinline__ void cmm_c_store(const CmmGemmArgs& g, u32 i, u32 j, 
 #define CMM_APAD 8
 #define CMM_BPAD 8
 
+// d += a·b for one warp's m16n8k16 fragments (the host twin has its own: CMM_HOST).
+#ifndef CMM_HOST
 template <bool BF16>
 __device__ __forceinline__ void cmm_mma16816(float* d, const u32* a, const u32* b) {
     if (BF16) {
@@ -61,6 +63,7 @@ __device__ __forceinline__ void cmm_mma16816(float* d, const u32* a, const u32* 
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
 }
+#endif
 
 // One 64×64 output tile at (row0, col0), 128 threads.
 template <bool BF16>
@@ -308,11 +311,9 @@ __device__ void cmm_fused_gemm(const CmmFusedArgs& f) {
                 if (cmm_fused_spin(f, (u64)&control[1], b, 0ull)) {
                     __threadfence_system();
                     for (u32 s = blk.signals_begin; s < blk.signals_end; ++s) {
-                        asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(signals[s].sem),
-                                     "r"(signals[s].value) : "memory");
+                        cmm_red_release_add(signals[s].sem, signals[s].value);
                     }
-                    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"((u64)&control[1]), "r"(b + 1u)
-                                 : "memory");
+                    cmm_store_release_gpu((u64)&control[1], b + 1u);
                 } else {
                     atomicExch(&control[2], 1u);
                 }

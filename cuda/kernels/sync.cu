@@ -13,7 +13,7 @@
 extern "C" __global__ void cmm_signal(u64 sem, u32 add) {
     // Release: every write of this stream before the signal is visible to whoever
     // acquires the new value.
-    asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(sem), "r"(add) : "memory");
+    cmm_red_release_add(sem, add);
 }
 
 // status[0] = 1 (deadline) or 2 (aborted), status[1] = the last value seen.

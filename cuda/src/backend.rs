@@ -29,16 +29,21 @@ use cmm_core::plan::{BufferRole, Op, Plan, PlanBuilder};
 use cmm_core::DType;
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{
-    result, sys, CudaContext, CudaEvent, CudaFunction, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
+    result, sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
 use crate::error::CudaError;
 use crate::kernels::{compile, nvrtc_available, KERNEL_FILES};
+use crate::launch::{
+    buffer_fill, fused_launch, fused_table, gemm_submission, submissions, timed_out_wait, Addressing, Fill, GemmArgs,
+    Kernel, Launch, Param, RunWords, Submission, ONE_THREAD,
+};
 use crate::lower::{
     hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, Loc,
-    LowerOptions, Lowered, SyncMode, MAX_REDUCE_INPUTS,
+    LowerOptions, Lowered, SyncMode,
 };
+use crate::CudaExecutor;
 
 /// Where virtual devices live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,257 +142,13 @@ impl GemmSpec {
     }
 }
 
-/// Mirror of `CmmGemmArgs` in `cuda/kernels/gemm.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct GemmArgs {
-    a: u64,
-    b: u64,
-    c: u64,
-    a_stride: u64,
-    b_stride: u64,
-    c_stride: u64,
-    m: u32,
-    n: u32,
-    k: u32,
-    a_dtype: u32,
-    b_dtype: u32,
-    c_dtype: u32,
-    flags: u32,
-    pad: u32,
-}
+/// Every kernel's function in one context, indexed by [`Kernel`].
+struct Functions(Vec<CudaFunction>);
 
-// SAFETY: `GemmArgs` is `#[repr(C)]`, plain old data, and matches `CmmGemmArgs` field for
-// field (u64s first, then u32s), so passing it by value as a kernel parameter is sound.
-#[allow(unsafe_code)]
-unsafe impl DeviceRepr for GemmArgs {}
-
-/// Mirror of `CmmFusedBlock` in `cuda/kernels/gemm.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct FusedBlockArgs {
-    a: u64,
-    c: u64,
-    a_stride: u64,
-    c_stride: u64,
-    rows: u32,
-    first_tile: u32,
-    waits_end: u32,
-    signals_begin: u32,
-    signals_end: u32,
-    pad: u32,
-}
-
-/// Mirror of `CmmFusedSync` in `cuda/kernels/gemm.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct FusedSyncArgs {
-    sem: u64,
-    value: u32,
-    pad: u32,
-}
-
-/// Mirror of `CmmFusedArgs` in `cuda/kernels/gemm.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct FusedArgs {
-    gemm: GemmArgs,
-    blocks: u64,
-    waits: u64,
-    signals: u64,
-    control: u64,
-    status: u64,
-    abort: u64,
-    timeout_ns: u64,
-    count: u32,
-    tiles: u32,
-    tiles_n: u32,
-    pad: u32,
-}
-
-// SAFETY: `FusedArgs` is `#[repr(C)]` plain old data matching `CmmFusedArgs` field for
-// field (the GEMM's arguments, then u64s, then u32s).
-#[allow(unsafe_code)]
-unsafe impl DeviceRepr for FusedArgs {}
-
-/// Mirror of `CmmReduceInput` in `cuda/kernels/reduce.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct ReduceInput {
-    base: u64,
-    stride: u64,
-    dtype: u32,
-    pad: u32,
-}
-
-/// Mirror of `CmmReduceInputs` in `cuda/kernels/reduce.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct ReduceInputs {
-    inputs: [ReduceInput; MAX_REDUCE_INPUTS],
-}
-
-// SAFETY: `#[repr(C)]` plain old data matching `CmmReduceInputs` (four `CmmReduceInput`).
-#[allow(unsafe_code)]
-unsafe impl DeviceRepr for ReduceInputs {}
-
-/// Mirror of `CmmPointwiseInputs` in `cuda/kernels/pointwise.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct PointwiseInputs {
-    inputs: [ReduceInput; 2],
-}
-
-// SAFETY: `#[repr(C)]` plain old data matching `CmmPointwiseInputs` (two inputs laid out
-// as `CmmPointwiseInput`, which has `CmmReduceInput`'s fields).
-#[allow(unsafe_code)]
-unsafe impl DeviceRepr for PointwiseInputs {}
-
-/// Mirror of `CmmAttendArgs` in `cuda/kernels/attention.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct AttendArgs {
-    /// q, k, v, max, sum, acc (each `CmmAttnTensor`, the layout of `CmmReduceInput`).
-    tensors: [ReduceInput; 6],
-    rows: u32,
-    keys: u32,
-    heads: u32,
-    group: u32,
-    head_dim: u32,
-    causal: u32,
-    q_pos: u32,
-    k_pos: u32,
-    fresh: u32,
-    scale_bits: u32,
-}
-
-// SAFETY: `#[repr(C)]` plain old data matching `CmmAttendArgs` field for field (six
-// 24-byte tensors, then ten u32s).
-#[allow(unsafe_code)]
-unsafe impl DeviceRepr for AttendArgs {}
-
-/// Mirror of `CmmRouteArgs` in `cuda/kernels/moe.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct RouteArgs {
-    ids: u64,
-    ids_stride: u64,
-    seg: u64,
-    perm: u64,
-    perm_stride: u64,
-    inv: u64,
-    inv_stride: u64,
-    pass: u32,
-    tokens: u32,
-    slots: u32,
-    experts: u32,
-    chunks: u32,
-    capacity: u32,
-}
-
-// SAFETY: `#[repr(C)]` plain old data matching `CmmRouteArgs` field for field (seven
-// u64s, then six u32s).
-#[allow(unsafe_code)]
-unsafe impl DeviceRepr for RouteArgs {}
-
-/// Mirror of `CmmGroupedGemmArgs` in `cuda/kernels/moe.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct GroupedGemmArgs {
-    a: u64,
-    a_stride: u64,
-    b: u64,
-    b_stride: u64,
-    c: u64,
-    c_stride: u64,
-    seg: u64,
-    perm: u64,
-    perm_stride: u64,
-    a_dtype: u32,
-    b_dtype: u32,
-    c_dtype: u32,
-    a_rows: u32,
-    rows: u32,
-    n: u32,
-    k: u32,
-    chunks: u32,
-    chunk: u32,
-    group_begin: u32,
-    group_end: u32,
-    experts: u32,
-    slots: u32,
-    gather: u32,
-    gather_base: u32,
-    zero_unrouted: u32,
-}
-
-// SAFETY: `#[repr(C)]` plain old data matching `CmmGroupedGemmArgs` field for field
-// (nine u64s, then sixteen u32s).
-#[allow(unsafe_code)]
-unsafe impl DeviceRepr for GroupedGemmArgs {}
-
-/// Mirror of `CmmCombineArgs` in `cuda/kernels/moe.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct CombineArgs {
-    src: u64,
-    src_stride: u64,
-    w: u64,
-    w_stride: u64,
-    inv: u64,
-    inv_stride: u64,
-    out: u64,
-    out_stride: u64,
-    src_dtype: u32,
-    src_rows: u32,
-    out_dtype: u32,
-    rows: u32,
-    cols: u32,
-    slots: u32,
-}
-
-// SAFETY: `#[repr(C)]` plain old data matching `CmmCombineArgs` field for field (eight
-// u64s, then six u32s).
-#[allow(unsafe_code)]
-unsafe impl DeviceRepr for CombineArgs {}
-
-/// Mirror of `CmmAttnStateArgs` in `cuda/kernels/attention.cu`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct AttnStateArgs {
-    /// from's max, sum, acc; into's max, sum, acc; out; lse.
-    tensors: [ReduceInput; 8],
-    function: u32,
-    rows: u32,
-    heads: u32,
-    head_dim: u32,
-}
-
-// SAFETY: `#[repr(C)]` plain old data matching `CmmAttnStateArgs` field for field (eight
-// 24-byte tensors, then four u32s).
-#[allow(unsafe_code)]
-unsafe impl DeviceRepr for AttnStateArgs {}
-
-struct Functions {
-    generate: CudaFunction,
-    fill: CudaFunction,
-    gemm_mma_f16: CudaFunction,
-    gemm_mma_bf16: CudaFunction,
-    gemm_simt: CudaFunction,
-    fused_mma_f16: CudaFunction,
-    fused_mma_bf16: CudaFunction,
-    fused_simt: CudaFunction,
-    copy2d: CudaFunction,
-    reduce: CudaFunction,
-    pointwise: CudaFunction,
-    attend: CudaFunction,
-    attn_state: CudaFunction,
-    route: CudaFunction,
-    grouped_gemm: CudaFunction,
-    combine: CudaFunction,
-    signal: CudaFunction,
-    wait: CudaFunction,
-    gate: CudaFunction,
+impl Functions {
+    fn get(&self, kernel: Kernel) -> &CudaFunction {
+        &self.0[kernel as usize]
+    }
 }
 
 /// A cuBLAS handle, destroyed on drop (after its stream has finished).
@@ -449,16 +210,6 @@ impl std::fmt::Debug for CudaBackend {
     }
 }
 
-fn dtype_code(d: DType) -> u32 {
-    match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::Bf16 => 2,
-        // Tables are never decoded (plan validation keeps them out of arithmetic).
-        _ => 3,
-    }
-}
-
 fn driver_present() -> bool {
     // SAFETY: only probes the dynamic loader for libcuda; no CUDA call is made.
     #[allow(unsafe_code)]
@@ -499,37 +250,23 @@ fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize) -> Result<Vec<Gpu>, CudaErr
         unsafe {
             ctx.disable_event_tracking();
         }
-        let module = |file: &str| {
-            let p = ptx.iter().find(|(n, _)| n == file).map(|(_, p)| p.clone()).expect("every kernel file compiled");
-            ctx.load_module(p).map_err(|e| CudaError::driver(format!("loading {file}"), e))
-        };
-        let (gen, gemm, copy, reduce, sync) =
-            (module("generate.cu")?, module("gemm.cu")?, module("copy.cu")?, module("reduce.cu")?, module("sync.cu")?);
-        let (pointwise, attention, moe) = (module("pointwise.cu")?, module("attention.cu")?, module("moe.cu")?);
-        let f = |m: &Arc<cudarc::driver::CudaModule>, name: &str| {
-            m.load_function(name).map_err(|e| CudaError::driver(format!("loading kernel {name}"), e))
-        };
-        let functions = Functions {
-            generate: f(&gen, "cmm_generate")?,
-            fill: f(&gen, "cmm_fill")?,
-            gemm_mma_f16: f(&gemm, "cmm_gemm_mma_f16")?,
-            gemm_mma_bf16: f(&gemm, "cmm_gemm_mma_bf16")?,
-            gemm_simt: f(&gemm, "cmm_gemm_simt")?,
-            fused_mma_f16: f(&gemm, "cmm_fused_gemm_mma_f16")?,
-            fused_mma_bf16: f(&gemm, "cmm_fused_gemm_mma_bf16")?,
-            fused_simt: f(&gemm, "cmm_fused_gemm_simt")?,
-            copy2d: f(&copy, "cmm_copy2d")?,
-            reduce: f(&reduce, "cmm_reduce")?,
-            pointwise: f(&pointwise, "cmm_pointwise")?,
-            attend: f(&attention, "cmm_attend")?,
-            attn_state: f(&attention, "cmm_attn_state")?,
-            route: f(&moe, "cmm_route")?,
-            grouped_gemm: f(&moe, "cmm_grouped_gemm")?,
-            combine: f(&moe, "cmm_combine")?,
-            signal: f(&sync, "cmm_signal")?,
-            wait: f(&sync, "cmm_wait")?,
-            gate: f(&sync, "cmm_gate")?,
-        };
+        let mut modules: Vec<(&str, Arc<cudarc::driver::CudaModule>)> = Vec::new();
+        let mut functions = Vec::with_capacity(Kernel::ALL.len());
+        for kernel in Kernel::ALL {
+            let file = kernel.file();
+            if !modules.iter().any(|(n, _)| *n == file) {
+                let p =
+                    ptx.iter().find(|(n, _)| n == file).map(|(_, p)| p.clone()).expect("every kernel file compiled");
+                let module = ctx.load_module(p).map_err(|e| CudaError::driver(format!("loading {file}"), e))?;
+                modules.push((file, module));
+            }
+            let module = &modules.iter().find(|(n, _)| *n == file).expect("loaded above").1;
+            let f = module
+                .load_function(kernel.entry())
+                .map_err(|e| CudaError::driver(format!("loading kernel {}", kernel.entry()), e))?;
+            functions.push(f);
+        }
+        let functions = Functions(functions);
         out.push(Gpu { lanes: Vec::new(), functions, ctx });
     }
     if out.len() > 1 {
@@ -649,50 +386,6 @@ impl CudaBackend {
         Ok(state)
     }
 
-    /// Runs `plan`; see [`CudaRunOptions`].
-    pub fn run(
-        &self,
-        plan: &Plan,
-        seed: u32,
-        family: Family,
-        options: &CudaRunOptions,
-    ) -> Result<CudaRunOutput, CudaError> {
-        let start = Instant::now();
-        plan.validate()?;
-        plan.check_generator_range()?;
-        cmm_core::moe::check_routing(plan, seed)?;
-        if options.sync == SyncMode::StreamMemOps {
-            self.memops.clone().map_err(|why| CudaError::Unsupported {
-                plan: plan.name.clone(),
-                what: format!("stream memory operations are not available on this GPU ({why})"),
-            })?;
-        }
-        let lowered = lower(
-            plan,
-            &LowerOptions {
-                gemm: options.gemm,
-                sync: options.sync,
-                cublas_present: self.cublas,
-                queues: hardware_queues()?,
-            },
-        )?;
-        if options.placement == Placement::Gpus && plan.devices > self.ordinals {
-            return Err(CudaError::NoCudaDevice {
-                reason: format!("plan needs {} GPUs, the backend opened {}", plan.devices, self.ordinals),
-            });
-        }
-        let mut state = self.ready()?;
-        let result = execute(&mut state, plan, &lowered, seed, family, options);
-        match &result {
-            Err(CudaError::ContextLost { .. }) => state.health = Health::Lost,
-            Err(CudaError::Hung { plan, .. }) => state.health = Health::Hung(plan.clone()),
-            _ => {}
-        }
-        let mut out = result?;
-        out.elapsed = start.elapsed();
-        Ok(out)
-    }
-
     /// Median GPU time in µs of `reps` back-to-back runs of one GEMM on GPU 0 (events
     /// around each; inputs from the generator's realistic family, never zeros), and the
     /// engine that ran it (`engine` must be [`GemmEngine::Cublas`] or
@@ -714,6 +407,58 @@ impl CudaBackend {
         }
         result
     }
+}
+
+impl CudaExecutor for CudaBackend {
+    fn describe(&self) -> String {
+        format!("cuda on {}", self.summary())
+    }
+
+    fn run(
+        &self,
+        plan: &Plan,
+        seed: u32,
+        family: Family,
+        options: &CudaRunOptions,
+    ) -> Result<CudaRunOutput, CudaError> {
+        let start = Instant::now();
+        if options.sync == SyncMode::StreamMemOps {
+            self.memops.clone().map_err(|why| CudaError::Unsupported {
+                plan: plan.name.clone(),
+                what: format!("stream memory operations are not available on this GPU ({why})"),
+            })?;
+        }
+        let lowered = prepare(plan, seed, options, self.cublas)?;
+        if options.placement == Placement::Gpus && plan.devices > self.ordinals {
+            return Err(CudaError::NoCudaDevice {
+                reason: format!("plan needs {} GPUs, the backend opened {}", plan.devices, self.ordinals),
+            });
+        }
+        let mut state = self.ready()?;
+        let result = execute(&mut state, plan, &lowered, seed, family, options);
+        match &result {
+            Err(CudaError::ContextLost { .. }) => state.health = Health::Lost,
+            Err(CudaError::Hung { plan, .. }) => state.health = Health::Hung(plan.clone()),
+            _ => {}
+        }
+        let mut out = result?;
+        out.elapsed = start.elapsed();
+        Ok(out)
+    }
+}
+
+/// Checks `plan` and its routing for `seed`, and lowers it for `options`: everything a
+/// run decides before it touches memory (shared by the GPU and the host twin).
+pub(crate) fn prepare(
+    plan: &Plan,
+    seed: u32,
+    options: &CudaRunOptions,
+    cublas_present: bool,
+) -> Result<Lowered, CudaError> {
+    plan.validate()?;
+    plan.check_generator_range()?;
+    cmm_core::moe::check_routing(plan, seed)?;
+    lower(plan, &LowerOptions { gemm: options.gemm, sync: options.sync, cublas_present, queues: hardware_queues()? })
 }
 
 /// A one-device plan holding one GEMM of `spec`.
@@ -755,7 +500,7 @@ fn time_gemm_on(state: &mut State, plan: &Plan, command: &GemmCommand, reps: usi
     let blas = gpu.lanes[0].blas.as_ref().map(|h| h.0);
     let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
     let mut times = Vec::with_capacity(reps);
-    let issue = || issue_gemm(&gpu.functions, &stream, blas, &memory, command);
+    let issue = || submit(&gpu.functions, &stream, blas, &gemm_submission(&memory, command));
     issue()?; // warm-up: cuBLAS picks and loads its kernel here
     for _ in 0..reps {
         let begin = stream.record_event(timed).map_err(|e| CudaError::driver("recording an event", e))?;
@@ -894,7 +639,7 @@ impl Run<'_> {
         let (go, gate_status) =
             (self.control.device_word(HostControl::GO), self.control.device_word(HostControl::GATE));
         self.enqueued = true;
-        let mut l = setup.launch_builder(&gpu0.functions.gate);
+        let mut l = setup.launch_builder(gpu0.functions.get(Kernel::Gate));
         l.arg(&go).arg(&timeout_ns).arg(&gate_status);
         launch(l, ONE_THREAD, "the gate")?;
         let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
@@ -931,22 +676,9 @@ impl Run<'_> {
                 pending: "the gate was never opened".into(),
             });
         }
-        for (slot, site) in lowered.wait_slots.iter().enumerate() {
-            let (why, seen) = self.control.status(slot);
-            if why != 0 {
-                let Op::Wait { sem, value } = &self.plan.programs[site.device].lanes[site.lane][site.index] else {
-                    unreachable!("wait slots point at waits")
-                };
-                return Err(CudaError::WaitTimeout {
-                    device: site.device,
-                    lane: self.plan.lanes[site.lane].clone(),
-                    index: site.index,
-                    semaphore: self.plan.semaphores[sem.0].clone(),
-                    awaited: *value,
-                    current: seen,
-                    timeout_ms: self.options.wait_timeout.as_millis() as u64,
-                });
-            }
+        if let Some(e) = timed_out_wait(self.plan, lowered, |slot| self.control.status(slot), self.options.wait_timeout)
+        {
+            return Err(e);
         }
         let ms = begin.elapsed_ms(&end).map_err(|e| CudaError::driver("reading the event timer", e))?;
         Ok((ms as f64, gated))
@@ -972,37 +704,9 @@ impl Run<'_> {
             Placement::Virtual => self.plan.devices as u32,
             Placement::Gpus => 1,
         };
-        let layout = FusedLayout::of(f);
-        let g = gemm_args(memory, &f.gemm);
-        let args = FusedArgs {
-            gemm: g,
-            blocks: table.ptr,
-            waits: table.ptr + layout.waits,
-            signals: table.ptr + layout.signals,
-            control: table.ptr + layout.control,
-            status: self.control.status_word(f.first_slot),
-            abort: self.control.device_word(HostControl::ABORT),
-            timeout_ns: self.options.wait_timeout.as_nanos() as u64,
-            count: f.blocks.len() as u32,
-            tiles: f.tiles,
-            tiles_n: f.tiles_n,
-            pad: 0,
-        };
-        let functions = &self.state.gpus[gpu].functions;
-        let (function, threads) = match f.gemm.imp {
-            GemmImpl::MmaF16 => (&functions.fused_mma_f16, 128),
-            GemmImpl::MmaBf16 => (&functions.fused_mma_bf16, 128),
-            _ => (&functions.fused_simt, 256),
-        };
-        let cfg = LaunchConfig {
-            grid_dim: ((sms / sharing).max(1).min(f.tiles.max(1)), 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let launch = fused_launch(memory, f, table.ptr, sms / sharing, &self.words());
         stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
-        let mut l = stream.launch_builder(function);
-        l.arg(&args);
-        launch(l, cfg, "a fused gemm")
+        launch_on(stream, &self.state.gpus[gpu].functions, &launch)
     }
 
     fn issue(
@@ -1013,221 +717,21 @@ impl Run<'_> {
         memory: &Memory,
         command: &Command,
     ) -> Result<(), CudaError> {
-        let addr = |l: &Loc| memory.addr(l);
         // Driver and cuBLAS calls act in the current context: make it the stream's.
         stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
-        match command {
-            Command::Gemm(g) => issue_gemm(functions, stream, blas, memory, g)?,
-            // Its table lives in the run: `Run::issue_fused`.
-            Command::FusedGemm(_) => unreachable!("fused gemms are issued by issue_fused"),
-            Command::CopyEngine { src, src_pitch, dst, dst_pitch, width, rows } => {
-                copy_engine_2d(stream, addr(src), *src_pitch, addr(dst), *dst_pitch, *width, *rows)?
-            }
-            Command::SmCopy { src, src_stride, dst, dst_stride, rows, cols, elem_bytes } => {
-                let (s, t) = (addr(src), addr(dst));
-                if let Some(cfg) = elementwise(*rows as usize * *cols as usize) {
-                    let mut l = stream.launch_builder(&functions.copy2d);
-                    l.arg(&s).arg(src_stride).arg(&t).arg(dst_stride).arg(rows).arg(cols).arg(elem_bytes);
-                    launch(l, cfg, "an SM copy")?;
-                }
-            }
-            Command::Reduce(e) | Command::Pointwise { target: e, .. } => {
-                let packed: Vec<ReduceInput> = e
-                    .inputs
-                    .iter()
-                    .map(|(loc, stride, dtype)| ReduceInput {
-                        base: addr(loc),
-                        stride: *stride,
-                        dtype: dtype_code(*dtype),
-                        pad: 0,
-                    })
-                    .collect();
-                let (o, od) = (addr(&e.out), dtype_code(e.out_dtype));
-                let Some(cfg) = elementwise(e.rows as usize * e.cols as usize) else { return Ok(()) };
-                if let Command::Pointwise { function, .. } = command {
-                    let mut inputs = PointwiseInputs::default();
-                    inputs.inputs.iter_mut().zip(&packed).for_each(|(slot, p)| *slot = *p);
-                    let mut l = stream.launch_builder(&functions.pointwise);
-                    l.arg(&o).arg(&e.out_stride).arg(&od).arg(&e.rows).arg(&e.cols).arg(function).arg(&inputs);
-                    launch(l, cfg, "a pointwise kernel")?;
-                } else {
-                    let mut inputs = ReduceInputs::default();
-                    inputs.inputs.iter_mut().zip(&packed).for_each(|(slot, p)| *slot = *p);
-                    let count = packed.len() as u32;
-                    let mut l = stream.launch_builder(&functions.reduce);
-                    l.arg(&o).arg(&e.out_stride).arg(&od).arg(&e.rows).arg(&e.cols).arg(&count).arg(&inputs);
-                    launch(l, cfg, "a reduce")?;
-                }
-            }
-            Command::Attend { tensors, rows, keys, heads, group, head_dim, causal, fresh } => {
-                let mut args = AttendArgs {
-                    rows: *rows,
-                    keys: *keys,
-                    heads: *heads,
-                    group: *group,
-                    head_dim: *head_dim,
-                    causal: causal.is_some() as u32,
-                    q_pos: causal.map_or(0, |c| c.0),
-                    k_pos: causal.map_or(0, |c| c.1),
-                    fresh: *fresh as u32,
-                    scale_bits: cmm_core::plan::attention_scale(*head_dim as usize).to_bits(),
-                    ..AttendArgs::default()
-                };
-                for (slot, (loc, stride, dtype)) in args.tensors.iter_mut().zip(tensors) {
-                    *slot = ReduceInput { base: addr(loc), stride: *stride, dtype: dtype_code(*dtype), pad: 0 };
-                }
-                if let Some(cfg) = elementwise(*rows as usize * *heads as usize) {
-                    let mut l = stream.launch_builder(&functions.attend);
-                    l.arg(&args);
-                    launch(l, cfg, "an attention block")?;
-                }
-            }
-            Command::AttnState { function, tensors, rows, heads, head_dim } => {
-                let mut args = AttnStateArgs {
-                    function: *function,
-                    rows: *rows,
-                    heads: *heads,
-                    head_dim: *head_dim,
-                    ..AttnStateArgs::default()
-                };
-                for (slot, (loc, stride, dtype)) in args.tensors.iter_mut().zip(tensors) {
-                    *slot = ReduceInput { base: addr(loc), stride: *stride, dtype: dtype_code(*dtype), pad: 0 };
-                }
-                if let Some(cfg) = elementwise(*rows as usize * *heads as usize) {
-                    let mut l = stream.launch_builder(&functions.attn_state);
-                    l.arg(&args);
-                    launch(l, cfg, "an attention merge or finish")?;
-                }
-            }
-            Command::Route { ids, seg, perm, inv, sizes } => {
-                let [tokens, slots, experts, chunks, capacity] = *sizes;
-                let args = RouteArgs {
-                    ids: addr(&ids.0),
-                    ids_stride: ids.1,
-                    seg: addr(seg),
-                    perm: addr(&perm.0),
-                    perm_stride: perm.1,
-                    inv: addr(&inv.0),
-                    inv_stride: inv.1,
-                    pass: 0,
-                    tokens,
-                    slots,
-                    experts,
-                    chunks,
-                    capacity,
-                };
-                let words = (tokens as usize * slots as usize).max(capacity as usize).max((experts * chunks) as usize);
-                if let Some(cfg) = elementwise(words.max(1)) {
-                    for pass in 0..3 {
-                        let args = RouteArgs { pass, ..args };
-                        let mut l = stream.launch_builder(&functions.route);
-                        l.arg(&args);
-                        launch(l, cfg, "building routing tables")?;
-                    }
-                }
-            }
-            Command::GroupedGemm { tensors, seg, perm, shape, routing, gather, zero_unrouted } => {
-                let [(a, a_stride, a_dtype), (b, b_stride, b_dtype), (c, c_stride, c_dtype)] = tensors;
-                let [a_rows, rows, n, k] = *shape;
-                let [chunks, chunk, group_begin, group_end, experts, slots] = *routing;
-                let args = GroupedGemmArgs {
-                    a: addr(a),
-                    a_stride: *a_stride,
-                    b: addr(b),
-                    b_stride: *b_stride,
-                    c: addr(c),
-                    c_stride: *c_stride,
-                    seg: addr(seg),
-                    perm: addr(&perm.0),
-                    perm_stride: perm.1,
-                    a_dtype: dtype_code(*a_dtype),
-                    b_dtype: dtype_code(*b_dtype),
-                    c_dtype: dtype_code(*c_dtype),
-                    a_rows,
-                    rows,
-                    n,
-                    k,
-                    chunks,
-                    chunk,
-                    group_begin,
-                    group_end,
-                    experts,
-                    slots,
-                    gather: gather.is_some() as u32,
-                    gather_base: gather.unwrap_or(0),
-                    zero_unrouted: *zero_unrouted as u32,
-                };
-                if let Some(cfg) = elementwise(rows as usize * n as usize) {
-                    let mut l = stream.launch_builder(&functions.grouped_gemm);
-                    l.arg(&args);
-                    launch(l, cfg, "a grouped gemm")?;
-                }
-            }
-            Command::Combine { tensors, src_rows, shape } => {
-                let [(src, src_stride, src_dtype), (w, w_stride, _), (inv, inv_stride, _), (out, out_stride, out_dtype)] =
-                    tensors;
-                let [rows, cols, slots] = *shape;
-                let args = CombineArgs {
-                    src: addr(src),
-                    src_stride: *src_stride,
-                    w: addr(w),
-                    w_stride: *w_stride,
-                    inv: addr(inv),
-                    inv_stride: *inv_stride,
-                    out: addr(out),
-                    out_stride: *out_stride,
-                    src_dtype: dtype_code(*src_dtype),
-                    src_rows: *src_rows,
-                    out_dtype: dtype_code(*out_dtype),
-                    rows,
-                    cols,
-                    slots,
-                };
-                if let Some(cfg) = elementwise(rows as usize * cols as usize) {
-                    let mut l = stream.launch_builder(&functions.combine);
-                    l.arg(&args);
-                    launch(l, cfg, "a top-k combine")?;
-                }
-            }
-            Command::SignalAdd { device, sem, add } => {
-                let target = memory.sem(*device, *sem);
-                let mut l = stream.launch_builder(&functions.signal);
-                l.arg(&target).arg(add);
-                launch(l, ONE_THREAD, "a signal")?;
-            }
-            Command::SignalWrite { device, sem, value } => {
-                // SAFETY: the address is a semaphore word of a live allocation of this
-                // run; flag 0 keeps the memory barrier before the write (release).
-                #[allow(unsafe_code)]
-                unsafe {
-                    sys::cuStreamWriteValue32_v2(stream.cu_stream(), memory.sem(*device, *sem), *value, 0).result()
-                }
-                .map_err(|e| CudaError::driver("a stream write (signal)", e))?;
-            }
-            Command::WaitKernel { device, sem, value, slot } => {
-                let word = memory.sem(*device, *sem);
-                let timeout = self.options.wait_timeout.as_nanos() as u64;
-                let (status, abort) = (self.control.status_word(*slot), self.control.device_word(HostControl::ABORT));
-                let mut l = stream.launch_builder(&functions.wait);
-                l.arg(&word).arg(value).arg(&timeout).arg(&status).arg(&abort);
-                launch(l, ONE_THREAD, "a wait")?;
-            }
-            Command::WaitValue { device, sem, value } => {
-                // SAFETY: the address is a semaphore word of a live allocation of this run.
-                #[allow(unsafe_code)]
-                unsafe {
-                    sys::cuStreamWaitValue32_v2(
-                        stream.cu_stream(),
-                        memory.sem(*device, *sem),
-                        *value,
-                        sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-                    )
-                    .result()
-                }
-                .map_err(|e| CudaError::driver("a stream wait", e))?;
-            }
+        for submission in submissions(command, memory, &self.words()) {
+            submit(functions, stream, blas, &submission)?;
         }
         Ok(())
+    }
+
+    /// The control words as kernels see them.
+    fn words(&self) -> RunWords {
+        RunWords {
+            status: self.control.status_word(0),
+            abort: self.control.device_word(HostControl::ABORT),
+            wait_timeout_ns: self.options.wait_timeout.as_nanos() as u64,
+        }
     }
 
     /// Polls `event` until it completes, fails, or `limit` passes.
@@ -1319,29 +823,7 @@ impl Run<'_> {
     }
 }
 
-/// Issues one GEMM command on `stream`.
-/// Byte offsets in a fused GEMM's table: blocks, then waits, signals and control words.
-struct FusedLayout {
-    waits: u64,
-    signals: u64,
-    control: u64,
-    bytes: usize,
-}
-
-impl FusedLayout {
-    fn of(f: &FusedGemmCommand) -> FusedLayout {
-        let sync = std::mem::size_of::<FusedSyncArgs>();
-        let waits = f.blocks.len() * std::mem::size_of::<FusedBlockArgs>();
-        let signals = waits + f.waits.len() * sync;
-        let control = signals + f.signals.len() * sync;
-        // Next tile, blocks released, failed, then per block its tiles done.
-        let bytes = control + 4 * (3 + f.blocks.len());
-        FusedLayout { waits: waits as u64, signals: signals as u64, control: control as u64, bytes }
-    }
-}
-
-/// Every fused GEMM's table, in step order, on the GPU of its stream: blocks, waits and
-/// signals resolved to addresses, and zeroed control words.
+/// Every fused GEMM's table, in step order, on the GPU of its stream.
 fn fused_tables(
     state: &State,
     lowered: &Lowered,
@@ -1351,26 +833,10 @@ fn fused_tables(
     let mut tables = Vec::new();
     for step in &lowered.steps {
         let Some(Command::FusedGemm(f)) = &step.command else { continue };
-        let layout = FusedLayout::of(f);
-        let mut bytes: Vec<u8> = Vec::with_capacity(layout.bytes);
-        for b in &f.blocks {
-            for word in [memory.addr(&b.a.0), memory.addr(&b.c.0), b.a.1, b.c.1] {
-                bytes.extend(word.to_le_bytes());
-            }
-            for word in [b.rows, b.first_tile, b.waits_end, b.signals.0, b.signals.1, 0] {
-                bytes.extend(word.to_le_bytes());
-            }
-        }
-        for &(device, sem, value) in f.waits.iter().chain(&f.signals) {
-            bytes.extend(memory.sem(device, sem).to_le_bytes());
-            bytes.extend(value.to_le_bytes());
-            bytes.extend(0u32.to_le_bytes());
-        }
-        debug_assert_eq!(bytes.len() as u64, layout.control);
-        bytes.resize(layout.bytes, 0);
-        let table = DeviceAlloc::uninit(&state.gpus[streams[step.stream].0].ctx, layout.bytes)?;
-        // SAFETY: the allocation holds `layout.bytes` bytes, the length of `bytes`, and its
-        // context is current (bound by `uninit`).
+        let bytes = fused_table(memory, f);
+        let table = DeviceAlloc::uninit(&state.gpus[streams[step.stream].0].ctx, bytes.len())?;
+        // SAFETY: the allocation holds `bytes.len()` bytes and its context is current
+        // (bound by `uninit`).
         #[allow(unsafe_code)]
         unsafe { result::memcpy_htod_sync(table.ptr, &bytes) }
             .map_err(|e| CudaError::driver("uploading a fused gemm's table", e))?;
@@ -1379,63 +845,65 @@ fn fused_tables(
     Ok(tables)
 }
 
-/// The kernel arguments of a GEMM command.
-fn gemm_args(memory: &Memory, g: &GemmCommand) -> GemmArgs {
-    GemmArgs {
-        a: memory.addr(&g.a),
-        b: memory.addr(&g.b),
-        c: memory.addr(&g.c),
-        a_stride: g.strides[0],
-        b_stride: g.strides[1],
-        c_stride: g.strides[2],
-        m: g.mnk[0],
-        n: g.mnk[1],
-        k: g.mnk[2],
-        a_dtype: dtype_code(g.dtypes[0]),
-        b_dtype: dtype_code(g.dtypes[1]),
-        c_dtype: dtype_code(g.dtypes[2]),
-        flags: g.trans_a as u32 | (g.trans_b as u32) << 1 | (g.accumulate as u32) << 2,
-        pad: 0,
-    }
-}
-
-fn issue_gemm(
+/// Puts one submission on `stream` (whose context is current).
+fn submit(
     functions: &Functions,
     stream: &Arc<CudaStream>,
     blas: Option<blas_sys::cublasHandle_t>,
-    memory: &Memory,
-    g: &GemmCommand,
+    submission: &Submission,
 ) -> Result<(), CudaError> {
-    let args = gemm_args(memory, g);
-    let function = match g.imp {
-        GemmImpl::Cublas => {
+    match submission {
+        Submission::Launch(l) => launch_on(stream, functions, l),
+        Submission::Cublas { args, dtypes } => {
             let handle = blas.expect("lanes running cuBLAS GEMMs have handles");
-            return cublas_gemm(handle, &args, g.dtypes);
+            cublas_gemm(handle, args, *dtypes)
         }
-        GemmImpl::MmaF16 => &functions.gemm_mma_f16,
-        GemmImpl::MmaBf16 => &functions.gemm_mma_bf16,
-        GemmImpl::Simt => &functions.gemm_simt,
-    };
-    let threads = if g.imp == GemmImpl::Simt { 256 } else { 128 };
-    let cfg = LaunchConfig {
-        grid_dim: (args.n.div_ceil(64), args.m.div_ceil(64), 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut l = stream.launch_builder(function);
-    l.arg(&args);
-    launch(l, cfg, "launching a gemm")
+        Submission::CopyEngine { src, src_pitch, dst, dst_pitch, width, rows } => {
+            copy_engine_2d(stream, *src, *src_pitch, *dst, *dst_pitch, *width, *rows)
+        }
+        Submission::StreamWrite { addr, value } => {
+            // SAFETY: the address is a semaphore word of a live allocation of this
+            // run; flag 0 keeps the memory barrier before the write (release).
+            #[allow(unsafe_code)]
+            unsafe { sys::cuStreamWriteValue32_v2(stream.cu_stream(), *addr, *value, 0).result() }
+                .map_err(|e| CudaError::driver("a stream write (signal)", e))
+        }
+        Submission::StreamWait { addr, value } => {
+            // SAFETY: the address is a semaphore word of a live allocation of this run.
+            #[allow(unsafe_code)]
+            unsafe {
+                sys::cuStreamWaitValue32_v2(
+                    stream.cu_stream(),
+                    *addr,
+                    *value,
+                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                )
+                .result()
+            }
+            .map_err(|e| CudaError::driver("a stream wait", e))
+        }
+    }
 }
 
-const ONE_THREAD: LaunchConfig = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
-
-/// The launch shape of a grid-stride elementwise kernel over `count` elements.
-fn elementwise(count: usize) -> Option<LaunchConfig> {
-    (count > 0).then(|| LaunchConfig {
-        grid_dim: (count.div_ceil(256).min(65_535 * 8) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    })
+/// Launches `l` on `stream`.
+fn launch_on(stream: &Arc<CudaStream>, functions: &Functions, l: &Launch) -> Result<(), CudaError> {
+    let mut args = stream.launch_builder(functions.get(l.kernel));
+    for p in &l.params {
+        match p {
+            Param::U32(v) => args.arg(v),
+            Param::U64(v) => args.arg(v),
+            Param::Gemm(v) => args.arg(v),
+            Param::Fused(v) => args.arg(v),
+            Param::Reduce(v) => args.arg(v),
+            Param::Pointwise(v) => args.arg(v),
+            Param::Attend(v) => args.arg(v),
+            Param::AttnState(v) => args.arg(v),
+            Param::Route(v) => args.arg(v),
+            Param::GroupedGemm(v) => args.arg(v),
+            Param::Combine(v) => args.arg(v),
+        };
+    }
+    launch(args, l.cfg, l.what)
 }
 
 /// Launches a kernel whose arguments are already pushed.
@@ -1682,6 +1150,16 @@ impl Drop for HostControl {
     }
 }
 
+impl Addressing for Memory {
+    fn addr(&self, l: &Loc) -> u64 {
+        self.base[l.device][l.buffer] + l.offset
+    }
+
+    fn sem(&self, device: usize, sem: usize) -> u64 {
+        self.semaphores[device].ptr + 4 * sem as u64
+    }
+}
+
 /// Device memory of a run: per device one allocation holding every buffer, and its
 /// semaphore array. `base[d][b]` is the peer-pointer table.
 struct Memory {
@@ -1725,14 +1203,6 @@ impl Memory {
         Ok(Memory { heaps, semaphores, base })
     }
 
-    fn addr(&self, l: &Loc) -> u64 {
-        self.base[l.device][l.buffer] + l.offset
-    }
-
-    fn sem(&self, device: usize, sem: usize) -> u64 {
-        self.semaphores[device].ptr + 4 * sem as u64
-    }
-
     /// Generates the inputs and poisons every other buffer, then waits for it.
     fn initialise(
         &self,
@@ -1745,40 +1215,19 @@ impl Memory {
         for d in 0..plan.devices {
             let g = &gpus[gpu_of(d)];
             let stream = g.ctx.default_stream();
-            for (i, b) in plan.buffers.iter().enumerate() {
+            for i in 0..plan.buffers.len() {
                 let dst = self.base[d][i];
-                let dtype = dtype_code(b.dtype);
-                let Some(cfg) = elementwise(b.len()) else { continue };
-                if let BufferRole::Router { part, router } = &b.role {
-                    // Routing is data: the router's table, generated on the host.
-                    let mut bytes = Vec::with_capacity(b.len() * 4);
-                    for w in router.words(*part, seed, family) {
-                        b.dtype.push_le_bytes(w, &mut bytes);
+                match buffer_fill(plan, d, i, dst, seed, family) {
+                    None => {}
+                    Some(Fill::Upload(bytes)) => {
+                        // SAFETY: the destination lies inside this device's heap (offset and
+                        // length from the layout that sized it); the source is a host buffer
+                        // of exactly that length; nothing else uses the heap yet.
+                        #[allow(unsafe_code)]
+                        unsafe { result::memcpy_htod_sync(dst, &bytes) }
+                            .map_err(|e| CudaError::driver("uploading a routing table", e))?;
                     }
-                    // SAFETY: the destination lies inside this device's heap (offset and
-                    // length from the layout that sized it); the source is a host buffer
-                    // of exactly that length; nothing else uses the heap yet.
-                    #[allow(unsafe_code)]
-                    unsafe { result::memcpy_htod_sync(dst, &bytes) }
-                        .map_err(|e| CudaError::driver("uploading a routing table", e))?;
-                    continue;
-                }
-                match b.role.generated() {
-                    Some((tensor, global_cols, origins)) => {
-                        let (row0, col0) = (origins[d].0 as u32, origins[d].1 as u32);
-                        let (rows, cols, global_cols, family) =
-                            (b.rows as u32, b.cols as u32, global_cols as u32, family.code());
-                        let mut l = stream.launch_builder(&g.functions.generate);
-                        l.arg(&dst).arg(&dtype).arg(&rows).arg(&cols).arg(&seed).arg(&tensor).arg(&family);
-                        l.arg(&global_cols).arg(&row0).arg(&col0);
-                        launch(l, cfg, "generating an input")?;
-                    }
-                    _ => {
-                        let (count, bits) = (b.len() as u64, b.dtype.poison_bits());
-                        let mut l = stream.launch_builder(&g.functions.fill);
-                        l.arg(&dst).arg(&dtype).arg(&count).arg(&bits);
-                        launch(l, cfg, "poisoning a buffer")?;
-                    }
+                    Some(Fill::Launch(l)) => launch_on(&stream, &g.functions, &l)?,
                 }
             }
             stream.synchronize().map_err(|e| CudaError::driver("generating inputs", e))?;

@@ -133,6 +133,26 @@ pub enum CudaError {
         /// The driver's message.
         message: String,
     },
+    /// The host twin of the kernels ([`crate::host`]) could not be built or loaded.
+    #[error("the host twin of the CUDA kernels could not be built: {message} (compiler `{compiler}`; set CXX to another C++17 compiler){log}")]
+    HostBuild {
+        /// The C++ compiler.
+        compiler: String,
+        /// What failed.
+        message: String,
+        /// The compiler's output, if it ran.
+        log: String,
+    },
+    /// A kernel run by the host twin reported an error (a barrier divergence, an empty grid).
+    #[error("host twin: kernel {kernel} ({what}) failed: {message}")]
+    HostKernel {
+        /// The entry point.
+        kernel: &'static str,
+        /// What the launch was for.
+        what: &'static str,
+        /// The kernel runtime's message.
+        message: String,
+    },
 }
 
 impl CudaError {

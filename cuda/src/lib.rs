@@ -13,10 +13,31 @@ pub mod kernels;
 pub use error::CudaError;
 pub use kernels::{compile, nvrtc_available, KernelFile, KERNEL_FILES};
 mod backend;
+pub mod host;
+mod launch;
 pub mod lower;
+
+pub use host::HostTwin;
+pub use launch::Kernel;
 
 pub use backend::{cublas_present, probe, CudaBackend, CudaRunOptions, CudaRunOutput, GemmSpec, Placement};
 pub use lower::{GemmCounts, GemmEngine, SyncMode};
+
+/// What runs a plan the CUDA way: the GPU backend ([`CudaBackend`]) or its host twin
+/// ([`HostTwin`]), which share the lowering and the kernels.
+pub trait CudaExecutor {
+    /// One line naming what runs the plans, for reports.
+    fn describe(&self) -> String;
+
+    /// Runs `plan` with inputs generated from `(seed, family)`; see [`CudaRunOptions`].
+    fn run(
+        &self,
+        plan: &cmm_core::Plan,
+        seed: u32,
+        family: cmm_core::Family,
+        options: &CudaRunOptions,
+    ) -> Result<CudaRunOutput, CudaError>;
+}
 
 /// The variable that turns every "no GPU here" skip of a GPU test into a failure.
 pub const REQUIRE_GPU_VAR: &str = "CMM_REQUIRE_GPU";

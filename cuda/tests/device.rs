@@ -9,7 +9,9 @@ use cmm_core::plan::{BufferRole, PlanBuilder};
 use cmm_core::{build_plan, Algorithm, DType, OpKind, Problem};
 use std::time::Duration;
 
-use cmm_cuda::{gpu_or_skip as backend, probe, CudaBackend, CudaError, CudaRunOptions, GemmEngine, GemmSpec, SyncMode};
+use cmm_cuda::{
+    gpu_or_skip as backend, probe, CudaBackend, CudaError, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, SyncMode,
+};
 
 /// Runs `plan` on the exact family and compares every device's output with the twin.
 fn assert_matches_twin(b: &CudaBackend, plan: &cmm_core::Plan, options: &CudaRunOptions) -> cmm_cuda::CudaRunOutput {

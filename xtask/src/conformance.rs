@@ -9,7 +9,7 @@ use clap::ValueEnum;
 use cmm_conformance::{
     cases_dir, check_report_path, load_corpus, run_corpus, write_report, Backend, CpuTwin, Cuda, Goldens, Options,
 };
-use cmm_cuda::{CudaBackend, CudaRunOptions, SyncMode};
+use cmm_cuda::{CudaBackend, CudaRunOptions, HostTwin, SyncMode};
 use cmm_reference::Reference;
 
 /// Where the corpus runs.
@@ -22,6 +22,9 @@ pub enum BackendKind {
     /// The CUDA backend on GPU 0 (virtual devices); a pass writes the stamp that lets
     /// `cargo xtask bench --backend cuda` time the passing op/algorithm pairs.
     Cuda,
+    /// The CUDA backend's lowering and kernels on the CPU (the host twin: the kernel
+    /// sources compiled by the system C++ compiler); no GPU needed.
+    CudaHost,
 }
 
 /// How the CUDA backend issues signals and waits.
@@ -81,7 +84,7 @@ pub struct Args {
     /// The golden directory [default: $CMM_GOLDEN_DIR, else conformance/golden].
     #[arg(long, value_name = "DIR")]
     pub goldens: Option<PathBuf>,
-    /// CUDA only: how signals and waits are issued.
+    /// CUDA and its host twin: how signals and waits are issued.
     #[arg(long, value_enum, default_value = "kernels")]
     pub sync: Sync,
     /// CUDA only: the time limit of each run of a case, in seconds (past it the run is
@@ -145,6 +148,12 @@ pub fn make_backend(args: &Args) -> Result<Box<dyn Backend>> {
             Box::new(CpuTwin)
         }
         BackendKind::Cuda => Box::new(start_cuda(args)?),
+        BackendKind::CudaHost => {
+            let twin = HostTwin::new().context("cannot build the host twin of the CUDA kernels")?;
+            let host = Cuda { backend: twin, options: args.cuda_options() };
+            println!("adapter: none ({})", host.name());
+            Box::new(host)
+        }
     })
 }
 

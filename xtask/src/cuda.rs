@@ -12,7 +12,7 @@ use cmm_conformance::golden::fnv1a64;
 use cmm_conformance::Summary;
 use cmm_core::{build_plan, Algorithm, DType, Family, OpKind, Plan, Problem};
 use cmm_cuda::kernels::{compile, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
-use cmm_cuda::{CudaBackend, CudaRunOptions, GemmEngine, GemmSpec};
+use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec};
 use serde::Serialize;
 
 use crate::conformance::Sync;

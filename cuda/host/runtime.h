@@ -1,0 +1,265 @@
+// The host twin of the CUDA runtime the kernels use, so that cuda/kernels/*.cu compile
+// with the system C++ compiler and run on the CPU (cmm-cuda `host`): the same sources,
+// the same launches, the same arguments, without a GPU.
+//
+// - Every thread of a block is a fiber (ucontext) of the OS thread that runs the block;
+//   `__syncthreads` switches back to the block's scheduler, which resumes every fiber in
+//   turn, so a barrier is a real rendezvous. A block whose threads reach different
+//   barriers, or whose threads exit while others wait, is an error (CUDA leaves it
+//   undefined).
+// - `__shared__` is `static thread_local`: one copy per OS thread, and a block runs on
+//   one OS thread, so each block has its own shared memory even when the blocks of a
+//   launch run concurrently (persistent kernels).
+// - The warp-collective mma (gemm.cu) is a rendezvous of the warp's 32 lanes through
+//   shared staging, with PTX's fragment layout (host/mma.h).
+// - Atomics, acquire loads and release adds are the compiler's __atomic builtins;
+//   %globaltimer is CLOCK_MONOTONIC.
+// Prepended to common.cuh; defines CMM_HOST, which swaps out the inline PTX.
+
+#define CMM_HOST 1
+
+#include <time.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static thread_local
+
+struct dim3 {
+    u32 x, y, z;
+};
+
+static thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+using std::max;
+using std::min;
+
+inline float __uint_as_float(u32 u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+inline u32 __float_as_uint(float f) {
+    u32 u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+// Round-to-nearest add and multiply; the host compiler contracts nothing on x86-64
+// without -mfma, so plain operators are the same operations.
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+inline u32 atomicAdd(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline u32 atomicExch(u32* p, u32 v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+
+inline u32 cmm_load_acquire(u64 addr) { return __atomic_load_n((const u32*)addr, __ATOMIC_ACQUIRE); }
+
+inline u64 cmm_globaltimer_ns() {
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (u64)t.tv_sec * 1000000000ull + (u64)t.tv_nsec;
+}
+
+inline void cmm_red_release_add(u64 addr, u32 value) { __atomic_fetch_add((u32*)addr, value, __ATOMIC_RELEASE); }
+inline void cmm_store_release_gpu(u64 addr, u32 value) { __atomic_store_n((u32*)addr, value, __ATOMIC_RELEASE); }
+
+namespace cmm_host {
+
+// Barrier kinds: a block-wide __syncthreads, or a warp collective (every call site of
+// one in the kernels is reached by all threads of the block together).
+enum Barrier { SYNCTHREADS = 1, WARP_COLLECTIVE = 2 };
+
+struct Fiber {
+    ucontext_t context;
+    dim3 thread;
+    int waiting;  // 0: running or runnable, else the Barrier it waits at
+    bool done;
+};
+
+struct Block {
+    ucontext_t scheduler;
+    std::vector<Fiber> fibers;
+    std::unique_ptr<char[]> stacks;  // untouched until used: not value-initialised
+    size_t stack_threads = 0;
+    Fiber* current = nullptr;
+    void (*body)(void*) = nullptr;
+    void* closure = nullptr;
+};
+
+static thread_local Block* running_block = nullptr;
+// The first error of the launch on this OS thread (a fixed message).
+static thread_local const char* thread_error = nullptr;
+
+inline void fail(const char* why) {
+    if (thread_error == nullptr) thread_error = why;
+}
+
+inline void barrier(Barrier kind) {
+    Block* block = running_block;
+    if (block == nullptr) {
+        fail("a barrier in a kernel launched without fibers (its Kernel entry says no barriers)");
+        return;
+    }
+    Fiber* me = block->current;
+    me->waiting = kind;
+    swapcontext(&me->context, &block->scheduler);
+}
+
+inline void fiber_main() {
+    Block* block = running_block;
+    block->body(block->closure);
+    block->current->done = true;
+    // Returning resumes `uc_link`, the scheduler.
+}
+
+constexpr size_t FIBER_STACK = 64 * 1024;
+
+// Runs one block of `threads` threads as fibers until all return.
+inline void run_block_fibers(u32 threads, void (*body)(void*), void* closure) {
+    static thread_local Block block;
+    block.fibers.assign(threads, Fiber{});
+    if (block.stack_threads < threads) {
+        block.stacks.reset(new char[threads * FIBER_STACK]);
+        block.stack_threads = threads;
+    }
+    block.body = body;
+    block.closure = closure;
+    for (u32 t = 0; t < threads; ++t) {
+        Fiber& f = block.fibers[t];
+        f.thread = dim3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = block.stacks.get() + t * FIBER_STACK;
+        f.context.uc_stack.ss_size = FIBER_STACK;
+        f.context.uc_link = &block.scheduler;
+        makecontext(&f.context, fiber_main, 0);
+    }
+    running_block = &block;
+    for (;;) {
+        for (Fiber& f : block.fibers) {
+            if (f.done) continue;
+            f.waiting = 0;
+            threadIdx = f.thread;
+            block.current = &f;
+            swapcontext(&block.scheduler, &f.context);
+        }
+        int kind = 0;
+        bool some_done = false, some_waiting = false, mixed = false;
+        for (const Fiber& f : block.fibers) {
+            if (f.done) {
+                some_done = true;
+            } else {
+                some_waiting = true;
+                if (kind != 0 && kind != f.waiting) mixed = true;
+                kind = f.waiting;
+            }
+        }
+        if (!some_waiting) break;
+        if (some_done) {
+            fail("barrier divergence: threads of a block exited while others wait at a barrier");
+            break;
+        }
+        if (mixed) {
+            fail("barrier divergence: threads of a block wait at different barriers");
+            break;
+        }
+    }
+    running_block = nullptr;
+}
+
+// How a launch runs its blocks: one after another with plain threads (no barriers),
+// one after another with fibers, or every block on its own OS thread with fibers (a
+// persistent kernel whose blocks wait for each other).
+enum Mode { PLAIN = 0, FIBERS = 1, CONCURRENT_BLOCKS = 2 };
+
+inline void run_blocks(const u32* grid, const u32* block, u32 mode, u64 first, u64 step, void (*body)(void*),
+                       void* closure) {
+    gridDim = dim3{grid[0], grid[1], grid[2]};
+    blockDim = dim3{block[0], block[1], block[2]};
+    const u64 blocks = (u64)grid[0] * grid[1] * grid[2];
+    const u32 threads = block[0] * block[1] * block[2];
+    for (u64 b = first; b < blocks && thread_error == nullptr; b += step) {
+        blockIdx = dim3{(u32)(b % grid[0]), (u32)((b / grid[0]) % grid[1]), (u32)(b / ((u64)grid[0] * grid[1]))};
+        if (mode == PLAIN) {
+            for (u32 t = 0; t < threads; ++t) {
+                threadIdx = dim3{t % block[0], (t / block[0]) % block[1], t / (block[0] * block[1])};
+                body(closure);
+            }
+        } else {
+            run_block_fibers(threads, body, closure);
+        }
+    }
+}
+
+// Launches `kernel` over `grid` × `block` with `args` as cuLaunchKernel takes them
+// (one pointer per parameter). Returns 0, or 1 with the reason in `error`.
+template <class... P, size_t... I>
+inline void call(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
+    kernel(*static_cast<std::remove_cv_t<P>*>(args[I])...);
+}
+
+template <class... P>
+inline int launch(void (*kernel)(P...), const u32* grid, const u32* block, u32 mode, void** args, char* error,
+                  u64 error_len) {
+    struct Closure {
+        void (*kernel)(P...);
+        void** args;
+    } closure{kernel, args};
+    auto body = [](void* c) {
+        auto* k = static_cast<Closure*>(c);
+        call(k->kernel, k->args, std::index_sequence_for<P...>{});
+    };
+    const char* why = nullptr;
+    const u64 blocks = (u64)grid[0] * grid[1] * grid[2];
+    if (block[0] * block[1] * block[2] == 0 || blocks == 0) {
+        why = "an empty grid or block";
+    } else if (mode == CONCURRENT_BLOCKS && blocks > 1) {
+        std::vector<const char*> errors(blocks, nullptr);
+        std::vector<std::thread> workers;
+        for (u64 b = 0; b < blocks; ++b) {
+            workers.emplace_back([&, b] {
+                thread_error = nullptr;
+                run_blocks(grid, block, FIBERS, b, blocks, body, &closure);
+                errors[b] = thread_error;
+            });
+        }
+        for (auto& w : workers) w.join();
+        for (const char* e : errors) why = why != nullptr ? why : e;
+    } else {
+        thread_error = nullptr;
+        run_blocks(grid, block, mode == PLAIN ? PLAIN : FIBERS, 0, 1, body, &closure);
+        why = thread_error;
+    }
+    if (why == nullptr) return 0;
+    std::snprintf(error, error_len, "%s", why);
+    return 1;
+}
+
+}  // namespace cmm_host
+
+inline void __syncthreads() { cmm_host::barrier(cmm_host::SYNCTHREADS); }
+
+inline void __nanosleep(u32 ns) {
+    timespec t{0, (long)ns};
+    nanosleep(&t, nullptr);
+}

@@ -1,0 +1,584 @@
+//! The host twin of the CUDA backend: the kernels of `cuda/kernels/*.cu`, compiled with
+//! the system C++ compiler against a CPU runtime (`cuda/host/runtime.h`), run the
+//! lowered plan with one OS thread per stream.
+//!
+//! Everything but the driver is the GPU path's own: [`crate::lower`] decides the
+//! enqueue order and every command, [`crate::launch`] resolves them to the same kernel
+//! launches with the same parameter structs, and the same kernel sources run, block by
+//! block with every thread a fiber (so `__syncthreads` and the warp-collective mma are
+//! real rendezvous), their semaphores real atomics, their waits real spins with
+//! deadlines and the abort word. What it cannot show: tensor-core rounding (the mma twin
+//! sums exact products in k order), the memory model of a GPU (the host's is stronger),
+//! timing, and the hardware queues (every stream has its own thread; the queue check of
+//! [`cmm_core::verify::queues`] covers those). A kernel that indexes out of bounds can
+//! crash the process, as it would fault a GPU context.
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::process::Command as Process;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use cmm_core::generator::Family;
+use cmm_core::Plan;
+
+use crate::backend::{prepare, CudaRunOptions, CudaRunOutput};
+use crate::error::CudaError;
+use crate::kernels::KERNEL_FILES;
+use crate::launch::{
+    buffer_fill, fused_launch, fused_table, submissions, timed_out_wait, Addressing, Fill, Kernel, Launch, RunWords,
+    Submission,
+};
+use crate::lower::{Command, Loc};
+use crate::CudaExecutor;
+
+const RUNTIME: &str = include_str!("../host/runtime.h");
+const MMA: &str = include_str!("../host/mma.h");
+const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// Blocks of a tile-granular GEMM on the host: several, so that the tile scheduler, the
+/// per-block counters and the ordered release really run concurrently.
+const HOST_FUSED_CTAS: u32 = 3;
+
+/// The compiler flags: no contraction of multiplies and adds, as the bit-exact kernels
+/// assume of their host twins.
+const FLAGS: [&str; 7] = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-w"];
+
+/// `extern "C" int cmm_host_<entry>(grid, block, mode, params, error, error_len)`.
+type Entry = unsafe extern "C" fn(*const u32, *const u32, u32, *mut *mut std::ffi::c_void, *mut u8, u64) -> i32;
+
+/// The one C++ translation unit: runtime, common helpers, mma twin, every kernel file,
+/// then one exported launcher per entry point.
+pub fn host_source() -> String {
+    let mut src = format!("{RUNTIME}\n// ---- common.cuh ----\n{COMMON}\n{MMA}\n");
+    for file in KERNEL_FILES {
+        src.push_str(&format!("// ---- {} ----\n{}\n", file.name, file.source));
+    }
+    src.push_str("// ---- launchers ----\n");
+    for kernel in Kernel::ALL {
+        let e = kernel.entry();
+        src.push_str(&format!(
+            "extern \"C\" int cmm_host_{e}(const u32* grid, const u32* block, u32 mode, void** params, char* error, \
+             u64 error_len) {{ return cmm_host::launch({e}, grid, block, mode, params, error, error_len); }}\n"
+        ));
+    }
+    src
+}
+
+/// How a launch runs its blocks (`cmm_host::Mode` in runtime.h).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Block after block, thread after thread: kernels without barriers.
+    Plain = 0,
+    /// Block after block, every thread a fiber.
+    Fibers = 1,
+    /// Every block on its own OS thread, with fibers (blocks that wait for each other).
+    ConcurrentBlocks = 2,
+}
+
+/// The kernels compiled for the host and loaded.
+struct HostKernels {
+    entries: Vec<Entry>,
+    // Keeps the entries' code mapped.
+    _library: libloading::Library,
+}
+
+fn compiler() -> String {
+    std::env::var("CXX").ok().filter(|c| !c.trim().is_empty()).unwrap_or_else(|| "c++".into())
+}
+
+fn cache_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("cmm").join("host-kernels")
+}
+
+/// Compiles `src` with `cxx` into `dir` (keyed by source, compiler and flags) unless
+/// it is there, and returns the library's path.
+fn build(cxx: &str, src: &str, dir: &Path) -> Result<PathBuf, CudaError> {
+    let fail = |message: String, log: String| CudaError::HostBuild { compiler: cxx.to_string(), message, log };
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (src, cxx, FLAGS).hash(&mut hasher);
+    let library = dir.join(format!("cmm-host-{:016x}.so", hasher.finish()));
+    if library.exists() {
+        return Ok(library);
+    }
+    std::fs::create_dir_all(dir).map_err(|e| fail(format!("creating {}: {e}", dir.display()), String::new()))?;
+    // Concurrent builders each write their own files, then rename: the last one wins whole.
+    let unique = format!("{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
+    let (source, partial) = (library.with_extension(format!("{unique}.cpp")), library.with_extension(unique));
+    std::fs::write(&source, src).map_err(|e| fail(format!("writing {}: {e}", source.display()), String::new()))?;
+    let output = Process::new(cxx).args(FLAGS).arg("-o").arg(&partial).arg(&source).output();
+    let _ = std::fs::remove_file(&source);
+    let output = output.map_err(|e| fail(format!("cannot run it ({e}); install g++ or clang++"), String::new()))?;
+    if !output.status.success() {
+        let log = String::from_utf8_lossy(&output.stderr).into_owned();
+        return Err(fail(format!("it exited with {}", output.status), format!("\n{log}")));
+    }
+    std::fs::rename(&partial, &library)
+        .map_err(|e| fail(format!("moving the library into {}: {e}", dir.display()), String::new()))?;
+    Ok(library)
+}
+
+fn load() -> Result<HostKernels, CudaError> {
+    let path = build(&compiler(), &host_source(), &cache_dir())?;
+    let fail = |message: String| CudaError::HostBuild { compiler: compiler(), message, log: String::new() };
+    // SAFETY: the library is the one just built from the project's own sources; loading
+    // it runs only the C++ runtime's static initialisers.
+    #[allow(unsafe_code)]
+    let library =
+        unsafe { libloading::Library::new(&path) }.map_err(|e| fail(format!("loading {}: {e}", path.display())))?;
+    let mut entries = Vec::with_capacity(Kernel::ALL.len());
+    for kernel in Kernel::ALL {
+        let name = format!("cmm_host_{}", kernel.entry());
+        // SAFETY: every launcher is defined by `host_source` with exactly `Entry`'s
+        // signature; the pointer is used only while `library` is alive (it is kept
+        // in the same struct, in a static).
+        #[allow(unsafe_code)]
+        let entry = unsafe { library.get::<Entry>(name.as_bytes()) }
+            .map_err(|e| fail(format!("{name} is missing from {}: {e}", path.display())))?;
+        entries.push(*entry);
+    }
+    Ok(HostKernels { entries, _library: library })
+}
+
+impl HostKernels {
+    /// Built and loaded once per process.
+    fn get() -> Result<&'static HostKernels, CudaError> {
+        static KERNELS: OnceLock<Result<HostKernels, (String, String, String)>> = OnceLock::new();
+        let loaded = KERNELS.get_or_init(|| {
+            load().map_err(|e| match e {
+                CudaError::HostBuild { compiler, message, log } => (compiler, message, log),
+                other => (compiler(), other.to_string(), String::new()),
+            })
+        });
+        loaded.as_ref().map_err(|(compiler, message, log)| CudaError::HostBuild {
+            compiler: compiler.clone(),
+            message: message.clone(),
+            log: log.clone(),
+        })
+    }
+
+    /// Runs `l` to completion on this thread (a persistent kernel's blocks on threads of
+    /// their own).
+    fn launch(&self, l: &Launch) -> Result<(), CudaError> {
+        let mode = match (l.kernel.has_barriers(), l.kernel.persistent()) {
+            (_, true) => Mode::ConcurrentBlocks,
+            (true, false) => Mode::Fibers,
+            (false, false) => Mode::Plain,
+        };
+        self.launch_in(l, mode)
+    }
+
+    fn launch_in(&self, l: &Launch, mode: Mode) -> Result<(), CudaError> {
+        let mut params: Vec<*mut std::ffi::c_void> = l.params.iter().map(|p| p.as_ptr()).collect();
+        let grid = [l.cfg.grid_dim.0, l.cfg.grid_dim.1, l.cfg.grid_dim.2];
+        let block = [l.cfg.block_dim.0, l.cfg.block_dim.1, l.cfg.block_dim.2];
+        let mut error = [0u8; 256];
+        // SAFETY: the launcher reads one parameter per pointer, each pointing at a live
+        // value of the kernel's parameter type (`Param` holds the `#[repr(C)]` mirrors);
+        // the addresses inside point into the run's host allocations, sized by the plan
+        // that lowering checked; `error` is writable for its length.
+        #[allow(unsafe_code)]
+        let status = unsafe {
+            (self.entries[l.kernel as usize])(
+                grid.as_ptr(),
+                block.as_ptr(),
+                mode as u32,
+                params.as_mut_ptr(),
+                error.as_mut_ptr(),
+                error.len() as u64,
+            )
+        };
+        if status == 0 {
+            return Ok(());
+        }
+        let end = error.iter().position(|&b| b == 0).unwrap_or(error.len());
+        Err(CudaError::HostKernel {
+            kernel: l.kernel.entry(),
+            what: l.what,
+            message: String::from_utf8_lossy(&error[..end]).into_owned(),
+        })
+    }
+}
+
+/// Host memory of a run, laid out as the GPU's: per device one heap holding every
+/// buffer (256-byte aligned) and its semaphore words; atomics, because kernels on other
+/// threads write them.
+struct HostMemory {
+    // Owns the memory `base` points into.
+    _heaps: Vec<Box<[AtomicU64]>>,
+    semaphores: Vec<Box<[AtomicU32]>>,
+    base: Vec<Vec<u64>>,
+}
+
+impl Addressing for HostMemory {
+    fn addr(&self, l: &Loc) -> u64 {
+        self.base[l.device][l.buffer] + l.offset
+    }
+
+    fn sem(&self, device: usize, sem: usize) -> u64 {
+        self.semaphores[device].as_ptr() as u64 + 4 * sem as u64
+    }
+}
+
+fn zeroed_words<T: Default>(count: usize) -> Box<[T]> {
+    (0..count).map(|_| T::default()).collect()
+}
+
+impl HostMemory {
+    fn allocate(plan: &Plan) -> HostMemory {
+        let align = |x: usize| x.div_ceil(256) * 256;
+        let mut offsets = Vec::with_capacity(plan.buffers.len());
+        let mut total = 0usize;
+        for b in &plan.buffers {
+            offsets.push(total);
+            total += align(b.len() * b.dtype.size_bytes());
+        }
+        let (mut heaps, mut semaphores, mut base) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..plan.devices {
+            // One spare word so that the heap's start can be rounded up to 256 bytes.
+            let heap: Box<[AtomicU64]> = zeroed_words(total.max(256) / 8 + 32);
+            let start = (heap.as_ptr() as u64).div_ceil(256) * 256;
+            base.push(offsets.iter().map(|&o| start + o as u64).collect());
+            heaps.push(heap);
+            semaphores.push(zeroed_words(plan.semaphores.len().max(1)));
+        }
+        HostMemory { _heaps: heaps, semaphores, base }
+    }
+
+    fn read_back(&self, plan: &Plan) -> Vec<Vec<Vec<u32>>> {
+        (0..plan.devices)
+            .map(|d| {
+                plan.buffers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        let len = b.len() * b.dtype.size_bytes();
+                        // SAFETY: the buffer lies inside device d's heap (the layout that
+                        // sized it), and every thread that wrote it has been joined.
+                        #[allow(unsafe_code)]
+                        let bytes = unsafe { std::slice::from_raw_parts(self.base[d][i] as *const u8, len) };
+                        (0..b.len()).map(|e| b.dtype.read_le_bits(bytes, e)).collect()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// The run's control words as `HostControl` lays them out on the GPU: go, abort, gate
+/// status, spare, then `[why, seen]` per kernel wait.
+struct HostControl {
+    words: Box<[AtomicU32]>,
+}
+
+impl HostControl {
+    const ABORT: usize = 1;
+    const FIRST_STATUS: usize = 4;
+
+    fn new(waits: usize) -> HostControl {
+        HostControl { words: zeroed_words(Self::FIRST_STATUS + 2 * waits) }
+    }
+
+    fn words(&self, wait_timeout: Duration) -> RunWords {
+        let at = |w: usize| self.words.as_ptr() as u64 + 4 * w as u64;
+        RunWords {
+            status: at(Self::FIRST_STATUS),
+            abort: at(Self::ABORT),
+            wait_timeout_ns: wait_timeout.as_nanos() as u64,
+        }
+    }
+
+    fn abort(&self) {
+        self.words[Self::ABORT].store(1, Ordering::SeqCst);
+    }
+
+    fn aborted(&self) -> bool {
+        self.words[Self::ABORT].load(Ordering::SeqCst) != 0
+    }
+
+    fn status(&self, slot: usize) -> (u32, u32) {
+        let w = Self::FIRST_STATUS + 2 * slot;
+        (self.words[w].load(Ordering::SeqCst), self.words[w + 1].load(Ordering::SeqCst))
+    }
+}
+
+/// The CUDA backend's kernels and lowering, run on the CPU.
+#[derive(Debug, Clone, Copy)]
+pub struct HostTwin {
+    _built: (),
+}
+
+impl HostTwin {
+    /// Builds (or finds in the cache) and loads the host kernels.
+    pub fn new() -> Result<HostTwin, CudaError> {
+        HostKernels::get()?;
+        Ok(HostTwin { _built: () })
+    }
+
+    /// One line for reports.
+    pub fn summary(&self) -> String {
+        format!("the CUDA kernels and lowering on the CPU (host twin, compiled by `{}`)", compiler())
+    }
+}
+
+impl CudaExecutor for HostTwin {
+    fn describe(&self) -> String {
+        self.summary()
+    }
+
+    /// Runs `plan` as the CUDA backend would (placement and cuBLAS aside: GEMMs run on
+    /// the tile kernels, and [`crate::GemmEngine::Cublas`] is refused as on a machine
+    /// without libcublas).
+    fn run(
+        &self,
+        plan: &Plan,
+        seed: u32,
+        family: Family,
+        options: &CudaRunOptions,
+    ) -> Result<CudaRunOutput, CudaError> {
+        let start = Instant::now();
+        let kernels = HostKernels::get()?;
+        let lowered = prepare(plan, seed, options, false)?;
+        let memory = HostMemory::allocate(plan);
+        for d in 0..plan.devices {
+            for (i, base) in memory.base[d].iter().enumerate() {
+                match buffer_fill(plan, d, i, *base, seed, family) {
+                    None => {}
+                    Some(Fill::Launch(l)) => kernels.launch(&l)?,
+                    Some(Fill::Upload(bytes)) => {
+                        // SAFETY: the destination is buffer i of device d's heap, which
+                        // holds `bytes.len()` bytes; no other thread runs yet.
+                        #[allow(unsafe_code)]
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(bytes.as_ptr(), *base as *mut u8, bytes.len())
+                        };
+                    }
+                }
+            }
+        }
+        let control = HostControl::new(lowered.wait_slots.len());
+        let words = control.words(options.wait_timeout);
+        // Fused GEMM tables live as long as the run.
+        let mut tables: Vec<Box<[AtomicU64]>> = Vec::new();
+        let mut streams: Vec<Vec<Submission>> = vec![Vec::new(); lowered.streams];
+        for step in &lowered.steps {
+            let Some(command) = &step.command else { continue };
+            let work = match command {
+                Command::FusedGemm(f) => {
+                    let bytes = fused_table(&memory, f);
+                    let table: Box<[AtomicU64]> = zeroed_words(bytes.len().div_ceil(8));
+                    for (word, chunk) in table.iter().zip(bytes.chunks(8)) {
+                        let mut le = [0u8; 8];
+                        le[..chunk.len()].copy_from_slice(chunk);
+                        word.store(u64::from_le_bytes(le), Ordering::Relaxed);
+                    }
+                    let launch = fused_launch(&memory, f, table.as_ptr() as u64, HOST_FUSED_CTAS, &words);
+                    tables.push(table);
+                    vec![Submission::Launch(launch)]
+                }
+                other => submissions(other, &memory, &words),
+            };
+            streams[step.stream].extend(work);
+        }
+        let began = Instant::now();
+        let first_error: Mutex<Option<CudaError>> = Mutex::new(None);
+        let timed_out = std::thread::scope(|scope| {
+            let workers: Vec<_> = streams
+                .iter()
+                .map(|work| {
+                    let (control, first_error) = (&control, &first_error);
+                    scope.spawn(move || {
+                        for s in work {
+                            if control.aborted() {
+                                return;
+                            }
+                            if let Err(e) = execute(kernels, s, control, options.wait_timeout) {
+                                first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                                control.abort();
+                                return;
+                            }
+                        }
+                    })
+                })
+                .collect();
+            // The run's deadline: past it, the abort word releases every wait.
+            let mut timed_out = false;
+            while !workers.iter().all(|w| w.is_finished()) {
+                if !timed_out && began.elapsed() > options.run_timeout {
+                    timed_out = true;
+                    control.abort();
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            timed_out
+        });
+        let elapsed_run = began.elapsed();
+        if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        if timed_out {
+            return Err(CudaError::RunTimeout {
+                plan: plan.name.clone(),
+                limit_ms: options.run_timeout.as_millis() as u64,
+                pending: "the streams did not finish on the host".into(),
+            });
+        }
+        if let Some(e) = timed_out_wait(plan, &lowered, |slot| control.status(slot), options.wait_timeout) {
+            return Err(e);
+        }
+        drop(tables);
+        Ok(CudaRunOutput {
+            buffers: memory.read_back(plan),
+            gpu_time: elapsed_run,
+            gated: false,
+            gemms: lowered.gemms,
+            elapsed: start.elapsed(),
+        })
+    }
+}
+
+/// Runs one submission on the calling (stream) thread.
+fn execute(
+    kernels: &HostKernels,
+    submission: &Submission,
+    control: &HostControl,
+    wait_timeout: Duration,
+) -> Result<(), CudaError> {
+    match submission {
+        Submission::Launch(l) => kernels.launch(l),
+        Submission::Cublas { .. } => Err(CudaError::NoCublas),
+        Submission::CopyEngine { src, src_pitch, dst, dst_pitch, width, rows } => {
+            for r in 0..*rows {
+                // SAFETY: lowering checked both strided regions against their buffers
+                // (pitch ≥ width), which lie in the run's heaps; `copy` allows overlap.
+                #[allow(unsafe_code)]
+                unsafe {
+                    std::ptr::copy(
+                        (*src as usize + r * src_pitch) as *const u8,
+                        (*dst as usize + r * dst_pitch) as *mut u8,
+                        *width,
+                    )
+                };
+            }
+            Ok(())
+        }
+        Submission::StreamWrite { addr, value } => {
+            semaphore(*addr).store(*value, Ordering::Release);
+            Ok(())
+        }
+        Submission::StreamWait { addr, value } => {
+            let start = Instant::now();
+            while semaphore(*addr).load(Ordering::Acquire) < *value {
+                if control.aborted() {
+                    return Ok(());
+                }
+                if start.elapsed() > wait_timeout {
+                    return Err(CudaError::RunTimeout {
+                        plan: String::new(),
+                        limit_ms: wait_timeout.as_millis() as u64,
+                        pending: format!(
+                            "a stream-memory-op wait for >= {value} saw {} (on a GPU it would hang)",
+                            semaphore(*addr).load(Ordering::Acquire)
+                        ),
+                    });
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The semaphore word at `addr` (an element of a `HostMemory` semaphore array).
+fn semaphore(addr: u64) -> &'static AtomicU32 {
+    // SAFETY: semaphore addresses come from `HostMemory::sem`, whose arrays outlive every
+    // stream thread of the run (they are joined before the memory is dropped).
+    #[allow(unsafe_code)]
+    unsafe {
+        AtomicU32::from_ptr(addr as *mut u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cudarc::driver::LaunchConfig;
+
+    use super::*;
+    use crate::launch::{Param, ONE_THREAD};
+
+    fn kernels() -> &'static HostKernels {
+        HostKernels::get().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_missing_compiler_is_a_typed_error() {
+        let dir = std::env::temp_dir().join("cmm-host-test-missing");
+        let e = build("/nonexistent/c++", "int main() {}", &dir).unwrap_err();
+        assert!(matches!(e, CudaError::HostBuild { .. }), "{e}");
+        assert!(e.to_string().contains("cannot run it") && e.to_string().contains("/nonexistent/c++"), "{e}");
+    }
+
+    #[test]
+    fn a_compile_error_carries_the_compiler_log() {
+        let dir = std::env::temp_dir().join(format!("cmm-host-test-broken-{}", std::process::id()));
+        let e = build(&compiler(), "int broken = ;\n", &dir).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, CudaError::HostBuild { .. }), "{text}");
+        assert!(text.contains("exited with") && text.contains("error"), "{text}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_barrier_in_a_launch_without_fibers_is_an_error_not_a_hang() {
+        // One f32 64×64 matrix serves as A, B and C.
+        let mut words = vec![0u32; 64 * 64];
+        let at = words.as_mut_ptr() as u64;
+        let args = crate::launch::GemmArgs {
+            a: at,
+            b: at,
+            c: at,
+            a_stride: 64,
+            b_stride: 64,
+            c_stride: 64,
+            m: 64,
+            n: 64,
+            k: 16,
+            ..Default::default()
+        };
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let l = Launch { kernel: Kernel::GemmSimt, cfg, params: vec![Param::Gemm(args)], what: "a test gemm" };
+        let e = kernels().launch_in(&l, Mode::Plain).unwrap_err();
+        assert!(e.to_string().contains("barrier in a kernel launched without fibers"), "{e}");
+        kernels().launch(&l).unwrap();
+    }
+
+    #[test]
+    fn the_wait_kernel_gives_up_at_its_deadline_and_on_abort_and_passes_when_reached() {
+        // Words: semaphore, abort, status why, status seen.
+        let words: Vec<AtomicU32> = (0..4).map(|_| AtomicU32::new(0)).collect();
+        let at = |w: usize| words.as_ptr() as u64 + 4 * w as u64;
+        let wait = |value: u32, timeout_ns: u64| {
+            words[2].store(0, Ordering::SeqCst);
+            let params = vec![
+                Param::U64(at(0)),
+                Param::U32(value),
+                Param::U64(timeout_ns),
+                Param::U64(at(2)),
+                Param::U64(at(1)),
+            ];
+            let l = Launch { kernel: Kernel::Wait, cfg: ONE_THREAD, params, what: "a test wait" };
+            kernels().launch(&l).unwrap();
+            (words[2].load(Ordering::SeqCst), words[3].load(Ordering::SeqCst))
+        };
+        words[0].store(2, Ordering::SeqCst);
+        assert_eq!(wait(2, 1_000_000).0, 0, "a reached value passes");
+        assert_eq!(wait(3, 2_000_000), (1, 2), "the deadline passes: why 1, seen 2");
+        words[1].store(1, Ordering::SeqCst);
+        assert_eq!(wait(3, 60_000_000_000), (2, 2), "the abort word ends it long before its deadline");
+    }
+}

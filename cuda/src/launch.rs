@@ -1,0 +1,898 @@
+//! What the executor submits for each lowered command, with every address resolved but
+//! no driver involved: kernel launches with their parameters (the `#[repr(C)]` mirrors
+//! of the kernels' argument structs), cuBLAS calls, copy-engine copies and stream memory
+//! operations. The CUDA executor hands them to the driver; the host twin
+//! ([`crate::host`]) runs the same launches of the same kernels on the CPU, so both
+//! execute one description of every command.
+
+use cudarc::driver::{DeviceRepr, LaunchConfig};
+
+use cmm_core::generator::Family;
+use cmm_core::plan::{BufferRole, Op, Plan};
+use cmm_core::DType;
+
+use crate::error::CudaError;
+use crate::lower::{Command, FusedGemmCommand, GemmCommand, GemmImpl, Loc, Lowered, MAX_REDUCE_INPUTS};
+
+/// A kernel entry point of `cuda/kernels/*.cu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// `cmm_generate`.
+    Generate,
+    /// `cmm_fill`.
+    Fill,
+    /// `cmm_gemm_mma_f16`.
+    GemmMmaF16,
+    /// `cmm_gemm_mma_bf16`.
+    GemmMmaBf16,
+    /// `cmm_gemm_simt`.
+    GemmSimt,
+    /// `cmm_fused_gemm_mma_f16`.
+    FusedMmaF16,
+    /// `cmm_fused_gemm_mma_bf16`.
+    FusedMmaBf16,
+    /// `cmm_fused_gemm_simt`.
+    FusedSimt,
+    /// `cmm_copy2d`.
+    Copy2d,
+    /// `cmm_reduce`.
+    Reduce,
+    /// `cmm_pointwise`.
+    Pointwise,
+    /// `cmm_attend`.
+    Attend,
+    /// `cmm_attn_state`.
+    AttnState,
+    /// `cmm_route`.
+    Route,
+    /// `cmm_grouped_gemm`.
+    GroupedGemm,
+    /// `cmm_combine`.
+    Combine,
+    /// `cmm_signal`.
+    Signal,
+    /// `cmm_wait`.
+    Wait,
+    /// `cmm_gate`.
+    Gate,
+}
+
+impl Kernel {
+    /// Every kernel.
+    pub const ALL: [Kernel; 19] = [
+        Kernel::Generate,
+        Kernel::Fill,
+        Kernel::GemmMmaF16,
+        Kernel::GemmMmaBf16,
+        Kernel::GemmSimt,
+        Kernel::FusedMmaF16,
+        Kernel::FusedMmaBf16,
+        Kernel::FusedSimt,
+        Kernel::Copy2d,
+        Kernel::Reduce,
+        Kernel::Pointwise,
+        Kernel::Attend,
+        Kernel::AttnState,
+        Kernel::Route,
+        Kernel::GroupedGemm,
+        Kernel::Combine,
+        Kernel::Signal,
+        Kernel::Wait,
+        Kernel::Gate,
+    ];
+
+    /// The `extern "C"` name.
+    pub fn entry(self) -> &'static str {
+        match self {
+            Kernel::Generate => "cmm_generate",
+            Kernel::Fill => "cmm_fill",
+            Kernel::GemmMmaF16 => "cmm_gemm_mma_f16",
+            Kernel::GemmMmaBf16 => "cmm_gemm_mma_bf16",
+            Kernel::GemmSimt => "cmm_gemm_simt",
+            Kernel::FusedMmaF16 => "cmm_fused_gemm_mma_f16",
+            Kernel::FusedMmaBf16 => "cmm_fused_gemm_mma_bf16",
+            Kernel::FusedSimt => "cmm_fused_gemm_simt",
+            Kernel::Copy2d => "cmm_copy2d",
+            Kernel::Reduce => "cmm_reduce",
+            Kernel::Pointwise => "cmm_pointwise",
+            Kernel::Attend => "cmm_attend",
+            Kernel::AttnState => "cmm_attn_state",
+            Kernel::Route => "cmm_route",
+            Kernel::GroupedGemm => "cmm_grouped_gemm",
+            Kernel::Combine => "cmm_combine",
+            Kernel::Signal => "cmm_signal",
+            Kernel::Wait => "cmm_wait",
+            Kernel::Gate => "cmm_gate",
+        }
+    }
+
+    /// The kernel file that defines it ([`crate::KERNEL_FILES`]).
+    pub fn file(self) -> &'static str {
+        crate::KERNEL_FILES
+            .iter()
+            .find(|f| f.entry_points.contains(&self.entry()))
+            .map(|f| f.name)
+            .expect("every kernel is an entry point of a kernel file (tested)")
+    }
+
+    /// Whether its threads meet at barriers (`__syncthreads`, warp collectives).
+    pub fn has_barriers(self) -> bool {
+        self.persistent() || matches!(self, Kernel::GemmMmaF16 | Kernel::GemmMmaBf16 | Kernel::GemmSimt)
+    }
+
+    /// Whether its blocks wait for each other (all must be resident at once).
+    pub fn persistent(self) -> bool {
+        matches!(self, Kernel::FusedMmaF16 | Kernel::FusedMmaBf16 | Kernel::FusedSimt)
+    }
+}
+
+/// One kernel parameter, passed by value (cuLaunchKernel reads it through a pointer).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Param {
+    U32(u32),
+    U64(u64),
+    Gemm(GemmArgs),
+    Fused(FusedArgs),
+    Reduce(ReduceInputs),
+    Pointwise(PointwiseInputs),
+    Attend(AttendArgs),
+    AttnState(AttnStateArgs),
+    Route(RouteArgs),
+    GroupedGemm(GroupedGemmArgs),
+    Combine(CombineArgs),
+}
+
+impl Param {
+    /// The address of the value, as a kernel parameter pointer.
+    pub(crate) fn as_ptr(&self) -> *mut std::ffi::c_void {
+        fn ptr<T>(value: &T) -> *mut std::ffi::c_void {
+            value as *const T as *mut std::ffi::c_void
+        }
+        match self {
+            Param::U32(v) => ptr(v),
+            Param::U64(v) => ptr(v),
+            Param::Gemm(v) => ptr(v),
+            Param::Fused(v) => ptr(v),
+            Param::Reduce(v) => ptr(v),
+            Param::Pointwise(v) => ptr(v),
+            Param::Attend(v) => ptr(v),
+            Param::AttnState(v) => ptr(v),
+            Param::Route(v) => ptr(v),
+            Param::GroupedGemm(v) => ptr(v),
+            Param::Combine(v) => ptr(v),
+        }
+    }
+}
+
+/// A kernel launch: entry point, shape and parameters.
+#[derive(Clone, Debug)]
+pub(crate) struct Launch {
+    pub(crate) kernel: Kernel,
+    pub(crate) cfg: LaunchConfig,
+    pub(crate) params: Vec<Param>,
+    /// What it does, for error messages.
+    pub(crate) what: &'static str,
+}
+
+impl Launch {
+    fn new(kernel: Kernel, cfg: LaunchConfig, params: Vec<Param>, what: &'static str) -> Launch {
+        Launch { kernel, cfg, params, what }
+    }
+}
+
+/// One thing to put on a stream.
+#[derive(Clone, Debug)]
+pub(crate) enum Submission {
+    Launch(Launch),
+    /// `cublasGemmEx` on the lane's handle.
+    Cublas {
+        args: GemmArgs,
+        dtypes: [DType; 3],
+    },
+    /// A strided 2D copy (pitches and width in bytes).
+    CopyEngine {
+        src: u64,
+        src_pitch: usize,
+        dst: u64,
+        dst_pitch: usize,
+        width: usize,
+        rows: usize,
+    },
+    /// `cuStreamWriteValue32` (release).
+    StreamWrite {
+        addr: u64,
+        value: u32,
+    },
+    /// `cuStreamWaitValue32` (≥).
+    StreamWait {
+        addr: u64,
+        value: u32,
+    },
+}
+
+/// Where a run's memory lives: the element addresses of a plan's buffers and semaphores.
+pub(crate) trait Addressing {
+    /// The address of an element location.
+    fn addr(&self, l: &Loc) -> u64;
+    /// The address of semaphore `sem` of `device`.
+    fn sem(&self, device: usize, sem: usize) -> u64;
+}
+
+/// The run's control words as kernels see them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunWords {
+    /// Status words of wait slot 0 (`[why, seen]`); slot i is 8·i bytes further.
+    pub(crate) status: u64,
+    /// The abort word.
+    pub(crate) abort: u64,
+    /// Deadline of one wait.
+    pub(crate) wait_timeout_ns: u64,
+}
+
+impl RunWords {
+    fn status_word(&self, slot: usize) -> u64 {
+        self.status + 8 * slot as u64
+    }
+}
+
+pub(crate) const ONE_THREAD: LaunchConfig =
+    LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+
+/// The launch shape of a grid-stride elementwise kernel over `count` elements.
+pub(crate) fn elementwise(count: usize) -> Option<LaunchConfig> {
+    (count > 0).then(|| LaunchConfig {
+        grid_dim: (count.div_ceil(256).min(65_535 * 8) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+pub(crate) fn dtype_code(d: DType) -> u32 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Bf16 => 2,
+        // Tables are never decoded (plan validation keeps them out of arithmetic).
+        _ => 3,
+    }
+}
+
+/// The kernel arguments of a GEMM command.
+pub(crate) fn gemm_args(at: &impl Addressing, g: &GemmCommand) -> GemmArgs {
+    GemmArgs {
+        a: at.addr(&g.a),
+        b: at.addr(&g.b),
+        c: at.addr(&g.c),
+        a_stride: g.strides[0],
+        b_stride: g.strides[1],
+        c_stride: g.strides[2],
+        m: g.mnk[0],
+        n: g.mnk[1],
+        k: g.mnk[2],
+        a_dtype: dtype_code(g.dtypes[0]),
+        b_dtype: dtype_code(g.dtypes[1]),
+        c_dtype: dtype_code(g.dtypes[2]),
+        flags: g.trans_a as u32 | (g.trans_b as u32) << 1 | (g.accumulate as u32) << 2,
+        pad: 0,
+    }
+}
+
+/// A GEMM command: a tile-kernel launch (one 64×64 tile per block) or a cuBLAS call.
+pub(crate) fn gemm_submission(at: &impl Addressing, g: &GemmCommand) -> Submission {
+    let args = gemm_args(at, g);
+    let (kernel, threads) = match g.imp {
+        GemmImpl::Cublas => return Submission::Cublas { args, dtypes: g.dtypes },
+        GemmImpl::MmaF16 => (Kernel::GemmMmaF16, 128),
+        GemmImpl::MmaBf16 => (Kernel::GemmMmaBf16, 128),
+        GemmImpl::Simt => (Kernel::GemmSimt, 256),
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (args.n.div_ceil(64), args.m.div_ceil(64), 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Submission::Launch(Launch::new(kernel, cfg, vec![Param::Gemm(args)], "launching a gemm"))
+}
+
+/// Byte offsets in a fused GEMM's table: blocks, then waits, signals and control words.
+pub(crate) struct FusedLayout {
+    pub(crate) waits: u64,
+    pub(crate) signals: u64,
+    pub(crate) control: u64,
+    pub(crate) bytes: usize,
+}
+
+impl FusedLayout {
+    pub(crate) fn of(f: &FusedGemmCommand) -> FusedLayout {
+        let sync = std::mem::size_of::<FusedSyncArgs>();
+        let waits = f.blocks.len() * std::mem::size_of::<FusedBlockArgs>();
+        let signals = waits + f.waits.len() * sync;
+        let control = signals + f.signals.len() * sync;
+        // Next tile, blocks released, failed, then per block its tiles done.
+        let bytes = control + 4 * (3 + f.blocks.len());
+        FusedLayout { waits: waits as u64, signals: signals as u64, control: control as u64, bytes }
+    }
+}
+
+/// A fused GEMM's table: blocks, waits and signals resolved to addresses, then zeroed
+/// control words ([`FusedLayout`]).
+pub(crate) fn fused_table(at: &impl Addressing, f: &FusedGemmCommand) -> Vec<u8> {
+    let layout = FusedLayout::of(f);
+    let mut bytes: Vec<u8> = Vec::with_capacity(layout.bytes);
+    for b in &f.blocks {
+        for word in [at.addr(&b.a.0), at.addr(&b.c.0), b.a.1, b.c.1] {
+            bytes.extend(word.to_le_bytes());
+        }
+        for word in [b.rows, b.first_tile, b.waits_end, b.signals.0, b.signals.1, 0] {
+            bytes.extend(word.to_le_bytes());
+        }
+    }
+    for &(device, sem, value) in f.waits.iter().chain(&f.signals) {
+        bytes.extend(at.sem(device, sem).to_le_bytes());
+        bytes.extend(value.to_le_bytes());
+        bytes.extend(0u32.to_le_bytes());
+    }
+    debug_assert_eq!(bytes.len() as u64, layout.control);
+    bytes.resize(layout.bytes, 0);
+    bytes
+}
+
+/// The launch of a tile-granular GEMM whose table (from [`fused_table`]) is at `table`,
+/// with `ctas` blocks (all resident at once, at most one per tile).
+pub(crate) fn fused_launch(
+    at: &impl Addressing,
+    f: &FusedGemmCommand,
+    table: u64,
+    ctas: u32,
+    words: &RunWords,
+) -> Launch {
+    let layout = FusedLayout::of(f);
+    let args = FusedArgs {
+        gemm: gemm_args(at, &f.gemm),
+        blocks: table,
+        waits: table + layout.waits,
+        signals: table + layout.signals,
+        control: table + layout.control,
+        status: words.status_word(f.first_slot),
+        abort: words.abort,
+        timeout_ns: words.wait_timeout_ns,
+        count: f.blocks.len() as u32,
+        tiles: f.tiles,
+        tiles_n: f.tiles_n,
+        pad: 0,
+    };
+    let (kernel, threads) = match f.gemm.imp {
+        GemmImpl::MmaF16 => (Kernel::FusedMmaF16, 128),
+        GemmImpl::MmaBf16 => (Kernel::FusedMmaBf16, 128),
+        _ => (Kernel::FusedSimt, 256),
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (ctas.max(1).min(f.tiles.max(1)), 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Launch::new(kernel, cfg, vec![Param::Fused(args)], "a fused gemm")
+}
+
+fn tensor(at: &impl Addressing, (loc, stride, dtype): &(Loc, u64, DType)) -> ReduceInput {
+    ReduceInput { base: at.addr(loc), stride: *stride, dtype: dtype_code(*dtype), pad: 0 }
+}
+
+/// What one lowered command submits (a fused GEMM: [`fused_launch`]).
+pub(crate) fn submissions(command: &Command, at: &impl Addressing, words: &RunWords) -> Vec<Submission> {
+    let launch = |kernel, cfg: Option<LaunchConfig>, params: Vec<Param>, what| {
+        cfg.map(|cfg| Submission::Launch(Launch::new(kernel, cfg, params, what))).into_iter().collect()
+    };
+    match command {
+        Command::Gemm(g) => vec![gemm_submission(at, g)],
+        Command::FusedGemm(_) => unreachable!("a fused gemm's launch needs its table: fused_launch"),
+        Command::CopyEngine { src, src_pitch, dst, dst_pitch, width, rows } => {
+            if *rows == 0 || *width == 0 {
+                return Vec::new();
+            }
+            vec![Submission::CopyEngine {
+                src: at.addr(src),
+                src_pitch: *src_pitch,
+                dst: at.addr(dst),
+                dst_pitch: *dst_pitch,
+                width: *width,
+                rows: *rows,
+            }]
+        }
+        Command::SmCopy { src, src_stride, dst, dst_stride, rows, cols, elem_bytes } => {
+            let params = vec![
+                Param::U64(at.addr(src)),
+                Param::U64(*src_stride),
+                Param::U64(at.addr(dst)),
+                Param::U64(*dst_stride),
+                Param::U32(*rows),
+                Param::U32(*cols),
+                Param::U32(*elem_bytes),
+            ];
+            launch(Kernel::Copy2d, elementwise(*rows as usize * *cols as usize), params, "an SM copy")
+        }
+        Command::Reduce(e) | Command::Pointwise { target: e, .. } => {
+            let packed: Vec<ReduceInput> = e.inputs.iter().map(|t| tensor(at, t)).collect();
+            let cfg = elementwise(e.rows as usize * e.cols as usize);
+            let head = [Param::U64(at.addr(&e.out)), Param::U64(e.out_stride), Param::U32(dtype_code(e.out_dtype))];
+            let shape = [Param::U32(e.rows), Param::U32(e.cols)];
+            if let Command::Pointwise { function, .. } = command {
+                let mut inputs = PointwiseInputs::default();
+                inputs.inputs.iter_mut().zip(&packed).for_each(|(slot, p)| *slot = *p);
+                let params = [&head[..], &shape, &[Param::U32(*function), Param::Pointwise(inputs)]].concat();
+                launch(Kernel::Pointwise, cfg, params, "a pointwise kernel")
+            } else {
+                let mut inputs = ReduceInputs::default();
+                inputs.inputs.iter_mut().zip(&packed).for_each(|(slot, p)| *slot = *p);
+                let count = Param::U32(packed.len() as u32);
+                let params = [&head[..], &shape, &[count, Param::Reduce(inputs)]].concat();
+                launch(Kernel::Reduce, cfg, params, "a reduce")
+            }
+        }
+        Command::Attend { tensors, rows, keys, heads, group, head_dim, causal, fresh } => {
+            let mut args = AttendArgs {
+                rows: *rows,
+                keys: *keys,
+                heads: *heads,
+                group: *group,
+                head_dim: *head_dim,
+                causal: causal.is_some() as u32,
+                q_pos: causal.map_or(0, |c| c.0),
+                k_pos: causal.map_or(0, |c| c.1),
+                fresh: *fresh as u32,
+                scale_bits: cmm_core::plan::attention_scale(*head_dim as usize).to_bits(),
+                ..AttendArgs::default()
+            };
+            for (slot, t) in args.tensors.iter_mut().zip(tensors) {
+                *slot = tensor(at, t);
+            }
+            let cfg = elementwise(*rows as usize * *heads as usize);
+            launch(Kernel::Attend, cfg, vec![Param::Attend(args)], "an attention block")
+        }
+        Command::AttnState { function, tensors, rows, heads, head_dim } => {
+            let mut args = AttnStateArgs {
+                function: *function,
+                rows: *rows,
+                heads: *heads,
+                head_dim: *head_dim,
+                ..AttnStateArgs::default()
+            };
+            for (slot, t) in args.tensors.iter_mut().zip(tensors) {
+                *slot = tensor(at, t);
+            }
+            let cfg = elementwise(*rows as usize * *heads as usize);
+            launch(Kernel::AttnState, cfg, vec![Param::AttnState(args)], "an attention merge or finish")
+        }
+        Command::Route { ids, seg, perm, inv, sizes } => {
+            let [tokens, slots, experts, chunks, capacity] = *sizes;
+            let args = RouteArgs {
+                ids: at.addr(&ids.0),
+                ids_stride: ids.1,
+                seg: at.addr(seg),
+                perm: at.addr(&perm.0),
+                perm_stride: perm.1,
+                inv: at.addr(&inv.0),
+                inv_stride: inv.1,
+                pass: 0,
+                tokens,
+                slots,
+                experts,
+                chunks,
+                capacity,
+            };
+            let words = (tokens as usize * slots as usize).max(capacity as usize).max((experts * chunks) as usize);
+            // Three passes: count, scan, fill.
+            (0..3)
+                .flat_map(|pass| {
+                    let args = RouteArgs { pass, ..args };
+                    launch(
+                        Kernel::Route,
+                        elementwise(words.max(1)),
+                        vec![Param::Route(args)],
+                        "building routing tables",
+                    )
+                })
+                .collect()
+        }
+        Command::GroupedGemm { tensors, seg, perm, shape, routing, gather, zero_unrouted } => {
+            let [(a, a_stride, a_dtype), (b, b_stride, b_dtype), (c, c_stride, c_dtype)] = tensors;
+            let [a_rows, rows, n, k] = *shape;
+            let [chunks, chunk, group_begin, group_end, experts, slots] = *routing;
+            let args = GroupedGemmArgs {
+                a: at.addr(a),
+                a_stride: *a_stride,
+                b: at.addr(b),
+                b_stride: *b_stride,
+                c: at.addr(c),
+                c_stride: *c_stride,
+                seg: at.addr(seg),
+                perm: at.addr(&perm.0),
+                perm_stride: perm.1,
+                a_dtype: dtype_code(*a_dtype),
+                b_dtype: dtype_code(*b_dtype),
+                c_dtype: dtype_code(*c_dtype),
+                a_rows,
+                rows,
+                n,
+                k,
+                chunks,
+                chunk,
+                group_begin,
+                group_end,
+                experts,
+                slots,
+                gather: gather.is_some() as u32,
+                gather_base: gather.unwrap_or(0),
+                zero_unrouted: *zero_unrouted as u32,
+            };
+            let cfg = elementwise(rows as usize * n as usize);
+            launch(Kernel::GroupedGemm, cfg, vec![Param::GroupedGemm(args)], "a grouped gemm")
+        }
+        Command::Combine { tensors, src_rows, shape } => {
+            let [(src, src_stride, src_dtype), (w, w_stride, _), (inv, inv_stride, _), (out, out_stride, out_dtype)] =
+                tensors;
+            let [rows, cols, slots] = *shape;
+            let args = CombineArgs {
+                src: at.addr(src),
+                src_stride: *src_stride,
+                w: at.addr(w),
+                w_stride: *w_stride,
+                inv: at.addr(inv),
+                inv_stride: *inv_stride,
+                out: at.addr(out),
+                out_stride: *out_stride,
+                src_dtype: dtype_code(*src_dtype),
+                src_rows: *src_rows,
+                out_dtype: dtype_code(*out_dtype),
+                rows,
+                cols,
+                slots,
+            };
+            let cfg = elementwise(rows as usize * cols as usize);
+            launch(Kernel::Combine, cfg, vec![Param::Combine(args)], "a top-k combine")
+        }
+        Command::SignalAdd { device, sem, add } => {
+            let params = vec![Param::U64(at.sem(*device, *sem)), Param::U32(*add)];
+            launch(Kernel::Signal, Some(ONE_THREAD), params, "a signal")
+        }
+        Command::SignalWrite { device, sem, value } => {
+            vec![Submission::StreamWrite { addr: at.sem(*device, *sem), value: *value }]
+        }
+        Command::WaitKernel { device, sem, value, slot } => {
+            let params = vec![
+                Param::U64(at.sem(*device, *sem)),
+                Param::U32(*value),
+                Param::U64(words.wait_timeout_ns),
+                Param::U64(words.status_word(*slot)),
+                Param::U64(words.abort),
+            ];
+            launch(Kernel::Wait, Some(ONE_THREAD), params, "a wait")
+        }
+        Command::WaitValue { device, sem, value } => {
+            vec![Submission::StreamWait { addr: at.sem(*device, *sem), value: *value }]
+        }
+    }
+}
+
+/// The first kernel wait that gave up (deadline or abort), as the error naming its
+/// device, lane, semaphore and values; `status(slot)` reads a slot's `[why, seen]`.
+pub(crate) fn timed_out_wait(
+    plan: &Plan,
+    lowered: &Lowered,
+    status: impl Fn(usize) -> (u32, u32),
+    timeout: std::time::Duration,
+) -> Option<CudaError> {
+    lowered.wait_slots.iter().enumerate().find_map(|(slot, site)| {
+        let (why, seen) = status(slot);
+        let Op::Wait { sem, value } = &plan.programs[site.device].lanes[site.lane][site.index] else {
+            unreachable!("wait slots point at waits")
+        };
+        (why != 0).then(|| CudaError::WaitTimeout {
+            device: site.device,
+            lane: plan.lanes[site.lane].clone(),
+            index: site.index,
+            semaphore: plan.semaphores[sem.0].clone(),
+            awaited: *value,
+            current: seen,
+            timeout_ms: timeout.as_millis() as u64,
+        })
+    })
+}
+
+/// What fills one buffer of device `d` before a run.
+#[derive(Clone, Debug)]
+pub(crate) enum Fill {
+    /// A generator or poison launch.
+    Launch(Launch),
+    /// Bytes copied from the host (a router's table: routing is data).
+    Upload(Vec<u8>),
+}
+
+/// How buffer `buffer` of device `d` at address `dst` starts a run: generated inputs,
+/// uploaded routing tables, poison everywhere else (`None` for an empty buffer).
+pub(crate) fn buffer_fill(plan: &Plan, d: usize, buffer: usize, dst: u64, seed: u32, family: Family) -> Option<Fill> {
+    let b = &plan.buffers[buffer];
+    let dtype = dtype_code(b.dtype);
+    let cfg = elementwise(b.len())?;
+    if let BufferRole::Router { part, router } = &b.role {
+        let mut bytes = Vec::with_capacity(b.len() * 4);
+        for w in router.words(*part, seed, family) {
+            b.dtype.push_le_bytes(w, &mut bytes);
+        }
+        return Some(Fill::Upload(bytes));
+    }
+    Some(Fill::Launch(match b.role.generated() {
+        Some((tensor, global_cols, origins)) => {
+            let (row0, col0) = (origins[d].0 as u32, origins[d].1 as u32);
+            let params =
+                [dtype, b.rows as u32, b.cols as u32, seed, tensor, family.code(), global_cols as u32, row0, col0];
+            let params = [vec![Param::U64(dst)], params.map(Param::U32).to_vec()].concat();
+            Launch::new(Kernel::Generate, cfg, params, "generating an input")
+        }
+        None => {
+            let params =
+                vec![Param::U64(dst), Param::U32(dtype), Param::U64(b.len() as u64), Param::U32(b.dtype.poison_bits())];
+            Launch::new(Kernel::Fill, cfg, params, "poisoning a buffer")
+        }
+    }))
+}
+
+/// Mirror of `CmmGemmArgs` in `cuda/kernels/gemm.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct GemmArgs {
+    pub(crate) a: u64,
+    pub(crate) b: u64,
+    pub(crate) c: u64,
+    pub(crate) a_stride: u64,
+    pub(crate) b_stride: u64,
+    pub(crate) c_stride: u64,
+    pub(crate) m: u32,
+    pub(crate) n: u32,
+    pub(crate) k: u32,
+    pub(crate) a_dtype: u32,
+    pub(crate) b_dtype: u32,
+    pub(crate) c_dtype: u32,
+    pub(crate) flags: u32,
+    pub(crate) pad: u32,
+}
+
+// SAFETY: `GemmArgs` is `#[repr(C)]`, plain old data, and matches `CmmGemmArgs` field for
+// field (u64s first, then u32s), so passing it by value as a kernel parameter is sound.
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for GemmArgs {}
+
+/// Mirror of `CmmFusedBlock` in `cuda/kernels/gemm.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FusedBlockArgs {
+    pub(crate) a: u64,
+    pub(crate) c: u64,
+    pub(crate) a_stride: u64,
+    pub(crate) c_stride: u64,
+    pub(crate) rows: u32,
+    pub(crate) first_tile: u32,
+    pub(crate) waits_end: u32,
+    pub(crate) signals_begin: u32,
+    pub(crate) signals_end: u32,
+    pub(crate) pad: u32,
+}
+
+/// Mirror of `CmmFusedSync` in `cuda/kernels/gemm.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FusedSyncArgs {
+    pub(crate) sem: u64,
+    pub(crate) value: u32,
+    pub(crate) pad: u32,
+}
+
+/// Mirror of `CmmFusedArgs` in `cuda/kernels/gemm.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FusedArgs {
+    pub(crate) gemm: GemmArgs,
+    pub(crate) blocks: u64,
+    pub(crate) waits: u64,
+    pub(crate) signals: u64,
+    pub(crate) control: u64,
+    pub(crate) status: u64,
+    pub(crate) abort: u64,
+    pub(crate) timeout_ns: u64,
+    pub(crate) count: u32,
+    pub(crate) tiles: u32,
+    pub(crate) tiles_n: u32,
+    pub(crate) pad: u32,
+}
+
+// SAFETY: `FusedArgs` is `#[repr(C)]` plain old data matching `CmmFusedArgs` field for
+// field (the GEMM's arguments, then u64s, then u32s).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for FusedArgs {}
+
+/// Mirror of `CmmReduceInput` in `cuda/kernels/reduce.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ReduceInput {
+    pub(crate) base: u64,
+    pub(crate) stride: u64,
+    pub(crate) dtype: u32,
+    pub(crate) pad: u32,
+}
+
+/// Mirror of `CmmReduceInputs` in `cuda/kernels/reduce.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ReduceInputs {
+    pub(crate) inputs: [ReduceInput; MAX_REDUCE_INPUTS],
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmReduceInputs` (four `CmmReduceInput`).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for ReduceInputs {}
+
+/// Mirror of `CmmPointwiseInputs` in `cuda/kernels/pointwise.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PointwiseInputs {
+    pub(crate) inputs: [ReduceInput; 2],
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmPointwiseInputs` (two inputs laid out
+// as `CmmPointwiseInput`, which has `CmmReduceInput`'s fields).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for PointwiseInputs {}
+
+/// Mirror of `CmmAttendArgs` in `cuda/kernels/attention.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct AttendArgs {
+    /// q, k, v, max, sum, acc (each `CmmAttnTensor`, the layout of `CmmReduceInput`).
+    pub(crate) tensors: [ReduceInput; 6],
+    pub(crate) rows: u32,
+    pub(crate) keys: u32,
+    pub(crate) heads: u32,
+    pub(crate) group: u32,
+    pub(crate) head_dim: u32,
+    pub(crate) causal: u32,
+    pub(crate) q_pos: u32,
+    pub(crate) k_pos: u32,
+    pub(crate) fresh: u32,
+    pub(crate) scale_bits: u32,
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmAttendArgs` field for field (six
+// 24-byte tensors, then ten u32s).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for AttendArgs {}
+
+/// Mirror of `CmmRouteArgs` in `cuda/kernels/moe.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RouteArgs {
+    pub(crate) ids: u64,
+    pub(crate) ids_stride: u64,
+    pub(crate) seg: u64,
+    pub(crate) perm: u64,
+    pub(crate) perm_stride: u64,
+    pub(crate) inv: u64,
+    pub(crate) inv_stride: u64,
+    pub(crate) pass: u32,
+    pub(crate) tokens: u32,
+    pub(crate) slots: u32,
+    pub(crate) experts: u32,
+    pub(crate) chunks: u32,
+    pub(crate) capacity: u32,
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmRouteArgs` field for field (seven
+// u64s, then six u32s).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for RouteArgs {}
+
+/// Mirror of `CmmGroupedGemmArgs` in `cuda/kernels/moe.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct GroupedGemmArgs {
+    pub(crate) a: u64,
+    pub(crate) a_stride: u64,
+    pub(crate) b: u64,
+    pub(crate) b_stride: u64,
+    pub(crate) c: u64,
+    pub(crate) c_stride: u64,
+    pub(crate) seg: u64,
+    pub(crate) perm: u64,
+    pub(crate) perm_stride: u64,
+    pub(crate) a_dtype: u32,
+    pub(crate) b_dtype: u32,
+    pub(crate) c_dtype: u32,
+    pub(crate) a_rows: u32,
+    pub(crate) rows: u32,
+    pub(crate) n: u32,
+    pub(crate) k: u32,
+    pub(crate) chunks: u32,
+    pub(crate) chunk: u32,
+    pub(crate) group_begin: u32,
+    pub(crate) group_end: u32,
+    pub(crate) experts: u32,
+    pub(crate) slots: u32,
+    pub(crate) gather: u32,
+    pub(crate) gather_base: u32,
+    pub(crate) zero_unrouted: u32,
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmGroupedGemmArgs` field for field
+// (nine u64s, then sixteen u32s).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for GroupedGemmArgs {}
+
+/// Mirror of `CmmCombineArgs` in `cuda/kernels/moe.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CombineArgs {
+    pub(crate) src: u64,
+    pub(crate) src_stride: u64,
+    pub(crate) w: u64,
+    pub(crate) w_stride: u64,
+    pub(crate) inv: u64,
+    pub(crate) inv_stride: u64,
+    pub(crate) out: u64,
+    pub(crate) out_stride: u64,
+    pub(crate) src_dtype: u32,
+    pub(crate) src_rows: u32,
+    pub(crate) out_dtype: u32,
+    pub(crate) rows: u32,
+    pub(crate) cols: u32,
+    pub(crate) slots: u32,
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmCombineArgs` field for field (eight
+// u64s, then six u32s).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for CombineArgs {}
+
+/// Mirror of `CmmAttnStateArgs` in `cuda/kernels/attention.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct AttnStateArgs {
+    /// from's max, sum, acc; into's max, sum, acc; out; lse.
+    pub(crate) tensors: [ReduceInput; 8],
+    pub(crate) function: u32,
+    pub(crate) rows: u32,
+    pub(crate) heads: u32,
+    pub(crate) head_dim: u32,
+}
+
+// SAFETY: `#[repr(C)]` plain old data matching `CmmAttnStateArgs` field for field (eight
+// 24-byte tensors, then four u32s).
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for AttnStateArgs {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_point_of_every_kernel_file_is_one_kernel() {
+        let mut entries: Vec<&str> = crate::KERNEL_FILES.iter().flat_map(|f| f.entry_points.iter().copied()).collect();
+        let mut kernels: Vec<&str> = Kernel::ALL.iter().map(|k| k.entry()).collect();
+        entries.sort_unstable();
+        kernels.sort_unstable();
+        assert_eq!(entries, kernels);
+        for (i, k) in Kernel::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i, "{k:?}: ALL is in declaration order (functions are indexed by it)");
+            assert!(crate::KERNEL_FILES.iter().any(|f| f.name == k.file() && f.source.contains(k.entry())));
+        }
+    }
+
+    #[test]
+    fn kernels_that_use_barriers_say_so() {
+        for k in Kernel::ALL {
+            let file = crate::KERNEL_FILES.iter().find(|f| f.name == k.file()).unwrap();
+            if !file.source.contains("__syncthreads") {
+                assert!(!k.has_barriers(), "{k:?}");
+            }
+        }
+        assert!(Kernel::GemmMmaF16.has_barriers() && Kernel::FusedSimt.persistent() && !Kernel::Reduce.has_barriers());
+    }
+}
