@@ -169,6 +169,9 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(path) = &args.report {
         check_report_path(path)?;
     }
+    if args.bless && matches!(args.backend, BackendKind::Cuda | BackendKind::CudaHost) {
+        bail!("--bless writes goldens from the reference (or its CPU twin), never from the CUDA executor they judge");
+    }
     let options = Options {
         filter: args.filter.clone(),
         bless: args.bless,
