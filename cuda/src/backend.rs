@@ -462,7 +462,7 @@ pub(crate) fn prepare(
 }
 
 /// A one-device plan holding one GEMM of `spec`.
-fn gemm_plan(spec: &GemmSpec) -> Result<Plan, CudaError> {
+pub(crate) fn gemm_plan(spec: &GemmSpec) -> Result<Plan, CudaError> {
     let (ar, ac) = if spec.trans_a { (spec.k, spec.m) } else { (spec.m, spec.k) };
     let (br, bc) = if spec.trans_b { (spec.n, spec.k) } else { (spec.k, spec.n) };
     let mut b = PlanBuilder::new(format!("gemm {}x{}x{} {}", spec.m, spec.n, spec.k, spec.input), 1);

@@ -143,6 +143,19 @@ pub enum CudaError {
         /// The compiler's output, if it ran.
         log: String,
     },
+    /// The host twin found a kernel's write outside every buffer: in the guard bytes
+    /// after `buffer` (or before it, for the first).
+    #[error("plan `{plan}`: a kernel wrote outside buffer {buffer} of device {device} ({detail}), found by the host twin's guard bytes")]
+    OutOfBounds {
+        /// Plan name.
+        plan: String,
+        /// Device.
+        device: usize,
+        /// The buffer the write overran.
+        buffer: String,
+        /// Where.
+        detail: String,
+    },
     /// A kernel run by the host twin reported an error (a barrier divergence, an empty grid).
     #[error("host twin: kernel {kernel} ({what}) failed: {message}")]
     HostKernel {

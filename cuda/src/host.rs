@@ -205,15 +205,25 @@ impl HostKernels {
     }
 }
 
-/// Host memory of a run, laid out as the GPU's: per device one heap holding every
-/// buffer (256-byte aligned) and its semaphore words; atomics, because kernels on other
-/// threads write them.
+/// Host memory of a run: per device one heap holding every buffer (256-byte aligned)
+/// and its semaphore words; atomics, because kernels on other threads write them.
+/// Unlike the GPU's, the heap puts a guard of canary bytes before every buffer and
+/// after the last, checked after the run, so a kernel that writes past a buffer is an
+/// error rather than a silently corrupted neighbour.
 struct HostMemory {
     // Owns the memory `base` points into.
-    _heaps: Vec<Box<[AtomicU64]>>,
-    semaphores: Vec<Box<[AtomicU32]>>,
+    heaps: Vec<Box<[AtomicU64]>>,
+    semaphores: Vec<Box<[AtomicU64]>>,
     base: Vec<Vec<u64>>,
+    /// Per device, the heap's first (256-aligned) byte.
+    start: Vec<u64>,
+    /// Per buffer, its offset; then the heap's length.
+    offsets: Vec<usize>,
 }
+
+/// Bytes of canary before each buffer and after the last.
+const GUARD: usize = 256;
+const CANARY: u64 = 0xa5a5_a5a5_a5a5_a5a5;
 
 impl Addressing for HostMemory {
     fn addr(&self, l: &Loc) -> u64 {
@@ -232,22 +242,51 @@ fn zeroed_words<T: Default>(count: usize) -> Box<[T]> {
 impl HostMemory {
     fn allocate(plan: &Plan) -> HostMemory {
         let align = |x: usize| x.div_ceil(256) * 256;
-        let mut offsets = Vec::with_capacity(plan.buffers.len());
+        let mut offsets = Vec::with_capacity(plan.buffers.len() + 1);
         let mut total = 0usize;
         for b in &plan.buffers {
+            total += GUARD;
             offsets.push(total);
             total += align(b.len() * b.dtype.size_bytes());
         }
-        let (mut heaps, mut semaphores, mut base) = (Vec::new(), Vec::new(), Vec::new());
+        total += GUARD;
+        offsets.push(total);
+        let (mut heaps, mut semaphores, mut base, mut start) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..plan.devices {
-            // One spare word so that the heap's start can be rounded up to 256 bytes.
-            let heap: Box<[AtomicU64]> = zeroed_words(total.max(256) / 8 + 32);
-            let start = (heap.as_ptr() as u64).div_ceil(256) * 256;
-            base.push(offsets.iter().map(|&o| start + o as u64).collect());
+            // Spare words so that the heap's start can be rounded up to 256 bytes.
+            let heap: Box<[AtomicU64]> = (0..total / 8 + 32).map(|_| AtomicU64::new(CANARY)).collect();
+            let first = (heap.as_ptr() as u64).div_ceil(256) * 256;
+            base.push(offsets[..plan.buffers.len()].iter().map(|&o| first + o as u64).collect());
+            start.push(first);
             heaps.push(heap);
-            semaphores.push(zeroed_words(plan.semaphores.len().max(1)));
+            // Semaphores as u32 words, two per u64.
+            semaphores.push(zeroed_words(plan.semaphores.len().div_ceil(2).max(1)));
         }
-        HostMemory { _heaps: heaps, semaphores, base }
+        HostMemory { heaps, semaphores, base, start, offsets }
+    }
+
+    /// The first buffer whose guard a kernel overwrote: the bytes after it up to the next
+    /// buffer (or the heap's end), and before buffer 0.
+    fn check_guards(&self, plan: &Plan) -> Result<(), CudaError> {
+        let total = *self.offsets.last().expect("the heap's length");
+        for (d, first) in self.start.iter().enumerate() {
+            debug_assert!(self.heaps[d].len() * 8 >= total);
+            // SAFETY: the heap holds `total` bytes from `first` (allocated with spare words
+            // for the alignment), and every thread that wrote it has been joined.
+            #[allow(unsafe_code)]
+            let heap = unsafe { std::slice::from_raw_parts(*first as *const u8, total) };
+            let spoiled = |range: std::ops::Range<usize>| heap[range.clone()].iter().position(|&b| b != 0xa5);
+            if let Some(at) = spoiled(0..self.offsets[0]) {
+                return Err(out_of_bounds(plan, d, 0, format!("{} bytes before its start", self.offsets[0] - at)));
+            }
+            for (i, b) in plan.buffers.iter().enumerate() {
+                let end = self.offsets[i] + b.len() * b.dtype.size_bytes();
+                if let Some(at) = spoiled(end..self.offsets[i + 1]) {
+                    return Err(out_of_bounds(plan, d, i, format!("at byte {at} after its end")));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn read_back(&self, plan: &Plan) -> Vec<Vec<Vec<u32>>> {
@@ -305,6 +344,10 @@ impl HostControl {
         let w = Self::FIRST_STATUS + 2 * slot;
         (self.words[w].load(Ordering::SeqCst), self.words[w + 1].load(Ordering::SeqCst))
     }
+}
+
+fn out_of_bounds(plan: &Plan, device: usize, buffer: usize, detail: String) -> CudaError {
+    CudaError::OutOfBounds { plan: plan.name.clone(), device, buffer: plan.buffers[buffer].name.clone(), detail }
 }
 
 /// The CUDA backend's kernels and lowering, run on the CPU.
@@ -432,6 +475,7 @@ impl CudaExecutor for HostTwin {
             return Err(e);
         }
         drop(tables);
+        memory.check_guards(plan)?;
         Ok(CudaRunOutput {
             buffers: memory.read_back(plan),
             gpu_time: elapsed_run,
@@ -555,6 +599,36 @@ mod tests {
         let e = kernels().launch_in(&l, Mode::Plain).unwrap_err();
         assert!(e.to_string().contains("barrier in a kernel launched without fibers"), "{e}");
         kernels().launch(&l).unwrap();
+    }
+
+    #[test]
+    fn a_kernel_writing_past_a_buffer_is_caught_by_the_guards() {
+        let spec = crate::GemmSpec {
+            m: 3,
+            n: 5,
+            k: 7,
+            input: cmm_core::DType::F16,
+            output: cmm_core::DType::F32,
+            trans_a: false,
+            trans_b: false,
+            accumulate: false,
+        };
+        let plan = crate::backend::gemm_plan(&spec).unwrap();
+        let memory = HostMemory::allocate(&plan);
+        memory.check_guards(&plan).unwrap();
+        let c = plan.buffers.iter().position(|b| b.name == "C").unwrap();
+        let fill = |count: u64| Launch {
+            kernel: Kernel::Fill,
+            cfg: ONE_THREAD,
+            params: vec![Param::U64(memory.base[0][c]), Param::U32(0), Param::U64(count), Param::U32(7)],
+            what: "a test fill",
+        };
+        kernels().launch(&fill(15)).unwrap();
+        memory.check_guards(&plan).unwrap();
+        kernels().launch(&fill(16)).unwrap();
+        let e = memory.check_guards(&plan).unwrap_err();
+        assert!(matches!(e, CudaError::OutOfBounds { .. }), "{e}");
+        assert!(e.to_string().contains("outside buffer C of device 0 (at byte 0 after its end)"), "{e}");
     }
 
     #[test]
