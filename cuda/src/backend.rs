@@ -36,8 +36,8 @@ use cudarc::nvrtc::Ptx;
 use crate::error::CudaError;
 use crate::kernels::{compile, nvrtc_available, KERNEL_FILES};
 use crate::launch::{
-    buffer_fill, fused_launch, fused_table, gemm_submission, submissions, timed_out_wait, Addressing, Fill, GemmArgs,
-    Kernel, Launch, Param, RunWords, Submission, ONE_THREAD,
+    buffer_fill, fused_launch, fused_table, gemm_submission, released_waits, submissions, timed_out_wait, Addressing,
+    Fill, GemmArgs, Kernel, Launch, Param, RunWords, Submission, ONE_THREAD,
 };
 use crate::lower::{
     hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, Loc,
@@ -800,22 +800,7 @@ impl Run<'_> {
         }
         match error {
             CudaError::RunTimeout { plan, limit_ms, pending } => {
-                // Name the waits the abort released: they are what the run was stuck on.
-                let aborted: Vec<String> = lowered
-                    .wait_slots
-                    .iter()
-                    .enumerate()
-                    .filter(|(slot, _)| self.control.status(*slot).0 == 2)
-                    .map(|(slot, site)| {
-                        let op = &self.plan.programs[site.device].lanes[site.lane][site.index];
-                        format!("{site} `{}` at {}", self.plan.op_text(op), self.control.status(slot).1)
-                    })
-                    .collect();
-                let pending = if aborted.is_empty() {
-                    pending
-                } else {
-                    format!("waits released by the abort: {}", aborted.join("; "))
-                };
+                let pending = released_waits(self.plan, lowered, |slot| self.control.status(slot)).unwrap_or(pending);
                 CudaError::RunTimeout { plan, limit_ms, pending }
             }
             other => other,

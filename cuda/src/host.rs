@@ -27,8 +27,8 @@ use crate::backend::{prepare, CudaRunOptions, CudaRunOutput};
 use crate::error::CudaError;
 use crate::kernels::KERNEL_FILES;
 use crate::launch::{
-    buffer_fill, fused_launch, fused_table, submissions, timed_out_wait, Addressing, Fill, Kernel, Launch, RunWords,
-    Submission,
+    buffer_fill, fused_launch, fused_table, released_waits, submissions, timed_out_wait, Addressing, Fill, Kernel,
+    Launch, RunWords, Submission,
 };
 use crate::lower::{Command, Loc};
 use crate::CudaExecutor;
@@ -468,7 +468,8 @@ impl CudaExecutor for HostTwin {
             return Err(CudaError::RunTimeout {
                 plan: plan.name.clone(),
                 limit_ms: options.run_timeout.as_millis() as u64,
-                pending: "the streams did not finish on the host".into(),
+                pending: released_waits(plan, &lowered, |slot| control.status(slot))
+                    .unwrap_or_else(|| "the streams did not finish on the host".into()),
             });
         }
         if let Some(e) = timed_out_wait(plan, &lowered, |slot| control.status(slot), options.wait_timeout) {

@@ -599,6 +599,22 @@ pub(crate) fn timed_out_wait(
     })
 }
 
+/// After an abort, the kernel waits it released, in words (they are what the run was
+/// stuck on); `None` if it released none.
+pub(crate) fn released_waits(plan: &Plan, lowered: &Lowered, status: impl Fn(usize) -> (u32, u32)) -> Option<String> {
+    let released: Vec<String> = lowered
+        .wait_slots
+        .iter()
+        .enumerate()
+        .filter(|(slot, _)| status(*slot).0 == 2)
+        .map(|(slot, site)| {
+            let op = &plan.programs[site.device].lanes[site.lane][site.index];
+            format!("{site} `{}` at {}", plan.op_text(op), status(slot).1)
+        })
+        .collect();
+    (!released.is_empty()).then(|| format!("waits released by the abort: {}", released.join("; ")))
+}
+
 /// What fills one buffer of device `d` before a run.
 #[derive(Clone, Debug)]
 pub(crate) enum Fill {
