@@ -12,32 +12,24 @@
 #define CMM_ATTN_TILE 16u
 #define CMM_ATTN_EMPTY_MAX (-3.40282347e+38f)
 
-// Mirror: `AttnTensor` in cuda/src/backend.rs (the layout of `CmmReduceInput`).
-struct CmmAttnTensor {
-    u64 base;
-    u64 stride;
-    u32 dtype;
-    u32 pad;
-};
-
-// Mirror: `AttendArgs` in cuda/src/backend.rs.
+// Mirror: `AttendArgs` in cuda/src/launch.rs.
 struct CmmAttendArgs {
-    CmmAttnTensor q, k, v, m, l, acc;
+    CmmTensor q, k, v, m, l, acc;
     u32 rows, keys, heads, group, head_dim, causal, q_pos, k_pos, fresh, scale_bits;
 };
 
-// Mirror: `AttnStateArgs` in cuda/src/backend.rs. function 0: merge `from` into
+// Mirror: `AttnStateArgs` in cuda/src/launch.rs. function 0: merge `from` into
 // `into`; 1: finish `into` into `out` and `lse`.
 struct CmmAttnStateArgs {
-    CmmAttnTensor from_m, from_l, from_acc, into_m, into_l, into_acc, out, lse;
+    CmmTensor from_m, from_l, from_acc, into_m, into_l, into_acc, out, lse;
     u32 function, rows, heads, head_dim;
 };
 
-__device__ __forceinline__ float cmm_attn_at(const CmmAttnTensor& t, u64 r, u64 c) {
+__device__ __forceinline__ float cmm_attn_at(const CmmTensor& t, u64 r, u64 c) {
     return cmm_load(t.base, r * t.stride + c, t.dtype);
 }
 
-__device__ __forceinline__ float* cmm_attn_f32(const CmmAttnTensor& t, u64 r, u64 c) {
+__device__ __forceinline__ float* cmm_attn_f32(const CmmTensor& t, u64 r, u64 c) {
     return ((float*)t.base) + r * t.stride + c;
 }
 

@@ -90,6 +90,16 @@ __device__ __forceinline__ float cmm_load(u64 base, u64 index, u32 dtype) {
     return cmm_decode(cmm_load_bits(base, index, dtype), dtype);
 }
 
+// A strided 2D tensor of any dtype: element (r, c) at element index r·stride + c from
+// base. Mirror: `TensorArg` in cuda/src/launch.rs (the inputs of cmm_reduce and
+// cmm_pointwise, and the tensors of the attention kernels).
+struct CmmTensor {
+    u64 base;
+    u64 stride;
+    u32 dtype;
+    u32 pad;
+};
+
 // Synchronisation helpers of sync.cu and the persistent GEMM (gemm.cu). Every inline
 // PTX of the kernels lives in these helpers (and in gemm.cu's mma), so the host twin of
 // the kernels (cuda/host/runtime.h, which defines CMM_HOST) can supply its own.

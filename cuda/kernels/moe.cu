@@ -6,7 +6,7 @@
 
 #define CMM_NONE 0xffffffffu
 
-// Mirror: `RouteArgs` in cuda/src/backend.rs.
+// Mirror: `RouteArgs` in cuda/src/launch.rs.
 struct CmmRouteArgs {
     u64 ids;
     u64 ids_stride;
@@ -72,7 +72,7 @@ extern "C" __global__ void cmm_route(CmmRouteArgs a) {
     }
 }
 
-// Mirror: `GroupedGemmArgs` in cuda/src/backend.rs.
+// Mirror: `GroupedGemmArgs` in cuda/src/launch.rs.
 struct CmmGroupedGemmArgs {
     u64 a;
     u64 a_stride;
@@ -150,7 +150,7 @@ extern "C" __global__ void cmm_grouped_gemm(CmmGroupedGemmArgs a) {
     }
 }
 
-// Mirror: `CombineArgs` in cuda/src/backend.rs.
+// Mirror: `CombineArgs` in cuda/src/launch.rs.
 struct CmmCombineArgs {
     u64 src;
     u64 src_stride;

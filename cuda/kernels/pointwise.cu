@@ -7,16 +7,9 @@
 //
 // function 0: out = gelu(in0); function 1: out = in0 · gelu'(in1).
 
-struct CmmPointwiseInput {
-    u64 base;
-    u64 stride;
-    u32 dtype;
-    u32 pad;
-};
-
-// Mirror: `PointwiseInputs` in cuda/src/backend.rs.
+// Mirror: `PointwiseInputs` in cuda/src/launch.rs.
 struct CmmPointwiseInputs {
-    CmmPointwiseInput in[2];
+    CmmTensor in[2];
 };
 
 #define CMM_GELU_C 0.7978846f

@@ -1,16 +1,9 @@
 // Elementwise sum of up to four regions (the plan model's limit), left to right in f32, rounded once to the
 // output dtype (one input: a conversion). Twin of shaders/reduce.wgsl.
 
-struct CmmReduceInput {
-    u64 base;
-    u64 stride;
-    u32 dtype;
-    u32 pad;
-};
-
-// Mirror: `ReduceInputs` in cuda/src/backend.rs; `count` of the four are used.
+// Mirror: `ReduceInputs` in cuda/src/launch.rs; `count` of the four are used.
 struct CmmReduceInputs {
-    CmmReduceInput in[4];
+    CmmTensor in[4];
 };
 
 extern "C" __global__ void cmm_reduce(u64 out, u64 out_stride, u32 out_dtype, u32 rows, u32 cols, u32 count,

@@ -351,16 +351,21 @@ fn out_of_bounds(plan: &Plan, device: usize, buffer: usize, detail: String) -> C
 }
 
 /// The CUDA backend's kernels and lowering, run on the CPU.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct HostTwin {
-    _built: (),
+    kernels: &'static HostKernels,
+}
+
+impl std::fmt::Debug for HostTwin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostTwin").field("compiler", &compiler()).field("kernels", &self.kernels.entries.len()).finish()
+    }
 }
 
 impl HostTwin {
     /// Builds (or finds in the cache) and loads the host kernels.
     pub fn new() -> Result<HostTwin, CudaError> {
-        HostKernels::get()?;
-        Ok(HostTwin { _built: () })
+        Ok(HostTwin { kernels: HostKernels::get()? })
     }
 
     /// One line for reports.
@@ -385,7 +390,7 @@ impl CudaExecutor for HostTwin {
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError> {
         let start = Instant::now();
-        let kernels = HostKernels::get()?;
+        let kernels = self.kernels;
         let lowered = prepare(plan, seed, options, false)?;
         let memory = HostMemory::allocate(plan);
         for d in 0..plan.devices {

@@ -374,8 +374,8 @@ pub(crate) fn fused_launch(
     Launch::new(kernel, cfg, vec![Param::Fused(args)], "a fused gemm")
 }
 
-fn tensor(at: &impl Addressing, (loc, stride, dtype): &(Loc, u64, DType)) -> ReduceInput {
-    ReduceInput { base: at.addr(loc), stride: *stride, dtype: dtype_code(*dtype), pad: 0 }
+fn tensor(at: &impl Addressing, (loc, stride, dtype): &(Loc, u64, DType)) -> TensorArg {
+    TensorArg { base: at.addr(loc), stride: *stride, dtype: dtype_code(*dtype), pad: 0 }
 }
 
 /// What one lowered command submits (a fused GEMM: [`fused_launch`]).
@@ -412,7 +412,7 @@ pub(crate) fn submissions(command: &Command, at: &impl Addressing, words: &RunWo
             launch(Kernel::Copy2d, elementwise(*rows as usize * *cols as usize), params, "an SM copy")
         }
         Command::Reduce(e) | Command::Pointwise { target: e, .. } => {
-            let packed: Vec<ReduceInput> = e.inputs.iter().map(|t| tensor(at, t)).collect();
+            let packed: Vec<TensorArg> = e.inputs.iter().map(|t| tensor(at, t)).collect();
             let cfg = elementwise(e.rows as usize * e.cols as usize);
             let head = [Param::U64(at.addr(&e.out)), Param::U64(e.out_stride), Param::U32(dtype_code(e.out_dtype))];
             let shape = [Param::U32(e.rows), Param::U32(e.cols)];
@@ -726,10 +726,10 @@ pub(crate) struct FusedArgs {
 #[allow(unsafe_code)]
 unsafe impl DeviceRepr for FusedArgs {}
 
-/// Mirror of `CmmReduceInput` in `cuda/kernels/reduce.cu`.
+/// Mirror of `CmmTensor` in `cuda/kernels/common.cuh`: a strided tensor of any dtype.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct ReduceInput {
+pub(crate) struct TensorArg {
     pub(crate) base: u64,
     pub(crate) stride: u64,
     pub(crate) dtype: u32,
@@ -740,10 +740,10 @@ pub(crate) struct ReduceInput {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct ReduceInputs {
-    pub(crate) inputs: [ReduceInput; MAX_REDUCE_INPUTS],
+    pub(crate) inputs: [TensorArg; MAX_REDUCE_INPUTS],
 }
 
-// SAFETY: `#[repr(C)]` plain old data matching `CmmReduceInputs` (four `CmmReduceInput`).
+// SAFETY: `#[repr(C)]` plain old data matching `CmmReduceInputs` (four `CmmTensor`).
 #[allow(unsafe_code)]
 unsafe impl DeviceRepr for ReduceInputs {}
 
@@ -751,11 +751,10 @@ unsafe impl DeviceRepr for ReduceInputs {}
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct PointwiseInputs {
-    pub(crate) inputs: [ReduceInput; 2],
+    pub(crate) inputs: [TensorArg; 2],
 }
 
-// SAFETY: `#[repr(C)]` plain old data matching `CmmPointwiseInputs` (two inputs laid out
-// as `CmmPointwiseInput`, which has `CmmReduceInput`'s fields).
+// SAFETY: `#[repr(C)]` plain old data matching `CmmPointwiseInputs` (two `CmmTensor`).
 #[allow(unsafe_code)]
 unsafe impl DeviceRepr for PointwiseInputs {}
 
@@ -763,8 +762,8 @@ unsafe impl DeviceRepr for PointwiseInputs {}
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct AttendArgs {
-    /// q, k, v, max, sum, acc (each `CmmAttnTensor`, the layout of `CmmReduceInput`).
-    pub(crate) tensors: [ReduceInput; 6],
+    /// q, k, v, max, sum, acc (each a `CmmTensor`).
+    pub(crate) tensors: [TensorArg; 6],
     pub(crate) rows: u32,
     pub(crate) keys: u32,
     pub(crate) heads: u32,
@@ -872,7 +871,7 @@ unsafe impl DeviceRepr for CombineArgs {}
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct AttnStateArgs {
     /// from's max, sum, acc; into's max, sum, acc; out; lse.
-    pub(crate) tensors: [ReduceInput; 8],
+    pub(crate) tensors: [TensorArg; 8],
     pub(crate) function: u32,
     pub(crate) rows: u32,
     pub(crate) heads: u32,
