@@ -30,7 +30,7 @@ use crate::launch::{
     buffer_fill, fused_launch, fused_table, released_waits, submissions, timed_out_wait, Addressing, Fill, Kernel,
     Launch, RunWords, Submission,
 };
-use crate::lower::{Command, Loc};
+use crate::lower::{Command, Loc, Lowered};
 use crate::CudaExecutor;
 
 const RUNTIME: &str = include_str!("../host/runtime.h");
@@ -390,83 +390,17 @@ impl CudaExecutor for HostTwin {
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError> {
         let start = Instant::now();
-        let kernels = self.kernels;
         let lowered = prepare(plan, seed, options, false)?;
         let memory = HostMemory::allocate(plan);
-        for d in 0..plan.devices {
-            for (i, base) in memory.base[d].iter().enumerate() {
-                match buffer_fill(plan, d, i, *base, seed, family) {
-                    None => {}
-                    Some(Fill::Launch(l)) => kernels.launch(&l)?,
-                    Some(Fill::Upload(bytes)) => {
-                        // SAFETY: the destination is buffer i of device d's heap, which
-                        // holds `bytes.len()` bytes; no other thread runs yet.
-                        #[allow(unsafe_code)]
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(bytes.as_ptr(), *base as *mut u8, bytes.len())
-                        };
-                    }
-                }
-            }
-        }
+        fill_inputs(self.kernels, plan, &memory, seed, family)?;
         let control = HostControl::new(lowered.wait_slots.len());
         let words = control.words(options.wait_timeout);
-        // Fused GEMM tables live as long as the run.
-        let mut tables: Vec<Box<[AtomicU64]>> = Vec::new();
-        let mut streams: Vec<Vec<Submission>> = vec![Vec::new(); lowered.streams];
-        for step in &lowered.steps {
-            let Some(command) = &step.command else { continue };
-            let work = match command {
-                Command::FusedGemm(f) => {
-                    let bytes = fused_table(&memory, f);
-                    let table: Box<[AtomicU64]> = zeroed_words(bytes.len().div_ceil(8));
-                    for (word, chunk) in table.iter().zip(bytes.chunks(8)) {
-                        let mut le = [0u8; 8];
-                        le[..chunk.len()].copy_from_slice(chunk);
-                        word.store(u64::from_le_bytes(le), Ordering::Relaxed);
-                    }
-                    let launch = fused_launch(&memory, f, table.as_ptr() as u64, HOST_FUSED_CTAS, &words);
-                    tables.push(table);
-                    vec![Submission::Launch(launch)]
-                }
-                other => submissions(other, &memory, &words),
-            };
-            streams[step.stream].extend(work);
-        }
+        // The fused GEMMs' tables live as long as the run.
+        let (streams, tables) = stream_work(&lowered, &memory, &words);
         let began = Instant::now();
-        let first_error: Mutex<Option<CudaError>> = Mutex::new(None);
-        let timed_out = std::thread::scope(|scope| {
-            let workers: Vec<_> = streams
-                .iter()
-                .map(|work| {
-                    let (control, first_error) = (&control, &first_error);
-                    scope.spawn(move || {
-                        for s in work {
-                            if control.aborted() {
-                                return;
-                            }
-                            if let Err(e) = execute(kernels, s, control, options.wait_timeout) {
-                                first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
-                                control.abort();
-                                return;
-                            }
-                        }
-                    })
-                })
-                .collect();
-            // The run's deadline: past it, the abort word releases every wait.
-            let mut timed_out = false;
-            while !workers.iter().all(|w| w.is_finished()) {
-                if !timed_out && began.elapsed() > options.run_timeout {
-                    timed_out = true;
-                    control.abort();
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            timed_out
-        });
+        let (first_error, timed_out) = run_streams(self.kernels, plan, &streams, &control, options);
         let elapsed_run = began.elapsed();
-        if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        if let Some(e) = first_error {
             return Err(e);
         }
         if timed_out {
@@ -492,9 +426,112 @@ impl CudaExecutor for HostTwin {
     }
 }
 
+/// Generates every input buffer, uploads the routing tables and poisons the rest, as
+/// the GPU path does (`buffer_fill`), before any stream starts.
+fn fill_inputs(
+    kernels: &HostKernels,
+    plan: &Plan,
+    memory: &HostMemory,
+    seed: u32,
+    family: Family,
+) -> Result<(), CudaError> {
+    for d in 0..plan.devices {
+        for (i, base) in memory.base[d].iter().enumerate() {
+            match buffer_fill(plan, d, i, *base, seed, family) {
+                None => {}
+                Some(Fill::Launch(l)) => kernels.launch(&l)?,
+                Some(Fill::Upload(bytes)) => {
+                    // SAFETY: the destination is buffer i of device d's heap, which holds
+                    // `bytes.len()` bytes; no other thread runs yet.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(bytes.as_ptr(), *base as *mut u8, bytes.len())
+                    };
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each stream's submissions in enqueue order, and the fused GEMMs' tables they point into.
+fn stream_work(
+    lowered: &Lowered,
+    memory: &HostMemory,
+    words: &RunWords,
+) -> (Vec<Vec<Submission>>, Vec<Box<[AtomicU64]>>) {
+    let mut tables: Vec<Box<[AtomicU64]>> = Vec::new();
+    let mut streams: Vec<Vec<Submission>> = vec![Vec::new(); lowered.streams];
+    for step in &lowered.steps {
+        let Some(command) = &step.command else { continue };
+        let work = match command {
+            Command::FusedGemm(f) => {
+                let bytes = fused_table(memory, f);
+                let table: Box<[AtomicU64]> = zeroed_words(bytes.len().div_ceil(8));
+                for (word, chunk) in table.iter().zip(bytes.chunks(8)) {
+                    let mut le = [0u8; 8];
+                    le[..chunk.len()].copy_from_slice(chunk);
+                    word.store(u64::from_le_bytes(le), Ordering::Relaxed);
+                }
+                let launch = fused_launch(memory, f, table.as_ptr() as u64, HOST_FUSED_CTAS, words);
+                tables.push(table);
+                vec![Submission::Launch(launch)]
+            }
+            other => submissions(other, memory, words),
+        };
+        streams[step.stream].extend(work);
+    }
+    (streams, tables)
+}
+
+/// Runs every stream on its own thread until all finish: the first error (which raises
+/// the abort word, so every wait returns), and whether the run's deadline passed (which
+/// raises it too).
+fn run_streams(
+    kernels: &HostKernels,
+    plan: &Plan,
+    streams: &[Vec<Submission>],
+    control: &HostControl,
+    options: &CudaRunOptions,
+) -> (Option<CudaError>, bool) {
+    let began = Instant::now();
+    let first_error: Mutex<Option<CudaError>> = Mutex::new(None);
+    let timed_out = std::thread::scope(|scope| {
+        let workers: Vec<_> = streams
+            .iter()
+            .map(|work| {
+                let first_error = &first_error;
+                scope.spawn(move || {
+                    for s in work {
+                        if control.aborted() {
+                            return;
+                        }
+                        if let Err(e) = execute(kernels, plan, s, control, options.wait_timeout) {
+                            first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                            control.abort();
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut timed_out = false;
+        while !workers.iter().all(|w| w.is_finished()) {
+            if !timed_out && began.elapsed() > options.run_timeout {
+                timed_out = true;
+                control.abort();
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        timed_out
+    });
+    (first_error.into_inner().unwrap_or_else(|p| p.into_inner()), timed_out)
+}
+
 /// Runs one submission on the calling (stream) thread.
 fn execute(
     kernels: &HostKernels,
+    plan: &Plan,
     submission: &Submission,
     control: &HostControl,
     wait_timeout: Duration,
@@ -529,7 +566,7 @@ fn execute(
                 }
                 if start.elapsed() > wait_timeout {
                     return Err(CudaError::RunTimeout {
-                        plan: String::new(),
+                        plan: plan.name.clone(),
                         limit_ms: wait_timeout.as_millis() as u64,
                         pending: format!(
                             "a stream-memory-op wait for >= {value} saw {} (on a GPU it would hang)",
