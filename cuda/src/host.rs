@@ -209,7 +209,7 @@ impl HostKernels {
 /// and its semaphore words; atomics, because kernels on other threads write them.
 /// Unlike the GPU's, the heap puts a guard of canary bytes before every buffer and
 /// after the last, checked after the run, so a kernel that writes past a buffer is an
-/// error rather than a silently corrupted neighbour.
+/// error rather than a silently corrupted neighbour, and one that reads past it reads NaN.
 struct HostMemory {
     // Owns the memory `base` points into.
     heaps: Vec<Box<[AtomicU64]>>,
@@ -223,7 +223,9 @@ struct HostMemory {
 
 /// Bytes of canary before each buffer and after the last.
 const GUARD: usize = 256;
-const CANARY: u64 = 0xa5a5_a5a5_a5a5_a5a5;
+/// The canary byte: all ones, a NaN as f32, f16 and bf16 alike, so that a kernel that
+/// reads a guard also spoils what it computes (NaN never passes the oracle).
+const CANARY_BYTE: u8 = 0xff;
 
 impl Addressing for HostMemory {
     fn addr(&self, l: &Loc) -> u64 {
@@ -254,7 +256,8 @@ impl HostMemory {
         let (mut heaps, mut semaphores, mut base, mut start) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..plan.devices {
             // Spare words so that the heap's start can be rounded up to 256 bytes.
-            let heap: Box<[AtomicU64]> = (0..total / 8 + 32).map(|_| AtomicU64::new(CANARY)).collect();
+            let heap: Box<[AtomicU64]> =
+                (0..total / 8 + 32).map(|_| AtomicU64::new(u64::from_ne_bytes([CANARY_BYTE; 8]))).collect();
             let first = (heap.as_ptr() as u64).div_ceil(256) * 256;
             base.push(offsets[..plan.buffers.len()].iter().map(|&o| first + o as u64).collect());
             start.push(first);
@@ -275,7 +278,7 @@ impl HostMemory {
             // for the alignment), and every thread that wrote it has been joined.
             #[allow(unsafe_code)]
             let heap = unsafe { std::slice::from_raw_parts(*first as *const u8, total) };
-            let spoiled = |range: std::ops::Range<usize>| heap[range.clone()].iter().position(|&b| b != 0xa5);
+            let spoiled = |range: std::ops::Range<usize>| heap[range.clone()].iter().position(|&b| b != CANARY_BYTE);
             if let Some(at) = spoiled(0..self.offsets[0]) {
                 return Err(out_of_bounds(plan, d, 0, format!("{} bytes before its start", self.offsets[0] - at)));
             }
