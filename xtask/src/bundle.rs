@@ -2,7 +2,8 @@
 //! run every GPU check in one command — the xtask binary, the CUDA test binaries, the
 //! corpus, the goldens, the Vulkan loader for the reference, and `run.sh` — in one
 //! folder small enough to carry. `--check` then runs the script here, where it must
-//! fail cleanly for want of a GPU. `gpu-bundle-summary` (called by the script) turns the
+//! fail cleanly for want of a GPU, and its rehearsal (the kernels on the host twin) from
+//! a copy elsewhere, which must pass. `gpu-bundle-summary` (called by the script) turns the
 //! step table and logs into `summary.md` and `summary.json`.
 
 use std::fs;
@@ -27,7 +28,8 @@ pub struct Args {
     /// Do not fetch the Vulkan loader (libvulkan1) with `apt-get download`.
     #[arg(long)]
     pub no_vulkan: bool,
-    /// After building, run the script here and require its "no GPU" exit (status 3).
+    /// After building, run the script here and require its "no GPU" exit (status 3), then
+    /// its rehearsal from a copy elsewhere, which must pass.
     #[arg(long)]
     pub check: bool,
 }
@@ -54,6 +56,18 @@ fn copy_dir(from: &Path, to: &Path) -> Result<u64> {
         }
     }
     Ok(bytes)
+}
+
+/// Copies a folder with everything below it (file modes kept).
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    copy_dir(from, to)?;
+    for entry in fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            copy_tree(&path, &to.join(path.file_name().expect("a folder has a name")))?;
+        }
+    }
+    Ok(())
 }
 
 /// The release test binaries `(package, test target)`, built if needed, by path.
@@ -192,6 +206,35 @@ fn check(dir: &Path) -> Result<()> {
     }
     let _ = fs::remove_dir_all(&out);
     println!("check: without a GPU the bundle exits 3 with `no GPU` and still writes its summary");
+    rehearse(dir)
+}
+
+/// Copies the bundle elsewhere and runs its rehearsal there (`CMM_BUNDLE_REHEARSAL=1`:
+/// its own binaries, corpus and goldens, the kernels on the host twin): every step must
+/// pass, so the folder is known to be self-contained before a device call carries it.
+fn rehearse(dir: &Path) -> Result<()> {
+    let scratch = std::env::temp_dir().join(format!("cmm-gpu-bundle-rehearsal-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    let (moved, out) = (scratch.join("elsewhere"), scratch.join("out"));
+    copy_tree(dir, &moved).context("copying the bundle for its rehearsal")?;
+    let output = Command::new("bash")
+        .arg(moved.join("run.sh"))
+        .arg(&out)
+        .env("CMM_BUNDLE_REHEARSAL", "1")
+        // The copy must not lean on this tree's corpus.
+        .env_remove("CMM_CASES_DIR")
+        .env_remove("CMM_GOLDEN_DIR")
+        .current_dir(&scratch)
+        .output()
+        .context("running the rehearsal")?;
+    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+    let summary = fs::read_to_string(out.join("summary.md")).unwrap_or_default();
+    let rows = summary.lines().filter(|l| l.starts_with("| rehearsal-")).collect::<Vec<_>>();
+    if !output.status.success() || rows.len() != 3 || !rows.iter().all(|r| r.contains("| passed |")) {
+        bail!("the bundle's rehearsal failed (exit {:?}):\n{text}\n{summary}", output.status.code());
+    }
+    let _ = fs::remove_dir_all(&scratch);
+    println!("check: a copy of the bundle elsewhere passes its rehearsal on the host twin ({} steps)", rows.len());
     Ok(())
 }
 
@@ -238,7 +281,7 @@ pub fn key_lines(step: &str, log: &str) -> Vec<String> {
             || (t.starts_with("test ") && t.ends_with("FAILED"))
             || t.contains("panicked at")
             || t.contains("ERROR SUMMARY")
-            || (step.starts_with("conformance") || step == "reference-vulkan") && t.contains("  FAIL  ");
+            || (step.contains("conformance") || step == "reference-vulkan") && t.contains("  FAIL  ");
         if step.starts_with("bench") {
             if t.starts_with("gpu:") || t.starts_with("cuBLAS") || t.starts_with("sync:") {
                 out.push(t.to_string());

@@ -64,17 +64,6 @@ find_lib() {
     echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 } >"$logs/libraries.log" 2>&1
 
-# --- no GPU: say so and stop -----------------------------------------------------------
-if ! nvidia-smi -L >"$logs/env.log" 2>&1 || ! grep -q "libcuda.so.1: /" "$logs/libraries.log"; then
-    {
-        echo "no GPU: this machine has no working NVIDIA driver (nvidia-smi -L and libcuda.so.1 are needed)."
-        echo "Run this bundle on a GPU machine; see docs/cuda.md."
-    } | tee -a "$logs/env.log"
-    printf 'env\t3\t0\tno GPU\n' >>"$logs/steps.tsv"
-    finish >/dev/null
-    exit 3
-fi
-
 # --- steps -----------------------------------------------------------------------------
 start=$SECONDS
 failed=0
@@ -101,8 +90,34 @@ step() { # step NAME LIMIT_SECONDS COMMAND...
     printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$note" >>"$logs/steps.tsv"
     [ "$rc" -eq 0 ] || failed=1
 }
-
 x="$here/bin/xtask"
+
+# --- rehearsal: the folder's own binaries and data, the kernels on the host twin --------
+if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
+    unset CMM_REQUIRE_GPU
+    {
+        echo "rehearsal: no GPU used; the CUDA kernels run on the host twin (C++ compiler: ${CXX:-c++})"
+        echo "commit: $CMM_COMMIT"
+        uname -a
+    } >"$logs/env.log" 2>&1
+    step rehearsal-device-tests 120 "$here/bin/cuda-device-tests" --test-threads=1 host_
+    step rehearsal-conformance-kernels 150 "$x" conformance --backend cuda-host --sync kernels --filter _d2_
+    step rehearsal-conformance-memops 150 "$x" conformance --backend cuda-host --sync memops --filter _d2_
+    finish
+    exit "$failed"
+fi
+
+# --- no GPU: say so and stop -----------------------------------------------------------
+if ! nvidia-smi -L >"$logs/env.log" 2>&1 || ! grep -q "libcuda.so.1: /" "$logs/libraries.log"; then
+    {
+        echo "no GPU: this machine has no working NVIDIA driver (nvidia-smi -L and libcuda.so.1 are needed)."
+        echo "Run this bundle on a GPU machine; see docs/cuda.md."
+    } | tee -a "$logs/env.log"
+    printf 'env\t3\t0\tno GPU\n' >>"$logs/steps.tsv"
+    finish >/dev/null
+    exit 3
+fi
+
 export here scratch x
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
