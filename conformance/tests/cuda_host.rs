@@ -5,8 +5,16 @@
 
 mod common;
 
+use std::time::Duration;
+
 use cmm_conformance::Cuda;
-use cmm_cuda::{CudaRunOptions, HostTwin, SyncMode};
+use cmm_core::verify::queues::{check_enqueue_order, schedule_order, whole_lane_order, EnqueueError, MAX_QUEUES};
+use cmm_cuda::host::HostFeed;
+use cmm_cuda::{CudaError, CudaRunOptions, HostTwin, SyncMode};
+
+/// How long a run that should hang gets: far more than the corpus plans need (they
+/// finish in milliseconds), so that a timeout is a hang and not a slow machine.
+const HANG_LIMIT: Duration = Duration::from_secs(2);
 
 fn host(sync: SyncMode) -> Cuda<HostTwin> {
     let backend = HostTwin::new().unwrap_or_else(|e| panic!("{e}"));
@@ -46,4 +54,103 @@ fn missing_signal_deadlocks() {
 #[test]
 fn mutants_of_a_ring_plan_are_caught() {
     common::mutants_of_a_ring_plan_are_caught(&host(SyncMode::Kernels));
+}
+
+/// The execution side of the hang check (`cmm_core::verify::queues`): the corpus, in the
+/// schedule order the check proves safe, runs to the end on emulated FIFO hardware queues,
+/// with stream-memory-op waits holding their queue (one queue: the strictest case); and
+/// with kernel waits on 8 queues, the cases whose streams share them.
+#[test]
+fn corpus_passes_on_emulated_hardware_queues() {
+    let mut memops = host(SyncMode::StreamMemOps);
+    memops.backend = memops.backend.with_feed(HostFeed::Queues { queues: 1, offset: 0 });
+    common::corpus_passes(&memops);
+    let mut kernels = host(SyncMode::Kernels);
+    kernels.backend = kernels.backend.with_feed(HostFeed::Queues { queues: 8, offset: 3 });
+    common::cases_pass(&kernels, |case| case.plan().is_ok_and(|p| p.devices * p.lanes.len() > 8));
+}
+
+/// The order the executor used before the hang check (each lane whole, device by
+/// device) hangs on one emulated queue, as the check predicts, and the run ends in a
+/// timeout error naming the waits the abort released; the schedule order does not.
+#[test]
+fn the_whole_lane_order_hangs_on_one_emulated_queue_as_the_check_predicts() {
+    let (case, plan) = common::ring_case();
+    let whole_lane = whole_lane_order(&plan);
+    let predicted = check_enqueue_order(&plan, &whole_lane, 1).expect_err("the check predicts a hang");
+    check_enqueue_order(&plan, &whole_lane, MAX_QUEUES).expect("a queue per stream cannot hang");
+    let twin = HostTwin::new().unwrap();
+    let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..Default::default() };
+    let hurried = CudaRunOptions { run_timeout: HANG_LIMIT, wait_timeout: HANG_LIMIT, ..options };
+    let one = twin.with_feed(HostFeed::Queues { queues: 1, offset: 0 });
+    match one.run_in_order(&plan, &whole_lane, MAX_QUEUES, case.seed, case.family, &hurried) {
+        Err(CudaError::RunTimeout { .. }) => {}
+        other => panic!("expected a hang ({predicted}), got {:?}", other.map(|o| o.elapsed)),
+    }
+    let own = twin.with_feed(HostFeed::Queues { queues: MAX_QUEUES, offset: 0 });
+    own.run_in_order(&plan, &whole_lane, MAX_QUEUES, case.seed, case.family, &options).unwrap();
+    let scheduled = schedule_order(&plan).unwrap();
+    one.run_in_order(&plan, &scheduled, 1, case.seed, case.family, &options).unwrap();
+}
+
+/// The check is sound for an order other than the schedule's: every corpus case with more
+/// streams than queues (so that streams share them) whose whole-lane order the check
+/// accepts at 8 queues runs that order to the end on 8 emulated queues, at every
+/// round-robin offset, with stream-memory-op waits (which hold their queue, as the check
+/// assumes of every wait).
+#[test]
+fn orders_the_check_accepts_do_not_hang_on_emulated_queues() {
+    let twin = HostTwin::new().unwrap();
+    let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..Default::default() };
+    let mut accepted = 0;
+    for case in common::corpus() {
+        let plan = case.plan().unwrap();
+        let order = whole_lane_order(&plan);
+        let streams = plan.devices * plan.lanes.len();
+        if streams <= 8 || check_enqueue_order(&plan, &order, 8).is_err() {
+            continue;
+        }
+        accepted += 1;
+        for offset in 0..8 {
+            let queued = twin.with_feed(HostFeed::Queues { queues: 8, offset });
+            queued
+                .run_in_order(&plan, &order, 8, case.seed, case.family, &options)
+                .unwrap_or_else(|e| panic!("{} at offset {offset}: {e}", case.name));
+        }
+    }
+    assert!(accepted >= 10, "only {accepted} cases share queues and have a whole-lane order the check accepts");
+    eprintln!("{accepted} whole-lane orders accepted and run at every offset");
+}
+
+/// And where it rejects an order, the order hangs: for one in sixteen of the corpus cases
+/// whose whole-lane order the check rejects at 8 queues (and accepts at 32, so that it can
+/// be lowered), the emulation at the offset the check names does not finish within 2 s
+/// (the plans are tiny: they finish in milliseconds), while the schedule order of the same
+/// plan on the same queues does.
+#[test]
+fn orders_the_check_rejects_hang_on_emulated_queues() {
+    let twin = HostTwin::new().unwrap();
+    let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..Default::default() };
+    let hurried = CudaRunOptions { run_timeout: HANG_LIMIT, wait_timeout: HANG_LIMIT, ..options };
+    let mut tried = 0;
+    let rejected = common::corpus().into_iter().filter_map(|case| {
+        let plan = case.plan().unwrap();
+        let order = whole_lane_order(&plan);
+        let Err(EnqueueError::Hang(hang)) = check_enqueue_order(&plan, &order, 8) else { return None };
+        check_enqueue_order(&plan, &order, MAX_QUEUES).ok()?;
+        Some((case, plan, order, hang.offset))
+    });
+    for (case, plan, order, offset) in rejected.step_by(16) {
+        tried += 1;
+        let queued = twin.with_feed(HostFeed::Queues { queues: 8, offset });
+        match queued.run_in_order(&plan, &order, MAX_QUEUES, case.seed, case.family, &hurried) {
+            Err(CudaError::RunTimeout { .. }) => {}
+            other => panic!("{}: the check predicts a hang at offset {offset}, the run gave {other:?}", case.name),
+        }
+        let scheduled = schedule_order(&plan).unwrap();
+        queued
+            .run_in_order(&plan, &scheduled, 8, case.seed, case.family, &options)
+            .unwrap_or_else(|e| panic!("{}: the schedule order on the same queues: {e}", case.name));
+    }
+    assert!(tried >= 5, "only {tried} rejected cases tried");
 }

@@ -455,10 +455,26 @@ pub(crate) fn prepare(
     options: &CudaRunOptions,
     cublas_present: bool,
 ) -> Result<Lowered, CudaError> {
+    prepare_in_order(plan, seed, options, cublas_present, None)
+}
+
+/// [`prepare`] with a given enqueue order, proven safe for `queues` hardware queues
+/// (`None`: the schedule order, for this process's queue count).
+pub(crate) fn prepare_in_order(
+    plan: &Plan,
+    seed: u32,
+    options: &CudaRunOptions,
+    cublas_present: bool,
+    order: Option<(&[cmm_core::plan::OpSite], usize)>,
+) -> Result<Lowered, CudaError> {
     plan.validate()?;
     plan.check_generator_range()?;
     cmm_core::moe::check_routing(plan, seed)?;
-    lower(plan, &LowerOptions { gemm: options.gemm, sync: options.sync, cublas_present, queues: hardware_queues()? })
+    let lowering = |queues| LowerOptions { gemm: options.gemm, sync: options.sync, cublas_present, queues };
+    match order {
+        None => lower(plan, &lowering(hardware_queues()?)),
+        Some((order, queues)) => crate::lower::lower_in_order(plan, order, &lowering(queues)),
+    }
 }
 
 /// A one-device plan holding one GEMM of `spec`.

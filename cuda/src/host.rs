@@ -16,14 +16,15 @@
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command as Process;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cmm_core::generator::Family;
+use cmm_core::plan::OpSite;
 use cmm_core::Plan;
 
-use crate::backend::{prepare, CudaRunOptions, CudaRunOutput};
+use crate::backend::{prepare, prepare_in_order, CudaRunOptions, CudaRunOutput};
 use crate::error::CudaError;
 use crate::kernels::KERNEL_FILES;
 use crate::launch::{
@@ -353,22 +354,69 @@ fn out_of_bounds(plan: &Plan, device: usize, buffer: usize, detail: String) -> C
     CudaError::OutOfBounds { plan: plan.name.clone(), device, buffer: plan.buffers[buffer].name.clone(), detail }
 }
 
+/// How the host twin feeds its streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HostFeed {
+    /// A thread per stream: each stream runs as soon as its own order allows (a GPU with
+    /// a hardware queue per stream).
+    #[default]
+    Streams,
+    /// The GPU's FIFO hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS`), emulated: stream
+    /// `s` feeds queue `(s + offset) mod queues`, in enqueue order; a queue starts its head
+    /// once the head's stream has finished everything before it (then moves on, so
+    /// kernels of different streams in one queue overlap), and a stream-memory-op wait
+    /// holds its queue until it is satisfied. The execution side of the model that
+    /// [`cmm_core::verify::queues`] checks statically.
+    Queues {
+        /// Hardware queues.
+        queues: usize,
+        /// The round-robin offset of stream 0.
+        offset: usize,
+    },
+}
+
 /// The CUDA backend's kernels and lowering, run on the CPU.
 #[derive(Clone, Copy)]
 pub struct HostTwin {
     kernels: &'static HostKernels,
+    feed: HostFeed,
 }
 
 impl std::fmt::Debug for HostTwin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostTwin").field("compiler", &compiler()).field("kernels", &self.kernels.entries.len()).finish()
+        f.debug_struct("HostTwin")
+            .field("compiler", &compiler())
+            .field("kernels", &self.kernels.entries.len())
+            .field("feed", &self.feed)
+            .finish()
     }
 }
 
 impl HostTwin {
     /// Builds (or finds in the cache) and loads the host kernels.
     pub fn new() -> Result<HostTwin, CudaError> {
-        Ok(HostTwin { kernels: HostKernels::get()? })
+        Ok(HostTwin { kernels: HostKernels::get()?, feed: HostFeed::Streams })
+    }
+
+    /// The same twin, feeding its streams as `feed` says.
+    pub fn with_feed(self, feed: HostFeed) -> HostTwin {
+        HostTwin { feed, ..self }
+    }
+
+    /// Runs `plan` enqueued in `order` (every op once, each lane in program order), which
+    /// lowering first proves unable to hang on `check_queues` hardware queues; see
+    /// [`CudaExecutor::run`].
+    pub fn run_in_order(
+        &self,
+        plan: &Plan,
+        order: &[OpSite],
+        check_queues: usize,
+        seed: u32,
+        family: Family,
+        options: &CudaRunOptions,
+    ) -> Result<CudaRunOutput, CudaError> {
+        let lowered = prepare_in_order(plan, seed, options, false, Some((order, check_queues)))?;
+        self.run_lowered(plan, &lowered, seed, family, options)
     }
 
     /// One line for reports.
@@ -392,16 +440,30 @@ impl CudaExecutor for HostTwin {
         family: Family,
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError> {
-        let start = Instant::now();
         let lowered = prepare(plan, seed, options, false)?;
+        self.run_lowered(plan, &lowered, seed, family, options)
+    }
+}
+
+impl HostTwin {
+    fn run_lowered(
+        &self,
+        plan: &Plan,
+        lowered: &Lowered,
+        seed: u32,
+        family: Family,
+        options: &CudaRunOptions,
+    ) -> Result<CudaRunOutput, CudaError> {
+        let start = Instant::now();
         let memory = HostMemory::allocate(plan);
         fill_inputs(self.kernels, plan, &memory, seed, family)?;
         let control = HostControl::new(lowered.wait_slots.len());
         let words = control.words(options.wait_timeout);
         // The fused GEMMs' tables live as long as the run.
-        let (streams, tables) = stream_work(&lowered, &memory, &words);
+        let (ordered, tables) = stream_work(lowered, &memory, &words);
+        let shared = Shared { kernels: self.kernels, plan, control: &control, options, first_error: Mutex::new(None) };
         let began = Instant::now();
-        let (first_error, timed_out) = run_streams(self.kernels, plan, &streams, &control, options);
+        let (first_error, timed_out) = run_feed(shared, self.feed, &ordered, lowered.streams);
         let elapsed_run = began.elapsed();
         if let Some(e) = first_error {
             return Err(e);
@@ -410,11 +472,11 @@ impl CudaExecutor for HostTwin {
             return Err(CudaError::RunTimeout {
                 plan: plan.name.clone(),
                 limit_ms: options.run_timeout.as_millis() as u64,
-                pending: released_waits(plan, &lowered, |slot| control.status(slot))
+                pending: released_waits(plan, lowered, |slot| control.status(slot))
                     .unwrap_or_else(|| "the streams did not finish on the host".into()),
             });
         }
-        if let Some(e) = timed_out_wait(plan, &lowered, |slot| control.status(slot), options.wait_timeout) {
+        if let Some(e) = timed_out_wait(plan, lowered, |slot| control.status(slot), options.wait_timeout) {
             return Err(e);
         }
         drop(tables);
@@ -457,20 +519,20 @@ fn fill_inputs(
     Ok(())
 }
 
-/// Each stream's submissions in enqueue order, and the fused GEMMs' tables they point into.
-fn stream_work(
-    lowered: &Lowered,
-    memory: &HostMemory,
-    words: &RunWords,
-) -> (Vec<Vec<Submission>>, Vec<Box<[AtomicU64]>>) {
-    let mut tables: Vec<Box<[AtomicU64]>> = Vec::new();
-    let mut streams: Vec<Vec<Submission>> = vec![Vec::new(); lowered.streams];
+/// A fused GEMM's table on the host.
+type Table = Box<[AtomicU64]>;
+
+/// Every submission with its stream, in enqueue order, and the fused GEMMs' tables they
+/// point into.
+fn stream_work(lowered: &Lowered, memory: &HostMemory, words: &RunWords) -> (Vec<(usize, Submission)>, Vec<Table>) {
+    let mut tables: Vec<Table> = Vec::new();
+    let mut ordered: Vec<(usize, Submission)> = Vec::new();
     for step in &lowered.steps {
         let Some(command) = &step.command else { continue };
         let work = match command {
             Command::FusedGemm(f) => {
                 let bytes = fused_table(memory, f);
-                let table: Box<[AtomicU64]> = zeroed_words(bytes.len().div_ceil(8));
+                let table: Table = zeroed_words(bytes.len().div_ceil(8));
                 for (word, chunk) in table.iter().zip(bytes.chunks(8)) {
                     let mut le = [0u8; 8];
                     le[..chunk.len()].copy_from_slice(chunk);
@@ -482,53 +544,159 @@ fn stream_work(
             }
             other => submissions(other, memory, words),
         };
-        streams[step.stream].extend(work);
+        ordered.extend(work.into_iter().map(|w| (step.stream, w)));
     }
-    (streams, tables)
+    (ordered, tables)
 }
 
-/// Runs every stream on its own thread until all finish: the first error (which raises
-/// the abort word, so every wait returns), and whether the run's deadline passed (which
-/// raises it too).
-fn run_streams(
-    kernels: &HostKernels,
-    plan: &Plan,
-    streams: &[Vec<Submission>],
-    control: &HostControl,
-    options: &CudaRunOptions,
-) -> (Option<CudaError>, bool) {
-    let began = Instant::now();
-    let first_error: Mutex<Option<CudaError>> = Mutex::new(None);
-    let timed_out = std::thread::scope(|scope| {
-        let workers: Vec<_> = streams
-            .iter()
-            .map(|work| {
-                let first_error = &first_error;
-                scope.spawn(move || {
-                    for s in work {
-                        if control.aborted() {
-                            return;
-                        }
-                        if let Err(e) = execute(kernels, plan, s, control, options.wait_timeout) {
-                            first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
-                            control.abort();
-                            return;
-                        }
-                    }
-                })
-            })
-            .collect();
+/// What a run's threads share: the first error (which raises the abort word, so every
+/// wait returns) and the control words.
+struct Shared<'a> {
+    kernels: &'a HostKernels,
+    plan: &'a Plan,
+    control: &'a HostControl,
+    options: &'a CudaRunOptions,
+    first_error: Mutex<Option<CudaError>>,
+}
+
+impl Shared<'_> {
+    /// Runs one submission; false (after recording the error and aborting) if it failed.
+    fn execute(&self, s: &Submission) -> bool {
+        match execute(self.kernels, self.plan, s, self.control, self.options.wait_timeout) {
+            Ok(()) => true,
+            Err(e) => {
+                self.first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                self.control.abort();
+                false
+            }
+        }
+    }
+
+    /// Waits for `workers`, raising the abort word once the run's deadline passes;
+    /// returns whether it passed.
+    fn join<T>(&self, workers: &[std::thread::ScopedJoinHandle<'_, T>], began: Instant) -> bool {
         let mut timed_out = false;
         while !workers.iter().all(|w| w.is_finished()) {
-            if !timed_out && began.elapsed() > options.run_timeout {
+            if !timed_out && began.elapsed() > self.options.run_timeout {
                 timed_out = true;
-                control.abort();
+                self.control.abort();
             }
             std::thread::sleep(Duration::from_micros(200));
         }
         timed_out
+    }
+}
+
+/// Per-stream counts of finished submissions, and a way to wait for one to grow.
+#[derive(Default)]
+struct Progress {
+    lock: Mutex<()>,
+    grew: std::sync::Condvar,
+}
+
+impl Progress {
+    fn advance(&self, count: &AtomicUsize) {
+        let _held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        count.fetch_add(1, Ordering::SeqCst);
+        self.grew.notify_all();
+    }
+
+    /// Waits until `count` reaches `value`; false if the run was aborted first.
+    fn wait_for(&self, count: &AtomicUsize, value: usize, control: &HostControl) -> bool {
+        let mut held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        while count.load(Ordering::SeqCst) < value {
+            if control.aborted() {
+                return false;
+            }
+            // The abort word is not signalled: look at it every millisecond.
+            held = self.grew.wait_timeout(held, Duration::from_millis(1)).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        true
+    }
+}
+
+/// Runs the submissions as `feed` says until all finish (or the run is aborted): the
+/// first error, and whether the run's deadline passed.
+fn run_feed(
+    shared: Shared<'_>,
+    feed: HostFeed,
+    ordered: &[(usize, Submission)],
+    streams: usize,
+) -> (Option<CudaError>, bool) {
+    let began = Instant::now();
+    // Per stream: how many of its submissions have finished; per submission, its index
+    // in its stream.
+    let finished: Vec<AtomicUsize> = (0..streams).map(|_| AtomicUsize::new(0)).collect();
+    let mut count = vec![0usize; streams];
+    let indexed: Vec<(usize, usize, &Submission)> = ordered
+        .iter()
+        .map(|(stream, s)| {
+            count[*stream] += 1;
+            (*stream, count[*stream] - 1, s)
+        })
+        .collect();
+    let progress = Progress::default();
+    let (shared_ref, finished, indexed) = (&shared, &finished, &indexed);
+    let timed_out = std::thread::scope(|scope| match feed {
+        HostFeed::Streams => {
+            let workers: Vec<_> = (0..streams)
+                .map(|stream| {
+                    scope.spawn(move || {
+                        for (_, _, s) in indexed.iter().filter(|(of, _, _)| *of == stream) {
+                            if shared_ref.control.aborted() || !shared_ref.execute(s) {
+                                return;
+                            }
+                        }
+                    })
+                })
+                .collect();
+            shared_ref.join(&workers, began)
+        }
+        HostFeed::Queues { queues, offset } => {
+            let queues = queues.max(1);
+            let mut inboxes = Vec::with_capacity(streams);
+            let mut workers = Vec::with_capacity(streams + queues);
+            let progress = &progress;
+            for done in finished {
+                let (send, receive) = std::sync::mpsc::channel::<&Submission>();
+                inboxes.push(send);
+                workers.push(scope.spawn(move || {
+                    for s in receive {
+                        if !shared_ref.control.aborted() && !shared_ref.execute(s) {
+                            return;
+                        }
+                        progress.advance(done);
+                    }
+                }));
+            }
+            for queue in 0..queues {
+                let inboxes = inboxes.clone();
+                workers.push(scope.spawn(move || {
+                    for &(stream, index, s) in
+                        indexed.iter().filter(|(stream, _, _)| (stream + offset) % queues == queue)
+                    {
+                        // The head starts once its stream has finished everything before it.
+                        if !progress.wait_for(&finished[stream], index, shared_ref.control) {
+                            return;
+                        }
+                        if let Submission::StreamWait { .. } = s {
+                            // Evaluated by the queue itself: it holds the queue until satisfied.
+                            if !shared_ref.execute(s) {
+                                return;
+                            }
+                            progress.advance(&finished[stream]);
+                        } else if inboxes[stream].send(s).is_err() {
+                            return;
+                        }
+                    }
+                }));
+            }
+            // A worker ends when every queue has dropped its sender.
+            drop(inboxes);
+            shared_ref.join(&workers, began)
+        }
     });
-    (first_error.into_inner().unwrap_or_else(|p| p.into_inner()), timed_out)
+    (shared.first_error.into_inner().unwrap_or_else(|p| p.into_inner()), timed_out)
 }
 
 /// Runs one submission on the calling (stream) thread.

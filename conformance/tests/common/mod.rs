@@ -221,8 +221,14 @@ pub fn missing_signal_deadlocks(backend: &dyn Backend) {
 
 /// Every case of the corpus passes on `backend`.
 pub fn corpus_passes(backend: &dyn Backend) {
+    cases_pass(backend, |_| true);
+}
+
+/// Every case of the corpus that `select` picks passes on `backend`.
+pub fn cases_pass(backend: &dyn Backend, select: impl Fn(&Case) -> bool) {
     let failed: Vec<String> = corpus()
         .iter()
+        .filter(|case| select(case))
         .map(|case| run_case(case, backend, &goldens()))
         .filter(|r| !r.passed() || r.golden != GoldenStatus::Compared)
         .map(|r| format!("{}: {}", r.case.name, r.reason()))
