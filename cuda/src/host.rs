@@ -1,17 +1,18 @@
 //! The host twin of the CUDA backend: the kernels of `cuda/kernels/*.cu`, compiled with
 //! the system C++ compiler against a CPU runtime (`cuda/host/runtime.h`), run the
-//! lowered plan with one OS thread per stream.
+//! lowered plan with one OS thread per stream, or through emulated FIFO hardware queues
+//! ([`HostFeed`]).
 //!
 //! Everything but the driver is the GPU path's own: [`crate::lower`] decides the
-//! enqueue order and every command, [`crate::launch`] resolves them to the same kernel
+//! enqueue order and every command, `launch.rs` resolves them to the same kernel
 //! launches with the same parameter structs, and the same kernel sources run, block by
 //! block with every thread a fiber (so `__syncthreads` and the warp-collective mma are
 //! real rendezvous), their semaphores real atomics, their waits real spins with
-//! deadlines and the abort word. What it cannot show: tensor-core rounding (the mma twin
-//! sums exact products in k order), the memory model of a GPU (the host's is stronger),
-//! timing, and the hardware queues (every stream has its own thread; the queue check of
-//! [`cmm_core::verify::queues`] covers those). A kernel that indexes out of bounds can
-//! crash the process, as it would fault a GPU context.
+//! deadlines and the abort word. Guard bytes around every buffer turn a write past it
+//! into [`CudaError::OutOfBounds`] and a read of them into NaN. What it cannot show:
+//! tensor-core rounding (the mma twin sums exact products in k order), the memory model
+//! of a GPU (the host's is stronger), the driver calls, and timing. A kernel that writes
+//! far outside its buffers can crash the process, as it would fault a GPU context.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
