@@ -37,7 +37,7 @@ use crate::error::CudaError;
 use crate::kernels::{compile, nvrtc_available, KERNEL_FILES};
 use crate::launch::{
     buffer_fill, fused_launch, fused_table, gemm_submission, released_waits, submissions, timed_out_wait, Addressing,
-    Fill, GemmArgs, Kernel, Launch, Param, RunWords, Submission, ONE_THREAD,
+    ControlLayout, Fill, GemmArgs, Kernel, Launch, Param, RunWords, Submission, ONE_THREAD,
 };
 use crate::lower::{
     hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, Loc,
@@ -653,7 +653,7 @@ impl Run<'_> {
         }
         let timeout_ns = (2 * self.options.run_timeout + self.options.wait_timeout).as_nanos() as u64;
         let (go, gate_status) =
-            (self.control.device_word(HostControl::GO), self.control.device_word(HostControl::GATE));
+            (self.control.device_word(ControlLayout::GO), self.control.device_word(ControlLayout::GATE));
         self.enqueued = true;
         let mut l = setup.launch_builder(gpu0.functions.get(Kernel::Gate));
         l.arg(&go).arg(&timeout_ns).arg(&gate_status);
@@ -685,7 +685,7 @@ impl Run<'_> {
         self.control.open_gate();
         self.await_event(&end, self.options.run_timeout)?;
         self.sync_all()?;
-        if self.control.read(HostControl::GATE) != 0 {
+        if self.control.read(ControlLayout::GATE) != 0 {
             return Err(CudaError::RunTimeout {
                 plan: self.plan.name.clone(),
                 limit_ms: timeout_ns / 1_000_000,
@@ -743,11 +743,7 @@ impl Run<'_> {
 
     /// The control words as kernels see them.
     fn words(&self) -> RunWords {
-        RunWords {
-            status: self.control.status_word(0),
-            abort: self.control.device_word(HostControl::ABORT),
-            wait_timeout_ns: self.options.wait_timeout.as_nanos() as u64,
-        }
+        RunWords::at(self.control.device, self.options.wait_timeout)
     }
 
     /// Polls `event` until it completes, fails, or `limit` passes.
@@ -1071,14 +1067,9 @@ struct HostControl {
 }
 
 impl HostControl {
-    const GO: usize = 0;
-    const ABORT: usize = 1;
-    const GATE: usize = 2;
-    const FIRST_STATUS: usize = 4;
-
     fn new(ctx: &Arc<CudaContext>, waits: usize) -> Result<HostControl, CudaError> {
         ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
-        let words = Self::FIRST_STATUS + 2 * waits;
+        let words = ControlLayout::words(waits);
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: allocates `4 · words` page-locked bytes owned by the returned value.
         #[allow(unsafe_code)]
@@ -1123,21 +1114,17 @@ impl HostControl {
         self.device + 4 * word as u64
     }
 
-    fn status_word(&self, slot: usize) -> u64 {
-        self.device_word(Self::FIRST_STATUS + 2 * slot)
-    }
-
     /// (why, value seen) of a kernel wait: why = 0 reached, 1 deadline, 2 aborted.
     fn status(&self, slot: usize) -> (u32, u32) {
-        (self.read(Self::FIRST_STATUS + 2 * slot), self.read(Self::FIRST_STATUS + 2 * slot + 1))
+        (self.read(ControlLayout::status(slot)), self.read(ControlLayout::status(slot) + 1))
     }
 
     fn open_gate(&self) {
-        self.write(Self::GO, 1);
+        self.write(ControlLayout::GO, 1);
     }
 
     fn raise_abort(&self) {
-        self.write(Self::ABORT, 1);
+        self.write(ControlLayout::ABORT, 1);
     }
 }
 

@@ -29,8 +29,8 @@ use crate::backend::{prepare, prepare_in_order, CudaRunOptions, CudaRunOutput};
 use crate::error::CudaError;
 use crate::kernels::KERNEL_FILES;
 use crate::launch::{
-    buffer_fill, fused_launch, fused_table, released_waits, submissions, timed_out_wait, Addressing, Fill, Kernel,
-    Launch, RunWords, Submission,
+    buffer_fill, fused_launch, fused_table, released_waits, submissions, timed_out_wait, Addressing, ControlLayout,
+    Fill, Kernel, Launch, RunWords, Submission,
 };
 use crate::lower::{Command, Loc, Lowered};
 use crate::CudaExecutor;
@@ -314,39 +314,30 @@ impl HostMemory {
     }
 }
 
-/// The run's control words as `HostControl` lays them out on the GPU: go, abort, gate
-/// status, spare, then `[why, seen]` per kernel wait.
+/// The run's control words, laid out as the GPU's ([`ControlLayout`]).
 struct HostControl {
     words: Box<[AtomicU32]>,
 }
 
 impl HostControl {
-    const ABORT: usize = 1;
-    const FIRST_STATUS: usize = 4;
-
     fn new(waits: usize) -> HostControl {
-        HostControl { words: zeroed_words(Self::FIRST_STATUS + 2 * waits) }
+        HostControl { words: zeroed_words(ControlLayout::words(waits)) }
     }
 
     fn words(&self, wait_timeout: Duration) -> RunWords {
-        let at = |w: usize| self.words.as_ptr() as u64 + 4 * w as u64;
-        RunWords {
-            status: at(Self::FIRST_STATUS),
-            abort: at(Self::ABORT),
-            wait_timeout_ns: wait_timeout.as_nanos() as u64,
-        }
+        RunWords::at(self.words.as_ptr() as u64, wait_timeout)
     }
 
     fn abort(&self) {
-        self.words[Self::ABORT].store(1, Ordering::SeqCst);
+        self.words[ControlLayout::ABORT].store(1, Ordering::SeqCst);
     }
 
     fn aborted(&self) -> bool {
-        self.words[Self::ABORT].load(Ordering::SeqCst) != 0
+        self.words[ControlLayout::ABORT].load(Ordering::SeqCst) != 0
     }
 
     fn status(&self, slot: usize) -> (u32, u32) {
-        let w = Self::FIRST_STATUS + 2 * slot;
+        let w = ControlLayout::status(slot);
         (self.words[w].load(Ordering::SeqCst), self.words[w + 1].load(Ordering::SeqCst))
     }
 }

@@ -218,6 +218,28 @@ pub(crate) trait Addressing {
     fn sem(&self, device: usize, sem: usize) -> u64;
 }
 
+/// Where each of a run's control words lies (the GPU's in mapped host memory, the host
+/// twin's in atomics): go, abort, the gate's status, a spare word, then `[why, seen]` per
+/// kernel wait.
+pub(crate) struct ControlLayout;
+
+impl ControlLayout {
+    pub(crate) const GO: usize = 0;
+    pub(crate) const ABORT: usize = 1;
+    pub(crate) const GATE: usize = 2;
+    const FIRST_STATUS: usize = 4;
+
+    /// Words of a run with `waits` kernel waits.
+    pub(crate) fn words(waits: usize) -> usize {
+        Self::FIRST_STATUS + 2 * waits
+    }
+
+    /// The `why` word of wait slot `slot` (`seen` follows it).
+    pub(crate) fn status(slot: usize) -> usize {
+        Self::FIRST_STATUS + 2 * slot
+    }
+}
+
 /// The run's control words as kernels see them.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RunWords {
@@ -230,6 +252,16 @@ pub(crate) struct RunWords {
 }
 
 impl RunWords {
+    /// The words of a control block whose first word is at byte address `base`.
+    pub(crate) fn at(base: u64, wait_timeout: std::time::Duration) -> RunWords {
+        let word = |w: usize| base + 4 * w as u64;
+        RunWords {
+            status: word(ControlLayout::status(0)),
+            abort: word(ControlLayout::ABORT),
+            wait_timeout_ns: wait_timeout.as_nanos() as u64,
+        }
+    }
+
     fn status_word(&self, slot: usize) -> u64 {
         self.status + 8 * slot as u64
     }
