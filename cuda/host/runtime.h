@@ -255,6 +255,15 @@ inline int launch(void (*kernel)(P...), const u32* grid, const u32* block, u32 m
     return 1;
 }
 
+// The byte size of each parameter of `kernel`, for a driver that must copy the values
+// cuLaunchKernel's pointers point at (host/driver.cpp). Returns the count.
+template <class... P>
+inline u32 param_sizes(void (*)(P...), u64* sizes, u32 capacity) {
+    const u64 each[] = {(u64)sizeof(P)..., 0};
+    for (u32 i = 0; i < sizeof...(P) && i < capacity; ++i) sizes[i] = each[i];
+    return (u32)sizeof...(P);
+}
+
 }  // namespace cmm_host
 
 inline void __syncthreads() { cmm_host::barrier(cmm_host::SYNCTHREADS); }

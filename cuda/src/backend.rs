@@ -220,6 +220,9 @@ fn driver_present() -> bool {
 
 /// Whether libcublas can be loaded (cudarc panics on first use otherwise).
 pub fn cublas_present() -> bool {
+    if crate::fake::install_if_requested().is_err() {
+        return false;
+    }
     // SAFETY: only probes the dynamic loader for libcublas.
     #[allow(unsafe_code)]
     unsafe {
@@ -229,6 +232,8 @@ pub fn cublas_present() -> bool {
 
 /// Checks that the CUDA driver can be loaded and reports a GPU, without panicking.
 pub fn probe() -> Result<String, CudaError> {
+    // With CMM_FAKE_CUDA=1 the fake driver must be in place before cudarc looks.
+    crate::fake::install_if_requested()?;
     if !driver_present() {
         return Err(CudaError::NoCudaDriver);
     }

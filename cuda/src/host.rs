@@ -35,9 +35,9 @@ use crate::launch::{
 use crate::lower::{Command, Loc, Lowered};
 use crate::CudaExecutor;
 
-const RUNTIME: &str = include_str!("../host/runtime.h");
+pub(crate) const RUNTIME: &str = include_str!("../host/runtime.h");
 const MMA: &str = include_str!("../host/mma.h");
-const COMMON: &str = include_str!("../kernels/common.cuh");
+pub(crate) const COMMON: &str = include_str!("../kernels/common.cuh");
 
 /// Blocks of a tile-granular GEMM on the host: several, so that the tile scheduler, the
 /// per-block counters and the ordered release really run concurrently.
@@ -59,10 +59,13 @@ pub fn host_source() -> String {
     }
     src.push_str("// ---- launchers ----\n");
     for kernel in Kernel::ALL {
-        let e = kernel.entry();
+        let (e, mode) = (kernel.entry(), Mode::of(kernel) as u32);
         src.push_str(&format!(
             "extern \"C\" int cmm_host_{e}(const u32* grid, const u32* block, u32 mode, void** params, char* error, \
-             u64 error_len) {{ return cmm_host::launch({e}, grid, block, mode, params, error, error_len); }}\n"
+             u64 error_len) {{ return cmm_host::launch({e}, grid, block, mode, params, error, error_len); }}\n\
+             extern \"C\" u32 cmm_host_params_{e}(u64* sizes, u32 capacity) {{ \
+             return cmm_host::param_sizes({e}, sizes, capacity); }}\n\
+             extern \"C\" u32 cmm_host_mode_{e}() {{ return {mode}; }}\n"
         ));
     }
     src
@@ -79,6 +82,18 @@ enum Mode {
     ConcurrentBlocks = 2,
 }
 
+impl Mode {
+    /// How `kernel`'s blocks must run: concurrently when they wait for each other, as
+    /// fibers when they have barriers.
+    fn of(kernel: Kernel) -> Mode {
+        match (kernel.has_barriers(), kernel.persistent()) {
+            (_, true) => Mode::ConcurrentBlocks,
+            (true, false) => Mode::Fibers,
+            (false, false) => Mode::Plain,
+        }
+    }
+}
+
 /// The kernels compiled for the host and loaded.
 struct HostKernels {
     entries: Vec<Entry>,
@@ -86,11 +101,11 @@ struct HostKernels {
     _library: libloading::Library,
 }
 
-fn compiler() -> String {
+pub(crate) fn compiler() -> String {
     std::env::var("CXX").ok().filter(|c| !c.trim().is_empty()).unwrap_or_else(|| "c++".into())
 }
 
-fn cache_dir() -> PathBuf {
+pub(crate) fn cache_dir() -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
@@ -98,13 +113,13 @@ fn cache_dir() -> PathBuf {
     base.join("cmm").join("host-kernels")
 }
 
-/// Compiles `src` with `cxx` into `dir` (keyed by source, compiler and flags) unless
-/// it is there, and returns the library's path.
-fn build(cxx: &str, src: &str, dir: &Path) -> Result<PathBuf, CudaError> {
+/// Compiles `src` with `cxx` and `extra` flags into `dir` as `<stem>-<key>.so` (keyed by
+/// source, compiler and flags) unless it is there, and returns the library's path.
+pub(crate) fn build(cxx: &str, src: &str, dir: &Path, stem: &str, extra: &[&str]) -> Result<PathBuf, CudaError> {
     let fail = |message: String, log: String| CudaError::HostBuild { compiler: cxx.to_string(), message, log };
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (src, cxx, FLAGS).hash(&mut hasher);
-    let library = dir.join(format!("cmm-host-{:016x}.so", hasher.finish()));
+    (src, cxx, FLAGS, extra).hash(&mut hasher);
+    let library = dir.join(format!("{stem}-{:016x}.so", hasher.finish()));
     if library.exists() {
         return Ok(library);
     }
@@ -113,7 +128,7 @@ fn build(cxx: &str, src: &str, dir: &Path) -> Result<PathBuf, CudaError> {
     let unique = format!("{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
     let (source, partial) = (library.with_extension(format!("{unique}.cpp")), library.with_extension(unique));
     std::fs::write(&source, src).map_err(|e| fail(format!("writing {}: {e}", source.display()), String::new()))?;
-    let output = Process::new(cxx).args(FLAGS).arg("-o").arg(&partial).arg(&source).output();
+    let output = Process::new(cxx).args(FLAGS).arg("-o").arg(&partial).arg(&source).args(extra).output();
     let _ = std::fs::remove_file(&source);
     let output = output.map_err(|e| fail(format!("cannot run it ({e}); install g++ or clang++"), String::new()))?;
     if !output.status.success() {
@@ -126,7 +141,7 @@ fn build(cxx: &str, src: &str, dir: &Path) -> Result<PathBuf, CudaError> {
 }
 
 fn load() -> Result<HostKernels, CudaError> {
-    let path = build(&compiler(), &host_source(), &cache_dir())?;
+    let path = build(&compiler(), &host_source(), &cache_dir(), "cmm-host", &[])?;
     let fail = |message: String| CudaError::HostBuild { compiler: compiler(), message, log: String::new() };
     // SAFETY: the library is the one just built from the project's own sources; loading
     // it runs only the C++ runtime's static initialisers.
@@ -167,12 +182,7 @@ impl HostKernels {
     /// Runs `l` to completion on this thread (a persistent kernel's blocks on threads of
     /// their own).
     fn launch(&self, l: &Launch) -> Result<(), CudaError> {
-        let mode = match (l.kernel.has_barriers(), l.kernel.persistent()) {
-            (_, true) => Mode::ConcurrentBlocks,
-            (true, false) => Mode::Fibers,
-            (false, false) => Mode::Plain,
-        };
-        self.launch_in(l, mode)
+        self.launch_in(l, Mode::of(l.kernel))
     }
 
     fn launch_in(&self, l: &Launch, mode: Mode) -> Result<(), CudaError> {
@@ -768,7 +778,7 @@ mod tests {
     #[test]
     fn a_missing_compiler_is_a_typed_error() {
         let dir = std::env::temp_dir().join("cmm-host-test-missing");
-        let e = build("/nonexistent/c++", "int main() {}", &dir).unwrap_err();
+        let e = build("/nonexistent/c++", "int main() {}", &dir, "cmm-host", &[]).unwrap_err();
         assert!(matches!(e, CudaError::HostBuild { .. }), "{e}");
         assert!(e.to_string().contains("cannot run it") && e.to_string().contains("/nonexistent/c++"), "{e}");
     }
@@ -776,7 +786,7 @@ mod tests {
     #[test]
     fn a_compile_error_carries_the_compiler_log() {
         let dir = std::env::temp_dir().join(format!("cmm-host-test-broken-{}", std::process::id()));
-        let e = build(&compiler(), "int broken = ;\n", &dir).unwrap_err();
+        let e = build(&compiler(), "int broken = ;\n", &dir, "cmm-host", &[]).unwrap_err();
         let text = e.to_string();
         assert!(matches!(e, CudaError::HostBuild { .. }), "{text}");
         assert!(text.contains("exited with") && text.contains("error"), "{text}");

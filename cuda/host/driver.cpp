@@ -1,0 +1,859 @@
+// The fake CUDA driver: the subset of libcuda's API that cmm's CUDA backend (through
+// cudarc) calls, implemented on the CPU, so that `CudaBackend` itself, its driver calls
+// included, runs without a GPU (cmm-cuda `fake`, `CMM_FAKE_CUDA=1`).
+//
+// Appended to the host twin's translation unit (runtime.h, common.cuh, the kernels and
+// their launchers) and built as a shared library whose soname is `libcuda.so`; loaded
+// before cudarc looks for the driver, it is the driver cudarc finds.
+//
+// The model, and what it checks:
+// - Device memory is host memory with 256 guard bytes of 0xff on both sides of every
+//   allocation. A kernel or copy that writes a guard is a sticky
+//   CUDA_ERROR_ILLEGAL_ADDRESS of its context, as a fault is on a GPU; a read of one
+//   gives NaN. Copies and stream memory operations outside every allocation, frees of
+//   unknown pointers and use of a context after it was reset are errors too.
+// - Modules are PTX: cuModuleLoadData records its `.entry` names, and
+//   cuModuleGetFunction finds only those, running the host twin's launcher of that
+//   name. cuLaunchKernel copies the parameter values at the call, as the driver does
+//   (their sizes come from the kernel's C++ signature), and checks the launch bounds.
+// - Streams feed FIFO hardware queues, one worker thread each: stream k of a context
+//   (in creation order) feeds queue k mod CUDA_DEVICE_MAX_CONNECTIONS, the NULL stream
+//   queue 0. A queue runs one item at a time, so a spinning kernel, a stream wait on a
+//   value or an event holds everything behind it in its queue, other streams' work
+//   included: the hazard cmm's hang check (cmm_core::verify::queues) is about.
+// - The NULL stream is the legacy default stream without its implicit synchronisation
+//   with blocking streams (cmm creates only non-blocking ones). Synchronous copies and
+//   memsets first drain it, as they do on a GPU.
+// - A sticky error makes every later item of its context a no-op and every call
+//   return it, until cuDevicePrimaryCtxReset.
+// What it cannot show: timing, the GPU's memory model, co-residency of persistent
+// kernels (every block of a launch that waits for others gets its own OS thread), and
+// any check the real driver makes that is not written here.
+
+#include <dlfcn.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+
+namespace cmm_fake {
+
+typedef int CUresult;
+enum : int {
+    SUCCESS = 0,
+    INVALID_VALUE = 1,
+    OUT_OF_MEMORY = 2,
+    NOT_INITIALIZED = 3,
+    INVALID_DEVICE = 101,
+    INVALID_IMAGE = 200,
+    INVALID_CONTEXT = 201,
+    INVALID_HANDLE = 400,
+    NOT_FOUND = 500,
+    NOT_READY = 600,
+    ILLEGAL_ADDRESS = 700,
+    LAUNCH_OUT_OF_RESOURCES = 701,
+    PEER_ACCESS_ALREADY_ENABLED = 704,
+    LAUNCH_FAILED = 719,
+    NOT_SUPPORTED = 801,
+};
+
+constexpr size_t GUARD = 256;
+constexpr u64 TOTAL_MEMORY = 80ull << 30;
+
+typedef int (*Entry)(const u32*, const u32*, u32, void**, char*, u64);
+typedef u32 (*ParamSizes)(u64*, u32);
+typedef u32 (*ModeOf)();
+
+struct Context;
+
+struct Stream {
+    Context* ctx;
+    int queue;
+    std::atomic<u64> submitted{0}, completed{0};
+};
+
+struct Item {
+    Stream* stream;
+    std::function<void()> work;
+};
+
+struct Queue {
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<Item> items;
+};
+
+struct Context {
+    int device;
+    int queue_count;
+    std::vector<std::unique_ptr<Queue>> queues;
+    std::unique_ptr<Stream> legacy;
+    std::atomic<int> sticky{0};
+    std::atomic<bool> dead{false};
+    int streams_created = 0;
+    int retained = 0;
+    std::set<Context*> peers;
+};
+
+struct Allocation {
+    char* base;  // first byte the caller owns
+    size_t bytes;
+    Context* ctx;  // nullptr for page-locked host memory
+};
+
+struct Event {
+    Context* ctx;
+    u32 flags;
+    std::atomic<u64> recorded{0}, completed{0}, at_ns{0};
+};
+
+struct Module {
+    Context* ctx;
+    std::set<std::string> entries;
+};
+
+struct Function {
+    std::string name;
+    Entry entry;
+    ParamSizes params;
+    u32 mode;
+};
+
+// One lock for the tables; queues have their own.
+static std::mutex lock;
+static std::condition_variable progress;  // notified whenever an item completes
+static bool initialised = false;
+static std::vector<Context*> primary;    // per device, the live primary context (or null)
+static std::map<u64, Allocation> allocations;  // by caller address
+static thread_local Context* current = nullptr;
+// An injected fault (cmm_fake_inject_fault): the launch of `fault_entry` that brings
+// `fault_countdown` to zero faults instead of running.
+static std::string fault_entry;
+static u32 fault_countdown = 0;
+
+inline void report(Context* ctx, int code, const std::string& why) {
+    int expected = 0;
+    if (ctx->sticky.compare_exchange_strong(expected, code)) {
+        std::fprintf(stderr, "cmm fake CUDA driver: device %d: %s (sticky error %d)\n", ctx->device, why.c_str(), code);
+    }
+}
+
+inline int device_count() {
+    const char* text = std::getenv("CMM_FAKE_CUDA_GPUS");
+    int n = text != nullptr ? std::atoi(text) : 2;
+    return n < 1 ? 1 : (n > 8 ? 8 : n);
+}
+
+inline int sm_count() {
+    const char* text = std::getenv("CMM_FAKE_CUDA_SMS");
+    int n = text != nullptr ? std::atoi(text) : 8;
+    return n < 1 ? 1 : n;
+}
+
+inline int queue_count() {
+    const char* text = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    int n = text != nullptr ? std::atoi(text) : 8;
+    return n < 1 ? 1 : (n > 32 ? 32 : n);
+}
+
+// The allocation holding [addr, addr + bytes), or null (lock held by the caller).
+inline const Allocation* find(u64 addr, u64 bytes) {
+    auto it = allocations.upper_bound(addr);
+    if (it == allocations.begin()) return nullptr;
+    --it;
+    const Allocation& a = it->second;
+    u64 base = (u64)a.base;
+    if (addr >= base && addr + bytes <= base + a.bytes) return &a;
+    return nullptr;
+}
+
+inline bool inside(u64 addr, u64 bytes) {
+    std::lock_guard<std::mutex> g(lock);
+    return find(addr, bytes) != nullptr;
+}
+
+// Checks (and restores) the guards of every device allocation; the first broken one
+// is reported on `ctx`, naming the allocation and the first byte written.
+inline void check_guards(Context* ctx, const char* after) {
+    std::lock_guard<std::mutex> g(lock);
+    for (auto& [addr, a] : allocations) {
+        if (a.ctx == nullptr) continue;
+        for (int side = 0; side < 2; ++side) {
+            unsigned char* guard = (unsigned char*)(side == 0 ? a.base - GUARD : a.base + a.bytes);
+            for (size_t i = 0; i < GUARD; ++i) {
+                if (guard[i] == 0xff) continue;
+                char why[256];
+                std::snprintf(why, sizeof why, "%s wrote %s the %zu-byte allocation at 0x%llx (guard byte %zu)", after,
+                              side == 0 ? "before" : "past", a.bytes, (unsigned long long)addr,
+                              side == 0 ? GUARD - i : i);
+                report(ctx, ILLEGAL_ADDRESS, why);
+                std::memset(guard, 0xff, GUARD);
+                break;
+            }
+        }
+    }
+}
+
+inline void worker(Context* ctx, Queue* q) {
+    for (;;) {
+        Item item;
+        {
+            std::unique_lock<std::mutex> g(q->m);
+            q->cv.wait(g, [&] { return !q->items.empty(); });
+            item = std::move(q->items.front());
+        }
+        if (ctx->sticky.load() == 0 && !ctx->dead.load()) item.work();
+        {
+            std::lock_guard<std::mutex> g(q->m);
+            q->items.pop_front();
+        }
+        {
+            std::lock_guard<std::mutex> g(lock);
+            item.stream->completed.fetch_add(1);
+        }
+        progress.notify_all();
+    }
+}
+
+inline Context* new_context(int device) {
+    Context* ctx = new Context();
+    ctx->device = device;
+    ctx->queue_count = queue_count();
+    for (int i = 0; i < ctx->queue_count; ++i) {
+        ctx->queues.emplace_back(new Queue());
+        std::thread(worker, ctx, ctx->queues.back().get()).detach();
+    }
+    ctx->legacy.reset(new Stream());
+    ctx->legacy->ctx = ctx;
+    ctx->legacy->queue = 0;
+    return ctx;
+}
+
+inline void enqueue(Stream* s, std::function<void()> work) {
+    Queue* q = s->ctx->queues[s->queue].get();
+    std::lock_guard<std::mutex> g(q->m);
+    s->submitted.fetch_add(1);
+    q->items.push_back(Item{s, std::move(work)});
+    q->cv.notify_one();
+}
+
+// The stream a handle names: NULL (and CU_STREAM_LEGACY / PER_THREAD) is the current
+// context's legacy stream.
+inline Stream* stream_of(void* handle) {
+    if ((uintptr_t)handle <= 2) return current != nullptr ? current->legacy.get() : nullptr;
+    return static_cast<Stream*>(handle);
+}
+
+inline void drain(Stream* s) {
+    u64 target = s->submitted.load();
+    std::unique_lock<std::mutex> g(lock);
+    progress.wait(g, [&] { return s->completed.load() >= target || s->ctx->dead.load(); });
+}
+
+inline bool idle(Stream* s) { return s->completed.load() >= s->submitted.load(); }
+
+inline CUresult ready() {
+    if (!initialised) return NOT_INITIALIZED;
+    if (current == nullptr || current->dead.load()) return INVALID_CONTEXT;
+    return current->sticky.load();
+}
+
+inline u64 now_ns() { return cmm_globaltimer_ns(); }
+
+// Spins (with naps) until `done`, or the context is reset under it.
+template <class F>
+inline void spin_until(Context* ctx, F done) {
+    u32 nap = 1000;
+    while (!done()) {
+        if (ctx->dead.load() || ctx->sticky.load() != 0) return;
+        timespec t{0, (long)nap};
+        nanosleep(&t, nullptr);
+        nap = nap < 200000 ? nap * 2 : nap;
+    }
+}
+
+struct Memcpy2D {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType;
+    const void* srcHost;
+    u64 srcDevice;
+    void* srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void* dstHost;
+    u64 dstDevice;
+    void* dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+};
+
+}  // namespace cmm_fake
+
+using namespace cmm_fake;
+
+extern "C" {
+
+CUresult cuInit(unsigned flags) {
+    if (flags != 0) return INVALID_VALUE;
+    std::lock_guard<std::mutex> g(lock);
+    if (!initialised) {
+        primary.assign(device_count(), nullptr);
+        initialised = true;
+    }
+    return SUCCESS;
+}
+
+CUresult cuDriverGetVersion(int* version) {
+    if (version == nullptr) return INVALID_VALUE;
+    *version = 13000;
+    return SUCCESS;
+}
+
+CUresult cuGetErrorName(CUresult error, const char** name) {
+    switch (error) {
+        case SUCCESS: *name = "CUDA_SUCCESS"; break;
+        case INVALID_VALUE: *name = "CUDA_ERROR_INVALID_VALUE"; break;
+        case OUT_OF_MEMORY: *name = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+        case NOT_INITIALIZED: *name = "CUDA_ERROR_NOT_INITIALIZED"; break;
+        case INVALID_DEVICE: *name = "CUDA_ERROR_INVALID_DEVICE"; break;
+        case INVALID_IMAGE: *name = "CUDA_ERROR_INVALID_IMAGE"; break;
+        case INVALID_CONTEXT: *name = "CUDA_ERROR_INVALID_CONTEXT"; break;
+        case INVALID_HANDLE: *name = "CUDA_ERROR_INVALID_HANDLE"; break;
+        case NOT_FOUND: *name = "CUDA_ERROR_NOT_FOUND"; break;
+        case NOT_READY: *name = "CUDA_ERROR_NOT_READY"; break;
+        case ILLEGAL_ADDRESS: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
+        case LAUNCH_OUT_OF_RESOURCES: *name = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; break;
+        case PEER_ACCESS_ALREADY_ENABLED: *name = "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED"; break;
+        case LAUNCH_FAILED: *name = "CUDA_ERROR_LAUNCH_FAILED"; break;
+        case NOT_SUPPORTED: *name = "CUDA_ERROR_NOT_SUPPORTED"; break;
+        default: *name = nullptr; return INVALID_VALUE;
+    }
+    return SUCCESS;
+}
+
+CUresult cuGetErrorString(CUresult error, const char** text) {
+    CUresult r = cuGetErrorName(error, text);
+    if (r == SUCCESS && error != SUCCESS) *text = *text + 11;  // past "CUDA_ERROR_"
+    return r;
+}
+
+CUresult cuDeviceGetCount(int* count) {
+    if (!initialised) return NOT_INITIALIZED;
+    *count = (int)primary.size();
+    return SUCCESS;
+}
+
+CUresult cuDeviceGet(int* device, int ordinal) {
+    if (!initialised) return NOT_INITIALIZED;
+    if (ordinal < 0 || ordinal >= (int)primary.size()) return INVALID_DEVICE;
+    *device = ordinal;
+    return SUCCESS;
+}
+
+CUresult cuDeviceGetName(char* name, int len, int device) {
+    if (device < 0 || device >= (int)primary.size()) return INVALID_DEVICE;
+    std::snprintf(name, len, "cmm fake CUDA driver (host twin kernels on the CPU)");
+    return SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(unsigned char* uuid, int device) {
+    if (device < 0 || device >= (int)primary.size()) return INVALID_DEVICE;
+    for (int i = 0; i < 16; ++i) uuid[i] = (unsigned char)(i == 15 ? device : 0xc0 + i);
+    return SUCCESS;
+}
+
+CUresult cuDeviceGetUuid_v2(unsigned char* uuid, int device) { return cuDeviceGetUuid(uuid, device); }
+
+CUresult cuDeviceTotalMem_v2(size_t* bytes, int device) {
+    if (device < 0 || device >= (int)primary.size()) return INVALID_DEVICE;
+    *bytes = TOTAL_MEMORY;
+    return SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int* value, int attribute, int device) {
+    if (device < 0 || device >= (int)primary.size()) return INVALID_DEVICE;
+    switch (attribute) {
+        case 1: *value = 1024; break;    // MAX_THREADS_PER_BLOCK
+        case 2: *value = 1024; break;    // MAX_BLOCK_DIM_X
+        case 3: *value = 1024; break;    // MAX_BLOCK_DIM_Y
+        case 4: *value = 64; break;      // MAX_BLOCK_DIM_Z
+        case 5: *value = 2147483647; break;  // MAX_GRID_DIM_X
+        case 6: *value = 65535; break;   // MAX_GRID_DIM_Y
+        case 7: *value = 65535; break;   // MAX_GRID_DIM_Z
+        case 8: *value = 49152; break;   // MAX_SHARED_MEMORY_PER_BLOCK
+        case 10: *value = 32; break;     // WARP_SIZE
+        case 16: *value = sm_count(); break;  // MULTIPROCESSOR_COUNT
+        case 41: *value = 1; break;      // UNIFIED_ADDRESSING
+        case 75: *value = 9; break;      // COMPUTE_CAPABILITY_MAJOR
+        case 76: *value = 0; break;      // COMPUTE_CAPABILITY_MINOR
+        case 115: *value = 1; break;     // MEMORY_POOLS_SUPPORTED
+        default: *value = 0; break;
+    }
+    return SUCCESS;
+}
+
+CUresult cuDeviceCanAccessPeer(int* can, int device, int peer) {
+    if (device < 0 || device >= (int)primary.size() || peer < 0 || peer >= (int)primary.size()) return INVALID_DEVICE;
+    *can = device != peer;
+    return SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(Context** out, int device) {
+    if (!initialised) return NOT_INITIALIZED;
+    if (device < 0 || device >= (int)primary.size()) return INVALID_DEVICE;
+    std::lock_guard<std::mutex> g(lock);
+    if (primary[device] == nullptr) primary[device] = new_context(device);
+    primary[device]->retained += 1;
+    *out = primary[device];
+    return SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(int device) {
+    if (device < 0 || device >= (int)primary.size()) return INVALID_DEVICE;
+    std::lock_guard<std::mutex> g(lock);
+    if (primary[device] != nullptr && primary[device]->retained > 0) primary[device]->retained -= 1;
+    return SUCCESS;
+}
+
+// Destroys the device's primary context: its work is abandoned (workers stuck in a
+// kernel stay stuck, so its memory is not reused), every handle of it becomes invalid,
+// and the next retain gives a fresh context.
+CUresult cuDevicePrimaryCtxReset_v2(int device) {
+    if (device < 0 || device >= (int)primary.size()) return INVALID_DEVICE;
+    std::lock_guard<std::mutex> g(lock);
+    Context* old = primary[device];
+    if (old != nullptr) {
+        old->dead.store(true);
+        for (auto it = allocations.begin(); it != allocations.end();) {
+            it = it->second.ctx == old ? allocations.erase(it) : std::next(it);
+        }
+        primary[device] = nullptr;
+    }
+    progress.notify_all();
+    return SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(Context* ctx) {
+    if (ctx != nullptr && ctx->dead.load()) return INVALID_CONTEXT;
+    current = ctx;
+    return SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(Context** ctx) {
+    *ctx = current;
+    return SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(Context* ctx) { return cuCtxSetCurrent(ctx); }
+
+CUresult cuCtxGetDevice(int* device) {
+    if (current == nullptr) return INVALID_CONTEXT;
+    *device = current->device;
+    return SUCCESS;
+}
+
+CUresult cuCtxSynchronize() {
+    if (!initialised) return NOT_INITIALIZED;
+    if (current == nullptr || current->dead.load()) return INVALID_CONTEXT;
+    Context* ctx = current;
+    std::unique_lock<std::mutex> g(lock);
+    progress.wait(g, [&] {
+        if (ctx->dead.load()) return true;
+        for (auto& q : ctx->queues) {
+            std::lock_guard<std::mutex> qg(q->m);
+            if (!q->items.empty()) return false;
+        }
+        return true;
+    });
+    return ctx->sticky.load();
+}
+
+CUresult cuCtxEnablePeerAccess(Context* peer, unsigned flags) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (flags != 0 || peer == nullptr || peer == current || peer->dead.load()) return INVALID_VALUE;
+    std::lock_guard<std::mutex> g(lock);
+    if (!current->peers.insert(peer).second) return PEER_ACCESS_ALREADY_ENABLED;
+    return SUCCESS;
+}
+
+CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    std::lock_guard<std::mutex> g(lock);
+    u64 used = 0;
+    for (auto& [addr, a] : allocations) used += a.ctx == current ? a.bytes : 0;
+    *free_bytes = TOTAL_MEMORY - used;
+    *total = TOTAL_MEMORY;
+    return SUCCESS;
+}
+
+CUresult cuMemAlloc_v2(u64* out, size_t bytes) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (bytes == 0) return INVALID_VALUE;
+    size_t padded = (bytes + 255) / 256 * 256;
+    char* raw = static_cast<char*>(std::aligned_alloc(256, padded + 2 * GUARD));
+    if (raw == nullptr) return OUT_OF_MEMORY;
+    // Fresh device memory holds whatever it held: 0xff here, so a read of memory nobody
+    // wrote gives NaN rather than a plausible zero.
+    std::memset(raw, 0xff, padded + 2 * GUARD);
+    std::lock_guard<std::mutex> g(lock);
+    allocations[(u64)(raw + GUARD)] = Allocation{raw + GUARD, bytes, current};
+    *out = (u64)(raw + GUARD);
+    return SUCCESS;
+}
+
+CUresult cuMemFree_v2(u64 ptr) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    // Like the driver, freeing waits for the device to finish what it is doing.
+    if (CUresult r = cuCtxSynchronize(); r != SUCCESS) return r;
+    check_guards(current, "a kernel or copy");
+    std::lock_guard<std::mutex> g(lock);
+    auto it = allocations.find(ptr);
+    if (it == allocations.end() || it->second.ctx == nullptr) return INVALID_VALUE;
+    if (it->second.ctx != current) return INVALID_CONTEXT;
+    std::free(it->second.base - GUARD);
+    allocations.erase(it);
+    return current->sticky.load();
+}
+
+CUresult cuMemHostAlloc(void** out, size_t bytes, unsigned flags) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (bytes == 0) return INVALID_VALUE;
+    char* p = static_cast<char*>(std::calloc(1, bytes));
+    if (p == nullptr) return OUT_OF_MEMORY;
+    std::lock_guard<std::mutex> g(lock);
+    // Mapped (DEVICEMAP) host memory is reachable from kernels; record it as such.
+    allocations[(u64)p] = Allocation{p, bytes, nullptr};
+    (void)flags;
+    *out = p;
+    return SUCCESS;
+}
+
+CUresult cuMemHostGetDevicePointer_v2(u64* out, void* host, unsigned flags) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (flags != 0) return INVALID_VALUE;
+    std::lock_guard<std::mutex> g(lock);
+    const Allocation* a = find((u64)host, 1);
+    if (a == nullptr || a->ctx != nullptr) return INVALID_VALUE;
+    *out = (u64)host;
+    return SUCCESS;
+}
+
+CUresult cuMemFreeHost(void* p) {
+    std::lock_guard<std::mutex> g(lock);
+    auto it = allocations.find((u64)p);
+    if (it == allocations.end() || it->second.ctx != nullptr) return INVALID_VALUE;
+    std::free(p);
+    allocations.erase(it);
+    return SUCCESS;
+}
+
+CUresult cuMemcpyHtoD_v2(u64 dst, const void* src, size_t bytes) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    drain(current->legacy.get());
+    if (!inside(dst, bytes)) return INVALID_VALUE;
+    std::memcpy((void*)dst, src, bytes);
+    return SUCCESS;
+}
+
+CUresult cuMemcpyDtoH_v2(void* dst, u64 src, size_t bytes) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    drain(current->legacy.get());
+    if (!inside(src, bytes)) return INVALID_VALUE;
+    std::memcpy(dst, (const void*)src, bytes);
+    return SUCCESS;
+}
+
+CUresult cuMemsetD8_v2(u64 dst, unsigned char value, size_t count) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    drain(current->legacy.get());
+    if (!inside(dst, count)) return INVALID_VALUE;
+    std::memset((void*)dst, value, count);
+    return SUCCESS;
+}
+
+CUresult cuMemcpy2DAsync_v2(const Memcpy2D* d, void* handle) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    Stream* s = stream_of(handle);
+    if (s == nullptr || s->ctx != current) return INVALID_HANDLE;
+    // The backend copies device to device only, from the origin of both pointers.
+    if (d->srcMemoryType != 2 || d->dstMemoryType != 2 || d->srcXInBytes != 0 || d->srcY != 0 ||
+        d->dstXInBytes != 0 || d->dstY != 0) {
+        return NOT_SUPPORTED;
+    }
+    if (d->WidthInBytes > d->srcPitch || d->WidthInBytes > d->dstPitch) return INVALID_VALUE;
+    Memcpy2D copy = *d;
+    Context* ctx = current;
+    enqueue(s, [copy, ctx] {
+        u64 rows = copy.Height, width = copy.WidthInBytes;
+        if (rows == 0 || width == 0) return;
+        u64 src_end = copy.srcPitch * (rows - 1) + width, dst_end = copy.dstPitch * (rows - 1) + width;
+        if (!inside(copy.srcDevice, src_end) || !inside(copy.dstDevice, dst_end)) {
+            report(ctx, ILLEGAL_ADDRESS, "a 2D copy outside every allocation");
+            return;
+        }
+        for (u64 r = 0; r < rows; ++r) {
+            std::memmove((char*)copy.dstDevice + r * copy.dstPitch, (const char*)copy.srcDevice + r * copy.srcPitch,
+                         width);
+        }
+    });
+    return SUCCESS;
+}
+
+CUresult cuStreamCreate(Stream** out, unsigned flags) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (flags > 1) return INVALID_VALUE;
+    std::lock_guard<std::mutex> g(lock);
+    Stream* s = new Stream();
+    s->ctx = current;
+    s->queue = current->streams_created++ % current->queue_count;
+    *out = s;
+    return SUCCESS;
+}
+
+CUresult cuStreamCreateWithPriority(Stream** out, unsigned flags, int priority) {
+    (void)priority;
+    return cuStreamCreate(out, flags);
+}
+
+// The stream's remaining work still runs, as on a GPU; its record is kept.
+CUresult cuStreamDestroy_v2(Stream* s) {
+    if (s == nullptr) return INVALID_HANDLE;
+    return SUCCESS;
+}
+
+CUresult cuStreamSynchronize(void* handle) {
+    if (!initialised) return NOT_INITIALIZED;
+    Stream* s = stream_of(handle);
+    if (s == nullptr) return INVALID_CONTEXT;
+    if (s->ctx->dead.load()) return INVALID_CONTEXT;
+    drain(s);
+    return s->ctx->sticky.load();
+}
+
+CUresult cuStreamQuery(void* handle) {
+    Stream* s = stream_of(handle);
+    if (s == nullptr || s->ctx->dead.load()) return INVALID_CONTEXT;
+    if (int e = s->ctx->sticky.load(); e != 0) return e;
+    return idle(s) ? SUCCESS : NOT_READY;
+}
+
+CUresult cuStreamWaitValue32_v2(void* handle, u64 addr, u32 value, unsigned flags) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    Stream* s = stream_of(handle);
+    if (s == nullptr || s->ctx != current) return INVALID_HANDLE;
+    unsigned kind = flags & 3u;
+    if ((flags & ~(3u | 0x40000000u)) != 0) return INVALID_VALUE;
+    if (!inside(addr, 4) || addr % 4 != 0) return INVALID_VALUE;
+    Context* ctx = current;
+    enqueue(s, [=] {
+        auto met = [=] {
+            u32 v = __atomic_load_n((const u32*)addr, __ATOMIC_ACQUIRE);
+            switch (kind) {
+                case 0: return (int32_t)(v - value) >= 0;  // GEQ (cyclic, as documented)
+                case 1: return v == value;                 // EQ
+                case 2: return (v & value) != 0;           // AND
+                default: return ~(v | value) != 0;        // NOR
+            }
+        };
+        spin_until(ctx, met);
+    });
+    return SUCCESS;
+}
+
+CUresult cuStreamWriteValue32_v2(void* handle, u64 addr, u32 value, unsigned flags) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    Stream* s = stream_of(handle);
+    if (s == nullptr || s->ctx != current) return INVALID_HANDLE;
+    if (flags > 1) return INVALID_VALUE;
+    if (!inside(addr, 4) || addr % 4 != 0) return INVALID_VALUE;
+    enqueue(s, [=] { __atomic_store_n((u32*)addr, value, flags == 0 ? __ATOMIC_SEQ_CST : __ATOMIC_RELAXED); });
+    return SUCCESS;
+}
+
+CUresult cuEventCreate(Event** out, unsigned flags) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (flags > 15) return INVALID_VALUE;
+    Event* e = new Event();
+    e->ctx = current;
+    e->flags = flags;
+    *out = e;
+    return SUCCESS;
+}
+
+CUresult cuEventDestroy_v2(Event* e) {
+    if (e == nullptr) return INVALID_HANDLE;
+    // Kept: a queued record or wait may still refer to it.
+    return SUCCESS;
+}
+
+CUresult cuEventRecord(Event* e, void* handle) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    Stream* s = stream_of(handle);
+    if (e == nullptr || s == nullptr) return INVALID_HANDLE;
+    if (e->ctx != s->ctx) return INVALID_HANDLE;
+    u64 generation = e->recorded.fetch_add(1) + 1;
+    enqueue(s, [e, generation] {
+        e->at_ns.store(now_ns());
+        e->completed.store(generation);
+    });
+    return SUCCESS;
+}
+
+CUresult cuEventQuery(Event* e) {
+    if (e == nullptr) return INVALID_HANDLE;
+    if (e->ctx->dead.load()) return INVALID_CONTEXT;
+    if (int err = e->ctx->sticky.load(); err != 0) return err;
+    return e->completed.load() >= e->recorded.load() ? SUCCESS : NOT_READY;
+}
+
+CUresult cuEventSynchronize(Event* e) {
+    if (e == nullptr) return INVALID_HANDLE;
+    u64 target = e->recorded.load();
+    {
+        std::unique_lock<std::mutex> g(lock);
+        progress.wait(g, [&] { return e->completed.load() >= target || e->ctx->dead.load() || e->ctx->sticky != 0; });
+    }
+    if (e->ctx->dead.load()) return INVALID_CONTEXT;
+    return e->ctx->sticky.load();
+}
+
+CUresult cuEventElapsedTime(float* ms, Event* start, Event* end) {
+    if (start == nullptr || end == nullptr) return INVALID_HANDLE;
+    if ((start->flags | end->flags) & 2u) return INVALID_HANDLE;  // DISABLE_TIMING
+    if (start->recorded.load() == 0 || end->recorded.load() == 0) return INVALID_HANDLE;
+    if (start->completed.load() < start->recorded.load() || end->completed.load() < end->recorded.load()) {
+        return NOT_READY;
+    }
+    *ms = (float)((double)((int64_t)(end->at_ns.load() - start->at_ns.load())) / 1e6);
+    return SUCCESS;
+}
+
+CUresult cuEventElapsedTime_v2(float* ms, Event* start, Event* end) { return cuEventElapsedTime(ms, start, end); }
+
+CUresult cuStreamWaitEvent(void* handle, Event* e, unsigned flags) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    Stream* s = stream_of(handle);
+    if (s == nullptr || e == nullptr) return INVALID_HANDLE;
+    if (flags != 0) return INVALID_VALUE;
+    u64 target = e->recorded.load();
+    Context* ctx = s->ctx;
+    enqueue(s, [=] { spin_until(ctx, [=] { return e->completed.load() >= target; }); });
+    return SUCCESS;
+}
+
+CUresult cuModuleLoadData(Module** out, const void* image) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    const char* ptx = static_cast<const char*>(image);
+    if (ptx == nullptr || std::strstr(ptx, ".version") == nullptr) return INVALID_IMAGE;
+    Module* m = new Module();
+    m->ctx = current;
+    for (const char* at = std::strstr(ptx, ".entry "); at != nullptr; at = std::strstr(at + 1, ".entry ")) {
+        const char* name = at + 7;
+        size_t len = std::strcspn(name, " (\t\n");
+        m->entries.insert(std::string(name, len));
+    }
+    *out = m;
+    return SUCCESS;
+}
+
+CUresult cuModuleUnload(Module* m) { return m == nullptr ? INVALID_HANDLE : SUCCESS; }
+
+CUresult cuModuleGetFunction(Function** out, Module* m, const char* name) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (m == nullptr || m->ctx != current) return INVALID_HANDLE;
+    if (m->entries.count(name) == 0) return NOT_FOUND;
+    Dl_info info;
+    if (dladdr((void*)&cuModuleGetFunction, &info) == 0) return NOT_FOUND;
+    void* self = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    std::string entry = std::string("cmm_host_") + name;
+    auto launcher = (Entry)dlsym(self, entry.c_str());
+    auto params = (ParamSizes)dlsym(self, ("cmm_host_params_" + std::string(name)).c_str());
+    auto mode = (ModeOf)dlsym(self, ("cmm_host_mode_" + std::string(name)).c_str());
+    if (launcher == nullptr || params == nullptr || mode == nullptr) return NOT_FOUND;
+    *out = new Function{name, launcher, params, mode()};
+    return SUCCESS;
+}
+
+CUresult cuFuncGetAttribute(int* value, int attribute, Function* f) {
+    if (f == nullptr) return INVALID_HANDLE;
+    *value = attribute == 0 ? 1024 : 0;  // MAX_THREADS_PER_BLOCK
+    return SUCCESS;
+}
+
+CUresult cuLaunchKernel(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 shared, void* handle,
+                        void** params, void** extra) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    Stream* s = stream_of(handle);
+    if (f == nullptr || s == nullptr || s->ctx != current) return INVALID_HANDLE;
+    if (extra != nullptr || params == nullptr) return NOT_SUPPORTED;
+    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) return INVALID_VALUE;
+    if (gy > 65535 || gz > 65535 || gx > 2147483647u || bz > 64 || bx > 1024 || by > 1024) return INVALID_VALUE;
+    if ((u64)bx * by * bz > 1024) return INVALID_VALUE;
+    if (shared > 49152) return INVALID_VALUE;
+    // The driver reads every parameter at the call: copy them now.
+    u64 sizes[32];
+    u32 count = f->params(sizes, 32);
+    if (count > 32) return NOT_SUPPORTED;
+    auto values = std::make_shared<std::vector<std::vector<char>>>();
+    for (u32 i = 0; i < count; ++i) {
+        const char* p = static_cast<const char*>(params[i]);
+        values->emplace_back(p, p + sizes[i]);
+    }
+    Context* ctx = current;
+    Function* fn = f;
+    bool faults = false;
+    {
+        std::lock_guard<std::mutex> g(lock);
+        faults = fault_countdown > 0 && fn->name == fault_entry && --fault_countdown == 0;
+    }
+    u32 grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    enqueue(s, [=] {
+        if (faults) {
+            report(ctx, ILLEGAL_ADDRESS, fn->name + ": an injected fault");
+            return;
+        }
+        std::vector<void*> args;
+        for (auto& v : *values) args.push_back(v.data());
+        u32 g3[3] = {grid[0], grid[1], grid[2]}, b3[3] = {block[0], block[1], block[2]};
+        char error[256] = {0};
+        if (fn->entry(g3, b3, fn->mode, args.data(), error, sizeof error) != 0) {
+            report(ctx, LAUNCH_FAILED, fn->name + ": " + error);
+            return;
+        }
+        check_guards(ctx, fn->name.c_str());
+    });
+    return SUCCESS;
+}
+
+// For the fake cuBLAS: runs `work(arg)` in order on `stream`, then `release(arg)`.
+int cmm_fake_enqueue(void* handle, void (*work)(void*), void* arg, void (*release)(void*)) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    Stream* s = stream_of(handle);
+    if (s == nullptr || s->ctx != current) return INVALID_HANDLE;
+    Context* ctx = current;
+    // Released when the item is gone, whether it ran or a sticky error skipped it.
+    std::shared_ptr<void> owned(arg, release);
+    enqueue(s, [=] {
+        work(owned.get());
+        check_guards(ctx, "a cuBLAS GEMM");
+    });
+    return SUCCESS;
+}
+
+// For tests: the `nth` (from 1) launch of `entry` from now on faults, as a kernel that
+// touches unmapped memory does (a sticky CUDA_ERROR_ILLEGAL_ADDRESS). 0 cancels.
+void cmm_fake_inject_fault(const char* entry, u32 nth) {
+    std::lock_guard<std::mutex> g(lock);
+    fault_entry = entry;
+    fault_countdown = nth;
+}
+
+// For the fake cuBLAS: whether [addr, addr + bytes) lies in one device allocation.
+int cmm_fake_inside(u64 addr, u64 bytes) { return inside(addr, bytes) ? 1 : 0; }
+
+}  // extern "C"

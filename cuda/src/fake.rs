@@ -1,0 +1,110 @@
+//! The fake CUDA driver: with `CMM_FAKE_CUDA=1`, [`crate::CudaBackend`] runs on the CPU
+//! through a stand-in for libcuda and libcublas (`cuda/host/driver.cpp`,
+//! `cuda/host/cublas.cpp`), so that the backend's own driver calls, not only its
+//! lowering and kernels (the [`crate::HostTwin`]), run and are checked without a GPU.
+//!
+//! Both libraries are compiled with the system C++ compiler (the driver together with
+//! the host twin of the kernels, whose launchers it runs) and loaded by absolute path,
+//! globally, before cudarc looks for a driver; their sonames are `libcuda.so` and
+//! `libcublas.so`, the first names cudarc asks the dynamic loader for, so cudarc binds
+//! to them even on a machine with a real driver. The fake GPU says what it is in its
+//! name, so no figure measured on it can pass for a GPU's.
+//!
+//! The model, and what it checks, is written at the top of `driver.cpp`: guarded
+//! allocations (a write past one is a sticky `CUDA_ERROR_ILLEGAL_ADDRESS`), PTX modules
+//! whose `.entry` names decide what `cuModuleGetFunction` finds, parameter values copied
+//! at `cuLaunchKernel`, streams on FIFO hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS`),
+//! events, stream memory operations, and cuBLAS's column-major `cublasGemmEx`.
+//! Environment: `CMM_FAKE_CUDA_GPUS` (devices, default 2), `CMM_FAKE_CUDA_SMS` (SMs per
+//! device, default 8).
+
+use std::sync::OnceLock;
+
+use crate::error::CudaError;
+use crate::host::{build, cache_dir, compiler, host_source, COMMON, RUNTIME};
+
+/// The variable that selects the fake driver.
+pub const FAKE_CUDA_VAR: &str = "CMM_FAKE_CUDA";
+
+const DRIVER: &str = include_str!("../host/driver.cpp");
+const CUBLAS: &str = include_str!("../host/cublas.cpp");
+
+/// Whether `CMM_FAKE_CUDA=1`.
+pub fn requested() -> bool {
+    std::env::var(FAKE_CUDA_VAR).is_ok_and(|v| v == "1")
+}
+
+/// The fake driver's and fake cuBLAS's sources, each one translation unit.
+pub fn sources() -> (String, String) {
+    let driver = format!("{}\n// ---- host/driver.cpp ----\n{DRIVER}", host_source());
+    let cublas = format!("{RUNTIME}\n// ---- common.cuh ----\n{COMMON}\n// ---- host/cublas.cpp ----\n{CUBLAS}");
+    (driver, cublas)
+}
+
+/// With `CMM_FAKE_CUDA=1`, builds (once, cached on disk) and loads the fake libcuda and
+/// libcublas into this process, before any driver call; otherwise does nothing.
+/// Returns whether the fake is in place.
+pub fn install_if_requested() -> Result<bool, CudaError> {
+    if !requested() {
+        return Ok(false);
+    }
+    install().map(|()| true)
+}
+
+/// Makes the `nth` (from 1) launch of `kernel` from now on fault, as a kernel that
+/// touches unmapped memory does: a sticky `CUDA_ERROR_ILLEGAL_ADDRESS` of its context
+/// (for tests of the backend's recovery). The fake driver must be installed.
+pub fn inject_fault(kernel: crate::Kernel, nth: u32) -> Result<(), CudaError> {
+    type Inject = unsafe extern "C" fn(*const std::ffi::c_char, u32);
+    let fail = |message: String| CudaError::HostBuild { compiler: compiler(), message, log: String::new() };
+    let entry = std::ffi::CString::new(kernel.entry()).map_err(|e| fail(e.to_string()))?;
+    let this = libloading::os::unix::Library::this();
+    // SAFETY: `cmm_fake_inject_fault` is defined by driver.cpp with exactly `Inject`'s
+    // signature; the fake driver, once installed, stays loaded for the process.
+    #[allow(unsafe_code)]
+    unsafe {
+        let inject = this
+            .get::<Inject>(b"cmm_fake_inject_fault\0")
+            .map_err(|e| fail(format!("the fake CUDA driver is not installed: {e}")))?;
+        inject(entry.as_ptr(), nth);
+    }
+    Ok(())
+}
+
+/// Builds (once per process, cached on disk) and loads the fake libcuda and libcublas,
+/// whatever the environment says: for tests that need the fake driver. Must run before
+/// anything in the process calls into cudarc's driver or cuBLAS bindings.
+pub fn install() -> Result<(), CudaError> {
+    static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
+    INSTALLED.get_or_init(|| load().map_err(|e| e.to_string())).clone().map_err(|message| CudaError::HostBuild {
+        compiler: compiler(),
+        message: format!("the fake CUDA driver: {message}"),
+        log: String::new(),
+    })
+}
+
+fn load() -> Result<(), CudaError> {
+    let (driver_src, cublas_src) = sources();
+    let dir = cache_dir();
+    let driver = build(&compiler(), &driver_src, &dir, "cmm-fake-cuda", &["-Wl,-soname,libcuda.so", "-ldl"])?;
+    let cublas = build(&compiler(), &cublas_src, &dir, "cmm-fake-cublas", &["-Wl,-soname,libcublas.so"])?;
+    for path in [driver, cublas] {
+        // SAFETY: the libraries were just built from the project's own sources; loading
+        // runs only the C++ runtime's static initialisers. RTLD_GLOBAL lets the fake
+        // cuBLAS bind to the fake driver's exports. They stay loaded for the process.
+        #[allow(unsafe_code)]
+        let library = unsafe {
+            libloading::os::unix::Library::open(
+                Some(&path),
+                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+            )
+        }
+        .map_err(|e| CudaError::HostBuild {
+            compiler: compiler(),
+            message: format!("loading {}: {e}", path.display()),
+            log: String::new(),
+        })?;
+        std::mem::forget(library);
+    }
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! The GPU backend itself ([`CudaBackend`], its cudarc and cuBLAS calls included) on the
+//! fake CUDA driver (`cmm_cuda::fake`), which runs on the CPU: what only a driver can
+//! show, without a GPU. The GPU tests of `device.rs` and `conformance/tests/cuda.rs` run
+//! on it too, in the GPU bundle's rehearsal (`cargo xtask gpu-bundle --check`).
+//!
+//! NVRTC compiles the kernels here as on a GPU machine: without libnvrtc these tests
+//! say why they skip, or fail with `CMM_REQUIRE_NVRTC=1` (set by CI).
+
+use std::sync::Mutex;
+
+use cmm_core::generator::Family;
+use cmm_core::{build_plan, Algorithm, DType, OpKind, Problem};
+use cmm_cuda::{
+    fake, nvrtc_available, CudaBackend, CudaError, CudaExecutor, CudaRunOptions, Kernel, Placement, SyncMode,
+};
+
+/// The fake GPU's primary context is one per process, as a real one is, and an injected
+/// fault is global: the tests take turns.
+static TURN: Mutex<()> = Mutex::new(());
+
+/// The backend on the fake driver's first `gpus` GPUs (it has two), or `None` after
+/// saying why (no NVRTC here).
+fn fake_backend_on(gpus: usize) -> Option<CudaBackend> {
+    fake::install().unwrap_or_else(|e| panic!("{e}"));
+    if !nvrtc_available() {
+        let required = std::env::var_os("CMM_REQUIRE_NVRTC").is_some();
+        assert!(!required, "CMM_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
+        eprintln!("SKIPPED (needs libnvrtc; see `cargo xtask cuda-check`): the backend compiles its kernels with it");
+        return None;
+    }
+    Some(CudaBackend::new(gpus).unwrap_or_else(|e| panic!("{e}")))
+}
+
+fn fake_backend() -> Option<CudaBackend> {
+    fake_backend_on(1)
+}
+
+fn ring_plan() -> cmm_core::Plan {
+    let p = Problem::new(OpKind::AgGemm, 4, 64, 48, 32, DType::Bf16, DType::F32).unwrap();
+    build_plan(&p, Algorithm::Ring).unwrap()
+}
+
+/// Runs `plan` on the exact family and compares the output with the CPU twin's.
+fn assert_right(b: &CudaBackend, plan: &cmm_core::Plan, options: &CudaRunOptions) {
+    let out = b.run(plan, 5, Family::Exact, options).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+    let twin = cmm_core::cpu::run(plan, 5, Family::Exact).unwrap();
+    let c = plan.output().unwrap().0;
+    for (d, (got, want)) in out.buffers.iter().zip(&twin).enumerate() {
+        assert_eq!(got[c], want[c], "{} device {d}", plan.name);
+    }
+}
+
+#[test]
+fn the_fake_gpu_names_itself() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    assert!(b.summary().contains("fake CUDA driver"), "{}", b.summary());
+    assert!(b.has_cublas(), "the fake cuBLAS is loaded with the fake driver");
+}
+
+/// A kernel fault is sticky: the run reports the context lost, and the next run starts
+/// a fresh context (reset, modules loaded again, lanes and cuBLAS handles made again)
+/// and is right.
+#[test]
+fn a_faulting_kernel_loses_the_context_and_the_next_run_is_right() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    let plan = ring_plan();
+    for (sync, kernel) in [(SyncMode::Kernels, Kernel::Signal), (SyncMode::StreamMemOps, Kernel::Generate)] {
+        let options = CudaRunOptions { sync, ..Default::default() };
+        assert_right(&b, &plan, &options);
+        fake::inject_fault(kernel, 2).unwrap();
+        match b.run(&plan, 5, Family::Exact, &options) {
+            Err(CudaError::ContextLost { message, .. }) => {
+                assert!(message.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{message}")
+            }
+            other => panic!("{sync:?}: a faulting {} must lose the context, got {other:?}", kernel.entry()),
+        }
+        assert_right(&b, &plan, &options);
+    }
+}
+
+/// A fault on one GPU context does not leak into the next backend's results: every run
+/// after recovery matches the twin, in both sync modes, many times over.
+#[test]
+fn runs_after_a_recovery_stay_right_under_repetition() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    let p = Problem::new(OpKind::GemmRs, 4, 32, 40, 64, DType::F16, DType::F32).unwrap();
+    let plan = build_plan(&p, Algorithm::RingBidir).unwrap_or_else(|_| build_plan(&p, Algorithm::Ring).unwrap());
+    fake::inject_fault(Kernel::Generate, 1).unwrap();
+    assert!(matches!(b.run(&plan, 5, Family::Exact, &CudaRunOptions::default()), Err(CudaError::ContextLost { .. })));
+    for _ in 0..10 {
+        for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
+            assert_right(&b, &plan, &CudaRunOptions { sync, ..Default::default() });
+        }
+    }
+}
+
+/// Device d on GPU d: the peer-access path (`Placement::Gpus`), which one GPU never
+/// takes, runs with two fake GPUs, in both sync modes.
+#[test]
+fn a_plan_across_two_gpus_is_right() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend_on(2) else { return };
+    for (op, rows) in [(OpKind::AgGemm, 32), (OpKind::GemmRs, 64)] {
+        let p = Problem::new(op, 2, rows, 48, 64, DType::F16, DType::F32).unwrap();
+        let plan = build_plan(&p, Algorithm::Ring).unwrap();
+        for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
+            assert_right(&b, &plan, &CudaRunOptions { sync, placement: Placement::Gpus, ..Default::default() });
+        }
+    }
+}
