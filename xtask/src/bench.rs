@@ -37,6 +37,18 @@ pub struct Args {
     /// CUDA only: where to save the JSON report [default: bench/results/cuda-<gpu>-<sync>.json].
     #[arg(long, value_name = "FILE")]
     pub json: Option<std::path::PathBuf>,
+    /// CUDA only: divide every dimension by this power of two (up to 64), and let `--reps`
+    /// go below 20: a rehearsal of the bench's whole path on a small machine (the fake
+    /// CUDA driver); its figures are not the seed-000 shape's and say so.
+    #[arg(long, default_value_t = 1, value_parser = parse_shrink)]
+    pub shrink: usize,
+}
+
+fn parse_shrink(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n.is_power_of_two() && n <= 64 => Ok(n),
+        _ => Err(format!("`{text}` is not a power of two from 1 to 64")),
+    }
 }
 
 /// Shapes measured, as (M, N, K).
@@ -111,7 +123,8 @@ fn sgemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
 pub fn run(args: &Args) -> Result<()> {
     if args.backend == BenchBackend::Cuda {
         return crate::cuda::bench(&crate::cuda::BenchSettings {
-            reps: args.reps.max(20) as usize,
+            reps: if args.shrink == 1 { args.reps.max(20) } else { args.reps } as usize,
+            shrink: args.shrink,
             sync: args.sync,
             stamps: args.stamps.clone(),
             json: args.json.clone(),
