@@ -39,7 +39,17 @@ finish() {
 
 # --- libraries: the driver, NVRTC and cuBLAS, wherever this machine keeps them -------
 find_lib() {
-    local name="$1" dir=""
+    local name="$1" dir="" ld
+    local IFS_saved="$IFS"
+    IFS=:
+    for ld in ${LD_LIBRARY_PATH:-}; do
+        if [ -n "$ld" ] && [ -e "$ld/$name" ]; then
+            IFS="$IFS_saved"
+            echo "$ld"
+            return 0
+        fi
+    done
+    IFS="$IFS_saved"
     dir="$(ldconfig -p 2>/dev/null | awk -v l="$name" '$1 == l { print $NF; exit }')"
     if [ -z "$dir" ]; then
         local roots=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia /usr/lib/x86_64-linux-gnu /opt /usr/local/lib)
@@ -92,22 +102,43 @@ step() { # step NAME LIMIT_SECONDS COMMAND...
 }
 x="$here/bin/xtask"
 
-# --- rehearsal: the folder's own binaries and data, the kernels on the host twin --------
+# --- rehearsal: the folder's own binaries and data, without a GPU -----------------------
+# With NVRTC at hand, the GPU steps themselves run on the fake CUDA driver (cmm-cuda
+# `fake`: the backend's driver and cuBLAS calls on the CPU, the kernels on the host
+# twin), the memops corpus on a single hardware queue; without it, the host twin alone.
 if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
-    unset CMM_REQUIRE_GPU
-    {
-        echo "rehearsal: no GPU used; the CUDA kernels run on the host twin (C++ compiler: ${CXX:-c++})"
-        echo "commit: $CMM_COMMIT"
-        uname -a
-    } >"$logs/env.log" 2>&1
-    step rehearsal-device-tests 120 "$here/bin/cuda-device-tests" --test-threads=1 host_
-    step rehearsal-conformance-kernels 150 "$x" conformance --backend cuda-host --sync kernels --filter _d2_
-    step rehearsal-conformance-memops 150 "$x" conformance --backend cuda-host --sync memops --filter _d2_
+    if grep -q "libnvrtc.so.13: /" "$logs/libraries.log"; then
+        export CMM_FAKE_CUDA=1
+        {
+            echo "rehearsal: no GPU used; the CUDA backend runs on the fake CUDA driver (C++ compiler: ${CXX:-c++})"
+            echo "commit: $CMM_COMMIT"
+            uname -a
+        } >"$logs/env.log" 2>&1
+        step rehearsal-device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
+        step rehearsal-conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
+        step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 32 --reps 3 \
+            --json "$out/bench-rehearsal.json"
+        step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
+            "$x" conformance --backend cuda --sync memops --case-timeout 30
+        step rehearsal-cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
+    else
+        unset CMM_REQUIRE_GPU
+        {
+            echo "rehearsal: no GPU used and no libnvrtc.so.13: the CUDA kernels run on the host twin (C++ compiler: ${CXX:-c++})"
+            echo "commit: $CMM_COMMIT"
+            uname -a
+        } >"$logs/env.log" 2>&1
+        step rehearsal-device-tests 120 "$here/bin/cuda-device-tests" --test-threads=1 host_
+        step rehearsal-conformance-kernels 150 "$x" conformance --backend cuda-host --sync kernels --filter _d2_
+        step rehearsal-conformance-memops 150 "$x" conformance --backend cuda-host --sync memops --filter _d2_
+    fi
     finish
     exit "$failed"
 fi
 
 # --- no GPU: say so and stop -----------------------------------------------------------
+# Only a rehearsal may put the fake driver in place of the real one.
+unset CMM_FAKE_CUDA
 if ! nvidia-smi -L >"$logs/env.log" 2>&1 || ! grep -q "libcuda.so.1: /" "$logs/libraries.log"; then
     {
         echo "no GPU: this machine has no working NVIDIA driver (nvidia-smi -L and libcuda.so.1 are needed)."
