@@ -11,7 +11,9 @@
 //   allocation. A kernel or copy that writes a guard is a sticky
 //   CUDA_ERROR_ILLEGAL_ADDRESS of its context, as a fault is on a GPU; a read of one
 //   gives NaN. Copies and stream memory operations outside every allocation, frees of
-//   unknown pointers and use of a context after it was reset are errors too.
+//   unknown pointers and use of a context after it was reset are errors too. A free
+//   does not wait for queued work: the memory is poisoned and kept out of reuse, so
+//   work that still uses it computes NaN.
 // - Modules are PTX: cuModuleLoadData records its `.entry` names, and
 //   cuModuleGetFunction finds only those, running the host twin's launcher of that
 //   name. cuLaunchKernel copies the parameter values at the call, as the driver does
@@ -97,6 +99,8 @@ struct Context {
     int streams_created = 0;
     int retained = 0;
     std::set<Context*> peers;
+    std::vector<char*> freed;  // raw blocks freed by cuMemFree, poisoned, not yet reused
+    u64 freed_bytes = 0;
 };
 
 struct Allocation {
@@ -506,17 +510,28 @@ CUresult cuMemAlloc_v2(u64* out, size_t bytes) {
     return SUCCESS;
 }
 
+// Freeing does not wait for the streams here: the backend promises to free only what no
+// queued work uses (it drains first, or leaks). So freed memory is poisoned (0xff, NaN
+// to a reader) and kept out of reuse until the context goes: work that still reads it
+// computes NaN, and work that writes it cannot corrupt a later allocation.
 CUresult cuMemFree_v2(u64 ptr) {
     if (CUresult r = ready(); r != SUCCESS) return r;
-    // Like the driver, freeing waits for the device to finish what it is doing.
-    if (CUresult r = cuCtxSynchronize(); r != SUCCESS) return r;
     check_guards(current, "a kernel or copy");
     std::lock_guard<std::mutex> g(lock);
     auto it = allocations.find(ptr);
     if (it == allocations.end() || it->second.ctx == nullptr) return INVALID_VALUE;
     if (it->second.ctx != current) return INVALID_CONTEXT;
-    std::free(it->second.base - GUARD);
+    std::memset(it->second.base, 0xff, it->second.bytes);
+    current->freed.push_back(it->second.base - GUARD);
+    current->freed_bytes += it->second.bytes;
     allocations.erase(it);
+    // Past a bound, the oldest half goes back to the allocator: long runs stay bounded.
+    if (current->freed_bytes > (1ull << 30)) {
+        size_t half = current->freed.size() / 2;
+        for (size_t i = 0; i < half; ++i) std::free(current->freed[i]);
+        current->freed.erase(current->freed.begin(), current->freed.begin() + half);
+        current->freed_bytes /= 2;
+    }
     return current->sticky.load();
 }
 
