@@ -10,7 +10,7 @@
 // is not read (it may hold anything, as cuBLAS allows).
 
 extern "C" int cmm_fake_enqueue(void* stream, void (*work)(void*), void* arg, void (*release)(void*));
-extern "C" int cmm_fake_inside(u64 addr, u64 bytes);
+extern "C" int cmm_fake_accessible(u64 addr, u64 bytes);
 
 namespace cmm_fake_blas {
 
@@ -121,9 +121,9 @@ int cublasGemmEx(Handle* h, int transa, int transb, int m, int n, int k, const v
     if (m == 0 || n == 0) return SUCCESS;
     Gemm* g = new Gemm{transa, transb, m, n, k, *(const float*)alpha, *(const float*)beta, (u64)a, (u64)b, (u64)c,
                        (u32)ta, (u32)tb, (u32)tc, lda, ldb, ldc};
-    bool in_bounds = cmm_fake_inside(g->a, span(a_rows, transa ? m : k, lda, g->ta)) &&
-                     cmm_fake_inside(g->b, span(b_rows, transb ? k : n, ldb, g->tb)) &&
-                     cmm_fake_inside(g->c, span(m, n, ldc, g->tc));
+    bool in_bounds = cmm_fake_accessible(g->a, span(a_rows, transa ? m : k, lda, g->ta)) &&
+                     cmm_fake_accessible(g->b, span(b_rows, transb ? k : n, ldb, g->tb)) &&
+                     cmm_fake_accessible(g->c, span(m, n, ldc, g->tc));
     if (!in_bounds) {
         delete g;
         return INVALID_VALUE;

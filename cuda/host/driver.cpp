@@ -11,9 +11,13 @@
 //   allocation. A kernel or copy that writes a guard is a sticky
 //   CUDA_ERROR_ILLEGAL_ADDRESS of its context, as a fault is on a GPU; a read of one
 //   gives NaN. Copies and stream memory operations outside every allocation, frees of
-//   unknown pointers and use of a context after it was reset are errors too. A free
+//   unknown pointers and use of a context after it was reset are errors too, as are a
+//   stream memory operation or a cuBLAS operand on another device's memory without
+//   peer access, and a function launched outside its module's context. A free
 //   does not wait for queued work: the memory is poisoned and kept out of reuse, so
-//   work that still uses it computes NaN.
+//   work that still uses it computes NaN. (After a sticky error a GPU kills the
+//   context's kernels; here a running kernel goes on to its own deadline, which is
+//   why freed memory, host memory included, is never handed out again while it might.)
 // - Modules are PTX: cuModuleLoadData records its `.entry` names, and
 //   cuModuleGetFunction finds only those, running the host twin's launcher of that
 //   name. cuLaunchKernel copies the parameter values at the call, as the driver does
@@ -22,7 +26,8 @@
 //   (in creation order) feeds queue k mod CUDA_DEVICE_MAX_CONNECTIONS, the NULL stream
 //   queue 0. A queue runs one item at a time, so a spinning kernel, a stream wait on a
 //   value or an event holds everything behind it in its queue, other streams' work
-//   included: the hazard cmm's hang check (cmm_core::verify::queues) is about.
+//   included: the hazard cmm's hang check (cmm_core::verify::queues) is about. With
+//   CUDA_LAUNCH_BLOCKING=1 a launch returns only once its kernel has run.
 // - The NULL stream is the legacy default stream without its implicit synchronisation
 //   with blocking streams (cmm creates only non-blocking ones). Synchronous copies and
 //   memsets first drain it, as they do on a GPU.
@@ -121,6 +126,7 @@ struct Module {
 };
 
 struct Function {
+    Context* ctx;  // of its module: it launches only on that context's streams
     std::string name;
     Entry entry;
     ParamSizes params;
@@ -158,6 +164,26 @@ inline int sm_count() {
     return n < 1 ? 1 : n;
 }
 
+// CUDA_LAUNCH_BLOCKING=1: every kernel launch returns once its kernel has run, as the
+// driver does for debugging. CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 does the same without
+// telling the backend (which reads CUDA_LAUNCH_BLOCKING), as a tool that serialises GPU
+// work would; cmm_fake_set_launch_blocking overrides both, for tests.
+static std::atomic<int> launch_blocking{-1};
+
+inline bool env_is_one(const char* name) {
+    const char* text = std::getenv(name);
+    return text != nullptr && std::strcmp(text, "1") == 0;
+}
+
+inline bool launches_block() {
+    int v = launch_blocking.load();
+    if (v < 0) {
+        v = env_is_one("CUDA_LAUNCH_BLOCKING") || env_is_one("CMM_FAKE_CUDA_BLOCKING_LAUNCHES") ? 1 : 0;
+        launch_blocking.store(v);
+    }
+    return v == 1;
+}
+
 inline int queue_count() {
     const char* text = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     int n = text != nullptr ? std::atoi(text) : 8;
@@ -178,6 +204,14 @@ inline const Allocation* find(u64 addr, u64 bytes) {
 inline bool inside(u64 addr, u64 bytes) {
     std::lock_guard<std::mutex> g(lock);
     return find(addr, bytes) != nullptr;
+}
+
+// Whether work of `ctx` may address [addr, addr + bytes): one allocation, mapped host
+// memory or device memory of `ctx` itself or of a peer it enabled access to.
+inline bool accessible(Context* ctx, u64 addr, u64 bytes) {
+    std::lock_guard<std::mutex> g(lock);
+    const Allocation* a = find(addr, bytes);
+    return a != nullptr && (a->ctx == nullptr || a->ctx == ctx || ctx->peers.count(a->ctx) != 0);
 }
 
 // Checks (and restores) the guards of every device allocation; the first broken one
@@ -558,11 +592,15 @@ CUresult cuMemHostGetDevicePointer_v2(u64* out, void* host, unsigned flags) {
     return SUCCESS;
 }
 
+// Like device memory, freed host memory is poisoned and never reused: after a sticky
+// error a GPU kills the context's kernels, but here a kernel that was running goes on
+// until its own deadline, and may still write its status words. (0xff also reads as a
+// raised abort word, so such kernels stop at their next look.)
 CUresult cuMemFreeHost(void* p) {
     std::lock_guard<std::mutex> g(lock);
     auto it = allocations.find((u64)p);
     if (it == allocations.end() || it->second.ctx != nullptr) return INVALID_VALUE;
-    std::free(p);
+    std::memset(p, 0xff, it->second.bytes);
     allocations.erase(it);
     return SUCCESS;
 }
@@ -663,7 +701,7 @@ CUresult cuStreamWaitValue32_v2(void* handle, u64 addr, u32 value, unsigned flag
     if (s == nullptr || s->ctx != current) return INVALID_HANDLE;
     unsigned kind = flags & 3u;
     if ((flags & ~(3u | 0x40000000u)) != 0) return INVALID_VALUE;
-    if (!inside(addr, 4) || addr % 4 != 0) return INVALID_VALUE;
+    if (!accessible(current, addr, 4) || addr % 4 != 0) return INVALID_VALUE;
     Context* ctx = current;
     enqueue(s, [=] {
         auto met = [=] {
@@ -685,7 +723,7 @@ CUresult cuStreamWriteValue32_v2(void* handle, u64 addr, u32 value, unsigned fla
     Stream* s = stream_of(handle);
     if (s == nullptr || s->ctx != current) return INVALID_HANDLE;
     if (flags > 1) return INVALID_VALUE;
-    if (!inside(addr, 4) || addr % 4 != 0) return INVALID_VALUE;
+    if (!accessible(current, addr, 4) || addr % 4 != 0) return INVALID_VALUE;
     enqueue(s, [=] { __atomic_store_n((u32*)addr, value, flags == 0 ? __ATOMIC_SEQ_CST : __ATOMIC_RELAXED); });
     return SUCCESS;
 }
@@ -790,7 +828,7 @@ CUresult cuModuleGetFunction(Function** out, Module* m, const char* name) {
     auto params = (ParamSizes)dlsym(self, ("cmm_host_params_" + std::string(name)).c_str());
     auto mode = (ModeOf)dlsym(self, ("cmm_host_mode_" + std::string(name)).c_str());
     if (launcher == nullptr || params == nullptr || mode == nullptr) return NOT_FOUND;
-    *out = new Function{name, launcher, params, mode()};
+    *out = new Function{current, name, launcher, params, mode()};
     return SUCCESS;
 }
 
@@ -804,7 +842,7 @@ CUresult cuLaunchKernel(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32
                         void** params, void** extra) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     Stream* s = stream_of(handle);
-    if (f == nullptr || s == nullptr || s->ctx != current) return INVALID_HANDLE;
+    if (f == nullptr || s == nullptr || s->ctx != current || f->ctx != current) return INVALID_HANDLE;
     if (extra != nullptr || params == nullptr) return NOT_SUPPORTED;
     if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) return INVALID_VALUE;
     if (gy > 65535 || gz > 65535 || gx > 2147483647u || bz > 64 || bx > 1024 || by > 1024) return INVALID_VALUE;
@@ -842,7 +880,8 @@ CUresult cuLaunchKernel(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32
         }
         check_guards(ctx, fn->name.c_str());
     });
-    return SUCCESS;
+    if (launches_block()) drain(s);
+    return ctx->sticky.load();
 }
 
 // For the fake cuBLAS: runs `work(arg)` in order on `stream`, then `release(arg)`.
@@ -868,7 +907,12 @@ void cmm_fake_inject_fault(const char* entry, u32 nth) {
     fault_countdown = nth;
 }
 
-// For the fake cuBLAS: whether [addr, addr + bytes) lies in one device allocation.
-int cmm_fake_inside(u64 addr, u64 bytes) { return inside(addr, bytes) ? 1 : 0; }
+// For tests: whether launches block (1), do not (0), or follow CUDA_LAUNCH_BLOCKING (-1).
+void cmm_fake_set_launch_blocking(int blocking) { launch_blocking.store(blocking); }
+
+// For the fake cuBLAS: whether the current context may address [addr, addr + bytes).
+int cmm_fake_accessible(u64 addr, u64 bytes) {
+    return current != nullptr && accessible(current, addr, bytes) ? 1 : 0;
+}
 
 }  // extern "C"
