@@ -67,6 +67,12 @@ pub struct CudaRunOptions {
     pub wait_timeout: Duration,
     /// Deadline of the whole run, from the moment the gate opens.
     pub run_timeout: Duration,
+    /// Hold the lanes behind the gate until the whole plan is enqueued (the timed region
+    /// then starts with the first op). Off, or with `CUDA_LAUNCH_BLOCKING=1`, the gate
+    /// opens before anything is enqueued: a tool that makes launches blocking or runs
+    /// GPU work one item at a time (`compute-sanitizer` may) would otherwise hold the
+    /// host at the gate's launch until the gate's deadline.
+    pub gate: bool,
 }
 
 impl Default for CudaRunOptions {
@@ -77,6 +83,7 @@ impl Default for CudaRunOptions {
             sync: SyncMode::Kernels,
             wait_timeout: Duration::from_secs(10),
             run_timeout: Duration::from_secs(60),
+            gate: true,
         }
     }
 }
@@ -640,6 +647,12 @@ fn execute(
 /// queue fills would block the host before it opens the gate.
 const GATE_MAX_OPS_PER_STREAM: usize = 256;
 
+/// Whether `CUDA_LAUNCH_BLOCKING=1` makes every launch wait for its kernel: then the
+/// gate's launch would wait for the gate, which only the host opens, after launching.
+fn launches_block() -> bool {
+    std::env::var("CUDA_LAUNCH_BLOCKING").is_ok_and(|v| v.trim() == "1")
+}
+
 impl Run<'_> {
     fn stream(&self, s: usize) -> &Arc<CudaStream> {
         let (g, slot) = self.streams[s];
@@ -652,7 +665,7 @@ impl Run<'_> {
         let setup = gpu0.ctx.default_stream();
         let per_stream =
             (0..lowered.streams).map(|s| lowered.steps.iter().filter(|st| st.stream == s).count()).max().unwrap_or(0);
-        let gated = per_stream <= GATE_MAX_OPS_PER_STREAM;
+        let gated = self.options.gate && !launches_block() && per_stream <= GATE_MAX_OPS_PER_STREAM;
         if !gated {
             self.control.open_gate();
         }

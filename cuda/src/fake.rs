@@ -16,7 +16,9 @@
 //! at `cuLaunchKernel`, streams on FIFO hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS`),
 //! events, stream memory operations, and cuBLAS's column-major `cublasGemmEx`.
 //! Environment: `CMM_FAKE_CUDA_GPUS` (devices, default 2), `CMM_FAKE_CUDA_SMS` (SMs per
-//! device, default 8).
+//! device, default 8), `CUDA_LAUNCH_BLOCKING=1` (launches return once their kernel has
+//! run) and `CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1` (the same, unknown to the backend: a tool
+//! that serialises GPU work).
 
 use std::sync::OnceLock;
 
@@ -67,6 +69,28 @@ pub fn inject_fault(kernel: crate::Kernel, nth: u32) -> Result<(), CudaError> {
             .get::<Inject>(b"cmm_fake_inject_fault\0")
             .map_err(|e| fail(format!("the fake CUDA driver is not installed: {e}")))?;
         inject(entry.as_ptr(), nth);
+    }
+    Ok(())
+}
+
+/// Makes every kernel launch block until its kernel has run (`Some(true)`), not
+/// (`Some(false)`), or follow `CUDA_LAUNCH_BLOCKING` (`None`), as the driver does for
+/// debugging and as tools that serialise GPU work behave. The fake driver must be
+/// installed.
+pub fn set_launch_blocking(blocking: Option<bool>) -> Result<(), CudaError> {
+    type Set = unsafe extern "C" fn(i32);
+    let value = blocking.map_or(-1, i32::from);
+    let this = libloading::os::unix::Library::this();
+    // SAFETY: `cmm_fake_set_launch_blocking` is defined by driver.cpp with exactly
+    // `Set`'s signature; the fake driver, once installed, stays loaded.
+    #[allow(unsafe_code)]
+    unsafe {
+        let set = this.get::<Set>(b"cmm_fake_set_launch_blocking\0").map_err(|e| CudaError::HostBuild {
+            compiler: compiler(),
+            message: format!("the fake CUDA driver is not installed: {e}"),
+            log: String::new(),
+        })?;
+        set(value);
     }
     Ok(())
 }

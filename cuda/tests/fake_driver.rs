@@ -7,6 +7,7 @@
 //! say why they skip, or fail with `CMM_REQUIRE_NVRTC=1` (set by CI).
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use cmm_core::generator::Family;
 use cmm_core::{build_plan, Algorithm, DType, OpKind, Problem};
@@ -109,5 +110,33 @@ fn a_plan_across_two_gpus_is_right() {
         for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
             assert_right(&b, &plan, &CudaRunOptions { sync, placement: Placement::Gpus, ..Default::default() });
         }
+    }
+}
+
+/// Launches that block until their kernel has run (`CUDA_LAUNCH_BLOCKING=1`, and tools
+/// that serialise GPU work) hold the host at the gate's launch, so a gated run can only
+/// end at the gate's deadline, as an error naming the gate; ungated, the schedule order
+/// runs one launch after another to the right result, in both sync modes.
+#[test]
+fn with_blocking_launches_an_ungated_run_is_right_and_a_gated_one_names_the_gate() {
+    struct Unblock;
+    impl Drop for Unblock {
+        fn drop(&mut self) {
+            let _ = fake::set_launch_blocking(None);
+        }
+    }
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    let plan = ring_plan();
+    fake::set_launch_blocking(Some(true)).unwrap();
+    let _unblock = Unblock;
+    for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
+        assert_right(&b, &plan, &CudaRunOptions { sync, gate: false, ..Default::default() });
+    }
+    let second = Duration::from_secs(1);
+    let gated = CudaRunOptions { run_timeout: second, wait_timeout: second, ..Default::default() };
+    match b.run(&plan, 5, Family::Exact, &gated) {
+        Err(CudaError::RunTimeout { pending, .. }) => assert!(pending.contains("gate"), "{pending}"),
+        other => panic!("a gated run with blocking launches must time out at the gate, got {other:?}"),
     }
 }

@@ -91,6 +91,11 @@ pub struct Args {
     /// aborted, drained and reported as a failure).
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub case_timeout: u64,
+    /// CUDA only: do not hold the lanes behind the gate until the plan is enqueued (for
+    /// tools that make launches blocking or serialise GPU work, such as
+    /// compute-sanitizer; the reported time then includes enqueueing).
+    #[arg(long)]
+    pub ungated: bool,
     /// CUDA only: where the conformance stamps go [default: $CMM_STAMP_DIR, else
     /// target/cuda-stamps].
     #[arg(long, value_name = "DIR")]
@@ -115,6 +120,7 @@ impl Args {
             goldens: None,
             sync: Sync::Kernels,
             case_timeout: 60,
+            ungated: false,
             stamps: None,
             report: None,
         }
@@ -129,6 +135,7 @@ impl Args {
         CudaRunOptions {
             sync: self.sync.mode(),
             run_timeout: Duration::from_secs(self.case_timeout),
+            gate: !self.ungated,
             ..CudaRunOptions::default()
         }
     }

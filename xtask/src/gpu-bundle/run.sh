@@ -121,6 +121,10 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
             "$x" conformance --backend cuda --sync memops --case-timeout 30
         step rehearsal-cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
+        # The sanitizer steps' command, with every launch blocking as under a tool that
+        # serialises GPU work.
+        step rehearsal-sanitizer-command 90 env CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 \
+            "$x" conformance --backend cuda --filter ring_d2_ --case-timeout 60 --ungated --stamps "$scratch/sanitizer-stamps"
     else
         unset CMM_REQUIRE_GPU
         {
@@ -166,9 +170,12 @@ step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case
 step bench-memops 120 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
 step cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
 sanitize() { # the corpus's smallest ring cases under one compute-sanitizer tool
+    # Ungated: a tool that makes launches blocking or runs GPU work one item at a time
+    # would hold the host at the gate's launch; the schedule order runs either way.
     local tool="$1"
     compute-sanitizer --tool "$tool" --error-exitcode 17 --print-limit 20 \
-        "$x" conformance --backend cuda --filter ring_d2_ --case-timeout 60 --stamps "$scratch/sanitizer-stamps"
+        "$x" conformance --backend cuda --filter ring_d2_ --case-timeout 60 --ungated \
+        --stamps "$scratch/sanitizer-stamps"
 }
 export -f sanitize
 step sanitizer-memcheck 90 bash -c 'sanitize memcheck'
