@@ -133,16 +133,18 @@ struct Function {
     u32 mode;
 };
 
-// One lock for the tables; queues have their own.
-static std::mutex lock;
-static std::condition_variable progress;  // notified whenever an item completes
+// One lock for the tables; queues have their own. The tables are never destroyed: the
+// workers are detached threads, and one may still be running a kernel of a lost context
+// when the process exits.
+static std::mutex& lock = *new std::mutex;
+static std::condition_variable& progress = *new std::condition_variable;  // an item completed
 static bool initialised = false;
-static std::vector<Context*> primary;    // per device, the live primary context (or null)
-static std::map<u64, Allocation> allocations;  // by caller address
+static std::vector<Context*>& primary = *new std::vector<Context*>;  // per device, its primary context
+static std::map<u64, Allocation>& allocations = *new std::map<u64, Allocation>;  // by caller address
 static thread_local Context* current = nullptr;
 // An injected fault (cmm_fake_inject_fault): the launch of `fault_entry` that brings
 // `fault_countdown` to zero faults instead of running.
-static std::string fault_entry;
+static std::string& fault_entry = *new std::string;
 static u32 fault_countdown = 0;
 
 inline void report(Context* ctx, int code, const std::string& why) {
