@@ -49,16 +49,24 @@ inline float element(u64 base, u32 dtype, int ld, bool trans, int row, int col) 
 
 inline void run(void* arg) {
     const Gemm& g = *static_cast<Gemm*>(arg);
-    for (int j = 0; j < g.n; ++j) {
-        for (int i = 0; i < g.m; ++i) {
-            float sum = 0.0f;
-            for (int l = 0; l < g.k; ++l) {
-                float x = element(g.a, g.ta, g.lda, g.trans_a != 0, i, l);
-                float y = element(g.b, g.tb, g.ldb, g.trans_b != 0, l, j);
-                sum = __fadd_rn(sum, __fmul_rn(x, y));
-            }
+    // op(A) and op(B) decoded once into dense row-major f32; then a row of C at a time,
+    // each element still summed in k order (the loop over j only runs the k steps of
+    // many elements side by side).
+    std::vector<float> a((size_t)g.m * g.k), b((size_t)g.k * g.n), sum(g.n);
+    for (int i = 0; i < g.m; ++i)
+        for (int l = 0; l < g.k; ++l) a[(size_t)i * g.k + l] = element(g.a, g.ta, g.lda, g.trans_a != 0, i, l);
+    for (int l = 0; l < g.k; ++l)
+        for (int j = 0; j < g.n; ++j) b[(size_t)l * g.n + j] = element(g.b, g.tb, g.ldb, g.trans_b != 0, l, j);
+    for (int i = 0; i < g.m; ++i) {
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (int l = 0; l < g.k; ++l) {
+            const float x = a[(size_t)i * g.k + l];
+            const float* row = &b[(size_t)l * g.n];
+            for (int j = 0; j < g.n; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(x, row[j]));
+        }
+        for (int j = 0; j < g.n; ++j) {
             u64 at = (u64)i + (u64)j * g.ldc;
-            float out = __fmul_rn(g.alpha, sum);
+            float out = __fmul_rn(g.alpha, sum[j]);
             if (g.beta != 0.0f) out = __fadd_rn(out, __fmul_rn(g.beta, cmm_load(g.c, at, g.tc)));
             cmm_store_bits(g.c, at, g.tc, cmm_encode(out, g.tc));
         }

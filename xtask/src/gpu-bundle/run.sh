@@ -114,9 +114,11 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             echo "commit: $CMM_COMMIT"
             uname -a
         } >"$logs/env.log" 2>&1
-        step rehearsal-device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
+        # In parallel here (on a GPU one at a time, for the GEMM timer): the slowest two
+        # are sized for a GPU.
+        step rehearsal-device-tests 150 "$here/bin/cuda-device-tests" --skip host_
         step rehearsal-conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
-        step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 32 --reps 3 \
+        step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
             --json "$out/bench-rehearsal.json"
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
             "$x" conformance --backend cuda --sync memops --case-timeout 30
