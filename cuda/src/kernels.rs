@@ -2,6 +2,9 @@
 //! compilation with NVRTC for an explicit architecture. NVRTC runs on the CPU, so every
 //! kernel is compile-checked without a GPU (`cargo xtask cuda-check`).
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
 use crate::error::CudaError;
@@ -107,6 +110,20 @@ pub fn compile(kernel: &KernelFile, arch: &str) -> Result<String, CudaError> {
     if !nvrtc_available() {
         return Err(CudaError::NoNvrtc);
     }
+    // One compile per (file, source, arch) serves every backend the process opens (a
+    // test binary opens one per test).
+    type Key = (&'static str, &'static str, String);
+    static COMPILED: Mutex<BTreeMap<Key, String>> = Mutex::new(BTreeMap::new());
+    let key = (kernel.name, kernel.source, arch.to_string());
+    if let Some(ptx) = COMPILED.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(ptx.clone());
+    }
+    let ptx = compile_uncached(kernel, arch)?;
+    COMPILED.lock().unwrap_or_else(|p| p.into_inner()).insert(key, ptx.clone());
+    Ok(ptx)
+}
+
+fn compile_uncached(kernel: &KernelFile, arch: &str) -> Result<String, CudaError> {
     let options = CompileOptions {
         arch: Some(virtual_arch(arch)?),
         name: Some(kernel.name.to_string()),
