@@ -32,7 +32,8 @@
 //   with blocking streams (cmm creates only non-blocking ones). Synchronous copies and
 //   memsets first drain it, as they do on a GPU.
 // - A sticky error makes every later item of its context a no-op and every call
-//   return it, until cuDevicePrimaryCtxReset.
+//   return it, until cuDevicePrimaryCtxReset. Tests can inject one (a faulting launch)
+//   or drop a launch or a stream write (a lost signal): cmm_fake_inject.
 // What it cannot show: timing, the GPU's memory model, co-residency of persistent
 // kernels (every block of a launch that waits for others gets its own OS thread), and
 // any check the real driver makes that is not written here.
@@ -142,10 +143,20 @@ static bool initialised = false;
 static std::vector<Context*>& primary = *new std::vector<Context*>;  // per device, its primary context
 static std::map<u64, Allocation>& allocations = *new std::map<u64, Allocation>;  // by caller address
 static thread_local Context* current = nullptr;
-// An injected fault (cmm_fake_inject_fault): the launch of `fault_entry` that brings
-// `fault_countdown` to zero faults instead of running.
-static std::string& fault_entry = *new std::string;
-static u32 fault_countdown = 0;
+// An injected failure (cmm_fake_inject): the call on `injected_target` (a kernel's
+// entry name, or "cuStreamWriteValue32") that brings `injected_countdown` to zero
+// faults (INJECT_FAULT) or is silently dropped (INJECT_DROP) instead of running.
+enum : int { INJECT_FAULT = 1, INJECT_DROP = 2 };
+static std::string& injected_target = *new std::string;
+static u32 injected_countdown = 0;
+static int injected_kind = 0;
+
+// What happens to this call on `target`: 0 (it runs), INJECT_FAULT or INJECT_DROP.
+inline int take_injection(const std::string& target) {
+    std::lock_guard<std::mutex> g(lock);
+    if (injected_countdown == 0 || target != injected_target || --injected_countdown != 0) return 0;
+    return injected_kind;
+}
 
 inline void report(Context* ctx, int code, const std::string& why) {
     int expected = 0;
@@ -726,6 +737,7 @@ CUresult cuStreamWriteValue32_v2(void* handle, u64 addr, u32 value, unsigned fla
     if (s == nullptr || s->ctx != current) return INVALID_HANDLE;
     if (flags > 1) return INVALID_VALUE;
     if (!accessible(current, addr, 4) || addr % 4 != 0) return INVALID_VALUE;
+    if (take_injection("cuStreamWriteValue32") == INJECT_DROP) return SUCCESS;
     enqueue(s, [=] { __atomic_store_n((u32*)addr, value, flags == 0 ? __ATOMIC_SEQ_CST : __ATOMIC_RELAXED); });
     return SUCCESS;
 }
@@ -861,17 +873,14 @@ CUresult cuLaunchKernel(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32
     }
     Context* ctx = current;
     Function* fn = f;
-    bool faults = false;
-    {
-        std::lock_guard<std::mutex> g(lock);
-        faults = fault_countdown > 0 && fn->name == fault_entry && --fault_countdown == 0;
-    }
+    const int injected = take_injection(fn->name);
     u32 grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
     enqueue(s, [=] {
-        if (faults) {
+        if (injected == INJECT_FAULT) {
             report(ctx, ILLEGAL_ADDRESS, fn->name + ": an injected fault");
             return;
         }
+        if (injected == INJECT_DROP) return;
         std::vector<void*> args;
         for (auto& v : *values) args.push_back(v.data());
         u32 g3[3] = {grid[0], grid[1], grid[2]}, b3[3] = {block[0], block[1], block[2]};
@@ -901,12 +910,14 @@ int cmm_fake_enqueue(void* handle, void (*work)(void*), void* arg, void (*releas
     return SUCCESS;
 }
 
-// For tests: the `nth` (from 1) launch of `entry` from now on faults, as a kernel that
-// touches unmapped memory does (a sticky CUDA_ERROR_ILLEGAL_ADDRESS). 0 cancels.
-void cmm_fake_inject_fault(const char* entry, u32 nth) {
+// For tests: the `nth` (from 1) call on `target` from now on faults (kind 1), as a
+// kernel that touches unmapped memory does (a sticky CUDA_ERROR_ILLEGAL_ADDRESS), or is
+// silently dropped (kind 2), as a lost signal would be. `nth` = 0 cancels.
+void cmm_fake_inject(const char* target, int kind, u32 nth) {
     std::lock_guard<std::mutex> g(lock);
-    fault_entry = entry;
-    fault_countdown = nth;
+    injected_target = target;
+    injected_kind = kind;
+    injected_countdown = nth;
 }
 
 // For tests: whether launches block (1), do not (0), or follow CUDA_LAUNCH_BLOCKING (-1).

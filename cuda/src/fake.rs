@@ -53,22 +53,39 @@ pub fn install_if_requested() -> Result<bool, CudaError> {
     install().map(|()| true)
 }
 
-/// Makes the `nth` (from 1) launch of `kernel` from now on fault, as a kernel that
-/// touches unmapped memory does: a sticky `CUDA_ERROR_ILLEGAL_ADDRESS` of its context
-/// (for tests of the backend's recovery). The fake driver must be installed.
-pub fn inject_fault(kernel: crate::Kernel, nth: u32) -> Result<(), CudaError> {
-    type Inject = unsafe extern "C" fn(*const std::ffi::c_char, u32);
+/// A failure to inject into the fake driver's `nth` matching call ([`inject`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Injection {
+    /// A launch of this kernel faults, as one that touches unmapped memory does: a sticky
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS` of its context.
+    Fault(crate::Kernel),
+    /// A launch of this kernel is silently dropped (a lost signal, say).
+    DropLaunch(crate::Kernel),
+    /// A `cuStreamWriteValue32` is silently dropped (a lost stream-memory-op signal).
+    DropStreamWrite,
+}
+
+/// Makes the `nth` (from 1) call matching `injection`, from now on, fail as it says (for
+/// tests of the backend's recovery; `nth` = 0 cancels). The fake driver must be
+/// installed.
+pub fn inject(injection: Injection, nth: u32) -> Result<(), CudaError> {
+    type Inject = unsafe extern "C" fn(*const std::ffi::c_char, i32, u32);
     let fail = |message: String| CudaError::HostBuild { compiler: compiler(), message, log: String::new() };
-    let entry = std::ffi::CString::new(kernel.entry()).map_err(|e| fail(e.to_string()))?;
+    let (target, kind) = match injection {
+        Injection::Fault(kernel) => (kernel.entry(), 1),
+        Injection::DropLaunch(kernel) => (kernel.entry(), 2),
+        Injection::DropStreamWrite => ("cuStreamWriteValue32", 2),
+    };
+    let target = std::ffi::CString::new(target).map_err(|e| fail(e.to_string()))?;
     let this = libloading::os::unix::Library::this();
-    // SAFETY: `cmm_fake_inject_fault` is defined by driver.cpp with exactly `Inject`'s
+    // SAFETY: `cmm_fake_inject` is defined by driver.cpp with exactly `Inject`'s
     // signature; the fake driver, once installed, stays loaded for the process.
     #[allow(unsafe_code)]
     unsafe {
         let inject = this
-            .get::<Inject>(b"cmm_fake_inject_fault\0")
+            .get::<Inject>(b"cmm_fake_inject\0")
             .map_err(|e| fail(format!("the fake CUDA driver is not installed: {e}")))?;
-        inject(entry.as_ptr(), nth);
+        inject(target.as_ptr(), kind, nth);
     }
     Ok(())
 }

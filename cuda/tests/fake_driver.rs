@@ -11,29 +11,17 @@ use std::time::Duration;
 
 use cmm_core::generator::Family;
 use cmm_core::{build_plan, Algorithm, DType, OpKind, Problem};
-use cmm_cuda::{
-    fake, nvrtc_available, CudaBackend, CudaError, CudaExecutor, CudaRunOptions, Kernel, Placement, SyncMode,
-};
+use cmm_cuda::fake::Injection;
+use cmm_cuda::{CudaBackend, CudaError, CudaExecutor, CudaRunOptions, Kernel, Placement, SyncMode};
+
+mod fake;
 
 /// The fake GPU's primary context is one per process, as a real one is, and an injected
 /// fault is global: the tests take turns.
 static TURN: Mutex<()> = Mutex::new(());
 
-/// The backend on the fake driver's first `gpus` GPUs (it has two), or `None` after
-/// saying why (no NVRTC here).
-fn fake_backend_on(gpus: usize) -> Option<CudaBackend> {
-    fake::install().unwrap_or_else(|e| panic!("{e}"));
-    if !nvrtc_available() {
-        let required = std::env::var_os("CMM_REQUIRE_NVRTC").is_some();
-        assert!(!required, "CMM_REQUIRE_NVRTC is set but libnvrtc cannot be loaded");
-        eprintln!("SKIPPED (needs libnvrtc; see `cargo xtask cuda-check`): the backend compiles its kernels with it");
-        return None;
-    }
-    Some(CudaBackend::new(gpus).unwrap_or_else(|e| panic!("{e}")))
-}
-
 fn fake_backend() -> Option<CudaBackend> {
-    fake_backend_on(1)
+    fake::backend_on(1)
 }
 
 fn ring_plan() -> cmm_core::Plan {
@@ -70,12 +58,14 @@ fn a_faulting_kernel_loses_the_context_and_the_next_run_is_right() {
     for (sync, kernel) in [(SyncMode::Kernels, Kernel::Signal), (SyncMode::StreamMemOps, Kernel::Generate)] {
         let options = CudaRunOptions { sync, ..Default::default() };
         assert_right(&b, &plan, &options);
-        fake::inject_fault(kernel, 2).unwrap();
+        cmm_cuda::fake::inject(Injection::Fault(kernel), 2).unwrap();
         match b.run(&plan, 5, Family::Exact, &options) {
             Err(CudaError::ContextLost { message, .. }) => {
                 assert!(message.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{message}")
             }
-            other => panic!("{sync:?}: a faulting {} must lose the context, got {other:?}", kernel.entry()),
+            other => {
+                panic!("{sync:?}: a faulting {} must lose the context, got {}", kernel.entry(), fake::outcome(&other))
+            }
         }
         assert_right(&b, &plan, &options);
     }
@@ -89,7 +79,7 @@ fn runs_after_a_recovery_stay_right_under_repetition() {
     let Some(b) = fake_backend() else { return };
     let p = Problem::new(OpKind::GemmRs, 4, 32, 40, 64, DType::F16, DType::F32).unwrap();
     let plan = build_plan(&p, Algorithm::RingBidir).unwrap_or_else(|_| build_plan(&p, Algorithm::Ring).unwrap());
-    fake::inject_fault(Kernel::Generate, 1).unwrap();
+    cmm_cuda::fake::inject(Injection::Fault(Kernel::Generate), 1).unwrap();
     assert!(matches!(b.run(&plan, 5, Family::Exact, &CudaRunOptions::default()), Err(CudaError::ContextLost { .. })));
     for _ in 0..10 {
         for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
@@ -103,7 +93,7 @@ fn runs_after_a_recovery_stay_right_under_repetition() {
 #[test]
 fn a_plan_across_two_gpus_is_right() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(b) = fake_backend_on(2) else { return };
+    let Some(b) = fake::backend_on(2) else { return };
     for (op, rows) in [(OpKind::AgGemm, 32), (OpKind::GemmRs, 64)] {
         let p = Problem::new(op, 2, rows, 48, 64, DType::F16, DType::F32).unwrap();
         let plan = build_plan(&p, Algorithm::Ring).unwrap();
@@ -122,13 +112,13 @@ fn with_blocking_launches_an_ungated_run_is_right_and_a_gated_one_names_the_gate
     struct Unblock;
     impl Drop for Unblock {
         fn drop(&mut self) {
-            let _ = fake::set_launch_blocking(None);
+            let _ = cmm_cuda::fake::set_launch_blocking(None);
         }
     }
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let Some(b) = fake_backend() else { return };
     let plan = ring_plan();
-    fake::set_launch_blocking(Some(true)).unwrap();
+    cmm_cuda::fake::set_launch_blocking(Some(true)).unwrap();
     let _unblock = Unblock;
     for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
         assert_right(&b, &plan, &CudaRunOptions { sync, gate: false, ..Default::default() });
@@ -137,6 +127,27 @@ fn with_blocking_launches_an_ungated_run_is_right_and_a_gated_one_names_the_gate
     let gated = CudaRunOptions { run_timeout: second, wait_timeout: second, ..Default::default() };
     match b.run(&plan, 5, Family::Exact, &gated) {
         Err(CudaError::RunTimeout { pending, .. }) => assert!(pending.contains("gate"), "{pending}"),
-        other => panic!("a gated run with blocking launches must time out at the gate, got {other:?}"),
+        other => panic!("a gated run with blocking launches must time out at the gate, got {}", fake::outcome(&other)),
     }
+}
+
+/// A signal that never arrives (a dropped `cmm_signal` launch) ends the wait at its
+/// deadline: the run fails naming the device, lane, semaphore and values of that wait,
+/// and the next run is right.
+#[test]
+fn a_lost_signal_ends_at_the_wait_deadline_naming_the_wait() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    let plan = ring_plan();
+    let second = Duration::from_secs(1);
+    let options = CudaRunOptions { wait_timeout: second, run_timeout: 10 * second, ..Default::default() };
+    cmm_cuda::fake::inject(Injection::DropLaunch(Kernel::Signal), 1).unwrap();
+    match b.run(&plan, 5, Family::Exact, &options) {
+        Err(e @ CudaError::WaitTimeout { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("recv") && text.contains("device"), "{text}");
+        }
+        other => panic!("a lost signal must end at the wait's deadline, got {}", fake::outcome(&other)),
+    }
+    assert_right(&b, &plan, &CudaRunOptions::default());
 }
