@@ -45,7 +45,8 @@ pub const REQUIRE_GPU_VAR: &str = "CMM_REQUIRE_GPU";
 
 /// For tests that need a GPU: the backend on GPU 0, or `None` after printing why the
 /// test skips. With `CMM_REQUIRE_GPU=1` a missing GPU, driver or NVRTC is a panic with
-/// the reason instead, so a GPU machine cannot pass by skipping.
+/// the reason instead, so a GPU machine cannot pass by skipping. With `CMM_FAKE_CUDA=1`
+/// the GPU is the fake driver's ([`fake`]), on the CPU.
 pub fn gpu_or_skip() -> Option<CudaBackend> {
     match CudaBackend::new(1) {
         Ok(backend) => Some(backend),
