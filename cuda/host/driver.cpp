@@ -165,17 +165,16 @@ inline void report(Context* ctx, int code, const std::string& why) {
     }
 }
 
-inline int device_count() {
-    const char* text = std::getenv("CMM_FAKE_CUDA_GPUS");
-    int n = text != nullptr ? std::atoi(text) : 2;
-    return n < 1 ? 1 : (n > 8 ? 8 : n);
+// An integer from the environment, `fallback` when unset, clamped to [lo, hi].
+inline int env_int(const char* name, int fallback, int lo, int hi) {
+    const char* text = std::getenv(name);
+    int n = text != nullptr ? std::atoi(text) : fallback;
+    return n < lo ? lo : (n > hi ? hi : n);
 }
 
-inline int sm_count() {
-    const char* text = std::getenv("CMM_FAKE_CUDA_SMS");
-    int n = text != nullptr ? std::atoi(text) : 8;
-    return n < 1 ? 1 : n;
-}
+inline int device_count() { return env_int("CMM_FAKE_CUDA_GPUS", 2, 1, 8); }
+inline int sm_count() { return env_int("CMM_FAKE_CUDA_SMS", 8, 1, 1 << 16); }
+inline int queue_count() { return env_int("CUDA_DEVICE_MAX_CONNECTIONS", 8, 1, 32); }
 
 // CUDA_LAUNCH_BLOCKING=1: every kernel launch returns once its kernel has run, as the
 // driver does for debugging. CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 does the same without
@@ -197,11 +196,6 @@ inline bool launches_block() {
     return v == 1;
 }
 
-inline int queue_count() {
-    const char* text = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-    int n = text != nullptr ? std::atoi(text) : 8;
-    return n < 1 ? 1 : (n > 32 ? 32 : n);
-}
 
 // The allocation holding [addr, addr + bytes), or null (lock held by the caller).
 inline const Allocation* find(u64 addr, u64 bytes) {

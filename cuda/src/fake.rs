@@ -70,23 +70,18 @@ pub enum Injection {
 /// installed.
 pub fn inject(injection: Injection, nth: u32) -> Result<(), CudaError> {
     type Inject = unsafe extern "C" fn(*const std::ffi::c_char, i32, u32);
-    let fail = |message: String| CudaError::HostBuild { compiler: compiler(), message, log: String::new() };
     let (target, kind) = match injection {
         Injection::Fault(kernel) => (kernel.entry(), 1),
         Injection::DropLaunch(kernel) => (kernel.entry(), 2),
         Injection::DropStreamWrite => ("cuStreamWriteValue32", 2),
     };
-    let target = std::ffi::CString::new(target).map_err(|e| fail(e.to_string()))?;
-    let this = libloading::os::unix::Library::this();
-    // SAFETY: `cmm_fake_inject` is defined by driver.cpp with exactly `Inject`'s
-    // signature; the fake driver, once installed, stays loaded for the process.
+    let target = std::ffi::CString::new(target).map_err(|e| fake_error(e.to_string()))?;
+    let inject: Inject = control(b"cmm_fake_inject\0")?;
+    // SAFETY: `target` is a NUL-terminated string alive for the call.
     #[allow(unsafe_code)]
     unsafe {
-        let inject = this
-            .get::<Inject>(b"cmm_fake_inject\0")
-            .map_err(|e| fail(format!("the fake CUDA driver is not installed: {e}")))?;
-        inject(target.as_ptr(), kind, nth);
-    }
+        inject(target.as_ptr(), kind, nth)
+    };
     Ok(())
 }
 
@@ -96,20 +91,29 @@ pub fn inject(injection: Injection, nth: u32) -> Result<(), CudaError> {
 /// installed.
 pub fn set_launch_blocking(blocking: Option<bool>) -> Result<(), CudaError> {
     type Set = unsafe extern "C" fn(i32);
-    let value = blocking.map_or(-1, i32::from);
-    let this = libloading::os::unix::Library::this();
-    // SAFETY: `cmm_fake_set_launch_blocking` is defined by driver.cpp with exactly
-    // `Set`'s signature; the fake driver, once installed, stays loaded.
+    let set: Set = control(b"cmm_fake_set_launch_blocking\0")?;
+    // SAFETY: takes a plain integer.
     #[allow(unsafe_code)]
     unsafe {
-        let set = this.get::<Set>(b"cmm_fake_set_launch_blocking\0").map_err(|e| CudaError::HostBuild {
-            compiler: compiler(),
-            message: format!("the fake CUDA driver is not installed: {e}"),
-            log: String::new(),
-        })?;
-        set(value);
-    }
+        set(blocking.map_or(-1, i32::from))
+    };
     Ok(())
+}
+
+/// One of the fake driver's test controls (`cmm_fake_*` in driver.cpp), by its
+/// NUL-terminated name; `F` must be its exact signature.
+fn control<F: Copy>(name: &[u8]) -> Result<F, CudaError> {
+    let this = libloading::os::unix::Library::this();
+    // SAFETY: every caller names a control driver.cpp defines with the signature `F`;
+    // the fake driver, once installed, stays loaded for the process, so the pointer
+    // stays valid.
+    #[allow(unsafe_code)]
+    let symbol = unsafe { this.get::<F>(name) };
+    symbol.map(|f| *f).map_err(|e| fake_error(format!("the fake CUDA driver is not installed: {e}")))
+}
+
+fn fake_error(message: String) -> CudaError {
+    CudaError::HostBuild { compiler: compiler(), message, log: String::new() }
 }
 
 /// Builds (once per process, cached on disk) and loads the fake libcuda and libcublas,
@@ -117,11 +121,10 @@ pub fn set_launch_blocking(blocking: Option<bool>) -> Result<(), CudaError> {
 /// anything in the process calls into cudarc's driver or cuBLAS bindings.
 pub fn install() -> Result<(), CudaError> {
     static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
-    INSTALLED.get_or_init(|| load().map_err(|e| e.to_string())).clone().map_err(|message| CudaError::HostBuild {
-        compiler: compiler(),
-        message: format!("the fake CUDA driver: {message}"),
-        log: String::new(),
-    })
+    INSTALLED
+        .get_or_init(|| load().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(|message| fake_error(format!("the fake CUDA driver: {message}")))
 }
 
 fn load() -> Result<(), CudaError> {
@@ -140,11 +143,7 @@ fn load() -> Result<(), CudaError> {
                 libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
             )
         }
-        .map_err(|e| CudaError::HostBuild {
-            compiler: compiler(),
-            message: format!("loading {}: {e}", path.display()),
-            log: String::new(),
-        })?;
+        .map_err(|e| fake_error(format!("loading {}: {e}", path.display())))?;
         std::mem::forget(library);
     }
     Ok(())
