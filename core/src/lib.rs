@@ -2,12 +2,16 @@
 //! the f64 oracle and tolerances, the simulator and its cost models. No GPU dependency:
 //! every executor builds on this crate.
 
-/// `name()`, `Display` and `FromStr` for a fieldless enum from its case-file names:
+/// `ALL`, `name()`, `Display` and `FromStr` for a fieldless enum from its names, in the
+/// order `ALL` lists the variants:
 /// `names!(Layer, "layer", { Column => "column", Row => "row" })`.
 macro_rules! names {
     ($ty:ident, $noun:literal, { $($variant:ident => $name:literal),* $(,)? }) => {
         impl $ty {
-            /// Name as used in case files.
+            /// Every variant, in the order of its declaration to `names!`.
+            pub const ALL: [$ty; [$($ty::$variant),*].len()] = [$($ty::$variant),*];
+
+            /// Name as used in case files and on the command line.
             pub fn name(self) -> &'static str {
                 match self { $($ty::$variant => $name),* }
             }

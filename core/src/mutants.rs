@@ -1,8 +1,6 @@
 //! Plan mutants: small, plausible bugs injected into a correct plan, used to measure
 //! how many the verifier and the conformance checks catch (`cargo xtask mutants`).
 
-use std::fmt;
-
 use crate::plan::{BufferRole, Op, OpSite, Plan, Region};
 use crate::schedule::{orders, schedule_with};
 use crate::verify::{accesses, dataflow, timed_ops, verify, TimedOp};
@@ -48,53 +46,24 @@ pub enum MutationKind {
     EarlyRelease,
 }
 
-impl MutationKind {
-    /// Every kind, in report order.
-    pub const ALL: [MutationKind; 15] = [
-        MutationKind::DropSignal,
-        MutationKind::LowerWait,
-        MutationKind::SwapAdjacent,
-        MutationKind::WrongPeer,
-        MutationKind::WrongSlot,
-        MutationKind::ShrinkScratch,
-        MutationKind::Overwrite,
-        MutationKind::ReorderAccumulation,
-        MutationKind::CausalOffset,
-        MutationKind::SkipBlock,
-        MutationKind::WrongOffset,
-        MutationKind::WrongWeight,
-        MutationKind::DropGroup,
-        MutationKind::UngatedBlock,
-        MutationKind::EarlyRelease,
-    ];
-
-    /// Short name.
-    pub fn name(self) -> &'static str {
-        match self {
-            MutationKind::DropSignal => "drop-signal",
-            MutationKind::LowerWait => "lower-wait",
-            MutationKind::SwapAdjacent => "swap-adjacent",
-            MutationKind::WrongPeer => "wrong-peer",
-            MutationKind::WrongSlot => "wrong-slot",
-            MutationKind::ShrinkScratch => "shrink-scratch",
-            MutationKind::Overwrite => "overwrite",
-            MutationKind::ReorderAccumulation => "reorder-accumulation",
-            MutationKind::CausalOffset => "causal-offset",
-            MutationKind::SkipBlock => "skip-block",
-            MutationKind::WrongOffset => "wrong-offset",
-            MutationKind::WrongWeight => "wrong-weight",
-            MutationKind::DropGroup => "drop-group",
-            MutationKind::UngatedBlock => "ungated-block",
-            MutationKind::EarlyRelease => "early-release",
-        }
-    }
-}
-
-impl fmt::Display for MutationKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+// In report order.
+names!(MutationKind, "mutation kind", {
+    DropSignal => "drop-signal",
+    LowerWait => "lower-wait",
+    SwapAdjacent => "swap-adjacent",
+    WrongPeer => "wrong-peer",
+    WrongSlot => "wrong-slot",
+    ShrinkScratch => "shrink-scratch",
+    Overwrite => "overwrite",
+    ReorderAccumulation => "reorder-accumulation",
+    CausalOffset => "causal-offset",
+    SkipBlock => "skip-block",
+    WrongOffset => "wrong-offset",
+    WrongWeight => "wrong-weight",
+    DropGroup => "drop-group",
+    UngatedBlock => "ungated-block",
+    EarlyRelease => "early-release",
+});
 
 /// One mutant of a plan.
 #[derive(Clone, Debug)]

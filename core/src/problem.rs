@@ -9,9 +9,6 @@
 //! | `gemm_rs` | columns block d of A (M × K/D), rows block d of B (K/D × N) | rows block d of C (M/D × N) |
 //! | `gemm_ar` | as `gemm_rs` | all of C (M × N) |
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -30,35 +27,7 @@ pub enum OpKind {
     GemmAr,
 }
 
-impl OpKind {
-    /// Every operation.
-    pub const ALL: [OpKind; 3] = [OpKind::AgGemm, OpKind::GemmRs, OpKind::GemmAr];
-
-    /// Name as used in case files.
-    pub fn name(self) -> &'static str {
-        match self {
-            OpKind::AgGemm => "ag_gemm",
-            OpKind::GemmRs => "gemm_rs",
-            OpKind::GemmAr => "gemm_ar",
-        }
-    }
-}
-
-impl fmt::Display for OpKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for OpKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        OpKind::ALL
-            .into_iter()
-            .find(|op| op.name() == s)
-            .ok_or_else(|| format!("unknown op `{s}` (expected ag_gemm, gemm_rs or gemm_ar)"))
-    }
-}
+names!(OpKind, "op", { AgGemm => "ag_gemm", GemmRs => "gemm_rs", GemmAr => "gemm_ar" });
 
 /// Why a problem is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

@@ -27,31 +27,18 @@ pub enum SpanKind {
     Blocked,
 }
 
+// In legend order; the names are the trace categories.
+names!(SpanKind, "span kind", {
+    Gemm => "gemm",
+    Copy => "copy",
+    LocalCopy => "local copy",
+    Reduce => "reduce",
+    Signal => "signal",
+    Sync => "sync",
+    Blocked => "blocked",
+});
+
 impl SpanKind {
-    /// Every kind, in legend order.
-    pub const ALL: [SpanKind; 7] = [
-        SpanKind::Gemm,
-        SpanKind::Copy,
-        SpanKind::LocalCopy,
-        SpanKind::Reduce,
-        SpanKind::Signal,
-        SpanKind::Sync,
-        SpanKind::Blocked,
-    ];
-
-    /// Short name (the trace category).
-    pub fn name(self) -> &'static str {
-        match self {
-            SpanKind::Gemm => "gemm",
-            SpanKind::Copy => "copy",
-            SpanKind::LocalCopy => "local copy",
-            SpanKind::Reduce => "reduce",
-            SpanKind::Signal => "signal",
-            SpanKind::Sync => "sync",
-            SpanKind::Blocked => "blocked",
-        }
-    }
-
     fn colour(self) -> &'static str {
         match self {
             SpanKind::Gemm => "#4e79a7",

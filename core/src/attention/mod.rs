@@ -360,14 +360,6 @@ pub enum AttentionAlgorithm {
 }
 
 impl AttentionAlgorithm {
-    /// Every algorithm.
-    pub const ALL: [AttentionAlgorithm; 4] = [
-        AttentionAlgorithm::Baseline,
-        AttentionAlgorithm::Ring,
-        AttentionAlgorithm::RingBidir,
-        AttentionAlgorithm::SplitKv,
-    ];
-
     /// Whether it plans the problem's mode (prefill: baseline, ring, ring_bidir;
     /// decode: baseline, split_kv).
     pub fn plans(self, p: &AttentionProblem) -> bool {

@@ -363,9 +363,4 @@ pub enum LinearAlgorithm {
     Ring,
 }
 
-impl LinearAlgorithm {
-    /// Every algorithm.
-    pub const ALL: [LinearAlgorithm; 3] = [LinearAlgorithm::Baseline, LinearAlgorithm::Megatron, LinearAlgorithm::Ring];
-}
-
 names!(LinearAlgorithm, "linear algorithm", { Baseline => "baseline", Megatron => "megatron", Ring => "ring" });

@@ -14,7 +14,6 @@
 //! `plans`); [`mesh_traffic`] measures what a plan sends in each mesh direction.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -42,35 +41,7 @@ pub enum Dataflow {
     Rs,
 }
 
-impl Dataflow {
-    /// Every dataflow.
-    pub const ALL: [Dataflow; 3] = [Dataflow::Os, Dataflow::Ls, Dataflow::Rs];
-
-    /// Lower-case name as used in case files.
-    pub fn name(self) -> &'static str {
-        match self {
-            Dataflow::Os => "os",
-            Dataflow::Ls => "ls",
-            Dataflow::Rs => "rs",
-        }
-    }
-}
-
-impl fmt::Display for Dataflow {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Dataflow {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Dataflow::ALL
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| format!("unknown dataflow `{s}` (expected os, ls or rs)"))
-    }
-}
+names!(Dataflow, "dataflow", { Os => "os", Ls => "ls", Rs => "rs" });
 
 /// A 2D algorithm with its parameters (seed 002 §2.3, §3.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

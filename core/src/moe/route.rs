@@ -44,11 +44,6 @@ names!(Routing, "routing", {
     Drop => "drop",
 });
 
-impl Routing {
-    /// Every distribution.
-    pub const ALL: [Routing; 5] = [Routing::Uniform, Routing::Skewed, Routing::Empty, Routing::Single, Routing::Drop];
-}
-
 /// The router of an MoE layer: which ids and weights the generator produces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Router {

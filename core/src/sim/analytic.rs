@@ -281,28 +281,14 @@ pub enum MeshFamily {
     MeshSlice,
 }
 
-impl MeshFamily {
-    /// Every algorithm.
-    pub const ALL: [MeshFamily; 5] =
-        [MeshFamily::MeshSlice, MeshFamily::Wang, MeshFamily::Collective, MeshFamily::Cannon, MeshFamily::Summa];
-
-    /// Name.
-    pub fn name(self) -> &'static str {
-        match self {
-            MeshFamily::Collective => "Collective",
-            MeshFamily::Summa => "SUMMA",
-            MeshFamily::Cannon => "Cannon",
-            MeshFamily::Wang => "Wang",
-            MeshFamily::MeshSlice => "MeshSlice",
-        }
-    }
-}
-
-impl fmt::Display for MeshFamily {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+// The order in which the tuner tries them (and lists ties).
+names!(MeshFamily, "mesh algorithm", {
+    MeshSlice => "MeshSlice",
+    Wang => "Wang",
+    Collective => "Collective",
+    Cannon => "Cannon",
+    Summa => "SUMMA",
+});
 
 /// An Nr × Nc mesh.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
