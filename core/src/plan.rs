@@ -65,6 +65,12 @@ pub enum BufferRole {
 pub type Origins = [(usize, usize)];
 
 impl BufferRole {
+    /// The input of a one-device plan that is the whole of generator tensor `tensor`
+    /// (`cols` columns wide).
+    pub fn whole_tensor(tensor: u32, cols: usize) -> BufferRole {
+        BufferRole::Input { tensor, global_cols: cols, origins: vec![(0, 0)] }
+    }
+
     /// The generator window of a buffer filled before the run (an input or an
     /// accumulator): tensor id, global columns, per-device origins.
     pub fn generated(&self) -> Option<(u32, usize, &Origins)> {
@@ -493,6 +499,13 @@ pub enum Op {
         /// The value to reach.
         value: u32,
     },
+}
+
+impl Op {
+    /// `c = a · b`: a plain GEMM (no transposes, no accumulation, a GEMM of its own).
+    pub fn gemm(a: Region, b: Region, c: Region) -> Op {
+        Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false, fused: None }
+    }
 }
 
 /// The program of one device: its lanes, in the order of [`Plan::lanes`].

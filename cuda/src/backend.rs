@@ -494,7 +494,7 @@ pub(crate) fn gemm_plan(spec: &GemmSpec) -> Result<Plan, CudaError> {
     let (ar, ac) = if spec.trans_a { (spec.k, spec.m) } else { (spec.m, spec.k) };
     let (br, bc) = if spec.trans_b { (spec.n, spec.k) } else { (spec.k, spec.n) };
     let mut b = PlanBuilder::new(format!("gemm {}x{}x{} {}", spec.m, spec.n, spec.k, spec.input), 1);
-    let input = |tensor, cols| BufferRole::Input { tensor, global_cols: cols, origins: vec![(0, 0)] };
+    let input = BufferRole::whole_tensor;
     let x = b.buffer("A", spec.input, ar, ac, input(0, ac));
     let y = b.buffer("B", spec.input, br, bc, input(1, bc));
     let role = if spec.accumulate { input(2, spec.n) } else { BufferRole::Output };

@@ -890,12 +890,12 @@ mod tests {
     #[test]
     fn mixed_dtypes_are_refused_by_strict_cublas_and_run_on_tiles_under_auto() {
         let mut b = PlanBuilder::new("mixed", 1);
-        let x = b.buffer("X", DType::F16, 4, 8, BufferRole::Input { tensor: 0, global_cols: 8, origins: vec![(0, 0)] });
-        let y = b.buffer("Y", DType::F32, 8, 4, BufferRole::Input { tensor: 1, global_cols: 4, origins: vec![(0, 0)] });
+        let x = b.buffer("X", DType::F16, 4, 8, BufferRole::whole_tensor(0, 8));
+        let y = b.buffer("Y", DType::F32, 8, 4, BufferRole::whole_tensor(1, 4));
         let c = b.buffer("C", DType::F32, 4, 4, BufferRole::Output);
         let lane = b.lane("main");
         let (a, bb, cc) = (b.whole(x), b.whole(y), b.whole(c));
-        b.push(0, lane, Op::Gemm { a, b: bb, c: cc, trans_a: false, trans_b: false, accumulate: false, fused: None });
+        b.push(0, lane, Op::gemm(a, bb, cc));
         let plan = b.finish().unwrap();
         let err = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap_err();
         assert!(err.to_string().contains("A f16 and B f32 cannot run on cuBLAS"), "{err}");
@@ -946,7 +946,7 @@ mod tests {
     #[test]
     fn too_many_reduce_inputs_are_a_typed_error() {
         let mut b = PlanBuilder::new("wide reduce", 1);
-        let x = b.buffer("X", DType::F32, 9, 4, BufferRole::Input { tensor: 0, global_cols: 4, origins: vec![(0, 0)] });
+        let x = b.buffer("X", DType::F32, 9, 4, BufferRole::whole_tensor(0, 4));
         let y = b.buffer("Y", DType::F32, 1, 4, BufferRole::Output);
         let lane = b.lane("main");
         let inputs = (0..9).map(|r| b.rows(x, r, 1)).collect();
@@ -959,13 +959,13 @@ mod tests {
     #[test]
     fn one_row_operands_get_a_valid_leading_dimension() {
         let mut b = PlanBuilder::new("one row", 1);
-        let x = b.buffer("X", DType::F32, 1, 8, BufferRole::Input { tensor: 0, global_cols: 8, origins: vec![(0, 0)] });
-        let y = b.buffer("Y", DType::F32, 8, 4, BufferRole::Input { tensor: 1, global_cols: 4, origins: vec![(0, 0)] });
+        let x = b.buffer("X", DType::F32, 1, 8, BufferRole::whole_tensor(0, 8));
+        let y = b.buffer("Y", DType::F32, 8, 4, BufferRole::whole_tensor(1, 4));
         let c = b.buffer("C", DType::F32, 1, 4, BufferRole::Output);
         let lane = b.lane("main");
         let a = Region { stride: 1, ..b.whole(x) };
         let (bb, cc) = (b.whole(y), b.whole(c));
-        b.push(0, lane, Op::Gemm { a, b: bb, c: cc, trans_a: false, trans_b: false, accumulate: false, fused: None });
+        b.push(0, lane, Op::gemm(a, bb, cc));
         let plan = b.finish().unwrap();
         let l = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap();
         let Some(Command::Gemm(g)) = &l.steps[0].command else { panic!() };

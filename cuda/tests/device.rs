@@ -64,7 +64,7 @@ fn generator_matches_rust(b: &impl CudaExecutor) {
         for family in [Family::Exact, Family::Realistic] {
             let (rows, cols, tensor, seed) = (37, 129, 5, 0xdead_beef);
             let mut p = PlanBuilder::new("generate", 1);
-            p.buffer("X", dtype, rows, cols, BufferRole::Input { tensor, global_cols: cols, origins: vec![(0, 0)] });
+            p.buffer("X", dtype, rows, cols, BufferRole::whole_tensor(tensor, cols));
             let plan = p.finish().unwrap();
             let out = b.run(&plan, seed, family, &CudaRunOptions::default()).unwrap();
             let want: Vec<u32> =

@@ -75,8 +75,7 @@ impl Reference {
         family: Family,
     ) -> Result<Vec<u32>, ReferenceError> {
         let mut b = PlanBuilder::new("generate", 1);
-        let role = BufferRole::Input { tensor, global_cols: cols, origins: vec![(0, 0)] };
-        b.buffer("X", dtype, rows, cols, role);
+        b.buffer("X", dtype, rows, cols, BufferRole::whole_tensor(tensor, cols));
         let plan = b.finish()?;
         Ok(self.run(&plan, seed, family)?.buffers.remove(0).remove(0))
     }
@@ -85,20 +84,12 @@ impl Reference {
     /// with `dtype` inputs and f32 output, timed from submission to completion.
     pub fn gemm_gflops(&self, m: usize, n: usize, k: usize, dtype: DType, reps: usize) -> Result<f64, ReferenceError> {
         let mut b = PlanBuilder::new(format!("bench gemm {m}x{n}x{k} {dtype}"), 1);
-        let a = b.buffer("A", dtype, m, k, BufferRole::Input { tensor: 0, global_cols: k, origins: vec![(0, 0)] });
-        let bb = b.buffer("B", dtype, k, n, BufferRole::Input { tensor: 1, global_cols: n, origins: vec![(0, 0)] });
+        let a = b.buffer("A", dtype, m, k, BufferRole::whole_tensor(0, k));
+        let bb = b.buffer("B", dtype, k, n, BufferRole::whole_tensor(1, n));
         let c = b.buffer("C", DType::F32, m, n, BufferRole::Output);
         let lane = b.lane("compute");
         for _ in 0..reps.max(1) {
-            let op = Op::Gemm {
-                a: b.whole(a),
-                b: b.whole(bb),
-                c: b.whole(c),
-                trans_a: false,
-                trans_b: false,
-                accumulate: false,
-                fused: None,
-            };
+            let op = Op::gemm(b.whole(a), b.whole(bb), b.whole(c));
             b.push(0, lane, op);
         }
         let plan = b.finish()?;

@@ -74,20 +74,11 @@ fn long_k_is_split_across_dispatches_and_stays_exact() {
     let k = GEMM_K_PER_DISPATCH + 1000;
     for out_dtype in [DType::F32, DType::F16] {
         let mut b = PlanBuilder::new("long k", 1);
-        let role = |t, cols| BufferRole::Input { tensor: t, global_cols: cols, origins: vec![(0, 0)] };
-        let a = b.buffer("A", DType::F16, 3, k, role(0, k));
-        let bb = b.buffer("B", DType::F16, k, 5, role(1, 5));
+        let a = b.buffer("A", DType::F16, 3, k, BufferRole::whole_tensor(0, k));
+        let bb = b.buffer("B", DType::F16, k, 5, BufferRole::whole_tensor(1, 5));
         let c = b.buffer("C", out_dtype, 3, 5, BufferRole::Output);
         let lane = b.lane("compute");
-        let op = Op::Gemm {
-            a: b.whole(a),
-            b: b.whole(bb),
-            c: b.whole(c),
-            trans_a: false,
-            trans_b: false,
-            accumulate: false,
-            fused: None,
-        };
+        let op = Op::gemm(b.whole(a), b.whole(bb), b.whole(c));
         b.push(0, lane, op);
         let plan = b.finish().unwrap();
         let out = r.run(&plan, 3, Family::Exact).unwrap();

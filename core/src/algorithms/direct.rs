@@ -5,7 +5,7 @@
 //! This is what "collective library, then cuBLAS" does on a fully connected NVLink
 //! switch, and what the CUDA bench compares the overlapped plans with.
 
-use super::ring::{ag_gemm_gathered, copy, gemm, signal, wait};
+use super::ring::{ag_gemm_gathered, copy, signal, wait};
 use super::{start_plan, Algorithm, AlgorithmError};
 use crate::dtype::DType;
 use crate::plan::{BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemId};
@@ -54,7 +54,7 @@ pub(super) fn gemm_reduce(p: &Problem) -> Result<Plan, AlgorithmError> {
     let main = b.lane("main");
     for d in 0..n {
         let (wa, wb, wp) = (b.whole(a), b.whole(bm), b.whole(partial));
-        b.push(d, main, gemm(wa, wb, wp));
+        b.push(d, main, Op::gemm(wa, wb, wp));
         for r in peers(d, n) {
             let slot = (d + n - r - 1) % n;
             let (src, dst) = (b.rows(partial, r * mb, mb), b.rows(recv_buf, slot * mb, mb));

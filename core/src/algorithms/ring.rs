@@ -12,10 +12,6 @@ fn right(d: usize, n: usize) -> usize {
     (d + 1) % n
 }
 
-pub(crate) fn gemm(a: Region, b: Region, c: Region) -> Op {
-    Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false, fused: None }
-}
-
 /// A block of tile-granular GEMM `id` of its lane.
 pub(crate) fn gemm_block(a: Region, b: Region, c: Region, id: u32) -> Op {
     Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false, fused: Some(id) }
@@ -409,7 +405,7 @@ pub(super) fn ag_gemm_ring(p: &Problem, algorithm: Algorithm, chunks: usize) -> 
         let own = b.rows(c, d * ms, ms);
         let whole_a = b.whole(a);
         let fused = matches!(algorithm, Algorithm::Fused { .. });
-        let multiply = |a, c| if fused { gemm_block(a, whole_b, c, 0) } else { gemm(a, whole_b, c) };
+        let multiply = |a, c| if fused { gemm_block(a, whole_b, c, 0) } else { Op::gemm(a, whole_b, c) };
         b.push(d, compute, multiply(whole_a, own));
         for i in 1..n {
             let blk = (d + i) % n;
@@ -500,16 +496,16 @@ pub(super) fn ag_gemm_bidir(p: &Problem) -> Result<Plan, AlgorithmError> {
         }
         let whole_b = b.whole(bm);
         let (whole_a, own) = (b.whole(a), b.rows(c, d * ms, ms));
-        b.push(d, compute, gemm(whole_a, whole_b, own));
+        b.push(d, compute, Op::gemm(whole_a, whole_b, own));
         for r in 1..=from_right {
             b.push(d, compute, wait(recv_r, r as u32));
             let (src, dst) = (b.rows(s, (r - 1) * ms, ms), b.rows(c, ((d + r) % n) * ms, ms));
-            b.push(d, compute, gemm(src, whole_b, dst));
+            b.push(d, compute, Op::gemm(src, whole_b, dst));
             if r <= from_left {
                 b.push(d, compute, wait(recv_l, r as u32));
                 let src = b.rows(s, (from_right + r - 1) * ms, ms);
                 let dst = b.rows(c, ((d + n - r) % n) * ms, ms);
-                b.push(d, compute, gemm(src, whole_b, dst));
+                b.push(d, compute, Op::gemm(src, whole_b, dst));
             }
         }
     }
@@ -547,7 +543,7 @@ pub(super) fn ag_gemm_gathered(p: &Problem, algorithm: Algorithm, gather: &Gathe
             b.push(d, main, wait(recv, (n - 1) as u32));
         }
         let (whole_g, whole_b, whole_c) = (b.whole(g), b.whole(bm), b.whole(c));
-        b.push(d, main, gemm(whole_g, whole_b, whole_c));
+        b.push(d, main, Op::gemm(whole_g, whole_b, whole_c));
     }
     Ok(b.finish()?)
 }
@@ -628,7 +624,9 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool, chunks: usize) -> Resul
                 let a_rows = b.rows(a, blk * mb + j * cr, cr);
                 let b_cols = b.window(bm, 0, *col0, p.k / n, *cols);
                 let out = b.window(c, final_row0 + j * cr, *col0, cr, *cols);
-                ring.compute_step(&mut b, compute, s, out, &mut |b, dst| b.push(d, compute, gemm(a_rows, b_cols, dst)));
+                ring.compute_step(&mut b, compute, s, out, &mut |b, dst| {
+                    b.push(d, compute, Op::gemm(a_rows, b_cols, dst))
+                });
             }
         }
         if let Some(done) = done {
@@ -756,7 +754,7 @@ pub(super) fn gemm_reduce_baseline(p: &Problem) -> Result<Plan, AlgorithmError> 
     let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
     for d in 0..n {
         let (wa, wb, wp) = (b.whole(a), b.whole(bm), b.whole(partial));
-        b.push(d, main, gemm(wa, wb, wp));
+        b.push(d, main, Op::gemm(wa, wb, wp));
         let final_out = if all_reduce { blocks[d] } else { b.whole(c) };
         let whole_block = Window { row0: 0, col0: 0, rows: mb, cols: p.n };
         let ring = Ring::all(n, d);

@@ -171,39 +171,29 @@ fn indivisible_dimensions_name_the_dimension_and_the_mesh_axis() {
     let new = |nr, nc, df, m, n, k| MeshProblem::new(nr, nc, df, m, n, k, F32, F32);
     use Dataflow::*;
     let e = new(2, 3, Os, 5, 6, 6).unwrap_err();
-    assert_eq!(e, MeshError::Indivisible { dataflow: Os, dim: "M", size: 5, axis: "Nr", parts: 2 });
     assert!(e.to_string().contains("M=5 is not divisible by Nr=2"), "{e}");
-    assert_eq!(
-        new(2, 3, Os, 4, 6, 4).unwrap_err(),
-        MeshError::Indivisible { dataflow: Os, dim: "K", size: 4, axis: "Nc", parts: 3 }
-    );
-    assert_eq!(
-        new(2, 3, Os, 4, 6, 3).unwrap_err(),
-        MeshError::Indivisible { dataflow: Os, dim: "K", size: 3, axis: "Nr", parts: 2 }
-    );
-    assert_eq!(
-        new(2, 3, Os, 4, 4, 6).unwrap_err(),
-        MeshError::Indivisible { dataflow: Os, dim: "N", size: 4, axis: "Nc", parts: 3 }
-    );
-    // LS splits N over both axes (B's rows by Nr, C's columns by Nc), K only by Nc.
-    assert_eq!(
-        new(2, 3, Ls, 4, 3, 3).unwrap_err(),
-        MeshError::Indivisible { dataflow: Ls, dim: "N", size: 3, axis: "Nr", parts: 2 }
-    );
+    // (dataflow, M, N, K on a 2×3 mesh) → the dimension, its size and the axis named.
+    let indivisible = [
+        (Os, 5, 6, 6, "M", 5, "Nr"),
+        (Os, 4, 6, 4, "K", 4, "Nc"),
+        (Os, 4, 6, 3, "K", 3, "Nr"),
+        (Os, 4, 4, 6, "N", 4, "Nc"),
+        // LS splits N over both axes (B's rows by Nr, C's columns by Nc), K only by Nc.
+        (Ls, 4, 3, 3, "N", 3, "Nr"),
+        (Ls, 4, 6, 4, "K", 4, "Nc"),
+        // RS splits M over both axes, K only by Nr.
+        (Rs, 4, 6, 4, "M", 4, "Nc"),
+        (Rs, 6, 6, 3, "K", 3, "Nr"),
+    ];
+    for (dataflow, m, n, k, dim, size, axis) in indivisible {
+        let parts = if axis == "Nr" { 2 } else { 3 };
+        assert_eq!(
+            new(2, 3, dataflow, m, n, k).unwrap_err(),
+            MeshError::Indivisible { dataflow, dim, size, axis, parts },
+            "{dataflow} M={m} N={n} K={k}"
+        );
+    }
     assert!(new(2, 3, Ls, 4, 6, 3).is_ok(), "LS does not split K over Nr");
-    assert_eq!(
-        new(2, 3, Ls, 4, 6, 4).unwrap_err(),
-        MeshError::Indivisible { dataflow: Ls, dim: "K", size: 4, axis: "Nc", parts: 3 }
-    );
-    // RS splits M over both axes, K only by Nr.
-    assert_eq!(
-        new(2, 3, Rs, 4, 6, 4).unwrap_err(),
-        MeshError::Indivisible { dataflow: Rs, dim: "M", size: 4, axis: "Nc", parts: 3 }
-    );
-    assert_eq!(
-        new(2, 3, Rs, 6, 6, 3).unwrap_err(),
-        MeshError::Indivisible { dataflow: Rs, dim: "K", size: 3, axis: "Nr", parts: 2 }
-    );
     assert!(new(2, 3, Rs, 6, 6, 2).is_ok(), "RS does not split K over Nc");
 }
 
