@@ -6,7 +6,7 @@ use std::fmt;
 use thiserror::Error;
 
 use crate::plan::{BufId, BufferRole, Plan, PlanBuilder, PlanError};
-use crate::problem::{OpKind, Problem};
+use crate::problem::{OpKind, Problem, ShardedGemm};
 
 mod direct;
 pub(crate) mod ring;
@@ -192,20 +192,27 @@ fn chunk_rows(algorithm: Algorithm, what: &'static str, rows: usize, chunks: usi
     Ok(rows / chunks)
 }
 
-fn input_buffer(b: &mut PlanBuilder, p: &Problem, tensor: u32) -> BufId {
-    let decl = p.inputs()[tensor as usize];
-    let shard = p.input_shard(tensor, 0);
-    let origins = (0..p.devices)
+pub(crate) fn input_buffer(b: &mut PlanBuilder, p: &impl ShardedGemm, tensor: u32) -> BufId {
+    let global = p.global();
+    let decl = global.inputs()[tensor as usize];
+    let shard = p.input_window(tensor, 0);
+    let origins = (0..p.device_count())
         .map(|d| {
-            let w = p.input_shard(tensor, d);
+            let w = p.input_window(tensor, d);
             (w.row0, w.col0)
         })
         .collect();
-    b.buffer(decl.name, p.input, shard.rows, shard.cols, BufferRole::Input { tensor, global_cols: decl.cols, origins })
+    b.buffer(
+        decl.name,
+        global.input,
+        shard.rows,
+        shard.cols,
+        BufferRole::Input { tensor, global_cols: decl.cols, origins },
+    )
 }
 
 /// Declares the output buffer `C` with the device's output window shape.
-fn output_buffer(b: &mut PlanBuilder, p: &Problem) -> BufId {
-    let w = p.output_window(0);
-    b.buffer("C", p.output, w.rows, w.cols, BufferRole::Output)
+pub(crate) fn output_buffer(b: &mut PlanBuilder, p: &impl ShardedGemm) -> BufId {
+    let w = p.output_window_of(0);
+    b.buffer("C", p.global().output, w.rows, w.cols, BufferRole::Output)
 }

@@ -18,9 +18,10 @@ use crate::algorithms::ring::{
     copy, merge_pieces, ring_all_gather, ring_broadcast, ring_reduce_scatter, ring_reduce_to, signal, wait,
     OverlappedReduce, Ring,
 };
+use crate::algorithms::{input_buffer, output_buffer};
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemId};
-use crate::problem::{ShardedGemm, Window};
+use crate::problem::Window;
 
 /// Builds the plan of `algorithm` for `problem`.
 pub fn build_mesh_plan(problem: &MeshProblem, algorithm: MeshAlgorithm) -> Result<Plan, MeshError> {
@@ -149,25 +150,6 @@ impl Slicing {
     fn blocks(&self, extent: usize) -> usize {
         extent / (self.slices * self.block)
     }
-}
-
-/// Declares the input buffer of global tensor `tensor` with each chip's shard origin.
-fn input_buffer(b: &mut PlanBuilder, p: &MeshProblem, tensor: u32) -> BufId {
-    let decl = p.global().inputs()[tensor as usize];
-    let shard = p.input_shard(tensor, 0);
-    let origins = (0..p.devices())
-        .map(|d| {
-            let w = p.input_shard(tensor, d);
-            (w.row0, w.col0)
-        })
-        .collect();
-    b.buffer(decl.name, p.input, shard.rows, shard.cols, BufferRole::Input { tensor, global_cols: decl.cols, origins })
-}
-
-/// Declares the output buffer `C`, block (i, j) of the global C.
-fn output_buffer(b: &mut PlanBuilder, p: &MeshProblem) -> BufId {
-    let w = p.output_window(0);
-    b.buffer("C", p.output, w.rows, w.cols, BufferRole::Output)
 }
 
 /// Pushes the copies of a list of (source, destination) pieces on `device`'s `lane`,
