@@ -828,9 +828,13 @@ CUresult cuModuleGetFunction(Function** out, Module* m, const char* name) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     if (m == nullptr || m->ctx != current) return INVALID_HANDLE;
     if (m->entries.count(name) == 0) return NOT_FOUND;
-    Dl_info info;
-    if (dladdr((void*)&cuModuleGetFunction, &info) == 0) return NOT_FOUND;
-    void* self = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    // This library's own handle, looked up once: the launchers are its symbols.
+    static void* const self = [] {
+        Dl_info info;
+        return dladdr((void*)&cuModuleGetFunction, &info) == 0 ? nullptr
+                                                              : dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    }();
+    if (self == nullptr) return NOT_FOUND;
     std::string entry = std::string("cmm_host_") + name;
     auto launcher = (Entry)dlsym(self, entry.c_str());
     auto params = (ParamSizes)dlsym(self, ("cmm_host_params_" + std::string(name)).c_str());
