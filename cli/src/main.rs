@@ -20,7 +20,7 @@ use cmm_conformance::{
     load_corpus, run_corpus, write_report, Backend, CaseRecord, CpuTwin, Options, OutputFiles, Summary,
 };
 use cmm_core::schedule::{orders, schedule_with};
-use cmm_core::verify::verify;
+use cmm_core::verify::{check_size, verify};
 use cmm_core::Plan;
 use cmm_reference::Reference;
 
@@ -226,11 +226,12 @@ fn verify_file(path: &Path, schedules: usize, report: Option<&Path>) -> Result<E
     }
     let plan = read_plan(path)?;
     println!("plan {}: {} devices, {} lanes, {} ops", plan.name, plan.devices, plan.lanes.len(), plan.op_count());
+    check_size(&plan).with_context(|| format!("{}", path.display()))?;
     let mut findings = 0;
     let mut records = Vec::new();
     for order in orders(schedules.max(1), plan.devices) {
         let found: Vec<String> = match schedule_with(&plan, order) {
-            Ok(schedule) => verify(&plan, &schedule).iter().map(|f| f.describe(&plan)).collect(),
+            Ok(schedule) => verify(&plan, &schedule)?.iter().map(|f| f.describe(&plan)).collect(),
             Err(deadlock) => vec![deadlock.to_string()],
         };
         for f in &found {

@@ -166,6 +166,9 @@ pub enum Failure {
         /// The first few, described.
         findings: Vec<String>,
     },
+    /// The verifier does not replay the plan (too large to shadow).
+    #[error("verifier: {0}")]
+    Unverifiable(#[from] cmm_core::verify::VerifyError),
     /// Poison (memory no op wrote) reached the output.
     #[error("poison reached the output{}: dev {device} (row {row}, col {col}), {count} element(s) of the device never written", output.as_ref().map(|o| format!(" {o}")).unwrap_or_default())]
     Poison {
@@ -396,6 +399,7 @@ fn check_into(
     }
     // Refused before the oracle (which can take long on a shape too large to run).
     backend.check_fits(plan)?;
+    cmm_core::verify::check_size(plan)?;
     let computed;
     let expected: &[ExpectedOutput] = match prepared {
         Some(e) => e,
@@ -429,7 +433,7 @@ fn check_into(
     let unverified = if prepared.is_some() { &[][..] } else { &orders[..] };
     for &order in unverified {
         let schedule = schedule_with(plan, order).map_err(BackendError::from)?;
-        let findings = verify(plan, &schedule);
+        let findings = verify(plan, &schedule)?;
         if !findings.is_empty() {
             let shown: Vec<String> = findings.iter().take(3).map(|f| f.describe(plan)).collect();
             result.failures.push(Failure::Verifier { order, count: findings.len(), findings: shown });

@@ -106,6 +106,17 @@ fn an_invalid_case_is_a_failed_row_not_a_panic() {
 }
 
 #[test]
+fn a_case_too_large_to_verify_fails_before_the_oracle_runs() {
+    // 2 × (A 32768×64 + B 64×16384 + C 65536×16384) ≈ 2^31 elements: within the generator's
+    // range, far past the verifier's shadow. The oracle alone would need 16 GiB.
+    let mut case = common::corpus().into_iter().find(|c| c.name.starts_with("ag_gemm_ring_d2_")).unwrap();
+    (case.m, case.n, case.k) = (65536, 32768, 64);
+    let r = run_case(&case, &CpuTwin, &common::goldens());
+    assert!(matches!(r.failures[..], [Failure::Unverifiable(_)]), "{}", r.reason());
+    assert!(r.reason().contains("replays at most 134217728"), "{}", r.reason());
+}
+
+#[test]
 fn export_writes_npy_files_and_an_index() {
     let dir = temp_dir("export");
     let (summary, text) =

@@ -152,12 +152,14 @@ impl Region {
         ar < br + bh && br < ar + ah && ac < bc + bw && bc < ac + aw
     }
 
-    /// One past the last element the region touches (0 when empty).
+    /// One past the last element the region touches (0 when empty). Saturates: a
+    /// region of a malformed plan file whose end overflows ends at `usize::MAX`, past
+    /// every buffer, and fails validation instead of wrapping into one.
     pub fn end(&self) -> usize {
         if self.rows == 0 || self.cols == 0 {
             0
         } else {
-            self.offset + (self.rows - 1) * self.stride + self.cols
+            self.offset.saturating_add((self.rows - 1).saturating_mul(self.stride)).saturating_add(self.cols)
         }
     }
 
@@ -171,6 +173,11 @@ impl Region {
         self.len() == 0
     }
 }
+
+/// The most elements one buffer may have: 2^48, a petabyte of f32, beyond any device's
+/// memory. It keeps every index computation on a validated plan far from overflowing
+/// (a plan file can declare any size).
+pub const MAX_BUFFER_ELEMENTS: usize = 1 << 48;
 
 /// The most inputs one [`Op::Reduce`] may sum (every executor sums them in one pass);
 /// longer sums chain through an f32 accumulator, which adds in the same order.
@@ -700,6 +707,20 @@ pub enum PlanError {
         /// What is missing.
         what: String,
     },
+    /// A buffer has more elements than [`MAX_BUFFER_ELEMENTS`] (or rows × columns overflows).
+    #[error("plan `{plan}`: buffer `{buffer}` is {rows}×{cols}, more than the {limit} elements a buffer may have")]
+    BufferTooLarge {
+        /// Plan name.
+        plan: String,
+        /// Buffer name.
+        buffer: String,
+        /// Its rows.
+        rows: usize,
+        /// Its columns.
+        cols: usize,
+        /// [`MAX_BUFFER_ELEMENTS`].
+        limit: usize,
+    },
     /// A region reaches past the end of its buffer or has a stride smaller than its width.
     #[error("plan `{plan}` at {site}: region {region:?} does not fit buffer `{buffer}` of {len} elements")]
     RegionOutOfBounds {
@@ -784,6 +805,15 @@ impl Plan {
             }
         }
         for b in &self.buffers {
+            if b.rows.checked_mul(b.cols).is_none_or(|n| n > MAX_BUFFER_ELEMENTS) {
+                return Err(PlanError::BufferTooLarge {
+                    plan: plan(),
+                    buffer: b.name.clone(),
+                    rows: b.rows,
+                    cols: b.cols,
+                    limit: MAX_BUFFER_ELEMENTS,
+                });
+            }
             if let Some((_, _, origins)) = b.role.generated() {
                 if origins.len() != self.devices {
                     return Err(PlanError::Mismatch {
@@ -1124,12 +1154,14 @@ impl Plan {
                     if b.is_empty() {
                         continue;
                     }
-                    let last = (r0 + b.rows - 1) as u64 * global_cols as u64 + (c0 + b.cols - 1) as u64;
-                    if last > u32::MAX as u64 {
+                    // In u128: a plan file's origins can be anything up to usize::MAX.
+                    let last =
+                        (r0 as u128 + b.rows as u128 - 1) * global_cols as u128 + (c0 as u128 + b.cols as u128 - 1);
+                    if last > u32::MAX as u128 {
                         return Err(PlanError::GeneratorRange {
                             plan: self.name.clone(),
                             buffer: b.name.clone(),
-                            index: last,
+                            index: u64::try_from(last).unwrap_or(u64::MAX),
                         });
                     }
                 }

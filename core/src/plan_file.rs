@@ -128,5 +128,14 @@ mod tests {
         assert!(matches!(e, PlanFileError::Plan(PlanError::RegionOutOfBounds { .. })), "{e}");
         let unknown = text.replacen("\"version\": 1", "\"version\": 1, \"extra\": 0", 1);
         assert!(matches!(Plan::from_file_json(&unknown), Err(PlanFileError::Json { .. })));
+        // Sizes that overflow are refused, not wrapped into small ones.
+        let mut huge = serde_json::from_str::<serde_json::Value>(&text).unwrap();
+        huge["plan"]["buffers"][0]["rows"] = serde_json::json!(1u64 << 63);
+        let e = Plan::from_file_json(&huge.to_string()).unwrap_err();
+        assert!(matches!(e, PlanFileError::Plan(PlanError::BufferTooLarge { rows, .. }) if rows == 1 << 63), "{e}");
+        let mut far = serde_json::from_str::<serde_json::Value>(&text).unwrap();
+        far["plan"]["programs"][0]["lanes"][0][0]["a"]["offset"] = serde_json::json!(u64::MAX - 2);
+        let e = Plan::from_file_json(&far.to_string()).unwrap_err();
+        assert!(matches!(e, PlanFileError::Plan(PlanError::RegionOutOfBounds { .. })), "{e}");
     }
 }

@@ -14,7 +14,7 @@ use crate::workload::Workload;
 pub fn assert_sound(plan: &Plan) {
     for order in orders(3, plan.devices) {
         let s = schedule_with(plan, order).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
-        let findings = verify(plan, &s);
+        let findings = verify(plan, &s).unwrap();
         assert!(findings.is_empty(), "{} {order}: {}", plan.name, findings[0].describe(plan));
     }
     let enqueue = schedule_order(plan).unwrap();

@@ -132,7 +132,7 @@ mod tests {
                     assert_eq!(x[dev][cx], y[dev][cy], "{op} D={d} device {dev}");
                 }
                 let s = schedule(&direct).unwrap();
-                assert!(verify(&direct, &s).is_empty(), "{op} D={d}: {:?}", verify(&direct, &s));
+                assert!(verify(&direct, &s).unwrap().is_empty(), "{op} D={d}: {:?}", verify(&direct, &s).unwrap());
             }
         }
     }

@@ -65,7 +65,7 @@ fn every_plan_is_clean_under_four_interleavings() {
                 let plan = build_mesh_plan(&p, alg).unwrap();
                 for order in orders(4, plan.devices) {
                     let s = schedule_with(&plan, order).unwrap();
-                    let f = verify(&plan, &s);
+                    let f = verify(&plan, &s).unwrap();
                     assert!(
                         f.is_empty(),
                         "{} {order}: {:?}",
@@ -306,7 +306,7 @@ fn mutants_excluded_by_the_slot_and_accumulation_rules_change_nothing() {
             checked[rule] += 1;
             for order in orders(4, m.plan.devices) {
                 let s = schedule_with(&m.plan, order).unwrap();
-                assert!(verify(&m.plan, &s).is_empty(), "{}", m.plan.name);
+                assert!(verify(&m.plan, &s).unwrap().is_empty(), "{}", m.plan.name);
             }
             let got = cpu::run(&m.plan, 9, Family::Realistic).unwrap();
             for (d, (g, o)) in got.iter().zip(&original).enumerate() {

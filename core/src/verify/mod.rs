@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 
 use smallvec::SmallVec;
 use std::fmt;
+use thiserror::Error;
 
 use crate::plan::{Op, OpSite, Plan, Region};
 use crate::schedule::Schedule;
@@ -327,8 +328,51 @@ pub fn timed_ops(plan: &Plan, schedule: &Schedule) -> Vec<TimedOp> {
         .collect()
 }
 
-/// Replays `schedule` of `plan` and returns every finding (deduplicated per op pair).
-pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
+/// The most buffer elements, summed over every device, that [`verify`] and [`dataflow`]
+/// replay: 2^27, as many 32-bit words as the reference binds on lavapipe (4 × 128 MiB),
+/// so every plan the reference runs there can be verified. They keep a shadow cell per
+/// element (at most 56 bytes in `verify`), so the largest plan takes up to 7 GiB; past it, a plan
+/// (a plan file at production sizes, say) is refused with [`VerifyError::TooLarge`]
+/// rather than exhausting memory.
+pub const MAX_VERIFIED_ELEMENTS: u64 = 1 << 27;
+
+/// A plan the verifier does not replay.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum VerifyError {
+    /// Its buffers hold more elements than [`MAX_VERIFIED_ELEMENTS`].
+    #[error("plan `{plan}`: its buffers hold {elements} elements (summed over its {devices} devices), and the verifier, which shadows every element, replays at most {limit}; verify the same algorithm at smaller sizes (M, N, K), where the same synchronisation is exercised")]
+    TooLarge {
+        /// Plan name.
+        plan: String,
+        /// Devices.
+        devices: usize,
+        /// Buffer elements over every device.
+        elements: u64,
+        /// [`MAX_VERIFIED_ELEMENTS`].
+        limit: u64,
+    },
+}
+
+/// Whether the verifier replays `plan` (its buffers fit [`MAX_VERIFIED_ELEMENTS`]).
+pub fn check_size(plan: &Plan) -> Result<(), VerifyError> {
+    let per_device = plan.buffers.iter().fold(0u64, |sum, b| sum.saturating_add(b.len() as u64));
+    let elements = per_device.saturating_mul(plan.devices as u64);
+    if elements > MAX_VERIFIED_ELEMENTS {
+        return Err(VerifyError::TooLarge {
+            plan: plan.name.clone(),
+            devices: plan.devices,
+            elements,
+            limit: MAX_VERIFIED_ELEMENTS,
+        });
+    }
+    Ok(())
+}
+
+/// Replays `schedule` of `plan` and returns every finding (deduplicated per op pair),
+/// or refuses a plan too large to shadow ([`check_size`]).
+pub fn verify(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyError> {
+    check_size(plan)?;
     let lanes = plan.lanes.len();
     let n_lanes = plan.devices * lanes;
     let mut hb = Clocks::new(plan);
@@ -459,7 +503,7 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Vec<Finding> {
         }
     }
     findings.extend(audit(plan, schedule));
-    findings
+    Ok(findings)
 }
 
 /// Who each read observes: per (op, read access), a digest of the op that last wrote
@@ -472,7 +516,8 @@ pub fn dataflow(
     plan: &Plan,
     schedule: &Schedule,
     rename: &dyn Fn(OpSite) -> OpSite,
-) -> std::collections::BTreeMap<(OpSite, usize), u64> {
+) -> Result<std::collections::BTreeMap<(OpSite, usize), u64>, VerifyError> {
+    check_size(plan)?;
     let fold = |h: u64, x: u64| (h ^ x).wrapping_mul(0x0100_0000_01b3);
     let code = |w: Option<OpSite>| match w.map(rename) {
         None => u64::MAX,
@@ -509,7 +554,7 @@ pub fn dataflow(
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// The semaphore audit: each semaphore must end at the sum of the signals sent to it,
@@ -568,6 +613,34 @@ mod tests {
     use crate::{DType, OpKind, Problem};
 
     #[test]
+    fn the_shadow_of_the_largest_verified_plan_is_as_documented() {
+        // 48 bytes when another crate of the build turns on smallvec's `union`.
+        assert!(std::mem::size_of::<Cell>() <= 56, "{}", std::mem::size_of::<Cell>());
+        assert_eq!(MAX_VERIFIED_ELEMENTS * 56, 7 << 30);
+    }
+
+    #[test]
+    fn a_plan_too_large_to_shadow_is_a_typed_error_not_an_allocation() {
+        let plan_of = |rows| {
+            let mut b = crate::plan::PlanBuilder::new("huge", 2);
+            b.buffer("X", DType::F32, rows, 1 << 10, crate::plan::BufferRole::Scratch);
+            b.finish().unwrap()
+        };
+        // 2 devices × 2^16 rows × 2^10 columns: exactly the limit.
+        assert_eq!(check_size(&plan_of(1 << 16)), Ok(()));
+        let plan = plan_of((1 << 16) + 1);
+        let s = schedule_with(&plan, crate::schedule::Order::Default).unwrap();
+        let e = verify(&plan, &s).unwrap_err();
+        let elements = 2 * ((1 << 16) + 1) * (1 << 10);
+        assert_eq!(
+            e,
+            VerifyError::TooLarge { plan: "huge".into(), devices: 2, elements, limit: MAX_VERIFIED_ELEMENTS }
+        );
+        assert!(e.to_string().contains("verify the same algorithm at smaller sizes"), "{e}");
+        assert!(dataflow(&plan, &s, &|s| s).is_err());
+    }
+
+    #[test]
     fn corpus_like_plans_are_clean_under_every_order() {
         for op in OpKind::ALL {
             for d in [1, 2, 3, 4] {
@@ -576,7 +649,7 @@ mod tests {
                     let plan = build_plan(&p, alg).unwrap();
                     for order in orders(4, d) {
                         let s = schedule_with(&plan, order).unwrap();
-                        let f = verify(&plan, &s);
+                        let f = verify(&plan, &s).unwrap();
                         assert!(
                             f.is_empty(),
                             "{} {order}: {:?}",
@@ -600,7 +673,7 @@ mod tests {
         let mut found = false;
         for order in orders(4, 3) {
             let s = schedule_with(&plan, order).unwrap();
-            for f in verify(&plan, &s) {
+            for f in verify(&plan, &s).unwrap() {
                 let text = f.describe(&plan);
                 if let Finding::Race { .. } = f {
                     assert!(text.contains("copy") && text.contains("gemm"), "{text}");
@@ -624,7 +697,7 @@ mod tests {
         let at = comm.iter().position(|op| matches!(op, Op::Copy { .. })).unwrap();
         comm.remove(at);
         let s = schedule_with(&plan, crate::schedule::Order::Default).unwrap();
-        let f = verify(&plan, &s);
+        let f = verify(&plan, &s).unwrap();
         assert!(f.iter().any(|x| matches!(x, Finding::UnwrittenRead { device: 0, .. })), "{f:?}");
     }
 
@@ -634,7 +707,7 @@ mod tests {
         let mut plan = build_plan(&p, crate::Algorithm::Ring).unwrap();
         plan.programs[1].lanes[1].push(Op::Signal { device: 0, sem: crate::SemId(0), add: 1 });
         let s = schedule_with(&plan, crate::schedule::Order::Default).unwrap();
-        let f = verify(&plan, &s);
+        let f = verify(&plan, &s).unwrap();
         assert!(
             f.iter().any(|x| matches!(x, Finding::SemaphoreAudit { device: 0, expected: 1, actual: 2, .. })),
             "{f:?}"
