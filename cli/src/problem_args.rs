@@ -51,12 +51,13 @@ impl ProblemArgs {
         Profile::load(&self.profile).context("loading the hardware profile")
     }
 
-    /// The problem; every dimension is required.
+    /// The problem; every dimension is required. Beyond the input generator's range too:
+    /// it is simulated, and an executor refuses it (`--executor reference`).
     pub fn problem(&self) -> Result<Problem> {
         let (Some(op), Some(d), Some(m), Some(n), Some(k)) = (self.op, self.devices, self.m, self.n, self.k) else {
             bail!("a problem needs --op, --devices, -m, -n and -k (e.g. --op ag_gemm -d 8 -m 8192 -n 32768 -k 4096)");
         };
-        let p = Problem::new(op, d, m, n, k, self.input, self.output.unwrap_or(self.input))?;
+        let p = Problem::for_simulation(op, d, m, n, k, self.input, self.output.unwrap_or(self.input))?;
         Ok(match self.wire {
             Some(wire) => p.with_wire(wire)?,
             None => p,

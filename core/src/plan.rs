@@ -179,6 +179,12 @@ impl Region {
 /// (a plan file can declare any size).
 pub const MAX_BUFFER_ELEMENTS: usize = 1 << 48;
 
+/// The most ops a plan may have: 2^22. An op takes about 300 bytes, and as much again in
+/// the simulator, so the largest plan needs a few GiB; a larger one (a ring of thousands
+/// of devices, a 64×64 mesh cut into fine slices) is refused with
+/// [`PlanError::TooManyOps`] rather than exhausting memory.
+pub const MAX_PLAN_OPS: usize = 1 << 22;
+
 /// The most inputs one [`Op::Reduce`] may sum (every executor sums them in one pass);
 /// longer sums chain through an f32 accumulator, which adds in the same order.
 pub const MAX_REDUCE_INPUTS: usize = 4;
@@ -707,6 +713,16 @@ pub enum PlanError {
         /// What is missing.
         what: String,
     },
+    /// The plan has more ops than [`MAX_PLAN_OPS`].
+    #[error("plan `{plan}` has {ops} ops, more than the {limit} a plan may have; simulate fewer devices, slices or chunks (`tune` prices 2D meshes of any size with seed 002's analytic model)")]
+    TooManyOps {
+        /// Plan name.
+        plan: String,
+        /// Its ops (as many as were pushed).
+        ops: usize,
+        /// [`MAX_PLAN_OPS`].
+        limit: usize,
+    },
     /// A buffer has more elements than [`MAX_BUFFER_ELEMENTS`] (or rows × columns overflows).
     #[error("plan `{plan}`: buffer `{buffer}` is {rows}×{cols}, more than the {limit} elements a buffer may have")]
     BufferTooLarge {
@@ -803,6 +819,10 @@ impl Plan {
                     expected: self.lanes.len(),
                 });
             }
+        }
+        let ops = self.op_count();
+        if ops > MAX_PLAN_OPS {
+            return Err(PlanError::TooManyOps { plan: plan(), ops, limit: MAX_PLAN_OPS });
         }
         for b in &self.buffers {
             if b.rows.checked_mul(b.cols).is_none_or(|n| n > MAX_BUFFER_ELEMENTS) {
@@ -1290,6 +1310,10 @@ impl fmt::Display for Plan {
 #[derive(Debug)]
 pub struct PlanBuilder {
     plan: Plan,
+    /// Ops pushed, kept or not (past `op_limit` they are counted and dropped).
+    pushed: usize,
+    /// [`MAX_PLAN_OPS`], or less in tests.
+    op_limit: usize,
 }
 
 /// A lane handle from [`PlanBuilder::lane`].
@@ -1308,6 +1332,8 @@ impl PlanBuilder {
                 lanes: Vec::new(),
                 programs: vec![DeviceProgram::default(); devices],
             },
+            pushed: 0,
+            op_limit: MAX_PLAN_OPS,
         }
     }
 
@@ -1332,9 +1358,14 @@ impl PlanBuilder {
         LaneId(self.plan.lanes.len() - 1)
     }
 
-    /// Appends an op to a lane of a device.
+    /// Appends an op to a lane of a device. Past [`MAX_PLAN_OPS`] ops the op is only
+    /// counted, so that a plan too large to hold fails in [`PlanBuilder::finish`] instead
+    /// of exhausting memory.
     pub fn push(&mut self, device: usize, lane: LaneId, op: Op) {
-        self.plan.programs[device].lanes[lane.0].push(op);
+        if self.pushed < self.op_limit {
+            self.plan.programs[device].lanes[lane.0].push(op);
+        }
+        self.pushed = self.pushed.saturating_add(1);
     }
 
     /// Number of devices of the plan being built.
@@ -1367,6 +1398,9 @@ impl PlanBuilder {
 
     /// Finishes and validates the plan.
     pub fn finish(self) -> Result<Plan, PlanError> {
+        if self.pushed > self.op_limit {
+            return Err(PlanError::TooManyOps { plan: self.plan.name, ops: self.pushed, limit: self.op_limit });
+        }
         self.plan.validate()?;
         Ok(self.plan)
     }
@@ -1377,6 +1411,26 @@ mod tests {
     use super::*;
     use crate::algorithms::{build_plan, Algorithm};
     use crate::{OpKind, Problem};
+
+    #[test]
+    fn a_plan_past_the_op_limit_is_counted_not_kept_and_refused() {
+        let build = |ops: usize| {
+            let mut b = PlanBuilder::new("many", 2);
+            b.op_limit = 10;
+            let s = b.semaphore("s");
+            let lane = b.lane("main");
+            for _ in 0..ops {
+                b.push(1, lane, Op::Signal { device: 0, sem: s, add: 1 });
+            }
+            b.push(0, lane, Op::Wait { sem: s, value: ops as u32 });
+            (b.plan.op_count(), b.finish())
+        };
+        let (kept, plan) = build(9);
+        assert_eq!((kept, plan.unwrap().op_count()), (10, 10));
+        let (kept, e) = build(1000);
+        assert_eq!(kept, 10, "ops past the limit are dropped as they come");
+        assert_eq!(e.unwrap_err(), PlanError::TooManyOps { plan: "many".into(), ops: 1001, limit: 10 });
+    }
 
     fn fused_ag_gemm() -> Plan {
         let p = Problem::new(OpKind::AgGemm, 2, 8, 6, 4, DType::F32, DType::F32).unwrap();

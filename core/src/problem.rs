@@ -236,6 +236,12 @@ impl Problem {
         if output != DType::F32 && output != input {
             return Err(ProblemError::UnsupportedDtypes { op, input, output });
         }
+        for dtype in [input, output] {
+            if !dtype.is_float() {
+                return Err(ProblemError::UnsupportedDtypes { op, input, output });
+            }
+        }
+        // Last, so that `for_simulation` sees every other error as itself.
         for (tensor, elements) in
             [("A", m as u128 * k as u128), ("B", k as u128 * n as u128), ("C", m as u128 * n as u128)]
         {
@@ -243,12 +249,26 @@ impl Problem {
                 return Err(ProblemError::TooLarge { op, tensor, elements });
             }
         }
-        for dtype in [input, output] {
-            if !dtype.is_float() {
-                return Err(ProblemError::UnsupportedDtypes { op, input, output });
-            }
-        }
         Ok(Problem { op, devices, m, n, k, input, output, wire: DType::F32 })
+    }
+
+    /// Like [`Problem::new`] without the input generator's 2^32-element limit: for
+    /// problems that are only simulated. Their plans cannot be executed: executors
+    /// reject them with [`crate::plan::PlanError::GeneratorRange`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn for_simulation(
+        op: OpKind,
+        devices: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        input: DType,
+        output: DType,
+    ) -> Result<Self, ProblemError> {
+        match Problem::new(op, devices, m, n, k, input, output) {
+            Err(ProblemError::TooLarge { .. }) => Ok(Problem { op, devices, m, n, k, input, output, wire: DType::F32 }),
+            other => other,
+        }
     }
 
     /// The global input tensors, A then B.
@@ -370,6 +390,14 @@ mod tests {
     fn tensors_beyond_the_generator_index_are_rejected() {
         let e = Problem::new(OpKind::AgGemm, 1, 1 << 17, 4, 1 << 16, F32, F32).unwrap_err();
         assert!(matches!(e, ProblemError::TooLarge { tensor: "A", .. }), "{e}");
+        // Simulation takes them; execution still refuses their plans.
+        let p = Problem::for_simulation(OpKind::AgGemm, 2, 1 << 17, 4, 1 << 16, F32, F32).unwrap();
+        let plan = crate::algorithms::build_plan(&p, crate::Algorithm::Ring).unwrap();
+        let e = plan.check_generator_range().unwrap_err();
+        assert!(matches!(e, crate::plan::PlanError::GeneratorRange { .. }), "{e}");
+        // Every other error is still itself.
+        let e = Problem::for_simulation(OpKind::AgGemm, 3, 1 << 17, 4, 1 << 16, F32, F32).unwrap_err();
+        assert!(matches!(e, ProblemError::Indivisible { .. }), "{e}");
     }
 
     #[test]
