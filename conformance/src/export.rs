@@ -143,8 +143,13 @@ pub fn read_npy(bytes: &[u8], dtype: DType, rows: usize, cols: usize) -> Result<
             return Err(NpyError::DType { descr: descr.to_string(), dtype, accepted });
         }
     };
-    if data.len() < n * size {
-        return Err(NpyError::Format(format!("{} data bytes for {n} elements of {size} bytes", data.len())));
+    // Exactly: bytes past the data mean the file is not what its header says (two
+    // arrays written one after the other, a header from another array).
+    if data.len() != n * size {
+        return Err(NpyError::Format(format!(
+            "{} data bytes for {n} elements of {size} bytes (the header's shape)",
+            data.len()
+        )));
     }
     Ok((0..n).map(|i| convert(word(size, i))).collect())
 }
@@ -390,6 +395,10 @@ mod tests {
         assert!(matches!(read_npy(&bytes, DType::F32, 3, 2), Err(NpyError::Shape { .. })));
         assert!(matches!(read_npy(&bytes, DType::F16, 2, 3), Err(NpyError::DType { .. })));
         assert!(matches!(read_npy(b"not an npy file", DType::F32, 2, 3), Err(NpyError::Format(_))));
+        for wrong in [&bytes[..bytes.len() - 1], &[&bytes[..], &[0u8; 4]].concat()[..]] {
+            let e = read_npy(wrong, DType::F32, 2, 3).unwrap_err();
+            assert!(e.to_string().contains("data bytes for 6 elements of 4 bytes"), "{e}");
+        }
         // ml_dtypes' bfloat16: two bytes per element.
         let mut raw = bytes[..bytes.len() - 24].to_vec();
         let text = String::from_utf8_lossy(&raw[10..]).replace("'<f4'", "'<V2'");
