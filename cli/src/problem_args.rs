@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use cmm_core::sim::Profile;
-use cmm_core::{Algorithm, DType, OpKind, Problem};
+use cmm_core::{Algorithm, DType, OpKind, Problem, ProblemError};
 
 /// A 1D problem on the command line.
 #[derive(Debug, Clone, clap::Args)]
@@ -51,13 +51,21 @@ impl ProblemArgs {
         Profile::load(&self.profile).context("loading the hardware profile")
     }
 
-    /// The problem; every dimension is required. Beyond the input generator's range too:
-    /// it is simulated, and an executor refuses it (`--executor reference`).
+    /// The problem; every dimension is required. Beyond the input generator's 2^32
+    /// elements per tensor too: it is simulated, and an executor refuses its plan
+    /// (`--executor reference`).
     pub fn problem(&self) -> Result<Problem> {
         let (Some(op), Some(d), Some(m), Some(n), Some(k)) = (self.op, self.devices, self.m, self.n, self.k) else {
             bail!("a problem needs --op, --devices, -m, -n and -k (e.g. --op ag_gemm -d 8 -m 8192 -n 32768 -k 4096)");
         };
-        let p = Problem::for_simulation(op, d, m, n, k, self.input, self.output.unwrap_or(self.input))?;
+        let output = self.output.unwrap_or(self.input);
+        let p = match Problem::new(op, d, m, n, k, self.input, output) {
+            // The generator's range is checked last, so every other check has passed.
+            Err(ProblemError::TooLarge { .. }) => {
+                Problem { op, devices: d, m, n, k, input: self.input, output, wire: DType::F32 }
+            }
+            other => other?,
+        };
         Ok(match self.wire {
             Some(wire) => p.with_wire(wire)?,
             None => p,

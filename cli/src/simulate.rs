@@ -703,6 +703,23 @@ mod tests {
     }
 
     #[test]
+    fn a_problem_past_the_generators_range_is_simulated() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        // C is 131072 × 65536 = 2^33 elements: no executor could generate it.
+        let line = "x --op ag_gemm -d 8 -m 131072 -n 65536 -k 8192 --input bf16 --json";
+        run(&Cli::try_parse_from(line.split_whitespace()).unwrap().args).unwrap();
+        // Other errors are still reported as themselves.
+        let line = "x --op ag_gemm -d 3 -m 131072 -n 65536 -k 8192";
+        let e = run(&Cli::try_parse_from(line.split_whitespace()).unwrap().args).unwrap_err();
+        assert!(e.to_string().contains("not divisible by D=3"), "{e}");
+    }
+
+    #[test]
     fn the_mesh_mode_simulates_the_mesh_plan_and_refuses_bad_shapes() {
         use clap::Parser;
         #[derive(Parser)]

@@ -241,7 +241,8 @@ impl Problem {
                 return Err(ProblemError::UnsupportedDtypes { op, input, output });
             }
         }
-        // Last, so that `for_simulation` sees every other error as itself.
+        // Last: a problem that is only simulated may exceed the generator's range, and
+        // whoever lifts this check (the `simulate` command) still sees every other error.
         for (tensor, elements) in
             [("A", m as u128 * k as u128), ("B", k as u128 * n as u128), ("C", m as u128 * n as u128)]
         {
@@ -250,25 +251,6 @@ impl Problem {
             }
         }
         Ok(Problem { op, devices, m, n, k, input, output, wire: DType::F32 })
-    }
-
-    /// Like [`Problem::new`] without the input generator's 2^32-element limit: for
-    /// problems that are only simulated. Their plans cannot be executed: executors
-    /// reject them with [`crate::plan::PlanError::GeneratorRange`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn for_simulation(
-        op: OpKind,
-        devices: usize,
-        m: usize,
-        n: usize,
-        k: usize,
-        input: DType,
-        output: DType,
-    ) -> Result<Self, ProblemError> {
-        match Problem::new(op, devices, m, n, k, input, output) {
-            Err(ProblemError::TooLarge { .. }) => Ok(Problem { op, devices, m, n, k, input, output, wire: DType::F32 }),
-            other => other,
-        }
     }
 
     /// The global input tensors, A then B.
@@ -390,14 +372,20 @@ mod tests {
     fn tensors_beyond_the_generator_index_are_rejected() {
         let e = Problem::new(OpKind::AgGemm, 1, 1 << 17, 4, 1 << 16, F32, F32).unwrap_err();
         assert!(matches!(e, ProblemError::TooLarge { tensor: "A", .. }), "{e}");
-        // Simulation takes them; execution still refuses their plans.
-        let p = Problem::for_simulation(OpKind::AgGemm, 2, 1 << 17, 4, 1 << 16, F32, F32).unwrap();
+        // The range is checked last: every other error is still itself.
+        let e = Problem::new(OpKind::AgGemm, 3, 1 << 17, 4, 1 << 16, F32, F32).unwrap_err();
+        assert!(matches!(e, ProblemError::Indivisible { .. }), "{e}");
+        // A problem past the range (built only by the `simulate` command) plans, and
+        // executors refuse the plan.
+        let p = Problem {
+            devices: 2,
+            m: 1 << 17,
+            k: 1 << 16,
+            ..Problem::new(OpKind::AgGemm, 2, 8, 4, 8, F32, F32).unwrap()
+        };
         let plan = crate::algorithms::build_plan(&p, crate::Algorithm::Ring).unwrap();
         let e = plan.check_generator_range().unwrap_err();
         assert!(matches!(e, crate::plan::PlanError::GeneratorRange { .. }), "{e}");
-        // Every other error is still itself.
-        let e = Problem::for_simulation(OpKind::AgGemm, 3, 1 << 17, 4, 1 << 16, F32, F32).unwrap_err();
-        assert!(matches!(e, ProblemError::Indivisible { .. }), "{e}");
     }
 
     #[test]
