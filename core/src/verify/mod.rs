@@ -328,20 +328,26 @@ pub fn timed_ops(plan: &Plan, schedule: &Schedule) -> Vec<TimedOp> {
         .collect()
 }
 
-/// The most buffer elements, summed over every device, that [`verify`] and [`dataflow`]
-/// replay: 2^27, as many 32-bit words as the reference binds on lavapipe (4 × 128 MiB),
-/// so every plan the reference runs there can be verified. They keep a shadow cell per
-/// element (at most 56 bytes in `verify`), so the largest plan takes up to 7 GiB; past it, a plan
-/// (a plan file at production sizes, say) is refused with [`VerifyError::TooLarge`]
-/// rather than exhausting memory.
-pub const MAX_VERIFIED_ELEMENTS: u64 = 1 << 27;
+/// The most memory the verifier's state may take: 7 GiB. It keeps a shadow cell of at
+/// most [`SHADOW_CELL_BYTES`] per element of every buffer on every device, and a vector
+/// clock of 4 bytes per lane of the plan for every lane and every signal. A plan with few
+/// lanes may so hold 2^27 elements, as many 32-bit words as the reference binds on
+/// lavapipe (4 × 128 MiB); about 43,000 lanes over all devices reach it through their
+/// clocks alone. (A ring's plan reaches [`crate::plan::MAX_PLAN_OPS`] first, at ~900
+/// devices, with clocks of about 6 GiB.)
+/// Past it, a plan is refused with [`VerifyError::TooLarge`] rather than exhausting memory.
+pub const MAX_VERIFIER_BYTES: u64 = 7 << 30;
+
+/// The bytes [`MAX_VERIFIER_BYTES`] counts per shadowed element (the largest shadow cell
+/// of any build: 48 or 56 bytes, whether smallvec's `union` is on).
+pub const SHADOW_CELL_BYTES: u64 = 56;
 
 /// A plan the verifier does not replay.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum VerifyError {
-    /// Its buffers hold more elements than [`MAX_VERIFIED_ELEMENTS`].
-    #[error("plan `{plan}`: its buffers hold {elements} elements (summed over its {devices} devices), and the verifier, which shadows every element, replays at most {limit}; verify the same algorithm at smaller sizes (M, N, K), where the same synchronisation is exercised")]
+    /// Its state would exceed [`MAX_VERIFIER_BYTES`].
+    #[error("plan `{plan}`: the verifier would need {bytes} bytes, more than its {limit}: {elements} buffer elements over {devices} devices ({SHADOW_CELL_BYTES} bytes each) and {clock_entries} vector-clock entries (4 bytes each; {lanes} lanes, {signals} signals); verify the same algorithm at smaller sizes (M, N, K) or on fewer devices, where the same synchronisation is exercised")]
     TooLarge {
         /// Plan name.
         plan: String,
@@ -349,21 +355,37 @@ pub enum VerifyError {
         devices: usize,
         /// Buffer elements over every device.
         elements: u64,
-        /// [`MAX_VERIFIED_ELEMENTS`].
+        /// Lanes over every device (the length of a vector clock).
+        lanes: u64,
+        /// Signal ops (each keeps a clock).
+        signals: u64,
+        /// Clock entries: lanes × (lanes + signals).
+        clock_entries: u64,
+        /// The estimate.
+        bytes: u64,
+        /// [`MAX_VERIFIER_BYTES`].
         limit: u64,
     },
 }
 
-/// Whether the verifier replays `plan` (its buffers fit [`MAX_VERIFIED_ELEMENTS`]).
+/// Whether the verifier's state for `plan` fits [`MAX_VERIFIER_BYTES`].
 pub fn check_size(plan: &Plan) -> Result<(), VerifyError> {
     let per_device = plan.buffers.iter().fold(0u64, |sum, b| sum.saturating_add(b.len() as u64));
     let elements = per_device.saturating_mul(plan.devices as u64);
-    if elements > MAX_VERIFIED_ELEMENTS {
+    let lanes = (plan.devices as u64).saturating_mul(plan.lanes.len() as u64);
+    let signals = plan.ops().filter(|(_, op)| matches!(op, Op::Signal { .. })).count() as u64;
+    let clock_entries = lanes.saturating_mul(lanes.saturating_add(signals));
+    let bytes = elements.saturating_mul(SHADOW_CELL_BYTES).saturating_add(clock_entries.saturating_mul(4));
+    if bytes > MAX_VERIFIER_BYTES {
         return Err(VerifyError::TooLarge {
             plan: plan.name.clone(),
             devices: plan.devices,
             elements,
-            limit: MAX_VERIFIED_ELEMENTS,
+            lanes,
+            signals,
+            clock_entries,
+            bytes,
+            limit: MAX_VERIFIER_BYTES,
         });
     }
     Ok(())
@@ -615,8 +637,10 @@ mod tests {
     #[test]
     fn the_shadow_of_the_largest_verified_plan_is_as_documented() {
         // 48 bytes when another crate of the build turns on smallvec's `union`.
-        assert!(std::mem::size_of::<Cell>() <= 56, "{}", std::mem::size_of::<Cell>());
-        assert_eq!(MAX_VERIFIED_ELEMENTS * 56, 7 << 30);
+        assert!(std::mem::size_of::<Cell>() as u64 <= SHADOW_CELL_BYTES, "{}", std::mem::size_of::<Cell>());
+        assert_eq!(std::mem::size_of::<u32>(), 4, "a clock entry");
+        // A plan without lanes may shadow exactly 2^27 elements.
+        assert_eq!(MAX_VERIFIER_BYTES, (1 << 27) * SHADOW_CELL_BYTES);
     }
 
     #[test]
@@ -626,18 +650,46 @@ mod tests {
             b.buffer("X", DType::F32, rows, 1 << 10, crate::plan::BufferRole::Scratch);
             b.finish().unwrap()
         };
-        // 2 devices × 2^16 rows × 2^10 columns: exactly the limit.
+        // 2 devices × 2^16 rows × 2^10 columns, no lanes: exactly the limit.
         assert_eq!(check_size(&plan_of(1 << 16)), Ok(()));
         let plan = plan_of((1 << 16) + 1);
         let s = schedule_with(&plan, crate::schedule::Order::Default).unwrap();
         let e = verify(&plan, &s).unwrap_err();
         let elements = 2 * ((1 << 16) + 1) * (1 << 10);
+        let bytes = elements * SHADOW_CELL_BYTES;
         assert_eq!(
             e,
-            VerifyError::TooLarge { plan: "huge".into(), devices: 2, elements, limit: MAX_VERIFIED_ELEMENTS }
+            VerifyError::TooLarge {
+                plan: "huge".into(),
+                devices: 2,
+                elements,
+                lanes: 0,
+                signals: 0,
+                clock_entries: 0,
+                bytes,
+                limit: MAX_VERIFIER_BYTES
+            }
         );
         assert!(e.to_string().contains("verify the same algorithm at smaller sizes"), "{e}");
         assert!(dataflow(&plan, &s, &|s| s).is_err());
+    }
+
+    #[test]
+    fn a_plan_whose_vector_clocks_are_too_large_is_refused_too() {
+        // Clocks of `lanes` entries, one per lane: lanes² × 4 bytes, with almost no data.
+        let plan_of = |lanes: usize| {
+            let mut b = crate::plan::PlanBuilder::new("wide", 1);
+            b.buffer("X", DType::F32, 1, 1, crate::plan::BufferRole::Scratch);
+            for l in 0..lanes {
+                b.lane(&format!("l{l}"));
+            }
+            b.finish().unwrap()
+        };
+        let e = check_size(&plan_of(45_000)).unwrap_err();
+        let VerifyError::TooLarge { elements, lanes, clock_entries, bytes, .. } = e.clone();
+        assert_eq!((elements, lanes, clock_entries), (1, 45_000, 45_000 * 45_000), "{e}");
+        assert_eq!(bytes, 45_000 * 45_000 * 4 + SHADOW_CELL_BYTES, "{e}");
+        assert!(check_size(&plan_of(10_000)).is_ok());
     }
 
     #[test]
