@@ -185,6 +185,28 @@ pub const MAX_BUFFER_ELEMENTS: usize = 1 << 48;
 /// [`PlanError::TooManyOps`] rather than exhausting memory.
 pub const MAX_PLAN_OPS: usize = 1 << 22;
 
+/// The most devices a problem may have: 2^16. Every plan gives each device ops, so a plan
+/// of more devices could not stay under [`MAX_PLAN_OPS`] for long; refusing the problem
+/// first keeps the planners from looping over them at all.
+pub const MAX_DEVICES: usize = 1 << 16;
+
+/// A problem with more devices than [`MAX_DEVICES`] (every family's constructor refuses it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+#[error("{devices} devices: more than the {MAX_DEVICES} a problem may have")]
+pub struct TooManyDevices {
+    /// The device count (Nr·Nc for a mesh, computed without overflow).
+    pub devices: u128,
+}
+
+/// `Ok` if `devices` is at most [`MAX_DEVICES`].
+pub fn check_device_count(devices: u128) -> Result<(), TooManyDevices> {
+    if devices > MAX_DEVICES as u128 {
+        Err(TooManyDevices { devices })
+    } else {
+        Ok(())
+    }
+}
+
 /// The most inputs one [`Op::Reduce`] may sum (every executor sums them in one pass);
 /// longer sums chain through an f32 accumulator, which adds in the same order.
 pub const MAX_REDUCE_INPUTS: usize = 4;
@@ -1411,6 +1433,30 @@ mod tests {
     use super::*;
     use crate::algorithms::{build_plan, Algorithm};
     use crate::{OpKind, Problem};
+
+    #[test]
+    fn every_family_refuses_more_devices_than_a_problem_may_have() {
+        use crate::attention::{AttentionProblem, Layout};
+        use crate::linear::{Layer, LinearProblem, Pass};
+        use crate::mesh::{Dataflow, MeshProblem};
+        use crate::moe::{MoeOp, MoeProblem, Routing};
+        let (d, f) = (MAX_DEVICES + 1, DType::F32);
+        let errors = [
+            Problem::new(OpKind::AgGemm, d, d, d, 1, f, f).unwrap_err().to_string(),
+            MeshProblem::new(1 << 32, 1 << 32, Dataflow::Os, 1 << 32, 1 << 32, 1 << 32, f, f).unwrap_err().to_string(),
+            AttentionProblem::new(d, d, 1, 1, 1, false, Layout::Contiguous, None, f).unwrap_err().to_string(),
+            MoeProblem::new(MoeOp::AgMoe, d, d, 1, d, 1, 1, Routing::Uniform, f, f).unwrap_err().to_string(),
+            LinearProblem::new(Layer::Column, Pass::Forward, true, d, 1, d, 1, d, f).unwrap_err().to_string(),
+        ];
+        for e in &errors {
+            assert!(e.ends_with("devices: more than the 65536 a problem may have"), "{e}");
+        }
+        assert!(errors[1].starts_with("mesh 4294967296x4294967296: 18446744073709551616 devices"), "{}", errors[1]);
+        assert!(MeshProblem::new(256, 256, Dataflow::Os, 256, 256, 256, f, f).is_ok(), "exactly the limit");
+        // Micro-batches multiply a linear layer's tensors and GEMMs the same way.
+        let e = LinearProblem::new(Layer::Row, Pass::Forward, false, 4, 1 << 31, 32, 32, 32, f).unwrap_err();
+        assert!(e.to_string().contains("2147483648 micro-batches, more than the 65536"), "{e}");
+    }
 
     #[test]
     fn a_plan_past_the_op_limit_is_counted_not_kept_and_refused() {

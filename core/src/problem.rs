@@ -33,6 +33,14 @@ names!(OpKind, "op", { AgGemm => "ag_gemm", GemmRs => "gemm_rs", GemmAr => "gemm
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum ProblemError {
+    /// Too many devices.
+    #[error("{op}: {count}")]
+    Devices {
+        /// The operation.
+        op: OpKind,
+        /// The count (not a `source`: the message already quotes it).
+        count: crate::plan::TooManyDevices,
+    },
     /// The device count is zero.
     #[error("{op}: the device count D must be at least 1")]
     NoDevices {
@@ -218,6 +226,7 @@ impl Problem {
         if devices == 0 {
             return Err(ProblemError::NoDevices { op });
         }
+        crate::plan::check_device_count(devices as u128).map_err(|count| ProblemError::Devices { op, count })?;
         for (dim, size) in [("M", m), ("N", n), ("K", k)] {
             if size == 0 {
                 return Err(ProblemError::ZeroDimension { op, dim, m, n, k });

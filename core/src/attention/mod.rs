@@ -48,6 +48,9 @@ names!(Layout, "layout", { Contiguous => "contiguous", Balanced => "balanced" })
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum AttentionError {
+    /// Too many devices.
+    #[error("attention: {0}")]
+    Devices(crate::plan::TooManyDevices),
     /// D, S, a head count, the head dimension or the query count is zero.
     #[error("attention: {0} is 0")]
     Zero(&'static str),
@@ -165,6 +168,7 @@ impl AttentionProblem {
                 return Err(AttentionError::Zero(what));
             }
         }
+        crate::plan::check_device_count(devices as u128).map_err(AttentionError::Devices)?;
         if heads % kv_heads != 0 {
             return Err(AttentionError::Heads { heads, kv_heads });
         }

@@ -61,10 +61,31 @@ pub enum Pass {
 names!(Layer, "layer", { Column => "column", Row => "row", Mlp => "mlp" });
 names!(Pass, "pass", { Forward => "forward", Backward => "backward", Train => "train" });
 
+/// The most micro-batches a linear problem may have: 2^16. Each has its own input tensors
+/// and GEMMs, so the plan grows with them; the bound also keeps the generator's tensor ids
+/// (3 + 2 · micro-batches) within 32 bits.
+pub const MAX_MICROBATCHES: usize = 1 << 16;
+
 /// Why a linear problem is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum LinearError {
+    /// More micro-batches than [`MAX_MICROBATCHES`].
+    #[error("linear {layer}: {microbatches} micro-batches, more than the {MAX_MICROBATCHES} a problem may have (each has its own inputs and GEMMs)")]
+    MicroBatches {
+        /// The layer.
+        layer: Layer,
+        /// The count.
+        microbatches: usize,
+    },
+    /// Too many devices.
+    #[error("linear {layer}: {count}")]
+    Devices {
+        /// The layer.
+        layer: Layer,
+        /// The count (not a `source`: the message already quotes it).
+        count: crate::plan::TooManyDevices,
+    },
     /// D, the micro-batch count or a size is zero.
     #[error("linear {layer}: {what} is 0")]
     Zero {
@@ -190,6 +211,10 @@ impl LinearProblem {
             if value == 0 {
                 return Err(LinearError::Zero { layer, what });
             }
+        }
+        crate::plan::check_device_count(devices as u128).map_err(|count| LinearError::Devices { layer, count })?;
+        if microbatches > MAX_MICROBATCHES {
+            return Err(LinearError::MicroBatches { layer, microbatches });
         }
         match (layer, pass) {
             (Layer::Mlp, Pass::Train) | (Layer::Column | Layer::Row, Pass::Forward | Pass::Backward) => {}

@@ -122,6 +122,16 @@ impl fmt::Display for MeshAlgorithm {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum MeshError {
+    /// The mesh has too many chips.
+    #[error("mesh {nr}x{nc}: {count}")]
+    Devices {
+        /// Rows.
+        nr: usize,
+        /// Columns.
+        nc: usize,
+        /// The count (not a `source`: the message already quotes it).
+        count: crate::plan::TooManyDevices,
+    },
     /// The mesh has no rows or no columns.
     #[error("mesh {nr}x{nc}: Nr and Nc must both be at least 1")]
     EmptyMesh {
@@ -215,7 +225,7 @@ pub enum MeshError {
     },
     /// S·B does not divide a per-chip extent of the sliced dimension, so the slices of
     /// the two flowing matrices would not gather the same indices.
-    #[error("meshslice {dataflow}: S·B = {slices}·{block} = {} does not divide {what}={size} (slice s = {{x : (x / B) mod S = s}} of the sliced dimension {dim} must cut every chip's extent into whole S·B groups)", slices * block)]
+    #[error("meshslice {dataflow}: S·B = {slices}·{block} = {} does not divide {what}={size} (slice s = {{x : (x / B) mod S = s}} of the sliced dimension {dim} must cut every chip's extent into whole S·B groups)", *slices as u128 * *block as u128)]
     SliceIndivisible {
         /// The dataflow.
         dataflow: Dataflow,
@@ -231,7 +241,7 @@ pub enum MeshError {
         block: usize,
     },
     /// A plan measured against a mesh of another size.
-    #[error("plan `{plan}` has {devices} devices, the {nr}x{nc} mesh has {}", nr * nc)]
+    #[error("plan `{plan}` has {devices} devices, the {nr}x{nc} mesh has {}", *nr as u128 * *nc as u128)]
     DeviceCount {
         /// Plan name.
         plan: String,
@@ -291,6 +301,11 @@ impl MeshProblem {
         if nr == 0 || nc == 0 {
             return Err(MeshError::EmptyMesh { nr, nc });
         }
+        crate::plan::check_device_count(nr as u128 * nc as u128).map_err(|count| MeshError::Devices {
+            nr,
+            nc,
+            count,
+        })?;
         for (dim, size) in [("M", m), ("N", n), ("K", k)] {
             if size == 0 {
                 return Err(MeshError::ZeroDimension { dataflow, dim, m, n, k });

@@ -138,7 +138,8 @@ impl Slicing {
         }
         let (dim, extents) = p.sliced_dimension();
         for (what, size) in extents {
-            if size % (slices * block) != 0 {
+            // A product that overflows exceeds every extent: indivisible too.
+            if slices.checked_mul(block).is_none_or(|period| size % period != 0) {
                 return Err(MeshError::SliceIndivisible { dataflow: p.dataflow, dim, what, size, slices, block });
             }
         }

@@ -251,6 +251,10 @@ fn meshslice_checks_that_s_times_b_divides_both_extents() {
         let e = build_mesh_plan(&p, MeshAlgorithm::MeshSlice { slices, block }).unwrap_err();
         assert_eq!(e, MeshError::ZeroSlicing { slices, block });
     }
+    // S·B past usize (it wrapped to 0 and divided by it): indivisible, with the true product.
+    let e = build_mesh_plan(&p, MeshAlgorithm::MeshSlice { slices: 4, block: 1 << 62 }).unwrap_err();
+    assert!(matches!(e, MeshError::SliceIndivisible { .. }), "{e}");
+    assert!(e.to_string().contains("= 4·4611686018427387904 = 18446744073709551616 does not divide"), "{e}");
 }
 
 #[test]

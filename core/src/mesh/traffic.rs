@@ -31,7 +31,7 @@ pub fn mesh_traffic(plan: &Plan, nr: usize, nc: usize) -> Result<MeshTraffic, Me
     if nr == 0 || nc == 0 {
         return Err(MeshError::EmptyMesh { nr, nc });
     }
-    if plan.devices != nr * nc {
+    if plan.devices as u128 != nr as u128 * nc as u128 {
         return Err(MeshError::DeviceCount { plan: plan.name.clone(), devices: plan.devices, nr, nc });
     }
     let mut traffic =

@@ -45,6 +45,14 @@ names!(MoeOp, "moe op", { AgMoe => "ag_moe", MoeRs => "moe_rs" });
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum MoeError {
+    /// Too many devices.
+    #[error("{op}: {count}")]
+    Devices {
+        /// The operation.
+        op: MoeOp,
+        /// The count (not a `source`: the message already quotes it).
+        count: crate::plan::TooManyDevices,
+    },
     /// A size is zero.
     #[error("{op}: {what} is 0")]
     Zero {
@@ -198,6 +206,7 @@ impl MoeProblem {
                 return Err(MoeError::Zero { op, what });
             }
         }
+        crate::plan::check_device_count(devices as u128).map_err(|count| MoeError::Devices { op, count })?;
         for (dim, size) in [("T", tokens), ("F", ffn)] {
             if size % devices != 0 {
                 return Err(MoeError::Indivisible { op, dim, size, devices });
