@@ -185,6 +185,18 @@ pub const MAX_BUFFER_ELEMENTS: usize = 1 << 48;
 /// [`PlanError::TooManyOps`] rather than exhausting memory.
 pub const MAX_PLAN_OPS: usize = 1 << 22;
 
+/// Refuses, before any planning, a plan of at least `at_least` ops when that is more than
+/// [`MAX_PLAN_OPS`]: the builder would only count the ops past the limit, but a planner
+/// that loops over billions of them still takes minutes. Each family's planner passes a
+/// cheap lower bound (its devices' exchanges), so what gets past this is counted quickly.
+pub fn check_op_bound(plan: impl FnOnce() -> String, at_least: u128) -> Result<(), PlanError> {
+    if at_least > MAX_PLAN_OPS as u128 {
+        let ops = u64::try_from(at_least).unwrap_or(u64::MAX);
+        return Err(PlanError::TooManyOps { plan: plan(), ops, at_least: true, limit: MAX_PLAN_OPS });
+    }
+    Ok(())
+}
+
 /// The most devices a problem may have: 2^16. Every plan gives each device ops, so a plan
 /// of more devices could not stay under [`MAX_PLAN_OPS`] for long; refusing the problem
 /// first keeps the planners from looping over them at all.
@@ -736,12 +748,15 @@ pub enum PlanError {
         what: String,
     },
     /// The plan has more ops than [`MAX_PLAN_OPS`].
-    #[error("plan `{plan}` has {ops} ops, more than the {limit} a plan may have; simulate fewer devices, slices or chunks (`tune` prices 2D meshes of any size with seed 002's analytic model)")]
+    #[error("plan `{plan}` has {}{ops} ops, more than the {limit} a plan may have; simulate fewer devices, slices or chunks (`tune` prices 2D meshes of any size with seed 002's analytic model)", if *at_least { "at least " } else { "" })]
     TooManyOps {
         /// Plan name.
         plan: String,
-        /// Its ops (as many as were pushed).
-        ops: usize,
+        /// Its ops (as many as were pushed), or a lower bound of them (saturated at
+        /// u64::MAX).
+        ops: u64,
+        /// Whether `ops` is a lower bound, counted before planning ([`check_op_bound`]).
+        at_least: bool,
         /// [`MAX_PLAN_OPS`].
         limit: usize,
     },
@@ -844,7 +859,7 @@ impl Plan {
         }
         let ops = self.op_count();
         if ops > MAX_PLAN_OPS {
-            return Err(PlanError::TooManyOps { plan: plan(), ops, limit: MAX_PLAN_OPS });
+            return Err(PlanError::TooManyOps { plan: plan(), ops: ops as u64, at_least: false, limit: MAX_PLAN_OPS });
         }
         for b in &self.buffers {
             if b.rows.checked_mul(b.cols).is_none_or(|n| n > MAX_BUFFER_ELEMENTS) {
@@ -1421,7 +1436,12 @@ impl PlanBuilder {
     /// Finishes and validates the plan.
     pub fn finish(self) -> Result<Plan, PlanError> {
         if self.pushed > self.op_limit {
-            return Err(PlanError::TooManyOps { plan: self.plan.name, ops: self.pushed, limit: self.op_limit });
+            return Err(PlanError::TooManyOps {
+                plan: self.plan.name,
+                ops: self.pushed as u64,
+                at_least: false,
+                limit: self.op_limit,
+            });
         }
         self.plan.validate()?;
         Ok(self.plan)
@@ -1475,7 +1495,10 @@ mod tests {
         assert_eq!((kept, plan.unwrap().op_count()), (10, 10));
         let (kept, e) = build(1000);
         assert_eq!(kept, 10, "ops past the limit are dropped as they come");
-        assert_eq!(e.unwrap_err(), PlanError::TooManyOps { plan: "many".into(), ops: 1001, limit: 10 });
+        assert_eq!(
+            e.unwrap_err(),
+            PlanError::TooManyOps { plan: "many".into(), ops: 1001, at_least: false, limit: 10 }
+        );
     }
 
     fn fused_ag_gemm() -> Plan {

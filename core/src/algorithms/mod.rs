@@ -139,6 +139,8 @@ pub enum AlgorithmError {
 
 /// Builds the plan of `algorithm` for `problem`.
 pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, AlgorithmError> {
+    let name = || format!("{}/{algorithm} D={}", problem.op, problem.devices);
+    crate::plan::check_op_bound(name, min_ops(problem))?;
     match (problem.op, algorithm) {
         (OpKind::AgGemm, Algorithm::Baseline) => ring::ag_gemm_baseline(problem),
         (OpKind::AgGemm, Algorithm::BaselineDirect) => direct::ag_gemm(problem),
@@ -156,6 +158,13 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
         }
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Fused { chunks }) => ring::gemm_reduce_fused(problem, chunks),
     }
+}
+
+/// A lower bound of the ops of every plan of `p` ([`crate::plan::check_op_bound`]):
+/// every algorithm moves each device's shard or partial to every other device.
+pub(crate) fn min_ops(p: &Problem) -> u128 {
+    let d = p.devices as u128;
+    d * (d - 1)
 }
 
 /// Every algorithm variant defined for `op` (with a representative chunk count): the same

@@ -15,6 +15,13 @@ use crate::plan::{AttnState, BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, P
 
 /// The plan of `alg` for `p`. Fails when the algorithm does not plan the problem's mode
 /// (ring attention is for prefill, split-KV for decode).
+/// A lower bound of the ops of every plan of `p` ([`crate::plan::check_op_bound`]): every
+/// device attends to (or gathers) every other device's keys or partial state.
+pub(crate) fn min_ops(p: &AttentionProblem) -> u128 {
+    let d = p.devices as u128;
+    d * (d - 1)
+}
+
 pub fn build_attention_plan(p: &AttentionProblem, alg: AttentionAlgorithm) -> Result<Plan, PlanError> {
     let name = format!("attention/{alg} {}", p.describe());
     if !alg.plans(p) {
@@ -27,6 +34,7 @@ pub fn build_attention_plan(p: &AttentionProblem, alg: AttentionAlgorithm) -> Re
             ),
         });
     }
+    crate::plan::check_op_bound(|| name.clone(), min_ops(p))?;
     let mut b = PlanBuilder::new(name, p.devices);
     let io = Io::declare(&mut b, p, alg);
     let n = p.devices;

@@ -45,6 +45,8 @@ fn every_plan_matches_the_oracle_and_passes_the_verifier_and_the_queue_check() {
     for p in problems() {
         for alg in AttentionAlgorithm::ALL.into_iter().filter(|a| a.plans(&p)) {
             let plan = build_attention_plan(&p, alg).unwrap_or_else(|e| panic!("{} {alg}: {e}", p.describe()));
+            let bound = super::plans::min_ops(&p);
+            assert!(bound <= plan.op_count() as u128, "{}: {bound} ops at least?", plan.name);
             crate::testing::assert_sound(&plan);
             check(&p, &plan);
         }

@@ -276,8 +276,21 @@ impl Io {
 }
 
 /// Builds the plan of `alg` for `p`.
+/// A lower bound of the ops of every plan of `p` ([`crate::plan::check_op_bound`]): a
+/// GEMM per device and micro-batch; with sequence parallelism X (or Y) also travels
+/// between every pair of devices.
+pub(crate) fn min_ops(p: &LinearProblem) -> u128 {
+    let (d, mb) = (p.devices as u128, p.microbatches as u128);
+    if p.sp {
+        mb * d * (d - 1)
+    } else {
+        mb * d
+    }
+}
+
 pub fn build_linear_plan(p: &LinearProblem, alg: LinearAlgorithm) -> Result<Plan, PlanError> {
     let n = p.devices;
+    crate::plan::check_op_bound(|| format!("linear/{alg} {}", p.describe()), min_ops(p))?;
     let mut b = PlanBuilder::new(format!("linear/{alg} {}", p.describe()), n);
     let (compute, comm, comm_rs) = match alg {
         LinearAlgorithm::Baseline => {

@@ -28,6 +28,8 @@ fn problems() -> Vec<LinearProblem> {
 /// Runs `plan` on the twin and checks each output against the oracle.
 fn check(p: &LinearProblem, alg: LinearAlgorithm, family: Family) {
     let plan = build_linear_plan(p, alg).unwrap_or_else(|e| panic!("{} {alg}: {e}", p.describe()));
+    let bound = super::plans::min_ops(p);
+    assert!(bound <= plan.op_count() as u128, "{}: {bound} ops at least?", plan.name);
     crate::testing::assert_sound(&plan);
     crate::testing::assert_matches_oracle(&plan, p, 9, family);
 }

@@ -24,9 +24,21 @@ use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemI
 use crate::problem::Window;
 
 /// Builds the plan of `algorithm` for `problem`.
+/// A lower bound of the ops of `algorithm`'s plan of `p` ([`crate::plan::check_op_bound`]):
+/// every chip receives from the other chips of its row and of its column, in each of
+/// MeshSlice's slices; halved, to stay below whatever an algorithm merges.
+pub(crate) fn min_ops(p: &MeshProblem, algorithm: MeshAlgorithm) -> u128 {
+    let slices = match algorithm {
+        MeshAlgorithm::MeshSlice { slices, .. } => slices as u128,
+        _ => 1,
+    };
+    p.devices() as u128 * (p.nr + p.nc - 2) as u128 * slices / 2
+}
+
 pub fn build_mesh_plan(problem: &MeshProblem, algorithm: MeshAlgorithm) -> Result<Plan, MeshError> {
     let p = problem;
     let name = format!("mesh_gemm/{}/{algorithm} {}", p.dataflow, p.shape_string());
+    crate::plan::check_op_bound(|| name.clone(), min_ops(p, algorithm))?;
     let os = p.dataflow == Dataflow::Os;
     let plan = match algorithm {
         MeshAlgorithm::Collective => {

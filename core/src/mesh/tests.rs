@@ -42,6 +42,8 @@ fn every_algorithm_and_dataflow_matches_the_oracle_on_the_cpu() {
                 let want = expected_outputs(&p, 21, Family::Exact);
                 for alg in algorithms(&p) {
                     let plan = build_mesh_plan(&p, alg).unwrap_or_else(|e| panic!("{alg} {}: {e}", p.shape_string()));
+                    let bound = super::plans::min_ops(&p, alg);
+                    assert!(bound <= plan.op_count() as u128, "{}: {bound} ops at least?", plan.name);
                     let mem = cpu::run(&plan, 21, Family::Exact).unwrap();
                     let out = plan.output().unwrap();
                     for (dev, dev_mem) in mem.iter().enumerate() {

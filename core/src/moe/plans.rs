@@ -21,6 +21,13 @@ use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, RouteTables}
 use crate::problem::Window;
 
 /// The plan of `algorithm` (baseline, ring or ring_chunked) for `p`.
+/// A lower bound of the ops of every plan of `p` ([`crate::plan::check_op_bound`]):
+/// tokens or partial outputs travel between every pair of devices.
+pub(crate) fn min_ops(p: &MoeProblem) -> u128 {
+    let d = p.devices as u128;
+    d * (d - 1)
+}
+
 pub fn build_moe_plan(p: &MoeProblem, algorithm: Algorithm) -> Result<Plan, MoeError> {
     let chunks = match algorithm {
         Algorithm::Baseline => None,
@@ -34,6 +41,7 @@ pub fn build_moe_plan(p: &MoeProblem, algorithm: Algorithm) -> Result<Plan, MoeE
         }
     }
     let name = format!("{}/{algorithm} D={} {}", p.op, p.devices, p.describe());
+    crate::plan::check_op_bound(|| name.clone(), min_ops(p))?;
     let mut b = PlanBuilder::new(name, p.devices);
     let io = Io::declare(&mut b, p, chunks.map_or(1, |c| c * p.devices));
     match (p.op, chunks) {

@@ -38,6 +38,8 @@ fn every_plan_matches_the_oracle_and_passes_the_verifier_and_the_queue_check() {
                 Err(MoeError::Chunks { .. }) => continue,
                 Err(e) => panic!("{} {alg}: {e}", p.describe()),
             };
+            let bound = super::plans::min_ops(&p);
+            assert!(bound <= plan.op_count() as u128, "{}: {bound} ops at least?", plan.name);
             assert_sound(&plan);
             assert_matches_oracle(&plan, &p, 7, Family::Exact);
             assert_matches_oracle(&plan, &p, 7, Family::Realistic);

@@ -300,9 +300,13 @@ pub struct MeshShape {
 }
 
 impl MeshShape {
-    /// Every Nr × Nc with Nr·Nc = chips.
+    /// Every Nr × Nc with Nr·Nc = chips, by increasing Nr. Divisors come in pairs around
+    /// √chips, so this takes √chips steps, not chips (2^20, not 2^40, for 2^40 chips;
+    /// the tuner refuses more than [`crate::plan::MAX_DEVICES`] chips anyway).
     pub fn all(chips: usize) -> Vec<MeshShape> {
-        (1..=chips).filter(|r| chips % r == 0).map(|rows| MeshShape { rows, cols: chips / rows }).collect()
+        let small: Vec<usize> = (1..).take_while(|&r| r <= chips / r).filter(|r| chips % r == 0).collect();
+        let large = small.iter().rev().map(|r| chips / r).filter(|&c| c != chips / c || chips % c != 0);
+        small.iter().copied().chain(large).map(|rows| MeshShape { rows, cols: chips / rows }).collect()
     }
 
     /// Chips.
@@ -700,5 +704,12 @@ mod tests {
         let s = MeshShape::all(16);
         assert_eq!(s.len(), 5);
         assert!(s.iter().all(|x| x.chips() == 16));
+        for chips in 0..300 {
+            let brute: Vec<MeshShape> =
+                (1..=chips).filter(|r| chips % r == 0).map(|rows| MeshShape { rows, cols: chips / rows }).collect();
+            assert_eq!(MeshShape::all(chips), brute, "{chips}");
+        }
+        // √chips steps: these return at once.
+        assert_eq!(MeshShape::all(1 << 40).len(), 41);
     }
 }

@@ -42,6 +42,12 @@ pub enum TuneError {
         /// Why each candidate was refused.
         reasons: String,
     },
+    /// More chips than a problem may have devices.
+    #[error("{chips} chips: more than the {} devices a problem may have", crate::plan::MAX_DEVICES)]
+    Chips {
+        /// Chips.
+        chips: usize,
+    },
     /// No mesh shape and slice count fits the problem.
     #[error("no 2D configuration fits {what} on {chips} chips")]
     NoMeshConfiguration {
@@ -473,6 +479,9 @@ pub fn tune_llm(
     profile: &Profile,
     planner: &dyn MeshPlanner,
 ) -> Result<Vec<MeshConfig>, TuneError> {
+    if chips > crate::plan::MAX_DEVICES {
+        return Err(TuneError::Chips { chips });
+    }
     let flows = choose_dataflows(llm);
     let mut configs = Vec::new();
     for shape in MeshShape::all(chips) {
@@ -549,6 +558,9 @@ pub fn tune_mesh_gemm(
     profile: &Profile,
     planner: &dyn MeshPlanner,
 ) -> Result<Vec<(MeshFamily, MeshShape, usize, MeshEvaluation)>, TuneError> {
+    if chips > crate::plan::MAX_DEVICES {
+        return Err(TuneError::Chips { chips });
+    }
     let mut out = Vec::new();
     for shape in MeshShape::all(chips) {
         for algorithm in MeshFamily::ALL {

@@ -699,6 +699,8 @@ mod tests {
                 let p = Problem::new(op, d, 4 * d, 2 * d, 2 * d, DType::F32, DType::F32).unwrap();
                 for alg in algorithms_for(op) {
                     let plan = build_plan(&p, alg).unwrap();
+                    let bound = crate::algorithms::min_ops(&p);
+                    assert!(bound <= plan.op_count() as u128, "{}: {bound} ops at least?", plan.name);
                     for order in orders(4, d) {
                         let s = schedule_with(&plan, order).unwrap();
                         let f = verify(&plan, &s).unwrap();
