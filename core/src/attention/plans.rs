@@ -13,8 +13,6 @@ use crate::algorithms::ring::{copy, ring_all_gather, signal, wait, Ring};
 use crate::dtype::DType;
 use crate::plan::{AttnState, BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, PlanError, Region};
 
-/// The plan of `alg` for `p`. Fails when the algorithm does not plan the problem's mode
-/// (ring attention is for prefill, split-KV for decode).
 /// A lower bound of the ops of every plan of `p` ([`crate::plan::check_op_bound`]): every
 /// device attends to (or gathers) every other device's keys or partial state.
 pub(crate) fn min_ops(p: &AttentionProblem) -> u128 {
@@ -22,6 +20,8 @@ pub(crate) fn min_ops(p: &AttentionProblem) -> u128 {
     d * (d - 1)
 }
 
+/// The plan of `alg` for `p`. Fails when the algorithm does not plan the problem's mode
+/// (ring attention is for prefill, split-KV for decode).
 pub fn build_attention_plan(p: &AttentionProblem, alg: AttentionAlgorithm) -> Result<Plan, PlanError> {
     let name = format!("attention/{alg} {}", p.describe());
     if !alg.plans(p) {

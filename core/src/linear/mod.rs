@@ -273,32 +273,35 @@ impl LinearProblem {
 
     /// Every input the pass reads, with its global shape.
     pub fn tensors(&self) -> Vec<LinearTensor> {
-        let (s, h, f, dt) = (self.tokens, self.hidden, self.ffn, self.dtype);
-        let mut v = Vec::new();
-        let mut push = |name: String, t: Tensor, rows, cols, dtype| {
-            v.push(LinearTensor { name, id: self.tensor_id(t), rows, cols, dtype })
-        };
         let mlp = self.layer == Layer::Mlp;
-        push(if mlp { "W1".into() } else { "W".into() }, Tensor::W1, h, f, dt);
+        let mut v = vec![Tensor::W1];
         if mlp {
-            push("W2".into(), Tensor::W2, f, h, dt);
+            v.push(Tensor::W2);
         }
-        for j in 0..self.microbatches {
-            push(format!("X.{j}"), Tensor::X(j), s, h, dt);
-        }
+        v.extend((0..self.microbatches).map(Tensor::X));
         if self.backward() {
-            let dy_cols = if mlp { h } else { f };
-            for j in 0..self.microbatches {
-                push(format!("dY.{j}"), Tensor::DY(j), s, dy_cols, dt);
-            }
+            v.extend((0..self.microbatches).map(Tensor::DY));
+            v.push(Tensor::Grad1);
             if mlp {
-                push("main_grad1".into(), Tensor::Grad1, h, f, DType::F32);
-                push("main_grad2".into(), Tensor::Grad2, f, h, DType::F32);
-            } else {
-                push("main_grad".into(), Tensor::Grad1, h, f, DType::F32);
+                v.push(Tensor::Grad2);
             }
         }
-        v
+        v.into_iter().map(|t| self.tensor(t)).collect()
+    }
+
+    /// Input `t` with its name, generator id and global shape.
+    pub fn tensor(&self, t: Tensor) -> LinearTensor {
+        let (s, h, f, dt) = (self.tokens, self.hidden, self.ffn, self.dtype);
+        let mlp = self.layer == Layer::Mlp;
+        let (name, rows, cols, dtype) = match t {
+            Tensor::W1 => (if mlp { "W1".into() } else { "W".into() }, h, f, dt),
+            Tensor::W2 => ("W2".into(), f, h, dt),
+            Tensor::X(j) => (format!("X.{j}"), s, h, dt),
+            Tensor::DY(j) => (format!("dY.{j}"), s, if mlp { h } else { f }, dt),
+            Tensor::Grad1 => (if mlp { "main_grad1".into() } else { "main_grad".into() }, h, f, DType::F32),
+            Tensor::Grad2 => ("main_grad2".into(), f, h, DType::F32),
+        };
+        LinearTensor { name, id: self.tensor_id(t), rows, cols, dtype }
     }
 
     /// The window of input `t` that device `d` holds.

@@ -184,11 +184,7 @@ fn gelu_grad_of(da: &Bounded, z: &Bounded, dtype: DType) -> Bounded {
 
 impl LinearProblem {
     fn generate(&self, t: Tensor, seed: u32, family: Family) -> Mat {
-        let decl = self
-            .tensors()
-            .into_iter()
-            .find(|d| d.id == self.tensor_id(t))
-            .unwrap_or_else(|| panic!("{t:?} is an input of {}", self.describe()));
+        let decl = self.tensor(t);
         let v =
             (0..decl.rows * decl.cols).map(|i| element(seed, decl.id, i as u32, family, decl.dtype) as f64).collect();
         Mat { rows: decl.rows, cols: decl.cols, v }

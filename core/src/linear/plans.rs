@@ -65,7 +65,7 @@ struct Builder<'p> {
 impl Builder<'_> {
     /// The buffer of input `t`: an input, or for a main_grad an accumulator.
     fn input(&mut self, t: Tensor) -> BufId {
-        let decl = self.p.tensors().into_iter().find(|d| d.id == self.p.tensor_id(t)).expect("an input of the problem");
+        let decl = self.p.tensor(t);
         let w = self.p.input_window(t, 0);
         let origins = (0..self.n)
             .map(|d| {
@@ -275,7 +275,6 @@ impl Io {
     }
 }
 
-/// Builds the plan of `alg` for `p`.
 /// A lower bound of the ops of every plan of `p` ([`crate::plan::check_op_bound`]): a
 /// GEMM per device and micro-batch; with sequence parallelism X (or Y) also travels
 /// between every pair of devices.
@@ -288,6 +287,7 @@ pub(crate) fn min_ops(p: &LinearProblem) -> u128 {
     }
 }
 
+/// Builds the plan of `alg` for `p`.
 pub fn build_linear_plan(p: &LinearProblem, alg: LinearAlgorithm) -> Result<Plan, PlanError> {
     let n = p.devices;
     crate::plan::check_op_bound(|| format!("linear/{alg} {}", p.describe()), min_ops(p))?;

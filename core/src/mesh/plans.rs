@@ -23,7 +23,6 @@ use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemId};
 use crate::problem::Window;
 
-/// Builds the plan of `algorithm` for `problem`.
 /// A lower bound of the ops of `algorithm`'s plan of `p` ([`crate::plan::check_op_bound`]):
 /// every chip receives from the other chips of its row and of its column, in each of
 /// MeshSlice's slices; halved, to stay below whatever an algorithm merges.
@@ -35,6 +34,7 @@ pub(crate) fn min_ops(p: &MeshProblem, algorithm: MeshAlgorithm) -> u128 {
     p.devices() as u128 * (p.nr + p.nc - 2) as u128 * slices / 2
 }
 
+/// Builds the plan of `algorithm` for `problem`.
 pub fn build_mesh_plan(problem: &MeshProblem, algorithm: MeshAlgorithm) -> Result<Plan, MeshError> {
     let p = problem;
     let name = format!("mesh_gemm/{}/{algorithm} {}", p.dataflow, p.shape_string());

@@ -20,7 +20,6 @@ use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, RouteTables};
 use crate::problem::Window;
 
-/// The plan of `algorithm` (baseline, ring or ring_chunked) for `p`.
 /// A lower bound of the ops of every plan of `p` ([`crate::plan::check_op_bound`]):
 /// tokens or partial outputs travel between every pair of devices.
 pub(crate) fn min_ops(p: &MoeProblem) -> u128 {
@@ -28,6 +27,7 @@ pub(crate) fn min_ops(p: &MoeProblem) -> u128 {
     d * (d - 1)
 }
 
+/// The plan of `algorithm` (baseline, ring or ring_chunked) for `p`.
 pub fn build_moe_plan(p: &MoeProblem, algorithm: Algorithm) -> Result<Plan, MoeError> {
     let chunks = match algorithm {
         Algorithm::Baseline => None,
