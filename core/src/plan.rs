@@ -1479,6 +1479,20 @@ mod tests {
     }
 
     #[test]
+    fn hopeless_sizes_are_refused_before_planning() {
+        // A ring of 4096 devices: at least 4096 · 4095 exchanges, refused without a push.
+        let p = Problem::new(OpKind::AgGemm, 4096, 4096, 4096, 1, DType::F32, DType::F32).unwrap();
+        let e = build_plan(&p, Algorithm::Ring).unwrap_err().to_string();
+        assert!(e.contains("has at least 16773120 ops, more than the 4194304"), "{e}");
+        // The tuner's chip count is bounded as a problem's device count is.
+        let profile = crate::sim::Profile::load("tpuv4-torus").unwrap();
+        let llm = crate::sim::tune::LlmConfig::gpt3_175b(128);
+        let e =
+            crate::sim::tune::tune_llm(&llm, MAX_DEVICES + 1, &profile, &crate::sim::tune::NoMeshPlans).unwrap_err();
+        assert!(e.to_string().contains("65537 chips: more than the 65536"), "{e}");
+    }
+
+    #[test]
     fn a_plan_past_the_op_limit_is_counted_not_kept_and_refused() {
         let build = |ops: usize| {
             let mut b = PlanBuilder::new("many", 2);
