@@ -58,6 +58,11 @@ pub enum TuneError {
     },
 }
 
+/// The tuner's chips are a problem's devices: at most [`crate::plan::MAX_DEVICES`].
+fn check_chips(chips: usize) -> Result<(), TuneError> {
+    crate::plan::check_device_count(chips as u128).map_err(|_| TuneError::Chips { chips })
+}
+
 /// Chunk counts tried for `ring_chunked`.
 pub const CHUNK_CANDIDATES: [usize; 4] = [2, 4, 8, 16];
 
@@ -479,9 +484,7 @@ pub fn tune_llm(
     profile: &Profile,
     planner: &dyn MeshPlanner,
 ) -> Result<Vec<MeshConfig>, TuneError> {
-    if chips > crate::plan::MAX_DEVICES {
-        return Err(TuneError::Chips { chips });
-    }
+    check_chips(chips)?;
     let flows = choose_dataflows(llm);
     let mut configs = Vec::new();
     for shape in MeshShape::all(chips) {
@@ -558,9 +561,7 @@ pub fn tune_mesh_gemm(
     profile: &Profile,
     planner: &dyn MeshPlanner,
 ) -> Result<Vec<(MeshFamily, MeshShape, usize, MeshEvaluation)>, TuneError> {
-    if chips > crate::plan::MAX_DEVICES {
-        return Err(TuneError::Chips { chips });
-    }
+    check_chips(chips)?;
     let mut out = Vec::new();
     for shape in MeshShape::all(chips) {
         for algorithm in MeshFamily::ALL {
