@@ -53,7 +53,7 @@ pub fn install_if_requested() -> Result<bool, CudaError> {
     install().map(|()| true)
 }
 
-/// A failure to inject into the fake driver's `nth` matching call ([`inject`]).
+/// A failure the fake driver injects at the `nth` matching call ([`inject`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Injection {
     /// A launch of this kernel faults, as one that touches unmapped memory does: a sticky
