@@ -21,7 +21,9 @@
 // - Modules are PTX: cuModuleLoadData records its `.entry` names, and
 //   cuModuleGetFunction finds only those, running the host twin's launcher of that
 //   name. cuLaunchKernel copies the parameter values at the call, as the driver does
-//   (their sizes come from the kernel's C++ signature), and checks the launch bounds.
+//   (their sizes come from the kernel's C++ signature), and checks the launch bounds;
+//   cuLaunchKernelEx does the same and takes one launch attribute, a priority within
+//   the range cuCtxGetStreamPriorityRange reports (0 to -5, as on an H100).
 // - Streams feed FIFO hardware queues, one worker thread each: stream k of a context
 //   (in creation order) feeds queue k mod CUDA_DEVICE_MAX_CONNECTIONS, the NULL stream
 //   queue 0. A queue runs one item at a time, so a spinning kernel, a stream wait on a
@@ -676,7 +678,7 @@ CUresult cuStreamCreate(Stream** out, unsigned flags) {
 }
 
 CUresult cuStreamCreateWithPriority(Stream** out, unsigned flags, int priority) {
-    (void)priority;
+    (void)priority;  // clamped to the range by the driver; no effect here
     return cuStreamCreate(out, flags);
 }
 
@@ -850,8 +852,8 @@ CUresult cuFuncGetAttribute(int* value, int attribute, Function* f) {
     return SUCCESS;
 }
 
-CUresult cuLaunchKernel(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 shared, void* handle,
-                        void** params, void** extra) {
+static CUresult fake_launch(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 shared, void* handle,
+                            void** params, void** extra) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     Stream* s = stream_of(handle);
     if (f == nullptr || s == nullptr || s->ctx != current || f->ctx != current) return INVALID_HANDLE;
@@ -892,6 +894,79 @@ CUresult cuLaunchKernel(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32
     if (launches_block()) drain(s);
     return ctx->sticky.load();
 }
+
+CUresult cuLaunchKernel(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 shared, void* handle,
+                        void** params, void** extra) {
+    return fake_launch(f, gx, gy, gz, bx, by, bz, shared, handle, params, extra);
+}
+
+// Stream priorities: numerically smaller is more urgent, as on the GPU. Priorities do not
+// change what runs first here (every queue runs one item at a time); the driver records
+// which launches carried one, so tests can see what the backend asked for.
+static std::atomic<int> greatest_priority{-5};
+static std::map<std::string, u64>& prioritised = *new std::map<std::string, u64>;
+
+CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (least != nullptr) *least = 0;
+    if (greatest != nullptr) *greatest = greatest_priority.load();
+    return SUCCESS;
+}
+
+// The mirror of CUlaunchAttribute (id, padding, a 64-byte value union) and of
+// CUlaunchConfig, as cuda.h lays them out.
+struct LaunchAttribute {
+    int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        int priority;
+        void* align;
+    } value;
+};
+static_assert(sizeof(LaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
+constexpr int LAUNCH_ATTRIBUTE_PRIORITY = 8;
+
+struct LaunchConfig {
+    u32 grid[3];
+    u32 block[3];
+    u32 shared;
+    void* stream;
+    LaunchAttribute* attrs;
+    u32 attr_count;
+};
+
+// Takes the launch attribute cmm uses, a priority within the context's range, and
+// refuses the others (this driver does not model them).
+CUresult cuLaunchKernelEx(const LaunchConfig* config, Function* f, void** params, void** extra) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (config == nullptr || (config->attr_count > 0 && config->attrs == nullptr)) return INVALID_VALUE;
+    bool has_priority = false;
+    for (u32 i = 0; i < config->attr_count; ++i) {
+        const LaunchAttribute& a = config->attrs[i];
+        if (a.id != LAUNCH_ATTRIBUTE_PRIORITY) return NOT_SUPPORTED;
+        if (a.value.priority < greatest_priority.load() || a.value.priority > 0) return INVALID_VALUE;
+        has_priority = true;
+    }
+    CUresult r = fake_launch(f, config->grid[0], config->grid[1], config->grid[2], config->block[0], config->block[1],
+                             config->block[2], config->shared, config->stream, params, extra);
+    if (r == SUCCESS && has_priority) {
+        std::lock_guard<std::mutex> g(lock);
+        prioritised[f->name] += 1;
+    }
+    return r;
+}
+
+// For tests: how many launches of kernel `name` carried a priority attribute so far.
+u64 cmm_fake_prioritised_launches(const char* name) {
+    std::lock_guard<std::mutex> g(lock);
+    auto it = prioritised.find(name);
+    return it == prioritised.end() ? 0 : it->second;
+}
+
+// For tests: the greatest priority contexts report from now on (0: a single priority,
+// as on a GPU without stream priorities).
+void cmm_fake_set_greatest_priority(int greatest) { greatest_priority.store(greatest); }
 
 // For the fake cuBLAS: runs `work(arg)` in order on `stream`, then `release(arg)`.
 int cmm_fake_enqueue(void* handle, void (*work)(void*), void* arg, void (*release)(void*)) {

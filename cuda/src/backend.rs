@@ -28,9 +28,7 @@ use cmm_core::generator::Family;
 use cmm_core::plan::{BufferRole, Op, Plan, PlanBuilder};
 use cmm_core::DType;
 use cudarc::cublas::{result as blas, sys as blas_sys};
-use cudarc::driver::{
-    result, sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 
 use crate::error::CudaError;
@@ -73,6 +71,12 @@ pub struct CudaRunOptions {
     /// GPU work one item at a time (`compute-sanitizer` may) would otherwise hold the
     /// host at the gate's launch until the gate's deadline.
     pub gate: bool,
+    /// Launch signals, waits and SM copies ([`Kernel::communicates`]) at the context's
+    /// greatest stream priority, so that a signal another device waits for is not
+    /// queued behind the blocks of a GEMM on another stream. Without effect where the
+    /// GPU has a single priority or refused a prioritised launch
+    /// ([`CudaBackend::comm_priority`]).
+    pub comm_priority: bool,
 }
 
 impl Default for CudaRunOptions {
@@ -84,6 +88,7 @@ impl Default for CudaRunOptions {
             wait_timeout: Duration::from_secs(10),
             run_timeout: Duration::from_secs(60),
             gate: true,
+            comm_priority: true,
         }
     }
 }
@@ -101,6 +106,9 @@ pub struct CudaRunOutput {
     pub gated: bool,
     /// Which engine ran the GEMMs.
     pub gemms: GemmCounts,
+    /// The priority signals, waits and SM copies were launched at on GPU 0 (`None`: the
+    /// default one, as every other launch; always `None` on the host twin).
+    pub comm_priority: Option<i32>,
     /// Wall time of the whole run.
     pub elapsed: Duration,
 }
@@ -183,6 +191,9 @@ struct Gpu {
     lanes: Vec<LaneSlot>,
     functions: Functions,
     ctx: Arc<CudaContext>,
+    /// The greatest launch priority of the context, where a prioritised launch works
+    /// here (probed when the context opens), or why not.
+    priority: Result<i32, String>,
 }
 
 /// Whether the contexts can take work.
@@ -209,6 +220,7 @@ pub struct CudaBackend {
     name: String,
     cublas: bool,
     memops: Result<(), String>,
+    priority: Result<i32, String>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -279,12 +291,40 @@ fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize) -> Result<Vec<Gpu>, CudaErr
             functions.push(f);
         }
         let functions = Functions(functions);
-        out.push(Gpu { lanes: Vec::new(), functions, ctx });
+        let priority = probe_launch_priority(&ctx, &functions);
+        out.push(Gpu { lanes: Vec::new(), functions, ctx, priority });
     }
     if out.len() > 1 {
         enable_peer_access(&out)?;
     }
     Ok(out)
+}
+
+/// The context's greatest launch priority, if a kernel launched at it runs here: one
+/// `cmm_signal` at that priority must add 1 to a zeroed word. A GPU with a single
+/// priority, or a driver that refuses the launch attribute, leaves every launch at the
+/// default priority (the run says so: [`CudaRunOutput::comm_priority`]).
+fn probe_launch_priority(ctx: &Arc<CudaContext>, functions: &Functions) -> Result<i32, String> {
+    ctx.bind_to_thread().map_err(|e| e.to_string())?;
+    let (least, greatest) =
+        result::stream::get_priority_range().map_err(|e| format!("cuCtxGetStreamPriorityRange: {e}"))?;
+    if greatest >= least {
+        return Err(format!("the context has a single stream priority ({least})"));
+    }
+    let word = DeviceAlloc::zeroed(ctx, 4).map_err(|e| e.to_string())?;
+    let stream = ctx.new_stream().map_err(|e| e.to_string())?;
+    let signal = Launch::new(Kernel::Signal, ONE_THREAD, vec![Param::U64(word.ptr), Param::U32(1)], "a probe signal");
+    launch_on(&stream, functions, &signal, Some(greatest)).map_err(|e| e.to_string())?;
+    stream.synchronize().map_err(|e| format!("a prioritised launch: {e}"))?;
+    let mut seen = [0u32];
+    // SAFETY: `word` is a live 4-byte allocation of the current context, and the only
+    // work that wrote it has finished (the stream was synchronised).
+    #[allow(unsafe_code)]
+    unsafe { result::memcpy_dtoh_sync(&mut seen, word.ptr) }.map_err(|e| format!("reading the probe: {e}"))?;
+    match seen[0] {
+        1 => Ok(greatest),
+        v => Err(format!("a signal launched at priority {greatest} left {v}, not 1")),
+    }
 }
 
 /// Whether `cuStreamWaitValue32` works here: one wait that is already satisfied.
@@ -333,6 +373,7 @@ impl CudaBackend {
             .collect::<Result<_, _>>()?;
         let gpus = open_gpus(&ptx, ordinals)?;
         let memops = probe_stream_memops(&gpus[0]);
+        let priority = gpus[0].priority.clone();
         Ok(CudaBackend {
             state: Mutex::new(State { gpus, health: Health::Ready }),
             ptx,
@@ -341,13 +382,18 @@ impl CudaBackend {
             name,
             cublas: cublas_present(),
             memops,
+            priority,
         })
     }
 
     /// One line naming the GPU, the kernels' architecture and the GEMM library.
     pub fn summary(&self) -> String {
         let blas = if self.cublas { "cuBLAS found" } else { "no libcublas: GEMMs on the tile kernels" };
-        format!("{} x{} ({}, kernels compiled by NVRTC; {blas})", self.name, self.ordinals, self.arch)
+        let priority = match &self.priority {
+            Ok(p) => format!("signals, waits and SM copies at priority {p}"),
+            Err(_) => "every launch at the default priority".into(),
+        };
+        format!("{} x{} ({}, kernels compiled by NVRTC; {blas}; {priority})", self.name, self.ordinals, self.arch)
     }
 
     /// Whether libcublas was found when the backend started.
@@ -358,6 +404,13 @@ impl CudaBackend {
     /// Whether stream memory operations work here ([`SyncMode::StreamMemOps`]), or why not.
     pub fn stream_memops(&self) -> Result<(), String> {
         self.memops.clone()
+    }
+
+    /// The greatest launch priority of GPU 0, at which signals, waits and SM copies are
+    /// launched ([`CudaRunOptions::comm_priority`]), or why launches keep the default
+    /// priority here (probed when the backend started).
+    pub fn comm_priority(&self) -> Result<i32, String> {
+        self.priority.clone()
     }
 
     /// The GPU's name and UUID, for stamps keyed by GPU.
@@ -528,7 +581,7 @@ fn time_gemm_on(state: &mut State, plan: &Plan, command: &GemmCommand, reps: usi
     let blas = gpu.lanes[0].blas.as_ref().map(|h| h.0);
     let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
     let mut times = Vec::with_capacity(reps);
-    let issue = || submit(&gpu.functions, &stream, blas, &gemm_submission(&memory, command));
+    let issue = || submit(&gpu.functions, &stream, blas, &gemm_submission(&memory, command), None);
     issue()?; // warm-up: cuBLAS picks and loads its kernel here
     for _ in 0..reps {
         let begin = stream.record_event(timed).map_err(|e| CudaError::driver("recording an event", e))?;
@@ -639,6 +692,7 @@ fn execute(
         gpu_time: Duration::from_secs_f64(gpu_ms / 1e3),
         gated,
         gemms: lowered.gemms,
+        comm_priority: comm_priority(options, &state.gpus[0]),
         elapsed: Duration::ZERO,
     })
 }
@@ -673,9 +727,13 @@ impl Run<'_> {
         let (go, gate_status) =
             (self.control.device_word(ControlLayout::GO), self.control.device_word(ControlLayout::GATE));
         self.enqueued = true;
-        let mut l = setup.launch_builder(gpu0.functions.get(Kernel::Gate));
-        l.arg(&go).arg(&timeout_ns).arg(&gate_status);
-        launch(l, ONE_THREAD, "the gate")?;
+        let gate = Launch::new(
+            Kernel::Gate,
+            ONE_THREAD,
+            vec![Param::U64(go), Param::U64(timeout_ns), Param::U64(gate_status)],
+            "the gate",
+        );
+        launch_on(&setup, &gpu0.functions, &gate, None)?;
         let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let begin = setup.record_event(timed).map_err(|e| CudaError::driver("recording the start event", e))?;
         for s in 0..lowered.streams {
@@ -691,7 +749,7 @@ impl Run<'_> {
                 self.issue_fused(g, &lane.stream, memory, f, table)?;
                 continue;
             }
-            self.issue(&self.state.gpus[g].functions, &lane.stream, lane.blas.as_ref().map(|h| h.0), memory, command)?;
+            self.issue(&self.state.gpus[g], lane, memory, command)?;
         }
         let mut ends: Vec<CudaEvent> = Vec::new();
         for s in 0..lowered.streams {
@@ -740,21 +798,17 @@ impl Run<'_> {
         };
         let launch = fused_launch(memory, f, table.ptr, sms / sharing, &self.words());
         stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
-        launch_on(stream, &self.state.gpus[gpu].functions, &launch)
+        launch_on(stream, &self.state.gpus[gpu].functions, &launch, None)
     }
 
-    fn issue(
-        &self,
-        functions: &Functions,
-        stream: &Arc<CudaStream>,
-        blas: Option<blas_sys::cublasHandle_t>,
-        memory: &Memory,
-        command: &Command,
-    ) -> Result<(), CudaError> {
+    fn issue(&self, gpu: &Gpu, lane: &LaneSlot, memory: &Memory, command: &Command) -> Result<(), CudaError> {
+        let stream = &lane.stream;
         // Driver and cuBLAS calls act in the current context: make it the stream's.
         stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
+        let blas = lane.blas.as_ref().map(|h| h.0);
+        let comm_priority = comm_priority(self.options, gpu);
         for submission in submissions(command, memory, &self.words()) {
-            submit(functions, stream, blas, &submission)?;
+            submit(&gpu.functions, stream, blas, &submission, comm_priority)?;
         }
         Ok(())
     }
@@ -860,15 +914,22 @@ fn fused_tables(
     Ok(tables)
 }
 
-/// Puts one submission on `stream` (whose context is current).
+/// The priority of communicating kernels on `gpu` under `options` (`None`: the default).
+fn comm_priority(options: &CudaRunOptions, gpu: &Gpu) -> Option<i32> {
+    options.comm_priority.then(|| gpu.priority.clone().ok()).flatten()
+}
+
+/// Puts one submission on `stream` (whose context is current); communicating kernels
+/// at `comm_priority` where that is given.
 fn submit(
     functions: &Functions,
     stream: &Arc<CudaStream>,
     blas: Option<blas_sys::cublasHandle_t>,
     submission: &Submission,
+    comm_priority: Option<i32>,
 ) -> Result<(), CudaError> {
     match submission {
-        Submission::Launch(l) => launch_on(stream, functions, l),
+        Submission::Launch(l) => launch_on(stream, functions, l, comm_priority),
         Submission::Cublas { args, dtypes } => {
             let handle = blas.expect("lanes running cuBLAS GEMMs have handles");
             cublas_gemm(handle, args, *dtypes)
@@ -900,35 +961,47 @@ fn submit(
     }
 }
 
-/// Launches `l` on `stream`.
-fn launch_on(stream: &Arc<CudaStream>, functions: &Functions, l: &Launch) -> Result<(), CudaError> {
-    let mut args = stream.launch_builder(functions.get(l.kernel));
-    for p in &l.params {
-        match p {
-            Param::U32(v) => args.arg(v),
-            Param::U64(v) => args.arg(v),
-            Param::Gemm(v) => args.arg(v),
-            Param::Fused(v) => args.arg(v),
-            Param::Reduce(v) => args.arg(v),
-            Param::Pointwise(v) => args.arg(v),
-            Param::Attend(v) => args.arg(v),
-            Param::AttnState(v) => args.arg(v),
-            Param::Route(v) => args.arg(v),
-            Param::GroupedGemm(v) => args.arg(v),
-            Param::Combine(v) => args.arg(v),
-        };
-    }
-    launch(args, l.cfg, l.what)
-}
-
-/// Launches a kernel whose arguments are already pushed.
-fn launch(mut args: LaunchArgs<'_>, cfg: LaunchConfig, what: &str) -> Result<(), CudaError> {
-    // SAFETY: every launch site passes addresses inside allocations of a validated and
-    // lowered plan (regions checked against their buffers) or the run's own semaphore
-    // and control words, with the element counts those regions hold; the kernels index
-    // within them.
+/// Launches `l` on `stream`, in the stream's context; a communicating kernel
+/// ([`Kernel::communicates`]) at `comm_priority` where that is given.
+fn launch_on(
+    stream: &Arc<CudaStream>,
+    functions: &Functions,
+    l: &Launch,
+    comm_priority: Option<i32>,
+) -> Result<(), CudaError> {
+    // A launch acts in the current context: make it the stream's (a no-op when it is).
+    stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
+    let mut params: Vec<*mut std::ffi::c_void> = l.params.iter().map(Param::as_ptr).collect();
+    let mut priority = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PRIORITY,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue { priority: comm_priority.unwrap_or(0) },
+    };
+    let prioritised = comm_priority.is_some() && l.kernel.communicates();
+    let config = sys::CUlaunchConfig {
+        gridDimX: l.cfg.grid_dim.0,
+        gridDimY: l.cfg.grid_dim.1,
+        gridDimZ: l.cfg.grid_dim.2,
+        blockDimX: l.cfg.block_dim.0,
+        blockDimY: l.cfg.block_dim.1,
+        blockDimZ: l.cfg.block_dim.2,
+        sharedMemBytes: l.cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: if prioritised { &mut priority } else { std::ptr::null_mut() },
+        numAttrs: u32::from(prioritised),
+    };
+    // SAFETY: `params` points at `l.params`' values, the exact #[repr(C)] mirrors of the
+    // kernel's parameters (the driver copies them during the call); every address among
+    // them lies inside allocations of a validated and lowered plan (regions checked
+    // against their buffers) or the run's own semaphore and control words, with the
+    // element counts those regions hold, and the kernels index within them. `config`
+    // and its one attribute outlive the call.
     #[allow(unsafe_code)]
-    unsafe { args.launch(cfg) }.map(|_| ()).map_err(|e| CudaError::driver(what, e))
+    unsafe {
+        sys::cuLaunchKernelEx(&config, functions.get(l.kernel).cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
+            .result()
+    }
+    .map_err(|e| CudaError::driver(l.what, e))
 }
 
 /// A strided 2D copy by the copy engine (`cuMemcpy2DAsync`).
@@ -1233,7 +1306,7 @@ impl Memory {
                         unsafe { result::memcpy_htod_sync(dst, &bytes) }
                             .map_err(|e| CudaError::driver("uploading a routing table", e))?;
                     }
-                    Some(Fill::Launch(l)) => launch_on(&stream, &g.functions, &l)?,
+                    Some(Fill::Launch(l)) => launch_on(&stream, &g.functions, &l, None)?,
                 }
             }
             stream.synchronize().map_err(|e| CudaError::driver("generating inputs", e))?;

@@ -100,6 +100,34 @@ pub fn set_launch_blocking(blocking: Option<bool>) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// How many launches of `kernel` so far carried a priority attribute
+/// (`cuLaunchKernelEx` with `CU_LAUNCH_ATTRIBUTE_PRIORITY`). The fake driver must be
+/// installed.
+pub fn prioritised_launches(kernel: crate::Kernel) -> Result<u64, CudaError> {
+    type Count = unsafe extern "C" fn(*const std::ffi::c_char) -> u64;
+    let name = std::ffi::CString::new(kernel.entry()).map_err(|e| fake_error(e.to_string()))?;
+    let count: Count = control(b"cmm_fake_prioritised_launches\0")?;
+    // SAFETY: `name` is a NUL-terminated string alive for the call.
+    #[allow(unsafe_code)]
+    let launches = unsafe { count(name.as_ptr()) };
+    Ok(launches)
+}
+
+/// Makes contexts report `greatest` as their greatest stream priority from now on (the
+/// least is 0, so 0 means a single priority, as on a GPU without stream priorities; the
+/// default is -5, as on an H100). Backends created afterwards probe it. The fake driver
+/// must be installed.
+pub fn set_greatest_priority(greatest: i32) -> Result<(), CudaError> {
+    type Set = unsafe extern "C" fn(i32);
+    let set: Set = control(b"cmm_fake_set_greatest_priority\0")?;
+    // SAFETY: takes a plain integer.
+    #[allow(unsafe_code)]
+    unsafe {
+        set(greatest)
+    };
+    Ok(())
+}
+
 /// One of the fake driver's test controls (`cmm_fake_*` in driver.cpp), by its
 /// NUL-terminated name; `F` must be its exact signature.
 fn control<F: Copy>(name: &[u8]) -> Result<F, CudaError> {

@@ -488,6 +488,7 @@ impl HostTwin {
             gpu_time: elapsed_run,
             gated: false,
             gemms: lowered.gemms,
+            comm_priority: None,
             elapsed: start.elapsed(),
         })
     }

@@ -124,6 +124,14 @@ impl Kernel {
     pub fn persistent(self) -> bool {
         matches!(self, Kernel::FusedMmaF16 | Kernel::FusedMmaBf16 | Kernel::FusedSimt)
     }
+
+    /// Whether it moves data or synchronises rather than computes: a signal, a wait or
+    /// an SM copy. The GPU executor launches these at the context's greatest priority
+    /// ([`crate::CudaRunOptions::comm_priority`]), so that when SMs free up the block
+    /// scheduler hands them to a signal before the next blocks of another stream's GEMM.
+    pub fn communicates(self) -> bool {
+        matches!(self, Kernel::Signal | Kernel::Wait | Kernel::Copy2d)
+    }
 }
 
 /// One kernel parameter, passed by value (cuLaunchKernel reads it through a pointer).
@@ -175,7 +183,7 @@ pub(crate) struct Launch {
 }
 
 impl Launch {
-    fn new(kernel: Kernel, cfg: LaunchConfig, params: Vec<Param>, what: &'static str) -> Launch {
+    pub(crate) fn new(kernel: Kernel, cfg: LaunchConfig, params: Vec<Param>, what: &'static str) -> Launch {
         Launch { kernel, cfg, params, what }
     }
 }

@@ -151,3 +151,69 @@ fn a_lost_signal_ends_at_the_wait_deadline_naming_the_wait() {
     }
     assert_right(&b, &plan, &CudaRunOptions::default());
 }
+
+/// Signals, waits and SM copies launch at the context's greatest priority, and nothing
+/// else does; with `comm_priority` off, or on a GPU with a single priority, no launch
+/// carries one. Every run is right.
+#[test]
+fn communicating_kernels_and_only_they_launch_at_the_greatest_priority() {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = cmm_cuda::fake::set_greatest_priority(-5);
+        }
+    }
+    use cmm_core::plan::{Engine, Op};
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    assert_eq!(b.comm_priority(), Ok(-5));
+    assert!(b.summary().contains("at priority -5"), "{}", b.summary());
+    // The ring's copies as SM copies, so that all three communicating kernels run.
+    let mut plan = ring_plan();
+    for op in plan.programs.iter_mut().flat_map(|p| p.lanes.iter_mut()).flatten() {
+        if let Op::Copy { engine, .. } = op {
+            *engine = Engine::Sm;
+        }
+    }
+    let counts = || Kernel::ALL.map(|k| cmm_cuda::fake::prioritised_launches(k).unwrap());
+    let tile = CudaRunOptions { gemm: cmm_cuda::GemmEngine::TileKernel, ..Default::default() };
+    let launched = |b: &CudaBackend, options: &CudaRunOptions| {
+        let before = counts();
+        let out = b.run(&plan, 5, Family::Exact, options).unwrap_or_else(|e| panic!("{e}"));
+        assert_right(b, &plan, options);
+        let after = counts();
+        let added: Vec<(Kernel, u64)> =
+            Kernel::ALL.iter().zip(after.iter().zip(before)).map(|(k, (a, b))| (*k, a - b)).collect();
+        (out.comm_priority, added)
+    };
+
+    // With kernel waits, every Signal, Wait and Copy op of the plan is one launch.
+    let ops = |is: fn(&Op) -> bool| plan.ops().filter(|(_, op)| is(op)).count() as u64;
+    let (priority, added) = launched(&b, &tile);
+    assert_eq!(priority, Some(-5));
+    for (kernel, n) in added {
+        let per_run = match kernel {
+            Kernel::Signal => ops(|op| matches!(op, Op::Signal { .. })),
+            Kernel::Wait => ops(|op| matches!(op, Op::Wait { .. })),
+            Kernel::Copy2d => ops(|op| matches!(op, Op::Copy { .. })),
+            _ => 0,
+        };
+        assert!(per_run > 0 || !kernel.communicates());
+        // The run and assert_right's.
+        assert_eq!(n, 2 * per_run, "{} launches at a priority", kernel.entry());
+    }
+
+    let (priority, added) = launched(&b, &CudaRunOptions { comm_priority: false, ..tile });
+    assert_eq!(priority, None);
+    assert!(added.iter().all(|(_, n)| *n == 0), "comm_priority off: {added:?}");
+
+    let _restore = Restore;
+    cmm_cuda::fake::set_greatest_priority(0).unwrap();
+    let single = CudaBackend::new(1).unwrap_or_else(|e| panic!("{e}"));
+    let reason = single.comm_priority().unwrap_err();
+    assert!(reason.contains("single stream priority"), "{reason}");
+    assert!(single.summary().contains("every launch at the default priority"), "{}", single.summary());
+    let (priority, added) = launched(&single, &tile);
+    assert_eq!(priority, None);
+    assert!(added.iter().all(|(_, n)| *n == 0), "a single priority: {added:?}");
+}

@@ -96,6 +96,10 @@ pub struct Args {
     /// compute-sanitizer; the reported time then includes enqueueing).
     #[arg(long)]
     pub ungated: bool,
+    /// CUDA only: launch signals, waits and SM copies at the default priority like every
+    /// other kernel, not at the GPU's greatest (to tell whether a difference comes from it).
+    #[arg(long)]
+    pub no_comm_priority: bool,
     /// CUDA only: where the conformance stamps go [default: $CMM_STAMP_DIR, else
     /// target/cuda-stamps].
     #[arg(long, value_name = "DIR")]
@@ -121,6 +125,7 @@ impl Args {
             sync: Sync::Kernels,
             case_timeout: 60,
             ungated: false,
+            no_comm_priority: false,
             stamps: None,
             report: None,
         }
@@ -136,6 +141,7 @@ impl Args {
             sync: self.sync.mode(),
             run_timeout: Duration::from_secs(self.case_timeout),
             gate: !self.ungated,
+            comm_priority: !self.no_comm_priority,
             ..CudaRunOptions::default()
         }
     }

@@ -179,6 +179,9 @@ struct Row {
     tflops: f64,
     gemm_engine: String,
     gated: bool,
+    /// The plan again with signals, waits and SM copies at the default priority (null
+    /// where the GPU has one priority, and for the baseline, which is timed once).
+    time_without_comm_priority_us: Option<f64>,
 }
 
 /// The saved report.
@@ -191,6 +194,8 @@ struct Report {
     /// Every dimension divided by this (1: the shapes the table names).
     shrink: usize,
     peak_cublas_tflops: f64,
+    /// The priority signals, waits and SM copies ran at, or why they ran at the default.
+    comm_priority: String,
     local_gemm: String,
     local_cublas_us: f64,
     local_tile_us: f64,
@@ -265,7 +270,8 @@ fn seed000(op: OpKind, d: usize, shrink: usize) -> Result<Problem> {
 /// `cargo xtask bench --backend cuda`: for ag_gemm and gemm_rs at the seed-000 shape and
 /// D = 2, 4, 8 virtual devices on one GPU, each stamped plan beside the direct baseline
 /// (copies, then one cuBLAS GEMM) and the sum of its own GEMMs timed alone through
-/// cuBLAS (the lower bound on one GPU, where all D² local GEMMs share the chip); then
+/// cuBLAS (the lower bound on one GPU, where all D² local GEMMs share the chip), and
+/// again with every launch at the default priority (where the GPU has priorities); then
 /// the tile kernel against cuBLAS on the local GEMM.
 pub fn bench(settings: &BenchSettings) -> Result<()> {
     let backend = CudaBackend::new(1).context("cannot start the CUDA backend")?;
@@ -312,9 +318,20 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         peak_n = peak.m,
     );
     println!("sync: {}; median of {reps} runs each, fresh inputs per run", settings.sync.name());
+    let comm_priority = match backend.comm_priority() {
+        Ok(p) => {
+            println!("signals, waits and SM copies at priority {p}; `no prio` times each plan again without it");
+            format!("{p}")
+        }
+        Err(reason) => {
+            println!("every launch at the default priority: {reason}");
+            format!("none: {reason}")
+        }
+    };
+    let compare_priority = backend.comm_priority().is_ok();
     println!(
-        "{:<8} {:>2} {:<16} {:>10} {:>12} {:>8} {:>12} {:>8} {:>8}",
-        "op", "D", "plan", "time µs", "Σ GEMMs µs", "÷ Σ", "baseline µs", "speedup", "TFLOP/s"
+        "{:<8} {:>2} {:<16} {:>10} {:>12} {:>8} {:>12} {:>8} {:>8} {:>12}",
+        "op", "D", "plan", "time µs", "Σ GEMMs µs", "÷ Σ", "baseline µs", "speedup", "TFLOP/s", "no prio µs"
     );
     let mut rows = Vec::new();
     let mut cache = HashMap::new();
@@ -351,10 +368,17 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 } else {
                     time_plan(&backend, &plan, &run_options, reps, fused)?
                 };
+                // Side by side, in the same run: the plan without the priority.
+                let without = if compare_priority && algorithm != Algorithm::BaselineDirect {
+                    let options = CudaRunOptions { comm_priority: false, ..run_options };
+                    Some(time_plan(&backend, &plan, &options, reps, fused)?.0)
+                } else {
+                    None
+                };
                 let bound = gemm_sum_us(&backend, &plan, reps, &mut cache)?;
                 let tflops = problem.flops() / us / 1e6;
                 println!(
-                    "{:<8} {:>2} {:<16} {:>10.1} {:>12.1} {:>8.3} {:>12.1} {:>7.2}x {:>8.0}{}{}",
+                    "{:<8} {:>2} {:<16} {:>10.1} {:>12.1} {:>8.3} {:>12.1} {:>7.2}x {:>8.0} {:>12}{}{}",
                     op.name(),
                     d,
                     algorithm.to_string(),
@@ -364,6 +388,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     baseline_us,
                     baseline_us / us,
                     tflops,
+                    without.map_or("-".to_string(), |w| format!("{w:.1}")),
                     if gated { "" } else { "  (ungated: includes enqueueing)" },
                     if fused { "  (persistent tile kernel, not cuBLAS)" } else { "" }
                 );
@@ -379,6 +404,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     tflops,
                     gemm_engine: engine.into(),
                     gated,
+                    time_without_comm_priority_us: without,
                 });
             }
         }
@@ -390,6 +416,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         reps,
         shrink,
         peak_cublas_tflops: peak_tflops,
+        comm_priority,
         local_gemm: local_name,
         local_cublas_us,
         local_tile_us,
