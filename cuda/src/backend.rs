@@ -454,7 +454,9 @@ impl CudaBackend {
     /// Median GPU time in µs of `reps` back-to-back runs of one GEMM on GPU 0 (events
     /// around each; inputs from the generator's realistic family, never zeros), and the
     /// engine that ran it (`engine` must be [`GemmEngine::Cublas`] or
-    /// [`GemmEngine::TileKernel`]).
+    /// [`GemmEngine::TileKernel`]). The runs rotate among copies of the operands that
+    /// together are at least twice the L2 (at most 64 copies), so that no run finds its
+    /// operands in the cache, as a GEMM of a plan seldom does.
     pub fn time_gemm(&self, spec: &GemmSpec, engine: GemmEngine, reps: usize) -> Result<f64, CudaError> {
         let plan = gemm_plan(spec)?;
         let lowered = lower(
@@ -572,20 +574,39 @@ pub(crate) fn gemm_plan(spec: &GemmSpec) -> Result<Plan, CudaError> {
     Ok(plan)
 }
 
+/// At most this many copies of one GEMM's operands rotate in [`CudaBackend::time_gemm`].
+const MAX_GEMM_INPUT_SETS: usize = 64;
+
 fn time_gemm_on(state: &mut State, plan: &Plan, command: &GemmCommand, reps: usize) -> Result<f64, CudaError> {
-    let memory = Memory::allocate(&state.gpus, plan, |_| 0)?;
-    memory.initialise(&state.gpus, plan, 7, Family::Realistic, |_| 0)?;
+    // Operands that stay in L2 from one repetition to the next time the cache, not the
+    // GEMM a plan runs on data it has not touched lately: rotate among enough copies
+    // (each with its own inputs) that together they are twice the L2.
+    let l2 = state.gpus[0]
+        .ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+        .map_err(|e| CudaError::driver("reading the L2 size", e))?
+        .max(0) as usize;
+    let sets = (2 * l2).div_ceil(plan_bytes(plan).max(1)).clamp(1, MAX_GEMM_INPUT_SETS);
+    let memories = (0..sets)
+        .map(|set| {
+            let memory = Memory::allocate(&state.gpus, plan, |_| 0)?;
+            memory.initialise(&state.gpus, plan, 7 + set as u32, Family::Realistic, |_| 0)?;
+            Ok(memory)
+        })
+        .collect::<Result<Vec<Memory>, CudaError>>()?;
     ensure_lanes(state, 0, 1, command.imp == GemmImpl::Cublas)?;
     let gpu = &state.gpus[0];
     let stream = gpu.lanes[0].stream.clone();
     let blas = gpu.lanes[0].blas.as_ref().map(|h| h.0);
     let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
     let mut times = Vec::with_capacity(reps);
-    let issue = || submit(&gpu.functions, &stream, blas, &gemm_submission(&memory, command), None);
-    issue()?; // warm-up: cuBLAS picks and loads its kernel here
-    for _ in 0..reps {
+    let issue = |memory: &Memory| submit(&gpu.functions, &stream, blas, &gemm_submission(memory, command), None);
+    issue(&memories[0])?; // warm-up: cuBLAS picks and loads its kernel here
+    for rep in 0..reps {
+        // Set 0 was just warmed: the first timed run takes the next one.
+        let memory = &memories[(rep + 1) % sets];
         let begin = stream.record_event(timed).map_err(|e| CudaError::driver("recording an event", e))?;
-        issue()?;
+        issue(memory)?;
         let end = stream.record_event(timed).map_err(|e| CudaError::driver("recording an event", e))?;
         end.synchronize().map_err(|e| CudaError::driver("running a GEMM", e))?;
         times.push(begin.elapsed_ms(&end).map_err(|e| CudaError::driver("reading an event", e))? as f64 * 1e3);
@@ -593,6 +614,11 @@ fn time_gemm_on(state: &mut State, plan: &Plan, command: &GemmCommand, reps: usi
     stream.synchronize().map_err(|e| CudaError::driver("running a GEMM", e))?;
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+/// Bytes of one device's buffers.
+fn plan_bytes(plan: &Plan) -> usize {
+    plan.buffers.iter().map(|b| b.len() * b.dtype.size_bytes()).sum()
 }
 
 /// The GPU of device `d`.
