@@ -435,7 +435,7 @@ CUresult cuDeviceGetAttribute(int* value, int attribute, int device) {
         case 8: *value = 49152; break;   // MAX_SHARED_MEMORY_PER_BLOCK
         case 10: *value = 32; break;     // WARP_SIZE
         case 16: *value = sm_count(); break;  // MULTIPROCESSOR_COUNT
-        case 38: *value = 50 << 20; break;  // L2_CACHE_SIZE (an H100's)
+        case 38: *value = 1 << 20; break;   // L2_CACHE_SIZE (small, as the SM count is)
         case 41: *value = 1; break;      // UNIFIED_ADDRESSING
         case 75: *value = 9; break;      // COMPUTE_CAPABILITY_MAJOR
         case 76: *value = 0; break;      // COMPUTE_CAPABILITY_MINOR

@@ -77,6 +77,10 @@ pub struct CudaRunOptions {
     /// GPU has a single priority or refused a prioritised launch
     /// ([`CudaBackend::comm_priority`]).
     pub comm_priority: bool,
+    /// Before the run, overwrite twice the L2 of every GPU, so that the run does not
+    /// start with the inputs that were just generated in the cache (for timing; the
+    /// bench sets it).
+    pub cold_l2: bool,
 }
 
 impl Default for CudaRunOptions {
@@ -89,6 +93,7 @@ impl Default for CudaRunOptions {
             run_timeout: Duration::from_secs(60),
             gate: true,
             comm_priority: true,
+            cold_l2: false,
         }
     }
 }
@@ -581,11 +586,7 @@ fn time_gemm_on(state: &mut State, plan: &Plan, command: &GemmCommand, reps: usi
     // Operands that stay in L2 from one repetition to the next time the cache, not the
     // GEMM a plan runs on data it has not touched lately: rotate among enough copies
     // (each with its own inputs) that together they are twice the L2.
-    let l2 = state.gpus[0]
-        .ctx
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
-        .map_err(|e| CudaError::driver("reading the L2 size", e))?
-        .max(0) as usize;
+    let l2 = l2_bytes(&state.gpus[0].ctx)?;
     let sets = (2 * l2).div_ceil(plan_bytes(plan).max(1)).clamp(1, MAX_GEMM_INPUT_SETS);
     let memories = (0..sets)
         .map(|set| {
@@ -614,6 +615,29 @@ fn time_gemm_on(state: &mut State, plan: &Plan, command: &GemmCommand, reps: usi
     stream.synchronize().map_err(|e| CudaError::driver("running a GEMM", e))?;
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+/// The L2 size of `ctx`'s GPU in bytes.
+fn l2_bytes(ctx: &Arc<CudaContext>) -> Result<usize, CudaError> {
+    let bytes = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+        .map_err(|e| CudaError::driver("reading the L2 size", e))?;
+    Ok(bytes.max(0) as usize)
+}
+
+/// Writes twice the L2 of `ctx`'s GPU and waits, so that what was there is gone.
+fn evict_l2(ctx: &Arc<CudaContext>) -> Result<(), CudaError> {
+    let bytes = 2 * l2_bytes(ctx)?;
+    if bytes == 0 {
+        return Ok(());
+    }
+    let scratch = DeviceAlloc::uninit(ctx, bytes)?;
+    // SAFETY: `scratch` is a live allocation of `bytes` bytes in the current context
+    // (`uninit` made it current), freed only after the context is synchronised below.
+    #[allow(unsafe_code)]
+    unsafe { result::memset_d8_sync(scratch.ptr, 0x5a, bytes) }.map_err(|e| CudaError::driver("evicting the L2", e))?;
+    // A device memset may return before it is done: wait, so it does not overlap the run.
+    ctx.synchronize().map_err(|e| CudaError::driver("evicting the L2", e))
 }
 
 /// Bytes of one device's buffers.
@@ -680,6 +704,11 @@ fn execute(
 ) -> Result<CudaRunOutput, CudaError> {
     let memory = Memory::allocate(&state.gpus, plan, |d| gpu_of(options.placement, d))?;
     memory.initialise(&state.gpus, plan, seed, family, |d| gpu_of(options.placement, d))?;
+    if options.cold_l2 {
+        for gpu in &state.gpus {
+            evict_l2(&gpu.ctx)?;
+        }
+    }
     let lanes = plan.lanes.len();
     let streams: Vec<(usize, usize)> = (0..lowered.streams)
         .map(|s| {

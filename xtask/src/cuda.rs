@@ -203,7 +203,8 @@ struct Report {
     rows: Vec<Row>,
 }
 
-/// Median GPU time in µs of `reps` runs of `plan` (fresh inputs per run, a new seed),
+/// Median GPU time in µs of `reps` runs of `plan` (fresh inputs per run, a new seed, then
+/// the L2 overwritten: `options.cold_l2`),
 /// after one warm-up; fails unless every GEMM ran on cuBLAS, or with `fused` on the
 /// persistent tile kernel (a GEMM that waits per tile cannot be a cuBLAS call), so that
 /// no row names an engine that did not run.
@@ -285,6 +286,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         gemm: GemmEngine::Cublas,
         sync: settings.sync.mode(),
         wait_timeout: Duration::from_secs(30),
+        cold_l2: true,
         ..Default::default()
     };
     let square = |n: usize| GemmSpec {
@@ -317,7 +319,10 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         local_tile_us / local_cublas_us,
         peak_n = peak.m,
     );
-    println!("sync: {}; median of {reps} runs each, fresh inputs per run", settings.sync.name());
+    println!(
+        "sync: {}; median of {reps} runs each, fresh inputs per run, L2 overwritten before each",
+        settings.sync.name()
+    );
     let comm_priority = match backend.comm_priority() {
         Ok(p) => {
             println!("signals, waits and SM copies at priority {p}; `no prio` times each plan again without it");
