@@ -1,5 +1,6 @@
-// Host twin of `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}` (gemm.cu's
-// cmm_mma16816), after common.cuh. The 32 lanes of a warp meet through staging in
+// Host twins of gemm.cu's warp collectives and asynchronous copies, after common.cuh.
+//
+// `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}` (cmm_mma16816). The 32 lanes of a warp meet through staging in
 // shared memory; each then computes its four outputs from the whole warp's fragments,
 // laid out as the PTX ISA specifies for this shape (g = lane / 4, t = lane % 4):
 // - A (16×16, row): register j holds (row g + 8·(j & 1), cols 2t + 8·(j >> 1) + {0, 1});
@@ -47,4 +48,85 @@ inline void cmm_mma16816(float* d, const u32* a, const u32* b) {
     }
     // Nobody restages before every lane has read.
     cmm_host::barrier(cmm_host::WARP_COLLECTIVE);
+}
+
+// `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16` (cmm_ldmatrix_x4[_trans]): lane l
+// gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); register i
+// of lane l receives from matrix i the elements (row l / 4, cols 2·(l % 4) + {0, 1}), or
+// with .trans (rows 2·(l % 4) + {0, 1}, col l / 4); the first element in the low half.
+inline void cmm_host_ldmatrix_x4(u32* r, const void* row, bool trans) {
+    static thread_local const u16* staged[32][32];  // [warp][lane]
+    const u32 tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const u32 warp = tid / 32u, lane = tid % 32u;
+    if (warp >= 32u) {
+        cmm_host::fail("a warp collective in a block of more than 1024 threads");
+        return;
+    }
+    if ((uintptr_t)row % 16u != 0u) cmm_host::fail("ldmatrix: a row address that is not 16-byte aligned");
+    staged[warp][lane] = static_cast<const u16*>(row);
+    cmm_host::barrier(cmm_host::WARP_COLLECTIVE);
+    const u32 g = lane / 4u, t = lane % 4u;
+    for (u32 i = 0; i < 4u; ++i) {
+        const u16* const* rows = &staged[warp][8u * i];
+        const u32 lo = trans ? rows[2u * t][g] : rows[g][2u * t];
+        const u32 hi = trans ? rows[2u * t + 1u][g] : rows[g][2u * t + 1u];
+        r[i] = lo | (hi << 16);
+    }
+    // Nobody restages before every lane has read.
+    cmm_host::barrier(cmm_host::WARP_COLLECTIVE);
+}
+
+inline void cmm_ldmatrix_x4(u32* r, const void* row) { cmm_host_ldmatrix_x4(r, row, false); }
+inline void cmm_ldmatrix_x4_trans(u32* r, const void* row) { cmm_host_ldmatrix_x4(r, row, true); }
+
+// `cp.async.cg.shared.global` of 16 bytes (zero-filled when src_bytes = 0),
+// `cp.async.commit_group` and `cp.async.wait_group N`. A copy lands only when its thread
+// waits for its group, so a kernel that reads a stage before waiting for it, or before
+// the barrier after every thread's wait, reads the stage's old contents.
+inline cmm_host::Fiber* cmm_host_async_thread() {
+    if (cmm_host::running_block == nullptr) {
+        cmm_host::fail("cp.async in a kernel launched without fibers (its Kernel entry says no barriers)");
+        return nullptr;
+    }
+    return cmm_host::running_block->current;
+}
+
+inline void cmm_cp_async16(void* dst, u64 src, u32 src_bytes) {
+    cmm_host::Fiber* me = cmm_host_async_thread();
+    if (me == nullptr) return;
+    if ((uintptr_t)dst % 16u != 0u || (src_bytes != 0u && src % 16u != 0u)) {
+        cmm_host::fail("cp.async: a 16-byte copy from or to an address that is not 16-byte aligned");
+        return;
+    }
+    if (src_bytes != 0u && src_bytes != 16u) {
+        cmm_host::fail("cp.async: a partial copy (cmm copies 16 bytes or zero-fills)");
+        return;
+    }
+    me->in_flight.push_back({dst, src_bytes == 0u ? nullptr : (const void*)src, me->committed});
+}
+
+inline void cmm_cp_async_commit() {
+    if (cmm_host::Fiber* me = cmm_host_async_thread()) me->committed += 1;
+}
+
+template <int N>
+inline void cmm_cp_async_wait() {
+    cmm_host::Fiber* me = cmm_host_async_thread();
+    if (me == nullptr) return;
+    // Groups older than the newest N committed ones land, oldest first; uncommitted
+    // copies stay in flight, as on the GPU.
+    const u32 limit = me->committed >= (u32)N ? me->committed - (u32)N : 0u;
+    size_t kept = 0;
+    for (const cmm_host::AsyncCopy& c : me->in_flight) {
+        if (c.group < limit) {
+            if (c.src == nullptr) {
+                std::memset(c.dst, 0, 16);
+            } else {
+                std::memcpy(c.dst, c.src, 16);
+            }
+        } else {
+            me->in_flight[kept++] = c;
+        }
+    }
+    me->in_flight.resize(kept);
 }

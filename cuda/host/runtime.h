@@ -10,8 +10,9 @@
 // - `__shared__` is `static thread_local`: one copy per OS thread, and a block runs on
 //   one OS thread, so each block has its own shared memory even when the blocks of a
 //   launch run concurrently (persistent kernels).
-// - The warp-collective mma (gemm.cu) is a rendezvous of the warp's 32 lanes through
-//   shared staging, with PTX's fragment layout (host/mma.h).
+// - The warp-collective mma and ldmatrix (gemm.cu) are rendezvous of the warp's 32
+//   lanes through shared staging, with PTX's fragment layouts; cp.async copies land only
+//   when their thread waits for their group (host/mma.h).
 // - Atomics, acquire loads and release adds are the compiler's __atomic builtins;
 //   %globaltimer is CLOCK_MONOTONIC.
 // Prepended to common.cuh; defines CMM_HOST, which swaps out the inline PTX.
@@ -41,6 +42,7 @@ typedef unsigned long long u64;
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static thread_local
+#define __align__(n) __attribute__((aligned(n)))
 
 struct dim3 {
     u32 x, y, z;
@@ -90,11 +92,20 @@ namespace cmm_host {
 // one in the kernels is reached by all threads of the block together).
 enum Barrier { SYNCTHREADS = 1, WARP_COLLECTIVE = 2 };
 
+// A cp.async copy the thread has issued and that has not landed yet (host/mma.h).
+struct AsyncCopy {
+    void* dst;
+    const void* src;  // nullptr: zero-fill
+    u32 group;        // the commit group it belongs to
+};
+
 struct Fiber {
     ucontext_t context;
     dim3 thread;
     int waiting;  // 0: running or runnable, else the Barrier it waits at
     bool done;
+    std::vector<AsyncCopy> in_flight;  // oldest first
+    u32 committed;                     // groups committed so far
 };
 
 struct Block {

@@ -3,7 +3,10 @@
 //
 // - cmm_gemm_mma_f16 / cmm_gemm_mma_bf16: tensor cores (mma.sync m16n8k16, f32
 //   accumulate) for f16 or bf16 A and B. 128 threads = 4 warps in 2×2, a 64×64 block
-//   tile, K in steps of 16 staged through shared memory with zero padding at the edges.
+//   tile. Where A and B are untransposed and 16-byte aligned (rows too) and K is a
+//   multiple of 8, the tile is pipelined: K in steps of 32, three stages of cp.async
+//   16-byte copies in flight, fragments by ldmatrix (cmm_gemm_mma_async). Otherwise K
+//   goes in steps of 16 staged element by element (any strides, transposes, edges).
 // - cmm_gemm_simt: any dtypes (f32 included), 256 threads, 64×64 tile, 4×4 per thread.
 
 struct CmmGemmArgs {
@@ -65,28 +68,53 @@ __device__ __forceinline__ void cmm_mma16816(float* d, const u32* a, const u32* 
 }
 #endif
 
-// One 64×64 output tile at (row0, col0), 128 threads.
-template <bool BF16>
-__device__ void cmm_gemm_mma(const CmmGemmArgs& g, u32 row0, u32 col0) {
-    __shared__ u16 As[CMM_TILE][CMM_KSTEP + CMM_APAD];
-    __shared__ u16 Bs[CMM_KSTEP][CMM_TILE + CMM_BPAD];
-    const u32 tid = threadIdx.x;
-    const u32 warp = tid / 32, lane = tid % 32;
-    const u32 gid = lane / 4, tig = lane % 4;
-    const u32 wm = (warp / 2) * 32, wn = (warp % 2) * 32;
-
-    // acc[mi][ni][e]: rows wm + 16 mi + gid (+8 for e >= 2), cols wn + 8 ni + 2 tig (+1 for odd e).
+// A warp's 32×32 share of a 64×64 tile as mma m16n8k16 accumulators:
+// acc[mi][ni][e] is row wm + 16 mi + gid (+8 for e >= 2), col wn + 8 ni + 2 tig (+1 for odd e),
+// where the tile's 4 warps sit 2×2 (wm, wn ∈ {0, 32}), gid = lane / 4, tig = lane % 4.
+struct CmmWarpTile {
+    u32 row0, col0;  // of the tile
+    u32 wm, wn, gid, tig;
     float acc[2][4][4];
+};
+
+// Calls f(mi, ni, e, row, col) for each accumulator of the warp and its place in C.
+template <class F>
+__device__ __forceinline__ void cmm_warp_tile_each(const CmmWarpTile& w, F f) {
     #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
         #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
             #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                u32 i = row0 + wm + 16 * mi + gid + (e >= 2 ? 8 : 0);
-                u32 j = col0 + wn + 8 * ni + 2 * tig + (e & 1);
-                acc[mi][ni][e] = cmm_c_initial(g, i, j);
+                f(mi, ni, e, w.row0 + w.wm + 16 * mi + w.gid + (e >= 2 ? 8 : 0),
+                  w.col0 + w.wn + 8 * ni + 2 * w.tig + (e & 1));
             }
+}
+
+__device__ __forceinline__ void cmm_warp_tile_start(CmmWarpTile& w, const CmmGemmArgs& g, u32 row0, u32 col0) {
+    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    w.row0 = row0;
+    w.col0 = col0;
+    w.gid = lane / 4;
+    w.tig = lane % 4;
+    w.wm = (warp / 2) * 32;
+    w.wn = (warp % 2) * 32;
+    cmm_warp_tile_each(w, [&](int mi, int ni, int e, u32 i, u32 j) { w.acc[mi][ni][e] = cmm_c_initial(g, i, j); });
+}
+
+__device__ __forceinline__ void cmm_warp_tile_store(const CmmWarpTile& w, const CmmGemmArgs& g) {
+    cmm_warp_tile_each(w, [&](int mi, int ni, int e, u32 i, u32 j) { cmm_c_store(g, i, j, w.acc[mi][ni][e]); });
+}
+
+// One 64×64 output tile at (row0, col0), 128 threads, any strides and transposes.
+template <bool BF16>
+__device__ void cmm_gemm_mma_staged(const CmmGemmArgs& g, u32 row0, u32 col0) {
+    __shared__ u16 As[CMM_TILE][CMM_KSTEP + CMM_APAD];
+    __shared__ u16 Bs[CMM_KSTEP][CMM_TILE + CMM_BPAD];
+    const u32 tid = threadIdx.x;
+    CmmWarpTile w;
+    cmm_warp_tile_start(w, g, row0, col0);
+    const u32 gid = w.gid, tig = w.tig, wm = w.wm, wn = w.wn;
 
     for (u32 k0 = 0; k0 < g.k; k0 += CMM_KSTEP) {
         #pragma unroll
@@ -116,22 +144,161 @@ __device__ void cmm_gemm_mma(const CmmGemmArgs& g, u32 row0, u32 col0) {
             bfrag[0] = (u32)Bs[2 * tig][c] | ((u32)Bs[2 * tig + 1][c] << 16);
             bfrag[1] = (u32)Bs[2 * tig + 8][c] | ((u32)Bs[2 * tig + 9][c] << 16);
             #pragma unroll
-            for (int mi = 0; mi < 2; ++mi) cmm_mma16816<BF16>(acc[mi][ni], afrag[mi], bfrag);
+            for (int mi = 0; mi < 2; ++mi) cmm_mma16816<BF16>(w.acc[mi][ni], afrag[mi], bfrag);
         }
         __syncthreads();
     }
+    cmm_warp_tile_store(w, g);
+}
 
+// ---- The pipelined tile ----
+
+#define CMM_ASYNC_KSTEP 32
+#define CMM_ASYNC_STAGES 3
+// Row pitches in halves, padded by 16 bytes: the 8 rows one ldmatrix reads start in 8
+// different 16-byte bank groups (80 B and 144 B apart), and every row stays 16-byte aligned.
+#define CMM_ASYNC_ALD (CMM_ASYNC_KSTEP + 8)
+#define CMM_ASYNC_BLD (CMM_TILE + 8)
+
+// Whether the pipelined tile applies (to the f16/bf16 kernels: A and B are 16-bit):
+// untransposed A and B whose base addresses and row strides are 16-byte aligned, with K
+// a multiple of 8, so that every 16-byte chunk along K is wholly inside or wholly outside
+// (one straddling K would multiply A's elements past K, possibly NaN poison, by B's
+// zero-filled rows). A chunk straddling N reads B's row up to the next multiple of 8,
+// which alignment keeps inside the row's stride; those columns only reach C's columns
+// past N, which are never stored.
+__device__ __forceinline__ bool cmm_gemm_async_ok(const CmmGemmArgs& g) {
+    return (g.flags & 3u) == 0u && (g.a % 16ull) == 0ull && (g.b % 16ull) == 0ull && (g.a_stride % 8ull) == 0ull &&
+           (g.b_stride % 8ull) == 0ull && (g.k % 8u) == 0u;
+}
+
+#ifndef CMM_HOST
+__device__ __forceinline__ u32 cmm_smem_addr(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+
+// Copies 16 bytes from global `src` to shared `dst` asynchronously; with src_bytes = 0
+// it writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cmm_cp_async16(void* dst, u64 src, u32 src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(cmm_smem_addr(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cmm_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cmm_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Four 8×8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void cmm_ldmatrix_x4(u32* r, const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(cmm_smem_addr(row)));
+}
+
+__device__ __forceinline__ void cmm_ldmatrix_x4_trans(u32* r, const void* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(cmm_smem_addr(row)));
+}
+#endif
+
+// Starts the copies of K step `k0` into stage buffers As/Bs: A's 64×32 and B's 32×64
+// halves are 256 16-byte chunks each, two of each per thread; chunks outside the
+// matrices are zero-filled.
+__device__ __forceinline__ void cmm_async_load(const CmmGemmArgs& g, u32 row0, u32 col0, u32 k0,
+                                               u16 (*As)[CMM_ASYNC_ALD], u16 (*Bs)[CMM_ASYNC_BLD]) {
     #pragma unroll
+    for (u32 e = 0; e < 2; ++e) {
+        const u32 c = threadIdx.x + 128u * e;
+        const u32 r = c / 4u, kc = (c % 4u) * 8u;
+        const bool a_in = row0 + r < g.m && k0 + kc < g.k;
+        const u64 a_src = a_in ? g.a + 2ull * ((u64)(row0 + r) * g.a_stride + k0 + kc) : g.a;
+        cmm_cp_async16(&As[r][kc], a_src, a_in ? 16u : 0u);
+        const u32 kr = c / 8u, nc = (c % 8u) * 8u;
+        const bool b_in = k0 + kr < g.k && col0 + nc < g.n;
+        const u64 b_src = b_in ? g.b + 2ull * ((u64)(k0 + kr) * g.b_stride + col0 + nc) : g.b;
+        cmm_cp_async16(&Bs[kr][nc], b_src, b_in ? 16u : 0u);
+    }
+}
 
-    for (int mi = 0; mi < 2; ++mi)
+// One 64×64 output tile at (row0, col0), 128 threads, when cmm_gemm_async_ok(g): while
+// the warps multiply K step i, the copies of steps i+1 and i+2 are in flight.
+template <bool BF16>
+__device__ void cmm_gemm_mma_async(const CmmGemmArgs& g, u32 row0, u32 col0) {
+    __shared__ __align__(16) u16 As[CMM_ASYNC_STAGES][CMM_TILE][CMM_ASYNC_ALD];
+    __shared__ __align__(16) u16 Bs[CMM_ASYNC_STAGES][CMM_ASYNC_KSTEP][CMM_ASYNC_BLD];
+    CmmWarpTile w;
+    cmm_warp_tile_start(w, g, row0, col0);
+    const u32 lane = threadIdx.x % 32;
+    const u32 steps = (g.k + CMM_ASYNC_KSTEP - 1) / CMM_ASYNC_KSTEP;
+    // Every thread commits one group per stage, empty or not, so that "all but the
+    // newest STAGES - 2 groups" is always the step about to be multiplied.
+    #pragma unroll
+    for (u32 s = 0; s + 1 < CMM_ASYNC_STAGES; ++s) {
+        if (s < steps) cmm_async_load(g, row0, col0, s * CMM_ASYNC_KSTEP, As[s], Bs[s]);
+        cmm_cp_async_commit();
+    }
+    for (u32 step = 0; step < steps; ++step) {
+        cmm_cp_async_wait<CMM_ASYNC_STAGES - 2>();
+        // Step `step` has landed for every thread, and every warp is done with the stage
+        // the next copies overwrite (the one multiplied in the previous step).
+        __syncthreads();
+        const u32 next = step + CMM_ASYNC_STAGES - 1;
+        if (next < steps) {
+            cmm_async_load(g, row0, col0, next * CMM_ASYNC_KSTEP, As[next % CMM_ASYNC_STAGES],
+                           Bs[next % CMM_ASYNC_STAGES]);
+        }
+        cmm_cp_async_commit();
+        const u32 st = step % CMM_ASYNC_STAGES;
         #pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
+        for (u32 kk = 0; kk < CMM_ASYNC_KSTEP; kk += 16) {
+            // A: matrices (rows 0-7 | 8-15) × (k 0-7 | 8-15) of each 16×16 block give the
+            // fragment registers 0..3 in mma's order.
+            u32 afrag[2][4];
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                u32 i = row0 + wm + 16 * mi + gid + (e >= 2 ? 8 : 0);
-                u32 j = col0 + wn + 8 * ni + 2 * tig + (e & 1);
-                cmm_c_store(g, i, j, acc[mi][ni][e]);
+            for (int mi = 0; mi < 2; ++mi) {
+                cmm_ldmatrix_x4(afrag[mi], &As[st][w.wm + 16 * mi + lane % 16][kk + (lane / 16) * 8]);
             }
+            // B, transposed on load: matrix i holds k rows kk + 8·(i % 2) .. +7 of columns
+            // wn + 16 nj + 8·(i / 2) .. +7, i.e. registers 0 and 1 of two 8-column blocks.
+            u32 bfrag[4][2];
+            #pragma unroll
+            for (int nj = 0; nj < 2; ++nj) {
+                u32 r[4];
+                const u32 i = lane / 8;
+                cmm_ldmatrix_x4_trans(r, &Bs[st][kk + (i % 2) * 8 + lane % 8][w.wn + 16 * nj + (i / 2) * 8]);
+                bfrag[2 * nj][0] = r[0];
+                bfrag[2 * nj][1] = r[1];
+                bfrag[2 * nj + 1][0] = r[2];
+                bfrag[2 * nj + 1][1] = r[3];
+            }
+            #pragma unroll
+            for (int ni = 0; ni < 4; ++ni)
+                #pragma unroll
+                for (int mi = 0; mi < 2; ++mi) cmm_mma16816<BF16>(w.acc[mi][ni], afrag[mi], bfrag[ni]);
+        }
+    }
+    // No copy may still land, and no warp may still read, when the next tile (of a
+    // persistent kernel) fills the buffers again.
+    cmm_cp_async_wait<0>();
+    __syncthreads();
+    cmm_warp_tile_store(w, g);
+}
+
+// One 64×64 output tile at (row0, col0), 128 threads: pipelined where it applies.
+template <bool BF16>
+__device__ void cmm_gemm_mma(const CmmGemmArgs& g, u32 row0, u32 col0) {
+    if (cmm_gemm_async_ok(g)) {
+        cmm_gemm_mma_async<BF16>(g, row0, col0);
+    } else {
+        cmm_gemm_mma_staged<BF16>(g, row0, col0);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(128) cmm_gemm_mma_f16(const CmmGemmArgs g) {

@@ -115,6 +115,126 @@ fn engines_match_the_cpu_twin(b: &impl CudaExecutor, has_cublas: bool, gated: bo
 }
 
 #[test]
+fn both_tensor_core_tile_paths_match_the_cpu_twin() {
+    let Some(b) = backend() else { return };
+    tile_paths_match_the_cpu_twin(&b);
+}
+
+#[test]
+fn host_both_tensor_core_tile_paths_match_the_cpu_twin() {
+    tile_paths_match_the_cpu_twin(&host());
+}
+
+/// One GEMM C (+)= op(A)·op(B) on the tile kernels, for shapes that take the pipelined
+/// tile (untransposed, 16-byte aligned, K a multiple of 8; edges in M, N and K, one K
+/// step or many, accumulation, N not a multiple of 8 in a wider B) and shapes that must
+/// fall back to the staged one (A's or B's base 8 bytes off alignment, a transposed
+/// operand, A's or B's row stride not a multiple of 8, K not a multiple of 8 with NaN
+/// poison beside A's last column).
+fn tile_paths_match_the_cpu_twin(b: &impl CudaExecutor) {
+    struct Case {
+        m: usize,
+        n: usize,
+        k: usize,
+        /// Columns of A's buffer before the window A reads (4 halves: 8 bytes off).
+        a_col0: usize,
+        /// Columns of A's buffer after the window, on top of those that round its row
+        /// stride up to a multiple of 8.
+        a_pad: usize,
+        /// B is a window of `n` of this many columns (its row stride), from column `b_col0`.
+        b_cols: usize,
+        b_col0: usize,
+        /// A is copied first into the left of a scratch buffer whose other columns hold
+        /// the poison (NaN), as a plan's received shards may.
+        a_scratch: bool,
+        trans_b: bool,
+        accumulate: bool,
+    }
+    let case = |m, n, k| Case {
+        m,
+        n,
+        k,
+        a_col0: 0,
+        a_pad: 0,
+        b_cols: n,
+        b_col0: 0,
+        a_scratch: false,
+        trans_b: false,
+        accumulate: false,
+    };
+    let cases = [
+        case(64, 64, 32),
+        case(72, 136, 104),
+        case(5, 8, 8),
+        case(130, 24, 200),
+        Case { accumulate: true, ..case(72, 136, 104) },
+        Case { a_col0: 4, ..case(72, 136, 104) },
+        Case { a_pad: 4, ..case(72, 136, 104) },
+        Case { b_cols: 144, b_col0: 4, ..case(72, 136, 104) },
+        Case { trans_b: true, ..case(72, 136, 104) },
+        case(72, 60, 104),
+        Case { b_cols: 64, ..case(72, 60, 104) },
+        Case { a_scratch: true, ..case(72, 136, 100) },
+    ];
+    for c in cases {
+        for (input, output) in [(DType::F16, DType::F16), (DType::Bf16, DType::F32)] {
+            let output = if c.accumulate { DType::F32 } else { output };
+            let mut p = PlanBuilder::new(
+                format!(
+                    "gemm {}x{}x{} {input}->{output} a_col0={} a_pad={} b_cols={} b_col0={} a_scratch={} trans_b={} \
+                     accumulate={}",
+                    c.m, c.n, c.k, c.a_col0, c.a_pad, c.b_cols, c.b_col0, c.a_scratch, c.trans_b, c.accumulate
+                ),
+                1,
+            );
+            // A row stride that is a multiple of 8, so only the window's base is off.
+            let a_cols = (c.a_col0 + c.k).next_multiple_of(8) + c.a_pad;
+            let x = if c.a_scratch {
+                p.buffer("A", input, c.m, a_cols, BufferRole::Scratch)
+            } else {
+                p.buffer("A", input, c.m, a_cols, BufferRole::whole_tensor(0, a_cols))
+            };
+            let a_in = c.a_scratch.then(|| p.buffer("A_in", input, c.m, c.k, BufferRole::whole_tensor(0, c.k)));
+            let (br, bc) = if c.trans_b { (c.n, c.k) } else { (c.k, c.b_cols) };
+            let y = p.buffer("B", input, br, bc, BufferRole::whole_tensor(1, bc));
+            let role = if c.accumulate {
+                BufferRole::Accumulator { tensor: 2, global_cols: c.n, origins: vec![(0, 0)] }
+            } else {
+                BufferRole::Output
+            };
+            let z = p.buffer("C", output, c.m, c.n, role);
+            let lane = p.lane("main");
+            let (a, cc) = (p.window(x, 0, c.a_col0, c.m, c.k), p.whole(z));
+            let bb = if c.trans_b { p.whole(y) } else { p.window(y, 0, c.b_col0, c.k, c.n) };
+            if let Some(a_in) = a_in {
+                let src = p.whole(a_in);
+                p.push(
+                    0,
+                    lane,
+                    cmm_core::Op::Copy { src, dst_device: 0, dst: a, engine: cmm_core::plan::Engine::CopyEngine },
+                );
+            }
+            let op = cmm_core::Op::Gemm {
+                a,
+                b: bb,
+                c: cc,
+                trans_a: false,
+                trans_b: c.trans_b,
+                accumulate: c.accumulate,
+                fused: None,
+            };
+            p.push(0, lane, op);
+            let plan = p.finish().unwrap();
+            let options = CudaRunOptions { gemm: GemmEngine::TileKernel, ..Default::default() };
+            let out = b.run(&plan, 3, Family::Exact, &options).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+            let twin = cmm_core::cpu::run(&plan, 3, Family::Exact).unwrap();
+            assert_eq!(out.buffers[0][z.0], twin[0][z.0], "{}", plan.name);
+            assert_eq!(out.gemms.tile, 1, "{}", plan.name);
+        }
+    }
+}
+
+#[test]
 fn stream_memory_ops_match_the_cpu_twin() {
     let Some(b) = backend() else { return };
     if let Err(why) = b.stream_memops() {
