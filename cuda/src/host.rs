@@ -44,8 +44,12 @@ pub(crate) const COMMON: &str = include_str!("../kernels/common.cuh");
 const HOST_FUSED_CTAS: u32 = 3;
 
 /// The compiler flags: no contraction of multiplies and adds, as the bit-exact kernels
-/// assume of their host twins.
-const FLAGS: [&str; 7] = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-w"];
+/// assume of their host twins. `-Bsymbolic`: the host twin and the fake driver each hold
+/// a copy of the runtime, and a process may load both; an inline function the compiler
+/// did not inline (the cp.async twins, say) would otherwise bind to the other library's
+/// copy, which reads that library's thread-local block, not the caller's.
+const FLAGS: [&str; 8] =
+    ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-w", "-Wl,-Bsymbolic"];
 
 /// `extern "C" int cmm_host_<entry>(grid, block, mode, params, error, error_len)`.
 type Entry = unsafe extern "C" fn(*const u32, *const u32, u32, *mut *mut std::ffi::c_void, *mut u8, u64) -> i32;
@@ -484,7 +488,7 @@ impl HostTwin {
         drop(tables);
         memory.check_guards(plan)?;
         Ok(CudaRunOutput {
-            buffers: memory.read_back(plan),
+            buffers: if options.read_back { memory.read_back(plan) } else { Vec::new() },
             gpu_time: elapsed_run,
             gated: false,
             gemms: lowered.gemms,
