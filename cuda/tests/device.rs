@@ -230,6 +230,10 @@ fn tile_paths_match_the_cpu_twin(b: &impl CudaExecutor) {
             let twin = cmm_core::cpu::run(&plan, 3, Family::Exact).unwrap();
             assert_eq!(out.buffers[0][z.0], twin[0][z.0], "{}", plan.name);
             assert_eq!(out.gemms.tile, 1, "{}", plan.name);
+            // Timing alone (the bench): nothing comes back.
+            let timing = CudaRunOptions { read_back: false, ..options };
+            let out = b.run(&plan, 4, Family::Exact, &timing).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+            assert!(out.buffers.is_empty() && out.gemms.tile == 1, "{}", plan.name);
         }
     }
 }

@@ -287,6 +287,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         sync: settings.sync.mode(),
         wait_timeout: Duration::from_secs(30),
         cold_l2: true,
+        read_back: false,
         ..Default::default()
     };
     let square = |n: usize| GemmSpec {
