@@ -289,7 +289,9 @@ pub fn key_lines(step: &str, log: &str) -> Vec<String> {
             || t.contains("ERROR SUMMARY")
             || (step.contains("conformance") || step == "reference-vulkan") && t.contains("  FAIL  ");
         if step.starts_with("bench") {
-            if t.starts_with("gpu:") || t.starts_with("cuBLAS") || t.starts_with("sync:") {
+            // The GPU, the peak, the sync mode, and whether communication had priority.
+            let header = ["gpu:", "cuBLAS", "sync:", "signals, waits and SM copies at", "every launch at the default"];
+            if header.iter().any(|h| t.starts_with(h)) {
                 out.push(t.to_string());
             }
             if t.starts_with("op ") {
@@ -378,11 +380,18 @@ mod tests {
         assert_eq!(lines.len(), 4, "{lines:?}");
         assert!(lines[1].contains("FAIL") && lines[2] == "185 passed, 1 failed");
         let bench =
-            "gpu: H100\ncuBLAS 8192³ f16: 700 TFLOP/s\nsync: kernels\nop  D plan\nag_gemm 2 ring 100.0\nsaved x.json\n";
+            "gpu: H100\ncuBLAS 8192³ f16: 700 TFLOP/s\nsync: kernels\nsignals, waits and SM copies at priority -5\nop  D plan\nag_gemm 2 ring 100.0\nsaved x.json\n";
         let lines = key_lines("bench-kernels", bench);
         assert_eq!(
             lines,
-            vec!["gpu: H100", "cuBLAS 8192³ f16: 700 TFLOP/s", "sync: kernels", "op  D plan", "ag_gemm 2 ring 100.0"]
+            vec![
+                "gpu: H100",
+                "cuBLAS 8192³ f16: 700 TFLOP/s",
+                "sync: kernels",
+                "signals, waits and SM copies at priority -5",
+                "op  D plan",
+                "ag_gemm 2 ring 100.0"
+            ]
         );
         let tests = "test a ... ok\ntest b ... FAILED\nthread 'b' panicked at x.rs:1:1:\ntest result: FAILED. 1 passed; 1 failed\n";
         assert_eq!(key_lines("device-tests", tests).len(), 3);
