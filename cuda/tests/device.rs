@@ -2,8 +2,9 @@
 //! tests skip without one, or fail with `CMM_REQUIRE_GPU=1`) and on the host twin (the
 //! same kernels on the CPU, always): the CUDA generator matches the Rust one bit for
 //! bit, every GEMM engine and both sync modes match the CPU twin, a run past its time
-//! limit is aborted and drained and leaves the backend usable; on a GPU, the GEMM timer
-//! reports which engine it timed.
+//! limit is aborted and drained and leaves the backend usable, both tensor-core tile
+//! paths are right; on a GPU, the GEMM timer reports which engine it timed, and signals,
+//! waits and SM copies launch at the greatest priority.
 
 use cmm_core::generator::{element_bits, Family};
 use cmm_core::plan::{BufferRole, PlanBuilder};
@@ -236,6 +237,22 @@ fn tile_paths_match_the_cpu_twin(b: &impl CudaExecutor) {
             assert!(out.buffers.is_empty() && out.gemms.tile == 1, "{}", plan.name);
         }
     }
+}
+
+/// Every GPU cmm targets has stream priorities, so the backend's probe of a prioritised
+/// launch must succeed, and runs must report the priority they used (else the bench's
+/// `no prio` column compares a setting with itself).
+#[test]
+fn communication_launches_at_the_greatest_priority() {
+    let Some(b) = backend() else { return };
+    let priority = b.comm_priority().unwrap_or_else(|why| panic!("no prioritised launches on this GPU: {why}"));
+    assert!(priority < 0, "the greatest priority is numerically below the default 0, got {priority}");
+    let p = Problem::new(OpKind::AgGemm, 4, 64, 48, 32, DType::F16, DType::F32).unwrap();
+    let plan = build_plan(&p, Algorithm::Ring).unwrap();
+    let out = assert_matches_twin(&b, &plan, &CudaRunOptions::default());
+    assert_eq!(out.comm_priority, Some(priority));
+    let off = assert_matches_twin(&b, &plan, &CudaRunOptions { comm_priority: false, ..Default::default() });
+    assert_eq!(off.comm_priority, None);
 }
 
 #[test]
