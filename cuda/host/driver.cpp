@@ -20,10 +20,10 @@
 //   why freed memory, host memory included, is never handed out again while it might.)
 // - Modules are PTX: cuModuleLoadData records its `.entry` names, and
 //   cuModuleGetFunction finds only those, running the host twin's launcher of that
-//   name. cuLaunchKernel copies the parameter values at the call, as the driver does
-//   (their sizes come from the kernel's C++ signature), and checks the launch bounds;
-//   cuLaunchKernelEx does the same and takes one launch attribute, a priority within
-//   the range cuCtxGetStreamPriorityRange reports (0 to -5, as on an H100).
+//   name. cuLaunchKernelEx (the backend's only launch call) copies the parameter values
+//   at the call, as the driver does (their sizes come from the kernel's C++ signature),
+//   checks the launch bounds, and takes one launch attribute, a priority within the
+//   range cuCtxGetStreamPriorityRange reports (0 to -5, as on an H100).
 // - Streams feed FIFO hardware queues, one worker thread each: stream k of a context
 //   (in creation order) feeds queue k mod CUDA_DEVICE_MAX_CONNECTIONS, the NULL stream
 //   queue 0. A queue runs one item at a time, so a spinning kernel, a stream wait on a
@@ -894,11 +894,6 @@ static CUresult fake_launch(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by,
     });
     if (launches_block()) drain(s);
     return ctx->sticky.load();
-}
-
-CUresult cuLaunchKernel(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 shared, void* handle,
-                        void** params, void** extra) {
-    return fake_launch(f, gx, gy, gz, bx, by, bz, shared, handle, params, extra);
 }
 
 // Stream priorities: numerically smaller is more urgent, as on the GPU. Priorities do not

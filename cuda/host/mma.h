@@ -20,15 +20,21 @@ inline float cmm_host_half(const CmmHostWarpFragments* warp, u32 lane, u32 reg, 
     return BF16 ? __uint_as_float(bits << 16) : cmm_f16_bits_to_f32(bits);
 }
 
+// The calling thread's warp and lane; false (an error) in a block of more than 32 warps.
+inline bool cmm_host_warp_lane(u32& warp, u32& lane) {
+    const u32 tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    warp = tid / 32u;
+    lane = tid % 32u;
+    if (warp < 32u) return true;
+    cmm_host::fail("a warp collective in a block of more than 1024 threads");
+    return false;
+}
+
 template <bool BF16>
 inline void cmm_mma16816(float* d, const u32* a, const u32* b) {
     static thread_local CmmHostWarpFragments staged[32][32];  // [warp][lane]
-    const u32 tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-    const u32 warp = tid / 32u, lane = tid % 32u;
-    if (warp >= 32u) {
-        cmm_host::fail("a warp collective in a block of more than 1024 threads");
-        return;
-    }
+    u32 warp, lane;
+    if (!cmm_host_warp_lane(warp, lane)) return;
     for (int j = 0; j < 4; ++j) staged[warp][lane].a[j] = a[j];
     for (int j = 0; j < 2; ++j) staged[warp][lane].b[j] = b[j];
     cmm_host::barrier(cmm_host::WARP_COLLECTIVE);
@@ -56,12 +62,8 @@ inline void cmm_mma16816(float* d, const u32* a, const u32* b) {
 // with .trans (rows 2·(l % 4) + {0, 1}, col l / 4); the first element in the low half.
 inline void cmm_host_ldmatrix_x4(u32* r, const void* row, bool trans) {
     static thread_local const u16* staged[32][32];  // [warp][lane]
-    const u32 tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-    const u32 warp = tid / 32u, lane = tid % 32u;
-    if (warp >= 32u) {
-        cmm_host::fail("a warp collective in a block of more than 1024 threads");
-        return;
-    }
+    u32 warp, lane;
+    if (!cmm_host_warp_lane(warp, lane)) return;
     if ((uintptr_t)row % 16u != 0u) cmm_host::fail("ldmatrix: a row address that is not 16-byte aligned");
     staged[warp][lane] = static_cast<const u16*>(row);
     cmm_host::barrier(cmm_host::WARP_COLLECTIVE);

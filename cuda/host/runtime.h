@@ -222,7 +222,7 @@ inline void run_blocks(const u32* grid, const u32* block, u32 mode, u64 first, u
     }
 }
 
-// Launches `kernel` over `grid` × `block` with `args` as cuLaunchKernel takes them
+// Launches `kernel` over `grid` × `block` with `args` as cuLaunchKernelEx takes them
 // (one pointer per parameter). Returns 0, or 1 with the reason in `error`.
 template <class... P, size_t... I>
 inline void call(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
@@ -267,7 +267,7 @@ inline int launch(void (*kernel)(P...), const u32* grid, const u32* block, u32 m
 }
 
 // The byte size of each parameter of `kernel`, for a driver that must copy the values
-// cuLaunchKernel's pointers point at (host/driver.cpp). Returns the count.
+// cuLaunchKernelEx's pointers point at (host/driver.cpp). Returns the count.
 template <class... P>
 inline u32 param_sizes(void (*)(P...), u64* sizes, u32 capacity) {
     const u64 each[] = {(u64)sizeof(P)..., 0};

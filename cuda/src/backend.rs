@@ -861,7 +861,6 @@ impl Run<'_> {
             Placement::Gpus => 1,
         };
         let launch = fused_launch(memory, f, table.ptr, sms / sharing, &self.words());
-        stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
         launch_on(stream, &self.state.gpus[gpu].functions, &launch, None)
     }
 
@@ -980,7 +979,7 @@ fn fused_tables(
 
 /// The priority of communicating kernels on `gpu` under `options` (`None`: the default).
 fn comm_priority(options: &CudaRunOptions, gpu: &Gpu) -> Option<i32> {
-    options.comm_priority.then(|| gpu.priority.clone().ok()).flatten()
+    gpu.priority.as_ref().ok().copied().filter(|_| options.comm_priority)
 }
 
 /// Puts one submission on `stream` (whose context is current); communicating kernels

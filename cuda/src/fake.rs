@@ -13,7 +13,7 @@
 //! The model, and what it checks, is written at the top of `driver.cpp`: guarded
 //! allocations (a write past one is a sticky `CUDA_ERROR_ILLEGAL_ADDRESS`), PTX modules
 //! whose `.entry` names decide what `cuModuleGetFunction` finds, parameter values copied
-//! at `cuLaunchKernel`, streams on FIFO hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS`),
+//! at `cuLaunchKernelEx`, streams on FIFO hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS`),
 //! events, stream memory operations, and cuBLAS's column-major `cublasGemmEx`.
 //! Environment: `CMM_FAKE_CUDA_GPUS` (devices, default 2), `CMM_FAKE_CUDA_SMS` (SMs per
 //! device, default 8), `CUDA_LAUNCH_BLOCKING=1` (launches return once their kernel has

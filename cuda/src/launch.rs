@@ -134,7 +134,7 @@ impl Kernel {
     }
 }
 
-/// One kernel parameter, passed by value (cuLaunchKernel reads it through a pointer).
+/// One kernel parameter, passed by value (cuLaunchKernelEx reads it through a pointer).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Param {
     U32(u32),
