@@ -39,6 +39,14 @@ pub trait Backend {
         let _ = plan;
         Ok(())
     }
+
+    /// This backend as one that several threads may run plans on at once, where that
+    /// makes a batch of independent runs faster (the CPU twin: one plan's run uses one
+    /// core); `None` (the default) where runs go one at a time: an adapter already
+    /// spreads one run over the machine, and the CUDA executor owns its streams.
+    fn concurrent(&self) -> Option<&(dyn Backend + Sync)> {
+        None
+    }
 }
 
 /// The CPU twin of the reference ([`cmm_core::cpu::run`]): same schedule, same
@@ -57,6 +65,10 @@ impl Backend for CpuTwin {
             Err(cpu::CpuError::Deadlock(deadlock)) => Err(BackendError::Deadlock(deadlock)),
             Err(e) => Err(BackendError::Failed { backend: "cpu-twin".into(), message: e.to_string() }),
         }
+    }
+
+    fn concurrent(&self) -> Option<&(dyn Backend + Sync)> {
+        Some(self)
     }
 }
 

@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 
 use cmm_core::cpu::Memory;
 use cmm_core::mutants::{dataflow_equivalence, mutants, routing_equivalence, MutationKind};
@@ -138,8 +140,108 @@ pub fn catch_dynamic(
     None
 }
 
+/// What the mutants of one case came to; merged into the report in case order.
+#[derive(Default)]
+struct CaseMutants {
+    kinds: BTreeMap<MutationKind, KindCount>,
+    survivors: Vec<(String, String)>,
+    excluded: BTreeMap<&'static str, usize>,
+    /// Report lines (every survivor; every catch when verbose).
+    lines: Vec<String>,
+}
+
+/// Mutates the plan of `case` and puts every mutant through the checks.
+fn mutate_case(case: &Case, backend: &dyn Backend, verbose: bool) -> CaseMutants {
+    let mut outcome = CaseMutants::default();
+    let (Ok(plan), Ok(problem)) = (case.plan(), case.problem()) else {
+        return outcome;
+    };
+    let sites = [0, plan.devices - 1];
+    // The oracle once per case, for every mutant's run.
+    let expected = problem.workload().expected(case.seed, case.family);
+    let original = backend
+        .run(&plan, case.seed, case.family, Order::Default)
+        .ok()
+        .and_then(|memory| outputs_of(&expected, &plan, &memory));
+    for m in mutants(&plan, &sites) {
+        let k = outcome.kinds.entry(m.kind).or_default();
+        k.total += 1;
+        // A mutant the static checks pass and a proof covers needs no run: the
+        // proofs assume exactly what those checks establish (no deadlock, no race).
+        let caught = catch_static(&m.plan);
+        let proven = || {
+            m.equivalent
+                .filter(|_| !m.exact_only || case.family == Family::Exact)
+                .or_else(|| m.segments.as_ref().and_then(|s| routing_equivalence(&plan, s, case.seed)))
+                .or_else(|| {
+                    (m.swapped.is_some() || m.rewired)
+                        .then(|| dataflow_equivalence(&plan, &m.plan, m.swapped))
+                        .flatten()
+                })
+        };
+        let verdict = match caught {
+            Some(why) => Err(why),
+            None => match proven() {
+                Some(reason) => Ok(Some(reason)),
+                None => catch_dynamic(case, &m.plan, backend, &expected, original.as_ref()).map_or(Ok(None), Err),
+            },
+        };
+        match verdict {
+            Err(why) => {
+                k.caught += 1;
+                if verbose {
+                    outcome.lines.push(format!("caught   {} {}: {why}", case.name, m.description));
+                }
+            }
+            Ok(Some(reason)) => {
+                k.equivalent += 1;
+                *outcome.excluded.entry(reason).or_default() += 1;
+            }
+            Ok(None) => {
+                outcome.lines.push(format!("SURVIVED {} [{}] {}", case.name, m.kind, m.description));
+                outcome.survivors.push((case.name.clone(), m.description));
+            }
+        }
+    }
+    outcome
+}
+
+/// [`mutate_case`] on every case, one case per thread at a time on every core;
+/// `progress` hears of each case as it finishes (how many finished before it).
+fn mutate_on_threads(
+    cases: &[Case],
+    backend: &(dyn Backend + Sync),
+    verbose: bool,
+    progress: &mut dyn FnMut(usize, usize, &str),
+) -> Vec<CaseMutants> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(cases.len());
+    let next = AtomicUsize::new(0);
+    let mut outcomes: Vec<Option<CaseMutants>> = cases.iter().map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let (sender, receiver) = mpsc::channel();
+        for _ in 0..threads {
+            let (sender, next) = (sender.clone(), &next);
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(case) = cases.get(i) else { break };
+                if sender.send((i, mutate_case(case, backend, verbose))).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(sender);
+        for (finished, (i, outcome)) in receiver.into_iter().enumerate() {
+            progress(finished, cases.len(), &cases[i].name);
+            outcomes[i] = Some(outcome);
+        }
+    });
+    outcomes.into_iter().flatten().collect()
+}
+
 /// Mutates the plan of every case and reports the kill rate to `out`; `progress` is
-/// told before each case (its index, the case count, its name).
+/// told of each case (how many came before it, the case count, its name). Cases run
+/// on every core where the backend allows it ([`Backend::concurrent`]); the report is
+/// the same either way, in case order.
 pub fn run_mutants(
     cases: &[Case],
     backend: &dyn Backend,
@@ -148,61 +250,31 @@ pub fn run_mutants(
     progress: &mut dyn FnMut(usize, usize, &str),
 ) -> Result<MutantReport, ConformanceError> {
     let io = |source| ConformanceError::Io { what: "the mutant report".into(), source };
+    let outcomes = match backend.concurrent() {
+        Some(shared) => mutate_on_threads(cases, shared, verbose, progress),
+        None => cases
+            .iter()
+            .enumerate()
+            .map(|(i, case)| {
+                progress(i, cases.len(), &case.name);
+                mutate_case(case, backend, verbose)
+            })
+            .collect(),
+    };
     let mut report = MutantReport::default();
-    for (i, case) in cases.iter().enumerate() {
-        progress(i, cases.len(), &case.name);
-        let Ok(plan) = case.plan() else {
-            continue;
-        };
-        let sites = [0, plan.devices - 1];
-        // The oracle once per case, for every mutant's run.
-        let Ok(problem) = case.problem() else {
-            continue;
-        };
-        let expected = problem.workload().expected(case.seed, case.family);
-        let original = backend
-            .run(&plan, case.seed, case.family, Order::Default)
-            .ok()
-            .and_then(|memory| outputs_of(&expected, &plan, &memory));
-        for m in mutants(&plan, &sites) {
-            let k = report.kinds.entry(m.kind).or_default();
-            k.total += 1;
-            // A mutant the static checks pass and a proof covers needs no run: the
-            // proofs assume exactly what those checks establish (no deadlock, no race).
-            let caught = catch_static(&m.plan);
-            let proven = || {
-                m.equivalent
-                    .filter(|_| !m.exact_only || case.family == Family::Exact)
-                    .or_else(|| m.segments.as_ref().and_then(|s| routing_equivalence(&plan, s, case.seed)))
-                    .or_else(|| {
-                        (m.swapped.is_some() || m.rewired)
-                            .then(|| dataflow_equivalence(&plan, &m.plan, m.swapped))
-                            .flatten()
-                    })
-            };
-            let outcome = match caught {
-                Some(why) => Err(why),
-                None => match proven() {
-                    Some(reason) => Ok(Some(reason)),
-                    None => catch_dynamic(case, &m.plan, backend, &expected, original.as_ref()).map_or(Ok(None), Err),
-                },
-            };
-            match outcome {
-                Err(why) => {
-                    k.caught += 1;
-                    if verbose {
-                        writeln!(out, "caught   {} {}: {why}", case.name, m.description).map_err(io)?;
-                    }
-                }
-                Ok(Some(reason)) => {
-                    k.equivalent += 1;
-                    *report.excluded.entry(reason).or_default() += 1;
-                }
-                Ok(None) => {
-                    writeln!(out, "SURVIVED {} [{}] {}", case.name, m.kind, m.description).map_err(io)?;
-                    report.survivors.push((case.name.clone(), m.description));
-                }
-            }
+    for outcome in outcomes {
+        for line in &outcome.lines {
+            writeln!(out, "{line}").map_err(io)?;
+        }
+        for (kind, k) in outcome.kinds {
+            let total = report.kinds.entry(kind).or_default();
+            total.total += k.total;
+            total.caught += k.caught;
+            total.equivalent += k.equivalent;
+        }
+        report.survivors.extend(outcome.survivors);
+        for (reason, n) in outcome.excluded {
+            *report.excluded.entry(reason).or_default() += n;
         }
     }
     writeln!(out, "{:<20} {:>7} {:>7} {:>10} {:>9}", "mutation", "total", "caught", "equivalent", "survived")
