@@ -114,8 +114,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             echo "commit: $CMM_COMMIT"
             uname -a
         } >"$logs/env.log" 2>&1
-        # In parallel here (on a GPU one at a time, for the GEMM timer): the slowest two
-        # are sized for a GPU.
+        # The device tests in parallel here (on a GPU one at a time, for the GEMM timer);
+        # on the fake driver they take the host twin's sizes.
         step rehearsal-device-tests 150 "$here/bin/cuda-device-tests" --skip host_
         step rehearsal-conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
         step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
