@@ -71,14 +71,19 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The release test binaries `(package, test target)`, built if needed, by path.
+/// The release test binaries `(package, test target)`, built if needed, by path. They
+/// are built as `cargo test --workspace --release` builds them: selecting packages would
+/// resolve the dependencies' features anew and build wgpu and naga a second time.
 fn test_binaries(targets: &[(&str, &str)]) -> Result<Vec<PathBuf>> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
-    command.current_dir(crate::workspace_root()).args(["test", "--release", "--no-run", "--message-format=json"]);
-    for (package, test) in targets {
-        command.args(["-p", package, "--test", test]);
-    }
+    command.current_dir(crate::workspace_root()).args([
+        "test",
+        "--workspace",
+        "--release",
+        "--no-run",
+        "--message-format=json",
+    ]);
     let output = command.output().context("running cargo test --no-run")?;
     if !output.status.success() {
         bail!("building the test binaries failed:\n{}", String::from_utf8_lossy(&output.stderr));
@@ -90,7 +95,11 @@ fn test_binaries(targets: &[(&str, &str)]) -> Result<Vec<PathBuf>> {
             continue;
         };
         let is_test = message["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|v| v == "test"));
-        if let Some(i) = targets.iter().position(|(_, t)| *t == name).filter(|_| is_test) {
+        // Two packages may name a test target alike (`reference`): the package id says
+        // whose it is (`path+file:///…/cuda#cmm-cuda@0.1.0`).
+        let package = message["package_id"].as_str().unwrap_or_default();
+        let of = |p: &str| package.contains(&format!("#{p}@"));
+        if let Some(i) = targets.iter().position(|(p, t)| *t == name && of(p)).filter(|_| is_test) {
             found[i] = Some(PathBuf::from(exe));
         }
     }
