@@ -499,31 +499,22 @@ struct Flow {
 
 impl Flow {
     fn of(p: &MeshProblem) -> Flow {
-        let (nr, nc) = (p.nr, p.nc);
-        match p.dataflow {
-            Dataflow::Rs => Flow {
-                transposed: true,
-                gather: Axis::Row,
-                reduce: Axis::Col,
-                p: p.n / nc,
-                q: p.k / nr,
-                g: p.m / nc,
-                big_g: p.m,
-                cb: p.m / nr,
-                stationary: 1,
-            },
-            // LS; OS is not a Flow and never asks for one.
-            Dataflow::Ls | Dataflow::Os => Flow {
-                transposed: false,
-                gather: Axis::Col,
-                reduce: Axis::Row,
-                p: p.m / nr,
-                q: p.k / nc,
-                g: p.n / nr,
-                big_g: p.n,
-                cb: p.n / nc,
-                stationary: 0,
-            },
+        // RS is LS of the transposed problem: M and N trade places, and so do the mesh
+        // axes. (OS is not a Flow and never asks for one.)
+        let transposed = p.dataflow == Dataflow::Rs;
+        let (rows, big_g, gather, reduce) =
+            if transposed { (p.n, p.m, Axis::Row, Axis::Col) } else { (p.m, p.n, Axis::Col, Axis::Row) };
+        let (ng, nrd) = (gather.len(p), reduce.len(p));
+        Flow {
+            transposed,
+            gather,
+            reduce,
+            p: rows / ng,
+            q: p.k / nrd,
+            g: big_g / ng,
+            big_g,
+            cb: big_g / nrd,
+            stationary: u32::from(transposed),
         }
     }
 
