@@ -518,6 +518,12 @@ impl Flow {
         }
     }
 
+    /// The three lanes of every LS/RS plan, declared in this order: gather, compute,
+    /// reduce.
+    fn lanes(&self, b: &mut PlanBuilder) -> (LaneId, LaneId, LaneId) {
+        (b.lane(self.gather.name()), b.lane("compute"), b.lane(self.reduce.name()))
+    }
+
     /// A logical window as stored.
     fn stored(&self, w: Window) -> Window {
         if self.transposed {
@@ -608,9 +614,7 @@ fn flow_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Me
     let packed = b.semaphore("packed");
     let p_ready = b.semaphore("p_ready");
     let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
-    let gather_lane = b.lane(f.gather.name());
-    let compute = b.lane("compute");
-    let reduce_lane = b.lane(f.reduce.name());
+    let (gather_lane, compute, reduce_lane) = f.lanes(&mut b);
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
         for s in 0..slices {
@@ -679,9 +683,7 @@ fn flow_summa(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
     let g_recv = b.semaphore(&format!("{}_recv", f.gather.name()));
     let p_ready = b.semaphore("p_ready");
     let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
-    let gather_lane = b.lane(f.gather.name());
-    let compute = b.lane("compute");
-    let reduce_lane = b.lane(f.reduce.name());
+    let (gather_lane, compute, reduce_lane) = f.lanes(&mut b);
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
         let (mut g_arrived, mut r_arrived) = (0, 0);
@@ -729,9 +731,7 @@ fn flow_cannon(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
     let ready = b.semaphore("ready");
     let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
     let home_sem = b.semaphore("home");
-    let gather_lane = b.lane(f.gather.name());
-    let compute = b.lane("compute");
-    let reduce_lane = b.lane(f.reduce.name());
+    let (gather_lane, compute, reduce_lane) = f.lanes(&mut b);
     let mover = CannonMover { own: b.whole(bufs.moving), slots: moving_slots, skew_sem: skew, shift_sem: shift };
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
@@ -800,7 +800,7 @@ impl Wang {
         let recv = f.slots(b, "recv", DType::F32, nrd - 1, f.p, f.cb);
         let g_recv = b.semaphore(&format!("{}_recv", f.gather.name()));
         let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
-        let (gather_lane, compute, reduce_lane) = (b.lane(f.gather.name()), b.lane("compute"), b.lane(f.reduce.name()));
+        let (gather_lane, compute, reduce_lane) = f.lanes(b);
         let blocks = (0..ng).map(|x| f.win(b, gm, x * f.g, 0, f.g, f.q)).collect();
         Wang { f, ng, nrd, bufs, gm, blocks, send, recv, g_recv, r_recv, gather_lane, compute, reduce_lane }
     }
