@@ -110,6 +110,26 @@ fn test_binaries(targets: &[(&str, &str)]) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
+/// The newest glibc symbol version an ELF binary names (`GLIBC_2.35` → `(2, 35)`): the
+/// oldest glibc it starts on. Read from the version strings in the file's bytes.
+fn glibc_needed(elf: &[u8]) -> (u32, u32) {
+    const TAG: &[u8] = b"GLIBC_";
+    let mut newest = (2, 0);
+    for at in (0..elf.len().saturating_sub(TAG.len())).filter(|&i| elf[i..].starts_with(TAG)) {
+        let digits: String = elf[at + TAG.len()..]
+            .iter()
+            .take(12)
+            .take_while(|b| b.is_ascii_digit() || **b == b'.')
+            .map(|&b| b as char)
+            .collect();
+        let mut parts = digits.split('.').map(|p| p.parse::<u32>());
+        if let (Some(Ok(major)), Some(Ok(minor))) = (parts.next(), parts.next()) {
+            newest = newest.max((major, minor));
+        }
+    }
+    newest
+}
+
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git").args(args).current_dir(crate::workspace_root()).output().ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
@@ -131,11 +151,16 @@ pub fn run(args: &Args) -> Result<()> {
     fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
     let xtask = std::env::current_exe().context("locating the xtask binary")?;
     let tests = test_binaries(&[("cmm-cuda", "device"), ("cmm-conformance", "cuda")])?;
+    let mut glibc = (2, 0);
     for (from, name) in [(&xtask, "xtask"), (&tests[0], "cuda-device-tests"), (&tests[1], "conformance-cuda-tests")] {
         let to = bin.join(name);
         fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
         strip(&to);
+        let bytes = fs::read(&to).with_context(|| format!("reading {}", to.display()))?;
+        glibc = glibc.max(glibc_needed(&bytes));
     }
+    // The binaries are built against this machine's glibc; run.sh checks that they start.
+    fs::write(dir.join("GLIBC"), format!("{}.{}\n", glibc.0, glibc.1)).context("writing GLIBC")?;
     copy_dir(&cmm_conformance::cases_dir(), &dir.join("cases"))?;
     copy_dir(&cmm_conformance::Goldens::default_dir(), &dir.join("golden"))?;
     let script = dir.join("run.sh");
@@ -155,9 +180,11 @@ pub fn run(args: &Args) -> Result<()> {
         if args.no_vulkan { "not bundled (--no-vulkan)".to_string() } else { fetch_vulkan(&dir.join("vulkan")) };
     let bytes = dir_bytes(&dir)?;
     println!(
-        "bundle: {} ({:.1} MiB), commit {commit}; Vulkan loader: {vulkan}",
+        "bundle: {} ({:.1} MiB), commit {commit}; needs glibc >= {}.{}; Vulkan loader: {vulkan}",
         dir.display(),
-        bytes as f64 / 1048576.0
+        bytes as f64 / 1048576.0,
+        glibc.0,
+        glibc.1
     );
     if bytes > CARRY_LIMIT_BYTES {
         bail!("the bundle is {bytes} bytes, more than the {CARRY_LIMIT_BYTES} a device call can carry beside the tree");
@@ -216,7 +243,33 @@ fn check(dir: &Path) -> Result<()> {
     }
     let _ = fs::remove_dir_all(&out);
     println!("check: without a GPU the bundle exits 3 with `no GPU` and still writes its summary");
+    check_unstartable(dir)?;
     rehearse(dir)
+}
+
+/// A copy of the bundle whose test binary cannot start (as one built against a newer glibc
+/// than the machine's) stops before any step, exits 1, and says which binary and why.
+fn check_unstartable(dir: &Path) -> Result<()> {
+    let scratch = std::env::temp_dir().join(format!("cmm-gpu-bundle-unstartable-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    let (moved, out) = (scratch.join("bundle"), scratch.join("out"));
+    copy_tree(dir, &moved).context("copying the bundle")?;
+    let loader = "libc.so.6: version GLIBC_9.99 not found (required by conformance-cuda-tests)";
+    fs::write(moved.join("bin").join("conformance-cuda-tests"), format!("#!/bin/sh\necho \"{loader}\" >&2\nexit 1\n"))
+        .context("writing a binary that cannot start")?;
+    let output = Command::new("bash").arg(moved.join("run.sh")).arg(&out).output().context("running run.sh")?;
+    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+    let steps = fs::read_to_string(out.join("steps.tsv")).unwrap_or_default();
+    if output.status.code() != Some(1)
+        || !text.contains("bin/conformance-cuda-tests does not start")
+        || !text.contains(loader)
+        || !steps.contains("start-conformance-cuda-tests\t1")
+    {
+        bail!("a bundle whose binary cannot start should stop at once, exit 1 and say why; it exited {:?}:\n{text}\n{steps}", output.status.code());
+    }
+    let _ = fs::remove_dir_all(&scratch);
+    println!("check: a bundle whose binary cannot start stops before any step and says why");
+    Ok(())
 }
 
 /// Copies the bundle elsewhere and runs its rehearsal there (`CMM_BUNDLE_REHEARSAL=1`:
@@ -379,6 +432,13 @@ pub fn summarise(args: &SummaryArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_newest_glibc_version_named_is_the_one_needed() {
+        let elf = b"\0pthread_create\0GLIBC_2.2.5\0GLIBC_2.35\0GLIBC_2.34\0GLIBCXX_3.4.30\0GLIBC_PRIVATE\0";
+        assert_eq!(glibc_needed(elf), (2, 35));
+        assert_eq!(glibc_needed(b"no versions here"), (2, 0));
+    }
 
     #[test]
     fn key_lines_keep_totals_failures_and_the_bench_table() {

@@ -74,6 +74,22 @@ find_lib() {
     echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 } >"$logs/libraries.log" 2>&1
 
+# --- the bundle's binaries must start here (they were built against another glibc) -------
+for bin in xtask cuda-device-tests conformance-cuda-tests; do
+    if ! "$here/bin/$bin" --help >/dev/null 2>"$logs/start-$bin.log"; then
+        {
+            echo "bundle: bin/$bin does not start on this machine; nothing can run:"
+            head -n 3 "$logs/start-$bin.log"
+            echo "It needs glibc >= $(cat "$here/GLIBC" 2>/dev/null || echo '?'); this machine has: $(ldd --version 2>&1 | head -n 1)."
+            echo "Build the bundle on a machine whose glibc is no newer than this one's (docs/cuda.md)."
+        } | tee -a "$logs/env.log"
+        printf 'start-%s\t1\t0\t%s\n' "$bin" "does not start: $(head -n 1 "$logs/start-$bin.log" | tr '\t' ' ')" >>"$logs/steps.tsv"
+        cp "$logs/steps.tsv" "$out/steps.tsv"
+        tar -czf "$out/logs.tar.gz" -C "$scratch" logs
+        exit 1
+    fi
+done
+
 # --- steps -----------------------------------------------------------------------------
 start=$SECONDS
 failed=0
