@@ -139,6 +139,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
             "$x" conformance --backend cuda --sync memops --case-timeout 30
         step rehearsal-cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
+        step rehearsal-conformance-repeated 90 "$x" conformance --backend cuda --sync kernels --filter _d8_ \
+            --schedules 5 --case-timeout 30 --stamps "$scratch/repeated-stamps"
         # The sanitizer steps' command, with every launch blocking as under a tool that
         # serialises GPU work.
         step rehearsal-sanitizer-command 90 env CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 \
@@ -199,6 +201,11 @@ export -f sanitize
 step sanitizer-memcheck 90 bash -c 'sanitize memcheck'
 step sanitizer-racecheck 90 bash -c 'sanitize racecheck'
 step sanitizer-synccheck 90 bash -c 'sanitize synccheck'
+# Hangs and races that show only under repetition: the 8-device cases (the most streams
+# contending for queues and SMs) five times each, every run's outputs bit-identical.
+# (Its stamps go aside: a filtered run must not stand for the corpus run's.)
+step conformance-repeated 90 "$x" conformance --backend cuda --sync kernels --filter _d8_ \
+    --schedules 5 --case-timeout 30 --stamps "$scratch/repeated-stamps"
 reference_on_vulkan() { # the wgpu reference on this GPU's Vulkan driver
     if ! ldconfig -p | grep -q libvulkan.so.1 && compgen -G "$here/vulkan/*.deb" >/dev/null; then
         local root="$scratch/vulkan-root"
