@@ -449,7 +449,9 @@ mod tests {
         assert_eq!(lines.len(), 4, "{lines:?}");
         assert!(lines[1].contains("FAIL") && lines[2] == "185 passed, 1 failed");
         let bench =
-            "gpu: H100\ncuBLAS 8192³ f16: 700 TFLOP/s\nsync: kernels\nsignals, waits and SM copies at priority -5\nop  D plan\nag_gemm 2 ring 100.0\nsaved x.json\n";
+            "gpu: H100\ncuBLAS 8192³ f16: 700 TFLOP/s\nsync: kernels\nsignals, waits and SM copies at priority -5\nop  D plan\nag_gemm 2 ring 100.0\n\
+             targets, on the fastest overlapped plan of each op and D:\ntarget ag_gemm D=2: ring at 1.010× Σ GEMMs (≤ 1.05: met)\n\
+             targets: 1 of 1 met\nsaved x.json\n";
         let lines = key_lines("bench-kernels", bench);
         assert_eq!(
             lines,
@@ -459,7 +461,10 @@ mod tests {
                 "sync: kernels",
                 "signals, waits and SM copies at priority -5",
                 "op  D plan",
-                "ag_gemm 2 ring 100.0"
+                "ag_gemm 2 ring 100.0",
+                "targets, on the fastest overlapped plan of each op and D:",
+                "target ag_gemm D=2: ring at 1.010× Σ GEMMs (≤ 1.05: met)",
+                "targets: 1 of 1 met"
             ]
         );
         let tests = "test a ... ok\ntest b ... FAILED\nthread 'b' panicked at x.rs:1:1:\ntest result: FAILED. 1 passed; 1 failed\n";

@@ -184,6 +184,73 @@ struct Row {
     time_without_comm_priority_us: Option<f64>,
 }
 
+/// The most a plan may take over the sum of its GEMMs alone (issue 10's target).
+const BOUND_TARGET: f64 = 1.05;
+
+/// The targets for one op at one D, judged on its fastest overlapped plan: at most
+/// [`BOUND_TARGET`] × the Σ-GEMM bound, and at D ≥ 4 faster than the baseline (copies,
+/// then one cuBLAS GEMM).
+#[derive(Debug, Serialize, PartialEq)]
+struct Target {
+    op: String,
+    devices: usize,
+    /// The fastest overlapped plan (`None`: none was timed).
+    plan: Option<String>,
+    time_over_gemm_sum: Option<f64>,
+    speedup_over_baseline: Option<f64>,
+    within_bound: bool,
+    /// `None` where it is not a target (D = 2).
+    faster_than_baseline: Option<bool>,
+}
+
+impl Target {
+    fn met(&self) -> bool {
+        self.within_bound && self.faster_than_baseline != Some(false)
+    }
+
+    fn line(&self) -> String {
+        let head = format!("target {} D={}:", self.op, self.devices);
+        let (Some(plan), Some(ratio), Some(speedup)) =
+            (&self.plan, self.time_over_gemm_sum, self.speedup_over_baseline)
+        else {
+            return format!("{head} no overlapped plan was timed: NOT MET");
+        };
+        let verdict = |met: bool| if met { "met" } else { "NOT MET" };
+        let versus = match self.faster_than_baseline {
+            Some(faster) => format!("{speedup:.2}× the baseline's speed (> 1: {})", verdict(faster)),
+            None => format!("{speedup:.2}× the baseline's speed (not a target at D = {})", self.devices),
+        };
+        format!("{head} {plan} at {ratio:.3}× Σ GEMMs (≤ {BOUND_TARGET}: {}); {versus}", verdict(self.within_bound))
+    }
+}
+
+/// The targets of every (op, D) of the table, in its order.
+fn targets(rows: &[Row]) -> Vec<Target> {
+    let mut keys: Vec<(&str, usize)> = Vec::new();
+    for row in rows {
+        if !keys.contains(&(row.op.as_str(), row.devices)) {
+            keys.push((row.op.as_str(), row.devices));
+        }
+    }
+    keys.into_iter()
+        .map(|(op, devices)| {
+            let best = rows
+                .iter()
+                .filter(|r| r.op == op && r.devices == devices && !r.algorithm.starts_with("baseline"))
+                .min_by(|a, b| a.time_us.total_cmp(&b.time_us));
+            Target {
+                op: op.to_string(),
+                devices,
+                plan: best.map(|r| r.algorithm.clone()),
+                time_over_gemm_sum: best.map(|r| r.time_over_gemm_sum),
+                speedup_over_baseline: best.map(|r| r.speedup_over_baseline),
+                within_bound: best.is_some_and(|r| r.time_over_gemm_sum <= BOUND_TARGET),
+                faster_than_baseline: (devices >= 4).then(|| best.is_some_and(|r| r.speedup_over_baseline > 1.0)),
+            }
+        })
+        .collect()
+}
+
 /// The saved report.
 #[derive(Debug, Serialize)]
 struct Report {
@@ -201,6 +268,8 @@ struct Report {
     local_tile_us: f64,
     tile_over_cublas: f64,
     rows: Vec<Row>,
+    /// The targets, judged on this table (meaningless with `shrink` > 1).
+    targets: Vec<Target>,
 }
 
 /// Median GPU time in µs of `reps` runs of `plan` (fresh inputs per run, a new seed, then
@@ -415,6 +484,14 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
             }
         }
     }
+    let targets = targets(&rows);
+    let shrunk = if shrink > 1 { " (shrunk shapes: not the shape the targets are set for)" } else { "" };
+    println!("targets, on the fastest overlapped plan of each op and D{shrunk}:");
+    for target in &targets {
+        println!("{}", target.line());
+    }
+    let met = targets.iter().filter(|t| t.met()).count();
+    println!("targets: {met} of {} met{shrunk}", targets.len());
     let report = Report {
         gpu: backend.identity()?,
         sync: settings.sync.name(),
@@ -428,6 +505,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         local_tile_us,
         tile_over_cublas: local_tile_us / local_cublas_us,
         rows,
+        targets,
     };
     let path = settings.json.clone().unwrap_or_else(|| {
         crate::workspace_root().join("bench").join("results").join(format!(
@@ -443,4 +521,52 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
     fs::write(&path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     println!("saved {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(op: &str, devices: usize, algorithm: &str, time_us: f64, gemm_sum_us: f64, baseline_us: f64) -> Row {
+        Row {
+            op: op.into(),
+            devices,
+            algorithm: algorithm.into(),
+            time_us,
+            gemm_sum_us,
+            time_over_gemm_sum: time_us / gemm_sum_us,
+            baseline_us,
+            speedup_over_baseline: baseline_us / time_us,
+            tflops: 0.0,
+            gemm_engine: "cuBLAS".into(),
+            gated: true,
+            time_without_comm_priority_us: None,
+        }
+    }
+
+    #[test]
+    fn targets_judge_the_fastest_overlapped_plan_of_each_op_and_d() {
+        let rows = vec![
+            row("ag_gemm", 2, "ring", 100.0, 98.0, 90.0),
+            row("ag_gemm", 2, "baseline_direct", 90.0, 80.0, 90.0),
+            row("ag_gemm", 4, "ring", 210.0, 200.0, 290.0),
+            row("ag_gemm", 4, "ring_bidir", 205.0, 200.0, 290.0),
+            row("ag_gemm", 4, "baseline", 150.0, 200.0, 290.0),
+            row("gemm_rs", 8, "ring", 500.0, 400.0, 450.0),
+            row("gemm_rs", 4, "baseline_direct", 300.0, 250.0, 300.0),
+        ];
+        let t = targets(&rows);
+        assert_eq!(t.len(), 4);
+        // D = 2: within the bound, slower than the baseline, which is no target there.
+        assert_eq!((t[0].plan.as_deref(), t[0].within_bound, t[0].faster_than_baseline), (Some("ring"), true, None));
+        assert!(t[0].met() && t[0].line().contains("not a target at D = 2"), "{}", t[0].line());
+        // The fastest overlapped plan, never a baseline, however fast.
+        assert_eq!(t[1].plan.as_deref(), Some("ring_bidir"));
+        assert!(t[1].met(), "{}", t[1].line());
+        // 1.25× the bound and slower than the baseline.
+        assert!(!t[2].within_bound && t[2].faster_than_baseline == Some(false) && !t[2].met());
+        assert_eq!(t[2].line().matches("NOT MET").count(), 2, "{}", t[2].line());
+        // Nothing overlapped was timed: not met.
+        assert!(t[3].plan.is_none() && !t[3].met() && t[3].line().ends_with("NOT MET"));
+    }
 }
