@@ -9,14 +9,19 @@ use crate::verify::queues::{check_enqueue_order, schedule_order};
 use crate::verify::verify;
 use crate::workload::Workload;
 
+/// The plan verifies clean under `n` interleavings (the default order first).
+pub fn assert_clean_under(plan: &Plan, n: usize) {
+    for order in orders(n, plan.devices) {
+        let s = schedule_with(plan, order).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+        let findings = verify(plan, &s).unwrap_or_else(|e| panic!("{e}"));
+        assert!(findings.is_empty(), "{} {order}: {}", plan.name, findings[0].describe(plan));
+    }
+}
+
 /// The plan verifies clean under 3 interleavings, and its schedule order cannot hang
 /// even on a single hardware queue.
 pub fn assert_sound(plan: &Plan) {
-    for order in orders(3, plan.devices) {
-        let s = schedule_with(plan, order).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
-        let findings = verify(plan, &s).unwrap();
-        assert!(findings.is_empty(), "{} {order}: {}", plan.name, findings[0].describe(plan));
-    }
+    assert_clean_under(plan, 3);
     let enqueue = schedule_order(plan).unwrap();
     check_enqueue_order(plan, &enqueue, 1).unwrap_or_else(|e| panic!("{e}"));
 }

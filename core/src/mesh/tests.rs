@@ -2,8 +2,7 @@ use super::*;
 use crate::cpu;
 use crate::generator::Family;
 use crate::oracle::{expected_outputs, global_input};
-use crate::schedule::{orders, schedule_with};
-use crate::verify::verify;
+use crate::testing::assert_clean_under;
 use DType::*;
 
 const MESHES: [(usize, usize); 8] = [(1, 1), (1, 4), (4, 1), (2, 2), (2, 4), (4, 2), (3, 3), (4, 4)];
@@ -64,17 +63,7 @@ fn every_plan_is_clean_under_four_interleavings() {
         for dataflow in Dataflow::ALL {
             let p = problem(nr, nc, dataflow, F32, F32);
             for alg in algorithms(&p) {
-                let plan = build_mesh_plan(&p, alg).unwrap();
-                for order in orders(4, plan.devices) {
-                    let s = schedule_with(&plan, order).unwrap();
-                    let f = verify(&plan, &s).unwrap();
-                    assert!(
-                        f.is_empty(),
-                        "{} {order}: {:?}",
-                        plan.name,
-                        f.iter().take(3).map(|x| x.describe(&plan)).collect::<Vec<_>>()
-                    );
-                }
+                assert_clean_under(&build_mesh_plan(&p, alg).unwrap(), 4);
             }
         }
     }
@@ -310,10 +299,7 @@ fn mutants_excluded_by_the_slot_and_accumulation_rules_change_nothing() {
                 _ => continue,
             };
             checked[rule] += 1;
-            for order in orders(4, m.plan.devices) {
-                let s = schedule_with(&m.plan, order).unwrap();
-                assert!(verify(&m.plan, &s).unwrap().is_empty(), "{}", m.plan.name);
-            }
+            assert_clean_under(&m.plan, 4);
             let got = cpu::run(&m.plan, 9, Family::Realistic).unwrap();
             for (d, (g, o)) in got.iter().zip(&original).enumerate() {
                 let close = g[out].iter().zip(&o[out]).all(|(&x, &y)| {
