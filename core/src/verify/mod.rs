@@ -208,18 +208,37 @@ impl fmt::Display for Finding {
     }
 }
 
+/// An op as the replay saw it: its lane's vector clock component when it ran. A lane's
+/// own component starts at 1 and only its own ops advance it (other lanes learn it, never
+/// raise it), so the op is the lane's op number `clock − 1`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Epoch {
     lane: u32,
     clock: u32,
-    /// Position of the op in the schedule (its site is `schedule.order[pos]`).
-    pos: u32,
 }
 
-#[derive(Clone, Debug, Default)]
+/// The last write of an element: an op's epoch, or one of two lanes no plan has (so that
+/// a cell stays 32 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Written(Epoch);
+
+impl Written {
+    /// Never written.
+    const NEVER: Written = Written(Epoch { lane: u32::MAX, clock: 0 });
+    /// An input: written before everything.
+    const INPUT: Written = Written(Epoch { lane: u32::MAX - 1, clock: 0 });
+
+    /// The op that wrote it, if an op did.
+    fn by(self) -> Option<Epoch> {
+        (self != Written::NEVER && self != Written::INPUT).then_some(self.0)
+    }
+}
+
+/// The shadow of one element: the verifier's hot data, so kept small (a replay touches
+/// every element of every access).
+#[derive(Clone, Debug)]
 struct Cell {
-    /// `None`: never written; `Some(None)`: an input (written before everything).
-    write: Option<Option<Epoch>>,
+    write: Written,
     /// The reads since the write, at most one per lane; inline, since an element is
     /// read by one or two lanes between writes in almost every plan.
     reads: SmallVec<[Epoch; 2]>,
@@ -332,15 +351,18 @@ pub fn timed_ops(plan: &Plan, schedule: &Schedule) -> Vec<TimedOp> {
 /// most [`SHADOW_CELL_BYTES`] per element of every buffer on every device, and a vector
 /// clock of 4 bytes per lane of the plan for every lane and every signal. A plan with few
 /// lanes may so hold 2^27 elements, as many 32-bit words as the reference binds on
-/// lavapipe (4 × 128 MiB); about 43,000 lanes over all devices reach it through their
+/// lavapipe (4 × 128 MiB), and more; about 43,000 lanes over all devices reach it through their
 /// clocks alone (a ring's plan reaches [`crate::plan::MAX_PLAN_OPS`] first, at ~900
 /// devices, with clocks of about 6 GiB). Past it, a plan is refused with
 /// [`VerifyError::TooLarge`] rather than exhausting memory.
 pub const MAX_VERIFIER_BYTES: u64 = 7 << 30;
 
 /// The bytes [`MAX_VERIFIER_BYTES`] counts per shadowed element (the largest shadow cell
-/// of any build: 48 or 56 bytes, whether smallvec's `union` is on).
-pub const SHADOW_CELL_BYTES: u64 = 56;
+/// (`Cell`, with smallvec's `union`).
+pub const SHADOW_CELL_BYTES: u64 = 32;
+
+// A plan without lanes may shadow 2^27 elements at least.
+const _: () = assert!(MAX_VERIFIER_BYTES >= (1 << 27) * SHADOW_CELL_BYTES);
 
 /// A plan the verifier does not replay.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
@@ -403,7 +425,7 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyEr
             plan.buffers
                 .iter()
                 .map(|b| {
-                    let write = b.role.initialized().then_some(None);
+                    let write = if b.role.initialized() { Written::INPUT } else { Written::NEVER };
                     (0..b.len()).map(|_| Cell { write, reads: SmallVec::new() }).collect()
                 })
                 .collect()
@@ -413,66 +435,73 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyEr
     let mut reported: BTreeSet<(OpSite, OpSite)> = BTreeSet::new();
     let mut unwritten_reported: BTreeSet<OpSite> = BTreeSet::new();
 
-    let site_of = |e: &Epoch| schedule.order[e.pos as usize];
-    for (pos, site) in schedule.order.iter().enumerate() {
+    let site_of = |e: &Epoch| OpSite {
+        device: e.lane as usize / lanes,
+        lane: e.lane as usize % lanes,
+        index: e.clock as usize - 1,
+    };
+    for site in &schedule.order {
         let t = hb.lane(site);
         let op = &plan.programs[site.device].lanes[site.lane][site.index];
         hb.sync(site, op);
         let clocks = &hb.clocks;
-        let now = Epoch { lane: t as u32, clock: clocks[t][t], pos: pos as u32 };
+        let now = Epoch { lane: t as u32, clock: clocks[t][t] };
+        debug_assert_eq!(site_of(&now), *site);
         match op {
             Op::Signal { .. } | Op::Wait { .. } => {}
             _ => {
+                let mine = &clocks[t];
+                let ordered = |e: &Epoch| e.clock <= mine[e.lane as usize];
                 for acc in accesses(site.device, op) {
                     let b = &plan.buffers[acc.region.buf.0];
                     let cells = &mut shadow[acc.device][acc.region.buf.0];
-                    'elements: for r in 0..acc.region.rows {
-                        for c in 0..acc.region.cols {
-                            let idx = acc.region.offset + r * acc.region.stride + c;
-                            let Some(cell) = cells.get_mut(idx) else { continue };
-                            let element = (idx / b.cols.max(1), idx % b.cols.max(1));
-                            let ordered = |e: &Epoch| e.clock <= clocks[t][e.lane as usize];
-                            let mut race = |other: &Epoch, kind: &'static str| {
-                                let first = site_of(other);
-                                if reported.insert((first, *site)) {
-                                    findings.push(Finding::Race {
-                                        first,
-                                        first_text: plan
-                                            .op_text(&plan.programs[first.device].lanes[first.lane][first.index]),
-                                        second: *site,
-                                        second_text: plan.op_text(op),
+                    // (row, column) of an element, for a finding only: this loop is the
+                    // verifier's hot path.
+                    let element = |idx: usize| (idx / b.cols.max(1), idx % b.cols.max(1));
+                    let mut race = |findings: &mut Vec<Finding>, other: &Epoch, kind: &'static str, idx: usize| {
+                        let first = site_of(other);
+                        if reported.insert((first, *site)) {
+                            findings.push(Finding::Race {
+                                first,
+                                first_text: plan.op_text(&plan.programs[first.device].lanes[first.lane][first.index]),
+                                second: *site,
+                                second_text: plan.op_text(op),
+                                device: acc.device,
+                                buffer: b.name.clone(),
+                                element: element(idx),
+                                kind,
+                            });
+                        }
+                    };
+                    for r in 0..acc.region.rows {
+                        // Elements past the buffer are the plan validator's to report.
+                        let row0 = acc.region.offset.saturating_add(r.saturating_mul(acc.region.stride));
+                        let to = row0.saturating_add(acc.region.cols).min(cells.len());
+                        let from = row0.min(to);
+                        for (idx, cell) in (from..to).zip(&mut cells[from..to]) {
+                            if cell.write == Written::NEVER && !acc.write {
+                                if unwritten_reported.insert(*site) {
+                                    findings.push(Finding::UnwrittenRead {
+                                        site: *site,
+                                        text: plan.op_text(op),
                                         device: acc.device,
                                         buffer: b.name.clone(),
-                                        element,
-                                        kind,
+                                        element: element(idx),
                                     });
                                 }
-                            };
-                            match cell.write {
-                                None if !acc.write => {
-                                    if unwritten_reported.insert(*site) {
-                                        findings.push(Finding::UnwrittenRead {
-                                            site: *site,
-                                            text: plan.op_text(op),
-                                            device: acc.device,
-                                            buffer: b.name.clone(),
-                                            element,
-                                        });
-                                    }
-                                    continue 'elements;
-                                }
-                                Some(Some(w)) if !ordered(&w) => {
-                                    race(&w, if acc.write { "write/write" } else { "write/read" });
-                                }
-                                _ => {}
+                                // The rest of the row is this read's too: once is enough.
+                                break;
+                            }
+                            if let Some(w) = cell.write.by().filter(|w| !ordered(w)) {
+                                race(&mut findings, &w, if acc.write { "write/write" } else { "write/read" }, idx);
                             }
                             if acc.write {
                                 for rd in &cell.reads {
                                     if !ordered(rd) && rd.lane != now.lane {
-                                        race(rd, "read/write");
+                                        race(&mut findings, rd, "read/write", idx);
                                     }
                                 }
-                                cell.write = Some(Some(now));
+                                cell.write = Written(now);
                                 cell.reads.clear();
                             } else {
                                 cell.reads.retain(|e| e.lane != now.lane);
@@ -497,10 +526,10 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyEr
             if !b.role.is_result() {
                 continue;
             }
-            let late = bufs[i].iter().enumerate().find_map(|(e, cell)| match cell.write {
-                Some(Some(w)) if w.clock > end[w.lane as usize] => Some((e, w)),
-                _ => None,
-            });
+            let late = bufs[i]
+                .iter()
+                .enumerate()
+                .find_map(|(e, cell)| cell.write.by().filter(|w| w.clock > end[w.lane as usize]).map(|w| (e, w)));
             if let Some((e, w)) = late {
                 findings.push(Finding::UnorderedOutput {
                     writer: site_of(&w),
@@ -513,7 +542,7 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyEr
                     element: (e / b.cols.max(1), e % b.cols.max(1)),
                 });
             }
-            let missing: Vec<usize> = (0..b.len()).filter(|&e| bufs[i][e].write.is_none()).collect();
+            let missing: Vec<usize> = (0..b.len()).filter(|&e| bufs[i][e].write == Written::NEVER).collect();
             if let Some(&first) = missing.first() {
                 findings.push(Finding::UnwrittenOutput {
                     device,
@@ -637,10 +666,7 @@ mod tests {
 
     #[test]
     fn the_shadow_of_the_largest_verified_plan_is_as_documented() {
-        // 48 bytes when another crate of the build turns on smallvec's `union`.
-        assert!(std::mem::size_of::<Cell>() as u64 <= SHADOW_CELL_BYTES, "{}", std::mem::size_of::<Cell>());
-        // A plan without lanes may shadow exactly 2^27 elements.
-        assert_eq!(MAX_VERIFIER_BYTES, (1 << 27) * SHADOW_CELL_BYTES);
+        assert_eq!(std::mem::size_of::<Cell>() as u64, SHADOW_CELL_BYTES);
     }
 
     #[test]
@@ -650,12 +676,14 @@ mod tests {
             b.buffer("X", DType::F32, rows, 1 << 10, crate::plan::BufferRole::Scratch);
             b.finish().unwrap()
         };
-        // 2 devices × 2^16 rows × 2^10 columns, no lanes: exactly the limit.
-        assert_eq!(check_size(&plan_of(1 << 16)), Ok(()));
-        let plan = plan_of((1 << 16) + 1);
+        // 2 devices × `rows` rows × 2^10 columns, no lanes: exactly the limit.
+        let rows = (MAX_VERIFIER_BYTES / (2 * (1 << 10) * SHADOW_CELL_BYTES)) as usize;
+        assert_eq!(rows as u64 * 2 * (1 << 10) * SHADOW_CELL_BYTES, MAX_VERIFIER_BYTES);
+        assert_eq!(check_size(&plan_of(rows)), Ok(()));
+        let plan = plan_of(rows + 1);
         let s = schedule_with(&plan, crate::schedule::Order::Default).unwrap();
         let e = verify(&plan, &s).unwrap_err();
-        let elements = 2 * ((1 << 16) + 1) * (1 << 10);
+        let elements = 2 * (rows as u64 + 1) * (1 << 10);
         let bytes = elements * SHADOW_CELL_BYTES;
         assert_eq!(
             e,
