@@ -2,7 +2,8 @@
 // with the system C++ compiler and run on the CPU (cmm-cuda `host`): the same sources,
 // the same launches, the same arguments, without a GPU.
 //
-// - Every thread of a block is a fiber (ucontext) of the OS thread that runs the block;
+// - Every thread of a block is a fiber of the OS thread that runs the block (its own
+//   stack; on x86-64 a switch is a few instructions, elsewhere ucontext);
 //   `__syncthreads` switches back to the block's scheduler, which resumes every fiber in
 //   turn, so a barrier is a real rendezvous. A block whose threads reach different
 //   barriers, or whose threads exit while others wait, is an error (CUDA leaves it
@@ -99,8 +100,61 @@ struct AsyncCopy {
     u32 group;        // the commit group it belongs to
 };
 
+#if defined(__x86_64__) && !defined(CMM_HOST_UCONTEXT)
+// A fiber switch swaps stacks: the callee-saved registers, MXCSR and the x87 control
+// word go on the old stack, its pointer into `*save_sp`, then the same come off the
+// stack at `load_sp`. (swapcontext also saves and restores the signal mask, a system
+// call per switch: that was most of the host twin's time.)
+extern "C" void cmm_fiber_switch(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .globl cmm_fiber_switch
+    .hidden cmm_fiber_switch
+    .type cmm_fiber_switch, @function
+cmm_fiber_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cmm_fiber_switch, .-cmm_fiber_switch
+)");
+
+struct FiberContext {
+    void* sp = nullptr;
+};
+
+inline void fiber_switch(FiberContext& save, FiberContext& load) {
+    cmm_fiber_switch(&save.sp, load.sp);
+}
+#else
+struct FiberContext {
+    ucontext_t uc;
+};
+
+inline void fiber_switch(FiberContext& save, FiberContext& load) {
+    swapcontext(&save.uc, &load.uc);
+}
+#endif
+
 struct Fiber {
-    ucontext_t context;
+    FiberContext context;
     dim3 thread;
     int waiting;  // 0: running or runnable, else the Barrier it waits at
     bool done;
@@ -109,7 +163,7 @@ struct Fiber {
 };
 
 struct Block {
-    ucontext_t scheduler;
+    FiberContext scheduler;
     std::vector<Fiber> fibers;
     std::unique_ptr<char[]> stacks;  // untouched until used: not value-initialised
     size_t stack_threads = 0;
@@ -134,17 +188,50 @@ inline void barrier(Barrier kind) {
     }
     Fiber* me = block->current;
     me->waiting = kind;
-    swapcontext(&me->context, &block->scheduler);
+    fiber_switch(me->context, block->scheduler);
 }
 
 inline void fiber_main() {
     Block* block = running_block;
     block->body(block->closure);
     block->current->done = true;
-    // Returning resumes `uc_link`, the scheduler.
+#if defined(__x86_64__) && !defined(CMM_HOST_UCONTEXT)
+    fiber_switch(block->current->context, block->scheduler);  // never resumed
+    __builtin_unreachable();
+#endif
+    // (ucontext: returning resumes `uc_link`, the scheduler.)
 }
 
 constexpr size_t FIBER_STACK = 64 * 1024;
+
+// Prepares `f` to run fiber_main on the stack [stack, stack + FIBER_STACK) at its first
+// switch.
+inline void fiber_start(Fiber& f, char* stack, FiberContext& scheduler) {
+#if defined(__x86_64__) && !defined(CMM_HOST_UCONTEXT)
+    (void)scheduler;
+    // The stack cmm_fiber_switch pops on the way in: the control words (as this thread
+    // has them), six zeroed registers, then fiber_main as the return address, above a
+    // slot for fiber_main's own (never used) return address, so that it starts with
+    // the stack aligned as after a call.
+    auto top = reinterpret_cast<uintptr_t>(stack + FIBER_STACK) & ~uintptr_t(15);
+    auto* sp = reinterpret_cast<u64*>(top);
+    *--sp = 0;
+    *--sp = reinterpret_cast<u64>(&fiber_main);
+    for (int r = 0; r < 6; ++r) *--sp = 0;
+    u32 mxcsr;
+    u16 fcw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fcw));
+    *--sp = u64(mxcsr) | (u64(fcw) << 32);
+    f.context.sp = sp;
+#else
+    getcontext(&f.context.uc);
+    f.context.uc.uc_stack.ss_sp = stack;
+    f.context.uc.uc_stack.ss_size = FIBER_STACK;
+    f.context.uc.uc_link = &scheduler.uc;
+    makecontext(&f.context.uc, fiber_main, 0);
+#endif
+}
 
 // Runs one block of `threads` threads as fibers until all return.
 inline void run_block_fibers(u32 threads, void (*body)(void*), void* closure) {
@@ -159,11 +246,7 @@ inline void run_block_fibers(u32 threads, void (*body)(void*), void* closure) {
     for (u32 t = 0; t < threads; ++t) {
         Fiber& f = block.fibers[t];
         f.thread = dim3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
-        getcontext(&f.context);
-        f.context.uc_stack.ss_sp = block.stacks.get() + t * FIBER_STACK;
-        f.context.uc_stack.ss_size = FIBER_STACK;
-        f.context.uc_link = &block.scheduler;
-        makecontext(&f.context, fiber_main, 0);
+        fiber_start(f, block.stacks.get() + t * FIBER_STACK, block.scheduler);
     }
     running_block = &block;
     for (;;) {
@@ -172,7 +255,7 @@ inline void run_block_fibers(u32 threads, void (*body)(void*), void* closure) {
             f.waiting = 0;
             threadIdx = f.thread;
             block.current = &f;
-            swapcontext(&block.scheduler, &f.context);
+            fiber_switch(block.scheduler, f.context);
         }
         int kind = 0;
         bool some_done = false, some_waiting = false, mixed = false;

@@ -780,6 +780,22 @@ mod tests {
         HostKernels::get().unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Other machines than x86-64 switch fibers with ucontext (`CMM_HOST_UCONTEXT` forces
+    /// it here): that path must keep compiling.
+    #[test]
+    fn the_portable_fiber_switch_compiles() {
+        use std::io::Write;
+        let mut child = Process::new(compiler())
+            .args(["-std=c++17", "-fsyntax-only", "-w", "-DCMM_HOST_UCONTEXT", "-x", "c++", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e}", compiler()));
+        child.stdin.take().expect("piped").write_all(host_source().as_bytes()).expect("the source is written");
+        let output = child.wait_with_output().expect("the compiler finishes");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    }
+
     #[test]
     fn a_missing_compiler_is_a_typed_error() {
         let dir = std::env::temp_dir().join("cmm-host-test-missing");
