@@ -25,7 +25,8 @@ pub fn run(quick: bool) -> Result<()> {
     for args in STEPS {
         let shown = format!("cargo {}", args.join(" "));
         println!("==> {shown}");
-        let status = Command::new(&cargo)
+        // The tests see the user's environment, as `cargo test` run by hand does.
+        let status = crate::with_user_environment(&mut Command::new(&cargo))
             .args(args)
             .current_dir(&root)
             .status()

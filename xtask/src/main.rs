@@ -10,6 +10,7 @@ mod mutants;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Parser, Subcommand};
 use cmm_cli::{simulate, tune};
@@ -62,8 +63,37 @@ fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
+/// Whether this process set `LP_NUM_THREADS` ([`lavapipe_on_the_calling_thread`]), so
+/// that the commands it spawns can be given the user's environment back.
+static LAVAPIPE_PINNED: AtomicBool = AtomicBool::new(false);
+
+/// lavapipe (Mesa's CPU Vulkan driver) splits each dispatch over a pool of threads and
+/// wakes the pool for each; the corpus's dispatches are small, so on 2 cores the wake-ups
+/// cost more than they save (`conformance --schedules 4`: 24.4 s with the pool, 15.8 s
+/// without). The correctness commands run lavapipe on the calling thread
+/// (`LP_NUM_THREADS=0`) unless the user chose; other drivers ignore the variable. The
+/// bench and the reference's timed runs keep the pool: they time the reference.
+fn lavapipe_on_the_calling_thread() {
+    if std::env::var_os("LP_NUM_THREADS").is_none() {
+        // Set before any thread of this process exists.
+        std::env::set_var("LP_NUM_THREADS", "0");
+        LAVAPIPE_PINNED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Gives a spawned command the environment the user started this process with.
+fn with_user_environment(command: &mut std::process::Command) -> &mut std::process::Command {
+    if LAVAPIPE_PINNED.load(Ordering::Relaxed) {
+        command.env_remove("LP_NUM_THREADS");
+    }
+    command
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Conformance(_) | Command::Mutants(_) | Command::Ci { .. }) {
+        lavapipe_on_the_calling_thread();
+    }
     let result = match cli.command {
         Command::Conformance(args) => conformance::run(&args),
         Command::Bench(args) => bench::run(&args),
