@@ -1,8 +1,9 @@
 //! `cargo xtask ci`: every check CI runs, in order, stopping at the first failure:
 //! fmt, clippy, tests, the CUDA compile check, the GPU bundle (built, and run here to
 //! check its no-GPU exit, its stop on a binary that cannot start and, from a copy
-//! elsewhere, its rehearsal on the fake driver or the host twin), the corpus under four interleavings (with a JUnit report in
-//! `target/conformance-report.xml`), the mutants on the CPU twin (not with `--quick`).
+//! elsewhere, its rehearsal on the fake driver or the host twin), the corpus under four
+//! interleavings (with a JUnit report in `target/conformance-report.xml`), the mutants
+//! on the CPU twin (not with `--quick`).
 
 use std::process::Command;
 

@@ -195,12 +195,18 @@ struct Target {
     op: String,
     devices: usize,
     /// The fastest overlapped plan (`None`: none was timed).
-    plan: Option<String>,
-    time_over_gemm_sum: Option<f64>,
-    speedup_over_baseline: Option<f64>,
+    best: Option<BestPlan>,
     within_bound: bool,
     /// `None` where it is not a target (D = 2).
     faster_than_baseline: Option<bool>,
+}
+
+/// A target's plan and its two ratios.
+#[derive(Debug, Serialize, PartialEq)]
+struct BestPlan {
+    plan: String,
+    time_over_gemm_sum: f64,
+    speedup_over_baseline: f64,
 }
 
 impl Target {
@@ -210,9 +216,7 @@ impl Target {
 
     fn line(&self) -> String {
         let head = format!("target {} D={}:", self.op, self.devices);
-        let (Some(plan), Some(ratio), Some(speedup)) =
-            (&self.plan, self.time_over_gemm_sum, self.speedup_over_baseline)
-        else {
+        let Some(BestPlan { plan, time_over_gemm_sum: ratio, speedup_over_baseline: speedup }) = &self.best else {
             return format!("{head} no overlapped plan was timed: NOT MET");
         };
         let verdict = |met: bool| if met { "met" } else { "NOT MET" };
@@ -241,9 +245,11 @@ fn targets(rows: &[Row]) -> Vec<Target> {
             Target {
                 op: op.to_string(),
                 devices,
-                plan: best.map(|r| r.algorithm.clone()),
-                time_over_gemm_sum: best.map(|r| r.time_over_gemm_sum),
-                speedup_over_baseline: best.map(|r| r.speedup_over_baseline),
+                best: best.map(|r| BestPlan {
+                    plan: r.algorithm.clone(),
+                    time_over_gemm_sum: r.time_over_gemm_sum,
+                    speedup_over_baseline: r.speedup_over_baseline,
+                }),
                 within_bound: best.is_some_and(|r| r.time_over_gemm_sum <= BOUND_TARGET),
                 faster_than_baseline: (devices >= 4).then(|| best.is_some_and(|r| r.speedup_over_baseline > 1.0)),
             }
@@ -558,15 +564,18 @@ mod tests {
         let t = targets(&rows);
         assert_eq!(t.len(), 4);
         // D = 2: within the bound, slower than the baseline, which is no target there.
-        assert_eq!((t[0].plan.as_deref(), t[0].within_bound, t[0].faster_than_baseline), (Some("ring"), true, None));
+        assert_eq!(
+            (t[0].best.as_ref().map(|b| b.plan.as_str()), t[0].within_bound, t[0].faster_than_baseline),
+            (Some("ring"), true, None)
+        );
         assert!(t[0].met() && t[0].line().contains("not a target at D = 2"), "{}", t[0].line());
         // The fastest overlapped plan, never a baseline, however fast.
-        assert_eq!(t[1].plan.as_deref(), Some("ring_bidir"));
+        assert_eq!(t[1].best.as_ref().map(|b| b.plan.as_str()), Some("ring_bidir"));
         assert!(t[1].met(), "{}", t[1].line());
         // 1.25× the bound and slower than the baseline.
         assert!(!t[2].within_bound && t[2].faster_than_baseline == Some(false) && !t[2].met());
         assert_eq!(t[2].line().matches("NOT MET").count(), 2, "{}", t[2].line());
         // Nothing overlapped was timed: not met.
-        assert!(t[3].plan.is_none() && !t[3].met() && t[3].line().ends_with("NOT MET"));
+        assert!(t[3].best.is_none() && !t[3].met() && t[3].line().ends_with("NOT MET"));
     }
 }
