@@ -27,6 +27,11 @@ use cmm_core::{AlgorithmError, Family, MeshError, Plan, ProblemError, Tolerance}
 use thiserror::Error;
 
 use crate::backend::{Backend, BackendError};
+
+/// The most buffer elements (over every device) a case may have: 7 × 2^25, about 235
+/// million. A check holds every device's buffers on the host, with the f64 oracle's
+/// outputs and the golden beside them: some 30 bytes per element at worst, so 7 GiB.
+pub const MAX_CASE_ELEMENTS: u64 = 7 << 25;
 use crate::case::{Case, CaseError};
 use crate::golden::{self, GoldenError};
 
@@ -169,6 +174,14 @@ pub enum Failure {
     /// The verifier does not replay the plan (too large to shadow).
     #[error("verifier: {0}")]
     Unverifiable(#[from] cmm_core::verify::VerifyError),
+    /// The case's buffers are more than a check holds on the host.
+    #[error("the plan's buffers hold {elements} elements over its devices, more than the {limit} a check holds on the host (every device's memory, the f64 oracle's outputs, the golden); check the algorithm at smaller M, N and K")]
+    TooLarge {
+        /// Elements of every buffer over every device.
+        elements: u64,
+        /// [`MAX_CASE_ELEMENTS`].
+        limit: u64,
+    },
     /// Poison (memory no op wrote) reached the output.
     #[error("poison reached the output{}: dev {device} (row {row}, col {col}), {count} element(s) of the device never written", output.as_ref().map(|o| format!(" {o}")).unwrap_or_default())]
     Poison {
@@ -399,6 +412,11 @@ fn check_into(
     }
     // Refused before the oracle (which can take long on a shape too large to run).
     backend.check_fits(plan)?;
+    let elements = plan.buffers.iter().fold(0u64, |n, b| n.saturating_add(b.len() as u64));
+    let elements = elements.saturating_mul(plan.devices as u64);
+    if elements > MAX_CASE_ELEMENTS {
+        return Err(Failure::TooLarge { elements, limit: MAX_CASE_ELEMENTS });
+    }
     cmm_core::verify::check_size(plan)?;
     let computed;
     let expected: &[ExpectedOutput] = match prepared {

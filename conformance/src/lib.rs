@@ -23,7 +23,9 @@ pub use backend::{Backend, BackendError, CpuTwin, Cuda, OutputFiles};
 pub use case::{
     cases_dir, load_corpus, Case, CaseAlgorithm, CaseError, CaseProblem, CorpusError, Topology, CASES_DIR_VAR,
 };
-pub use check::{check_case, check_case_with, run_case, CaseResult, Failure, GoldenStatus, Goldens, Mismatch};
+pub use check::{
+    check_case, check_case_with, run_case, CaseResult, Failure, GoldenStatus, Goldens, Mismatch, MAX_CASE_ELEMENTS,
+};
 pub use report::{check_report_path, write_report, CaseRecord, ReportError};
 
 /// What to run and how.

@@ -7,7 +7,9 @@ use std::fs;
 use std::path::PathBuf;
 
 use cmm_conformance::golden::GoldenError;
-use cmm_conformance::{run_case, run_corpus_to, ConformanceError, CpuTwin, Failure, GoldenStatus, Goldens, Options};
+use cmm_conformance::{
+    run_case, run_corpus_to, ConformanceError, CpuTwin, Failure, GoldenStatus, Goldens, Options, MAX_CASE_ELEMENTS,
+};
 
 /// A fresh directory under the system temp dir.
 fn temp_dir(tag: &str) -> PathBuf {
@@ -106,14 +108,21 @@ fn an_invalid_case_is_a_failed_row_not_a_panic() {
 }
 
 #[test]
-fn a_case_too_large_to_verify_fails_before_the_oracle_runs() {
+fn a_case_too_large_for_the_host_fails_before_the_oracle_runs() {
     // 2 × (A 32768×64 + B 64×16384 + C 65536×16384) ≈ 2^31 elements: within the generator's
-    // range, far past the verifier's shadow. The oracle alone would need 16 GiB.
+    // range, past what a check holds. The oracle alone would need 16 GiB.
     let mut case = common::corpus().into_iter().find(|c| c.name.starts_with("ag_gemm_ring_d2_")).unwrap();
     (case.m, case.n, case.k) = (65536, 32768, 64);
     let r = run_case(&case, &CpuTwin, &common::goldens());
-    assert!(matches!(r.failures[..], [Failure::Unverifiable(_)]), "{}", r.reason());
-    assert!(r.reason().contains("more than its 7516192768"), "{}", r.reason());
+    let plan = case.plan().unwrap();
+    let elements = 2 * plan.buffers.iter().map(|b| b.len() as u64).sum::<u64>();
+    assert!(elements > 1 << 31, "{elements}");
+    assert!(
+        matches!(r.failures[..], [Failure::TooLarge { elements: e, limit: MAX_CASE_ELEMENTS }] if e == elements),
+        "{}",
+        r.reason()
+    );
+    assert!(r.reason().contains(&format!("more than the {MAX_CASE_ELEMENTS}")), "{}", r.reason());
 }
 
 #[test]

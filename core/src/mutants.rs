@@ -3,7 +3,7 @@
 
 use crate::plan::{BufferRole, Op, OpSite, Plan, Region};
 use crate::schedule::{orders, schedule_with};
-use crate::verify::{accesses, dataflow, timed_ops, verify, TimedOp};
+use crate::verify::{accesses, dataflow, timed_ops, verify, Cells, TimedOp};
 
 /// The kinds of mutation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -242,7 +242,8 @@ pub fn dataflow_equivalence(
         }
         _ => s,
     };
-    if dataflow(plan, &schedule, &|s| s).ok()? != dataflow(mutant, &replayed, &rename).ok()? {
+    let cells = Cells::common(&[plan, mutant])?;
+    if dataflow(plan, &schedule, &|s| s, &cells).ok()? != dataflow(mutant, &replayed, &rename, &cells).ok()? {
         return None;
     }
     Some(if swapped.is_some() {

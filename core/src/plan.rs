@@ -1232,17 +1232,16 @@ impl Plan {
         let reg = |r: &Region| {
             let name = self.buffers.get(r.buf.0).map_or("?", |b| b.name.as_str());
             let cols = self.buffers.get(r.buf.0).map_or(1, |b| b.cols.max(1));
-            if r.stride == cols && r.offset % cols == 0 {
-                let r0 = r.offset / cols;
-                let c_full = r.cols == cols;
-                if c_full {
-                    format!("{name}[{}..{}]", r0, r0 + r.rows)
-                } else {
-                    format!("{name}[{}..{}, 0..{}]", r0, r0 + r.rows, r.cols)
-                }
-            } else {
-                let (r0, c0) = (r.offset / cols, r.offset % cols);
-                format!("{name}[{}..{}, {}..{}]", r0, r0 + r.rows, c0, c0 + r.cols)
+            let (r0, c0) = (r.offset / cols, r.offset % cols);
+            // Every `step`-th row of the buffer (MeshSlice's slices), or rows at a
+            // stride that is not a whole number of the buffer's rows.
+            let step =
+                if r.rows <= 1 { Some(1) } else { (r.stride > 0 && r.stride % cols == 0).then(|| r.stride / cols) };
+            match step {
+                Some(1) if c0 == 0 && r.cols == cols => format!("{name}[{}..{}]", r0, r0 + r.rows),
+                Some(1) => format!("{name}[{}..{}, {}..{}]", r0, r0 + r.rows, c0, c0 + r.cols),
+                Some(k) => format!("{name}[{}..{} step {k}, {}..{}]", r0, r0 + (r.rows - 1) * k + 1, c0, c0 + r.cols),
+                None => format!("{name}[{} + {}·r + 0..{}, r < {}]", r.offset, r.stride, r.cols, r.rows),
             }
         };
         let sem = |s: &SemId| self.semaphores.get(s.0).map_or("?", String::as_str);
@@ -1476,6 +1475,22 @@ mod tests {
         // Micro-batches multiply a linear layer's tensors and GEMMs the same way.
         let e = LinearProblem::new(Layer::Row, Pass::Forward, false, 4, 1 << 31, 32, 32, 32, f).unwrap_err();
         assert!(e.to_string().contains("2147483648 micro-batches, more than the 65536"), "{e}");
+    }
+
+    #[test]
+    fn op_texts_name_the_rows_a_region_really_covers() {
+        let mut b = PlanBuilder::new("texts", 1);
+        let x = b.buffer("X", DType::F32, 8, 4, BufferRole::Scratch);
+        let plan = b.finish().unwrap();
+        let copy = |offset, rows, cols, stride| {
+            let region = Region { buf: x, offset, rows, cols, stride };
+            plan.op_text(&Op::Copy { src: region, dst_device: 0, dst: region, engine: Engine::CopyEngine })
+        };
+        assert_eq!(copy(4, 3, 4, 4), "copy X[1..4] -> dev0:X[1..4] (ce)");
+        assert_eq!(copy(5, 3, 2, 4), "copy X[1..4, 1..3] -> dev0:X[1..4, 1..3] (ce)");
+        // Rows 1, 3 and 5 (every other row), as MeshSlice's slices take them.
+        assert_eq!(copy(5, 3, 2, 8), "copy X[1..6 step 2, 1..3] -> dev0:X[1..6 step 2, 1..3] (ce)");
+        assert_eq!(copy(5, 2, 2, 6), "copy X[5 + 6·r + 0..2, r < 2] -> dev0:X[5 + 6·r + 0..2, r < 2] (ce)");
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! v acquires the releases of the signals that brought the counter to v in this
 //! schedule (FastTrack-style epochs per element, one writer and the reads since it).
 
+mod cells;
 pub mod queues;
+
+pub use cells::Cells;
 
 use std::collections::BTreeSet;
 
@@ -369,7 +372,7 @@ const _: () = assert!(MAX_VERIFIER_BYTES >= (1 << 27) * SHADOW_CELL_BYTES);
 #[non_exhaustive]
 pub enum VerifyError {
     /// Its state would exceed [`MAX_VERIFIER_BYTES`].
-    #[error("plan `{plan}`: the verifier would need {bytes} bytes, more than its {limit}: {elements} buffer elements over {devices} devices ({SHADOW_CELL_BYTES} bytes each) and {clock_entries} vector-clock entries (4 bytes each; {lanes} lanes, {signals} signals); verify the same algorithm at smaller sizes (M, N, K) or on fewer devices, where the same synchronisation is exercised")]
+    #[error("plan `{plan}`: the verifier would need {bytes} bytes, more than its {limit}: {cells} shadow cells ({SHADOW_CELL_BYTES} bytes each; the plan's regions cut its {elements} buffer elements over {devices} devices no coarser) and {clock_entries} vector-clock entries (4 bytes each; {lanes} lanes, {signals} signals); verify the same algorithm on fewer devices or with coarser regions, where the same synchronisation is exercised")]
     TooLarge {
         /// Plan name.
         plan: String,
@@ -377,6 +380,9 @@ pub enum VerifyError {
         devices: usize,
         /// Buffer elements over every device.
         elements: u64,
+        /// Shadow cells over every device ([`Cells`]): rectangles of elements that every
+        /// access covers whole or not at all.
+        cells: u64,
         /// Lanes over every device (the length of a vector clock).
         lanes: u64,
         /// Signal ops (each keeps a clock).
@@ -392,17 +398,25 @@ pub enum VerifyError {
 
 /// Whether the verifier's state for `plan` fits [`MAX_VERIFIER_BYTES`].
 pub fn check_size(plan: &Plan) -> Result<(), VerifyError> {
+    check_cells(plan, &Cells::of(plan))
+}
+
+/// Whether the verifier's state for `plan`, shadowed in `cells`, fits [`MAX_VERIFIER_BYTES`].
+fn check_cells(plan: &Plan, cells: &Cells) -> Result<(), VerifyError> {
+    let devices = plan.devices as u64;
     let per_device = plan.buffers.iter().fold(0u64, |sum, b| sum.saturating_add(b.len() as u64));
-    let elements = per_device.saturating_mul(plan.devices as u64);
-    let lanes = (plan.devices as u64).saturating_mul(plan.lanes.len() as u64);
+    let elements = per_device.saturating_mul(devices);
+    let shadow_cells = cells.per_device().saturating_mul(devices);
+    let lanes = devices.saturating_mul(plan.lanes.len() as u64);
     let signals = plan.ops().filter(|(_, op)| matches!(op, Op::Signal { .. })).count() as u64;
     let clock_entries = lanes.saturating_mul(lanes.saturating_add(signals));
-    let bytes = elements.saturating_mul(SHADOW_CELL_BYTES).saturating_add(clock_entries.saturating_mul(4));
+    let bytes = shadow_cells.saturating_mul(SHADOW_CELL_BYTES).saturating_add(clock_entries.saturating_mul(4));
     if bytes > MAX_VERIFIER_BYTES {
         return Err(VerifyError::TooLarge {
             plan: plan.name.clone(),
             devices: plan.devices,
             elements,
+            cells: shadow_cells,
             lanes,
             signals,
             clock_entries,
@@ -416,7 +430,18 @@ pub fn check_size(plan: &Plan) -> Result<(), VerifyError> {
 /// Replays `schedule` of `plan` and returns every finding (deduplicated per op pair),
 /// or refuses a plan too large to shadow ([`check_size`]).
 pub fn verify(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyError> {
-    check_size(plan)?;
+    verify_in(plan, schedule, &Cells::of(plan))
+}
+
+/// [`verify`] with one shadow cell per element of every buffer: the definition that the
+/// cells of [`Cells::of`] must agree with, finding for finding (a test compares them on
+/// the corpus). Its cost grows with M, N and K.
+pub fn verify_per_element(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyError> {
+    verify_in(plan, schedule, &Cells::per_element(plan))
+}
+
+fn verify_in(plan: &Plan, schedule: &Schedule, cells: &Cells) -> Result<Vec<Finding>, VerifyError> {
+    check_cells(plan, cells)?;
     let lanes = plan.lanes.len();
     let n_lanes = plan.devices * lanes;
     let mut hb = Clocks::new(plan);
@@ -424,9 +449,10 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyEr
         .map(|_| {
             plan.buffers
                 .iter()
-                .map(|b| {
+                .zip(&cells.grids)
+                .map(|(b, grid)| {
                     let write = if b.role.initialized() { Written::INPUT } else { Written::NEVER };
-                    (0..b.len()).map(|_| Cell { write, reads: SmallVec::new() }).collect()
+                    vec![Cell { write, reads: SmallVec::new() }; grid.len()]
                 })
                 .collect()
         })
@@ -454,10 +480,11 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyEr
                 let ordered = |e: &Epoch| e.clock <= mine[e.lane as usize];
                 for acc in accesses(site.device, op) {
                     let b = &plan.buffers[acc.region.buf.0];
-                    let cells = &mut shadow[acc.device][acc.region.buf.0];
-                    // (row, column) of an element, for a finding only: this loop is the
+                    let grid = &cells.grids[acc.region.buf.0];
+                    let shadow = &mut shadow[acc.device][acc.region.buf.0];
+                    // The first element of a cell, for a finding only: this loop is the
                     // verifier's hot path.
-                    let element = |idx: usize| (idx / b.cols.max(1), idx % b.cols.max(1));
+                    let element = |idx: usize| grid.element(idx);
                     let mut race = |findings: &mut Vec<Finding>, other: &Epoch, kind: &'static str, idx: usize| {
                         let first = site_of(other);
                         if reported.insert((first, *site)) {
@@ -473,12 +500,9 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyEr
                             });
                         }
                     };
-                    for r in 0..acc.region.rows {
-                        // Elements past the buffer are the plan validator's to report.
-                        let row0 = acc.region.offset.saturating_add(r.saturating_mul(acc.region.stride));
-                        let to = row0.saturating_add(acc.region.cols).min(cells.len());
-                        let from = row0.min(to);
-                        for (idx, cell) in (from..to).zip(&mut cells[from..to]) {
+                    // Elements past the buffer are the plan validator's to report.
+                    for run in grid.runs(&acc.region, b) {
+                        for (idx, cell) in run.clone().zip(&mut shadow[run]) {
                             if cell.write == Written::NEVER && !acc.write {
                                 if unwritten_reported.insert(*site) {
                                     findings.push(Finding::UnwrittenRead {
@@ -526,6 +550,7 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyEr
             if !b.role.is_result() {
                 continue;
             }
+            let grid = &cells.grids[i];
             let late = bufs[i]
                 .iter()
                 .enumerate()
@@ -539,16 +564,16 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyEr
                     },
                     device,
                     buffer: b.name.clone(),
-                    element: (e / b.cols.max(1), e % b.cols.max(1)),
+                    element: grid.element(e),
                 });
             }
-            let missing: Vec<usize> = (0..b.len()).filter(|&e| bufs[i][e].write == Written::NEVER).collect();
-            if let Some(&first) = missing.first() {
+            let mut missing = (0..grid.len()).filter(|&e| bufs[i][e].write == Written::NEVER);
+            if let Some(first) = missing.next() {
                 findings.push(Finding::UnwrittenOutput {
                     device,
                     buffer: b.name.clone(),
-                    element: (first / b.cols.max(1), first % b.cols.max(1)),
-                    count: missing.len(),
+                    element: grid.element(first),
+                    count: grid.weight(first) + missing.map(|e| grid.weight(e)).sum::<usize>(),
                 });
             }
         }
@@ -562,29 +587,32 @@ pub fn verify(plan: &Plan, schedule: &Schedule) -> Result<Vec<Finding>, VerifyEr
 /// the last writer of each element, in the replayed schedule. In a race-free plan every
 /// read observes the write that happens before it, whatever the interleaving, so two
 /// race-free plans with equal dataflows (sites mapped by `rename`) compute the same
-/// function of their inputs.
+/// function of their inputs. Digests are taken cell by cell of `cells`, which must cut
+/// both plans' accesses whole ([`Cells::common`]), so that equal digests mean equal
+/// writers element by element.
 pub fn dataflow(
     plan: &Plan,
     schedule: &Schedule,
     rename: &dyn Fn(OpSite) -> OpSite,
+    cells: &Cells,
 ) -> Result<std::collections::BTreeMap<(OpSite, usize), u64>, VerifyError> {
-    check_size(plan)?;
+    check_cells(plan, cells)?;
     let fold = |h: u64, x: u64| (h ^ x).wrapping_mul(0x0100_0000_01b3);
     let code = |w: Option<OpSite>| match w.map(rename) {
         None => u64::MAX,
         Some(s) => ((s.device as u64) << 48) ^ ((s.lane as u64) << 32) ^ s.index as u64,
     };
     let mut writer: Vec<Vec<Vec<Option<OpSite>>>> =
-        (0..plan.devices).map(|_| plan.buffers.iter().map(|b| vec![None; b.len()]).collect()).collect();
+        (0..plan.devices).map(|_| cells.grids.iter().map(|g| vec![None; g.len()]).collect()).collect();
     let mut out = std::collections::BTreeMap::new();
     for site in &schedule.order {
         let op = &plan.programs[site.device].lanes[site.lane][site.index];
         for (i, acc) in accesses(site.device, op).into_iter().enumerate() {
-            let cells = &mut writer[acc.device][acc.region.buf.0];
+            let buf = acc.region.buf.0;
+            let shadow = &mut writer[acc.device][buf];
             let mut h = 0xcbf2_9ce4_8422_2325u64;
-            for r in 0..acc.region.rows {
-                for c in 0..acc.region.cols {
-                    let Some(cell) = cells.get_mut(acc.region.offset + r * acc.region.stride + c) else { continue };
+            for run in cells.grids[buf].runs(&acc.region, &plan.buffers[buf]) {
+                for cell in &mut shadow[run] {
                     if acc.write {
                         *cell = Some(*site);
                     } else {
@@ -598,9 +626,9 @@ pub fn dataflow(
         }
     }
     for (device, bufs) in writer.iter().enumerate() {
-        for (b, cells) in bufs.iter().enumerate() {
+        for (b, shadow) in bufs.iter().enumerate() {
             if plan.buffers[b].role.is_result() {
-                let h = cells.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, w| fold(h, code(*w)));
+                let h = shadow.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, w| fold(h, code(*w)));
                 out.insert((OpSite { device, lane: usize::MAX, index: b }, 0), h);
             }
         }
@@ -671,35 +699,63 @@ mod tests {
 
     #[test]
     fn a_plan_too_large_to_shadow_is_a_typed_error_not_an_allocation() {
-        let plan_of = |rows| {
-            let mut b = crate::plan::PlanBuilder::new("huge", 2);
-            b.buffer("X", DType::F32, rows, 1 << 10, crate::plan::BufferRole::Scratch);
+        use crate::plan::{BufferRole, Engine, PlanBuilder};
+        // X is `rows` × 2^10 on each of 2 devices. A copy out of it with a row stride of
+        // 3 elements, not a multiple of X's columns, makes X one cell per element.
+        let plan_of = |rows, stride| {
+            let mut b = PlanBuilder::new("huge", 2);
+            let x = b.buffer("X", DType::F32, rows, 1 << 10, BufferRole::Scratch);
+            let y = b.buffer("Y", DType::F32, 2, 1, BufferRole::Scratch);
+            let lane = b.lane("l");
+            let src = Region { buf: x, offset: 0, rows: 2, cols: 1, stride };
+            b.push(0, lane, Op::Copy { src, dst_device: 0, dst: b.whole(y), engine: Engine::CopyEngine });
             b.finish().unwrap()
         };
-        // 2 devices × `rows` rows × 2^10 columns, no lanes: exactly the limit.
-        let rows = (MAX_VERIFIER_BYTES / (2 * (1 << 10) * SHADOW_CELL_BYTES)) as usize;
-        assert_eq!(rows as u64 * 2 * (1 << 10) * SHADOW_CELL_BYTES, MAX_VERIFIER_BYTES);
-        assert_eq!(check_size(&plan_of(rows)), Ok(()));
-        let plan = plan_of(rows + 1);
+        // Per device X's cells and Y's one (it is only accessed whole); clocks of 2 lanes
+        // (16 bytes).
+        let bytes_of = |rows: u64| 2 * (rows * (1 << 10) + 1) * SHADOW_CELL_BYTES + 16;
+        let rows = ((MAX_VERIFIER_BYTES - bytes_of(0)) / (2 * (1 << 10) * SHADOW_CELL_BYTES)) as usize;
+        assert!(bytes_of(rows as u64) <= MAX_VERIFIER_BYTES && bytes_of(rows as u64 + 1) > MAX_VERIFIER_BYTES);
+        assert_eq!(check_size(&plan_of(rows, 3)), Ok(()));
+        let plan = plan_of(rows + 1, 3);
         let s = schedule_with(&plan, crate::schedule::Order::Default).unwrap();
         let e = verify(&plan, &s).unwrap_err();
-        let elements = 2 * (rows as u64 + 1) * (1 << 10);
-        let bytes = elements * SHADOW_CELL_BYTES;
+        let cells = 2 * ((rows as u64 + 1) * (1 << 10) + 1);
         assert_eq!(
             e,
             VerifyError::TooLarge {
                 plan: "huge".into(),
                 devices: 2,
-                elements,
-                lanes: 0,
+                elements: cells + 2,
+                cells,
+                lanes: 2,
                 signals: 0,
-                clock_entries: 0,
-                bytes,
+                clock_entries: 4,
+                bytes: bytes_of(rows as u64 + 1),
                 limit: MAX_VERIFIER_BYTES
             }
         );
-        assert!(e.to_string().contains("verify the same algorithm at smaller sizes"), "{e}");
-        assert!(dataflow(&plan, &s, &|s| s).is_err());
+        assert!(e.to_string().contains("verify the same algorithm on fewer devices or with coarser regions"), "{e}");
+        assert!(dataflow(&plan, &s, &|s| s, &Cells::of(&plan)).is_err());
+        // The same buffer read as whole rows is a few cells: it verifies, and reports
+        // the read of unwritten memory at its first element.
+        let plan = plan_of(rows + 1, 1 << 10);
+        assert_eq!(check_size(&plan), Ok(()));
+        let s = schedule_with(&plan, crate::schedule::Order::Default).unwrap();
+        let found = verify(&plan, &s).unwrap();
+        assert!(matches!(&found[..], [Finding::UnwrittenRead { element: (0, 0), .. }]), "{found:?}");
+    }
+
+    #[test]
+    fn a_plan_at_production_sizes_verifies_in_a_few_cells() {
+        // Seed 000's shape: 671 million elements over 8 devices, 21 GB of per-element shadow.
+        let p = Problem::new(OpKind::AgGemm, 8, 8192, 32768, 4096, DType::F16, DType::F16).unwrap();
+        for alg in algorithms_for(OpKind::AgGemm) {
+            let plan = build_plan(&p, alg).unwrap();
+            let cells = Cells::of(&plan).per_device();
+            assert!(cells < 1000, "{}: {cells} cells per device", plan.name);
+            assert_clean_under(&plan, 4);
+        }
     }
 
     #[test]
