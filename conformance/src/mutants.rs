@@ -140,6 +140,26 @@ pub fn catch_dynamic(
     None
 }
 
+/// Which devices' ops a run mutates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sites {
+    /// The first and the last device: a ring is symmetric, and the last device covers
+    /// its wrap-around.
+    #[default]
+    FirstAndLast,
+    /// Every device (a mesh's interior chips, every ring position): D/2 times the mutants.
+    Every,
+}
+
+/// How a mutant run goes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MutantOptions {
+    /// Report every caught mutant and the check that caught it, not only survivors.
+    pub verbose: bool,
+    /// The devices whose ops are mutated.
+    pub sites: Sites,
+}
+
 /// What the mutants of one case came to; merged into the report in case order.
 #[derive(Default)]
 struct CaseMutants {
@@ -151,12 +171,16 @@ struct CaseMutants {
 }
 
 /// Mutates the plan of `case` and puts every mutant through the checks.
-fn mutate_case(case: &Case, backend: &dyn Backend, verbose: bool) -> CaseMutants {
+fn mutate_case(case: &Case, backend: &dyn Backend, options: MutantOptions) -> CaseMutants {
     let mut outcome = CaseMutants::default();
     let (Ok(plan), Ok(problem)) = (case.plan(), case.problem()) else {
         return outcome;
     };
-    let sites = [0, plan.devices - 1];
+    let verbose = options.verbose;
+    let sites: Vec<usize> = match options.sites {
+        Sites::FirstAndLast => vec![0, plan.devices - 1],
+        Sites::Every => (0..plan.devices).collect(),
+    };
     // The oracle once per case, for every mutant's run.
     let expected = problem.workload().expected(case.seed, case.family);
     let original = backend
@@ -211,7 +235,7 @@ fn mutate_case(case: &Case, backend: &dyn Backend, verbose: bool) -> CaseMutants
 fn mutate_on_threads(
     cases: &[Case],
     backend: &(dyn Backend + Sync),
-    verbose: bool,
+    options: MutantOptions,
     progress: &mut dyn FnMut(usize, usize, &str),
 ) -> Vec<CaseMutants> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(cases.len());
@@ -224,7 +248,7 @@ fn mutate_on_threads(
             scope.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(case) = cases.get(i) else { break };
-                if sender.send((i, mutate_case(case, backend, verbose))).is_err() {
+                if sender.send((i, mutate_case(case, backend, options))).is_err() {
                     break;
                 }
             });
@@ -246,18 +270,18 @@ pub fn run_mutants(
     cases: &[Case],
     backend: &dyn Backend,
     out: &mut dyn Write,
-    verbose: bool,
+    options: MutantOptions,
     progress: &mut dyn FnMut(usize, usize, &str),
 ) -> Result<MutantReport, ConformanceError> {
     let io = |source| ConformanceError::Io { what: "the mutant report".into(), source };
     let outcomes = match backend.concurrent() {
-        Some(shared) => mutate_on_threads(cases, shared, verbose, progress),
+        Some(shared) => mutate_on_threads(cases, shared, options, progress),
         None => cases
             .iter()
             .enumerate()
             .map(|(i, case)| {
                 progress(i, cases.len(), &case.name);
-                mutate_case(case, backend, verbose)
+                mutate_case(case, backend, options)
             })
             .collect(),
     };

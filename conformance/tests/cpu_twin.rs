@@ -2,7 +2,7 @@
 
 mod common;
 
-use cmm_conformance::mutants::run_mutants;
+use cmm_conformance::mutants::{run_mutants, MutantOptions, Sites};
 use cmm_conformance::{Backend, BackendError, CpuTwin};
 use cmm_core::cpu::Memory;
 use cmm_core::schedule::Order;
@@ -72,8 +72,10 @@ fn mutants_report_the_same_on_threads_as_one_at_a_time() {
         .collect();
     let report = |backend: &dyn Backend| {
         let (mut out, mut heard) = (Vec::new(), Vec::new());
-        let report = run_mutants(&cases, backend, &mut out, true, &mut |i, _, name| heard.push((i, name.to_string())))
-            .expect("the report is written");
+        let options = MutantOptions { verbose: true, ..MutantOptions::default() };
+        let report =
+            run_mutants(&cases, backend, &mut out, options, &mut |i, _, name| heard.push((i, name.to_string())))
+                .expect("the report is written");
         heard.sort();
         (report.kinds, report.excluded, String::from_utf8(out).expect("UTF-8"), heard)
     };
@@ -91,4 +93,29 @@ fn mutants_report_the_same_on_threads_as_one_at_a_time() {
     let mut want: Vec<_> = cases.iter().map(|c| c.name.clone()).collect();
     want.sort();
     assert_eq!(names, want);
+}
+
+/// `--every-device` mutates the ops of every device: on a 2×2 mesh the interior chips'
+/// mutants come on top of the first and last chips', every one caught or excluded with its
+/// proof.
+#[test]
+fn every_device_mutates_every_device() {
+    let case = common::corpus()
+        .into_iter()
+        .find(|c| c.name.starts_with("mesh_os_cannon_2x2_"))
+        .expect("the corpus has a 2x2 Cannon case");
+    let run = |sites| {
+        let mut out = Vec::new();
+        let options = MutantOptions { sites, ..MutantOptions::default() };
+        run_mutants(std::slice::from_ref(&case), &CpuTwin, &mut out, options, &mut |_, _, _| {})
+            .expect("the report is written")
+    };
+    let (sampled, every) = (run(Sites::FirstAndLast), run(Sites::Every));
+    let total = |r: &cmm_conformance::mutants::MutantReport| r.kinds.values().map(|k| k.total).sum::<usize>();
+    assert!(total(&sampled) > 40, "{}", total(&sampled));
+    // Less than twice: a scratch buffer is shrunk once whichever chips are mutated.
+    assert_eq!(total(&every), cmm_core::mutants::mutants(&case.plan().unwrap(), &[0, 1, 2, 3]).len());
+    assert!(total(&every) > total(&sampled) * 3 / 2, "{} vs {}", total(&every), total(&sampled));
+    assert!(every.survivors.is_empty(), "{:?}", every.survivors);
+    assert_eq!(every.caught(), every.counted());
 }

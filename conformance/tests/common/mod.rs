@@ -141,7 +141,9 @@ pub fn schedule_dependent_output_is_found(backend: &dyn Backend) {
 pub fn mutants_of_a_ring_plan_are_caught(backend: &dyn Backend) {
     let (case, _) = ring_case();
     let mut out = Vec::new();
-    let report = cmm_conformance::mutants::run_mutants(&[case], backend, &mut out, false, &mut |_, _, _| {}).unwrap();
+    let report =
+        cmm_conformance::mutants::run_mutants(&[case], backend, &mut out, Default::default(), &mut |_, _, _| {})
+            .unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(report.survivors.is_empty(), "{text}");
     assert!(report.counted() > 20, "{text}");
@@ -156,7 +158,9 @@ pub fn mutants_of_a_mesh_plan_are_caught(backend: &dyn Backend) {
         .find(|c| c.name.starts_with("mesh_ls_meshslice_s4b1_2x2_") && c.family == Family::Exact)
         .expect("the corpus has an exact LS MeshSlice case on 2x2");
     let mut out = Vec::new();
-    let report = cmm_conformance::mutants::run_mutants(&[case], backend, &mut out, false, &mut |_, _, _| {}).unwrap();
+    let report =
+        cmm_conformance::mutants::run_mutants(&[case], backend, &mut out, Default::default(), &mut |_, _, _| {})
+            .unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(report.survivors.is_empty(), "{text}");
     assert!(report.counted() > 50, "{text}");
