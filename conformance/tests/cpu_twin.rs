@@ -100,10 +100,7 @@ fn mutants_report_the_same_on_threads_as_one_at_a_time() {
 /// proof.
 #[test]
 fn every_device_mutates_every_device() {
-    let case = common::corpus()
-        .into_iter()
-        .find(|c| c.name.starts_with("mesh_os_cannon_2x2_"))
-        .expect("the corpus has a 2x2 Cannon case");
+    let case = common::case_named("mesh_os_cannon_2x2_");
     let run = |sites| {
         let mut out = Vec::new();
         let options = MutantOptions { sites, ..MutantOptions::default() };

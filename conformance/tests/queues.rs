@@ -56,10 +56,7 @@ fn the_whole_lane_order_hangs_on_the_corpus() {
 
 #[test]
 fn a_ring_case_under_the_whole_lane_order_is_reported_in_one_sentence() {
-    let case = common::corpus()
-        .into_iter()
-        .find(|c| c.name.starts_with("ag_gemm_ring_d8_"))
-        .expect("the corpus has an ag_gemm ring case on 8 devices");
+    let case = common::case_named("ag_gemm_ring_d8_");
     let plan = case.plan().unwrap();
     let err = check_enqueue_order(&plan, &whole_lane_order(&plan), DEFAULT_QUEUES).unwrap_err();
     let EnqueueError::Hang(hang) = &err else { panic!("{}: {err}", case.name) };

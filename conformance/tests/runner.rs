@@ -111,7 +111,7 @@ fn an_invalid_case_is_a_failed_row_not_a_panic() {
 fn a_case_too_large_for_the_host_fails_before_the_oracle_runs() {
     // 2 × (A 32768×64 + B 64×16384 + C 65536×16384) ≈ 2^31 elements: within the generator's
     // range, past what a check holds. The oracle alone would need 16 GiB.
-    let mut case = common::corpus().into_iter().find(|c| c.name.starts_with("ag_gemm_ring_d2_")).unwrap();
+    let mut case = common::case_named("ag_gemm_ring_d2_");
     (case.m, case.n, case.k) = (65536, 32768, 64);
     let r = run_case(&case, &CpuTwin, &common::goldens());
     let plan = case.plan().unwrap();
@@ -131,7 +131,7 @@ fn export_writes_npy_files_and_an_index() {
     let (summary, text) =
         run(&Options { filter: Some("gemm_ar_ring_d2_".into()), export: Some(dir.clone()), ..Options::default() });
     assert_eq!(summary.passed, 1, "{text}");
-    let case = common::corpus().into_iter().find(|c| c.name.starts_with("gemm_ar_ring_d2_")).unwrap();
+    let case = common::case_named("gemm_ar_ring_d2_");
     let index: serde_json::Value = serde_json::from_str(&fs::read_to_string(dir.join("index.json")).unwrap()).unwrap();
     let entry = &index["cases"][0];
     assert_eq!((entry["case"].as_str(), entry["passed"].as_bool()), (Some(case.name.as_str()), Some(true)), "{index}");
@@ -159,7 +159,7 @@ fn export_writes_npy_files_and_an_index() {
 
 #[test]
 fn stats_print_each_devices_traffic_beside_the_seed_formula() {
-    let case = common::corpus().into_iter().find(|c| c.name.starts_with("mesh_ls_collective_2x4_")).unwrap();
+    let case = common::case_named("mesh_ls_collective_2x4_");
     let Ok(cmm_conformance::CaseProblem::Mesh(p)) = case.problem() else { panic!("{} is not a mesh case", case.name) };
     let (row, col) = p.analytic_traffic();
     let (summary, text) = run(&Options { filter: Some(case.name.clone()), stats: true, ..Options::default() });
@@ -183,7 +183,7 @@ fn stats_print_each_devices_traffic_beside_the_seed_formula() {
 #[test]
 fn invalid_mesh_cases_are_failed_rows_with_typed_reasons() {
     use cmm_core::MeshError;
-    let mut case = common::corpus().into_iter().find(|c| c.name.starts_with("mesh_os_collective_2x4_")).unwrap();
+    let mut case = common::case_named("mesh_os_collective_2x4_");
     case.algorithm = "cannon".into();
     let r = run_case(&case, &CpuTwin, &common::goldens());
     assert!(matches!(r.failures[..], [Failure::Mesh(MeshError::NotSquare { nr: 2, nc: 4 })]), "{}", r.reason());
@@ -218,7 +218,7 @@ fn export_names_the_mesh_of_a_mesh_case() {
     ] {
         assert_eq!(entry[key], want, "{key} in {index}");
     }
-    let case = common::corpus().into_iter().find(|c| c.name.starts_with(filter)).unwrap();
+    let case = common::case_named(filter);
     // RS: A is K×M, chip (i, j) holds (K/Nr)×(M/Nc) of it.
     let rel = format!("{}/d7_A.npy", case.name);
     let file = entry["devices"][7]["files"].as_array().unwrap().iter().find(|f| f["path"] == rel.as_str()).unwrap();

@@ -13,6 +13,14 @@ pub fn corpus() -> Vec<Case> {
     load_corpus(&cases_dir()).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The first corpus case whose name starts with `prefix`.
+pub fn case_named(prefix: &str) -> Case {
+    corpus()
+        .into_iter()
+        .find(|c| c.name.starts_with(prefix))
+        .unwrap_or_else(|| panic!("the corpus has no case named {prefix}…"))
+}
+
 pub fn goldens() -> Goldens {
     Goldens { dir: Goldens::default_dir(), bless: false }
 }
