@@ -60,11 +60,57 @@ inline void cmm_mma16816(float* d, const u32* a, const u32* b) {
 // gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); register i
 // of lane l receives from matrix i the elements (row l / 4, cols 2·(l % 4) + {0, 1}), or
 // with .trans (rows 2·(l % 4) + {0, 1}, col l / 4); the first element in the low half.
+// The hazard checks of shared memory (runtime.h, SharedChunk). A read by warp `warp` of
+// the 16 bytes at `at`: they must have been written by a copy of this block whose wait
+// came before the last __syncthreads.
+inline void cmm_host_shared_read(const void* at, u32 warp) {
+    cmm_host::Block* block = cmm_host::running_block;
+    if (block == nullptr) return;
+    auto found = block->shared_chunks.find((uintptr_t)at);
+    if (found == block->shared_chunks.end()) {
+        cmm_host::fail("shared-memory hazard: ldmatrix reads 16 bytes that no cp.async of the block wrote");
+        return;
+    }
+    cmm_host::SharedChunk& c = found->second;
+    if (c.landed == cmm_host::SharedChunk::PENDING) {
+        cmm_host::fail("shared-memory hazard: ldmatrix reads 16 bytes whose cp.async its thread has not waited for");
+    } else if (c.landed >= block->epoch) {
+        cmm_host::fail(
+            "shared-memory hazard: ldmatrix reads 16 bytes that a cp.async landed in with no __syncthreads between "
+            "the copy's wait and the read");
+    }
+    if (c.read_epoch != block->epoch) {
+        c.read_epoch = block->epoch;
+        c.readers = 0;
+    }
+    c.readers |= 1u << warp;
+}
+
+// A cp.async by thread `thread` to the 16 bytes at `at`.
+inline void cmm_host_shared_write(void* at, u32 thread) {
+    cmm_host::Block* block = cmm_host::running_block;
+    cmm_host::SharedChunk& c = block->shared_chunks
+                                   .try_emplace((uintptr_t)at, cmm_host::SharedChunk{thread, 0, 0, 0})
+                                   .first->second;
+    if (c.read_epoch == block->epoch && (c.readers & ~(1u << (thread / 32u))) != 0u) {
+        cmm_host::fail(
+            "shared-memory hazard: a cp.async overwrites 16 bytes that another warp read with no __syncthreads "
+            "between the read and the copy");
+    } else if (c.writer != thread && (c.landed == cmm_host::SharedChunk::PENDING || c.landed >= block->epoch)) {
+        cmm_host::fail(
+            "shared-memory hazard: two threads' cp.async copies to the same 16 bytes with no __syncthreads between "
+            "the first one's wait and the second");
+    }
+    c.writer = thread;
+    c.landed = cmm_host::SharedChunk::PENDING;
+}
+
 inline void cmm_host_ldmatrix_x4(u32* r, const void* row, bool trans) {
     static thread_local const u16* staged[32][32];  // [warp][lane]
     u32 warp, lane;
     if (!cmm_host_warp_lane(warp, lane)) return;
     if ((uintptr_t)row % 16u != 0u) cmm_host::fail("ldmatrix: a row address that is not 16-byte aligned");
+    cmm_host_shared_read(row, warp);
     staged[warp][lane] = static_cast<const u16*>(row);
     cmm_host::barrier(cmm_host::WARP_COLLECTIVE);
     const u32 g = lane / 4u, t = lane % 4u;
@@ -104,6 +150,7 @@ inline void cmm_cp_async16(void* dst, u64 src, u32 src_bytes) {
         cmm_host::fail("cp.async: a partial copy (cmm copies 16 bytes or zero-fills)");
         return;
     }
+    cmm_host_shared_write(dst, threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
     me->in_flight.push_back({dst, src_bytes == 0u ? nullptr : (const void*)src, me->committed});
 }
 
@@ -126,6 +173,8 @@ inline void cmm_cp_async_wait() {
             } else {
                 std::memcpy(c.dst, c.src, 16);
             }
+            auto chunk = cmm_host::running_block->shared_chunks.find((uintptr_t)c.dst);
+            if (chunk != cmm_host::running_block->shared_chunks.end()) chunk->second.landed = cmm_host::running_block->epoch;
         } else {
             me->in_flight[kept++] = c;
         }

@@ -14,6 +14,10 @@
 // - The warp-collective mma and ldmatrix (gemm.cu) are rendezvous of the warp's 32
 //   lanes through shared staging, with PTX's fragment layouts; cp.async copies land only
 //   when their thread waits for their group (host/mma.h).
+// - The shared memory that cp.async writes and ldmatrix reads is checked for hazards
+//   between threads, as racecheck does on a GPU: a read of 16 bytes that another thread's
+//   copy landed in needs a __syncthreads after the copy's wait, and a copy over 16 bytes
+//   another warp read needs one after the read (SharedChunk).
 // - Atomics, acquire loads and release adds are the compiler's __atomic builtins;
 //   %globaltimer is CLOCK_MONOTONIC.
 // Prepended to common.cuh; defines CMM_HOST, which swaps out the inline PTX.
@@ -31,6 +35,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -162,9 +167,21 @@ struct Fiber {
     u32 committed;                     // groups committed so far
 };
 
+// What the block did to one 16-byte chunk of shared memory through cp.async (writes) and
+// ldmatrix (reads), in epochs: an epoch ends at every __syncthreads of the block.
+struct SharedChunk {
+    static constexpr u32 PENDING = 0xffffffffu;
+    u32 writer;      // the thread whose cp.async wrote it last
+    u32 landed;      // the epoch of its thread's wait that landed it, or PENDING
+    u32 read_epoch;  // the epoch of the reads in `readers`
+    u32 readers;     // the warps that read it in `read_epoch` (bit w)
+};
+
 struct Block {
     FiberContext scheduler;
     std::vector<Fiber> fibers;
+    u32 epoch = 0;
+    std::unordered_map<uintptr_t, SharedChunk> shared_chunks;
     std::unique_ptr<char[]> stacks;  // untouched until used: not value-initialised
     size_t stack_threads = 0;
     Fiber* current = nullptr;
@@ -243,6 +260,9 @@ inline void run_block_fibers(u32 threads, void (*body)(void*), void* closure) {
     }
     block.body = body;
     block.closure = closure;
+    // A block starts with shared memory no copy of it wrote.
+    block.epoch = 0;
+    block.shared_chunks.clear();
     for (u32 t = 0; t < threads; ++t) {
         Fiber& f = block.fibers[t];
         f.thread = dim3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
@@ -277,6 +297,7 @@ inline void run_block_fibers(u32 threads, void (*body)(void*), void* closure) {
             fail("barrier divergence: threads of a block wait at different barriers");
             break;
         }
+        if (kind == SYNCTHREADS) block.epoch += 1;
     }
     running_block = nullptr;
 }

@@ -145,7 +145,13 @@ pub(crate) fn build(cxx: &str, src: &str, dir: &Path, stem: &str, extra: &[&str]
 }
 
 fn load() -> Result<HostKernels, CudaError> {
-    let path = build(&compiler(), &host_source(), &cache_dir(), "cmm-host", &[])?;
+    load_from(&host_source(), "cmm-host")
+}
+
+/// Builds `source` (a [`host_source`], or a variant of it in tests) as `<stem>-<key>.so`
+/// in the cache and loads its launchers.
+fn load_from(source: &str, stem: &str) -> Result<HostKernels, CudaError> {
+    let path = build(&compiler(), source, &cache_dir(), stem, &[])?;
     let fail = |message: String| CudaError::HostBuild { compiler: compiler(), message, log: String::new() };
     // SAFETY: the library is the one just built from the project's own sources; loading
     // it runs only the C++ runtime's static initialisers.
@@ -794,6 +800,56 @@ mod tests {
         child.stdin.take().expect("piped").write_all(host_source().as_bytes()).expect("the source is written");
         let output = child.wait_with_output().expect("the compiler finishes");
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    }
+
+    /// The pipelined tile's shared memory is checked as racecheck would: with its one
+    /// barrier per K step removed, or with the next step's copies issued before it, the
+    /// tile computes the right numbers here (each warp's collectives keep the warps in
+    /// step) but is an error.
+    #[test]
+    fn shared_memory_hazards_of_the_pipelined_tile_are_errors() {
+        const BARRIER: &str = "        __syncthreads();\n        const u32 next = step + CMM_ASYNC_STAGES - 1;\n";
+        const COMMIT: &str = "        cmm_cp_async_commit();\n        const u32 st = step % CMM_ASYNC_STAGES;\n";
+        let source = host_source();
+        assert!(source.contains(BARRIER) && source.contains(COMMIT), "the pipelined tile's loop has changed");
+        let no_barrier = source.replacen(BARRIER, "        const u32 next = step + CMM_ASYNC_STAGES - 1;\n", 1);
+        let copies_first = no_barrier.replacen(COMMIT, &format!("{COMMIT}        __syncthreads();\n"), 1);
+        // A pipelined 64×64 tile over K = 128 (four steps, so every stage is refilled).
+        let (m, n, k) = (64usize, 64usize, 128usize);
+        let halves = |len: usize, seed: usize| -> Vec<u16> {
+            (0..len).map(|i| cmm_core::DType::F16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
+        };
+        let (a, b) = (halves(m * k, 1), halves(k * n, 3));
+        let mut c = vec![0f32; m * n];
+        let args = crate::launch::GemmArgs {
+            a: a.as_ptr() as u64,
+            b: b.as_ptr() as u64,
+            c: c.as_mut_ptr() as u64,
+            a_stride: k as u64,
+            b_stride: n as u64,
+            c_stride: n as u64,
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            a_dtype: crate::launch::dtype_code(cmm_core::DType::F16),
+            b_dtype: crate::launch::dtype_code(cmm_core::DType::F16),
+            c_dtype: crate::launch::dtype_code(cmm_core::DType::F32),
+            ..Default::default()
+        };
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let l = Launch { kernel: Kernel::GemmMmaF16, cfg, params: vec![Param::Gemm(args)], what: "a test gemm" };
+        kernels().launch(&l).unwrap();
+        let decode = |h: u16| cmm_core::DType::F16.decode(h as u32);
+        let want: f32 = (0..k).map(|i| decode(a[i]) * decode(b[i * n])).sum();
+        assert_eq!(c[0], want);
+        for (variant, hazard) in [
+            (&no_barrier, "a cp.async landed in with no __syncthreads between the copy's wait and the read"),
+            (&copies_first, "a cp.async overwrites 16 bytes that another warp read"),
+        ] {
+            let broken = load_from(variant, "cmm-host-hazard").unwrap_or_else(|e| panic!("{e}"));
+            let e = broken.launch(&l).unwrap_err();
+            assert!(e.to_string().contains(hazard), "{e}");
+        }
     }
 
     #[test]
