@@ -56,3 +56,63 @@ fn cells_find_what_elements_find_on_the_corpus_and_on_mutants() {
     }
     assert!(cells * 20 < elements, "{cells} cells for {elements} elements");
 }
+
+/// Counts the regions of a plan file (objects with a `stride`) in document order, and
+/// applies `bend` to the one numbered `target` (counting from 0).
+fn visit_regions(
+    value: &mut serde_json::Value,
+    seen: &mut usize,
+    target: usize,
+    bend: &mut dyn FnMut(&mut serde_json::Value),
+) {
+    match value {
+        serde_json::Value::Object(map) if map.contains_key("stride") => {
+            if *seen == target {
+                bend(value);
+            }
+            *seen += 1;
+        }
+        serde_json::Value::Object(map) => map.values_mut().for_each(|v| visit_regions(v, seen, target, bend)),
+        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| visit_regions(v, seen, target, bend)),
+        _ => {}
+    }
+}
+
+/// Plans whose regions a fuzzer bent (offsets, strides, rows and columns nudged, so
+/// that rows wrap, strides skip rows or stop being whole rows, regions overlap): every
+/// one that still validates gives the same findings in cells as per element, including
+/// buffers that fall back to a cell per element.
+#[test]
+fn cells_find_what_elements_find_on_bent_plans() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: usize| {
+        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        ((state >> 33) % n as u64) as usize
+    };
+    let (mut compared, mut findings, mut finer) = (0usize, 0usize, 0usize);
+    for case in common::corpus().iter().step_by(5) {
+        let plan = case.plan().unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let file: serde_json::Value = serde_json::from_str(&plan.to_file_json()).unwrap();
+        for _ in 0..40 {
+            let mut bent = file.clone();
+            let mut count = 0;
+            visit_regions(&mut bent, &mut count, usize::MAX, &mut |_| {});
+            for _ in 0..1 + next(3) {
+                let (target, field, nudge) = (next(count), ["offset", "rows", "cols", "stride"][next(4)], next(7));
+                visit_regions(&mut bent, &mut 0, target, &mut |region| {
+                    let old = region[field].as_u64().unwrap() as i64;
+                    region[field] = (old + [-3, -1, 1, 2, 5, old, -old][nudge]).max(0).into();
+                });
+            }
+            let Ok(p) = cmm_core::Plan::from_file_json(&bent.to_string()) else { continue };
+            let Ok(schedule) = schedule_with(&p, cmm_core::schedule::Order::Default) else { continue };
+            let by_cells = verify(&p, &schedule).unwrap();
+            assert_eq!(by_cells, verify_per_element(&p, &schedule).unwrap(), "{} bent: {bent}", case.name);
+            compared += 1;
+            findings += by_cells.len();
+            finer += usize::from(Cells::of(&p).per_device() > Cells::of(&plan).per_device());
+        }
+    }
+    eprintln!("{compared} bent plans compared, {findings} findings, {finer} cut finer than their originals");
+    assert!(compared > 200 && findings > 150 && finer > 100, "{compared} {findings} {finer}");
+}

@@ -1235,8 +1235,13 @@ impl Plan {
             let (r0, c0) = (r.offset / cols, r.offset % cols);
             // Every `step`-th row of the buffer (MeshSlice's slices), or rows at a
             // stride that is not a whole number of the buffer's rows.
-            let step =
-                if r.rows <= 1 { Some(1) } else { (r.stride > 0 && r.stride % cols == 0).then(|| r.stride / cols) };
+            let step = if c0 + r.cols > cols {
+                None // a row that wraps into the next
+            } else if r.rows <= 1 {
+                Some(1)
+            } else {
+                (r.stride > 0 && r.stride % cols == 0).then(|| r.stride / cols)
+            };
             match step {
                 Some(1) if c0 == 0 && r.cols == cols => format!("{name}[{}..{}]", r0, r0 + r.rows),
                 Some(1) => format!("{name}[{}..{}, {}..{}]", r0, r0 + r.rows, c0, c0 + r.cols),
@@ -1491,6 +1496,8 @@ mod tests {
         // Rows 1, 3 and 5 (every other row), as MeshSlice's slices take them.
         assert_eq!(copy(5, 3, 2, 8), "copy X[1..6 step 2, 1..3] -> dev0:X[1..6 step 2, 1..3] (ce)");
         assert_eq!(copy(5, 2, 2, 6), "copy X[5 + 6·r + 0..2, r < 2] -> dev0:X[5 + 6·r + 0..2, r < 2] (ce)");
+        // Columns 2..6 of a 4-column row wrap into the next.
+        assert_eq!(copy(2, 1, 4, 4), "copy X[2 + 4·r + 0..4, r < 1] -> dev0:X[2 + 4·r + 0..4, r < 1] (ce)");
     }
 
     #[test]
