@@ -5,8 +5,9 @@
 //! It serves every sharded problem ([`ShardedGemm`]): the 1D ring family and the 2D
 //! mesh dataflows, whose global GEMM may use A or B transposed (`C = A·Bᵀ`, `C = Aᵀ·B`).
 
-use crate::generator::{element, Family};
+use crate::generator::{element, mix32, Family};
 use crate::problem::ShardedGemm;
+use crate::tolerance::Tolerance;
 
 /// Expected outputs of one run, per device.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,6 +75,111 @@ pub fn expected_outputs(problem: &dyn ShardedGemm, seed: u32, family: Family) ->
     }
 }
 
+/// The expected value and |A|·|B| of single elements of the devices' outputs, each
+/// (device, row, column of its output window) computed alone in K products: the same
+/// numbers [`expected_outputs`] gives, for shapes whose whole oracle would take minutes.
+pub fn expected_at(
+    problem: &dyn ShardedGemm,
+    seed: u32,
+    family: Family,
+    at: &[(usize, usize, usize)],
+) -> Vec<(f64, f64)> {
+    let g = problem.global();
+    let [a, b] = g.inputs();
+    let (m, n, k) = (g.m, g.n, g.k);
+    at.iter()
+        .map(|&(device, row, col)| {
+            let w = problem.output_window_of(device);
+            let (i, j) = (w.row0 + row, w.col0 + col);
+            (0..k).fold((0.0, 0.0), |(value, magnitude), p| {
+                let ai = if g.trans_a { p * m + i } else { i * k + p };
+                let bi = if g.trans_b { j * k + p } else { p * n + j };
+                let x = element(seed, a.id, ai as u32, family, g.input) as f64
+                    * element(seed, b.id, bi as u32, family, g.input) as f64;
+                (value + x, magnitude + x.abs())
+            })
+        })
+        .collect()
+}
+
+/// An element a spot check found wrong.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpotMiss {
+    /// Device.
+    pub device: usize,
+    /// Row of its output.
+    pub row: usize,
+    /// Column of its output.
+    pub col: usize,
+    /// The value the run gave.
+    pub got: f64,
+    /// The oracle's.
+    pub expected: f64,
+    /// The error the tolerance allows there.
+    pub allowed: f64,
+}
+
+/// What [`spot_check`] found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpotCheck {
+    /// Elements checked over every device.
+    pub checked: usize,
+    /// The largest error as a fraction of what the tolerance allows (≤ 1 passes).
+    pub worst: f64,
+    /// The elements outside the tolerance, in checking order.
+    pub misses: Vec<SpotMiss>,
+}
+
+/// Checks `per_device` elements of every device's output against the oracle, within
+/// `tolerance`: each window's four corners (the last row and column are where an index
+/// overflows first), then positions spread by a hash (each element once).
+/// `got(device, row, col)` reads the run's output. For runs too large for the whole
+/// oracle (the CUDA bench's shapes).
+pub fn spot_check(
+    problem: &dyn ShardedGemm,
+    seed: u32,
+    family: Family,
+    tolerance: &Tolerance,
+    per_device: usize,
+    got: &dyn Fn(usize, usize, usize) -> f64,
+) -> SpotCheck {
+    let mut at = Vec::new();
+    for device in 0..problem.device_count() {
+        let w = problem.output_window_of(device);
+        if w.rows == 0 || w.cols == 0 {
+            continue;
+        }
+        let (last_row, last_col) = (w.rows - 1, w.cols - 1);
+        for i in 0..per_device {
+            at.push(match i {
+                0 => (device, 0, 0),
+                1 => (device, 0, last_col),
+                2 => (device, last_row, 0),
+                3 => (device, last_row, last_col),
+                _ => {
+                    let h = mix32(mix32(device as u32 ^ 0x5bd1_e995).wrapping_add(i as u32));
+                    (device, h as usize % w.rows, mix32(h) as usize % w.cols)
+                }
+            });
+        }
+    }
+    // A small window's hashed positions may repeat a corner or each other.
+    let mut seen = std::collections::HashSet::new();
+    at.retain(|p| seen.insert(*p));
+    let mut check = SpotCheck { checked: at.len(), worst: 0.0, misses: Vec::new() };
+    for (&(device, row, col), (expected, magnitude)) in at.iter().zip(expected_at(problem, seed, family, &at)) {
+        let value = got(device, row, col);
+        let allowed = tolerance.allowed(expected, magnitude);
+        let ratio =
+            if value.is_nan() { f64::INFINITY } else { (value - expected).abs() / allowed.max(f64::MIN_POSITIVE) };
+        check.worst = check.worst.max(ratio);
+        if !tolerance.accepts(value, expected, magnitude) {
+            check.misses.push(SpotMiss { device, row, col, got: value, expected, allowed });
+        }
+    }
+    check
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,6 +196,48 @@ mod tests {
         let want: f64 = (0..3).map(|q| a[2 * 3 + q] * b[q * 4 + 3]).sum();
         assert_eq!((e.rows, e.cols), (4, 2));
         assert_eq!(e.values[1][2 * 2 + 1], want);
+    }
+
+    #[test]
+    fn single_elements_are_the_whole_oracle_s_and_spot_checks_find_a_wrong_one() {
+        use crate::mesh::{Dataflow, MeshProblem};
+        use crate::workload::output_tolerance;
+        let (f16, f32) = (DType::F16, DType::F32);
+        let problems: Vec<Box<dyn ShardedGemm>> = vec![
+            Box::new(Problem::new(OpKind::AgGemm, 3, 9, 6, 5, f16, f16).unwrap()),
+            Box::new(Problem::new(OpKind::GemmRs, 3, 6, 4, 9, f16, f32).unwrap()),
+            Box::new(Problem::new(OpKind::GemmAr, 2, 4, 6, 8, f32, f32).unwrap()),
+            // Transposed A (RS) and B (LS).
+            Box::new(MeshProblem::new(2, 2, Dataflow::Rs, 4, 6, 8, f16, f32).unwrap()),
+            Box::new(MeshProblem::new(2, 2, Dataflow::Ls, 4, 6, 8, f16, f32).unwrap()),
+        ];
+        for problem in &problems {
+            let e = expected_outputs(problem.as_ref(), 5, Family::Realistic);
+            let mut at = Vec::new();
+            for d in 0..problem.device_count() {
+                at.extend((0..e.rows).flat_map(|r| (0..e.cols).map(move |c| (d, r, c))));
+            }
+            let single = expected_at(problem.as_ref(), 5, Family::Realistic, &at);
+            for (&(d, r, c), &(value, magnitude)) in at.iter().zip(&single) {
+                assert_eq!((value, magnitude), (e.values[d][r * e.cols + c], e.magnitudes[d][r * e.cols + c]));
+            }
+            let tolerance = output_tolerance(problem.as_ref());
+            let right = |d: usize, r: usize, c: usize| e.values[d][r * e.cols + c];
+            let check = spot_check(problem.as_ref(), 5, Family::Realistic, &tolerance, 6, &right);
+            let d = problem.device_count();
+            assert!((4 * d..=6 * d).contains(&check.checked), "{check:?}");
+            assert_eq!((check.worst, check.misses.len()), (0.0, 0));
+            // Device 1's last element off by 1 %: its corner is among the checked.
+            let (lr, lc) = (e.rows - 1, e.cols - 1);
+            let wrong =
+                |d: usize, r: usize, c: usize| right(d, r, c) * if (d, r, c) == (1, lr, lc) { 1.01 } else { 1.0 };
+            let check = spot_check(problem.as_ref(), 5, Family::Realistic, &tolerance, 6, &wrong);
+            assert!(check.worst > 1.0, "{check:?}");
+            assert!(
+                matches!(check.misses[..], [SpotMiss { device: 1, row, col, .. }] if (row, col) == (lr, lc)),
+                "{check:?}"
+            );
+        }
     }
 
     #[test]

@@ -84,13 +84,18 @@ impl Tolerance {
             || (got - expected).abs() <= epsilon + self.rounding * expected.abs()
     }
 
+    /// The largest error [`Tolerance::accepts`] allows for an element.
+    pub fn allowed(&self, expected: f64, magnitude: f64) -> f64 {
+        self.accumulation * magnitude * (1.0 + self.rounding) + self.floor + self.rounding * expected.abs()
+    }
+
     /// Compares `got` with `expected`, returning the element with the largest error
     /// relative to its allowance, and whether every element passed.
     pub fn compare(&self, got: &[f64], expected: &[f64], magnitudes: &[f64]) -> (bool, Option<Worst>) {
         let mut ok = got.len() == expected.len();
         let mut worst: Option<(f64, Worst)> = None;
         for (index, ((&g, &e), &m)) in got.iter().zip(expected).zip(magnitudes).enumerate() {
-            let allowed = self.accumulation * m * (1.0 + self.rounding) + self.floor + self.rounding * e.abs();
+            let allowed = self.allowed(e, m);
             let error = if g.is_nan() || e.is_nan() { f64::INFINITY } else { (g - e).abs() };
             let pass = self.accepts(g, e, m);
             ok &= pass;

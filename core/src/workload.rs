@@ -77,6 +77,22 @@ pub trait Workload {
     }
 }
 
+/// The tolerance of a sharded GEMM's output in the realistic family: the GEMM's, widened
+/// by the roundings of partial sums that travel in a narrower dtype.
+pub fn output_tolerance(problem: &(impl ShardedGemm + ?Sized)) -> Tolerance {
+    let global = problem.global();
+    let g = Tolerance::gemm(global.output, global.k);
+    match problem.partial_rounding() {
+        None => g,
+        // Each of the `hops` roundings of a running sum to `wire` adds at most u_wire
+        // times its magnitude, itself at most Σ|a·b| (up to second order).
+        Some((wire, hops)) => {
+            let rounded = hops as f64 * wire.unit_roundoff();
+            Tolerance { accumulation: (g.accumulation + rounded) * (1.0 + rounded), ..g }
+        }
+    }
+}
+
 impl<T: ShardedGemm> Workload for T {
     fn device_count(&self) -> usize {
         ShardedGemm::device_count(self)
@@ -94,16 +110,7 @@ impl<T: ShardedGemm> Workload for T {
             cols: e.cols,
             values: e.values,
             magnitudes: e.magnitudes,
-            tolerance: match self.partial_rounding() {
-                None => Tolerance::gemm(global.output, global.k),
-                // Each of the `hops` roundings of a running sum to `wire` adds at most
-                // u_wire times its magnitude, itself at most Σ|a·b| (up to second order).
-                Some((wire, hops)) => {
-                    let g = Tolerance::gemm(global.output, global.k);
-                    let rounded = hops as f64 * wire.unit_roundoff();
-                    Tolerance { accumulation: (g.accumulation + rounded) * (1.0 + rounded), ..g }
-                }
-            },
+            tolerance: output_tolerance(self),
         }]
     }
 

@@ -10,6 +10,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use cmm_conformance::golden::fnv1a64;
 use cmm_conformance::Summary;
+use cmm_core::oracle::spot_check;
+use cmm_core::workload::output_tolerance;
 use cmm_core::{build_plan, Algorithm, DType, Family, OpKind, Plan, Problem};
 use cmm_cuda::kernels::{compile, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
 use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec};
@@ -182,6 +184,55 @@ struct Row {
     /// The plan again with signals, waits and SM copies at the default priority (null
     /// where the GPU has one priority, and for the baseline, which is timed once).
     time_without_comm_priority_us: Option<f64>,
+    /// The largest error of the spot-checked output elements, as a fraction of what the
+    /// tolerance allows (≤ 1: right at this shape).
+    spot_check_worst: f64,
+}
+
+/// Output elements per device that the bench checks against the f64 oracle, at the
+/// bench's own shape, before it times a plan: the corpus's conformance stamp covers
+/// small shapes only, and an index that overflows shows at large ones.
+const SPOT_CHECKS: usize = 32;
+
+/// One run of `plan` with its output read back and [`SPOT_CHECKS`] elements per device
+/// compared with the oracle: `Ok(worst)` (the largest error over its allowance), or
+/// `Err(why)` when an element is wrong.
+fn spot_checked(
+    backend: &CudaBackend,
+    problem: &Problem,
+    plan: &Plan,
+    options: &CudaRunOptions,
+) -> Result<std::result::Result<f64, String>> {
+    const SEED: u32 = 7;
+    let options = CudaRunOptions { read_back: true, cold_l2: false, ..*options };
+    let out = backend
+        .run(plan, SEED, Family::Realistic, &options)
+        .with_context(|| format!("the spot-checked run of {}", plan.name))?;
+    let c = plan.buffer_id("C").with_context(|| format!("{} has no output buffer C", plan.name))?;
+    let decl = plan.buffer(c);
+    let window = cmm_core::ShardedGemm::output_window_of(problem, 0);
+    if (decl.rows, decl.cols) != (window.rows, window.cols) {
+        bail!("{}: C is {}x{}, the problem's output {}x{}", plan.name, decl.rows, decl.cols, window.rows, window.cols);
+    }
+    let got = |d: usize, r: usize, col: usize| {
+        let word = out.buffers.get(d).and_then(|b| b.get(c.0)).and_then(|w| w.get(r * decl.cols + col));
+        word.map_or(f64::NAN, |&w| decl.dtype.decode(w) as f64)
+    };
+    let check = spot_check(problem, SEED, Family::Realistic, &output_tolerance(problem), SPOT_CHECKS, &got);
+    Ok(match check.misses.first() {
+        None => Ok(check.worst),
+        Some(m) => Err(format!(
+            "{} of {} spot-checked elements wrong; first: device {} C[{}, {}] = {} where the oracle has {} (± {:.2e})",
+            check.misses.len(),
+            check.checked,
+            m.device,
+            m.row,
+            m.col,
+            m.got,
+            m.expected,
+            m.allowed
+        )),
+    })
 }
 
 /// The most a plan may take over the sum of its GEMMs alone (issue 10's target).
@@ -396,7 +447,9 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         peak_n = peak.m,
     );
     println!(
-        "sync: {}; median of {reps} runs each, fresh inputs per run, L2 overwritten before each",
+        "sync: {}; median of {reps} runs each, fresh inputs per run, L2 overwritten before each; every plan's \
+         output first spot-checked against the f64 oracle at this shape ({SPOT_CHECKS} elements per device, \
+         corners first)",
         settings.sync.name()
     );
     // Whether the no-prio column can differ from the plan's own time.
@@ -423,8 +476,10 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
             if !stamp.contains(&baseline_key) {
                 bail!("`{baseline_key}` has not passed conformance on this GPU with this binary; refusing to time it");
             }
-            let (baseline_us, _) =
-                time_plan(&backend, &build_plan(&problem, Algorithm::BaselineDirect)?, &options, reps, false)?;
+            let baseline = build_plan(&problem, Algorithm::BaselineDirect)?;
+            let baseline_check = spot_checked(&backend, &problem, &baseline, &options)?
+                .map_err(|why| anyhow::anyhow!("{}: wrong output at this shape: {why}", baseline.name))?;
+            let (baseline_us, _) = time_plan(&backend, &baseline, &options, reps, false)?;
             for algorithm in [
                 Algorithm::Ring,
                 Algorithm::RingBidir,
@@ -444,10 +499,19 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 let engine = if fused { "persistent tile kernel" } else { "cuBLAS" };
                 let run_options =
                     CudaRunOptions { gemm: if fused { GemmEngine::Auto } else { GemmEngine::Cublas }, ..options };
-                let (us, gated) = if algorithm == Algorithm::BaselineDirect {
-                    (baseline_us, true)
+                let ((us, gated), worst) = if algorithm == Algorithm::BaselineDirect {
+                    ((baseline_us, true), baseline_check)
                 } else {
-                    time_plan(&backend, &plan, &run_options, reps, fused)?
+                    match spot_checked(&backend, &problem, &plan, &run_options)? {
+                        Ok(worst) => (time_plan(&backend, &plan, &run_options, reps, fused)?, worst),
+                        Err(why) => {
+                            println!(
+                                "{op:<8} {d:>2} {:<16} refused: wrong output at this shape: {why}",
+                                algorithm.to_string()
+                            );
+                            continue;
+                        }
+                    }
                 };
                 // Side by side, in the same run: the plan without the priority.
                 let without = if compare_priority && algorithm != Algorithm::BaselineDirect {
@@ -486,6 +550,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     gemm_engine: engine.into(),
                     gated,
                     time_without_comm_priority_us: without,
+                    spot_check_worst: worst,
                 });
             }
         }
@@ -547,6 +612,7 @@ mod tests {
             gemm_engine: "cuBLAS".into(),
             gated: true,
             time_without_comm_priority_us: None,
+            spot_check_worst: 0.0,
         }
     }
 
