@@ -20,7 +20,7 @@ use cmm_conformance::{
     load_corpus, run_corpus, write_report, Backend, CaseRecord, CpuTwin, Options, OutputFiles, Summary,
 };
 use cmm_core::schedule::{orders, schedule_with};
-use cmm_core::verify::{check_size, verify};
+use cmm_core::verify::{check_size, verify, Cells};
 use cmm_core::Plan;
 use cmm_reference::Reference;
 
@@ -115,6 +115,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    cmm_cli::end_quietly_on_a_closed_pipe();
     match run(Cli::parse().command) {
         Ok(code) => code,
         Err(e) => {
@@ -225,7 +226,15 @@ fn verify_file(path: &Path, schedules: usize, report: Option<&Path>) -> Result<E
         cmm_conformance::check_report_path(path)?;
     }
     let plan = read_plan(path)?;
-    println!("plan {}: {} devices, {} lanes, {} ops", plan.name, plan.devices, plan.lanes.len(), plan.op_count());
+    let elements = plan.buffers.iter().map(|b| b.len() as u64).sum::<u64>() * plan.devices as u64;
+    let cells = Cells::of(&plan).per_device() * plan.devices as u64;
+    println!(
+        "plan {}: {} devices, {} lanes, {} ops; its {elements} buffer elements shadowed in {cells} cells",
+        plan.name,
+        plan.devices,
+        plan.lanes.len(),
+        plan.op_count()
+    );
     check_size(&plan).with_context(|| format!("{}", path.display()))?;
     let mut findings = 0;
     let mut records = Vec::new();

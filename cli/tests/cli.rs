@@ -143,6 +143,36 @@ fn plan_files_verify_and_a_missing_wait_is_a_finding_in_words() {
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(report["makespan_us"].as_f64().unwrap() > 0.0);
 
+    // A reader that stops early (`cmm verify ring.json | head -1`) ends cmm quietly, by
+    // SIGPIPE as any Unix filter, not with a panic about a failed print. The read end is
+    // closed before cmm has started up, so its first line meets a closed pipe.
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cmm"))
+            .args(["verify", "ring.json"])
+            .current_dir(&s.0)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.signal(), Some(13), "{:?}: {}", o.status, text(&o));
+        assert!(o.stderr.is_empty(), "{}", text(&o));
+    }
+
+    // A plan file at seed 000's size (671 million elements over 8 devices) verifies in
+    // a few shadow cells.
+    let big =
+        CASES.replace("devices = 4", "devices = 8").replace("m = 64\nn = 32\nk = 48", "m = 8192\nn = 32768\nk = 4096");
+    std::fs::write(s.0.join("big.toml"), big).unwrap();
+    let o = cmm(&s.0, &["plan", "--cases", "big.toml", "--case", "mine_ag_gemm", "--out", "big.json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = cmm(&s.0, &["verify", "big.json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("its 671088640 buffer elements shadowed in 136 cells"), "{}", text(&o));
+
     std::fs::write(s.0.join("junk.json"), "{\"format\": \"cmm-plan\", \"version\": 7, \"plan\": {}}").unwrap();
     let o = cmm(&s.0, &["verify", "junk.json"]);
     assert!(!o.status.success());

@@ -90,6 +90,7 @@ fn with_user_environment(command: &mut std::process::Command) -> &mut std::proce
 }
 
 fn main() -> ExitCode {
+    cmm_cli::end_quietly_on_a_closed_pipe();
     let cli = Cli::parse();
     if matches!(cli.command, Command::Conformance(_) | Command::Mutants(_) | Command::Ci { .. }) {
         lavapipe_on_the_calling_thread();
