@@ -81,9 +81,32 @@ pub struct CudaRunOptions {
     /// start with the inputs that were just generated in the cache (for timing; the
     /// bench sets it).
     pub cold_l2: bool,
-    /// Copy every buffer back to the host after the run ([`CudaRunOutput::buffers`]).
-    /// Off for timing alone: at the seed-000 shape and D = 8 the buffers are 1.3 GB.
-    pub read_back: bool,
+    /// Which buffers come back to the host after the run ([`CudaRunOutput::buffers`]).
+    /// Nothing for timing alone: at the seed-000 shape and D = 8 the buffers are 1.3 GB.
+    pub read_back: ReadBack,
+}
+
+/// Which buffers a run copies back to the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadBack {
+    /// None: [`CudaRunOutput::buffers`] is empty.
+    Nothing,
+    /// Every buffer of every device.
+    Everything,
+    /// The results (outputs and accumulators) of every device; the other buffers come
+    /// back empty.
+    Results,
+}
+
+impl ReadBack {
+    /// Whether buffer `b` comes back.
+    pub(crate) fn wants(self, b: &cmm_core::plan::BufferDecl) -> bool {
+        match self {
+            ReadBack::Nothing => false,
+            ReadBack::Everything => true,
+            ReadBack::Results => b.role.is_result(),
+        }
+    }
 }
 
 impl Default for CudaRunOptions {
@@ -97,7 +120,7 @@ impl Default for CudaRunOptions {
             gate: true,
             comm_priority: true,
             cold_l2: false,
-            read_back: true,
+            read_back: ReadBack::Everything,
         }
     }
 }
@@ -105,8 +128,9 @@ impl Default for CudaRunOptions {
 /// The outcome of a run.
 #[derive(Debug, Clone)]
 pub struct CudaRunOutput {
-    /// `[device][buffer]` words (the layout of `cmm_core::cpu::Memory`); empty without
-    /// [`CudaRunOptions::read_back`].
+    /// `[device][buffer]` words (the layout of `cmm_core::cpu::Memory`), for the buffers
+    /// [`CudaRunOptions::read_back`] asks for (the others empty); empty with
+    /// [`ReadBack::Nothing`].
     pub buffers: Vec<Vec<Vec<u32>>>,
     /// GPU time of the plan's ops, from CUDA events around all streams.
     pub gpu_time: Duration,
@@ -746,10 +770,10 @@ fn execute(
             return Err(e);
         }
     };
-    let buffers = if options.read_back {
-        memory.read_back(&state.gpus, plan, |d| gpu_of(options.placement, d))?
-    } else {
+    let buffers = if options.read_back == ReadBack::Nothing {
         Vec::new()
+    } else {
+        memory.read_back(&state.gpus, plan, |d| gpu_of(options.placement, d), options.read_back)?
     };
     Ok(CudaRunOutput {
         buffers,
@@ -1382,6 +1406,7 @@ impl Memory {
         gpus: &[Gpu],
         plan: &Plan,
         gpu_of: impl Fn(usize) -> usize,
+        which: ReadBack,
     ) -> Result<Vec<Vec<Vec<u32>>>, CudaError> {
         let mut out = Vec::new();
         for (d, heap) in self.heaps.iter().enumerate() {
@@ -1390,6 +1415,10 @@ impl Memory {
             let b0 = self.base[d][0];
             let mut buffers = Vec::new();
             for (i, b) in plan.buffers.iter().enumerate() {
+                if !which.wants(b) {
+                    buffers.push(Vec::new());
+                    continue;
+                }
                 let mut bytes = vec![0u8; b.len() * b.dtype.size_bytes()];
                 if !bytes.is_empty() {
                     // SAFETY: the source lies inside `heap` (offset and length from the

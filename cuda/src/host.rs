@@ -314,13 +314,19 @@ impl HostMemory {
         Ok(())
     }
 
-    fn read_back(&self, plan: &Plan) -> Vec<Vec<Vec<u32>>> {
+    fn read_back(&self, plan: &Plan, which: crate::ReadBack) -> Vec<Vec<Vec<u32>>> {
+        if which == crate::ReadBack::Nothing {
+            return Vec::new();
+        }
         (0..plan.devices)
             .map(|d| {
                 plan.buffers
                     .iter()
                     .enumerate()
                     .map(|(i, b)| {
+                        if !which.wants(b) {
+                            return Vec::new();
+                        }
                         let len = b.len() * b.dtype.size_bytes();
                         // SAFETY: the buffer lies inside device d's heap (the layout that
                         // sized it), and every thread that wrote it has been joined.
@@ -494,7 +500,7 @@ impl HostTwin {
         drop(tables);
         memory.check_guards(plan)?;
         Ok(CudaRunOutput {
-            buffers: if options.read_back { memory.read_back(plan) } else { Vec::new() },
+            buffers: memory.read_back(plan, options.read_back),
             gpu_time: elapsed_run,
             gated: false,
             gemms: lowered.gemms,

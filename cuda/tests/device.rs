@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use cmm_cuda::{
     gpu_or_skip as backend, probe, CudaBackend, CudaError, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec,
-    HostTwin, SyncMode,
+    HostTwin, ReadBack, SyncMode,
 };
 
 fn host() -> HostTwin {
@@ -232,9 +232,16 @@ fn tile_paths_match_the_cpu_twin(b: &impl CudaExecutor) {
             assert_eq!(out.buffers[0][z.0], twin[0][z.0], "{}", plan.name);
             assert_eq!(out.gemms.tile, 1, "{}", plan.name);
             // Timing alone (the bench): nothing comes back.
-            let timing = CudaRunOptions { read_back: false, ..options };
+            let timing = CudaRunOptions { read_back: ReadBack::Nothing, ..options };
             let out = b.run(&plan, 4, Family::Exact, &timing).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
             assert!(out.buffers.is_empty() && out.gemms.tile == 1, "{}", plan.name);
+            // The bench's spot check: the results only, every other buffer empty.
+            let results = CudaRunOptions { read_back: ReadBack::Results, ..options };
+            let out = b.run(&plan, 3, Family::Exact, &results).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+            for (i, decl) in plan.buffers.iter().enumerate() {
+                let want = if decl.role.is_result() { &twin[0][i][..] } else { &[][..] };
+                assert_eq!(out.buffers[0][i], want, "{} {}", plan.name, decl.name);
+            }
         }
     }
 }

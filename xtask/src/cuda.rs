@@ -14,7 +14,7 @@ use cmm_core::oracle::spot_check;
 use cmm_core::workload::output_tolerance;
 use cmm_core::{build_plan, Algorithm, DType, Family, OpKind, Plan, Problem};
 use cmm_cuda::kernels::{compile, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
-use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec};
+use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, ReadBack};
 use serde::Serialize;
 
 use crate::conformance::Sync;
@@ -204,7 +204,7 @@ fn spot_checked(
     options: &CudaRunOptions,
 ) -> Result<std::result::Result<f64, String>> {
     const SEED: u32 = 7;
-    let options = CudaRunOptions { read_back: true, cold_l2: false, ..*options };
+    let options = CudaRunOptions { read_back: ReadBack::Results, cold_l2: false, ..*options };
     let out = backend
         .run(plan, SEED, Family::Realistic, &options)
         .with_context(|| format!("the spot-checked run of {}", plan.name))?;
@@ -413,7 +413,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         sync: settings.sync.mode(),
         wait_timeout: Duration::from_secs(30),
         cold_l2: true,
-        read_back: false,
+        read_back: ReadBack::Nothing,
         ..Default::default()
     };
     let square = |n: usize| GemmSpec {
