@@ -14,10 +14,13 @@
 // - The warp-collective mma and ldmatrix (gemm.cu) are rendezvous of the warp's 32
 //   lanes through shared staging, with PTX's fragment layouts; cp.async copies land only
 //   when their thread waits for their group (host/mma.h).
-// - The shared memory that cp.async writes and ldmatrix reads is checked for hazards
-//   between threads, as racecheck does on a GPU: a read of 16 bytes that another thread's
-//   copy landed in needs a __syncthreads after the copy's wait, and a copy over 16 bytes
-//   another warp read needs one after the read (SharedChunk).
+// - Shared memory is checked for hazards between threads, as racecheck does on a GPU,
+//   in barrier epochs (an epoch ends at each __syncthreads): what cp.async writes and
+//   ldmatrix reads by 16-byte chunk (SharedChunk: a read of a chunk another thread's copy
+//   landed in needs a barrier after the copy's wait, a copy over a chunk another warp
+//   read needs one after the read), and every CMM_SHARED array or variable element by
+//   element (Shared: a read of what another thread wrote, or a write over what another
+//   thread read or wrote, in the same epoch; a read of what no thread wrote).
 // - Atomics, acquire loads and release adds are the compiler's __atomic builtins;
 //   %globaltimer is CLOCK_MONOTONIC.
 // Prepended to common.cuh; defines CMM_HOST, which swaps out the inline PTX.
@@ -49,6 +52,7 @@ typedef unsigned long long u64;
 #define __launch_bounds__(...)
 #define __shared__ static thread_local
 #define __align__(n) __attribute__((aligned(n)))
+#define CMM_SHARED(type, name, dims) static thread_local cmm_host::Shared<type dims> name
 
 struct dim3 {
     u32 x, y, z;
@@ -180,6 +184,7 @@ struct SharedChunk {
 struct Block {
     FiberContext scheduler;
     std::vector<Fiber> fibers;
+    u64 serial = 0;  // which block this is on its OS thread (SharedCell::block)
     u32 epoch = 0;
     std::unordered_map<uintptr_t, SharedChunk> shared_chunks;
     std::unique_ptr<char[]> stacks;  // untouched until used: not value-initialised
@@ -196,6 +201,78 @@ static thread_local const char* thread_error = nullptr;
 inline void fail(const char* why) {
     if (thread_error == nullptr) thread_error = why;
 }
+
+// What the running block did to one element of a CMM_SHARED variable: its last write
+// and its reads, in barrier epochs. Stale (another block's) when `block` is not the
+// running block's serial.
+struct SharedCell {
+    static constexpr u32 MANY = 0xffffffffu;
+    u64 block = 0;
+    u32 write_epoch = 0, writer = 0;
+    u32 read_epoch = MANY, reader = 0;  // reader: a thread, or MANY
+};
+
+inline u32 linear_thread() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+
+inline void shared_write(SharedCell& c) {
+    Block* block = running_block;
+    if (block == nullptr) return;  // a launch without fibers (barrier-free kernels)
+    const u32 me = linear_thread();
+    if (c.block != block->serial) {
+        c = SharedCell{};
+        c.block = block->serial;
+    } else if (c.write_epoch == block->epoch && c.writer != me) {
+        fail("shared-memory hazard: two threads write one shared element with no __syncthreads between");
+    } else if (c.read_epoch == block->epoch && c.reader != me) {
+        fail("shared-memory hazard: a thread overwrites a shared element another thread read, with no "
+             "__syncthreads between the read and the write");
+    }
+    c.write_epoch = block->epoch;
+    c.writer = me;
+}
+
+inline void shared_read(SharedCell& c) {
+    Block* block = running_block;
+    if (block == nullptr) return;
+    const u32 me = linear_thread();
+    if (c.block != block->serial) {
+        fail("shared-memory hazard: a thread reads a shared element no thread of its block wrote");
+        return;
+    }
+    if (c.write_epoch == block->epoch && c.writer != me) {
+        fail("shared-memory hazard: a thread reads a shared element another thread wrote, with no "
+             "__syncthreads between the write and the read");
+    }
+    if (c.read_epoch != block->epoch) {
+        c.read_epoch = block->epoch;
+        c.reader = me;
+    } else if (c.reader != me) {
+        c.reader = SharedCell::MANY;
+    }
+}
+
+// A CMM_SHARED variable of type T (a scalar, or an array of any rank, indexed as one):
+// every element keeps its SharedCell beside its value.
+template <class T>
+struct Shared {
+    T value;
+    SharedCell cell;
+    operator T() {
+        shared_read(cell);
+        return value;
+    }
+    Shared& operator=(T v) {
+        shared_write(cell);
+        value = v;
+        return *this;
+    }
+};
+
+template <class T, size_t N>
+struct Shared<T[N]> {
+    Shared<T> items[N];
+    Shared<T>& operator[](size_t i) { return items[i]; }
+};
 
 inline void barrier(Barrier kind) {
     Block* block = running_block;
@@ -260,7 +337,8 @@ inline void run_block_fibers(u32 threads, void (*body)(void*), void* closure) {
     }
     block.body = body;
     block.closure = closure;
-    // A block starts with shared memory no copy of it wrote.
+    // A block starts with shared memory no thread of it wrote.
+    block.serial += 1;
     block.epoch = 0;
     block.shared_chunks.clear();
     for (u32 t = 0; t < threads; ++t) {

@@ -126,6 +126,13 @@ __device__ __forceinline__ void cmm_store_release_gpu(u64 addr, u32 value) {
 }
 #endif
 
+// A shared array or variable read and written by plain loads and stores: on the GPU a
+// plain __shared__ declaration; the host twin (cuda/host/runtime.h) checks every access
+// for hazards between threads, as racecheck does. `dims` is empty for a scalar.
+#ifndef CMM_HOST
+#define CMM_SHARED(type, name, dims) __shared__ type name dims
+#endif
+
 // How many polls of the semaphore between two reads of the abort word (which lives in
 // host memory, a PCIe round trip away).
 #define CMM_ABORT_POLL 32u

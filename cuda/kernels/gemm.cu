@@ -109,8 +109,8 @@ __device__ __forceinline__ void cmm_warp_tile_store(const CmmWarpTile& w, const 
 // One 64×64 output tile at (row0, col0), 128 threads, any strides and transposes.
 template <bool BF16>
 __device__ void cmm_gemm_mma_staged(const CmmGemmArgs& g, u32 row0, u32 col0) {
-    __shared__ u16 As[CMM_TILE][CMM_KSTEP + CMM_APAD];
-    __shared__ u16 Bs[CMM_KSTEP][CMM_TILE + CMM_BPAD];
+    CMM_SHARED(u16, As, [CMM_TILE][CMM_KSTEP + CMM_APAD]);
+    CMM_SHARED(u16, Bs, [CMM_KSTEP][CMM_TILE + CMM_BPAD]);
     const u32 tid = threadIdx.x;
     CmmWarpTile w;
     cmm_warp_tile_start(w, g, row0, col0);
@@ -311,8 +311,8 @@ extern "C" __global__ void __launch_bounds__(128) cmm_gemm_mma_bf16(const CmmGem
 
 // One 64×64 output tile at (row0, col0), 256 threads, any dtypes.
 __device__ void cmm_gemm_simt_tile(const CmmGemmArgs& g, u32 row0, u32 col0) {
-    __shared__ float As[CMM_KSTEP][CMM_TILE];
-    __shared__ float Bs[CMM_KSTEP][CMM_TILE];
+    CMM_SHARED(float, As, [CMM_KSTEP][CMM_TILE]);
+    CMM_SHARED(float, Bs, [CMM_KSTEP][CMM_TILE]);
     const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     float acc[4][4];
     #pragma unroll
@@ -429,7 +429,9 @@ __device__ bool cmm_fused_spin(const CmmFusedArgs& f, u64 word, u32 value, u64 s
 
 template <int KIND>  // 0: f16 tensor cores, 1: bf16 tensor cores, 2: SIMT
 __device__ void cmm_fused_gemm(const CmmFusedArgs& f) {
-    __shared__ u32 shared_tile, shared_block, shared_ok;
+    CMM_SHARED(u32, shared_tile, );
+    CMM_SHARED(u32, shared_block, );
+    CMM_SHARED(u32, shared_ok, );
     u32* control = (u32*)f.control;
     const CmmFusedBlock* blocks = (const CmmFusedBlock*)f.blocks;
     const CmmFusedSync* waits = (const CmmFusedSync*)f.waits;

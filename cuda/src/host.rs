@@ -808,52 +808,68 @@ mod tests {
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     }
 
-    /// The pipelined tile's shared memory is checked as racecheck would: with its one
-    /// barrier per K step removed, or with the next step's copies issued before it, the
-    /// tile computes the right numbers here (each warp's collectives keep the warps in
-    /// step) but is an error.
+    /// Shared memory is checked as racecheck would. Each variant below drops one barrier
+    /// of a tile and computes the right numbers here (every warp collective keeps the
+    /// warps in step), but is an error naming the hazard.
     #[test]
-    fn shared_memory_hazards_of_the_pipelined_tile_are_errors() {
-        const BARRIER: &str = "        __syncthreads();\n        const u32 next = step + CMM_ASYNC_STAGES - 1;\n";
-        const COMMIT: &str = "        cmm_cp_async_commit();\n        const u32 st = step % CMM_ASYNC_STAGES;\n";
+    fn shared_memory_hazards_of_the_tiles_are_errors() {
         let source = host_source();
-        assert!(source.contains(BARRIER) && source.contains(COMMIT), "the pipelined tile's loop has changed");
-        let no_barrier = source.replacen(BARRIER, "        const u32 next = step + CMM_ASYNC_STAGES - 1;\n", 1);
-        let copies_first = no_barrier.replacen(COMMIT, &format!("{COMMIT}        __syncthreads();\n"), 1);
-        // A pipelined 64×64 tile over K = 128 (four steps, so every stage is refilled).
+        let without = |barrier: &str, then: &str| {
+            let (from, to) = (format!("{barrier}        __syncthreads();\n{then}"), format!("{barrier}{then}"));
+            assert!(source.contains(&from), "the tile's loop has changed: {from}");
+            source.replacen(&from, &to, 1)
+        };
+        // The pipelined tile: its one barrier per K step; or that barrier moved after the
+        // next step's copies.
+        let pipeline_wait = without("", "        const u32 next = step + CMM_ASYNC_STAGES - 1;\n");
+        let commit = "        cmm_cp_async_commit();\n        const u32 st = step % CMM_ASYNC_STAGES;\n";
+        let copies_first = pipeline_wait.replacen(commit, &format!("{commit}        __syncthreads();\n"), 1);
+        // The staged tile (any strides and transposes): the barrier after its reads.
+        let staged_reads = without(
+            "            for (int mi = 0; mi < 2; ++mi) cmm_mma16816<BF16>(w.acc[mi][ni], afrag[mi], bfrag);\n        }\n",
+            "    }\n    cmm_warp_tile_store(w, g);\n",
+        );
+        // A 64×64 tile over K = 128 (four pipeline steps, so every stage is refilled);
+        // B transposed takes the staged tile.
         let (m, n, k) = (64usize, 64usize, 128usize);
         let halves = |len: usize, seed: usize| -> Vec<u16> {
             (0..len).map(|i| cmm_core::DType::F16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
         };
         let (a, b) = (halves(m * k, 1), halves(k * n, 3));
         let mut c = vec![0f32; m * n];
-        let args = crate::launch::GemmArgs {
-            a: a.as_ptr() as u64,
-            b: b.as_ptr() as u64,
-            c: c.as_mut_ptr() as u64,
-            a_stride: k as u64,
-            b_stride: n as u64,
-            c_stride: n as u64,
-            m: m as u32,
-            n: n as u32,
-            k: k as u32,
-            a_dtype: crate::launch::dtype_code(cmm_core::DType::F16),
-            b_dtype: crate::launch::dtype_code(cmm_core::DType::F16),
-            c_dtype: crate::launch::dtype_code(cmm_core::DType::F32),
-            ..Default::default()
+        let launch = |trans_b: bool, c: &mut [f32]| {
+            let args = crate::launch::GemmArgs {
+                a: a.as_ptr() as u64,
+                b: b.as_ptr() as u64,
+                c: c.as_mut_ptr() as u64,
+                a_stride: k as u64,
+                b_stride: if trans_b { k } else { n } as u64,
+                c_stride: n as u64,
+                m: m as u32,
+                n: n as u32,
+                k: k as u32,
+                a_dtype: crate::launch::dtype_code(cmm_core::DType::F16),
+                b_dtype: crate::launch::dtype_code(cmm_core::DType::F16),
+                c_dtype: crate::launch::dtype_code(cmm_core::DType::F32),
+                flags: u32::from(trans_b) << 1,
+                ..Default::default()
+            };
+            let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            Launch { kernel: Kernel::GemmMmaF16, cfg, params: vec![Param::Gemm(args)], what: "a test gemm" }
         };
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        let l = Launch { kernel: Kernel::GemmMmaF16, cfg, params: vec![Param::Gemm(args)], what: "a test gemm" };
-        kernels().launch(&l).unwrap();
         let decode = |h: u16| cmm_core::DType::F16.decode(h as u32);
-        let want: f32 = (0..k).map(|i| decode(a[i]) * decode(b[i * n])).sum();
-        assert_eq!(c[0], want);
-        for (variant, hazard) in [
-            (&no_barrier, "a cp.async landed in with no __syncthreads between the copy's wait and the read"),
-            (&copies_first, "a cp.async overwrites 16 bytes that another warp read"),
+        for trans_b in [false, true] {
+            kernels().launch(&launch(trans_b, &mut c)).unwrap();
+            let b0 = |p: usize| decode(if trans_b { b[p] } else { b[p * n] });
+            assert_eq!(c[0], (0..k).map(|p| decode(a[p]) * b0(p)).sum::<f32>(), "B transposed: {trans_b}");
+        }
+        for (variant, trans_b, hazard) in [
+            (&pipeline_wait, false, "a cp.async landed in with no __syncthreads between the copy's wait and the read"),
+            (&copies_first, false, "a cp.async overwrites 16 bytes that another warp read"),
+            (&staged_reads, true, "a thread overwrites a shared element another thread read"),
         ] {
             let broken = load_from(variant, "cmm-host-hazard").unwrap_or_else(|e| panic!("{e}"));
-            let e = broken.launch(&l).unwrap_err();
+            let e = broken.launch(&launch(trans_b, &mut c)).unwrap_err();
             assert!(e.to_string().contains(hazard), "{e}");
         }
     }
