@@ -115,15 +115,23 @@ fn golden_then_check_passes_right_outputs_and_names_the_wrong_element() {
     assert!(out.contains("d1_C.npy"), "{out}");
 }
 
+/// Writes `cases` to `<stem>.toml` in `dir`, plans its `mine_ag_gemm` into `<stem>.json`
+/// and verifies that; returns what `cmm verify` said, which must be a success.
+fn plan_and_verify(dir: &Path, cases: &str, stem: &str) -> String {
+    std::fs::write(dir.join(format!("{stem}.toml")), cases).unwrap();
+    let (toml, json) = (format!("{stem}.toml"), format!("{stem}.json"));
+    let o = cmm(dir, &["plan", "--cases", &toml, "--case", "mine_ag_gemm", "--out", &json]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = cmm(dir, &["verify", &json]);
+    assert!(o.status.success(), "{}", text(&o));
+    text(&o)
+}
+
 #[test]
 fn plan_files_verify_and_a_missing_wait_is_a_finding_in_words() {
     let s = Scratch::new("verify");
-    std::fs::write(s.0.join("my.toml"), CASES).unwrap();
-    let o = cmm(&s.0, &["plan", "--cases", "my.toml", "--case", "mine_ag_gemm", "--out", "ring.json"]);
-    assert!(o.status.success(), "{}", text(&o));
-    let o = cmm(&s.0, &["verify", "ring.json"]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("no race, no deadlock"), "{}", text(&o));
+    let verified = plan_and_verify(&s.0, CASES, "ring");
+    assert!(verified.contains("no race, no deadlock"), "{verified}");
 
     let mut plan: serde_json::Value = serde_json::from_slice(&std::fs::read(s.0.join("ring.json")).unwrap()).unwrap();
     let compute = plan["plan"]["lanes"].as_array().unwrap().iter().position(|l| l == "compute").unwrap();
@@ -166,12 +174,8 @@ fn plan_files_verify_and_a_missing_wait_is_a_finding_in_words() {
     // a few shadow cells.
     let big =
         CASES.replace("devices = 4", "devices = 8").replace("m = 64\nn = 32\nk = 48", "m = 8192\nn = 32768\nk = 4096");
-    std::fs::write(s.0.join("big.toml"), big).unwrap();
-    let o = cmm(&s.0, &["plan", "--cases", "big.toml", "--case", "mine_ag_gemm", "--out", "big.json"]);
-    assert!(o.status.success(), "{}", text(&o));
-    let o = cmm(&s.0, &["verify", "big.json"]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("its 671088640 buffer elements shadowed in 136 cells"), "{}", text(&o));
+    let verified = plan_and_verify(&s.0, &big, "big");
+    assert!(verified.contains("its 671088640 buffer elements shadowed in 136 cells"), "{verified}");
 
     std::fs::write(s.0.join("junk.json"), "{\"format\": \"cmm-plan\", \"version\": 7, \"plan\": {}}").unwrap();
     let o = cmm(&s.0, &["verify", "junk.json"]);
