@@ -273,5 +273,34 @@ fn verify_file(path: &Path, schedules: usize, report: Option<&Path>) -> Result<E
         return Ok(ExitCode::FAILURE);
     }
     println!("verified under {} interleaving(s): no race, no deadlock, no read of unwritten memory", schedules.max(1));
+    for line in queue_advice(&plan)? {
+        println!("{line}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a CUDA executor's enqueue order does with the plan on the GPU's FIFO hardware
+/// queues (`CUDA_DEVICE_MAX_CONNECTIONS`, docs/cuda.md): the schedule order cannot hang on
+/// any number of them; enqueueing each lane whole, device by device, may.
+fn queue_advice(plan: &Plan) -> Result<Vec<String>> {
+    use cmm_core::verify::queues::{check_enqueue_order, schedule_order, whole_lane_order, EnqueueError};
+    use cmm_core::verify::queues::{DEFAULT_QUEUES, MAX_QUEUES};
+    let mut lines = Vec::new();
+    match check_enqueue_order(plan, &schedule_order(plan)?, 1) {
+        Ok(()) => lines.push(
+            "hardware queues: enqueued in schedule order, the plan cannot hang on any number of CUDA's FIFO \
+             queues (proven on one)"
+                .to_string(),
+        ),
+        Err(e) => lines.push(format!("hardware queues: enqueued in schedule order: {e}")),
+    }
+    for queues in [DEFAULT_QUEUES, MAX_QUEUES] {
+        let whole = "hardware queues: enqueued lane by lane (each lane whole, device by device)";
+        lines.push(match check_enqueue_order(plan, &whole_lane_order(plan), queues) {
+            Ok(()) => format!("{whole}, it cannot hang on {queues} queues"),
+            Err(EnqueueError::Hang(hang)) => format!("{whole}: {hang}"),
+            Err(e) => bail!("{e}"),
+        });
+    }
+    Ok(lines)
 }

@@ -176,6 +176,11 @@ fn plan_files_verify_and_a_missing_wait_is_a_finding_in_words() {
         CASES.replace("devices = 4", "devices = 8").replace("m = 64\nn = 32\nk = 48", "m = 8192\nn = 32768\nk = 4096");
     let verified = plan_and_verify(&s.0, &big, "big");
     assert!(verified.contains("its 671088640 buffer elements shadowed in 136 cells"), "{verified}");
+    // Its 16 streams: safe in schedule order, not each lane enqueued whole on 8 queues.
+    assert!(verified.contains("enqueued in schedule order, the plan cannot hang on any number"), "{verified}");
+    assert!(verified.contains("(each lane whole, device by device): plan `ag_gemm/ring D=8"), "{verified}");
+    assert!(verified.contains("hangs on 8 hardware queue(s)"), "{verified}");
+    assert!(verified.contains("(each lane whole, device by device), it cannot hang on 32 queues"), "{verified}");
 
     std::fs::write(s.0.join("junk.json"), "{\"format\": \"cmm-plan\", \"version\": 7, \"plan\": {}}").unwrap();
     let o = cmm(&s.0, &["verify", "junk.json"]);
