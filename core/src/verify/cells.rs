@@ -18,9 +18,10 @@ use crate::plan::{BufferDecl, Plan, Region};
 
 use super::accesses;
 
-/// The most row or column cuts one buffer may collect before it falls back to one cell
-/// per element (whose size [`super::check_size`] then judges). It bounds the memory a
-/// plan file of many finely strided regions can make the grid take.
+/// The most row or column cuts one buffer may collect, repeats included, before they are
+/// deduplicated; past half as many distinct ones it falls back to one cell per element
+/// (whose size [`super::check_size`] then judges). It bounds the memory a plan file of
+/// many finely strided regions can make the grid take.
 const MAX_CUTS: usize = 1 << 24;
 
 /// How one buffer is cut into cells.
@@ -80,6 +81,11 @@ impl RowSet {
     }
 }
 
+fn sort_dedup(cuts: &mut Vec<usize>) {
+    cuts.sort_unstable();
+    cuts.dedup();
+}
+
 /// Index of `value` in sorted `cuts` (it is one of them by construction).
 fn band(cuts: &[usize], value: usize) -> usize {
     cuts.partition_point(|&c| c < value)
@@ -91,40 +97,54 @@ impl Grid {
         Grid::Elements { cols: b.cols, len: b.len() }
     }
 
-    /// The grid of buffer `buf` that every access of every plan in `plans` covers whole
-    /// (the plans must declare the same buffers).
-    fn of(plans: &[&Plan], buf: usize) -> Grid {
-        let b = &plans[0].buffers[buf];
-        let (mut rows, mut cols) = (vec![0, b.rows], vec![0, b.cols]);
+    /// The grid of every buffer that every access of every plan in `plans` covers whole
+    /// (the plans must declare the same buffers), in one pass over their ops.
+    fn all(plans: &[&Plan]) -> Vec<Grid> {
+        let buffers = &plans[0].buffers;
+        // Per buffer: its row and column cuts, or None once it needs a cell per element.
+        let mut cuts: Vec<Option<(Vec<usize>, Vec<usize>)>> =
+            buffers.iter().map(|b| Some((vec![0, b.rows], vec![0, b.cols]))).collect();
         for plan in plans {
             for (site, op) in plan.ops() {
                 for acc in accesses(site.device, op) {
-                    let r = &acc.region;
-                    if r.buf.0 != buf || r.is_empty() {
+                    let (r, b) = (&acc.region, &buffers[acc.region.buf.0]);
+                    if r.is_empty() || cuts[r.buf.0].is_none() {
                         continue;
                     }
-                    let Some(set) = RowSet::of(r, b) else { return Grid::elements(b) };
-                    if set.count == 0 {
+                    let Some(set) = RowSet::of(r, b) else {
+                        cuts[r.buf.0] = None;
                         continue;
-                    }
+                    };
+                    let Some((rows, cols)) = cuts[r.buf.0].as_mut().filter(|_| set.count > 0) else { continue };
                     if set.step == 1 {
                         rows.extend([set.first, set.first + set.count]);
                     } else {
                         rows.extend(set.rows().flat_map(|r| [r, r + 1]));
                     }
                     cols.extend([set.cols.start, set.cols.end]);
+                    // Most cuts repeat: drop the repeats before judging the size.
                     if rows.len() > MAX_CUTS || cols.len() > MAX_CUTS {
-                        return Grid::elements(b);
+                        sort_dedup(rows);
+                        sort_dedup(cols);
+                        if rows.len() > MAX_CUTS / 2 || cols.len() > MAX_CUTS / 2 {
+                            cuts[r.buf.0] = None;
+                        }
                     }
                 }
             }
-            // Duplicates are most of the cuts: drop them as each plan ends.
-            for cuts in [&mut rows, &mut cols] {
-                cuts.sort_unstable();
-                cuts.dedup();
-            }
         }
-        Grid::Bands { rows, cols }
+        buffers
+            .iter()
+            .zip(cuts)
+            .map(|(b, cuts)| match cuts {
+                Some((mut rows, mut cols)) => {
+                    sort_dedup(&mut rows);
+                    sort_dedup(&mut cols);
+                    Grid::Bands { rows, cols }
+                }
+                None => Grid::elements(b),
+            })
+            .collect()
     }
 
     /// How many cells.
@@ -208,7 +228,7 @@ impl Cells {
         if plans.iter().any(|p| p.buffers != first.buffers) {
             return None;
         }
-        Some(Cells { grids: (0..first.buffers.len()).map(|b| Grid::of(plans, b)).collect() })
+        Some(Cells { grids: Grid::all(plans) })
     }
 
     /// One cell per element of every buffer: the verifier's definition, which the cells
