@@ -110,24 +110,31 @@ fn test_binaries(targets: &[(&str, &str)]) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
-/// The newest glibc symbol version an ELF binary names (`GLIBC_2.35` → `(2, 35)`): the
-/// oldest glibc it starts on. Read from the version strings in the file's bytes.
-fn glibc_needed(elf: &[u8]) -> (u32, u32) {
-    const TAG: &[u8] = b"GLIBC_";
+/// The newest glibc symbol version an ELF binary needs (`GLIBC_2.35` → `(2, 35)`): the
+/// oldest glibc it starts on. Read from its version-needs table (`.gnu.version_r`), not
+/// from the bytes at large, where any string that looks like a version (an error message,
+/// a test's stand-in) would count.
+fn glibc_needed(elf: &[u8]) -> Result<(u32, u32)> {
+    use object::read::elf::{FileHeader, SectionTable};
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(elf).context("not a 64-bit ELF file")?;
+    let endian = header.endian().context("reading the ELF header")?;
+    let sections: SectionTable<_, _> = header.sections(endian, elf).context("reading the ELF sections")?;
     let mut newest = (2, 0);
-    for at in (0..elf.len().saturating_sub(TAG.len())).filter(|&i| elf[i..].starts_with(TAG)) {
-        let digits: String = elf[at + TAG.len()..]
-            .iter()
-            .take(12)
-            .take_while(|b| b.is_ascii_digit() || **b == b'.')
-            .map(|&b| b as char)
-            .collect();
-        let mut parts = digits.split('.').map(|p| p.parse::<u32>());
-        if let (Some(Ok(major)), Some(Ok(minor))) = (parts.next(), parts.next()) {
-            newest = newest.max((major, minor));
+    let Some((mut needs, link)) = sections.gnu_verneed(endian, elf).context("reading .gnu.version_r")? else {
+        return Ok(newest);
+    };
+    let strings = sections.strings(endian, elf, link).context("reading the version names")?;
+    while let Some((_, mut versions)) = needs.next().context("reading .gnu.version_r")? {
+        while let Some(version) = versions.next().context("reading .gnu.version_r")? {
+            let name = version.name(endian, strings).context("reading a version name")?;
+            let Some(number) = name.strip_prefix(b"GLIBC_") else { continue };
+            let mut parts = std::str::from_utf8(number).unwrap_or("").split('.').map(str::parse::<u32>);
+            if let (Some(Ok(major)), Some(Ok(minor))) = (parts.next(), parts.next()) {
+                newest = newest.max((major, minor));
+            }
         }
     }
-    newest
+    Ok(newest)
 }
 
 fn git(args: &[&str]) -> Option<String> {
@@ -157,7 +164,7 @@ pub fn run(args: &Args) -> Result<()> {
         fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
         strip(&to);
         let bytes = fs::read(&to).with_context(|| format!("reading {}", to.display()))?;
-        glibc = glibc.max(glibc_needed(&bytes));
+        glibc = glibc.max(glibc_needed(&bytes).with_context(|| format!("reading {}", to.display()))?);
     }
     // The binaries are built against this machine's glibc; run.sh checks that they start.
     fs::write(dir.join("GLIBC"), format!("{}.{}\n", glibc.0, glibc.1)).context("writing GLIBC")?;
@@ -294,9 +301,9 @@ fn rehearse(dir: &Path) -> Result<()> {
     let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
     let summary = fs::read_to_string(out.join("summary.md")).unwrap_or_default();
     let rows = summary.lines().filter(|l| l.starts_with("| rehearsal-")).collect::<Vec<_>>();
-    // With NVRTC, the GPU steps on the fake driver (7); without, the host twin's (3).
+    // With NVRTC, the GPU steps on the fake driver (8); without, the host twin's (3).
     let fake = cmm_cuda::nvrtc_available();
-    let expected = if fake { 7 } else { 3 };
+    let expected = if fake { 8 } else { 3 };
     if !output.status.success() || rows.len() != expected || !rows.iter().all(|r| r.contains("| passed |")) {
         bail!("the bundle's rehearsal failed (exit {:?}):\n{text}\n{summary}", output.status.code());
     }
@@ -434,10 +441,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_newest_glibc_version_named_is_the_one_needed() {
-        let elf = b"\0pthread_create\0GLIBC_2.2.5\0GLIBC_2.35\0GLIBC_2.34\0GLIBCXX_3.4.30\0GLIBC_PRIVATE\0";
-        assert_eq!(glibc_needed(elf), (2, 35));
-        assert_eq!(glibc_needed(b"no versions here"), (2, 0));
+    fn the_glibc_needed_comes_from_the_version_table_not_from_any_string() {
+        // This test binary holds the stand-in loader message of `check_unstartable`,
+        // `GLIBC_9.99`, among its strings; it needs a real glibc 2.x all the same.
+        let me = fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert!(me.windows(10).any(|w| w == b"GLIBC_9.99"));
+        let (major, minor) = glibc_needed(&me).unwrap();
+        assert!(major == 2 && (2..60).contains(&minor), "{major}.{minor}");
+        assert!(glibc_needed(b"GLIBC_2.35, not an ELF file").is_err());
     }
 
     #[test]

@@ -145,6 +145,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         # serialises GPU work.
         step rehearsal-sanitizer-command 90 env CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 \
             "$x" conformance --backend cuda --filter ring_d2_ --case-timeout 60 --ungated --stamps "$scratch/sanitizer-stamps"
+        step rehearsal-sanitizer-fused-command 90 env CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 \
+            "$x" conformance --backend cuda --filter fused_d2_ --case-timeout 60 --ungated --stamps "$scratch/sanitizer-stamps"
     else
         unset CMM_REQUIRE_GPU
         {
@@ -189,12 +191,12 @@ step bench-kernels 150 "$x" bench --backend cuda --sync kernels --json "$out/ben
 step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case-timeout 30
 step bench-memops 120 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
 step cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
-sanitize() { # the corpus's smallest ring cases under one compute-sanitizer tool
+sanitize() { # corpus cases (the smallest ring ones unless $2 names others) under one tool
     # Ungated: a tool that makes launches blocking or runs GPU work one item at a time
     # would hold the host at the gate's launch; the schedule order runs either way.
-    local tool="$1"
+    local tool="$1" filter="${2:-ring_d2_}"
     compute-sanitizer --tool "$tool" --error-exitcode 17 --print-limit 20 \
-        "$x" conformance --backend cuda --filter ring_d2_ --case-timeout 60 --ungated \
+        "$x" conformance --backend cuda --filter "$filter" --case-timeout 60 --ungated \
         --stamps "$scratch/sanitizer-stamps"
 }
 export -f sanitize
@@ -223,6 +225,10 @@ reference_on_vulkan() { # the wgpu reference on this GPU's Vulkan driver
 }
 export -f reference_on_vulkan
 step reference-vulkan 120 bash -c reference_on_vulkan
+# Last, so that it can starve nothing: the persistent fused GEMM (its CTAs spin on flags
+# and on each other, its scheduler words live in shared memory) on its three
+# two-device cases under every tool.
+step sanitizer-fused 90 bash -c 'sanitize memcheck fused_d2_ && sanitize racecheck fused_d2_ && sanitize synccheck fused_d2_'
 
 finish
 exit "$failed"
