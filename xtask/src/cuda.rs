@@ -327,6 +327,21 @@ struct Report {
     rows: Vec<Row>,
     /// The targets, judged on this table (meaningless with `shrink` > 1).
     targets: Vec<Target>,
+    /// Whether the bench reached its end. The report is saved after every (op, D), so a
+    /// bench stopped early (a device call's time limit) leaves the rows it measured.
+    complete: bool,
+}
+
+impl Report {
+    /// Judges the targets on the rows so far and writes the report to `path`.
+    fn save(&mut self, path: &Path) -> Result<()> {
+        self.targets = targets(&self.rows);
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let json = serde_json::to_string_pretty(self).context("encoding the bench report")?;
+        fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))
+    }
 }
 
 /// Median GPU time in µs of `reps` runs of `plan` (fresh inputs per run, a new seed, then
@@ -467,7 +482,29 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         "{:<8} {:>2} {:<16} {:>10} {:>12} {:>8} {:>12} {:>8} {:>8} {:>12}",
         "op", "D", "plan", "time µs", "Σ GEMMs µs", "÷ Σ", "baseline µs", "speedup", "TFLOP/s", "no prio µs"
     );
-    let mut rows = Vec::new();
+    let mut report = Report {
+        gpu: backend.identity()?,
+        sync: settings.sync.name(),
+        commit: std::env::var("CMM_COMMIT").ok(),
+        reps,
+        shrink,
+        peak_cublas_tflops: peak_tflops,
+        comm_priority,
+        local_gemm: local_name,
+        local_cublas_us,
+        local_tile_us,
+        tile_over_cublas: local_tile_us / local_cublas_us,
+        rows: Vec::new(),
+        targets: Vec::new(),
+        complete: false,
+    };
+    let path = settings.json.clone().unwrap_or_else(|| {
+        crate::workspace_root().join("bench").join("results").join(format!(
+            "cuda-{:016x}-{}.json",
+            fnv1a64(report.gpu.as_bytes()),
+            settings.sync.name()
+        ))
+    });
     let mut cache = HashMap::new();
     for op in [OpKind::AgGemm, OpKind::GemmRs] {
         for d in [2usize, 4, 8] {
@@ -537,7 +574,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     if gated { "" } else { "  (ungated: includes enqueueing)" },
                     if fused { "  (persistent tile kernel, not cuBLAS)" } else { "" }
                 );
-                rows.push(Row {
+                report.rows.push(Row {
                     op: op.name().to_string(),
                     devices: d,
                     algorithm: algorithm.to_string(),
@@ -553,43 +590,19 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     spot_check_worst: worst,
                 });
             }
+            report.save(&path)?;
         }
     }
-    let targets = targets(&rows);
+    report.complete = true;
+    report.save(&path)?;
+    let targets = &report.targets;
     let shrunk = if shrink > 1 { " (shrunk shapes: not the shape the targets are set for)" } else { "" };
     println!("targets, on the fastest overlapped plan of each op and D{shrunk}:");
-    for target in &targets {
+    for target in targets {
         println!("{}", target.line());
     }
     let met = targets.iter().filter(|t| t.met()).count();
     println!("targets: {met} of {} met{shrunk}", targets.len());
-    let report = Report {
-        gpu: backend.identity()?,
-        sync: settings.sync.name(),
-        commit: std::env::var("CMM_COMMIT").ok(),
-        reps,
-        shrink,
-        peak_cublas_tflops: peak_tflops,
-        comm_priority,
-        local_gemm: local_name,
-        local_cublas_us,
-        local_tile_us,
-        tile_over_cublas: local_tile_us / local_cublas_us,
-        rows,
-        targets,
-    };
-    let path = settings.json.clone().unwrap_or_else(|| {
-        crate::workspace_root().join("bench").join("results").join(format!(
-            "cuda-{:016x}-{}.json",
-            fnv1a64(report.gpu.as_bytes()),
-            settings.sync.name()
-        ))
-    });
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let json = serde_json::to_string_pretty(&report).context("encoding the bench report")?;
-    fs::write(&path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     println!("saved {}", path.display());
     Ok(())
 }
