@@ -130,9 +130,14 @@ pub struct SpotCheck {
     pub misses: Vec<SpotMiss>,
 }
 
+/// Rows of each device's output that [`spot_check`] spreads evenly, after the corners.
+const SPREAD_ROWS: usize = 16;
+
 /// Checks `per_device` elements of every device's output against the oracle, within
 /// `tolerance`: each window's four corners (the last row and column are where an index
-/// overflows first), then positions spread by a hash (each element once).
+/// overflows first), then one element in each of 16 evenly spread rows (every block of a
+/// plan that works in up to 16 row blocks), then positions spread by a hash (each element
+/// once).
 /// `got(device, row, col)` reads the run's output. For runs too large for the whole
 /// oracle (the CUDA bench's shapes).
 pub fn spot_check(
@@ -158,7 +163,10 @@ pub fn spot_check(
                 3 => (device, last_row, last_col),
                 _ => {
                     let h = mix32(mix32(device as u32 ^ 0x5bd1_e995).wrapping_add(i as u32));
-                    (device, h as usize % w.rows, mix32(h) as usize % w.cols)
+                    // Then 16 rows spread evenly, so that every block of a plan that works
+                    // in up to 16 row blocks (a shard, a slot) is checked; then anywhere.
+                    let row = if i < 4 + SPREAD_ROWS { (i - 4) * w.rows / SPREAD_ROWS } else { h as usize % w.rows };
+                    (device, row, mix32(h) as usize % w.cols)
                 }
             });
         }
@@ -237,6 +245,28 @@ mod tests {
                 matches!(check.misses[..], [SpotMiss { device: 1, row, col, .. }] if (row, col) == (lr, lc)),
                 "{check:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_spot_check_meets_every_row_block_of_a_ring_s_output() {
+        // ag_gemm on 16 devices: each output has 16 blocks of Ms = 3 rows, one per ring
+        // step. Whichever block a plan gets wrong (a wrong slot), the check sees it, with
+        // 20 elements per device (16 rows drawn at random would miss some block).
+        let p = Problem::new(OpKind::AgGemm, 16, 48, 32, 24, DType::F32, DType::F32).unwrap();
+        let e = expected_outputs(&p, 2, Family::Realistic);
+        let tolerance = crate::workload::output_tolerance(&p);
+        for block in 0..16 {
+            let wrong = |d: usize, r: usize, c: usize| {
+                let v = e.values[d][r * e.cols + c];
+                if d == 5 && r / 3 == block {
+                    v + 1.0
+                } else {
+                    v
+                }
+            };
+            let check = spot_check(&p, 2, Family::Realistic, &tolerance, 20, &wrong);
+            assert!(!check.misses.is_empty() && check.misses.iter().all(|m| m.device == 5), "block {block}: {check:?}");
         }
     }
 

@@ -463,8 +463,8 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
     );
     println!(
         "sync: {}; median of {reps} runs each, fresh inputs per run, L2 overwritten before each; every plan's \
-         output first spot-checked against the f64 oracle at this shape ({SPOT_CHECKS} elements per device, \
-         corners first)",
+         output first spot-checked against the f64 oracle at this shape ({SPOT_CHECKS} elements per device: \
+         corners, 16 spread rows, then anywhere)",
         settings.sync.name()
     );
     // Whether the no-prio column can differ from the plan's own time.
