@@ -56,10 +56,6 @@ inline void cmm_mma16816(float* d, const u32* a, const u32* b) {
     cmm_host::barrier(cmm_host::WARP_COLLECTIVE);
 }
 
-// `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16` (cmm_ldmatrix_x4[_trans]): lane l
-// gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); register i
-// of lane l receives from matrix i the elements (row l / 4, cols 2·(l % 4) + {0, 1}), or
-// with .trans (rows 2·(l % 4) + {0, 1}, col l / 4); the first element in the low half.
 // The hazard checks of shared memory (runtime.h, SharedChunk). A read by warp `warp` of
 // the 16 bytes at `at`: they must have been written by a copy of this block whose wait
 // came before the last __syncthreads.
@@ -105,6 +101,10 @@ inline void cmm_host_shared_write(void* at, u32 thread) {
     c.landed = cmm_host::SharedChunk::PENDING;
 }
 
+// `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16` (cmm_ldmatrix_x4[_trans]): lane l
+// gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); register i
+// of lane l receives from matrix i the elements (row l / 4, cols 2·(l % 4) + {0, 1}), or
+// with .trans (rows 2·(l % 4) + {0, 1}, col l / 4); the first element in the low half.
 inline void cmm_host_ldmatrix_x4(u32* r, const void* row, bool trans) {
     static thread_local const u16* staged[32][32];  // [warp][lane]
     u32 warp, lane;
@@ -150,7 +150,7 @@ inline void cmm_cp_async16(void* dst, u64 src, u32 src_bytes) {
         cmm_host::fail("cp.async: a partial copy (cmm copies 16 bytes or zero-fills)");
         return;
     }
-    cmm_host_shared_write(dst, threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+    cmm_host_shared_write(dst, cmm_host::linear_thread());
     me->in_flight.push_back({dst, src_bytes == 0u ? nullptr : (const void*)src, me->committed});
 }
 
