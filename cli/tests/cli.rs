@@ -152,20 +152,28 @@ fn plan_files_verify_and_a_missing_wait_is_a_finding_in_words() {
     assert!(report["makespan_us"].as_f64().unwrap() > 0.0);
 
     // A reader that stops early (`cmm verify ring.json | head -1`) ends cmm quietly, by
-    // SIGPIPE as any Unix filter, not with a panic about a failed print. The read end is
-    // closed before cmm has started up, so its first line meets a closed pipe.
+    // SIGPIPE as any Unix filter, not with a panic about a failed print. cmm's stdout is
+    // a pipe whose read end is closed before cmm starts, so its first line meets it
+    // closed, however fast cmm runs.
     #[cfg(unix)]
     {
+        use std::os::fd::{FromRawFd, OwnedFd};
         use std::os::unix::process::ExitStatusExt;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cmm"))
+        let mut fds = [0; 2];
+        // SAFETY: `pipe` fills the two descriptors of a new pipe; each is then owned by
+        // exactly one OwnedFd, which closes it once.
+        #[allow(unsafe_code)]
+        let (read, write) = unsafe {
+            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0, "pipe");
+            (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+        };
+        drop(read);
+        let o = Command::new(env!("CARGO_BIN_EXE_cmm"))
             .args(["verify", "ring.json"])
             .current_dir(&s.0)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
+            .stdout(std::process::Stdio::from(write))
+            .output()
             .unwrap();
-        drop(child.stdout.take());
-        let o = child.wait_with_output().unwrap();
         assert_eq!(o.status.signal(), Some(13), "{:?}: {}", o.status, text(&o));
         assert!(o.stderr.is_empty(), "{}", text(&o));
     }
