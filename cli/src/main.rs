@@ -20,7 +20,7 @@ use cmm_conformance::{
     load_corpus, run_corpus, write_report, Backend, CaseRecord, CpuTwin, Options, OutputFiles, Summary,
 };
 use cmm_core::schedule::{orders, schedule_with};
-use cmm_core::verify::{check_size, verify, Cells};
+use cmm_core::verify::{check_cells, verify_in, Cells};
 use cmm_core::Plan;
 use cmm_reference::Reference;
 
@@ -226,21 +226,22 @@ fn verify_file(path: &Path, schedules: usize, report: Option<&Path>) -> Result<E
         cmm_conformance::check_report_path(path)?;
     }
     let plan = read_plan(path)?;
-    let elements = plan.buffers.iter().map(|b| b.len() as u64).sum::<u64>() * plan.devices as u64;
-    let cells = Cells::of(&plan).per_device() * plan.devices as u64;
+    let cells = Cells::of(&plan);
     println!(
-        "plan {}: {} devices, {} lanes, {} ops; its {elements} buffer elements shadowed in {cells} cells",
+        "plan {}: {} devices, {} lanes, {} ops; its {} buffer elements shadowed in {} cells",
         plan.name,
         plan.devices,
         plan.lanes.len(),
-        plan.op_count()
+        plan.op_count(),
+        plan.elements(),
+        cells.per_device() * plan.devices as u64
     );
-    check_size(&plan).with_context(|| format!("{}", path.display()))?;
+    check_cells(&plan, &cells).with_context(|| format!("{}", path.display()))?;
     let mut findings = 0;
     let mut records = Vec::new();
     for order in orders(schedules.max(1), plan.devices) {
         let found: Vec<String> = match schedule_with(&plan, order) {
-            Ok(schedule) => verify(&plan, &schedule)?.iter().map(|f| f.describe(&plan)).collect(),
+            Ok(schedule) => verify_in(&plan, &schedule, &cells)?.iter().map(|f| f.describe(&plan)).collect(),
             Err(deadlock) => vec![deadlock.to_string()],
         };
         for f in &found {

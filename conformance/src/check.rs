@@ -21,19 +21,19 @@ use std::time::{Duration, Instant};
 
 use cmm_core::cpu::Memory;
 use cmm_core::schedule::{orders, schedule_with, Order};
-use cmm_core::verify::verify;
+use cmm_core::verify::{check_cells, verify_in, Cells};
 use cmm_core::workload::ExpectedOutput;
 use cmm_core::{AlgorithmError, Family, MeshError, Plan, ProblemError, Tolerance};
 use thiserror::Error;
 
 use crate::backend::{Backend, BackendError};
+use crate::case::{Case, CaseError};
+use crate::golden::{self, GoldenError};
 
 /// The most buffer elements (over every device) a case may have: 7 × 2^25, about 235
 /// million. A check holds every device's buffers on the host, with the f64 oracle's
 /// outputs and the golden beside them: some 30 bytes per element at worst, so 7 GiB.
 pub const MAX_CASE_ELEMENTS: u64 = 7 << 25;
-use crate::case::{Case, CaseError};
-use crate::golden::{self, GoldenError};
 
 /// Where goldens live and whether this run writes them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -412,12 +412,12 @@ fn check_into(
     }
     // Refused before the oracle (which can take long on a shape too large to run).
     backend.check_fits(plan)?;
-    let elements = plan.buffers.iter().fold(0u64, |n, b| n.saturating_add(b.len() as u64));
-    let elements = elements.saturating_mul(plan.devices as u64);
+    let elements = plan.elements();
     if elements > MAX_CASE_ELEMENTS {
         return Err(Failure::TooLarge { elements, limit: MAX_CASE_ELEMENTS });
     }
-    cmm_core::verify::check_size(plan)?;
+    let cells = Cells::of(plan);
+    check_cells(plan, &cells)?;
     let computed;
     let expected: &[ExpectedOutput] = match prepared {
         Some(e) => e,
@@ -451,7 +451,7 @@ fn check_into(
     let unverified = if prepared.is_some() { &[][..] } else { &orders[..] };
     for &order in unverified {
         let schedule = schedule_with(plan, order).map_err(BackendError::from)?;
-        let findings = verify(plan, &schedule)?;
+        let findings = verify_in(plan, &schedule, &cells)?;
         if !findings.is_empty() {
             let shown: Vec<String> = findings.iter().take(3).map(|f| f.describe(plan)).collect();
             result.failures.push(Failure::Verifier { order, count: findings.len(), findings: shown });

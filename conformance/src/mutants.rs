@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use cmm_core::cpu::Memory;
 use cmm_core::mutants::{dataflow_equivalence, mutants, routing_equivalence, MutationKind};
 use cmm_core::schedule::{orders, schedule_with, Order};
-use cmm_core::verify::verify;
+use cmm_core::verify::{verify_in, Cells};
 use cmm_core::{ExpectedOutput, Family, Op, Plan};
 
 use crate::backend::Backend;
@@ -94,13 +94,14 @@ pub fn catch_static(plan: &Plan) -> Option<String> {
     if let Err(e) = plan.validate() {
         return Some(format!("invalid plan: {e}"));
     }
+    let cells = Cells::of(plan);
     for order in orders(MUTANT_SCHEDULES, plan.devices) {
         match schedule_with(plan, order) {
             Err(deadlock) => return Some(deadlock.to_string()),
             Ok(s) => {
                 // A plan too large to shadow is not caught here (its case failed the
                 // verifier already); the run decides.
-                if let Some(f) = verify(plan, &s).ok().as_ref().and_then(|f| f.first()) {
+                if let Some(f) = verify_in(plan, &s, &cells).ok().as_ref().and_then(|f| f.first()) {
                     return Some(f.describe(plan));
                 }
             }

@@ -115,7 +115,7 @@ fn a_case_too_large_for_the_host_fails_before_the_oracle_runs() {
     (case.m, case.n, case.k) = (65536, 32768, 64);
     let r = run_case(&case, &CpuTwin, &common::goldens());
     let plan = case.plan().unwrap();
-    let elements = 2 * plan.buffers.iter().map(|b| b.len() as u64).sum::<u64>();
+    let elements = plan.elements();
     assert!(elements > 1 << 31, "{elements}");
     assert!(
         matches!(r.failures[..], [Failure::TooLarge { elements: e, limit: MAX_CASE_ELEMENTS }] if e == elements),

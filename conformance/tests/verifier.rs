@@ -28,7 +28,7 @@ fn cells_find_what_elements_find_on_the_corpus_and_on_mutants() {
     for (i, case) in common::corpus().iter().enumerate() {
         let plan = case.plan().unwrap_or_else(|e| panic!("{}: {e}", case.name));
         let d = plan.devices;
-        elements += plan.buffers.iter().map(|b| b.len() as u64).sum::<u64>() * d as u64;
+        elements += plan.elements();
         cells += Cells::of(&plan).per_device() * d as u64;
         // The mutants of one case in sixteen, and of one MeshSlice case in four (their
         // strided slices cut row by row), bring the findings; the per-element replay

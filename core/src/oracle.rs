@@ -36,16 +36,14 @@ pub fn expected_outputs(problem: &dyn ShardedGemm, seed: u32, family: Family) ->
     let (m, n, k) = (g.m, g.n, g.k);
     let a = global_input(problem, 0, seed, family);
     let b = global_input(problem, 1, seed, family);
-    // op(A)[i][p] and op(B)[p][j] as index functions of the stored tensors.
-    let a_at = |i: usize, p: usize| if g.trans_a { a[p * m + i] } else { a[i * k + p] };
     // B is walked row by row of op(B); transpose it once so the inner loop is contiguous.
-    let b_rows: Vec<f64> = if g.trans_b { (0..k * n).map(|x| b[(x % n) * k + x / n]).collect() } else { b.clone() };
+    let b_rows: Vec<f64> = if g.trans_b { (0..k * n).map(|x| b[g.b_index(x / n, x % n)]).collect() } else { b.clone() };
     let mut c = vec![0.0f64; m * n];
     let mut mag = vec![0.0f64; m * n];
     for i in 0..m {
         let (row, row_mag) = (&mut c[i * n..(i + 1) * n], &mut mag[i * n..(i + 1) * n]);
         for p in 0..k {
-            let av = a_at(i, p);
+            let av = a[g.a_index(i, p)];
             if av == 0.0 {
                 continue;
             }
@@ -86,16 +84,13 @@ pub fn expected_at(
 ) -> Vec<(f64, f64)> {
     let g = problem.global();
     let [a, b] = g.inputs();
-    let (m, n, k) = (g.m, g.n, g.k);
     at.iter()
         .map(|&(device, row, col)| {
             let w = problem.output_window_of(device);
             let (i, j) = (w.row0 + row, w.col0 + col);
-            (0..k).fold((0.0, 0.0), |(value, magnitude), p| {
-                let ai = if g.trans_a { p * m + i } else { i * k + p };
-                let bi = if g.trans_b { j * k + p } else { p * n + j };
-                let x = element(seed, a.id, ai as u32, family, g.input) as f64
-                    * element(seed, b.id, bi as u32, family, g.input) as f64;
+            (0..g.k).fold((0.0, 0.0), |(value, magnitude), p| {
+                let x = element(seed, a.id, g.a_index(i, p) as u32, family, g.input) as f64
+                    * element(seed, b.id, g.b_index(p, j) as u32, family, g.input) as f64;
                 (value + x, magnitude + x.abs())
             })
         })

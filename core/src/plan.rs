@@ -841,6 +841,13 @@ impl Plan {
         self.programs.iter().flat_map(|p| &p.lanes).map(Vec::len).sum()
     }
 
+    /// Elements of every buffer over every device (saturating: a plan file may declare
+    /// any size).
+    pub fn elements(&self) -> u64 {
+        let per_device = self.buffers.iter().fold(0u64, |sum, b| sum.saturating_add(b.len() as u64));
+        per_device.saturating_mul(self.devices as u64)
+    }
+
     /// Checks every reference, bound, shape and dtype of the plan.
     pub fn validate(&self) -> Result<(), PlanError> {
         let plan = || self.name.clone();

@@ -152,6 +152,24 @@ pub struct GlobalGemm {
 }
 
 impl GlobalGemm {
+    /// Where op(A)[i][p] is stored in A (stored k×m when transposed).
+    pub fn a_index(&self, i: usize, p: usize) -> usize {
+        if self.trans_a {
+            p * self.m + i
+        } else {
+            i * self.k + p
+        }
+    }
+
+    /// Where op(B)[p][j] is stored in B (stored n×k when transposed).
+    pub fn b_index(&self, p: usize, j: usize) -> usize {
+        if self.trans_b {
+            j * self.k + p
+        } else {
+            p * self.n + j
+        }
+    }
+
     /// The global input tensors as stored, A (id 0) then B (id 1).
     pub fn inputs(&self) -> [TensorDecl; 2] {
         let (m, n, k) = (self.m, self.n, self.k);

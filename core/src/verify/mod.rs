@@ -401,11 +401,11 @@ pub fn check_size(plan: &Plan) -> Result<(), VerifyError> {
     check_cells(plan, &Cells::of(plan))
 }
 
-/// Whether the verifier's state for `plan`, shadowed in `cells`, fits [`MAX_VERIFIER_BYTES`].
-fn check_cells(plan: &Plan, cells: &Cells) -> Result<(), VerifyError> {
+/// Whether the verifier's state for `plan`, shadowed in `cells`, fits [`MAX_VERIFIER_BYTES`]
+/// (for a caller that replays several schedules in the same cells).
+pub fn check_cells(plan: &Plan, cells: &Cells) -> Result<(), VerifyError> {
     let devices = plan.devices as u64;
-    let per_device = plan.buffers.iter().fold(0u64, |sum, b| sum.saturating_add(b.len() as u64));
-    let elements = per_device.saturating_mul(devices);
+    let elements = plan.elements();
     let shadow_cells = cells.per_device().saturating_mul(devices);
     let lanes = devices.saturating_mul(plan.lanes.len() as u64);
     let signals = plan.ops().filter(|(_, op)| matches!(op, Op::Signal { .. })).count() as u64;
@@ -440,7 +440,8 @@ pub fn verify_per_element(plan: &Plan, schedule: &Schedule) -> Result<Vec<Findin
     verify_in(plan, schedule, &Cells::per_element(plan))
 }
 
-fn verify_in(plan: &Plan, schedule: &Schedule, cells: &Cells) -> Result<Vec<Finding>, VerifyError> {
+/// [`verify`] in cells computed once for several schedules of the plan ([`Cells::of`]).
+pub fn verify_in(plan: &Plan, schedule: &Schedule, cells: &Cells) -> Result<Vec<Finding>, VerifyError> {
     check_cells(plan, cells)?;
     let lanes = plan.lanes.len();
     let n_lanes = plan.devices * lanes;
