@@ -825,6 +825,15 @@ CUresult cuModuleLoadData(Module** out, const void* image) {
     return SUCCESS;
 }
 
+// CUDA's default since 12.2 is lazy loading; CUDA_MODULE_LOADING=EAGER chooses eager.
+CUresult cuModuleGetLoadingMode(int* mode) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (mode == nullptr) return INVALID_VALUE;
+    const char* chosen = std::getenv("CUDA_MODULE_LOADING");
+    *mode = chosen != nullptr && std::strcmp(chosen, "EAGER") == 0 ? 1 : 2;
+    return SUCCESS;
+}
+
 CUresult cuModuleUnload(Module* m) { return m == nullptr ? INVALID_HANDLE : SUCCESS; }
 
 CUresult cuModuleGetFunction(Function** out, Module* m, const char* name) {

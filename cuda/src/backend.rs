@@ -69,7 +69,8 @@ pub struct CudaRunOptions {
     /// then starts with the first op). Off, or with `CUDA_LAUNCH_BLOCKING=1`, the gate
     /// opens before anything is enqueued: a tool that makes launches blocking or runs
     /// GPU work one item at a time (`compute-sanitizer` may) would otherwise hold the
-    /// host at the gate's launch until the gate's deadline.
+    /// host at the gate's launch until the gate's deadline. Default: on, unless
+    /// `CMM_CUDA_GATE=0`.
     pub gate: bool,
     /// Launch signals, waits and SM copies ([`Kernel::communicates`]) at the context's
     /// greatest stream priority, so that a signal another device waits for is not
@@ -117,7 +118,7 @@ impl Default for CudaRunOptions {
             sync: SyncMode::Kernels,
             wait_timeout: Duration::from_secs(10),
             run_timeout: Duration::from_secs(60),
-            gate: true,
+            gate: std::env::var(GATE_VAR).map_or(true, |v| v.trim() != "0"),
             comm_priority: true,
             cold_l2: false,
             read_back: ReadBack::Everything,
@@ -243,6 +244,9 @@ enum Health {
 struct State {
     gpus: Vec<Gpu>,
     health: Health,
+    /// Whether the driver loads every kernel when its module loads
+    /// (`CUDA_MODULE_LOADING=EAGER`); see [`CudaBackend::can_gate`].
+    eager_loading: bool,
 }
 
 /// The CUDA backend.
@@ -401,6 +405,7 @@ impl CudaBackend {
         let arch = if major == 9 { "sm_90a".to_string() } else { format!("sm_{major}{minor}") };
         let name = first.name().map_err(|e| CudaError::driver("reading the device name", e))?;
         drop(first);
+        let eager_loading = module_loading_is_eager()?;
         let ptx: Vec<(String, Ptx)> = KERNEL_FILES
             .iter()
             .map(|k| compile(k, &arch).map(|src| (k.name.to_string(), Ptx::from_src(src))))
@@ -409,7 +414,7 @@ impl CudaBackend {
         let memops = probe_stream_memops(&gpus[0]);
         let priority = gpus[0].priority.clone();
         Ok(CudaBackend {
-            state: Mutex::new(State { gpus, health: Health::Ready }),
+            state: Mutex::new(State { gpus, health: Health::Ready, eager_loading }),
             ptx,
             ordinals,
             arch,
@@ -420,6 +425,17 @@ impl CudaBackend {
         })
     }
 
+    /// Whether runs can hold their lanes behind the gate ([`CudaRunOptions::gate`]).
+    /// Not under lazy module loading (CUDA's default since 12.2): the first launch of a
+    /// kernel not yet loaded (cuBLAS's, chosen per shape) waits for the context's
+    /// running kernels, the gate among them, which only the host opens after that
+    /// launch; the host would sit there until the gate's deadline. Ungated, every wait
+    /// enqueued has its signal enqueued before it (schedule order), so a load's wait
+    /// ends. [`eager_module_loading_unless_chosen`] makes binaries load eagerly.
+    pub fn can_gate(&self) -> bool {
+        self.state.lock().is_ok_and(|s| s.eager_loading)
+    }
+
     /// One line naming the GPU, the kernels' architecture and the GEMM library.
     pub fn summary(&self) -> String {
         let blas = if self.cublas { "cuBLAS found" } else { "no libcublas: GEMMs on the tile kernels" };
@@ -427,7 +443,15 @@ impl CudaBackend {
             Ok(p) => format!("signals, waits and SM copies at priority {p}"),
             Err(_) => "every launch at the default priority".into(),
         };
-        format!("{} x{} ({}, kernels compiled by NVRTC; {blas}; {priority})", self.name, self.ordinals, self.arch)
+        let loading = if self.can_gate() {
+            "eager module loading"
+        } else {
+            "lazy module loading: lanes ungated (CUDA_MODULE_LOADING=EAGER gates them)"
+        };
+        format!(
+            "{} x{} ({}, kernels compiled by NVRTC; {blas}; {priority}; {loading})",
+            self.name, self.ordinals, self.arch
+        )
     }
 
     /// Whether libcublas was found when the backend started.
@@ -789,6 +813,33 @@ fn execute(
 /// queue fills would block the host before it opens the gate.
 const GATE_MAX_OPS_PER_STREAM: usize = 256;
 
+/// `CMM_CUDA_GATE=0` makes [`CudaRunOptions::default`] hold no lanes behind the gate.
+pub const GATE_VAR: &str = "CMM_CUDA_GATE";
+
+/// The variable that chooses CUDA's module loading, read once when the driver starts.
+pub const MODULE_LOADING_VAR: &str = "CUDA_MODULE_LOADING";
+
+/// Sets `CUDA_MODULE_LOADING=EAGER` unless the user chose a mode, so that runs can be
+/// gated ([`CudaBackend::can_gate`]). Call it first thing in `main`, before any thread
+/// exists and before any CUDA call: the driver reads the variable once, at `cuInit`.
+pub fn eager_module_loading_unless_chosen() {
+    if std::env::var_os(MODULE_LOADING_VAR).is_none() {
+        std::env::set_var(MODULE_LOADING_VAR, "EAGER");
+    }
+}
+
+/// Whether the driver loads modules eagerly (asked after `cuInit`).
+fn module_loading_is_eager() -> Result<bool, CudaError> {
+    let mut mode = sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING;
+    // SAFETY: `mode` is a live out-parameter; the driver was initialised by the context
+    // opened before this call.
+    #[allow(unsafe_code)]
+    unsafe { sys::cuModuleGetLoadingMode(&mut mode) }
+        .result()
+        .map_err(|e| CudaError::driver("reading the module loading mode", e))?;
+    Ok(mode == sys::CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING)
+}
+
 /// Whether `CUDA_LAUNCH_BLOCKING=1` makes every launch wait for its kernel: then the
 /// gate's launch would wait for the gate, which only the host opens, after launching.
 fn launches_block() -> bool {
@@ -807,7 +858,8 @@ impl Run<'_> {
         let setup = gpu0.ctx.default_stream();
         let per_stream =
             (0..lowered.streams).map(|s| lowered.steps.iter().filter(|st| st.stream == s).count()).max().unwrap_or(0);
-        let gated = self.options.gate && !launches_block() && per_stream <= GATE_MAX_OPS_PER_STREAM;
+        let gated =
+            self.options.gate && self.state.eager_loading && !launches_block() && per_stream <= GATE_MAX_OPS_PER_STREAM;
         if !gated {
             self.control.open_gate();
         }

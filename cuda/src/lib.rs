@@ -21,7 +21,10 @@ pub mod lower;
 pub use host::HostTwin;
 pub use launch::Kernel;
 
-pub use backend::{cublas_present, probe, CudaBackend, CudaRunOptions, CudaRunOutput, GemmSpec, Placement, ReadBack};
+pub use backend::{
+    cublas_present, eager_module_loading_unless_chosen, probe, CudaBackend, CudaRunOptions, CudaRunOutput, GemmSpec,
+    Placement, ReadBack,
+};
 pub use lower::{GemmCounts, GemmEngine, SyncMode};
 
 /// What runs a plan the CUDA way: the GPU backend ([`CudaBackend`]) or its host twin

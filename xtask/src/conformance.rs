@@ -137,12 +137,13 @@ impl Args {
     }
 
     fn cuda_options(&self) -> CudaRunOptions {
+        let defaults = CudaRunOptions::default();
         CudaRunOptions {
             sync: self.sync.mode(),
             run_timeout: Duration::from_secs(self.case_timeout),
-            gate: !self.ungated,
+            gate: defaults.gate && !self.ungated,
             comm_priority: !self.no_comm_priority,
-            ..CudaRunOptions::default()
+            ..defaults
         }
     }
 }

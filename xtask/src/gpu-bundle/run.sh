@@ -22,6 +22,9 @@ scratch="$(mktemp -d)"
 logs="$scratch/logs"
 mkdir -p "$logs"
 export CMM_REQUIRE_GPU=1
+# The gate needs every kernel loaded before the lanes are held (lazy loading, CUDA's
+# default, makes a first launch wait for the running kernels: docs/cuda.md).
+export CUDA_MODULE_LOADING="${CUDA_MODULE_LOADING:-EAGER}"
 export CMM_CASES_DIR="$here/cases" CMM_GOLDEN_DIR="$here/golden" CMM_STAMP_DIR="$scratch/stamps"
 CMM_COMMIT="$(cat "$here/COMMIT" 2>/dev/null || echo unknown)"
 export CMM_COMMIT
@@ -184,11 +187,22 @@ export here scratch x
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     echo "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-unset (8)}"
+    echo "CUDA_MODULE_LOADING=$CUDA_MODULE_LOADING"
     echo "commit: $CMM_COMMIT"
     uname -a
     ldd --version 2>&1 | head -n 1
 } >>"$logs/env.log" 2>&1
 
+# The gate holds every lane until the whole plan is enqueued. Should a launch still wait
+# for the running kernels here, the host would sit at it until the gate's deadline and
+# every case would take that long: one small gated case first, briefly; if it does not
+# pass, every later step runs ungated (CMM_CUDA_GATE=0), and the summary says so.
+step gate-probe 45 "$x" conformance --backend cuda --filter ag_gemm_baseline_d2_ --case-timeout 10 \
+    --stamps "$scratch/probe-stamps"
+if [ "$(tail -n 1 "$logs/steps.tsv" | cut -f 1)" = gate-probe ] && [ "$(tail -n 1 "$logs/steps.tsv" | cut -f 2)" != 0 ]; then
+    export CMM_CUDA_GATE=0
+    echo "gate-probe failed: every later step runs ungated (CMM_CUDA_GATE=0)" >>"$logs/env.log"
+fi
 # The host-twin tests (host_*) need a C++ compiler, not a GPU: they run in CI.
 step device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
 step conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
