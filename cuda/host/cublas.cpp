@@ -106,6 +106,12 @@ int cublasSetStream_v2(Handle* h, void* stream) {
     return SUCCESS;
 }
 
+int cublasSetWorkspace_v2(Handle* h, void* workspace, size_t bytes) {
+    if (h == nullptr || !h->live) return NOT_INITIALIZED;
+    if (workspace == nullptr && bytes != 0) return INVALID_VALUE;
+    return SUCCESS;
+}
+
 int cublasGetStream_v2(Handle* h, void** stream) {
     if (h == nullptr || !h->live) return NOT_INITIALIZED;
     *stream = h->stream;

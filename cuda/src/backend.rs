@@ -218,6 +218,8 @@ impl Drop for BlasHandle {
 /// handle, created on first use under the stream's context.
 struct LaneSlot {
     blas: Option<BlasHandle>,
+    /// The handle's own workspace (dropped after the handle).
+    workspace: Option<DeviceAlloc>,
     stream: Arc<CudaStream>,
 }
 
@@ -706,13 +708,19 @@ fn gpu_of(placement: Placement, d: usize) -> usize {
     }
 }
 
+/// Bytes of each cuBLAS handle's own workspace (cuBLAS asks 32 MiB on Hopper).
+const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// `CMM_CUBLAS_WORKSPACE=0` leaves cuBLAS its default workspace (for diagnosis).
+const CUBLAS_WORKSPACE_VAR: &str = "CMM_CUBLAS_WORKSPACE";
+
 /// Makes sure GPU `g` has `count` lane streams (created in order, so stream i keeps
 /// its hardware queue across runs) and, with `blas`, a cuBLAS handle on each.
 fn ensure_lanes(state: &mut State, g: usize, count: usize, blas: bool) -> Result<(), CudaError> {
     let gpu = &mut state.gpus[g];
     while gpu.lanes.len() < count {
         let stream = gpu.ctx.new_stream().map_err(|e| CudaError::driver("creating a lane stream", e))?;
-        gpu.lanes.push(LaneSlot { blas: None, stream });
+        gpu.lanes.push(LaneSlot { blas: None, workspace: None, stream });
     }
     if blas {
         gpu.ctx.bind_to_thread().map_err(|e| CudaError::driver("binding the context for cuBLAS", e))?;
@@ -727,6 +735,19 @@ fn ensure_lanes(state: &mut State, g: usize, count: usize, blas: bool) -> Result
             #[allow(unsafe_code)]
             unsafe { blas::set_stream(handle.0, slot.stream.cu_stream() as _) }
                 .map_err(|e| CudaError::driver("binding cuBLAS to a stream", e))?;
+            // A workspace of the handle's own, allocated here rather than by cuBLAS in
+            // the middle of a run, where an allocation could wait for the held lanes.
+            if std::env::var(CUBLAS_WORKSPACE_VAR).map_or(true, |v| v.trim() != "0") {
+                let workspace = DeviceAlloc::uninit(&gpu.ctx, CUBLAS_WORKSPACE_BYTES)?;
+                // SAFETY: the handle is live and the workspace outlives it (the slot
+                // drops the handle first); nothing else uses this memory.
+                #[allow(unsafe_code)]
+                unsafe {
+                    blas_sys::cublasSetWorkspace_v2(handle.0, workspace.ptr as _, CUBLAS_WORKSPACE_BYTES).result()
+                }
+                .map_err(|e| CudaError::driver("giving cuBLAS its workspace", e))?;
+                slot.workspace = Some(workspace);
+            }
             slot.blas = Some(handle);
         }
     }
