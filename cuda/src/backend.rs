@@ -249,6 +249,8 @@ struct State {
     /// Whether the driver loads every kernel when its module loads
     /// (`CUDA_MODULE_LOADING=EAGER`); see [`CudaBackend::can_gate`].
     eager_loading: bool,
+    /// cuBLAS GEMM shapes already run once on each `(gpu, lane)` ([`warm_cublas`]).
+    warm_blas: std::collections::HashSet<(usize, usize, BlasShape)>,
 }
 
 /// The CUDA backend.
@@ -416,7 +418,7 @@ impl CudaBackend {
         let memops = probe_stream_memops(&gpus[0]);
         let priority = gpus[0].priority.clone();
         Ok(CudaBackend {
-            state: Mutex::new(State { gpus, health: Health::Ready, eager_loading }),
+            state: Mutex::new(State { gpus, health: Health::Ready, eager_loading, warm_blas: Default::default() }),
             ptx,
             ordinals,
             arch,
@@ -754,6 +756,55 @@ fn ensure_lanes(state: &mut State, g: usize, count: usize, blas: bool) -> Result
     Ok(())
 }
 
+/// What makes cuBLAS choose (and load) a kernel for a GEMM: shape, leading dimensions,
+/// transposes, dtypes and the operands' alignments.
+type BlasShape = ([u64; 6], [u32; 4], [DType; 3], [u64; 3]);
+
+/// Runs every cuBLAS GEMM shape of the plan not yet seen on its lane once, alone, on
+/// scratch operands. cuBLAS loads a shape's kernels (`cuLibraryLoadData`) the first
+/// time it meets it, whatever `CUDA_MODULE_LOADING` says, and a load waits for the
+/// context's running kernels: in a gated run the host would wait there for lanes held
+/// until it opens the gate (seen on an H100: every gated case stopped until the gate's
+/// deadline). After this, a run's GEMMs find their kernels loaded.
+fn warm_cublas(
+    state: &mut State,
+    lowered: &Lowered,
+    streams: &[(usize, usize)],
+    memory: &Memory,
+) -> Result<(), CudaError> {
+    const ALIGN: u64 = 256;
+    for step in &lowered.steps {
+        let Some(Command::Gemm(command)) = &step.command else { continue };
+        let Submission::Cublas { args, dtypes } = gemm_submission(memory, command) else { continue };
+        let (g, slot) = streams[step.stream];
+        let shape: BlasShape = (
+            [args.a_stride, args.b_stride, args.c_stride, u64::from(args.m), u64::from(args.n), u64::from(args.k)],
+            [args.flags, args.a_dtype, args.b_dtype, args.c_dtype],
+            dtypes,
+            [args.a % ALIGN, args.b % ALIGN, args.c % ALIGN],
+        );
+        if !state.warm_blas.insert((g, slot, shape)) {
+            continue;
+        }
+        let gpu = &state.gpus[g];
+        let lane = &gpu.lanes[slot];
+        let handle = lane.blas.as_ref().expect("lanes running cuBLAS GEMMs have handles").0;
+        // Operands as large as any layout of these dimensions and strides needs, at the
+        // real operands' alignments; zeroed, so the GEMM reads defined values.
+        let (m, n, k) = (u64::from(args.m), u64::from(args.n), u64::from(args.k));
+        let bytes = |stride: u64, rows: u64| (stride.max(1) * rows.max(1) * 4 + ALIGN) as usize;
+        let a = DeviceAlloc::zeroed(&gpu.ctx, bytes(args.a_stride, m.max(k)))?;
+        let b = DeviceAlloc::zeroed(&gpu.ctx, bytes(args.b_stride, k.max(n)))?;
+        let c = DeviceAlloc::zeroed(&gpu.ctx, bytes(args.c_stride, m.max(n)))?;
+        let scratch =
+            GemmArgs { a: a.ptr + args.a % ALIGN, b: b.ptr + args.b % ALIGN, c: c.ptr + args.c % ALIGN, ..args };
+        lane.stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
+        cublas_gemm(handle, &scratch, dtypes)?;
+        lane.stream.synchronize().map_err(|e| CudaError::driver("warming cuBLAS up", e))?;
+    }
+    Ok(())
+}
+
 /// Everything one run enqueues, kept together so that an error anywhere can stop and
 /// drain the GPU before any of it is freed.
 struct Run<'s> {
@@ -778,11 +829,6 @@ fn execute(
 ) -> Result<CudaRunOutput, CudaError> {
     let memory = Memory::allocate(&state.gpus, plan, |d| gpu_of(options.placement, d))?;
     memory.initialise(&state.gpus, plan, seed, family, |d| gpu_of(options.placement, d))?;
-    if options.cold_l2 {
-        for gpu in &state.gpus {
-            evict_l2(&gpu.ctx)?;
-        }
-    }
     let lanes = plan.lanes.len();
     let streams: Vec<(usize, usize)> = (0..lowered.streams)
         .map(|s| {
@@ -797,6 +843,14 @@ fn execute(
     for g in 0..state.gpus.len() {
         let count = streams.iter().filter(|(gpu, _)| *gpu == g).map(|(_, slot)| slot + 1).max().unwrap_or(0);
         ensure_lanes(state, g, count, blas)?;
+    }
+    if blas {
+        warm_cublas(state, lowered, &streams, &memory)?;
+    }
+    if options.cold_l2 {
+        for gpu in &state.gpus {
+            evict_l2(&gpu.ctx)?;
+        }
     }
     let state: &State = state;
     let control = HostControl::new(&state.gpus[0].ctx, lowered.wait_slots.len())?;
