@@ -26,7 +26,7 @@ pub struct Args {
     /// The folder to (re)create [default: target/gpu-bundle].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Do not fetch the Vulkan loader (libvulkan1) with `apt-get download`.
+    /// Do not fetch the Vulkan loader and GL dispatch libraries with `apt-get download`.
     #[arg(long)]
     pub no_vulkan: bool,
     /// After building, run the script here and require its "no GPU" exit (status 3), then
@@ -204,13 +204,19 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// `apt-get download libvulkan1` into `dir`; returns what happened, in words.
+/// The Vulkan loader and the GL vendor-neutral dispatch libraries that NVIDIA's
+/// Vulkan driver (`libGLX_nvidia.so.0`) links against; a GPU machine may have none of
+/// them (on an H100 the loader alone found no adapter).
+const VULKAN_PACKAGES: [&str; 7] =
+    ["libvulkan1", "libglvnd0", "libglx0", "libegl1", "libgl1", "libopengl0", "libgles2"];
+
+/// `apt-get download` of [`VULKAN_PACKAGES`] into `dir`; returns what happened, in words.
 fn fetch_vulkan(dir: &Path) -> String {
     if let Err(e) = fs::create_dir_all(dir) {
         return format!("not bundled ({e})");
     }
-    match Command::new("apt-get").args(["download", "libvulkan1"]).current_dir(dir).output() {
-        Ok(out) if out.status.success() => "libvulkan1 .deb bundled".into(),
+    match Command::new("apt-get").arg("download").args(VULKAN_PACKAGES).current_dir(dir).output() {
+        Ok(out) if out.status.success() => format!("{} .debs bundled", VULKAN_PACKAGES.join(", ")),
         Ok(out) => format!("not bundled (apt-get download: {})", String::from_utf8_lossy(&out.stderr).trim()),
         Err(e) => format!("not bundled (apt-get: {e})"),
     }

@@ -228,7 +228,8 @@ step sanitizer-synccheck 90 bash -c 'sanitize synccheck'
 step conformance-repeated 90 "$x" conformance --backend cuda --sync kernels --filter _d8_ \
     --schedules 5 --case-timeout 30 --stamps "$scratch/repeated-stamps"
 reference_on_vulkan() { # the wgpu reference on this GPU's Vulkan driver
-    if ! ldconfig -p | grep -q libvulkan.so.1 && compgen -G "$here/vulkan/*.deb" >/dev/null; then
+    if { ! ldconfig -p | grep -q libvulkan.so.1 || ! ldconfig -p | grep -q libGLdispatch.so.0; } \
+        && compgen -G "$here/vulkan/*.deb" >/dev/null; then
         local root="$scratch/vulkan-root"
         for deb in "$here"/vulkan/*.deb; do dpkg -x "$deb" "$root"; done
         export LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
@@ -240,7 +241,8 @@ reference_on_vulkan() { # the wgpu reference on this GPU's Vulkan driver
         fi
     done
     echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-unset}"
-    "$x" conformance --backend reference
+    # The loader's errors name the library a driver could not load.
+    VK_LOADER_DEBUG=error "$x" conformance --backend reference
 }
 export -f reference_on_vulkan
 step reference-vulkan 120 bash -c reference_on_vulkan
