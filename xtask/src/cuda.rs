@@ -376,26 +376,78 @@ fn time_plan(
 
 /// Σ over the plan's GEMM ops of the cuBLAS time of the same GEMM alone (memoised per
 /// shape): the time the plan's arithmetic takes on one GPU with nothing overlapped.
-fn gemm_sum_us(backend: &CudaBackend, plan: &Plan, reps: usize, cache: &mut HashMap<GemmSpec, f64>) -> Result<f64> {
+/// The GEMM shapes of a plan, one entry per GEMM op (empty GEMMs left out).
+fn gemm_specs(plan: &Plan) -> Vec<GemmSpec> {
+    plan.ops().filter_map(|(_, op)| GemmSpec::of(plan, op)).filter(|spec| spec.m > 0 && spec.n > 0).collect()
+}
+
+/// The Σ-GEMM bound of a plan: each of its GEMMs timed alone through cuBLAS, once per
+/// shape (kept in `cache`).
+fn gemm_sum_us(
+    backend: &CudaBackend,
+    specs: &[GemmSpec],
+    reps: usize,
+    cache: &mut HashMap<GemmSpec, f64>,
+) -> Result<f64> {
     let mut total = 0.0;
-    for (_, op) in plan.ops() {
-        let Some(spec) = GemmSpec::of(plan, op) else { continue };
-        if spec.m == 0 || spec.n == 0 {
-            continue;
-        }
-        let us = match cache.get(&spec) {
+    for spec in specs {
+        let us = match cache.get(spec) {
             Some(&us) => us,
             None => {
-                let us = backend
-                    .time_gemm(&spec, GemmEngine::Cublas, reps)
-                    .with_context(|| format!("timing a {}x{}x{} GEMM", spec.m, spec.n, spec.k))?;
-                cache.insert(spec, us);
+                let us = time_cublas(backend, spec, reps)?;
+                cache.insert(*spec, us);
                 us
             }
         };
         total += us;
     }
     Ok(total)
+}
+
+fn time_cublas(backend: &CudaBackend, spec: &GemmSpec, reps: usize) -> Result<f64> {
+    backend
+        .time_gemm(spec, GemmEngine::Cublas, reps)
+        .with_context(|| format!("timing a {}x{}x{} GEMM", spec.m, spec.n, spec.k))
+}
+
+/// Two timings of one GEMM shape this far apart are reported: the GPU was not in the
+/// same state for both.
+const BOUND_DRIFT: f64 = 1.10;
+
+/// Times every shape in `cache` again and keeps, per shape, the lower of the two medians
+/// (a bound should not carry a moment when the GPU ran slow: seen once on an H100, a
+/// shape's first timing 32 % above its others). Returns (shape, first µs, second µs) of
+/// every shape whose timings differ by more than [`BOUND_DRIFT`].
+fn retime_bounds(
+    backend: &CudaBackend,
+    cache: &mut HashMap<GemmSpec, f64>,
+    reps: usize,
+) -> Result<Vec<(GemmSpec, f64, f64)>> {
+    let mut drifted = Vec::new();
+    for (spec, first) in cache.iter_mut() {
+        let second = time_cublas(backend, spec, reps)?;
+        if second.max(*first) > BOUND_DRIFT * second.min(*first) {
+            drifted.push((*spec, *first, second));
+        }
+        *first = first.min(second);
+    }
+    drifted.sort_by_key(|(spec, _, _)| (spec.m, spec.n, spec.k));
+    Ok(drifted)
+}
+
+/// Sets each row's bound from `cache` (after [`retime_bounds`]); returns the rows whose
+/// bound moved by more than 1 %, with their old ÷ Σ.
+fn rebound_rows(rows: &mut [Row], specs: &[Vec<GemmSpec>], cache: &HashMap<GemmSpec, f64>) -> Vec<(usize, f64)> {
+    let mut moved = Vec::new();
+    for (i, (row, specs)) in rows.iter_mut().zip(specs).enumerate() {
+        let bound: f64 = specs.iter().map(|spec| cache[spec]).sum();
+        if (bound - row.gemm_sum_us).abs() > 0.01 * row.gemm_sum_us {
+            moved.push((i, row.time_over_gemm_sum));
+        }
+        row.gemm_sum_us = bound;
+        row.time_over_gemm_sum = row.time_us / bound;
+    }
+    moved
 }
 
 /// The seed-000 problem (f16, per-shard M=1024, K=N=4096) at `d` devices: every ring
@@ -506,6 +558,8 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         ))
     });
     let mut cache = HashMap::new();
+    // Per row, the GEMM shapes its bound sums.
+    let mut row_specs: Vec<Vec<GemmSpec>> = Vec::new();
     for op in [OpKind::AgGemm, OpKind::GemmRs] {
         for d in [2usize, 4, 8] {
             let problem = seed000(op, d, shrink)?;
@@ -557,7 +611,9 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 } else {
                     None
                 };
-                let bound = gemm_sum_us(&backend, &plan, reps, &mut cache)?;
+                let specs = gemm_specs(&plan);
+                let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;
+                row_specs.push(specs);
                 let tflops = problem.flops() / us / 1e6;
                 println!(
                     "{:<8} {:>2} {:<16} {:>10.1} {:>12.1} {:>8.3} {:>12.1} {:>7.2}x {:>8.0} {:>12}{}{}",
@@ -593,6 +649,20 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
             report.save(&path)?;
         }
     }
+    // Each bound shape once more, now that the GPU has run for a while.
+    for (spec, first, second) in retime_bounds(&backend, &mut cache, reps)? {
+        println!(
+            "bound: a {}x{}x{} GEMM timed {first:.1} µs, then {second:.1} µs at the end; the bound keeps the lower",
+            spec.m, spec.n, spec.k
+        );
+    }
+    for (i, old) in rebound_rows(&mut report.rows, &row_specs, &cache) {
+        let r = &report.rows[i];
+        println!(
+            "bound: {} D={} {}: Σ GEMMs now {:.1} µs, ÷ Σ {:.3} (was {old:.3})",
+            r.op, r.devices, r.algorithm, r.gemm_sum_us, r.time_over_gemm_sum
+        );
+    }
     report.complete = true;
     report.save(&path)?;
     let targets = &report.targets;
@@ -627,6 +697,34 @@ mod tests {
             time_without_comm_priority_us: None,
             spot_check_worst: 0.0,
         }
+    }
+
+    #[test]
+    fn a_lower_second_timing_of_a_shape_moves_every_row_that_sums_it() {
+        let spec = |k| GemmSpec {
+            m: 64,
+            n: 64,
+            k,
+            input: DType::F16,
+            output: DType::F16,
+            trans_a: false,
+            trans_b: false,
+            accumulate: false,
+        };
+        // The first timing of shape k=64 was 80 µs; the bound now keeps 60.
+        let cache = HashMap::from([(spec(64), 60.0), (spec(128), 50.0)]);
+        let mut rows = vec![
+            row("ag_gemm", 4, "ring", 210.0, 2.0 * 80.0 + 50.0, 300.0),
+            row("ag_gemm", 4, "baseline", 60.0, 50.0, 300.0),
+        ];
+        let specs = vec![vec![spec(64), spec(64), spec(128)], vec![spec(128)]];
+        let moved = rebound_rows(&mut rows, &specs, &cache);
+        assert_eq!(moved, vec![(0, 1.0)]);
+        assert_eq!(rows[0].gemm_sum_us, 170.0);
+        assert!((rows[0].time_over_gemm_sum - 210.0 / 170.0).abs() < 1e-12);
+        // Within the 1.05 bound before, not after: the targets follow the rows.
+        assert!(!targets(&rows)[0].within_bound);
+        assert_eq!((rows[1].gemm_sum_us, rows[1].time_over_gemm_sum), (50.0, 1.2));
     }
 
     #[test]
