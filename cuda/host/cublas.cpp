@@ -9,8 +9,14 @@
 // order in f32, then C = alpha·sum + beta·C, rounded once to C's dtype. With beta = 0, C
 // is not read (it may hold anything, as cuBLAS allows).
 
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <string>
+
 extern "C" int cmm_fake_enqueue(void* stream, void (*work)(void*), void* arg, void (*release)(void*));
 extern "C" int cmm_fake_accessible(u64 addr, u64 bytes);
+extern "C" int cmm_fake_load_code(void* stream);
 
 namespace cmm_fake_blas {
 
@@ -74,6 +80,20 @@ inline void run(void* arg) {
 }
 
 inline void release(void* arg) { delete static_cast<Gemm*>(arg); }
+
+// cuBLASLt loads the kernels for a GEMM the first time it meets its shape, whatever
+// CUDA_MODULE_LOADING says, and the load waits for the context's running work (seen on
+// an H100: cuLibraryLoadData inside cublasGemmEx). The shapes met so far, by what picks
+// a kernel: transposes, sizes, dtypes, leading dimensions, 16-byte alignment.
+std::mutex loaded_lock;
+std::set<std::string> loaded;
+
+inline std::string shape_of(const Gemm& g) {
+    char key[160];
+    std::snprintf(key, sizeof key, "%d %d %d %d %d %u %u %d %d %d %d %d %d", g.trans_a, g.trans_b, g.m, g.n, g.k, g.ta,
+                  g.tc, g.lda, g.ldb, g.ldc, (int)(g.a % 16), (int)(g.b % 16), (int)(g.c % 16));
+    return key;
+}
 
 // Bytes from the first to one past the last element of a column-major rows × cols
 // matrix with leading dimension ld.
@@ -142,11 +162,26 @@ int cublasGemmEx(Handle* h, int transa, int transb, int m, int n, int k, const v
         delete g;
         return INVALID_VALUE;
     }
+    bool first;
+    {
+        std::lock_guard<std::mutex> guard(loaded_lock);
+        first = loaded.insert(shape_of(*g)).second;
+    }
+    if (first && cmm_fake_load_code(h->stream) != 0) {
+        delete g;
+        return EXECUTION_FAILED;
+    }
     if (cmm_fake_enqueue(h->stream, run, g, release) != 0) {
         delete g;
         return EXECUTION_FAILED;
     }
     return SUCCESS;
+}
+
+// For tests: cuBLAS forgets every shape it has loaded kernels for.
+void cmm_fake_blas_forget_loaded() {
+    std::lock_guard<std::mutex> guard(loaded_lock);
+    loaded.clear();
 }
 
 }  // extern "C"

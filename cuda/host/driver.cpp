@@ -33,6 +33,10 @@
 // - The NULL stream is the legacy default stream without its implicit synchronisation
 //   with blocking streams (cmm creates only non-blocking ones). Synchronous copies and
 //   memsets first drain it, as they do on a GPU.
+// - Loading code waits for the context's running work, as on a GPU: a function's first
+//   launch under lazy module loading (unless CUDA_MODULE_LOADING=EAGER), and the fake
+//   cuBLAS's first GEMM of each shape (cuBLASLt loads its kernels then). A kernel that
+//   spins until the host acts after such a load, as cmm's gate does, holds the host.
 // - A sticky error makes every later item of its context a no-op and every call
 //   return it, until cuDevicePrimaryCtxReset. Tests can inject one (a faulting launch)
 //   or drop a launch or a stream write (a lost signal): cmm_fake_inject.
@@ -42,6 +46,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -134,6 +139,7 @@ struct Function {
     Entry entry;
     ParamSizes params;
     u32 mode;
+    std::atomic<bool> loaded{false};  // under lazy loading, its first launch loads it
 };
 
 // One lock for the tables; queues have their own. The tables are never destroyed: the
@@ -505,10 +511,8 @@ CUresult cuCtxGetDevice(int* device) {
     return SUCCESS;
 }
 
-CUresult cuCtxSynchronize() {
-    if (!initialised) return NOT_INITIALIZED;
-    if (current == nullptr || current->dead.load()) return INVALID_CONTEXT;
-    Context* ctx = current;
+// Until every queue of `ctx` is empty (or the context is lost).
+static void wait_idle(Context* ctx) {
     std::unique_lock<std::mutex> g(lock);
     progress.wait(g, [&] {
         if (ctx->dead.load()) return true;
@@ -518,6 +522,26 @@ CUresult cuCtxSynchronize() {
         }
         return true;
     });
+}
+
+// Loading code into a context waits for its running work, as on a GPU: a function's
+// first launch under lazy module loading (CUDA's default; CUDA_MODULE_LOADING=EAGER
+// loads every function with its module), and a library's kernels (cmm_fake_load_code).
+// A kernel that spins until the host acts after that load holds the host there.
+// -1: as CUDA_MODULE_LOADING says; 0 lazy, 1 eager (cmm_fake_set_module_loading).
+std::atomic<int> module_loading{-1};
+
+static bool lazy_loading() {
+    if (int chosen = module_loading.load(); chosen >= 0) return chosen == 0;
+    const char* chosen = std::getenv("CUDA_MODULE_LOADING");
+    return chosen == nullptr || std::strcmp(chosen, "EAGER") != 0;
+}
+
+CUresult cuCtxSynchronize() {
+    if (!initialised) return NOT_INITIALIZED;
+    if (current == nullptr || current->dead.load()) return INVALID_CONTEXT;
+    Context* ctx = current;
+    wait_idle(ctx);
     return ctx->sticky.load();
 }
 
@@ -829,8 +853,7 @@ CUresult cuModuleLoadData(Module** out, const void* image) {
 CUresult cuModuleGetLoadingMode(int* mode) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     if (mode == nullptr) return INVALID_VALUE;
-    const char* chosen = std::getenv("CUDA_MODULE_LOADING");
-    *mode = chosen != nullptr && std::strcmp(chosen, "EAGER") == 0 ? 1 : 2;
+    *mode = lazy_loading() ? 2 : 1;
     return SUCCESS;
 }
 
@@ -852,7 +875,7 @@ CUresult cuModuleGetFunction(Function** out, Module* m, const char* name) {
     auto params = (ParamSizes)dlsym(self, ("cmm_host_params_" + std::string(name)).c_str());
     auto mode = (ModeOf)dlsym(self, ("cmm_host_mode_" + std::string(name)).c_str());
     if (launcher == nullptr || params == nullptr || mode == nullptr) return NOT_FOUND;
-    *out = new Function{current, name, launcher, params, mode()};
+    *out = new Function{current, name, launcher, params, mode(), {}};
     return SUCCESS;
 }
 
@@ -953,6 +976,7 @@ CUresult cuLaunchKernelEx(const LaunchConfig* config, Function* f, void** params
         if (a.value.priority < greatest_priority.load() || a.value.priority > 0) return INVALID_VALUE;
         has_priority = true;
     }
+    if (f != nullptr && f->ctx == current && lazy_loading() && !f->loaded.exchange(true)) wait_idle(current);
     CUresult r = fake_launch(f, config->grid[0], config->grid[1], config->grid[2], config->block[0], config->block[1],
                              config->block[2], config->shared, config->stream, params, extra);
     if (r == SUCCESS && has_priority) {
@@ -972,6 +996,16 @@ u64 cmm_fake_prioritised_launches(const char* name) {
 // For tests: the greatest priority contexts report from now on (0: a single priority,
 // as on a GPU without stream priorities).
 void cmm_fake_set_greatest_priority(int greatest) { greatest_priority.store(greatest); }
+
+// For the fake cuBLAS: loading a library's kernels into the context of `stream` (see
+// lazy_loading above).
+int cmm_fake_load_code(void* handle) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    Stream* s = stream_of(handle);
+    if (s == nullptr || s->ctx != current) return INVALID_HANDLE;
+    wait_idle(s->ctx);
+    return SUCCESS;
+}
 
 // For the fake cuBLAS: runs `work(arg)` in order on `stream`, then `release(arg)`.
 int cmm_fake_enqueue(void* handle, void (*work)(void*), void* arg, void (*release)(void*)) {
@@ -997,6 +1031,9 @@ void cmm_fake_inject(const char* target, int kind, u32 nth) {
     injected_kind = kind;
     injected_countdown = nth;
 }
+
+// For tests: module loading eager (1), lazy (0), or as CUDA_MODULE_LOADING says (-1).
+void cmm_fake_set_module_loading(int eager) { module_loading.store(eager); }
 
 // For tests: whether launches block (1), do not (0), or follow CUDA_LAUNCH_BLOCKING (-1).
 void cmm_fake_set_launch_blocking(int blocking) { launch_blocking.store(blocking); }

@@ -128,6 +128,34 @@ pub fn set_greatest_priority(greatest: i32) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// Makes module loading eager (`Some(true)`), lazy (`Some(false)`), or follow
+/// `CUDA_MODULE_LOADING` (`None`) from now on, for backends created afterwards (a GPU
+/// reads the variable once, at `cuInit`). The fake driver must be installed.
+pub fn set_module_loading(eager: Option<bool>) -> Result<(), CudaError> {
+    type Set = unsafe extern "C" fn(i32);
+    let set: Set = control(b"cmm_fake_set_module_loading\0")?;
+    // SAFETY: takes a plain integer.
+    #[allow(unsafe_code)]
+    unsafe {
+        set(eager.map_or(-1, i32::from))
+    };
+    Ok(())
+}
+
+/// Makes the fake cuBLAS forget every GEMM shape it has loaded kernels for, as a fresh
+/// process's cuBLAS has: its next GEMM of each shape loads them again, and a load waits
+/// for the context's running work (see `cublas.cpp`). The fake driver must be installed.
+pub fn forget_loaded_cublas_kernels() -> Result<(), CudaError> {
+    type Forget = unsafe extern "C" fn();
+    let forget: Forget = control(b"cmm_fake_blas_forget_loaded\0")?;
+    // SAFETY: takes nothing; the fake cuBLAS guards its table with its own lock.
+    #[allow(unsafe_code)]
+    unsafe {
+        forget()
+    };
+    Ok(())
+}
+
 /// One of the fake driver's test controls (`cmm_fake_*` in driver.cpp), by its
 /// NUL-terminated name; `F` must be its exact signature.
 fn control<F: Copy>(name: &[u8]) -> Result<F, CudaError> {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use cmm_core::generator::Family;
 use cmm_core::{build_plan, Algorithm, DType, OpKind, Problem};
 use cmm_cuda::fake::Injection;
-use cmm_cuda::{CudaBackend, CudaError, CudaExecutor, CudaRunOptions, Kernel, Placement, SyncMode};
+use cmm_cuda::{CudaBackend, CudaError, CudaExecutor, CudaRunOptions, GemmEngine, Kernel, Placement, SyncMode};
 
 mod fake;
 
@@ -116,7 +116,8 @@ fn with_blocking_launches_an_ungated_run_is_right_and_a_gated_one_names_the_gate
         }
     }
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(b) = fake_backend() else { return };
+    // Eager loading: the backend gates only then.
+    let Some((b, _restore)) = fake_backend_loading(true) else { return };
     let plan = ring_plan();
     cmm_cuda::fake::set_launch_blocking(Some(true)).unwrap();
     let _unblock = Unblock;
@@ -128,6 +129,65 @@ fn with_blocking_launches_an_ungated_run_is_right_and_a_gated_one_names_the_gate
     match b.run(&plan, 5, Family::Exact, &gated) {
         Err(CudaError::RunTimeout { pending, .. }) => assert!(pending.contains("gate"), "{pending}"),
         other => panic!("a gated run with blocking launches must time out at the gate, got {}", fake::outcome(&other)),
+    }
+}
+
+/// Restores the fake driver's module loading to what `CUDA_MODULE_LOADING` says.
+struct LoadingAsTheEnvironmentSays;
+
+impl Drop for LoadingAsTheEnvironmentSays {
+    fn drop(&mut self) {
+        let _ = cmm_cuda::fake::set_module_loading(None);
+    }
+}
+
+/// The backend on one fake GPU whose module loading is eager (`true`) or lazy.
+fn fake_backend_loading(eager: bool) -> Option<(CudaBackend, LoadingAsTheEnvironmentSays)> {
+    cmm_cuda::fake::install().unwrap();
+    cmm_cuda::fake::set_module_loading(Some(eager)).unwrap();
+    let restore = LoadingAsTheEnvironmentSays;
+    fake_backend().map(|b| (b, restore))
+}
+
+/// cuBLAS loads a GEMM shape's kernels the first time it meets the shape, and the load
+/// waits for the running kernels, the gate among them (found on an H100). The backend
+/// runs each shape once before a gated run. If cuBLAS has forgotten a shape the backend
+/// warmed, the gated run's GEMM waits for the gate: the run fails at the gate's deadline,
+/// naming the gate, rather than hanging; the load is done by then, and the next run is
+/// right.
+#[test]
+fn a_cublas_shape_met_first_behind_the_gate_holds_the_host_until_the_gate_deadline() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((b, _restore)) = fake_backend_loading(true) else { return };
+    assert!(b.can_gate());
+    let plan = ring_plan();
+    let second = Duration::from_secs(1);
+    let cublas =
+        CudaRunOptions { gemm: GemmEngine::Cublas, run_timeout: second, wait_timeout: second, ..Default::default() };
+    let out = b.run(&plan, 5, Family::Exact, &cublas).unwrap();
+    assert!(out.gated && out.gemms.cublas > 0, "gated {}, cuBLAS GEMMs {}", out.gated, out.gemms.cublas);
+    assert_right(&b, &plan, &cublas);
+    cmm_cuda::fake::forget_loaded_cublas_kernels().unwrap();
+    match b.run(&plan, 5, Family::Exact, &cublas) {
+        Err(CudaError::RunTimeout { pending, .. }) => assert!(pending.contains("gate"), "{pending}"),
+        other => panic!("a cuBLAS load behind the gate must end at the gate's deadline, got {}", fake::outcome(&other)),
+    }
+    assert_right(&b, &plan, &cublas);
+}
+
+/// Under lazy module loading (CUDA's default) a kernel's first launch waits for the
+/// running work, the gate among them: the backend then holds no lanes behind the gate,
+/// and says so; the run is right. Under eager loading it gates.
+#[test]
+fn under_lazy_module_loading_runs_are_ungated_and_right() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    for eager in [false, true] {
+        let Some((b, _restore)) = fake_backend_loading(eager) else { return };
+        assert_eq!(b.can_gate(), eager);
+        assert!(b.summary().contains(if eager { "; eager module loading" } else { "; lazy module loading" }));
+        let out = b.run(&ring_plan(), 5, Family::Exact, &CudaRunOptions::default()).unwrap();
+        assert_eq!(out.gated, eager);
+        assert_right(&b, &ring_plan(), &CudaRunOptions::default());
     }
 }
 
