@@ -78,13 +78,13 @@ pub fn run(args: &Args) -> Result<()> {
             }));
         }
         println!("{} on {} (simulated)", problem.describe(), profile.name);
-        println!("{:<4} {:<18} {:>12} {:>14} {:>14}", "rank", "algorithm", "simulated", "exposed comm", "vs baseline");
+        println!("{:<4} {:<20} {:>12} {:>14} {:>14}", "rank", "algorithm", "simulated", "exposed comm", "vs baseline");
         let base =
             ranking.ranked.iter().find(|c| c.algorithm == cmm_core::Algorithm::Baseline).map(|c| c.report.makespan_s);
         for (i, c) in ranking.ranked.iter().enumerate() {
             let speed = base.map(|b| format!("{:.2}x", b / c.report.makespan_s)).unwrap_or_default();
             println!(
-                "{:<4} {:<18} {:>12} {:>14} {:>14}",
+                "{:<4} {:<20} {:>12} {:>14} {:>14}",
                 i + 1,
                 c.algorithm.to_string(),
                 us(c.report.makespan_s),

@@ -430,12 +430,13 @@ impl CudaBackend {
     }
 
     /// Whether runs can hold their lanes behind the gate ([`CudaRunOptions::gate`]).
-    /// Not under lazy module loading (CUDA's default since 12.2): the first launch of a
-    /// kernel not yet loaded (cuBLAS's, chosen per shape) waits for the context's
-    /// running kernels, the gate among them, which only the host opens after that
-    /// launch; the host would sit there until the gate's deadline. Ungated, every wait
-    /// enqueued has its signal enqueued before it (schedule order), so a load's wait
-    /// ends. [`eager_module_loading_unless_chosen`] makes binaries load eagerly.
+    /// Not under lazy module loading (CUDA's default since 12.2): the first launch of one
+    /// of cmm's kernels not yet loaded would wait for the context's running kernels, the
+    /// gate among them, which only the host opens after that launch; the host would sit
+    /// there until the gate's deadline. Ungated, every wait enqueued has its signal
+    /// enqueued before it (schedule order), so a load's wait ends. (cuBLAS loads its
+    /// kernels per shape in either mode: [`warm_cublas`] meets each shape first.)
+    /// [`eager_module_loading_unless_chosen`] makes binaries load eagerly.
     pub fn can_gate(&self) -> bool {
         self.state.lock().is_ok_and(|s| s.eager_loading)
     }
@@ -737,8 +738,8 @@ fn ensure_lanes(state: &mut State, g: usize, count: usize, blas: bool) -> Result
             #[allow(unsafe_code)]
             unsafe { blas::set_stream(handle.0, slot.stream.cu_stream() as _) }
                 .map_err(|e| CudaError::driver("binding cuBLAS to a stream", e))?;
-            // A workspace of the handle's own, allocated here rather than by cuBLAS in
-            // the middle of a run, where an allocation could wait for the held lanes.
+            // A workspace of the handle's own, fixed before any run, so that cuBLAS has
+            // no memory of its own to find while a run holds its lanes behind the gate.
             if std::env::var(CUBLAS_WORKSPACE_VAR).map_or(true, |v| v.trim() != "0") {
                 let workspace = DeviceAlloc::uninit(&gpu.ctx, CUBLAS_WORKSPACE_BYTES)?;
                 // SAFETY: the handle is live and the workspace outlives it (the slot

@@ -571,13 +571,13 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
             let baseline_check = spot_checked(&backend, &problem, &baseline, &options)?
                 .map_err(|why| anyhow::anyhow!("{}: wrong output at this shape: {why}", baseline.name))?;
             let (baseline_us, _) = time_plan(&backend, &baseline, &options, reps, false)?;
-            for algorithm in [
-                Algorithm::Ring,
-                Algorithm::RingBidir,
-                Algorithm::Fused { chunks: 1 },
-                Algorithm::Baseline,
-                Algorithm::BaselineDirect,
-            ] {
+            let mut algorithms = vec![Algorithm::Ring, Algorithm::RingBidir];
+            if op == OpKind::GemmRs {
+                // The running sum added in the GEMM, whole and in two chunks.
+                algorithms.extend([Algorithm::RingAccumulate { chunks: 1 }, Algorithm::RingAccumulate { chunks: 2 }]);
+            }
+            algorithms.extend([Algorithm::Fused { chunks: 1 }, Algorithm::Baseline, Algorithm::BaselineDirect]);
+            for algorithm in algorithms {
                 let key = format!("{op} {}", algorithm.name());
                 if !stamp.contains(&key) {
                     println!("{op:<8} {d:>2} {:<16} refused: no conformance stamp for `{key}`", algorithm.to_string());

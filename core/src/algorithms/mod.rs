@@ -5,6 +5,7 @@ use std::fmt;
 
 use thiserror::Error;
 
+use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, Plan, PlanBuilder, PlanError};
 use crate::problem::{OpKind, Problem, ShardedGemm};
 
@@ -35,6 +36,15 @@ pub enum Algorithm {
         /// Chunks per shard.
         chunks: usize,
     },
+    /// GEMM+RS and GEMM+AR only: the ring (in `chunks` row chunks) whose GEMMs add each
+    /// step's partial onto the running sum received from the neighbour, in place in the
+    /// receive slot (β = 1), rather than into scratch that a reduce then adds. One pass
+    /// over the running sum and the reduce launches fewer; each GEMM waits for its sum,
+    /// so with `chunks` ≥ 2 a chunk's sum travels while the next chunk's GEMM runs.
+    RingAccumulate {
+        /// Chunks per block.
+        chunks: usize,
+    },
     /// The ring with its GEMMs fused into one tile-granular GEMM (seed 000's persistent
     /// kernel): every block of output rows waits only for its own operand rows and is
     /// released as soon as it is written; shards (or sums) travel in `chunks` row chunks.
@@ -53,6 +63,7 @@ impl Algorithm {
             Algorithm::Ring => "ring",
             Algorithm::RingBidir => "ring_bidir",
             Algorithm::RingChunked { .. } => "ring_chunked",
+            Algorithm::RingAccumulate { .. } => "ring_accumulate",
             Algorithm::Fused { .. } => "fused",
         }
     }
@@ -68,11 +79,17 @@ impl Algorithm {
                 chunks: chunks
                     .ok_or(AlgorithmError::MissingParameter { algorithm: "ring_chunked", parameter: "chunks" })?,
             },
-            // One chunk per shard unless told otherwise.
+            // One chunk per shard (or block) unless told otherwise.
+            "ring_accumulate" => Algorithm::RingAccumulate { chunks: chunks.unwrap_or(1) },
             "fused" => Algorithm::Fused { chunks: chunks.unwrap_or(1) },
             other => return Err(AlgorithmError::Unknown { name: other.to_string() }),
         };
-        if chunks.is_some() && !matches!(algorithm, Algorithm::RingChunked { .. } | Algorithm::Fused { .. }) {
+        if chunks.is_some()
+            && !matches!(
+                algorithm,
+                Algorithm::RingChunked { .. } | Algorithm::RingAccumulate { .. } | Algorithm::Fused { .. }
+            )
+        {
             return Err(AlgorithmError::UnexpectedParameter { algorithm: algorithm.name(), parameter: "chunks" });
         }
         Ok(algorithm)
@@ -83,6 +100,8 @@ impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Algorithm::RingChunked { chunks } => write!(f, "ring_chunked(c={chunks})"),
+            Algorithm::RingAccumulate { chunks: 1 } => f.write_str("ring_accumulate"),
+            Algorithm::RingAccumulate { chunks } => write!(f, "ring_accumulate(c={chunks})"),
             Algorithm::Fused { chunks: 1 } => f.write_str("fused"),
             Algorithm::Fused { chunks } => write!(f, "fused(c={chunks})"),
             other => f.write_str(other.name()),
@@ -96,7 +115,7 @@ impl fmt::Display for Algorithm {
 pub enum AlgorithmError {
     /// The algorithm name is not known.
     #[error(
-        "unknown algorithm `{name}` (expected baseline, baseline_direct, ring, ring_bidir, ring_chunked or fused)"
+        "unknown algorithm `{name}` (expected baseline, baseline_direct, ring, ring_bidir, ring_chunked, ring_accumulate or fused)"
     )]
     Unknown {
         /// The name given.
@@ -132,6 +151,23 @@ pub enum AlgorithmError {
         /// The parameter value.
         by: usize,
     },
+    /// The algorithm has no plan for this op.
+    #[error("algorithm {algorithm} is not defined for {op}")]
+    NotDefined {
+        /// Algorithm.
+        algorithm: Algorithm,
+        /// The op.
+        op: &'static str,
+    },
+    /// The algorithm adds onto the running sum inside its GEMM, which rounds once only
+    /// into f32 partial sums.
+    #[error("{algorithm} adds each partial onto the running sum in its GEMM, which needs f32 partial sums (the wire dtype is {wire})")]
+    NeedsF32Wire {
+        /// Algorithm.
+        algorithm: Algorithm,
+        /// The problem's partial-sum dtype.
+        wire: DType,
+    },
     /// The produced plan failed validation (a bug in the algorithm).
     #[error(transparent)]
     Plan(#[from] PlanError),
@@ -150,12 +186,14 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
             ring::ag_gemm_ring(problem, algorithm, chunks)
         }
         (OpKind::AgGemm, Algorithm::RingBidir) => ring::ag_gemm_bidir(problem),
-        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Baseline) => ring::gemm_reduce_baseline(problem),
-        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Ring) => ring::gemm_reduce_ring(problem, false, 1),
-        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::RingBidir) => ring::gemm_reduce_ring(problem, true, 1),
-        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::RingChunked { chunks }) => {
-            ring::gemm_reduce_ring(problem, false, chunks)
+        (OpKind::AgGemm, Algorithm::RingAccumulate { .. }) => {
+            Err(AlgorithmError::NotDefined { algorithm, op: problem.op.name() })
         }
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Baseline) => ring::gemm_reduce_baseline(problem),
+        (
+            OpKind::GemmRs | OpKind::GemmAr,
+            Algorithm::Ring | Algorithm::RingBidir | Algorithm::RingChunked { .. } | Algorithm::RingAccumulate { .. },
+        ) => ring::gemm_reduce_ring(problem, algorithm),
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Fused { chunks }) => ring::gemm_reduce_fused(problem, chunks),
     }
 }
@@ -170,8 +208,7 @@ pub(crate) fn min_ops(p: &Problem) -> u128 {
 /// Every algorithm variant defined for `op` (with a representative chunk count): the same
 /// seven for every 1D op.
 pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
-    let _ = op;
-    vec![
+    let mut all = vec![
         Algorithm::Baseline,
         Algorithm::BaselineDirect,
         Algorithm::Ring,
@@ -179,7 +216,11 @@ pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
         Algorithm::RingChunked { chunks: 2 },
         Algorithm::Fused { chunks: 1 },
         Algorithm::Fused { chunks: 2 },
-    ]
+    ];
+    if matches!(op, OpKind::GemmRs | OpKind::GemmAr) {
+        all.extend([Algorithm::RingAccumulate { chunks: 1 }, Algorithm::RingAccumulate { chunks: 2 }]);
+    }
+    all
 }
 
 /// Declares the input buffer of global tensor `tensor` with each device's shard origin.

@@ -1,6 +1,7 @@
 //! The 1D ring family (BRIEF §4) and the non-overlapped baselines.
 
 use super::{chunk_rows, start_plan, Algorithm, AlgorithmError};
+use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, Engine, LaneId, Op, Plan, PlanBuilder, Region, SemId};
 use crate::problem::{OpKind, Problem, Window};
 
@@ -365,18 +366,25 @@ impl OverlappedReduce {
 
     /// Step s (< n−1) of the comm lane; rings sharing a lane interleave their steps.
     pub fn comm_step(&self, b: &mut PlanBuilder, s: usize) {
+        self.comm_step_from(b, s, self.send[s]);
+    }
+
+    /// Step s (< n−1) of the comm lane, passing on the sum held in `sum`.
+    pub fn comm_step_from(&self, b: &mut PlanBuilder, s: usize, sum: Region) {
         b.push(self.me, self.comm, wait(self.ready, (s + 1) as u32));
-        b.push(self.me, self.comm, copy(self.send[s], self.peer, self.recv_slots[s]));
+        b.push(self.me, self.comm, copy(sum, self.peer, self.recv_slots[s]));
         b.push(self.me, self.comm, signal(self.peer, self.recv));
     }
 }
 
 /// The running sums of a ring ReduceScatter in flight: sent and received, one block
 /// slot per step but the last, in the wire dtype.
-fn sum_slots(b: &mut PlanBuilder, p: &Problem) -> (BufId, BufId) {
-    let rows = (p.devices - 1) * (p.m / p.devices);
-    let send = b.buffer("send", p.wire, rows, p.n, BufferRole::Scratch);
-    let recv = b.buffer("recv", p.wire, rows, p.n, BufferRole::Scratch);
+/// `send_slots` of them are sent from `send` (a ring that accumulates in place sends
+/// from `recv` after its first step).
+fn sum_slots(b: &mut PlanBuilder, p: &Problem, send_slots: usize) -> (BufId, BufId) {
+    let (slots, rows) = (p.devices - 1, p.m / p.devices);
+    let send = b.buffer("send", p.wire, send_slots.min(slots) * rows, p.n, BufferRole::Scratch);
+    let recv = b.buffer("recv", p.wire, slots * rows, p.n, BufferRole::Scratch);
     (send, recv)
 }
 
@@ -555,18 +563,22 @@ pub(super) fn ag_gemm_gathered(p: &Problem, algorithm: Algorithm, gather: &Gathe
 /// `chunks` > 1 each block is cut into that many row chunks, each its own ring (own
 /// semaphores, steps interleaved on the comm lane), so a chunk's sum travels while the
 /// next chunk's partial is computed.
-pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool, chunks: usize) -> Result<Plan, AlgorithmError> {
+pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan, AlgorithmError> {
     let n = p.devices;
     let mb = p.m / n;
-    let algorithm = match (bidir, chunks) {
-        (true, _) => Algorithm::RingBidir,
-        (false, 1) => Algorithm::Ring,
-        (false, c) => Algorithm::RingChunked { chunks: c },
+    let (bidir, chunks, accumulate) = match algorithm {
+        Algorithm::RingBidir => (true, 1, false),
+        Algorithm::RingChunked { chunks } => (false, chunks, false),
+        Algorithm::RingAccumulate { chunks } => (false, chunks, true),
+        _ => (false, 1, false),
     };
     let cr = chunk_rows(algorithm, "per-block rows M/D", mb, chunks)?;
+    if accumulate && p.wire != DType::F32 {
+        return Err(AlgorithmError::NeedsF32Wire { algorithm, wire: p.wire });
+    }
     let (mut b, a, bm, c) = start_plan(p, algorithm);
     let partial = b.buffer("P", p.wire, mb, p.n, BufferRole::Scratch);
-    let (send, recv_buf) = sum_slots(&mut b, p);
+    let (send, recv_buf) = sum_slots(&mut b, p, if accumulate { 1 } else { n - 1 });
     let compute = b.lane("compute");
     // (column window, leftwards, comm lane, per chunk (ready, recv)) of each direction.
     let mut dirs = Vec::new();
@@ -602,8 +614,9 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool, chunks: usize) -> Resul
                     .map(move |(j, &(ready, recv))| (*col0, *cols, *leftwards, *comm, j, ready, recv))
             })
             .map(|(col0, cols, leftwards, comm, j, ready, recv)| {
-                let slots =
-                    |buf| (0..n - 1).map(|s| b.window(buf, s * mb + j * cr, col0, cr, cols)).collect::<Vec<Region>>();
+                let slots = |buf, count: usize| {
+                    (0..count).map(|s| b.window(buf, s * mb + j * cr, col0, cr, cols)).collect::<Vec<Region>>()
+                };
                 let ring = OverlappedReduce {
                     me: d,
                     peer: if leftwards { left(d, n) } else { right(d, n) },
@@ -612,8 +625,8 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool, chunks: usize) -> Resul
                     recv,
                     comm,
                     part: b.window(partial, j * cr, col0, cr, cols),
-                    send: slots(send),
-                    recv_slots: slots(recv_buf),
+                    send: slots(send, if accumulate { 1.min(n - 1) } else { n - 1 }),
+                    recv_slots: slots(recv_buf, n - 1),
                 };
                 (ring, col0, cols, leftwards, j)
             })
@@ -624,9 +637,26 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool, chunks: usize) -> Resul
                 let a_rows = b.rows(a, blk * mb + j * cr, cr);
                 let b_cols = b.window(bm, 0, *col0, p.k / n, *cols);
                 let out = b.window(c, final_row0 + j * cr, *col0, cr, *cols);
-                ring.compute_step(&mut b, compute, s, out, &mut |b, dst| {
-                    b.push(d, compute, Op::gemm(a_rows, b_cols, dst))
-                });
+                if accumulate && s > 0 && s < n - 1 {
+                    // This step's partial lands on the sum received, where it lies.
+                    let sum = ring.recv_slots[s - 1];
+                    b.push(d, compute, wait(ring.recv, s as u32));
+                    let gemm = Op::Gemm {
+                        a: a_rows,
+                        b: b_cols,
+                        c: sum,
+                        trans_a: false,
+                        trans_b: false,
+                        accumulate: true,
+                        fused: None,
+                    };
+                    b.push(d, compute, gemm);
+                    b.push(d, compute, signal(d, ring.ready));
+                } else {
+                    ring.compute_step(&mut b, compute, s, out, &mut |b, dst| {
+                        b.push(d, compute, Op::gemm(a_rows, b_cols, dst))
+                    });
+                }
             }
         }
         if let Some(done) = done {
@@ -635,7 +665,8 @@ pub(super) fn gemm_reduce_ring(p: &Problem, bidir: bool, chunks: usize) -> Resul
         }
         for s in 0..n - 1 {
             for (ring, ..) in &rings {
-                ring.comm_step(&mut b, s);
+                let sum = if accumulate && s > 0 { ring.recv_slots[s - 1] } else { ring.send[s] };
+                ring.comm_step_from(&mut b, s, sum);
             }
         }
         if let (Some(done), Some(ag)) = (done, ag) {
@@ -665,7 +696,7 @@ pub(super) fn gemm_reduce_fused(p: &Problem, chunks: usize) -> Result<Plan, Algo
     let cr = chunk_rows(algorithm, "per-block rows M/D", mb, chunks)?;
     let (mut b, a, bm, c) = start_plan(p, algorithm);
     let partial = b.buffer("P", p.wire, p.m, p.n, BufferRole::Scratch);
-    let (send, recv_buf) = sum_slots(&mut b, p);
+    let (send, recv_buf) = sum_slots(&mut b, p, p.devices - 1);
     // Local: chunks the GEMM has written, running sums ready to send. From the right
     // neighbour: running sums received, in (step, chunk) order.
     let computed = b.semaphore("computed");
@@ -743,7 +774,7 @@ pub(super) fn gemm_reduce_baseline(p: &Problem) -> Result<Plan, AlgorithmError> 
     let mb = p.m / n;
     let (mut b, a, bm, c) = start_plan(p, Algorithm::Baseline);
     let partial = b.buffer("P", p.wire, p.m, p.n, BufferRole::Scratch);
-    let (send, recv_buf) = sum_slots(&mut b, p);
+    let (send, recv_buf) = sum_slots(&mut b, p, p.devices - 1);
     let recv = b.semaphore("recv");
     let ag = b.semaphore("ag");
     let main = b.lane("main");

@@ -214,6 +214,24 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
                             "GEMM + (D−1)·max(c·(GEMM/c + reduce/c + L_sync), c·(block/c)/BW + L_sync) [+ AG for AR]",
                     }
                 }
+                Algorithm::RingAccumulate { chunks } => {
+                    let c = chunks.max(1) as f64;
+                    let rows = m / d / chunks.max(1);
+                    // Steps 1..D−2 add onto the received sum in the GEMM (C read and written).
+                    let chunk_gemm =
+                        profile.launch_s() + profile.gemm_cost(rows, n, k / d, input, problem.wire, true).work_s;
+                    let chunk_reduce = launch + 3.0 * block / c / profile.hbm_bps();
+                    let comm = send(block / c, copy_bw);
+                    // A chunk's GEMM waits for its sum: with c ≥ 2 the other chunks' GEMMs
+                    // run while it travels; with one chunk every hop is exposed.
+                    let per_step = (c * (chunk_gemm + sync)).max(chunk_gemm + comm + 2.0 * sync);
+                    RingEstimate {
+                        total_s: c * chunk_gemm + steps * per_step + c * chunk_reduce + ag,
+                        gemm_step_s: c * chunk_gemm,
+                        comm_step_s: c * comm,
+                        formula: "c·GEMM/c + (D−1)·max(c·(GEMM/c + L_sync), GEMM/c + block/c/BW + 2·L_sync) + reduce [+ AG for AR]",
+                    }
+                }
                 Algorithm::Fused { chunks } => {
                     let c = chunks.max(1);
                     let g = fused_gemm_s(profile, &vec![m / d / c; d * c], n, k / d, input, problem.wire);

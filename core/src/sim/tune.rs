@@ -68,9 +68,11 @@ pub const CHUNK_CANDIDATES: [usize; 4] = [2, 4, 8, 16];
 
 /// The 1D candidates for an operation.
 pub fn candidates_1d(op: OpKind) -> Vec<Algorithm> {
-    let _ = op;
     let mut v = vec![Algorithm::Baseline, Algorithm::Ring, Algorithm::RingBidir];
     v.extend(CHUNK_CANDIDATES.iter().map(|&chunks| Algorithm::RingChunked { chunks }));
+    if matches!(op, OpKind::GemmRs | OpKind::GemmAr) {
+        v.extend([1, 2, 4].map(|chunks| Algorithm::RingAccumulate { chunks }));
+    }
     v.extend([1, 2, 4].map(|chunks| Algorithm::Fused { chunks }));
     v
 }
