@@ -531,7 +531,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         }
     };
     println!(
-        "{:<8} {:>2} {:<16} {:>10} {:>12} {:>8} {:>12} {:>8} {:>8} {:>12}",
+        "{:<8} {:>2} {:<20} {:>10} {:>12} {:>8} {:>12} {:>8} {:>8} {:>12}",
         "op", "D", "plan", "time µs", "Σ GEMMs µs", "÷ Σ", "baseline µs", "speedup", "TFLOP/s", "no prio µs"
     );
     let mut report = Report {
@@ -580,7 +580,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
             for algorithm in algorithms {
                 let key = format!("{op} {}", algorithm.name());
                 if !stamp.contains(&key) {
-                    println!("{op:<8} {d:>2} {:<16} refused: no conformance stamp for `{key}`", algorithm.to_string());
+                    println!("{op:<8} {d:>2} {:<20} refused: no conformance stamp for `{key}`", algorithm.to_string());
                     continue;
                 }
                 let plan = build_plan(&problem, algorithm)?;
@@ -597,7 +597,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                         Ok(worst) => (time_plan(&backend, &plan, &run_options, reps, fused)?, worst),
                         Err(why) => {
                             println!(
-                                "{op:<8} {d:>2} {:<16} refused: wrong output at this shape: {why}",
+                                "{op:<8} {d:>2} {:<20} refused: wrong output at this shape: {why}",
                                 algorithm.to_string()
                             );
                             continue;
@@ -616,7 +616,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 row_specs.push(specs);
                 let tflops = problem.flops() / us / 1e6;
                 println!(
-                    "{:<8} {:>2} {:<16} {:>10.1} {:>12.1} {:>8.3} {:>12.1} {:>7.2}x {:>8.0} {:>12}{}{}",
+                    "{:<8} {:>2} {:<20} {:>10.1} {:>12.1} {:>8.3} {:>12.1} {:>7.2}x {:>8.0} {:>12}{}{}",
                     op.name(),
                     d,
                     algorithm.to_string(),
