@@ -90,14 +90,7 @@ pub fn inject(injection: Injection, nth: u32) -> Result<(), CudaError> {
 /// debugging and as tools that serialise GPU work behave. The fake driver must be
 /// installed.
 pub fn set_launch_blocking(blocking: Option<bool>) -> Result<(), CudaError> {
-    type Set = unsafe extern "C" fn(i32);
-    let set: Set = control(b"cmm_fake_set_launch_blocking\0")?;
-    // SAFETY: takes a plain integer.
-    #[allow(unsafe_code)]
-    unsafe {
-        set(blocking.map_or(-1, i32::from))
-    };
-    Ok(())
+    set_integer(b"cmm_fake_set_launch_blocking\0", blocking.map_or(-1, i32::from))
 }
 
 /// How many launches of `kernel` so far carried a priority attribute
@@ -118,26 +111,24 @@ pub fn prioritised_launches(kernel: crate::Kernel) -> Result<u64, CudaError> {
 /// default is -5, as on an H100). Backends created afterwards probe it. The fake driver
 /// must be installed.
 pub fn set_greatest_priority(greatest: i32) -> Result<(), CudaError> {
-    type Set = unsafe extern "C" fn(i32);
-    let set: Set = control(b"cmm_fake_set_greatest_priority\0")?;
-    // SAFETY: takes a plain integer.
-    #[allow(unsafe_code)]
-    unsafe {
-        set(greatest)
-    };
-    Ok(())
+    set_integer(b"cmm_fake_set_greatest_priority\0", greatest)
 }
 
 /// Makes module loading eager (`Some(true)`), lazy (`Some(false)`), or follow
 /// `CUDA_MODULE_LOADING` (`None`) from now on, for backends created afterwards (a GPU
 /// reads the variable once, at `cuInit`). The fake driver must be installed.
 pub fn set_module_loading(eager: Option<bool>) -> Result<(), CudaError> {
+    set_integer(b"cmm_fake_set_module_loading\0", eager.map_or(-1, i32::from))
+}
+
+/// Calls the fake driver's control `name` (NUL-terminated), a `void (int)`.
+fn set_integer(name: &[u8], value: i32) -> Result<(), CudaError> {
     type Set = unsafe extern "C" fn(i32);
-    let set: Set = control(b"cmm_fake_set_module_loading\0")?;
-    // SAFETY: takes a plain integer.
+    let set: Set = control(name)?;
+    // SAFETY: every caller names a control that takes one plain integer.
     #[allow(unsafe_code)]
     unsafe {
-        set(eager.map_or(-1, i32::from))
+        set(value)
     };
     Ok(())
 }
