@@ -266,3 +266,40 @@ pub(crate) fn output_buffer(b: &mut PlanBuilder, p: &impl ShardedGemm) -> BufId 
     let w = p.output_window_of(0);
     b.buffer("C", p.global().output, w.rows, w.cols, BufferRole::Output)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Op;
+
+    #[test]
+    fn ring_accumulate_parses_prints_and_is_refused_for_ag_gemm() {
+        assert_eq!(Algorithm::parse("ring_accumulate", None), Ok(Algorithm::RingAccumulate { chunks: 1 }));
+        assert_eq!(Algorithm::parse("ring_accumulate", Some(2)), Ok(Algorithm::RingAccumulate { chunks: 2 }));
+        assert_eq!(Algorithm::RingAccumulate { chunks: 1 }.to_string(), "ring_accumulate");
+        assert_eq!(Algorithm::RingAccumulate { chunks: 2 }.to_string(), "ring_accumulate(c=2)");
+        let ag = Problem::new(OpKind::AgGemm, 4, 32, 32, 32, DType::F16, DType::F16).unwrap();
+        let refused = build_plan(&ag, Algorithm::RingAccumulate { chunks: 1 });
+        assert!(matches!(refused, Err(AlgorithmError::NotDefined { op: "ag_gemm", .. })), "{refused:?}");
+        assert!(!algorithms_for(OpKind::AgGemm).iter().any(|a| matches!(a, Algorithm::RingAccumulate { .. })));
+    }
+
+    /// Per device and chunk: D−2 GEMMs add onto a received sum in `recv`, one reduce
+    /// (the final step's) instead of D−1, and one send slot.
+    #[test]
+    fn ring_accumulate_adds_in_its_gemms_and_reduces_once_per_chunk() {
+        for chunks in [1, 2] {
+            let p = Problem::new(OpKind::GemmRs, 4, 64, 16, 32, DType::F16, DType::F16).unwrap();
+            let plan = build_plan(&p, Algorithm::RingAccumulate { chunks }).unwrap();
+            let recv = plan.buffer_id("recv").unwrap();
+            for d in 0..4 {
+                let ops: Vec<&Op> = plan.programs[d].lanes.iter().flatten().collect();
+                let adding =
+                    ops.iter().filter(|op| matches!(op, Op::Gemm { accumulate: true, c, .. } if c.buf == recv));
+                assert_eq!(adding.count(), 2 * chunks, "device {d}, {chunks} chunks");
+                assert_eq!(ops.iter().filter(|op| matches!(op, Op::Reduce { .. })).count(), chunks);
+            }
+            assert_eq!(plan.buffer(plan.buffer_id("send").unwrap()).rows, 16);
+        }
+    }
+}

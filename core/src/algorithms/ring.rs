@@ -558,11 +558,13 @@ pub(super) fn ag_gemm_gathered(p: &Problem, algorithm: Algorithm, gather: &Gathe
 
 /// GEMM+RS (and GEMM+AR as RS then AG), ring, overlapped: at step s device d computes
 /// its partial of block b_s, adds the running sum received from its neighbour and sends
-/// the result on; at s = D−1 the block is its own and the sum is final. With `bidir`
-/// the columns are split in two halves that travel in opposite directions. With
-/// `chunks` > 1 each block is cut into that many row chunks, each its own ring (own
-/// semaphores, steps interleaved on the comm lane), so a chunk's sum travels while the
-/// next chunk's partial is computed.
+/// the result on; at s = D−1 the block is its own and the sum is final. With
+/// [`Algorithm::RingBidir`] the columns are split in two halves that travel in opposite
+/// directions. With `chunks` > 1 each block is cut into that many row chunks, each its
+/// own ring (own semaphores, steps interleaved on the comm lane), so a chunk's sum
+/// travels while the next chunk's partial is computed. With
+/// [`Algorithm::RingAccumulate`] the GEMM of each step 0 < s < D−1 adds onto the
+/// received sum in its receive slot, which the comm lane then sends on.
 pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan, AlgorithmError> {
     let n = p.devices;
     let mb = p.m / n;
@@ -570,7 +572,8 @@ pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan
         Algorithm::RingBidir => (true, 1, false),
         Algorithm::RingChunked { chunks } => (false, chunks, false),
         Algorithm::RingAccumulate { chunks } => (false, chunks, true),
-        _ => (false, 1, false),
+        Algorithm::Ring => (false, 1, false),
+        other => return Err(AlgorithmError::NotDefined { algorithm: other, op: p.op.name() }),
     };
     let cr = chunk_rows(algorithm, "per-block rows M/D", mb, chunks)?;
     if accumulate && p.wire != DType::F32 {
