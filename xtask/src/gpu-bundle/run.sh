@@ -195,8 +195,8 @@ export here scratch x
 
 # The gate holds every lane until the whole plan is enqueued. Should a launch still wait
 # for the running kernels here, the host would sit at it until the gate's deadline and
-# every case would take that long: one small gated case first, briefly; if it does not
-# pass, every later step runs ungated (CMM_CUDA_GATE=0), and the summary says so.
+# every case would take that long: two small gated cases first, briefly; if they do not
+# pass, every later step runs ungated (CMM_CUDA_GATE=0), and env.log says so.
 step gate-probe 45 "$x" conformance --backend cuda --filter ag_gemm_baseline_d2_ --case-timeout 10 \
     --stamps "$scratch/probe-stamps"
 if [ "$(tail -n 1 "$logs/steps.tsv" | cut -f 1)" = gate-probe ] && [ "$(tail -n 1 "$logs/steps.tsv" | cut -f 2)" != 0 ]; then
