@@ -222,14 +222,18 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
                         profile.launch_s() + profile.gemm_cost(rows, n, k / d, input, problem.wire, true).work_s;
                     let chunk_reduce = launch + 3.0 * block / c / profile.hbm_bps();
                     let comm = send(block / c, copy_bw);
-                    // A chunk's GEMM waits for its sum: with c ≥ 2 the other chunks' GEMMs
-                    // run while it travels; with one chunk every hop is exposed.
+                    // Steps 1..D−2: a chunk's GEMM waits for its sum; with c ≥ 2 the other
+                    // chunks' GEMMs run while it travels, with one chunk every hop is
+                    // exposed. The last step's GEMMs write scratch without waiting, so the
+                    // last hop overlaps them, and its reduces follow.
                     let per_step = (c * (chunk_gemm + sync)).max(chunk_gemm + comm + 2.0 * sync);
+                    let last =
+                        if d > 1 { (c * (chunk_gemm + sync)).max(comm + 2.0 * sync) + c * chunk_reduce } else { 0.0 };
                     RingEstimate {
-                        total_s: c * chunk_gemm + steps * per_step + c * chunk_reduce + ag,
+                        total_s: c * chunk_gemm + (steps - 1.0).max(0.0) * per_step + last + ag,
                         gemm_step_s: c * chunk_gemm,
                         comm_step_s: c * comm,
-                        formula: "c·GEMM/c + (D−1)·max(c·(GEMM/c + L_sync), GEMM/c + block/c/BW + 2·L_sync) + reduce [+ AG for AR]",
+                        formula: "GEMM + (D−2)·max(c·(GEMM/c + L_sync), GEMM/c + block/c/BW + 2·L_sync) + max(GEMM, block/c/BW) + reduce [+ AG for AR]",
                     }
                 }
                 Algorithm::Fused { chunks } => {
