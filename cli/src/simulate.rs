@@ -45,10 +45,12 @@ pub struct Args {
     pub plan: Option<PathBuf>,
     #[command(flatten)]
     pub problem: ProblemArgs,
-    /// Algorithm: baseline, ring, ring_bidir or ring_chunked.
+    /// Algorithm: baseline, baseline_direct, ring, ring_bidir, ring_chunked, fused, or for
+    /// gemm_rs and gemm_ar ring_accumulate.
     #[arg(long, default_value = "ring")]
     pub algorithm: String,
-    /// Chunks per shard (ring_chunked).
+    /// Chunks per shard or block (ring_chunked, required; ring_accumulate and fused,
+    /// default 1).
     #[arg(long)]
     pub chunks: Option<usize>,
     /// Torus shape for torus profiles, e.g. 4x4 (default: a ring of D devices).
