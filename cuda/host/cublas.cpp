@@ -9,7 +9,6 @@
 // order in f32, then C = alpha·sum + beta·C, rounded once to C's dtype. With beta = 0, C
 // is not read (it may hold anything, as cuBLAS allows).
 
-#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <string>

@@ -249,8 +249,9 @@ struct State {
     /// Whether the driver loads every kernel when its module loads
     /// (`CUDA_MODULE_LOADING=EAGER`); see [`CudaBackend::can_gate`].
     eager_loading: bool,
-    /// cuBLAS GEMM shapes already run once on each `(gpu, lane)` ([`warm_cublas`]).
-    warm_blas: std::collections::HashSet<(usize, usize, BlasShape)>,
+    /// cuBLAS GEMMs already run once on each `(gpu, lane)` ([`warm_cublas`]), their
+    /// operand addresses reduced to alignments.
+    warm_blas: std::collections::HashSet<(usize, usize, GemmArgs)>,
 }
 
 /// The CUDA backend.
@@ -714,9 +715,6 @@ fn gpu_of(placement: Placement, d: usize) -> usize {
 /// Bytes of each cuBLAS handle's own workspace (cuBLAS asks 32 MiB on Hopper).
 const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
-/// `CMM_CUBLAS_WORKSPACE=0` leaves cuBLAS its default workspace (for diagnosis).
-const CUBLAS_WORKSPACE_VAR: &str = "CMM_CUBLAS_WORKSPACE";
-
 /// Makes sure GPU `g` has `count` lane streams (created in order, so stream i keeps
 /// its hardware queue across runs) and, with `blas`, a cuBLAS handle on each.
 fn ensure_lanes(state: &mut State, g: usize, count: usize, blas: bool) -> Result<(), CudaError> {
@@ -740,26 +738,18 @@ fn ensure_lanes(state: &mut State, g: usize, count: usize, blas: bool) -> Result
                 .map_err(|e| CudaError::driver("binding cuBLAS to a stream", e))?;
             // A workspace of the handle's own, fixed before any run, so that cuBLAS has
             // no memory of its own to find while a run holds its lanes behind the gate.
-            if std::env::var(CUBLAS_WORKSPACE_VAR).map_or(true, |v| v.trim() != "0") {
-                let workspace = DeviceAlloc::uninit(&gpu.ctx, CUBLAS_WORKSPACE_BYTES)?;
-                // SAFETY: the handle is live and the workspace outlives it (the slot
-                // drops the handle first); nothing else uses this memory.
-                #[allow(unsafe_code)]
-                unsafe {
-                    blas_sys::cublasSetWorkspace_v2(handle.0, workspace.ptr as _, CUBLAS_WORKSPACE_BYTES).result()
-                }
+            let workspace = DeviceAlloc::uninit(&gpu.ctx, CUBLAS_WORKSPACE_BYTES)?;
+            // SAFETY: the handle is live and the workspace outlives it (the slot drops the
+            // handle first); nothing else uses this memory.
+            #[allow(unsafe_code)]
+            unsafe { blas_sys::cublasSetWorkspace_v2(handle.0, workspace.ptr as _, CUBLAS_WORKSPACE_BYTES).result() }
                 .map_err(|e| CudaError::driver("giving cuBLAS its workspace", e))?;
-                slot.workspace = Some(workspace);
-            }
+            slot.workspace = Some(workspace);
             slot.blas = Some(handle);
         }
     }
     Ok(())
 }
-
-/// What makes cuBLAS choose (and load) a kernel for a GEMM: shape, leading dimensions,
-/// transposes, dtypes and the operands' alignments.
-type BlasShape = ([u64; 6], [u32; 4], [DType; 3], [u64; 3]);
 
 /// Runs every cuBLAS GEMM shape of the plan not yet seen on its lane once, alone, on
 /// scratch operands. cuBLAS loads a shape's kernels (`cuLibraryLoadData`) the first
@@ -778,12 +768,9 @@ fn warm_cublas(
         let Some(Command::Gemm(command)) = &step.command else { continue };
         let Submission::Cublas { args, dtypes } = gemm_submission(memory, command) else { continue };
         let (g, slot) = streams[step.stream];
-        let shape: BlasShape = (
-            [args.a_stride, args.b_stride, args.c_stride, u64::from(args.m), u64::from(args.n), u64::from(args.k)],
-            [args.flags, args.a_dtype, args.b_dtype, args.c_dtype],
-            dtypes,
-            [args.a % ALIGN, args.b % ALIGN, args.c % ALIGN],
-        );
+        // What makes cuBLAS choose (and load) a kernel: everything but where the
+        // operands are, of which only the alignment counts.
+        let shape = GemmArgs { a: args.a % ALIGN, b: args.b % ALIGN, c: args.c % ALIGN, ..args };
         if !state.warm_blas.insert((g, slot, shape)) {
             continue;
         }
@@ -797,8 +784,7 @@ fn warm_cublas(
         let a = DeviceAlloc::zeroed(&gpu.ctx, bytes(args.a_stride, m.max(k)))?;
         let b = DeviceAlloc::zeroed(&gpu.ctx, bytes(args.b_stride, k.max(n)))?;
         let c = DeviceAlloc::zeroed(&gpu.ctx, bytes(args.c_stride, m.max(n)))?;
-        let scratch =
-            GemmArgs { a: a.ptr + args.a % ALIGN, b: b.ptr + args.b % ALIGN, c: c.ptr + args.c % ALIGN, ..args };
+        let scratch = GemmArgs { a: a.ptr + shape.a, b: b.ptr + shape.b, c: c.ptr + shape.c, ..args };
         lane.stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
         cublas_gemm(handle, &scratch, dtypes)?;
         lane.stream.synchronize().map_err(|e| CudaError::driver("warming cuBLAS up", e))?;

@@ -695,7 +695,7 @@ pub(crate) fn buffer_fill(plan: &Plan, d: usize, buffer: usize, dst: u64, seed: 
 
 /// Mirror of `CmmGemmArgs` in `cuda/kernels/gemm.cu`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) struct GemmArgs {
     pub(crate) a: u64,
     pub(crate) b: u64,
