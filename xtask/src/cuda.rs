@@ -187,6 +187,9 @@ struct Row {
     /// The largest error of the spot-checked output elements, as a fraction of what the
     /// tolerance allows (≤ 1: right at this shape).
     spot_check_worst: f64,
+    /// The GEMM shapes `gemm_sum_us` sums, one per GEMM op.
+    #[serde(skip)]
+    gemm_specs: Vec<GemmSpec>,
 }
 
 /// Output elements per device that the bench checks against the f64 oracle, at the
@@ -437,10 +440,10 @@ fn retime_bounds(
 
 /// Sets each row's bound from `cache` (after [`retime_bounds`]); returns the rows whose
 /// bound moved by more than 1 %, with their old ÷ Σ.
-fn rebound_rows(rows: &mut [Row], specs: &[Vec<GemmSpec>], cache: &HashMap<GemmSpec, f64>) -> Vec<(usize, f64)> {
+fn rebound_rows(rows: &mut [Row], cache: &HashMap<GemmSpec, f64>) -> Vec<(usize, f64)> {
     let mut moved = Vec::new();
-    for (i, (row, specs)) in rows.iter_mut().zip(specs).enumerate() {
-        let bound: f64 = specs.iter().map(|spec| cache[spec]).sum();
+    for (i, row) in rows.iter_mut().enumerate() {
+        let bound: f64 = row.gemm_specs.iter().map(|spec| cache[spec]).sum();
         if (bound - row.gemm_sum_us).abs() > 0.01 * row.gemm_sum_us {
             moved.push((i, row.time_over_gemm_sum));
         }
@@ -558,8 +561,6 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         ))
     });
     let mut cache = HashMap::new();
-    // Per row, the GEMM shapes its bound sums.
-    let mut row_specs: Vec<Vec<GemmSpec>> = Vec::new();
     for op in [OpKind::AgGemm, OpKind::GemmRs] {
         for d in [2usize, 4, 8] {
             let problem = seed000(op, d, shrink)?;
@@ -613,7 +614,6 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 };
                 let specs = gemm_specs(&plan);
                 let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;
-                row_specs.push(specs);
                 let tflops = problem.flops() / us / 1e6;
                 println!(
                     "{:<8} {:>2} {:<20} {:>10.1} {:>12.1} {:>8.3} {:>12.1} {:>7.2}x {:>8.0} {:>12}{}{}",
@@ -644,6 +644,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     gated,
                     time_without_comm_priority_us: without,
                     spot_check_worst: worst,
+                    gemm_specs: specs,
                 });
             }
             report.save(&path)?;
@@ -656,7 +657,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
             spec.m, spec.n, spec.k
         );
     }
-    for (i, old) in rebound_rows(&mut report.rows, &row_specs, &cache) {
+    for (i, old) in rebound_rows(&mut report.rows, &cache) {
         let r = &report.rows[i];
         println!(
             "bound: {} D={} {}: Σ GEMMs now {:.1} µs, ÷ Σ {:.3} (was {old:.3})",
@@ -682,6 +683,18 @@ mod tests {
     use super::*;
 
     fn row(op: &str, devices: usize, algorithm: &str, time_us: f64, gemm_sum_us: f64, baseline_us: f64) -> Row {
+        row_of(op, devices, algorithm, time_us, gemm_sum_us, baseline_us, Vec::new())
+    }
+
+    fn row_of(
+        op: &str,
+        devices: usize,
+        algorithm: &str,
+        time_us: f64,
+        gemm_sum_us: f64,
+        baseline_us: f64,
+        gemm_specs: Vec<GemmSpec>,
+    ) -> Row {
         Row {
             op: op.into(),
             devices,
@@ -696,6 +709,7 @@ mod tests {
             gated: true,
             time_without_comm_priority_us: None,
             spot_check_worst: 0.0,
+            gemm_specs,
         }
     }
 
@@ -714,11 +728,10 @@ mod tests {
         // The first timing of shape k=64 was 80 µs; the bound now keeps 60.
         let cache = HashMap::from([(spec(64), 60.0), (spec(128), 50.0)]);
         let mut rows = vec![
-            row("ag_gemm", 4, "ring", 210.0, 2.0 * 80.0 + 50.0, 300.0),
-            row("ag_gemm", 4, "baseline", 60.0, 50.0, 300.0),
+            row_of("ag_gemm", 4, "ring", 210.0, 2.0 * 80.0 + 50.0, 300.0, vec![spec(64), spec(64), spec(128)]),
+            row_of("ag_gemm", 4, "baseline", 60.0, 50.0, 300.0, vec![spec(128)]),
         ];
-        let specs = vec![vec![spec(64), spec(64), spec(128)], vec![spec(128)]];
-        let moved = rebound_rows(&mut rows, &specs, &cache);
+        let moved = rebound_rows(&mut rows, &cache);
         assert_eq!(moved, vec![(0, 1.0)]);
         assert_eq!(rows[0].gemm_sum_us, 170.0);
         assert!((rows[0].time_over_gemm_sum - 210.0 / 170.0).abs() < 1e-12);
