@@ -172,11 +172,9 @@ pub fn spot_check(
     let mut check = SpotCheck { checked: at.len(), worst: 0.0, misses: Vec::new() };
     for (&(device, row, col), (expected, magnitude)) in at.iter().zip(expected_at(problem, seed, family, &at)) {
         let value = got(device, row, col);
-        let allowed = tolerance.allowed(expected, magnitude);
-        let ratio =
-            if value.is_nan() { f64::INFINITY } else { (value - expected).abs() / allowed.max(f64::MIN_POSITIVE) };
-        check.worst = check.worst.max(ratio);
+        check.worst = check.worst.max(tolerance.error_ratio(value, expected, magnitude));
         if !tolerance.accepts(value, expected, magnitude) {
+            let allowed = tolerance.allowed(expected, magnitude);
             check.misses.push(SpotMiss { device, row, col, got: value, expected, allowed });
         }
     }

@@ -89,6 +89,14 @@ impl Tolerance {
         self.accumulation * magnitude * (1.0 + self.rounding) + self.floor + self.rounding * expected.abs()
     }
 
+    /// An element's error as a fraction of [`Tolerance::allowed`] (infinite for NaN).
+    pub fn error_ratio(&self, got: f64, expected: f64, magnitude: f64) -> f64 {
+        if got.is_nan() || expected.is_nan() {
+            return f64::INFINITY;
+        }
+        (got - expected).abs() / self.allowed(expected, magnitude).max(f64::MIN_POSITIVE)
+    }
+
     /// Compares `got` with `expected`, returning the element with the largest error
     /// relative to its allowance, and whether every element passed.
     pub fn compare(&self, got: &[f64], expected: &[f64], magnitudes: &[f64]) -> (bool, Option<Worst>) {
@@ -99,7 +107,7 @@ impl Tolerance {
             let error = if g.is_nan() || e.is_nan() { f64::INFINITY } else { (g - e).abs() };
             let pass = self.accepts(g, e, m);
             ok &= pass;
-            let score = if pass { error / allowed.max(f64::MIN_POSITIVE) } else { f64::INFINITY };
+            let score = if pass { self.error_ratio(g, e, m) } else { f64::INFINITY };
             let better = match &worst {
                 None => true,
                 Some((s, w)) => score > *s || (score == *s && !pass && error > w.error),
