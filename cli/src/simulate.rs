@@ -17,9 +17,9 @@ use cmm_core::sim::analytic::{estimate_mesh, mesh_family, MeshGemm, MeshShape};
 use cmm_core::sim::tune::candidates_1d;
 use cmm_core::sim::tune::tune_moe;
 use cmm_core::sim::tune::{tune_attention, tune_linear};
-use cmm_core::sim::validate::{flux, seed000, seed002, seed002_simulated};
+use cmm_core::sim::validate::{flux, one_gpu_bench, seed000, seed002, seed002_simulated};
 use cmm_core::sim::TopologyKind;
-use cmm_core::sim::{simulate, OpClass, Profile, SimOptions, SimReport};
+use cmm_core::sim::{simulate, staggered_priorities, OpClass, Profile, SimOptions, SimReport};
 use cmm_core::timeline::Timeline;
 use cmm_core::{AttentionProblem, Layer, Layout, LinearProblem, MoeOp, MoeProblem, Pass, Routing};
 use cmm_core::{Dataflow, MeshAlgorithm, MeshProblem};
@@ -56,6 +56,11 @@ pub struct Args {
     /// Torus shape for torus profiles, e.g. 4x4 (default: a ring of D devices).
     #[arg(long, value_name = "RxC")]
     pub torus: Option<String>,
+    /// Stagger the devices' compute over this many priority levels (device d at
+    /// ⌊d·N/D⌋), as the CUDA executor's `--stagger` does on one GPU; it matters where
+    /// devices share compute (`--profile h100-one-gpu`). 0: every device at one priority.
+    #[arg(long, default_value_t = 0)]
+    pub stagger: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -202,7 +207,9 @@ pub fn run(args: &Args) -> Result<()> {
     let plan = build_plan(&problem, alg)?;
     match args.executor {
         Executor::Sim => {
-            let options = SimOptions { torus_dims: torus_dims(&args.torus)? };
+            let compute_priority =
+                if args.stagger > 0 { staggered_priorities(plan.devices, args.stagger) } else { Vec::new() };
+            let options = SimOptions { torus_dims: torus_dims(&args.torus)?, compute_priority };
             let report = simulate(&plan, &profile, &options)?;
             let analytic = ring_1d(&problem, alg, &profile);
             if args.json {
@@ -321,7 +328,8 @@ fn plan_file(args: &Args, path: &std::path::Path) -> Result<()> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let plan = Plan::from_file_json(&text).with_context(|| format!("{}", path.display()))?;
     let profile = args.problem.profile()?;
-    let report = simulate(&plan, &profile, &SimOptions { torus_dims: torus_dims(&args.torus)? })?;
+    let report =
+        simulate(&plan, &profile, &SimOptions { torus_dims: torus_dims(&args.torus)?, ..SimOptions::default() })?;
     if args.json {
         println!("{}", json(&plan, &report, None));
     } else {
@@ -347,7 +355,8 @@ fn mesh_gemm(args: &Args, mesh: &str) -> Result<()> {
     let plan = build_mesh_plan(&problem, algorithm)?;
     let profile = pa.profile()?;
     let torus = profile.interconnect.topology == TopologyKind::Torus;
-    let report = simulate(&plan, &profile, &SimOptions { torus_dims: torus.then(|| vec![nr, nc]) })?;
+    let report =
+        simulate(&plan, &profile, &SimOptions { torus_dims: torus.then(|| vec![nr, nc]), ..SimOptions::default() })?;
     let (family, slices) = mesh_family(algorithm);
     let gemm = MeshGemm { m, n, k, dataflow, dtype: pa.input };
     let analytic = estimate_mesh(family, &gemm, MeshShape { rows: nr, cols: nc }, slices, &profile)?;
@@ -582,13 +591,13 @@ fn json(plan: &Plan, r: &SimReport, analytic_s: Option<f64>) -> String {
 
 fn compare(problem: &cmm_core::Problem, profile: &Profile) -> Result<()> {
     println!("{} on {}", problem.describe(), profile.name);
-    println!("{:<18} {:>12} {:>12} {:>8}  formula", "algorithm", "simulated", "analytic", "diff");
+    println!("{:<20} {:>12} {:>12} {:>8}  formula", "algorithm", "simulated", "analytic", "diff");
     for alg in candidates_1d(problem.op) {
         let Ok(plan) = build_plan(problem, alg) else { continue };
         let r = simulate(&plan, profile, &SimOptions::default())?;
         let a = ring_1d(problem, alg, profile);
         println!(
-            "{:<18} {:>12} {:>12} {:>+7.1}%  {}",
+            "{:<20} {:>12} {:>12} {:>+7.1}%  {}",
             alg.to_string(),
             us(r.makespan_s),
             us(a.total_s),
@@ -630,6 +639,30 @@ fn validate() -> Result<()> {
             row.simulated_us,
             row.published_us,
             100.0 * row.relative_error()
+        );
+    }
+    let one = Profile::load("h100-one-gpu")?;
+    println!();
+    println!(
+        "the CUDA bench on one H100 ({}: D virtual devices share one GPU; f16, per-shard M=1024, K=N=4096), \
+         measured at 30786c1 with every device at one priority; staggered = a prediction, not measured yet",
+        one.name
+    );
+    println!(
+        "{:<34} {:>11} {:>11} {:>11} {:>8} {:>11} {:>11}",
+        "case", "simulated", "analytic", "measured", "error", "Σ compute", "staggered"
+    );
+    for row in one_gpu_bench(&one)? {
+        let t = &row.time;
+        println!(
+            "{:<34} {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>+7.1}% {:>8.1} µs {:>8.1} µs",
+            t.case,
+            t.simulated_us,
+            t.analytic_us,
+            t.published_us,
+            100.0 * t.relative_error(),
+            row.compute_floor_us,
+            row.staggered_us
         );
     }
     let tpu = Profile::load("tpuv4-torus")?;

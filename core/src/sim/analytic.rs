@@ -56,9 +56,31 @@ pub struct RingEstimate {
     pub formula: &'static str,
 }
 
+/// What one of `devices` virtual devices of one GPU gets while all run at once: a 1/D
+/// share of its compute, HBM and copy rate, with a copy to a peer crossing the shared HBM
+/// (read and written) as if over a link of its own. The closed forms then read as for a
+/// device per chip; the D devices in lockstep, each step's work shared evenly, is what
+/// the simulator shows without staggered priorities.
+fn one_gpu_share(profile: &Profile, devices: usize) -> Profile {
+    let share = devices.max(1) as f64;
+    let mut p = profile.clone();
+    for peak in [&mut p.compute.peak_tflops.f16, &mut p.compute.peak_tflops.bf16, &mut p.compute.peak_tflops.f32] {
+        *peak /= share;
+    }
+    p.memory.hbm_gbps /= share;
+    p.copy.copy_engine_gbps /= share;
+    p.copy.sm_copy_gbps /= share;
+    p.interconnect.link_gbps = profile.memory.hbm_gbps / 2.0 / share;
+    p.interconnect.topology = TopologyKind::Switch;
+    p
+}
+
 /// The closed-form estimate of a 1D algorithm (the formulas of BRIEF §7–8 applied to the
 /// ring family). The simulator replays the real plans; this is the back-of-envelope beside it.
 pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> RingEstimate {
+    if profile.interconnect.topology == TopologyKind::OneGpu {
+        return ring_1d(problem, algorithm, &one_gpu_share(profile, problem.devices));
+    }
     let d = problem.devices;
     let (m, n, k) = (problem.m, problem.n, problem.k);
     let (input, output) = (problem.input, problem.output);
@@ -73,7 +95,7 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
     // torus they are separate links.
     let bidir_bw = match profile.interconnect.topology {
         TopologyKind::Switch => copy_bw.min(link_gbps * 1e9 / 2.0),
-        TopologyKind::Torus => copy_bw,
+        TopologyKind::Torus | TopologyKind::OneGpu => copy_bw,
     };
     let send = |bytes: f64, bw: f64| launch + bytes / bw + 2.0 * latency;
     let steps = (d - 1) as f64;

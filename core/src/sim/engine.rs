@@ -34,6 +34,20 @@ use crate::verify::accesses;
 pub struct SimOptions {
     /// Torus shape for torus profiles (product = devices); default a ring of all devices.
     pub torus_dims: Option<Vec<usize>>,
+    /// Per device, the priority of its work on a compute resource, as CUDA numbers stream
+    /// priorities: a lower number is served first, and work of one priority shares what
+    /// the greater ones leave fairly. Empty: every device at one priority. Only a resource
+    /// shared by devices (one GPU's compute) makes it matter.
+    pub compute_priority: Vec<i32>,
+}
+
+/// The staggered compute priorities of `devices` virtual devices on one GPU with `levels`
+/// priorities to spare: device d at ⌊d·levels / devices⌋ (0 the greatest), so that when
+/// every device has a GEMM ready the GPU serves them in device order rather than all at
+/// once, and one device's copy runs under the next devices' GEMMs. The CUDA executor
+/// offsets these by its greatest free priority; the simulator takes them as they are.
+pub fn staggered_priorities(devices: usize, levels: usize) -> Vec<i32> {
+    (0..devices).map(|d| (d * levels.max(1) / devices.max(1)) as i32).collect()
 }
 
 /// Why a plan cannot be simulated.
@@ -245,6 +259,8 @@ enum LaneState {
 
 struct Flow {
     lane: usize,
+    /// Served before every flow with a greater number ([`SimOptions::compute_priority`]).
+    priority: i32,
     remaining: f64,
     cap: f64,
     resources: Vec<ResId>,
@@ -270,6 +286,7 @@ struct Sim<'a> {
     plan: &'a Plan,
     profile: &'a Profile,
     topo: Topology,
+    compute_priority: Vec<i32>,
     now: f64,
     lanes: Vec<LaneRun>,
     flows: Vec<Flow>,
@@ -394,7 +411,30 @@ impl<'a> Sim<'a> {
             }
             Op::Copy { src, dst_device, engine, .. } => {
                 let bytes = src.len() as f64 * dtype_of(self.plan, src.buf).size_bytes() as f64;
-                if *dst_device == device {
+                let rate = 1e9
+                    * match engine {
+                        Engine::CopyEngine => p.copy.copy_engine_gbps,
+                        Engine::Sm => p.copy.sm_copy_gbps,
+                    };
+                if *dst_device != device && self.topo.one_gpu() {
+                    // A copy between virtual devices of one GPU reads and writes its bytes
+                    // through the shared HBM, at the engine's rate.
+                    let latency = self.topo.latency_s(device, *dst_device);
+                    (
+                        vec![
+                            Phase::Fixed(launch),
+                            Phase::Fluid {
+                                amount: 2.0 * bytes,
+                                cap: 2.0 * rate,
+                                resources: vec![self.topo.hbm(device)],
+                            },
+                            Phase::Fixed(latency),
+                        ],
+                        bytes,
+                        0.0,
+                        bytes / rate.min(p.hbm_bps() / 2.0),
+                    )
+                } else if *dst_device == device {
                     // Each byte is read and written once.
                     let res = vec![self.topo.hbm(device)];
                     let work = 2.0 * bytes / p.hbm_bps();
@@ -408,11 +448,6 @@ impl<'a> Sim<'a> {
                         work,
                     )
                 } else {
-                    let rate = 1e9
-                        * match engine {
-                            Engine::CopyEngine => p.copy.copy_engine_gbps,
-                            Engine::Sm => p.copy.sm_copy_gbps,
-                        };
                     let route = self.topo.route(device, *dst_device);
                     for &r in &route {
                         self.link_bytes[r] += bytes;
@@ -521,8 +556,14 @@ impl<'a> Sim<'a> {
                 Phase::Fluid { amount, cap, resources } => {
                     run.step += 1;
                     if *amount > 0.0 {
+                        let computes = resources.iter().any(|&r| self.topo.resources[r].kind == ResourceKind::Compute);
+                        let priority = match self.compute_priority.get(device) {
+                            Some(&p) if computes => p,
+                            _ => 0,
+                        };
                         self.flows.push(Flow {
                             lane: li,
+                            priority,
                             remaining: *amount,
                             cap: *cap,
                             resources: resources.clone(),
@@ -651,17 +692,28 @@ impl<'a> Sim<'a> {
         tiles.iter().map(|&t| cost.work_s * t as f64 / total).collect()
     }
 
-    /// Max-min fair rates by progressive filling.
+    /// Max-min fair rates by progressive filling, one priority at a time from the
+    /// greatest: each priority's flows share what the greater ones left.
     fn allocate(&mut self) {
-        let caps: Vec<f64> = self.topo.resources.iter().map(|r| r.capacity).collect();
-        let mut left = caps;
+        let mut left: Vec<f64> = self.topo.resources.iter().map(|r| r.capacity).collect();
+        let mut priorities: Vec<i32> = self.flows.iter().map(|f| f.priority).collect();
+        priorities.sort_unstable();
+        priorities.dedup();
+        for priority in priorities {
+            let open = (0..self.flows.len()).filter(|&i| self.flows[i].priority == priority).collect();
+            self.fill(&mut left, open);
+        }
+        self.flows_dirty = false;
+    }
+
+    /// Progressive filling of the `open` flows over the capacities `left`.
+    fn fill(&mut self, left: &mut [f64], mut open: Vec<usize>) {
         let mut users = vec![0usize; left.len()];
-        for f in &self.flows {
-            for &r in &f.resources {
+        for &i in &open {
+            for &r in &self.flows[i].resources {
                 users[r] += 1;
             }
         }
-        let mut open: Vec<usize> = (0..self.flows.len()).collect();
         while !open.is_empty() {
             let limit = |f: &Flow| f.resources.iter().map(|&r| left[r] / users[r] as f64).fold(f.cap, f64::min);
             let lowest = open.iter().map(|&i| limit(&self.flows[i])).fold(f64::INFINITY, f64::min);
@@ -676,7 +728,6 @@ impl<'a> Sim<'a> {
             }
             open = keep;
         }
-        self.flows_dirty = false;
     }
 
     fn deadlock(&self) -> SimError {
@@ -818,6 +869,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
         plan,
         profile,
         topo,
+        compute_priority: options.compute_priority.clone(),
         now: 0.0,
         lanes,
         flows: Vec::new(),
@@ -840,9 +892,10 @@ fn report(sim: Sim<'_>) -> SimReport {
     let records = sim.records;
     let all = || records.iter().flatten().flatten();
     let makespan_s = all().map(|r| r.end_s).fold(0.0, f64::max);
-    let compute_floor_s = (0..plan.devices)
-        .map(|d| records[d].iter().flatten().filter(|r| r.class.is_compute()).map(|r| r.work_s).sum::<f64>())
-        .fold(0.0, f64::max);
+    let work = (0..plan.devices)
+        .map(|d| records[d].iter().flatten().filter(|r| r.class.is_compute()).map(|r| r.work_s).sum::<f64>());
+    // Devices of one GPU take turns on its compute; otherwise each has its own.
+    let compute_floor_s = if sim.topo.one_gpu() { work.sum() } else { work.fold(0.0, f64::max) };
     let (mut comm_floor_s, mut busiest_link) = (0.0, None);
     for (r, res) in sim.topo.resources.iter().enumerate() {
         if res.kind == ResourceKind::Link && sim.link_bytes[r] > 0.0 {
@@ -943,7 +996,9 @@ mod tests {
                         assert!(r.makespan_s + eps >= r.compute_floor_s, "{name} {}: {r:?}", plan.name);
                         assert!(r.makespan_s + eps >= r.comm_floor_s, "{name} {}", plan.name);
                         assert!(r.compute_floor_s > 0.0);
-                        assert_eq!(r.comm_floor_s > 0.0, d > 1, "{name} {}", plan.name);
+                        // One GPU has no links: its copies cross its HBM, beside the GEMMs.
+                        let links = profile.interconnect.topology != crate::sim::TopologyKind::OneGpu;
+                        assert_eq!(r.comm_floor_s > 0.0, d > 1 && links, "{name} {}", plan.name);
                         assert_eq!(r.ops().count(), plan.op_count());
                     }
                 }
@@ -1034,6 +1089,71 @@ mod tests {
         assert_eq!(r.busiest_link.as_deref(), Some("dev0 egress"));
     }
 
+    /// Two devices of one GPU each run one GEMM, and device 0 copies a buffer to device 1.
+    fn one_gpu_plan() -> Plan {
+        use crate::plan::{BufferRole, PlanBuilder};
+        let mut b = PlanBuilder::new("one gpu", 2);
+        let a = b.buffer("A", DType::F16, 1024, 4096, BufferRole::Scratch);
+        let w = b.buffer("B", DType::F16, 4096, 4096, BufferRole::Scratch);
+        let c = b.buffer("C", DType::F32, 1024, 4096, BufferRole::Scratch);
+        let (compute, comm) = (b.lane("compute"), b.lane("comm"));
+        for d in 0..2 {
+            let (a, w, c) = (b.whole(a), b.whole(w), b.whole(c));
+            b.push(d, compute, Op::gemm(a, w, c));
+        }
+        let x = b.whole(a);
+        b.push(0, comm, Op::Copy { src: x, dst_device: 1, dst: x, engine: Engine::CopyEngine });
+        b.finish().unwrap()
+    }
+
+    #[test]
+    fn devices_of_one_gpu_share_its_compute_and_copy_through_its_hbm() {
+        let mut profile = Profile::load("h100-one-gpu").unwrap();
+        profile.compute.launch_us = 0.0;
+        profile.interconnect.link_latency_us = 0.0;
+        let plan = one_gpu_plan();
+        let r = sim(&plan, &profile);
+        let gemm = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false).work_s;
+        // Two GEMMs at once on one GPU take as long as both one after the other.
+        assert!((r.makespan_s - 2.0 * gemm).abs() < 1e-9, "{} vs {}", r.makespan_s, 2.0 * gemm);
+        assert!((r.compute_floor_s - 2.0 * gemm).abs() < 1e-12, "one GPU's floor is every device's work");
+        // The copy: 8 MiB read and written at the copy engine's rate, beside the GEMMs.
+        let copy = r.record(OpSite { device: 0, lane: 1, index: 0 });
+        let bytes = 1024.0 * 4096.0 * 2.0;
+        let rate = profile.copy.copy_engine_gbps * 1e9;
+        assert!((copy.end_s - copy.start_s - bytes / rate).abs() < 1e-12, "{:?}", copy);
+        assert_eq!(r.comm_floor_s, 0.0, "no links on one GPU");
+    }
+
+    #[test]
+    fn on_one_gpu_the_greater_priority_gets_the_compute_first() {
+        let mut profile = Profile::load("h100-one-gpu").unwrap();
+        profile.compute.launch_us = 0.0;
+        let plan = one_gpu_plan();
+        let gemm = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false).work_s;
+        let end = |priorities: Vec<i32>, device| {
+            let options = SimOptions { compute_priority: priorities, ..SimOptions::default() };
+            let r = simulate(&plan, &profile, &options).unwrap();
+            r.record(OpSite { device, lane: 0, index: 0 }).end_s
+        };
+        // Together, both end at 2 GEMMs; device 1 first, it ends at 1 and device 0 at 2.
+        assert!((end(Vec::new(), 0) - 2.0 * gemm).abs() < 1e-9);
+        assert!((end(vec![1, 0], 1) - gemm).abs() < 1e-9);
+        assert!((end(vec![1, 0], 0) - 2.0 * gemm).abs() < 1e-9);
+        // Priorities of devices with their own GPUs change nothing.
+        let nvlink = Profile::load("h100-nvlink").unwrap();
+        let options = SimOptions { compute_priority: vec![1, 0], ..SimOptions::default() };
+        let apart = simulate(&plan, &nvlink, &options).unwrap();
+        assert_eq!(apart.makespan_s, sim(&plan, &nvlink).makespan_s);
+    }
+
+    #[test]
+    fn staggered_priorities_follow_device_order_over_the_levels() {
+        assert_eq!(staggered_priorities(4, 5), vec![0, 1, 2, 3]);
+        assert_eq!(staggered_priorities(8, 5), vec![0, 0, 1, 1, 2, 3, 3, 4]);
+        assert_eq!(staggered_priorities(3, 1), vec![0, 0, 0]);
+    }
+
     #[test]
     fn a_fused_gemm_waits_inside_only_for_late_data() {
         // Over PCIe the shards arrive long after the GEMM could use them: the kernel's
@@ -1080,9 +1200,9 @@ mod tests {
             Err(SimError::TooManyDevices { max: 8, .. })
         ));
         let tpu = Profile::load("tpuv4-torus").unwrap();
-        let bad = SimOptions { torus_dims: Some(vec![3, 5]) };
+        let bad = SimOptions { torus_dims: Some(vec![3, 5]), ..SimOptions::default() };
         assert!(matches!(simulate(&plan, &tpu, &bad), Err(SimError::TorusShape { .. })));
-        let square = SimOptions { torus_dims: Some(vec![4, 4]) };
+        let square = SimOptions { torus_dims: Some(vec![4, 4]), ..SimOptions::default() };
         assert!(simulate(&plan, &tpu, &square).is_ok());
     }
 }

@@ -62,6 +62,11 @@ pub enum TopologyKind {
     /// A torus of point-to-point links (TPU ICI); copies route dimension by dimension
     /// along the shorter way round, using every directed link on the way.
     Torus,
+    /// D virtual devices emulated on one GPU, as the CUDA bench runs them
+    /// (`Placement::Virtual`): every device's GEMMs and reductions share the one GPU's
+    /// compute, and a copy between devices is a device-to-device copy through its one HBM
+    /// (each byte read and written). The interconnect's link fields are unused.
+    OneGpu,
 }
 
 impl fmt::Display for TopologyKind {
@@ -69,6 +74,7 @@ impl fmt::Display for TopologyKind {
         f.write_str(match self {
             TopologyKind::Switch => "switch",
             TopologyKind::Torus => "torus",
+            TopologyKind::OneGpu => "one_gpu",
         })
     }
 }
@@ -191,13 +197,14 @@ pub struct Profile {
 }
 
 /// The profiles shipped in `core/profiles/`, by name.
-const BUILTIN: [(&str, &str); 6] = [
+const BUILTIN: [(&str, &str); 7] = [
     ("h100-nvlink", include_str!("../../profiles/h100-nvlink.toml")),
     ("h800-nvlink", include_str!("../../profiles/h800-nvlink.toml")),
     ("h100-ib", include_str!("../../profiles/h100-ib.toml")),
     ("h200-nvlink", include_str!("../../profiles/h200-nvlink.toml")),
     ("tpuv4-torus", include_str!("../../profiles/tpuv4-torus.toml")),
     ("pcie-gen4", include_str!("../../profiles/pcie-gen4.toml")),
+    ("h100-one-gpu", include_str!("../../profiles/h100-one-gpu.toml")),
 ];
 
 /// The folder holding the shipped profile files.

@@ -3,6 +3,8 @@
 //! Resources: per device its compute (capacity 1 work-second per second) and its HBM
 //! (bytes/s); per directed link or switch port its bandwidth (bytes/s). A copy to a peer
 //! uses the resources of its route; concurrent users of one resource share it fairly.
+//! On one GPU (`one_gpu`) every device shares one compute and one HBM, and there are no
+//! links.
 
 use super::profile::{Profile, TopologyKind};
 
@@ -52,6 +54,15 @@ impl Topology {
     /// Builds the topology; `dims` is the torus shape (product = devices), ignored by a switch.
     pub fn new(profile: &Profile, devices: usize, dims: Vec<usize>) -> Topology {
         let mut resources = Vec::new();
+        let latency_s =
+            (profile.interconnect.link_latency_us * 1e-6, profile.network.map_or(0.0, |n| n.latency_us * 1e-6));
+        if profile.interconnect.topology == TopologyKind::OneGpu {
+            resources.push(Resource { name: "gpu compute".into(), capacity: 1.0, kind: ResourceKind::Compute });
+            resources.push(Resource { name: "gpu hbm".into(), capacity: profile.hbm_bps(), kind: ResourceKind::Hbm });
+            let links_base = resources.len();
+            let kind = TopologyKind::OneGpu;
+            return Topology { kind, devices, dims, resources, links_base, nodes: None, latency_s };
+        }
         for d in 0..devices {
             resources.push(Resource { name: format!("dev{d} compute"), capacity: 1.0, kind: ResourceKind::Compute });
         }
@@ -77,6 +88,7 @@ impl Topology {
                     });
                 }
             }
+            TopologyKind::OneGpu => unreachable!("one GPU returned above"),
             TopologyKind::Torus => {
                 for d in 0..devices {
                     for (dim, _) in dims.iter().enumerate() {
@@ -102,8 +114,6 @@ impl Topology {
             }
             (net.devices_per_node, base)
         });
-        let latency_s =
-            (profile.interconnect.link_latency_us * 1e-6, profile.network.map_or(0.0, |n| n.latency_us * 1e-6));
         Topology { kind: profile.interconnect.topology, devices, dims, resources, links_base, nodes, latency_s }
     }
 
@@ -112,14 +122,27 @@ impl Topology {
         self.nodes.is_some_and(|(per, _)| src / per != dst / per)
     }
 
+    /// Whether every device is a virtual device of one GPU.
+    pub fn one_gpu(&self) -> bool {
+        self.kind == TopologyKind::OneGpu
+    }
+
     /// The compute resource of a device.
     pub fn compute(&self, device: usize) -> ResId {
-        device
+        if self.one_gpu() {
+            0
+        } else {
+            device
+        }
     }
 
     /// The HBM resource of a device.
     pub fn hbm(&self, device: usize) -> ResId {
-        self.devices + device
+        if self.one_gpu() {
+            1
+        } else {
+            self.devices + device
+        }
     }
 
     fn coords(&self, mut device: usize) -> Vec<usize> {
@@ -139,13 +162,15 @@ impl Topology {
         self.links_base + (device * self.dims.len() + dim) * 2 + usize::from(!positive)
     }
 
-    /// The link resources a copy from `src` to `dst` (a peer) crosses, in order.
+    /// The link resources a copy from `src` to `dst` (a peer) crosses, in order (none on
+    /// one GPU, where the copy goes through its HBM instead).
     pub fn route(&self, src: usize, dst: usize) -> Vec<ResId> {
         if let (true, Some((_, nic))) = (self.between_nodes(src, dst), self.nodes) {
             return vec![nic + src, nic + self.devices + dst];
         }
         match self.kind {
             TopologyKind::Switch => vec![self.links_base + src, self.links_base + self.devices + dst],
+            TopologyKind::OneGpu => Vec::new(),
             TopologyKind::Torus => {
                 // Dimension-order routing, the shorter way round (ties go the + way).
                 let mut at = self.coords(src);
@@ -170,7 +195,7 @@ impl Topology {
     /// Number of hops a copy from `src` to `dst` takes (latency is paid per hop).
     pub fn hops(&self, src: usize, dst: usize) -> usize {
         match self.kind {
-            TopologyKind::Switch => usize::from(src != dst),
+            TopologyKind::Switch | TopologyKind::OneGpu => usize::from(src != dst),
             TopologyKind::Torus => self.route(src, dst).len(),
         }
     }

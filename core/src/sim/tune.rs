@@ -277,7 +277,7 @@ pub fn evaluate_mesh(
     let analytic = estimate_mesh(algorithm, gemm, shape, slices, profile).ok()?;
     match planner.plan(gemm, algorithm, shape, slices) {
         Some(plan) => {
-            let options = SimOptions { torus_dims: Some(vec![shape.rows, shape.cols]) };
+            let options = SimOptions { torus_dims: Some(vec![shape.rows, shape.cols]), ..SimOptions::default() };
             simulate(&plan, profile, &options).ok().map(|r| MeshEvaluation::Simulated(Box::new(r)))
         }
         None => Some(MeshEvaluation::Analytic(analytic)),
