@@ -89,7 +89,13 @@ struct Stream {
     Context* ctx;
     int queue;
     std::atomic<u64> submitted{0}, completed{0};
+    // The priority attribute (cuStreamSetAttribute); 0, the default, when created.
+    std::atomic<int> priority{0};
 };
+
+// For tests: how many items were enqueued on streams of each priority (index -priority).
+constexpr int PRIORITY_SLOTS = 64;
+static std::atomic<u64> enqueued_at_priority[PRIORITY_SLOTS];
 
 struct Item {
     Stream* stream;
@@ -290,6 +296,8 @@ inline void enqueue(Stream* s, std::function<void()> work) {
     Queue* q = s->ctx->queues[s->queue].get();
     std::lock_guard<std::mutex> g(q->m);
     s->submitted.fetch_add(1);
+    int slot = -s->priority.load();
+    if (slot >= 0 && slot < PRIORITY_SLOTS) enqueued_at_priority[slot].fetch_add(1);
     q->items.push_back(Item{s, std::move(work)});
     q->cv.notify_one();
 }
@@ -941,16 +949,17 @@ CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
     return SUCCESS;
 }
 
-// The mirror of CUlaunchAttribute (id, padding, a 64-byte value union) and of
-// CUlaunchConfig, as cuda.h lays them out.
+// The mirror of CUlaunchAttributeValue (a 64-byte union), CUlaunchAttribute (id,
+// padding, the value) and CUlaunchConfig, as cuda.h lays them out.
+union LaunchAttributeValue {
+    char bytes[64];
+    int priority;
+    void* align;
+};
 struct LaunchAttribute {
     int id;
     char pad[4];
-    union {
-        char bytes[64];
-        int priority;
-        void* align;
-    } value;
+    LaunchAttributeValue value;
 };
 static_assert(sizeof(LaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
 constexpr int LAUNCH_ATTRIBUTE_PRIORITY = 8;
@@ -984,6 +993,26 @@ CUresult cuLaunchKernelEx(const LaunchConfig* config, Function* f, void** params
         prioritised[f->name] += 1;
     }
     return r;
+}
+
+// Takes the stream attribute cmm sets, a priority within the context's range, which later
+// work on the stream carries; refuses the others (this driver does not model them).
+CUresult cuStreamSetAttribute(void* handle, int attr, const LaunchAttributeValue* value) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    Stream* s = stream_of(handle);
+    if (s == nullptr) return INVALID_HANDLE;
+    if (value == nullptr) return INVALID_VALUE;
+    if (attr != LAUNCH_ATTRIBUTE_PRIORITY) return NOT_SUPPORTED;
+    if (value->priority < greatest_priority.load() || value->priority > 0) return INVALID_VALUE;
+    s->priority.store(value->priority);
+    return SUCCESS;
+}
+
+// For tests: how many items (launches, copies, memory operations, cuBLAS GEMMs) were
+// enqueued so far on streams whose priority attribute was `priority`.
+u64 cmm_fake_enqueued_at_stream_priority(int priority) {
+    int slot = -priority;
+    return slot >= 0 && slot < PRIORITY_SLOTS ? enqueued_at_priority[slot].load() : 0;
 }
 
 // For tests: how many launches of kernel `name` carried a priority attribute so far.

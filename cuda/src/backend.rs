@@ -78,6 +78,15 @@ pub struct CudaRunOptions {
     /// GPU has a single priority or refused a prioritised launch
     /// ([`CudaBackend::comm_priority`]).
     pub comm_priority: bool,
+    /// With D virtual devices on one GPU, run device d's lanes at a stream priority below
+    /// the communicating kernels' and below device d − 1's
+    /// ([`cmm_core::sim::staggered_priorities`] over the GPU's spare levels), so that when
+    /// every device has a GEMM ready the GPU serves them in device order rather than all
+    /// at once, and one device's copy runs under the next devices' GEMMs instead of every
+    /// device copying at the same moment. Only priorities change, never what waits for
+    /// what. Without effect on one GPU per device, or on a GPU with fewer than three
+    /// priorities ([`CudaRunOutput::staggered`] says whether it applied).
+    pub stagger: bool,
     /// Before the run, overwrite twice the L2 of every GPU, so that the run does not
     /// start with the inputs that were just generated in the cache (for timing; the
     /// bench sets it).
@@ -120,6 +129,7 @@ impl Default for CudaRunOptions {
             run_timeout: Duration::from_secs(60),
             gate: std::env::var(GATE_VAR).map_or(true, |v| v.trim() != "0"),
             comm_priority: true,
+            stagger: false,
             cold_l2: false,
             read_back: ReadBack::Everything,
         }
@@ -144,6 +154,9 @@ pub struct CudaRunOutput {
     /// The priority signals, waits and SM copies were launched at on GPU 0 (`None`: the
     /// default one, as every other launch; always `None` on the host twin).
     pub comm_priority: Option<i32>,
+    /// The stream priority of each device's lanes where [`CudaRunOptions::stagger`]
+    /// applied (empty: every lane at the default priority).
+    pub staggered: Vec<i32>,
     /// Wall time of the whole run.
     pub elapsed: Duration,
 }
@@ -217,6 +230,8 @@ impl Drop for BlasHandle {
 /// A lane stream kept across runs (so its hardware queue stays put) with its cuBLAS
 /// handle, created on first use under the stream's context.
 struct LaneSlot {
+    /// The stream's priority attribute as last set (0, the default, when created).
+    priority: i32,
     blas: Option<BlasHandle>,
     /// The handle's own workspace (dropped after the handle).
     workspace: Option<DeviceAlloc>,
@@ -721,7 +736,7 @@ fn ensure_lanes(state: &mut State, g: usize, count: usize, blas: bool) -> Result
     let gpu = &mut state.gpus[g];
     while gpu.lanes.len() < count {
         let stream = gpu.ctx.new_stream().map_err(|e| CudaError::driver("creating a lane stream", e))?;
-        gpu.lanes.push(LaneSlot { blas: None, workspace: None, stream });
+        gpu.lanes.push(LaneSlot { priority: 0, blas: None, workspace: None, stream });
     }
     if blas {
         gpu.ctx.bind_to_thread().map_err(|e| CudaError::driver("binding the context for cuBLAS", e))?;
@@ -834,6 +849,7 @@ fn execute(
     if blas {
         warm_cublas(state, lowered, &streams, &memory)?;
     }
+    let staggered = set_lane_priorities(state, plan.devices, lanes, &streams, options)?;
     if options.cold_l2 {
         for gpu in &state.gpus {
             evict_l2(&gpu.ctx)?;
@@ -867,8 +883,58 @@ fn execute(
         gated,
         gemms: lowered.gemms,
         comm_priority: comm_priority(options, &state.gpus[0]),
+        staggered,
         elapsed: Duration::ZERO,
     })
+}
+
+/// Each device's lane priority under [`CudaRunOptions::stagger`] on a GPU whose greatest
+/// priority is `greatest` (the least is 0): the levels between the communicating kernels'
+/// and 0, device d at ⌊d·levels / D⌋ of them. Empty where staggering does not apply.
+fn stagger_priorities(options: &CudaRunOptions, greatest: &Result<i32, String>, devices: usize) -> Vec<i32> {
+    match greatest {
+        // Communication keeps the greatest priority; at least two levels stay below it.
+        Ok(g) if options.stagger && options.placement == Placement::Virtual && *g <= -2 => {
+            let levels = g.unsigned_abs() as usize;
+            cmm_core::sim::staggered_priorities(devices, levels).into_iter().map(|p| g + 1 + p).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Sets every lane stream of the run to its device's staggered priority, or back to the
+/// default (streams are kept across runs); returns the priorities that apply.
+fn set_lane_priorities(
+    state: &mut State,
+    devices: usize,
+    lanes: usize,
+    streams: &[(usize, usize)],
+    options: &CudaRunOptions,
+) -> Result<Vec<i32>, CudaError> {
+    let staggered = stagger_priorities(options, &state.gpus[0].priority, devices);
+    for (s, &(g, slot)) in streams.iter().enumerate() {
+        let wanted = staggered.get(s / lanes.max(1)).copied().unwrap_or(0);
+        let lane = &mut state.gpus[g].lanes[slot];
+        if lane.priority == wanted {
+            continue;
+        }
+        lane.stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
+        let value = sys::CUstreamAttrValue { priority: wanted };
+        // SAFETY: the stream is live (its slot owns it), `value` outlives the call, and the
+        // priority attribute reads the union's `priority` field.
+        #[allow(unsafe_code)]
+        unsafe {
+            sys::cuStreamSetAttribute(
+                lane.stream.cu_stream(),
+                sys::CUstreamAttrID::CU_LAUNCH_ATTRIBUTE_PRIORITY,
+                &value,
+            )
+        }
+        .result()
+        .map_err(|e| CudaError::driver("setting a lane's stream priority", e))?;
+        lane.priority = wanted;
+    }
+    Ok(staggered)
 }
 
 /// Plans with more ops per stream than this run ungated: a held stream whose launch
@@ -1547,5 +1613,24 @@ impl Memory {
             out.push(buffers);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staggered_priorities_stay_below_communication_in_device_order() {
+        let on = CudaRunOptions { stagger: true, ..Default::default() };
+        assert_eq!(stagger_priorities(&on, &Ok(-5), 4), vec![-4, -3, -2, -1]);
+        // Eight devices share the five levels below communication, in device order.
+        assert_eq!(stagger_priorities(&on, &Ok(-5), 8), vec![-4, -4, -3, -3, -2, -1, -1, 0]);
+        assert_eq!(stagger_priorities(&on, &Ok(-2), 2), vec![-1, 0]);
+        // Nothing to stagger: off, one GPU per device, or no level left below communication.
+        assert!(stagger_priorities(&CudaRunOptions::default(), &Ok(-5), 4).is_empty());
+        assert!(stagger_priorities(&CudaRunOptions { placement: Placement::Gpus, ..on }, &Ok(-5), 4).is_empty());
+        assert!(stagger_priorities(&on, &Ok(-1), 4).is_empty());
+        assert!(stagger_priorities(&on, &Err("a single priority".into()), 4).is_empty());
     }
 }

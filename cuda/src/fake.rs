@@ -106,6 +106,18 @@ pub fn prioritised_launches(kernel: crate::Kernel) -> Result<u64, CudaError> {
     Ok(launches)
 }
 
+/// How many items (launches, copies, memory operations, cuBLAS GEMMs) were enqueued so
+/// far on streams whose priority attribute (`cuStreamSetAttribute`) was `priority`. The
+/// fake driver must be installed.
+pub fn enqueued_at_stream_priority(priority: i32) -> Result<u64, CudaError> {
+    type Count = unsafe extern "C" fn(i32) -> u64;
+    let count: Count = control(b"cmm_fake_enqueued_at_stream_priority\0")?;
+    // SAFETY: the control takes one plain integer and returns a count.
+    #[allow(unsafe_code)]
+    let items = unsafe { count(priority) };
+    Ok(items)
+}
+
 /// Makes contexts report `greatest` as their greatest stream priority from now on (the
 /// least is 0, so 0 means a single priority, as on a GPU without stream priorities; the
 /// default is -5, as on an H100). Backends created afterwards probe it. The fake driver

@@ -505,6 +505,7 @@ impl HostTwin {
             gated: false,
             gemms: lowered.gemms,
             comm_priority: None,
+            staggered: Vec::new(),
             elapsed: start.elapsed(),
         })
     }

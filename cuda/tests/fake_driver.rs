@@ -277,3 +277,58 @@ fn communicating_kernels_and_only_they_launch_at_the_greatest_priority() {
     assert_eq!(priority, None);
     assert!(added.iter().all(|(_, n)| *n == 0), "a single priority: {added:?}");
 }
+
+/// With `stagger`, device d's lanes run at its staggered priority, below the
+/// communicating kernels' and in device order (−4, −3, −2, −1 for four devices on a GPU
+/// whose greatest priority is −5), every item of the run is enqueued at one of them, and
+/// the output is right; the next run without it puts every lane back at the default.
+/// On a GPU with two priorities (nothing left below communication) it does not apply,
+/// and the run says so.
+#[test]
+fn staggered_lanes_run_at_their_devices_priorities_and_return_to_the_default() {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = cmm_cuda::fake::set_greatest_priority(-5);
+        }
+    }
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    let p = Problem::new(OpKind::GemmRs, 4, 32, 40, 64, DType::F16, DType::F32).unwrap();
+    let plan = build_plan(&p, Algorithm::RingAccumulate { chunks: 1 }).unwrap();
+    let levels = [0, -1, -2, -3, -4, -5];
+    let counts = || levels.map(|p| cmm_cuda::fake::enqueued_at_stream_priority(p).unwrap());
+    let staggered = CudaRunOptions { stagger: true, ..Default::default() };
+    let run = |b: &CudaBackend, options: &CudaRunOptions| {
+        let before = counts();
+        let out = b.run(&plan, 5, Family::Exact, options).unwrap_or_else(|e| panic!("{e}"));
+        let after = counts();
+        let twin = cmm_core::cpu::run(&plan, 5, Family::Exact).unwrap();
+        let c = plan.output().unwrap().0;
+        for (d, (got, want)) in out.buffers.iter().zip(&twin).enumerate() {
+            assert_eq!(got[c], want[c], "device {d}");
+        }
+        let added: Vec<(i32, u64)> =
+            levels.iter().zip(after.iter().zip(before)).map(|(p, (a, b))| (*p, a - b)).collect();
+        (out.staggered, added)
+    };
+
+    // The run's setup stream (inputs, the gate, events, the read-back) stays at 0.
+    let (priorities, added) = run(&b, &staggered);
+    assert_eq!(priorities, vec![-4, -3, -2, -1]);
+    let lanes: Vec<u64> = added.iter().filter(|(p, _)| (-4..=-1).contains(p)).map(|(_, n)| *n).collect();
+    assert!(lanes.iter().all(|&n| n > 0 && n == lanes[0]), "the four devices' lanes, alike: {added:?}");
+    assert_eq!(added.iter().find(|(p, _)| *p == -5), Some(&(-5, 0)), "{added:?}");
+    let (priorities, added) = run(&b, &CudaRunOptions::default());
+    assert!(priorities.is_empty());
+    for (priority, n) in &added {
+        assert_eq!(*n > 0, *priority == 0, "after staggering, items at stream priority {priority}: {added:?}");
+    }
+
+    let _restore = Restore;
+    cmm_cuda::fake::set_greatest_priority(-1).unwrap();
+    let narrow = CudaBackend::new(1).unwrap_or_else(|e| panic!("{e}"));
+    let (priorities, added) = run(&narrow, &staggered);
+    assert!(priorities.is_empty(), "two priorities leave none below communication: {priorities:?}");
+    assert!(added.iter().all(|(p, n)| *n == 0 || *p == 0), "{added:?}");
+}

@@ -100,6 +100,11 @@ pub struct Args {
     /// other kernel, not at the GPU's greatest (to tell whether a difference comes from it).
     #[arg(long)]
     pub no_comm_priority: bool,
+    /// CUDA only: with D virtual devices on one GPU, run each device's lanes at a
+    /// staggered stream priority (device order, below communication), as the bench's
+    /// `staggered` column does; results must not change.
+    #[arg(long)]
+    pub stagger: bool,
     /// CUDA only: where the conformance stamps go [default: $CMM_STAMP_DIR, else
     /// target/cuda-stamps].
     #[arg(long, value_name = "DIR")]
@@ -126,6 +131,7 @@ impl Args {
             case_timeout: 60,
             ungated: false,
             no_comm_priority: false,
+            stagger: false,
             stamps: None,
             report: None,
         }
@@ -143,6 +149,7 @@ impl Args {
             run_timeout: Duration::from_secs(self.case_timeout),
             gate: defaults.gate && !self.ungated,
             comm_priority: !self.no_comm_priority,
+            stagger: self.stagger,
             ..defaults
         }
     }

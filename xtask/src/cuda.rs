@@ -173,9 +173,14 @@ struct Row {
     devices: usize,
     algorithm: String,
     time_us: f64,
+    /// The plan again with each virtual device's lanes at its staggered priority
+    /// (`CudaRunOptions::stagger`; null where the GPU has too few priorities).
+    time_staggered_us: Option<f64>,
     /// Σ over the plan's GEMM ops of the same GEMM alone through cuBLAS.
     gemm_sum_us: f64,
+    /// The faster of the two times over the bound.
     time_over_gemm_sum: f64,
+    /// The direct baseline: the faster of its two times.
     baseline_us: f64,
     speedup_over_baseline: f64,
     tflops: f64,
@@ -190,6 +195,13 @@ struct Row {
     /// The GEMM shapes `gemm_sum_us` sums, one per GEMM op.
     #[serde(skip)]
     gemm_specs: Vec<GemmSpec>,
+}
+
+impl Row {
+    /// The faster of the plan's times, with and without staggered priorities.
+    fn best_us(&self) -> f64 {
+        self.time_staggered_us.map_or(self.time_us, |s| s.min(self.time_us))
+    }
 }
 
 /// Output elements per device that the bench checks against the f64 oracle, at the
@@ -295,7 +307,7 @@ fn targets(rows: &[Row]) -> Vec<Target> {
             let best = rows
                 .iter()
                 .filter(|r| r.op == op && r.devices == devices && !r.algorithm.starts_with("baseline"))
-                .min_by(|a, b| a.time_us.total_cmp(&b.time_us));
+                .min_by(|a, b| a.best_us().total_cmp(&b.best_us()));
             Target {
                 op: op.to_string(),
                 devices,
@@ -448,7 +460,7 @@ fn rebound_rows(rows: &mut [Row], cache: &HashMap<GemmSpec, f64>) -> Vec<(usize,
             moved.push((i, row.time_over_gemm_sum));
         }
         row.gemm_sum_us = bound;
-        row.time_over_gemm_sum = row.time_us / bound;
+        row.time_over_gemm_sum = row.best_us() / bound;
     }
     moved
 }
@@ -533,9 +545,29 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
             (format!("none: {reason}"), false)
         }
     };
+    // Whether each plan can also run with staggered lane priorities (two levels or more
+    // below communication's).
+    let stagger = matches!(backend.comm_priority(), Ok(p) if p <= -2);
+    if stagger {
+        println!(
+            "`staggered` times each plan again with device d's lanes at a lower priority than device d − 1's \
+             (below communication); ÷ Σ, speedup and TFLOP/s take the faster of the two times, and the \
+             baseline is the faster of its own two"
+        );
+    }
     println!(
-        "{:<8} {:>2} {:<20} {:>10} {:>12} {:>8} {:>12} {:>8} {:>8} {:>12}",
-        "op", "D", "plan", "time µs", "Σ GEMMs µs", "÷ Σ", "baseline µs", "speedup", "TFLOP/s", "no prio µs"
+        "{:<8} {:>2} {:<20} {:>10} {:>12} {:>12} {:>8} {:>12} {:>8} {:>8} {:>12}",
+        "op",
+        "D",
+        "plan",
+        "time µs",
+        "staggered µs",
+        "Σ GEMMs µs",
+        "÷ Σ",
+        "baseline µs",
+        "speedup",
+        "TFLOP/s",
+        "no prio µs"
     );
     let mut report = Report {
         gpu: backend.identity()?,
@@ -571,7 +603,14 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
             let baseline = build_plan(&problem, Algorithm::BaselineDirect)?;
             let baseline_check = spot_checked(&backend, &problem, &baseline, &options)?
                 .map_err(|why| anyhow::anyhow!("{}: wrong output at this shape: {why}", baseline.name))?;
-            let (baseline_us, _) = time_plan(&backend, &baseline, &options, reps, false)?;
+            let (baseline_default_us, _) = time_plan(&backend, &baseline, &options, reps, false)?;
+            let baseline_staggered_us = if stagger {
+                let options = CudaRunOptions { stagger: true, ..options };
+                Some(time_plan(&backend, &baseline, &options, reps, false)?.0)
+            } else {
+                None
+            };
+            let baseline_us = baseline_staggered_us.map_or(baseline_default_us, |s| s.min(baseline_default_us));
             let mut algorithms = vec![Algorithm::Ring, Algorithm::RingBidir];
             if op == OpKind::GemmRs {
                 // The running sum added in the GEMM, whole and in two chunks.
@@ -592,7 +631,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 let run_options =
                     CudaRunOptions { gemm: if fused { GemmEngine::Auto } else { GemmEngine::Cublas }, ..options };
                 let ((us, gated), worst) = if algorithm == Algorithm::BaselineDirect {
-                    ((baseline_us, true), baseline_check)
+                    ((baseline_default_us, true), baseline_check)
                 } else {
                     match spot_checked(&backend, &problem, &plan, &run_options)? {
                         Ok(worst) => (time_plan(&backend, &plan, &run_options, reps, fused)?, worst),
@@ -612,19 +651,29 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 } else {
                     None
                 };
+                let staggered = if algorithm == Algorithm::BaselineDirect {
+                    baseline_staggered_us
+                } else if stagger {
+                    let options = CudaRunOptions { stagger: true, ..run_options };
+                    Some(time_plan(&backend, &plan, &options, reps, fused)?.0)
+                } else {
+                    None
+                };
+                let best = staggered.map_or(us, |s| s.min(us));
                 let specs = gemm_specs(&plan);
                 let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;
-                let tflops = problem.flops() / us / 1e6;
+                let tflops = problem.flops() / best / 1e6;
                 println!(
-                    "{:<8} {:>2} {:<20} {:>10.1} {:>12.1} {:>8.3} {:>12.1} {:>7.2}x {:>8.0} {:>12}{}{}",
+                    "{:<8} {:>2} {:<20} {:>10.1} {:>12} {:>12.1} {:>8.3} {:>12.1} {:>7.2}x {:>8.0} {:>12}{}{}",
                     op.name(),
                     d,
                     algorithm.to_string(),
                     us,
+                    staggered.map_or("-".to_string(), |s| format!("{s:.1}")),
                     bound,
-                    us / bound,
+                    best / bound,
                     baseline_us,
-                    baseline_us / us,
+                    baseline_us / best,
                     tflops,
                     without.map_or("-".to_string(), |w| format!("{w:.1}")),
                     if gated { "" } else { "  (ungated: includes enqueueing)" },
@@ -635,10 +684,11 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     devices: d,
                     algorithm: algorithm.to_string(),
                     time_us: us,
+                    time_staggered_us: staggered,
                     gemm_sum_us: bound,
-                    time_over_gemm_sum: us / bound,
+                    time_over_gemm_sum: best / bound,
                     baseline_us,
-                    speedup_over_baseline: baseline_us / us,
+                    speedup_over_baseline: baseline_us / best,
                     tflops,
                     gemm_engine: engine.into(),
                     gated,
@@ -700,6 +750,7 @@ mod tests {
             devices,
             algorithm: algorithm.into(),
             time_us,
+            time_staggered_us: None,
             gemm_sum_us,
             time_over_gemm_sum: time_us / gemm_sum_us,
             baseline_us,
@@ -738,6 +789,34 @@ mod tests {
         // Within the 1.05 bound before, not after: the targets follow the rows.
         assert!(!targets(&rows)[0].within_bound);
         assert_eq!((rows[1].gemm_sum_us, rows[1].time_over_gemm_sum), (50.0, 1.2));
+    }
+
+    #[test]
+    fn a_faster_staggered_time_is_the_one_the_bound_and_the_targets_judge() {
+        let spec = GemmSpec {
+            m: 64,
+            n: 64,
+            k: 64,
+            input: DType::F16,
+            output: DType::F16,
+            trans_a: false,
+            trans_b: false,
+            accumulate: false,
+        };
+        let mut slow = row_of("gemm_rs", 4, "ring_accumulate", 118.0, 100.0, 110.0, vec![spec]);
+        slow.time_staggered_us = Some(103.0);
+        let mut other = row_of("gemm_rs", 4, "ring", 112.0, 100.0, 110.0, vec![spec]);
+        other.time_staggered_us = Some(125.0);
+        let mut rows = vec![slow, other];
+        // The bound moves (80 → 100 µs per the cache): both rows are judged again.
+        rows[0].gemm_sum_us = 80.0;
+        rows[1].gemm_sum_us = 80.0;
+        rebound_rows(&mut rows, &HashMap::from([(spec, 100.0)]));
+        assert_eq!(rows[0].time_over_gemm_sum, 1.03, "the staggered time, the faster");
+        assert_eq!(rows[1].time_over_gemm_sum, 1.12, "the unstaggered time, the faster");
+        let t = &targets(&rows)[0];
+        assert_eq!(t.best.as_ref().map(|b| b.plan.as_str()), Some("ring_accumulate"));
+        assert!(t.within_bound);
     }
 
     #[test]

@@ -142,6 +142,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         # on the fake driver they take the host twin's sizes.
         step rehearsal-device-tests 150 "$here/bin/cuda-device-tests" --skip host_
         step rehearsal-conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
+        step rehearsal-conformance-staggered 150 "$x" conformance --backend cuda --sync kernels --stagger \
+            --case-timeout 30 --stamps "$scratch/staggered-stamps"
         step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
             --json "$out/bench-rehearsal.json"
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
@@ -206,6 +208,10 @@ fi
 # The host-twin tests (host_*) need a C++ compiler, not a GPU: they run in CI.
 step device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
 step conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
+# The same corpus with each virtual device's lanes at its staggered priority (the
+# bench's `staggered` column): only priorities change, so results must not.
+step conformance-staggered 90 "$x" conformance --backend cuda --sync kernels --stagger --case-timeout 30 \
+    --stamps "$scratch/staggered-stamps"
 step bench-kernels 150 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json"
 step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case-timeout 30
 step bench-memops 120 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
