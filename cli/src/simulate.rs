@@ -61,6 +61,10 @@ pub struct Args {
     /// devices share compute (`--profile h100-one-gpu`). 0: every device at one priority.
     #[arg(long, default_value_t = 0)]
     pub stagger: usize,
+    /// Start device d's first GEMM after device d − 1's, as the CUDA executor's
+    /// `--offset-starts` does on one GPU (refused where it would deadlock).
+    #[arg(long)]
+    pub offset_starts: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -205,6 +209,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let alg = algorithm(&args.algorithm, args.chunks)?;
     let plan = build_plan(&problem, alg)?;
+    let plan = if args.offset_starts { cmm_core::emulate::offset_starts(&plan)? } else { plan };
     match args.executor {
         Executor::Sim => {
             let compute_priority =
@@ -645,24 +650,26 @@ fn validate() -> Result<()> {
     println!();
     println!(
         "the CUDA bench on one H100 ({}: D virtual devices share one GPU; f16, per-shard M=1024, K=N=4096), \
-         measured at 30786c1 with every device at one priority; staggered = a prediction, not measured yet",
+         measured at 30786c1 with every device at one priority and starting together; \
+         staggered and offsets = predictions, not measured yet",
         one.name
     );
     println!(
-        "{:<34} {:>11} {:>11} {:>11} {:>8} {:>11} {:>11}",
-        "case", "simulated", "analytic", "measured", "error", "Σ compute", "staggered"
+        "{:<34} {:>11} {:>11} {:>11} {:>8} {:>11} {:>11} {:>11}",
+        "case", "simulated", "analytic", "measured", "error", "Σ compute", "staggered", "offsets"
     );
     for row in one_gpu_bench(&one)? {
         let t = &row.time;
         println!(
-            "{:<34} {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>+7.1}% {:>8.1} µs {:>8.1} µs",
+            "{:<34} {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>+7.1}% {:>8.1} µs {:>8.1} µs {:>8.1} µs",
             t.case,
             t.simulated_us,
             t.analytic_us,
             t.published_us,
             100.0 * t.relative_error(),
             row.compute_floor_us,
-            row.staggered_us
+            row.staggered_us,
+            row.offset_us
         );
     }
     let tpu = Profile::load("tpuv4-torus")?;

@@ -47,6 +47,7 @@ pub mod algorithms;
 pub mod attention;
 pub mod cpu;
 pub mod dtype;
+pub mod emulate;
 pub mod generator;
 pub mod linear;
 pub mod mesh;

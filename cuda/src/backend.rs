@@ -87,6 +87,14 @@ pub struct CudaRunOptions {
     /// what. Without effect on one GPU per device, or on a GPU with fewer than three
     /// priorities ([`CudaRunOutput::staggered`] says whether it applied).
     pub stagger: bool,
+    /// With D virtual devices on one GPU, run the plan with device d's first GEMM waiting
+    /// for device d − 1's ([`cmm_core::emulate::offset_starts`]), so that the devices start
+    /// one after another rather than in lockstep; the plan's own dependencies then keep
+    /// them apart. Only waits are added: results do not change, and a plan that would
+    /// deadlock is refused ([`CudaError::Offset`]). Without effect on a plan with
+    /// tile-granular GEMMs (a wait would split the kernel) and on one GPU per device
+    /// ([`CudaRunOutput::offset_starts`] says whether it applied).
+    pub offset_starts: bool,
     /// Before the run, overwrite twice the L2 of every GPU, so that the run does not
     /// start with the inputs that were just generated in the cache (for timing; the
     /// bench sets it).
@@ -130,6 +138,7 @@ impl Default for CudaRunOptions {
             gate: std::env::var(GATE_VAR).map_or(true, |v| v.trim() != "0"),
             comm_priority: true,
             stagger: false,
+            offset_starts: false,
             cold_l2: false,
             read_back: ReadBack::Everything,
         }
@@ -157,6 +166,8 @@ pub struct CudaRunOutput {
     /// The stream priority of each device's lanes where [`CudaRunOptions::stagger`]
     /// applied (empty: every lane at the default priority).
     pub staggered: Vec<i32>,
+    /// Whether the devices' starts were offset ([`CudaRunOptions::offset_starts`]).
+    pub offset_starts: bool,
     /// Wall time of the whole run.
     pub elapsed: Duration,
 }
@@ -568,6 +579,8 @@ impl CudaExecutor for CudaBackend {
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError> {
         let start = Instant::now();
+        let offset = emulated(plan, options)?;
+        let plan = offset.as_ref().unwrap_or(plan);
         if options.sync == SyncMode::StreamMemOps {
             self.memops.clone().map_err(|why| CudaError::Unsupported {
                 plan: plan.name.clone(),
@@ -589,7 +602,24 @@ impl CudaExecutor for CudaBackend {
         }
         let mut out = result?;
         out.elapsed = start.elapsed();
+        out.offset_starts = offset.is_some();
         Ok(out)
+    }
+}
+
+/// The plan a run of `plan` under `options` executes in its place, if any: with
+/// [`CudaRunOptions::offset_starts`] and virtual devices, its starts offset. A plan with
+/// tile-granular GEMMs runs as it is (the run says so); one that would deadlock is an
+/// error.
+pub(crate) fn emulated(plan: &Plan, options: &CudaRunOptions) -> Result<Option<Plan>, CudaError> {
+    use cmm_core::emulate::{offset_starts, OffsetError};
+    if !(options.offset_starts && options.placement == Placement::Virtual) {
+        return Ok(None);
+    }
+    match offset_starts(plan) {
+        Ok(offset) => Ok(Some(offset)),
+        Err(OffsetError::Fused { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -884,6 +914,7 @@ fn execute(
         gemms: lowered.gemms,
         comm_priority: comm_priority(options, &state.gpus[0]),
         staggered,
+        offset_starts: false,
         elapsed: Duration::ZERO,
     })
 }

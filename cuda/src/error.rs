@@ -50,6 +50,9 @@ pub enum CudaError {
     /// The plan cannot finish (found by the scheduler before anything runs).
     #[error(transparent)]
     Deadlock(#[from] Deadlock),
+    /// The starts of the plan's devices cannot be offset ([`crate::CudaRunOptions::offset_starts`]).
+    #[error(transparent)]
+    Offset(#[from] cmm_core::emulate::OffsetError),
     /// A wait did not complete before its deadline on the GPU.
     #[error("wait timed out after {timeout_ms} ms on device {device} lane {lane} op {index}: semaphore {semaphore} awaited >= {awaited}, current {current}")]
     WaitTimeout {

@@ -458,8 +458,12 @@ impl CudaExecutor for HostTwin {
         family: Family,
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError> {
+        let offset = crate::backend::emulated(plan, options)?;
+        let plan = offset.as_ref().unwrap_or(plan);
         let lowered = prepare(plan, seed, options, false)?;
-        self.run_lowered(plan, &lowered, seed, family, options)
+        let mut out = self.run_lowered(plan, &lowered, seed, family, options)?;
+        out.offset_starts = offset.is_some();
+        Ok(out)
     }
 }
 
@@ -506,6 +510,7 @@ impl HostTwin {
             gemms: lowered.gemms,
             comm_priority: None,
             staggered: Vec::new(),
+            offset_starts: false,
             elapsed: start.elapsed(),
         })
     }

@@ -332,3 +332,28 @@ fn staggered_lanes_run_at_their_devices_priorities_and_return_to_the_default() {
     assert!(priorities.is_empty(), "two priorities leave none below communication: {priorities:?}");
     assert!(added.iter().all(|(p, n)| *n == 0 || *p == 0), "{added:?}");
 }
+
+/// With `offset_starts`, a ring runs with its devices' first GEMMs in device order (the
+/// plan gains waits only) and is right; a fused plan runs as it is and says so; one GPU
+/// per device is not offset.
+#[test]
+fn offset_starts_run_right_and_say_where_they_applied() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    let offset = CudaRunOptions { offset_starts: true, ..Default::default() };
+    let p = Problem::new(OpKind::GemmRs, 4, 32, 40, 64, DType::F16, DType::F32).unwrap();
+    let ring = build_plan(&p, Algorithm::RingAccumulate { chunks: 1 }).unwrap();
+    for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
+        let options = CudaRunOptions { sync, ..offset };
+        assert_right(&b, &ring, &options);
+        assert!(b.run(&ring, 5, Family::Exact, &options).unwrap().offset_starts, "{sync:?}");
+    }
+    let fused = build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap();
+    assert_right(&b, &fused, &offset);
+    assert!(!b.run(&fused, 5, Family::Exact, &offset).unwrap().offset_starts, "a fused plan runs as it is");
+    let two = Problem::new(OpKind::AgGemm, 2, 32, 40, 64, DType::F16, DType::F32).unwrap();
+    let apart = build_plan(&two, Algorithm::Ring).unwrap();
+    let gpus = fake::backend_on(2).unwrap();
+    let out = gpus.run(&apart, 5, Family::Exact, &CudaRunOptions { placement: Placement::Gpus, ..offset }).unwrap();
+    assert!(!out.offset_starts, "one GPU per device: nothing to offset");
+}

@@ -105,6 +105,11 @@ pub struct Args {
     /// `staggered` column does; results must not change.
     #[arg(long)]
     pub stagger: bool,
+    /// CUDA only: with D virtual devices on one GPU, start device d's first GEMM after
+    /// device d − 1's (waits added, results unchanged; a plan that would deadlock, or with
+    /// tile-granular GEMMs, fails with the reason).
+    #[arg(long)]
+    pub offset_starts: bool,
     /// CUDA only: where the conformance stamps go [default: $CMM_STAMP_DIR, else
     /// target/cuda-stamps].
     #[arg(long, value_name = "DIR")]
@@ -132,6 +137,7 @@ impl Args {
             ungated: false,
             no_comm_priority: false,
             stagger: false,
+            offset_starts: false,
             stamps: None,
             report: None,
         }
@@ -150,6 +156,7 @@ impl Args {
             gate: defaults.gate && !self.ungated,
             comm_priority: !self.no_comm_priority,
             stagger: self.stagger,
+            offset_starts: self.offset_starts,
             ..defaults
         }
     }

@@ -144,6 +144,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         step rehearsal-conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
         step rehearsal-conformance-staggered 150 "$x" conformance --backend cuda --sync kernels --stagger \
             --case-timeout 30 --stamps "$scratch/staggered-stamps"
+        step rehearsal-conformance-offsets 150 "$x" conformance --backend cuda --sync kernels --offset-starts \
+            --case-timeout 30 --stamps "$scratch/offset-stamps"
         step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
             --json "$out/bench-rehearsal.json"
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
@@ -208,10 +210,13 @@ fi
 # The host-twin tests (host_*) need a C++ compiler, not a GPU: they run in CI.
 step device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
 step conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
-# The same corpus with each virtual device's lanes at its staggered priority (the
-# bench's `staggered` column): only priorities change, so results must not.
+# The same corpus with each virtual device's lanes at its staggered priority, and with the
+# devices' starts offset (the bench's `staggered` and `offsets` columns): only priorities
+# change, or waits are added, so results must not.
 step conformance-staggered 90 "$x" conformance --backend cuda --sync kernels --stagger --case-timeout 30 \
     --stamps "$scratch/staggered-stamps"
+step conformance-offsets 90 "$x" conformance --backend cuda --sync kernels --offset-starts --case-timeout 30 \
+    --stamps "$scratch/offset-stamps"
 step bench-kernels 150 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json"
 step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case-timeout 30
 step bench-memops 120 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"

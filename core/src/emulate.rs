@@ -1,0 +1,156 @@
+//! Running D devices on one GPU: a plan changed only in when work may start.
+//!
+//! An executor that puts D virtual devices on one GPU (the CUDA bench, the one-GPU
+//! simulator profile) runs every device's GEMMs on the same SMs. Started together, the
+//! devices of a ring run in lockstep: each step's GEMMs share the GPU and end together,
+//! and every device then copies at once with nothing left to hide the copies under.
+//! [`offset_starts`] starts them one after another instead; the plan's own dependencies
+//! then keep them apart. It adds waits only, so it cannot change a result or add a race;
+//! it is refused where it would deadlock.
+
+use thiserror::Error;
+
+use crate::plan::{Op, Plan, SemId};
+use crate::schedule::{schedule, Deadlock};
+
+/// The semaphore [`offset_starts`] adds.
+pub const OFFSET_SEMAPHORE: &str = "offset start";
+
+/// Why a plan's starts cannot be offset.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum OffsetError {
+    /// A device's first GEMM is a block of a tile-granular GEMM, whose kernel a wait
+    /// between its blocks would split.
+    #[error(
+        "plan `{plan}`: device {device}'s first GEMM is a block of a tile-granular GEMM; its start cannot be offset"
+    )]
+    Fused {
+        /// Plan name.
+        plan: String,
+        /// The device.
+        device: usize,
+    },
+    /// The plan already has a semaphore of that name.
+    #[error("plan `{plan}` already has a semaphore `{OFFSET_SEMAPHORE}`")]
+    Taken {
+        /// Plan name.
+        plan: String,
+    },
+    /// With its starts offset, the plan would deadlock.
+    #[error("offsetting the starts would deadlock: {0}")]
+    Deadlock(Deadlock),
+}
+
+/// `plan` with device d's first GEMM waiting for device d − 1's first GEMM to end, over
+/// the devices that run a GEMM, in device order (each device's first GEMM is the first
+/// GEMM, grouped GEMM or attention block of its lowest lane that has one). A plan with
+/// fewer than two such devices comes back unchanged. The result is proven free of
+/// deadlock; it has one semaphore more, [`OFFSET_SEMAPHORE`].
+pub fn offset_starts(plan: &Plan) -> Result<Plan, OffsetError> {
+    let first_gemm = |ops: &[Op]| {
+        ops.iter().position(|op| matches!(op, Op::Gemm { .. } | Op::GroupedGemm { .. } | Op::Attend { .. }))
+    };
+    // (device, lane, index) of each device's first GEMM.
+    let mut firsts = Vec::new();
+    for (device, program) in plan.programs.iter().enumerate() {
+        let found = program.lanes.iter().enumerate().find_map(|(lane, ops)| first_gemm(ops).map(|i| (lane, i)));
+        if let Some((lane, index)) = found {
+            if matches!(program.lanes[lane][index], Op::Gemm { fused: Some(_), .. }) {
+                return Err(OffsetError::Fused { plan: plan.name.clone(), device });
+            }
+            firsts.push((device, lane, index));
+        }
+    }
+    if firsts.len() < 2 {
+        return Ok(plan.clone());
+    }
+    if plan.semaphores.iter().any(|s| s == OFFSET_SEMAPHORE) {
+        return Err(OffsetError::Taken { plan: plan.name.clone() });
+    }
+    let mut out = plan.clone();
+    out.semaphores.push(OFFSET_SEMAPHORE.into());
+    let sem = SemId(out.semaphores.len() - 1);
+    // Every signal first, right after its device's first GEMM; then every wait, right
+    // before it (which moves the GEMM and its signal down together).
+    for pair in firsts.windows(2) {
+        let ((from, lane, index), (to, _, _)) = (pair[0], pair[1]);
+        out.programs[from].lanes[lane].insert(index + 1, Op::Signal { device: to, sem, add: 1 });
+    }
+    for &(to, lane, index) in &firsts[1..] {
+        out.programs[to].lanes[lane].insert(index, Op::Wait { sem, value: 1 });
+    }
+    schedule(&out).map_err(OffsetError::Deadlock)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::{algorithms_for, build_plan, Algorithm};
+    use crate::dtype::DType;
+    use crate::problem::{OpKind, Problem};
+
+    #[test]
+    fn each_device_starts_after_the_previous_ones_first_gemm_and_results_do_not_change() {
+        let p = Problem::new(OpKind::GemmRs, 4, 32, 40, 64, DType::F16, DType::F32).unwrap();
+        let plan = build_plan(&p, Algorithm::RingAccumulate { chunks: 1 }).unwrap();
+        let offset = offset_starts(&plan).unwrap();
+        offset.validate().unwrap();
+        assert_eq!(offset.op_count(), plan.op_count() + 6, "three signals and three waits");
+        let scheduled = schedule(&offset).unwrap();
+        assert_eq!(crate::verify::verify(&offset, &scheduled).unwrap(), Vec::new(), "no race, no finding");
+        let order = scheduled.order;
+        let first = |d: usize| {
+            order
+                .iter()
+                .position(|s| {
+                    matches!(offset.programs[s.device].lanes[s.lane][s.index], Op::Gemm { .. }) && s.device == d
+                })
+                .unwrap()
+        };
+        assert!((1..4).all(|d| first(d - 1) < first(d)), "first GEMMs in device order");
+        let family = crate::generator::Family::Exact;
+        assert_eq!(crate::cpu::run(&offset, 3, family).unwrap(), crate::cpu::run(&plan, 3, family).unwrap());
+    }
+
+    #[test]
+    fn a_plan_whose_device_order_runs_backwards_is_refused_as_a_deadlock() {
+        use crate::plan::{BufferRole, PlanBuilder};
+        // Device 0's GEMM waits for device 1's: device 1 cannot also wait for device 0.
+        let mut b = PlanBuilder::new("backwards", 2);
+        let x = b.buffer("X", DType::F32, 8, 8, BufferRole::Scratch);
+        let done = b.semaphore("done");
+        let lane = b.lane("compute");
+        let gemm = |b: &PlanBuilder| Op::gemm(b.whole(x), b.whole(x), b.whole(x));
+        b.push(0, lane, Op::Wait { sem: done, value: 1 });
+        b.push(0, lane, gemm(&b));
+        b.push(1, lane, gemm(&b));
+        b.push(1, lane, Op::Signal { device: 0, sem: done, add: 1 });
+        let plan = b.finish().unwrap();
+        schedule(&plan).unwrap();
+        match offset_starts(&plan) {
+            Err(e @ OffsetError::Deadlock(_)) => assert!(e.to_string().contains("would deadlock"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_unfused_ring_plan_takes_offset_starts_and_fused_ones_are_refused() {
+        for op in OpKind::ALL {
+            let p = Problem::new(op, 4, 64, 64, 64, DType::Bf16, DType::F32).unwrap();
+            for algorithm in algorithms_for(op) {
+                let plan = build_plan(&p, algorithm).unwrap();
+                match (offset_starts(&plan), algorithm) {
+                    (Err(OffsetError::Fused { device: 0, .. }), Algorithm::Fused { .. }) => {}
+                    (Ok(offset), _) => assert!(offset.semaphores.len() == plan.semaphores.len() + 1, "{}", plan.name),
+                    (other, _) => panic!("{}: {other:?}", plan.name),
+                }
+            }
+        }
+        let one =
+            build_plan(&Problem::new(OpKind::AgGemm, 1, 8, 8, 8, DType::F32, DType::F32).unwrap(), Algorithm::Ring)
+                .unwrap();
+        assert_eq!(offset_starts(&one).unwrap(), one, "one device: nothing to offset");
+    }
+}
