@@ -212,17 +212,21 @@ fn a_lost_signal_ends_at_the_wait_deadline_naming_the_wait() {
     assert_right(&b, &plan, &CudaRunOptions::default());
 }
 
+/// Puts the fake GPU's priority range back to an H100's (greatest −5) when dropped, after a
+/// test that narrowed it.
+struct RestorePriorities;
+
+impl Drop for RestorePriorities {
+    fn drop(&mut self) {
+        let _ = cmm_cuda::fake::set_greatest_priority(-5);
+    }
+}
+
 /// Signals, waits and SM copies launch at the context's greatest priority, and nothing
 /// else does; with `comm_priority` off, or on a GPU with a single priority, no launch
 /// carries one. Every run is right.
 #[test]
 fn communicating_kernels_and_only_they_launch_at_the_greatest_priority() {
-    struct Restore;
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let _ = cmm_cuda::fake::set_greatest_priority(-5);
-        }
-    }
     use cmm_core::plan::{Engine, Op};
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let Some(b) = fake_backend() else { return };
@@ -267,7 +271,7 @@ fn communicating_kernels_and_only_they_launch_at_the_greatest_priority() {
     assert_eq!(priority, None);
     assert!(added.iter().all(|(_, n)| *n == 0), "comm_priority off: {added:?}");
 
-    let _restore = Restore;
+    let _restore = RestorePriorities;
     cmm_cuda::fake::set_greatest_priority(0).unwrap();
     let single = CudaBackend::new(1).unwrap_or_else(|e| panic!("{e}"));
     let reason = single.comm_priority().unwrap_err();
@@ -286,12 +290,6 @@ fn communicating_kernels_and_only_they_launch_at_the_greatest_priority() {
 /// and the run says so.
 #[test]
 fn staggered_lanes_run_at_their_devices_priorities_and_return_to_the_default() {
-    struct Restore;
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let _ = cmm_cuda::fake::set_greatest_priority(-5);
-        }
-    }
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let Some(b) = fake_backend() else { return };
     let p = Problem::new(OpKind::GemmRs, 4, 32, 40, 64, DType::F16, DType::F32).unwrap();
@@ -325,7 +323,7 @@ fn staggered_lanes_run_at_their_devices_priorities_and_return_to_the_default() {
         assert_eq!(*n > 0, *priority == 0, "after staggering, items at stream priority {priority}: {added:?}");
     }
 
-    let _restore = Restore;
+    let _restore = RestorePriorities;
     cmm_cuda::fake::set_greatest_priority(-1).unwrap();
     let narrow = CudaBackend::new(1).unwrap_or_else(|e| panic!("{e}"));
     let (priorities, added) = run(&narrow, &staggered);
