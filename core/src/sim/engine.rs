@@ -208,10 +208,13 @@ impl SimReport {
 
 enum Phase {
     Fixed(f64),
+    /// `amount` units through every resource of `resources`, at most `cap` per second;
+    /// on one GPU, also `hbm_bytes` over the whole amount through its HBM.
     Fluid {
         amount: f64,
         cap: f64,
         resources: Vec<ResId>,
+        hbm_bytes: f64,
     },
     Deliver {
         device: usize,
@@ -259,11 +262,14 @@ enum LaneState {
 
 struct Flow {
     lane: usize,
+    /// Whether it runs on a compute resource (a GEMM, a reduce), not a copy.
+    computes: bool,
     /// Served before every flow with a greater number ([`SimOptions::compute_priority`]).
     priority: i32,
     remaining: f64,
     cap: f64,
-    resources: Vec<ResId>,
+    /// Each resource with what one unit of the flow takes of it.
+    resources: Vec<(ResId, f64)>,
     rate: f64,
 }
 
@@ -342,13 +348,7 @@ impl<'a> Sim<'a> {
                 let input = if p.peak_flops(da) <= p.peak_flops(db) { da } else { db };
                 let cost = p.gemm_cost(c.rows, c.cols, k, input, dtype_of(self.plan, c.buf), *accumulate);
                 let flops = 2.0 * c.rows as f64 * c.cols as f64 * k as f64;
-                let res = vec![self.topo.compute(device)];
-                (
-                    vec![Phase::Fixed(launch), Phase::Fluid { amount: cost.work_s, cap: 1.0, resources: res }],
-                    0.0,
-                    flops,
-                    cost.work_s,
-                )
+                (self.compute_phases(device, cost.work_s, cost.bytes), 0.0, flops, cost.work_s)
             }
             // Two GEMMs over the visible score tiles (Q·Kᵀ and P·V), see
             // `Profile::attention_cost`; masked key tiles are skipped, so a causal block
@@ -363,13 +363,7 @@ impl<'a> Sim<'a> {
                 let input = dtype_of(self.plan, q.buf);
                 let cost = p.attention_cost(q.rows * heads, k.rows, dh, k.len(), input, visible);
                 let flops = 4.0 * (q.rows * heads * dh) as f64 * k.rows as f64 * visible;
-                let res = vec![self.topo.compute(device)];
-                (
-                    vec![Phase::Fixed(launch), Phase::Fluid { amount: cost.work_s, cap: 1.0, resources: res }],
-                    0.0,
-                    flops,
-                    cost.work_s,
-                )
+                (self.compute_phases(device, cost.work_s, cost.bytes), 0.0, flops, cost.work_s)
             }
             // The groups' rows come from the routing of this device's route op.
             Op::GroupedGemm { b, c, tables, experts, groups, chunk, .. } => {
@@ -381,13 +375,7 @@ impl<'a> Sim<'a> {
                 let (input, output) = (dtype_of(self.plan, b.buf), dtype_of(self.plan, c.buf));
                 let cost = p.grouped_gemm_cost(&rows, c.cols, k, input, output);
                 let flops = 2.0 * rows.iter().sum::<usize>() as f64 * c.cols as f64 * k as f64;
-                let res = vec![self.topo.compute(device)];
-                (
-                    vec![Phase::Fixed(launch), Phase::Fluid { amount: cost.work_s, cap: 1.0, resources: res }],
-                    0.0,
-                    flops,
-                    cost.work_s,
-                )
+                (self.compute_phases(device, cost.work_s, cost.bytes), 0.0, flops, cost.work_s)
             }
             // Memory-bound: every region the op reads or writes (its verifier accesses)
             // crosses HBM once; a combine reads only the k rows of each token.
@@ -406,8 +394,7 @@ impl<'a> Sim<'a> {
                     _ => accesses(device, op).iter().map(|a| size(&a.region)).sum(),
                 };
                 let work = bytes / p.hbm_bps();
-                let res = vec![self.topo.compute(device)];
-                (vec![Phase::Fixed(launch), Phase::Fluid { amount: work, cap: 1.0, resources: res }], bytes, 0.0, work)
+                (self.compute_phases(device, work, bytes), bytes, 0.0, work)
             }
             Op::Copy { src, dst_device, engine, .. } => {
                 let bytes = src.len() as f64 * dtype_of(self.plan, src.buf).size_bytes() as f64;
@@ -427,6 +414,7 @@ impl<'a> Sim<'a> {
                                 amount: 2.0 * bytes,
                                 cap: 2.0 * rate,
                                 resources: vec![self.topo.hbm(device)],
+                                hbm_bytes: 0.0,
                             },
                             Phase::Fixed(latency),
                         ],
@@ -441,7 +429,7 @@ impl<'a> Sim<'a> {
                     (
                         vec![
                             Phase::Fixed(launch),
-                            Phase::Fluid { amount: 2.0 * bytes, cap: f64::INFINITY, resources: res },
+                            Phase::Fluid { amount: 2.0 * bytes, cap: f64::INFINITY, resources: res, hbm_bytes: 0.0 },
                         ],
                         bytes,
                         0.0,
@@ -457,7 +445,7 @@ impl<'a> Sim<'a> {
                     (
                         vec![
                             Phase::Fixed(launch),
-                            Phase::Fluid { amount: bytes, cap: rate, resources: route },
+                            Phase::Fluid { amount: bytes, cap: rate, resources: route, hbm_bytes: 0.0 },
                             Phase::Fixed(latency),
                         ],
                         bytes,
@@ -553,7 +541,7 @@ impl<'a> Sim<'a> {
                         return true;
                     }
                 }
-                Phase::Fluid { amount, cap, resources } => {
+                Phase::Fluid { amount, cap, resources, hbm_bytes } => {
                     run.step += 1;
                     if *amount > 0.0 {
                         let computes = resources.iter().any(|&r| self.topo.resources[r].kind == ResourceKind::Compute);
@@ -561,12 +549,18 @@ impl<'a> Sim<'a> {
                             Some(&p) if computes => p,
                             _ => 0,
                         };
+                        let mut uses: Vec<(ResId, f64)> = resources.iter().map(|&r| (r, 1.0)).collect();
+                        // On one GPU the work's memory traffic shares the HBM its copies use.
+                        if *hbm_bytes > 0.0 && self.topo.one_gpu() {
+                            uses.push((self.topo.hbm(device), hbm_bytes / amount));
+                        }
                         self.flows.push(Flow {
                             lane: li,
+                            computes,
                             priority,
                             remaining: *amount,
                             cap: *cap,
-                            resources: resources.clone(),
+                            resources: uses,
                             rate: 0.0,
                         });
                         self.flows_dirty = true;
@@ -656,7 +650,8 @@ impl<'a> Sim<'a> {
                 }
                 let work = self.block_work[run][position];
                 let launch = first.then(|| Phase::Fixed(self.profile.launch_s()));
-                let compute = Phase::Fluid { amount: work, cap: 1.0, resources: vec![self.topo.compute(device)] };
+                let compute =
+                    Phase::Fluid { amount: work, cap: 1.0, resources: vec![self.topo.compute(device)], hbm_bytes: 0.0 };
                 Some((launch.into_iter().chain([compute]).collect(), work))
             }
             Op::Wait { sem, value } if r.inside(site) => Some((vec![Phase::Gate { sem: *sem, value: *value }], 0.0)),
@@ -692,42 +687,56 @@ impl<'a> Sim<'a> {
         tiles.iter().map(|&t| cost.work_s * t as f64 / total).collect()
     }
 
-    /// Max-min fair rates by progressive filling, one priority at a time from the
-    /// greatest: each priority's flows share what the greater ones left.
+    /// Max-min fair rates by progressive filling, one class at a time: compute work by
+    /// priority from the greatest, then copies; each class shares what the ones before it
+    /// left. Only on one GPU do the two meet (in its HBM, where a GEMM's or a reduce's
+    /// traffic is served before a copy's: the copy takes what they leave).
     fn allocate(&mut self) {
         let mut left: Vec<f64> = self.topo.resources.iter().map(|r| r.capacity).collect();
-        let mut priorities: Vec<i32> = self.flows.iter().map(|f| f.priority).collect();
-        priorities.sort_unstable();
-        priorities.dedup();
-        for priority in priorities {
-            let open = (0..self.flows.len()).filter(|&i| self.flows[i].priority == priority).collect();
-            self.fill(&mut left, open);
+        let mut classes: Vec<(bool, i32)> = self.flows.iter().map(|f| (!f.computes, f.priority)).collect();
+        classes.sort_unstable();
+        classes.dedup();
+        for class in classes {
+            let open = (0..self.flows.len()).filter(|&i| (!self.flows[i].computes, self.flows[i].priority) == class);
+            self.fill(&mut left, open.collect());
         }
         self.flows_dirty = false;
     }
 
-    /// Progressive filling of the `open` flows over the capacities `left`.
+    /// Progressive filling of the `open` flows over the capacities `left`: every open
+    /// flow's rate rises together until a resource is full (a flow takes its weight of a
+    /// resource per unit of rate) or the flow reaches its cap; those flows are fixed.
     fn fill(&mut self, left: &mut [f64], mut open: Vec<usize>) {
-        let mut users = vec![0usize; left.len()];
+        let mut load = vec![0.0f64; left.len()];
         for &i in &open {
-            for &r in &self.flows[i].resources {
-                users[r] += 1;
+            for &(r, w) in &self.flows[i].resources {
+                load[r] += w;
             }
         }
         while !open.is_empty() {
-            let limit = |f: &Flow| f.resources.iter().map(|&r| left[r] / users[r] as f64).fold(f.cap, f64::min);
+            let limit = |f: &Flow| f.resources.iter().map(|&(r, _)| left[r] / load[r]).fold(f.cap, f64::min);
             let lowest = open.iter().map(|&i| limit(&self.flows[i])).fold(f64::INFINITY, f64::min);
             let (fix, keep): (Vec<usize>, Vec<usize>) =
                 open.iter().partition(|&&i| limit(&self.flows[i]) <= lowest * (1.0 + 1e-12));
             for &i in &fix {
                 self.flows[i].rate = lowest;
-                for &r in &self.flows[i].resources {
-                    left[r] = (left[r] - lowest).max(0.0);
-                    users[r] -= 1;
+                for &(r, w) in &self.flows[i].resources {
+                    left[r] = (left[r] - lowest * w).max(0.0);
+                    load[r] = (load[r] - w).max(0.0);
                 }
             }
             open = keep;
         }
+    }
+
+    /// A launch, then `work` seconds on the device's compute (shared with the devices of
+    /// its GPU); on one GPU its `bytes` of memory traffic also share the HBM.
+    fn compute_phases(&self, device: usize, work: f64, bytes: f64) -> Vec<Phase> {
+        let compute = vec![self.topo.compute(device)];
+        vec![
+            Phase::Fixed(self.profile.launch_s()),
+            Phase::Fluid { amount: work, cap: 1.0, resources: compute, hbm_bytes: bytes },
+        ]
     }
 
     fn deadlock(&self) -> SimError {
@@ -1113,15 +1122,18 @@ mod tests {
         profile.interconnect.link_latency_us = 0.0;
         let plan = one_gpu_plan();
         let r = sim(&plan, &profile);
-        let gemm = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false).work_s;
+        let cost = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false);
+        let gemm = cost.work_s;
         // Two GEMMs at once on one GPU take as long as both one after the other.
         assert!((r.makespan_s - 2.0 * gemm).abs() < 1e-9, "{} vs {}", r.makespan_s, 2.0 * gemm);
         assert!((r.compute_floor_s - 2.0 * gemm).abs() < 1e-12, "one GPU's floor is every device's work");
-        // The copy: 8 MiB read and written at the copy engine's rate, beside the GEMMs.
+        // The copy: 8 MiB read and written through the HBM the GEMMs leave (their traffic
+        // is served first), below the copy engine's rate here.
         let copy = r.record(OpSite { device: 0, lane: 1, index: 0 });
         let bytes = 1024.0 * 4096.0 * 2.0;
-        let rate = profile.copy.copy_engine_gbps * 1e9;
-        assert!((copy.end_s - copy.start_s - bytes / rate).abs() < 1e-12, "{:?}", copy);
+        let left = profile.hbm_bps() - cost.bytes / cost.work_s;
+        assert!(left < 2.0 * profile.copy.copy_engine_gbps * 1e9, "the test needs the HBM to bind");
+        assert!((copy.end_s - copy.start_s - 2.0 * bytes / left).abs() < 1e-12, "{copy:?}");
         assert_eq!(r.comm_floor_s, 0.0, "no links on one GPU");
     }
 

@@ -221,6 +221,8 @@ pub struct GemmCost {
     pub efficiency: f64,
     /// Whether HBM traffic, not the tensor cores, bounds it.
     pub memory_bound: bool,
+    /// Bytes it moves through HBM (operands once, the result once, twice when added onto).
+    pub bytes: f64,
 }
 
 impl Profile {
@@ -383,7 +385,7 @@ impl Profile {
         let memory_s = bytes / (self.memory.hbm_gbps * 1e9);
         let work_s = compute_s.max(memory_s);
         let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { efficiency };
-        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s }
+        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes }
     }
 
     /// Cost of a grouped GEMM ([`crate::plan::Op::GroupedGemm`]): one kernel over every
@@ -440,7 +442,7 @@ impl Profile {
         let memory_s = bytes / self.hbm_bps();
         let work_s = compute_s.max(memory_s);
         let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { c.max_efficiency };
-        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s }
+        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes }
     }
 
     /// The cost of one attention block ([`crate::plan::Op::Attend`]): `rows` query rows
@@ -466,7 +468,7 @@ impl Profile {
         let memory_s = bytes / (self.memory.hbm_gbps * 1e9);
         let work_s = compute_s.max(memory_s);
         let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { efficiency };
-        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s }
+        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes }
     }
 
     /// Seconds of one launch overhead.
