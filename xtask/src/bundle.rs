@@ -364,8 +364,17 @@ pub fn key_lines(step: &str, log: &str) -> Vec<String> {
             || t.contains("ERROR SUMMARY")
             || (step.contains("conformance") || step == "reference-vulkan") && t.contains("  FAIL  ");
         if step.starts_with("bench") {
-            // The GPU, the peak, the sync mode, and whether communication had priority.
-            let header = ["gpu:", "cuBLAS", "sync:", "signals, waits and SM copies at", "every launch at the default"];
+            // The GPU, the peak, the sync mode, whether communication had priority, and
+            // what the staggered and offset columns time.
+            let header = [
+                "gpu:",
+                "cuBLAS",
+                "sync:",
+                "signals, waits and SM copies at",
+                "every launch at the default",
+                "`staggered`",
+                "`offsets`",
+            ];
             if header.iter().any(|h| t.starts_with(h)) {
                 out.push(t.to_string());
             }
