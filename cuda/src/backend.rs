@@ -95,6 +95,10 @@ pub struct CudaRunOptions {
     /// tile-granular GEMMs (a wait would split the kernel) and on one GPU per device
     /// ([`CudaRunOutput::offset_starts`] says whether it applied).
     pub offset_starts: bool,
+    /// Record a timed event before and after every op on its stream and report when each
+    /// ran ([`CudaRunOutput::op_times`]), for a timeline of the run. The events cost a
+    /// little: time plans without it.
+    pub time_ops: bool,
     /// Before the run, overwrite twice the L2 of every GPU, so that the run does not
     /// start with the inputs that were just generated in the cache (for timing; the
     /// bench sets it).
@@ -139,6 +143,7 @@ impl Default for CudaRunOptions {
             comm_priority: true,
             stagger: false,
             offset_starts: false,
+            time_ops: false,
             cold_l2: false,
             read_back: ReadBack::Everything,
         }
@@ -168,6 +173,10 @@ pub struct CudaRunOutput {
     pub staggered: Vec<i32>,
     /// Whether the devices' starts were offset ([`CudaRunOptions::offset_starts`]).
     pub offset_starts: bool,
+    /// With [`CudaRunOptions::time_ops`], `(op, start µs, duration µs)` of every op from the
+    /// start of the run (the ops of the plan that ran: with offset starts, that plan);
+    /// otherwise empty.
+    pub op_times: Vec<(cmm_core::plan::OpSite, f64, f64)>,
     /// Wall time of the whole run.
     pub elapsed: Duration,
 }
@@ -889,7 +898,7 @@ fn execute(
     let control = HostControl::new(&state.gpus[0].ctx, lowered.wait_slots.len())?;
     let fused = fused_tables(state, lowered, &memory, &streams)?;
     let mut run = Run { state, plan, options, control, streams, enqueued: false, fused };
-    let (gpu_ms, gated) = match run.go(lowered, &memory) {
+    let (gpu_ms, gated, op_times) = match run.go(lowered, &memory) {
         Ok(timing) => timing,
         Err(e) => {
             let e = if run.enqueued { run.stop(e, lowered) } else { e };
@@ -915,6 +924,7 @@ fn execute(
         comm_priority: comm_priority(options, &state.gpus[0]),
         staggered,
         offset_starts: false,
+        op_times,
         elapsed: Duration::ZERO,
     })
 }
@@ -1011,8 +1021,13 @@ impl Run<'_> {
         &self.state.gpus[g].lanes[slot].stream
     }
 
-    /// Enqueues and runs the plan; returns (GPU ms, gated).
-    fn go(&mut self, lowered: &Lowered, memory: &Memory) -> Result<(f64, bool), CudaError> {
+    /// Enqueues and runs the plan; returns (GPU ms, gated, the ops' times where asked).
+    #[allow(clippy::type_complexity)]
+    fn go(
+        &mut self,
+        lowered: &Lowered,
+        memory: &Memory,
+    ) -> Result<(f64, bool, Vec<(cmm_core::plan::OpSite, f64, f64)>), CudaError> {
         let gpu0 = &self.state.gpus[0];
         let setup = gpu0.ctx.default_stream();
         let per_stream =
@@ -1039,16 +1054,24 @@ impl Run<'_> {
             self.stream(s).wait(&begin).map_err(|e| CudaError::driver("ordering a lane after the start", e))?;
         }
         let mut fused = self.fused.iter();
+        let mut marks: Vec<(cmm_core::plan::OpSite, CudaEvent, CudaEvent)> = Vec::new();
+        let mark = |stream: &Arc<CudaStream>| {
+            stream.record_event(timed).map_err(|e| CudaError::driver("recording an op's event", e))
+        };
         for step in &lowered.steps {
             let Some(command) = &step.command else { continue };
             let (g, slot) = self.streams[step.stream];
             let lane = &self.state.gpus[g].lanes[slot];
+            let before = if self.options.time_ops { Some(mark(&lane.stream)?) } else { None };
             if let Command::FusedGemm(f) = command {
                 let table = fused.next().expect("one table per fused gemm");
                 self.issue_fused(g, &lane.stream, memory, f, table)?;
-                continue;
+            } else {
+                self.issue(&self.state.gpus[g], lane, memory, command)?;
             }
-            self.issue(&self.state.gpus[g], lane, memory, command)?;
+            if let Some(before) = before {
+                marks.push((step.site, before, mark(&lane.stream)?));
+            }
         }
         let mut ends: Vec<CudaEvent> = Vec::new();
         for s in 0..lowered.streams {
@@ -1072,7 +1095,15 @@ impl Run<'_> {
             return Err(e);
         }
         let ms = begin.elapsed_ms(&end).map_err(|e| CudaError::driver("reading the event timer", e))?;
-        Ok((ms as f64, gated))
+        let since = |event: &CudaEvent| {
+            begin.elapsed_ms(event).map(|ms| ms as f64 * 1e3).map_err(|e| CudaError::driver("reading an op's event", e))
+        };
+        let mut op_times = Vec::with_capacity(marks.len());
+        for (site, before, after) in &marks {
+            let start = since(before)?;
+            op_times.push((*site, start, since(after)? - start));
+        }
+        Ok((ms as f64, gated, op_times))
     }
 
     /// Launches a tile-granular GEMM: one CTA per SM its GPU gives each device (at most

@@ -511,6 +511,7 @@ impl HostTwin {
             comm_priority: None,
             staggered: Vec::new(),
             offset_starts: false,
+            op_times: Vec::new(),
             elapsed: start.elapsed(),
         })
     }

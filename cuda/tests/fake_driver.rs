@@ -355,3 +355,24 @@ fn offset_starts_run_right_and_say_where_they_applied() {
     let out = gpus.run(&apart, 5, Family::Exact, &CudaRunOptions { placement: Placement::Gpus, ..offset }).unwrap();
     assert!(!out.offset_starts, "one GPU per device: nothing to offset");
 }
+
+/// With `time_ops`, every op of the run has a start and a duration inside the run, in its
+/// lane's order; without it, none.
+#[test]
+fn timed_ops_cover_every_op_in_lane_order_inside_the_run() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    let plan = ring_plan();
+    let out = b.run(&plan, 5, Family::Exact, &CudaRunOptions { time_ops: true, ..Default::default() }).unwrap();
+    assert_eq!(out.op_times.len(), plan.op_count(), "every op of this ring moves something");
+    let run_us = out.gpu_time.as_secs_f64() * 1e6;
+    let mut last_end = std::collections::HashMap::new();
+    let mut times = out.op_times.clone();
+    times.sort_by_key(|(site, _, _)| (site.device, site.lane, site.index));
+    for (site, start, duration) in times {
+        assert!(start >= 0.0 && duration >= 0.0 && start + duration <= run_us + 1.0, "{site:?} {start} {duration}");
+        let previous = last_end.insert((site.device, site.lane), start + duration).unwrap_or(0.0);
+        assert!(start + 1e-3 >= previous, "{site:?} starts at {start} before its lane's previous op ends ({previous})");
+    }
+    assert!(b.run(&plan, 5, Family::Exact, &CudaRunOptions::default()).unwrap().op_times.is_empty());
+}

@@ -42,6 +42,12 @@ pub struct Args {
     /// CUDA driver); its figures are not the seed-000 shape's and say so.
     #[arg(long, default_value_t = 1, value_parser = parse_shrink)]
     pub shrink: usize,
+    /// CUDA only: after the table, write a timeline of one run (every op's start and
+    /// end, from events on its stream) of gemm_rs `ring_accumulate` and its direct
+    /// baseline at D = 4 and 8, plain, staggered and with offset starts, into DIR
+    /// (`<plan>.svg`, and `<plan>.json` for Perfetto).
+    #[arg(long, value_name = "DIR")]
+    pub timelines: Option<std::path::PathBuf>,
 }
 
 fn parse_shrink(text: &str) -> Result<usize, String> {
@@ -128,6 +134,7 @@ pub fn run(args: &Args) -> Result<()> {
             sync: args.sync,
             stamps: args.stamps.clone(),
             json: args.json.clone(),
+            timelines: args.timelines.clone(),
         });
     }
     let reference = Reference::new().context("cannot start the wgpu reference")?;

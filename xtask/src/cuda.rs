@@ -164,6 +164,8 @@ pub struct BenchSettings {
     pub json: Option<PathBuf>,
     /// Every dimension divided by this (1: the seed-000 shape).
     pub shrink: usize,
+    /// Where to write the timelines of a few runs (none if unset).
+    pub timelines: Option<PathBuf>,
 }
 
 /// One timed plan.
@@ -751,6 +753,55 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
     let met = targets.iter().filter(|t| t.met()).count();
     println!("targets: {met} of {} met{shrunk}", targets.len());
     println!("saved {}", path.display());
+    if let Some(dir) = &settings.timelines {
+        write_timelines(&backend, &options, &stamp, shrink, dir)?;
+    }
+    Ok(())
+}
+
+/// One run each of gemm_rs `ring_accumulate` and `baseline_direct` at D = 4 and 8, plain,
+/// staggered and with offset starts, with every op's events recorded: a timeline per run
+/// (SVG and Perfetto JSON) in `dir`, to see whether the devices ran in lockstep.
+fn write_timelines(
+    backend: &CudaBackend,
+    options: &CudaRunOptions,
+    stamp: &BTreeSet<String>,
+    shrink: usize,
+    dir: &Path,
+) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let modes = [
+        ("plain", CudaRunOptions { time_ops: true, ..*options }),
+        ("staggered", CudaRunOptions { time_ops: true, stagger: true, ..*options }),
+        ("offsets", CudaRunOptions { time_ops: true, offset_starts: true, ..*options }),
+    ];
+    for d in [4usize, 8] {
+        let problem = seed000(OpKind::GemmRs, d, shrink)?;
+        for algorithm in [Algorithm::RingAccumulate { chunks: 1 }, Algorithm::BaselineDirect] {
+            if !stamp.contains(&format!("{} {}", OpKind::GemmRs, algorithm.name())) {
+                continue;
+            }
+            let plan = build_plan(&problem, algorithm)?;
+            for (mode, run_options) in &modes {
+                let out = backend
+                    .run(&plan, 1, Family::Realistic, run_options)
+                    .with_context(|| format!("the timed-ops run of {} ({mode})", plan.name))?;
+                // The sites name the ops of the plan that ran.
+                let ran = if out.offset_starts { cmm_core::emulate::offset_starts(&plan)? } else { plan.clone() };
+                let title = format!(
+                    "{} {mode} on {}: {:.1} µs with an event around every op",
+                    plan.name,
+                    backend.summary(),
+                    out.gpu_time.as_secs_f64() * 1e6
+                );
+                let timeline = cmm_core::timeline::Timeline::from_measured(&ran, title, &out.op_times);
+                let stem = format!("gemm_rs-{}-d{d}-{mode}", algorithm.name());
+                fs::write(dir.join(format!("{stem}.svg")), timeline.svg())?;
+                fs::write(dir.join(format!("{stem}.json")), timeline.chrome_trace_json())?;
+                println!("timeline: {} ({} ops)", dir.join(format!("{stem}.svg")).display(), out.op_times.len());
+            }
+        }
+    }
     Ok(())
 }
 

@@ -147,7 +147,7 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         step rehearsal-conformance-offsets 150 "$x" conformance --backend cuda --sync kernels --offset-starts \
             --case-timeout 30 --stamps "$scratch/offset-stamps"
         step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
-            --json "$out/bench-rehearsal.json"
+            --json "$out/bench-rehearsal.json" --timelines "$scratch/timelines"
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
             "$x" conformance --backend cuda --sync memops --case-timeout 30
         step rehearsal-cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
@@ -217,7 +217,8 @@ step conformance-staggered 90 "$x" conformance --backend cuda --sync kernels --s
     --stamps "$scratch/staggered-stamps"
 step conformance-offsets 90 "$x" conformance --backend cuda --sync kernels --offset-starts --case-timeout 30 \
     --stamps "$scratch/offset-stamps"
-step bench-kernels 150 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json"
+step bench-kernels 150 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json" \
+    --timelines "$out/timelines"
 step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case-timeout 30
 step bench-memops 120 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
 step cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
