@@ -1,17 +1,30 @@
-//! Running D devices on one GPU: a plan changed only in when work may start.
+//! Running D devices on one GPU: a plan changed only in when work may start, and the
+//! priorities that serve the devices in order.
 //!
 //! An executor that puts D virtual devices on one GPU (the CUDA bench, the one-GPU
 //! simulator profile) runs every device's GEMMs on the same SMs. Started together, the
 //! devices of a ring run in lockstep: each step's GEMMs share the GPU and end together,
 //! and every device then copies at once with nothing left to hide the copies under.
-//! [`offset_starts`] starts them one after another instead; the plan's own dependencies
-//! then keep them apart. It adds waits only, so it cannot change a result or add a race;
-//! it is refused where it would deadlock.
+//! Two ways out of it:
+//! - [`staggered_priorities`]: each device's compute at its own priority, in device order
+//!   (the CUDA executor's `stagger`, the simulator's `compute_priority`);
+//! - [`offset_starts`]: the devices start one after another, and the plan's own
+//!   dependencies then keep them apart. It adds waits only, so it cannot change a result
+//!   or add a race; it is refused where it would deadlock.
 
 use thiserror::Error;
 
 use crate::plan::{Op, Plan, SemId};
 use crate::schedule::{schedule, Deadlock};
+
+/// The staggered compute priorities of `devices` virtual devices on one GPU with `levels`
+/// priorities to spare: device d at ⌊d·levels / devices⌋ (0 the greatest), so that when
+/// every device has a GEMM ready the GPU serves them in device order rather than all at
+/// once, and one device's copy runs under the next devices' GEMMs. The CUDA executor
+/// offsets these by its greatest free priority; the simulator takes them as they are.
+pub fn staggered_priorities(devices: usize, levels: usize) -> Vec<i32> {
+    (0..devices).map(|d| (d * levels.max(1) / devices.max(1)) as i32).collect()
+}
 
 /// The semaphore [`offset_starts`] adds.
 pub const OFFSET_SEMAPHORE: &str = "offset start";
@@ -90,6 +103,13 @@ mod tests {
     use crate::algorithms::{algorithms_for, build_plan, Algorithm};
     use crate::dtype::DType;
     use crate::problem::{OpKind, Problem};
+
+    #[test]
+    fn staggered_priorities_follow_device_order_over_the_levels() {
+        assert_eq!(staggered_priorities(4, 5), vec![0, 1, 2, 3]);
+        assert_eq!(staggered_priorities(8, 5), vec![0, 0, 1, 1, 2, 3, 3, 4]);
+        assert_eq!(staggered_priorities(3, 1), vec![0, 0, 0]);
+    }
 
     #[test]
     fn each_device_starts_after_the_previous_ones_first_gemm_and_results_do_not_change() {

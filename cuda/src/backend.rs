@@ -80,7 +80,7 @@ pub struct CudaRunOptions {
     pub comm_priority: bool,
     /// With D virtual devices on one GPU, run device d's lanes at a stream priority below
     /// the communicating kernels' and below device d − 1's
-    /// ([`cmm_core::sim::staggered_priorities`] over the GPU's spare levels), so that when
+    /// ([`cmm_core::emulate::staggered_priorities`] over the GPU's spare levels), so that when
     /// every device has a GEMM ready the GPU serves them in device order rather than all
     /// at once, and one device's copy runs under the next devices' GEMMs instead of every
     /// device copying at the same moment. Only priorities change, never what waits for
@@ -937,7 +937,7 @@ fn stagger_priorities(options: &CudaRunOptions, greatest: &Result<i32, String>, 
         // Communication keeps the greatest priority; at least two levels stay below it.
         Ok(g) if options.stagger && options.placement == Placement::Virtual && *g <= -2 => {
             let levels = g.unsigned_abs() as usize;
-            cmm_core::sim::staggered_priorities(devices, levels).into_iter().map(|p| g + 1 + p).collect()
+            cmm_core::emulate::staggered_priorities(devices, levels).into_iter().map(|p| g + 1 + p).collect()
         }
         _ => Vec::new(),
     }

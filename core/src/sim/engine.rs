@@ -41,15 +41,6 @@ pub struct SimOptions {
     pub compute_priority: Vec<i32>,
 }
 
-/// The staggered compute priorities of `devices` virtual devices on one GPU with `levels`
-/// priorities to spare: device d at ⌊d·levels / devices⌋ (0 the greatest), so that when
-/// every device has a GEMM ready the GPU serves them in device order rather than all at
-/// once, and one device's copy runs under the next devices' GEMMs. The CUDA executor
-/// offsets these by its greatest free priority; the simulator takes them as they are.
-pub fn staggered_priorities(devices: usize, levels: usize) -> Vec<i32> {
-    (0..devices).map(|d| (d * levels.max(1) / devices.max(1)) as i32).collect()
-}
-
 /// Why a plan cannot be simulated.
 #[derive(Debug, Clone, PartialEq, Error)]
 #[non_exhaustive]
@@ -1157,13 +1148,6 @@ mod tests {
         let options = SimOptions { compute_priority: vec![1, 0], ..SimOptions::default() };
         let apart = simulate(&plan, &nvlink, &options).unwrap();
         assert_eq!(apart.makespan_s, sim(&plan, &nvlink).makespan_s);
-    }
-
-    #[test]
-    fn staggered_priorities_follow_device_order_over_the_levels() {
-        assert_eq!(staggered_priorities(4, 5), vec![0, 1, 2, 3]);
-        assert_eq!(staggered_priorities(8, 5), vec![0, 0, 1, 1, 2, 3, 3, 4]);
-        assert_eq!(staggered_priorities(3, 1), vec![0, 0, 0]);
     }
 
     #[test]

@@ -87,7 +87,7 @@ pub struct OneGpuRow {
     pub time: TimeRow,
     /// The simulator's Σ of the plan's compute work (GEMMs and reduces, each alone), µs.
     pub compute_floor_us: f64,
-    /// The simulated time with staggered priorities ([`super::staggered_priorities`]), µs.
+    /// The simulated time with staggered priorities ([`crate::emulate::staggered_priorities`]), µs.
     pub staggered_us: f64,
     /// The simulated time with the devices' starts offset
     /// ([`crate::emulate::offset_starts`]), µs.
@@ -133,7 +133,7 @@ pub fn one_gpu_bench(profile: &Profile) -> Result<Vec<OneGpuRow>, ValidationErro
         let plan = build_plan(&p, algorithm)?;
         let together = simulate(&plan, profile, &SimOptions::default())?;
         let staggered = SimOptions {
-            compute_priority: super::staggered_priorities(d, H100_COMPUTE_LEVELS),
+            compute_priority: crate::emulate::staggered_priorities(d, H100_COMPUTE_LEVELS),
             ..SimOptions::default()
         };
         rows.push(OneGpuRow {
