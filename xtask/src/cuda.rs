@@ -786,6 +786,10 @@ fn write_timelines(
                 let out = backend
                     .run(&plan, 1, Family::Realistic, run_options)
                     .with_context(|| format!("the timed-ops run of {} ({mode})", plan.name))?;
+                if run_options.stagger && out.staggered.is_empty() {
+                    println!("timeline: {} {mode} skipped: this GPU has too few priorities to stagger", plan.name);
+                    continue;
+                }
                 // The sites name the ops of the plan that ran.
                 let ran = if out.offset_starts { cmm_core::emulate::offset_starts(&plan)? } else { plan.clone() };
                 let title = format!(
