@@ -146,7 +146,7 @@ fn stamped(backend: &CudaBackend, sync: Sync, dir: Option<&Path>) -> Result<BTre
     Ok(text.lines().map(str::to_string).collect())
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
+pub(crate) fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }
@@ -350,6 +350,8 @@ struct Report {
     /// Whether the bench reached its end. The report is saved after every (op, D), so a
     /// bench stopped early (a device call's time limit) leaves the rows it measured.
     complete: bool,
+    /// The one-GPU profile's measurements (after the table).
+    calibration: Option<crate::calibrate::Calibration>,
 }
 
 impl Report {
@@ -369,7 +371,7 @@ impl Report {
 /// after one warm-up; fails unless every GEMM ran on cuBLAS, or with `fused` on the
 /// persistent tile kernel (a GEMM that waits per tile cannot be a cuBLAS call), so that
 /// no row names an engine that did not run.
-fn time_plan(
+pub(crate) fn time_plan(
     backend: &CudaBackend,
     plan: &Plan,
     options: &CudaRunOptions,
@@ -617,6 +619,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         rows: Vec::new(),
         targets: Vec::new(),
         complete: false,
+        calibration: None,
     };
     let path = settings.json.clone().unwrap_or_else(|| {
         crate::workspace_root().join("bench").join("results").join(format!(
@@ -752,6 +755,12 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
     }
     let met = targets.iter().filter(|t| t.met()).count();
     println!("targets: {met} of {} met{shrunk}", targets.len());
+    let calibration = crate::calibrate::calibrate(&backend, &options, (local.m, local.n, local.k), reps)?;
+    for line in calibration.lines() {
+        println!("{line}");
+    }
+    report.calibration = Some(calibration);
+    report.save(&path)?;
     println!("saved {}", path.display());
     if let Some(dir) = &settings.timelines {
         write_timelines(&backend, &options, &stamp, shrink, dir)?;

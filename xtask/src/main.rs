@@ -3,6 +3,7 @@
 
 mod bench;
 mod bundle;
+mod calibrate;
 mod ci;
 mod conformance;
 mod cuda;

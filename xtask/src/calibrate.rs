@@ -1,0 +1,177 @@
+//! The measurements behind the one-GPU simulator profile (`core/profiles/h100-one-gpu.toml`),
+//! taken by `cargo xtask bench --backend cuda` on the GPU it runs on, so that the profile's
+//! assumptions can be replaced by figures: the device-to-device copy rate, what D GEMMs at
+//! once gain over one at a time, what a copy and a GEMM beside each other cost each other,
+//! and a signal–wait round between two devices. Each is a small plan run through the
+//! backend like any other (gated, cold L2, median of the bench's repetitions).
+
+use anyhow::{Context, Result};
+use cmm_core::plan::{BufferRole, Engine, Op, PlanBuilder};
+use cmm_core::{DType, Family, Plan};
+use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec};
+use serde::Serialize;
+
+use crate::cuda::{median, time_plan};
+
+/// D GEMMs of the local shape on D devices at once, against D times one alone.
+#[derive(Debug, Serialize)]
+pub struct Together {
+    pub devices: usize,
+    pub together_us: f64,
+    /// D × the GEMM alone (cuBLAS, timed by itself).
+    pub one_at_a_time_us: f64,
+    /// `together_us / one_at_a_time_us` (< 1: running together gains).
+    pub ratio: f64,
+}
+
+/// What the bench measured for the one-GPU profile.
+#[derive(Debug, Serialize)]
+pub struct Calibration {
+    /// Bytes of the copies below (an f32 1024×4096 block: one ring step's partial sum).
+    pub copy_bytes: usize,
+    /// One copy from a device to another alone, µs, and its rate in GB/s copied.
+    pub copy_us: f64,
+    pub copy_gbps: f64,
+    /// The local GEMMs of 2 and 4 devices at once.
+    pub together: Vec<Together>,
+    /// The local GEMM alone, µs (cuBLAS).
+    pub gemm_us: f64,
+    /// A copy and a GEMM of two devices started together: each one's time in that run
+    /// (events around each op), µs.
+    pub gemm_beside_copy_us: f64,
+    pub copy_beside_gemm_us: f64,
+    /// One signal–wait round trip between two devices, µs (the mean of `ROUNDS`).
+    pub round_trip_us: f64,
+}
+
+/// Round trips in the signal–wait plan (each lane has 2 ops per round, under the gate's
+/// limit of ops per stream).
+const ROUNDS: usize = 100;
+
+/// An input buffer of every device, filled alike on each.
+fn input(
+    b: &mut PlanBuilder,
+    name: &str,
+    tensor: u32,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    devices: usize,
+) -> cmm_core::plan::BufId {
+    b.buffer(name, dtype, rows, cols, BufferRole::Input { tensor, global_cols: cols, origins: vec![(0, 0); devices] })
+}
+
+/// `devices` devices, each running one `m×n×k` GEMM on a compute lane; with `copy`,
+/// device 0 also copies an f32 `m×n` block to device 1 on a comm lane.
+fn gemms_plan(devices: usize, (m, n, k): (usize, usize, usize), gemm: bool, copy: bool) -> Result<Plan> {
+    let mut b = PlanBuilder::new(format!("calibration: {devices} devices, gemm {gemm}, copy {copy}"), devices);
+    let a = input(&mut b, "A", 0, DType::F16, m, k, devices);
+    let w = input(&mut b, "B", 1, DType::F16, k, n, devices);
+    let x = input(&mut b, "X", 2, DType::F32, m, n, devices);
+    let c = b.buffer("C", DType::F16, m, n, BufferRole::Output);
+    let y = b.buffer("Y", DType::F32, m, n, BufferRole::Scratch);
+    let (compute, comm) = (b.lane("compute"), b.lane("comm"));
+    if gemm {
+        for d in 0..devices {
+            let op = Op::gemm(b.whole(a), b.whole(w), b.whole(c));
+            b.push(d, compute, op);
+        }
+    }
+    if copy {
+        let (src, dst) = (b.whole(x), b.whole(y));
+        b.push(0, comm, Op::Copy { src, dst_device: 1, dst, engine: Engine::CopyEngine });
+    }
+    Ok(b.finish()?)
+}
+
+/// Device 0 signals device 1, which answers; `ROUNDS` times.
+fn ping_pong_plan() -> Result<Plan> {
+    let mut b = PlanBuilder::new("calibration: signal-wait rounds", 2);
+    let (ping, pong) = (b.semaphore("ping"), b.semaphore("pong"));
+    let lane = b.lane("sync");
+    for round in 1..=ROUNDS as u32 {
+        b.push(0, lane, Op::Signal { device: 1, sem: ping, add: 1 });
+        b.push(0, lane, Op::Wait { sem: pong, value: round });
+        b.push(1, lane, Op::Wait { sem: ping, value: round });
+        b.push(1, lane, Op::Signal { device: 0, sem: pong, add: 1 });
+    }
+    Ok(b.finish()?)
+}
+
+/// Median GPU time of `reps` runs of `plan`, µs (as the bench times a plan).
+fn time(backend: &CudaBackend, plan: &Plan, options: &CudaRunOptions, reps: usize) -> Result<f64> {
+    Ok(time_plan(backend, plan, options, reps, false)?.0)
+}
+
+/// Measures the calibration at the local GEMM's shape `(m, n, k)` (f16).
+pub fn calibrate(
+    backend: &CudaBackend,
+    options: &CudaRunOptions,
+    (m, n, k): (usize, usize, usize),
+    reps: usize,
+) -> Result<Calibration> {
+    let options = CudaRunOptions { gemm: GemmEngine::Cublas, ..*options };
+    let spec =
+        GemmSpec { m, n, k, input: DType::F16, output: DType::F16, trans_a: false, trans_b: false, accumulate: false };
+    let gemm_us = backend.time_gemm(&spec, GemmEngine::Cublas, reps).context("timing the local GEMM")?;
+    let copy_bytes = m * n * 4;
+    let copy_us = time(backend, &gemms_plan(2, (m, n, k), false, true)?, &options, reps)?;
+    let mut together = Vec::new();
+    for devices in [2, 4] {
+        let together_us = time(backend, &gemms_plan(devices, (m, n, k), true, false)?, &options, reps)?;
+        let one_at_a_time_us = devices as f64 * gemm_us;
+        together.push(Together { devices, together_us, one_at_a_time_us, ratio: together_us / one_at_a_time_us });
+    }
+    // The GEMM of device 0 and its copy to device 1, each timed inside the same runs.
+    let beside = gemms_plan(2, (m, n, k), true, true)?;
+    let timed = CudaRunOptions { time_ops: true, ..options };
+    let (mut gemm_times, mut copy_times) = (Vec::new(), Vec::new());
+    for rep in 0..reps {
+        let out = backend
+            .run(&beside, 1000 + rep as u32, Family::Realistic, &timed)
+            .context("running a copy beside a GEMM")?;
+        for (site, _, duration) in &out.op_times {
+            match beside.programs[site.device].lanes[site.lane][site.index] {
+                Op::Gemm { .. } if site.device == 0 => gemm_times.push(*duration),
+                Op::Copy { .. } => copy_times.push(*duration),
+                _ => {}
+            }
+        }
+    }
+    let round_trip_us = time(backend, &ping_pong_plan()?, &options, reps)? / ROUNDS as f64;
+    Ok(Calibration {
+        copy_bytes,
+        copy_us,
+        copy_gbps: copy_bytes as f64 / copy_us / 1e3,
+        together,
+        gemm_us,
+        gemm_beside_copy_us: median(gemm_times),
+        copy_beside_gemm_us: median(copy_times),
+        round_trip_us,
+    })
+}
+
+impl Calibration {
+    /// The lines the bench prints.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "calibration: a {:.1} MiB device-to-device copy alone {:.1} µs ({:.0} GB/s copied); the local GEMM alone {:.1} µs",
+            self.copy_bytes as f64 / (1 << 20) as f64,
+            self.copy_us,
+            self.copy_gbps,
+            self.gemm_us
+        )];
+        for t in &self.together {
+            lines.push(format!(
+                "calibration: {} local GEMMs at once {:.1} µs, one at a time {:.1} µs ({:.3}×)",
+                t.devices, t.together_us, t.one_at_a_time_us, t.ratio
+            ));
+        }
+        lines.push(format!(
+            "calibration: started together, the GEMM took {:.1} µs and the copy {:.1} µs (alone: {:.1} and {:.1})",
+            self.gemm_beside_copy_us, self.copy_beside_gemm_us, self.gemm_us, self.copy_us
+        ));
+        lines.push(format!("calibration: a signal-wait round trip between two devices {:.2} µs", self.round_trip_us));
+        lines
+    }
+}
