@@ -394,16 +394,18 @@ impl<'a> Sim<'a> {
                         Engine::CopyEngine => p.copy.copy_engine_gbps,
                         Engine::Sm => p.copy.sm_copy_gbps,
                     };
-                if *dst_device != device && self.topo.one_gpu() {
-                    // A copy between virtual devices of one GPU reads and writes its bytes
-                    // through the shared HBM, at the engine's rate.
+                if *dst_device == device || self.topo.one_gpu() {
+                    // Through one HBM, each byte read and written once: a local copy at
+                    // whatever rate the HBM gives it, a copy between virtual devices of one
+                    // GPU at most at the engine's, then the signal latency.
+                    let cap = if *dst_device == device { f64::INFINITY } else { 2.0 * rate };
                     let latency = self.topo.latency_s(device, *dst_device);
                     (
                         vec![
                             Phase::Fixed(launch),
                             Phase::Fluid {
                                 amount: 2.0 * bytes,
-                                cap: 2.0 * rate,
+                                cap,
                                 resources: vec![self.topo.hbm(device)],
                                 hbm_bytes: 0.0,
                             },
@@ -411,20 +413,7 @@ impl<'a> Sim<'a> {
                         ],
                         bytes,
                         0.0,
-                        bytes / rate.min(p.hbm_bps() / 2.0),
-                    )
-                } else if *dst_device == device {
-                    // Each byte is read and written once.
-                    let res = vec![self.topo.hbm(device)];
-                    let work = 2.0 * bytes / p.hbm_bps();
-                    (
-                        vec![
-                            Phase::Fixed(launch),
-                            Phase::Fluid { amount: 2.0 * bytes, cap: f64::INFINITY, resources: res, hbm_bytes: 0.0 },
-                        ],
-                        bytes,
-                        0.0,
-                        work,
+                        2.0 * bytes / cap.min(p.hbm_bps()),
                     )
                 } else {
                     let route = self.topo.route(device, *dst_device);
