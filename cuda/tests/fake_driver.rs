@@ -32,6 +32,11 @@ fn ring_plan() -> cmm_core::Plan {
 /// Runs `plan` on the exact family and compares the output with the CPU twin's.
 fn assert_right(b: &CudaBackend, plan: &cmm_core::Plan, options: &CudaRunOptions) {
     let out = b.run(plan, 5, Family::Exact, options).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+    assert_output_right(plan, &out);
+}
+
+/// Compares the output of a run of `plan` (seed 5, exact family) with the CPU twin's.
+fn assert_output_right(plan: &cmm_core::Plan, out: &cmm_cuda::CudaRunOutput) {
     let twin = cmm_core::cpu::run(plan, 5, Family::Exact).unwrap();
     let c = plan.output().unwrap().0;
     for (d, (got, want)) in out.buffers.iter().zip(&twin).enumerate() {
@@ -301,11 +306,7 @@ fn staggered_lanes_run_at_their_devices_priorities_and_return_to_the_default() {
         let before = counts();
         let out = b.run(&plan, 5, Family::Exact, options).unwrap_or_else(|e| panic!("{e}"));
         let after = counts();
-        let twin = cmm_core::cpu::run(&plan, 5, Family::Exact).unwrap();
-        let c = plan.output().unwrap().0;
-        for (d, (got, want)) in out.buffers.iter().zip(&twin).enumerate() {
-            assert_eq!(got[c], want[c], "device {d}");
-        }
+        assert_output_right(&plan, &out);
         let added: Vec<(i32, u64)> =
             levels.iter().zip(after.iter().zip(before)).map(|(p, (a, b))| (*p, a - b)).collect();
         (out.staggered, added)
@@ -343,12 +344,14 @@ fn offset_starts_run_right_and_say_where_they_applied() {
     let ring = build_plan(&p, Algorithm::RingAccumulate { chunks: 1 }).unwrap();
     for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
         let options = CudaRunOptions { sync, ..offset };
-        assert_right(&b, &ring, &options);
-        assert!(b.run(&ring, 5, Family::Exact, &options).unwrap().offset_starts, "{sync:?}");
+        let out = b.run(&ring, 5, Family::Exact, &options).unwrap();
+        assert_output_right(&ring, &out);
+        assert!(out.offset_starts, "{sync:?}");
     }
     let fused = build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap();
-    assert_right(&b, &fused, &offset);
-    assert!(!b.run(&fused, 5, Family::Exact, &offset).unwrap().offset_starts, "a fused plan runs as it is");
+    let out = b.run(&fused, 5, Family::Exact, &offset).unwrap();
+    assert_output_right(&fused, &out);
+    assert!(!out.offset_starts, "a fused plan runs as it is");
     let two = Problem::new(OpKind::AgGemm, 2, 32, 40, 64, DType::F16, DType::F32).unwrap();
     let apart = build_plan(&two, Algorithm::Ring).unwrap();
     let gpus = fake::backend_on(2).unwrap();

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use cmm_conformance::golden::fnv1a64;
 use cmm_conformance::Summary;
 use cmm_core::oracle::spot_check;
+use cmm_core::sim::validate::seed000_problem;
 use cmm_core::workload::output_tolerance;
 use cmm_core::{build_plan, Algorithm, DType, Family, OpKind, Plan, Problem};
 use cmm_cuda::kernels::{compile, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
@@ -202,10 +203,15 @@ struct Row {
     gemm_specs: Vec<GemmSpec>,
 }
 
+/// The fastest of a plan's plain time and its (staggered, offset) times where taken.
+fn fastest(plain_us: f64, (staggered, offset): (Option<f64>, Option<f64>)) -> f64 {
+    [staggered, offset].into_iter().flatten().fold(plain_us, f64::min)
+}
+
 impl Row {
     /// The fastest of the plan's times: plain, staggered, with offset starts.
     fn best_us(&self) -> f64 {
-        [self.time_staggered_us, self.time_offset_us].into_iter().flatten().fold(self.time_us, f64::min)
+        fastest(self.time_us, (self.time_staggered_us, self.time_offset_us))
     }
 }
 
@@ -496,17 +502,6 @@ fn rebound_rows(rows: &mut [Row], cache: &HashMap<GemmSpec, f64>) -> Vec<(usize,
     moved
 }
 
-/// The seed-000 problem (f16, per-shard M=1024, K=N=4096) at `d` devices: every ring
-/// step is one 1024×4096×4096 GEMM per device.
-/// With `shrink` > 1, every dimension divided by it.
-fn seed000(op: OpKind, d: usize, shrink: usize) -> Result<Problem> {
-    let (m, k) = (1024 / shrink, 4096 / shrink);
-    Ok(match op {
-        OpKind::AgGemm => Problem::new(op, d, d * m, d * k, k, DType::F16, DType::F16)?,
-        _ => Problem::new(op, d, d * m, k, d * k, DType::F16, DType::F16)?,
-    })
-}
-
 /// `cargo xtask bench --backend cuda`: for ag_gemm and gemm_rs at the seed-000 shape and
 /// D = 2, 4, 8 virtual devices on one GPU, each stamped plan beside the direct baseline
 /// (copies, then one cuBLAS GEMM) and the sum of its own GEMMs timed alone through
@@ -631,7 +626,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
     let mut cache = HashMap::new();
     for op in [OpKind::AgGemm, OpKind::GemmRs] {
         for d in [2usize, 4, 8] {
-            let problem = seed000(op, d, shrink)?;
+            let problem = seed000_problem(op, d, shrink)?;
             let baseline_key = format!("{op} {}", Algorithm::BaselineDirect.name());
             if !stamp.contains(&baseline_key) {
                 bail!("`{baseline_key}` has not passed conformance on this GPU with this binary; refusing to time it");
@@ -641,8 +636,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 .map_err(|why| anyhow::anyhow!("{}: wrong output at this shape: {why}", baseline.name))?;
             let (baseline_default_us, _) = time_plan(&backend, &baseline, &options, reps, false)?;
             let baseline_variants = variants(&backend, &baseline, &options, reps, stagger, false)?;
-            let baseline_us =
-                [baseline_variants.0, baseline_variants.1].into_iter().flatten().fold(baseline_default_us, f64::min);
+            let baseline_us = fastest(baseline_default_us, baseline_variants);
             let mut algorithms = vec![Algorithm::Ring, Algorithm::RingBidir];
             if op == OpKind::GemmRs {
                 // The running sum added in the GEMM, whole and in two chunks.
@@ -688,7 +682,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 } else {
                     variants(&backend, &plan, &run_options, reps, stagger, fused)?
                 };
-                let best = [staggered, offset].into_iter().flatten().fold(us, f64::min);
+                let best = fastest(us, (staggered, offset));
                 let specs = gemm_specs(&plan);
                 let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;
                 let tflops = problem.flops() / best / 1e6;
@@ -785,7 +779,7 @@ fn write_timelines(
         ("offsets", CudaRunOptions { time_ops: true, offset_starts: true, ..*options }),
     ];
     for d in [4usize, 8] {
-        let problem = seed000(OpKind::GemmRs, d, shrink)?;
+        let problem = seed000_problem(OpKind::GemmRs, d, shrink)?;
         for algorithm in [Algorithm::RingAccumulate { chunks: 1 }, Algorithm::BaselineDirect] {
             if !stamp.contains(&format!("{} {}", OpKind::GemmRs, algorithm.name())) {
                 continue;

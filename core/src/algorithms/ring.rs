@@ -581,7 +581,9 @@ pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan
     }
     let (mut b, a, bm, c) = start_plan(p, algorithm);
     let partial = b.buffer("P", p.wire, mb, p.n, BufferRole::Scratch);
-    let (send, recv_buf) = sum_slots(&mut b, p, if accumulate { 1 } else { n - 1 });
+    // A ring that adds in place sends from its receive slots after its first step.
+    let send_slots = if accumulate { 1.min(n - 1) } else { n - 1 };
+    let (send, recv_buf) = sum_slots(&mut b, p, send_slots);
     let compute = b.lane("compute");
     // (column window, leftwards, comm lane, per chunk (ready, recv)) of each direction.
     let mut dirs = Vec::new();
@@ -628,7 +630,7 @@ pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan
                     recv,
                     comm,
                     part: b.window(partial, j * cr, col0, cr, cols),
-                    send: slots(send, if accumulate { 1.min(n - 1) } else { n - 1 }),
+                    send: slots(send, send_slots),
                     recv_slots: slots(recv_buf, n - 1),
                 };
                 (ring, col0, cols, leftwards, j)

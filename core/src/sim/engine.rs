@@ -946,7 +946,7 @@ mod tests {
     use crate::{Algorithm, OpKind, Problem};
 
     fn seed000(devices: usize) -> Problem {
-        Problem::new(OpKind::AgGemm, devices, devices * 1024, devices * 4096, 4096, DType::F16, DType::F16).unwrap()
+        crate::sim::validate::seed000_problem(OpKind::AgGemm, devices, 1).unwrap()
     }
 
     fn sim(plan: &Plan, profile: &Profile) -> SimReport {

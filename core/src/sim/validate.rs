@@ -55,13 +55,24 @@ impl TimeRow {
     }
 }
 
+/// The seed-000 problem (f16, per-shard M=1024, K=N=4096) of `op` at `devices` devices:
+/// every ring step is one 1024×4096×4096 GEMM per device (ag_gemm gathers M; gemm_rs and
+/// gemm_ar split K). With `shrink` > 1, every dimension divided by it.
+pub fn seed000_problem(op: OpKind, devices: usize, shrink: usize) -> Result<Problem, ProblemError> {
+    let (m, k) = (1024 / shrink.max(1), 4096 / shrink.max(1));
+    match op {
+        OpKind::AgGemm => Problem::new(op, devices, devices * m, devices * k, k, DType::F16, DType::F16),
+        _ => Problem::new(op, devices, devices * m, k, devices * k, DType::F16, DType::F16),
+    }
+}
+
 /// Seed 000 (8×H100, f16, per-shard M=1024, K=N=4096): the ring plan against the Pallas
 /// kernel and the baseline plan against NCCL + cuBLAS, at D = 2, 4, 8.
 pub fn seed000(profile: &Profile) -> Result<Vec<TimeRow>, ValidationError> {
     const KERNEL_US: [(usize, f64, f64); 3] = [(2, 102.0, 147.0), (4, 212.0, 290.0), (8, 436.0, 565.0)];
     let mut rows = Vec::new();
     for (d, kernel, reference) in KERNEL_US {
-        let p = Problem::new(OpKind::AgGemm, d, d * 1024, d * 4096, 4096, DType::F16, DType::F16)?;
+        let p = seed000_problem(OpKind::AgGemm, d, 1)?;
         for (algorithm, published, what) in [
             (Algorithm::Ring, kernel, "ring plan vs Pallas kernel"),
             (Algorithm::Baseline, reference, "baseline plan vs NCCL+cuBLAS"),
@@ -126,10 +137,7 @@ pub fn one_gpu_bench(profile: &Profile) -> Result<Vec<OneGpuRow>, ValidationErro
     ];
     let mut rows = Vec::new();
     for (op, d, algorithm, measured) in MEASURED {
-        let p = match op {
-            OpKind::AgGemm => Problem::new(op, d, d * 1024, d * 4096, 4096, DType::F16, DType::F16)?,
-            _ => Problem::new(op, d, d * 1024, 4096, d * 4096, DType::F16, DType::F16)?,
-        };
+        let p = seed000_problem(op, d, 1)?;
         let plan = build_plan(&p, algorithm)?;
         let together = simulate(&plan, profile, &SimOptions::default())?;
         let staggered = SimOptions {
