@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cmm_core::generator::Family;
-use cmm_core::plan::{BufferRole, Op, Plan, PlanBuilder};
+use cmm_core::plan::{BufferRole, Op, OpSite, Plan, PlanBuilder};
 use cmm_core::DType;
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaStream};
@@ -150,6 +150,9 @@ impl Default for CudaRunOptions {
     }
 }
 
+/// `(op, start µs, duration µs)` of the ops of a run ([`CudaRunOptions::time_ops`]).
+pub type OpTimes = Vec<(OpSite, f64, f64)>;
+
 /// The outcome of a run.
 #[derive(Debug, Clone)]
 pub struct CudaRunOutput {
@@ -176,7 +179,7 @@ pub struct CudaRunOutput {
     /// With [`CudaRunOptions::time_ops`], `(op, start µs, duration µs)` of every op from the
     /// start of the run (the ops of the plan that ran: with offset starts, that plan);
     /// otherwise empty.
-    pub op_times: Vec<(cmm_core::plan::OpSite, f64, f64)>,
+    pub op_times: OpTimes,
     /// Wall time of the whole run.
     pub elapsed: Duration,
 }
@@ -1022,12 +1025,7 @@ impl Run<'_> {
     }
 
     /// Enqueues and runs the plan; returns (GPU ms, gated, the ops' times where asked).
-    #[allow(clippy::type_complexity)]
-    fn go(
-        &mut self,
-        lowered: &Lowered,
-        memory: &Memory,
-    ) -> Result<(f64, bool, Vec<(cmm_core::plan::OpSite, f64, f64)>), CudaError> {
+    fn go(&mut self, lowered: &Lowered, memory: &Memory) -> Result<(f64, bool, OpTimes), CudaError> {
         let gpu0 = &self.state.gpus[0];
         let setup = gpu0.ctx.default_stream();
         let per_stream =
@@ -1054,7 +1052,7 @@ impl Run<'_> {
             self.stream(s).wait(&begin).map_err(|e| CudaError::driver("ordering a lane after the start", e))?;
         }
         let mut fused = self.fused.iter();
-        let mut marks: Vec<(cmm_core::plan::OpSite, CudaEvent, CudaEvent)> = Vec::new();
+        let mut marks: Vec<(OpSite, CudaEvent, CudaEvent)> = Vec::new();
         let mark = |stream: &Arc<CudaStream>| {
             stream.record_event(timed).map_err(|e| CudaError::driver("recording an op's event", e))
         };

@@ -23,7 +23,7 @@ pub use launch::Kernel;
 
 pub use backend::{
     cublas_present, eager_module_loading_unless_chosen, probe, CudaBackend, CudaRunOptions, CudaRunOutput, GemmSpec,
-    Placement, ReadBack,
+    OpTimes, Placement, ReadBack,
 };
 pub use lower::{GemmCounts, GemmEngine, SyncMode};
 
