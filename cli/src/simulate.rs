@@ -521,13 +521,16 @@ fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic: Option<
     println!("plan:          {}", plan.name);
     println!("profile:       {} ({})", profile.name, profile.description);
     println!("makespan:      {}", us(r.makespan_s));
-    println!("compute floor: {} (max over devices of GEMM/reduce work)", us(r.compute_floor_s));
+    let one_gpu = profile.interconnect.topology == TopologyKind::OneGpu;
+    let over = if one_gpu { "sum over the GPU's devices" } else { "max over devices" };
+    println!("compute floor: {} ({over} of GEMM/reduce work)", us(r.compute_floor_s));
     println!(
         "comm floor:    {} (max over directed links of bytes/bandwidth{})",
         us(r.comm_floor_s),
         r.busiest_link.as_ref().map(|l| format!("; busiest: {l}")).unwrap_or_default()
     );
-    println!("exposed comm:  {} (max over devices of makespan − compute busy)", us(r.max_exposed_comm_s()));
+    let busy = if one_gpu { "the GPU's compute busy" } else { "compute busy" };
+    println!("exposed comm:  {} (max over devices of makespan − {busy})", us(r.max_exposed_comm_s()));
     if let Some((analytic_s, formula)) = analytic {
         println!("analytic:      {} ({formula})", us(analytic_s));
     }

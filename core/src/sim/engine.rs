@@ -141,7 +141,8 @@ pub struct SimReport {
     pub lanes: Vec<String>,
     /// Time the last op ends, seconds.
     pub makespan_s: f64,
-    /// Max over devices of the GEMM and reduce work (no launch overhead), seconds.
+    /// Max over devices of the GEMM and reduce work (no launch overhead), seconds; on one
+    /// GPU, the sum over its devices.
     pub compute_floor_s: f64,
     /// Max over directed links of bytes / bandwidth, seconds.
     pub comm_floor_s: f64,
@@ -151,7 +152,8 @@ pub struct SimReport {
     pub records: Vec<Vec<Vec<OpRecord>>>,
     /// `[device][lane]` time spent executing ops (not blocked), seconds.
     pub lane_busy_s: Vec<Vec<f64>>,
-    /// Per device: makespan minus the time its compute engine runs GEMMs/reduces, seconds.
+    /// Per device: makespan minus the time its compute engine runs GEMMs/reduces (on one
+    /// GPU, the GPU's: any device's), seconds.
     pub exposed_comm_s: Vec<f64>,
     /// The chain of ops that determines the makespan, first to last.
     pub critical_path: Vec<OpSite>,
@@ -899,11 +901,20 @@ fn report(sim: Sim<'_>) -> SimReport {
         .iter()
         .map(|lanes| lanes.iter().map(|ops| ops.iter().map(|r| r.end_s - r.start_s).sum()).collect())
         .collect();
+    // A device's compute engine; on one GPU every device's runs on the same one, so the
+    // time nobody computes is what each device exposes.
+    let one_gpu = sim.topo.one_gpu();
     let exposed_comm_s = records
         .iter()
         .map(|lanes| {
-            let mut spans: Vec<(f64, f64)> =
-                lanes.iter().flatten().filter(|r| r.class.is_compute()).map(|r| (r.start_s, r.end_s)).collect();
+            let engine: Vec<&Vec<Vec<OpRecord>>> = if one_gpu { records.iter().collect() } else { vec![lanes] };
+            let mut spans: Vec<(f64, f64)> = engine
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|r| r.class.is_compute())
+                .map(|r| (r.start_s, r.end_s))
+                .collect();
             spans.sort_by(|a, b| a.0.total_cmp(&b.0));
             let (mut covered, mut reach) = (0.0, f64::NEG_INFINITY);
             for (s, e) in spans {
@@ -1132,6 +1143,11 @@ mod tests {
         assert!((end(Vec::new(), 0) - 2.0 * gemm).abs() < 1e-9);
         assert!((end(vec![1, 0], 1) - gemm).abs() < 1e-9);
         assert!((end(vec![1, 0], 0) - 2.0 * gemm).abs() < 1e-9);
+        // One after the other, each device computes half the run, but the GPU computes
+        // all of it: nothing is exposed.
+        let options = SimOptions { compute_priority: vec![1, 0], ..SimOptions::default() };
+        let r = simulate(&plan, &profile, &options).unwrap();
+        assert!(r.max_exposed_comm_s() < 1e-9, "{:?}", r.exposed_comm_s);
         // Priorities of devices with their own GPUs change nothing.
         let nvlink = Profile::load("h100-nvlink").unwrap();
         let options = SimOptions { compute_priority: vec![1, 0], ..SimOptions::default() };
