@@ -84,7 +84,7 @@ fn every_corpus_plan_lowers_for_the_cuda_executor() {
         {
             for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
                 for queues in [DEFAULT_QUEUES, MAX_QUEUES] {
-                    let options = LowerOptions { gemm, sync, cublas_present, queues };
+                    let options = LowerOptions { gemm, sync, cublas_present, queues, wide_tiles: false };
                     let lowered = lower(&plan, &options).unwrap_or_else(|e| panic!("{}: {e}", case.name));
                     assert_eq!(lowered.steps.len(), plan.op_count(), "{}", case.name);
                     if !cublas_present || gemm == GemmEngine::TileKernel {
@@ -109,8 +109,13 @@ fn a_fused_gemm_lowers_to_one_persistent_kernel_enqueued_after_what_it_waits_for
         let runs = plan.fused_runs().unwrap();
         // One queue is the strongest: the kernel's waits never stand in front of their signals.
         for queues in [1, DEFAULT_QUEUES] {
-            let options =
-                LowerOptions { gemm: GemmEngine::Auto, sync: SyncMode::Kernels, cublas_present: true, queues };
+            let options = LowerOptions {
+                gemm: GemmEngine::Auto,
+                sync: SyncMode::Kernels,
+                cublas_present: true,
+                queues,
+                wide_tiles: false,
+            };
             let lowered = lower(&plan, &options).unwrap_or_else(|e| panic!("{}: {e}", case.name));
             let fused: Vec<_> = lowered
                 .steps

@@ -7,6 +7,12 @@
 //   multiple of 8, the tile is pipelined: K in steps of 32, three stages of cp.async
 //   16-byte copies in flight, fragments by ldmatrix (cmm_gemm_mma_async). Otherwise K
 //   goes in steps of 16 staged element by element (any strides, transposes, edges).
+// - cmm_gemm_mma_wide_f16 / cmm_gemm_mma_wide_bf16: the same pipeline on a 128×128 block
+//   tile, 256 threads = 8 warps in 2×4 (a 64×32 share each), K in steps of 16, four
+//   stages: twice the arithmetic per byte staged, and twice the warps per SM for the
+//   persistent kernel, which keeps one CTA per SM. Where the pipeline does not apply, each
+//   thread computes its elements straight from global memory (correct, slow; lowering
+//   picks these kernels only on request: `CudaRunOptions::wide_tiles`).
 // - cmm_gemm_simt: any dtypes (f32 included), 256 threads, 64×64 tile, 4×4 per thread.
 
 struct CmmGemmArgs {
@@ -68,20 +74,23 @@ __device__ __forceinline__ void cmm_mma16816(float* d, const u32* a, const u32* 
 }
 #endif
 
-// A warp's 32×32 share of a 64×64 tile as mma m16n8k16 accumulators:
+// A warp's share of a block tile as mma m16n8k16 accumulators: MI×4 blocks of 16×8,
+// 16·MI rows by 32 columns, with the block's warps WARPS_N across.
 // acc[mi][ni][e] is row wm + 16 mi + gid (+8 for e >= 2), col wn + 8 ni + 2 tig (+1 for odd e),
-// where the tile's 4 warps sit 2×2 (wm, wn ∈ {0, 32}), gid = lane / 4, tig = lane % 4.
+// where warp w sits at wm = (w / WARPS_N)·16·MI, wn = (w % WARPS_N)·32, gid = lane / 4,
+// tig = lane % 4. The 64×64 tile: MI = 2, 2×2 warps; the 128×128 one: MI = 4, 2×4 warps.
+template <int MI, u32 WARPS_N>
 struct CmmWarpTile {
     u32 row0, col0;  // of the tile
     u32 wm, wn, gid, tig;
-    float acc[2][4][4];
+    float acc[MI][4][4];
 };
 
 // Calls f(mi, ni, e, row, col) for each accumulator of the warp and its place in C.
-template <class F>
-__device__ __forceinline__ void cmm_warp_tile_each(const CmmWarpTile& w, F f) {
+template <int MI, u32 WARPS_N, class F>
+__device__ __forceinline__ void cmm_warp_tile_each(const CmmWarpTile<MI, WARPS_N>& w, F f) {
     #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
+    for (int mi = 0; mi < MI; ++mi)
         #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
             #pragma unroll
@@ -91,18 +100,21 @@ __device__ __forceinline__ void cmm_warp_tile_each(const CmmWarpTile& w, F f) {
             }
 }
 
-__device__ __forceinline__ void cmm_warp_tile_start(CmmWarpTile& w, const CmmGemmArgs& g, u32 row0, u32 col0) {
+template <int MI, u32 WARPS_N>
+__device__ __forceinline__ void cmm_warp_tile_start(CmmWarpTile<MI, WARPS_N>& w, const CmmGemmArgs& g, u32 row0,
+                                                    u32 col0) {
     const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     w.row0 = row0;
     w.col0 = col0;
     w.gid = lane / 4;
     w.tig = lane % 4;
-    w.wm = (warp / 2) * 32;
-    w.wn = (warp % 2) * 32;
+    w.wm = (warp / WARPS_N) * 16 * MI;
+    w.wn = (warp % WARPS_N) * 32;
     cmm_warp_tile_each(w, [&](int mi, int ni, int e, u32 i, u32 j) { w.acc[mi][ni][e] = cmm_c_initial(g, i, j); });
 }
 
-__device__ __forceinline__ void cmm_warp_tile_store(const CmmWarpTile& w, const CmmGemmArgs& g) {
+template <int MI, u32 WARPS_N>
+__device__ __forceinline__ void cmm_warp_tile_store(const CmmWarpTile<MI, WARPS_N>& w, const CmmGemmArgs& g) {
     cmm_warp_tile_each(w, [&](int mi, int ni, int e, u32 i, u32 j) { cmm_c_store(g, i, j, w.acc[mi][ni][e]); });
 }
 
@@ -112,7 +124,7 @@ __device__ void cmm_gemm_mma_staged(const CmmGemmArgs& g, u32 row0, u32 col0) {
     CMM_SHARED(u16, As, [CMM_TILE][CMM_KSTEP + CMM_APAD]);
     CMM_SHARED(u16, Bs, [CMM_KSTEP][CMM_TILE + CMM_BPAD]);
     const u32 tid = threadIdx.x;
-    CmmWarpTile w;
+    CmmWarpTile<2, 2> w;
     cmm_warp_tile_start(w, g, row0, col0);
     const u32 gid = w.gid, tig = w.tig, wm = w.wm, wn = w.wn;
 
@@ -151,14 +163,28 @@ __device__ void cmm_gemm_mma_staged(const CmmGemmArgs& g, u32 row0, u32 col0) {
     cmm_warp_tile_store(w, g);
 }
 
-// ---- The pipelined tile ----
+// ---- The pipelined tiles ----
 
-#define CMM_ASYNC_KSTEP 32
-#define CMM_ASYNC_STAGES 3
+// A pipelined tile's shape: a TILE×TILE output tile of THREADS threads (warps of
+// CmmWarpTile<MI, WARPS_N>), K in steps of KSTEP with STAGES stages of cp.async copies.
 // Row pitches in halves, padded by 16 bytes: the 8 rows one ldmatrix reads start in 8
-// different 16-byte bank groups (80 B and 144 B apart), and every row stays 16-byte aligned.
-#define CMM_ASYNC_ALD (CMM_ASYNC_KSTEP + 8)
-#define CMM_ASYNC_BLD (CMM_TILE + 8)
+// different 16-byte bank groups (an odd number of groups apart), and every row stays
+// 16-byte aligned.
+template <u32 TILE_, u32 KSTEP_, u32 STAGES_, u32 THREADS_, int MI_, u32 WARPS_N_>
+struct CmmTileShape {
+    static constexpr u32 TILE = TILE_, KSTEP = KSTEP_, STAGES = STAGES_, THREADS = THREADS_, WARPS_N = WARPS_N_;
+    static constexpr int MI = MI_;
+    static constexpr u32 ALD = KSTEP + 8, BLD = TILE + 8;
+    // 16-byte chunks of A's TILE×KSTEP and of B's KSTEP×TILE stage, per thread.
+    static constexpr u32 CHUNKS = TILE * KSTEP / 8 / THREADS;
+    static_assert(TILE * KSTEP / 8 == CHUNKS * THREADS, "every thread copies as many chunks");
+    static_assert(TILE == 16 * MI * (THREADS / 32 / WARPS_N) && TILE == 32 * WARPS_N, "the warps cover the tile");
+    static_assert(KSTEP % 16 == 0 && STAGES >= 2, "whole mma K steps, and a stage in flight");
+};
+// 64×64, 4 warps, K steps of 32, three stages: 29 KiB of shared memory.
+using CmmTileNarrow = CmmTileShape<64, 32, 3, 128, 2, 2>;
+// 128×128, 8 warps, K steps of 16, four stages: 41 KiB.
+using CmmTileWide = CmmTileShape<128, 16, 4, 256, 4, 4>;
 
 // Whether the pipelined tile applies (to the f16/bf16 kernels: A and B are 16-bit):
 // untransposed A and B whose base addresses and row strides are 16-byte aligned, with K
@@ -208,61 +234,61 @@ __device__ __forceinline__ void cmm_ldmatrix_x4_trans(u32* r, const void* row) {
 }
 #endif
 
-// Starts the copies of K step `k0` into stage buffers As/Bs: A's 64×32 and B's 32×64
-// halves are 256 16-byte chunks each, two of each per thread; chunks outside the
-// matrices are zero-filled.
-__device__ __forceinline__ void cmm_async_load(const CmmGemmArgs& g, u32 row0, u32 col0, u32 k0,
-                                               u16 (*As)[CMM_ASYNC_ALD], u16 (*Bs)[CMM_ASYNC_BLD]) {
+// Starts the copies of K step `k0` into stage buffers As/Bs: S::CHUNKS 16-byte chunks of
+// A's and of B's stage per thread; chunks outside the matrices are zero-filled.
+template <class S>
+__device__ __forceinline__ void cmm_async_load(const CmmGemmArgs& g, u32 row0, u32 col0, u32 k0, u16 (*As)[S::ALD],
+                                               u16 (*Bs)[S::BLD]) {
     #pragma unroll
-    for (u32 e = 0; e < 2; ++e) {
-        const u32 c = threadIdx.x + 128u * e;
-        const u32 r = c / 4u, kc = (c % 4u) * 8u;
+    for (u32 e = 0; e < S::CHUNKS; ++e) {
+        const u32 c = threadIdx.x + S::THREADS * e;
+        const u32 r = c / (S::KSTEP / 8u), kc = (c % (S::KSTEP / 8u)) * 8u;
         const bool a_in = row0 + r < g.m && k0 + kc < g.k;
         const u64 a_src = a_in ? g.a + 2ull * ((u64)(row0 + r) * g.a_stride + k0 + kc) : g.a;
         cmm_cp_async16(&As[r][kc], a_src, a_in ? 16u : 0u);
-        const u32 kr = c / 8u, nc = (c % 8u) * 8u;
+        const u32 kr = c / (S::TILE / 8u), nc = (c % (S::TILE / 8u)) * 8u;
         const bool b_in = k0 + kr < g.k && col0 + nc < g.n;
         const u64 b_src = b_in ? g.b + 2ull * ((u64)(k0 + kr) * g.b_stride + col0 + nc) : g.b;
         cmm_cp_async16(&Bs[kr][nc], b_src, b_in ? 16u : 0u);
     }
 }
 
-// One 64×64 output tile at (row0, col0), 128 threads, when cmm_gemm_async_ok(g): while
-// the warps multiply K step i, the copies of steps i+1 and i+2 are in flight.
-template <bool BF16>
+// One S::TILE-square output tile at (row0, col0), S::THREADS threads, when
+// cmm_gemm_async_ok(g): while the warps multiply K step i, the copies of steps i+1 ..
+// i+STAGES-1 are in flight.
+template <bool BF16, class S>
 __device__ void cmm_gemm_mma_async(const CmmGemmArgs& g, u32 row0, u32 col0) {
-    __shared__ __align__(16) u16 As[CMM_ASYNC_STAGES][CMM_TILE][CMM_ASYNC_ALD];
-    __shared__ __align__(16) u16 Bs[CMM_ASYNC_STAGES][CMM_ASYNC_KSTEP][CMM_ASYNC_BLD];
-    CmmWarpTile w;
+    __shared__ __align__(16) u16 As[S::STAGES][S::TILE][S::ALD];
+    __shared__ __align__(16) u16 Bs[S::STAGES][S::KSTEP][S::BLD];
+    CmmWarpTile<S::MI, S::WARPS_N> w;
     cmm_warp_tile_start(w, g, row0, col0);
     const u32 lane = threadIdx.x % 32;
-    const u32 steps = (g.k + CMM_ASYNC_KSTEP - 1) / CMM_ASYNC_KSTEP;
+    const u32 steps = (g.k + S::KSTEP - 1) / S::KSTEP;
     // Every thread commits one group per stage, empty or not, so that "all but the
     // newest STAGES - 2 groups" is always the step about to be multiplied.
     #pragma unroll
-    for (u32 s = 0; s + 1 < CMM_ASYNC_STAGES; ++s) {
-        if (s < steps) cmm_async_load(g, row0, col0, s * CMM_ASYNC_KSTEP, As[s], Bs[s]);
+    for (u32 s = 0; s + 1 < S::STAGES; ++s) {
+        if (s < steps) cmm_async_load<S>(g, row0, col0, s * S::KSTEP, As[s], Bs[s]);
         cmm_cp_async_commit();
     }
     for (u32 step = 0; step < steps; ++step) {
-        cmm_cp_async_wait<CMM_ASYNC_STAGES - 2>();
+        cmm_cp_async_wait<S::STAGES - 2>();
         // Step `step` has landed for every thread, and every warp is done with the stage
         // the next copies overwrite (the one multiplied in the previous step).
         __syncthreads();
-        const u32 next = step + CMM_ASYNC_STAGES - 1;
+        const u32 next = step + S::STAGES - 1;
         if (next < steps) {
-            cmm_async_load(g, row0, col0, next * CMM_ASYNC_KSTEP, As[next % CMM_ASYNC_STAGES],
-                           Bs[next % CMM_ASYNC_STAGES]);
+            cmm_async_load<S>(g, row0, col0, next * S::KSTEP, As[next % S::STAGES], Bs[next % S::STAGES]);
         }
         cmm_cp_async_commit();
-        const u32 st = step % CMM_ASYNC_STAGES;
+        const u32 st = step % S::STAGES;
         #pragma unroll
-        for (u32 kk = 0; kk < CMM_ASYNC_KSTEP; kk += 16) {
+        for (u32 kk = 0; kk < S::KSTEP; kk += 16) {
             // A: matrices (rows 0-7 | 8-15) × (k 0-7 | 8-15) of each 16×16 block give the
             // fragment registers 0..3 in mma's order.
-            u32 afrag[2][4];
+            u32 afrag[S::MI][4];
             #pragma unroll
-            for (int mi = 0; mi < 2; ++mi) {
+            for (int mi = 0; mi < S::MI; ++mi) {
                 cmm_ldmatrix_x4(afrag[mi], &As[st][w.wm + 16 * mi + lane % 16][kk + (lane / 16) * 8]);
             }
             // B, transposed on load: matrix i holds k rows kk + 8·(i % 2) .. +7 of columns
@@ -281,7 +307,7 @@ __device__ void cmm_gemm_mma_async(const CmmGemmArgs& g, u32 row0, u32 col0) {
             #pragma unroll
             for (int ni = 0; ni < 4; ++ni)
                 #pragma unroll
-                for (int mi = 0; mi < 2; ++mi) cmm_mma16816<BF16>(w.acc[mi][ni], afrag[mi], bfrag[ni]);
+                for (int mi = 0; mi < S::MI; ++mi) cmm_mma16816<BF16>(w.acc[mi][ni], afrag[mi], bfrag[ni]);
         }
     }
     // No copy may still land, and no warp may still read, when the next tile (of a
@@ -295,7 +321,7 @@ __device__ void cmm_gemm_mma_async(const CmmGemmArgs& g, u32 row0, u32 col0) {
 template <bool BF16>
 __device__ void cmm_gemm_mma(const CmmGemmArgs& g, u32 row0, u32 col0) {
     if (cmm_gemm_async_ok(g)) {
-        cmm_gemm_mma_async<BF16>(g, row0, col0);
+        cmm_gemm_mma_async<BF16, CmmTileNarrow>(g, row0, col0);
     } else {
         cmm_gemm_mma_staged<BF16>(g, row0, col0);
     }
@@ -307,6 +333,40 @@ extern "C" __global__ void __launch_bounds__(128) cmm_gemm_mma_f16(const CmmGemm
 
 extern "C" __global__ void __launch_bounds__(128) cmm_gemm_mma_bf16(const CmmGemmArgs g) {
     cmm_gemm_mma<true>(g, blockIdx.y * CMM_TILE, blockIdx.x * CMM_TILE);
+}
+
+// Each thread's elements of an S::TILE-square tile straight from global memory, in
+// increasing k: any strides, transposes and edges, no shared memory. The wide kernels'
+// path where the pipeline does not apply (lowering does not look at alignment).
+template <class S>
+__device__ void cmm_gemm_direct(const CmmGemmArgs& g, u32 row0, u32 col0) {
+    for (u32 e = threadIdx.x; e < S::TILE * S::TILE; e += S::THREADS) {
+        const u32 i = row0 + e / S::TILE, j = col0 + e % S::TILE;
+        if (i >= g.m || j >= g.n) continue;
+        float acc = cmm_c_initial(g, i, j);
+        for (u32 p = 0; p < g.k; ++p) {
+            acc += cmm_load(g.a, cmm_a_index(g, i, p), g.a_dtype) * cmm_load(g.b, cmm_b_index(g, p, j), g.b_dtype);
+        }
+        cmm_c_store(g, i, j, acc);
+    }
+}
+
+// One 128×128 output tile at (row0, col0), 256 threads: pipelined where it applies.
+template <bool BF16>
+__device__ void cmm_gemm_mma_wide(const CmmGemmArgs& g, u32 row0, u32 col0) {
+    if (cmm_gemm_async_ok(g)) {
+        cmm_gemm_mma_async<BF16, CmmTileWide>(g, row0, col0);
+    } else {
+        cmm_gemm_direct<CmmTileWide>(g, row0, col0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) cmm_gemm_mma_wide_f16(const CmmGemmArgs g) {
+    cmm_gemm_mma_wide<false>(g, blockIdx.y * CmmTileWide::TILE, blockIdx.x * CmmTileWide::TILE);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) cmm_gemm_mma_wide_bf16(const CmmGemmArgs g) {
+    cmm_gemm_mma_wide<true>(g, blockIdx.y * CmmTileWide::TILE, blockIdx.x * CmmTileWide::TILE);
 }
 
 // One 64×64 output tile at (row0, col0), 256 threads, any dtypes.
@@ -357,7 +417,8 @@ extern "C" __global__ void __launch_bounds__(256) cmm_gemm_simt(const CmmGemmArg
 
 // ---- The tile-granular GEMM (a fused run of the plan: `FusedRun` in cmm-core plan.rs) ----
 //
-// One persistent kernel over the 64×64 output tiles of every block, block after block.
+// One persistent kernel over the output tiles (64×64, or 128×128 for the wide kernels) of
+// every block, block after block.
 // Its CTAs take tiles in order from a counter (a tile scheduler), so every tile of block i
 // is taken before any tile of block i+1. Before its first tile of block i a CTA checks
 // every wait of the run up to block i (acquire, with the deadline and abort word of
@@ -427,8 +488,9 @@ __device__ bool cmm_fused_spin(const CmmFusedArgs& f, u64 word, u32 value, u64 s
     return true;
 }
 
-template <int KIND>  // 0: f16 tensor cores, 1: bf16 tensor cores, 2: SIMT
+template <int KIND>  // 0: f16 tensor cores, 1: bf16 tensor cores, 2: SIMT, 3 and 4: wide f16, bf16
 __device__ void cmm_fused_gemm(const CmmFusedArgs& f) {
+    constexpr u32 edge = KIND >= 3 ? CmmTileWide::TILE : CMM_TILE;
     CMM_SHARED(u32, shared_tile, );
     CMM_SHARED(u32, shared_block, );
     CMM_SHARED(u32, shared_ok, );
@@ -465,10 +527,12 @@ __device__ void cmm_fused_gemm(const CmmFusedArgs& f) {
         g.c_stride = blk.c_stride;
         g.m = blk.rows;
         const u32 local = t - blk.first_tile;
-        const u32 row0 = (local / f.tiles_n) * CMM_TILE, col0 = (local % f.tiles_n) * CMM_TILE;
+        const u32 row0 = (local / f.tiles_n) * edge, col0 = (local % f.tiles_n) * edge;
         if (KIND == 0) cmm_gemm_mma<false>(g, row0, col0);
         if (KIND == 1) cmm_gemm_mma<true>(g, row0, col0);
         if (KIND == 2) cmm_gemm_simt_tile(g, row0, col0);
+        if (KIND == 3) cmm_gemm_mma_wide<false>(g, row0, col0);
+        if (KIND == 4) cmm_gemm_mma_wide<true>(g, row0, col0);
         // Every thread's stores are visible device- and system-wide before the tile counts.
         __threadfence_system();
         __syncthreads();
@@ -501,4 +565,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) cmm_fused_gemm_mma_bf16(con
 
 extern "C" __global__ void __launch_bounds__(256, 1) cmm_fused_gemm_simt(const CmmFusedArgs f) {
     cmm_fused_gemm<2>(f);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) cmm_fused_gemm_mma_wide_f16(const CmmFusedArgs f) {
+    cmm_fused_gemm<3>(f);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) cmm_fused_gemm_mma_wide_bf16(const CmmFusedArgs f) {
+    cmm_fused_gemm<4>(f);
 }

@@ -106,6 +106,12 @@ pub struct CudaRunOptions {
     /// Which buffers come back to the host after the run ([`CudaRunOutput::buffers`]).
     /// Nothing for timing alone: at the seed-000 shape and D = 8 the buffers are 1.3 GB.
     pub read_back: ReadBack,
+    /// f16 and bf16 GEMMs that run on the tile kernels, the tile-granular (fused) ones
+    /// included, take 128×128 tiles of 8 warps (`cmm_gemm_mma_wide_*`,
+    /// `cmm_fused_gemm_mma_wide_*`) instead of 64×64 tiles of 4: twice the arithmetic per
+    /// byte staged, and twice the warps per SM in a persistent kernel, which keeps one CTA
+    /// per SM. GEMMs on cuBLAS are unaffected.
+    pub wide_tiles: bool,
 }
 
 /// Which buffers a run copies back to the host.
@@ -146,6 +152,7 @@ impl Default for CudaRunOptions {
             time_ops: false,
             cold_l2: false,
             read_back: ReadBack::Everything,
+            wide_tiles: false,
         }
     }
 }
@@ -560,10 +567,22 @@ impl CudaBackend {
     /// together are at least twice the L2 (at most 64 copies), so that no run finds its
     /// operands in the cache, as a GEMM of a plan seldom does.
     pub fn time_gemm(&self, spec: &GemmSpec, engine: GemmEngine, reps: usize) -> Result<f64, CudaError> {
+        self.time_gemm_tiles(spec, engine, false, reps)
+    }
+
+    /// [`Self::time_gemm`], with the tile kernel's 128×128 tiles where `wide_tiles`
+    /// ([`CudaRunOptions::wide_tiles`]).
+    pub fn time_gemm_tiles(
+        &self,
+        spec: &GemmSpec,
+        engine: GemmEngine,
+        wide_tiles: bool,
+        reps: usize,
+    ) -> Result<f64, CudaError> {
         let plan = gemm_plan(spec)?;
         let lowered = lower(
             &plan,
-            &LowerOptions { gemm: engine, sync: SyncMode::Kernels, cublas_present: self.cublas, queues: 1 },
+            &LowerOptions { gemm: engine, sync: SyncMode::Kernels, cublas_present: self.cublas, queues: 1, wide_tiles },
         )?;
         let Some(step) = lowered.steps.first() else {
             return Err(CudaError::Unsupported { plan: plan.name, what: "an empty GEMM has no time".into() });
@@ -658,7 +677,13 @@ pub(crate) fn prepare_in_order(
     plan.validate()?;
     plan.check_generator_range()?;
     cmm_core::moe::check_routing(plan, seed)?;
-    let lowering = |queues| LowerOptions { gemm: options.gemm, sync: options.sync, cublas_present, queues };
+    let lowering = |queues| LowerOptions {
+        gemm: options.gemm,
+        sync: options.sync,
+        cublas_present,
+        queues,
+        wide_tiles: options.wide_tiles,
+    };
     match order {
         None => lower(plan, &lowering(hardware_queues()?)),
         Some((order, queues)) => crate::lower::lower_in_order(plan, order, &lowering(queues)),

@@ -828,23 +828,23 @@ mod tests {
         };
         // The pipelined tile: its one barrier per K step; or that barrier moved after the
         // next step's copies.
-        let pipeline_wait = without("", "        const u32 next = step + CMM_ASYNC_STAGES - 1;\n");
-        let commit = "        cmm_cp_async_commit();\n        const u32 st = step % CMM_ASYNC_STAGES;\n";
+        let pipeline_wait = without("", "        const u32 next = step + S::STAGES - 1;\n");
+        let commit = "        cmm_cp_async_commit();\n        const u32 st = step % S::STAGES;\n";
         let copies_first = pipeline_wait.replacen(commit, &format!("{commit}        __syncthreads();\n"), 1);
         // The staged tile (any strides and transposes): the barrier after its reads.
         let staged_reads = without(
             "            for (int mi = 0; mi < 2; ++mi) cmm_mma16816<BF16>(w.acc[mi][ni], afrag[mi], bfrag);\n        }\n",
             "    }\n    cmm_warp_tile_store(w, g);\n",
         );
-        // A 64×64 tile over K = 128 (four pipeline steps, so every stage is refilled);
-        // B transposed takes the staged tile.
+        // A 64×64 tile over K = 128 (four pipeline steps of the 64×64 tile, eight of the
+        // 128×128 one, so every stage is refilled); B transposed takes the staged tile.
         let (m, n, k) = (64usize, 64usize, 128usize);
         let halves = |len: usize, seed: usize| -> Vec<u16> {
             (0..len).map(|i| cmm_core::DType::F16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
         };
         let (a, b) = (halves(m * k, 1), halves(k * n, 3));
         let mut c = vec![0f32; m * n];
-        let launch = |trans_b: bool, c: &mut [f32]| {
+        let launch = |trans_b: bool, wide: bool, c: &mut [f32]| {
             let args = crate::launch::GemmArgs {
                 a: a.as_ptr() as u64,
                 b: b.as_ptr() as u64,
@@ -861,23 +861,28 @@ mod tests {
                 flags: u32::from(trans_b) << 1,
                 ..Default::default()
             };
-            let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-            Launch { kernel: Kernel::GemmMmaF16, cfg, params: vec![Param::Gemm(args)], what: "a test gemm" }
+            let (kernel, threads) = if wide { (Kernel::GemmMmaWideF16, 256) } else { (Kernel::GemmMmaF16, 128) };
+            let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+            Launch { kernel, cfg, params: vec![Param::Gemm(args)], what: "a test gemm" }
         };
         let decode = |h: u16| cmm_core::DType::F16.decode(h as u32);
-        for trans_b in [false, true] {
-            kernels().launch(&launch(trans_b, &mut c)).unwrap();
+        for (trans_b, wide) in [(false, false), (true, false), (false, true)] {
+            kernels().launch(&launch(trans_b, wide, &mut c)).unwrap();
             let b0 = |p: usize| decode(if trans_b { b[p] } else { b[p * n] });
             assert_eq!(c[0], (0..k).map(|p| decode(a[p]) * b0(p)).sum::<f32>(), "B transposed: {trans_b}");
         }
-        for (variant, trans_b, hazard) in [
-            (&pipeline_wait, false, "a cp.async landed in with no __syncthreads between the copy's wait and the read"),
-            (&copies_first, false, "a cp.async overwrites 16 bytes that another warp read"),
-            (&staged_reads, true, "a thread overwrites a shared element another thread read"),
+        let landed = "a cp.async landed in with no __syncthreads between the copy's wait and the read";
+        let overwritten = "a cp.async overwrites 16 bytes that another warp read";
+        for (variant, trans_b, wide, hazard) in [
+            (&pipeline_wait, false, false, landed),
+            (&pipeline_wait, false, true, landed),
+            (&copies_first, false, false, overwritten),
+            (&copies_first, false, true, overwritten),
+            (&staged_reads, true, false, "a thread overwrites a shared element another thread read"),
         ] {
             let broken = load_from(variant, "cmm-host-hazard").unwrap_or_else(|e| panic!("{e}"));
-            let e = broken.launch(&launch(trans_b, &mut c)).unwrap_err();
-            assert!(e.to_string().contains(hazard), "{e}");
+            let e = broken.launch(&launch(trans_b, wide, &mut c)).unwrap_err();
+            assert!(e.to_string().contains(hazard), "wide tiles: {wide}: {e}");
         }
     }
 

@@ -27,10 +27,18 @@ pub enum Kernel {
     GemmMmaBf16,
     /// `cmm_gemm_simt`.
     GemmSimt,
+    /// `cmm_gemm_mma_wide_f16`.
+    GemmMmaWideF16,
+    /// `cmm_gemm_mma_wide_bf16`.
+    GemmMmaWideBf16,
     /// `cmm_fused_gemm_mma_f16`.
     FusedMmaF16,
     /// `cmm_fused_gemm_mma_bf16`.
     FusedMmaBf16,
+    /// `cmm_fused_gemm_mma_wide_f16`.
+    FusedMmaWideF16,
+    /// `cmm_fused_gemm_mma_wide_bf16`.
+    FusedMmaWideBf16,
     /// `cmm_fused_gemm_simt`.
     FusedSimt,
     /// `cmm_copy2d`.
@@ -59,14 +67,18 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 19] = [
+    pub const ALL: [Kernel; 23] = [
         Kernel::Generate,
         Kernel::Fill,
         Kernel::GemmMmaF16,
         Kernel::GemmMmaBf16,
         Kernel::GemmSimt,
+        Kernel::GemmMmaWideF16,
+        Kernel::GemmMmaWideBf16,
         Kernel::FusedMmaF16,
         Kernel::FusedMmaBf16,
+        Kernel::FusedMmaWideF16,
+        Kernel::FusedMmaWideBf16,
         Kernel::FusedSimt,
         Kernel::Copy2d,
         Kernel::Reduce,
@@ -89,8 +101,12 @@ impl Kernel {
             Kernel::GemmMmaF16 => "cmm_gemm_mma_f16",
             Kernel::GemmMmaBf16 => "cmm_gemm_mma_bf16",
             Kernel::GemmSimt => "cmm_gemm_simt",
+            Kernel::GemmMmaWideF16 => "cmm_gemm_mma_wide_f16",
+            Kernel::GemmMmaWideBf16 => "cmm_gemm_mma_wide_bf16",
             Kernel::FusedMmaF16 => "cmm_fused_gemm_mma_f16",
             Kernel::FusedMmaBf16 => "cmm_fused_gemm_mma_bf16",
+            Kernel::FusedMmaWideF16 => "cmm_fused_gemm_mma_wide_f16",
+            Kernel::FusedMmaWideBf16 => "cmm_fused_gemm_mma_wide_bf16",
             Kernel::FusedSimt => "cmm_fused_gemm_simt",
             Kernel::Copy2d => "cmm_copy2d",
             Kernel::Reduce => "cmm_reduce",
@@ -117,12 +133,27 @@ impl Kernel {
 
     /// Whether its threads meet at barriers (`__syncthreads`, warp collectives).
     pub fn has_barriers(self) -> bool {
-        self.persistent() || matches!(self, Kernel::GemmMmaF16 | Kernel::GemmMmaBf16 | Kernel::GemmSimt)
+        self.persistent()
+            || matches!(
+                self,
+                Kernel::GemmMmaF16
+                    | Kernel::GemmMmaBf16
+                    | Kernel::GemmSimt
+                    | Kernel::GemmMmaWideF16
+                    | Kernel::GemmMmaWideBf16
+            )
     }
 
     /// Whether its blocks wait for each other (all must be resident at once).
     pub fn persistent(self) -> bool {
-        matches!(self, Kernel::FusedMmaF16 | Kernel::FusedMmaBf16 | Kernel::FusedSimt)
+        matches!(
+            self,
+            Kernel::FusedMmaF16
+                | Kernel::FusedMmaBf16
+                | Kernel::FusedSimt
+                | Kernel::FusedMmaWideF16
+                | Kernel::FusedMmaWideBf16
+        )
     }
 
     /// Whether it moves data or synchronises rather than computes: a signal, a wait or
@@ -317,17 +348,20 @@ pub(crate) fn gemm_args(at: &impl Addressing, g: &GemmCommand) -> GemmArgs {
     }
 }
 
-/// A GEMM command: a tile-kernel launch (one 64×64 tile per block) or a cuBLAS call.
+/// A GEMM command: a tile-kernel launch (one output tile per block) or a cuBLAS call.
 pub(crate) fn gemm_submission(at: &impl Addressing, g: &GemmCommand) -> Submission {
     let args = gemm_args(at, g);
     let (kernel, threads) = match g.imp {
         GemmImpl::Cublas => return Submission::Cublas { args, dtypes: g.dtypes },
         GemmImpl::MmaF16 => (Kernel::GemmMmaF16, 128),
         GemmImpl::MmaBf16 => (Kernel::GemmMmaBf16, 128),
+        GemmImpl::MmaWideF16 => (Kernel::GemmMmaWideF16, 256),
+        GemmImpl::MmaWideBf16 => (Kernel::GemmMmaWideBf16, 256),
         GemmImpl::Simt => (Kernel::GemmSimt, 256),
     };
+    let edge = g.imp.tile_edge() as u32;
     let cfg = LaunchConfig {
-        grid_dim: (args.n.div_ceil(64), args.m.div_ceil(64), 1),
+        grid_dim: (args.n.div_ceil(edge), args.m.div_ceil(edge), 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -404,6 +438,8 @@ pub(crate) fn fused_launch(
     let (kernel, threads) = match f.gemm.imp {
         GemmImpl::MmaF16 => (Kernel::FusedMmaF16, 128),
         GemmImpl::MmaBf16 => (Kernel::FusedMmaBf16, 128),
+        GemmImpl::MmaWideF16 => (Kernel::FusedMmaWideF16, 256),
+        GemmImpl::MmaWideBf16 => (Kernel::FusedMmaWideBf16, 256),
         _ => (Kernel::FusedSimt, 256),
     };
     let cfg = LaunchConfig {

@@ -85,8 +85,23 @@ pub enum GemmImpl {
     MmaF16,
     /// `cmm_gemm_mma_bf16`.
     MmaBf16,
+    /// `cmm_gemm_mma_wide_f16`: 128×128 tiles ([`LowerOptions::wide_tiles`]).
+    MmaWideF16,
+    /// `cmm_gemm_mma_wide_bf16`.
+    MmaWideBf16,
     /// `cmm_gemm_simt`.
     Simt,
+}
+
+impl GemmImpl {
+    /// The output tile edge of its kernel (`CMM_TILE`, `CmmTileWide::TILE` in gemm.cu);
+    /// cuBLAS has none of cmm's.
+    pub fn tile_edge(self) -> usize {
+        match self {
+            GemmImpl::MmaWideF16 | GemmImpl::MmaWideBf16 => WIDE_TILE,
+            _ => TILE,
+        }
+    }
 }
 
 /// A GEMM with its operands resolved to locations; strides in elements, already
@@ -148,12 +163,15 @@ pub struct FusedGemmCommand {
     pub first_slot: usize,
     /// Tiles of all blocks.
     pub tiles: u32,
-    /// Column tiles (of 64) of a row of tiles.
+    /// Column tiles of a row of tiles (of the kernel's [`GemmImpl::tile_edge`]).
     pub tiles_n: u32,
 }
 
 /// The output tile edge of the tile kernels (`CMM_TILE` in gemm.cu).
 pub const TILE: usize = 64;
+
+/// The output tile edge of the wide tensor-core kernels (`CmmTileWide::TILE` in gemm.cu).
+pub const WIDE_TILE: usize = 128;
 
 /// One driver call or launch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -372,6 +390,9 @@ pub struct LowerOptions {
     pub cublas_present: bool,
     /// Hardware queues to prove the order safe for.
     pub queues: usize,
+    /// f16 and bf16 GEMMs on the tile kernels, fused ones included, take the 128×128
+    /// tiles (`cmm_gemm_mma_wide_*`) instead of the 64×64 ones.
+    pub wide_tiles: bool,
 }
 
 /// The hardware queue count of this process: `CUDA_DEVICE_MAX_CONNECTIONS`, 8 when unset.
@@ -508,7 +529,8 @@ fn lower_fused(
         }
     };
     let gemm = gemm_of(run.blocks[0], lowered)?;
-    let tiles_n = (gemm.mnk[1] as usize).div_ceil(TILE);
+    let edge = gemm.imp.tile_edge();
+    let tiles_n = (gemm.mnk[1] as usize).div_ceil(edge);
     let mut command = FusedGemmCommand {
         gemm,
         blocks: Vec::new(),
@@ -524,7 +546,7 @@ fn lower_fused(
             Op::Gemm { .. } => {
                 let g = if index == run.blocks[0] { command.gemm } else { gemm_of(index, lowered)? };
                 let rows = g.mnk[0] as usize;
-                let block_tiles = rows.div_ceil(TILE) * tiles_n;
+                let block_tiles = rows.div_ceil(edge) * tiles_n;
                 if block_tiles == 0 {
                     return Err(unsupported(format!(
                         "block at op {index} of fused gemm {} has no output tile ({rows} rows, {} columns)",
@@ -606,14 +628,17 @@ fn lower_op(
                 }
                 GemmEngine::Cublas => GemmImpl::Cublas,
                 GemmEngine::Auto if blas_ok => GemmImpl::Cublas,
-                _ => match (dt(a), dt(b)) {
-                    (DType::F16, DType::F16) => GemmImpl::MmaF16,
-                    (DType::Bf16, DType::Bf16) => GemmImpl::MmaBf16,
+                _ => match (dt(a), dt(b), options.wide_tiles) {
+                    (DType::F16, DType::F16, false) => GemmImpl::MmaF16,
+                    (DType::Bf16, DType::Bf16, false) => GemmImpl::MmaBf16,
+                    (DType::F16, DType::F16, true) => GemmImpl::MmaWideF16,
+                    (DType::Bf16, DType::Bf16, true) => GemmImpl::MmaWideBf16,
                     _ => GemmImpl::Simt,
                 },
             };
+            let edge = imp.tile_edge();
             if imp != GemmImpl::Cublas
-                && (m.div_ceil(64) > 65_535 || n.div_ceil(64) > i32::MAX as usize || k > u32::MAX as usize)
+                && (m.div_ceil(edge) > 65_535 || n.div_ceil(edge) > i32::MAX as usize || k > u32::MAX as usize)
             {
                 return Err(unsupported(format!("gemm {m}x{n}x{k} exceeds the tile kernel's grid")));
             }
@@ -806,7 +831,7 @@ mod tests {
     use cmm_core::{build_plan, Algorithm, OpKind, Problem};
 
     fn options(gemm: GemmEngine, sync: SyncMode, cublas_present: bool) -> LowerOptions {
-        LowerOptions { gemm, sync, cublas_present, queues: DEFAULT_QUEUES }
+        LowerOptions { gemm, sync, cublas_present, queues: DEFAULT_QUEUES, wide_tiles: false }
     }
 
     fn plan(op: OpKind, algorithm: Algorithm, d: usize, input: DType) -> Plan {
@@ -848,6 +873,47 @@ mod tests {
         // cuBLAS cannot wait inside a GEMM: asking for it everywhere is an error.
         let err = lower(&ag, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap_err();
         assert!(err.to_string().contains("cuBLAS cannot"), "{err}");
+    }
+
+    #[test]
+    fn wide_tiles_take_the_tensor_core_gemms_and_the_fused_tile_grid() {
+        let fused = |dtype, wide_tiles| {
+            let ag = plan(OpKind::AgGemm, Algorithm::Fused { chunks: 1 }, 2, dtype);
+            let l =
+                lower(&ag, &LowerOptions { wide_tiles, ..options(GemmEngine::Auto, SyncMode::Kernels, true) }).unwrap();
+            l.steps
+                .iter()
+                .find_map(|s| if let Some(Command::FusedGemm(f)) = &s.command { Some(f.clone()) } else { None })
+        };
+        // 32 rows by 32 columns per block: one tile of either edge, two blocks.
+        let narrow = fused(DType::F16, false).unwrap();
+        let wide = fused(DType::F16, true).unwrap();
+        assert_eq!((narrow.gemm.imp, wide.gemm.imp), (GemmImpl::MmaF16, GemmImpl::MmaWideF16));
+        assert_eq!(fused(DType::Bf16, true).unwrap().gemm.imp, GemmImpl::MmaWideBf16);
+        assert_eq!(fused(DType::F32, true).unwrap().gemm.imp, GemmImpl::Simt, "no tensor cores for f32");
+        let big = Problem::new(OpKind::AgGemm, 2, 512, 320, 64, DType::F16, DType::F32).unwrap();
+        let big = build_plan(&big, Algorithm::Fused { chunks: 1 }).unwrap();
+        let tiles = |wide_tiles| {
+            let l = lower(&big, &LowerOptions { wide_tiles, ..options(GemmEngine::Auto, SyncMode::Kernels, true) })
+                .unwrap();
+            l.steps
+                .iter()
+                .find_map(
+                    |s| if let Some(Command::FusedGemm(f)) = &s.command { Some((f.tiles, f.tiles_n)) } else { None },
+                )
+                .unwrap()
+        };
+        // Two blocks of 256 rows by 160 columns: 4·3 tiles of 64 each, 2·2 of 128.
+        assert_eq!(tiles(false), (24, 3));
+        assert_eq!(tiles(true), (8, 2));
+        // Plain GEMMs on the tile kernels launch one CTA per 128×128 tile; cuBLAS ignores it.
+        let ring = plan(OpKind::AgGemm, Algorithm::Ring, 2, DType::Bf16);
+        let gemm = |gemm| {
+            let l = lower(&ring, &LowerOptions { wide_tiles: true, ..options(gemm, SyncMode::Kernels, true) }).unwrap();
+            l.steps.iter().find_map(|s| if let Some(Command::Gemm(g)) = s.command { Some(g.imp) } else { None })
+        };
+        assert_eq!(gemm(GemmEngine::TileKernel), Some(GemmImpl::MmaWideBf16));
+        assert_eq!(gemm(GemmEngine::Cublas), Some(GemmImpl::Cublas));
     }
 
     #[test]

@@ -126,7 +126,7 @@ fn host_both_tensor_core_tile_paths_match_the_cpu_twin() {
     tile_paths_match_the_cpu_twin(&host());
 }
 
-/// One GEMM C (+)= op(A)·op(B) on the tile kernels, for shapes that take the pipelined
+/// One GEMM C (+)= op(A)·op(B) on the tile kernels, 64×64 and 128×128, for shapes that take the pipelined
 /// tile (untransposed, 16-byte aligned, K a multiple of 8; edges in M, N and K, one K
 /// step or many, accumulation, N not a multiple of 8 in a wider B) and shapes that must
 /// fall back to the staged one (A's or B's base 8 bytes off alignment, a transposed
@@ -168,6 +168,7 @@ fn tile_paths_match_the_cpu_twin(b: &impl CudaExecutor) {
         case(72, 136, 104),
         case(5, 8, 8),
         case(130, 24, 200),
+        case(200, 264, 48),
         Case { accumulate: true, ..case(72, 136, 104) },
         Case { a_col0: 4, ..case(72, 136, 104) },
         Case { a_pad: 4, ..case(72, 136, 104) },
@@ -231,6 +232,11 @@ fn tile_paths_match_the_cpu_twin(b: &impl CudaExecutor) {
             let twin = cmm_core::cpu::run(&plan, 3, Family::Exact).unwrap();
             assert_eq!(out.buffers[0][z.0], twin[0][z.0], "{}", plan.name);
             assert_eq!(out.gemms.tile, 1, "{}", plan.name);
+            // The 128×128 tiles: pipelined on the same shapes, straight from global
+            // memory on the others.
+            let wide = CudaRunOptions { wide_tiles: true, ..options };
+            let out = b.run(&plan, 3, Family::Exact, &wide).unwrap_or_else(|e| panic!("{} wide: {e}", plan.name));
+            assert_eq!(out.buffers[0][z.0], twin[0][z.0], "{} on 128×128 tiles", plan.name);
             // Timing alone (the bench): nothing comes back.
             let timing = CudaRunOptions { read_back: ReadBack::Nothing, ..options };
             let out = b.run(&plan, 4, Family::Exact, &timing).unwrap_or_else(|e| panic!("{}: {e}", plan.name));

@@ -110,6 +110,11 @@ pub struct Args {
     /// tile-granular GEMMs, fails with the reason).
     #[arg(long)]
     pub offset_starts: bool,
+    /// CUDA and cuda-host only: f16/bf16 GEMMs on the tile kernels, fused ones included,
+    /// take 128×128 tiles of 8 warps instead of 64×64 tiles of 4 (as the bench's
+    /// `wide tiles` figures do); results must not change beyond the tolerance.
+    #[arg(long)]
+    pub wide_tiles: bool,
     /// CUDA only: where the conformance stamps go [default: $CMM_STAMP_DIR, else
     /// target/cuda-stamps].
     #[arg(long, value_name = "DIR")]
@@ -138,6 +143,7 @@ impl Args {
             no_comm_priority: false,
             stagger: false,
             offset_starts: false,
+            wide_tiles: false,
             stamps: None,
             report: None,
         }
@@ -157,6 +163,7 @@ impl Args {
             comm_priority: !self.no_comm_priority,
             stagger: self.stagger,
             offset_starts: self.offset_starts,
+            wide_tiles: self.wide_tiles,
             ..defaults
         }
     }

@@ -146,6 +146,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             --case-timeout 30 --stamps "$scratch/staggered-stamps"
         step rehearsal-conformance-offsets 150 "$x" conformance --backend cuda --sync kernels --offset-starts \
             --case-timeout 30 --stamps "$scratch/offset-stamps"
+        step rehearsal-conformance-wide-tiles 150 "$x" conformance --backend cuda --sync kernels --wide-tiles \
+            --case-timeout 30 --stamps "$scratch/wide-stamps"
         step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
             --json "$out/bench-rehearsal.json" --timelines "$scratch/timelines"
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
@@ -217,6 +219,9 @@ step conformance-staggered 90 "$x" conformance --backend cuda --sync kernels --s
     --stamps "$scratch/staggered-stamps"
 step conformance-offsets 90 "$x" conformance --backend cuda --sync kernels --offset-starts --case-timeout 30 \
     --stamps "$scratch/offset-stamps"
+# The tile kernels on 128×128 tiles (the fused plans' GEMMs; the bench times them both ways).
+step conformance-wide-tiles 60 "$x" conformance --backend cuda --sync kernels --wide-tiles --case-timeout 30 \
+    --stamps "$scratch/wide-stamps"
 step bench-kernels 150 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json" \
     --timelines "$out/timelines"
 step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case-timeout 30
