@@ -2,6 +2,7 @@
 //! and `cargo xtask`: `simulate` (a problem, a mesh GEMM, a layer, attention, an MoE op,
 //! or a plan file on a hardware profile) and `tune` (rank the candidate plans).
 
+pub mod bench_file;
 pub mod problem_args;
 pub mod simulate;
 pub mod tune;

@@ -84,6 +84,12 @@ pub struct Args {
     /// Print the validation table (seed 000 on h100-nvlink, seed 002 on tpuv4-torus).
     #[arg(long, conflicts_with_all = ["op", "devices", "m", "n", "k", "profile", "input", "output", "compare", "executor", "trace", "svg", "json"])]
     pub validate: bool,
+    /// Read a CUDA bench report (`cargo xtask bench --backend cuda --json FILE`, or the GPU
+    /// bundle's `bench-*.json`) against the one-GPU profile: every modelled plan's measured
+    /// times beside the simulator's, as the profile stands and with the report's
+    /// `calibration` figures in place of its assumptions.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["plan", "op", "devices", "m", "n", "k", "profile", "input", "output", "compare", "executor", "trace", "svg", "json", "validate"])]
+    pub validate_bench: Option<PathBuf>,
     /// A linear layer instead of a 1D op (with -d, -m = S tokens, -k = H, -n = F):
     /// column, row or mlp; every algorithm is simulated and the overlap verdict printed.
     #[arg(long, value_parser = parse_layer, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg", "executor", "validate"])]
@@ -187,6 +193,9 @@ fn write_timeline(args: &Args, timeline: &Timeline) -> Result<()> {
 pub fn run(args: &Args) -> Result<()> {
     if args.validate {
         return validate();
+    }
+    if let Some(path) = &args.validate_bench {
+        return crate::bench_file::validate_bench(path);
     }
     if let Some(path) = &args.plan {
         return plan_file(args, path);

@@ -307,9 +307,9 @@ fn rehearse(dir: &Path) -> Result<()> {
     let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
     let summary = fs::read_to_string(out.join("summary.md")).unwrap_or_default();
     let rows = summary.lines().filter(|l| l.starts_with("| rehearsal-")).collect::<Vec<_>>();
-    // With NVRTC, the GPU steps on the fake driver (11); without, the host twin's (3).
+    // With NVRTC, the GPU steps on the fake driver (12); without, the host twin's (3).
     let fake = cmm_cuda::nvrtc_available();
-    let expected = if fake { 11 } else { 3 };
+    let expected = if fake { 12 } else { 3 };
     if !output.status.success() || rows.len() != expected || !rows.iter().all(|r| r.contains("| passed |")) {
         bail!("the bundle's rehearsal failed (exit {:?}):\n{text}\n{summary}", output.status.code());
     }
@@ -363,6 +363,11 @@ pub fn key_lines(step: &str, log: &str) -> Vec<String> {
             || t.contains("panicked at")
             || t.contains("ERROR SUMMARY")
             || (step.contains("conformance") || step == "reference-vulkan") && t.contains("  FAIL  ");
+        // The model's table beside the bench's: every line of it.
+        if step.ends_with("model-vs-bench") {
+            out.push(t.to_string());
+            continue;
+        }
         if step.starts_with("bench") {
             // The GPU, the peak, the sync mode, whether communication had priority, and
             // what the staggered and offset columns time.
@@ -499,6 +504,8 @@ mod tests {
             key_lines("sanitizer-memcheck", "========= ERROR SUMMARY: 0 errors\n"),
             vec!["========= ERROR SUMMARY: 0 errors"]
         );
+        let model = "as the profile stands (h100-one-gpu):\ncase measured\ngemm_rs D=4 ring 1.0 µs\n";
+        assert_eq!(key_lines("model-vs-bench", model).len(), 3);
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub enum ValidationError {
     /// A plan's starts could not be offset.
     #[error(transparent)]
     Offset(#[from] crate::emulate::OffsetError),
+    /// A bench's calibration cannot stand for a profile's constants.
+    #[error("the bench's calibration: {0}")]
+    Calibration(String),
 }
 
 /// One numeric comparison.
@@ -103,11 +106,33 @@ pub struct OneGpuRow {
     /// The simulated time with the devices' starts offset
     /// ([`crate::emulate::offset_starts`]), µs.
     pub offset_us: f64,
+    /// The measured time with staggered priorities, where the bench took it, µs.
+    pub measured_staggered_us: Option<f64>,
+    /// The measured time with offset starts, where the bench took it, µs.
+    pub measured_offset_us: Option<f64>,
 }
 
 /// The priority levels an H100 leaves for compute when communication takes the greatest
 /// (its range is 0 to −5).
 pub const H100_COMPUTE_LEVELS: usize = 5;
+
+/// One plan as a CUDA bench on one GPU timed it (µs): with every device at one priority
+/// and starting together, and where taken with staggered priorities and offset starts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BenchTime {
+    /// The operation.
+    pub op: OpKind,
+    /// Virtual devices.
+    pub devices: usize,
+    /// The plan.
+    pub algorithm: Algorithm,
+    /// The plain time.
+    pub plain_us: f64,
+    /// With staggered lane priorities.
+    pub staggered_us: Option<f64>,
+    /// With the devices' starts offset.
+    pub offset_us: Option<f64>,
+}
 
 /// The CUDA bench on one H100 (f16, per-shard M=1024, K=N=4096, D virtual devices,
 /// kernel waits), measured on 2026-11-24 at 30786c1 (docs/perf.md), against the
@@ -135,9 +160,24 @@ pub fn one_gpu_bench(profile: &Profile) -> Result<Vec<OneGpuRow>, ValidationErro
         (OpKind::GemmRs, 8, Algorithm::RingAccumulate { chunks: 2 }, 5154.5),
         (OpKind::GemmRs, 8, Algorithm::BaselineDirect, 5016.5),
     ];
+    let times = MEASURED.map(|(op, devices, algorithm, plain_us)| BenchTime {
+        op,
+        devices,
+        algorithm,
+        plain_us,
+        staggered_us: None,
+        offset_us: None,
+    });
+    one_gpu_rows(profile, &times, 1)
+}
+
+/// Each bench time beside the simulator's three predictions for its plan at the seed-000
+/// shape divided by `shrink` (the bench's own `--shrink`).
+pub fn one_gpu_rows(profile: &Profile, times: &[BenchTime], shrink: usize) -> Result<Vec<OneGpuRow>, ValidationError> {
     let mut rows = Vec::new();
-    for (op, d, algorithm, measured) in MEASURED {
-        let p = seed000_problem(op, d, 1)?;
+    for t in times {
+        let (op, d, algorithm) = (t.op, t.devices, t.algorithm);
+        let p = seed000_problem(op, d, shrink)?;
         let plan = build_plan(&p, algorithm)?;
         let together = simulate(&plan, profile, &SimOptions::default())?;
         let staggered = SimOptions {
@@ -149,15 +189,54 @@ pub fn one_gpu_bench(profile: &Profile) -> Result<Vec<OneGpuRow>, ValidationErro
                 case: format!("{op} D={d} {algorithm}"),
                 simulated_us: together.makespan_s * 1e6,
                 analytic_us: ring_1d(&p, algorithm, profile).total_s * 1e6,
-                published_us: measured,
+                published_us: t.plain_us,
             },
             compute_floor_us: together.compute_floor_s * 1e6,
             staggered_us: simulate(&plan, profile, &staggered)?.makespan_s * 1e6,
             offset_us: simulate(&crate::emulate::offset_starts(&plan)?, profile, &SimOptions::default())?.makespan_s
                 * 1e6,
+            measured_staggered_us: t.staggered_us,
+            measured_offset_us: t.offset_us,
         });
     }
     Ok(rows)
+}
+
+/// What a CUDA bench measured of a one-GPU profile's assumptions (its `calibration`
+/// lines): a device-to-device copy's rate, a signal–wait round trip between two devices,
+/// and the local GEMM (1024×4096×4096 f16 at the bench's shape) alone.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OneGpuCalibration {
+    /// GB/s copied (each byte read and written once).
+    pub copy_gbps: f64,
+    /// µs for a signal to travel to the other device and back.
+    pub round_trip_us: f64,
+    /// µs of the local GEMM alone (cuBLAS).
+    pub gemm_us: f64,
+    /// The bench's `--shrink` (the local GEMM's dimensions divided by it).
+    pub shrink: usize,
+}
+
+/// `profile` with the calibration's figures in place of its assumptions: both copy rates,
+/// the remote wait (half a round trip: one signal reaching one wait), and the best
+/// efficiency scaled so that the local GEMM takes the measured time.
+pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Profile, ValidationError> {
+    let bad = |what: &str, value: f64| {
+        ValidationError::Calibration(format!("{what} = {value} is not a positive time or rate"))
+    };
+    for (what, value) in [("copy_gbps", c.copy_gbps), ("round_trip_us", c.round_trip_us), ("gemm_us", c.gemm_us)] {
+        if !(value.is_finite() && value > 0.0) {
+            return Err(bad(what, value));
+        }
+    }
+    let s = c.shrink.max(1);
+    let mut p = profile.clone();
+    p.copy.copy_engine_gbps = c.copy_gbps;
+    p.copy.sm_copy_gbps = c.copy_gbps;
+    p.sync.remote_round_us = c.round_trip_us / 2.0;
+    let modelled_us = p.gemm_cost(1024 / s, 4096 / s, 4096 / s, DType::F16, DType::F16, false).work_s * 1e6;
+    p.compute.max_efficiency = (p.compute.max_efficiency * modelled_us / c.gemm_us).min(1.0);
+    Ok(p)
 }
 
 /// Flux's published performance report (8×H800, bf16): two shapes, the non-overlapped

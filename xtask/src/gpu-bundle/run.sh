@@ -150,6 +150,7 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             --case-timeout 30 --stamps "$scratch/wide-stamps"
         step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
             --json "$out/bench-rehearsal.json" --timelines "$scratch/timelines"
+        step rehearsal-model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-rehearsal.json"
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
             "$x" conformance --backend cuda --sync memops --case-timeout 30
         step rehearsal-cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
@@ -224,6 +225,9 @@ step conformance-wide-tiles 60 "$x" conformance --backend cuda --sync kernels --
     --stamps "$scratch/wide-stamps"
 step bench-kernels 150 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json" \
     --timelines "$out/timelines"
+# The bench's times beside the one-GPU simulator profile, as it stands and calibrated by the
+# bench's own figures (CPU only, seconds).
+step model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-kernels.json"
 step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case-timeout 30
 step bench-memops 120 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
 step cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks

@@ -1,0 +1,242 @@
+//! `cmm simulate --validate-bench FILE`: a CUDA bench's JSON (`cargo xtask bench --backend
+//! cuda`, D virtual devices on one GPU) beside the one-GPU simulator profile, first as the
+//! profile stands, then with the bench's own `calibration` figures in place of its
+//! assumptions. So a GPU session reads its measured times against the model in one
+//! command, without editing the profile or the validation table by hand.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use cmm_core::algorithms::Algorithm;
+use cmm_core::sim::validate::{calibrated_one_gpu, one_gpu_rows, BenchTime, OneGpuCalibration, OneGpuRow};
+use cmm_core::sim::Profile;
+use cmm_core::OpKind;
+use serde::Deserialize;
+
+/// The profile a bench on one GPU is read against.
+pub const ONE_GPU_PROFILE: &str = "h100-one-gpu";
+
+/// The part of the bench's report read here (xtask's `Report`; fields it may lack in
+/// older reports are optional).
+#[derive(Debug, Deserialize)]
+struct BenchFile {
+    gpu: String,
+    sync: String,
+    commit: Option<String>,
+    #[serde(default = "one")]
+    shrink: usize,
+    rows: Vec<BenchRow>,
+    calibration: Option<BenchCalibration>,
+}
+
+fn one() -> usize {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+struct BenchRow {
+    op: String,
+    devices: usize,
+    algorithm: String,
+    time_us: f64,
+    time_staggered_us: Option<f64>,
+    time_offset_us: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct BenchCalibration {
+    copy_gbps: f64,
+    round_trip_us: f64,
+    gemm_us: f64,
+    gemm_beside_copy_us: f64,
+    copy_beside_gemm_us: f64,
+    copy_us: f64,
+}
+
+/// A bench row's algorithm as the bench prints it: `ring`, `ring_accumulate(c=2)`, ….
+fn parse_algorithm(text: &str) -> Result<Algorithm> {
+    let (name, chunks) = match text.strip_suffix(')').and_then(|t| t.split_once("(c=")) {
+        Some((name, chunks)) => (name, Some(chunks.parse::<usize>().with_context(|| format!("chunks of `{text}`"))?)),
+        None => (text, None),
+    };
+    Ok(Algorithm::parse(name, chunks)?)
+}
+
+/// The rows the simulator models with cuBLAS-like GEMMs (the fused plans run cmm's own
+/// tile kernel, which no profile prices), and the names of those left out.
+fn bench_times(file: &BenchFile) -> Result<(Vec<BenchTime>, Vec<String>)> {
+    let mut times = Vec::new();
+    let mut left_out = Vec::new();
+    for row in &file.rows {
+        let algorithm = parse_algorithm(&row.algorithm)?;
+        let op: OpKind = row.op.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+        if matches!(algorithm, Algorithm::Fused { .. }) {
+            left_out.push(format!("{} D={} {}", row.op, row.devices, row.algorithm));
+            continue;
+        }
+        times.push(BenchTime {
+            op,
+            devices: row.devices,
+            algorithm,
+            plain_us: row.time_us,
+            staggered_us: row.time_staggered_us,
+            offset_us: row.time_offset_us,
+        });
+    }
+    Ok((times, left_out))
+}
+
+fn error(measured: Option<f64>, simulated: f64) -> String {
+    measured.map_or("-".into(), |m| format!("{:+.1}%", 100.0 * (simulated - m) / m))
+}
+
+fn time(us: Option<f64>) -> String {
+    us.map_or("-".into(), |us| format!("{us:.1} µs"))
+}
+
+fn print_rows(rows: &[OneGpuRow]) {
+    println!(
+        "{:<34} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8} {:>11}",
+        "case",
+        "measured",
+        "simulated",
+        "error",
+        "staggered",
+        "simulated",
+        "error",
+        "offsets",
+        "simulated",
+        "error",
+        "Σ compute"
+    );
+    for row in rows {
+        let t = &row.time;
+        println!(
+            "{:<34} {:>8.1} µs {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8} {:>8.1} µs",
+            t.case,
+            t.published_us,
+            t.simulated_us,
+            error(Some(t.published_us), t.simulated_us),
+            time(row.measured_staggered_us),
+            row.staggered_us,
+            error(row.measured_staggered_us, row.staggered_us),
+            time(row.measured_offset_us),
+            row.offset_us,
+            error(row.measured_offset_us, row.offset_us),
+            row.compute_floor_us
+        );
+    }
+}
+
+/// The profile's constants a calibration replaces, as they are and as measured.
+fn changes(before: &Profile, after: &Profile) -> Vec<(&'static str, f64, f64)> {
+    vec![
+        ("copy.copy_engine_gbps", before.copy.copy_engine_gbps, after.copy.copy_engine_gbps),
+        ("copy.sm_copy_gbps", before.copy.sm_copy_gbps, after.copy.sm_copy_gbps),
+        ("sync.remote_round_us", before.sync.remote_round_us, after.sync.remote_round_us),
+        ("compute.max_efficiency", before.compute.max_efficiency, after.compute.max_efficiency),
+    ]
+}
+
+/// Runs `--validate-bench`.
+pub fn validate_bench(path: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let file: BenchFile =
+        serde_json::from_str(&text).with_context(|| format!("{}: not a CUDA bench report", path.display()))?;
+    let (times, left_out) = bench_times(&file).with_context(|| format!("{}: a row", path.display()))?;
+    if times.is_empty() {
+        bail!("{}: no row the simulator models (only fused plans, or none)", path.display());
+    }
+    let profile = Profile::load(ONE_GPU_PROFILE)?;
+    println!(
+        "{}: {} modelled rows of a bench on {} (commit {}, sync {}{})",
+        path.display(),
+        times.len(),
+        file.gpu,
+        file.commit.as_deref().unwrap_or("unknown"),
+        file.sync,
+        if file.shrink > 1 { format!(", every dimension ÷ {}", file.shrink) } else { String::new() }
+    );
+    if !left_out.is_empty() {
+        println!("left out (cmm's own tile kernel, which no profile prices): {}", left_out.join(", "));
+    }
+    println!();
+    println!("as the profile stands ({}):", profile.name);
+    print_rows(&one_gpu_rows(&profile, &times, file.shrink)?);
+    let Some(c) = &file.calibration else {
+        println!();
+        println!("no `calibration` in this report (a bench before a28955f): the profile's assumptions stand");
+        return Ok(());
+    };
+    let calibrated = calibrated_one_gpu(
+        &profile,
+        &OneGpuCalibration {
+            copy_gbps: c.copy_gbps,
+            round_trip_us: c.round_trip_us,
+            gemm_us: c.gemm_us,
+            shrink: file.shrink,
+        },
+    )?;
+    println!();
+    println!(
+        "calibrated with the bench's own figures (a copy alone {:.1} µs, {:.0} GB/s; a signal-wait round trip {:.1} µs; \
+         the local GEMM alone {:.1} µs; beside each other, the GEMM {:.1} µs and the copy {:.1} µs):",
+        c.copy_us, c.copy_gbps, c.round_trip_us, c.gemm_us, c.gemm_beside_copy_us, c.copy_beside_gemm_us
+    );
+    for (field, before, after) in changes(&profile, &calibrated) {
+        println!("  {field}: {before} -> {after:.4}");
+    }
+    print_rows(&one_gpu_rows(&calibrated, &times, file.shrink)?);
+    println!();
+    println!(
+        "to keep them: put the calibrated values in core/profiles/{ONE_GPU_PROFILE}.toml with their source, and run \
+         `cargo xtask simulate --validate`"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_algorithms_parse_as_the_bench_prints_them() {
+        assert_eq!(parse_algorithm("ring").unwrap(), Algorithm::Ring);
+        assert_eq!(parse_algorithm("ring_accumulate(c=2)").unwrap(), Algorithm::RingAccumulate { chunks: 2 });
+        assert_eq!(parse_algorithm("fused").unwrap(), Algorithm::Fused { chunks: 1 });
+        assert!(parse_algorithm("ring_accumulate(c=x)").is_err());
+        assert!(parse_algorithm("spiral").is_err());
+    }
+
+    /// The H100 bench of 30786c1, as committed: every modelled row is read, the fused ones
+    /// are left out, and the rows agree with the validation table's own copy of it.
+    #[test]
+    fn the_committed_h100_bench_reads_as_the_validation_table() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/gpu-runs/2026-11-24-h100/6-30786c1-bench-kernels.json");
+        let file: BenchFile = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        assert!(file.calibration.is_none());
+        let (times, left_out) = bench_times(&file).unwrap();
+        assert_eq!(left_out.len(), 6, "{left_out:?}");
+        let profile = Profile::load(ONE_GPU_PROFILE).unwrap();
+        let from_file = one_gpu_rows(&profile, &times, file.shrink).unwrap();
+        let table = cmm_core::sim::validate::one_gpu_bench(&profile).unwrap();
+        for row in &table {
+            let same = from_file.iter().find(|r| r.time.case == row.time.case).unwrap_or_else(|| panic!("{row:?}"));
+            assert!((same.time.published_us - row.time.published_us).abs() < 0.1, "{same:?} {row:?}");
+            assert_eq!(same.time.simulated_us, row.time.simulated_us);
+        }
+    }
+
+    #[test]
+    fn a_calibration_replaces_the_assumptions_it_measures() {
+        let profile = Profile::load(ONE_GPU_PROFILE).unwrap();
+        let c = OneGpuCalibration { copy_gbps: 2000.0, round_trip_us: 12.0, gemm_us: 80.0, shrink: 1 };
+        let p = calibrated_one_gpu(&profile, &c).unwrap();
+        assert_eq!((p.copy.copy_engine_gbps, p.copy.sm_copy_gbps, p.sync.remote_round_us), (2000.0, 2000.0, 6.0));
+        let gemm = p.gemm_cost(1024, 4096, 4096, cmm_core::DType::F16, cmm_core::DType::F16, false).work_s * 1e6;
+        assert!((gemm - 80.0).abs() < 1e-6, "{gemm}");
+        let broken = OneGpuCalibration { round_trip_us: f64::NAN, ..c };
+        assert!(calibrated_one_gpu(&profile, &broken).unwrap_err().to_string().contains("round_trip_us"));
+    }
+}
