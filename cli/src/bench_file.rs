@@ -11,7 +11,7 @@ use cmm_core::algorithms::Algorithm;
 use cmm_core::sim::validate::{calibrated_one_gpu, one_gpu_rows, BenchTime, OneGpuCalibration, OneGpuRow};
 use cmm_core::sim::Profile;
 use cmm_core::OpKind;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The profile a bench on one GPU is read against.
 pub const ONE_GPU_PROFILE: &str = "h100-one-gpu";
@@ -25,7 +25,7 @@ struct BenchFile {
     commit: Option<String>,
     #[serde(default = "one")]
     shrink: usize,
-    rows: Vec<BenchRow>,
+    rows: Vec<PlanTimes>,
     calibration: Option<BenchCalibration>,
 }
 
@@ -33,14 +33,24 @@ fn one() -> usize {
     1
 }
 
-#[derive(Debug, Deserialize)]
-struct BenchRow {
-    op: String,
-    devices: usize,
-    algorithm: String,
-    time_us: f64,
-    time_staggered_us: Option<f64>,
-    time_offset_us: Option<f64>,
+/// A bench row's plan and its times, µs: the part of every row of the CUDA bench's report
+/// that names the plan (xtask's rows flatten it in, and this reads it back).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanTimes {
+    /// `ag_gemm`, `gemm_rs`, ….
+    pub op: String,
+    /// Virtual devices.
+    pub devices: usize,
+    /// As `Algorithm` prints it: `ring`, `ring_accumulate(c=2)`, ….
+    pub algorithm: String,
+    /// Every device at one priority, starting together.
+    pub time_us: f64,
+    /// Again with each virtual device's lanes at its staggered priority
+    /// (`CudaRunOptions::stagger`; null where the GPU has too few priorities).
+    pub time_staggered_us: Option<f64>,
+    /// Again with the devices' starts offset (`CudaRunOptions::offset_starts`; null for
+    /// the fused plans, whose tile-granular GEMMs cannot be offset).
+    pub time_offset_us: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

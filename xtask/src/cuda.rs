@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use cmm_cli::bench_file::PlanTimes;
 use cmm_conformance::golden::fnv1a64;
 use cmm_conformance::Summary;
 use cmm_core::oracle::spot_check;
@@ -172,16 +173,10 @@ pub struct BenchSettings {
 /// One timed plan.
 #[derive(Debug, Serialize)]
 struct Row {
-    op: String,
-    devices: usize,
-    algorithm: String,
-    time_us: f64,
-    /// The plan again with each virtual device's lanes at its staggered priority
-    /// (`CudaRunOptions::stagger`; null where the GPU has too few priorities).
-    time_staggered_us: Option<f64>,
-    /// The plan again with the devices' starts offset (`CudaRunOptions::offset_starts`;
-    /// null for the fused plans, whose tile-granular GEMMs cannot be offset).
-    time_offset_us: Option<f64>,
+    /// The plan and its plain, staggered and offset times (`simulate --validate-bench`
+    /// reads them back).
+    #[serde(flatten)]
+    plan: PlanTimes,
     /// The fused plans again on the tile kernel's 128×128 tiles
     /// (`CudaRunOptions::wide_tiles`; null for the plans on cuBLAS).
     time_wide_tiles_us: Option<f64>,
@@ -223,11 +218,11 @@ impl Row {
     /// The fastest of the plan's times: plain, staggered, with offset starts, on wide tiles.
     fn best_us(&self) -> f64 {
         let v = Variants {
-            staggered: self.time_staggered_us,
-            offset: self.time_offset_us,
+            staggered: self.plan.time_staggered_us,
+            offset: self.plan.time_offset_us,
             wide_tiles: self.time_wide_tiles_us,
         };
-        fastest(self.time_us, &v)
+        fastest(self.plan.time_us, &v)
     }
 }
 
@@ -325,21 +320,21 @@ impl Target {
 fn targets(rows: &[Row]) -> Vec<Target> {
     let mut keys: Vec<(&str, usize)> = Vec::new();
     for row in rows {
-        if !keys.contains(&(row.op.as_str(), row.devices)) {
-            keys.push((row.op.as_str(), row.devices));
+        if !keys.contains(&(row.plan.op.as_str(), row.plan.devices)) {
+            keys.push((row.plan.op.as_str(), row.plan.devices));
         }
     }
     keys.into_iter()
         .map(|(op, devices)| {
             let best = rows
                 .iter()
-                .filter(|r| r.op == op && r.devices == devices && !r.algorithm.starts_with("baseline"))
+                .filter(|r| r.plan.op == op && r.plan.devices == devices && !r.plan.algorithm.starts_with("baseline"))
                 .min_by(|a, b| a.best_us().total_cmp(&b.best_us()));
             Target {
                 op: op.to_string(),
                 devices,
                 best: best.map(|r| BestPlan {
-                    plan: r.algorithm.clone(),
+                    plan: r.plan.algorithm.clone(),
                     time_over_gemm_sum: r.time_over_gemm_sum,
                     speedup_over_baseline: r.speedup_over_baseline,
                 }),
@@ -731,12 +726,14 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     }
                 );
                 report.rows.push(Row {
-                    op: op.name().to_string(),
-                    devices: d,
-                    algorithm: algorithm.to_string(),
-                    time_us: us,
-                    time_staggered_us: staggered,
-                    time_offset_us: offset,
+                    plan: PlanTimes {
+                        op: op.name().to_string(),
+                        devices: d,
+                        algorithm: algorithm.to_string(),
+                        time_us: us,
+                        time_staggered_us: staggered,
+                        time_offset_us: offset,
+                    },
                     time_wide_tiles_us: wide_tiles,
                     gemm_sum_us: bound,
                     time_over_gemm_sum: best / bound,
@@ -764,7 +761,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         let r = &report.rows[i];
         println!(
             "bound: {} D={} {}: Σ GEMMs now {:.1} µs, ÷ Σ {:.3} (was {old:.3})",
-            r.op, r.devices, r.algorithm, r.gemm_sum_us, r.time_over_gemm_sum
+            r.plan.op, r.plan.devices, r.plan.algorithm, r.gemm_sum_us, r.time_over_gemm_sum
         );
     }
     report.complete = true;
@@ -858,12 +855,14 @@ mod tests {
         gemm_specs: Vec<GemmSpec>,
     ) -> Row {
         Row {
-            op: op.into(),
-            devices,
-            algorithm: algorithm.into(),
-            time_us,
-            time_staggered_us: None,
-            time_offset_us: None,
+            plan: PlanTimes {
+                op: op.into(),
+                devices,
+                algorithm: algorithm.into(),
+                time_us,
+                time_staggered_us: None,
+                time_offset_us: None,
+            },
             time_wide_tiles_us: None,
             gemm_sum_us,
             time_over_gemm_sum: time_us / gemm_sum_us,
@@ -918,10 +917,10 @@ mod tests {
             accumulate: false,
         };
         let mut slow = row_of("gemm_rs", 4, "ring_accumulate", 118.0, 100.0, 110.0, vec![spec]);
-        slow.time_staggered_us = Some(103.0);
+        slow.plan.time_staggered_us = Some(103.0);
         let mut other = row_of("gemm_rs", 4, "ring", 112.0, 100.0, 110.0, vec![spec]);
-        other.time_staggered_us = Some(125.0);
-        other.time_offset_us = Some(114.0);
+        other.plan.time_staggered_us = Some(125.0);
+        other.plan.time_offset_us = Some(114.0);
         let mut rows = vec![slow, other];
         // The bound moves (80 → 100 µs per the cache): both rows are judged again.
         rows[0].gemm_sum_us = 80.0;
@@ -938,6 +937,10 @@ mod tests {
         rows.push(fused);
         rebound_rows(&mut rows, &HashMap::from([(spec, 100.0)]));
         assert_eq!(rows[2].time_over_gemm_sum, 4.5);
+        // A row of the report reads back as `simulate --validate-bench` reads it.
+        let json = serde_json::to_value(&rows[1]).unwrap();
+        assert_eq!(json["time_offset_us"], 114.0);
+        assert_eq!(serde_json::from_value::<PlanTimes>(json).unwrap(), rows[1].plan);
     }
 
     #[test]
