@@ -362,6 +362,7 @@ pub fn key_lines(step: &str, log: &str) -> Vec<String> {
             || (t.starts_with("test ") && t.ends_with("FAILED"))
             || t.contains("panicked at")
             || t.contains("ERROR SUMMARY")
+            || t.starts_with("variant failed:")
             || (step.contains("conformance") || step == "reference-vulkan") && t.contains("  FAIL  ");
         // The model's table beside the bench's: every line of it.
         if step.ends_with("model-vs-bench") {

@@ -196,17 +196,22 @@ struct Row {
     /// The largest error of the spot-checked output elements, as a fraction of what the
     /// tolerance allows (≤ 1: right at this shape).
     spot_check_worst: f64,
+    /// The variants (staggered, offsets, wide tiles) whose run failed, each with its error;
+    /// their times are null.
+    variant_failures: Vec<String>,
     /// The GEMM shapes `gemm_sum_us` sums, one per GEMM op.
     #[serde(skip)]
     gemm_specs: Vec<GemmSpec>,
 }
 
-/// A plan's times besides its plain one, where taken (µs).
-#[derive(Clone, Copy, Debug, Default)]
+/// A plan's times besides its plain one, where taken (µs), and the runs that failed.
+#[derive(Clone, Debug, Default)]
 struct Variants {
     staggered: Option<f64>,
     offset: Option<f64>,
     wide_tiles: Option<f64>,
+    /// One line per variant whose run failed (its time is then missing).
+    failed: Vec<String>,
 }
 
 /// The fastest of a plan's plain time and its other times where taken.
@@ -221,6 +226,7 @@ impl Row {
             staggered: self.plan.time_staggered_us,
             offset: self.plan.time_offset_us,
             wide_tiles: self.time_wide_tiles_us,
+            failed: Vec::new(),
         };
         fastest(self.plan.time_us, &v)
     }
@@ -416,6 +422,35 @@ pub(crate) fn time_plan(
     Ok((median(times), gated))
 }
 
+/// A plan's plain time at the bench's shape, or why it has none.
+enum Timed {
+    /// Median µs, whether gated, and the spot check's worst error over its allowance.
+    Done { us: f64, gated: bool, worst: f64 },
+    /// The spot check found a wrong element.
+    WrongOutput(String),
+    /// A run failed.
+    Failed(anyhow::Error),
+}
+
+/// [`spot_checked`], then [`time_plan`].
+fn checked_time(
+    backend: &CudaBackend,
+    problem: &Problem,
+    plan: &Plan,
+    options: &CudaRunOptions,
+    reps: usize,
+    fused: bool,
+) -> Timed {
+    match spot_checked(backend, problem, plan, options) {
+        Err(e) => Timed::Failed(e),
+        Ok(Err(why)) => Timed::WrongOutput(why),
+        Ok(Ok(worst)) => match time_plan(backend, plan, options, reps, fused) {
+            Ok((us, gated)) => Timed::Done { us, gated, worst },
+            Err(e) => Timed::Failed(e),
+        },
+    }
+}
+
 /// The plan's times with staggered lane priorities (where the GPU has the levels), with
 /// its devices' starts offset (not for the fused plans: their tile-granular GEMMs cannot
 /// be offset), and for the fused plans on the tile kernel's 128×128 tiles, each as
@@ -427,13 +462,28 @@ fn variants(
     reps: usize,
     stagger: bool,
     fused: bool,
-) -> Result<Variants> {
-    let time = |changed: CudaRunOptions| time_plan(backend, plan, &changed, reps, fused).map(|(us, _)| us);
-    Ok(Variants {
-        staggered: if stagger { Some(time(CudaRunOptions { stagger: true, ..*options })?) } else { None },
-        offset: if fused { None } else { Some(time(CudaRunOptions { offset_starts: true, ..*options })?) },
-        wide_tiles: if fused { Some(time(CudaRunOptions { wide_tiles: true, ..*options })?) } else { None },
-    })
+) -> Variants {
+    let mut failed = Vec::new();
+    // A variant that fails leaves its column empty and says why, rather than ending the
+    // bench: the plain times and the other variants still count.
+    let mut time = |wanted: bool, what: &str, changed: CudaRunOptions| -> Option<f64> {
+        if !wanted {
+            return None;
+        }
+        match time_plan(backend, plan, &changed, reps, fused) {
+            Ok((us, _)) => Some(us),
+            Err(e) => {
+                let line = format!("variant failed: {} {what}: {e:#}", plan.name);
+                println!("{line}");
+                failed.push(line);
+                None
+            }
+        }
+    };
+    let staggered = time(stagger, "staggered", CudaRunOptions { stagger: true, ..*options });
+    let offset = time(!fused, "offsets", CudaRunOptions { offset_starts: true, ..*options });
+    let wide_tiles = time(fused, "wide tiles", CudaRunOptions { wide_tiles: true, ..*options });
+    Variants { staggered, offset, wide_tiles, failed }
 }
 
 /// Σ over the plan's GEMM ops of the cuBLAS time of the same GEMM alone (memoised per
@@ -652,7 +702,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
             let baseline_check = spot_checked(&backend, &problem, &baseline, &options)?
                 .map_err(|why| anyhow::anyhow!("{}: wrong output at this shape: {why}", baseline.name))?;
             let (baseline_default_us, _) = time_plan(&backend, &baseline, &options, reps, false)?;
-            let baseline_variants = variants(&backend, &baseline, &options, reps, stagger, false)?;
+            let baseline_variants = variants(&backend, &baseline, &options, reps, stagger, false);
             let baseline_us = fastest(baseline_default_us, &baseline_variants);
             let mut algorithms = vec![Algorithm::Ring, Algorithm::RingBidir];
             if op == OpKind::GemmRs {
@@ -676,13 +726,19 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 let ((us, gated), worst) = if algorithm == Algorithm::BaselineDirect {
                     ((baseline_default_us, true), baseline_check)
                 } else {
-                    match spot_checked(&backend, &problem, &plan, &run_options)? {
-                        Ok(worst) => (time_plan(&backend, &plan, &run_options, reps, fused)?, worst),
-                        Err(why) => {
+                    // A plan whose run fails is refused with the error; the other plans
+                    // are still timed.
+                    match checked_time(&backend, &problem, &plan, &run_options, reps, fused) {
+                        Timed::Done { us, gated, worst } => ((us, gated), worst),
+                        Timed::WrongOutput(why) => {
                             println!(
                                 "{op:<8} {d:>2} {:<20} refused: wrong output at this shape: {why}",
                                 algorithm.to_string()
                             );
+                            continue;
+                        }
+                        Timed::Failed(e) => {
+                            println!("{op:<8} {d:>2} {:<20} refused: the run failed: {e:#}", algorithm.to_string());
                             continue;
                         }
                     }
@@ -690,17 +746,23 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 // Side by side, in the same run: the plan without the priority.
                 let without = if compare_priority && algorithm != Algorithm::BaselineDirect {
                     let options = CudaRunOptions { comm_priority: false, ..run_options };
-                    Some(time_plan(&backend, &plan, &options, reps, fused)?.0)
+                    match time_plan(&backend, &plan, &options, reps, fused) {
+                        Ok((us, _)) => Some(us),
+                        Err(e) => {
+                            println!("variant failed: {} without priority: {e:#}", plan.name);
+                            None
+                        }
+                    }
                 } else {
                     None
                 };
                 let others = if algorithm == Algorithm::BaselineDirect {
-                    baseline_variants
+                    baseline_variants.clone()
                 } else {
-                    variants(&backend, &plan, &run_options, reps, stagger, fused)?
+                    variants(&backend, &plan, &run_options, reps, stagger, fused)
                 };
-                let Variants { staggered, offset, wide_tiles } = others;
                 let best = fastest(us, &others);
+                let Variants { staggered, offset, wide_tiles, failed } = others;
                 let specs = gemm_specs(&plan);
                 let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;
                 let tflops = problem.flops() / best / 1e6;
@@ -744,6 +806,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     gated,
                     time_without_comm_priority_us: without,
                     spot_check_worst: worst,
+                    variant_failures: failed,
                     gemm_specs: specs,
                 });
             }
@@ -811,9 +874,14 @@ fn write_timelines(
             }
             let plan = build_plan(&problem, algorithm)?;
             for (mode, run_options) in &modes {
-                let out = backend
-                    .run(&plan, 1, Family::Realistic, run_options)
-                    .with_context(|| format!("the timed-ops run of {} ({mode})", plan.name))?;
+                // A failed run loses its own timeline only.
+                let out = match backend.run(&plan, 1, Family::Realistic, run_options) {
+                    Ok(out) => out,
+                    Err(e) => {
+                        println!("timeline: {} {mode} failed: {e}", plan.name);
+                        continue;
+                    }
+                };
                 if run_options.stagger && out.staggered.is_empty() {
                     println!("timeline: {} {mode} skipped: this GPU has too few priorities to stagger", plan.name);
                     continue;
@@ -873,6 +941,7 @@ mod tests {
             gated: true,
             time_without_comm_priority_us: None,
             spot_check_worst: 0.0,
+            variant_failures: Vec::new(),
             gemm_specs,
         }
     }
