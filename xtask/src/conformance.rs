@@ -27,6 +27,18 @@ pub enum BackendKind {
     CudaHost,
 }
 
+impl BackendKind {
+    /// The name `--backend` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Reference => "reference",
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+            BackendKind::CudaHost => "cuda-host",
+        }
+    }
+}
+
 /// How the CUDA backend issues signals and waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Sync {
@@ -154,6 +166,25 @@ impl Args {
         self.cases.clone().unwrap_or_else(cases_dir)
     }
 
+    /// The first CUDA-only option given with a backend that is not CUDA's (it would be
+    /// ignored, and the run would pass for what it did not check).
+    fn cuda_only_flag(&self) -> Option<&'static str> {
+        if matches!(self.backend, BackendKind::Cuda | BackendKind::CudaHost) {
+            return None;
+        }
+        [
+            (self.sync != Sync::Kernels, "--sync memops"),
+            (self.ungated, "--ungated"),
+            (self.no_comm_priority, "--no-comm-priority"),
+            (self.stagger, "--stagger"),
+            (self.offset_starts, "--offset-starts"),
+            (self.wide_tiles, "--wide-tiles"),
+            (self.stamps.is_some(), "--stamps"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+
     fn cuda_options(&self) -> CudaRunOptions {
         let defaults = CudaRunOptions::default();
         CudaRunOptions {
@@ -206,6 +237,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if args.bless && matches!(args.backend, BackendKind::Cuda | BackendKind::CudaHost) {
         bail!("--bless writes goldens from the reference (or its CPU twin), never from the CUDA executor they judge");
+    }
+    if let Some(flag) = args.cuda_only_flag() {
+        bail!("{flag} applies to the CUDA executor (--backend cuda or cuda-host), not to --backend {}", args.backend.name());
     }
     let options = Options {
         filter: args.filter.clone(),
