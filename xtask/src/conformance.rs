@@ -272,3 +272,20 @@ fn finish(args: &Args, summary: &cmm_conformance::Summary) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_only_options_are_refused_where_they_would_be_ignored() {
+        let wide = |backend| Args { wide_tiles: true, ..Args::plain(backend, 1) };
+        assert_eq!(wide(BackendKind::Cpu).cuda_only_flag(), Some("--wide-tiles"));
+        assert_eq!(wide(BackendKind::Reference).cuda_only_flag(), Some("--wide-tiles"));
+        assert_eq!(wide(BackendKind::CudaHost).cuda_only_flag(), None);
+        assert_eq!(wide(BackendKind::Cuda).cuda_only_flag(), None);
+        let memops = Args { sync: Sync::Memops, ..Args::plain(BackendKind::Reference, 1) };
+        assert_eq!(memops.cuda_only_flag(), Some("--sync memops"));
+        assert_eq!(Args::plain(BackendKind::Reference, 4).cuda_only_flag(), None);
+    }
+}
