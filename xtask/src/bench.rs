@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use cmm_core::DType;
 use cmm_reference::Reference;
@@ -136,6 +136,18 @@ pub fn run(args: &Args) -> Result<()> {
             json: args.json.clone(),
             timelines: args.timelines.clone(),
         });
+    }
+    // The CUDA-only options would be ignored here: refuse them rather than let the table
+    // pass for what they asked.
+    let cuda_only = [
+        (args.sync != crate::conformance::Sync::Kernels, "--sync memops"),
+        (args.stamps.is_some(), "--stamps"),
+        (args.json.is_some(), "--json"),
+        (args.shrink != 1, "--shrink"),
+        (args.timelines.is_some(), "--timelines"),
+    ];
+    if let Some((_, flag)) = cuda_only.iter().find(|(given, _)| *given) {
+        bail!("{flag} applies to `bench --backend cuda`, not to the reference's GEMM table");
     }
     let reference = Reference::new().context("cannot start the wgpu reference")?;
     println!("adapter: {}", reference.adapter_summary());

@@ -239,7 +239,10 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("--bless writes goldens from the reference (or its CPU twin), never from the CUDA executor they judge");
     }
     if let Some(flag) = args.cuda_only_flag() {
-        bail!("{flag} applies to the CUDA executor (--backend cuda or cuda-host), not to --backend {}", args.backend.name());
+        bail!(
+            "{flag} applies to the CUDA executor (--backend cuda or cuda-host), not to --backend {}",
+            args.backend.name()
+        );
     }
     let options = Options {
         filter: args.filter.clone(),
