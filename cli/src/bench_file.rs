@@ -54,7 +54,14 @@ pub struct PlanTimes {
 }
 
 #[derive(Debug, Deserialize)]
+struct Together {
+    devices: usize,
+    ratio: f64,
+}
+
+#[derive(Debug, Deserialize)]
 struct BenchCalibration {
+    together: Vec<Together>,
     copy_gbps: f64,
     round_trip_us: f64,
     gemm_us: f64,
@@ -145,6 +152,21 @@ fn changes(before: &Profile, after: &Profile) -> Vec<(&'static str, f64, f64)> {
         ("copy.sm_copy_gbps", before.copy.sm_copy_gbps, after.copy.sm_copy_gbps),
         ("sync.remote_round_us", before.sync.remote_round_us, after.sync.remote_round_us),
         ("compute.max_efficiency", before.compute.max_efficiency, after.compute.max_efficiency),
+        (
+            "compute.concurrent_throughput[1] (2 at once)",
+            before.compute.throughput_with(2),
+            after.compute.throughput_with(2),
+        ),
+        (
+            "compute.concurrent_throughput[2] (3 at once)",
+            before.compute.throughput_with(3),
+            after.compute.throughput_with(3),
+        ),
+        (
+            "compute.concurrent_throughput[3] (4 or more)",
+            before.compute.throughput_with(4),
+            after.compute.throughput_with(4),
+        ),
     ]
 }
 
@@ -184,14 +206,21 @@ pub fn validate_bench(path: &Path) -> Result<()> {
             copy_gbps: c.copy_gbps,
             round_trip_us: c.round_trip_us,
             gemm_us: c.gemm_us,
+            together: c.together.iter().map(|t| (t.devices, t.ratio)).collect(),
             shrink: file.shrink,
         },
     )?;
     println!();
     println!(
         "calibrated with the bench's own figures (a copy alone {:.1} µs, {:.0} GB/s; a signal-wait round trip {:.1} µs; \
-         the local GEMM alone {:.1} µs; beside each other, the GEMM {:.1} µs and the copy {:.1} µs):",
-        c.copy_us, c.copy_gbps, c.round_trip_us, c.gemm_us, c.gemm_beside_copy_us, c.copy_beside_gemm_us
+         the local GEMM alone {:.1} µs{}; beside each other, the GEMM {:.1} µs and the copy {:.1} µs):",
+        c.copy_us,
+        c.copy_gbps,
+        c.round_trip_us,
+        c.gemm_us,
+        c.together.iter().map(|t| format!(", {} at once {:.3}× their time alone", t.devices, t.ratio)).collect::<String>(),
+        c.gemm_beside_copy_us,
+        c.copy_beside_gemm_us
     );
     for (field, before, after) in changes(&profile, &calibrated) {
         println!("  {field}: {before} -> {after:.4}");
@@ -241,12 +270,22 @@ mod tests {
     #[test]
     fn a_calibration_replaces_the_assumptions_it_measures() {
         let profile = Profile::load(ONE_GPU_PROFILE).unwrap();
-        let c = OneGpuCalibration { copy_gbps: 2000.0, round_trip_us: 12.0, gemm_us: 80.0, shrink: 1 };
+        let c = OneGpuCalibration {
+            copy_gbps: 2000.0,
+            round_trip_us: 12.0,
+            gemm_us: 80.0,
+            together: vec![(2, 0.8), (4, 0.5)],
+            shrink: 1,
+        };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
         assert_eq!((p.copy.copy_engine_gbps, p.copy.sm_copy_gbps, p.sync.remote_round_us), (2000.0, 2000.0, 6.0));
         let gemm = p.gemm_cost(1024, 4096, 4096, cmm_core::DType::F16, cmm_core::DType::F16, false).work_s * 1e6;
         assert!((gemm - 80.0).abs() < 1e-6, "{gemm}");
-        let broken = OneGpuCalibration { round_trip_us: f64::NAN, ..c };
+        // 2 at once in 0.8 of their time alone: 1.25 × the throughput; 4 in 0.5: 2 ×; 3 between.
+        assert_eq!(p.compute.concurrent_throughput, [1.0, 1.25, 1.625, 2.0]);
+        let broken = OneGpuCalibration { round_trip_us: f64::NAN, ..c.clone() };
         assert!(calibrated_one_gpu(&profile, &broken).unwrap_err().to_string().contains("round_trip_us"));
+        let broken = OneGpuCalibration { together: vec![(2, -1.0)], ..c };
+        assert!(calibrated_one_gpu(&profile, &broken).unwrap_err().to_string().contains("together ratio of 2"));
     }
 }

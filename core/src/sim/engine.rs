@@ -675,6 +675,16 @@ impl<'a> Sim<'a> {
     /// traffic is served before a copy's: the copy takes what they leave).
     fn allocate(&mut self) {
         let mut left: Vec<f64> = self.topo.resources.iter().map(|r| r.capacity).collect();
+        // On one GPU, ops computing at once fill the chip better than one alone.
+        if self.topo.one_gpu() {
+            for (r, resource) in self.topo.resources.iter().enumerate() {
+                if resource.kind == ResourceKind::Compute {
+                    let ops =
+                        self.flows.iter().filter(|f| f.computes && f.resources.iter().any(|&(u, _)| u == r)).count();
+                    left[r] *= self.profile.compute.throughput_with(ops);
+                }
+            }
+        }
         let mut classes: Vec<(bool, i32)> = self.flows.iter().map(|f| (!f.computes, f.priority)).collect();
         classes.sort_unstable();
         classes.dedup();
@@ -1153,6 +1163,30 @@ mod tests {
         let options = SimOptions { compute_priority: vec![1, 0], ..SimOptions::default() };
         let apart = simulate(&plan, &nvlink, &options).unwrap();
         assert_eq!(apart.makespan_s, sim(&plan, &nvlink).makespan_s);
+    }
+
+    #[test]
+    fn on_one_gpu_gemms_at_once_gain_what_the_profile_says() {
+        let mut profile = Profile::load("h100-one-gpu").unwrap();
+        profile.compute.launch_us = 0.0;
+        profile.compute.concurrent_throughput = [1.0, 1.25, 1.25, 1.25];
+        let plan = one_gpu_plan();
+        let gemm = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false).work_s;
+        let end = |priorities: Vec<i32>, device| {
+            let options = SimOptions { compute_priority: priorities, ..SimOptions::default() };
+            simulate(&plan, &profile, &options).unwrap().record(OpSite { device, lane: 0, index: 0 }).end_s
+        };
+        // Together: both at 1.25/2 of the GPU, ending at 2/1.25 GEMMs.
+        assert!((end(Vec::new(), 0) - 2.0 * gemm / 1.25).abs() < 1e-9);
+        // Device 1 first: it runs as fast as alone (a GEMM never beats its own time), and
+        // device 0 takes the quarter it leaves, then the whole GPU.
+        assert!((end(vec![1, 0], 1) - gemm).abs() < 1e-9);
+        assert!((end(vec![1, 0], 0) - (gemm + 0.75 * gemm)).abs() < 1e-9);
+        // A profile whose first throughput is not 1 is refused.
+        let text = include_str!("../../profiles/h100-one-gpu.toml")
+            .replace("launch_us = 2.0", "launch_us = 2.0\nconcurrent_throughput = [1.1, 1.2, 1.2, 1.2]");
+        let e = Profile::parse(&text, "test.toml").unwrap_err();
+        assert!(e.to_string().contains("concurrent_throughput"), "{e}");
     }
 
     #[test]

@@ -109,6 +109,24 @@ pub struct ComputeProfile {
     pub max_efficiency: f64,
     /// Fixed cost of every data op (kernel launch), µs.
     pub launch_us: f64,
+    /// On one GPU shared by several devices (`one_gpu`): the compute's total throughput
+    /// with 1, 2, 3 and 4 or more compute ops running at once, relative to one op alone
+    /// (one GEMM alone leaves part of the chip idle at its wave tails, which a second one
+    /// fills). The first is 1 by definition. Default: no gain, `[1, 1, 1, 1]`.
+    #[serde(default = "no_concurrent_gain")]
+    pub concurrent_throughput: [f64; 4],
+}
+
+fn no_concurrent_gain() -> [f64; 4] {
+    [1.0; 4]
+}
+
+impl ComputeProfile {
+    /// The compute's total throughput with `ops` compute ops at once, relative to one
+    /// alone ([`Self::concurrent_throughput`]; 4 or more take the last).
+    pub fn throughput_with(&self, ops: usize) -> f64 {
+        self.concurrent_throughput[ops.clamp(1, 4) - 1]
+    }
 }
 
 /// Local memory.
@@ -283,6 +301,14 @@ impl Profile {
             if !(v.is_finite() && v > 0.0) {
                 return Err(invalid(field, v.to_string(), "must be a finite number above 0"));
             }
+        }
+        let gains = self.compute.concurrent_throughput;
+        if gains[0] != 1.0 || gains.iter().any(|g| !(g.is_finite() && *g > 0.0)) {
+            return Err(invalid(
+                "compute.concurrent_throughput",
+                format!("{gains:?}"),
+                "is 1, then the finite positive throughputs of 2, 3 and 4 ops at once relative to one",
+            ));
         }
         if self.compute.max_efficiency > 1.0 {
             return Err(invalid(

@@ -205,7 +205,7 @@ pub fn one_gpu_rows(profile: &Profile, times: &[BenchTime], shrink: usize) -> Re
 /// What a CUDA bench measured of a one-GPU profile's assumptions (its `calibration`
 /// lines): a device-to-device copy's rate, a signal–wait round trip between two devices,
 /// and the local GEMM (1024×4096×4096 f16 at the bench's shape) alone.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct OneGpuCalibration {
     /// GB/s copied (each byte read and written once).
     pub copy_gbps: f64,
@@ -213,18 +213,43 @@ pub struct OneGpuCalibration {
     pub round_trip_us: f64,
     /// µs of the local GEMM alone (cuBLAS).
     pub gemm_us: f64,
+    /// (n, ratio): n local GEMMs of n devices at once took `ratio` × n times one alone.
+    pub together: Vec<(usize, f64)>,
     /// The bench's `--shrink` (the local GEMM's dimensions divided by it).
     pub shrink: usize,
 }
 
+/// The throughputs of 1 to 4 ops at once from measured (n, ratio) points: 1/ratio at each
+/// n measured, linear between them, the last held beyond.
+fn concurrent_throughput(together: &[(usize, f64)]) -> [f64; 4] {
+    let mut points = vec![(1usize, 1.0f64)];
+    let mut measured: Vec<(usize, f64)> =
+        together.iter().filter(|(n, _)| *n >= 2).map(|&(n, r)| (n, 1.0 / r)).collect();
+    measured.sort_by_key(|&(n, _)| n);
+    points.extend(measured);
+    std::array::from_fn(|i| {
+        let n = i + 1;
+        match points.iter().position(|&(m, _)| m >= n) {
+            Some(j) if points[j].0 == n || j == 0 => points[j].1,
+            Some(j) => {
+                let ((n0, g0), (n1, g1)) = (points[j - 1], points[j]);
+                g0 + (g1 - g0) * (n - n0) as f64 / (n1 - n0) as f64
+            }
+            None => points[points.len() - 1].1,
+        }
+    })
+}
+
 /// `profile` with the calibration's figures in place of its assumptions: both copy rates,
-/// the remote wait (half a round trip: one signal reaching one wait), and the best
-/// efficiency scaled so that the local GEMM takes the measured time.
+/// the remote wait (half a round trip: one signal reaching one wait), the best efficiency
+/// scaled so that the local GEMM takes the measured time, and what GEMMs at once gain.
 pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Profile, ValidationError> {
-    let bad = |what: &str, value: f64| {
-        ValidationError::Calibration(format!("{what} = {value} is not a positive time or rate"))
+    let bad = |what: String, value: f64| {
+        ValidationError::Calibration(format!("{what} = {value} is not a positive time, rate or ratio"))
     };
-    for (what, value) in [("copy_gbps", c.copy_gbps), ("round_trip_us", c.round_trip_us), ("gemm_us", c.gemm_us)] {
+    let ratios = c.together.iter().map(|&(n, r)| (format!("together ratio of {n}"), r));
+    let figures = [("copy_gbps", c.copy_gbps), ("round_trip_us", c.round_trip_us), ("gemm_us", c.gemm_us)];
+    for (what, value) in figures.into_iter().map(|(w, v)| (w.to_string(), v)).chain(ratios) {
         if !(value.is_finite() && value > 0.0) {
             return Err(bad(what, value));
         }
@@ -236,6 +261,7 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
     p.sync.remote_round_us = c.round_trip_us / 2.0;
     let modelled_us = p.gemm_cost(1024 / s, 4096 / s, 4096 / s, DType::F16, DType::F16, false).work_s * 1e6;
     p.compute.max_efficiency = (p.compute.max_efficiency * modelled_us / c.gemm_us).min(1.0);
+    p.compute.concurrent_throughput = concurrent_throughput(&c.together);
     Ok(p)
 }
 
