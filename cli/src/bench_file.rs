@@ -8,8 +8,10 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use cmm_core::algorithms::Algorithm;
+use cmm_core::plan::OpSite;
+use cmm_core::sim::calibration;
 use cmm_core::sim::validate::{calibrated_one_gpu, one_gpu_rows, BenchTime, OneGpuCalibration, OneGpuRow};
-use cmm_core::sim::Profile;
+use cmm_core::sim::{simulate, Profile, SimOptions};
 use cmm_core::OpKind;
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +58,7 @@ pub struct PlanTimes {
 #[derive(Debug, Deserialize)]
 struct Together {
     devices: usize,
+    together_us: f64,
     ratio: f64,
 }
 
@@ -150,7 +153,9 @@ fn changes(before: &Profile, after: &Profile) -> Vec<(&'static str, f64, f64)> {
     vec![
         ("copy.copy_engine_gbps", before.copy.copy_engine_gbps, after.copy.copy_engine_gbps),
         ("copy.sm_copy_gbps", before.copy.sm_copy_gbps, after.copy.sm_copy_gbps),
+        ("interconnect.link_latency_us", before.interconnect.link_latency_us, after.interconnect.link_latency_us),
         ("sync.remote_round_us", before.sync.remote_round_us, after.sync.remote_round_us),
+        ("sync.dma_wait_us", before.sync.dma_wait_us, after.sync.dma_wait_us),
         ("compute.max_efficiency", before.compute.max_efficiency, after.compute.max_efficiency),
         (
             "compute.concurrent_throughput[1] (2 at once)",
@@ -168,6 +173,46 @@ fn changes(before: &Profile, after: &Profile) -> Vec<(&'static str, f64, f64)> {
             after.compute.throughput_with(4),
         ),
     ]
+}
+
+/// The calibration's own plans (`cmm_core::sim::calibration`) simulated on `profile`,
+/// beside what the bench measured on each: (what, measured µs, simulated µs).
+fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> Result<Vec<(String, f64, f64)>> {
+    let s = shrink.max(1);
+    let local = (1024 / s, 4096 / s, 4096 / s);
+    let run = |plan: &cmm_core::Plan| simulate(plan, profile, &SimOptions::default());
+    let us = |seconds: f64| seconds * 1e6;
+    let mut rows = Vec::new();
+    let copy = run(&calibration::gemms_plan(2, local, false, true)?)?;
+    rows.push(("the copy alone".to_string(), c.copy_us, us(copy.makespan_s)));
+    for t in &c.together {
+        let together = run(&calibration::gemms_plan(t.devices, local, true, false)?)?;
+        rows.push((format!("{} local GEMMs at once", t.devices), t.together_us, us(together.makespan_s)));
+    }
+    let beside_plan = calibration::gemms_plan(2, local, true, true)?;
+    let beside = run(&beside_plan)?;
+    let took = |lane: &str| {
+        let lane = beside_plan.lanes.iter().position(|l| l == lane).expect("the calibration plan's lanes");
+        let r = beside.record(OpSite { device: 0, lane, index: 0 });
+        us(r.end_s - r.start_s)
+    };
+    rows.push(("the GEMM beside the copy".to_string(), c.gemm_beside_copy_us, took("compute")));
+    rows.push(("the copy beside the GEMM".to_string(), c.copy_beside_gemm_us, took("comm")));
+    let rounds = run(&calibration::round_trip_plan()?)?;
+    rows.push((
+        "a signal-wait round trip".to_string(),
+        c.round_trip_us,
+        us(rounds.makespan_s) / calibration::ROUNDS as f64,
+    ));
+    Ok(rows)
+}
+
+fn print_calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> Result<()> {
+    println!("{:<34} {:>11} {:>11} {:>8}", "calibration plan", "measured", "simulated", "error");
+    for (what, measured, simulated) in calibration_rows(profile, c, shrink)? {
+        println!("{what:<34} {measured:>8.1} µs {simulated:>8.1} µs {:>8}", error(Some(measured), simulated));
+    }
+    Ok(())
 }
 
 /// Runs `--validate-bench`.
@@ -226,6 +271,14 @@ pub fn validate_bench(path: &Path) -> Result<()> {
         println!("  {field}: {before} -> {after:.4}");
     }
     print_rows(&one_gpu_rows(&calibrated, &times, file.shrink)?);
+    // The calibration's own plans: the copy alone, the GEMMs at once and the round trip
+    // check the substitution; the GEMM and the copy beside each other test the model's
+    // sharing of the HBM, which no constant was set from.
+    for (name, p) in [("as the profile stands", &profile), ("calibrated", &calibrated)] {
+        println!();
+        println!("the calibration's plans, {name}:");
+        print_calibration_rows(p, c, file.shrink)?;
+    }
     println!();
     println!(
         "to keep them: put the calibrated values in core/profiles/{ONE_GPU_PROFILE}.toml with their source, and run \
@@ -278,7 +331,26 @@ mod tests {
             shrink: 1,
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
-        assert_eq!((p.copy.copy_engine_gbps, p.copy.sm_copy_gbps, p.sync.remote_round_us), (2000.0, 2000.0, 6.0));
+        assert_eq!((p.copy.copy_engine_gbps, p.copy.sm_copy_gbps), (2000.0, 2000.0));
+        // A hop of 6 µs: the profile's 1 µs of signal latency, then 5 µs of wait.
+        let sync = (p.interconnect.link_latency_us, p.sync.remote_round_us, p.sync.dma_wait_us);
+        assert_eq!(sync, (1.0, 5.0, 5.0));
+        // The calibration's own plans then take what was measured on them.
+        let measured = BenchCalibration {
+            together: vec![Together { devices: 2, together_us: 200.0, ratio: 0.8 }],
+            copy_gbps: 2000.0,
+            round_trip_us: 12.0,
+            gemm_us: 80.0,
+            gemm_beside_copy_us: 90.0,
+            copy_beside_gemm_us: 20.0,
+            copy_us: 16.0,
+        };
+        let rows = calibration_rows(&p, &measured, 1).unwrap();
+        let simulated = |what: &str| rows.iter().find(|r| r.0 == what).unwrap_or_else(|| panic!("{what}")).2;
+        assert!((simulated("a signal-wait round trip") - 12.0).abs() < 1e-9, "{rows:?}");
+        // 2 GEMMs of 80 µs at 1.25 × one's rate, and a launch.
+        let launch = p.compute.launch_us;
+        assert!((simulated("2 local GEMMs at once") - (128.0 + launch)).abs() < 1e-6, "{rows:?}");
         let gemm = p.gemm_cost(1024, 4096, 4096, cmm_core::DType::F16, cmm_core::DType::F16, false).work_s * 1e6;
         assert!((gemm - 80.0).abs() < 1e-6, "{gemm}");
         // 2 at once in 0.8 of their time alone: 1.25 × the throughput; 4 in 0.5: 2 ×; 3 between.

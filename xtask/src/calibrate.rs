@@ -2,11 +2,13 @@
 //! taken by `cargo xtask bench --backend cuda` on the GPU it runs on, so that the profile's
 //! assumptions can be replaced by figures: the device-to-device copy rate, what D GEMMs at
 //! once gain over one at a time, what a copy and a GEMM beside each other cost each other,
-//! and a signal–wait round between two devices. Each is a small plan run through the
-//! backend like any other (gated, cold L2, median of the bench's repetitions).
+//! and a signal–wait round between two devices. Each is a small plan
+//! (`cmm_core::sim::calibration`, which the simulator runs too) run through the backend like
+//! any other (gated, cold L2, median of the bench's repetitions).
 
 use anyhow::{Context, Result};
-use cmm_core::plan::{BufferRole, Engine, Op, PlanBuilder};
+use cmm_core::plan::Op;
+use cmm_core::sim::calibration;
 use cmm_core::{DType, Family, Plan};
 use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec};
 use serde::Serialize;
@@ -40,62 +42,8 @@ pub struct Calibration {
     /// (events around each op), µs.
     pub gemm_beside_copy_us: f64,
     pub copy_beside_gemm_us: f64,
-    /// One signal–wait round trip between two devices, µs (the mean of `ROUNDS`).
+    /// One signal–wait round trip between two devices, µs (the mean of `calibration::ROUNDS`).
     pub round_trip_us: f64,
-}
-
-/// Round trips in the signal–wait plan (each lane has 2 ops per round, under the gate's
-/// limit of ops per stream).
-const ROUNDS: usize = 100;
-
-/// An input buffer of every device, filled alike on each.
-fn input(
-    b: &mut PlanBuilder,
-    name: &str,
-    tensor: u32,
-    dtype: DType,
-    rows: usize,
-    cols: usize,
-    devices: usize,
-) -> cmm_core::plan::BufId {
-    b.buffer(name, dtype, rows, cols, BufferRole::Input { tensor, global_cols: cols, origins: vec![(0, 0); devices] })
-}
-
-/// `devices` devices, each running one `m×n×k` GEMM on a compute lane; with `copy`,
-/// device 0 also copies an f32 `m×n` block to device 1 on a comm lane.
-fn gemms_plan(devices: usize, (m, n, k): (usize, usize, usize), gemm: bool, copy: bool) -> Result<Plan> {
-    let mut b = PlanBuilder::new(format!("calibration: {devices} devices, gemm {gemm}, copy {copy}"), devices);
-    let a = input(&mut b, "A", 0, DType::F16, m, k, devices);
-    let w = input(&mut b, "B", 1, DType::F16, k, n, devices);
-    let x = input(&mut b, "X", 2, DType::F32, m, n, devices);
-    let c = b.buffer("C", DType::F16, m, n, BufferRole::Output);
-    let y = b.buffer("Y", DType::F32, m, n, BufferRole::Scratch);
-    let (compute, comm) = (b.lane("compute"), b.lane("comm"));
-    if gemm {
-        for d in 0..devices {
-            let op = Op::gemm(b.whole(a), b.whole(w), b.whole(c));
-            b.push(d, compute, op);
-        }
-    }
-    if copy {
-        let (src, dst) = (b.whole(x), b.whole(y));
-        b.push(0, comm, Op::Copy { src, dst_device: 1, dst, engine: Engine::CopyEngine });
-    }
-    Ok(b.finish()?)
-}
-
-/// Device 0 signals device 1, which answers; `ROUNDS` times.
-fn ping_pong_plan() -> Result<Plan> {
-    let mut b = PlanBuilder::new("calibration: signal-wait rounds", 2);
-    let (ping, pong) = (b.semaphore("ping"), b.semaphore("pong"));
-    let lane = b.lane("sync");
-    for round in 1..=ROUNDS as u32 {
-        b.push(0, lane, Op::Signal { device: 1, sem: ping, add: 1 });
-        b.push(0, lane, Op::Wait { sem: pong, value: round });
-        b.push(1, lane, Op::Wait { sem: ping, value: round });
-        b.push(1, lane, Op::Signal { device: 0, sem: pong, add: 1 });
-    }
-    Ok(b.finish()?)
 }
 
 /// Median GPU time of `reps` runs of `plan`, µs (as the bench times a plan).
@@ -115,15 +63,15 @@ pub fn calibrate(
         GemmSpec { m, n, k, input: DType::F16, output: DType::F16, trans_a: false, trans_b: false, accumulate: false };
     let gemm_us = backend.time_gemm(&spec, GemmEngine::Cublas, reps).context("timing the local GEMM")?;
     let copy_bytes = m * n * 4;
-    let copy_us = time(backend, &gemms_plan(2, (m, n, k), false, true)?, &options, reps)?;
+    let copy_us = time(backend, &calibration::gemms_plan(2, (m, n, k), false, true)?, &options, reps)?;
     let mut together = Vec::new();
     for devices in [2, 4] {
-        let together_us = time(backend, &gemms_plan(devices, (m, n, k), true, false)?, &options, reps)?;
+        let together_us = time(backend, &calibration::gemms_plan(devices, (m, n, k), true, false)?, &options, reps)?;
         let one_at_a_time_us = devices as f64 * gemm_us;
         together.push(Together { devices, together_us, one_at_a_time_us, ratio: together_us / one_at_a_time_us });
     }
     // The GEMM of device 0 and its copy to device 1, each timed inside the same runs.
-    let beside = gemms_plan(2, (m, n, k), true, true)?;
+    let beside = calibration::gemms_plan(2, (m, n, k), true, true)?;
     let timed = CudaRunOptions { time_ops: true, ..options };
     let (mut gemm_times, mut copy_times) = (Vec::new(), Vec::new());
     for rep in 0..reps {
@@ -138,7 +86,7 @@ pub fn calibrate(
             }
         }
     }
-    let round_trip_us = time(backend, &ping_pong_plan()?, &options, reps)? / ROUNDS as f64;
+    let round_trip_us = time(backend, &calibration::round_trip_plan()?, &options, reps)? / calibration::ROUNDS as f64;
     Ok(Calibration {
         copy_bytes,
         copy_us,

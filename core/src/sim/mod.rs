@@ -8,5 +8,6 @@ pub mod topology;
 pub use engine::{simulate, OpClass, OpRecord, SimError, SimOptions, SimReport};
 pub use profile::{Profile, ProfileError, TopologyKind};
 pub mod analytic;
+pub mod calibration;
 pub mod tune;
 pub mod validate;

@@ -241,8 +241,9 @@ fn concurrent_throughput(together: &[(usize, f64)]) -> [f64; 4] {
 }
 
 /// `profile` with the calibration's figures in place of its assumptions: both copy rates,
-/// the remote wait (half a round trip: one signal reaching one wait), the best efficiency
-/// scaled so that the local GEMM takes the measured time, and what GEMMs at once gain.
+/// the remote waits (half a round trip, one signal reaching one wait, less the signal's
+/// latency), the best efficiency scaled so that the local GEMM takes the measured time,
+/// and what GEMMs at once gain.
 pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Profile, ValidationError> {
     let bad = |what: String, value: f64| {
         ValidationError::Calibration(format!("{what} = {value} is not a positive time, rate or ratio"))
@@ -258,7 +259,13 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
     let mut p = profile.clone();
     p.copy.copy_engine_gbps = c.copy_gbps;
     p.copy.sm_copy_gbps = c.copy_gbps;
-    p.sync.remote_round_us = c.round_trip_us / 2.0;
+    // A hop of the round trip is a signal's latency, then the wait's cost before the next
+    // kernel: keep the profile's latency (if the hop allows it) and give the rest to the
+    // waits, before SM work or not (on the GPU both are a kernel boundary).
+    let hop = c.round_trip_us / 2.0;
+    p.interconnect.link_latency_us = p.interconnect.link_latency_us.min(hop);
+    p.sync.remote_round_us = hop - p.interconnect.link_latency_us;
+    p.sync.dma_wait_us = p.sync.remote_round_us;
     let modelled_us = p.gemm_cost(1024 / s, 4096 / s, 4096 / s, DType::F16, DType::F16, false).work_s * 1e6;
     p.compute.max_efficiency = (p.compute.max_efficiency * modelled_us / c.gemm_us).min(1.0);
     p.compute.concurrent_throughput = concurrent_throughput(&c.together);
