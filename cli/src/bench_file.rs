@@ -18,6 +18,16 @@ use serde::{Deserialize, Serialize};
 /// The profile a bench on one GPU is read against.
 pub const ONE_GPU_PROFILE: &str = "h100-one-gpu";
 
+/// The one-GPU profile for the GPU a bench names: `h200-one-gpu` for an H200, else
+/// `h100-one-gpu` (the only other GPU cmm's benches have run on).
+fn one_gpu_profile(gpu: &str) -> &'static str {
+    if gpu.contains("H200") {
+        "h200-one-gpu"
+    } else {
+        ONE_GPU_PROFILE
+    }
+}
+
 /// The part of the bench's report read here (xtask's `Report`; fields it may lack in
 /// older reports are optional).
 #[derive(Debug, Deserialize)]
@@ -224,7 +234,7 @@ pub fn validate_bench(path: &Path) -> Result<()> {
     if times.is_empty() {
         bail!("{}: no row the simulator models (only fused plans, or none)", path.display());
     }
-    let profile = Profile::load(ONE_GPU_PROFILE)?;
+    let profile = Profile::load(one_gpu_profile(&file.gpu))?;
     println!(
         "{}: {} modelled rows of a bench on {} (commit {}, sync {}{})",
         path.display(),
@@ -290,6 +300,15 @@ pub fn validate_bench(path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_h200_bench_is_read_against_the_h200_profile() {
+        assert_eq!(one_gpu_profile("NVIDIA H200 abc"), "h200-one-gpu");
+        assert_eq!(one_gpu_profile("NVIDIA H100 80GB HBM3 abc"), "h100-one-gpu");
+        let (h100, h200) = (Profile::load("h100-one-gpu").unwrap(), Profile::load("h200-one-gpu").unwrap());
+        assert!(h200.memory.hbm_gbps > h100.memory.hbm_gbps);
+        assert_eq!(h200.compute, h100.compute);
+    }
 
     #[test]
     fn bench_algorithms_parse_as_the_bench_prints_them() {

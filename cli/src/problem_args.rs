@@ -31,8 +31,8 @@ pub struct ProblemArgs {
     /// The dtype partial sums travel in (gemm_rs, gemm_ar; default f32).
     #[arg(long, value_parser = parse_dtype)]
     pub wire: Option<DType>,
-    /// Hardware profile: a built-in name (h100-nvlink, h100-ib, h200-nvlink, tpuv4-torus, pcie-gen4)
-    /// or a path to a .toml file.
+    /// Hardware profile: a built-in name (h100-nvlink, h100-ib, h200-nvlink, h800-nvlink,
+    /// tpuv4-torus, pcie-gen4, h100-one-gpu, h200-one-gpu) or a path to a .toml file.
     #[arg(long, default_value = "h100-nvlink")]
     pub profile: String,
 }

@@ -215,7 +215,7 @@ pub struct Profile {
 }
 
 /// The profiles shipped in `core/profiles/`, by name.
-const BUILTIN: [(&str, &str); 7] = [
+const BUILTIN: [(&str, &str); 8] = [
     ("h100-nvlink", include_str!("../../profiles/h100-nvlink.toml")),
     ("h800-nvlink", include_str!("../../profiles/h800-nvlink.toml")),
     ("h100-ib", include_str!("../../profiles/h100-ib.toml")),
@@ -223,6 +223,7 @@ const BUILTIN: [(&str, &str); 7] = [
     ("tpuv4-torus", include_str!("../../profiles/tpuv4-torus.toml")),
     ("pcie-gen4", include_str!("../../profiles/pcie-gen4.toml")),
     ("h100-one-gpu", include_str!("../../profiles/h100-one-gpu.toml")),
+    ("h200-one-gpu", include_str!("../../profiles/h200-one-gpu.toml")),
 ];
 
 /// The folder holding the shipped profile files.
