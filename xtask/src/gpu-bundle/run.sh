@@ -223,13 +223,13 @@ step conformance-offsets 90 "$x" conformance --backend cuda --sync kernels --off
 # The tile kernels on 128×128 tiles (the fused plans' GEMMs; the bench times them both ways).
 step conformance-wide-tiles 60 "$x" conformance --backend cuda --sync kernels --wide-tiles --case-timeout 30 \
     --stamps "$scratch/wide-stamps"
-step bench-kernels 150 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json" \
+step bench-kernels 240 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json" \
     --timelines "$out/timelines"
 # The bench's times beside the one-GPU simulator profile, as it stands and calibrated by the
 # bench's own figures (CPU only, seconds).
 step model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-kernels.json"
 step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case-timeout 30
-step bench-memops 120 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
+step bench-memops 200 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
 step cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
 sanitize() { # corpus cases (the smallest ring ones unless $2 names others) under one tool
     # Ungated: a tool that makes launches blocking or runs GPU work one item at a time
