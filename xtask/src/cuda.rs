@@ -196,8 +196,8 @@ struct Row {
     /// The largest error of the spot-checked output elements, as a fraction of what the
     /// tolerance allows (≤ 1: right at this shape).
     spot_check_worst: f64,
-    /// The variants (staggered, offsets, wide tiles) whose run failed, each with its error;
-    /// their times are null.
+    /// The variants (staggered, offsets, wide tiles, no prio) whose run failed, each with
+    /// its error; their times are null.
     variant_failures: Vec<String>,
     /// The GEMM shapes `gemm_sum_us` sums, one per GEMM op.
     #[serde(skip)]
@@ -744,12 +744,15 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     }
                 };
                 // Side by side, in the same run: the plan without the priority.
+                let mut without_failed = None;
                 let without = if compare_priority && algorithm != Algorithm::BaselineDirect {
                     let options = CudaRunOptions { comm_priority: false, ..run_options };
                     match time_plan(&backend, &plan, &options, reps, fused) {
                         Ok((us, _)) => Some(us),
                         Err(e) => {
-                            println!("variant failed: {} without priority: {e:#}", plan.name);
+                            let line = format!("variant failed: {} without priority: {e:#}", plan.name);
+                            println!("{line}");
+                            without_failed = Some(line);
                             None
                         }
                     }
@@ -762,7 +765,8 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     variants(&backend, &plan, &run_options, reps, stagger, fused)
                 };
                 let best = fastest(us, &others);
-                let Variants { staggered, offset, wide_tiles, failed } = others;
+                let Variants { staggered, offset, wide_tiles, mut failed } = others;
+                failed.extend(without_failed);
                 let specs = gemm_specs(&plan);
                 let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;
                 let tflops = problem.flops() / best / 1e6;
