@@ -7,10 +7,12 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use cmm_core::algorithms::Algorithm;
+use cmm_core::algorithms::{build_plan, Algorithm};
 use cmm_core::plan::OpSite;
 use cmm_core::sim::calibration;
-use cmm_core::sim::validate::{calibrated_one_gpu, one_gpu_rows, BenchTime, OneGpuCalibration, OneGpuRow};
+use cmm_core::sim::validate::{
+    calibrated_one_gpu, one_gpu_rows, seed000_problem, BenchTime, OneGpuCalibration, OneGpuRow,
+};
 use cmm_core::sim::{simulate, Profile, SimOptions};
 use cmm_core::OpKind;
 use serde::{Deserialize, Serialize};
@@ -37,8 +39,21 @@ struct BenchFile {
     commit: Option<String>,
     #[serde(default = "one")]
     shrink: usize,
-    rows: Vec<PlanTimes>,
+    rows: Vec<BenchRow>,
     calibration: Option<BenchCalibration>,
+    /// The local GEMM alone through cuBLAS and on the tile kernels (64×64, 128×128), µs.
+    local_cublas_us: Option<f64>,
+    local_tile_us: Option<f64>,
+    local_wide_tile_us: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct BenchRow {
+    #[serde(flatten)]
+    plan: PlanTimes,
+    /// A fused plan's time on 128×128 tiles, and with two CTAs per SM.
+    time_wide_tiles_us: Option<f64>,
+    time_two_ctas_per_sm_us: Option<f64>,
 }
 
 fn one() -> usize {
@@ -97,7 +112,7 @@ fn parse_algorithm(text: &str) -> Result<Algorithm> {
 fn bench_times(file: &BenchFile) -> Result<(Vec<BenchTime>, Vec<String>)> {
     let mut times = Vec::new();
     let mut left_out = Vec::new();
-    for row in &file.rows {
+    for row in file.rows.iter().map(|r| &r.plan) {
         let algorithm = parse_algorithm(&row.algorithm)?;
         let op: OpKind = row.op.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
         if matches!(algorithm, Algorithm::Fused { .. }) {
@@ -253,7 +268,7 @@ pub fn validate_bench(path: &Path) -> Result<()> {
     let Some(c) = &file.calibration else {
         println!();
         println!("no `calibration` in this report (a bench before a28955f): the profile's assumptions stand");
-        return Ok(());
+        return print_fused(&profile, &file);
     };
     let calibrated = calibrated_one_gpu(
         &profile,
@@ -291,9 +306,71 @@ pub fn validate_bench(path: &Path) -> Result<()> {
     }
     println!();
     println!(
-        "to keep them: put the calibrated values in core/profiles/{ONE_GPU_PROFILE}.toml with their source, and run \
-         `cargo xtask simulate --validate`"
+        "to keep them: put the calibrated values in core/profiles/{}.toml with their source, and run \
+         `cargo xtask simulate --validate`",
+        profile.name
     );
+    print_fused(&calibrated, &file)
+}
+
+/// The fused plans against the model with their GEMMs at the tile kernel's measured pace
+/// (the profile's efficiency times the local GEMM's cuBLAS time over the tile kernel's):
+/// what the persistent kernel would take if its tile alone set its speed. A measured time
+/// well above it is the persistent kernel's own cost (one CTA per SM, the per-tile
+/// synchronisation), not the tile's.
+fn print_fused(profile: &Profile, file: &BenchFile) -> Result<()> {
+    let (Some(cublas), Some(tile)) = (file.local_cublas_us, file.local_tile_us) else {
+        return Ok(());
+    };
+    let at_pace = |tile_us: f64| {
+        let mut p = profile.clone();
+        p.compute.max_efficiency = (p.compute.max_efficiency * cublas / tile_us).min(1.0);
+        p
+    };
+    let narrow = at_pace(tile);
+    let wide = file.local_wide_tile_us.map(at_pace);
+    println!();
+    println!(
+        "the fused plans with their GEMMs at the tile kernel's pace (the local GEMM: cuBLAS {cublas:.1} µs, \
+         64×64 tiles {tile:.1} µs{}):",
+        file.local_wide_tile_us.map_or(String::new(), |w| format!(", 128×128 tiles {w:.1} µs"))
+    );
+    println!(
+        "{:<34} {:>11} {:>11} {:>9} {:>11} {:>9} {:>11} {:>11} {:>9}",
+        "case", "measured", "at pace", "÷", "2 CTAs/SM", "÷", "wide", "at pace", "÷"
+    );
+    let mut any = false;
+    for row in &file.rows {
+        let algorithm = parse_algorithm(&row.plan.algorithm)?;
+        if !matches!(algorithm, Algorithm::Fused { .. }) {
+            continue;
+        }
+        any = true;
+        let op: OpKind = row.plan.op.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let plan = build_plan(&seed000_problem(op, row.plan.devices, file.shrink)?, algorithm)?;
+        let simulated = |p: &Profile| simulate(&plan, p, &SimOptions::default()).map(|r| r.makespan_s * 1e6);
+        let paced = simulated(&narrow)?;
+        let wide_paced = wide.as_ref().map(&simulated).transpose()?;
+        let ratio = |measured: Option<f64>, paced: Option<f64>| match (measured, paced) {
+            (Some(m), Some(p)) => format!("{:.2}×", m / p),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<34} {:>8.1} µs {:>8.1} µs {:>9} {:>11} {:>9} {:>11} {:>11} {:>9}",
+            format!("{} D={} {}", row.plan.op, row.plan.devices, row.plan.algorithm),
+            row.plan.time_us,
+            paced,
+            ratio(Some(row.plan.time_us), Some(paced)),
+            time(row.time_two_ctas_per_sm_us),
+            ratio(row.time_two_ctas_per_sm_us, Some(paced)),
+            time(row.time_wide_tiles_us),
+            time(wide_paced),
+            ratio(row.time_wide_tiles_us, wide_paced)
+        );
+    }
+    if !any {
+        println!("(no fused plan in this report)");
+    }
     Ok(())
 }
 
@@ -325,8 +402,11 @@ mod tests {
     fn the_committed_h100_bench_reads_as_the_validation_table() {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/gpu-runs/2026-11-24-h100/6-30786c1-bench-kernels.json");
-        let file: BenchFile = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let file: BenchFile = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert!(file.calibration.is_none());
+        // The whole command runs on it, fused rows included (their pace from the local GEMMs).
+        validate_bench(&path).unwrap();
+        assert_eq!((file.local_cublas_us.is_some(), file.local_tile_us.is_some()), (true, true));
         let (times, left_out) = bench_times(&file).unwrap();
         assert_eq!(left_out.len(), 6, "{left_out:?}");
         let profile = Profile::load(ONE_GPU_PROFILE).unwrap();

@@ -893,6 +893,18 @@ CUresult cuFuncGetAttribute(int* value, int attribute, Function* f) {
     return SUCCESS;
 }
 
+// Blocks of a kernel one SM holds: CMM_FAKE_CUDA_OCCUPANCY (default 3, what ptxas's
+// register counts give the 64×64 persistent GEMM on an H100), whatever the kernel; the
+// fake has no registers to count.
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, Function* f, int block_size,
+                                                             size_t dynamic_smem, unsigned flags) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (f == nullptr || blocks == nullptr) return INVALID_HANDLE;
+    if (block_size <= 0 || block_size > 1024 || dynamic_smem > 49152 || flags > 1) return INVALID_VALUE;
+    *blocks = env_int("CMM_FAKE_CUDA_OCCUPANCY", 3, 1, 32);
+    return SUCCESS;
+}
+
 static CUresult fake_launch(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 shared, void* handle,
                             void** params, void** extra) {
     if (CUresult r = ready(); r != SUCCESS) return r;

@@ -112,6 +112,12 @@ pub struct CudaRunOptions {
     /// byte staged, and twice the warps per SM in a persistent kernel, which keeps one CTA
     /// per SM. GEMMs on cuBLAS are unaffected.
     pub wide_tiles: bool,
+    /// CTAs per SM of a tile-granular (fused) GEMM's persistent kernel: the SMs each
+    /// device gets on its GPU times this. 1 (the default) keeps every CTA resident with
+    /// room to spare; more run more warps per SM, and are refused unless every SM can hold
+    /// one more CTA of the kernel beside them (`cuOccupancyMaxActiveBlocksPerMultiprocessor`),
+    /// so that the kernels its waits depend on still find a slot.
+    pub fused_ctas_per_sm: u32,
 }
 
 /// Which buffers a run copies back to the host.
@@ -153,6 +159,7 @@ impl Default for CudaRunOptions {
             cold_l2: false,
             read_back: ReadBack::Everything,
             wide_tiles: false,
+            fused_ctas_per_sm: 1,
         }
     }
 }
@@ -1130,8 +1137,9 @@ impl Run<'_> {
     }
 
     /// Launches a tile-granular GEMM: one CTA per SM its GPU gives each device (at most
-    /// one per tile), so every CTA is resident and the kernel's waits cannot starve the
-    /// work they wait for of a slot.
+    /// one per tile), or [`CudaRunOptions::fused_ctas_per_sm`] where every SM has room for
+    /// one more, so every CTA is resident and the kernel's waits cannot starve the work
+    /// they wait for of a slot.
     fn issue_fused(
         &self,
         gpu: usize,
@@ -1149,7 +1157,25 @@ impl Run<'_> {
             Placement::Virtual => self.plan.devices as u32,
             Placement::Gpus => 1,
         };
-        let launch = fused_launch(memory, f, table.ptr, sms / sharing, &self.words());
+        let per_sm = self.options.fused_ctas_per_sm;
+        let launch = fused_launch(memory, f, table.ptr, sms / sharing * per_sm.max(1), &self.words());
+        if per_sm != 1 {
+            let function = self.state.gpus[gpu].functions.get(launch.kernel);
+            let fits = function
+                .occupancy_max_active_blocks_per_multiprocessor(launch.cfg.block_dim.0, 0, None)
+                .map_err(|e| CudaError::driver("reading the fused kernel's occupancy", e))?;
+            if per_sm == 0 || per_sm + 1 > fits {
+                return Err(CudaError::Unsupported {
+                    plan: self.plan.name.clone(),
+                    what: format!(
+                        "{per_sm} CTAs per SM of {}: an SM holds {fits} of them, and one more must fit beside them \
+                         (at most {})",
+                        launch.kernel.entry(),
+                        fits.saturating_sub(1).max(1)
+                    ),
+                });
+            }
+        }
         launch_on(stream, &self.state.gpus[gpu].functions, &launch, None)
     }
 

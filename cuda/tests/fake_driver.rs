@@ -359,6 +359,25 @@ fn offset_starts_run_right_and_say_where_they_applied() {
     assert!(!out.offset_starts, "one GPU per device: nothing to offset");
 }
 
+/// A fused plan's persistent kernel may run several CTAs per SM where every SM keeps room
+/// for one more (the fake's occupancy is 3: 2 run, 3 is refused with the limit), on either
+/// tile, and the results do not change; the backend stays usable after a refusal.
+#[test]
+fn fused_kernels_take_more_ctas_per_sm_only_where_one_more_fits() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    let p = Problem::new(OpKind::GemmRs, 4, 32, 40, 64, DType::F16, DType::F32).unwrap();
+    let fused = build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap();
+    for wide_tiles in [false, true] {
+        assert_right(&b, &fused, &CudaRunOptions { fused_ctas_per_sm: 2, wide_tiles, ..Default::default() });
+    }
+    let e =
+        b.run(&fused, 5, Family::Exact, &CudaRunOptions { fused_ctas_per_sm: 3, ..Default::default() }).unwrap_err();
+    assert!(matches!(e, CudaError::Unsupported { .. }), "{e}");
+    assert!(e.to_string().contains("an SM holds 3 of them") && e.to_string().contains("at most 2"), "{e}");
+    assert_right(&b, &fused, &CudaRunOptions::default());
+}
+
 /// With `time_ops`, every op of the run has a start and a duration inside the run, in its
 /// lane's order; without it, none.
 #[test]

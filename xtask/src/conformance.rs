@@ -127,6 +127,10 @@ pub struct Args {
     /// `wide tiles` figures do); results must not change beyond the tolerance.
     #[arg(long)]
     pub wide_tiles: bool,
+    /// CUDA only: CTAs per SM of each fused plan's persistent kernel (default 1; more is
+    /// refused unless every SM has room for one more; no effect on the host twin).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub fused_ctas_per_sm: u32,
     /// CUDA only: where the conformance stamps go [default: $CMM_STAMP_DIR, else
     /// target/cuda-stamps].
     #[arg(long, value_name = "DIR")]
@@ -156,6 +160,7 @@ impl Args {
             stagger: false,
             offset_starts: false,
             wide_tiles: false,
+            fused_ctas_per_sm: 1,
             stamps: None,
             report: None,
         }
@@ -179,6 +184,7 @@ impl Args {
             (self.stagger, "--stagger"),
             (self.offset_starts, "--offset-starts"),
             (self.wide_tiles, "--wide-tiles"),
+            (self.fused_ctas_per_sm != 1, "--fused-ctas-per-sm"),
             (self.stamps.is_some(), "--stamps"),
         ]
         .into_iter()
@@ -195,6 +201,7 @@ impl Args {
             stagger: self.stagger,
             offset_starts: self.offset_starts,
             wide_tiles: self.wide_tiles,
+            fused_ctas_per_sm: self.fused_ctas_per_sm,
             ..defaults
         }
     }

@@ -180,6 +180,9 @@ struct Row {
     /// The fused plans again on the tile kernel's 128×128 tiles
     /// (`CudaRunOptions::wide_tiles`; null for the plans on cuBLAS).
     time_wide_tiles_us: Option<f64>,
+    /// The fused plans again with two CTAs per SM of the persistent kernel, 64×64 tiles
+    /// (`CudaRunOptions::fused_ctas_per_sm`; null for the plans on cuBLAS).
+    time_two_ctas_per_sm_us: Option<f64>,
     /// Σ over the plan's GEMM ops of the same GEMM alone through cuBLAS.
     gemm_sum_us: f64,
     /// The faster of the two times over the bound.
@@ -196,8 +199,8 @@ struct Row {
     /// The largest error of the spot-checked output elements, as a fraction of what the
     /// tolerance allows (≤ 1: right at this shape).
     spot_check_worst: f64,
-    /// The variants (staggered, offsets, wide tiles, no prio) whose run failed, each with
-    /// its error; their times are null.
+    /// The variants (staggered, offsets, wide tiles, 2 CTAs per SM, no prio) whose run
+    /// failed, each with its error; their times are null.
     variant_failures: Vec<String>,
     /// The GEMM shapes `gemm_sum_us` sums, one per GEMM op.
     #[serde(skip)]
@@ -210,13 +213,14 @@ struct Variants {
     staggered: Option<f64>,
     offset: Option<f64>,
     wide_tiles: Option<f64>,
+    two_ctas_per_sm: Option<f64>,
     /// One line per variant whose run failed (its time is then missing).
     failed: Vec<String>,
 }
 
 /// The fastest of a plan's plain time and its other times where taken.
 fn fastest(plain_us: f64, v: &Variants) -> f64 {
-    [v.staggered, v.offset, v.wide_tiles].into_iter().flatten().fold(plain_us, f64::min)
+    [v.staggered, v.offset, v.wide_tiles, v.two_ctas_per_sm].into_iter().flatten().fold(plain_us, f64::min)
 }
 
 impl Row {
@@ -226,6 +230,7 @@ impl Row {
             staggered: self.plan.time_staggered_us,
             offset: self.plan.time_offset_us,
             wide_tiles: self.time_wide_tiles_us,
+            two_ctas_per_sm: self.time_two_ctas_per_sm_us,
             failed: Vec::new(),
         };
         fastest(self.plan.time_us, &v)
@@ -453,8 +458,8 @@ fn checked_time(
 
 /// The plan's times with staggered lane priorities (where the GPU has the levels), with
 /// its devices' starts offset (not for the fused plans: their tile-granular GEMMs cannot
-/// be offset), and for the fused plans on the tile kernel's 128×128 tiles, each as
-/// [`time_plan`] measures.
+/// be offset), and for the fused plans on the tile kernel's 128×128 tiles and with two
+/// CTAs per SM, each as [`time_plan`] measures.
 fn variants(
     backend: &CudaBackend,
     plan: &Plan,
@@ -483,7 +488,8 @@ fn variants(
     let staggered = time(stagger, "staggered", CudaRunOptions { stagger: true, ..*options });
     let offset = time(!fused, "offsets", CudaRunOptions { offset_starts: true, ..*options });
     let wide_tiles = time(fused, "wide tiles", CudaRunOptions { wide_tiles: true, ..*options });
-    Variants { staggered, offset, wide_tiles, failed }
+    let two_ctas_per_sm = time(fused, "2 CTAs per SM", CudaRunOptions { fused_ctas_per_sm: 2, ..*options });
+    Variants { staggered, offset, wide_tiles, two_ctas_per_sm, failed }
 }
 
 /// Σ over the plan's GEMM ops of the cuBLAS time of the same GEMM alone (memoised per
@@ -646,7 +652,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
     }
     println!(
         "`offsets` times each plan again with device d's first GEMM after device d − 1's, and each fused plan \
-         runs again on the tile kernel's 128×128 tiles; ÷ Σ, speedup and TFLOP/s take the fastest of a plan's \
+         runs again on the tile kernel's 128×128 tiles and with 2 CTAs per SM; ÷ Σ, speedup and TFLOP/s take the fastest of a plan's \
          times, and the baseline is the fastest of its own"
     );
     println!(
@@ -765,7 +771,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     variants(&backend, &plan, &run_options, reps, stagger, fused)
                 };
                 let best = fastest(us, &others);
-                let Variants { staggered, offset, wide_tiles, mut failed } = others;
+                let Variants { staggered, offset, wide_tiles, two_ctas_per_sm, mut failed } = others;
                 failed.extend(without_failed);
                 let specs = gemm_specs(&plan);
                 let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;
@@ -785,10 +791,14 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     tflops,
                     without.map_or("-".to_string(), |w| format!("{w:.1}")),
                     if gated { "" } else { "  (ungated: includes enqueueing)" },
-                    match wide_tiles {
-                        Some(w) => format!("  (persistent tile kernel, not cuBLAS; 128×128 tiles: {w:.1} µs)"),
-                        None if fused => "  (persistent tile kernel, not cuBLAS)".to_string(),
-                        None => String::new(),
+                    if fused {
+                        format!(
+                            "  (persistent tile kernel, not cuBLAS; 128×128 tiles: {}; 2 CTAs per SM: {})",
+                            wide_tiles.map_or("-".into(), |w| format!("{w:.1} µs")),
+                            two_ctas_per_sm.map_or("-".into(), |w| format!("{w:.1} µs"))
+                        )
+                    } else {
+                        String::new()
                     }
                 );
                 report.rows.push(Row {
@@ -801,6 +811,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                         time_offset_us: offset,
                     },
                     time_wide_tiles_us: wide_tiles,
+                    time_two_ctas_per_sm_us: two_ctas_per_sm,
                     gemm_sum_us: bound,
                     time_over_gemm_sum: best / bound,
                     baseline_us,
@@ -941,6 +952,7 @@ mod tests {
                 time_offset_us: None,
             },
             time_wide_tiles_us: None,
+            time_two_ctas_per_sm_us: None,
             gemm_sum_us,
             time_over_gemm_sum: time_us / gemm_sum_us,
             baseline_us,

@@ -148,6 +148,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             --case-timeout 30 --stamps "$scratch/offset-stamps"
         step rehearsal-conformance-wide-tiles 150 "$x" conformance --backend cuda --sync kernels --wide-tiles \
             --case-timeout 30 --stamps "$scratch/wide-stamps"
+        step rehearsal-conformance-fused-ctas 60 "$x" conformance --backend cuda --sync kernels --filter fused \
+            --fused-ctas-per-sm 2 --case-timeout 30 --stamps "$scratch/fused-ctas-stamps"
         step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
             --json "$out/bench-rehearsal.json" --timelines "$scratch/timelines"
         step rehearsal-model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-rehearsal.json"
@@ -223,6 +225,9 @@ step conformance-offsets 90 "$x" conformance --backend cuda --sync kernels --off
 # The tile kernels on 128×128 tiles (the fused plans' GEMMs; the bench times them both ways).
 step conformance-wide-tiles 60 "$x" conformance --backend cuda --sync kernels --wide-tiles --case-timeout 30 \
     --stamps "$scratch/wide-stamps"
+# The fused plans' persistent kernel at 2 CTAs per SM (64×64 tiles), which the bench times too.
+step conformance-fused-ctas 45 "$x" conformance --backend cuda --sync kernels --filter fused --fused-ctas-per-sm 2 \
+    --case-timeout 30 --stamps "$scratch/fused-ctas-stamps"
 step bench-kernels 240 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json" \
     --timelines "$out/timelines"
 # The bench's times beside the one-GPU simulator profile, as it stands and calibrated by the
