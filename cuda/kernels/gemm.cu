@@ -10,9 +10,9 @@
 // - cmm_gemm_mma_wide_f16 / cmm_gemm_mma_wide_bf16: the same pipeline on a 128×128 block
 //   tile, 256 threads = 8 warps in 2×4 (a 64×32 share each), K in steps of 16, four
 //   stages: twice the arithmetic per byte staged, and twice the warps per SM for the
-//   persistent kernel, which keeps one CTA per SM. Where the pipeline does not apply, each
-//   thread computes its elements straight from global memory (correct, slow; lowering
-//   picks these kernels only on request: `CudaRunOptions::wide_tiles`).
+//   persistent kernel, which runs one CTA per SM by default. Where the pipeline does not
+//   apply, each thread computes its elements straight from global memory (correct, slow;
+//   lowering picks these kernels only on request: `CudaRunOptions::wide_tiles`).
 // - cmm_gemm_simt: any dtypes (f32 included), 256 threads, 64×64 tile, 4×4 per thread.
 
 struct CmmGemmArgs {
@@ -425,8 +425,9 @@ extern "C" __global__ void __launch_bounds__(256) cmm_gemm_simt(const CmmGemmArg
 // cmm_wait). When the last tile of block i is written, the CTA that wrote it performs the
 // block's signals (release), but only after block i−1's: the signals happen in block
 // order, each covering every block before it, which is what the plan's lane says. The
-// host launches at most one CTA per SM it gives the kernel, so all of them are resident;
-// a CTA waits only for work enqueued before the kernel or released by earlier blocks.
+// host launches one CTA per SM it gives the kernel (more only where every SM holds one
+// more: `CudaRunOptions::fused_ctas_per_sm`), so all of them are resident; a CTA waits
+// only for work enqueued before the kernel or released by earlier blocks.
 
 struct CmmFusedBlock {
     u64 a;              // byte address of the block's op(A) storage element (0, 0)
