@@ -462,6 +462,7 @@ fn checked_time(
 /// CTAs per SM, each as [`time_plan`] measures.
 fn variants(
     backend: &CudaBackend,
+    problem: &Problem,
     plan: &Plan,
     options: &CudaRunOptions,
     reps: usize,
@@ -470,25 +471,35 @@ fn variants(
 ) -> Variants {
     let mut failed = Vec::new();
     // A variant that fails leaves its column empty and says why, rather than ending the
-    // bench: the plain times and the other variants still count.
-    let mut time = |wanted: bool, what: &str, changed: CudaRunOptions| -> Option<f64> {
+    // bench: the plain times and the other variants still count. The ones that change
+    // kernels (wide tiles, CTAs per SM) could change results: their output is spot-checked
+    // first, as the plain run's was. Staggering and offsets change only priorities and add
+    // waits.
+    let mut time = |wanted: bool, what: &str, changed: CudaRunOptions, check: bool| -> Option<f64> {
         if !wanted {
             return None;
         }
-        match time_plan(backend, plan, &changed, reps, fused) {
-            Ok((us, _)) => Some(us),
-            Err(e) => {
-                let line = format!("variant failed: {} {what}: {e:#}", plan.name);
+        let timed = if check {
+            match checked_time(backend, problem, plan, &changed, reps, fused) {
+                Timed::Done { us, .. } => Ok(us),
+                Timed::WrongOutput(why) => Err(format!("wrong output at this shape: {why}")),
+                Timed::Failed(e) => Err(format!("{e:#}")),
+            }
+        } else {
+            time_plan(backend, plan, &changed, reps, fused).map(|(us, _)| us).map_err(|e| format!("{e:#}"))
+        };
+        timed
+            .map_err(|why| {
+                let line = format!("variant failed: {} {what}: {why}", plan.name);
                 println!("{line}");
                 failed.push(line);
-                None
-            }
-        }
+            })
+            .ok()
     };
-    let staggered = time(stagger, "staggered", CudaRunOptions { stagger: true, ..*options });
-    let offset = time(!fused, "offsets", CudaRunOptions { offset_starts: true, ..*options });
-    let wide_tiles = time(fused, "wide tiles", CudaRunOptions { wide_tiles: true, ..*options });
-    let two_ctas_per_sm = time(fused, "2 CTAs per SM", CudaRunOptions { fused_ctas_per_sm: 2, ..*options });
+    let staggered = time(stagger, "staggered", CudaRunOptions { stagger: true, ..*options }, false);
+    let offset = time(!fused, "offsets", CudaRunOptions { offset_starts: true, ..*options }, false);
+    let wide_tiles = time(fused, "wide tiles", CudaRunOptions { wide_tiles: true, ..*options }, true);
+    let two_ctas_per_sm = time(fused, "2 CTAs per SM", CudaRunOptions { fused_ctas_per_sm: 2, ..*options }, true);
     Variants { staggered, offset, wide_tiles, two_ctas_per_sm, failed }
 }
 
@@ -708,7 +719,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
             let baseline_check = spot_checked(&backend, &problem, &baseline, &options)?
                 .map_err(|why| anyhow::anyhow!("{}: wrong output at this shape: {why}", baseline.name))?;
             let (baseline_default_us, _) = time_plan(&backend, &baseline, &options, reps, false)?;
-            let baseline_variants = variants(&backend, &baseline, &options, reps, stagger, false);
+            let baseline_variants = variants(&backend, &problem, &baseline, &options, reps, stagger, false);
             let baseline_us = fastest(baseline_default_us, &baseline_variants);
             let mut algorithms = vec![Algorithm::Ring, Algorithm::RingBidir];
             if op == OpKind::GemmRs {
@@ -768,7 +779,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 let others = if algorithm == Algorithm::BaselineDirect {
                     baseline_variants.clone()
                 } else {
-                    variants(&backend, &plan, &run_options, reps, stagger, fused)
+                    variants(&backend, &problem, &plan, &run_options, reps, stagger, fused)
                 };
                 let best = fastest(us, &others);
                 let Variants { staggered, offset, wide_tiles, two_ctas_per_sm, mut failed } = others;
