@@ -39,21 +39,12 @@ struct BenchFile {
     commit: Option<String>,
     #[serde(default = "one")]
     shrink: usize,
-    rows: Vec<BenchRow>,
+    rows: Vec<PlanTimes>,
     calibration: Option<BenchCalibration>,
     /// The local GEMM alone through cuBLAS and on the tile kernels (64×64, 128×128), µs.
     local_cublas_us: Option<f64>,
     local_tile_us: Option<f64>,
     local_wide_tile_us: Option<f64>,
-}
-
-#[derive(Debug, Deserialize)]
-struct BenchRow {
-    #[serde(flatten)]
-    plan: PlanTimes,
-    /// A fused plan's time on 128×128 tiles, and with two CTAs per SM.
-    time_wide_tiles_us: Option<f64>,
-    time_two_ctas_per_sm_us: Option<f64>,
 }
 
 fn one() -> usize {
@@ -78,6 +69,37 @@ pub struct PlanTimes {
     /// Again with the devices' starts offset (`CudaRunOptions::offset_starts`; null for
     /// the fused plans, whose tile-granular GEMMs cannot be offset).
     pub time_offset_us: Option<f64>,
+    /// The fused plans again on the tile kernel's 128×128 tiles
+    /// (`CudaRunOptions::wide_tiles`; null for the plans on cuBLAS).
+    pub time_wide_tiles_us: Option<f64>,
+    /// The fused plans again with two CTAs per SM of the persistent kernel, 64×64 tiles
+    /// (`CudaRunOptions::fused_ctas_per_sm`; null for the plans on cuBLAS).
+    pub time_two_ctas_per_sm_us: Option<f64>,
+}
+
+impl PlanTimes {
+    /// A plan's plain time, no other taken yet.
+    pub fn plain(op: &str, devices: usize, algorithm: &str, time_us: f64) -> PlanTimes {
+        PlanTimes {
+            op: op.to_string(),
+            devices,
+            algorithm: algorithm.to_string(),
+            time_us,
+            time_staggered_us: None,
+            time_offset_us: None,
+            time_wide_tiles_us: None,
+            time_two_ctas_per_sm_us: None,
+        }
+    }
+
+    /// The fastest of the plan's times: plain, staggered, offset, on wide tiles, with two
+    /// CTAs per SM (where taken).
+    pub fn fastest_us(&self) -> f64 {
+        [self.time_staggered_us, self.time_offset_us, self.time_wide_tiles_us, self.time_two_ctas_per_sm_us]
+            .into_iter()
+            .flatten()
+            .fold(self.time_us, f64::min)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,16 +129,24 @@ fn parse_algorithm(text: &str) -> Result<Algorithm> {
     Ok(Algorithm::parse(name, chunks)?)
 }
 
-/// The rows the simulator models with cuBLAS-like GEMMs (the fused plans run cmm's own
-/// tile kernel, which no profile prices), and the names of those left out.
-fn bench_times(file: &BenchFile) -> Result<(Vec<BenchTime>, Vec<String>)> {
+/// A fused plan of the report: cmm's own tile kernel, which no profile prices as it
+/// prices cuBLAS (`print_fused` reads it at the tile's measured pace instead).
+struct FusedRow<'a> {
+    op: OpKind,
+    algorithm: Algorithm,
+    times: &'a PlanTimes,
+}
+
+/// The report's rows, each parsed once: those the simulator models with cuBLAS-like
+/// GEMMs, and the fused plans apart.
+fn parse_rows(file: &BenchFile) -> Result<(Vec<BenchTime>, Vec<FusedRow<'_>>)> {
     let mut times = Vec::new();
-    let mut left_out = Vec::new();
-    for row in file.rows.iter().map(|r| &r.plan) {
+    let mut fused = Vec::new();
+    for row in &file.rows {
         let algorithm = parse_algorithm(&row.algorithm)?;
         let op: OpKind = row.op.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
         if matches!(algorithm, Algorithm::Fused { .. }) {
-            left_out.push(format!("{} D={} {}", row.op, row.devices, row.algorithm));
+            fused.push(FusedRow { op, algorithm, times: row });
             continue;
         }
         times.push(BenchTime {
@@ -128,7 +158,7 @@ fn bench_times(file: &BenchFile) -> Result<(Vec<BenchTime>, Vec<String>)> {
             offset_us: row.time_offset_us,
         });
     }
-    Ok((times, left_out))
+    Ok((times, fused))
 }
 
 fn error(measured: Option<f64>, simulated: f64) -> String {
@@ -245,7 +275,7 @@ pub fn validate_bench(path: &Path) -> Result<()> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let file: BenchFile =
         serde_json::from_str(&text).with_context(|| format!("{}: not a CUDA bench report", path.display()))?;
-    let (times, left_out) = bench_times(&file).with_context(|| format!("{}: a row", path.display()))?;
+    let (times, fused) = parse_rows(&file).with_context(|| format!("{}: a row", path.display()))?;
     if times.is_empty() {
         bail!("{}: no row the simulator models (only fused plans, or none)", path.display());
     }
@@ -259,8 +289,8 @@ pub fn validate_bench(path: &Path) -> Result<()> {
         file.sync,
         if file.shrink > 1 { format!(", every dimension ÷ {}", file.shrink) } else { String::new() }
     );
-    if !left_out.is_empty() {
-        println!("left out (cmm's own tile kernel, which no profile prices): {}", left_out.join(", "));
+    if !fused.is_empty() {
+        println!("the {} fused plans (cmm's own tile kernel) come last, at the tile's measured pace", fused.len());
     }
     println!();
     println!("as the profile stands ({}):", profile.name);
@@ -268,7 +298,7 @@ pub fn validate_bench(path: &Path) -> Result<()> {
     let Some(c) = &file.calibration else {
         println!();
         println!("no `calibration` in this report (a bench before a28955f): the profile's assumptions stand");
-        return print_fused(&profile, &file);
+        return print_fused(&profile, &file, &fused);
     };
     let calibrated = calibrated_one_gpu(
         &profile,
@@ -310,7 +340,7 @@ pub fn validate_bench(path: &Path) -> Result<()> {
          `cargo xtask simulate --validate`",
         profile.name
     );
-    print_fused(&calibrated, &file)
+    print_fused(&calibrated, &file, &fused)
 }
 
 /// The fused plans against the model with their GEMMs at the tile kernel's measured pace
@@ -318,7 +348,7 @@ pub fn validate_bench(path: &Path) -> Result<()> {
 /// what the persistent kernel would take if its tile alone set its speed. A measured time
 /// well above it is the persistent kernel's own cost (one CTA per SM, the per-tile
 /// synchronisation), not the tile's.
-fn print_fused(profile: &Profile, file: &BenchFile) -> Result<()> {
+fn print_fused(profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Result<()> {
     let (Some(cublas), Some(tile)) = (file.local_cublas_us, file.local_tile_us) else {
         return Ok(());
     };
@@ -339,15 +369,8 @@ fn print_fused(profile: &Profile, file: &BenchFile) -> Result<()> {
         "{:<34} {:>11} {:>11} {:>9} {:>11} {:>9} {:>11} {:>11} {:>9}",
         "case", "measured", "at pace", "÷", "2 CTAs/SM", "÷", "wide", "at pace", "÷"
     );
-    let mut any = false;
-    for row in &file.rows {
-        let algorithm = parse_algorithm(&row.plan.algorithm)?;
-        if !matches!(algorithm, Algorithm::Fused { .. }) {
-            continue;
-        }
-        any = true;
-        let op: OpKind = row.plan.op.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let plan = build_plan(&seed000_problem(op, row.plan.devices, file.shrink)?, algorithm)?;
+    for FusedRow { op, algorithm, times } in fused {
+        let plan = build_plan(&seed000_problem(*op, times.devices, file.shrink)?, *algorithm)?;
         let simulated = |p: &Profile| simulate(&plan, p, &SimOptions::default()).map(|r| r.makespan_s * 1e6);
         let paced = simulated(&narrow)?;
         let wide_paced = wide.as_ref().map(&simulated).transpose()?;
@@ -357,18 +380,18 @@ fn print_fused(profile: &Profile, file: &BenchFile) -> Result<()> {
         };
         println!(
             "{:<34} {:>8.1} µs {:>8.1} µs {:>9} {:>11} {:>9} {:>11} {:>11} {:>9}",
-            format!("{} D={} {}", row.plan.op, row.plan.devices, row.plan.algorithm),
-            row.plan.time_us,
+            format!("{} D={} {}", times.op, times.devices, times.algorithm),
+            times.time_us,
             paced,
-            ratio(Some(row.plan.time_us), Some(paced)),
-            time(row.time_two_ctas_per_sm_us),
-            ratio(row.time_two_ctas_per_sm_us, Some(paced)),
-            time(row.time_wide_tiles_us),
+            ratio(Some(times.time_us), Some(paced)),
+            time(times.time_two_ctas_per_sm_us),
+            ratio(times.time_two_ctas_per_sm_us, Some(paced)),
+            time(times.time_wide_tiles_us),
             time(wide_paced),
-            ratio(row.time_wide_tiles_us, wide_paced)
+            ratio(times.time_wide_tiles_us, wide_paced)
         );
     }
-    if !any {
+    if fused.is_empty() {
         println!("(no fused plan in this report)");
     }
     Ok(())
@@ -407,8 +430,8 @@ mod tests {
         // The whole command runs on it, fused rows included (their pace from the local GEMMs).
         validate_bench(&path).unwrap();
         assert_eq!((file.local_cublas_us.is_some(), file.local_tile_us.is_some()), (true, true));
-        let (times, left_out) = bench_times(&file).unwrap();
-        assert_eq!(left_out.len(), 6, "{left_out:?}");
+        let (times, fused) = parse_rows(&file).unwrap();
+        assert_eq!(fused.len(), 6);
         let profile = Profile::load(ONE_GPU_PROFILE).unwrap();
         let from_file = one_gpu_rows(&profile, &times, file.shrink).unwrap();
         let table = cmm_core::sim::validate::one_gpu_bench(&profile).unwrap();

@@ -173,16 +173,10 @@ pub struct BenchSettings {
 /// One timed plan.
 #[derive(Debug, Serialize)]
 struct Row {
-    /// The plan and its plain, staggered and offset times (`simulate --validate-bench`
-    /// reads them back).
+    /// The plan and its times, plain and in each variant taken (`simulate
+    /// --validate-bench` reads them back).
     #[serde(flatten)]
     plan: PlanTimes,
-    /// The fused plans again on the tile kernel's 128×128 tiles
-    /// (`CudaRunOptions::wide_tiles`; null for the plans on cuBLAS).
-    time_wide_tiles_us: Option<f64>,
-    /// The fused plans again with two CTAs per SM of the persistent kernel, 64×64 tiles
-    /// (`CudaRunOptions::fused_ctas_per_sm`; null for the plans on cuBLAS).
-    time_two_ctas_per_sm_us: Option<f64>,
     /// Σ over the plan's GEMM ops of the same GEMM alone through cuBLAS.
     gemm_sum_us: f64,
     /// The faster of the two times over the bound.
@@ -218,22 +212,24 @@ struct Variants {
     failed: Vec<String>,
 }
 
-/// The fastest of a plan's plain time and its other times where taken.
-fn fastest(plain_us: f64, v: &Variants) -> f64 {
-    [v.staggered, v.offset, v.wide_tiles, v.two_ctas_per_sm].into_iter().flatten().fold(plain_us, f64::min)
+impl Variants {
+    /// `plain` (a plan's plain time) with these times, and the failures.
+    fn times(self, plain: PlanTimes) -> (PlanTimes, Vec<String>) {
+        let times = PlanTimes {
+            time_staggered_us: self.staggered,
+            time_offset_us: self.offset,
+            time_wide_tiles_us: self.wide_tiles,
+            time_two_ctas_per_sm_us: self.two_ctas_per_sm,
+            ..plain
+        };
+        (times, self.failed)
+    }
 }
 
 impl Row {
-    /// The fastest of the plan's times: plain, staggered, with offset starts, on wide tiles.
+    /// The fastest of the plan's times.
     fn best_us(&self) -> f64 {
-        let v = Variants {
-            staggered: self.plan.time_staggered_us,
-            offset: self.plan.time_offset_us,
-            wide_tiles: self.time_wide_tiles_us,
-            two_ctas_per_sm: self.time_two_ctas_per_sm_us,
-            failed: Vec::new(),
-        };
-        fastest(self.plan.time_us, &v)
+        self.plan.fastest_us()
     }
 }
 
@@ -719,8 +715,14 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
             let baseline_check = spot_checked(&backend, &problem, &baseline, &options)?
                 .map_err(|why| anyhow::anyhow!("{}: wrong output at this shape: {why}", baseline.name))?;
             let (baseline_default_us, _) = time_plan(&backend, &baseline, &options, reps, false)?;
-            let baseline_variants = variants(&backend, &problem, &baseline, &options, reps, stagger, false);
-            let baseline_us = fastest(baseline_default_us, &baseline_variants);
+            let (baseline_times, baseline_failed) =
+                variants(&backend, &problem, &baseline, &options, reps, stagger, false).times(PlanTimes::plain(
+                    op.name(),
+                    d,
+                    &Algorithm::BaselineDirect.to_string(),
+                    baseline_default_us,
+                ));
+            let baseline_us = baseline_times.fastest_us();
             let mut algorithms = vec![Algorithm::Ring, Algorithm::RingBidir];
             if op == OpKind::GemmRs {
                 // The running sum added in the GEMM, whole and in two chunks.
@@ -776,13 +778,17 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 } else {
                     None
                 };
-                let others = if algorithm == Algorithm::BaselineDirect {
-                    baseline_variants.clone()
+                let (times, mut failed) = if algorithm == Algorithm::BaselineDirect {
+                    (baseline_times.clone(), baseline_failed.clone())
                 } else {
-                    variants(&backend, &problem, &plan, &run_options, reps, stagger, fused)
+                    variants(&backend, &problem, &plan, &run_options, reps, stagger, fused).times(PlanTimes::plain(
+                        op.name(),
+                        d,
+                        &algorithm.to_string(),
+                        us,
+                    ))
                 };
-                let best = fastest(us, &others);
-                let Variants { staggered, offset, wide_tiles, two_ctas_per_sm, mut failed } = others;
+                let best = times.fastest_us();
                 failed.extend(without_failed);
                 let specs = gemm_specs(&plan);
                 let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;
@@ -793,8 +799,8 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     d,
                     algorithm.to_string(),
                     us,
-                    staggered.map_or("-".to_string(), |s| format!("{s:.1}")),
-                    offset.map_or("-".to_string(), |s| format!("{s:.1}")),
+                    times.time_staggered_us.map_or("-".to_string(), |s| format!("{s:.1}")),
+                    times.time_offset_us.map_or("-".to_string(), |s| format!("{s:.1}")),
                     bound,
                     best / bound,
                     baseline_us,
@@ -805,24 +811,15 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     if fused {
                         format!(
                             "  (persistent tile kernel, not cuBLAS; 128×128 tiles: {}; 2 CTAs per SM: {})",
-                            wide_tiles.map_or("-".into(), |w| format!("{w:.1} µs")),
-                            two_ctas_per_sm.map_or("-".into(), |w| format!("{w:.1} µs"))
+                            times.time_wide_tiles_us.map_or("-".into(), |w| format!("{w:.1} µs")),
+                            times.time_two_ctas_per_sm_us.map_or("-".into(), |w| format!("{w:.1} µs"))
                         )
                     } else {
                         String::new()
                     }
                 );
                 report.rows.push(Row {
-                    plan: PlanTimes {
-                        op: op.name().to_string(),
-                        devices: d,
-                        algorithm: algorithm.to_string(),
-                        time_us: us,
-                        time_staggered_us: staggered,
-                        time_offset_us: offset,
-                    },
-                    time_wide_tiles_us: wide_tiles,
-                    time_two_ctas_per_sm_us: two_ctas_per_sm,
+                    plan: times,
                     gemm_sum_us: bound,
                     time_over_gemm_sum: best / bound,
                     baseline_us,
@@ -954,16 +951,7 @@ mod tests {
         gemm_specs: Vec<GemmSpec>,
     ) -> Row {
         Row {
-            plan: PlanTimes {
-                op: op.into(),
-                devices,
-                algorithm: algorithm.into(),
-                time_us,
-                time_staggered_us: None,
-                time_offset_us: None,
-            },
-            time_wide_tiles_us: None,
-            time_two_ctas_per_sm_us: None,
+            plan: PlanTimes::plain(op, devices, algorithm, time_us),
             gemm_sum_us,
             time_over_gemm_sum: time_us / gemm_sum_us,
             baseline_us,
@@ -1034,7 +1022,7 @@ mod tests {
         assert!(t.within_bound);
         // A fused plan is judged by its time on wide tiles where that is the faster.
         let mut fused = row_of("gemm_rs", 4, "fused", 900.0, 100.0, 110.0, vec![spec]);
-        fused.time_wide_tiles_us = Some(450.0);
+        fused.plan.time_wide_tiles_us = Some(450.0);
         rows.push(fused);
         rebound_rows(&mut rows, &HashMap::from([(spec, 100.0)]));
         assert_eq!(rows[2].time_over_gemm_sum, 4.5);
