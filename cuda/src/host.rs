@@ -458,6 +458,17 @@ impl CudaExecutor for HostTwin {
         family: Family,
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError> {
+        // The twin runs a persistent kernel's blocks on threads, not on SMs: a count per SM
+        // it cannot honour is refused rather than passed as if checked.
+        if options.fused_ctas_per_sm != 1 {
+            return Err(CudaError::Unsupported {
+                plan: plan.name.clone(),
+                what: format!(
+                    "{} CTAs per SM: the host twin has no SMs (run it on the GPU or the fake driver)",
+                    options.fused_ctas_per_sm
+                ),
+            });
+        }
         let offset = crate::backend::emulated(plan, options)?;
         let plan = offset.as_ref().unwrap_or(plan);
         let lowered = prepare(plan, seed, options, false)?;

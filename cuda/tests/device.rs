@@ -351,3 +351,14 @@ fn the_gemm_timer_runs_each_engine() {
         assert!(matches!(b.time_gemm(&spec, GemmEngine::Cublas, 5), Err(CudaError::NoCublas)));
     }
 }
+
+/// The host twin runs a persistent kernel's blocks on threads: a count of CTAs per SM is
+/// refused, never passed as if it had been checked.
+#[test]
+fn host_twin_refuses_ctas_per_sm() {
+    let p = cmm_core::Problem::new(cmm_core::OpKind::AgGemm, 2, 32, 32, 32, DType::F16, DType::F32).unwrap();
+    let plan = cmm_core::build_plan(&p, cmm_core::Algorithm::Fused { chunks: 1 }).unwrap();
+    let options = CudaRunOptions { fused_ctas_per_sm: 2, ..Default::default() };
+    let e = host().run(&plan, 3, Family::Exact, &options).unwrap_err();
+    assert!(matches!(e, CudaError::Unsupported { .. }) && e.to_string().contains("no SMs"), "{e}");
+}

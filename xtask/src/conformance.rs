@@ -128,7 +128,7 @@ pub struct Args {
     #[arg(long)]
     pub wide_tiles: bool,
     /// CUDA only: CTAs per SM of each fused plan's persistent kernel (default 1; more is
-    /// refused unless every SM has room for one more; no effect on the host twin).
+    /// refused unless every SM has room for one more, and on the host twin, which has no SMs).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=32))]
     pub fused_ctas_per_sm: u32,
     /// CUDA only: where the conformance stamps go [default: $CMM_STAMP_DIR, else
