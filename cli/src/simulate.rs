@@ -18,7 +18,7 @@ use cmm_core::sim::analytic::{estimate_mesh, mesh_family, MeshGemm, MeshShape};
 use cmm_core::sim::tune::candidates_1d;
 use cmm_core::sim::tune::tune_moe;
 use cmm_core::sim::tune::{tune_attention, tune_linear};
-use cmm_core::sim::validate::{flux, one_gpu_bench, seed000, seed002, seed002_simulated};
+use cmm_core::sim::validate::{flux, one_gpu_bench, one_gpu_predictions, seed000, seed002, seed002_simulated};
 use cmm_core::sim::TopologyKind;
 use cmm_core::sim::{simulate, OpClass, Profile, SimOptions, SimReport};
 use cmm_core::timeline::Timeline;
@@ -47,7 +47,7 @@ pub struct Args {
     #[command(flatten)]
     pub problem: ProblemArgs,
     /// Algorithm: baseline, baseline_direct, ring, ring_bidir, ring_chunked, fused, or for
-    /// gemm_rs and gemm_ar ring_accumulate.
+    /// gemm_rs and gemm_ar ring_accumulate and ring_push.
     #[arg(long, default_value = "ring")]
     pub algorithm: String,
     /// Chunks per shard or block (ring_chunked, required; ring_accumulate and fused,
@@ -683,6 +683,25 @@ fn validate() -> Result<()> {
             row.compute_floor_us,
             row.staggered_us,
             row.offset_us
+        );
+    }
+    println!("not measured yet, predicted on {} (the bench times them next):", one.name);
+    println!(
+        "{:<34} {:>11} {:>11} {:>11} {:>11} {:>11} {:>10}",
+        "case", "simulated", "analytic", "Σ compute", "staggered", "offsets", "best ÷ Σ"
+    );
+    for row in one_gpu_predictions(&one)? {
+        let t = &row.time;
+        let best = t.simulated_us.min(row.staggered_us).min(row.offset_us);
+        println!(
+            "{:<34} {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>10.3}",
+            t.case,
+            t.simulated_us,
+            t.analytic_us,
+            row.compute_floor_us,
+            row.staggered_us,
+            row.offset_us,
+            best / row.compute_floor_us
         );
     }
     let tpu = Profile::load("tpuv4-torus")?;

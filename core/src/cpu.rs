@@ -88,14 +88,15 @@ pub fn run_with(plan: &Plan, seed: u32, family: Family, order: Order) -> Result<
 pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
     let dt = |r: &Region| plan.buffers[r.buf.0].dtype;
     match op {
-        Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } => {
+        Op::Gemm { a, b, c, trans_a, trans_b, accumulate, c_device, .. } => {
             let (m, n) = (c.rows, c.cols);
             let k = if *trans_a { a.rows } else { a.cols };
+            let owner = c_device.unwrap_or(device);
             let dev = &mem[device];
             let mut out = vec![0u32; m * n];
             for i in 0..m {
                 for j in 0..n {
-                    let mut acc = if *accumulate { f32::from_bits(dev[c.buf.0][at(c, i, j)]) } else { 0.0 };
+                    let mut acc = if *accumulate { f32::from_bits(mem[owner][c.buf.0][at(c, i, j)]) } else { 0.0 };
                     for p in 0..k {
                         let ai = if *trans_a { at(a, p, i) } else { at(a, i, p) };
                         let bi = if *trans_b { at(b, j, p) } else { at(b, p, j) };
@@ -108,7 +109,7 @@ pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
             }
             for i in 0..m {
                 for j in 0..n {
-                    mem[device][c.buf.0][at(c, i, j)] = out[i * n + j];
+                    mem[owner][c.buf.0][at(c, i, j)] = out[i * n + j];
                 }
             }
         }
@@ -347,6 +348,29 @@ mod tests {
         }
     }
 
+    /// `ring_push` adds the same partials in the same order as `ring_accumulate`, only
+    /// where they lie: the outputs agree bit for bit, in the realistic family too.
+    #[test]
+    fn ring_push_sums_as_ring_accumulate_bit_for_bit() {
+        for op in [OpKind::GemmRs, OpKind::GemmAr] {
+            for d in [1, 2, 3, 4] {
+                let p = Problem::new(op, d, 8 * d, 24, 16 * d, DType::F16, DType::F16).unwrap();
+                let output = |alg| {
+                    let plan = build_plan(&p, alg).unwrap();
+                    let out = plan.output().unwrap();
+                    run(&plan, 5, Family::Realistic)
+                        .unwrap()
+                        .into_iter()
+                        .map(|mem| mem[out.0].clone())
+                        .collect::<Vec<_>>()
+                };
+                let push = output(Algorithm::RingPush);
+                assert_eq!(push, output(Algorithm::RingAccumulate { chunks: 1 }), "{op} D={d}");
+                assert!(push.iter().flatten().any(|&w| w != 0), "{op} D={d}: all zeros");
+            }
+        }
+    }
+
     /// Partial sums in bf16: every GEMM+RS/AR algorithm stays within the derived bound in
     /// the realistic family, and its partial buffers really are bf16.
     #[test]
@@ -359,7 +383,7 @@ mod tests {
                     .unwrap();
                 assert!(p.unsupported_family(Family::Exact).is_some());
                 for alg in algorithms_for(op) {
-                    if let Algorithm::RingAccumulate { .. } = alg {
+                    if let Algorithm::RingAccumulate { .. } | Algorithm::RingPush = alg {
                         // Adding in the GEMM would round into bf16 twice: refused.
                         let refused = build_plan(&p, alg);
                         assert!(

@@ -14,7 +14,7 @@ pub enum MutationKind {
     LowerWait,
     /// Swap two adjacent ops of a lane.
     SwapAdjacent,
-    /// Send a `Copy` to a different device.
+    /// Send a `Copy`, or a GEMM's result on a peer, to a different device.
     WrongPeer,
     /// Write a `Copy` into the neighbouring slot of its destination buffer.
     WrongSlot,
@@ -332,6 +332,21 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                     None,
                 );
             }
+            Op::Gemm { c_device: Some(peer), .. } if n > 1 => {
+                let wrong = (peer + 1) % n;
+                let mut mutated = op.clone();
+                if let Op::Gemm { c_device, .. } = &mut mutated {
+                    *c_device = Some(wrong);
+                }
+                with(
+                    MutationKind::WrongPeer,
+                    format!("{here} -> dev{wrong}"),
+                    &mut |p| {
+                        p.programs[device].lanes[lane][index] = mutated.clone();
+                    },
+                    None,
+                );
+            }
             _ => {}
         }
         if let Op::Copy { src, dst_device, dst, engine } = op {
@@ -351,14 +366,14 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                 );
             }
         }
-        if let Op::Gemm { a, b, c, trans_a, trans_b, accumulate: true, fused } = op {
-            let (a, b, c, trans_a, trans_b, fused) = (*a, *b, *c, *trans_a, *trans_b, *fused);
+        if let Op::Gemm { a, b, c, trans_a, trans_b, accumulate: true, fused, c_device } = op {
+            let (a, b, c, trans_a, trans_b, fused, c_device) = (*a, *b, *c, *trans_a, *trans_b, *fused, *c_device);
             with(
                 MutationKind::Overwrite,
                 format!("{here} overwrites"),
                 &mut |p| {
                     p.programs[device].lanes[lane][index] =
-                        Op::Gemm { a, b, c, trans_a, trans_b, accumulate: false, fused };
+                        Op::Gemm { a, b, c, trans_a, trans_b, accumulate: false, fused, c_device };
                 },
                 None,
             );

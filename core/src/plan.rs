@@ -390,6 +390,12 @@ pub enum Op {
         /// GEMM of its own.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         fused: Option<u32>,
+        /// The device whose `c` it is: a peer's, for a GEMM whose epilogue adds straight
+        /// into the peer's running sum (reads and writes of c cross to that device, as a
+        /// copy's do). `None`: this device's own. Only a GEMM of its own (`fused: None`)
+        /// reaches a peer.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        c_device: Option<usize>,
     },
     /// Copies a local region into `dst` on device `dst_device` (itself or a peer).
     Copy {
@@ -551,7 +557,7 @@ pub enum Op {
 impl Op {
     /// `c = a · b`: a plain GEMM (no transposes, no accumulation, a GEMM of its own).
     pub fn gemm(a: Region, b: Region, c: Region) -> Op {
-        Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false, fused: None }
+        Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false, fused: None, c_device: None }
     }
 }
 
@@ -1015,10 +1021,18 @@ impl Plan {
             }
         }
         match op {
-            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } => {
+            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, fused, c_device } => {
                 region(a)?;
                 region(b)?;
                 let cb = region(c)?;
+                if let Some(peer) = c_device {
+                    device(*peer)?;
+                    if let Some(id) = fused {
+                        return Err(mismatch(format!(
+                            "block of fused gemm {id} writes c on device {peer}; a persistent kernel's blocks write their own device's c"
+                        )));
+                    }
+                }
                 let (m, ka) = if *trans_a { (a.cols, a.rows) } else { (a.rows, a.cols) };
                 let (kb, n) = if *trans_b { (b.cols, b.rows) } else { (b.rows, b.cols) };
                 if ka != kb || c.rows != m || c.cols != n {
@@ -1258,9 +1272,10 @@ impl Plan {
         };
         let sem = |s: &SemId| self.semaphores.get(s.0).map_or("?", String::as_str);
         match op {
-            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, fused } => format!(
-                "gemm{} {} {} {}{} · {}{}",
+            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, fused, c_device } => format!(
+                "gemm{} {}{} {} {}{} · {}{}",
                 fused.map_or(String::new(), |k| format!("[fused {k}]")),
+                c_device.map_or(String::new(), |d| format!("dev{d}:")),
                 reg(c),
                 if *accumulate { "+=" } else { "=" },
                 reg(a),
@@ -1505,6 +1520,38 @@ mod tests {
         assert_eq!(copy(5, 2, 2, 6), "copy X[5 + 6·r + 0..2, r < 2] -> dev0:X[5 + 6·r + 0..2, r < 2] (ce)");
         // Columns 2..6 of a 4-column row wrap into the next.
         assert_eq!(copy(2, 1, 4, 4), "copy X[2 + 4·r + 0..4, r < 1] -> dev0:X[2 + 4·r + 0..4, r < 1] (ce)");
+    }
+
+    /// A GEMM's c on a peer: named in its text, refused on a device that does not exist
+    /// and in a block of a persistent kernel, kept through a plan file.
+    #[test]
+    fn a_gemm_on_a_peers_c_is_checked_and_round_trips() {
+        let p = Problem::new(OpKind::GemmRs, 2, 16, 8, 16, DType::F16, DType::F16).unwrap();
+        let plan = build_plan(&p, Algorithm::RingPush).unwrap();
+        let site =
+            plan.ops().find_map(|(site, op)| matches!(op, Op::Gemm { c_device: Some(1), .. }).then_some(site)).unwrap();
+        let text = plan.op_text(&plan.programs[site.device].lanes[site.lane][site.index]);
+        assert_eq!(text, "gemm dev1:S[0..8] = A[8..16] · B[0..8]");
+        let file = plan.to_file_json();
+        assert!(file.contains("\"c_device\": 1"), "{file}");
+        assert_eq!(Plan::from_file_json(&file).unwrap(), plan);
+        let with = |change: &dyn Fn(&mut Op)| {
+            let mut bad = plan.clone();
+            change(&mut bad.programs[site.device].lanes[site.lane][site.index]);
+            bad.validate().unwrap_err().to_string()
+        };
+        let e = with(&|op| {
+            if let Op::Gemm { c_device, .. } = op {
+                *c_device = Some(2);
+            }
+        });
+        assert!(e.contains("device 2 does not exist (D=2)"), "{e}");
+        let e = with(&|op| {
+            if let Op::Gemm { fused, .. } = op {
+                *fused = Some(0);
+            }
+        });
+        assert!(e.contains("block of fused gemm 0 writes c on device 1"), "{e}");
     }
 
     #[test]

@@ -720,6 +720,7 @@ pub(crate) fn gemm_plan(spec: &GemmSpec) -> Result<Plan, CudaError> {
             trans_b: spec.trans_b,
             accumulate: spec.accumulate,
             fused: None,
+            c_device: None,
         },
     );
     let plan = b.finish()?;

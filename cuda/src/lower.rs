@@ -609,7 +609,7 @@ fn lower_op(
         inputs: inputs.iter().map(|r| (loc(d, r), r.stride as u64, dt(r))).collect(),
     };
     Ok(match op {
-        Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } => {
+        Op::Gemm { a, b, c, trans_a, trans_b, accumulate, c_device, .. } => {
             let (m, n) = (c.rows, c.cols);
             let k = if *trans_a { a.rows } else { a.cols };
             if m == 0 || n == 0 {
@@ -645,7 +645,8 @@ fn lower_op(
             Some(Command::Gemm(GemmCommand {
                 a: loc(d, a),
                 b: loc(d, b),
-                c: loc(d, c),
+                // A peer's c: the kernel reaches it through peer access, as an SM copy does.
+                c: loc(c_device.unwrap_or(d), c),
                 strides: [ld(a), ld(b), ld(c)],
                 mnk: [m as u32, n as u32, k as u32],
                 dtypes: [dt(a), dt(b), dt(c)],

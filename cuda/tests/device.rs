@@ -224,6 +224,7 @@ fn tile_paths_match_the_cpu_twin(b: &impl CudaExecutor) {
                 trans_b: c.trans_b,
                 accumulate: c.accumulate,
                 fused: None,
+                c_device: None,
             };
             p.push(0, lane, op);
             let plan = p.finish().unwrap();

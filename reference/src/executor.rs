@@ -260,7 +260,8 @@ impl Encoder<'_> {
     fn op(&mut self, device: usize, op: &Op) -> Result<(), ReferenceError> {
         let dt = |r: &Region| dtype_code(self.plan.buffer(r.buf).dtype);
         match op {
-            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } => {
+            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, c_device, .. } => {
+                let owner = c_device.unwrap_or(device);
                 let (m, n) = (c.rows, c.cols);
                 let k = if *trans_a { a.rows } else { a.cols };
                 let (gx, gy) = (n.div_ceil(64), m.div_ceil(64));
@@ -278,7 +279,7 @@ impl Encoder<'_> {
                 let (c_off, c_stride, c_dtype) = if split && !c_f32 {
                     (self.layout.tmp_base as u32, n as u32, 0)
                 } else {
-                    (self.layout.word(device, c), c.stride as u32, dt(c))
+                    (self.layout.word(owner, c), c.stride as u32, dt(c))
                 };
                 let mut k_begin = 0;
                 loop {
@@ -310,7 +311,7 @@ impl Encoder<'_> {
                 if split && !c_f32 {
                     let mut inputs = [[0u32; 4]; 4];
                     inputs[0] = [self.layout.tmp_base as u32, n as u32, 0, 0];
-                    self.reduce(m, n, 1, inputs, self.layout.word(device, c), c.stride as u32, dt(c))?;
+                    self.reduce(m, n, 1, inputs, self.layout.word(owner, c), c.stride as u32, dt(c))?;
                 }
             }
             Op::Copy { src, dst_device, dst, .. } => {

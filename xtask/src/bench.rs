@@ -43,9 +43,9 @@ pub struct Args {
     #[arg(long, default_value_t = 1, value_parser = parse_shrink)]
     pub shrink: usize,
     /// CUDA only: after the table, write a timeline of one run (every op's start and
-    /// end, from events on its stream) of gemm_rs `ring_accumulate` and its direct
-    /// baseline at D = 4 and 8, plain, staggered and with offset starts, into DIR
-    /// (`<plan>.svg`, and `<plan>.json` for Perfetto).
+    /// end, from events on its stream) of gemm_rs `ring_accumulate`, `ring_push` and
+    /// the direct baseline at D = 4 and 8, plain, staggered and with offset starts,
+    /// into DIR (`<plan>.svg`, and `<plan>.json` for Perfetto).
     #[arg(long, value_name = "DIR")]
     pub timelines: Option<std::path::PathBuf>,
 }

@@ -725,8 +725,13 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
             let baseline_us = baseline_times.fastest_us();
             let mut algorithms = vec![Algorithm::Ring, Algorithm::RingBidir];
             if op == OpKind::GemmRs {
-                // The running sum added in the GEMM, whole and in two chunks.
-                algorithms.extend([Algorithm::RingAccumulate { chunks: 1 }, Algorithm::RingAccumulate { chunks: 2 }]);
+                // The running sum added in the GEMM, whole and in two chunks, and added by
+                // each GEMM on the block's owner (no copies).
+                algorithms.extend([
+                    Algorithm::RingAccumulate { chunks: 1 },
+                    Algorithm::RingAccumulate { chunks: 2 },
+                    Algorithm::RingPush,
+                ]);
             }
             algorithms.extend([Algorithm::Fused { chunks: 1 }, Algorithm::Baseline, Algorithm::BaselineDirect]);
             for algorithm in algorithms {
@@ -878,7 +883,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
     Ok(())
 }
 
-/// One run each of gemm_rs `ring_accumulate` and `baseline_direct` at D = 4 and 8, plain,
+/// One run each of gemm_rs `ring_accumulate`, `ring_push` and `baseline_direct` at D = 4 and 8, plain,
 /// staggered and with offset starts, with every op's events recorded: a timeline per run
 /// (SVG and Perfetto JSON) in `dir`, to see whether the devices ran in lockstep.
 fn write_timelines(
@@ -896,7 +901,7 @@ fn write_timelines(
     ];
     for d in [4usize, 8] {
         let problem = seed000_problem(OpKind::GemmRs, d, shrink)?;
-        for algorithm in [Algorithm::RingAccumulate { chunks: 1 }, Algorithm::BaselineDirect] {
+        for algorithm in [Algorithm::RingAccumulate { chunks: 1 }, Algorithm::RingPush, Algorithm::BaselineDirect] {
             if !stamp.contains(&format!("{} {}", OpKind::GemmRs, algorithm.name())) {
                 continue;
             }

@@ -45,6 +45,13 @@ pub enum Algorithm {
         /// Chunks per block.
         chunks: usize,
     },
+    /// GEMM+RS and GEMM+AR only: the ring's contributors in the ring's order, but the
+    /// running sums stay on their blocks' owners and each GEMM adds its partial into
+    /// the owner's sum where it lies (a peer's c, β = 1), so no sum is ever copied.
+    /// Seed 001's push mode with the GEMM as the producer: its epilogue writes into the
+    /// consumer's memory, then notifies it. On one GPU the peer's memory is the same
+    /// HBM; across GPUs each GEMM's epilogue reads and writes its block over the link.
+    RingPush,
     /// The ring with its GEMMs fused into one tile-granular GEMM (seed 000's persistent
     /// kernel): every block of output rows waits only for its own operand rows and is
     /// released as soon as it is written; shards (or sums) travel in `chunks` row chunks.
@@ -64,6 +71,7 @@ impl Algorithm {
             Algorithm::RingBidir => "ring_bidir",
             Algorithm::RingChunked { .. } => "ring_chunked",
             Algorithm::RingAccumulate { .. } => "ring_accumulate",
+            Algorithm::RingPush => "ring_push",
             Algorithm::Fused { .. } => "fused",
         }
     }
@@ -81,6 +89,7 @@ impl Algorithm {
             },
             // One chunk per shard (or block) unless told otherwise.
             "ring_accumulate" => Algorithm::RingAccumulate { chunks: chunks.unwrap_or(1) },
+            "ring_push" => Algorithm::RingPush,
             "fused" => Algorithm::Fused { chunks: chunks.unwrap_or(1) },
             other => return Err(AlgorithmError::Unknown { name: other.to_string() }),
         };
@@ -115,7 +124,7 @@ impl fmt::Display for Algorithm {
 pub enum AlgorithmError {
     /// The algorithm name is not known.
     #[error(
-        "unknown algorithm `{name}` (expected baseline, baseline_direct, ring, ring_bidir, ring_chunked, ring_accumulate or fused)"
+        "unknown algorithm `{name}` (expected baseline, baseline_direct, ring, ring_bidir, ring_chunked, ring_accumulate, ring_push or fused)"
     )]
     Unknown {
         /// The name given.
@@ -186,9 +195,10 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
             ring::ag_gemm_ring(problem, algorithm, chunks)
         }
         (OpKind::AgGemm, Algorithm::RingBidir) => ring::ag_gemm_bidir(problem),
-        (OpKind::AgGemm, Algorithm::RingAccumulate { .. }) => {
+        (OpKind::AgGemm, Algorithm::RingAccumulate { .. } | Algorithm::RingPush) => {
             Err(AlgorithmError::NotDefined { algorithm, op: problem.op.name() })
         }
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::RingPush) => ring::gemm_reduce_push(problem),
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Baseline) => ring::gemm_reduce_baseline(problem),
         (
             OpKind::GemmRs | OpKind::GemmAr,
@@ -205,8 +215,8 @@ pub(crate) fn min_ops(p: &Problem) -> u128 {
     d * (d - 1)
 }
 
-/// Every algorithm variant defined for `op` (with a representative chunk count): the same
-/// seven for every 1D op.
+/// Every algorithm variant defined for `op` (with a representative chunk count): seven
+/// for every 1D op, and the three that add in the GEMM for GEMM+RS and GEMM+AR.
 pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
     let mut all = vec![
         Algorithm::Baseline,
@@ -218,7 +228,11 @@ pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
         Algorithm::Fused { chunks: 2 },
     ];
     if matches!(op, OpKind::GemmRs | OpKind::GemmAr) {
-        all.extend([Algorithm::RingAccumulate { chunks: 1 }, Algorithm::RingAccumulate { chunks: 2 }]);
+        all.extend([
+            Algorithm::RingAccumulate { chunks: 1 },
+            Algorithm::RingAccumulate { chunks: 2 },
+            Algorithm::RingPush,
+        ]);
     }
     all
 }
@@ -300,6 +314,48 @@ mod tests {
                 assert_eq!(ops.iter().filter(|op| matches!(op, Op::Reduce { .. })).count(), chunks);
             }
             assert_eq!(plan.buffer(plan.buffer_id("send").unwrap()).rows, 16);
+        }
+    }
+
+    #[test]
+    fn ring_push_parses_prints_and_is_refused_for_ag_gemm_and_chunks() {
+        assert_eq!(Algorithm::parse("ring_push", None), Ok(Algorithm::RingPush));
+        assert_eq!(Algorithm::RingPush.to_string(), "ring_push");
+        let chunked = Algorithm::parse("ring_push", Some(2));
+        assert!(matches!(chunked, Err(AlgorithmError::UnexpectedParameter { parameter: "chunks", .. })), "{chunked:?}");
+        let ag = Problem::new(OpKind::AgGemm, 4, 32, 32, 32, DType::F16, DType::F16).unwrap();
+        let refused = build_plan(&ag, Algorithm::RingPush);
+        assert!(matches!(refused, Err(AlgorithmError::NotDefined { op: "ag_gemm", .. })), "{refused:?}");
+        assert!(!algorithms_for(OpKind::AgGemm).contains(&Algorithm::RingPush));
+    }
+
+    /// Per device: no copy in GEMM+RS; D−1 GEMMs into the peers' sums, each on the
+    /// block's owner, every peer once, the first overwriting and the rest adding; one
+    /// local GEMM and one reduce for the own block.
+    #[test]
+    fn ring_push_adds_into_each_owner_sum_once_and_copies_nothing() {
+        for d_count in [1, 2, 4] {
+            let p =
+                Problem::new(OpKind::GemmRs, d_count, 16 * d_count, 16, 8 * d_count, DType::F16, DType::F16).unwrap();
+            let plan = build_plan(&p, Algorithm::RingPush).unwrap();
+            let sum = plan.buffer_id("S").unwrap();
+            for d in 0..d_count {
+                let ops: Vec<&Op> = plan.programs[d].lanes.iter().flatten().collect();
+                assert!(!ops.iter().any(|op| matches!(op, Op::Copy { .. })), "device {d}");
+                let remote: Vec<(usize, bool)> = ops
+                    .iter()
+                    .filter_map(|op| match op {
+                        Op::Gemm { c, c_device: Some(owner), accumulate, .. } if c.buf == sum => {
+                            Some((*owner, *accumulate))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                let want: Vec<(usize, bool)> = (0..d_count - 1).map(|s| ((d + s + 1) % d_count, s > 0)).collect();
+                assert_eq!(remote, want, "device {d} of {d_count}");
+                let reduces = ops.iter().filter(|op| matches!(op, Op::Reduce { .. })).count();
+                assert_eq!(reduces, usize::from(d_count > 1), "device {d} of {d_count}");
+            }
         }
     }
 }

@@ -15,7 +15,7 @@ fn right(d: usize, n: usize) -> usize {
 
 /// A block of tile-granular GEMM `id` of its lane.
 pub(crate) fn gemm_block(a: Region, b: Region, c: Region, id: u32) -> Op {
-    Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false, fused: Some(id) }
+    Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false, fused: Some(id), c_device: None }
 }
 
 pub(crate) fn copy(src: Region, dst_device: usize, dst: Region) -> Op {
@@ -654,6 +654,7 @@ pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan
                         trans_b: false,
                         accumulate: true,
                         fused: None,
+                        c_device: None,
                     };
                     b.push(d, compute, gemm);
                     b.push(d, compute, signal(d, ring.ready));
@@ -680,6 +681,78 @@ pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan
             let lane = rings[0].0.comm;
             b.push(d, lane, wait(done, 1));
             let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
+            ring_all_gather(&mut b, &Ring::all(n, d), lane, ag, 0, blocks[d], &blocks);
+            b.push(d, lane, wait(ag, (n - 1) as u32));
+        }
+    }
+    Ok(b.finish()?)
+}
+
+/// GEMM+RS (and GEMM+AR), ring order, sums that never travel: block b's running sum
+/// lives in scratch S on its owner, device b, and each contributor's GEMM adds its
+/// partial straight into it there (β = 1 with a peer's c; the first contributor
+/// overwrites). At step s device d computes block (d+s+1)%D after its right neighbour
+/// has added to that block at step s−1, then releases its left neighbour; at s = D−1
+/// the block is d's own, computed into P while the last peer adds, and P + S lands in
+/// C. The contributors and their order are the ring's, so the sums are the ring's bit
+/// for bit; the copies are gone, their bytes moved by the GEMMs' epilogues instead.
+/// Every device writes into each peer's S in turn, one writer per S at a time.
+pub(super) fn gemm_reduce_push(p: &Problem) -> Result<Plan, AlgorithmError> {
+    let algorithm = Algorithm::RingPush;
+    if p.wire != DType::F32 {
+        return Err(AlgorithmError::NeedsF32Wire { algorithm, wire: p.wire });
+    }
+    let n = p.devices;
+    let mb = p.m / n;
+    let (mut b, a, bm, c) = start_plan(p, algorithm);
+    let partial = b.buffer("P", p.wire, mb, p.n, BufferRole::Scratch);
+    let sum = b.buffer("S", p.wire, mb, p.n, BufferRole::Scratch);
+    // Incremented by the right neighbour once per step it has added to a block.
+    let added = b.semaphore("added");
+    let compute = b.lane("compute");
+    let all_reduce = p.op == OpKind::GemmAr;
+    let (comm, done, ag) = if all_reduce && n > 1 {
+        (Some(b.lane("comm")), Some(b.semaphore("done")), Some(b.semaphore("ag")))
+    } else {
+        (None, None, None)
+    };
+    let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
+    for d in 0..n {
+        let (whole_b, whole_p, whole_s) = (b.whole(bm), b.whole(partial), b.whole(sum));
+        let out = if all_reduce { blocks[d] } else { b.whole(c) };
+        for s in 0..n {
+            let blk = (d + s + 1) % n;
+            let a_rows = b.rows(a, blk * mb, mb);
+            if s == n - 1 {
+                // Own block: its partial needs no one; the peers' sum does.
+                if n == 1 {
+                    b.push(d, compute, Op::gemm(a_rows, whole_b, out));
+                    break;
+                }
+                b.push(d, compute, Op::gemm(a_rows, whole_b, whole_p));
+                b.push(d, compute, wait(added, s as u32));
+                b.push(d, compute, Op::Reduce { inputs: vec![whole_p, whole_s], output: out });
+                break;
+            }
+            if s > 0 {
+                b.push(d, compute, wait(added, s as u32));
+            }
+            let gemm = Op::Gemm {
+                a: a_rows,
+                b: whole_b,
+                c: whole_s,
+                trans_a: false,
+                trans_b: false,
+                accumulate: s > 0,
+                fused: None,
+                c_device: Some(blk),
+            };
+            b.push(d, compute, gemm);
+            b.push(d, compute, signal(left(d, n), added));
+        }
+        if let (Some(lane), Some(done), Some(ag)) = (comm, done, ag) {
+            b.push(d, compute, signal(d, done));
+            b.push(d, lane, wait(done, 1));
             ring_all_gather(&mut b, &Ring::all(n, d), lane, ag, 0, blocks[d], &blocks);
             b.push(d, lane, wait(ag, (n - 1) as u32));
         }

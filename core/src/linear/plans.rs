@@ -21,7 +21,7 @@ use crate::problem::Window;
 
 /// `c (+)= op(a)·op(b)`.
 fn gemm(a: Region, b: Region, c: Region, trans_a: bool, trans_b: bool, accumulate: bool) -> Op {
-    Op::Gemm { a, b, c, trans_a, trans_b, accumulate, fused: None }
+    Op::Gemm { a, b, c, trans_a, trans_b, accumulate, fused: None, c_device: None }
 }
 
 /// Rows `[r·rows/n, (r+1)·rows/n)` of a region.

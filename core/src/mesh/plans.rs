@@ -193,7 +193,7 @@ impl OsTarget {
     /// Step `t` of the sum: `target (+)= a · b`.
     fn gemm(&self, b: &PlanBuilder, t: usize, a: Region, bm: Region) -> Op {
         let c = b.whole(self.acc.unwrap_or(self.c));
-        Op::Gemm { a, b: bm, c, trans_a: false, trans_b: false, accumulate: t > 0, fused: None }
+        Op::Gemm { a, b: bm, c, trans_a: false, trans_b: false, accumulate: t > 0, fused: None, c_device: None }
     }
 
     /// Converts the accumulator into C, if there is one.
@@ -565,9 +565,27 @@ impl Flow {
     fn gemm(&self, s: Region, gm: Region, out: Region) -> Op {
         if self.transposed {
             // Stored: outᵀ (x×p) = gmᵀ (x×q) · sᵀ (q×p), gm stored q×x, s stored q×p.
-            Op::Gemm { a: gm, b: s, c: out, trans_a: true, trans_b: false, accumulate: false, fused: None }
+            Op::Gemm {
+                a: gm,
+                b: s,
+                c: out,
+                trans_a: true,
+                trans_b: false,
+                accumulate: false,
+                fused: None,
+                c_device: None,
+            }
         } else {
-            Op::Gemm { a: s, b: gm, c: out, trans_a: false, trans_b: true, accumulate: false, fused: None }
+            Op::Gemm {
+                a: s,
+                b: gm,
+                c: out,
+                trans_a: false,
+                trans_b: true,
+                accumulate: false,
+                fused: None,
+                c_device: None,
+            }
         }
     }
 

@@ -79,8 +79,14 @@ fn one_gpu_share(profile: &Profile, devices: usize) -> Profile {
 /// ring family). The simulator replays the real plans; this is the back-of-envelope beside it.
 pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> RingEstimate {
     if profile.interconnect.topology == TopologyKind::OneGpu {
-        return ring_1d(problem, algorithm, &one_gpu_share(profile, problem.devices));
+        return ring_1d_on(problem, algorithm, &one_gpu_share(profile, problem.devices), true);
     }
+    ring_1d_on(problem, algorithm, profile, false)
+}
+
+/// [`ring_1d`] on `profile`; `one_memory`: the devices share one GPU's memory, so a peer's
+/// memory is reached at HBM speed by any kernel (a GEMM's epilogue included).
+fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_memory: bool) -> RingEstimate {
     let d = problem.devices;
     let (m, n, k) = (problem.m, problem.n, problem.k);
     let (input, output) = (problem.input, problem.output);
@@ -256,6 +262,24 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
                         gemm_step_s: c * chunk_gemm,
                         comm_step_s: c * comm,
                         formula: "GEMM + (D−2)·max(c·(GEMM/c + L_sync), GEMM/c + block/c/BW + 2·L_sync) + max(GEMM, block/c/BW) + reduce [+ AG for AR]",
+                    }
+                }
+                Algorithm::RingPush => {
+                    let step =
+                        profile.launch_s() + profile.gemm_cost(m / d, n, k / d, input, problem.wire, true).work_s;
+                    // Each GEMM's epilogue reads and writes its block on the owner: over
+                    // the link (both directions at once) unless the devices share memory.
+                    let remote = if one_memory {
+                        0.0
+                    } else {
+                        block / (profile.copy.sm_copy_gbps.min(link_gbps) * 1e9) + 2.0 * latency
+                    };
+                    let last = if d > 1 { step + reduce } else { step };
+                    RingEstimate {
+                        total_s: steps * (step + remote + sync) + last + ag,
+                        gemm_step_s: step,
+                        comm_step_s: remote,
+                        formula: "(D−1)·(GEMM + block/BW + L_sync) + GEMM + reduce [+ AG for AR]",
                     }
                 }
                 Algorithm::Fused { chunks } => {

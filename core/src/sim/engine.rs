@@ -334,14 +334,42 @@ impl<'a> Sim<'a> {
         let p = self.profile;
         let launch = p.launch_s();
         match op {
-            Op::Gemm { a, b, c, trans_a, accumulate, .. } => {
+            Op::Gemm { a, b, c, trans_a, accumulate, c_device, .. } => {
                 let k = if *trans_a { a.rows } else { a.cols };
                 let (da, db) = (dtype_of(self.plan, a.buf), dtype_of(self.plan, b.buf));
                 // Mixed inputs run at the slower operand's rate.
                 let input = if p.peak_flops(da) <= p.peak_flops(db) { da } else { db };
                 let cost = p.gemm_cost(c.rows, c.cols, k, input, dtype_of(self.plan, c.buf), *accumulate);
                 let flops = 2.0 * c.rows as f64 * c.cols as f64 * k as f64;
-                (self.compute_phases(device, cost.work_s, cost.bytes), 0.0, flops, cost.work_s)
+                let mut phases = self.compute_phases(device, cost.work_s, cost.bytes);
+                let mut work = cost.work_s;
+                let mut moved = 0.0;
+                match c_device {
+                    // A peer's c across a link: the epilogue writes it there (and first
+                    // reads it back when accumulating, over the other direction at the
+                    // same time). Charged after the compute, not under it: cuBLAS writes c
+                    // tile by tile as tiles finish, most of it in the last wave.
+                    Some(owner) if *owner != device && !self.topo.one_gpu() => {
+                        moved = c.len() as f64 * dtype_of(self.plan, c.buf).size_bytes() as f64;
+                        let mut route = self.topo.route(device, *owner);
+                        for &r in &route {
+                            self.link_bytes[r] += moved;
+                        }
+                        if *accumulate {
+                            let back = self.topo.route(*owner, device);
+                            for &r in &back {
+                                self.link_bytes[r] += moved;
+                            }
+                            route.extend(back);
+                        }
+                        let rate = 1e9 * p.copy.sm_copy_gbps;
+                        work += moved / rate.min(p.link_bps());
+                        phases.push(Phase::Fluid { amount: moved, cap: rate, resources: route, hbm_bytes: 0.0 });
+                        phases.push(Phase::Fixed(self.topo.latency_s(device, *owner)));
+                    }
+                    _ => {}
+                }
+                (phases, moved, flops, work)
             }
             // Two GEMMs over the visible score tiles (Q·Kᵀ and P·V), see
             // `Profile::attention_cost`; masked key tiles are skipped, so a causal block

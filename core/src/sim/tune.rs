@@ -72,6 +72,7 @@ pub fn candidates_1d(op: OpKind) -> Vec<Algorithm> {
     v.extend(CHUNK_CANDIDATES.iter().map(|&chunks| Algorithm::RingChunked { chunks }));
     if matches!(op, OpKind::GemmRs | OpKind::GemmAr) {
         v.extend([1, 2, 4].map(|chunks| Algorithm::RingAccumulate { chunks }));
+        v.push(Algorithm::RingPush);
     }
     v.extend([1, 2, 4].map(|chunks| Algorithm::Fused { chunks }));
     v
@@ -142,7 +143,14 @@ fn explain(ranked: &[Ranked1d]) -> String {
     let gemm = r.mean_duration_s(OpClass::Gemm);
     let copy = r.mean_duration_s(OpClass::RemoteCopy);
     let saved = base.report.makespan_s - r.makespan_s;
-    let mut text = if copy <= gemm {
+    let mut text = if win.algorithm == Algorithm::RingPush {
+        format!(
+            "the reduction copies nothing: each GEMM adds its partial into the block's owner ({} GEMM per step, its traffic to the owner included); {} faster than the baseline, which exposes {}",
+            us(gemm),
+            us(saved),
+            us(base.report.max_exposed_comm_s())
+        )
+    } else if copy <= gemm {
         format!(
             "communication {} per step hidden under {} GEMM per step; {} faster than the baseline, which exposes {}",
             us(copy),
@@ -635,10 +643,28 @@ mod tests {
             assert!(time(a) > time(Algorithm::Baseline), "{a}");
         }
         assert_eq!(r.winner().algorithm, Algorithm::Fused { chunks: 1 }, "{}", r.reason);
+        // GEMM+RS and GEMM+AR: of the plans with copies, none beats the baseline; the
+        // plan whose GEMMs add into the owners' sums (no copy launches, one reduce) does.
         for op in [OpKind::GemmRs, OpKind::GemmAr] {
             let p = Problem::new(op, 4, 64, 64, 64, DType::F16, DType::F16).unwrap();
-            assert_eq!(tune_1d(&p, &profile).unwrap().winner().algorithm, Algorithm::Baseline);
+            let r = tune_1d(&p, &profile).unwrap();
+            let baseline = r.ranked.iter().position(|c| c.algorithm == Algorithm::Baseline).unwrap();
+            assert_eq!(baseline, 1, "{op}: {:?}", r.ranked.iter().map(|c| c.algorithm).collect::<Vec<_>>());
+            assert_eq!(r.winner().algorithm, Algorithm::RingPush);
+            assert!(r.reason.starts_with("the reduction copies nothing"), "{}", r.reason);
         }
+    }
+
+    /// Across GPUs, ring_push's GEMMs carry their blocks over the link after computing
+    /// them: at a large shape on NVLink it ranks below the plans that hide their copies.
+    #[test]
+    fn ring_push_loses_where_its_epilogue_crosses_a_link() {
+        let profile = Profile::load("h100-nvlink").unwrap();
+        let p = Problem::new(OpKind::GemmRs, 8, 8192, 4096, 32768, DType::F16, DType::F16).unwrap();
+        let r = tune_1d(&p, &profile).unwrap();
+        let time = |a: Algorithm| r.ranked.iter().find(|c| c.algorithm == a).unwrap().report.makespan_s;
+        assert!(time(Algorithm::RingPush) > time(Algorithm::Ring), "{}", r.reason);
+        assert!(time(Algorithm::RingPush) > time(Algorithm::RingAccumulate { chunks: 2 }));
     }
 
     #[test]

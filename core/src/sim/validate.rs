@@ -171,6 +171,20 @@ pub fn one_gpu_bench(profile: &Profile) -> Result<Vec<OneGpuRow>, ValidationErro
     one_gpu_rows(profile, &times, 1)
 }
 
+/// The plans the bench times that no GPU has run yet, on a one-GPU profile at the
+/// seed-000 shape: gemm_rs `ring_push` at D = 2, 4 and 8 (its measured time is NaN).
+pub fn one_gpu_predictions(profile: &Profile) -> Result<Vec<OneGpuRow>, ValidationError> {
+    let times = [2, 4, 8].map(|devices| BenchTime {
+        op: OpKind::GemmRs,
+        devices,
+        algorithm: Algorithm::RingPush,
+        plain_us: f64::NAN,
+        staggered_us: None,
+        offset_us: None,
+    });
+    one_gpu_rows(profile, &times, 1)
+}
+
 /// Each bench time beside the simulator's three predictions for its plan at the seed-000
 /// shape divided by `shrink` (the bench's own `--shrink`).
 pub fn one_gpu_rows(profile: &Profile, times: &[BenchTime], shrink: usize) -> Result<Vec<OneGpuRow>, ValidationError> {
@@ -485,6 +499,21 @@ mod tests {
             assert!(row.staggered_us < 1.05 * row.compute_floor_us, "{row:?}");
             assert!(row.offset_us < 1.05 * row.compute_floor_us, "{row:?}");
             assert!(row.time.simulated_us > 1.10 * row.compute_floor_us, "{row:?}");
+        }
+    }
+
+    #[test]
+    fn ring_push_is_predicted_within_its_compute_on_one_gpu_and_under_ring_accumulate() {
+        let one = Profile::load("h100-one-gpu").unwrap();
+        let measured = one_gpu_bench(&one).unwrap();
+        for row in one_gpu_predictions(&one).unwrap() {
+            let t = &row.time;
+            assert!(t.published_us.is_nan(), "{}: not measured yet", t.case);
+            // No copies to expose: within 5 % of its own compute, as the bound asks.
+            assert!(t.simulated_us <= 1.05 * row.compute_floor_us, "{}: {t:?}", t.case);
+            let d = t.case.split("D=").nth(1).unwrap().split(' ').next().unwrap();
+            let accumulate = measured.iter().find(|r| r.time.case == format!("gemm_rs D={d} ring_accumulate")).unwrap();
+            assert!(t.simulated_us <= accumulate.time.simulated_us, "{}: {t:?}", t.case);
         }
     }
 

@@ -36,12 +36,13 @@ pub struct Access {
 pub fn accesses(device: usize, op: &Op) -> Vec<Access> {
     let read = |region: &Region| Access { device, region: *region, write: false };
     match op {
-        Op::Gemm { a, b, c, accumulate, .. } => {
+        Op::Gemm { a, b, c, accumulate, c_device, .. } => {
+            let owner = c_device.unwrap_or(device);
             let mut v = vec![read(a), read(b)];
             if *accumulate {
-                v.push(read(c));
+                v.push(Access { device: owner, region: *c, write: false });
             }
-            v.push(Access { device, region: *c, write: true });
+            v.push(Access { device: owner, region: *c, write: true });
             v
         }
         Op::Copy { src, dst_device, dst, .. } => {
