@@ -160,9 +160,9 @@ fn swap_equivalence(device: usize, a: &Op, b: &Op) -> Option<&'static str> {
             )
         }
         (
-            Op::Gemm { a: a1, b: b1, c: c1, accumulate: true, .. },
-            Op::Gemm { a: a2, b: b2, c: c2, accumulate: true, .. },
-        ) if c1 == c2 && [a1, b1, a2, b2].iter().all(|r| r.buf != c1.buf || !r.overlaps(c1)) => {
+            Op::Gemm { a: a1, b: b1, c: c1, accumulate: true, c_device: o1, .. },
+            Op::Gemm { a: a2, b: b2, c: c2, accumulate: true, c_device: o2, .. },
+        ) if c1 == c2 && o1 == o2 && [a1, b1, a2, b2].iter().all(|r| r.buf != c1.buf || !r.overlaps(c1)) => {
             Some(ACCUMULATION_ORDER)
         }
         _ => None,
@@ -378,16 +378,16 @@ pub fn mutants(plan: &Plan, devices: &[usize]) -> Vec<Mutant> {
                 None,
             );
         }
-        // The next accumulation into the same region (a GEMM's f32 output, an attention
-        // state) of this lane, moved before this one.
+        // The next accumulation into the same region of the same device (a GEMM's f32
+        // output, an attention state) of this lane, moved before this one.
         let target = |o: &Op| match o {
-            Op::Gemm { c, accumulate: true, .. } => Some(*c),
-            Op::Attend { state, .. } | Op::AttnMerge { into: state, .. } => Some(state.acc),
+            Op::Gemm { c, accumulate: true, c_device, .. } => Some((c_device.unwrap_or(device), *c)),
+            Op::Attend { state, .. } | Op::AttnMerge { into: state, .. } => Some((device, state.acc)),
             _ => None,
         };
-        if let Some(acc) = target(op) {
+        if let Some((_, acc)) = target(op) {
             let later = plan.programs[device].lanes[lane].iter().enumerate().skip(index + 1).find(|(_, o)| {
-                target(o) == Some(acc)
+                target(o) == target(op)
                     && matches!(
                         (o, op),
                         (Op::Gemm { .. }, Op::Gemm { .. })
@@ -642,6 +642,23 @@ mod tests {
         let reorder = ms.iter().find(|m| m.kind == MutationKind::ReorderAccumulation).expect("a reorder mutant");
         // Micro-batch 1's wgrad now comes first: equivalent only for exact inputs.
         assert!(reorder.exact_only && reorder.equivalent.is_some(), "{}", reorder.description);
+    }
+
+    /// ring_push's GEMMs add into the same region of different devices: no two of them
+    /// accumulate into one place, so none is a reorder of another; a wrong owner is a
+    /// wrong-peer mutant, caught by the verifier.
+    #[test]
+    fn gemms_on_peers_are_rewired_but_never_reordered_across_devices() {
+        let p = Problem::new(OpKind::GemmRs, 3, 12, 6, 6, DType::F32, DType::F32).unwrap();
+        let plan = build_plan(&p, Algorithm::RingPush).unwrap();
+        let ms = mutants(&plan, &[0]);
+        assert!(!ms.iter().any(|m| m.kind == MutationKind::ReorderAccumulation), "a cross-device reorder");
+        let rewired: Vec<&Mutant> = ms.iter().filter(|m| m.kind == MutationKind::WrongPeer).collect();
+        assert_eq!(rewired.len(), 2, "one per GEMM of device 0 on a peer");
+        for m in rewired {
+            let s = schedule_with(&m.plan, crate::schedule::Order::Default).unwrap();
+            assert!(!verify(&m.plan, &s).unwrap().is_empty(), "not caught: {}", m.description);
+        }
     }
 
     #[test]
