@@ -556,6 +556,15 @@ pub(super) fn ag_gemm_gathered(p: &Problem, algorithm: Algorithm, gather: &Gathe
     Ok(b.finish()?)
 }
 
+/// GEMM+AR's AllGather on `lane` of device d: once `done` says d's block of C (rows
+/// block d, one of `blocks`) is reduced, a ring AllGather of every device's block.
+fn gather_reduced_blocks(b: &mut PlanBuilder, d: usize, lane: LaneId, done: SemId, ag: SemId, blocks: &[Region]) {
+    let n = blocks.len();
+    b.push(d, lane, wait(done, 1));
+    ring_all_gather(b, &Ring::all(n, d), lane, ag, 0, blocks[d], blocks);
+    b.push(d, lane, wait(ag, (n - 1) as u32));
+}
+
 /// GEMM+RS (and GEMM+AR as RS then AG), ring, overlapped: at step s device d computes
 /// its partial of block b_s, adds the running sum received from its neighbour and sends
 /// the result on; at s = D−1 the block is its own and the sum is final. With
@@ -678,11 +687,8 @@ pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan
         if let (Some(done), Some(ag)) = (done, ag) {
             // AllGather of the reduced blocks on the first comm lane, once every
             // ring's final reduce is done.
-            let lane = rings[0].0.comm;
-            b.push(d, lane, wait(done, 1));
             let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
-            ring_all_gather(&mut b, &Ring::all(n, d), lane, ag, 0, blocks[d], &blocks);
-            b.push(d, lane, wait(ag, (n - 1) as u32));
+            gather_reduced_blocks(&mut b, d, rings[0].0.comm, done, ag, &blocks);
         }
     }
     Ok(b.finish()?)
@@ -752,9 +758,7 @@ pub(super) fn gemm_reduce_push(p: &Problem) -> Result<Plan, AlgorithmError> {
         }
         if let (Some(lane), Some(done), Some(ag)) = (comm, done, ag) {
             b.push(d, compute, signal(d, done));
-            b.push(d, lane, wait(done, 1));
-            ring_all_gather(&mut b, &Ring::all(n, d), lane, ag, 0, blocks[d], &blocks);
-            b.push(d, lane, wait(ag, (n - 1) as u32));
+            gather_reduced_blocks(&mut b, d, lane, done, ag, &blocks);
         }
     }
     Ok(b.finish()?)
@@ -836,10 +840,8 @@ pub(super) fn gemm_reduce_fused(p: &Problem, chunks: usize) -> Result<Plan, Algo
             }
         }
         if let (Some(done), Some(ag)) = (done, ag) {
-            b.push(d, comm, wait(done, 1));
             let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
-            ring_all_gather(&mut b, &Ring::all(n, d), comm, ag, 0, blocks[d], &blocks);
-            b.push(d, comm, wait(ag, (n - 1) as u32));
+            gather_reduced_blocks(&mut b, d, comm, done, ag, &blocks);
         }
     }
     Ok(b.finish()?)

@@ -511,9 +511,12 @@ mod tests {
             assert!(t.published_us.is_nan(), "{}: not measured yet", t.case);
             // No copies to expose: within 5 % of its own compute, as the bound asks.
             assert!(t.simulated_us <= 1.05 * row.compute_floor_us, "{}: {t:?}", t.case);
-            let d = t.case.split("D=").nth(1).unwrap().split(' ').next().unwrap();
+            let d: usize = t.case.split("D=").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
             let accumulate = measured.iter().find(|r| r.time.case == format!("gemm_rs D={d} ring_accumulate")).unwrap();
-            assert!(t.simulated_us <= accumulate.time.simulated_us, "{}: {t:?}", t.case);
+            // One step at D = 2: the copy hides under the own block's GEMM, the plans tie.
+            // From D = 4 the lockstep copies it saves are over 5 % of ring_accumulate.
+            let most = if d == 2 { 1.01 } else { 0.95 };
+            assert!(t.simulated_us <= most * accumulate.time.simulated_us, "{}: {t:?}", t.case);
         }
     }
 
