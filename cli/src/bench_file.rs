@@ -11,7 +11,7 @@ use cmm_core::algorithms::{build_plan, Algorithm};
 use cmm_core::plan::OpSite;
 use cmm_core::sim::calibration;
 use cmm_core::sim::validate::{
-    calibrated_one_gpu, one_gpu_rows, seed000_problem, BenchTime, OneGpuCalibration, OneGpuRow,
+    calibrated_one_gpu, one_gpu_rows, seed000_problem, BenchTime, OneGpuCalibration, OneGpuRow, H100_COMPUTE_LEVELS,
 };
 use cmm_core::sim::{simulate, Profile, SimOptions};
 use cmm_core::OpKind;
@@ -40,6 +40,8 @@ struct BenchFile {
     #[serde(default = "one")]
     shrink: usize,
     rows: Vec<PlanTimes>,
+    /// The priority the communicating kernels ran at (`-5`), or why none (`none: …`).
+    comm_priority: Option<String>,
     calibration: Option<BenchCalibration>,
     /// The local GEMM alone through cuBLAS and on the tile kernels (64×64, 128×128), µs.
     local_cublas_us: Option<f64>,
@@ -49,6 +51,18 @@ struct BenchFile {
 
 fn one() -> usize {
     1
+}
+
+impl BenchFile {
+    /// The compute priorities the bench's staggered runs spread the devices over: the
+    /// levels below communication's greatest priority (the least is 0), as the CUDA
+    /// executor counts them; an H100's where the report does not say.
+    fn compute_levels(&self) -> (usize, &'static str) {
+        match self.comm_priority.as_deref().and_then(|p| p.parse::<i32>().ok()) {
+            Some(greatest) if greatest < 0 => (greatest.unsigned_abs() as usize, "the report's"),
+            _ => (H100_COMPUTE_LEVELS, "an H100's (the report names no priority)"),
+        }
+    }
 }
 
 /// A bench row's plan and its times, µs: the part of every row of the CUDA bench's report
@@ -292,9 +306,11 @@ pub fn validate_bench(path: &Path) -> Result<()> {
     if !fused.is_empty() {
         println!("the {} fused plans (cmm's own tile kernel) come last, at the tile's measured pace", fused.len());
     }
+    let (levels, whose) = file.compute_levels();
+    println!("staggered predictions over {levels} compute priorities, {whose}");
     println!();
     println!("as the profile stands ({}):", profile.name);
-    print_rows(&one_gpu_rows(&profile, &times, file.shrink)?);
+    print_rows(&one_gpu_rows(&profile, &times, file.shrink, levels)?);
     let Some(c) = &file.calibration else {
         println!();
         println!("no `calibration` in this report (a bench before a28955f): the profile's assumptions stand");
@@ -325,7 +341,7 @@ pub fn validate_bench(path: &Path) -> Result<()> {
     for (field, before, after) in changes(&profile, &calibrated) {
         println!("  {field}: {before} -> {after:.4}");
     }
-    print_rows(&one_gpu_rows(&calibrated, &times, file.shrink)?);
+    print_rows(&one_gpu_rows(&calibrated, &times, file.shrink, levels)?);
     // The calibration's own plans: the copy alone, the GEMMs at once and the round trip
     // check the substitution; the GEMM and the copy beside each other test the model's
     // sharing of the HBM, which no constant was set from.
@@ -422,6 +438,17 @@ mod tests {
     /// The H100 bench of 30786c1, as committed: every modelled row is read, the fused ones
     /// are left out, and the rows agree with the validation table's own copy of it.
     #[test]
+    fn staggered_predictions_use_the_reports_priority_levels() {
+        let levels = |priority: &str| {
+            let json = format!(r#"{{"gpu": "g", "sync": "kernels", "rows": [], "comm_priority": {priority}}}"#);
+            serde_json::from_str::<BenchFile>(&json).unwrap().compute_levels()
+        };
+        assert_eq!(levels(r#""-3""#), (3, "the report's"));
+        assert_eq!(levels(r#""none: one priority only""#).0, H100_COMPUTE_LEVELS);
+        assert_eq!(levels("null").0, H100_COMPUTE_LEVELS);
+    }
+
+    #[test]
     fn the_committed_h100_bench_reads_as_the_validation_table() {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/gpu-runs/2026-11-24-h100/6-30786c1-bench-kernels.json");
@@ -433,7 +460,8 @@ mod tests {
         let (times, fused) = parse_rows(&file).unwrap();
         assert_eq!(fused.len(), 6);
         let profile = Profile::load(ONE_GPU_PROFILE).unwrap();
-        let from_file = one_gpu_rows(&profile, &times, file.shrink).unwrap();
+        assert_eq!(file.compute_levels(), (H100_COMPUTE_LEVELS, "the report's"));
+        let from_file = one_gpu_rows(&profile, &times, file.shrink, file.compute_levels().0).unwrap();
         let table = cmm_core::sim::validate::one_gpu_bench(&profile).unwrap();
         for row in &table {
             let same = from_file.iter().find(|r| r.time.case == row.time.case).unwrap_or_else(|| panic!("{row:?}"));

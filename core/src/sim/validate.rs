@@ -168,7 +168,7 @@ pub fn one_gpu_bench(profile: &Profile) -> Result<Vec<OneGpuRow>, ValidationErro
         staggered_us: None,
         offset_us: None,
     });
-    one_gpu_rows(profile, &times, 1)
+    one_gpu_rows(profile, &times, 1, H100_COMPUTE_LEVELS)
 }
 
 /// The plans the bench times that no GPU has run yet, on a one-GPU profile at the
@@ -182,22 +182,27 @@ pub fn one_gpu_predictions(profile: &Profile) -> Result<Vec<OneGpuRow>, Validati
         staggered_us: None,
         offset_us: None,
     });
-    one_gpu_rows(profile, &times, 1)
+    one_gpu_rows(profile, &times, 1, H100_COMPUTE_LEVELS)
 }
 
 /// Each bench time beside the simulator's three predictions for its plan at the seed-000
-/// shape divided by `shrink` (the bench's own `--shrink`).
-pub fn one_gpu_rows(profile: &Profile, times: &[BenchTime], shrink: usize) -> Result<Vec<OneGpuRow>, ValidationError> {
+/// shape divided by `shrink` (the bench's own `--shrink`), staggered over `levels`
+/// compute priorities (the GPU's spare levels below communication's, as the CUDA
+/// executor staggers them).
+pub fn one_gpu_rows(
+    profile: &Profile,
+    times: &[BenchTime],
+    shrink: usize,
+    levels: usize,
+) -> Result<Vec<OneGpuRow>, ValidationError> {
     let mut rows = Vec::new();
     for t in times {
         let (op, d, algorithm) = (t.op, t.devices, t.algorithm);
         let p = seed000_problem(op, d, shrink)?;
         let plan = build_plan(&p, algorithm)?;
         let together = simulate(&plan, profile, &SimOptions::default())?;
-        let staggered = SimOptions {
-            compute_priority: crate::emulate::staggered_priorities(d, H100_COMPUTE_LEVELS),
-            ..SimOptions::default()
-        };
+        let staggered =
+            SimOptions { compute_priority: crate::emulate::staggered_priorities(d, levels), ..SimOptions::default() };
         rows.push(OneGpuRow {
             time: TimeRow {
                 case: format!("{op} D={d} {algorithm}"),
