@@ -94,14 +94,19 @@ fn runs_after_a_recovery_stay_right_under_repetition() {
 }
 
 /// Device d on GPU d: the peer-access path (`Placement::Gpus`), which one GPU never
-/// takes, runs with two fake GPUs, in both sync modes.
+/// takes, runs with two fake GPUs, in both sync modes: copies to a peer, and GEMMs on a
+/// peer's c (`ring_push`, cuBLAS checking that peer access covers it).
 #[test]
 fn a_plan_across_two_gpus_is_right() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let Some(b) = fake::backend_on(2) else { return };
-    for (op, rows) in [(OpKind::AgGemm, 32), (OpKind::GemmRs, 64)] {
+    for (op, rows, algorithm) in [
+        (OpKind::AgGemm, 32, Algorithm::Ring),
+        (OpKind::GemmRs, 64, Algorithm::Ring),
+        (OpKind::GemmRs, 64, Algorithm::RingPush),
+    ] {
         let p = Problem::new(op, 2, rows, 48, 64, DType::F16, DType::F32).unwrap();
-        let plan = build_plan(&p, Algorithm::Ring).unwrap();
+        let plan = build_plan(&p, algorithm).unwrap();
         for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
             assert_right(&b, &plan, &CudaRunOptions { sync, placement: Placement::Gpus, ..Default::default() });
         }
