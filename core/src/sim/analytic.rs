@@ -267,19 +267,19 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 Algorithm::RingPush => {
                     let step =
                         profile.launch_s() + profile.gemm_cost(m / d, n, k / d, input, problem.wire, true).work_s;
-                    // Each GEMM's epilogue reads and writes its block on the owner: over
-                    // the link (both directions at once) unless the devices share memory.
-                    let remote = if one_memory {
-                        0.0
-                    } else {
-                        block / (profile.copy.sm_copy_gbps.min(link_gbps) * 1e9) + 2.0 * latency
-                    };
+                    // Each GEMM's epilogue writes its block on the owner and, from step 1,
+                    // first reads it from there: over the links, unless the devices share
+                    // memory. A device's port then carries its own writes and the reads of
+                    // the device adding into its block, each way: two blocks a step.
+                    let rate = profile.copy.sm_copy_gbps.min(link_gbps) * 1e9;
+                    let remote = |blocks: f64| if one_memory { 0.0 } else { blocks * block / rate + 2.0 * latency };
+                    let first = if d > 1 { step + remote(1.0) + sync } else { 0.0 };
                     let last = if d > 1 { step + reduce } else { step };
                     RingEstimate {
-                        total_s: steps * (step + remote + sync) + last + ag,
+                        total_s: first + (steps - 1.0).max(0.0) * (step + remote(2.0) + sync) + last + ag,
                         gemm_step_s: step,
-                        comm_step_s: remote,
-                        formula: "(D−1)·(GEMM + block/BW + L_sync) + GEMM + reduce [+ AG for AR]",
+                        comm_step_s: remote(2.0),
+                        formula: "GEMM + block/BW + L_sync + (D−2)·(GEMM + 2·block/BW + L_sync) + GEMM + reduce [+ AG for AR]",
                     }
                 }
                 Algorithm::Fused { chunks } => {
