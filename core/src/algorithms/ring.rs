@@ -726,25 +726,14 @@ pub(super) fn gemm_reduce_push(p: &Problem) -> Result<Plan, AlgorithmError> {
     for d in 0..n {
         let (whole_b, whole_p, whole_s) = (b.whole(bm), b.whole(partial), b.whole(sum));
         let out = if all_reduce { blocks[d] } else { b.whole(c) };
-        for s in 0..n {
+        // Steps 0..D−2: the peers' blocks, each added into its owner's sum.
+        for s in 0..n - 1 {
             let blk = (d + s + 1) % n;
-            let a_rows = b.rows(a, blk * mb, mb);
-            if s == n - 1 {
-                // Own block: its partial needs no one; the peers' sum does.
-                if n == 1 {
-                    b.push(d, compute, Op::gemm(a_rows, whole_b, out));
-                    break;
-                }
-                b.push(d, compute, Op::gemm(a_rows, whole_b, whole_p));
-                b.push(d, compute, wait(added, s as u32));
-                b.push(d, compute, Op::Reduce { inputs: vec![whole_p, whole_s], output: out });
-                break;
-            }
             if s > 0 {
                 b.push(d, compute, wait(added, s as u32));
             }
             let gemm = Op::Gemm {
-                a: a_rows,
+                a: b.rows(a, blk * mb, mb),
                 b: whole_b,
                 c: whole_s,
                 trans_a: false,
@@ -755,6 +744,15 @@ pub(super) fn gemm_reduce_push(p: &Problem) -> Result<Plan, AlgorithmError> {
             };
             b.push(d, compute, gemm);
             b.push(d, compute, signal(left(d, n), added));
+        }
+        // Step D−1, the own block: its partial needs no one; the peers' sum does.
+        let own = b.rows(a, d * mb, mb);
+        if n == 1 {
+            b.push(d, compute, Op::gemm(own, whole_b, out));
+        } else {
+            b.push(d, compute, Op::gemm(own, whole_b, whole_p));
+            b.push(d, compute, wait(added, (n - 1) as u32));
+            b.push(d, compute, Op::Reduce { inputs: vec![whole_p, whole_s], output: out });
         }
         if let (Some(lane), Some(done), Some(ag)) = (comm, done, ag) {
             b.push(d, compute, signal(d, done));
