@@ -126,6 +126,9 @@ pub struct OpRecord {
     pub flops: f64,
     /// Seconds of standalone work (GEMM/reduce at full compute, copy at full bandwidth).
     pub work_s: f64,
+    /// When its compute ended: its end, but for a GEMM on a peer's c across a link, when
+    /// the epilogue's transfer began (what follows is communication), seconds.
+    pub compute_end_s: f64,
 }
 
 /// The result of simulating a plan.
@@ -233,6 +236,8 @@ enum Phase {
         add: u32,
         latency: f64,
     },
+    /// The op's compute is done; the rest of it moves data ([`OpRecord::compute_end_s`]).
+    ComputeDone,
 }
 
 /// A posted increment on its way to its semaphore.
@@ -342,34 +347,27 @@ impl<'a> Sim<'a> {
                 let cost = p.gemm_cost(c.rows, c.cols, k, input, dtype_of(self.plan, c.buf), *accumulate);
                 let flops = 2.0 * c.rows as f64 * c.cols as f64 * k as f64;
                 let mut phases = self.compute_phases(device, cost.work_s, cost.bytes);
-                let mut work = cost.work_s;
                 let mut moved = 0.0;
-                match c_device {
-                    // A peer's c across a link: the epilogue writes it there (and first
-                    // reads it back when accumulating, over the other direction at the
-                    // same time). Charged after the compute, not under it: cuBLAS writes c
-                    // tile by tile as tiles finish, most of it in the last wave.
-                    Some(owner) if *owner != device && !self.topo.one_gpu() => {
-                        moved = c.len() as f64 * dtype_of(self.plan, c.buf).size_bytes() as f64;
-                        let mut route = self.topo.route(device, *owner);
-                        for &r in &route {
-                            self.link_bytes[r] += moved;
-                        }
-                        if *accumulate {
-                            let back = self.topo.route(*owner, device);
-                            for &r in &back {
-                                self.link_bytes[r] += moved;
-                            }
-                            route.extend(back);
-                        }
-                        let rate = 1e9 * p.copy.sm_copy_gbps;
-                        work += moved / rate.min(p.link_bps());
-                        phases.push(Phase::Fluid { amount: moved, cap: rate, resources: route, hbm_bytes: 0.0 });
-                        phases.push(Phase::Fixed(self.topo.latency_s(device, *owner)));
+                // A peer's c across a link: the epilogue writes it there (and first reads
+                // it back when accumulating, over the other direction at the same time).
+                // Charged after the compute, not under it: cuBLAS writes c tile by tile as
+                // tiles finish, most of it in the last wave. Communication, so not in the
+                // op's standalone (compute) work.
+                if let Some(owner) = c_device.filter(|&owner| owner != device && !self.topo.one_gpu()) {
+                    moved = c.len() as f64 * dtype_of(self.plan, c.buf).size_bytes() as f64;
+                    let mut route = self.topo.route(device, owner);
+                    if *accumulate {
+                        route.extend(self.topo.route(owner, device));
                     }
-                    _ => {}
+                    for &r in &route {
+                        self.link_bytes[r] += moved;
+                    }
+                    let rate = 1e9 * p.copy.sm_copy_gbps;
+                    phases.push(Phase::ComputeDone);
+                    phases.push(Phase::Fluid { amount: moved, cap: rate, resources: route, hbm_bytes: 0.0 });
+                    phases.push(Phase::Fixed(self.topo.latency_s(device, owner)));
                 }
-                (phases, moved, flops, work)
+                (phases, moved, flops, cost.work_s)
             }
             // Two GEMMs over the visible score tiles (Q·Kᵀ and P·V), see
             // `Profile::attention_cost`; masked key tiles are skipped, so a causal block
@@ -510,7 +508,11 @@ impl<'a> Sim<'a> {
             if run.step >= run.phases.len() {
                 // The current op (if any) is done; start the next one.
                 if run.pc > 0 || !run.phases.is_empty() {
-                    self.records[device][lane][run.pc].end_s = self.now;
+                    let record = &mut self.records[device][lane][run.pc];
+                    record.end_s = self.now;
+                    if record.compute_end_s.is_nan() {
+                        record.compute_end_s = self.now;
+                    }
                     run.pc += 1;
                 }
                 if run.pc >= ops.len() {
@@ -534,6 +536,7 @@ impl<'a> Sim<'a> {
                     bytes,
                     flops,
                     work_s,
+                    compute_end_s: f64::NAN,
                 };
                 let run = &mut self.lanes[li];
                 run.phases = phases;
@@ -582,6 +585,10 @@ impl<'a> Sim<'a> {
                     let (target, sem, add) = (*target, *sem, *add);
                     run.step += 1;
                     self.land(target, sem, add, site);
+                }
+                Phase::ComputeDone => {
+                    run.step += 1;
+                    self.records[device][lane][site.index].compute_end_s = self.now;
                 }
                 Phase::Post { device: target, sem, add, latency } => {
                     let at = self.now + latency;
@@ -878,6 +885,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
         bytes: 0.0,
         flops: 0.0,
         work_s: 0.0,
+        compute_end_s: 0.0,
     };
     let records =
         plan.programs.iter().map(|p| p.lanes.iter().map(|ops| vec![empty.clone(); ops.len()]).collect()).collect();
@@ -951,7 +959,7 @@ fn report(sim: Sim<'_>) -> SimReport {
                 .flatten()
                 .flatten()
                 .filter(|r| r.class.is_compute())
-                .map(|r| (r.start_s, r.end_s))
+                .map(|r| (r.start_s, r.compute_end_s))
                 .collect();
             spans.sort_by(|a, b| a.0.total_cmp(&b.0));
             let (mut covered, mut reach) = (0.0, f64::NEG_INFINITY);
@@ -1125,6 +1133,38 @@ mod tests {
         assert!((r.makespan_s - 2.0 * one).abs() < 1e-12, "{} vs {}", r.makespan_s, 2.0 * one);
         assert!((r.comm_floor_s - 2.0 * one).abs() < 1e-12);
         assert_eq!(r.busiest_link.as_deref(), Some("dev0 egress"));
+    }
+
+    /// Device 0's one GEMM adds into device 1's c: across GPUs its compute, then c over
+    /// the link both ways (read and written), counted as communication, not compute; on
+    /// one GPU nothing more than the same GEMM into its own c.
+    #[test]
+    fn a_gemm_on_a_peers_c_moves_it_after_its_compute() {
+        use crate::plan::{BufferRole, PlanBuilder};
+        let plan = |c_device| {
+            let mut b = PlanBuilder::new("peer c", 2);
+            let a = b.buffer("A", DType::F16, 1024, 4096, BufferRole::Scratch);
+            let w = b.buffer("B", DType::F16, 4096, 4096, BufferRole::Scratch);
+            let c = b.buffer("C", DType::F32, 1024, 4096, BufferRole::Scratch);
+            let lane = b.lane("compute");
+            let (a, w, c) = (b.whole(a), b.whole(w), b.whole(c));
+            let gemm = Op::Gemm { a, b: w, c, trans_a: false, trans_b: false, accumulate: true, fused: None, c_device };
+            b.push(0, lane, gemm);
+            b.finish().unwrap()
+        };
+        let mut nvlink = Profile::load("h100-nvlink").unwrap();
+        nvlink.interconnect.link_latency_us = 0.0;
+        let work = nvlink.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, true).work_s;
+        let moving = 4.0 * 1024.0 * 4096.0 / (nvlink.copy.sm_copy_gbps * 1e9).min(nvlink.link_bps());
+        let r = sim(&plan(Some(1)), &nvlink);
+        assert!((r.makespan_s - nvlink.launch_s() - work - moving).abs() < 1e-9, "{r:?}");
+        assert_eq!(r.compute_floor_s, work);
+        assert!((r.exposed_comm_s[0] - moving).abs() < 1e-9, "{:?}", r.exposed_comm_s);
+        assert!((r.comm_floor_s - 4.0 * 1024.0 * 4096.0 / nvlink.link_bps()).abs() < 1e-9);
+        let local = sim(&plan(None), &nvlink);
+        assert!(local.exposed_comm_s[0] < 1e-12 && local.comm_floor_s == 0.0);
+        let one = Profile::load("h100-one-gpu").unwrap();
+        assert_eq!(sim(&plan(Some(1)), &one).makespan_s, sim(&plan(None), &one).makespan_s);
     }
 
     /// Two devices of one GPU each run one GEMM, and device 0 copies a buffer to device 1.
