@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use cmm_cli::bench_file::PlanTimes;
+use serde::{Deserialize, Serialize};
 
 /// The script the bundle runs.
 const RUN_SH: &str = include_str!("gpu-bundle/run.sh");
@@ -453,8 +454,80 @@ pub fn summarise(args: &SummaryArgs) -> Result<()> {
             md += &format!("\n## {} ({})\n\n```text\n{}\n```\n", s.name, s.result, s.details.join("\n"));
         }
     }
+    // The bench reports as tables, ready for docs/perf.md.
+    for name in ["bench-kernels.json", "bench-memops.json"] {
+        let Ok(text) = fs::read_to_string(args.out.join(name)) else { continue };
+        md += &format!("\n## {name} as a table\n\n");
+        md += &match serde_json::from_str::<BenchReport>(&text) {
+            Ok(report) => report.table(),
+            Err(e) => format!("not readable as a bench report: {e}\n"),
+        };
+    }
     fs::write(args.out.join("summary.md"), md).context("writing summary.md")?;
     Ok(())
+}
+
+/// The part of a CUDA bench report (`cargo xtask bench --backend cuda --json`) the
+/// summary tabulates.
+#[derive(Debug, Deserialize)]
+struct BenchReport {
+    gpu: String,
+    sync: String,
+    commit: Option<String>,
+    #[serde(default)]
+    complete: bool,
+    rows: Vec<BenchRow>,
+}
+
+/// One row of the report: the plan's times and its ratios.
+#[derive(Debug, Deserialize)]
+struct BenchRow {
+    #[serde(flatten)]
+    plan: PlanTimes,
+    gemm_sum_us: f64,
+    time_over_gemm_sum: f64,
+    baseline_us: f64,
+    speedup_over_baseline: f64,
+    tflops: f64,
+    gemm_engine: String,
+}
+
+impl BenchReport {
+    /// The rows as a markdown table: every time taken, the best over Σ GEMMs and the
+    /// baseline (a missing time is `–`).
+    fn table(&self) -> String {
+        let us = |t: Option<f64>| t.map_or("–".to_string(), |t| format!("{t:.1}"));
+        let mut md = format!(
+            "{} · sync {} · commit {}{}\n\n",
+            self.gpu,
+            self.sync,
+            self.commit.as_deref().unwrap_or("unknown"),
+            if self.complete { "" } else { " · incomplete: the bench stopped before its last row" }
+        );
+        md += "| op | D | plan | time µs | staggered µs | offsets µs | 128×128 µs | 2 CTAs/SM µs | Σ GEMMs µs | best ÷ Σ | baseline µs | speedup | TFLOP/s | GEMMs on |\n";
+        md += "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+        for r in &self.rows {
+            let p = &r.plan;
+            md += &format!(
+                "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {:.1} | {:.3} | {:.1} | {:.2}× | {:.0} | {} |\n",
+                p.op,
+                p.devices,
+                p.algorithm,
+                p.time_us,
+                us(p.time_staggered_us),
+                us(p.time_offset_us),
+                us(p.time_wide_tiles_us),
+                us(p.time_two_ctas_per_sm_us),
+                r.gemm_sum_us,
+                r.time_over_gemm_sum,
+                r.baseline_us,
+                r.speedup_over_baseline,
+                r.tflops,
+                r.gemm_engine
+            );
+        }
+        md
+    }
 }
 
 #[cfg(test)]
@@ -520,11 +593,23 @@ mod tests {
         )
         .unwrap();
         fs::write(dir.join("conformance-kernels.log"), "185 passed, 1 failed\n").unwrap();
+        let row = r#"{"op": "gemm_rs", "devices": 4, "algorithm": "ring_push", "time_us": 1010.04,
+            "time_staggered_us": null, "time_offset_us": 1003.0, "gemm_sum_us": 1000.0, "time_over_gemm_sum": 1.003,
+            "baseline_us": 1150.0, "speedup_over_baseline": 1.1466, "tflops": 545.2, "gemm_engine": "cuBLAS",
+            "gated": true, "spot_check_worst": 0.5, "variant_failures": []}"#;
+        let report =
+            format!(r#"{{"gpu": "H100", "sync": "kernels", "commit": "abc", "complete": true, "rows": [{row}]}}"#);
+        fs::write(dir.join("bench-kernels.json"), report).unwrap();
+        fs::write(dir.join("bench-memops.json"), "{}").unwrap();
         summarise(&SummaryArgs { logs: dir.clone(), out: dir.clone() }).unwrap();
         let md = fs::read_to_string(dir.join("summary.md")).unwrap();
         assert!(md.contains("| device-tests | passed | 12 |"), "{md}");
         assert!(md.contains("| conformance-kernels | FAILED | 40 |") && md.contains("185 passed, 1 failed"), "{md}");
         assert!(md.contains("| bench-kernels | skipped | 0 |") && md.contains("time budget is spent"), "{md}");
+        // The bench reports as tables: every time taken, `–` for the others.
+        let row = "| gemm_rs | 4 | ring_push | 1010.0 | – | 1003.0 | – | – | 1000.0 | 1.003 | 1150.0 | 1.15× | 545 | cuBLAS |";
+        assert!(md.contains("## bench-kernels.json as a table") && md.contains(row), "{md}");
+        assert!(md.contains("## bench-memops.json as a table\n\nnot readable as a bench report"), "{md}");
         let json: serde_json::Value =
             serde_json::from_str(&fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
         assert_eq!(json["steps"][1]["result"], "FAILED");
