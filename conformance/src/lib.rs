@@ -31,7 +31,8 @@ pub use report::{check_report_path, write_report, CaseRecord, ReportError};
 /// What to run and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Options {
-    /// Run only cases whose name contains this substring.
+    /// Run only cases whose name contains this substring, or one of several separated
+    /// by commas ([`name_matches`]).
     pub filter: Option<String>,
     /// Write goldens (of cases that pass the oracle check) instead of comparing.
     pub bless: bool,
@@ -112,6 +113,12 @@ pub fn run_corpus(backend: &dyn Backend, options: &Options) -> Result<Summary, C
     run_corpus_to(backend, options, &mut io::stdout().lock())
 }
 
+/// Whether a case name matches a filter: it contains the filter, or one of its
+/// comma-separated parts (case names have no commas), e.g. `ring_d2_,ring_push_d2_`.
+pub fn name_matches(filter: &str, name: &str) -> bool {
+    filter.split(',').any(|part| name.contains(part))
+}
+
 /// [`run_corpus`], writing the report to `out` (flushed after every row).
 pub fn run_corpus_to(
     backend: &dyn Backend,
@@ -120,7 +127,7 @@ pub fn run_corpus_to(
 ) -> Result<Summary, ConformanceError> {
     let cases: Vec<Case> = load_corpus(&options.cases_dir)?
         .into_iter()
-        .filter(|c| options.filter.as_ref().is_none_or(|f| c.name.contains(f.as_str())))
+        .filter(|c| options.filter.as_ref().is_none_or(|f| name_matches(f, &c.name)))
         .collect();
     if cases.is_empty() {
         return Err(ConformanceError::NoCases { filter: options.filter.clone().unwrap_or_default() });

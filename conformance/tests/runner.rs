@@ -44,6 +44,16 @@ fn report_has_a_header_one_row_per_case_and_a_total() {
 }
 
 #[test]
+fn a_filter_of_comma_separated_parts_runs_the_cases_of_each() {
+    let (summary, text) = run(&Options { filter: Some("ring_d2_,ring_push_d2_".into()), ..Options::default() });
+    let selected =
+        common::corpus().iter().filter(|c| c.name.contains("ring_d2_") || c.name.contains("ring_push_d2_")).count();
+    assert_eq!((summary.passed, summary.failed), (selected, 0));
+    assert!(text.contains("gemm_rs_ring_push_d2_") && text.contains("ag_gemm_ring_d2_"), "{text}");
+    assert!(!cmm_conformance::name_matches("ring_d3_,ring_push_d3_", "ag_gemm_ring_d2_f16_f16_exact"));
+}
+
+#[test]
 fn a_filter_matching_nothing_is_an_error() {
     let mut out = Vec::new();
     let e = run_corpus_to(&CpuTwin, &Options { filter: Some("no such case".into()), ..Options::default() }, &mut out);

@@ -72,7 +72,8 @@ pub struct Args {
     /// Write the goldens of cases that pass the oracle check (then commit them).
     #[arg(long)]
     pub bless: bool,
-    /// Run only the cases whose name contains this substring.
+    /// Run only the cases whose name contains this substring (or one of several,
+    /// separated by commas: `ring_d2_,ring_push_d2_`).
     #[arg(long, value_name = "P")]
     pub filter: Option<String>,
     /// Write every device's inputs and outputs as .npy files, with an index.json.

@@ -14,7 +14,8 @@ use crate::conformance::{self, make_backend, BackendKind};
 /// Arguments of `cargo xtask mutants`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Mutate only the plans of cases whose name contains this substring.
+    /// Mutate only the plans of cases whose name contains this substring (or one of
+    /// several, separated by commas).
     #[arg(long, value_name = "P")]
     pub filter: Option<String>,
     /// The executor that runs mutants the static checks do not catch.
@@ -34,7 +35,7 @@ pub fn run(args: &Args) -> Result<()> {
     let cases: Vec<_> = load_corpus(&cases_dir())
         .context("loading the corpus")?
         .into_iter()
-        .filter(|c| args.filter.as_ref().is_none_or(|f| c.name.contains(f.as_str())))
+        .filter(|c| args.filter.as_ref().is_none_or(|f| cmm_conformance::name_matches(f, &c.name)))
         .collect();
     if cases.is_empty() {
         bail!("no case name contains `{}`", args.filter.clone().unwrap_or_default());

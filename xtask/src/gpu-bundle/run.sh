@@ -161,7 +161,7 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         # The sanitizer steps' command, with every launch blocking as under a tool that
         # serialises GPU work.
         step rehearsal-sanitizer-command 90 env CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 \
-            "$x" conformance --backend cuda --filter ring_d2_ --case-timeout 60 --ungated --stamps "$scratch/sanitizer-stamps"
+            "$x" conformance --backend cuda --filter ring_d2_,ring_push_d2_ --case-timeout 60 --ungated --stamps "$scratch/sanitizer-stamps"
         step rehearsal-sanitizer-fused-command 90 env CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 \
             "$x" conformance --backend cuda --filter fused_d2_ --case-timeout 60 --ungated --stamps "$scratch/sanitizer-stamps"
     else
@@ -236,10 +236,11 @@ step model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-kernels.json"
 step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case-timeout 30
 step bench-memops 200 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
 step cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
-sanitize() { # corpus cases (the smallest ring ones unless $2 names others) under one tool
+sanitize() { # corpus cases (the smallest ring ones, and ring_push's GEMMs on a peer's c,
+    # unless $2 names others) under one tool
     # Ungated: a tool that makes launches blocking or runs GPU work one item at a time
     # would hold the host at the gate's launch; the schedule order runs either way.
-    local tool="$1" filter="${2:-ring_d2_}"
+    local tool="$1" filter="${2:-ring_d2_,ring_push_d2_}"
     compute-sanitizer --tool "$tool" --error-exitcode 17 --print-limit 20 \
         "$x" conformance --backend cuda --filter "$filter" --case-timeout 60 --ungated \
         --stamps "$scratch/sanitizer-stamps"
