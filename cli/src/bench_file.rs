@@ -91,6 +91,24 @@ pub struct PlanTimes {
     pub time_two_ctas_per_sm_us: Option<f64>,
 }
 
+/// A bench row's figures beside its times: the bound, the baseline and the ratios (xtask's
+/// rows flatten it in after [`PlanTimes`]; the GPU bundle's summary reads it back).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanFigures {
+    /// Σ over the plan's GEMM ops of the same GEMM alone through cuBLAS, µs.
+    pub gemm_sum_us: f64,
+    /// The fastest of the plan's times over that bound.
+    pub time_over_gemm_sum: f64,
+    /// The direct baseline: the fastest of its times, µs.
+    pub baseline_us: f64,
+    /// The baseline's time over the plan's fastest.
+    pub speedup_over_baseline: f64,
+    /// The problem's FLOPs over the plan's fastest time.
+    pub tflops: f64,
+    /// What ran the GEMMs: `cuBLAS`, or the persistent tile kernel.
+    pub gemm_engine: String,
+}
+
 impl PlanTimes {
     /// A plan's plain time, no other taken yet.
     pub fn plain(op: &str, devices: usize, algorithm: &str, time_us: f64) -> PlanTimes {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use cmm_cli::bench_file::PlanTimes;
+use cmm_cli::bench_file::{PlanFigures, PlanTimes};
 use serde::{Deserialize, Serialize};
 
 /// The script the bundle runs.
@@ -484,12 +484,8 @@ struct BenchReport {
 struct BenchRow {
     #[serde(flatten)]
     plan: PlanTimes,
-    gemm_sum_us: f64,
-    time_over_gemm_sum: f64,
-    baseline_us: f64,
-    speedup_over_baseline: f64,
-    tflops: f64,
-    gemm_engine: String,
+    #[serde(flatten)]
+    figures: PlanFigures,
 }
 
 impl BenchReport {
@@ -507,7 +503,7 @@ impl BenchReport {
         md += "| op | D | plan | time µs | staggered µs | offsets µs | 128×128 µs | 2 CTAs/SM µs | Σ GEMMs µs | best ÷ Σ | baseline µs | speedup | TFLOP/s | GEMMs on |\n";
         md += "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
         for r in &self.rows {
-            let p = &r.plan;
+            let (p, f) = (&r.plan, &r.figures);
             md += &format!(
                 "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {:.1} | {:.3} | {:.1} | {:.2}× | {:.0} | {} |\n",
                 p.op,
@@ -518,12 +514,12 @@ impl BenchReport {
                 us(p.time_offset_us),
                 us(p.time_wide_tiles_us),
                 us(p.time_two_ctas_per_sm_us),
-                r.gemm_sum_us,
-                r.time_over_gemm_sum,
-                r.baseline_us,
-                r.speedup_over_baseline,
-                r.tflops,
-                r.gemm_engine
+                f.gemm_sum_us,
+                f.time_over_gemm_sum,
+                f.baseline_us,
+                f.speedup_over_baseline,
+                f.tflops,
+                f.gemm_engine
             );
         }
         md

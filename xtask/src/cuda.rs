@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use cmm_cli::bench_file::PlanTimes;
+use cmm_cli::bench_file::{PlanFigures, PlanTimes};
 use cmm_conformance::golden::fnv1a64;
 use cmm_conformance::Summary;
 use cmm_core::oracle::spot_check;
@@ -177,15 +177,9 @@ struct Row {
     /// --validate-bench` reads them back).
     #[serde(flatten)]
     plan: PlanTimes,
-    /// Σ over the plan's GEMM ops of the same GEMM alone through cuBLAS.
-    gemm_sum_us: f64,
-    /// The faster of the two times over the bound.
-    time_over_gemm_sum: f64,
-    /// The direct baseline: the faster of its two times.
-    baseline_us: f64,
-    speedup_over_baseline: f64,
-    tflops: f64,
-    gemm_engine: String,
+    /// The bound, the baseline and the ratios.
+    #[serde(flatten)]
+    figures: PlanFigures,
     gated: bool,
     /// The plan again with signals, waits and SM copies at the default priority (null
     /// where the GPU has one priority, and for the baseline, which is timed once).
@@ -359,8 +353,8 @@ fn targets(rows: &[Row]) -> Vec<Target> {
             let best = overlapped.clone().min_by(fastest);
             let best_plan = |r: &Row| BestPlan {
                 plan: r.plan.algorithm.clone(),
-                time_over_gemm_sum: r.time_over_gemm_sum,
-                speedup_over_baseline: r.speedup_over_baseline,
+                time_over_gemm_sum: r.figures.time_over_gemm_sum,
+                speedup_over_baseline: r.figures.speedup_over_baseline,
             };
             let best_with_copies = best
                 .filter(|r| !copies(&r.plan.algorithm))
@@ -371,8 +365,9 @@ fn targets(rows: &[Row]) -> Vec<Target> {
                 devices,
                 best: best.map(best_plan),
                 best_with_copies,
-                within_bound: best.is_some_and(|r| r.time_over_gemm_sum <= BOUND_TARGET),
-                faster_than_baseline: (devices >= 4).then(|| best.is_some_and(|r| r.speedup_over_baseline > 1.0)),
+                within_bound: best.is_some_and(|r| r.figures.time_over_gemm_sum <= BOUND_TARGET),
+                faster_than_baseline: (devices >= 4)
+                    .then(|| best.is_some_and(|r| r.figures.speedup_over_baseline > 1.0)),
             }
         })
         .collect()
@@ -592,11 +587,11 @@ fn rebound_rows(rows: &mut [Row], cache: &HashMap<GemmSpec, f64>) -> Vec<(usize,
     let mut moved = Vec::new();
     for (i, row) in rows.iter_mut().enumerate() {
         let bound: f64 = row.gemm_specs.iter().map(|spec| cache[spec]).sum();
-        if (bound - row.gemm_sum_us).abs() > 0.01 * row.gemm_sum_us {
-            moved.push((i, row.time_over_gemm_sum));
+        if (bound - row.figures.gemm_sum_us).abs() > 0.01 * row.figures.gemm_sum_us {
+            moved.push((i, row.figures.time_over_gemm_sum));
         }
-        row.gemm_sum_us = bound;
-        row.time_over_gemm_sum = row.best_us() / bound;
+        row.figures.gemm_sum_us = bound;
+        row.figures.time_over_gemm_sum = row.best_us() / bound;
     }
     moved
 }
@@ -851,12 +846,14 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 );
                 report.rows.push(Row {
                     plan: times,
-                    gemm_sum_us: bound,
-                    time_over_gemm_sum: best / bound,
-                    baseline_us,
-                    speedup_over_baseline: baseline_us / best,
-                    tflops,
-                    gemm_engine: engine.into(),
+                    figures: PlanFigures {
+                        gemm_sum_us: bound,
+                        time_over_gemm_sum: best / bound,
+                        baseline_us,
+                        speedup_over_baseline: baseline_us / best,
+                        tflops,
+                        gemm_engine: engine.into(),
+                    },
                     gated,
                     time_without_comm_priority_us: without,
                     spot_check_worst: worst,
@@ -878,7 +875,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         let r = &report.rows[i];
         println!(
             "bound: {} D={} {}: Σ GEMMs now {:.1} µs, ÷ Σ {:.3} (was {old:.3})",
-            r.plan.op, r.plan.devices, r.plan.algorithm, r.gemm_sum_us, r.time_over_gemm_sum
+            r.plan.op, r.plan.devices, r.plan.algorithm, r.figures.gemm_sum_us, r.figures.time_over_gemm_sum
         );
     }
     report.complete = true;
@@ -983,12 +980,14 @@ mod tests {
     ) -> Row {
         Row {
             plan: PlanTimes::plain(op, devices, algorithm, time_us),
-            gemm_sum_us,
-            time_over_gemm_sum: time_us / gemm_sum_us,
-            baseline_us,
-            speedup_over_baseline: baseline_us / time_us,
-            tflops: 0.0,
-            gemm_engine: "cuBLAS".into(),
+            figures: PlanFigures {
+                gemm_sum_us,
+                time_over_gemm_sum: time_us / gemm_sum_us,
+                baseline_us,
+                speedup_over_baseline: baseline_us / time_us,
+                tflops: 0.0,
+                gemm_engine: "cuBLAS".into(),
+            },
             gated: true,
             time_without_comm_priority_us: None,
             spot_check_worst: 0.0,
@@ -1017,11 +1016,11 @@ mod tests {
         ];
         let moved = rebound_rows(&mut rows, &cache);
         assert_eq!(moved, vec![(0, 1.0)]);
-        assert_eq!(rows[0].gemm_sum_us, 170.0);
-        assert!((rows[0].time_over_gemm_sum - 210.0 / 170.0).abs() < 1e-12);
+        assert_eq!(rows[0].figures.gemm_sum_us, 170.0);
+        assert!((rows[0].figures.time_over_gemm_sum - 210.0 / 170.0).abs() < 1e-12);
         // Within the 1.05 bound before, not after: the targets follow the rows.
         assert!(!targets(&rows)[0].within_bound);
-        assert_eq!((rows[1].gemm_sum_us, rows[1].time_over_gemm_sum), (50.0, 1.2));
+        assert_eq!((rows[1].figures.gemm_sum_us, rows[1].figures.time_over_gemm_sum), (50.0, 1.2));
     }
 
     #[test]
@@ -1043,11 +1042,11 @@ mod tests {
         other.plan.time_offset_us = Some(114.0);
         let mut rows = vec![slow, other];
         // The bound moves (80 → 100 µs per the cache): both rows are judged again.
-        rows[0].gemm_sum_us = 80.0;
-        rows[1].gemm_sum_us = 80.0;
+        rows[0].figures.gemm_sum_us = 80.0;
+        rows[1].figures.gemm_sum_us = 80.0;
         rebound_rows(&mut rows, &HashMap::from([(spec, 100.0)]));
-        assert_eq!(rows[0].time_over_gemm_sum, 1.03, "the staggered time, the faster");
-        assert_eq!(rows[1].time_over_gemm_sum, 1.12, "the unstaggered time, the faster");
+        assert_eq!(rows[0].figures.time_over_gemm_sum, 1.03, "the staggered time, the faster");
+        assert_eq!(rows[1].figures.time_over_gemm_sum, 1.12, "the unstaggered time, the faster");
         let t = &targets(&rows)[0];
         assert_eq!(t.best.as_ref().map(|b| b.plan.as_str()), Some("ring_accumulate"));
         assert!(t.within_bound);
@@ -1056,7 +1055,7 @@ mod tests {
         fused.plan.time_wide_tiles_us = Some(450.0);
         rows.push(fused);
         rebound_rows(&mut rows, &HashMap::from([(spec, 100.0)]));
-        assert_eq!(rows[2].time_over_gemm_sum, 4.5);
+        assert_eq!(rows[2].figures.time_over_gemm_sum, 4.5);
         // A row of the report reads back as `simulate --validate-bench` reads it.
         let json = serde_json::to_value(&rows[1]).unwrap();
         assert_eq!(json["time_offset_us"], 114.0);
