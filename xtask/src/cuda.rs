@@ -14,7 +14,7 @@ use cmm_conformance::Summary;
 use cmm_core::oracle::spot_check;
 use cmm_core::sim::validate::seed000_problem;
 use cmm_core::workload::output_tolerance;
-use cmm_core::{build_plan, Algorithm, DType, Family, OpKind, Plan, Problem};
+use cmm_core::{build_plan, Algorithm, DType, Family, Op, OpKind, Plan, Problem};
 use cmm_cuda::kernels::{compile, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
 use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, ReadBack};
 use serde::Serialize;
@@ -193,6 +193,10 @@ struct Row {
     /// The GEMM shapes `gemm_sum_us` sums, one per GEMM op.
     #[serde(skip)]
     gemm_specs: Vec<GemmSpec>,
+    /// Whether the plan moves data between devices by copies (`ring_push` does not: its
+    /// GEMMs write the owners' sums).
+    #[serde(skip)]
+    copies: bool,
 }
 
 /// A plan's times besides its plain one, where taken (µs), and the runs that failed.
@@ -330,12 +334,6 @@ impl Target {
     }
 }
 
-/// Whether a bench row's plan moves its data by copies: every overlapped plan but
-/// `ring_push`, whose GEMMs write into the owners' sums.
-fn copies(algorithm: &str) -> bool {
-    algorithm != Algorithm::RingPush.name()
-}
-
 /// The targets of every (op, D) of the table, in its order.
 fn targets(rows: &[Row]) -> Vec<Target> {
     let mut keys: Vec<(&str, usize)> = Vec::new();
@@ -356,10 +354,8 @@ fn targets(rows: &[Row]) -> Vec<Target> {
                 time_over_gemm_sum: r.figures.time_over_gemm_sum,
                 speedup_over_baseline: r.figures.speedup_over_baseline,
             };
-            let best_with_copies = best
-                .filter(|r| !copies(&r.plan.algorithm))
-                .and_then(|_| overlapped.filter(|r| copies(&r.plan.algorithm)).min_by(fastest))
-                .map(best_plan);
+            let best_with_copies =
+                best.filter(|r| !r.copies).and_then(|_| overlapped.filter(|r| r.copies).min_by(fastest)).map(best_plan);
             Target {
                 op: op.to_string(),
                 devices,
@@ -859,6 +855,9 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     spot_check_worst: worst,
                     variant_failures: failed,
                     gemm_specs: specs,
+                    copies: plan
+                        .ops()
+                        .any(|(site, op)| matches!(op, Op::Copy { dst_device, .. } if *dst_device != site.device)),
                 });
             }
             report.save(&path)?;
@@ -993,6 +992,7 @@ mod tests {
             spot_check_worst: 0.0,
             variant_failures: Vec::new(),
             gemm_specs,
+            copies: algorithm != "ring_push",
         }
     }
 
