@@ -158,6 +158,7 @@ fn golden(cases: &Path, out: &Path, filter: Option<String>, backend: BackendKind
     };
     let options = Options {
         filter,
+        inputs: Vec::new(),
         bless: true,
         export: Some(out.to_path_buf()),
         cases_dir: cases.to_path_buf(),
@@ -186,6 +187,7 @@ fn check(
     let files = OutputFiles::new(outputs, &corpus);
     let options = Options {
         filter,
+        inputs: Vec::new(),
         bless: false,
         export: None,
         cases_dir: cases.to_path_buf(),

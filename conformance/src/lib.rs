@@ -17,6 +17,7 @@ pub mod stats;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use cmm_core::DType;
 use thiserror::Error;
 
 pub use backend::{Backend, BackendError, CpuTwin, Cuda, OutputFiles};
@@ -34,6 +35,8 @@ pub struct Options {
     /// Run only cases whose name contains this substring, or one of several separated
     /// by commas ([`name_matches`]).
     pub filter: Option<String>,
+    /// Run only the cases whose input dtype is one of these (all when empty).
+    pub inputs: Vec<DType>,
     /// Write goldens (of cases that pass the oracle check) instead of comparing.
     pub bless: bool,
     /// Export inputs and outputs of the selected cases as `.npy` files into this directory.
@@ -54,6 +57,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             filter: None,
+            inputs: Vec::new(),
             bless: false,
             export: None,
             cases_dir: cases_dir(),
@@ -92,11 +96,13 @@ pub enum ConformanceError {
         /// The directory looked for.
         dir: PathBuf,
     },
-    /// The filter selects no case.
-    #[error("no case name contains `{filter}`")]
+    /// The filter (and the input dtypes asked for) select no case.
+    #[error("no case name contains `{filter}`{}", inputs_note(inputs))]
     NoCases {
         /// The filter.
         filter: String,
+        /// The input dtypes asked for (all when empty).
+        inputs: Vec<DType>,
     },
     /// Writing the report or the export failed.
     #[error("cannot write {what}: {source}")]
@@ -119,18 +125,33 @@ pub fn name_matches(filter: &str, name: &str) -> bool {
     filter.split(',').any(|part| name.contains(part))
 }
 
+fn inputs_note(inputs: &[DType]) -> String {
+    if inputs.is_empty() {
+        return String::new();
+    }
+    let names: Vec<String> = inputs.iter().map(|d| d.to_string()).collect();
+    format!(" with an input of {}", names.join(" or "))
+}
+
+/// Whether a case is among those `options` select: its name matches the filter and its
+/// input dtype is among those asked for.
+pub fn selects(options: &Options, case: &Case) -> bool {
+    options.filter.as_ref().is_none_or(|f| name_matches(f, &case.name))
+        && (options.inputs.is_empty() || options.inputs.contains(&case.input))
+}
+
 /// [`run_corpus`], writing the report to `out` (flushed after every row).
 pub fn run_corpus_to(
     backend: &dyn Backend,
     options: &Options,
     out: &mut dyn Write,
 ) -> Result<Summary, ConformanceError> {
-    let cases: Vec<Case> = load_corpus(&options.cases_dir)?
-        .into_iter()
-        .filter(|c| options.filter.as_ref().is_none_or(|f| name_matches(f, &c.name)))
-        .collect();
+    let cases: Vec<Case> = load_corpus(&options.cases_dir)?.into_iter().filter(|c| selects(options, c)).collect();
     if cases.is_empty() {
-        return Err(ConformanceError::NoCases { filter: options.filter.clone().unwrap_or_default() });
+        return Err(ConformanceError::NoCases {
+            filter: options.filter.clone().unwrap_or_default(),
+            inputs: options.inputs.clone(),
+        });
     }
     if !options.bless && !options.golden_dir.is_dir() {
         return Err(ConformanceError::MissingGoldens { dir: options.golden_dir.clone() });

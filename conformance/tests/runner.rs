@@ -10,6 +10,7 @@ use cmm_conformance::golden::GoldenError;
 use cmm_conformance::{
     run_case, run_corpus_to, ConformanceError, CpuTwin, Failure, GoldenStatus, Goldens, Options, MAX_CASE_ELEMENTS,
 };
+use cmm_core::DType;
 
 /// A fresh directory under the system temp dir.
 fn temp_dir(tag: &str) -> PathBuf {
@@ -51,6 +52,27 @@ fn a_filter_of_comma_separated_parts_runs_the_cases_of_each() {
     assert_eq!((summary.passed, summary.failed), (selected, 0));
     assert!(text.contains("gemm_rs_ring_push_d2_") && text.contains("ag_gemm_ring_d2_"), "{text}");
     assert!(!cmm_conformance::name_matches("ring_d3_,ring_push_d3_", "ag_gemm_ring_d2_f16_f16_exact"));
+}
+
+#[test]
+fn input_dtypes_select_cases_beside_the_filter() {
+    let options =
+        Options { filter: Some("fused_d".into()), inputs: vec![DType::F16, DType::Bf16], ..Options::default() };
+    let (summary, text) = run(&options);
+    let selected: Vec<_> = common::corpus()
+        .into_iter()
+        .filter(|c| c.name.contains("fused_d") && matches!(c.input, DType::F16 | DType::Bf16))
+        .collect();
+    assert!(
+        !selected.is_empty() && selected.len() < common::corpus().iter().filter(|c| c.name.contains("fused_d")).count()
+    );
+    assert_eq!((summary.passed, summary.failed), (selected.len(), 0));
+    assert!(!text.contains("f32->"), "an f32-input case ran: {text}");
+    let mut out = Vec::new();
+    let none = Options { filter: Some("fused_d1_".into()), inputs: vec![DType::Bf16], ..Options::default() };
+    let e = run_corpus_to(&CpuTwin, &none, &mut out).unwrap_err();
+    assert!(matches!(e, ConformanceError::NoCases { .. }), "{e}");
+    assert!(e.to_string().contains("with an input of bf16"), "{e}");
 }
 
 #[test]

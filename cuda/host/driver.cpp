@@ -187,7 +187,7 @@ inline int env_int(const char* name, int fallback, int lo, int hi) {
 }
 
 inline int device_count() { return env_int("CMM_FAKE_CUDA_GPUS", 2, 1, 8); }
-inline int sm_count() { return env_int("CMM_FAKE_CUDA_SMS", 8, 1, 1 << 16); }
+inline int sm_count() { return env_int("CMM_FAKE_CUDA_SMS", 132, 1, 1 << 16); }  // an H100's
 inline int queue_count() { return env_int("CUDA_DEVICE_MAX_CONNECTIONS", 8, 1, 32); }
 
 // CUDA_LAUNCH_BLOCKING=1: every kernel launch returns once its kernel has run, as the
@@ -893,15 +893,28 @@ CUresult cuFuncGetAttribute(int* value, int attribute, Function* f) {
     return SUCCESS;
 }
 
-// Blocks of a kernel one SM holds: CMM_FAKE_CUDA_OCCUPANCY (default 3, what ptxas's
-// register counts give the 64×64 persistent GEMM on an H100), whatever the kernel; the
-// fake has no registers to count.
+// CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT takes a percentage (or -1, the
+// default); the other settable attributes are accepted as they are.
+CUresult cuFuncSetAttribute(Function* f, int attribute, int value) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (f == nullptr) return INVALID_HANDLE;
+    if (attribute == 9 && (value < -1 || value > 100)) return INVALID_VALUE;
+    return SUCCESS;
+}
+
+// Blocks of a kernel one SM holds: what ptxas's register counts give cmm's persistent
+// GEMM kernels on an H100 (the 64×64 tensor-core tile 3, the SIMT tile 2, the 128×128
+// tile 1), 3 for any other kernel; CMM_FAKE_CUDA_OCCUPANCY overrides it for every kernel.
+// The fake has no registers to count.
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, Function* f, int block_size,
                                                              size_t dynamic_smem, unsigned flags) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     if (f == nullptr || blocks == nullptr) return INVALID_HANDLE;
     if (block_size <= 0 || block_size > 1024 || dynamic_smem > 49152 || flags > 1) return INVALID_VALUE;
-    *blocks = env_int("CMM_FAKE_CUDA_OCCUPANCY", 3, 1, 32);
+    const int h100 = f->name.find("_wide_") != std::string::npos ? 1
+                     : f->name.find("simt") != std::string::npos ? 2
+                                                                  : 3;
+    *blocks = env_int("CMM_FAKE_CUDA_OCCUPANCY", h100, 1, 32);
     return SUCCESS;
 }
 

@@ -34,8 +34,8 @@ use cudarc::nvrtc::Ptx;
 use crate::error::CudaError;
 use crate::kernels::{compile, nvrtc_available, KERNEL_FILES};
 use crate::launch::{
-    buffer_fill, fused_launch, fused_table, gemm_submission, released_waits, submissions, timed_out_wait, Addressing,
-    ControlLayout, Fill, GemmArgs, Kernel, Launch, Param, RunWords, Submission, ONE_THREAD,
+    buffer_fill, fused_kernel, fused_launch, fused_table, gemm_submission, released_waits, submissions, timed_out_wait,
+    Addressing, ControlLayout, Fill, GemmArgs, Kernel, Launch, Param, RunWords, Submission, ONE_THREAD,
 };
 use crate::lower::{
     hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, Loc,
@@ -383,6 +383,13 @@ fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize) -> Result<Vec<Gpu>, CudaErr
             let f = module
                 .load_function(kernel.entry())
                 .map_err(|e| CudaError::driver(format!("loading kernel {}", kernel.entry()), e))?;
+            // An SM's split of L1 and shared memory changes only when it is idle. A wait
+            // kernel that spins on an SM split for little shared memory would keep a tile
+            // kernel's CTA off that SM for as long as it spins, and a persistent kernel
+            // short of a CTA holds its hardware queue. So every cmm kernel asks for the
+            // greatest shared-memory split: any SM running them can take any of them.
+            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+                .map_err(|e| CudaError::driver(format!("setting the shared-memory split of {}", kernel.entry()), e))?;
             functions.push(f);
         }
         let functions = Functions(functions);
@@ -1137,10 +1144,8 @@ impl Run<'_> {
         Ok((ms as f64, gated, op_times))
     }
 
-    /// Launches a tile-granular GEMM: one CTA per SM its GPU gives each device (at most
-    /// one per tile), or [`CudaRunOptions::fused_ctas_per_sm`] where every SM has room for
-    /// one more, so every CTA is resident and the kernel's waits cannot starve the work
-    /// they wait for of a slot.
+    /// Launches a tile-granular GEMM with the grid [`fused_grid`] gives it: every CTA
+    /// resident, and room left for the kernels its waits depend on.
     fn issue_fused(
         &self,
         gpu: usize,
@@ -1159,24 +1164,17 @@ impl Run<'_> {
             Placement::Gpus => 1,
         };
         let per_sm = self.options.fused_ctas_per_sm;
-        let launch = fused_launch(memory, f, table.ptr, sms / sharing * per_sm.max(1), &self.words());
-        if per_sm != 1 {
-            let function = self.state.gpus[gpu].functions.get(launch.kernel);
-            let fits = function
-                .occupancy_max_active_blocks_per_multiprocessor(launch.cfg.block_dim.0, 0, None)
-                .map_err(|e| CudaError::driver("reading the fused kernel's occupancy", e))?;
-            if per_sm == 0 || per_sm + 1 > fits {
-                return Err(CudaError::Unsupported {
-                    plan: self.plan.name.clone(),
-                    what: format!(
-                        "{per_sm} CTAs per SM of {}: an SM holds {fits} of them, and one more must fit beside them \
-                         (at most {})",
-                        launch.kernel.entry(),
-                        fits.saturating_sub(1).max(1)
-                    ),
-                });
-            }
-        }
+        let (kernel, threads) = fused_kernel(f);
+        let fits = self.state.gpus[gpu]
+            .functions
+            .get(kernel)
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+            .map_err(|e| CudaError::driver("reading the fused kernel's occupancy", e))?;
+        let ctas = fused_grid(sms, sharing, per_sm, fits).map_err(|why| CudaError::Unsupported {
+            plan: self.plan.name.clone(),
+            what: format!("{per_sm} CTAs per SM of {}: {why}", kernel.entry()),
+        })?;
+        let launch = fused_launch(memory, f, table.ptr, ctas, &self.words());
         launch_on(stream, &self.state.gpus[gpu].functions, &launch, None)
     }
 
@@ -1342,6 +1340,40 @@ fn submit(
 
 /// Launches `l` on `stream`, in the stream's context; a communicating kernel
 /// ([`Kernel::communicates`]) at `comm_priority` where that is given.
+/// CTAs of one device's persistent (fused) GEMM kernel on a GPU of `sms` SMs shared by
+/// `sharing` devices, at `per_sm` CTAs per SM where an SM holds `fits` of them.
+///
+/// A fused kernel's CTAs spin on waits, and so do the other devices' kernels on the same
+/// GPU. A kernel whose CTAs cannot all become resident holds its hardware queue, and
+/// with it whatever signal waits behind it there, so every CTA must fit with room to
+/// spare: one more CTA of the kernel beside `per_sm` of them on every SM, or, where one
+/// CTA fills an SM (`fits == 1`, the 128×128 tiles), at least one SM that no fused
+/// kernel takes. A 4-device ag_gemm on 128×128 tiles that took all 132 SMs of an H100
+/// (33 CTAs each) timed out on its waits in the kernel-wait mode (2026-11-25).
+pub(crate) fn fused_grid(sms: u32, sharing: u32, per_sm: u32, fits: u32) -> Result<u32, String> {
+    let sharing = sharing.max(1);
+    if fits == 0 {
+        return Err("the kernel cannot run on this GPU's SMs (occupancy 0)".into());
+    }
+    if per_sm == 0 {
+        return Err("at least 1 CTA per SM is needed".into());
+    }
+    if per_sm < fits {
+        return Ok((sms / sharing).max(1) * per_sm);
+    }
+    if per_sm == 1 {
+        // One CTA fills an SM: keep at least one SM free of fused kernels.
+        let ctas = sms.saturating_sub(1) / sharing;
+        if ctas == 0 {
+            return Err(format!(
+                "one CTA fills an SM, and {sharing} devices on {sms} SMs leave none free beside their kernels"
+            ));
+        }
+        return Ok(ctas);
+    }
+    Err(format!("an SM holds {fits} of them, and one more must fit beside them (at most {})", (fits - 1).max(1)))
+}
+
 fn launch_on(
     stream: &Arc<CudaStream>,
     functions: &Functions,
@@ -1744,5 +1776,30 @@ mod tests {
         assert!(stagger_priorities(&CudaRunOptions { placement: Placement::Gpus, ..on }, &Ok(-5), 4).is_empty());
         assert!(stagger_priorities(&on, &Ok(-1), 4).is_empty());
         assert!(stagger_priorities(&on, &Err("a single priority".into()), 4).is_empty());
+    }
+
+    /// An H100's 132 SMs: the 64×64 kernel (3 fit) takes every SM; the 128×128 kernel (1
+    /// fits) leaves at least one SM free of fused kernels; more CTAs per SM only with room
+    /// for one more beside them.
+    #[test]
+    fn fused_grids_keep_room_for_the_kernels_their_waits_depend_on() {
+        assert_eq!(fused_grid(132, 4, 1, 3), Ok(33));
+        assert_eq!(fused_grid(132, 4, 2, 3), Ok(66));
+        assert_eq!(fused_grid(132, 1, 1, 3), Ok(132));
+        // One CTA fills an SM: 4 × 33 would take all 132; 4 × 32 leave 4 free.
+        assert_eq!(fused_grid(132, 4, 1, 1), Ok(32));
+        assert_eq!(fused_grid(132, 2, 1, 1), Ok(65));
+        assert_eq!(fused_grid(132, 8, 1, 1), Ok(16));
+        assert_eq!(fused_grid(132, 1, 1, 1), Ok(131));
+        for (sms, sharing) in [(132, 1), (132, 2), (132, 3), (132, 4), (132, 8), (8, 4), (9, 8), (114, 8)] {
+            let ctas = fused_grid(sms, sharing, 1, 1).unwrap();
+            assert!(ctas >= 1 && ctas * sharing < sms, "{sms} SMs, {sharing} devices: {ctas} each");
+        }
+        let full = fused_grid(4, 4, 1, 1).unwrap_err();
+        assert!(full.contains("leave none free"), "{full}");
+        let e = fused_grid(132, 4, 2, 2).unwrap_err();
+        assert!(e.contains("an SM holds 2 of them") && e.contains("at most 1"), "{e}");
+        assert!(fused_grid(132, 4, 2, 1).is_err() && fused_grid(132, 4, 0, 3).is_err());
+        assert!(fused_grid(132, 4, 1, 0).unwrap_err().contains("occupancy 0"));
     }
 }

@@ -411,6 +411,17 @@ pub(crate) fn fused_table(at: &impl Addressing, f: &FusedGemmCommand) -> Vec<u8>
     bytes
 }
 
+/// The persistent kernel of a tile-granular GEMM and its threads per CTA.
+pub(crate) fn fused_kernel(f: &FusedGemmCommand) -> (Kernel, u32) {
+    match f.gemm.imp {
+        GemmImpl::MmaF16 => (Kernel::FusedMmaF16, 128),
+        GemmImpl::MmaBf16 => (Kernel::FusedMmaBf16, 128),
+        GemmImpl::MmaWideF16 => (Kernel::FusedMmaWideF16, 256),
+        GemmImpl::MmaWideBf16 => (Kernel::FusedMmaWideBf16, 256),
+        _ => (Kernel::FusedSimt, 256),
+    }
+}
+
 /// The launch of a tile-granular GEMM whose table (from [`fused_table`]) is at `table`,
 /// with `ctas` blocks (all resident at once, at most one per tile).
 pub(crate) fn fused_launch(
@@ -435,13 +446,7 @@ pub(crate) fn fused_launch(
         tiles_n: f.tiles_n,
         pad: 0,
     };
-    let (kernel, threads) = match f.gemm.imp {
-        GemmImpl::MmaF16 => (Kernel::FusedMmaF16, 128),
-        GemmImpl::MmaBf16 => (Kernel::FusedMmaBf16, 128),
-        GemmImpl::MmaWideF16 => (Kernel::FusedMmaWideF16, 256),
-        GemmImpl::MmaWideBf16 => (Kernel::FusedMmaWideBf16, 256),
-        _ => (Kernel::FusedSimt, 256),
-    };
+    let (kernel, threads) = fused_kernel(f);
     let cfg = LaunchConfig {
         grid_dim: (ctas.max(1).min(f.tiles.max(1)), 1, 1),
         block_dim: (threads, 1, 1),

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use cmm_core::generator::Family;
+use cmm_core::plan::Plan;
 use cmm_core::{build_plan, Algorithm, DType, OpKind, Problem};
 use cmm_cuda::fake::Injection;
 use cmm_cuda::{CudaBackend, CudaError, CudaExecutor, CudaRunOptions, GemmEngine, Kernel, Placement, SyncMode};
@@ -365,21 +366,32 @@ fn offset_starts_run_right_and_say_where_they_applied() {
 }
 
 /// A fused plan's persistent kernel may run several CTAs per SM where every SM keeps room
-/// for one more (the fake's occupancy is 3: 2 run, 3 is refused with the limit), on either
-/// tile, and the results do not change; the backend stays usable after a refusal.
+/// for one more (the fake gives the H100's occupancies: the 64×64 tile 3, so 2 run and 3
+/// are refused with the limit; the SIMT tile 2 and the 128×128 tile 1, so 2 are refused),
+/// and the results do not change; the backend stays usable after a refusal.
 #[test]
 fn fused_kernels_take_more_ctas_per_sm_only_where_one_more_fits() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let Some(b) = fake_backend() else { return };
     let p = Problem::new(OpKind::GemmRs, 4, 32, 40, 64, DType::F16, DType::F32).unwrap();
     let fused = build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap();
-    for wide_tiles in [false, true] {
-        assert_right(&b, &fused, &CudaRunOptions { fused_ctas_per_sm: 2, wide_tiles, ..Default::default() });
-    }
-    let e =
-        b.run(&fused, 5, Family::Exact, &CudaRunOptions { fused_ctas_per_sm: 3, ..Default::default() }).unwrap_err();
-    assert!(matches!(e, CudaError::Unsupported { .. }), "{e}");
-    assert!(e.to_string().contains("an SM holds 3 of them") && e.to_string().contains("at most 2"), "{e}");
+    assert_right(&b, &fused, &CudaRunOptions { fused_ctas_per_sm: 2, ..Default::default() });
+    let refused = |options: &CudaRunOptions, plan: &Plan, held: u32| {
+        let e = b.run(plan, 5, Family::Exact, options).unwrap_err();
+        assert!(matches!(e, CudaError::Unsupported { .. }), "{e}");
+        let limit = format!("an SM holds {held} of them");
+        assert!(
+            e.to_string().contains(&limit) && e.to_string().contains(&format!("at most {}", (held - 1).max(1))),
+            "{e}"
+        );
+    };
+    refused(&CudaRunOptions { fused_ctas_per_sm: 3, ..Default::default() }, &fused, 3);
+    refused(&CudaRunOptions { fused_ctas_per_sm: 2, wide_tiles: true, ..Default::default() }, &fused, 1);
+    let f32_problem = Problem::new(OpKind::GemmRs, 4, 32, 40, 64, DType::F32, DType::F32).unwrap();
+    let simt = build_plan(&f32_problem, Algorithm::Fused { chunks: 1 }).unwrap();
+    refused(&CudaRunOptions { fused_ctas_per_sm: 2, ..Default::default() }, &simt, 2);
+    // One 128×128 CTA fills an SM: one per SM, with SMs left free, runs.
+    assert_right(&b, &fused, &CudaRunOptions { wide_tiles: true, ..Default::default() });
     assert_right(&b, &fused, &CudaRunOptions::default());
 }
 

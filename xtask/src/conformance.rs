@@ -9,6 +9,7 @@ use clap::ValueEnum;
 use cmm_conformance::{
     cases_dir, check_report_path, load_corpus, run_corpus, write_report, Backend, CpuTwin, Cuda, Goldens, Options,
 };
+use cmm_core::DType;
 use cmm_cuda::{CudaBackend, CudaRunOptions, HostTwin, SyncMode};
 use cmm_reference::Reference;
 
@@ -76,6 +77,10 @@ pub struct Args {
     /// separated by commas: `ring_d2_,ring_push_d2_`).
     #[arg(long, value_name = "P")]
     pub filter: Option<String>,
+    /// Run only the cases whose input dtype is one of these (comma-separated:
+    /// `--input f16,bf16`).
+    #[arg(long = "input", value_name = "DTYPES", value_delimiter = ',')]
+    pub inputs: Vec<DType>,
     /// Write every device's inputs and outputs as .npy files, with an index.json.
     #[arg(long, value_name = "DIR")]
     pub export: Option<PathBuf>,
@@ -148,6 +153,7 @@ impl Args {
         Args {
             bless: false,
             filter: None,
+            inputs: Vec::new(),
             export: None,
             backend,
             schedules,
@@ -254,6 +260,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let options = Options {
         filter: args.filter.clone(),
+        inputs: args.inputs.clone(),
         bless: args.bless,
         export: args.export.clone(),
         schedules: args.schedules as usize,
