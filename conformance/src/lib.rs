@@ -135,7 +135,7 @@ fn inputs_note(inputs: &[DType]) -> String {
 
 /// Whether a case is among those `options` select: its name matches the filter and its
 /// input dtype is among those asked for.
-pub fn selects(options: &Options, case: &Case) -> bool {
+fn selects(options: &Options, case: &Case) -> bool {
     options.filter.as_ref().is_none_or(|f| name_matches(f, &case.name))
         && (options.inputs.is_empty() || options.inputs.contains(&case.input))
 }

@@ -1338,8 +1338,6 @@ fn submit(
     }
 }
 
-/// Launches `l` on `stream`, in the stream's context; a communicating kernel
-/// ([`Kernel::communicates`]) at `comm_priority` where that is given.
 /// CTAs of one device's persistent (fused) GEMM kernel on a GPU of `sms` SMs shared by
 /// `sharing` devices, at `per_sm` CTAs per SM where an SM holds `fits` of them.
 ///
@@ -1374,6 +1372,8 @@ pub(crate) fn fused_grid(sms: u32, sharing: u32, per_sm: u32, fits: u32) -> Resu
     Err(format!("an SM holds {fits} of them, and one more must fit beside them (at most {})", (fits - 1).max(1)))
 }
 
+/// Launches `l` on `stream`, in the stream's context; a communicating kernel
+/// ([`Kernel::communicates`]) at `comm_priority` where that is given.
 fn launch_on(
     stream: &Arc<CudaStream>,
     functions: &Functions,
