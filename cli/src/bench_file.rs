@@ -89,6 +89,10 @@ pub struct PlanTimes {
     /// The fused plans again with two CTAs per SM of the persistent kernel, 64×64 tiles
     /// (`CudaRunOptions::fused_ctas_per_sm`; null for the plans on cuBLAS).
     pub time_two_ctas_per_sm_us: Option<f64>,
+    /// The fused plans again on the Hopper engine (`CudaRunOptions::hopper`; null for
+    /// the plans on cuBLAS, on a GPU without the engine, and in reports from before it).
+    #[serde(default)]
+    pub time_hopper_us: Option<f64>,
 }
 
 /// A bench row's figures beside its times: the bound, the baseline and the ratios (xtask's
@@ -121,16 +125,23 @@ impl PlanTimes {
             time_offset_us: None,
             time_wide_tiles_us: None,
             time_two_ctas_per_sm_us: None,
+            time_hopper_us: None,
         }
     }
 
     /// The fastest of the plan's times: plain, staggered, offset, on wide tiles, with two
-    /// CTAs per SM (where taken).
+    /// CTAs per SM, on the Hopper engine (where taken).
     pub fn fastest_us(&self) -> f64 {
-        [self.time_staggered_us, self.time_offset_us, self.time_wide_tiles_us, self.time_two_ctas_per_sm_us]
-            .into_iter()
-            .flatten()
-            .fold(self.time_us, f64::min)
+        [
+            self.time_staggered_us,
+            self.time_offset_us,
+            self.time_wide_tiles_us,
+            self.time_two_ctas_per_sm_us,
+            self.time_hopper_us,
+        ]
+        .into_iter()
+        .flatten()
+        .fold(self.time_us, f64::min)
     }
 }
 

@@ -102,6 +102,20 @@ pub struct Cuda<E = cmm_cuda::CudaBackend> {
     pub backend: E,
     /// How each case runs (GEMM engine, sync mode, time limits).
     pub options: cmm_cuda::CudaRunOptions,
+    /// How many GEMMs each engine ran, over every run so far.
+    engines: std::sync::Mutex<cmm_cuda::GemmCounts>,
+}
+
+impl<E> Cuda<E> {
+    /// `backend` running every case with `options`.
+    pub fn new(backend: E, options: cmm_cuda::CudaRunOptions) -> Self {
+        Cuda { backend, options, engines: Default::default() }
+    }
+
+    /// How many GEMMs each engine ran, over every run so far.
+    pub fn engines(&self) -> cmm_cuda::GemmCounts {
+        *self.engines.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl<E: cmm_cuda::CudaExecutor> Backend for Cuda<E> {
@@ -115,7 +129,13 @@ impl<E: cmm_cuda::CudaExecutor> Backend for Cuda<E> {
 
     fn run(&self, plan: &Plan, seed: u32, family: Family, _order: Order) -> Result<Memory, BackendError> {
         match self.backend.run(plan, seed, family, &self.options) {
-            Ok(out) => Ok(out.buffers),
+            Ok(out) => {
+                let mut tally = self.engines.lock().unwrap_or_else(|p| p.into_inner());
+                tally.cublas += out.gemms.cublas;
+                tally.tile += out.gemms.tile;
+                tally.hopper += out.gemms.hopper;
+                Ok(out.buffers)
+            }
             Err(cmm_cuda::CudaError::Deadlock(deadlock)) => Err(BackendError::Deadlock(deadlock)),
             Err(e) => Err(BackendError::Failed { backend: "cuda".into(), message: e.to_string() }),
         }

@@ -8,7 +8,7 @@ use cmm_conformance::Cuda;
 use cmm_cuda::{gpu_or_skip, CudaRunOptions, SyncMode};
 
 fn cuda(sync: SyncMode) -> Option<Cuda> {
-    gpu_or_skip().map(|backend| Cuda { backend, options: CudaRunOptions { sync, ..Default::default() } })
+    gpu_or_skip().map(|backend| Cuda::new(backend, CudaRunOptions { sync, ..Default::default() }))
 }
 
 #[test]

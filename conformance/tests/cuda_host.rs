@@ -18,7 +18,7 @@ const HANG_LIMIT: Duration = Duration::from_secs(2);
 
 fn host(sync: SyncMode) -> Cuda<HostTwin> {
     let backend = HostTwin::new().unwrap_or_else(|e| panic!("{e}"));
-    Cuda { backend, options: CudaRunOptions { sync, ..Default::default() } }
+    Cuda::new(backend, CudaRunOptions { sync, ..Default::default() })
 }
 
 #[test]

@@ -84,7 +84,7 @@ fn every_corpus_plan_lowers_for_the_cuda_executor() {
         {
             for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
                 for queues in [DEFAULT_QUEUES, MAX_QUEUES] {
-                    let options = LowerOptions { gemm, sync, cublas_present, queues, wide_tiles: false };
+                    let options = LowerOptions { gemm, sync, cublas_present, queues, wide_tiles: false, hopper: None };
                     let lowered = lower(&plan, &options).unwrap_or_else(|e| panic!("{}: {e}", case.name));
                     assert_eq!(lowered.steps.len(), plan.op_count(), "{}", case.name);
                     if !cublas_present || gemm == GemmEngine::TileKernel {
@@ -115,6 +115,7 @@ fn a_fused_gemm_lowers_to_one_persistent_kernel_enqueued_after_what_it_waits_for
                 cublas_present: true,
                 queues,
                 wide_tiles: false,
+                hopper: None,
             };
             let lowered = lower(&plan, &options).unwrap_or_else(|e| panic!("{}: {e}", case.name));
             let fused: Vec<_> = lowered

@@ -50,6 +50,7 @@ typedef unsigned long long u64;
 #define __global__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __grid_constant__
 #define __shared__ static thread_local
 #define __align__(n) __attribute__((aligned(n)))
 #define CMM_SHARED(type, name, dims) static thread_local cmm_host::Shared<type dims> name

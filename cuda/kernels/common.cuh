@@ -124,6 +124,13 @@ __device__ __forceinline__ void cmm_red_release_add(u64 addr, u32 value) {
 __device__ __forceinline__ void cmm_store_release_gpu(u64 addr, u32 value) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
 }
+
+// The shared-state-space address of a generic pointer into shared memory.
+__device__ __forceinline__ u32 cmm_smem_addr(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
 #endif
 
 // A shared array or variable read and written by plain loads and stores: on the GPU a
@@ -136,3 +143,31 @@ __device__ __forceinline__ void cmm_store_release_gpu(u64 addr, u32 value) {
 // How many polls of the semaphore between two reads of the abort word (which lives in
 // host memory, a PCIe round trip away).
 #define CMM_ABORT_POLL 32u
+
+// Spins until `*word >= value` (acquire). False when `timeout_ns` passes or the run's
+// abort word is raised; then, unless `status` is 0, status[1] is the last value seen and
+// status[0] says why (1: deadline, 2: aborted). The waits of cmm_wait and of the
+// persistent GEMMs.
+__device__ __forceinline__ bool cmm_spin_at_least(u64 word, u32 value, u64 abort, u64 timeout_ns, u64 status) {
+    u64 start = cmm_globaltimer_ns();
+    u32 seen = cmm_load_acquire(word);
+    u32 polls = 0u;
+    while (seen < value) {
+        u32 why = 0u;
+        if (++polls % CMM_ABORT_POLL == 0u && cmm_load_acquire(abort) != 0u) {
+            why = 2u;
+        } else if (cmm_globaltimer_ns() - start > timeout_ns) {
+            why = 1u;
+        }
+        if (why != 0u) {
+            if (status != 0ull) {
+                ((u32*)status)[1] = seen;
+                ((volatile u32*)status)[0] = why;
+            }
+            return false;
+        }
+        __nanosleep(200);
+        seen = cmm_load_acquire(word);
+    }
+    return true;
+}

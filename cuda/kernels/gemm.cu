@@ -199,12 +199,6 @@ __device__ __forceinline__ bool cmm_gemm_async_ok(const CmmGemmArgs& g) {
 }
 
 #ifndef CMM_HOST
-__device__ __forceinline__ u32 cmm_smem_addr(const void* p) {
-    u64 a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (u32)a;
-}
-
 // Copies 16 bytes from global `src` to shared `dst` asynchronously; with src_bytes = 0
 // it writes 16 zero bytes and reads nothing.
 __device__ __forceinline__ void cmm_cp_async16(void* dst, u64 src, u32 src_bytes) {
@@ -463,32 +457,6 @@ struct CmmFusedArgs {
     u32 pad;
 };
 
-// Spins until `*word >= value`; false when the deadline passes or the run is aborted
-// (then `status`, if any, says which and the value seen).
-__device__ bool cmm_fused_spin(const CmmFusedArgs& f, u64 word, u32 value, u64 status) {
-    u64 start = cmm_globaltimer_ns();
-    u32 seen = cmm_load_acquire(word);
-    u32 polls = 0u;
-    while (seen < value) {
-        u32 why = 0u;
-        if (++polls % CMM_ABORT_POLL == 0u && cmm_load_acquire(f.abort) != 0u) {
-            why = 2u;
-        } else if (cmm_globaltimer_ns() - start > f.timeout_ns) {
-            why = 1u;
-        }
-        if (why != 0u) {
-            if (status != 0ull) {
-                ((u32*)status)[1] = seen;
-                ((volatile u32*)status)[0] = why;
-            }
-            return false;
-        }
-        __nanosleep(200);
-        seen = cmm_load_acquire(word);
-    }
-    return true;
-}
-
 template <int KIND>  // 0: f16 tensor cores, 1: bf16 tensor cores, 2: SIMT, 3 and 4: wide f16, bf16
 __device__ void cmm_fused_gemm(const CmmFusedArgs& f) {
     constexpr u32 edge = KIND >= 3 ? CmmTileWide::TILE : CMM_TILE;
@@ -507,7 +475,7 @@ __device__ void cmm_fused_gemm(const CmmFusedArgs& f) {
             if (t < f.tiles && ok) {
                 while (block + 1u < f.count && blocks[block + 1u].first_tile <= t) ++block;
                 for (; checked < blocks[block].waits_end && ok; ++checked) {
-                    ok = cmm_fused_spin(f, waits[checked].sem, waits[checked].value, f.status + 8ull * checked);
+                    ok = cmm_spin_at_least(waits[checked].sem, waits[checked].value, f.abort, f.timeout_ns, f.status + 8ull * checked);
                 }
                 if (!ok) atomicExch(&control[2], 1u);
             }
@@ -542,7 +510,7 @@ __device__ void cmm_fused_gemm(const CmmFusedArgs& f) {
             if (atomicAdd(&control[3u + b], 1u) + 1u == end - blk.first_tile) {
                 // The block's last tile: release it once the blocks before it are released.
                 // A failure here leaves the run to its timeout or abort.
-                if (cmm_fused_spin(f, (u64)&control[1], b, 0ull)) {
+                if (cmm_spin_at_least((u64)&control[1], b, f.abort, f.timeout_ns, 0ull)) {
                     __threadfence_system();
                     for (u32 s = blk.signals_begin; s < blk.signals_end; ++s) {
                         cmm_red_release_add(signals[s].sem, signals[s].value);

@@ -18,24 +18,7 @@ extern "C" __global__ void cmm_signal(u64 sem, u32 add) {
 
 // status[0] = 1 (deadline) or 2 (aborted), status[1] = the last value seen.
 extern "C" __global__ void cmm_wait(u64 sem, u32 value, u64 timeout_ns, u64 status, u64 abort) {
-    u64 start = cmm_globaltimer_ns();
-    u32 seen = cmm_load_acquire(sem);
-    u32 polls = 0u;
-    while (seen < value) {
-        u32 why = 0u;
-        if (++polls % CMM_ABORT_POLL == 0u && cmm_load_acquire(abort) != 0u) {
-            why = 2u;
-        } else if (cmm_globaltimer_ns() - start > timeout_ns) {
-            why = 1u;
-        }
-        if (why != 0u) {
-            ((u32*)status)[1] = seen;
-            ((volatile u32*)status)[0] = why;
-            return;
-        }
-        __nanosleep(200);
-        seen = cmm_load_acquire(sem);
-    }
+    cmm_spin_at_least(sem, value, abort, timeout_ns, status);
 }
 
 // Spins until the host sets `*go` (status[0] stays 0) or the deadline passes

@@ -35,11 +35,12 @@ use crate::error::CudaError;
 use crate::kernels::{compile, nvrtc_available, KERNEL_FILES};
 use crate::launch::{
     buffer_fill, fused_kernel, fused_launch, fused_table, gemm_submission, released_waits, submissions, timed_out_wait,
-    Addressing, ControlLayout, Fill, GemmArgs, Kernel, Launch, Param, RunWords, Submission, ONE_THREAD,
+    Addressing, ControlLayout, Fill, GemmArgs, Kernel, Launch, Param, RunWords, Submission, TensorMap, TensorMapSpec,
+    ONE_THREAD,
 };
 use crate::lower::{
-    hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, Loc,
-    LowerOptions, Lowered, SyncMode,
+    hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, HopperTarget,
+    HopperTile, Loc, LowerOptions, Lowered, SyncMode,
 };
 use crate::CudaExecutor;
 
@@ -118,6 +119,14 @@ pub struct CudaRunOptions {
     /// one more CTA of the kernel beside them (`cuOccupancyMaxActiveBlocksPerMultiprocessor`),
     /// so that the kernels its waits depend on still find a slot.
     pub fused_ctas_per_sm: u32,
+    /// GEMMs that run on cmm's own kernels (fused ones included, and every GEMM under
+    /// [`GemmEngine::TileKernel`]) take the Hopper engine (`hopper.cu`) where the GPU runs
+    /// it (compute capability 9.0) and TMA's rules allow ([`crate::lower::hopper_rule`]);
+    /// the others keep the tile kernels. [`CudaRunOutput::gemms`] counts both.
+    /// [`GemmEngine::Hopper`] asks for it on every GEMM whatever this says.
+    pub hopper: bool,
+    /// The Hopper engine's tile for every GEMM it runs (`None`: its rule's choice).
+    pub hopper_tile: Option<HopperTile>,
 }
 
 /// Which buffers a run copies back to the host.
@@ -160,6 +169,8 @@ impl Default for CudaRunOptions {
             read_back: ReadBack::Everything,
             wide_tiles: false,
             fused_ctas_per_sm: 1,
+            hopper: false,
+            hopper_tile: None,
         }
     }
 }
@@ -316,6 +327,8 @@ pub struct CudaBackend {
     cublas: bool,
     memops: Result<(), String>,
     priority: Result<i32, String>,
+    /// GPU 0's SM count where it runs the Hopper engine.
+    hopper_sms: Option<u32>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -358,7 +371,7 @@ pub fn probe() -> Result<String, CudaError> {
     Ok(format!("{count} CUDA device(s)"))
 }
 
-fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize) -> Result<Vec<Gpu>, CudaError> {
+fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize, hopper: bool) -> Result<Vec<Gpu>, CudaError> {
     let mut out = Vec::new();
     for ordinal in 0..ordinals {
         let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::driver(format!("opening GPU {ordinal}"), e))?;
@@ -390,6 +403,14 @@ fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize) -> Result<Vec<Gpu>, CudaErr
             // greatest shared-memory split: any SM running them can take any of them.
             f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
                 .map_err(|e| CudaError::driver(format!("setting the shared-memory split of {}", kernel.entry()), e))?;
+            // The Hopper engine's stages take more shared memory than a CTA gets unasked.
+            if let (Some(tile), true) = (kernel.hopper(), hopper) {
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    tile.shared_bytes() as i32,
+                )
+                .map_err(|e| CudaError::driver(format!("giving {} its shared memory", kernel.entry()), e))?;
+            }
             functions.push(f);
         }
         let functions = Functions(functions);
@@ -468,13 +489,18 @@ impl CudaBackend {
         // Hopper's wgmma/TMA features need the `a` variant; others use the plain arch.
         let arch = if major == 9 { "sm_90a".to_string() } else { format!("sm_{major}{minor}") };
         let name = first.name().map_err(|e| CudaError::driver("reading the device name", e))?;
+        let sms = first
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| CudaError::driver("reading the SM count", e))?;
+        // The fake driver runs kernels on the host twin, which has no Hopper engine.
+        let hopper_sms = (major == 9 && !crate::fake::requested()).then_some(sms.max(1) as u32);
         drop(first);
         let eager_loading = module_loading_is_eager()?;
         let ptx: Vec<(String, Ptx)> = KERNEL_FILES
             .iter()
             .map(|k| compile(k, &arch).map(|src| (k.name.to_string(), Ptx::from_src(src))))
             .collect::<Result<_, _>>()?;
-        let gpus = open_gpus(&ptx, ordinals)?;
+        let gpus = open_gpus(&ptx, ordinals, hopper_sms.is_some())?;
         let memops = probe_stream_memops(&gpus[0]);
         let priority = gpus[0].priority.clone();
         Ok(CudaBackend {
@@ -486,7 +512,13 @@ impl CudaBackend {
             cublas: cublas_present(),
             memops,
             priority,
+            hopper_sms,
         })
+    }
+
+    /// Whether GPU 0 runs the Hopper engine (compute capability 9.0, a real driver).
+    pub fn has_hopper_engine(&self) -> bool {
+        self.hopper_sms.is_some()
     }
 
     /// Whether runs can hold their lanes behind the gate ([`CudaRunOptions::gate`]).
@@ -513,8 +545,12 @@ impl CudaBackend {
         } else {
             "lazy module loading: lanes ungated (CUDA_MODULE_LOADING=EAGER gates them)"
         };
+        let hopper = match self.hopper_sms {
+            Some(sms) => format!("Hopper engine on {sms} SMs"),
+            None => "no Hopper engine".into(),
+        };
         format!(
-            "{} x{} ({}, kernels compiled by NVRTC; {blas}; {priority}; {loading})",
+            "{} x{} ({}, kernels compiled by NVRTC; {blas}; {hopper}; {priority}; {loading})",
             self.name, self.ordinals, self.arch
         )
     }
@@ -567,7 +603,7 @@ impl CudaBackend {
                         message: e.to_string(),
                     })?;
                 }
-                state.gpus = open_gpus(&self.ptx, self.ordinals)?;
+                state.gpus = open_gpus(&self.ptx, self.ordinals, self.hopper_sms.is_some())?;
                 state.health = Health::Ready;
             }
         }
@@ -593,11 +629,28 @@ impl CudaBackend {
         wide_tiles: bool,
         reps: usize,
     ) -> Result<f64, CudaError> {
+        let choice = GemmChoice { engine, wide_tiles, hopper: false, hopper_tile: None };
+        self.time_gemm_as(spec, &choice, reps).map(|(us, _)| us)
+    }
+
+    /// [`Self::time_gemm`] on the kernel `choice` picks (any engine), with the kernel
+    /// that ran.
+    pub fn time_gemm_as(
+        &self,
+        spec: &GemmSpec,
+        choice: &GemmChoice,
+        reps: usize,
+    ) -> Result<(f64, GemmImpl), CudaError> {
         let plan = gemm_plan(spec)?;
-        let lowered = lower(
-            &plan,
-            &LowerOptions { gemm: engine, sync: SyncMode::Kernels, cublas_present: self.cublas, queues: 1, wide_tiles },
-        )?;
+        let options = LowerOptions {
+            gemm: choice.engine,
+            sync: SyncMode::Kernels,
+            cublas_present: self.cublas,
+            queues: 1,
+            wide_tiles: choice.wide_tiles,
+            hopper: self.hopper_target(choice.hopper || choice.engine == GemmEngine::Hopper, choice.hopper_tile),
+        };
+        let lowered = lower(&plan, &options)?;
         let Some(step) = lowered.steps.first() else {
             return Err(CudaError::Unsupported { plan: plan.name, what: "an empty GEMM has no time".into() });
         };
@@ -607,8 +660,28 @@ impl CudaBackend {
         if let Err(CudaError::ContextLost { .. }) = &result {
             state.health = Health::Lost;
         }
-        result
+        result.map(|us| (us, command.imp))
     }
+
+    /// The Hopper engine as lowering may use it, where `wanted` and the GPU runs it.
+    fn hopper_target(&self, wanted: bool, tile: Option<HopperTile>) -> Option<HopperTarget> {
+        self.hopper_sms.filter(|_| wanted).map(|sms| HopperTarget { sms, tile })
+    }
+}
+
+/// Which kernel [`CudaBackend::time_gemm_as`] times: the engine policy, the tile
+/// kernels' tile and the Hopper engine's tile (`None`: its rule's choice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmChoice {
+    /// Engine policy ([`GemmEngine::TileKernel`] takes the Hopper engine where it can).
+    pub engine: GemmEngine,
+    /// The tile kernels' 128×128 tiles.
+    pub wide_tiles: bool,
+    /// GEMMs on cmm's own kernels take the Hopper engine where they can
+    /// ([`CudaRunOptions::hopper`]).
+    pub hopper: bool,
+    /// The Hopper engine's tile.
+    pub hopper_tile: Option<HopperTile>,
 }
 
 impl CudaExecutor for CudaBackend {
@@ -632,7 +705,8 @@ impl CudaExecutor for CudaBackend {
                 what: format!("stream memory operations are not available on this GPU ({why})"),
             })?;
         }
-        let lowered = prepare(plan, seed, options, self.cublas)?;
+        let hopper = self.hopper_target(options.hopper || options.gemm == GemmEngine::Hopper, options.hopper_tile);
+        let lowered = prepare(plan, seed, options, self.cublas, hopper)?;
         if options.placement == Placement::Gpus && plan.devices > self.ordinals {
             return Err(CudaError::NoCudaDevice {
                 reason: format!("plan needs {} GPUs, the backend opened {}", plan.devices, self.ordinals),
@@ -675,8 +749,9 @@ pub(crate) fn prepare(
     seed: u32,
     options: &CudaRunOptions,
     cublas_present: bool,
+    hopper: Option<HopperTarget>,
 ) -> Result<Lowered, CudaError> {
-    prepare_in_order(plan, seed, options, cublas_present, None)
+    prepare_in_order(plan, seed, options, cublas_present, hopper, None)
 }
 
 /// [`prepare`] with a given enqueue order, proven safe for `queues` hardware queues
@@ -686,6 +761,7 @@ pub(crate) fn prepare_in_order(
     seed: u32,
     options: &CudaRunOptions,
     cublas_present: bool,
+    hopper: Option<HopperTarget>,
     order: Option<(&[cmm_core::plan::OpSite], usize)>,
 ) -> Result<Lowered, CudaError> {
     plan.validate()?;
@@ -697,6 +773,7 @@ pub(crate) fn prepare_in_order(
         cublas_present,
         queues,
         wide_tiles: options.wide_tiles,
+        hopper,
     };
     match order {
         None => lower(plan, &lowering(hardware_queues()?)),
@@ -705,7 +782,7 @@ pub(crate) fn prepare_in_order(
 }
 
 /// A one-device plan holding one GEMM of `spec`.
-pub(crate) fn gemm_plan(spec: &GemmSpec) -> Result<Plan, CudaError> {
+pub fn gemm_plan(spec: &GemmSpec) -> Result<Plan, CudaError> {
     let (ar, ac) = if spec.trans_a { (spec.k, spec.m) } else { (spec.m, spec.k) };
     let (br, bc) = if spec.trans_b { (spec.n, spec.k) } else { (spec.k, spec.n) };
     let mut b = PlanBuilder::new(format!("gemm {}x{}x{} {}", spec.m, spec.n, spec.k, spec.input), 1);
@@ -757,13 +834,14 @@ fn time_gemm_on(state: &mut State, plan: &Plan, command: &GemmCommand, reps: usi
     let blas = gpu.lanes[0].blas.as_ref().map(|h| h.0);
     let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
     let mut times = Vec::with_capacity(reps);
-    let issue = |memory: &Memory| submit(&gpu.functions, &stream, blas, &gemm_submission(memory, command), None);
-    issue(&memories[0])?; // warm-up: cuBLAS picks and loads its kernel here
+    let submissions =
+        memories.iter().map(|memory| gemm_submission(memory, command)).collect::<Result<Vec<_>, CudaError>>()?;
+    let issue = |set: usize| submit(&gpu.functions, &stream, blas, &submissions[set], None);
+    issue(0)?; // warm-up: cuBLAS picks and loads its kernel here
     for rep in 0..reps {
         // Set 0 was just warmed: the first timed run takes the next one.
-        let memory = &memories[(rep + 1) % sets];
         let begin = stream.record_event(timed).map_err(|e| CudaError::driver("recording an event", e))?;
-        issue(memory)?;
+        issue((rep + 1) % sets)?;
         let end = stream.record_event(timed).map_err(|e| CudaError::driver("recording an event", e))?;
         end.synchronize().map_err(|e| CudaError::driver("running a GEMM", e))?;
         times.push(begin.elapsed_ms(&end).map_err(|e| CudaError::driver("reading an event", e))? as f64 * 1e3);
@@ -863,7 +941,7 @@ fn warm_cublas(
     const ALIGN: u64 = 256;
     for step in &lowered.steps {
         let Some(Command::Gemm(command)) = &step.command else { continue };
-        let Submission::Cublas { args, dtypes } = gemm_submission(memory, command) else { continue };
+        let Submission::Cublas { args, dtypes } = gemm_submission(memory, command)? else { continue };
         let (g, slot) = streams[step.stream];
         // What makes cuBLAS choose (and load) a kernel: everything but where the
         // operands are, of which only the alignment counts.
@@ -1165,16 +1243,20 @@ impl Run<'_> {
         };
         let per_sm = self.options.fused_ctas_per_sm;
         let (kernel, threads) = fused_kernel(f);
+        let shared = match f.gemm.imp {
+            GemmImpl::Hopper { tile, .. } => tile.shared_bytes() as usize,
+            _ => 0,
+        };
         let fits = self.state.gpus[gpu]
             .functions
             .get(kernel)
-            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+            .occupancy_max_active_blocks_per_multiprocessor(threads, shared, None)
             .map_err(|e| CudaError::driver("reading the fused kernel's occupancy", e))?;
         let ctas = fused_grid(sms, sharing, per_sm, fits).map_err(|why| CudaError::Unsupported {
             plan: self.plan.name.clone(),
             what: format!("{per_sm} CTAs per SM of {}: {why}", kernel.entry()),
         })?;
-        let launch = fused_launch(memory, f, table.ptr, ctas, &self.words());
+        let launch = fused_launch(memory, f, table.ptr, ctas, &self.words())?;
         launch_on(stream, &self.state.gpus[gpu].functions, &launch, None)
     }
 
@@ -1184,7 +1266,7 @@ impl Run<'_> {
         stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
         let blas = lane.blas.as_ref().map(|h| h.0);
         let comm_priority = comm_priority(self.options, gpu);
-        for submission in submissions(command, memory, &self.words()) {
+        for submission in submissions(command, memory, &self.words())? {
             submit(&gpu.functions, stream, blas, &submission, comm_priority)?;
         }
         Ok(())
@@ -1279,7 +1361,7 @@ fn fused_tables(
     let mut tables = Vec::new();
     for step in &lowered.steps {
         let Some(Command::FusedGemm(f)) = &step.command else { continue };
-        let bytes = fused_table(memory, f);
+        let bytes = fused_table(memory, f)?;
         let table = DeviceAlloc::uninit(&state.gpus[streams[step.stream].0].ctx, bytes.len())?;
         // SAFETY: the allocation holds `bytes.len()` bytes and its context is current
         // (bound by `uninit`).
@@ -1648,6 +1730,54 @@ impl Addressing for Memory {
     fn sem(&self, device: usize, sem: usize) -> u64 {
         self.semaphores[device].ptr + 4 * sem as u64
     }
+
+    fn tensor_map(&self, spec: &TensorMapSpec) -> Result<TensorMap, CudaError> {
+        encode_tensor_map(spec)
+    }
+}
+
+/// A tensor map encoded by the driver (`cuTensorMapEncodeTiled`): two dimensions, the
+/// 128-byte swizzle, 256-byte L2 promotion, zeros past the edges.
+fn encode_tensor_map(spec: &TensorMapSpec) -> Result<TensorMap, CudaError> {
+    use sys::{CUtensorMapDataType as T, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion};
+    let dtype = match spec.dtype {
+        DType::F16 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        DType::Bf16 => T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        other => {
+            return Err(CudaError::Unsupported {
+                plan: String::new(),
+                what: format!("a {other} tensor map (the Hopper engine loads f16 and bf16)"),
+            })
+        }
+    };
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let dims = spec.dims;
+    let strides = [spec.stride];
+    let boxed = spec.boxed;
+    let element_strides = [1u32, 1];
+    // SAFETY: every pointer is to a live local array of the length the call reads
+    // (rank 2: two dims, one stride, two box and element-stride entries); `map` is
+    // written by the driver; `base` is only recorded, not dereferenced.
+    #[allow(unsafe_code)]
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            dtype,
+            2,
+            spec.base as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxed.as_ptr(),
+            element_strides.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()
+    }
+    .map_err(|e| CudaError::driver(format!("encoding a tensor map ({spec:?})"), e))?;
+    Ok(TensorMap(map.opaque))
 }
 
 /// Device memory of a run: per device one allocation holding every buffer, and its

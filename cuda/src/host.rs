@@ -29,8 +29,8 @@ use crate::backend::{prepare, prepare_in_order, CudaRunOptions, CudaRunOutput};
 use crate::error::CudaError;
 use crate::kernels::KERNEL_FILES;
 use crate::launch::{
-    buffer_fill, fused_launch, fused_table, released_waits, submissions, timed_out_wait, Addressing, ControlLayout,
-    Fill, Kernel, Launch, RunWords, Submission,
+    buffer_fill, fused_launch, fused_table, host_tensor_map, released_waits, submissions, timed_out_wait, Addressing,
+    ControlLayout, Fill, Kernel, Launch, RunWords, Submission, TensorMap, TensorMapSpec,
 };
 use crate::lower::{Command, Loc, Lowered};
 use crate::CudaExecutor;
@@ -257,6 +257,10 @@ impl Addressing for HostMemory {
     fn sem(&self, device: usize, sem: usize) -> u64 {
         self.semaphores[device].as_ptr() as u64 + 4 * sem as u64
     }
+
+    fn tensor_map(&self, spec: &TensorMapSpec) -> Result<TensorMap, CudaError> {
+        Ok(host_tensor_map(spec))
+    }
 }
 
 fn zeroed_words<T: Default>(count: usize) -> Box<[T]> {
@@ -433,7 +437,7 @@ impl HostTwin {
         family: Family,
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError> {
-        let lowered = prepare_in_order(plan, seed, options, false, Some((order, check_queues)))?;
+        let lowered = prepare_in_order(plan, seed, options, false, None, Some((order, check_queues)))?;
         self.run_lowered(plan, &lowered, seed, family, options)
     }
 
@@ -471,7 +475,7 @@ impl CudaExecutor for HostTwin {
         }
         let offset = crate::backend::emulated(plan, options)?;
         let plan = offset.as_ref().unwrap_or(plan);
-        let lowered = prepare(plan, seed, options, false)?;
+        let lowered = prepare(plan, seed, options, false, None)?;
         let mut out = self.run_lowered(plan, &lowered, seed, family, options)?;
         out.offset_starts = offset.is_some();
         Ok(out)
@@ -493,7 +497,7 @@ impl HostTwin {
         let control = HostControl::new(lowered.wait_slots.len());
         let words = control.words(options.wait_timeout);
         // The fused GEMMs' tables live as long as the run.
-        let (ordered, tables) = stream_work(lowered, &memory, &words);
+        let (ordered, tables) = stream_work(lowered, &memory, &words)?;
         let shared = Shared { kernels: self.kernels, plan, control: &control, options, first_error: Mutex::new(None) };
         let began = Instant::now();
         let (first_error, timed_out) = run_feed(shared, self.feed, &ordered, lowered.streams);
@@ -561,29 +565,33 @@ type Table = Box<[AtomicU64]>;
 
 /// Every submission with its stream, in enqueue order, and the fused GEMMs' tables they
 /// point into.
-fn stream_work(lowered: &Lowered, memory: &HostMemory, words: &RunWords) -> (Vec<(usize, Submission)>, Vec<Table>) {
+fn stream_work(
+    lowered: &Lowered,
+    memory: &HostMemory,
+    words: &RunWords,
+) -> Result<(Vec<(usize, Submission)>, Vec<Table>), CudaError> {
     let mut tables: Vec<Table> = Vec::new();
     let mut ordered: Vec<(usize, Submission)> = Vec::new();
     for step in &lowered.steps {
         let Some(command) = &step.command else { continue };
         let work = match command {
             Command::FusedGemm(f) => {
-                let bytes = fused_table(memory, f);
+                let bytes = fused_table(memory, f)?;
                 let table: Table = zeroed_words(bytes.len().div_ceil(8));
                 for (word, chunk) in table.iter().zip(bytes.chunks(8)) {
                     let mut le = [0u8; 8];
                     le[..chunk.len()].copy_from_slice(chunk);
                     word.store(u64::from_le_bytes(le), Ordering::Relaxed);
                 }
-                let launch = fused_launch(memory, f, table.as_ptr() as u64, HOST_FUSED_CTAS, words);
+                let launch = fused_launch(memory, f, table.as_ptr() as u64, HOST_FUSED_CTAS, words)?;
                 tables.push(table);
                 vec![Submission::Launch(launch)]
             }
-            other => submissions(other, memory, words),
+            other => submissions(other, memory, words)?,
         };
         ordered.extend(work.into_iter().map(|w| (step.stream, w)));
     }
-    (ordered, tables)
+    Ok((ordered, tables))
 }
 
 /// What a run's threads share: the first error (which raises the abort word, so every

@@ -23,7 +23,7 @@ pub struct KernelFile {
 }
 
 /// Every kernel file of the backend.
-pub const KERNEL_FILES: [KernelFile; 8] = [
+pub const KERNEL_FILES: [KernelFile; 9] = [
     KernelFile {
         name: "generate.cu",
         source: include_str!("../kernels/generate.cu"),
@@ -43,6 +43,16 @@ pub const KERNEL_FILES: [KernelFile; 8] = [
             "cmm_fused_gemm_simt",
             "cmm_fused_gemm_mma_wide_f16",
             "cmm_fused_gemm_mma_wide_bf16",
+        ],
+    },
+    KernelFile {
+        name: "hopper.cu",
+        source: include_str!("../kernels/hopper.cu"),
+        entry_points: &[
+            "cmm_hopper_gemm_f16_n256",
+            "cmm_hopper_gemm_bf16_n256",
+            "cmm_hopper_gemm_f16_n128",
+            "cmm_hopper_gemm_bf16_n128",
         ],
     },
     KernelFile { name: "copy.cu", source: include_str!("../kernels/copy.cu"), entry_points: &["cmm_copy2d"] },

@@ -12,7 +12,9 @@ use cmm_core::plan::{BufferRole, Op, Plan};
 use cmm_core::DType;
 
 use crate::error::CudaError;
-use crate::lower::{Command, FusedGemmCommand, GemmCommand, GemmImpl, Loc, Lowered, MAX_REDUCE_INPUTS};
+use crate::lower::{
+    Command, FusedBlock, FusedGemmCommand, GemmCommand, GemmImpl, HopperTile, Loc, Lowered, MAX_REDUCE_INPUTS,
+};
 
 /// A kernel entry point of `cuda/kernels/*.cu`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -41,6 +43,14 @@ pub enum Kernel {
     FusedMmaWideBf16,
     /// `cmm_fused_gemm_simt`.
     FusedSimt,
+    /// `cmm_hopper_gemm_f16_n256`.
+    HopperF16Wide,
+    /// `cmm_hopper_gemm_bf16_n256`.
+    HopperBf16Wide,
+    /// `cmm_hopper_gemm_f16_n128`.
+    HopperF16Narrow,
+    /// `cmm_hopper_gemm_bf16_n128`.
+    HopperBf16Narrow,
     /// `cmm_copy2d`.
     Copy2d,
     /// `cmm_reduce`.
@@ -67,7 +77,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 23] = [
+    pub const ALL: [Kernel; 27] = [
         Kernel::Generate,
         Kernel::Fill,
         Kernel::GemmMmaF16,
@@ -80,6 +90,10 @@ impl Kernel {
         Kernel::FusedMmaWideF16,
         Kernel::FusedMmaWideBf16,
         Kernel::FusedSimt,
+        Kernel::HopperF16Wide,
+        Kernel::HopperBf16Wide,
+        Kernel::HopperF16Narrow,
+        Kernel::HopperBf16Narrow,
         Kernel::Copy2d,
         Kernel::Reduce,
         Kernel::Pointwise,
@@ -108,6 +122,10 @@ impl Kernel {
             Kernel::FusedMmaWideF16 => "cmm_fused_gemm_mma_wide_f16",
             Kernel::FusedMmaWideBf16 => "cmm_fused_gemm_mma_wide_bf16",
             Kernel::FusedSimt => "cmm_fused_gemm_simt",
+            Kernel::HopperF16Wide => "cmm_hopper_gemm_f16_n256",
+            Kernel::HopperBf16Wide => "cmm_hopper_gemm_bf16_n256",
+            Kernel::HopperF16Narrow => "cmm_hopper_gemm_f16_n128",
+            Kernel::HopperBf16Narrow => "cmm_hopper_gemm_bf16_n128",
             Kernel::Copy2d => "cmm_copy2d",
             Kernel::Reduce => "cmm_reduce",
             Kernel::Pointwise => "cmm_pointwise",
@@ -153,7 +171,16 @@ impl Kernel {
                 | Kernel::FusedSimt
                 | Kernel::FusedMmaWideF16
                 | Kernel::FusedMmaWideBf16
-        )
+        ) || self.hopper().is_some()
+    }
+
+    /// The tile of a Hopper-engine kernel (`hopper.cu`).
+    pub fn hopper(self) -> Option<HopperTile> {
+        match self {
+            Kernel::HopperF16Wide | Kernel::HopperBf16Wide => Some(HopperTile::Wide),
+            Kernel::HopperF16Narrow | Kernel::HopperBf16Narrow => Some(HopperTile::Narrow),
+            _ => None,
+        }
     }
 
     /// Whether it moves data or synchronises rather than computes: a signal, a wait or
@@ -172,6 +199,7 @@ pub(crate) enum Param {
     U64(u64),
     Gemm(GemmArgs),
     Fused(FusedArgs),
+    Hopper(HopperArgs),
     Reduce(ReduceInputs),
     Pointwise(PointwiseInputs),
     Attend(AttendArgs),
@@ -192,6 +220,7 @@ impl Param {
             Param::U64(v) => ptr(v),
             Param::Gemm(v) => ptr(v),
             Param::Fused(v) => ptr(v),
+            Param::Hopper(v) => ptr(v),
             Param::Reduce(v) => ptr(v),
             Param::Pointwise(v) => ptr(v),
             Param::Attend(v) => ptr(v),
@@ -255,7 +284,54 @@ pub(crate) trait Addressing {
     fn addr(&self, l: &Loc) -> u64;
     /// The address of semaphore `sem` of `device`.
     fn sem(&self, device: usize, sem: usize) -> u64;
+    /// The encoded TMA descriptor of a tensor in this memory (the GPU's driver encodes
+    /// it; the host twin has its own format).
+    fn tensor_map(&self, spec: &TensorMapSpec) -> Result<TensorMap, CudaError>;
 }
+
+/// A TMA tensor map as the Hopper engine asks for it: a 2D tensor of 16-bit elements
+/// at `base`, `dims[0]` of them contiguous in a row, rows `stride` bytes apart, copied
+/// in boxes of `boxed[0]` × `boxed[1]` elements into shared memory with the 128-byte
+/// swizzle, zeros past its edges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorMapSpec {
+    /// Byte address of element (0, 0).
+    pub base: u64,
+    /// f16 or bf16.
+    pub dtype: DType,
+    /// Elements along the contiguous dimension, then rows.
+    pub dims: [u64; 2],
+    /// Bytes from one row to the next.
+    pub stride: u64,
+    /// The box: elements along the contiguous dimension (64: 128 bytes, the swizzle
+    /// span), then rows.
+    pub boxed: [u32; 2],
+}
+
+/// An encoded tensor map (`CUtensorMap`: 128 opaque bytes, 64-byte aligned). Mirror of
+/// `CmmTensorMap` in cuda/kernels/hopper.cu.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TensorMap(pub [u64; 16]);
+
+/// The host twin's own encoding of a tensor map (the real one is the driver's secret):
+/// base, the two dimensions, the row stride, the box, the dtype code and the swizzle
+/// span in bytes, then a tag.
+pub(crate) fn host_tensor_map(spec: &TensorMapSpec) -> TensorMap {
+    let mut words = [0u64; 16];
+    words[0] = spec.base;
+    words[1] = spec.dims[0];
+    words[2] = spec.dims[1];
+    words[3] = spec.stride;
+    words[4] = u64::from(spec.boxed[0]) | (u64::from(spec.boxed[1]) << 32);
+    words[5] = u64::from(dtype_code(spec.dtype));
+    words[6] = 128;
+    words[15] = HOST_TENSOR_MAP_TAG;
+    TensorMap(words)
+}
+
+/// Marks a tensor map encoded by [`host_tensor_map`].
+pub(crate) const HOST_TENSOR_MAP_TAG: u64 = 0x636d_6d5f_746d_6170; // "cmm_tmap"
 
 /// Where each of a run's control words lies (the GPU's in mapped host memory, the host
 /// twin's in atomics): go, abort, the gate's status, a spare word, then `[why, seen]` per
@@ -348,25 +424,150 @@ pub(crate) fn gemm_args(at: &impl Addressing, g: &GemmCommand) -> GemmArgs {
     }
 }
 
-/// A GEMM command: a tile-kernel launch (one output tile per block) or a cuBLAS call.
-pub(crate) fn gemm_submission(at: &impl Addressing, g: &GemmCommand) -> Submission {
+/// A GEMM command: a tile-kernel launch (one output tile per block), a Hopper-engine
+/// launch (a persistent grid) or a cuBLAS call.
+pub(crate) fn gemm_submission(at: &impl Addressing, g: &GemmCommand) -> Result<Submission, CudaError> {
     let args = gemm_args(at, g);
     let (kernel, threads) = match g.imp {
-        GemmImpl::Cublas => return Submission::Cublas { args, dtypes: g.dtypes },
+        GemmImpl::Cublas => return Ok(Submission::Cublas { args, dtypes: g.dtypes }),
+        GemmImpl::Hopper { tile, ctas } => {
+            let hopper = hopper_args(at, g, tile)?;
+            let cfg = LaunchConfig {
+                grid_dim: (ctas.min(hopper.tiles).max(1), 1, 1),
+                block_dim: (HOPPER_THREADS, 1, 1),
+                shared_mem_bytes: tile.shared_bytes(),
+            };
+            let kernel = hopper_kernel(tile, g.dtypes[0]);
+            return Ok(Submission::Launch(Launch::new(kernel, cfg, vec![Param::Hopper(hopper)], "a hopper gemm")));
+        }
         GemmImpl::MmaF16 => (Kernel::GemmMmaF16, 128),
         GemmImpl::MmaBf16 => (Kernel::GemmMmaBf16, 128),
         GemmImpl::MmaWideF16 => (Kernel::GemmMmaWideF16, 256),
         GemmImpl::MmaWideBf16 => (Kernel::GemmMmaWideBf16, 256),
         GemmImpl::Simt => (Kernel::GemmSimt, 256),
     };
-    let edge = g.imp.tile_edge() as u32;
+    let (edge, _) = g.imp.tile_shape();
+    let edge = edge as u32;
     let cfg = LaunchConfig {
         grid_dim: (args.n.div_ceil(edge), args.m.div_ceil(edge), 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    Submission::Launch(Launch::new(kernel, cfg, vec![Param::Gemm(args)], "launching a gemm"))
+    Ok(Submission::Launch(Launch::new(kernel, cfg, vec![Param::Gemm(args)], "launching a gemm")))
 }
+
+/// Threads of a Hopper-engine CTA: a producer warpgroup and two consumer warpgroups.
+pub(crate) const HOPPER_THREADS: u32 = 384;
+
+/// The Hopper-engine kernel of a tile and input dtype.
+pub(crate) fn hopper_kernel(tile: HopperTile, input: DType) -> Kernel {
+    match (tile, input) {
+        (HopperTile::Wide, DType::Bf16) => Kernel::HopperBf16Wide,
+        (HopperTile::Wide, _) => Kernel::HopperF16Wide,
+        (HopperTile::Narrow, DType::Bf16) => Kernel::HopperBf16Narrow,
+        (HopperTile::Narrow, _) => Kernel::HopperF16Narrow,
+    }
+}
+
+/// `CMM_HOPPER_*` flags of hopper.cu.
+const HOPPER_B_N_MAJOR: u32 = 1;
+const HOPPER_ACCUMULATE: u32 = 4;
+const HOPPER_PAIRS: u32 = 8;
+
+/// The bits of a wgmma shared-memory descriptor besides the start address: the leading
+/// and stride byte offsets (in 16-byte units) and the 128-byte swizzle (1 in bits 62–63).
+fn descriptor_bits(leading_bytes: u64, stride_bytes: u64) -> u64 {
+    ((leading_bytes >> 4) << 16) | ((stride_bytes >> 4) << 32) | (1u64 << 62)
+}
+
+/// A K-major stage (rows of 64 elements, 128 bytes, eight-row groups 1024 bytes apart):
+/// A's, and B's when B is stored N×K.
+fn k_major_descriptor() -> u64 {
+    descriptor_bits(16, 1024)
+}
+
+/// An N-major stage of B: 64-column boxes of 64 K-rows (8 KiB) side by side, so the
+/// next 64 columns are 8 KiB on and the next 8 rows 1 KiB on. `CMM_HOPPER_MN_OFFSETS=swap`
+/// swaps the two, to tell on a GPU which reading of the two offsets the hardware has.
+fn n_major_descriptor() -> u64 {
+    let swap = std::env::var("CMM_HOPPER_MN_OFFSETS").is_ok_and(|v| v.trim() == "swap");
+    if swap {
+        descriptor_bits(1024, 64 * 128)
+    } else {
+        descriptor_bits(64 * 128, 1024)
+    }
+}
+
+/// The tensor map of A (K-major, boxes of 64 × 128) for a block of `rows` rows at `a`.
+fn hopper_a_map(
+    at: &impl Addressing,
+    a: &Loc,
+    stride: u64,
+    rows: u32,
+    g: &GemmCommand,
+) -> Result<TensorMap, CudaError> {
+    at.tensor_map(&TensorMapSpec {
+        base: at.addr(a),
+        dtype: g.dtypes[0],
+        dims: [u64::from(g.mnk[2]), u64::from(rows)],
+        stride: 2 * stride,
+        boxed: [64, crate::lower::HOPPER_TILE_M as u32],
+    })
+}
+
+/// The Hopper engine's arguments for a GEMM command run alone (one block).
+pub(crate) fn hopper_args(at: &impl Addressing, g: &GemmCommand, tile: HopperTile) -> Result<HopperArgs, CudaError> {
+    let [m, n, k] = g.mnk;
+    let b_map = if g.trans_b {
+        TensorMapSpec {
+            base: at.addr(&g.b),
+            dtype: g.dtypes[1],
+            dims: [u64::from(k), u64::from(n)],
+            stride: 2 * g.strides[1],
+            boxed: [64, tile.columns() as u32],
+        }
+    } else {
+        TensorMapSpec {
+            base: at.addr(&g.b),
+            dtype: g.dtypes[1],
+            dims: [u64::from(n), u64::from(k)],
+            stride: 2 * g.strides[1],
+            boxed: [64, 64],
+        }
+    };
+    let c_bytes = g.dtypes[2].size_bytes() as u64;
+    let pairs = at.addr(&g.c) % (2 * c_bytes) == 0 && g.strides[2] % 2 == 0;
+    let flags = if g.trans_b { 0 } else { HOPPER_B_N_MAJOR }
+        | if g.accumulate { HOPPER_ACCUMULATE } else { 0 }
+        | if pairs { HOPPER_PAIRS } else { 0 };
+    let tiles_n = n.div_ceil(tile.columns() as u32);
+    let tiles = m.div_ceil(crate::lower::HOPPER_TILE_M as u32) * tiles_n;
+    Ok(HopperArgs {
+        b: at.tensor_map(&b_map)?,
+        first: HopperBlockArgs {
+            a: hopper_a_map(at, &g.a, g.strides[0], m, g)?,
+            c: at.addr(&g.c),
+            c_stride: g.strides[2],
+            rows: m,
+            ..HopperBlockArgs::default()
+        },
+        timeout_ns: HOPPER_PLAIN_TIMEOUT_NS,
+        desc_a: k_major_descriptor(),
+        desc_b: if g.trans_b { k_major_descriptor() } else { n_major_descriptor() },
+        n,
+        k,
+        c_dtype: dtype_code(g.dtypes[2]),
+        flags,
+        count: 1,
+        tiles,
+        tiles_n,
+        ..HopperArgs::default()
+    })
+}
+
+/// A plain Hopper GEMM has no waits; this bounds its barrier waits (twice it and a
+/// second, then the kernel traps rather than hang).
+const HOPPER_PLAIN_TIMEOUT_NS: u64 = 10_000_000_000;
 
 /// Byte offsets in a fused GEMM's table: blocks, then waits, signals and control words.
 pub(crate) struct FusedLayout {
@@ -379,7 +580,11 @@ pub(crate) struct FusedLayout {
 impl FusedLayout {
     pub(crate) fn of(f: &FusedGemmCommand) -> FusedLayout {
         let sync = std::mem::size_of::<FusedSyncArgs>();
-        let waits = f.blocks.len() * std::mem::size_of::<FusedBlockArgs>();
+        let block = match f.gemm.imp {
+            GemmImpl::Hopper { .. } => std::mem::size_of::<HopperBlockArgs>(),
+            _ => std::mem::size_of::<FusedBlockArgs>(),
+        };
+        let waits = f.blocks.len() * block;
         let signals = waits + f.waits.len() * sync;
         let control = signals + f.signals.len() * sync;
         // Next tile, blocks released, failed, then per block its tiles done.
@@ -390,10 +595,16 @@ impl FusedLayout {
 
 /// A fused GEMM's table: blocks, waits and signals resolved to addresses, then zeroed
 /// control words ([`FusedLayout`]).
-pub(crate) fn fused_table(at: &impl Addressing, f: &FusedGemmCommand) -> Vec<u8> {
+pub(crate) fn fused_table(at: &impl Addressing, f: &FusedGemmCommand) -> Result<Vec<u8>, CudaError> {
     let layout = FusedLayout::of(f);
     let mut bytes: Vec<u8> = Vec::with_capacity(layout.bytes);
+    let hopper = matches!(f.gemm.imp, GemmImpl::Hopper { .. });
     for b in &f.blocks {
+        if hopper {
+            let block = hopper_block(at, f, b)?;
+            bytes.extend_from_slice(bytemuck_bytes(&block));
+            continue;
+        }
         for word in [at.addr(&b.a.0), at.addr(&b.c.0), b.a.1, b.c.1] {
             bytes.extend(word.to_le_bytes());
         }
@@ -408,12 +619,42 @@ pub(crate) fn fused_table(at: &impl Addressing, f: &FusedGemmCommand) -> Vec<u8>
     }
     debug_assert_eq!(bytes.len() as u64, layout.control);
     bytes.resize(layout.bytes, 0);
-    bytes
+    Ok(bytes)
+}
+
+/// One block of a fused run on the Hopper engine, its A's tensor map encoded.
+fn hopper_block(at: &impl Addressing, f: &FusedGemmCommand, b: &FusedBlock) -> Result<HopperBlockArgs, CudaError> {
+    Ok(HopperBlockArgs {
+        a: hopper_a_map(at, &b.a.0, b.a.1, b.rows, &f.gemm)?,
+        c: at.addr(&b.c.0),
+        c_stride: b.c.1,
+        rows: b.rows,
+        first_tile: b.first_tile,
+        waits_end: b.waits_end,
+        signals_begin: b.signals.0,
+        signals_end: b.signals.1,
+        pad: [0; 7],
+    })
+}
+
+/// The bytes of a `#[repr(C)]` mirror without padding holes.
+fn bytemuck_bytes(block: &HopperBlockArgs) -> &[u8] {
+    // SAFETY: `HopperBlockArgs` is `#[repr(C, align(64))]` with fields that fill its
+    // 192 bytes exactly (checked by `hopper_mirrors_have_the_kernel_sizes`), so every byte
+    // is initialised; the slice borrows `block` for its lifetime.
+    #[allow(unsafe_code)]
+    unsafe {
+        std::slice::from_raw_parts(
+            (block as *const HopperBlockArgs).cast::<u8>(),
+            std::mem::size_of::<HopperBlockArgs>(),
+        )
+    }
 }
 
 /// The persistent kernel of a tile-granular GEMM and its threads per CTA.
 pub(crate) fn fused_kernel(f: &FusedGemmCommand) -> (Kernel, u32) {
     match f.gemm.imp {
+        GemmImpl::Hopper { tile, .. } => (hopper_kernel(tile, f.gemm.dtypes[0]), HOPPER_THREADS),
         GemmImpl::MmaF16 => (Kernel::FusedMmaF16, 128),
         GemmImpl::MmaBf16 => (Kernel::FusedMmaBf16, 128),
         GemmImpl::MmaWideF16 => (Kernel::FusedMmaWideF16, 256),
@@ -430,8 +671,26 @@ pub(crate) fn fused_launch(
     table: u64,
     ctas: u32,
     words: &RunWords,
-) -> Launch {
+) -> Result<Launch, CudaError> {
     let layout = FusedLayout::of(f);
+    let (kernel, threads) = fused_kernel(f);
+    let grid_dim = (ctas.max(1).min(f.tiles.max(1)), 1, 1);
+    if let GemmImpl::Hopper { tile, .. } = f.gemm.imp {
+        let mut args = hopper_args(at, &f.gemm, tile)?;
+        args.first = hopper_block(at, f, &f.blocks[0])?;
+        args.blocks = table;
+        args.waits = table + layout.waits;
+        args.signals = table + layout.signals;
+        args.control = table + layout.control;
+        args.status = words.status_word(f.first_slot);
+        args.abort = words.abort;
+        args.timeout_ns = words.wait_timeout_ns;
+        args.count = f.blocks.len() as u32;
+        args.tiles = f.tiles;
+        args.tiles_n = f.tiles_n;
+        let cfg = LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes: tile.shared_bytes() };
+        return Ok(Launch::new(kernel, cfg, vec![Param::Hopper(args)], "a fused hopper gemm"));
+    }
     let args = FusedArgs {
         gemm: gemm_args(at, &f.gemm),
         blocks: table,
@@ -446,13 +705,8 @@ pub(crate) fn fused_launch(
         tiles_n: f.tiles_n,
         pad: 0,
     };
-    let (kernel, threads) = fused_kernel(f);
-    let cfg = LaunchConfig {
-        grid_dim: (ctas.max(1).min(f.tiles.max(1)), 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    Launch::new(kernel, cfg, vec![Param::Fused(args)], "a fused gemm")
+    let cfg = LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+    Ok(Launch::new(kernel, cfg, vec![Param::Fused(args)], "a fused gemm"))
 }
 
 fn tensor(at: &impl Addressing, (loc, stride, dtype): &(Loc, u64, DType)) -> TensorArg {
@@ -460,16 +714,20 @@ fn tensor(at: &impl Addressing, (loc, stride, dtype): &(Loc, u64, DType)) -> Ten
 }
 
 /// What one lowered command submits (a fused GEMM: [`fused_launch`]).
-pub(crate) fn submissions(command: &Command, at: &impl Addressing, words: &RunWords) -> Vec<Submission> {
+pub(crate) fn submissions(
+    command: &Command,
+    at: &impl Addressing,
+    words: &RunWords,
+) -> Result<Vec<Submission>, CudaError> {
     let launch = |kernel, cfg: Option<LaunchConfig>, params: Vec<Param>, what| {
         cfg.map(|cfg| Submission::Launch(Launch::new(kernel, cfg, params, what))).into_iter().collect()
     };
-    match command {
-        Command::Gemm(g) => vec![gemm_submission(at, g)],
+    Ok(match command {
+        Command::Gemm(g) => vec![gemm_submission(at, g)?],
         Command::FusedGemm(_) => unreachable!("a fused gemm's launch needs its table: fused_launch"),
         Command::CopyEngine { src, src_pitch, dst, dst_pitch, width, rows } => {
             if *rows == 0 || *width == 0 {
-                return Vec::new();
+                return Ok(Vec::new());
             }
             vec![Submission::CopyEngine {
                 src: at.addr(src),
@@ -652,7 +910,7 @@ pub(crate) fn submissions(command: &Command, at: &impl Addressing, words: &RunWo
         Command::WaitValue { device, sem, value } => {
             vec![Submission::StreamWait { addr: at.sem(*device, *sem), value: *value }]
         }
-    }
+    })
 }
 
 /// The first kernel wait that gave up (deadline or abort), as the error naming its
@@ -806,6 +1064,47 @@ pub(crate) struct FusedArgs {
 // field (the GEMM's arguments, then u64s, then u32s).
 #[allow(unsafe_code)]
 unsafe impl DeviceRepr for FusedArgs {}
+
+/// Mirror of `CmmHopperBlock` in `cuda/kernels/hopper.cu`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct HopperBlockArgs {
+    pub(crate) a: TensorMap,
+    pub(crate) c: u64,
+    pub(crate) c_stride: u64,
+    pub(crate) rows: u32,
+    pub(crate) first_tile: u32,
+    pub(crate) waits_end: u32,
+    pub(crate) signals_begin: u32,
+    pub(crate) signals_end: u32,
+    pub(crate) pad: [u32; 7],
+}
+
+/// Mirror of `CmmHopperArgs` in `cuda/kernels/hopper.cu`, passed as a
+/// `__grid_constant__` parameter (TMA reads the tensor maps where they lie).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct HopperArgs {
+    pub(crate) b: TensorMap,
+    pub(crate) first: HopperBlockArgs,
+    pub(crate) blocks: u64,
+    pub(crate) waits: u64,
+    pub(crate) signals: u64,
+    pub(crate) control: u64,
+    pub(crate) status: u64,
+    pub(crate) abort: u64,
+    pub(crate) timeout_ns: u64,
+    pub(crate) desc_a: u64,
+    pub(crate) desc_b: u64,
+    pub(crate) n: u32,
+    pub(crate) k: u32,
+    pub(crate) c_dtype: u32,
+    pub(crate) flags: u32,
+    pub(crate) count: u32,
+    pub(crate) tiles: u32,
+    pub(crate) tiles_n: u32,
+    pub(crate) pad: u32,
+}
 
 /// Mirror of `CmmTensor` in `cuda/kernels/common.cuh`: a strided tensor of any dtype.
 #[repr(C)]
@@ -979,6 +1278,17 @@ mod tests {
             assert_eq!(*k as usize, i, "{k:?}: ALL is in declaration order (functions are indexed by it)");
             assert!(crate::KERNEL_FILES.iter().any(|f| f.name == k.file() && f.source.contains(k.entry())));
         }
+    }
+
+    #[test]
+    fn hopper_mirrors_have_the_kernel_sizes() {
+        // CmmTensorMap 128, CmmHopperBlock 192, CmmHopperArgs 448 (424 bytes of fields,
+        // padded to the 64-byte alignment), as hopper.cu lays them out.
+        assert_eq!((std::mem::size_of::<TensorMap>(), std::mem::align_of::<TensorMap>()), (128, 64));
+        assert_eq!(std::mem::size_of::<HopperBlockArgs>(), 192);
+        assert_eq!(std::mem::size_of::<HopperArgs>(), 448);
+        assert_eq!(std::mem::offset_of!(HopperArgs, blocks), 320);
+        assert_eq!(std::mem::offset_of!(HopperArgs, n), 392);
     }
 
     #[test]

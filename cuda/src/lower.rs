@@ -27,6 +27,118 @@ pub enum GemmEngine {
     /// otherwise; [`GemmCounts`] says which ran.
     #[default]
     Auto,
+    /// The Hopper engine (`hopper.cu`: TMA, wgmma, warp-specialised) for every GEMM; a
+    /// GEMM it cannot take ([`hopper_rule`]) or a GPU without it is an error.
+    Hopper,
+}
+
+/// The output tile of the Hopper engine: 128 rows by 256 or 128 columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HopperTile {
+    /// 128×256, four stages (`cmm_hopper_gemm_*_n256`).
+    Wide,
+    /// 128×128, six stages (`cmm_hopper_gemm_*_n128`).
+    Narrow,
+}
+
+impl HopperTile {
+    /// Both tiles.
+    pub const ALL: [HopperTile; 2] = [HopperTile::Wide, HopperTile::Narrow];
+
+    /// Columns of a tile (rows: [`HOPPER_TILE_M`]).
+    pub fn columns(self) -> usize {
+        match self {
+            HopperTile::Wide => 256,
+            HopperTile::Narrow => 128,
+        }
+    }
+
+    /// Shared-memory stages (`CmmHopperWide`, `CmmHopperNarrow` in hopper.cu).
+    pub fn stages(self) -> u32 {
+        match self {
+            HopperTile::Wide => 4,
+            HopperTile::Narrow => 6,
+        }
+    }
+
+    /// Dynamic shared memory of a CTA (`CmmHopperShape::SMEM_BYTES`): 1024 bytes of
+    /// alignment slack, the stages of A (128×64) and B (columns×64, 16-bit), and a full
+    /// and an empty barrier per stage.
+    pub fn shared_bytes(self) -> u32 {
+        let stage = (HOPPER_TILE_M + self.columns()) as u32 * 64 * 2;
+        1024 + self.stages() * stage + 16 * self.stages()
+    }
+
+    /// "128x256" or "128x128".
+    pub fn name(self) -> String {
+        format!("{HOPPER_TILE_M}x{}", self.columns())
+    }
+}
+
+/// Rows of a Hopper-engine tile.
+pub const HOPPER_TILE_M: usize = 128;
+
+/// Where the GPU runs the Hopper engine: its SM count (a plain GEMM's persistent grid),
+/// and a tile that every GEMM must take (`None`: the tile rule's choice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperTarget {
+    /// SMs a persistent grid may take.
+    pub sms: u32,
+    /// Force this tile.
+    pub tile: Option<HopperTile>,
+}
+
+/// What the Hopper engine needs of a GEMM (TMA's alignment and stride rules, wgmma's
+/// dtypes); `Err` says what it lacks.
+#[derive(Clone, Copy, Debug)]
+pub struct HopperGemm {
+    /// m, n, k.
+    pub mnk: [usize; 3],
+    /// Dtypes of A, B and C.
+    pub dtypes: [DType; 3],
+    /// A stored K×M.
+    pub trans_a: bool,
+    /// C += A·B.
+    pub accumulate: bool,
+    /// Byte offsets of A and B from 256-byte aligned buffer starts.
+    pub offsets: [u64; 2],
+    /// Row strides of A and B in elements.
+    pub strides: [u64; 2],
+}
+
+/// Whether the Hopper engine can run `g`, and on which tile: 128×256 where N is over
+/// 128 and such tiles still fill every SM once, else 128×128.
+pub fn hopper_rule(g: &HopperGemm, sms: u32) -> Result<HopperTile, String> {
+    let [m, n, k] = g.mnk;
+    let [a, b, c] = g.dtypes;
+    if a != b || !matches!(a, DType::F16 | DType::Bf16) {
+        return Err(format!("A {a} and B {b}: the engine takes f16 or bf16 for both"));
+    }
+    if !matches!(c, DType::F32 | DType::F16 | DType::Bf16) || (g.accumulate && c != DType::F32) {
+        return Err(format!("C {c}{}", if g.accumulate { " accumulated" } else { "" }));
+    }
+    if g.trans_a {
+        return Err("a transposed A (TMA loads A K-major)".into());
+    }
+    if m == 0 || n == 0 || k == 0 {
+        return Err(format!("an empty GEMM {m}x{n}x{k}"));
+    }
+    if g.offsets.iter().any(|o| o % 16 != 0) || g.strides.iter().any(|s| s % 8 != 0) {
+        return Err(format!(
+            "A or B not 16-byte aligned (offsets {:?} bytes, row strides {:?} elements; TMA needs multiples of 16 bytes)",
+            g.offsets, g.strides
+        ));
+    }
+    let fits = |x: usize| x < (1usize << 31);
+    if ![m, n, k].iter().all(|&x| fits(x)) || g.strides.iter().any(|&s| s * 2 >= 1u64 << 40) {
+        return Err(format!("a GEMM {m}x{n}x{k} past TMA's coordinates"));
+    }
+    let wide_tiles = m.div_ceil(HOPPER_TILE_M) * n.div_ceil(HopperTile::Wide.columns());
+    Ok(if n > HopperTile::Narrow.columns() && wide_tiles >= sms as usize {
+        HopperTile::Wide
+    } else {
+        HopperTile::Narrow
+    })
 }
 
 /// How `Signal` and `Wait` ops are issued.
@@ -49,18 +161,25 @@ pub enum SyncMode {
 pub struct GemmCounts {
     /// cuBLAS calls.
     pub cublas: usize,
-    /// Tile-kernel launches.
+    /// Tile-kernel launches (`gemm.cu`), fused runs included.
     pub tile: usize,
+    /// Hopper-engine launches (`hopper.cu`), fused runs included.
+    pub hopper: usize,
 }
 
 impl GemmCounts {
-    /// "cuBLAS", "tile kernels" or "cuBLAS ×a, tile kernels ×b"; "none" without GEMMs.
+    /// The engines that ran, e.g. "cuBLAS", "Hopper engine ×2, tile kernels ×1"; "none"
+    /// without GEMMs.
     pub fn describe(&self) -> String {
-        match (self.cublas, self.tile) {
-            (0, 0) => "none".into(),
-            (_, 0) => "cuBLAS".into(),
-            (0, _) => "tile kernels".into(),
-            (c, t) => format!("cuBLAS ×{c}, tile kernels ×{t}"),
+        let parts: Vec<(&str, usize)> =
+            [("cuBLAS", self.cublas), ("Hopper engine", self.hopper), ("tile kernels", self.tile)]
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .collect();
+        match parts.as_slice() {
+            [] => "none".into(),
+            [(name, _)] => (*name).into(),
+            many => many.iter().map(|(name, n)| format!("{name} ×{n}")).collect::<Vec<_>>().join(", "),
         }
     }
 }
@@ -91,15 +210,23 @@ pub enum GemmImpl {
     MmaWideBf16,
     /// `cmm_gemm_simt`.
     Simt,
+    /// `cmm_hopper_gemm_*`: the Hopper engine on a persistent grid of at most `ctas` CTAs.
+    Hopper {
+        /// Its output tile.
+        tile: HopperTile,
+        /// CTAs of its grid (at most one per tile).
+        ctas: u32,
+    },
 }
 
 impl GemmImpl {
-    /// The output tile edge of its kernel (`CMM_TILE`, `CmmTileWide::TILE` in gemm.cu);
-    /// cuBLAS has none of cmm's.
-    pub fn tile_edge(self) -> usize {
+    /// The output tile of its kernel, rows by columns (`CMM_TILE`, `CmmTileWide::TILE`
+    /// in gemm.cu, the Hopper tiles); cuBLAS has none of cmm's.
+    pub fn tile_shape(self) -> (usize, usize) {
         match self {
-            GemmImpl::MmaWideF16 | GemmImpl::MmaWideBf16 => WIDE_TILE,
-            _ => TILE,
+            GemmImpl::MmaWideF16 | GemmImpl::MmaWideBf16 => (WIDE_TILE, WIDE_TILE),
+            GemmImpl::Hopper { tile, .. } => (HOPPER_TILE_M, tile.columns()),
+            _ => (TILE, TILE),
         }
     }
 }
@@ -393,6 +520,9 @@ pub struct LowerOptions {
     /// f16 and bf16 GEMMs on the tile kernels, fused ones included, take the 128×128
     /// tiles (`cmm_gemm_mma_wide_*`) instead of the 64×64 ones.
     pub wide_tiles: bool,
+    /// The GPU runs the Hopper engine: GEMMs that would run on the tile kernels, fused
+    /// ones included, take it where [`hopper_rule`] allows.
+    pub hopper: Option<HopperTarget>,
 }
 
 /// The hardware queue count of this process: `CUDA_DEVICE_MAX_CONNECTIONS`, 8 when unset.
@@ -464,6 +594,8 @@ pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> 
         // A fused run is one tile kernel, however many blocks it has.
         match &command {
             Some(Command::Gemm(g)) if g.imp == GemmImpl::Cublas => lowered.gemms.cublas += 1,
+            Some(Command::Gemm(GemmCommand { imp: GemmImpl::Hopper { .. }, .. })) => lowered.gemms.hopper += 1,
+            Some(Command::FusedGemm(f)) if matches!(f.gemm.imp, GemmImpl::Hopper { .. }) => lowered.gemms.hopper += 1,
             Some(Command::Gemm(_) | Command::FusedGemm(_)) => lowered.gemms.tile += 1,
             _ => {}
         }
@@ -518,7 +650,45 @@ fn lower_fused(
             "a fused gemm waits and signals between its blocks inside one kernel, which cuBLAS cannot; GemmEngine::Cublas asks for cuBLAS on every GEMM (use Auto)".into(),
         ));
     }
-    // Block 0 lowered as a tile-kernel GEMM gives the shared operand, shape and kernel.
+    // On the Hopper engine only if every block can take it, on one tile.
+    let slots = lowered.wait_slots.len();
+    if let Ok(command) = lower_fused_on(plan, run, options, lowered) {
+        let hopper = matches!(command.gemm.imp, GemmImpl::Hopper { .. });
+        if options.hopper.is_none() || hopper {
+            return Ok(command);
+        }
+    }
+    lowered.wait_slots.truncate(slots);
+    if options.gemm == GemmEngine::Hopper {
+        return Err(unsupported(
+            "GemmEngine::Hopper asks for the Hopper engine, and this fused gemm's blocks cannot all take it".into(),
+        ));
+    }
+    lower_fused_on(plan, run, &LowerOptions { hopper: None, ..*options }, lowered)
+}
+
+/// Whether two blocks' GEMMs run on the same kernel (the Hopper engine's grid is the
+/// fused run's own, whatever each block alone would take).
+fn same_kernel(a: GemmImpl, b: GemmImpl) -> bool {
+    match (a, b) {
+        (GemmImpl::Hopper { tile: x, .. }, GemmImpl::Hopper { tile: y, .. }) => x == y,
+        (GemmImpl::Hopper { .. }, _) | (_, GemmImpl::Hopper { .. }) => false,
+        _ => true,
+    }
+}
+
+/// [`lower_fused`] with `options`' engines; an error if the blocks' engines differ.
+fn lower_fused_on(
+    plan: &Plan,
+    run: &cmm_core::plan::FusedRun,
+    options: &LowerOptions,
+    lowered: &mut Lowered,
+) -> Result<FusedGemmCommand, CudaError> {
+    let first = OpSite { device: run.device, lane: run.lane, index: run.blocks[0] };
+    let unsupported =
+        |what: String| CudaError::Unsupported { plan: plan.name.clone(), what: format!("{first}: {what}") };
+    // Block 0 lowered as a tile-kernel GEMM gives the shared operand, shape and kernel;
+    // every other block must take the same kernel.
     let tile_only = LowerOptions { gemm: GemmEngine::TileKernel, ..*options };
     let ops = &plan.programs[run.device].lanes[run.lane];
     let gemm_of = |index: usize, lowered: &mut Lowered| -> Result<GemmCommand, CudaError> {
@@ -529,8 +699,24 @@ fn lower_fused(
         }
     };
     let gemm = gemm_of(run.blocks[0], lowered)?;
-    let edge = gemm.imp.tile_edge();
-    let tiles_n = (gemm.mnk[1] as usize).div_ceil(edge);
+    let tile_only = match gemm.imp {
+        GemmImpl::Hopper { tile, .. } => {
+            LowerOptions { hopper: options.hopper.map(|t| HopperTarget { tile: Some(tile), ..t }), ..tile_only }
+        }
+        _ => tile_only,
+    };
+    let gemm_of = |index: usize, lowered: &mut Lowered| -> Result<GemmCommand, CudaError> {
+        let site = OpSite { index, ..first };
+        match lower_op(plan, site, &ops[index], &tile_only, &[], lowered)? {
+            Some(Command::Gemm(g)) if same_kernel(g.imp, gemm.imp) => Ok(g),
+            Some(Command::Gemm(g)) => {
+                Err(unsupported(format!("block at op {index} runs on {:?}, block 0 on {:?}", g.imp, gemm.imp)))
+            }
+            _ => Err(unsupported(format!("block at op {index} has no output"))),
+        }
+    };
+    let (edge, edge_n) = gemm.imp.tile_shape();
+    let tiles_n = (gemm.mnk[1] as usize).div_ceil(edge_n);
     let mut command = FusedGemmCommand {
         gemm,
         blocks: Vec::new(),
@@ -618,7 +804,36 @@ fn lower_op(
             let fits_i32 = [m, n, k].iter().all(|&x| x <= i32::MAX as usize)
                 && [ld(a), ld(b), ld(c)].iter().all(|&x| x <= i32::MAX as u64);
             let blas_ok = options.cublas_present && dt(a) == dt(b) && k > 0 && fits_i32;
+            let hopper = options.hopper.map(|target| {
+                let shape = HopperGemm {
+                    mnk: [m, n, k],
+                    dtypes: [dt(a), dt(b), dt(c)],
+                    trans_a: *trans_a,
+                    accumulate: *accumulate,
+                    offsets: [loc(d, a).offset, loc(d, b).offset],
+                    strides: [ld(a), ld(b)],
+                };
+                hopper_rule(&shape, target.sms).map(|tile| {
+                    let tile = target.tile.unwrap_or(tile);
+                    let (rows, cols) = (HOPPER_TILE_M, tile.columns());
+                    let tiles = m.div_ceil(rows) * n.div_ceil(cols);
+                    GemmImpl::Hopper { tile, ctas: target.sms.min(tiles.min(u32::MAX as usize) as u32).max(1) }
+                })
+            });
             let imp = match options.gemm {
+                GemmEngine::Hopper => match hopper {
+                    Some(Ok(imp)) => imp,
+                    Some(Err(why)) => {
+                        return Err(unsupported(format!(
+                            "gemm {m}x{n}x{k} cannot run on the Hopper engine (GemmEngine::Hopper asks for it on every GEMM): {why}"
+                        )))
+                    }
+                    None => {
+                        return Err(unsupported(
+                            "GemmEngine::Hopper asks for the Hopper engine, which this GPU does not run (it needs compute capability 9.0)".into(),
+                        ))
+                    }
+                },
                 GemmEngine::Cublas if !blas_ok => {
                     return Err(unsupported(format!(
                         "gemm {m}x{n}x{k} with A {} and B {} cannot run on cuBLAS (GemmEngine::Cublas asks for it on every GEMM; use Auto to let the tile kernels take it)",
@@ -628,6 +843,7 @@ fn lower_op(
                 }
                 GemmEngine::Cublas => GemmImpl::Cublas,
                 GemmEngine::Auto if blas_ok => GemmImpl::Cublas,
+                _ if matches!(hopper, Some(Ok(_))) => hopper.and_then(Result::ok).expect("matched"),
                 _ => match (dt(a), dt(b), options.wide_tiles) {
                     (DType::F16, DType::F16, false) => GemmImpl::MmaF16,
                     (DType::Bf16, DType::Bf16, false) => GemmImpl::MmaBf16,
@@ -636,9 +852,9 @@ fn lower_op(
                     _ => GemmImpl::Simt,
                 },
             };
-            let edge = imp.tile_edge();
+            let (edge_m, edge_n) = imp.tile_shape();
             if imp != GemmImpl::Cublas
-                && (m.div_ceil(edge) > 65_535 || n.div_ceil(edge) > i32::MAX as usize || k > u32::MAX as usize)
+                && (m.div_ceil(edge_m) > 65_535 || n.div_ceil(edge_n) > i32::MAX as usize || k > u32::MAX as usize)
             {
                 return Err(unsupported(format!("gemm {m}x{n}x{k} exceeds the tile kernel's grid")));
             }
@@ -832,7 +1048,7 @@ mod tests {
     use cmm_core::{build_plan, Algorithm, OpKind, Problem};
 
     fn options(gemm: GemmEngine, sync: SyncMode, cublas_present: bool) -> LowerOptions {
-        LowerOptions { gemm, sync, cublas_present, queues: DEFAULT_QUEUES, wide_tiles: false }
+        LowerOptions { gemm, sync, cublas_present, queues: DEFAULT_QUEUES, wide_tiles: false, hopper: None }
     }
 
     fn plan(op: OpKind, algorithm: Algorithm, d: usize, input: DType) -> Plan {
@@ -860,7 +1076,7 @@ mod tests {
                 - lowered.steps.iter().filter(|s| matches!(s.command, Some(Command::WaitKernel { .. }))).count(),
             12
         );
-        assert_eq!(lowered.gemms, GemmCounts { cublas: 0, tile: 3 });
+        assert_eq!(lowered.gemms, GemmCounts { cublas: 0, tile: 3, hopper: 0 });
         // GEMM+RS: each block released by the signal after it.
         let rs = plan(OpKind::GemmRs, Algorithm::Fused { chunks: 1 }, 2, DType::F32);
         let lowered = lower(&rs, &options(GemmEngine::TileKernel, SyncMode::Kernels, false)).unwrap();
@@ -927,7 +1143,7 @@ mod tests {
         let waits = plan.ops().filter(|(_, op)| matches!(op, Op::Wait { .. })).count();
         assert_eq!(l.wait_slots.len(), waits);
         let gemms = plan.ops().filter(|(_, op)| matches!(op, Op::Gemm { .. })).count();
-        assert_eq!(l.gemms, GemmCounts { cublas: gemms, tile: 0 });
+        assert_eq!(l.gemms, GemmCounts { cublas: gemms, tile: 0, hopper: 0 });
     }
 
     #[test]
@@ -967,7 +1183,7 @@ mod tests {
         let err = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap_err();
         assert!(err.to_string().contains("A f16 and B f32 cannot run on cuBLAS"), "{err}");
         let auto = lower(&plan, &options(GemmEngine::Auto, SyncMode::Kernels, true)).unwrap();
-        assert_eq!(auto.gemms, GemmCounts { cublas: 0, tile: 1 });
+        assert_eq!(auto.gemms, GemmCounts { cublas: 0, tile: 1, hopper: 0 });
         let Some(Command::Gemm(g)) = &auto.steps[0].command else { panic!() };
         assert_eq!(g.imp, GemmImpl::Simt);
     }

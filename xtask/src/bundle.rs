@@ -364,6 +364,8 @@ pub fn key_lines(step: &str, log: &str) -> Vec<String> {
             || t.contains("panicked at")
             || t.contains("ERROR SUMMARY")
             || t.starts_with("variant failed:")
+            || t.starts_with("GEMM engines over the run:")
+            || step == "gemm-sweep"
             || (step.contains("conformance") || step == "reference-vulkan") && t.contains("  FAIL  ");
         // The model's table beside the bench's: every line of it.
         if step.ends_with("model-vs-bench") {

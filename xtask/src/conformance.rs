@@ -10,7 +10,7 @@ use cmm_conformance::{
     cases_dir, check_report_path, load_corpus, run_corpus, write_report, Backend, CpuTwin, Cuda, Goldens, Options,
 };
 use cmm_core::DType;
-use cmm_cuda::{CudaBackend, CudaRunOptions, HostTwin, SyncMode};
+use cmm_cuda::{CudaBackend, CudaRunOptions, GemmEngine, HopperTile, HostTwin, SyncMode};
 use cmm_reference::Reference;
 
 /// Where the corpus runs.
@@ -133,6 +133,15 @@ pub struct Args {
     /// `wide tiles` figures do); results must not change beyond the tolerance.
     #[arg(long)]
     pub wide_tiles: bool,
+    /// CUDA only: every GEMM runs on cmm's own kernels (never cuBLAS), and on the Hopper
+    /// engine (`hopper.cu`) wherever the GPU runs it and TMA's rules allow; the others on
+    /// the tile kernels. The run ends with how many GEMMs each engine ran.
+    #[arg(long)]
+    pub hopper: bool,
+    /// CUDA only, with --hopper: the Hopper engine's tile for every GEMM it runs
+    /// (default: its rule's choice, 128×128 on the corpus's small shapes).
+    #[arg(long, value_enum, value_name = "TILE")]
+    pub hopper_tile: Option<HopperTileArg>,
     /// CUDA only: CTAs per SM of each fused plan's persistent kernel (default 1; more is
     /// refused unless every SM has room for one more, and on the host twin, which has no SMs).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=32))]
@@ -167,6 +176,8 @@ impl Args {
             stagger: false,
             offset_starts: false,
             wide_tiles: false,
+            hopper: false,
+            hopper_tile: None,
             fused_ctas_per_sm: 1,
             stamps: None,
             report: None,
@@ -191,6 +202,8 @@ impl Args {
             (self.stagger, "--stagger"),
             (self.offset_starts, "--offset-starts"),
             (self.wide_tiles, "--wide-tiles"),
+            (self.hopper, "--hopper"),
+            (self.hopper_tile.is_some(), "--hopper-tile"),
             (self.fused_ctas_per_sm != 1, "--fused-ctas-per-sm"),
             (self.stamps.is_some(), "--stamps"),
         ]
@@ -209,7 +222,28 @@ impl Args {
             offset_starts: self.offset_starts,
             wide_tiles: self.wide_tiles,
             fused_ctas_per_sm: self.fused_ctas_per_sm,
+            gemm: if self.hopper { GemmEngine::TileKernel } else { defaults.gemm },
+            hopper: self.hopper,
+            hopper_tile: self.hopper_tile.map(HopperTileArg::tile),
             ..defaults
+        }
+    }
+}
+
+/// The Hopper engine's tiles, as `--hopper-tile` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HopperTileArg {
+    /// 128×256.
+    Wide,
+    /// 128×128.
+    Narrow,
+}
+
+impl HopperTileArg {
+    fn tile(self) -> HopperTile {
+        match self {
+            HopperTileArg::Wide => HopperTile::Wide,
+            HopperTileArg::Narrow => HopperTile::Narrow,
         }
     }
 }
@@ -230,7 +264,7 @@ pub fn make_backend(args: &Args) -> Result<Box<dyn Backend>> {
         BackendKind::Cuda => Box::new(start_cuda(args)?),
         BackendKind::CudaHost => {
             let twin = HostTwin::new().context("cannot build the host twin of the CUDA kernels")?;
-            let host = Cuda { backend: twin, options: args.cuda_options() };
+            let host = Cuda::new(twin, args.cuda_options());
             println!("adapter: none ({})", host.name());
             Box::new(host)
         }
@@ -239,7 +273,7 @@ pub fn make_backend(args: &Args) -> Result<Box<dyn Backend>> {
 
 fn start_cuda(args: &Args) -> Result<Cuda> {
     let backend = CudaBackend::new(1).context("cannot start the CUDA backend")?;
-    let cuda = Cuda { backend, options: args.cuda_options() };
+    let cuda = Cuda::new(backend, args.cuda_options());
     println!("adapter: {}", cuda.name());
     Ok(cuda)
 }
@@ -268,9 +302,16 @@ pub fn run(args: &Args) -> Result<()> {
         cases_dir: args.cases_dir(),
         golden_dir: args.goldens.clone().unwrap_or_else(Goldens::default_dir),
     };
+    if args.hopper_tile.is_some() && !args.hopper {
+        bail!("--hopper-tile chooses the Hopper engine's tile: give --hopper too");
+    }
     if args.backend == BackendKind::Cuda {
         let cuda = start_cuda(args)?;
+        if args.hopper && !cuda.backend.has_hopper_engine() {
+            bail!("--hopper: this GPU does not run the Hopper engine (it needs compute capability 9.0)");
+        }
         let summary = run_corpus(&cuda, &options).context("conformance run")?;
+        println!("GEMM engines over the run: {}", cuda.engines().describe());
         let corpus = load_corpus(&options.cases_dir).context("loading the corpus for the stamp")?;
         crate::cuda::write_stamp(&cuda.backend, args.sync, args.stamps.as_deref(), &corpus, &summary)?;
         return finish(args, &summary);

@@ -8,6 +8,7 @@ mod ci;
 mod conformance;
 mod cuda;
 mod mutants;
+mod sweep;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -37,6 +38,8 @@ enum Command {
         #[arg(long, default_value = cuda::CHECK_ARCH)]
         arch: String,
     },
+    /// The Hopper engine's local GEMM against cuBLAS on the overlapped plans' shapes (GPU).
+    GemmSweep(sweep::Args),
     /// Mutate every corpus plan and report how many mutants the checks catch.
     Mutants(mutants::Args),
     /// Simulate a plan on a hardware profile (or time it on the reference); --validate
@@ -103,6 +106,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Mutants(args) => mutants::run(&args),
         Command::CudaCheck { arch } => cuda::cuda_check(&arch),
+        Command::GemmSweep(args) => sweep::run(&args),
         Command::Simulate(args) => simulate::run(&args),
         Command::Tune(args) => tune::run(&args),
         Command::GpuBundle(args) => bundle::run(&args),

@@ -212,6 +212,14 @@ if [ "$(tail -n 1 "$logs/steps.tsv" | cut -f 1)" = gate-probe ] && [ "$(tail -n 
     export CMM_CUDA_GATE=0
     echo "gate-probe failed: every later step runs ungated (CMM_CUDA_GATE=0)" >>"$logs/env.log"
 fi
+# The Hopper engine (hopper.cu) first: its local GEMM against cuBLAS on the overlapped
+# plans' shapes, every variant spot-checked before it is timed; then the corpus with every
+# GEMM on cmm's own kernels and the Hopper engine wherever it applies, on each tile.
+step gemm-sweep 150 "$x" gemm-sweep --json "$out/gemm-sweep.json"
+step conformance-hopper 90 "$x" conformance --backend cuda --sync kernels --hopper --case-timeout 30 \
+    --stamps "$scratch/hopper-stamps"
+step conformance-hopper-wide 90 "$x" conformance --backend cuda --sync kernels --hopper --hopper-tile wide \
+    --case-timeout 30 --stamps "$scratch/hopper-wide-stamps"
 # The host-twin tests (host_*) need a C++ compiler, not a GPU: they run in CI.
 step device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
 step conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
@@ -238,18 +246,23 @@ step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case
 step bench-memops 200 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
 step cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
 sanitize() { # corpus cases (the smallest ring ones, and ring_push's GEMMs on a peer's c,
-    # unless $2 names others) under one tool
+    # unless $2 names others) under one tool; further arguments go to conformance
     # Ungated: a tool that makes launches blocking or runs GPU work one item at a time
     # would hold the host at the gate's launch; the schedule order runs either way.
     local tool="$1" filter="${2:-ring_d2_,ring_push_d2_}"
+    if [ $# -ge 2 ]; then shift 2; else shift $#; fi
     compute-sanitizer --tool "$tool" --error-exitcode 17 --print-limit 20 \
         "$x" conformance --backend cuda --filter "$filter" --case-timeout 60 --ungated \
-        --stamps "$scratch/sanitizer-stamps"
+        --stamps "$scratch/sanitizer-stamps" "$@"
 }
 export -f sanitize
 step sanitizer-memcheck 90 bash -c 'sanitize memcheck'
 step sanitizer-racecheck 90 bash -c 'sanitize racecheck'
 step sanitizer-synccheck 90 bash -c 'sanitize synccheck'
+# The Hopper engine's kernels (plain and fused, both tiles) under every tool.
+step sanitizer-hopper 150 bash -c 'for tool in memcheck racecheck synccheck; do
+    sanitize "$tool" ring_d2_,fused_d2_ --hopper || exit $?
+    sanitize "$tool" fused_d2_ --hopper --hopper-tile wide || exit $?; done'
 # Hangs and races that show only under repetition: the 8-device cases (the most streams
 # contending for queues and SMs) five times each, every run's outputs bit-identical.
 # (Its stamps go aside: a filtered run must not stand for the corpus run's.)

@@ -1,0 +1,569 @@
+// The Hopper GEMM engine: C (+)= A·op(B) for f16/bf16 A and B, f32 accumulation, on
+// sm_90a. Same contract as the tile kernels of gemm.cu (twin: the `Op::Gemm` arm of
+// cmm-core cpu.rs), another mainloop:
+//
+// - Tiles of 128×BN (BN = 256 or 128) in a persistent grid: CTA c takes tiles c, c + G,
+//   c + 2G, … of the run, in the run's order (block after block; inside a block, groups
+//   of CMM_HOPPER_GROUP_M tile rows column by column, so that the CTAs at work share
+//   A's and B's tiles in L2).
+// - One producer warpgroup (its first thread issues every load) and two consumer
+//   warpgroups (64 rows of the tile each). `setmaxnreg` moves registers from the
+//   producer to the consumers, which hold BN/2 f32 accumulators a thread.
+// - K in steps of 64 (one 128-byte row of 16-bit elements), STAGES stages of shared
+//   memory. The producer fills a stage with TMA copies (cp.async.bulk.tensor, 128-byte
+//   swizzle, zero fill past the tensor's edges) completing on the stage's `full` mbarrier
+//   (expect-tx); the consumers multiply it with wgmma m64nBNk16 from shared-memory
+//   descriptors and give it back on its `empty` mbarrier once the wgmma that read it has
+//   completed (one wgmma group stays in flight).
+// - A is K-major (stored M×K); B is N-major (stored K×N, the plans' usual weight) or
+//   K-major (stored N×K: a transposed B). The descriptor bits other than the address come
+//   from the host (`desc_a`, `desc_b`), which knows the layout it asked TMA for.
+// - Epilogue: straight from the accumulators to global memory, two adjacent columns per
+//   store where C's alignment allows (`CMM_HOPPER_PAIRS`), rounded once (RNE) to C's
+//   dtype, or added onto f32 C (β = 1).
+// - A tile-granular (fused) run: the producer performs the waits of a block before the
+//   loads of its first tile (acquire, then `fence.proxy.async.global`, which orders the
+//   generic-proxy acquire before the async-proxy TMA reads); the consumers count a
+//   block's tiles once its stores are done (a named barrier, then one fence and one count
+//   per CTA) and the CTA that writes a block's last tile releases it, after the blocks
+//   before it, as the tile kernels' persistent GEMM does. A failed wait (deadline or
+//   abort) marks the run failed: the CTAs still run their tiles to the end (a consumer
+//   that left its wgmma loop early would make ptxas serialise every wgmma) but make no
+//   further wait and release no block.
+// - No wait can hang the GPU: an mbarrier wait that outlasts the run's wait deadline
+//   (twice it, plus a second) traps, which the host reports as a lost context.
+//
+// The host twin (cuda/host/runtime.h) emulates none of this yet; lowering picks the
+// engine only on a GPU of compute capability 9.0.
+
+// An opaque TMA descriptor, encoded on the host (`cuTensorMapEncodeTiled`). Mirror:
+// `TensorMap` in cuda/src/launch.rs.
+struct __align__(64) CmmTensorMap {
+    u64 words[16];
+};
+
+// One block of a Hopper GEMM: the tensor map of its A, its C and its rows; a plain GEMM
+// is one block. Mirror: `HopperBlockArgs` in cuda/src/launch.rs.
+struct __align__(64) CmmHopperBlock {
+    CmmTensorMap a;
+    u64 c;              // byte address of C's element (0, 0)
+    u64 c_stride;       // in elements
+    u32 rows;           // rows of A and C
+    u32 first_tile;     // tiles of the blocks before it
+    u32 waits_end;      // waits [0, waits_end) gate it
+    u32 signals_begin;  // signals [signals_begin, signals_end) release it
+    u32 signals_end;
+    u32 pad[7];
+};
+
+// Mirror: `HopperArgs` in cuda/src/launch.rs.
+struct __align__(64) CmmHopperArgs {
+    CmmTensorMap b;
+    CmmHopperBlock first;  // block 0: a plain GEMM's only block
+    u64 blocks;            // CmmHopperBlock[count] in global memory, or 0: `first` is the only one
+    u64 waits;             // CmmHopperSync[]
+    u64 signals;           // CmmHopperSync[]
+    u64 control;           // u32[3 + count], zero at launch, or 0 (no waits or signals):
+                           // unused, blocks released, failed, then per block its tiles done
+    u64 status;            // per wait u32[2]: why it gave up (1: deadline, 2: aborted), the value seen
+    u64 abort;             // the run's abort word
+    u64 timeout_ns;        // deadline of one wait
+    u64 desc_a;            // wgmma descriptor bits of A's and B's stages besides the address
+    u64 desc_b;
+    u32 n;
+    u32 k;
+    u32 c_dtype;
+    u32 flags;             // CMM_HOPPER_*
+    u32 count;             // blocks
+    u32 tiles;             // tiles of all blocks
+    u32 tiles_n;           // column tiles of a row of tiles
+    u32 pad;
+};
+
+// One wait or signal of a fused run. Mirror: `FusedSyncArgs`.
+struct CmmHopperSync {
+    u64 sem;
+    u32 value;
+    u32 pad;
+};
+
+#define CMM_HOPPER_B_N_MAJOR 1u   // B stored K×N (else N×K)
+#define CMM_HOPPER_ACCUMULATE 4u  // C += A·B (C is f32)
+#define CMM_HOPPER_PAIRS 8u       // C's base and row stride allow two-element stores
+
+#define CMM_HOPPER_BM 128u
+#define CMM_HOPPER_BK 64u
+#define CMM_HOPPER_GROUP_M 8u
+#define CMM_HOPPER_THREADS 384u
+
+// Shared memory of one stage of A (128 rows of 128 bytes) and of B (BN × 128 bytes).
+#define CMM_HOPPER_A_BYTES (CMM_HOPPER_BM * CMM_HOPPER_BK * 2u)
+
+#define CMM_ACC8(d, i) \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+        "+f"(d[i + 7])
+
+#ifndef CMM_HOST
+// wgmma's accumulator operand lists (m64nNk16: N/2 f32 registers a thread).
+#define CMM_WGMMA_N128_D \
+    "%0, %1, %2, %3, %4, %5, %6, %7, " \
+    "%8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, " \
+    "%40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, " \
+    "%56, %57, %58, %59, %60, %61, %62, %63"
+#define CMM_WGMMA_N128_OPERANDS(d) \
+    CMM_ACC8(d, 0), \
+    CMM_ACC8(d, 8), \
+    CMM_ACC8(d, 16), \
+    CMM_ACC8(d, 24), \
+    CMM_ACC8(d, 32), \
+    CMM_ACC8(d, 40), \
+    CMM_ACC8(d, 48), \
+    CMM_ACC8(d, 56)
+
+#define CMM_WGMMA_N256_D \
+    "%0, %1, %2, %3, %4, %5, %6, %7, " \
+    "%8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, " \
+    "%40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, " \
+    "%56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, " \
+    "%72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, " \
+    "%88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, " \
+    "%104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, " \
+    "%120, %121, %122, %123, %124, %125, %126, %127"
+#define CMM_WGMMA_N256_OPERANDS(d) \
+    CMM_ACC8(d, 0), \
+    CMM_ACC8(d, 8), \
+    CMM_ACC8(d, 16), \
+    CMM_ACC8(d, 24), \
+    CMM_ACC8(d, 32), \
+    CMM_ACC8(d, 40), \
+    CMM_ACC8(d, 48), \
+    CMM_ACC8(d, 56), \
+    CMM_ACC8(d, 64), \
+    CMM_ACC8(d, 72), \
+    CMM_ACC8(d, 80), \
+    CMM_ACC8(d, 88), \
+    CMM_ACC8(d, 96), \
+    CMM_ACC8(d, 104), \
+    CMM_ACC8(d, 112), \
+    CMM_ACC8(d, 120)
+
+// d (+)= A·B for one m64n128k16 step of the warpgroup, A and B read from shared memory
+// through their descriptors; `accumulate` 0 overwrites d. TRANS_B 1: B is N-major.
+template <bool BF16, int TRANS_B>
+__device__ __forceinline__ void cmm_wgmma_n128(float* d, u64 desc_a, u64 desc_b, u32 accumulate) {
+    if constexpr (BF16) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" CMM_WGMMA_N128_D
+                     "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+                     : CMM_WGMMA_N128_OPERANDS(d)
+                     : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" CMM_WGMMA_N128_D
+                     "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+                     : CMM_WGMMA_N128_OPERANDS(d)
+                     : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+    }
+}
+
+// The same, m64n256k16.
+template <bool BF16, int TRANS_B>
+__device__ __forceinline__ void cmm_wgmma_n256(float* d, u64 desc_a, u64 desc_b, u32 accumulate) {
+    if constexpr (BF16) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" CMM_WGMMA_N256_D
+                     "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+                     : CMM_WGMMA_N256_OPERANDS(d)
+                     : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" CMM_WGMMA_N256_D
+                     "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+                     : CMM_WGMMA_N256_OPERANDS(d)
+                     : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+    }
+}
+
+__device__ __forceinline__ void cmm_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cmm_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+
+// Waits until at most N of the warpgroup's committed wgmma groups are in flight.
+template <int N>
+__device__ __forceinline__ void cmm_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving accesses of a register across this point (the
+// accumulators change under a wgmma in flight, which the compiler does not see).
+__device__ __forceinline__ void cmm_pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
+__device__ __forceinline__ void cmm_mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Makes the barriers' initialisation visible to the async proxy (the TMA unit).
+__device__ __forceinline__ void cmm_mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+// Arrives and expects `bytes` more of transactions (the TMA copies of the stage).
+__device__ __forceinline__ void cmm_mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void cmm_mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// Whether the phase of parity `parity` has completed (the instruction itself waits a
+// while before it says no).
+__device__ __forceinline__ bool cmm_mbar_try_wait(u32 bar, u32 parity) {
+    u32 done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return done != 0u;
+}
+
+// A TMA copy of the box at (x, y) (x along the contiguous dimension) into shared `dst`,
+// completing `bytes` of transactions on `bar`.
+__device__ __forceinline__ void cmm_tma_load_2d(u32 dst, const CmmTensorMap* map, u32 x, u32 y, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
+            "r"(dst),
+        "l"((u64)map), "r"(x), "r"(y), "r"(bar)
+        : "memory");
+}
+
+__device__ __forceinline__ void cmm_tma_prefetch(const CmmTensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"((u64)map) : "memory");
+}
+
+template <u32 N>
+__device__ __forceinline__ void cmm_setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+template <u32 N>
+__device__ __forceinline__ void cmm_setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+// A barrier of `threads` threads (a multiple of 32) on hardware barrier `id`.
+__device__ __forceinline__ void cmm_bar_sync(u32 id, u32 threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Orders this thread's earlier generic-proxy accesses of global memory (an acquire)
+// before its later async-proxy ones (TMA loads).
+__device__ __forceinline__ void cmm_fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
+__device__ __forceinline__ void cmm_fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+// Two values rounded to nearest even into one word, `lo` in the low half.
+__device__ __forceinline__ u32 cmm_pack_f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ u32 cmm_pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Waits for the phase of parity `parity` of `bar`; traps once `limit_ns` has passed.
+__device__ __forceinline__ void cmm_mbar_wait(u32 bar, u32 parity, u64 limit_ns) {
+    if (cmm_mbar_try_wait(bar, parity)) return;
+    const u64 start = cmm_globaltimer_ns();
+    while (!cmm_mbar_try_wait(bar, parity)) {
+        if (cmm_globaltimer_ns() - start > limit_ns) asm volatile("trap;");
+    }
+}
+
+// The address bits of a shared-memory matrix descriptor.
+__device__ __forceinline__ u64 cmm_desc_addr(u32 smem) { return (u64)((smem & 0x3FFFFu) >> 4); }
+
+template <u32 BN_, u32 STAGES_>
+struct CmmHopperShape {
+    static constexpr u32 BN = BN_, STAGES = STAGES_;
+    static constexpr u32 B_BYTES = BN * CMM_HOPPER_BK * 2u;
+    // Stages, 1024-byte aligned (the swizzle pattern's period), then the barriers: full
+    // and empty per stage.
+    static constexpr u32 BARRIERS = STAGES * (CMM_HOPPER_A_BYTES + B_BYTES);
+    static constexpr u32 SMEM_BYTES = 1024u + BARRIERS + 16u * STAGES;
+    static_assert(BN == 128 || BN == 256, "wgmma n128 or n256");
+};
+
+// Block, first row and first column of tile `t` of the run; `block` only grows, as t does.
+template <u32 BN>
+__device__ __forceinline__ void cmm_hopper_locate(const CmmHopperArgs& p, const CmmHopperBlock* table, u32 t,
+                                                  u32& block, u32& m0, u32& n0) {
+    while (block + 1u < p.count && table[block + 1u].first_tile <= t) ++block;
+    const u32 local = t - table[block].first_tile;
+    const u32 tiles_m = (table[block].rows + CMM_HOPPER_BM - 1u) / CMM_HOPPER_BM;
+    const u32 per_group = CMM_HOPPER_GROUP_M * p.tiles_n;
+    const u32 group = local / per_group;
+    const u32 first_m = group * CMM_HOPPER_GROUP_M;
+    const u32 group_rows = min(CMM_HOPPER_GROUP_M, tiles_m - first_m);
+    const u32 in_group = local - group * per_group;
+    m0 = (first_m + in_group % group_rows) * CMM_HOPPER_BM;
+    n0 = (in_group / group_rows) * BN;
+}
+
+// The producer: one thread issues the block's waits and every TMA copy.
+template <class S>
+__device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock* table, u32 smem, u64 limit_ns) {
+    const u32 bars = smem + S::BARRIERS;
+    const u32 ktiles = (p.k + CMM_HOPPER_BK - 1u) / CMM_HOPPER_BK;
+    u32* control = (u32*)p.control;
+    const CmmHopperSync* waits = (const CmmHopperSync*)p.waits;
+    cmm_tma_prefetch(&p.b);
+    u32 stage = 0u, phase = 0u, block = 0u, checked = 0u;
+    bool ok = true;
+    for (u32 t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+        u32 m0, n0;
+        cmm_hopper_locate<S::BN>(p, table, t, block, m0, n0);
+        // After a failed wait the run has failed: the tiles are still loaded and
+        // multiplied (the consumers cannot leave a wgmma loop early without the compiler
+        // serialising every wgmma), but no further wait is made and no block released.
+        if (control != nullptr && ok) {
+            ok = cmm_load_acquire((u64)&control[2]) == 0u;
+            const u32 end = table[block].waits_end;
+            if (ok && checked < end) {
+                for (; checked < end && ok; ++checked) {
+                    ok = cmm_spin_at_least(waits[checked].sem, waits[checked].value, p.abort, p.timeout_ns,
+                                           p.status + 8ull * checked);
+                }
+                if (!ok) atomicExch(&control[2], 1u);
+                // The data the waits acquired is read by TMA, another proxy.
+                cmm_fence_proxy_async_global();
+            }
+        }
+        const CmmTensorMap* amap = &table[block].a;
+        for (u32 kt = 0u; kt < ktiles; ++kt) {
+            cmm_mbar_wait(bars + 8u * (S::STAGES + stage), phase ^ 1u, limit_ns);
+            const u32 full = bars + 8u * stage;
+            const u32 sa = smem + stage * CMM_HOPPER_A_BYTES;
+            const u32 sb = smem + S::STAGES * CMM_HOPPER_A_BYTES + stage * S::B_BYTES;
+            const u32 k0 = kt * CMM_HOPPER_BK;
+            if (p.flags & CMM_HOPPER_B_N_MAJOR) {
+                // 64-column boxes of BK rows; boxes wholly past N are not loaded (their
+                // columns of the tile are never stored).
+                const u32 boxes = min(S::BN / 64u, (p.n - n0 + 63u) / 64u);
+                cmm_mbar_arrive_expect_tx(full, CMM_HOPPER_A_BYTES + boxes * CMM_HOPPER_BK * 128u);
+                cmm_tma_load_2d(sa, amap, k0, m0, full);
+                for (u32 c = 0u; c < boxes; ++c) {
+                    cmm_tma_load_2d(sb + c * CMM_HOPPER_BK * 128u, &p.b, n0 + 64u * c, k0, full);
+                }
+            } else {
+                cmm_mbar_arrive_expect_tx(full, CMM_HOPPER_A_BYTES + S::B_BYTES);
+                cmm_tma_load_2d(sa, amap, k0, m0, full);
+                cmm_tma_load_2d(sb, &p.b, k0, n0, full);
+            }
+            if (++stage == S::STAGES) {
+                stage = 0u;
+                phase ^= 1u;
+            }
+        }
+    }
+}
+
+// Two adjacent elements (i, j) and (i, j + 1) of C, as far as they are inside it.
+__device__ __forceinline__ void cmm_hopper_store(const CmmHopperArgs& p, u64 c, u64 stride, u32 rows, u32 i, u32 j,
+                                                 float v0, float v1) {
+    if (i >= rows || j >= p.n) return;
+    const u64 at = (u64)i * stride + j;
+    const bool both = j + 1u < p.n;
+    const bool paired = both && (p.flags & CMM_HOPPER_PAIRS) != 0u;
+    if (p.flags & CMM_HOPPER_ACCUMULATE) {
+        float* out = (float*)c + at;
+        if (paired) {
+            u64 old = *(const u64*)out;
+            float x = __uint_as_float((u32)old) + v0, y = __uint_as_float((u32)(old >> 32)) + v1;
+            *(u64*)out = (u64)__float_as_uint(x) | ((u64)__float_as_uint(y) << 32);
+        } else {
+            out[0] += v0;
+            if (both) out[1] += v1;
+        }
+        return;
+    }
+    if (paired) {
+        if (p.c_dtype == 0u) {
+            *(u64*)((float*)c + at) = (u64)__float_as_uint(v0) | ((u64)__float_as_uint(v1) << 32);
+        } else {
+            *(u32*)((u16*)c + at) = p.c_dtype == 1u ? cmm_pack_f16x2(v0, v1) : cmm_pack_bf16x2(v0, v1);
+        }
+        return;
+    }
+    cmm_store_bits(c, at, p.c_dtype, cmm_encode(v0, p.c_dtype));
+    if (both) cmm_store_bits(c, at + 1u, p.c_dtype, cmm_encode(v1, p.c_dtype));
+}
+
+// A consumer warpgroup (`wg` 0 or 1: rows 64·wg .. +63 of each tile).
+template <class S, bool BF16, int TRANS_B>
+__device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock* table, u32 smem, u64 limit_ns,
+                                   u32 wg) {
+    const u32 bars = smem + S::BARRIERS;
+    const u32 ktiles = (p.k + CMM_HOPPER_BK - 1u) / CMM_HOPPER_BK;
+    const bool leader = threadIdx.x % 128u == 0u;
+    const u32 lane = threadIdx.x % 32u, warp = (threadIdx.x % 128u) / 32u;
+    float acc[S::BN / 2u];
+    #pragma unroll
+    for (u32 i = 0u; i < S::BN / 2u; ++i) acc[i] = 0.0f;
+    u32 stage = 0u, phase = 0u, block = 0u;
+    for (u32 t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+        u32 m0, n0;
+        cmm_hopper_locate<S::BN>(p, table, t, block, m0, n0);
+        u32 previous = 0u;
+        for (u32 kt = 0u; kt < ktiles; ++kt) {
+            cmm_mbar_wait(bars + 8u * stage, phase, limit_ns);
+            const u32 sa = smem + stage * CMM_HOPPER_A_BYTES + wg * 64u * 128u;
+            const u32 sb = smem + S::STAGES * CMM_HOPPER_A_BYTES + stage * S::B_BYTES;
+            #pragma unroll
+            for (u32 i = 0u; i < S::BN / 2u; ++i) cmm_pin(acc[i]);
+            cmm_wgmma_fence();
+            #pragma unroll
+            for (u32 kk = 0u; kk < CMM_HOPPER_BK / 16u; ++kk) {
+                // K-major: the next 16 elements of a 128-byte row; N-major: 16 rows further.
+                const u64 da = p.desc_a | cmm_desc_addr(sa + 32u * kk);
+                const u64 db = p.desc_b | cmm_desc_addr(TRANS_B ? sb + 2048u * kk : sb + 32u * kk);
+                const u32 accumulate = (kt | kk) != 0u;
+                if constexpr (S::BN == 256u) {
+                    cmm_wgmma_n256<BF16, TRANS_B>(acc, da, db, accumulate);
+                } else {
+                    cmm_wgmma_n128<BF16, TRANS_B>(acc, da, db, accumulate);
+                }
+            }
+            cmm_wgmma_commit();
+            // The group before this one has finished reading its stage: give it back.
+            cmm_wgmma_wait<1>();
+            if (kt > 0u && leader) cmm_mbar_arrive(bars + 8u * (S::STAGES + previous));
+            previous = stage;
+            if (++stage == S::STAGES) {
+                stage = 0u;
+                phase ^= 1u;
+            }
+        }
+        cmm_wgmma_wait<0>();
+        #pragma unroll
+        for (u32 i = 0u; i < S::BN / 2u; ++i) cmm_pin(acc[i]);
+        if (leader) cmm_mbar_arrive(bars + 8u * (S::STAGES + previous));
+        // Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h, column 8j + 2·(lane%4) + e.
+        const CmmHopperBlock& blk = table[block];
+        const u32 r0 = m0 + 64u * wg + 16u * warp + lane / 4u, c0 = n0 + 2u * (lane % 4u);
+        #pragma unroll
+        for (u32 j = 0u; j < S::BN / 8u; ++j) {
+            #pragma unroll
+            for (u32 h = 0u; h < 2u; ++h) {
+                cmm_hopper_store(p, blk.c, blk.c_stride, blk.rows, r0 + 8u * h, c0 + 8u * j, acc[4u * j + 2u * h],
+                                 acc[4u * j + 2u * h + 1u]);
+            }
+        }
+        if (p.control != 0ull) {
+            // Every consumer's stores of the tile are done: one thread counts the tile,
+            // and the thread that counts a block's last tile releases the block once the
+            // blocks before it are released (its release covers the whole CTA's stores:
+            // the barrier, then a system-scope fence and release).
+            cmm_bar_sync(1u, 256u);
+            if (threadIdx.x == 128u) {
+                u32* control = (u32*)p.control;
+                const CmmHopperSync* signals = (const CmmHopperSync*)p.signals;
+                const u32 end = block + 1u < p.count ? table[block + 1u].first_tile : p.tiles;
+                cmm_fence_acq_rel_sys();
+                if (atomicAdd(&control[3u + block], 1u) + 1u == end - blk.first_tile) {
+                    if (cmm_spin_at_least((u64)&control[1], block, p.abort, p.timeout_ns, 0ull) &&
+                        cmm_load_acquire((u64)&control[2]) == 0u) {
+                        cmm_fence_acq_rel_sys();
+                        for (u32 s = blk.signals_begin; s < blk.signals_end; ++s) {
+                            cmm_red_release_add(signals[s].sem, signals[s].value);
+                        }
+                        cmm_store_release_gpu((u64)&control[1], block + 1u);
+                    } else {
+                        atomicExch(&control[2], 1u);
+                    }
+                }
+            }
+        }
+    }
+}
+
+template <class S, bool BF16>
+__device__ void cmm_hopper_gemm(const CmmHopperArgs& p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char cmm_hopper_smem[];
+    const u32 smem = (cmm_smem_addr(cmm_hopper_smem) + 1023u) & ~1023u;
+    const u32 bars = smem + S::BARRIERS;
+    const CmmHopperBlock* table = p.blocks != 0ull ? (const CmmHopperBlock*)p.blocks : &p.first;
+    // No barrier wait outlasts the producer's fused waits by much: past this, a bug.
+    const u64 limit_ns = 2ull * p.timeout_ns + 1000000000ull;
+    if (threadIdx.x == 0u) {
+        for (u32 s = 0u; s < S::STAGES; ++s) {
+            cmm_mbar_init(bars + 8u * s, 1u);                // the producer's arrive (and its bytes)
+            cmm_mbar_init(bars + 8u * (S::STAGES + s), 2u);  // one arrive per consumer warpgroup
+        }
+        cmm_mbar_init_fence();
+    }
+    __syncthreads();
+    // The warpgroup's index, broadcast from lane 0 so that the compiler knows it is the
+    // same across the warp (wgmma in a branch it cannot prove uniform is serialised).
+    const u32 role = __shfl_sync(0xffffffffu, threadIdx.x / 128u, 0);
+    if (role == 0u) {
+        cmm_setmaxnreg_dec<40>();
+        if (threadIdx.x == 0u) cmm_hopper_produce<S>(p, table, smem, limit_ns);
+    } else {
+        cmm_setmaxnreg_inc<232>();
+        const u32 wg = role - 1u;
+        if (p.flags & CMM_HOPPER_B_N_MAJOR) {
+            cmm_hopper_consume<S, BF16, 1>(p, table, smem, limit_ns, wg);
+        } else {
+            cmm_hopper_consume<S, BF16, 0>(p, table, smem, limit_ns, wg);
+        }
+    }
+#else
+    asm volatile("trap;");
+#endif
+}
+
+// 128×256 tiles, four stages (192 KiB); 128×128 tiles, six stages (192 KiB).
+using CmmHopperWide = CmmHopperShape<256, 4>;
+using CmmHopperNarrow = CmmHopperShape<128, 6>;
+
+#define CMM_HOPPER_BODY(shape, bf16) cmm_hopper_gemm<shape, bf16>(p)
+#else
+// The host twin has no Hopper engine yet: lowering never picks it there.
+#define CMM_HOPPER_BODY(shape, bf16) cmm_host::fail("the host twin has no Hopper GEMM engine")
+#endif
+
+extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)
+    cmm_hopper_gemm_f16_n256(const __grid_constant__ CmmHopperArgs p) {
+    CMM_HOPPER_BODY(CmmHopperWide, false);
+}
+
+extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)
+    cmm_hopper_gemm_bf16_n256(const __grid_constant__ CmmHopperArgs p) {
+    CMM_HOPPER_BODY(CmmHopperWide, true);
+}
+
+extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)
+    cmm_hopper_gemm_f16_n128(const __grid_constant__ CmmHopperArgs p) {
+    CMM_HOPPER_BODY(CmmHopperNarrow, false);
+}
+
+extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)
+    cmm_hopper_gemm_bf16_n128(const __grid_constant__ CmmHopperArgs p) {
+    CMM_HOPPER_BODY(CmmHopperNarrow, true);
+}

@@ -1,0 +1,225 @@
+//! `cargo xtask gemm-sweep`: the Hopper engine's local GEMM against cuBLAS, side by side
+//! in one run, on the shapes that matter to the overlapped plans (issue 31): every tile
+//! variant's output spot-checked against the f64 oracle at the sweep's own shape before
+//! it is timed, then timed as the bench times a GEMM (events, median, operands rotated
+//! past the L2).
+
+use std::fs;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use cmm_core::oracle::spot_check;
+use cmm_core::workload::output_tolerance;
+use cmm_core::{DType, Family, OpKind, Problem};
+use cmm_cuda::{
+    CudaBackend, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec, HopperTile, ReadBack,
+};
+use serde::Serialize;
+
+/// Arguments of `cargo xtask gemm-sweep`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Timed runs per GEMM (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    pub reps: usize,
+    /// Also write the figures as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Divide every dimension by this (a rehearsal of the path, not the sweep's shapes).
+    #[arg(long, default_value_t = 1)]
+    pub shrink: usize,
+}
+
+/// The sweep's shapes: the bench's local GEMM (seed 000, D = 4), Flux's per-device
+/// AG+GEMM shape and the square one cuBLAS is usually quoted at.
+const SHAPES: [(usize, usize, usize); 3] = [(1024, 4096, 4096), (4096, 6144, 12288), (8192, 8192, 8192)];
+
+/// Output elements the sweep checks against the oracle per variant.
+const SPOT_CHECKS: usize = 64;
+
+#[derive(Debug, Serialize)]
+struct Row {
+    shape: String,
+    input: String,
+    /// "cuBLAS", or the Hopper engine's tile ("hopper 128x256"), or a tile kernel.
+    engine: String,
+    us: Option<f64>,
+    tflops: Option<f64>,
+    /// This row's rate over cuBLAS's on the same shape, in the same run.
+    of_cublas: Option<f64>,
+    /// The spot check: "ok (worst x of its allowance)", or what was wrong, or why the
+    /// variant did not run.
+    check: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    gpu: String,
+    commit: Option<String>,
+    reps: usize,
+    shrink: usize,
+    rows: Vec<Row>,
+}
+
+/// Runs the sweep.
+pub fn run(args: &Args) -> Result<()> {
+    let backend = CudaBackend::new(1).context("cannot start the CUDA backend")?;
+    println!("gpu: {}", backend.summary());
+    if !backend.has_hopper_engine() {
+        bail!("this GPU does not run the Hopper engine (compute capability 9.0 with a real driver)");
+    }
+    if !backend.has_cublas() {
+        bail!("libcublas cannot be loaded: the sweep compares with cuBLAS");
+    }
+    let shrink = args.shrink.max(1);
+    println!(
+        "each variant spot-checked against the f64 oracle ({SPOT_CHECKS} elements) at the shape, then timed: \
+         median of {} runs, operands rotated past the L2; ratios are of rates measured in this run",
+        args.reps
+    );
+    println!("{:<16} {:<5} {:<22} {:>10} {:>9} {:>9}  check", "M×N×K", "dtype", "engine", "µs", "TFLOP/s", "÷ cuBLAS");
+    let mut report = Report {
+        gpu: backend.identity()?,
+        commit: std::env::var("CMM_COMMIT").ok(),
+        reps: args.reps,
+        shrink,
+        rows: Vec::new(),
+    };
+    for (m, n, k) in SHAPES {
+        for input in [DType::Bf16, DType::F16] {
+            let spec = GemmSpec {
+                m: m / shrink,
+                n: n / shrink,
+                k: k / shrink,
+                input,
+                output: input,
+                trans_a: false,
+                trans_b: false,
+                accumulate: false,
+            };
+            let shape = format!("{}x{}x{}", spec.m, spec.n, spec.k);
+            let cublas = backend
+                .time_gemm(&spec, GemmEngine::Cublas, args.reps)
+                .with_context(|| format!("timing cuBLAS on {shape}"))?;
+            let mut rows = vec![row(&shape, input, "cuBLAS".into(), Some(cublas), &spec, cublas, "-".into())];
+            for tile in HopperTile::ALL {
+                let choice =
+                    GemmChoice { engine: GemmEngine::Hopper, wide_tiles: false, hopper: true, hopper_tile: Some(tile) };
+                let name = format!("hopper {}", tile.name());
+                let (us, check) = match checked(&backend, &spec, tile) {
+                    Ok(Ok(worst)) => match backend.time_gemm_as(&spec, &choice, args.reps) {
+                        Ok((us, GemmImpl::Hopper { .. })) => {
+                            (Some(us), format!("ok (worst {worst:.2} of its allowance)"))
+                        }
+                        Ok((_, other)) => (None, format!("ran on {other:?}, not the Hopper engine")),
+                        Err(e) => (None, format!("timing failed: {e}")),
+                    },
+                    Ok(Err(wrong)) => (None, format!("WRONG: {wrong}")),
+                    Err(e) => (None, format!("run failed: {e:#}")),
+                };
+                rows.push(row(&shape, input, name, us, &spec, cublas, check));
+            }
+            if (m, n, k) == SHAPES[0] {
+                // cmm's tile kernels on the bench's local GEMM, for the ladder.
+                for (wide, name) in [(false, "tile 64x64"), (true, "tile 128x128")] {
+                    let (us, check) = match backend.time_gemm_tiles(&spec, GemmEngine::TileKernel, wide, args.reps) {
+                        Ok(us) => (Some(us), "checked by the corpus".to_string()),
+                        Err(e) => (None, format!("timing failed: {e}")),
+                    };
+                    rows.push(row(&shape, input, name.into(), us, &spec, cublas, check));
+                }
+            }
+            for r in rows {
+                println!(
+                    "{:<16} {:<5} {:<22} {:>10} {:>9} {:>9}  {}",
+                    r.shape,
+                    r.input,
+                    r.engine,
+                    r.us.map_or("-".into(), |u| format!("{u:.1}")),
+                    r.tflops.map_or("-".into(), |t| format!("{t:.0}")),
+                    r.of_cublas.map_or("-".into(), |x| format!("{x:.2}")),
+                    r.check
+                );
+                report.rows.push(r);
+            }
+            if let Some(path) = &args.json {
+                let json = serde_json::to_string_pretty(&report).context("encoding the sweep")?;
+                fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+    }
+    let wrong =
+        report.rows.iter().filter(|r| r.check.starts_with("WRONG") || r.check.starts_with("run failed")).count();
+    if wrong > 0 {
+        bail!("{wrong} variant(s) wrong or failed");
+    }
+    Ok(())
+}
+
+fn row(shape: &str, input: DType, engine: String, us: Option<f64>, spec: &GemmSpec, cublas: f64, check: String) -> Row {
+    Row {
+        shape: shape.into(),
+        input: input.to_string(),
+        engine,
+        us,
+        tflops: us.map(|u| spec.flops() / u / 1e6),
+        of_cublas: us.map(|u| cublas / u),
+        check,
+    }
+}
+
+/// One run of the GEMM on the Hopper engine's `tile`, its output spot-checked against
+/// the f64 oracle: `Ok(worst)` or `Err(what was wrong)`. With B N-major a wrong result is
+/// also tried with the descriptor's two byte offsets swapped, and the line says whether
+/// that reading was right (what the hardware makes of the offsets is then known).
+fn checked(backend: &CudaBackend, spec: &GemmSpec, tile: HopperTile) -> Result<std::result::Result<f64, String>> {
+    let first = check_once(backend, spec, tile)?;
+    if first.is_ok() {
+        return Ok(first);
+    }
+    std::env::set_var("CMM_HOPPER_MN_OFFSETS", "swap");
+    let swapped = check_once(backend, spec, tile);
+    std::env::remove_var("CMM_HOPPER_MN_OFFSETS");
+    let note = match swapped {
+        Ok(Ok(w)) => format!("with the N-major offsets swapped it is right (worst {w:.2})"),
+        Ok(Err(why)) => format!("swapped offsets wrong too: {why}"),
+        Err(e) => format!("swapped offsets failed: {e:#}"),
+    };
+    Ok(first.map_err(|why| format!("{why}; {note}")))
+}
+
+fn check_once(backend: &CudaBackend, spec: &GemmSpec, tile: HopperTile) -> Result<std::result::Result<f64, String>> {
+    const SEED: u32 = 11;
+    let problem = Problem::new(OpKind::AgGemm, 1, spec.m, spec.n, spec.k, spec.input, spec.output)?;
+    let plan = cmm_cuda::gemm_plan(spec)?;
+    let options = CudaRunOptions {
+        gemm: GemmEngine::Hopper,
+        hopper_tile: Some(tile),
+        read_back: ReadBack::Results,
+        ..Default::default()
+    };
+    let out = backend.run(&plan, SEED, Family::Realistic, &options)?;
+    if out.gemms.hopper != 1 {
+        bail!("the GEMM ran on {}", out.gemms.describe());
+    }
+    let c = plan.buffer_id("C").context("the GEMM plan has a C")?;
+    let decl = plan.buffer(c);
+    let got = |d: usize, r: usize, col: usize| {
+        let word = out.buffers.get(d).and_then(|b| b.get(c.0)).and_then(|w| w.get(r * decl.cols + col));
+        word.map_or(f64::NAN, |&w| decl.dtype.decode(w) as f64)
+    };
+    let check = spot_check(&problem, SEED, Family::Realistic, &output_tolerance(&problem), SPOT_CHECKS, &got);
+    Ok(match check.misses.first() {
+        None => Ok(check.worst),
+        Some(m) => Err(format!(
+            "{} of {} elements wrong; first C[{}, {}] = {} where the oracle has {} (± {:.2e})",
+            check.misses.len(),
+            check.checked,
+            m.row,
+            m.col,
+            m.got,
+            m.expected,
+            m.allowed
+        )),
+    })
+}
