@@ -89,10 +89,11 @@ pub struct PlanTimes {
     /// The fused plans again with two CTAs per SM of the persistent kernel, 64×64 tiles
     /// (`CudaRunOptions::fused_ctas_per_sm`; null for the plans on cuBLAS).
     pub time_two_ctas_per_sm_us: Option<f64>,
-    /// The fused plans again on the Hopper engine (`CudaRunOptions::hopper`; null for
-    /// the plans on cuBLAS, on a GPU without the engine, and in reports from before it).
+    /// On a GPU that runs the Hopper engine (where the fused plans' plain time is its),
+    /// the fused plans again on the tile kernel's 64×64 tiles (`CudaRunOptions::hopper`
+    /// off; null for the plans on cuBLAS, elsewhere, and in reports from before it).
     #[serde(default)]
-    pub time_hopper_us: Option<f64>,
+    pub time_tile_kernel_us: Option<f64>,
 }
 
 /// A bench row's figures beside its times: the bound, the baseline and the ratios (xtask's
@@ -109,8 +110,14 @@ pub struct PlanFigures {
     pub speedup_over_baseline: f64,
     /// The problem's FLOPs over the plan's fastest time.
     pub tflops: f64,
-    /// What ran the GEMMs: `cuBLAS`, or the persistent tile kernel.
+    /// What ran the GEMMs of the fastest time: `cuBLAS`, the Hopper engine or the
+    /// persistent tile kernel.
     pub gemm_engine: String,
+    /// The fused plans' compute-only twin (`cmm_core::emulate::compute_only`: the same
+    /// GEMMs on the same engine, no copy, wait or signal), µs, in the same run; null for
+    /// the other plans and in reports from before it.
+    #[serde(default)]
+    pub compute_only_us: Option<f64>,
 }
 
 impl PlanTimes {
@@ -125,19 +132,20 @@ impl PlanTimes {
             time_offset_us: None,
             time_wide_tiles_us: None,
             time_two_ctas_per_sm_us: None,
-            time_hopper_us: None,
+            time_tile_kernel_us: None,
         }
     }
 
     /// The fastest of the plan's times: plain, staggered, offset, on wide tiles, with two
-    /// CTAs per SM, on the Hopper engine (where taken).
+    /// CTAs per SM, on the tile kernel where the plain time is the Hopper engine's (where
+    /// taken).
     pub fn fastest_us(&self) -> f64 {
         [
             self.time_staggered_us,
             self.time_offset_us,
             self.time_wide_tiles_us,
             self.time_two_ctas_per_sm_us,
-            self.time_hopper_us,
+            self.time_tile_kernel_us,
         ]
         .into_iter()
         .flatten()

@@ -97,12 +97,44 @@ pub fn offset_starts(plan: &Plan) -> Result<Plan, OffsetError> {
     Ok(out)
 }
 
+/// `plan` without its communication: every copy, wait and signal left out, every other
+/// op (GEMMs, tile-granular ones included, reductions, pointwise ops) kept in its lane's
+/// order. What it computes is not the plan's result (data it would have received is
+/// never sent), but it does the plan's arithmetic on the same engines: the floor an
+/// overlapped plan is measured against on one GPU (the bench's compute-only twin).
+pub fn compute_only(plan: &Plan) -> Plan {
+    let mut out = plan.clone();
+    out.name = format!("{} (compute only)", plan.name);
+    for program in &mut out.programs {
+        for lane in &mut program.lanes {
+            lane.retain(|op| !matches!(op, Op::Copy { .. } | Op::Wait { .. } | Op::Signal { .. }));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::algorithms::{algorithms_for, build_plan, Algorithm};
     use crate::dtype::DType;
     use crate::problem::{OpKind, Problem};
+
+    #[test]
+    fn the_compute_only_twin_keeps_every_gemm_and_no_communication() {
+        let p = Problem::new(OpKind::AgGemm, 4, 64, 32, 48, DType::F16, DType::F16).unwrap();
+        for algorithm in [Algorithm::Ring, Algorithm::Fused { chunks: 1 }] {
+            let plan = build_plan(&p, algorithm).unwrap();
+            let twin = compute_only(&plan);
+            twin.validate().unwrap();
+            let count = |plan: &Plan, f: fn(&Op) -> bool| plan.ops().filter(|(_, op)| f(op)).count();
+            let gemm: fn(&Op) -> bool = |op| matches!(op, Op::Gemm { .. });
+            let talk: fn(&Op) -> bool = |op| matches!(op, Op::Copy { .. } | Op::Wait { .. } | Op::Signal { .. });
+            assert_eq!(count(&twin, gemm), count(&plan, gemm));
+            assert!(count(&plan, talk) > 0 && count(&twin, talk) == 0, "{algorithm}");
+            assert_eq!(twin.fused_runs().unwrap().len(), plan.fused_runs().unwrap().len());
+        }
+    }
 
     #[test]
     fn staggered_priorities_follow_device_order_over_the_levels() {

@@ -123,7 +123,8 @@ pub struct CudaRunOptions {
     /// [`GemmEngine::TileKernel`]) take the Hopper engine (`hopper.cu`) where the GPU runs
     /// it (compute capability 9.0) and TMA's rules allow ([`crate::lower::hopper_rule`]);
     /// the others keep the tile kernels. [`CudaRunOutput::gemms`] counts both.
-    /// [`GemmEngine::Hopper`] asks for it on every GEMM whatever this says.
+    /// [`GemmEngine::Hopper`] asks for it on every GEMM whatever this says. Default: on
+    /// (the host twin and the fake driver have no Hopper engine and ignore it).
     pub hopper: bool,
     /// The Hopper engine's tile for every GEMM it runs (`None`: its rule's choice).
     pub hopper_tile: Option<HopperTile>,
@@ -169,7 +170,7 @@ impl Default for CudaRunOptions {
             read_back: ReadBack::Everything,
             wide_tiles: false,
             fused_ctas_per_sm: 1,
-            hopper: false,
+            hopper: true,
             hopper_tile: None,
         }
     }

@@ -650,10 +650,26 @@ fn lower_fused(
             "a fused gemm waits and signals between its blocks inside one kernel, which cuBLAS cannot; GemmEngine::Cublas asks for cuBLAS on every GEMM (use Auto)".into(),
         ));
     }
-    // On the Hopper engine only if every block can take it, on one tile.
+    // On the Hopper engine only if every block can take it, on one tile: the wide one
+    // where the run's tiles of it fill the device's share of the SMs once (block 0 alone
+    // may be too small to, as a plain GEMM of its size would be).
     let slots = lowered.wait_slots.len();
     if let Ok(command) = lower_fused_on(plan, run, options, lowered) {
         let hopper = matches!(command.gemm.imp, GemmImpl::Hopper { .. });
+        if let (GemmImpl::Hopper { tile: HopperTile::Narrow, .. }, Some(target @ HopperTarget { tile: None, .. })) =
+            (command.gemm.imp, options.hopper)
+        {
+            let n = command.gemm.mnk[1] as usize;
+            let wide: usize = command.blocks.iter().map(|b| (b.rows as usize).div_ceil(HOPPER_TILE_M)).sum::<usize>()
+                * n.div_ceil(HopperTile::Wide.columns());
+            let share = (target.sms as usize / plan.devices.max(1)).max(1);
+            if n > HopperTile::Narrow.columns() && wide >= share {
+                lowered.wait_slots.truncate(slots);
+                let forced =
+                    LowerOptions { hopper: Some(HopperTarget { tile: Some(HopperTile::Wide), ..target }), ..*options };
+                return lower_fused_on(plan, run, &forced, lowered);
+            }
+        }
         if options.hopper.is_none() || hopper {
             return Ok(command);
         }

@@ -138,6 +138,10 @@ pub struct Args {
     /// the tile kernels. The run ends with how many GEMMs each engine ran.
     #[arg(long)]
     pub hopper: bool,
+    /// CUDA only: no GEMM runs on the Hopper engine, even where the GPU runs it (the
+    /// fused plans then take the tile kernels, as on GPUs before Hopper).
+    #[arg(long, conflicts_with = "hopper")]
+    pub no_hopper: bool,
     /// CUDA only, with --hopper: the Hopper engine's tile for every GEMM it runs
     /// (default: its rule's choice, 128×128 on the corpus's small shapes).
     #[arg(long, value_enum, value_name = "TILE")]
@@ -177,6 +181,7 @@ impl Args {
             offset_starts: false,
             wide_tiles: false,
             hopper: false,
+            no_hopper: false,
             hopper_tile: None,
             fused_ctas_per_sm: 1,
             stamps: None,
@@ -203,6 +208,7 @@ impl Args {
             (self.offset_starts, "--offset-starts"),
             (self.wide_tiles, "--wide-tiles"),
             (self.hopper, "--hopper"),
+            (self.no_hopper, "--no-hopper"),
             (self.hopper_tile.is_some(), "--hopper-tile"),
             (self.fused_ctas_per_sm != 1, "--fused-ctas-per-sm"),
             (self.stamps.is_some(), "--stamps"),
@@ -223,7 +229,7 @@ impl Args {
             wide_tiles: self.wide_tiles,
             fused_ctas_per_sm: self.fused_ctas_per_sm,
             gemm: if self.hopper { GemmEngine::TileKernel } else { defaults.gemm },
-            hopper: self.hopper,
+            hopper: !self.no_hopper,
             hopper_tile: self.hopper_tile.map(HopperTileArg::tile),
             ..defaults
         }

@@ -215,7 +215,7 @@ struct Variants {
     offset: Option<f64>,
     wide_tiles: Option<f64>,
     two_ctas_per_sm: Option<f64>,
-    hopper: Option<f64>,
+    tile_kernel: Option<f64>,
     /// One line per variant whose run failed (its time is then missing).
     failed: Vec<String>,
 }
@@ -228,7 +228,7 @@ impl Variants {
             time_offset_us: self.offset,
             time_wide_tiles_us: self.wide_tiles,
             time_two_ctas_per_sm_us: self.two_ctas_per_sm,
-            time_hopper_us: self.hopper,
+            time_tile_kernel_us: self.tile_kernel,
             ..plain
         };
         (times, self.failed)
@@ -434,8 +434,11 @@ pub(crate) fn time_plan(
     fused: bool,
 ) -> Result<(f64, bool)> {
     let warm = backend.run(plan, 1, Family::Realistic, options).with_context(|| format!("warm-up of {}", plan.name))?;
-    let (expected, other) =
-        if fused { ("the persistent tile kernel", warm.gemms.cublas) } else { ("cuBLAS", warm.gemms.tile) };
+    let (expected, other) = if fused {
+        ("cmm's persistent kernels", warm.gemms.cublas)
+    } else {
+        ("cuBLAS", warm.gemms.tile + warm.gemms.hopper)
+    };
     if other > 0 {
         bail!("{}: GEMMs ran on {}; the bench times this plan on {expected} only", plan.name, warm.gemms.describe());
     }
@@ -522,11 +525,12 @@ fn variants(
     };
     let staggered = time(stagger, "staggered", CudaRunOptions { stagger: true, ..*options }, false);
     let offset = time(!fused, "offsets", CudaRunOptions { offset_starts: true, ..*options }, false);
-    let wide_tiles = time(fused, "wide tiles", CudaRunOptions { wide_tiles: true, ..*options }, true);
-    let two_ctas_per_sm = time(fused, "2 CTAs per SM", CudaRunOptions { fused_ctas_per_sm: 2, ..*options }, true);
-    let hopper =
-        time(fused && backend.has_hopper_engine(), "hopper", CudaRunOptions { hopper: true, ..*options }, true);
-    Variants { staggered, offset, wide_tiles, two_ctas_per_sm, hopper, failed }
+    // The tile kernels' variants run with the Hopper engine off (it would take their GEMMs).
+    let tiles = CudaRunOptions { hopper: false, ..*options };
+    let wide_tiles = time(fused, "wide tiles", CudaRunOptions { wide_tiles: true, ..tiles }, true);
+    let two_ctas_per_sm = time(fused, "2 CTAs per SM", CudaRunOptions { fused_ctas_per_sm: 2, ..tiles }, true);
+    let tile_kernel = time(fused && options.hopper && backend.has_hopper_engine(), "tile kernel", tiles, true);
+    Variants { staggered, offset, wide_tiles, two_ctas_per_sm, tile_kernel, failed }
 }
 
 /// Σ over the plan's GEMM ops of the cuBLAS time of the same GEMM alone (memoised per
@@ -824,9 +828,29 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     ))
                 };
                 let best = times.fastest_us();
-                // The engine of the fastest time: a fused plan's may be the Hopper engine's.
-                let engine =
-                    if fused && times.time_hopper_us == Some(best) { "Hopper engine (persistent)" } else { engine };
+                // The engine of the fastest time: a fused plan's plain time is the Hopper
+                // engine's where the GPU runs it, its variants the tile kernel's.
+                let engine = if fused && best == times.time_us && backend.has_hopper_engine() {
+                    "Hopper engine (persistent)"
+                } else {
+                    engine
+                };
+                // A fused plan beside its compute-only twin: the same GEMMs on the same
+                // engine, with nothing to wait for.
+                let compute_only = if fused {
+                    let twin = cmm_core::emulate::compute_only(&plan);
+                    match time_plan(&backend, &twin, &run_options, reps, fused) {
+                        Ok((us, _)) => Some(us),
+                        Err(e) => {
+                            let line = format!("variant failed: {} compute only: {e:#}", plan.name);
+                            println!("{line}");
+                            failed.push(line);
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
                 failed.extend(without_failed);
                 let specs = gemm_specs(&plan);
                 let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;
@@ -848,10 +872,11 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     if gated { "" } else { "  (ungated: includes enqueueing)" },
                     if fused {
                         format!(
-                            "  (persistent tile kernel, not cuBLAS; 128×128 tiles: {}; 2 CTAs per SM: {}; Hopper engine: {})",
+                            "  ({engine}, not cuBLAS; compute-only twin: {}; tile kernel: {}; 128×128 tiles: {}; 2 CTAs per SM: {})",
+                            compute_only.map_or("-".into(), |w| format!("{w:.1} µs")),
+                            times.time_tile_kernel_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_wide_tiles_us.map_or("-".into(), |w| format!("{w:.1} µs")),
-                            times.time_two_ctas_per_sm_us.map_or("-".into(), |w| format!("{w:.1} µs")),
-                            times.time_hopper_us.map_or("-".into(), |w| format!("{w:.1} µs"))
+                            times.time_two_ctas_per_sm_us.map_or("-".into(), |w| format!("{w:.1} µs"))
                         )
                     } else {
                         String::new()
@@ -866,6 +891,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                         speedup_over_baseline: baseline_us / best,
                         tflops,
                         gemm_engine: engine.into(),
+                        compute_only_us: compute_only,
                     },
                     gated,
                     time_without_comm_priority_us: without,
@@ -1003,6 +1029,7 @@ mod tests {
                 speedup_over_baseline: baseline_us / time_us,
                 tflops: 0.0,
                 gemm_engine: "cuBLAS".into(),
+                compute_only_us: None,
             },
             gated: true,
             time_without_comm_priority_us: None,
