@@ -46,6 +46,8 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+
 #include <cstdlib>
 #include <condition_variable>
 #include <deque>
@@ -146,7 +148,13 @@ struct Function {
     ParamSizes params;
     u32 mode;
     std::atomic<bool> loaded{false};  // under lazy loading, its first launch loads it
+    std::atomic<int> max_dynamic_shared{0};  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 };
+
+// An sm_90 CTA's shared memory: 48 KiB unasked, 227 KiB after cuFuncSetAttribute.
+constexpr int DEFAULT_SHARED = 49152, OPT_IN_SHARED = 232448;
+
+inline int shared_limit(const Function* f) { return std::max(DEFAULT_SHARED, f->max_dynamic_shared.load()); }
 
 // One lock for the tables; queues have their own. The tables are never destroyed: the
 // workers are detached threads, and one may still be running a kernel of a lost context
@@ -899,6 +907,10 @@ CUresult cuFuncSetAttribute(Function* f, int attribute, int value) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     if (f == nullptr) return INVALID_HANDLE;
     if (attribute == 9 && (value < -1 || value > 100)) return INVALID_VALUE;
+    if (attribute == 8) {  // MAX_DYNAMIC_SHARED_SIZE_BYTES
+        if (value < 0 || value > OPT_IN_SHARED) return INVALID_VALUE;
+        f->max_dynamic_shared.store(value);
+    }
     return SUCCESS;
 }
 
@@ -910,8 +922,10 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, Funct
                                                              size_t dynamic_smem, unsigned flags) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     if (f == nullptr || blocks == nullptr) return INVALID_HANDLE;
-    if (block_size <= 0 || block_size > 1024 || dynamic_smem > 49152 || flags > 1) return INVALID_VALUE;
-    const int h100 = f->name.find("_wide_") != std::string::npos ? 1
+    if (block_size <= 0 || block_size > 1024 || dynamic_smem > (size_t)shared_limit(f) || flags > 1) {
+        return INVALID_VALUE;
+    }
+    const int h100 = f->name.find("_wide_") != std::string::npos || f->name.find("hopper") != std::string::npos ? 1
                      : f->name.find("simt") != std::string::npos ? 2
                                                                   : 3;
     *blocks = env_int("CMM_FAKE_CUDA_OCCUPANCY", h100, 1, 32);
@@ -927,7 +941,7 @@ static CUresult fake_launch(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by,
     if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) return INVALID_VALUE;
     if (gy > 65535 || gz > 65535 || gx > 2147483647u || bz > 64 || bx > 1024 || by > 1024) return INVALID_VALUE;
     if ((u64)bx * by * bz > 1024) return INVALID_VALUE;
-    if (shared > 49152) return INVALID_VALUE;
+    if ((int)shared > shared_limit(f)) return INVALID_VALUE;
     // The driver reads every parameter at the call: copy them now.
     u64 sizes[32];
     u32 count = f->params(sizes, 32);
@@ -1000,6 +1014,43 @@ struct LaunchConfig {
 
 // Takes the launch attribute cmm uses, a priority within the context's range, and
 // refuses the others (this driver does not model them).
+// A TMA tensor map in the host twin's encoding (cmm-cuda launch.rs `host_tensor_map`,
+// read by host/hopper.h), for what the Hopper engine asks: two dimensions of f16 or
+// bf16 (CU_TENSOR_MAP_DATA_TYPE_FLOAT16 6, BFLOAT16 9), the 128-byte swizzle (3), no
+// interleave, element strides 1, zeros past the edges; the driver's own checks of those
+// (16-byte aligned base and stride, boxes of at most 256 with a first dimension of at
+// most the swizzle span) are made, and the tensor must lie in one allocation.
+CUresult cuTensorMapEncodeTiled(u64* map, int dtype, u32 rank, void* base, const u64* dims, const u64* strides,
+                                const u32* box, const u32* element_strides, int interleave, int swizzle,
+                                int promotion, int fill) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    (void)promotion;
+    if (map == nullptr || base == nullptr || dims == nullptr || strides == nullptr || box == nullptr ||
+        element_strides == nullptr) {
+        return INVALID_VALUE;
+    }
+    if (rank != 2 || (dtype != 6 && dtype != 9) || interleave != 0 || swizzle != 3 || fill != 0) return NOT_SUPPORTED;
+    const u64 at = (u64)base;
+    if (at % 16 != 0 || strides[0] % 16 != 0 || strides[0] >= (1ull << 40)) return INVALID_VALUE;
+    for (int i = 0; i < 2; ++i) {
+        if (dims[i] == 0 || dims[i] > (1ull << 32) || box[i] == 0 || box[i] > 256 || element_strides[i] != 1) {
+            return INVALID_VALUE;
+        }
+    }
+    if (box[0] * 2 > 128) return INVALID_VALUE;
+    if (!inside(at, (dims[1] - 1) * strides[0] + dims[0] * 2)) return INVALID_VALUE;
+    for (int i = 0; i < 16; ++i) map[i] = 0;
+    map[0] = at;
+    map[1] = dims[0];
+    map[2] = dims[1];
+    map[3] = strides[0];
+    map[4] = (u64)box[0] | ((u64)box[1] << 32);
+    map[5] = dtype == 6 ? 1 : 2;
+    map[6] = 128;
+    map[15] = 0x636d6d5f746d6170ull;  // "cmm_tmap"
+    return SUCCESS;
+}
+
 CUresult cuLaunchKernelEx(const LaunchConfig* config, Function* f, void** params, void** extra) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     if (config == nullptr || (config->attr_count > 0 && config->attrs == nullptr)) return INVALID_VALUE;

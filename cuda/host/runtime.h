@@ -86,7 +86,15 @@ inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_
 inline u32 atomicAdd(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline u32 atomicExch(u32* p, u32 v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 
-inline u32 cmm_load_acquire(u64 addr) { return __atomic_load_n((const u32*)addr, __ATOMIC_ACQUIRE); }
+namespace cmm_host {
+inline void note_acquire();
+}
+
+inline u32 cmm_load_acquire(u64 addr) {
+    const u32 v = __atomic_load_n((const u32*)addr, __ATOMIC_ACQUIRE);
+    cmm_host::note_acquire();
+    return v;
+}
 
 inline u64 cmm_globaltimer_ns() {
     timespec t;
@@ -99,9 +107,12 @@ inline void cmm_store_release_gpu(u64 addr, u32 value) { __atomic_store_n((u32*)
 
 namespace cmm_host {
 
-// Barrier kinds: a block-wide __syncthreads, or a warp collective (every call site of
-// one in the kernels is reached by all threads of the block together).
-enum Barrier { SYNCTHREADS = 1, WARP_COLLECTIVE = 2 };
+// What a fiber waits for: a block-wide __syncthreads, a warp collective (every call site
+// of one in the kernels is reached by all threads of the block together), nothing but
+// its turn (YIELD: a spin on an mbarrier, host/hopper.h), or named barrier `NAMED + id`
+// (bar.sync id, count: released once `count` threads wait at it).
+enum Barrier { SYNCTHREADS = 1, WARP_COLLECTIVE = 2, YIELD = 3, NAMED = 16 };
+constexpr u32 NAMED_BARRIERS = 16;
 
 // A cp.async copy the thread has issued and that has not landed yet (host/mma.h).
 struct AsyncCopy {
@@ -168,6 +179,10 @@ struct Fiber {
     dim3 thread;
     int waiting;  // 0: running or runnable, else the Barrier it waits at
     bool done;
+    bool runnable;  // resumed in the scheduler's next round
+    // An acquire load since this thread's last fence.proxy.async (host/hopper.h: a TMA
+    // copy must not follow one unfenced).
+    bool acquired;
     std::vector<AsyncCopy> in_flight;  // oldest first
     u32 committed;                     // groups committed so far
 };
@@ -193,6 +208,11 @@ struct Block {
     Fiber* current = nullptr;
     void (*body)(void*) = nullptr;
     void* closure = nullptr;
+    // Bumped by whatever lets a spinning thread go on (an mbarrier's arrive, a copy's
+    // bytes): a round of the scheduler in which every thread only spun, with no
+    // progress, is a deadlock.
+    u64 progress = 0;
+    u32 named_count[NAMED_BARRIERS] = {};  // threads a named barrier waits for
 };
 
 static thread_local Block* running_block = nullptr;
@@ -286,6 +306,35 @@ inline void barrier(Barrier kind) {
     fiber_switch(me->context, block->scheduler);
 }
 
+// Lets the block's other threads run (a thread whose spin found nothing yet).
+inline void yield_thread() {
+    Block* block = running_block;
+    if (block == nullptr) {
+        fail("a spin on shared memory in a kernel launched without fibers");
+        return;
+    }
+    Fiber* me = block->current;
+    me->waiting = YIELD;
+    fiber_switch(me->context, block->scheduler);
+}
+
+// bar.sync id, threads: waits until `threads` threads of the block wait at barrier `id`.
+inline void named_barrier(u32 id, u32 threads) {
+    Block* block = running_block;
+    if (block == nullptr || id >= NAMED_BARRIERS || threads == 0 || threads % 32 != 0) {
+        fail("a named barrier outside fibers, past barrier 15, or of a thread count that is not a multiple of 32");
+        return;
+    }
+    if (block->named_count[id] != 0 && block->named_count[id] != threads) {
+        fail("named barrier divergence: threads wait at one barrier with different thread counts");
+        return;
+    }
+    block->named_count[id] = threads;
+    Fiber* me = block->current;
+    me->waiting = NAMED + (int)id;
+    fiber_switch(me->context, block->scheduler);
+}
+
 inline void fiber_main() {
     Block* block = running_block;
     block->body(block->closure);
@@ -348,35 +397,86 @@ inline void run_block_fibers(u32 threads, void (*body)(void*), void* closure) {
         fiber_start(f, block.stacks.get() + t * FIBER_STACK, block.scheduler);
     }
     running_block = &block;
+    block.progress = 0;
+    for (u32& n : block.named_count) n = 0;
+    for (Fiber& f : block.fibers) f.runnable = true;
+    bool spun_without_progress = false;  // the last round ran only spins and changed nothing
     for (;;) {
+        const u64 before = block.progress;
+        bool only_spins = true;
         for (Fiber& f : block.fibers) {
-            if (f.done) continue;
+            if (f.done || !f.runnable) continue;
+            f.runnable = false;
             f.waiting = 0;
             threadIdx = f.thread;
             block.current = &f;
             fiber_switch(block.scheduler, f.context);
+            if (f.done || f.waiting != YIELD) only_spins = false;
         }
-        int kind = 0;
-        bool some_done = false, some_waiting = false, mixed = false;
+        if (thread_error != nullptr) break;
+        // Who runs next: threads that spun; every thread, at a block-wide barrier they
+        // all reached; the threads of a named barrier with its count reached.
+        u32 live = 0, spinning = 0, at[NAMED + NAMED_BARRIERS] = {};
+        bool some_done = false;
         for (const Fiber& f : block.fibers) {
             if (f.done) {
                 some_done = true;
-            } else {
-                some_waiting = true;
-                if (kind != 0 && kind != f.waiting) mixed = true;
-                kind = f.waiting;
+                continue;
+            }
+            live += 1;
+            if (f.waiting == YIELD) spinning += 1;
+            if (f.waiting > 0 && f.waiting < NAMED + (int)NAMED_BARRIERS) at[f.waiting] += 1;
+        }
+        if (live == 0) break;
+        for (Fiber& f : block.fibers) {
+            if (!f.done && f.waiting == YIELD) f.runnable = true;
+        }
+        bool released = false;
+        for (int kind : {(int)SYNCTHREADS, (int)WARP_COLLECTIVE}) {
+            if (at[kind] == 0) continue;
+            if (at[kind] == live) {
+                if (some_done) {
+                    fail("barrier divergence: threads of a block exited while others wait at a barrier");
+                    break;
+                }
+                for (Fiber& f : block.fibers) f.runnable = !f.done;
+                if (kind == SYNCTHREADS) block.epoch += 1;
+                released = true;
+            } else if (spinning == 0) {
+                fail(some_done ? "barrier divergence: threads of a block exited while others wait at a barrier"
+                               : "barrier divergence: threads of a block wait at different barriers");
+                break;
             }
         }
-        if (!some_waiting) break;
-        if (some_done) {
-            fail("barrier divergence: threads of a block exited while others wait at a barrier");
+        if (thread_error != nullptr) break;
+        for (u32 id = 0; id < NAMED_BARRIERS; ++id) {
+            const u32 count = block.named_count[id];
+            if (count == 0 || at[NAMED + id] < count) continue;
+            if (at[NAMED + id] > count) {
+                fail("named barrier: more threads wait at it than it counts");
+                break;
+            }
+            for (Fiber& f : block.fibers) {
+                if (!f.done && f.waiting == NAMED + (int)id) f.runnable = true;
+            }
+            block.named_count[id] = 0;
+            block.progress += 1;
+            released = true;
+        }
+        if (thread_error != nullptr) break;
+        if (!released && spinning == 0) {
+            fail("deadlock: every live thread of the block waits at a named barrier that too few threads reach");
             break;
         }
-        if (mixed) {
-            fail("barrier divergence: threads of a block wait at different barriers");
+        // Two rounds of nothing but spins with no progress between: nothing any thread of
+        // the block can do will complete what they wait for.
+        const bool stalled = only_spins && !released && block.progress == before;
+        if (stalled && spun_without_progress) {
+            fail("deadlock: every live thread of the block spins on an mbarrier phase that no thread can complete "
+                 "(a missing arrive, too many expected bytes, or a wait for the wrong parity)");
             break;
         }
-        if (kind == SYNCTHREADS) block.epoch += 1;
+        spun_without_progress = stalled;
     }
     running_block = nullptr;
 }
@@ -461,6 +561,14 @@ inline u32 param_sizes(void (*)(P...), u64* sizes, u32 capacity) {
 }  // namespace cmm_host
 
 inline void __syncthreads() { cmm_host::barrier(cmm_host::SYNCTHREADS); }
+
+namespace cmm_host {
+// An acquire by the running thread (of a block with fibers): a TMA copy it issues next
+// needs a fence.proxy.async first (host/hopper.h).
+inline void note_acquire() {
+    if (running_block != nullptr && running_block->current != nullptr) running_block->current->acquired = true;
+}
+}  // namespace cmm_host
 
 inline void __nanosleep(u32 ns) {
     timespec t{0, (long)ns};

@@ -33,8 +33,8 @@
 // - No wait can hang the GPU: an mbarrier wait that outlasts the run's wait deadline
 //   (twice it, plus a second) traps, which the host reports as a lost context.
 //
-// The host twin (cuda/host/runtime.h) emulates none of this yet; lowering picks the
-// engine only on a GPU of compute capability 9.0.
+// The host twin (cuda/host/hopper.h) runs the same code with its own mbarriers, TMA
+// copies and wgmma, which check what the GPU leaves undefined.
 
 // An opaque TMA descriptor, encoded on the host (`cuTensorMapEncodeTiled`). Mirror:
 // `TensorMap` in cuda/src/launch.rs.
@@ -285,12 +285,28 @@ __device__ __forceinline__ u32 cmm_pack_bf16x2(float lo, float hi) {
     return r;
 }
 
+// The shared address of the dynamic shared memory.
+__device__ __forceinline__ u32 cmm_dynamic_smem() {
+    extern __shared__ __align__(1024) unsigned char cmm_hopper_smem[];
+    return cmm_smem_addr(cmm_hopper_smem);
+}
+
+__device__ __forceinline__ void cmm_trap() { asm volatile("trap;"); }
+
+// A plain load that orders nothing (the failed word: it gates no data).
+__device__ __forceinline__ u32 cmm_load_relaxed(u64 addr) {
+    u32 v;
+    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(addr) : "memory");
+    return v;
+}
+#endif  // CMM_HOST (the host twin's are in cuda/host/hopper.h)
+
 // Waits for the phase of parity `parity` of `bar`; traps once `limit_ns` has passed.
 __device__ __forceinline__ void cmm_mbar_wait(u32 bar, u32 parity, u64 limit_ns) {
     if (cmm_mbar_try_wait(bar, parity)) return;
     const u64 start = cmm_globaltimer_ns();
     while (!cmm_mbar_try_wait(bar, parity)) {
-        if (cmm_globaltimer_ns() - start > limit_ns) asm volatile("trap;");
+        if (cmm_globaltimer_ns() - start > limit_ns) cmm_trap();
     }
 }
 
@@ -341,7 +357,7 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
         // multiplied (the consumers cannot leave a wgmma loop early without the compiler
         // serialising every wgmma), but no further wait is made and no block released.
         if (control != nullptr && ok) {
-            ok = cmm_load_acquire((u64)&control[2]) == 0u;
+            ok = cmm_load_relaxed((u64)&control[2]) == 0u;
             const u32 end = table[block].waits_end;
             if (ok && checked < end) {
                 for (; checked < end && ok; ++checked) {
@@ -486,7 +502,7 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
                 cmm_fence_acq_rel_sys();
                 if (atomicAdd(&control[3u + block], 1u) + 1u == end - blk.first_tile) {
                     if (cmm_spin_at_least((u64)&control[1], block, p.abort, p.timeout_ns, 0ull) &&
-                        cmm_load_acquire((u64)&control[2]) == 0u) {
+                        cmm_load_relaxed((u64)&control[2]) == 0u) {
                         cmm_fence_acq_rel_sys();
                         for (u32 s = blk.signals_begin; s < blk.signals_end; ++s) {
                             cmm_red_release_add(signals[s].sem, signals[s].value);
@@ -503,9 +519,8 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
 
 template <class S, bool BF16>
 __device__ void cmm_hopper_gemm(const CmmHopperArgs& p) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(1024) unsigned char cmm_hopper_smem[];
-    const u32 smem = (cmm_smem_addr(cmm_hopper_smem) + 1023u) & ~1023u;
+#if defined(CMM_HOST) || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+    const u32 smem = (cmm_dynamic_smem() + 1023u) & ~1023u;
     const u32 bars = smem + S::BARRIERS;
     const CmmHopperBlock* table = p.blocks != 0ull ? (const CmmHopperBlock*)p.blocks : &p.first;
     // No barrier wait outlasts the producer's fused waits by much: past this, a bug.
@@ -534,7 +549,7 @@ __device__ void cmm_hopper_gemm(const CmmHopperArgs& p) {
         }
     }
 #else
-    asm volatile("trap;");
+    cmm_trap();
 #endif
 }
 
@@ -542,28 +557,22 @@ __device__ void cmm_hopper_gemm(const CmmHopperArgs& p) {
 using CmmHopperWide = CmmHopperShape<256, 4>;
 using CmmHopperNarrow = CmmHopperShape<128, 6>;
 
-#define CMM_HOPPER_BODY(shape, bf16) cmm_hopper_gemm<shape, bf16>(p)
-#else
-// The host twin has no Hopper engine yet: lowering never picks it there.
-#define CMM_HOPPER_BODY(shape, bf16) cmm_host::fail("the host twin has no Hopper GEMM engine")
-#endif
-
 extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)
     cmm_hopper_gemm_f16_n256(const __grid_constant__ CmmHopperArgs p) {
-    CMM_HOPPER_BODY(CmmHopperWide, false);
+    cmm_hopper_gemm<CmmHopperWide, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)
     cmm_hopper_gemm_bf16_n256(const __grid_constant__ CmmHopperArgs p) {
-    CMM_HOPPER_BODY(CmmHopperWide, true);
+    cmm_hopper_gemm<CmmHopperWide, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)
     cmm_hopper_gemm_f16_n128(const __grid_constant__ CmmHopperArgs p) {
-    CMM_HOPPER_BODY(CmmHopperNarrow, false);
+    cmm_hopper_gemm<CmmHopperNarrow, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)
     cmm_hopper_gemm_bf16_n128(const __grid_constant__ CmmHopperArgs p) {
-    CMM_HOPPER_BODY(CmmHopperNarrow, true);
+    cmm_hopper_gemm<CmmHopperNarrow, true>(p);
 }

@@ -493,8 +493,8 @@ impl CudaBackend {
         let sms = first
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| CudaError::driver("reading the SM count", e))?;
-        // The fake driver runs kernels on the host twin, which has no Hopper engine.
-        let hopper_sms = (major == 9 && !crate::fake::requested()).then_some(sms.max(1) as u32);
+        // (The fake driver runs the engine's kernels on the host twin.)
+        let hopper_sms = (major == 9).then_some(sms.max(1) as u32);
         drop(first);
         let eager_loading = module_loading_is_eager()?;
         let ptx: Vec<(String, Ptx)> = KERNEL_FILES
@@ -515,11 +515,6 @@ impl CudaBackend {
             priority,
             hopper_sms,
         })
-    }
-
-    /// Whether GPU 0 runs the Hopper engine (compute capability 9.0, a real driver).
-    pub fn has_hopper_engine(&self) -> bool {
-        self.hopper_sms.is_some()
     }
 
     /// Whether runs can hold their lanes behind the gate ([`CudaRunOptions::gate`]).
@@ -688,6 +683,11 @@ pub struct GemmChoice {
 impl CudaExecutor for CudaBackend {
     fn describe(&self) -> String {
         format!("cuda on {}", self.summary())
+    }
+
+    /// GPU 0 runs the Hopper engine (compute capability 9.0).
+    fn has_hopper_engine(&self) -> bool {
+        self.hopper_sms.is_some()
     }
 
     fn run(

@@ -37,11 +37,19 @@ use crate::CudaExecutor;
 
 pub(crate) const RUNTIME: &str = include_str!("../host/runtime.h");
 const MMA: &str = include_str!("../host/mma.h");
+const HOPPER: &str = include_str!("../host/hopper.h");
 pub(crate) const COMMON: &str = include_str!("../kernels/common.cuh");
 
 /// Blocks of a tile-granular GEMM on the host: several, so that the tile scheduler, the
 /// per-block counters and the ordered release really run concurrently.
 const HOST_FUSED_CTAS: u32 = 3;
+
+/// The Hopper engine as the host twin runs it: a persistent grid of [`HOST_FUSED_CTAS`]
+/// CTAs, where the run asks for the engine.
+fn host_hopper(options: &CudaRunOptions) -> Option<crate::lower::HopperTarget> {
+    (options.hopper || options.gemm == crate::GemmEngine::Hopper)
+        .then_some(crate::lower::HopperTarget { sms: HOST_FUSED_CTAS, tile: options.hopper_tile })
+}
 
 /// The compiler flags: no contraction of multiplies and adds, as the bit-exact kernels
 /// assume of their host twins. `-Bsymbolic`: the host twin and the fake driver each hold
@@ -57,9 +65,10 @@ type Entry = unsafe extern "C" fn(*const u32, *const u32, u32, *mut *mut std::ff
 /// The one C++ translation unit: runtime, common helpers, mma twin, every kernel file,
 /// then one exported launcher per entry point.
 pub fn host_source() -> String {
-    let mut src = format!("{RUNTIME}\n// ---- common.cuh ----\n{COMMON}\n{MMA}\n");
+    let mut src = format!("{RUNTIME}\n// ---- common.cuh ----\n{COMMON}\n{MMA}\n{HOPPER}\n");
     for file in KERNEL_FILES {
-        src.push_str(&format!("// ---- {} ----\n{}\n", file.name, file.source));
+        // The twins' messages name the kernel file's own lines.
+        src.push_str(&format!("// ---- {} ----\n#line 1 \"{}\"\n{}\n", file.name, file.name, file.source));
     }
     src.push_str("// ---- launchers ----\n");
     for kernel in Kernel::ALL {
@@ -437,7 +446,7 @@ impl HostTwin {
         family: Family,
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError> {
-        let lowered = prepare_in_order(plan, seed, options, false, None, Some((order, check_queues)))?;
+        let lowered = prepare_in_order(plan, seed, options, false, host_hopper(options), Some((order, check_queues)))?;
         self.run_lowered(plan, &lowered, seed, family, options)
     }
 
@@ -450,6 +459,11 @@ impl HostTwin {
 impl CudaExecutor for HostTwin {
     fn describe(&self) -> String {
         self.summary()
+    }
+
+    /// The twin runs the Hopper engine's kernels (host/hopper.h).
+    fn has_hopper_engine(&self) -> bool {
+        true
     }
 
     /// Runs `plan` as the CUDA backend would (placement and cuBLAS aside: GEMMs run on
@@ -475,7 +489,7 @@ impl CudaExecutor for HostTwin {
         }
         let offset = crate::backend::emulated(plan, options)?;
         let plan = offset.as_ref().unwrap_or(plan);
-        let lowered = prepare(plan, seed, options, false, None)?;
+        let lowered = prepare(plan, seed, options, false, host_hopper(options))?;
         let mut out = self.run_lowered(plan, &lowered, seed, family, options)?;
         out.offset_starts = offset.is_some();
         Ok(out)
@@ -565,11 +579,10 @@ type Table = Box<[AtomicU64]>;
 
 /// Every submission with its stream, in enqueue order, and the fused GEMMs' tables they
 /// point into.
-fn stream_work(
-    lowered: &Lowered,
-    memory: &HostMemory,
-    words: &RunWords,
-) -> Result<(Vec<(usize, Submission)>, Vec<Table>), CudaError> {
+/// Every submission with the index of its stream, and the fused GEMMs' tables.
+type StreamWork = (Vec<(usize, Submission)>, Vec<Table>);
+
+fn stream_work(lowered: &Lowered, memory: &HostMemory, words: &RunWords) -> Result<StreamWork, CudaError> {
     let mut tables: Vec<Table> = Vec::new();
     let mut ordered: Vec<(usize, Submission)> = Vec::new();
     for step in &lowered.steps {
@@ -902,6 +915,145 @@ mod tests {
             let broken = load_from(variant, "cmm-host-hazard").unwrap_or_else(|e| panic!("{e}"));
             let e = broken.launch(&launch(trans_b, wide, &mut c)).unwrap_err();
             assert!(e.to_string().contains(hazard), "wide tiles: {wide}: {e}");
+        }
+    }
+
+    /// The line of hopper.cu (1-based) of `text`'s first occurrence once the producer's
+    /// fence (a line before it) is removed, as the broken variant numbers it.
+    fn hopper_source_line(text: &str) -> usize {
+        let source = crate::KERNEL_FILES.iter().find(|f| f.name == "hopper.cu").unwrap().source;
+        let fence = source.lines().position(|l| l.trim() == "cmm_fence_proxy_async_global();").unwrap();
+        let load = source.lines().position(|l| l.trim() == text).unwrap();
+        assert!(fence < load, "the fence comes before the loads");
+        load // 1-based line of the load, less the removed fence line
+    }
+
+    /// Host memory for a hand-made Hopper launch: buffer `b` of device 0 starts at
+    /// `bases[b]`, semaphores at `sems`.
+    struct TestMemory {
+        bases: Vec<u64>,
+        sems: u64,
+    }
+
+    impl Addressing for TestMemory {
+        fn addr(&self, l: &Loc) -> u64 {
+            self.bases[l.buffer] + l.offset
+        }
+        fn sem(&self, _device: usize, sem: usize) -> u64 {
+            self.sems + 4 * sem as u64
+        }
+        fn tensor_map(&self, spec: &TensorMapSpec) -> Result<TensorMap, CudaError> {
+            Ok(host_tensor_map(spec))
+        }
+    }
+
+    /// The twin of the Hopper engine must not hide the bugs it exists to find: the kernel
+    /// as written computes the product (B N-major and K-major, both tiles); a descriptor
+    /// with the wrong swizzle mode or the wrong stride byte offset computes something
+    /// else; a stage announced without its bytes (no expect-tx) is read before its copy is
+    /// published, and a TMA load after an acquire without `fence.proxy.async` is refused,
+    /// each an error naming what went wrong.
+    #[test]
+    fn the_hopper_twin_finds_wrong_descriptors_missing_expect_tx_and_missing_proxy_fences() {
+        use crate::lower::{GemmCommand, GemmImpl, HopperTile};
+        let (m, k) = (128usize, 128usize);
+        let halves = |len: usize, seed: usize| -> Vec<u16> {
+            (0..len).map(|i| cmm_core::DType::Bf16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
+        };
+        let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
+        let run =
+            |kernels: &HostKernels, tile: HopperTile, trans_b: bool, tweak: &dyn Fn(&mut crate::launch::HopperArgs)| {
+                let n = tile.columns();
+                let a = halves(m * k, 1);
+                let b = halves(k * n, 3);
+                let mut c = vec![0f32; m * n];
+                // One wait, already satisfied: the producer acquires before its first loads.
+                let sems = [1u32; 1];
+                let mut control = [0u32; 4];
+                let memory = TestMemory {
+                    bases: vec![a.as_ptr() as u64, b.as_ptr() as u64, c.as_mut_ptr() as u64],
+                    sems: sems.as_ptr() as u64,
+                };
+                let loc = |buffer| Loc { device: 0, buffer, offset: 0 };
+                let g = GemmCommand {
+                    a: loc(0),
+                    b: loc(1),
+                    c: loc(2),
+                    strides: [k as u64, if trans_b { k } else { n } as u64, n as u64],
+                    mnk: [m as u32, n as u32, k as u32],
+                    dtypes: [cmm_core::DType::Bf16, cmm_core::DType::Bf16, cmm_core::DType::F32],
+                    trans_a: false,
+                    trans_b,
+                    accumulate: false,
+                    imp: GemmImpl::Hopper { tile, ctas: 1 },
+                };
+                let mut args = crate::launch::hopper_args(&memory, &g, tile).unwrap();
+                // CmmHopperSync: the semaphore's address, then the value 1 (and padding).
+                let waits = [memory.sem(0, 0), 1u64];
+                let mut status = [0u32; 2];
+                let abort = 0u32;
+                args.waits = waits.as_ptr() as u64;
+                args.control = control.as_mut_ptr() as u64;
+                args.status = status.as_mut_ptr() as u64;
+                args.abort = &abort as *const u32 as u64;
+                args.first.waits_end = 1;
+                tweak(&mut args);
+                let cfg =
+                    LaunchConfig { grid_dim: (1, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes: tile.shared_bytes() };
+                let kernel = crate::launch::hopper_kernel(tile, cmm_core::DType::Bf16);
+                let launched = kernels.launch(&Launch {
+                    kernel,
+                    cfg,
+                    params: vec![Param::Hopper(Box::new(args))],
+                    what: "a test gemm",
+                });
+                let b_at = |p: usize, j: usize| decode(if trans_b { b[j * k + p] } else { b[p * n + j] });
+                let want = |i: usize, j: usize| (0..k).map(|p| decode(a[i * k + p]) * b_at(p, j)).sum::<f32>();
+                launched.map(|()| (0..m).all(|i| (0..n).all(|j| c[i * n + j] == want(i, j))))
+            };
+        let plain: &dyn Fn(&mut crate::launch::HopperArgs) = &|_| {};
+        for tile in HopperTile::ALL {
+            for trans_b in [false, true] {
+                assert!(run(kernels(), tile, trans_b, plain).unwrap(), "{tile:?}, B transposed: {trans_b}");
+            }
+        }
+        // The 64-byte swizzle where the copies wrote the 128-byte one; eight rows 512 bytes
+        // apart where they are 1024.
+        let swizzle_64: &dyn Fn(&mut crate::launch::HopperArgs) =
+            &|a| a.desc_b = (a.desc_b & !(3u64 << 62)) | (2u64 << 62);
+        let stride_512: &dyn Fn(&mut crate::launch::HopperArgs) =
+            &|a| a.desc_a = (a.desc_a & !(0x3fffu64 << 32)) | (32u64 << 32);
+        // Either wrong numbers, or an error where the misread bytes belong to a stage whose
+        // copy the thread has not waited for.
+        for (what, tweak) in [("a 64-byte swizzle", swizzle_64), ("a 512-byte stride", stride_512)] {
+            for trans_b in [false, true] {
+                let outcome = run(kernels(), HopperTile::Narrow, trans_b, tweak);
+                assert!(!matches!(outcome, Ok(true)), "{what} went unnoticed (B transposed: {trans_b})");
+            }
+        }
+        let source = host_source();
+        let variant = |from: &str, to: &str| {
+            assert!(source.contains(from), "hopper.cu has changed: {from}");
+            source.replacen(from, to, 1)
+        };
+        let no_expect_tx = variant(
+            "cmm_mbar_arrive_expect_tx(full, CMM_HOPPER_A_BYTES + boxes * CMM_HOPPER_BK * 128u);",
+            "cmm_mbar_arrive(full);",
+        );
+        let no_fence = variant("                cmm_fence_proxy_async_global();\n", "");
+        // The fence's absence is named by the kernel file's line of the TMA load.
+        let load_line = hopper_source_line("cmm_tma_load_2d(sa, amap, k0, m0, full);");
+        for (source, hazard, place) in [
+            (no_expect_tx, "before its thread waited for the mbarrier phase that publishes the copy", String::new()),
+            (
+                no_fence,
+                "a TMA copy issued after an acquire with no fence.proxy.async",
+                format!("hopper.cu:{load_line}:"),
+            ),
+        ] {
+            let broken = load_from(&source, "cmm-host-hopper-hazard").unwrap_or_else(|e| panic!("{e}"));
+            let e = run(&broken, HopperTile::Narrow, false, plain).unwrap_err().to_string();
+            assert!(e.contains(hazard) && e.contains("cmm_hopper_gemm_bf16_n128") && e.contains(&place), "{e}");
         }
     }
 

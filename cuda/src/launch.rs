@@ -193,13 +193,14 @@ impl Kernel {
 }
 
 /// One kernel parameter, passed by value (cuLaunchKernelEx reads it through a pointer).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Param {
     U32(u32),
     U64(u64),
     Gemm(GemmArgs),
     Fused(FusedArgs),
-    Hopper(HopperArgs),
+    /// Boxed: 448 bytes with two tensor maps.
+    Hopper(Box<HopperArgs>),
     Reduce(ReduceInputs),
     Pointwise(PointwiseInputs),
     Attend(AttendArgs),
@@ -220,7 +221,7 @@ impl Param {
             Param::U64(v) => ptr(v),
             Param::Gemm(v) => ptr(v),
             Param::Fused(v) => ptr(v),
-            Param::Hopper(v) => ptr(v),
+            Param::Hopper(v) => ptr(&**v),
             Param::Reduce(v) => ptr(v),
             Param::Pointwise(v) => ptr(v),
             Param::Attend(v) => ptr(v),
@@ -438,7 +439,12 @@ pub(crate) fn gemm_submission(at: &impl Addressing, g: &GemmCommand) -> Result<S
                 shared_mem_bytes: tile.shared_bytes(),
             };
             let kernel = hopper_kernel(tile, g.dtypes[0]);
-            return Ok(Submission::Launch(Launch::new(kernel, cfg, vec![Param::Hopper(hopper)], "a hopper gemm")));
+            return Ok(Submission::Launch(Launch::new(
+                kernel,
+                cfg,
+                vec![Param::Hopper(Box::new(hopper))],
+                "a hopper gemm",
+            )));
         }
         GemmImpl::MmaF16 => (Kernel::GemmMmaF16, 128),
         GemmImpl::MmaBf16 => (Kernel::GemmMmaBf16, 128),
@@ -689,7 +695,7 @@ pub(crate) fn fused_launch(
         args.tiles = f.tiles;
         args.tiles_n = f.tiles_n;
         let cfg = LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes: tile.shared_bytes() };
-        return Ok(Launch::new(kernel, cfg, vec![Param::Hopper(args)], "a fused hopper gemm"));
+        return Ok(Launch::new(kernel, cfg, vec![Param::Hopper(Box::new(args))], "a fused hopper gemm"));
     }
     let args = FusedArgs {
         gemm: gemm_args(at, &f.gemm),

@@ -41,6 +41,11 @@ pub trait CudaExecutor {
         family: cmm_core::Family,
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError>;
+
+    /// Whether GEMMs can run on the Hopper engine here ([`CudaRunOptions::hopper`]).
+    fn has_hopper_engine(&self) -> bool {
+        false
+    }
 }
 
 /// The variable that turns every "no GPU here" skip of a GPU test into a failure.

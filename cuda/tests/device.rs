@@ -105,10 +105,12 @@ fn engines_match_the_cpu_twin(b: &impl CudaExecutor, has_cublas: bool, gated: bo
             let plan = build_plan(&p, Algorithm::Ring).unwrap();
             let out = assert_matches_twin(b, &plan, &CudaRunOptions { gemm: engine, ..Default::default() });
             let gemms = plan.ops().filter(|(_, op)| matches!(op, cmm_core::Op::Gemm { .. })).count();
+            // cmm's own kernels: the tile kernels, or the Hopper engine where it applies.
+            let own = out.gemms.tile + out.gemms.hopper;
             match engine {
-                GemmEngine::TileKernel => assert_eq!((out.gemms.tile, out.gemms.cublas), (gemms, 0)),
-                _ if has_cublas => assert_eq!((out.gemms.tile, out.gemms.cublas), (0, gemms)),
-                _ => assert_eq!((out.gemms.tile, out.gemms.cublas), (gemms, 0)),
+                GemmEngine::TileKernel => assert_eq!((own, out.gemms.cublas), (gemms, 0)),
+                _ if has_cublas => assert_eq!((own, out.gemms.cublas), (0, gemms)),
+                _ => assert_eq!((own, out.gemms.cublas), (gemms, 0)),
             }
             assert_eq!(out.gated, gated, "a small plan runs behind the gate on a GPU");
         }
@@ -228,9 +230,28 @@ fn tile_paths_match_the_cpu_twin(b: &impl CudaExecutor) {
             };
             p.push(0, lane, op);
             let plan = p.finish().unwrap();
-            let options = CudaRunOptions { gemm: GemmEngine::TileKernel, ..Default::default() };
-            let out = b.run(&plan, 3, Family::Exact, &options).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
             let twin = cmm_core::cpu::run(&plan, 3, Family::Exact).unwrap();
+            // The Hopper engine where the GPU runs it: bit for bit where TMA's rules hold
+            // (16-byte aligned A and B, row strides multiples of 8 halves), a typed refusal
+            // where they do not.
+            if b.has_hopper_engine() {
+                let b_stride = if c.trans_b { c.k } else { c.b_cols };
+                let eligible = c.a_col0 % 8 == 0 && c.b_col0 % 8 == 0 && a_cols % 8 == 0 && b_stride % 8 == 0;
+                let hopper = CudaRunOptions { gemm: GemmEngine::Hopper, ..Default::default() };
+                match b.run(&plan, 3, Family::Exact, &hopper) {
+                    Ok(out) if eligible => {
+                        assert_eq!(out.buffers[0][z.0], twin[0][z.0], "{} on the Hopper engine", plan.name);
+                        assert_eq!(out.gemms.hopper, 1, "{}", plan.name);
+                    }
+                    Err(CudaError::Unsupported { what, .. }) if !eligible => {
+                        assert!(what.contains("Hopper engine"), "{}: {what}", plan.name)
+                    }
+                    other => panic!("{}: eligible {eligible}, got {other:?}", plan.name),
+                }
+            }
+            // The tile kernels themselves (the Hopper engine would take what it can).
+            let options = CudaRunOptions { gemm: GemmEngine::TileKernel, hopper: false, ..Default::default() };
+            let out = b.run(&plan, 3, Family::Exact, &options).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
             assert_eq!(out.buffers[0][z.0], twin[0][z.0], "{}", plan.name);
             assert_eq!(out.gemms.tile, 1, "{}", plan.name);
             // The 128×128 tiles: pipelined on the same shapes, straight from global

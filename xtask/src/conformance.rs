@@ -10,7 +10,7 @@ use cmm_conformance::{
     cases_dir, check_report_path, load_corpus, run_corpus, write_report, Backend, CpuTwin, Cuda, Goldens, Options,
 };
 use cmm_core::DType;
-use cmm_cuda::{CudaBackend, CudaRunOptions, GemmEngine, HopperTile, HostTwin, SyncMode};
+use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, HopperTile, HostTwin, SyncMode};
 use cmm_reference::Reference;
 
 /// Where the corpus runs.
@@ -320,6 +320,14 @@ pub fn run(args: &Args) -> Result<()> {
         println!("GEMM engines over the run: {}", cuda.engines().describe());
         let corpus = load_corpus(&options.cases_dir).context("loading the corpus for the stamp")?;
         crate::cuda::write_stamp(&cuda.backend, args.sync, args.stamps.as_deref(), &corpus, &summary)?;
+        return finish(args, &summary);
+    }
+    if args.backend == BackendKind::CudaHost {
+        let host =
+            Cuda::new(HostTwin::new().context("cannot build the host twin of the CUDA kernels")?, args.cuda_options());
+        println!("adapter: none ({})", host.name());
+        let summary = run_corpus(&host, &options).context("conformance run")?;
+        println!("GEMM engines over the run: {}", host.engines().describe());
         return finish(args, &summary);
     }
     let backend = make_backend(args)?;

@@ -830,7 +830,10 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 let best = times.fastest_us();
                 // The engine of the fastest time: a fused plan's plain time is the Hopper
                 // engine's where the GPU runs it, its variants the tile kernel's.
-                let engine = if fused && best == times.time_us && backend.has_hopper_engine() {
+                let on_tile_kernel =
+                    [times.time_tile_kernel_us, times.time_wide_tiles_us, times.time_two_ctas_per_sm_us]
+                        .contains(&Some(best));
+                let engine = if fused && !on_tile_kernel && backend.has_hopper_engine() {
                     "Hopper engine (persistent)"
                 } else {
                     engine

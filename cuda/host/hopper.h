@@ -1,0 +1,344 @@
+// Host twins of the Hopper engine's instructions (cuda/kernels/hopper.cu), after
+// common.cuh and mma.h. The kernel's own code runs unchanged; what the GPU does in its
+// asynchronous units happens here in the calling thread, with the checks the GPU leaves
+// undefined:
+//
+// - Shared memory: a per-block buffer of an sm_90 CTA's largest dynamic shared memory;
+//   a shared address is an offset into it (the kernel's 1024-byte alignment holds).
+// - mbarriers (init, arrive, arrive.expect_tx, try_wait.parity): an arrival count and a
+//   transaction count per phase; a phase completes when both reach zero. A try_wait that
+//   finds its phase incomplete lets the block's other threads run; when every live
+//   thread only spins and nothing changes, the block is deadlocked (an error).
+// - TMA (cp.async.bulk.tensor.2d): the tensor map is the host twin's own encoding
+//   (cmm-cuda `host_tensor_map`, the fake driver's cuTensorMapEncodeTiled); the box is
+//   copied at once, the 128-byte swizzle applied to the shared address and zeros past
+//   the tensor's edges, and its bytes are counted on the barrier's current phase. Each
+//   16-byte chunk it writes is published by that phase's completion: a wgmma that reads a
+//   chunk whose publishing phase its thread has not waited for is an error (a missing or
+//   short expect-tx, or a consumer that skips its wait, reads what the GPU may not have
+//   landed yet). A TMA copy issued after an acquire without fence.proxy.async since is an
+//   error naming the kernel's line: the async proxy need not see what the acquire made
+//   visible to the generic one.
+// - wgmma (m64nNk16, f32 accumulate): each thread computes its own accumulators, laid out
+//   as the PTX ISA specifies (row 16·warp + lane/4 + 8·((i/2)%2), column 8·(i/4) +
+//   2·(lane%4) + i%2), from shared memory as the descriptors say: start address, leading
+//   and stride byte offsets, and the swizzle mode (none, 32, 64 or 128 bytes), for
+//   K-major and MN-major operands, per CUTLASS's canonical layouts. Products are summed
+//   in k order onto the accumulator.
+// - Named barriers (bar.sync id, n) are rendezvous of n threads; setmaxnreg, the wgmma
+//   fences and waits, and tensor-map prefetches do nothing here.
+
+struct CmmTensorMap;  // hopper.cu's; the twin reads it as CmmHostTensorMap
+
+namespace cmm_host {
+
+// An sm_90 CTA's largest dynamic shared memory.
+constexpr u32 HOPPER_SMEM_BYTES = 232448u;
+
+struct MBarrier {
+    u32 expected = 0;   // arrivals per phase
+    u32 pending = 0;    // arrivals the current phase still needs
+    long long tx = 0;   // transaction bytes the current phase still needs (may dip below 0)
+    u32 completed = 0;  // phases completed
+};
+
+// What the running block did with the Hopper engine's instructions.
+struct HopperBlock {
+    u64 serial = ~0ull;
+    std::unique_ptr<unsigned char[]> smem;
+    std::unordered_map<u32, MBarrier> bars;
+    // Per 16-byte chunk: 1 + the barrier offset whose phase publishes it (0: never
+    // written by TMA), and that phase's index.
+    std::vector<u32> chunk_bar, chunk_phase;
+    // Per thread: barrier → phases it has seen complete.
+    std::vector<std::unordered_map<u32, u32>> observed;
+};
+
+inline HopperBlock& hopper_block() {
+    static thread_local HopperBlock hb;
+    Block* block = running_block;
+    const u64 serial = block != nullptr ? block->serial : 0;
+    if (hb.serial != serial) {
+        hb.serial = serial;
+        if (!hb.smem) hb.smem.reset(new unsigned char[HOPPER_SMEM_BYTES]);
+        hb.bars.clear();
+        hb.chunk_bar.assign(HOPPER_SMEM_BYTES / 16u, 0u);
+        hb.chunk_phase.assign(HOPPER_SMEM_BYTES / 16u, 0u);
+        hb.observed.assign(block != nullptr ? block->fibers.size() : 1, {});
+    }
+    return hb;
+}
+
+inline Fiber* current_fiber() { return running_block != nullptr ? running_block->current : nullptr; }
+
+// The message of a check, with the kernel file's line (a fixed buffer per OS thread: the
+// error outlives the call).
+inline const char* at_line(const char* file, int line, const char* what) {
+    static thread_local char text[320];
+    // The first error stands (fail keeps it): never rewrite the text it points at.
+    if (thread_error == nullptr) std::snprintf(text, sizeof text, "%s:%d: %s", file, line, what);
+    return text;
+}
+
+inline bool smem_range(u32 addr, u32 bytes) {
+    if ((u64)addr + bytes > HOPPER_SMEM_BYTES) {
+        fail("a shared address past an sm_90 CTA's dynamic shared memory");
+        return false;
+    }
+    return true;
+}
+
+inline MBarrier* mbarrier(u32 bar) {
+    HopperBlock& hb = hopper_block();
+    auto it = hb.bars.find(bar);
+    if (bar % 8u != 0u || it == hb.bars.end()) {
+        fail("an mbarrier operation on a shared address no mbarrier.init set up (or not 8-byte aligned)");
+        return nullptr;
+    }
+    return &it->second;
+}
+
+inline void mbarrier_settle(MBarrier& b) {
+    if (b.pending == 0u && b.tx == 0) {
+        b.completed += 1u;
+        b.pending = b.expected;
+        b.tx = 0;
+    }
+    running_block->progress += 1;
+}
+
+inline void mbarrier_arrive(u32 bar, long long bytes) {
+    MBarrier* b = mbarrier(bar);
+    if (b == nullptr) return;
+    if (b->pending == 0u) {
+        fail("an mbarrier arrive past the count the barrier was initialised with");
+        return;
+    }
+    b->tx += bytes;
+    b->pending -= 1u;
+    mbarrier_settle(*b);
+}
+
+}  // namespace cmm_host
+
+inline void cmm_mbar_init(u32 bar, u32 count) {
+    if (!cmm_host::smem_range(bar, 8u)) return;
+    cmm_host::MBarrier b;
+    b.expected = b.pending = count;
+    cmm_host::hopper_block().bars[bar] = b;
+    cmm_host::running_block->progress += 1;
+}
+
+inline void cmm_mbar_init_fence() {}
+
+inline void cmm_mbar_arrive_expect_tx(u32 bar, u32 bytes) { cmm_host::mbarrier_arrive(bar, (long long)bytes); }
+
+inline void cmm_mbar_arrive(u32 bar) { cmm_host::mbarrier_arrive(bar, 0); }
+
+// Whether the latest phase of parity `parity` has completed; if not, the block's other
+// threads run before the caller tries again.
+inline bool cmm_mbar_try_wait(u32 bar, u32 parity) {
+    cmm_host::MBarrier* b = cmm_host::mbarrier(bar);
+    if (b == nullptr) return true;  // the error is recorded; let the thread run out
+    // The current (incomplete) phase has parity completed % 2: the latest phase of the
+    // other parity is complete (a fresh barrier's phase "-1" counts as complete).
+    if ((b->completed & 1u) != (parity & 1u)) {
+        // The phase seen: the latest completed one of this parity, if any.
+        if (b->completed > 0u) {
+            u32& seen = cmm_host::hopper_block().observed[cmm_host::linear_thread()][bar];
+            seen = std::max(seen, b->completed);
+        }
+        return true;
+    }
+    cmm_host::yield_thread();
+    return false;
+}
+
+// The host twin's tensor map (cmm-cuda launch.rs `host_tensor_map`).
+struct CmmHostTensorMap {
+    u64 base, dim0, dim1, stride, box, dtype, swizzle;
+    u64 unused[8];
+    u64 tag;
+};
+
+inline void cmm_tma_load_2d_at(const char* file, int line, u32 dst, const CmmTensorMap* map, u32 x, u32 y, u32 bar) {
+    using namespace cmm_host;
+    const CmmHostTensorMap* m = reinterpret_cast<const CmmHostTensorMap*>(map);
+    if (m->tag != 0x636d6d5f746d6170ull) {
+        fail(at_line(file, line, "a TMA copy through a tensor map the host twin did not encode"));
+        return;
+    }
+    Fiber* me = current_fiber();
+    if (me != nullptr && me->acquired) {
+        fail(at_line(file, line, "a TMA copy issued after an acquire with no fence.proxy.async between: the async "
+                           "proxy need not see the data the acquire made visible"));
+        return;
+    }
+    const u32 box0 = (u32)(m->box & 0xffffffffu), box1 = (u32)(m->box >> 32);
+    if (m->swizzle != 128u || box0 * 2u != 128u || dst % 1024u != 0u || box1 == 0u || box1 > 256u) {
+        fail(at_line(file, line, "a TMA copy the Hopper engine does not make: 128-byte swizzle, 64 16-bit elements "
+                           "per box row, up to 256 rows, into 1024-byte aligned shared memory"));
+        return;
+    }
+    const u32 bytes = box0 * box1 * 2u;
+    if (!smem_range(dst, bytes)) return;
+    MBarrier* b = mbarrier(bar);
+    if (b == nullptr) return;
+    HopperBlock& hb = hopper_block();
+    for (u32 r = 0; r < box1; ++r) {
+        for (u32 c = 0; c < box0; ++c) {
+            const u64 gx = (u64)x + c, gy = (u64)y + r;
+            u16 v = 0;
+            if (gx < m->dim0 && gy < m->dim1) v = *(const u16*)(m->base + gy * m->stride + gx * 2u);
+            u32 addr = dst + r * 128u + c * 2u;
+            addr ^= ((addr >> 7) & 7u) << 4;
+            std::memcpy(hb.smem.get() + addr, &v, 2);
+            hb.chunk_bar[addr / 16u] = bar + 1u;
+            hb.chunk_phase[addr / 16u] = b->completed;
+        }
+    }
+    running_block->progress += 1;
+    b->tx -= (long long)bytes;
+    mbarrier_settle(*b);
+}
+
+#define cmm_tma_load_2d(...) cmm_tma_load_2d_at(__FILE__, __LINE__, __VA_ARGS__)
+
+inline void cmm_tma_prefetch(const CmmTensorMap*) {}
+
+inline void cmm_fence_proxy_async_global() {
+    if (cmm_host::Fiber* me = cmm_host::current_fiber()) me->acquired = false;
+}
+
+inline void cmm_fence_acq_rel_sys() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+inline u32 cmm_load_relaxed(u64 addr) { return __atomic_load_n((const u32*)addr, __ATOMIC_RELAXED); }
+
+inline u32 cmm_dynamic_smem() {
+    cmm_host::hopper_block();
+    return 0u;
+}
+
+inline void cmm_trap() { cmm_host::fail("a Hopper-engine barrier wait outlasted its deadline (the GPU would trap)"); }
+
+template <u32 N>
+inline void cmm_setmaxnreg_dec() {}
+template <u32 N>
+inline void cmm_setmaxnreg_inc() {}
+
+inline void cmm_bar_sync(u32 id, u32 threads) { cmm_host::named_barrier(id, threads); }
+
+inline void cmm_wgmma_fence() {}
+inline void cmm_wgmma_commit() {}
+template <int N>
+inline void cmm_wgmma_wait() {}
+inline void cmm_pin(float&) {}
+
+inline u32 cmm_pack_f16x2(float lo, float hi) { return cmm_encode(lo, 1u) | (cmm_encode(hi, 1u) << 16); }
+inline u32 cmm_pack_bf16x2(float lo, float hi) { return cmm_encode(lo, 2u) | (cmm_encode(hi, 2u) << 16); }
+
+// __shfl_sync(mask, v, src) for a full warp: a rendezvous of the block (every call site
+// in the kernels is reached by all its threads together, as the warp collectives of
+// mma.h are).
+inline u32 __shfl_sync(u32 mask, u32 v, int src) {
+    static thread_local u32 staged[1024];
+    if (mask != 0xffffffffu || src < 0 || src > 31) {
+        cmm_host::fail("__shfl_sync of a partial warp or from a lane past 31");
+        return v;
+    }
+    const u32 me = cmm_host::linear_thread();
+    staged[me] = v;
+    cmm_host::barrier(cmm_host::WARP_COLLECTIVE);
+    const u32 got = staged[(me / 32u) * 32u + (u32)src];
+    cmm_host::barrier(cmm_host::WARP_COLLECTIVE);
+    return got;
+}
+
+namespace cmm_host {
+
+// The byte offset of element (mn, k) of a wgmma operand in shared memory, from its
+// descriptor: rows along M or N and K as the canonical layouts of each swizzle mode lay
+// them out (T = 8 16-bit elements, one 16-byte unit), then the swizzle.
+inline u32 operand_offset(u64 desc, bool mn_major, u32 mn, u32 k) {
+    const u32 start = (u32)(desc & 0x3fffu) << 4;
+    const u32 lbo = (u32)((desc >> 16) & 0x3fffu) << 4;
+    const u32 sbo = (u32)((desc >> 32) & 0x3fffu) << 4;
+    const u32 mode = (u32)(desc >> 62);  // 0 none, 1: 128 B, 2: 64 B, 3: 32 B
+    const u32 span = mode == 1u ? 128u : mode == 2u ? 64u : mode == 3u ? 32u : 16u;  // bytes of a row
+    u32 off;
+    if (!mn_major) {
+        // ((8, m), (T, 2k)): eight rows of `span` bytes, groups of eight SBO apart; K runs
+        // along the row (without swizzle: 16-byte units LBO apart).
+        off = (mn % 8u) * span + (mn / 8u) * sbo;
+        off += mode == 0u ? (k % 8u) * 2u + (k / 8u) * lbo : k * 2u;
+    } else {
+        // ((T, span/16, m), (8, k)): `span` bytes of M or N contiguous, the next span LBO
+        // on (without swizzle: SBO); K rows `span` bytes apart, groups of eight SBO (LBO).
+        const u32 per = span / 2u;  // elements of a row
+        if (mode == 0u) {
+            off = (mn % 8u) * 2u + (mn / 8u) * sbo + (k % 8u) * 16u + (k / 8u) * lbo;
+        } else {
+            off = (mn % per) * 2u + (mn / per) * lbo + (k % 8u) * span + (k / 8u) * sbo;
+        }
+    }
+    u32 addr = start + off;
+    if (mode == 1u) addr ^= ((addr >> 7) & 7u) << 4;
+    if (mode == 2u) addr ^= ((addr >> 7) & 3u) << 4;
+    if (mode == 3u) addr ^= ((addr >> 7) & 1u) << 4;
+    return addr;
+}
+
+// One 16-bit element of a wgmma operand, checked: inside shared memory, and, if a TMA
+// copy wrote it, published to the reading thread by a phase it has waited for.
+inline float operand(u64 desc, bool mn_major, u32 mn, u32 k, u32 dtype, bool& ok) {
+    HopperBlock& hb = hopper_block();
+    const u32 addr = operand_offset(desc, mn_major, mn, k);
+    if (addr + 2u > HOPPER_SMEM_BYTES) {
+        fail("a wgmma descriptor reaches past shared memory");
+        ok = false;
+        return 0.0f;
+    }
+    const u32 chunk = addr / 16u;
+    if (hb.chunk_bar[chunk] != 0u) {
+        auto& seen = hb.observed[linear_thread()];
+        auto it = seen.find(hb.chunk_bar[chunk] - 1u);
+        if (it == seen.end() || it->second < hb.chunk_phase[chunk] + 1u) {
+            fail("wgmma reads shared memory a TMA copy wrote, before its thread waited for the mbarrier phase "
+                 "that publishes the copy (a missing or short expect-tx, or a skipped wait)");
+            ok = false;
+            return 0.0f;
+        }
+    }
+    u16 bits;
+    std::memcpy(&bits, hb.smem.get() + addr, 2);
+    return cmm_decode(bits, dtype);
+}
+
+template <u32 N, bool BF16, int TRANS_B>
+inline void wgmma(float* d, u64 desc_a, u64 desc_b, u32 accumulate) {
+    const u32 t = linear_thread() % 128u, warp = t / 32u, lane = t % 32u;
+    const u32 dtype = BF16 ? 2u : 1u;
+    bool ok = true;
+    float a[2][16];
+    for (u32 h = 0; h < 2u && ok; ++h) {
+        for (u32 k = 0; k < 16u && ok; ++k) a[h][k] = operand(desc_a, false, 16u * warp + lane / 4u + 8u * h, k, dtype, ok);
+    }
+    for (u32 i = 0; i < N / 2u && ok; ++i) {
+        const u32 h = (i / 2u) % 2u, col = 8u * (i / 4u) + 2u * (lane % 4u) + i % 2u;
+        float sum = accumulate != 0u ? d[i] : 0.0f;
+        for (u32 k = 0; k < 16u && ok; ++k) sum += a[h][k] * operand(desc_b, TRANS_B != 0, col, k, dtype, ok);
+        d[i] = sum;
+    }
+}
+
+}  // namespace cmm_host
+
+template <bool BF16, int TRANS_B>
+inline void cmm_wgmma_n128(float* d, u64 desc_a, u64 desc_b, u32 accumulate) {
+    cmm_host::wgmma<128, BF16, TRANS_B>(d, desc_a, desc_b, accumulate);
+}
+
+template <bool BF16, int TRANS_B>
+inline void cmm_wgmma_n256(float* d, u64 desc_a, u64 desc_b, u32 accumulate) {
+    cmm_host::wgmma<256, BF16, TRANS_B>(d, desc_a, desc_b, accumulate);
+}
