@@ -39,7 +39,7 @@ struct BenchFile {
     commit: Option<String>,
     #[serde(default = "one")]
     shrink: usize,
-    rows: Vec<PlanTimes>,
+    rows: Vec<BenchRow>,
     /// The priority the communicating kernels ran at (`-5`), or why none (`none: …`).
     comm_priority: Option<String>,
     calibration: Option<BenchCalibration>,
@@ -51,6 +51,19 @@ struct BenchFile {
 
 fn one() -> usize {
     1
+}
+
+/// A row of the report as read back: the plan's times, and where the report has them
+/// (benches since the Hopper engine), the engine of its fastest time and its
+/// compute-only twin.
+#[derive(Debug, Deserialize)]
+struct BenchRow {
+    #[serde(flatten)]
+    times: PlanTimes,
+    #[serde(default)]
+    gemm_engine: Option<String>,
+    #[serde(default)]
+    compute_only_us: Option<f64>,
 }
 
 impl BenchFile {
@@ -186,6 +199,7 @@ struct FusedRow<'a> {
     op: OpKind,
     algorithm: Algorithm,
     times: &'a PlanTimes,
+    row: &'a BenchRow,
 }
 
 /// The report's rows, each parsed once: those the simulator models with cuBLAS-like
@@ -193,11 +207,12 @@ struct FusedRow<'a> {
 fn parse_rows(file: &BenchFile) -> Result<(Vec<BenchTime>, Vec<FusedRow<'_>>)> {
     let mut times = Vec::new();
     let mut fused = Vec::new();
-    for row in &file.rows {
+    for bench_row in &file.rows {
+        let row = &bench_row.times;
         let algorithm = parse_algorithm(&row.algorithm)?;
         let op: OpKind = row.op.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
         if matches!(algorithm, Algorithm::Fused { .. }) {
-            fused.push(FusedRow { op, algorithm, times: row });
+            fused.push(FusedRow { op, algorithm, times: row, row: bench_row });
             continue;
         }
         times.push(BenchTime {
@@ -324,16 +339,20 @@ fn print_calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize
 /// Runs `--validate-bench`.
 pub fn validate_bench(path: &Path) -> Result<()> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let file: BenchFile =
-        serde_json::from_str(&text).with_context(|| format!("{}: not a CUDA bench report", path.display()))?;
-    let (times, fused) = parse_rows(&file).with_context(|| format!("{}: a row", path.display()))?;
+    validate_bench_text(&text, &path.display().to_string())
+}
+
+/// `--validate-bench` on the text of a report named `name`.
+pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
+    let file: BenchFile = serde_json::from_str(text).with_context(|| format!("{name}: not a CUDA bench report"))?;
+    let (times, fused) = parse_rows(&file).with_context(|| format!("{name}: a row"))?;
     if times.is_empty() {
-        bail!("{}: no row the simulator models (only fused plans, or none)", path.display());
+        bail!("{name}: no row the simulator models (only fused plans, or none)");
     }
     let profile = Profile::load(one_gpu_profile(&file.gpu))?;
     println!(
         "{}: {} modelled rows of a bench on {} (commit {}, sync {}{})",
-        path.display(),
+        name,
         times.len(),
         file.gpu,
         file.commit.as_deref().unwrap_or("unknown"),
@@ -402,6 +421,7 @@ pub fn validate_bench(path: &Path) -> Result<()> {
 /// well above it is the persistent kernel's own cost (one CTA per SM, the per-tile
 /// synchronisation), not the tile's.
 fn print_fused(profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Result<()> {
+    print_fused_as_built(profile, file, fused)?;
     let (Some(cublas), Some(tile)) = (file.local_cublas_us, file.local_tile_us) else {
         return Ok(());
     };
@@ -422,7 +442,7 @@ fn print_fused(profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Resul
         "{:<34} {:>11} {:>11} {:>9} {:>11} {:>9} {:>11} {:>11} {:>9}",
         "case", "measured", "at pace", "÷", "2 CTAs/SM", "÷", "wide", "at pace", "÷"
     );
-    for FusedRow { op, algorithm, times } in fused {
+    for FusedRow { op, algorithm, times, .. } in fused {
         let plan = build_plan(&seed000_problem(*op, times.devices, file.shrink)?, *algorithm)?;
         let simulated = |p: &Profile| simulate(&plan, p, &SimOptions::default()).map(|r| r.makespan_s * 1e6);
         let paced = simulated(&narrow)?;
@@ -446,6 +466,60 @@ fn print_fused(profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Resul
     }
     if fused.is_empty() {
         println!("(no fused plan in this report)");
+    }
+    Ok(())
+}
+
+/// The fused plans as built: each measured time (plain, and staggered where taken) beside
+/// the simulator's prediction with its GEMMs on the engine the rule picks on this profile
+/// (the report says which ran), and the compute-only twin measured beside simulated.
+/// Nothing of these rows is fitted: the profile's engine rates come from single GEMMs and
+/// the twins, never from the fused plans' own times.
+fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Result<()> {
+    if fused.is_empty() {
+        return Ok(());
+    }
+    println!();
+    println!("the fused plans as built ({}: every GEMM on the engine cmm runs it on):", profile.name);
+    println!(
+        "{:<26} {:<28} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8}",
+        "case",
+        "GEMMs on (measured)",
+        "measured",
+        "simulated",
+        "error",
+        "staggered",
+        "simulated",
+        "error",
+        "twin",
+        "simulated",
+        "error"
+    );
+    let levels = file.compute_levels().0;
+    for FusedRow { op, algorithm, times, row } in fused {
+        let plan = build_plan(&seed000_problem(*op, times.devices, file.shrink)?, *algorithm)?;
+        let plain = simulate(&plan, profile, &SimOptions::default())?;
+        let staggered = SimOptions {
+            compute_priority: cmm_core::emulate::staggered_priorities(times.devices, levels),
+            ..SimOptions::default()
+        };
+        let staggered = simulate(&plan, profile, &staggered)?.makespan_s * 1e6;
+        let twin = simulate(&cmm_core::emulate::compute_only(&plan), profile, &SimOptions::default())?.makespan_s * 1e6;
+        println!(
+            "{:<26} {:<28} {:>8.1} µs {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8}",
+            format!("{} D={} {}", times.op, times.devices, times.algorithm),
+            row.gemm_engine.as_deref().unwrap_or("(not in the report)"),
+            times.time_us,
+            plain.makespan_s * 1e6,
+            error(Some(times.time_us), plain.makespan_s * 1e6),
+            time(times.time_staggered_us),
+            staggered,
+            error(times.time_staggered_us, staggered),
+            time(row.compute_only_us),
+            twin,
+            error(row.compute_only_us, twin)
+        );
+        println!("{:<26} simulated on {}", "", plain.engines.describe());
     }
     Ok(())
 }

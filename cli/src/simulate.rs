@@ -18,9 +18,9 @@ use cmm_core::sim::analytic::{estimate_mesh, mesh_family, MeshGemm, MeshShape};
 use cmm_core::sim::tune::candidates_1d;
 use cmm_core::sim::tune::tune_moe;
 use cmm_core::sim::tune::{tune_attention, tune_linear};
-use cmm_core::sim::validate::{flux, one_gpu_bench, one_gpu_predictions, seed000, seed002, seed002_simulated};
+use cmm_core::sim::validate::{flux, one_gpu_bench, seed000, seed002, seed002_simulated};
 use cmm_core::sim::TopologyKind;
-use cmm_core::sim::{simulate, OpClass, Profile, SimOptions, SimReport};
+use cmm_core::sim::{simulate, Engines, OpClass, Profile, SimOptions, SimReport};
 use cmm_core::timeline::Timeline;
 use cmm_core::{AttentionProblem, Layer, Layout, LinearProblem, MoeOp, MoeProblem, Pass, Routing};
 use cmm_core::{Dataflow, MeshAlgorithm, MeshProblem};
@@ -66,6 +66,11 @@ pub struct Args {
     /// `--offset-starts` does on one GPU (refused where it would deadlock).
     #[arg(long)]
     pub offset_starts: bool,
+    /// Price every GEMM at the profile's cuBLAS rate instead of on the engine cmm runs it
+    /// on (a potential: what the plan would take if cmm's kernels were as fast as cuBLAS;
+    /// with --compare, a second column beside the as-built one).
+    #[arg(long)]
+    pub potential: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -215,7 +220,7 @@ pub fn run(args: &Args) -> Result<()> {
     let problem = args.problem.problem()?;
     let profile = args.problem.profile()?;
     if args.compare {
-        return compare(&problem, &profile);
+        return compare(&problem, &profile, args.potential);
     }
     let alg = algorithm(&args.algorithm, args.chunks)?;
     let plan = build_plan(&problem, alg)?;
@@ -224,7 +229,11 @@ pub fn run(args: &Args) -> Result<()> {
         Executor::Sim => {
             let compute_priority =
                 if args.stagger > 0 { staggered_priorities(plan.devices, args.stagger) } else { Vec::new() };
-            let options = SimOptions { torus_dims: torus_dims(&args.torus)?, compute_priority };
+            let options = SimOptions {
+                torus_dims: torus_dims(&args.torus)?,
+                compute_priority,
+                engines: if args.potential { Engines::CublasSpeed } else { Engines::AsBuilt },
+            };
             let report = simulate(&plan, &profile, &options)?;
             let analytic = ring_1d(&problem, alg, &profile);
             if args.json {
@@ -530,6 +539,7 @@ fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic: Option<
     println!("plan:          {}", plan.name);
     println!("profile:       {} ({})", profile.name, profile.description);
     println!("makespan:      {}", us(r.makespan_s));
+    println!("GEMMs on:      {}", engines_line(profile, r));
     let one_gpu = profile.interconnect.topology == TopologyKind::OneGpu;
     let over = if one_gpu { "sum over the GPU's devices" } else { "max over devices" };
     println!("compute floor: {} ({over} of GEMM/reduce work)", us(r.compute_floor_s));
@@ -575,6 +585,23 @@ fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic: Option<
     }
 }
 
+/// What priced the GEMMs of a simulation, in words: the engines cmm runs them on, or
+/// cuBLAS's rate as a potential.
+pub fn engines_line(profile: &Profile, r: &SimReport) -> String {
+    match r.pricing {
+        Engines::CublasSpeed => {
+            format!(
+                "{} GEMM(s) at cuBLAS's rate: a potential, not what cmm runs",
+                r.engines.0.iter().map(|(_, n)| n).sum::<usize>()
+            )
+        }
+        Engines::AsBuilt if profile.engines.is_none() => {
+            format!("{} (the profile's GEMM rate: it gives no rates of cmm's own kernels)", r.engines.describe())
+        }
+        Engines::AsBuilt => format!("{} (as cmm runs them)", r.engines.describe()),
+    }
+}
+
 fn json(plan: &Plan, r: &SimReport, analytic_s: Option<f64>) -> String {
     let path: Vec<serde_json::Value> = r
         .critical_path
@@ -601,30 +628,47 @@ fn json(plan: &Plan, r: &SimReport, analytic_s: Option<f64>) -> String {
         "comm_floor_us": r.comm_floor_s * 1e6,
         "exposed_comm_us": r.max_exposed_comm_s() * 1e6,
         "analytic_us": analytic_s.map(|s| s * 1e6),
+        "gemm_engines": r.engines.0.iter().map(|(e, n)| serde_json::json!({"engine": e.name(), "gemms": n})).collect::<Vec<_>>(),
+        "gemm_pricing": match r.pricing { Engines::AsBuilt => "as built", Engines::CublasSpeed => "cuBLAS speed (potential)" },
         "lane_busy_us": busy,
         "critical_path": path,
     })
     .to_string()
 }
 
-fn compare(problem: &cmm_core::Problem, profile: &Profile) -> Result<()> {
+fn compare(problem: &cmm_core::Problem, profile: &Profile, potential: bool) -> Result<()> {
     println!("{} on {}", problem.describe(), profile.name);
-    println!("{:<20} {:>12} {:>12} {:>8}  formula", "algorithm", "simulated", "analytic", "diff");
+    let extra = if potential { format!(" {:>12}", "at cuBLAS") } else { String::new() };
+    println!("{:<20} {:>12}{extra} {:>12} {:>8}  GEMMs on; formula", "algorithm", "simulated", "analytic", "diff");
     for alg in candidates_1d(problem.op) {
         let Ok(plan) = build_plan(problem, alg) else { continue };
         let r = simulate(&plan, profile, &SimOptions::default())?;
+        let at_cublas = if potential {
+            let options = SimOptions { engines: Engines::CublasSpeed, ..SimOptions::default() };
+            format!(" {:>12}", us(simulate(&plan, profile, &options)?.makespan_s))
+        } else {
+            String::new()
+        };
         let a = ring_1d(problem, alg, profile);
         println!(
-            "{:<20} {:>12} {:>12} {:>+7.1}%  {}",
+            "{:<20} {:>12}{at_cublas} {:>12} {:>+7.1}%  {}; {}",
             alg.to_string(),
             us(r.makespan_s),
             us(a.total_s),
             100.0 * (a.total_s - r.makespan_s) / r.makespan_s,
+            r.engines.describe(),
             a.formula
         );
     }
+    if potential {
+        println!("`at cuBLAS`: every GEMM at cuBLAS's rate, fused ones included — a potential, not what cmm runs");
+    }
     Ok(())
 }
+
+/// The H200 bench the validation reads (committed with its run's summary).
+const H200_BENCH_FILE: &str = "docs/gpu-runs/2026-11-26-h200/2-2e575c7-bench-kernels.json";
+const H200_BENCH: &str = include_str!("../../docs/gpu-runs/2026-11-26-h200/2-2e575c7-bench-kernels.json");
 
 fn validate() -> Result<()> {
     let h100 = Profile::load("h100-nvlink")?;
@@ -648,10 +692,13 @@ fn validate() -> Result<()> {
     let h800 = Profile::load("h800-nvlink")?;
     println!();
     println!("Flux's performance report: 8 GPUs, {} bf16 (its numbers measured on 8×H800)", h800.name);
-    println!("{:<68} {:<18} {:>11} {:>11} {:>8}", "case", "our algorithm", "simulated", "published", "error");
+    println!(
+        "{:<70} {:<36} {:>11} {:>11} {:>8}",
+        "case", "our algorithm (GEMMs on)", "simulated", "published", "error"
+    );
     for (algorithm, row) in flux(&h800)? {
         println!(
-            "{:<68} {:<18} {:>8.1} µs {:>8.0} µs {:>+7.1}%",
+            "{:<70} {:<36} {:>8.1} µs {:>8.0} µs {:>+7.1}%",
             row.case,
             algorithm,
             row.simulated_us,
@@ -685,25 +732,12 @@ fn validate() -> Result<()> {
             row.offset_us
         );
     }
-    println!("not measured yet, predicted on {} (the bench times them next):", one.name);
+    println!();
     println!(
-        "{:<34} {:>11} {:>11} {:>11} {:>11} {:>11} {:>10}",
-        "case", "simulated", "analytic", "Σ compute", "staggered", "offsets", "best ÷ Σ"
+        "the CUDA bench on one H200, 2026-11-26 at 2e575c7 (every plan, the fused ones on the Hopper engine and \
+         beside their compute-only twins), as --validate-bench reads it:"
     );
-    for row in one_gpu_predictions(&one)? {
-        let t = &row.time;
-        let best = t.simulated_us.min(row.staggered_us).min(row.offset_us);
-        println!(
-            "{:<34} {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>8.1} µs {:>10.3}",
-            t.case,
-            t.simulated_us,
-            t.analytic_us,
-            row.compute_floor_us,
-            row.staggered_us,
-            row.offset_us,
-            best / row.compute_floor_us
-        );
-    }
+    crate::bench_file::validate_bench_text(H200_BENCH, H200_BENCH_FILE)?;
     let tpu = Profile::load("tpuv4-torus")?;
     println!();
     println!(

@@ -31,9 +31,24 @@ pub struct Args {
     /// Rows of the 2D ranking to print.
     #[arg(long, default_value_t = 12)]
     pub top: usize,
+    /// 1D mode: also rank each plan as if its GEMMs ran at cuBLAS's rate, fused ones
+    /// included (a potential column, clearly labelled: not what cmm runs).
+    #[arg(long)]
+    pub potential: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The plan of `algorithm` simulated with every GEMM at cuBLAS's rate, µs.
+fn potential_us(
+    problem: &cmm_core::Problem,
+    profile: &cmm_core::sim::Profile,
+    algorithm: cmm_core::Algorithm,
+) -> Option<f64> {
+    let plan = cmm_core::build_plan(problem, algorithm).ok()?;
+    let options = cmm_core::sim::SimOptions { engines: cmm_core::sim::Engines::CublasSpeed, ..Default::default() };
+    cmm_core::sim::simulate(&plan, profile, &options).ok().map(|r| r.makespan_s * 1e6)
 }
 
 fn print_json(value: serde_json::Value) -> Result<()> {
@@ -58,6 +73,8 @@ pub fn run(args: &Args) -> Result<()> {
                         "makespan_us": c.report.makespan_s * 1e6,
                         "exposed_comm_us": c.report.max_exposed_comm_s() * 1e6,
                         "speedup_vs_baseline": base.map(|b| b.report.makespan_s / c.report.makespan_s),
+                        "gemm_engines": c.report.engines.describe(),
+                        "potential_at_cublas_us": args.potential.then(|| potential_us(&problem, &profile, c.algorithm)).flatten(),
                     })
                 })
                 .collect();
@@ -77,25 +94,43 @@ pub fn run(args: &Args) -> Result<()> {
                 "reason": ranking.reason,
             }));
         }
-        println!("{} on {} (simulated)", problem.describe(), profile.name);
-        println!("{:<4} {:<20} {:>12} {:>14} {:>14}", "rank", "algorithm", "simulated", "exposed comm", "vs baseline");
+        println!("{} on {} (simulated, each GEMM on the engine cmm runs it on)", problem.describe(), profile.name);
+        let extra = if args.potential { format!(" {:>16}", "at cuBLAS rate") } else { String::new() };
+        println!(
+            "{:<4} {:<20} {:>12} {:>14} {:>14}{extra}  GEMMs on",
+            "rank", "algorithm", "simulated", "exposed comm", "vs baseline"
+        );
         let base =
             ranking.ranked.iter().find(|c| c.algorithm == cmm_core::Algorithm::Baseline).map(|c| c.report.makespan_s);
         for (i, c) in ranking.ranked.iter().enumerate() {
             let speed = base.map(|b| format!("{:.2}x", b / c.report.makespan_s)).unwrap_or_default();
+            let potential = if args.potential {
+                let at = potential_us(&problem, &profile, c.algorithm);
+                format!(" {:>16}", at.map_or("-".into(), |u| format!("{u:.1} µs")))
+            } else {
+                String::new()
+            };
             println!(
-                "{:<4} {:<20} {:>12} {:>14} {:>14}",
+                "{:<4} {:<20} {:>12} {:>14} {:>14}{potential}  {}",
                 i + 1,
                 c.algorithm.to_string(),
                 us(c.report.makespan_s),
                 us(c.report.max_exposed_comm_s()),
-                speed
+                speed,
+                c.report.engines.describe()
             );
         }
         for (alg, why) in &ranking.skipped {
             println!("     {alg}: skipped ({why})");
         }
-        println!("winner: {} — {}", ranking.winner().algorithm, ranking.reason);
+        if args.potential {
+            println!(
+                "`at cuBLAS rate`: the same plan with every GEMM, fused ones included, at cuBLAS's rate — a potential \
+                 (the Hopper engine's target), not what cmm runs"
+            );
+        }
+        let winner = ranking.winner();
+        println!("winner: {} on {} — {}", winner.algorithm, winner.report.engines.describe(), ranking.reason);
         return Ok(());
     };
     // 2D mode tries every Nr x Nc mesh of P chips: a 1D op or device count has no place.

@@ -48,6 +48,7 @@ pub mod attention;
 pub mod cpu;
 pub mod dtype;
 pub mod emulate;
+pub mod engines;
 pub mod generator;
 pub mod linear;
 pub mod mesh;

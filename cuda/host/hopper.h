@@ -288,46 +288,67 @@ inline u32 operand_offset(u64 desc, bool mn_major, u32 mn, u32 k) {
     return addr;
 }
 
-// One 16-bit element of a wgmma operand, checked: inside shared memory, and, if a TMA
-// copy wrote it, published to the reading thread by a phase it has waited for.
-inline float operand(u64 desc, bool mn_major, u32 mn, u32 k, u32 dtype, bool& ok) {
-    HopperBlock& hb = hopper_block();
-    const u32 addr = operand_offset(desc, mn_major, mn, k);
-    if (addr + 2u > HOPPER_SMEM_BYTES) {
-        fail("a wgmma descriptor reaches past shared memory");
-        ok = false;
-        return 0.0f;
-    }
-    const u32 chunk = addr / 16u;
-    if (hb.chunk_bar[chunk] != 0u) {
-        auto& seen = hb.observed[linear_thread()];
-        auto it = seen.find(hb.chunk_bar[chunk] - 1u);
-        if (it == seen.end() || it->second < hb.chunk_phase[chunk] + 1u) {
-            fail("wgmma reads shared memory a TMA copy wrote, before its thread waited for the mbarrier phase "
-                 "that publishes the copy (a missing or short expect-tx, or a skipped wait)");
+// Reads the elements of wgmma operands for one thread, checked: inside shared memory,
+// and, if a TMA copy wrote them, published to the thread by a phase it has waited for.
+struct OperandReader {
+    HopperBlock& hb;
+    const std::unordered_map<u32, u32>& seen;  // the thread's barrier → phases seen
+    u32 dtype;
+    bool ok = true;
+    u32 last_bar = 0, last_seen = 0;  // the last barrier looked up (1 + offset; 0: none)
+
+    float at(u64 desc, bool mn_major, u32 mn, u32 k) {
+        const u32 addr = operand_offset(desc, mn_major, mn, k);
+        if (addr + 2u > HOPPER_SMEM_BYTES) {
+            fail("a wgmma descriptor reaches past shared memory");
             ok = false;
             return 0.0f;
         }
+        const u32 chunk = addr / 16u, bar = hb.chunk_bar[chunk];
+        if (bar != 0u) {
+            if (bar != last_bar) {
+                auto it = seen.find(bar - 1u);
+                last_bar = bar;
+                last_seen = it == seen.end() ? 0u : it->second;
+            }
+            if (last_seen < hb.chunk_phase[chunk] + 1u) {
+                fail("wgmma reads shared memory a TMA copy wrote, before its thread waited for the mbarrier phase "
+                     "that publishes the copy (a missing or short expect-tx, or a skipped wait)");
+                ok = false;
+                return 0.0f;
+            }
+        }
+        u16 bits;
+        std::memcpy(&bits, hb.smem.get() + addr, 2);
+        return cmm_decode(bits, dtype);
     }
-    u16 bits;
-    std::memcpy(&bits, hb.smem.get() + addr, 2);
-    return cmm_decode(bits, dtype);
-}
+};
 
 template <u32 N, bool BF16, int TRANS_B>
 inline void wgmma(float* d, u64 desc_a, u64 desc_b, u32 accumulate) {
     const u32 t = linear_thread() % 128u, warp = t / 32u, lane = t % 32u;
-    const u32 dtype = BF16 ? 2u : 1u;
-    bool ok = true;
+    HopperBlock& hb = hopper_block();
+    OperandReader read{hb, hb.observed[linear_thread()], BF16 ? 2u : 1u};
     float a[2][16];
-    for (u32 h = 0; h < 2u && ok; ++h) {
-        for (u32 k = 0; k < 16u && ok; ++k) a[h][k] = operand(desc_a, false, 16u * warp + lane / 4u + 8u * h, k, dtype, ok);
+    for (u32 h = 0; h < 2u && read.ok; ++h) {
+        for (u32 k = 0; k < 16u && read.ok; ++k) a[h][k] = read.at(desc_a, false, 16u * warp + lane / 4u + 8u * h, k);
     }
-    for (u32 i = 0; i < N / 2u && ok; ++i) {
-        const u32 h = (i / 2u) % 2u, col = 8u * (i / 4u) + 2u * (lane % 4u) + i % 2u;
-        float sum = accumulate != 0u ? d[i] : 0.0f;
-        for (u32 k = 0; k < 16u && ok; ++k) sum += a[h][k] * operand(desc_b, TRANS_B != 0, col, k, dtype, ok);
-        d[i] = sum;
+    // B's 16 rows of each of the thread's columns, read once per column.
+    for (u32 i = 0; i < N / 2u && read.ok; i += 2u) {
+        const u32 col = 8u * (i / 4u) + 2u * (lane % 4u);
+        float b0[16], b1[16];
+        for (u32 k = 0; k < 16u && read.ok; ++k) {
+            b0[k] = read.at(desc_b, TRANS_B != 0, col, k);
+            b1[k] = read.at(desc_b, TRANS_B != 0, col + 1u, k);
+        }
+        const u32 h = (i / 2u) % 2u;
+        float s0 = accumulate != 0u ? d[i] : 0.0f, s1 = accumulate != 0u ? d[i + 1u] : 0.0f;
+        for (u32 k = 0; k < 16u; ++k) {
+            s0 += a[h][k] * b0[k];
+            s1 += a[h][k] * b1[k];
+        }
+        d[i] = s0;
+        d[i + 1u] = s1;
     }
 }
 

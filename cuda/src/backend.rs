@@ -39,8 +39,8 @@ use crate::launch::{
     ONE_THREAD,
 };
 use crate::lower::{
-    hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, HopperTarget,
-    HopperTile, Loc, LowerOptions, Lowered, SyncMode,
+    hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, HopperKernel,
+    HopperTarget, HopperTile, Loc, LowerOptions, Lowered, SyncMode,
 };
 use crate::CudaExecutor;
 

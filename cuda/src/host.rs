@@ -955,7 +955,7 @@ mod tests {
     /// each an error naming what went wrong.
     #[test]
     fn the_hopper_twin_finds_wrong_descriptors_missing_expect_tx_and_missing_proxy_fences() {
-        use crate::lower::{GemmCommand, GemmImpl, HopperTile};
+        use crate::lower::{GemmCommand, GemmImpl, HopperKernel, HopperTile};
         let (m, k) = (128usize, 128usize);
         let halves = |len: usize, seed: usize| -> Vec<u16> {
             (0..len).map(|i| cmm_core::DType::Bf16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()

@@ -13,7 +13,8 @@ use cmm_core::DType;
 
 use crate::error::CudaError;
 use crate::lower::{
-    Command, FusedBlock, FusedGemmCommand, GemmCommand, GemmImpl, HopperTile, Loc, Lowered, MAX_REDUCE_INPUTS,
+    Command, FusedBlock, FusedGemmCommand, GemmCommand, GemmImpl, HopperKernel, HopperTile, Loc, Lowered,
+    MAX_REDUCE_INPUTS,
 };
 
 /// A kernel entry point of `cuda/kernels/*.cu`.

@@ -25,7 +25,7 @@ pub use backend::{
     cublas_present, eager_module_loading_unless_chosen, gemm_plan, probe, CudaBackend, CudaRunOptions, CudaRunOutput,
     GemmChoice, GemmSpec, OpTimes, Placement, ReadBack,
 };
-pub use lower::{hopper_rule, GemmCounts, GemmEngine, GemmImpl, HopperGemm, HopperTile, SyncMode};
+pub use lower::{hopper_rule, GemmCounts, GemmEngine, GemmFacts, GemmImpl, HopperKernel, HopperTile, SyncMode};
 
 /// What runs a plan the CUDA way: the GPU backend ([`CudaBackend`]) or its host twin
 /// ([`HostTwin`]), which share the lowering and the kernels.

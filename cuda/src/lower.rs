@@ -14,69 +14,32 @@ use cmm_core::DType;
 
 use crate::error::CudaError;
 
-/// Which implementation runs `Gemm` ops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum GemmEngine {
-    /// The NVRTC tile kernels (`gemm.cu`): tensor cores for f16/bf16, SIMT otherwise.
-    TileKernel,
-    /// cuBLAS `cublasGemmEx` (f32 compute) for every GEMM; a GEMM cuBLAS cannot run
-    /// (A and B of different dtypes) or a missing libcublas is an error, never a
-    /// silent fallback.
-    Cublas,
-    /// cuBLAS where libcublas is present and the dtypes allow, the tile kernels
-    /// otherwise; [`GemmCounts`] says which ran.
-    #[default]
-    Auto,
-    /// The Hopper engine (`hopper.cu`: TMA, wgmma, warp-specialised) for every GEMM; a
-    /// GEMM it cannot take ([`hopper_rule`]) or a GPU without it is an error.
-    Hopper,
-}
+use cmm_core::engines::{self, EngineSupport};
+pub use cmm_core::engines::{hopper_rule, GemmEngine, GemmFacts, HopperTile, HOPPER_TILE_M};
 
-/// The output tile of the Hopper engine: 128 rows by 256 or 128 columns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum HopperTile {
-    /// 128×256, four stages (`cmm_hopper_gemm_*_n256`).
-    Wide,
-    /// 128×128, six stages (`cmm_hopper_gemm_*_n128`).
-    Narrow,
-}
-
-impl HopperTile {
-    /// Both tiles.
-    pub const ALL: [HopperTile; 2] = [HopperTile::Wide, HopperTile::Narrow];
-
-    /// Columns of a tile (rows: [`HOPPER_TILE_M`]).
-    pub fn columns(self) -> usize {
-        match self {
-            HopperTile::Wide => 256,
-            HopperTile::Narrow => 128,
-        }
-    }
-
+/// What the CUDA backend's Hopper-engine kernels need beside a tile's shape.
+pub trait HopperKernel {
     /// Shared-memory stages (`CmmHopperWide`, `CmmHopperNarrow` in hopper.cu).
-    pub fn stages(self) -> u32 {
+    fn stages(self) -> u32;
+    /// Dynamic shared memory of a CTA (`CmmHopperShape::SMEM_BYTES`): 1024 bytes of
+    /// alignment slack, the stages of A (128×64) and B (columns×64, 16-bit), and a full
+    /// and an empty barrier per stage.
+    fn shared_bytes(self) -> u32;
+}
+
+impl HopperKernel for HopperTile {
+    fn stages(self) -> u32 {
         match self {
             HopperTile::Wide => 4,
             HopperTile::Narrow => 6,
         }
     }
 
-    /// Dynamic shared memory of a CTA (`CmmHopperShape::SMEM_BYTES`): 1024 bytes of
-    /// alignment slack, the stages of A (128×64) and B (columns×64, 16-bit), and a full
-    /// and an empty barrier per stage.
-    pub fn shared_bytes(self) -> u32 {
+    fn shared_bytes(self) -> u32 {
         let stage = (HOPPER_TILE_M + self.columns()) as u32 * 64 * 2;
         1024 + self.stages() * stage + 16 * self.stages()
     }
-
-    /// "128x256" or "128x128".
-    pub fn name(self) -> String {
-        format!("{HOPPER_TILE_M}x{}", self.columns())
-    }
 }
-
-/// Rows of a Hopper-engine tile.
-pub const HOPPER_TILE_M: usize = 128;
 
 /// Where the GPU runs the Hopper engine: its SM count (a plain GEMM's persistent grid),
 /// and a tile that every GEMM must take (`None`: the tile rule's choice).
@@ -86,59 +49,6 @@ pub struct HopperTarget {
     pub sms: u32,
     /// Force this tile.
     pub tile: Option<HopperTile>,
-}
-
-/// What the Hopper engine needs of a GEMM (TMA's alignment and stride rules, wgmma's
-/// dtypes); `Err` says what it lacks.
-#[derive(Clone, Copy, Debug)]
-pub struct HopperGemm {
-    /// m, n, k.
-    pub mnk: [usize; 3],
-    /// Dtypes of A, B and C.
-    pub dtypes: [DType; 3],
-    /// A stored K×M.
-    pub trans_a: bool,
-    /// C += A·B.
-    pub accumulate: bool,
-    /// Byte offsets of A and B from 256-byte aligned buffer starts.
-    pub offsets: [u64; 2],
-    /// Row strides of A and B in elements.
-    pub strides: [u64; 2],
-}
-
-/// Whether the Hopper engine can run `g`, and on which tile: 128×256 where N is over
-/// 128 and such tiles still fill every SM once, else 128×128.
-pub fn hopper_rule(g: &HopperGemm, sms: u32) -> Result<HopperTile, String> {
-    let [m, n, k] = g.mnk;
-    let [a, b, c] = g.dtypes;
-    if a != b || !matches!(a, DType::F16 | DType::Bf16) {
-        return Err(format!("A {a} and B {b}: the engine takes f16 or bf16 for both"));
-    }
-    if !matches!(c, DType::F32 | DType::F16 | DType::Bf16) || (g.accumulate && c != DType::F32) {
-        return Err(format!("C {c}{}", if g.accumulate { " accumulated" } else { "" }));
-    }
-    if g.trans_a {
-        return Err("a transposed A (TMA loads A K-major)".into());
-    }
-    if m == 0 || n == 0 || k == 0 {
-        return Err(format!("an empty GEMM {m}x{n}x{k}"));
-    }
-    if g.offsets.iter().any(|o| o % 16 != 0) || g.strides.iter().any(|s| s % 8 != 0) {
-        return Err(format!(
-            "A or B not 16-byte aligned (offsets {:?} bytes, row strides {:?} elements; TMA needs multiples of 16 bytes)",
-            g.offsets, g.strides
-        ));
-    }
-    let fits = |x: usize| x < (1usize << 31);
-    if ![m, n, k].iter().all(|&x| fits(x)) || g.strides.iter().any(|&s| s * 2 >= 1u64 << 40) {
-        return Err(format!("a GEMM {m}x{n}x{k} past TMA's coordinates"));
-    }
-    let wide_tiles = m.div_ceil(HOPPER_TILE_M) * n.div_ceil(HopperTile::Wide.columns());
-    Ok(if n > HopperTile::Narrow.columns() && wide_tiles >= sms as usize {
-        HopperTile::Wide
-    } else {
-        HopperTile::Narrow
-    })
 }
 
 /// How `Signal` and `Wait` ops are issued.
@@ -220,6 +130,22 @@ pub enum GemmImpl {
 }
 
 impl GemmImpl {
+    /// The kernel (or call) of `engine` for `input` operands; a Hopper-engine GEMM alone
+    /// takes a persistent grid of at most `sms` CTAs (one per tile).
+    pub fn on(engine: engines::Engine, input: DType, sms: u32) -> GemmImpl {
+        match engine {
+            engines::Engine::Cublas => GemmImpl::Cublas,
+            engines::Engine::Hopper(tile) => GemmImpl::Hopper { tile, ctas: sms.max(1) },
+            engines::Engine::TensorTile { wide } => match (input, wide) {
+                (DType::Bf16, false) => GemmImpl::MmaBf16,
+                (DType::Bf16, true) => GemmImpl::MmaWideBf16,
+                (_, false) => GemmImpl::MmaF16,
+                (_, true) => GemmImpl::MmaWideF16,
+            },
+            engines::Engine::SimtTile => GemmImpl::Simt,
+        }
+    }
+
     /// The output tile of its kernel, rows by columns (`CMM_TILE`, `CmmTileWide::TILE`
     /// in gemm.cu, the Hopper tiles); cuBLAS has none of cmm's.
     pub fn tile_shape(self) -> (usize, usize) {
@@ -525,6 +451,18 @@ pub struct LowerOptions {
     pub hopper: Option<HopperTarget>,
 }
 
+impl LowerOptions {
+    /// What the engines rule may pick from under these options.
+    pub fn engine_support(&self) -> EngineSupport {
+        EngineSupport {
+            cublas: self.cublas_present,
+            hopper_sms: self.hopper.map(|t| t.sms),
+            hopper_tile: self.hopper.and_then(|t| t.tile),
+            wide_tiles: self.wide_tiles,
+        }
+    }
+}
+
 /// The hardware queue count of this process: `CUDA_DEVICE_MAX_CONNECTIONS`, 8 when unset.
 pub fn hardware_queues() -> Result<usize, CudaError> {
     parse_queues(std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().as_deref())
@@ -635,7 +573,8 @@ fn signal_writes(plan: &Plan, sync: SyncMode) -> Result<Vec<(OpSite, u32)>, Cuda
     Ok(writes)
 }
 
-/// The persistent kernel of a fused run.
+/// The persistent kernel of a fused run, on the engine the engines rule gives the run
+/// ([`engines::fused_engine`]).
 fn lower_fused(
     plan: &Plan,
     run: &cmm_core::plan::FusedRun,
@@ -645,42 +584,17 @@ fn lower_fused(
     let first = OpSite { device: run.device, lane: run.lane, index: run.blocks[0] };
     let unsupported =
         |what: String| CudaError::Unsupported { plan: plan.name.clone(), what: format!("{first}: {what}") };
-    if options.gemm == GemmEngine::Cublas {
-        return Err(unsupported(
-            "a fused gemm waits and signals between its blocks inside one kernel, which cuBLAS cannot; GemmEngine::Cublas asks for cuBLAS on every GEMM (use Auto)".into(),
-        ));
-    }
-    // On the Hopper engine only if every block can take it, on one tile: the wide one
-    // where the run's tiles of it fill the device's share of the SMs once (block 0 alone
-    // may be too small to, as a plain GEMM of its size would be).
-    let slots = lowered.wait_slots.len();
-    if let Ok(command) = lower_fused_on(plan, run, options, lowered) {
-        let hopper = matches!(command.gemm.imp, GemmImpl::Hopper { .. });
-        if let (GemmImpl::Hopper { tile: HopperTile::Narrow, .. }, Some(target @ HopperTarget { tile: None, .. })) =
-            (command.gemm.imp, options.hopper)
-        {
-            let n = command.gemm.mnk[1] as usize;
-            let wide: usize = command.blocks.iter().map(|b| (b.rows as usize).div_ceil(HOPPER_TILE_M)).sum::<usize>()
-                * n.div_ceil(HopperTile::Wide.columns());
-            let share = (target.sms as usize / plan.devices.max(1)).max(1);
-            if n > HopperTile::Narrow.columns() && wide >= share {
-                lowered.wait_slots.truncate(slots);
-                let forced =
-                    LowerOptions { hopper: Some(HopperTarget { tile: Some(HopperTile::Wide), ..target }), ..*options };
-                return lower_fused_on(plan, run, &forced, lowered);
-            }
+    let ops = &plan.programs[run.device].lanes[run.lane];
+    let blocks: Vec<GemmFacts> = run.blocks.iter().filter_map(|&i| GemmFacts::of(plan, &ops[i])).collect();
+    let engine =
+        engines::fused_engine(options.gemm, &options.engine_support(), &blocks, plan.devices).map_err(unsupported)?;
+    let on = match engine {
+        engines::Engine::Hopper(tile) => {
+            LowerOptions { hopper: options.hopper.map(|t| HopperTarget { tile: Some(tile), ..t }), ..*options }
         }
-        if options.hopper.is_none() || hopper {
-            return Ok(command);
-        }
-    }
-    lowered.wait_slots.truncate(slots);
-    if options.gemm == GemmEngine::Hopper {
-        return Err(unsupported(
-            "GemmEngine::Hopper asks for the Hopper engine, and this fused gemm's blocks cannot all take it".into(),
-        ));
-    }
-    lower_fused_on(plan, run, &LowerOptions { hopper: None, ..*options }, lowered)
+        _ => LowerOptions { hopper: None, ..*options },
+    };
+    lower_fused_on(plan, run, &on, lowered)
 }
 
 /// Whether two blocks' GEMMs run on the same kernel (the Hopper engine's grid is the
@@ -693,7 +607,8 @@ fn same_kernel(a: GemmImpl, b: GemmImpl) -> bool {
     }
 }
 
-/// [`lower_fused`] with `options`' engines; an error if the blocks' engines differ.
+/// [`lower_fused`] with `options` set for the run's engine; an error if the blocks'
+/// kernels differ.
 fn lower_fused_on(
     plan: &Plan,
     run: &cmm_core::plan::FusedRun,
@@ -703,33 +618,24 @@ fn lower_fused_on(
     let first = OpSite { device: run.device, lane: run.lane, index: run.blocks[0] };
     let unsupported =
         |what: String| CudaError::Unsupported { plan: plan.name.clone(), what: format!("{first}: {what}") };
-    // Block 0 lowered as a tile-kernel GEMM gives the shared operand, shape and kernel;
-    // every other block must take the same kernel.
-    let tile_only = LowerOptions { gemm: GemmEngine::TileKernel, ..*options };
+    // Block 0 lowered as a GEMM on cmm's kernels (with `options` the run's engine) gives
+    // the shared operand, shape and kernel; every other block takes the same kernel.
+    let own = LowerOptions { gemm: GemmEngine::TileKernel, ..*options };
     let ops = &plan.programs[run.device].lanes[run.lane];
-    let gemm_of = |index: usize, lowered: &mut Lowered| -> Result<GemmCommand, CudaError> {
+    let lower_block = |index: usize, lowered: &mut Lowered| -> Result<GemmCommand, CudaError> {
         let site = OpSite { index, ..first };
-        match lower_op(plan, site, &ops[index], &tile_only, &[], lowered)? {
+        match lower_op(plan, site, &ops[index], &own, &[], lowered)? {
             Some(Command::Gemm(g)) => Ok(g),
             _ => Err(unsupported(format!("block at op {index} has no output"))),
         }
     };
-    let gemm = gemm_of(run.blocks[0], lowered)?;
-    let tile_only = match gemm.imp {
-        GemmImpl::Hopper { tile, .. } => {
-            LowerOptions { hopper: options.hopper.map(|t| HopperTarget { tile: Some(tile), ..t }), ..tile_only }
-        }
-        _ => tile_only,
-    };
+    let gemm = lower_block(run.blocks[0], lowered)?;
     let gemm_of = |index: usize, lowered: &mut Lowered| -> Result<GemmCommand, CudaError> {
-        let site = OpSite { index, ..first };
-        match lower_op(plan, site, &ops[index], &tile_only, &[], lowered)? {
-            Some(Command::Gemm(g)) if same_kernel(g.imp, gemm.imp) => Ok(g),
-            Some(Command::Gemm(g)) => {
-                Err(unsupported(format!("block at op {index} runs on {:?}, block 0 on {:?}", g.imp, gemm.imp)))
-            }
-            _ => Err(unsupported(format!("block at op {index} has no output"))),
+        let g = lower_block(index, lowered)?;
+        if !same_kernel(g.imp, gemm.imp) {
+            return Err(unsupported(format!("block at op {index} runs on {:?}, block 0 on {:?}", g.imp, gemm.imp)));
         }
+        Ok(g)
     };
     let (edge, edge_n) = gemm.imp.tile_shape();
     let tiles_n = (gemm.mnk[1] as usize).div_ceil(edge_n);
@@ -817,57 +723,9 @@ fn lower_op(
             if m == 0 || n == 0 {
                 return Ok(None);
             }
-            let fits_i32 = [m, n, k].iter().all(|&x| x <= i32::MAX as usize)
-                && [ld(a), ld(b), ld(c)].iter().all(|&x| x <= i32::MAX as u64);
-            let blas_ok = options.cublas_present && dt(a) == dt(b) && k > 0 && fits_i32;
-            let hopper = options.hopper.map(|target| {
-                let shape = HopperGemm {
-                    mnk: [m, n, k],
-                    dtypes: [dt(a), dt(b), dt(c)],
-                    trans_a: *trans_a,
-                    accumulate: *accumulate,
-                    offsets: [loc(d, a).offset, loc(d, b).offset],
-                    strides: [ld(a), ld(b)],
-                };
-                hopper_rule(&shape, target.sms).map(|tile| {
-                    let tile = target.tile.unwrap_or(tile);
-                    let (rows, cols) = (HOPPER_TILE_M, tile.columns());
-                    let tiles = m.div_ceil(rows) * n.div_ceil(cols);
-                    GemmImpl::Hopper { tile, ctas: target.sms.min(tiles.min(u32::MAX as usize) as u32).max(1) }
-                })
-            });
-            let imp = match options.gemm {
-                GemmEngine::Hopper => match hopper {
-                    Some(Ok(imp)) => imp,
-                    Some(Err(why)) => {
-                        return Err(unsupported(format!(
-                            "gemm {m}x{n}x{k} cannot run on the Hopper engine (GemmEngine::Hopper asks for it on every GEMM): {why}"
-                        )))
-                    }
-                    None => {
-                        return Err(unsupported(
-                            "GemmEngine::Hopper asks for the Hopper engine, which this GPU does not run (it needs compute capability 9.0)".into(),
-                        ))
-                    }
-                },
-                GemmEngine::Cublas if !blas_ok => {
-                    return Err(unsupported(format!(
-                        "gemm {m}x{n}x{k} with A {} and B {} cannot run on cuBLAS (GemmEngine::Cublas asks for it on every GEMM; use Auto to let the tile kernels take it)",
-                        dt(a),
-                        dt(b)
-                    )))
-                }
-                GemmEngine::Cublas => GemmImpl::Cublas,
-                GemmEngine::Auto if blas_ok => GemmImpl::Cublas,
-                _ if matches!(hopper, Some(Ok(_))) => hopper.and_then(Result::ok).expect("matched"),
-                _ => match (dt(a), dt(b), options.wide_tiles) {
-                    (DType::F16, DType::F16, false) => GemmImpl::MmaF16,
-                    (DType::Bf16, DType::Bf16, false) => GemmImpl::MmaBf16,
-                    (DType::F16, DType::F16, true) => GemmImpl::MmaWideF16,
-                    (DType::Bf16, DType::Bf16, true) => GemmImpl::MmaWideBf16,
-                    _ => GemmImpl::Simt,
-                },
-            };
+            let facts = GemmFacts::of(plan, op).expect("a gemm");
+            let engine = engines::plain_engine(options.gemm, &options.engine_support(), &facts).map_err(unsupported)?;
+            let imp = GemmImpl::on(engine, facts.dtypes[0], options.hopper.map_or(1, |t| t.sms));
             let (edge_m, edge_n) = imp.tile_shape();
             if imp != GemmImpl::Cublas
                 && (m.div_ceil(edge_m) > 65_535 || n.div_ceil(edge_n) > i32::MAX as usize || k > u32::MAX as usize)

@@ -375,7 +375,9 @@ fn fused_kernels_take_more_ctas_per_sm_only_where_one_more_fits() {
     let Some(b) = fake_backend() else { return };
     let p = Problem::new(OpKind::GemmRs, 4, 32, 40, 64, DType::F16, DType::F32).unwrap();
     let fused = build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap();
-    assert_right(&b, &fused, &CudaRunOptions { fused_ctas_per_sm: 2, ..Default::default() });
+    // The tile kernels' CTAs (the Hopper engine off); the engine's own fill an SM.
+    let tiles = CudaRunOptions { hopper: false, ..Default::default() };
+    assert_right(&b, &fused, &CudaRunOptions { fused_ctas_per_sm: 2, ..tiles });
     let refused = |options: &CudaRunOptions, plan: &Plan, held: u32| {
         let e = b.run(plan, 5, Family::Exact, options).unwrap_err();
         assert!(matches!(e, CudaError::Unsupported { .. }), "{e}");
@@ -385,13 +387,14 @@ fn fused_kernels_take_more_ctas_per_sm_only_where_one_more_fits() {
             "{e}"
         );
     };
-    refused(&CudaRunOptions { fused_ctas_per_sm: 3, ..Default::default() }, &fused, 3);
-    refused(&CudaRunOptions { fused_ctas_per_sm: 2, wide_tiles: true, ..Default::default() }, &fused, 1);
+    refused(&CudaRunOptions { fused_ctas_per_sm: 3, ..tiles }, &fused, 3);
+    refused(&CudaRunOptions { fused_ctas_per_sm: 2, wide_tiles: true, ..tiles }, &fused, 1);
     let f32_problem = Problem::new(OpKind::GemmRs, 4, 32, 40, 64, DType::F32, DType::F32).unwrap();
     let simt = build_plan(&f32_problem, Algorithm::Fused { chunks: 1 }).unwrap();
-    refused(&CudaRunOptions { fused_ctas_per_sm: 2, ..Default::default() }, &simt, 2);
+    refused(&CudaRunOptions { fused_ctas_per_sm: 2, ..tiles }, &simt, 2);
     // One 128×128 CTA fills an SM: one per SM, with SMs left free, runs.
-    assert_right(&b, &fused, &CudaRunOptions { wide_tiles: true, ..Default::default() });
+    assert_right(&b, &fused, &CudaRunOptions { wide_tiles: true, ..tiles });
+    refused(&CudaRunOptions { fused_ctas_per_sm: 2, ..Default::default() }, &fused, 1);
     assert_right(&b, &fused, &CudaRunOptions::default());
 }
 

@@ -502,22 +502,26 @@ impl BenchReport {
             self.commit.as_deref().unwrap_or("unknown"),
             if self.complete { "" } else { " · incomplete: the bench stopped before its last row" }
         );
-        md += "| op | D | plan | time µs | staggered µs | offsets µs | 128×128 µs | 2 CTAs/SM µs | Σ GEMMs µs | best ÷ Σ | baseline µs | speedup | TFLOP/s | GEMMs on |\n";
-        md += "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+        md += "| op | D | plan | time µs | staggered µs | offsets µs | tile kernel µs | 128×128 µs | 2 CTAs/SM µs | Σ GEMMs µs | best ÷ Σ | twin µs | best ÷ twin | baseline µs | speedup | TFLOP/s | GEMMs on |\n";
+        md += "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
         for r in &self.rows {
             let (p, f) = (&r.plan, &r.figures);
+            let over_twin = f.compute_only_us.map(|t| p.fastest_us() / t);
             md += &format!(
-                "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {:.1} | {:.3} | {:.1} | {:.2}× | {:.0} | {} |\n",
+                "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {} | {} | {:.1} | {:.2}× | {:.0} | {} |\n",
                 p.op,
                 p.devices,
                 p.algorithm,
                 p.time_us,
                 us(p.time_staggered_us),
                 us(p.time_offset_us),
+                us(p.time_tile_kernel_us),
                 us(p.time_wide_tiles_us),
                 us(p.time_two_ctas_per_sm_us),
                 f.gemm_sum_us,
                 f.time_over_gemm_sum,
+                us(f.compute_only_us),
+                over_twin.map_or("–".to_string(), |x| format!("{x:.3}")),
                 f.baseline_us,
                 f.speedup_over_baseline,
                 f.tflops,
@@ -594,6 +598,7 @@ mod tests {
         let row = r#"{"op": "gemm_rs", "devices": 4, "algorithm": "ring_push", "time_us": 1010.04,
             "time_staggered_us": null, "time_offset_us": 1003.0, "gemm_sum_us": 1000.0, "time_over_gemm_sum": 1.003,
             "baseline_us": 1150.0, "speedup_over_baseline": 1.1466, "tflops": 545.2, "gemm_engine": "cuBLAS",
+            "compute_only_us": 980.0,
             "gated": true, "spot_check_worst": 0.5, "variant_failures": []}"#;
         let report =
             format!(r#"{{"gpu": "H100", "sync": "kernels", "commit": "abc", "complete": true, "rows": [{row}]}}"#);
@@ -605,7 +610,9 @@ mod tests {
         assert!(md.contains("| conformance-kernels | FAILED | 40 |") && md.contains("185 passed, 1 failed"), "{md}");
         assert!(md.contains("| bench-kernels | skipped | 0 |") && md.contains("time budget is spent"), "{md}");
         // The bench reports as tables: every time taken, `–` for the others.
-        let row = "| gemm_rs | 4 | ring_push | 1010.0 | – | 1003.0 | – | – | 1000.0 | 1.003 | 1150.0 | 1.15× | 545 | cuBLAS |";
+        let row =
+            "| gemm_rs | 4 | ring_push | 1010.0 | – | 1003.0 | – | – | – | 1000.0 | 1.003 | 980.0 | 1.023 | 1150.0 | \
+                   1.15× | 545 | cuBLAS |";
         assert!(md.contains("## bench-kernels.json as a table") && md.contains(row), "{md}");
         assert!(md.contains("## bench-memops.json as a table\n\nnot readable as a bench report"), "{md}");
         let json: serde_json::Value =

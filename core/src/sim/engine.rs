@@ -39,6 +39,22 @@ pub struct SimOptions {
     /// the greater ones leave fairly. Empty: every device at one priority. Only a resource
     /// shared by devices (one GPU's compute) makes it matter.
     pub compute_priority: Vec<i32>,
+    /// Which engine prices each GEMM: [`Engines::AsBuilt`] (default), what the CUDA
+    /// backend runs it on; or [`Engines::CublasSpeed`], every GEMM at the profile's library
+    /// rate (a potential, not what cmm runs).
+    pub engines: Engines,
+}
+
+/// How the simulator prices GEMMs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Engines {
+    /// Each GEMM on the engine the CUDA backend picks for it under this policy
+    /// ([`crate::engines`]), at that engine's rate in the profile.
+    #[default]
+    AsBuilt,
+    /// Every GEMM, fused ones included, at the profile's library (cuBLAS) rate: what the
+    /// plan would take if cmm's kernels ran as fast as cuBLAS.
+    CublasSpeed,
 }
 
 /// Why a plan cannot be simulated.
@@ -160,6 +176,11 @@ pub struct SimReport {
     pub exposed_comm_s: Vec<f64>,
     /// The chain of ops that determines the makespan, first to last.
     pub critical_path: Vec<OpSite>,
+    /// The engine each GEMM was priced on (fused runs counted once; grouped GEMMs and
+    /// attention blocks apart).
+    pub engines: crate::engines::EngineCounts,
+    /// How GEMMs were priced.
+    pub pricing: Engines,
 }
 
 impl SimReport {
@@ -307,6 +328,9 @@ struct Sim<'a> {
     block_work: Vec<Vec<f64>>,
     /// Posted increments not landed yet.
     in_flight: Vec<InFlight>,
+    /// How GEMMs are priced, and what ran them.
+    pricing: Engines,
+    engines: crate::engines::EngineCounts,
 }
 
 /// The seed whose routing the simulator prices grouped GEMMs with (the router's
@@ -344,7 +368,8 @@ impl<'a> Sim<'a> {
                 let (da, db) = (dtype_of(self.plan, a.buf), dtype_of(self.plan, b.buf));
                 // Mixed inputs run at the slower operand's rate.
                 let input = if p.peak_flops(da) <= p.peak_flops(db) { da } else { db };
-                let cost = p.gemm_cost(c.rows, c.cols, k, input, dtype_of(self.plan, c.buf), *accumulate);
+                let engine = self.gemm_engine(op);
+                let cost = p.gemm_cost_on(engine, c.rows, c.cols, k, input, dtype_of(self.plan, c.buf), *accumulate);
                 let flops = 2.0 * c.rows as f64 * c.cols as f64 * k as f64;
                 let mut phases = self.compute_phases(device, cost.work_s, cost.bytes);
                 let mut moved = 0.0;
@@ -380,8 +405,11 @@ impl<'a> Sim<'a> {
                     Some(c) => crate::attention::visible_fraction(c, q.rows, k.rows),
                 };
                 let input = dtype_of(self.plan, q.buf);
-                let cost = p.attention_cost(q.rows * heads, k.rows, dh, k.len(), input, visible);
+                let mut cost = p.attention_cost(q.rows * heads, k.rows, dh, k.len(), input, visible);
                 let flops = 4.0 * (q.rows * heads * dh) as f64 * k.rows as f64 * visible;
+                if self.pricing == Engines::AsBuilt {
+                    cost = p.scalar_kernel_cost(|e| e.attention, flops, cost.bytes).unwrap_or(cost);
+                }
                 (self.compute_phases(device, cost.work_s, cost.bytes), 0.0, flops, cost.work_s)
             }
             // The groups' rows come from the routing of this device's route op.
@@ -392,8 +420,11 @@ impl<'a> Sim<'a> {
                     groups.clone().map(|e| t.as_ref().map_or(0, |t| t.segment(e, *chunk, chunks).len())).collect();
                 let k = b.rows / experts;
                 let (input, output) = (dtype_of(self.plan, b.buf), dtype_of(self.plan, c.buf));
-                let cost = p.grouped_gemm_cost(&rows, c.cols, k, input, output);
+                let mut cost = p.grouped_gemm_cost(&rows, c.cols, k, input, output);
                 let flops = 2.0 * rows.iter().sum::<usize>() as f64 * c.cols as f64 * k as f64;
+                if self.pricing == Engines::AsBuilt {
+                    cost = p.scalar_kernel_cost(|e| e.grouped, flops, cost.bytes).unwrap_or(cost);
+                }
                 (self.compute_phases(device, cost.work_s, cost.bytes), 0.0, flops, cost.work_s)
             }
             // Memory-bound: every region the op reads or writes (its verifier accesses)
@@ -680,6 +711,32 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// The engine that prices a plain GEMM op.
+    fn gemm_engine(&self, op: &Op) -> crate::engines::Engine {
+        use crate::engines::{plain_engine, Engine, GemmEngine, GemmFacts};
+        match (self.pricing, GemmFacts::of(self.plan, op)) {
+            (Engines::AsBuilt, Some(g)) => {
+                plain_engine(GemmEngine::Auto, &self.profile.engine_support(), &g).unwrap_or(Engine::Cublas)
+            }
+            _ => Engine::Cublas,
+        }
+    }
+
+    /// The engine of fused run `run` (cmm's persistent kernels, at cuBLAS's rate only when
+    /// pricing so).
+    fn run_engine(&self, run: usize) -> crate::engines::Engine {
+        use crate::engines::{fused_engine, Engine, GemmEngine, GemmFacts};
+        if self.pricing == Engines::CublasSpeed {
+            return Engine::Cublas;
+        }
+        let r = &self.runs[run];
+        let ops = &self.plan.programs[r.device].lanes[r.lane];
+        let blocks: Vec<GemmFacts> = r.blocks.iter().filter_map(|&i| GemmFacts::of(self.plan, &ops[i])).collect();
+        let support = self.profile.engine_support();
+        fused_engine(GemmEngine::Auto, &support, &blocks, self.plan.devices)
+            .unwrap_or_else(|_| blocks.first().map_or(Engine::SimtTile, |b| b.tile_engine(false)))
+    }
+
     /// Each block's share of a run's one-kernel cost, by its output tiles.
     fn run_work(&self, run: usize) -> Vec<f64> {
         let r = &self.runs[run];
@@ -698,8 +755,11 @@ impl<'a> Sim<'a> {
         let input = if p.peak_flops(da) <= p.peak_flops(db) { da } else { db };
         let (n, k) = (shapes[0].1, shapes[0].2);
         let rows: Vec<usize> = shapes.iter().map(|s| s.0).collect();
-        let cost = p.fused_gemm_cost(&rows, n, k, input, dtype_of(self.plan, c.buf), *accumulate);
-        let tiles: Vec<usize> = rows.iter().map(|&m| p.tiles(m, n)).collect();
+        let engine = self.run_engine(run);
+        // On one GPU the other virtual devices' persistent kernels run beside this one.
+        let shared = self.topo.one_gpu() && self.plan.devices > 1;
+        let cost = p.fused_gemm_cost_on(engine, &rows, n, k, input, dtype_of(self.plan, c.buf), *accumulate, shared);
+        let tiles: Vec<usize> = rows.iter().map(|&m| p.tiles_on(engine, m, n)).collect();
         let total = tiles.iter().sum::<usize>().max(1) as f64;
         tiles.iter().map(|&t| cost.work_s * t as f64 / total).collect()
     }
@@ -919,7 +979,20 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
         block_work: vec![Vec::new(); runs.len()],
         runs,
         in_flight: Vec::new(),
+        pricing: options.engines,
+        engines: Default::default(),
     };
+    // What prices each GEMM: a fused run once, every other GEMM op apart.
+    for run in 0..sim.runs.len() {
+        let engine = sim.run_engine(run);
+        sim.engines.add(engine);
+    }
+    for (site, op) in plan.ops() {
+        if matches!(op, Op::Gemm { .. }) && !sim.runs.iter().any(|r| r.holds(site)) {
+            let engine = sim.gemm_engine(op);
+            sim.engines.add(engine);
+        }
+    }
     sim.run()?;
     Ok(report(sim))
 }
@@ -993,6 +1066,8 @@ fn report(sim: Sim<'_>) -> SimReport {
         exposed_comm_s,
         critical_path,
         records,
+        engines: sim.engines,
+        pricing: sim.pricing,
     }
 }
 
@@ -1259,6 +1334,10 @@ mod tests {
 
     #[test]
     fn a_fused_gemm_waits_inside_only_for_late_data() {
+        // The kernel's mechanics, whatever its engine's rate: GEMMs at cuBLAS's.
+        let sim = |plan: &Plan, profile: &Profile| {
+            simulate(plan, profile, &SimOptions { engines: Engines::CublasSpeed, ..SimOptions::default() }).unwrap()
+        };
         // Over PCIe the shards arrive long after the GEMM could use them: the kernel's
         // blocks wait, and the plan cannot beat the ring's arrival of the last shard.
         let p = seed000(4);
@@ -1276,6 +1355,32 @@ mod tests {
             fast.records[0][0].iter().filter(|r| r.class == OpClass::Wait).map(|r| r.end_s - r.reached_s).sum();
         assert_eq!(gated, 0.0);
         assert!((fast.makespan_s - (h100.launch_s() + fast.compute_floor_s)).abs() < 1e-9, "{fast:?}");
+    }
+
+    /// Each GEMM is priced on the engine the CUDA backend runs it on: the ring's on cuBLAS,
+    /// the fused run once on the Hopper engine (on a Hopper profile) or the tile kernel (on
+    /// an A100's); at cuBLAS's rate (a potential) the fused plan is never slower.
+    #[test]
+    fn gemms_are_priced_on_the_engines_that_run_them() {
+        let p = seed000(4);
+        let (ring, fused) =
+            (build_plan(&p, Algorithm::Ring).unwrap(), build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap());
+        let h100 = Profile::load("h100-nvlink").unwrap();
+        assert_eq!(sim(&ring, &h100).engines.describe(), "cuBLAS ×16");
+        assert_eq!(sim(&fused, &h100).engines.describe(), "Hopper engine 128x256 ×4");
+        let pcie = Profile::load("pcie-gen4").unwrap();
+        assert_eq!(sim(&fused, &pcie).engines.describe(), "tile kernel 64x64 ×4");
+        let potential = SimOptions { engines: Engines::CublasSpeed, ..SimOptions::default() };
+        for profile in [&h100, &pcie] {
+            let at_cublas = simulate(&fused, profile, &potential).unwrap();
+            assert!(at_cublas.makespan_s <= sim(&fused, profile).makespan_s, "{}", profile.name);
+            assert_eq!(at_cublas.pricing, Engines::CublasSpeed);
+        }
+        // A profile without rates of cmm's kernels (a TPU's) prices every GEMM at its own.
+        let tpu = Profile::load("tpuv4-torus").unwrap();
+        let r = simulate(&ring, &tpu, &SimOptions::default()).unwrap();
+        let at = simulate(&ring, &tpu, &potential).unwrap();
+        assert_eq!(r.makespan_s, at.makespan_s);
     }
 
     #[test]

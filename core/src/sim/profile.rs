@@ -212,6 +212,54 @@ pub struct Profile {
     /// The network between nodes, for multi-node systems (absent: one node).
     #[serde(default)]
     pub network: Option<NetworkProfile>,
+    /// cmm's own GEMM kernels on this machine, by engine (absent: it runs none of them,
+    /// and every GEMM is priced at [`ComputeProfile`]'s library rate).
+    #[serde(default)]
+    pub engines: Option<EngineRates>,
+}
+
+/// How fast each of cmm's GEMM kernels runs on a machine (cuBLAS's rate is
+/// [`ComputeProfile`]'s). A kernel absent here does not run on it (the Hopper engine off
+/// Hopper GPUs).
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineRates {
+    /// The Hopper engine on 128×256 tiles.
+    #[serde(default)]
+    pub hopper_128x256: Option<EngineRate>,
+    /// The Hopper engine on 128×128 tiles.
+    #[serde(default)]
+    pub hopper_128x128: Option<EngineRate>,
+    /// The tensor-core tile kernel on 64×64 tiles.
+    pub tile_64x64: EngineRate,
+    /// The tensor-core tile kernel on 128×128 tiles.
+    pub tile_128x128: EngineRate,
+    /// The SIMT tile kernel (f32, mixed dtypes), 64×64 tiles; its efficiency is a fraction
+    /// of the f32 (CUDA-core) peak.
+    pub simt: EngineRate,
+    /// The grouped GEMM of the MoE plans (`cmm_grouped_gemm`: one thread per output, in k
+    /// order); a fraction of the f32 peak.
+    pub grouped: EngineRate,
+    /// The attention kernel (`cmm_attend`: one thread per row and head); a fraction of
+    /// the f32 peak.
+    pub attention: EngineRate,
+}
+
+/// One kernel's rate: the fraction of the dense peak it reaches on full waves of its
+/// tiles, and a fixed cost per launch (its pipeline's fill and last epilogue, which a
+/// single wave does not hide).
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineRate {
+    /// Fraction of the dense peak on full waves.
+    pub efficiency: f64,
+    /// µs added to every launch.
+    #[serde(default)]
+    pub kernel_overhead_us: f64,
+    /// On one GPU shared by several virtual devices (`one_gpu`), the fraction of peak its
+    /// persistent kernels reach together, one per device at once (absent: `efficiency`).
+    #[serde(default)]
+    pub shared_efficiency: Option<f64>,
 }
 
 /// The profiles shipped in `core/profiles/`, by name.
@@ -342,6 +390,36 @@ impl Profile {
                 return Err(invalid(field, v.to_string(), "must be at least 1"));
             }
         }
+        if let Some(e) = &self.engines {
+            let rates = [
+                ("engines.hopper_128x256", e.hopper_128x256),
+                ("engines.hopper_128x128", e.hopper_128x128),
+                ("engines.tile_64x64", Some(e.tile_64x64)),
+                ("engines.tile_128x128", Some(e.tile_128x128)),
+                ("engines.simt", Some(e.simt)),
+                ("engines.grouped", Some(e.grouped)),
+                ("engines.attention", Some(e.attention)),
+            ];
+            for (field, rate) in rates {
+                let Some(r) = rate else { continue };
+                if !(r.efficiency.is_finite() && r.efficiency > 0.0 && r.efficiency <= 1.0) {
+                    return Err(invalid(field, r.efficiency.to_string(), "efficiency is a fraction of peak above 0"));
+                }
+                if r.shared_efficiency.is_some_and(|e| !(e.is_finite() && e > 0.0 && e <= 1.0)) {
+                    return Err(invalid(
+                        field,
+                        format!("{:?}", r.shared_efficiency),
+                        "shared_efficiency is a fraction of peak above 0",
+                    ));
+                }
+                if !(r.kernel_overhead_us.is_finite() && r.kernel_overhead_us >= 0.0) {
+                    return Err(invalid(field, r.kernel_overhead_us.to_string(), "kernel_overhead_us is 0 or more"));
+                }
+            }
+            if e.hopper_128x256.is_some() != e.hopper_128x128.is_some() {
+                return Err(invalid("engines", "one Hopper tile".into(), "gives both Hopper tiles or neither"));
+            }
+        }
         if let Some(n) = &self.network {
             if n.devices_per_node == 0 {
                 return Err(invalid("network.devices_per_node", "0".into(), "must be at least 1"));
@@ -412,6 +490,136 @@ impl Profile {
         let memory_s = bytes / (self.memory.hbm_gbps * 1e9);
         let work_s = compute_s.max(memory_s);
         let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { efficiency };
+        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes }
+    }
+
+    /// What this machine offers the engines rule: cuBLAS (its library rate), and the
+    /// Hopper engine on all its units where the profile gives its rates.
+    pub fn engine_support(&self) -> crate::engines::EngineSupport {
+        let hopper = self.engines.as_ref().is_some_and(|e| e.hopper_128x256.is_some());
+        crate::engines::EngineSupport {
+            cublas: true,
+            hopper_sms: hopper.then_some(self.compute.parallel_units as u32),
+            ..Default::default()
+        }
+    }
+
+    /// The rate, tile and name of the kernel that `engine` is here: `None` for cuBLAS, or
+    /// wherever the profile gives no rates of cmm's kernels (every GEMM then at the
+    /// library rate).
+    pub fn engine_rate(&self, engine: crate::engines::Engine) -> Option<(EngineRate, usize, usize)> {
+        use crate::engines::{Engine, HopperTile};
+        let e = self.engines.as_ref()?;
+        match engine {
+            Engine::Cublas => None,
+            Engine::Hopper(HopperTile::Wide) => e.hopper_128x256.map(|r| (r, 128, 256)),
+            Engine::Hopper(HopperTile::Narrow) => e.hopper_128x128.map(|r| (r, 128, 128)),
+            Engine::TensorTile { wide: false } => Some((e.tile_64x64, 64, 64)),
+            Engine::TensorTile { wide: true } => Some((e.tile_128x128, 128, 128)),
+            Engine::SimtTile => Some((e.simt, 64, 64)),
+        }
+    }
+
+    /// [`Self::gemm_cost`] on `engine`: cmm's kernels at their own rate on whole waves of
+    /// their own tiles (no split-K), plus their fixed cost per launch; cuBLAS (and every
+    /// engine where the profile gives no rates of cmm's) as `gemm_cost`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_cost_on(
+        &self,
+        engine: crate::engines::Engine,
+        m: usize,
+        n: usize,
+        k: usize,
+        input: DType,
+        output: DType,
+        accumulate: bool,
+    ) -> GemmCost {
+        let Some((rate, tile_m, tile_n)) = self.engine_rate(engine) else {
+            return self.gemm_cost(m, n, k, input, output, accumulate);
+        };
+        let c_passes = if accumulate { 2.0 } else { 1.0 };
+        let bytes =
+            (m * k + k * n) as f64 * input.size_bytes() as f64 + c_passes * (m * n) as f64 * output.size_bytes() as f64;
+        // The SIMT tile multiplies on the CUDA cores, whatever its inputs.
+        let rated = if engine == crate::engines::Engine::SimtTile { DType::F32 } else { input };
+        self.rated_cost(rate, tile_m, tile_n, &[m], n, k, rated, bytes)
+    }
+
+    /// A grouped GEMM or attention block as cmm's kernels run it (one thread per output
+    /// or per row and head, on the CUDA cores): `flops` at the rate's fraction of the f32
+    /// peak plus its fixed cost, against `bytes` of HBM traffic. `None` where the profile
+    /// gives no rates of cmm's kernels.
+    pub fn scalar_kernel_cost(&self, rate: fn(&EngineRates) -> EngineRate, flops: f64, bytes: f64) -> Option<GemmCost> {
+        let r = rate(self.engines.as_ref()?);
+        let compute_s = flops / (self.peak_flops(DType::F32) * r.efficiency) + r.kernel_overhead_us * 1e-6;
+        let memory_s = bytes / self.hbm_bps();
+        let work_s = compute_s.max(memory_s);
+        let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(DType::F32) } else { r.efficiency };
+        Some(GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes })
+    }
+
+    /// [`Self::fused_gemm_cost`] on `engine` (see [`Self::gemm_cost_on`]); `shared`: the
+    /// kernel runs beside the other virtual devices' on one GPU, at the rate's
+    /// `shared_efficiency` where it gives one.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fused_gemm_cost_on(
+        &self,
+        engine: crate::engines::Engine,
+        blocks: &[usize],
+        n: usize,
+        k: usize,
+        input: DType,
+        output: DType,
+        accumulate: bool,
+        shared: bool,
+    ) -> GemmCost {
+        let Some((mut rate, tile_m, tile_n)) = self.engine_rate(engine) else {
+            return self.fused_gemm_cost(blocks, n, k, input, output, accumulate);
+        };
+        if shared {
+            rate.efficiency = rate.shared_efficiency.unwrap_or(rate.efficiency);
+        }
+        let rows: usize = blocks.iter().sum();
+        let c_passes = if accumulate { 2.0 } else { 1.0 };
+        let bytes = (rows * k + k * n) as f64 * input.size_bytes() as f64
+            + c_passes * (rows * n) as f64 * output.size_bytes() as f64;
+        let rated = if engine == crate::engines::Engine::SimtTile { DType::F32 } else { input };
+        self.rated_cost(rate, tile_m, tile_n, blocks, n, k, rated, bytes)
+    }
+
+    /// Output tiles of `engine` over blocks of `rows` × n (the library's tile for cuBLAS).
+    pub fn tiles_on(&self, engine: crate::engines::Engine, rows: usize, n: usize) -> usize {
+        match self.engine_rate(engine) {
+            Some((_, tile_m, tile_n)) => rows.div_ceil(tile_m) * n.div_ceil(tile_n),
+            None => self.tiles(rows, n),
+        }
+    }
+
+    /// One kernel of `rate` over the `tile_m` × `tile_n` tiles of groups of rows (× n × k
+    /// each), whole tiles in waves of the units, plus its fixed cost, against `bytes` of
+    /// HBM traffic: whichever is slower.
+    #[allow(clippy::too_many_arguments)]
+    fn rated_cost(
+        &self,
+        rate: EngineRate,
+        tile_m: usize,
+        tile_n: usize,
+        groups: &[usize],
+        n: usize,
+        k: usize,
+        input: DType,
+        bytes: f64,
+    ) -> GemmCost {
+        let units = self.compute.parallel_units.max(1);
+        let flops = 2.0 * groups.iter().sum::<usize>() as f64 * n as f64 * k as f64;
+        let tiles: usize = groups.iter().map(|&m| m.div_ceil(tile_m) * n.div_ceil(tile_n)).sum();
+        let waves = tiles.div_ceil(units);
+        let tile_flops = 2.0 * (tile_m * tile_n * k) as f64;
+        let per_unit = self.peak_flops(input) * rate.efficiency / units as f64;
+        let compute_s = waves as f64 * tile_flops / per_unit + rate.kernel_overhead_us * 1e-6;
+        let memory_s = bytes / self.hbm_bps();
+        let work_s = compute_s.max(memory_s);
+        let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { rate.efficiency };
         GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes }
     }
 

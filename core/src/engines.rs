@@ -1,0 +1,336 @@
+//! Which engine runs each GEMM of a plan: the one rule that the CUDA executor's lowering
+//! follows (cmm-cuda `lower`) and that the simulator prices (`sim`), so that a prediction
+//! names the kernel the GPU would run rather than the fastest one there is.
+//!
+//! Engines: cuBLAS (`cublasGemmEx`), cmm's Hopper engine (`hopper.cu`: TMA, wgmma,
+//! warp-specialised, persistent; on GPUs of compute capability 9.0), and cmm's tile
+//! kernels (`gemm.cu`: `mma.sync` tensor cores for f16/bf16 on 64×64 or 128×128 tiles,
+//! SIMT otherwise). A tile-granular (fused) GEMM waits and signals inside its kernel, so
+//! it runs on one of cmm's persistent kernels, never on cuBLAS.
+
+use crate::dtype::DType;
+use crate::plan::{Op, Plan, Region};
+
+/// The policy that picks an engine for each GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GemmEngine {
+    /// cmm's own kernels: the Hopper engine where it applies, else the tile kernels.
+    TileKernel,
+    /// cuBLAS for every GEMM; a GEMM cuBLAS cannot run (A and B of different dtypes) or
+    /// a missing libcublas is an error, never a silent fallback.
+    Cublas,
+    /// cuBLAS where present and the dtypes allow, cmm's own kernels otherwise.
+    #[default]
+    Auto,
+    /// The Hopper engine for every GEMM; a GEMM it cannot take ([`hopper_rule`]) or a GPU
+    /// without it is an error.
+    Hopper,
+}
+
+/// The output tile of the Hopper engine: 128 rows by 256 or 128 columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HopperTile {
+    /// 128×256, four stages (`cmm_hopper_gemm_*_n256`).
+    Wide,
+    /// 128×128, six stages (`cmm_hopper_gemm_*_n128`).
+    Narrow,
+}
+
+/// Rows of a Hopper-engine tile.
+pub const HOPPER_TILE_M: usize = 128;
+
+impl HopperTile {
+    /// Both tiles.
+    pub const ALL: [HopperTile; 2] = [HopperTile::Wide, HopperTile::Narrow];
+
+    /// Columns of a tile (rows: [`HOPPER_TILE_M`]).
+    pub fn columns(self) -> usize {
+        match self {
+            HopperTile::Wide => 256,
+            HopperTile::Narrow => 128,
+        }
+    }
+
+    /// "128x256" or "128x128".
+    pub fn name(self) -> String {
+        format!("{HOPPER_TILE_M}x{}", self.columns())
+    }
+}
+
+/// What runs one GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Engine {
+    /// `cublasGemmEx`.
+    Cublas,
+    /// cmm's Hopper engine on this tile.
+    Hopper(HopperTile),
+    /// cmm's tensor-core tile kernel, 64×64 (or 128×128: `wide`).
+    TensorTile {
+        /// The 128×128 tile of 8 warps.
+        wide: bool,
+    },
+    /// cmm's SIMT tile kernel (f32 or mixed dtypes).
+    SimtTile,
+}
+
+impl Engine {
+    /// Its name in reports: "cuBLAS", "Hopper engine 128x256", "tile kernel 64x64", ….
+    pub fn name(self) -> String {
+        match self {
+            Engine::Cublas => "cuBLAS".into(),
+            Engine::Hopper(tile) => format!("Hopper engine {}", tile.name()),
+            Engine::TensorTile { wide: false } => "tile kernel 64x64".into(),
+            Engine::TensorTile { wide: true } => "tile kernel 128x128".into(),
+            Engine::SimtTile => "SIMT tile kernel".into(),
+        }
+    }
+}
+
+/// What the machine and the run offer: cuBLAS, the Hopper engine (with the SMs a
+/// persistent grid may take, and a tile every GEMM on it must take), the tile kernels'
+/// 128×128 tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct EngineSupport {
+    /// libcublas is present.
+    pub cublas: bool,
+    /// The Hopper engine runs here, on a persistent grid of at most this many CTAs.
+    pub hopper_sms: Option<u32>,
+    /// Every GEMM on the Hopper engine takes this tile (`None`: [`hopper_rule`]'s choice).
+    pub hopper_tile: Option<HopperTile>,
+    /// f16 and bf16 GEMMs on the tile kernels take the 128×128 tiles.
+    pub wide_tiles: bool,
+}
+
+/// What the engines need to know of one GEMM: its shape and dtypes, transposes and
+/// accumulation, and where its operands lie (byte offsets of A and B from 256-byte
+/// aligned buffer starts; row strides of A, B and C in elements, as leading dimensions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmFacts {
+    /// m, n, k.
+    pub mnk: [usize; 3],
+    /// Dtypes of A, B and C.
+    pub dtypes: [DType; 3],
+    /// A stored K×M.
+    pub trans_a: bool,
+    /// B stored N×K.
+    pub trans_b: bool,
+    /// C += A·B.
+    pub accumulate: bool,
+    /// Byte offsets of A and B from their buffers' (256-byte aligned) starts.
+    pub offsets: [u64; 2],
+    /// Row strides (leading dimensions) of A, B and C in elements.
+    pub strides: [u64; 3],
+}
+
+impl GemmFacts {
+    /// The facts of a plan's `Gemm` op (`None` for other ops).
+    pub fn of(plan: &Plan, op: &Op) -> Option<GemmFacts> {
+        let Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } = op else { return None };
+        let dt = |r: &Region| plan.buffer(r.buf).dtype;
+        // A one-row region may have any stride; as a leading dimension it must cover the row.
+        let ld = |r: &Region| if r.rows <= 1 { r.stride.max(r.cols) } else { r.stride } as u64;
+        let offset = |r: &Region| (r.offset * dt(r).size_bytes()) as u64;
+        Some(GemmFacts {
+            mnk: [c.rows, c.cols, if *trans_a { a.rows } else { a.cols }],
+            dtypes: [dt(a), dt(b), dt(c)],
+            trans_a: *trans_a,
+            trans_b: *trans_b,
+            accumulate: *accumulate,
+            offsets: [offset(a), offset(b)],
+            strides: [ld(a), ld(b), ld(c)],
+        })
+    }
+
+    /// Whether cuBLAS can run it (`cublasGemmEx` with one input dtype, 32-bit sizes).
+    pub fn cublas_can(&self) -> bool {
+        let fits = |x: u64| x <= i32::MAX as u64;
+        self.dtypes[0] == self.dtypes[1]
+            && self.mnk[2] > 0
+            && self.mnk.iter().all(|&x| fits(x as u64))
+            && self.strides.iter().all(|&x| fits(x))
+    }
+
+    /// The tile kernel that runs it.
+    pub fn tile_engine(&self, wide_tiles: bool) -> Engine {
+        match self.dtypes {
+            [DType::F16, DType::F16, _] | [DType::Bf16, DType::Bf16, _] => Engine::TensorTile { wide: wide_tiles },
+            _ => Engine::SimtTile,
+        }
+    }
+}
+
+/// Whether the Hopper engine can run `g`, and on which tile: 128×256 where N is over
+/// 128 and such tiles still fill every SM once, else 128×128. `Err` says what it lacks
+/// (TMA's alignment and stride rules, wgmma's dtypes).
+pub fn hopper_rule(g: &GemmFacts, sms: u32) -> Result<HopperTile, String> {
+    let [m, n, k] = g.mnk;
+    let [a, b, c] = g.dtypes;
+    if a != b || !matches!(a, DType::F16 | DType::Bf16) {
+        return Err(format!("A {a} and B {b}: the engine takes f16 or bf16 for both"));
+    }
+    if !matches!(c, DType::F32 | DType::F16 | DType::Bf16) || (g.accumulate && c != DType::F32) {
+        return Err(format!("C {c}{}", if g.accumulate { " accumulated" } else { "" }));
+    }
+    if g.trans_a {
+        return Err("a transposed A (TMA loads A K-major)".into());
+    }
+    if m == 0 || n == 0 || k == 0 {
+        return Err(format!("an empty GEMM {m}x{n}x{k}"));
+    }
+    let ab_strides = [g.strides[0], g.strides[1]];
+    if g.offsets.iter().any(|o| o % 16 != 0) || ab_strides.iter().any(|s| s % 8 != 0) {
+        return Err(format!(
+            "A or B not 16-byte aligned (offsets {:?} bytes, row strides {ab_strides:?} elements; TMA needs multiples of 16 bytes)",
+            g.offsets
+        ));
+    }
+    let fits = |x: usize| x < (1usize << 31);
+    if ![m, n, k].iter().all(|&x| fits(x)) || ab_strides.iter().any(|&s| s * 2 >= 1u64 << 40) {
+        return Err(format!("a GEMM {m}x{n}x{k} past TMA's coordinates"));
+    }
+    let wide_tiles = m.div_ceil(HOPPER_TILE_M) * n.div_ceil(HopperTile::Wide.columns());
+    Ok(if n > HopperTile::Narrow.columns() && wide_tiles >= sms as usize {
+        HopperTile::Wide
+    } else {
+        HopperTile::Narrow
+    })
+}
+
+/// The engine of a GEMM run alone (not a block of a fused run), or why `policy` allows
+/// none here.
+pub fn plain_engine(policy: GemmEngine, support: &EngineSupport, g: &GemmFacts) -> Result<Engine, String> {
+    let [m, n, k] = g.mnk;
+    let hopper = support.hopper_sms.map(|sms| hopper_rule(g, sms).map(|t| support.hopper_tile.unwrap_or(t)));
+    let blas_ok = support.cublas && g.cublas_can();
+    match policy {
+        GemmEngine::Hopper => match hopper {
+            Some(Ok(tile)) => Ok(Engine::Hopper(tile)),
+            Some(Err(why)) => Err(format!(
+                "gemm {m}x{n}x{k} cannot run on the Hopper engine (GemmEngine::Hopper asks for it on every GEMM): {why}"
+            )),
+            None => Err("GemmEngine::Hopper asks for the Hopper engine, which this GPU does not run (it needs compute capability 9.0)".into()),
+        },
+        GemmEngine::Cublas if !blas_ok => Err(format!(
+            "gemm {m}x{n}x{k} with A {} and B {} cannot run on cuBLAS (GemmEngine::Cublas asks for it on every GEMM; use Auto to let cmm's kernels take it)",
+            g.dtypes[0], g.dtypes[1]
+        )),
+        GemmEngine::Cublas => Ok(Engine::Cublas),
+        GemmEngine::Auto if blas_ok => Ok(Engine::Cublas),
+        _ => Ok(match hopper {
+            Some(Ok(tile)) => Engine::Hopper(tile),
+            _ => g.tile_engine(support.wide_tiles),
+        }),
+    }
+}
+
+/// The engine of a fused run whose blocks are `blocks` (one kernel: never cuBLAS): the
+/// Hopper engine where every block can take it, on one tile — the wide one where N is
+/// over 128 and the run's wide tiles fill the device's share of the SMs once (the GPU's
+/// SMs over `devices` virtual devices) — else the tile kernels.
+pub fn fused_engine(
+    policy: GemmEngine,
+    support: &EngineSupport,
+    blocks: &[GemmFacts],
+    devices: usize,
+) -> Result<Engine, String> {
+    if policy == GemmEngine::Cublas {
+        return Err("a fused gemm waits and signals between its blocks inside one kernel, which cuBLAS cannot; GemmEngine::Cublas asks for cuBLAS on every GEMM (use Auto)".into());
+    }
+    let Some(first) = blocks.first() else { return Err("a fused gemm without blocks".into()) };
+    if let Some(sms) = support.hopper_sms {
+        if blocks.iter().all(|b| hopper_rule(b, sms).is_ok()) {
+            let n = first.mnk[1];
+            let tile = support.hopper_tile.unwrap_or_else(|| {
+                let wide: usize = blocks.iter().map(|b| b.mnk[0].div_ceil(HOPPER_TILE_M)).sum::<usize>()
+                    * n.div_ceil(HopperTile::Wide.columns());
+                let share = (sms as usize / devices.max(1)).max(1);
+                if n > HopperTile::Narrow.columns() && wide >= share {
+                    HopperTile::Wide
+                } else {
+                    HopperTile::Narrow
+                }
+            });
+            return Ok(Engine::Hopper(tile));
+        }
+    }
+    if policy == GemmEngine::Hopper {
+        return Err(
+            "GemmEngine::Hopper asks for the Hopper engine, and this fused gemm's blocks cannot all take it".into()
+        );
+    }
+    Ok(first.tile_engine(support.wide_tiles))
+}
+
+/// How many GEMMs of a plan (fused runs counted once) each engine runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineCounts(pub Vec<(Engine, usize)>);
+
+impl EngineCounts {
+    /// Counts one more GEMM (or fused run) on `engine`.
+    pub fn add(&mut self, engine: Engine) {
+        match self.0.iter_mut().find(|(e, _)| *e == engine) {
+            Some((_, n)) => *n += 1,
+            None => self.0.push((engine, 1)),
+        }
+    }
+
+    /// "cuBLAS ×12, Hopper engine 128x256 ×1"; "no GEMM" without any.
+    pub fn describe(&self) -> String {
+        if self.0.is_empty() {
+            return "no GEMM".into();
+        }
+        self.0.iter().map(|(e, n)| format!("{} ×{n}", e.name())).collect::<Vec<_>>().join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(m: usize, n: usize, k: usize, input: DType) -> GemmFacts {
+        GemmFacts {
+            mnk: [m, n, k],
+            dtypes: [input, input, input],
+            trans_a: false,
+            trans_b: false,
+            accumulate: false,
+            offsets: [0, 0],
+            strides: [k as u64, n as u64, n as u64],
+        }
+    }
+
+    #[test]
+    fn the_policies_pick_the_engines_the_lowering_documents() {
+        let big = facts(1024, 4096, 4096, DType::Bf16);
+        let gpu = EngineSupport { cublas: true, hopper_sms: Some(132), ..Default::default() };
+        assert_eq!(plain_engine(GemmEngine::Auto, &gpu, &big), Ok(Engine::Cublas));
+        assert_eq!(plain_engine(GemmEngine::TileKernel, &gpu, &big), Ok(Engine::Hopper(HopperTile::Narrow)));
+        let wide = facts(8192, 8192, 8192, DType::Bf16);
+        assert_eq!(plain_engine(GemmEngine::Hopper, &gpu, &wide), Ok(Engine::Hopper(HopperTile::Wide)));
+        // A row stride of 60 halves is not a multiple of 16 bytes: the tile kernels.
+        let odd = GemmFacts { strides: [4096, 60, 60], mnk: [1024, 60, 4096], ..big };
+        assert_eq!(plain_engine(GemmEngine::TileKernel, &gpu, &odd), Ok(Engine::TensorTile { wide: false }));
+        assert!(plain_engine(GemmEngine::Hopper, &gpu, &odd).unwrap_err().contains("16-byte aligned"));
+        let older = EngineSupport { hopper_sms: None, ..gpu };
+        assert_eq!(plain_engine(GemmEngine::TileKernel, &older, &big), Ok(Engine::TensorTile { wide: false }));
+        let f32s = facts(64, 64, 64, DType::F32);
+        assert_eq!(plain_engine(GemmEngine::TileKernel, &gpu, &f32s), Ok(Engine::SimtTile));
+        let no_blas = EngineSupport { cublas: false, ..gpu };
+        assert!(plain_engine(GemmEngine::Cublas, &no_blas, &big).is_err());
+        assert_eq!(plain_engine(GemmEngine::Auto, &no_blas, &big), Ok(Engine::Hopper(HopperTile::Narrow)));
+    }
+
+    #[test]
+    fn a_fused_run_takes_the_hopper_engine_only_if_every_block_can() {
+        let gpu = EngineSupport { cublas: true, hopper_sms: Some(132), ..Default::default() };
+        let block = facts(1024, 4096, 4096, DType::F16);
+        // Four blocks of 8 × 16 wide tiles fill a quarter of the GPU many times over.
+        assert_eq!(fused_engine(GemmEngine::Auto, &gpu, &[block; 4], 4), Ok(Engine::Hopper(HopperTile::Wide)));
+        let small = facts(64, 96, 64, DType::F16);
+        assert_eq!(fused_engine(GemmEngine::Auto, &gpu, &[small; 2], 2), Ok(Engine::Hopper(HopperTile::Narrow)));
+        let off = GemmFacts { offsets: [8, 0], ..block };
+        assert_eq!(fused_engine(GemmEngine::Auto, &gpu, &[block, off], 2), Ok(Engine::TensorTile { wide: false }));
+        assert!(fused_engine(GemmEngine::Hopper, &gpu, &[block, off], 2).is_err());
+        assert!(fused_engine(GemmEngine::Cublas, &gpu, &[block], 1).is_err());
+    }
+}
