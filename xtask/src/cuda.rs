@@ -1023,6 +1023,47 @@ fn write_timelines(
             }
         }
     }
+    // The fused plans at D = 4: how long their copies take under the persistent kernels,
+    // in words (the kernel is one span; its waits are inside it).
+    for op in [OpKind::AgGemm, OpKind::GemmRs] {
+        let algorithm = Algorithm::Fused { chunks: 1 };
+        if !stamp.contains(&format!("{op} {}", algorithm.name())) {
+            continue;
+        }
+        let plan = build_plan(&seed000_problem(op, 4, shrink)?, algorithm)?;
+        let out = match backend.run(&plan, 1, Family::Realistic, &modes[0].1) {
+            Ok(out) => out,
+            Err(e) => {
+                println!("timeline: {} failed: {e}", plan.name);
+                continue;
+            }
+        };
+        let span = |f: &dyn Fn(&Op) -> bool| -> Vec<f64> {
+            out.op_times
+                .iter()
+                .filter(|(site, _, _)| f(&plan.programs[site.device].lanes[site.lane][site.index]))
+                .map(|(_, _, duration)| *duration)
+                .collect()
+        };
+        let copies = span(&|op| matches!(op, Op::Copy { .. }));
+        let gemms = span(&|op| matches!(op, Op::Gemm { .. }));
+        let stats = |xs: &[f64]| {
+            let mean = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
+            format!("{} of them, mean {mean:.1} µs, longest {:.1} µs", xs.len(), xs.iter().copied().fold(0.0, f64::max))
+        };
+        println!(
+            "timeline: {} plain, {:.1} µs with an event around every op: copies {}; GEMM spans {}",
+            plan.name,
+            out.gpu_time.as_secs_f64() * 1e6,
+            stats(&copies),
+            stats(&gemms)
+        );
+        let stem = format!("{op}-fused-d4-plain");
+        let title =
+            format!("{} plain: {:.1} µs with an event around every op", plan.name, out.gpu_time.as_secs_f64() * 1e6);
+        let timeline = cmm_core::timeline::Timeline::from_measured(&plan, title, &out.op_times);
+        fs::write(dir.join(format!("{stem}.svg")), timeline.svg())?;
+    }
     Ok(())
 }
 
