@@ -147,9 +147,9 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         step rehearsal-conformance-offsets 150 "$x" conformance --backend cuda --sync kernels --offset-starts \
             --case-timeout 30 --stamps "$scratch/offset-stamps"
         step rehearsal-conformance-wide-tiles 150 "$x" conformance --backend cuda --sync kernels --wide-tiles \
-            --case-timeout 30 --stamps "$scratch/wide-stamps"
-        step rehearsal-conformance-fused-ctas 60 "$x" conformance --backend cuda --sync kernels --filter fused \
-            --input f16,bf16 --fused-ctas-per-sm 2 --case-timeout 30 --stamps "$scratch/fused-ctas-stamps"
+            --no-hopper --case-timeout 30 --stamps "$scratch/wide-stamps"
+        step rehearsal-conformance-fused-ctas 60 "$x" conformance --backend cuda --sync kernels --no-hopper \
+            --filter fused --input f16,bf16 --fused-ctas-per-sm 2 --case-timeout 30 --stamps "$scratch/fused-ctas-stamps"
         step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
             --json "$out/bench-rehearsal.json" --timelines "$scratch/timelines"
         step rehearsal-model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-rehearsal.json"
@@ -164,6 +164,12 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             "$x" conformance --backend cuda --filter ring_d2_,ring_push_d2_ --case-timeout 60 --ungated --stamps "$scratch/sanitizer-stamps"
         step rehearsal-sanitizer-fused-command 90 env CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 \
             "$x" conformance --backend cuda --filter fused_d2_ --case-timeout 60 --ungated --stamps "$scratch/sanitizer-stamps"
+        step rehearsal-sanitizer-hopper-command 90 env CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 \
+            "$x" conformance --backend cuda --filter ring_d2_,fused_d2_ --hopper --case-timeout 60 --ungated \
+            --stamps "$scratch/sanitizer-stamps"
+        # The GEMM sweep's path (its spot checks included) on shapes 32 times smaller: the
+        # fake driver's times mean nothing.
+        step rehearsal-gemm-sweep 120 "$x" gemm-sweep --shrink 32 --reps 2 --json "$scratch/gemm-sweep.json"
     else
         unset CMM_REQUIRE_GPU
         {
