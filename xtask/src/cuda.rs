@@ -1031,7 +1031,9 @@ fn write_timelines(
             continue;
         }
         let plan = build_plan(&seed000_problem(op, 4, shrink)?, algorithm)?;
-        let out = match backend.run(&plan, 1, Family::Realistic, &modes[0].1) {
+        // cuBLAS cannot run a fused GEMM: the engine rule picks cmm's kernel.
+        let fused_options = CudaRunOptions { gemm: GemmEngine::Auto, ..modes[0].1 };
+        let out = match backend.run(&plan, 1, Family::Realistic, &fused_options) {
             Ok(out) => out,
             Err(e) => {
                 println!("timeline: {} failed: {e}", plan.name);
