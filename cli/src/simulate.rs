@@ -667,8 +667,8 @@ fn compare(problem: &cmm_core::Problem, profile: &Profile, potential: bool) -> R
 }
 
 /// The H200 bench the validation reads (committed with its run's summary).
-const H200_BENCH_FILE: &str = "docs/gpu-runs/2026-11-26-h200/2-2e575c7-bench-kernels.json";
-const H200_BENCH: &str = include_str!("../../docs/gpu-runs/2026-11-26-h200/2-2e575c7-bench-kernels.json");
+const H200_BENCH_FILE: &str = "docs/gpu-runs/2026-11-26-h200/3-501302d-bench-kernels.json";
+const H200_BENCH: &str = include_str!("../../docs/gpu-runs/2026-11-26-h200/3-501302d-bench-kernels.json");
 
 fn validate() -> Result<()> {
     let h100 = Profile::load("h100-nvlink")?;
@@ -734,8 +734,8 @@ fn validate() -> Result<()> {
     }
     println!();
     println!(
-        "the CUDA bench on one H200, 2026-11-26 at 2e575c7 (every plan, the fused ones on the Hopper engine and \
-         beside their compute-only twins), as --validate-bench reads it:"
+        "the CUDA bench on one H200, 2026-11-26 at 501302d (every plan beside its compute-only twin, the fused \
+         ones on the Hopper engine), as --validate-bench reads it:"
     );
     crate::bench_file::validate_bench_text(H200_BENCH, H200_BENCH_FILE)?;
     let tpu = Profile::load("tpuv4-torus")?;

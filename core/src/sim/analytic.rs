@@ -31,9 +31,28 @@ fn gemm_op_s(profile: &Profile, m: usize, n: usize, k: usize, input: DType, outp
     profile.launch_s() + profile.gemm_cost(m, n, k, input, output, false).work_s
 }
 
-/// One tile-granular GEMM over blocks of these rows (its work, no launch).
+/// One tile-granular GEMM over blocks of these rows (its work, no launch), on the engine
+/// cmm runs it on (blocks taken as TMA-aligned, as the ring plans' row blocks of dims that
+/// are multiples of 8 are), shared with the other devices' on one GPU.
 fn fused_gemm_s(profile: &Profile, blocks: &[usize], n: usize, k: usize, input: DType, output: DType) -> f64 {
-    profile.fused_gemm_cost(blocks, n, k, input, output, false).work_s
+    use crate::engines::{fused_engine, GemmEngine, GemmFacts};
+    let facts: Vec<GemmFacts> = blocks
+        .iter()
+        .map(|&m| GemmFacts {
+            mnk: [m, n, k],
+            dtypes: [input, input, output],
+            trans_a: false,
+            trans_b: false,
+            accumulate: false,
+            offsets: [0, 0],
+            strides: [k as u64, n as u64, n as u64],
+        })
+        .collect();
+    let devices = blocks.len().max(1);
+    let engine = fused_engine(GemmEngine::Auto, &profile.engine_support(), &facts, devices)
+        .unwrap_or(crate::engines::Engine::Cublas);
+    let shared = profile.interconnect.topology == super::TopologyKind::OneGpu && devices > 1;
+    profile.fused_gemm_cost_on(engine, blocks, n, k, input, output, false, shared).work_s
 }
 
 /// A software-pipelined loop of `iterations` whose iterations each run `pre` (communication
