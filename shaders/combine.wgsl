@@ -1,7 +1,7 @@
 // Top-k weighted combine: out[t] = Σ_slot w[t, slot] · rows[inv[t, slot]] over the
 // slots in order whose row exists (inv below the row count), f32, rounded once to
 // out's dtype. One invocation per (token, column), a loop over the slots. CPU twin:
-// `Op::Combine` in cmm-core `cpu.rs`.
+// `Op::Combine` in cmm-core `cpu/mod.rs`.
 
 struct CombineParams {
     cols: u32,

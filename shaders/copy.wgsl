@@ -1,6 +1,6 @@
 // Strided 2D copy of 32-bit words between two regions of the heap (local or across
 // virtual devices). One invocation per element, no loop. CPU twin: `Op::Copy` in
-// cmm-core `cpu.rs`. Rows beyond the 65,535 workgroups of one dimension are split
+// cmm-core `cpu/mod.rs`. Rows beyond the 65,535 workgroups of one dimension are split
 // into several dispatches by the host through `row_begin`.
 
 struct CopyParams {

@@ -3,7 +3,7 @@
 // rounded once to C's dtype; r' = r, or with `gather` the token of perm[r] minus
 // gather_base (a row outside A gives 0). With `zero_unrouted`, rows past the routed ones
 // become 0; other rows are not written. Every table entry is bounded before use. One
-// invocation per (row, column). CPU twin: `Op::GroupedGemm` in cmm-core `cpu.rs`.
+// invocation per (row, column). CPU twin: `Op::GroupedGemm` in cmm-core `cpu/mod.rs`.
 // Loops: a binary search over the groups (at most 32 steps), then k; the host keeps
 // k under lavapipe's 65,535.
 

@@ -5,6 +5,10 @@
 // Prepended to every stage by the host, after numeric.wgsl.
 
 override PART_WORDS: u32 = 268435456u;
+// False when the whole heap fits part 0 (the host builds a variant of every stage for
+// that case): then ld and st are one access. On a CPU adapter each branch below costs a
+// loop over the lanes whether any lane takes it or not.
+override SPLIT_HEAP: bool = true;
 
 @group(0) @binding(0) var<storage, read_write> mem0: array<u32>;
 @group(0) @binding(2) var<storage, read_write> mem1: array<u32>;
@@ -12,7 +16,7 @@ override PART_WORDS: u32 = 268435456u;
 @group(0) @binding(4) var<storage, read_write> mem3: array<u32>;
 
 fn ld(i: u32) -> u32 {
-    if (i < PART_WORDS) {
+    if (!SPLIT_HEAP || i < PART_WORDS) {
         return mem0[i];
     }
     let j = i - PART_WORDS;
@@ -27,7 +31,7 @@ fn ld(i: u32) -> u32 {
 }
 
 fn st(i: u32, v: u32) {
-    if (i < PART_WORDS) {
+    if (!SPLIT_HEAP || i < PART_WORDS) {
         mem0[i] = v;
         return;
     }

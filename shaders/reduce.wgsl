@@ -1,6 +1,6 @@
 // Elementwise sum of up to four regions, left to right in f32, rounded once to the
 // output dtype (one input: a conversion). One invocation per element, no loop. CPU
-// twin: `Op::Reduce` in cmm-core `cpu.rs`.
+// twin: `Op::Reduce` in cmm-core `cpu/mod.rs`.
 
 struct ReduceParams {
     rows: u32,

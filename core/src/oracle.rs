@@ -36,24 +36,14 @@ pub fn expected_outputs(problem: &dyn ShardedGemm, seed: u32, family: Family) ->
     let (m, n, k) = (g.m, g.n, g.k);
     let a = global_input(problem, 0, seed, family);
     let b = global_input(problem, 1, seed, family);
-    // B is walked row by row of op(B); transpose it once so the inner loop is contiguous.
-    let b_rows: Vec<f64> = if g.trans_b { (0..k * n).map(|x| b[g.b_index(x / n, x % n)]).collect() } else { b.clone() };
-    let mut c = vec![0.0f64; m * n];
-    let mut mag = vec![0.0f64; m * n];
-    for i in 0..m {
-        let (row, row_mag) = (&mut c[i * n..(i + 1) * n], &mut mag[i * n..(i + 1) * n]);
-        for p in 0..k {
-            let av = a[g.a_index(i, p)];
-            if av == 0.0 {
-                continue;
-            }
-            let brow = &b_rows[p * n..(p + 1) * n];
-            for j in 0..n {
-                row[j] += av * brow[j];
-                row_mag[j] += (av * brow[j]).abs();
-            }
-        }
-    }
+    let (a_rows, a_cols) = if g.trans_a { (1, m) } else { (k, 1) };
+    let (b_rows, b_cols) = if g.trans_b { (1, k) } else { (n, 1) };
+    let a_op = Strided { values: &a, row_stride: a_rows, col_stride: a_cols };
+    let b_op = Strided { values: &b, row_stride: b_rows, col_stride: b_cols };
+    let c = dgemm(m, n, k, a_op, b_op);
+    let (a_abs, b_abs): (Vec<f64>, Vec<f64>) =
+        (a.iter().map(|x| x.abs()).collect(), b.iter().map(|x| x.abs()).collect());
+    let mag = dgemm(m, n, k, Strided { values: &a_abs, ..a_op }, Strided { values: &b_abs, ..b_op });
     let w0 = problem.output_window_of(0);
     let cut = |src: &[f64], d: usize| {
         let w = problem.output_window_of(d);
@@ -71,6 +61,60 @@ pub fn expected_outputs(problem: &dyn ShardedGemm, seed: u32, family: Family) ->
         values: (0..devices).map(|d| cut(&c, d)).collect(),
         magnitudes: (0..devices).map(|d| cut(&mag, d)).collect(),
     }
+}
+
+/// A matrix in a slice with arbitrary row and column strides.
+#[derive(Clone, Copy, Debug)]
+pub struct Strided<'a> {
+    /// The elements.
+    pub values: &'a [f64],
+    /// Elements between one row and the next.
+    pub row_stride: usize,
+    /// Elements between one column and the next.
+    pub col_stride: usize,
+}
+
+impl<'a> Strided<'a> {
+    /// A row-major matrix of `cols` columns.
+    pub fn row_major(values: &'a [f64], cols: usize) -> Self {
+        Strided { values, row_stride: cols, col_stride: 1 }
+    }
+
+    /// Whether every element of a rows×cols matrix lies inside the slice.
+    fn holds(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || (rows - 1) * self.row_stride + (cols - 1) * self.col_stride < self.values.len()
+    }
+}
+
+/// `a · b` (m×k times k×n) in f64, row-major, through the blocked, threaded `dgemm` of
+/// the `matrixmultiply` crate. Its summation order is its own: exact for the exact
+/// family (small integers), within about 1e-16 relative of any other order otherwise,
+/// far inside every tolerance.
+#[allow(unsafe_code)]
+pub fn dgemm(m: usize, n: usize, k: usize, a: Strided<'_>, b: Strided<'_>) -> Vec<f64> {
+    assert!(a.holds(m, k) && b.holds(k, n), "dgemm operands smaller than {m}x{k} and {k}x{n}");
+    let mut c = vec![0.0f64; m * n];
+    // SAFETY: every element the strides address lies inside its slice (asserted above),
+    // `c` is a fresh m×n row-major buffer, and the strides fit isize (slice indices do).
+    unsafe {
+        matrixmultiply::dgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.values.as_ptr(),
+            a.row_stride as isize,
+            a.col_stride as isize,
+            b.values.as_ptr(),
+            b.row_stride as isize,
+            b.col_stride as isize,
+            0.0,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+    c
 }
 
 /// The expected value and |A|·|B| of single elements of the devices' outputs, each

@@ -1474,6 +1474,21 @@ impl PlanBuilder {
     }
 }
 
+/// A one-device plan of `reps` back-to-back GEMMs `C = A·B` (m×k times k×n) with
+/// `input` operands and an f32 output: what the benchmarks time on every executor.
+pub fn gemm_benchmark(m: usize, n: usize, k: usize, input: DType, reps: usize) -> Result<Plan, PlanError> {
+    let mut b = PlanBuilder::new(format!("bench gemm {m}x{n}x{k} {input}"), 1);
+    let a = b.buffer("A", input, m, k, BufferRole::whole_tensor(0, k));
+    let bb = b.buffer("B", input, k, n, BufferRole::whole_tensor(1, n));
+    let c = b.buffer("C", DType::F32, m, n, BufferRole::Output);
+    let lane = b.lane("compute");
+    for _ in 0..reps.max(1) {
+        let op = Op::gemm(b.whole(a), b.whole(bb), b.whole(c));
+        b.push(0, lane, op);
+    }
+    b.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

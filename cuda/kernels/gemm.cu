@@ -1,5 +1,5 @@
 // Tile GEMMs: C (+)= op(A)·op(B) with f32 accumulation, rounded once to C's dtype.
-// Twin of shaders/gemm.wgsl and the `Op::Gemm` arm of cmm-core cpu.rs.
+// Twin of shaders/gemm.wgsl and the `Op::Gemm` arm of cmm-core cpu/mod.rs.
 //
 // - cmm_gemm_mma_f16 / cmm_gemm_mma_bf16: tensor cores (mma.sync m16n8k16, f32
 //   accumulate) for f16 or bf16 A and B. 128 threads = 4 warps in 2×2, a 64×64 block

@@ -1,6 +1,6 @@
 // The Hopper GEMM engine: C (+)= A·op(B) for f16/bf16 A and B, f32 accumulation, on
 // sm_90a. Same contract as the tile kernels of gemm.cu (twin: the `Op::Gemm` arm of
-// cmm-core cpu.rs), another mainloop:
+// cmm-core cpu/mod.rs), another mainloop:
 //
 // - Tiles of 128×BN (BN = 256 or 128) in a persistent grid: CTA c takes tiles c, c + G,
 //   c + 2G, … of the run, in the run's order (block after block; inside a block, groups

@@ -1,6 +1,6 @@
 // The MoE ops: routing tables from the router's ids, the grouped GEMM by table and the
 // top-k weighted combine. Twins of shaders/route.wgsl, grouped_gemm.wgsl and
-// combine.wgsl (CPU twins in cmm-core `moe/route.rs` and `cpu.rs`). Products and sums
+// combine.wgsl (CPU twins in cmm-core `moe/route.rs` and `cpu/mod.rs`). Products and sums
 // use __fmul_rn/__fadd_rn so that no multiply-add is contracted: the bits are the
 // reference's. Table entries are bounded before every use.
 

@@ -1,7 +1,7 @@
 //! Getting a device: adapter selection (Vulkan first, then GL, then any backend), the
 //! adapter's real limits, and the compute pipelines built once per device.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::ReferenceError;
 use crate::params::PARAMS_SIZE;
@@ -22,12 +22,25 @@ pub struct Gpu {
     part_words: u64,
 }
 
-/// Every compute stage of the reference, sharing one bind group layout: bindings 0, 2,
-/// 3 and 4 = the heap's parts (`array<u32>`, read-write), binding 1 = the dispatch's
-/// parameters (uniform, dynamic offset).
+/// The bind group layout every stage shares — bindings 0, 2, 3 and 4 = the heap's parts
+/// (`array<u32>`, read-write), binding 1 = the dispatch's parameters (uniform, dynamic
+/// offset) — and the stages, built on first use in two variants.
 #[derive(Debug)]
 pub(crate) struct Pipelines {
     pub layout: wgpu::BindGroupLayout,
+    pipeline_layout: wgpu::PipelineLayout,
+    part_words: u64,
+    /// For a heap that fits its first part: `ld` and `st` touch binding 0 only. On a CPU
+    /// adapter every branch of a split-heap access runs as a loop over the lanes, taken
+    /// or not, so this variant makes memory-bound stages several times faster there.
+    one_part: OnceLock<Stages>,
+    /// For a heap over several parts.
+    split: OnceLock<Stages>,
+}
+
+/// Every compute stage of the reference, for one heap variant.
+#[derive(Debug)]
+pub(crate) struct Stages {
     pub gemm: wgpu::ComputePipeline,
     pub copy: wgpu::ComputePipeline,
     pub reduce: wgpu::ComputePipeline,
@@ -84,7 +97,6 @@ impl Pipelines {
             },
             count: None,
         };
-        let part_words = part_words as f64;
         let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some("cmm heap + params"),
             entries: &[
@@ -109,7 +121,19 @@ impl Pipelines {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
+        Pipelines { layout, pipeline_layout, part_words, one_part: OnceLock::new(), split: OnceLock::new() }
+    }
+
+    /// The stages for a heap of `heap_words` words, built on first use.
+    pub fn stages(&self, device: &wgpu::Device, heap_words: usize) -> &Stages {
+        let split = heap_words as u64 > self.part_words;
+        let cell = if split { &self.split } else { &self.one_part };
+        cell.get_or_init(|| self.build(device, split))
+    }
+
+    fn build(&self, device: &wgpu::Device, split: bool) -> Stages {
         let sources = stage_sources();
+        let constants = [("PART_WORDS", self.part_words as f64), ("SPLIT_HEAP", if split { 1.0 } else { 0.0 })];
         let build = |name: &str| {
             let source = &sources.iter().find(|(n, _)| *n == name).expect("known stage").1;
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -118,17 +142,14 @@ impl Pipelines {
             });
             device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(name),
-                layout: Some(&pipeline_layout),
+                layout: Some(&self.pipeline_layout),
                 module: &module,
                 entry_point: Some("main"),
-                compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &[("PART_WORDS", part_words)],
-                    ..Default::default()
-                },
+                compilation_options: wgpu::PipelineCompilationOptions { constants: &constants, ..Default::default() },
                 cache: None,
             })
         };
-        Pipelines {
+        Stages {
             gemm: build("gemm"),
             copy: build("copy"),
             reduce: build("reduce"),
@@ -140,7 +161,6 @@ impl Pipelines {
             route: build("route"),
             grouped_gemm: build("grouped_gemm"),
             combine: build("combine"),
-            layout,
         }
     }
 }

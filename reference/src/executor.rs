@@ -17,13 +17,17 @@ use cmm_core::plan::{attention_scale, AttnState, BufferRole, Causal, Op, Plan, R
 use cmm_core::schedule::{schedule_with, Order};
 use cmm_core::DType;
 
-use crate::context::{Gpu, HEAP_BINDINGS, HEAP_PARTS};
+use crate::context::{Gpu, Stages, HEAP_BINDINGS, HEAP_PARTS};
 use crate::error::ReferenceError;
 use crate::params::*;
 
-/// Largest K slice of one GEMM dispatch: 16,384 · 17/16 loop trips per invocation stay
+/// Largest K slice of one GEMM dispatch: 16,384 · 11/8 loop trips per invocation stay
 /// well below lavapipe's 65,535 (BRIEF §7).
 pub const GEMM_K_PER_DISPATCH: usize = 16_384;
+/// Columns of C one GEMM workgroup computes (`gemm.wgsl`).
+const GEMM_TILE_COLS: usize = 256;
+/// Rows of C one GEMM workgroup computes (`gemm.wgsl`).
+const GEMM_TILE_ROWS: usize = 256;
 
 /// Loop trips one attention invocation may take per dispatch, below lavapipe's 65,535
 /// (BRIEF §7): a 16-key tile costs 33·dh + 48 trips, the state 2·dh.
@@ -264,7 +268,7 @@ impl Encoder<'_> {
                 let owner = c_device.unwrap_or(device);
                 let (m, n) = (c.rows, c.cols);
                 let k = if *trans_a { a.rows } else { a.cols };
-                let (gx, gy) = (n.div_ceil(64), m.div_ceil(64));
+                let (gx, gy) = (n.div_ceil(GEMM_TILE_COLS), m.div_ceil(GEMM_TILE_ROWS));
                 if gx.max(gy) > self.max_groups as usize {
                     return Err(self.unsupported(format!(
                         "gemm {m}x{n} needs {gx}x{gy} workgroups, more than the adapter's {} per dimension",
@@ -634,18 +638,19 @@ impl Gpu {
         for (part, words) in heap.iter().zip(initial.chunks(part_words)) {
             self.queue.write_buffer(part, 0, bytemuck::cast_slice(words));
         }
-        self.submit_dispatches(&heap, &setup.dispatches)?;
+        let stages = self.pipelines.stages(&self.device, layout.total);
+        self.submit_dispatches(stages, &heap, &setup.dispatches)?;
         let t0 = Instant::now();
         let op_times = if options.time_ops {
             let mut times = Vec::with_capacity(op_ranges.len());
             for (site, range) in op_ranges {
                 let start = t0.elapsed();
-                self.submit_dispatches(&heap, &ops.dispatches[range])?;
+                self.submit_dispatches(stages, &heap, &ops.dispatches[range])?;
                 times.push(OpTiming { site, start, duration: t0.elapsed() - start });
             }
             Some(times)
         } else {
-            self.submit_dispatches(&heap, &ops.dispatches)?;
+            self.submit_dispatches(stages, &heap, &ops.dispatches)?;
             None
         };
         let execute = t0.elapsed();
@@ -706,7 +711,12 @@ impl Gpu {
             .collect()
     }
 
-    fn submit_dispatches(&self, heap: &[wgpu::Buffer], dispatches: &[Dispatch]) -> Result<(), ReferenceError> {
+    fn submit_dispatches(
+        &self,
+        stages: &Stages,
+        heap: &[wgpu::Buffer],
+        dispatches: &[Dispatch],
+    ) -> Result<(), ReferenceError> {
         if dispatches.is_empty() {
             return Ok(());
         }
@@ -750,17 +760,17 @@ impl Gpu {
             for (i, d) in dispatches.iter().enumerate() {
                 if current != Some(d.stage) {
                     pass.set_pipeline(match d.stage {
-                        Stage::Gemm => &self.pipelines.gemm,
-                        Stage::Copy => &self.pipelines.copy,
-                        Stage::Reduce => &self.pipelines.reduce,
-                        Stage::Route => &self.pipelines.route,
-                        Stage::GroupedGemm => &self.pipelines.grouped_gemm,
-                        Stage::Combine => &self.pipelines.combine,
-                        Stage::Pointwise => &self.pipelines.pointwise,
-                        Stage::Attend => &self.pipelines.attend,
-                        Stage::AttnState => &self.pipelines.attn_state,
-                        Stage::Generate => &self.pipelines.generate,
-                        Stage::Signal => &self.pipelines.signal,
+                        Stage::Gemm => &stages.gemm,
+                        Stage::Copy => &stages.copy,
+                        Stage::Reduce => &stages.reduce,
+                        Stage::Route => &stages.route,
+                        Stage::GroupedGemm => &stages.grouped_gemm,
+                        Stage::Combine => &stages.combine,
+                        Stage::Pointwise => &stages.pointwise,
+                        Stage::Attend => &stages.attend,
+                        Stage::AttnState => &stages.attn_state,
+                        Stage::Generate => &stages.generate,
+                        Stage::Signal => &stages.signal,
                     });
                     current = Some(d.stage);
                 }

@@ -13,7 +13,7 @@ pub mod params;
 use std::time::Duration;
 
 use cmm_core::generator::Family;
-use cmm_core::plan::{BufferRole, Op, Plan, PlanBuilder};
+use cmm_core::plan::{BufferRole, Plan, PlanBuilder};
 use cmm_core::DType;
 
 pub use context::{stage_sources, Gpu};
@@ -83,16 +83,7 @@ impl Reference {
     /// Throughput of the GEMM shader in GFLOP/s: `reps` back-to-back `m×k · k×n` GEMMs
     /// with `dtype` inputs and f32 output, timed from submission to completion.
     pub fn gemm_gflops(&self, m: usize, n: usize, k: usize, dtype: DType, reps: usize) -> Result<f64, ReferenceError> {
-        let mut b = PlanBuilder::new(format!("bench gemm {m}x{n}x{k} {dtype}"), 1);
-        let a = b.buffer("A", dtype, m, k, BufferRole::whole_tensor(0, k));
-        let bb = b.buffer("B", dtype, k, n, BufferRole::whole_tensor(1, n));
-        let c = b.buffer("C", DType::F32, m, n, BufferRole::Output);
-        let lane = b.lane("compute");
-        for _ in 0..reps.max(1) {
-            let op = Op::gemm(b.whole(a), b.whole(bb), b.whole(c));
-            b.push(0, lane, op);
-        }
-        let plan = b.finish()?;
+        let plan = cmm_core::plan::gemm_benchmark(m, n, k, dtype, reps)?;
         let out = self.run(&plan, 1, Family::Realistic)?;
         let secs = out.execute.max(Duration::from_nanos(1)).as_secs_f64();
         Ok(2.0 * (m * n * k) as f64 * reps.max(1) as f64 / secs / 1e9)

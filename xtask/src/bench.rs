@@ -1,12 +1,15 @@
-//! `cargo xtask bench --backend reference`: GFLOP/s of the reference's GEMM shader beside
-//! native CPU sgemm (the `matrixmultiply` crate, on every core like lavapipe) on the same shapes, in
-//! the same run.
+//! `cargo xtask bench --backend reference` / `--backend cpu`: GFLOP/s of the reference's
+//! GEMM shader, or of the CPU twin's GEMM op, beside native CPU sgemm (the
+//! `matrixmultiply` crate, on every core like lavapipe) on the same shapes in the same run;
+//! for the CPU, the f64 oracle beside native dgemm; and `cmm golden` end to end on one
+//! kernel engineer's case on either backend.
 
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
-use cmm_core::DType;
+use cmm_conformance::{run_corpus_to, Backend, CpuTwin, Options};
+use cmm_core::{cpu, oracle, DType, Family, OpKind, Problem};
 use cmm_reference::Reference;
 
 /// Which executor to measure.
@@ -14,6 +17,8 @@ use cmm_reference::Reference;
 pub enum BenchBackend {
     /// The wgpu reference.
     Reference,
+    /// The CPU twin and the f64 oracle.
+    Cpu,
     /// The CUDA backend (gated on a conformance stamp).
     Cuda,
 }
@@ -59,6 +64,26 @@ fn parse_shrink(text: &str) -> Result<usize, String> {
 
 /// Shapes measured, as (M, N, K).
 const SHAPES: [(usize, usize, usize); 3] = [(256, 256, 256), (512, 512, 512), (256, 1024, 512)];
+
+/// Shapes the CPU twin is measured on, as (M, N, K): one device's GEMM of
+/// [`GOLDEN_CASE`], and the whole case's global GEMM.
+const CPU_SHAPES: [(usize, usize, usize); 2] = [(2048, 256, 2048), (2048, 2048, 2048)];
+
+/// The case `cmm golden` is timed on: AG+GEMM at D = 8, M = N = K = 2048, bf16,
+/// realistic (17.2 GFLOP of device GEMMs), the size a kernel engineer tests.
+const GOLDEN_CASE: &str = r#"[[case]]
+name = "bench_ag_gemm_d8_2048"
+op = "ag_gemm"
+devices = 8
+algorithm = "ring"
+m = 2048
+n = 2048
+k = 2048
+input = "bf16"
+output = "bf16"
+family = "realistic"
+seed = 7
+"#;
 
 /// GEMMs submitted back to back in one timed reference run.
 const GEMMS_PER_RUN: usize = 4;
@@ -149,6 +174,9 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some((_, flag)) = cuda_only.iter().find(|(given, _)| *given) {
         bail!("{flag} applies to `bench --backend cuda`, not to the reference's GEMM table");
     }
+    if args.backend == BenchBackend::Cpu {
+        return cpu_tables(args.reps);
+    }
     let reference = Reference::new().context("cannot start the wgpu reference")?;
     println!("adapter: {}", reference.adapter_summary());
     println!(
@@ -181,5 +209,110 @@ pub fn run(args: &Args) -> Result<()> {
             );
         }
     }
+    println!();
+    golden_end_to_end(&reference)
+}
+
+/// The CPU twin's GEMM op beside native sgemm, the oracle beside native dgemm, and
+/// `cmm golden --backend cpu` of [`GOLDEN_CASE`].
+fn cpu_tables(reps: u32) -> Result<()> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("twin:   median of {reps} runs of the CPU twin's GEMM op (cmm_core::cpu::execute: decode, pack, blocked kernel, encode), f32 output");
+    println!("native: median of {reps} calls of matrixmultiply::sgemm / dgemm ({threads} threads) on the same shape");
+    println!();
+    println!("{:>14}  {:<5}  {:>11}  {:>12}  {:>9}", "MxNxK", "input", "twin GF/s", "native GF/s", "twin/nat");
+    for (m, n, k) in CPU_SHAPES {
+        let native = native_sgemm_gflops(m, n, k, reps);
+        for dtype in DTYPES {
+            let plan = cmm_core::plan::gemm_benchmark(m, n, k, dtype, 1)?;
+            let op = &plan.programs[0].lanes[0][0];
+            let mut memory = cpu::initial_memory(&plan, 1, Family::Realistic);
+            cpu::execute(&plan, &mut memory, 0, op); // warm-up
+            let times = (0..reps)
+                .map(|_| {
+                    let start = Instant::now();
+                    cpu::execute(&plan, &mut memory, 0, op);
+                    start.elapsed().as_secs_f64()
+                })
+                .collect();
+            let twin = 2.0 * (m * n * k) as f64 / median(times) / 1e9;
+            println!(
+                "{:>14}  {:<5}  {:>11.2}  {:>12.2}  {:>9.4}",
+                format!("{m}x{n}x{k}"),
+                dtype.name(),
+                twin,
+                native,
+                twin / native
+            );
+        }
+    }
+    println!();
+    // The oracle computes C and |A|·|B|, two global GEMMs, after generating the inputs.
+    let (d, m, n, k) = (8, 2048, 2048, 2048);
+    let problem = Problem::new(OpKind::AgGemm, d, m, n, k, DType::Bf16, DType::Bf16)?;
+    let times = (0..reps)
+        .map(|_| {
+            let start = Instant::now();
+            std::hint::black_box(oracle::expected_outputs(&problem, 7, Family::Realistic));
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    let oracle_rate = 2.0 * 2.0 * (m * n * k) as f64 / median(times) / 1e9;
+    let native = native_dgemm_gflops(m, n, k, reps);
+    println!("f64 oracle of ag_gemm D={d} {m}x{n}x{k} bf16 (inputs, C and |A|·|B|: two GEMMs counted)");
+    println!("{:>14}  {:>11}  {:>12}  {:>9}", "MxNxK", "oracle GF/s", "dgemm GF/s", "orc/nat");
+    println!("{:>14}  {:>11.2}  {:>12.2}  {:>9.4}", format!("{m}x{n}x{k}"), oracle_rate, native, oracle_rate / native);
+    println!();
+    golden_end_to_end(&CpuTwin)
+}
+
+/// Median GFLOP/s of `reps` `matrixmultiply::dgemm` calls (threaded) through the oracle's
+/// own entry point.
+fn native_dgemm_gflops(m: usize, n: usize, k: usize, reps: u32) -> f64 {
+    let a: Vec<f64> = (0..m * k).map(|x| (x % 7) as f64 - 3.0).collect();
+    let b: Vec<f64> = (0..k * n).map(|x| (x % 5) as f64 - 2.0).collect();
+    std::hint::black_box(oracle::dgemm(m, n, k, oracle::Strided::row_major(&a, k), oracle::Strided::row_major(&b, n))); // warm-up
+    let times = (0..reps)
+        .map(|_| {
+            let start = Instant::now();
+            std::hint::black_box(oracle::dgemm(
+                m,
+                n,
+                k,
+                oracle::Strided::row_major(&a, k),
+                oracle::Strided::row_major(&b, n),
+            ));
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    2.0 * (m * n * k) as f64 / median(times) / 1e9
+}
+
+/// `cmm golden` of [`GOLDEN_CASE`] on `backend`, end to end: plan, inputs, run, f64
+/// oracle check, golden and `.npy` export, into a scratch directory.
+fn golden_end_to_end(backend: &dyn Backend) -> Result<()> {
+    let scratch = std::env::temp_dir().join(format!("cmm-bench-golden-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    std::fs::write(scratch.join("case.toml"), GOLDEN_CASE).context("writing the bench case")?;
+    let out = scratch.join("out");
+    let options = Options {
+        bless: true,
+        export: Some(out.clone()),
+        cases_dir: scratch.clone(),
+        golden_dir: out.join("golden"),
+        ..Options::default()
+    };
+    let start = Instant::now();
+    let summary = run_corpus_to(backend, &options, &mut std::io::sink());
+    let seconds = start.elapsed().as_secs_f64();
+    std::fs::remove_dir_all(&scratch).with_context(|| format!("removing {}", scratch.display()))?;
+    let summary = summary.context("cmm golden of the bench case")?;
+    if summary.failed > 0 {
+        bail!("the bench case failed its oracle check on {}", backend.name());
+    }
+    println!(
+        "cmm golden --backend {} of ag_gemm D=8 2048x2048x2048 bf16 realistic, end to end: {seconds:.2} s",
+        backend.name()
+    );
     Ok(())
 }

@@ -41,20 +41,12 @@ impl Mat {
     /// `self · other`.
     fn mul(&self, other: &Mat) -> Mat {
         assert_eq!(self.cols, other.rows);
-        let mut out = Mat::zeros(self.rows, other.cols);
-        for i in 0..self.rows {
-            let row = &mut out.v[i * other.cols..(i + 1) * other.cols];
-            for p in 0..self.cols {
-                let a = self.v[i * self.cols + p];
-                if a == 0.0 {
-                    continue;
-                }
-                for (o, &b) in row.iter_mut().zip(&other.v[p * other.cols..(p + 1) * other.cols]) {
-                    *o += a * b;
-                }
-            }
-        }
-        out
+        let v = crate::oracle::dgemm(self.rows, other.cols, self.cols, self.strided(), other.strided());
+        Mat { rows: self.rows, cols: other.cols, v }
+    }
+
+    fn strided(&self) -> crate::oracle::Strided<'_> {
+        crate::oracle::Strided::row_major(&self.v, self.cols)
     }
 
     fn t(&self) -> Mat {

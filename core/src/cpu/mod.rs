@@ -4,6 +4,8 @@
 //! `generate.wgsl`). It runs small plans quickly in unit tests and documents what
 //! each shader computes.
 
+mod gemm;
+
 use crate::attention::online;
 use crate::dtype::DType;
 use crate::generator::{element_bits, Family};
@@ -72,16 +74,21 @@ pub fn run_with(plan: &Plan, seed: u32, family: Family, order: Order) -> Result<
     plan.check_generator_range()?;
     check_routing(plan, seed)?;
     let sched = schedule_with(plan, order)?;
-    let mut mem: Memory = (0..plan.devices)
-        .map(|d| {
-            plan.buffers.iter().map(|b| generate_input(&b.role, d, b.rows, b.cols, b.dtype, seed, family)).collect()
-        })
-        .collect();
+    let mut mem = initial_memory(plan, seed, family);
     for site in sched.order {
         let op = &plan.programs[site.device].lanes[site.lane][site.index];
         execute(plan, &mut mem, site.device, op);
     }
     Ok(mem)
+}
+
+/// Every device's memory before the plan runs: inputs generated, the rest poison.
+pub fn initial_memory(plan: &Plan, seed: u32, family: Family) -> Memory {
+    (0..plan.devices)
+        .map(|d| {
+            plan.buffers.iter().map(|b| generate_input(&b.role, d, b.rows, b.cols, b.dtype, seed, family)).collect()
+        })
+        .collect()
 }
 
 /// Executes one op of device `device`.
@@ -92,25 +99,21 @@ pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
             let (m, n) = (c.rows, c.cols);
             let k = if *trans_a { a.rows } else { a.cols };
             let owner = c_device.unwrap_or(device);
-            let dev = &mem[device];
-            let mut out = vec![0u32; m * n];
-            for i in 0..m {
-                for j in 0..n {
-                    let mut acc = if *accumulate { f32::from_bits(mem[owner][c.buf.0][at(c, i, j)]) } else { 0.0 };
-                    for p in 0..k {
-                        let ai = if *trans_a { at(a, p, i) } else { at(a, i, p) };
-                        let bi = if *trans_b { at(b, j, p) } else { at(b, p, j) };
-                        let x = dt(a).decode(dev[a.buf.0][ai]);
-                        let y = dt(b).decode(dev[b.buf.0][bi]);
-                        acc += x * y;
-                    }
-                    out[i * n + j] = dt(c).encode(acc);
-                }
-            }
-            for i in 0..m {
-                for j in 0..n {
-                    mem[owner][c.buf.0][at(c, i, j)] = out[i * n + j];
-                }
+            let c_words = &mem[owner][c.buf.0];
+            let mut out: Vec<f32> = if *accumulate {
+                (0..m * n).map(|x| f32::from_bits(c_words[at(c, x / n, x % n)])).collect()
+            } else {
+                vec![0.0; m * n]
+            };
+            let (a_words, b_words) = (&mem[device][a.buf.0], &mem[device][b.buf.0]);
+            let (a_type, b_type) = (dt(a), dt(b));
+            let get_a = |i: usize, p: usize| a_type.decode(a_words[if *trans_a { at(a, p, i) } else { at(a, i, p) }]);
+            let get_b = |p: usize, j: usize| b_type.decode(b_words[if *trans_b { at(b, j, p) } else { at(b, p, j) }]);
+            gemm::gemm(m, n, k, &get_a, &get_b, &mut out);
+            let c_type = dt(c);
+            let c_words = &mut mem[owner][c.buf.0];
+            for (x, value) in out.into_iter().enumerate() {
+                c_words[at(c, x / n, x % n)] = c_type.encode(value);
             }
         }
         Op::Copy { src, dst_device, dst, .. } => {
@@ -148,25 +151,27 @@ pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
             let group = heads / kv_heads;
             let scale = attention_scale(dh);
             let dev = &mem[device];
-            let get = |r: &Region, i: usize, j: usize| dt(r).decode(dev[r.buf.0][at(r, i, j)]);
-            let mut states = Vec::with_capacity(q.rows * heads);
-            for i in 0..q.rows {
-                for h in 0..*heads {
-                    let g = h / group;
-                    let mut row = if *fresh { online::RowState::empty(dh) } else { read_state(dev, state, i, h, dh) };
-                    let query: Vec<f32> = (0..dh).map(|c| get(q, i, h * dh + c)).collect();
-                    online::attend(
-                        &mut row,
-                        &query,
-                        k.rows,
-                        scale,
-                        |j, c| get(k, j, g * dh + c),
-                        |j, c| get(v, j, g * dh + c),
-                        |j| causal.is_none_or(|m| m.visible(i, j)),
-                    );
-                    states.push(row);
-                }
-            }
+            // Keys and values decoded once; the arithmetic is online::attend's, per
+            // (row, head), so spreading the rows over threads keeps every bit.
+            let (keys, values) = (decode_region(dev, k, dt(k)), decode_region(dev, v, dt(v)));
+            let q_type = dt(q);
+            let work = q.rows * heads * k.rows * dh;
+            let states = parallel_map(q.rows * heads, work, |n| {
+                let (i, h) = (n / heads, n % heads);
+                let g = h / group;
+                let mut row = if *fresh { online::RowState::empty(dh) } else { read_state(dev, state, i, h, dh) };
+                let query: Vec<f32> = (0..dh).map(|c| q_type.decode(dev[q.buf.0][at(q, i, h * dh + c)])).collect();
+                online::attend(
+                    &mut row,
+                    &query,
+                    k.rows,
+                    scale,
+                    |j, c| keys[j * k.cols + g * dh + c],
+                    |j, c| values[j * v.cols + g * dh + c],
+                    |j| causal.is_none_or(|m| m.visible(i, j)),
+                );
+                row
+            });
             for (n, row) in states.iter().enumerate() {
                 write_state(&mut mem[device], state, n / heads, n % heads, row);
             }
@@ -213,7 +218,9 @@ pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
             let bound = |x: u32| (x as usize).min(c.rows);
             let start = |e: usize| bound(seg[e * chunks + chunk]);
             let routed = bound(seg[seg.len() - 1]);
-            let mut rows: Vec<(usize, Vec<u32>)> = Vec::new();
+            // Each routed row of c: its expert and the row of a it reads.
+            let mut routed_rows: Vec<(usize, usize, usize)> = Vec::new();
+            let mut zero_rows: Vec<usize> = Vec::new();
             // perm has c's rows (plan validation).
             for (r, &slot) in perm.iter().enumerate() {
                 // The last group whose segment starts at or before r, by the shaders'
@@ -233,7 +240,7 @@ pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
                 let expert = (lo > groups.start && r < bound(seg[(lo - 1) * chunks + chunk + 1])).then(|| lo - 1);
                 let Some(e) = expert else {
                     if *zero_unrouted && r >= routed {
-                        rows.push((r, vec![dt(c).encode(0.0); c.cols]));
+                        zero_rows.push(r);
                     }
                     continue;
                 };
@@ -244,24 +251,35 @@ pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
                         token.and_then(|t| t.checked_sub(*base)).filter(|&t| t < a.rows)
                     }
                 };
-                let out = (0..c.cols)
-                    .map(|j| {
-                        let mut acc = 0.0f32;
-                        if let Some(i) = src {
-                            for p in 0..k {
-                                let x = dt(a).decode(dev[a.buf.0][at(a, i, p)]);
-                                let y = dt(b).decode(dev[b.buf.0][at(b, e * k + p, j)]);
-                                acc += x * y;
-                            }
-                        }
-                        dt(c).encode(acc)
-                    })
-                    .collect();
-                rows.push((r, out));
+                match src {
+                    Some(i) => routed_rows.push((r, e, i)),
+                    // No source row: the sum of nothing, 0.
+                    None => zero_rows.push(r),
+                }
             }
-            for (r, out) in rows {
-                for (j, w) in out.into_iter().enumerate() {
-                    mem[device][c.buf.0][at(c, r, j)] = w;
+            // Consecutive rows of one expert form one GEMM against that expert's B.
+            let (a_type, b_type) = (dt(a), dt(b));
+            let (a_words, b_words) = (&dev[a.buf.0], &dev[b.buf.0]);
+            let mut results: Vec<(usize, Vec<f32>)> = Vec::new();
+            for run in routed_rows.chunk_by(|x, y| x.1 == y.1) {
+                let e = run[0].1;
+                let sources: Vec<usize> = run.iter().map(|x| x.2).collect();
+                let get_a = |i: usize, p: usize| a_type.decode(a_words[at(a, sources[i], p)]);
+                let get_b = |p: usize, j: usize| b_type.decode(b_words[at(b, e * k + p, j)]);
+                let mut out = vec![0.0f32; run.len() * c.cols];
+                gemm::gemm(run.len(), c.cols, k, &get_a, &get_b, &mut out);
+                results.extend(run.iter().zip(out.chunks_exact(c.cols)).map(|(x, row)| (x.0, row.to_vec())));
+            }
+            let c_type = dt(c);
+            let c_words = &mut mem[device][c.buf.0];
+            for r in zero_rows {
+                for j in 0..c.cols {
+                    c_words[at(c, r, j)] = c_type.encode(0.0);
+                }
+            }
+            for (r, row) in results {
+                for (j, value) in row.into_iter().enumerate() {
+                    c_words[at(c, r, j)] = c_type.encode(value);
                 }
             }
         }
@@ -285,6 +303,30 @@ pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
         }
         Op::Signal { .. } | Op::Wait { .. } => {}
     }
+}
+
+/// A region's elements decoded to f32, row-major.
+fn decode_region(dev: &[Vec<u32>], r: &Region, dtype: DType) -> Vec<f32> {
+    (0..r.rows).flat_map(|i| (0..r.cols).map(move |j| dtype.decode(dev[r.buf.0][at(r, i, j)]))).collect()
+}
+
+/// `(0..count).map(f)`, spread over the cores when `work` (multiply-adds, roughly) is
+/// worth starting threads for; the results come back in index order.
+fn parallel_map<T: Send>(count: usize, work: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let threads =
+        if work < gemm::THREADED_FROM { 1 } else { std::thread::available_parallelism().map_or(1, |t| t.get()) };
+    if threads <= 1 || count < 2 {
+        return (0..count).map(f).collect();
+    }
+    let per_thread = count.div_ceil(threads);
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..count)
+            .step_by(per_thread)
+            .map(|first| scope.spawn(move || (first..count.min(first + per_thread)).map(f).collect::<Vec<T>>()))
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
 }
 
 /// The words of a region, row-major.
