@@ -16,11 +16,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use cmm_conformance::{
-    load_corpus, run_corpus, write_report, Backend, CaseRecord, CpuTwin, Options, OutputFiles, Summary,
-};
-use cmm_core::schedule::{orders, schedule_with};
-use cmm_core::verify::{check_cells, verify_in, Cells};
+use cmm_conformance::{load_corpus, run_corpus, write_report, Backend, CpuTwin, Options, OutputFiles, Summary};
 use cmm_core::Plan;
 use cmm_reference::Reference;
 
@@ -98,9 +94,9 @@ enum Command {
     Verify {
         /// The plan file.
         plan: PathBuf,
-        /// Interleavings to replay (the default order first).
-        #[arg(long, default_value_t = 4)]
-        schedules: usize,
+        /// Interleavings to replay (the default order first), at least 1.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+        schedules: u32,
         /// Also write a report, one test case per interleaving: JSON for .json, JUnit XML
         /// for .xml.
         #[arg(long)]
@@ -116,10 +112,11 @@ enum Command {
 
 fn main() -> ExitCode {
     cmm_cli::end_quietly_on_a_closed_pipe();
+    cmm_cli::no_wayland_display_without_a_session();
     match run(Cli::parse().command) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", cmm_cli::describe_error(&e));
             ExitCode::FAILURE
         }
     }
@@ -132,7 +129,7 @@ fn run(command: Command) -> Result<ExitCode> {
             check(&cases, &golden, &outputs, filter, report.as_deref())
         }
         Command::Plan { cases, case, out } => plan(&cases, &case, out.as_deref()),
-        Command::Verify { plan, schedules, report } => verify_file(&plan, schedules, report.as_deref()),
+        Command::Verify { plan, schedules, report } => verify_file(&plan, schedules as usize, report.as_deref()),
         Command::Simulate(args) => cmm_cli::simulate::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Tune(args) => cmm_cli::tune::run(&args).map(|()| ExitCode::SUCCESS),
     }
@@ -180,8 +177,9 @@ fn check(
     filter: Option<String>,
     report: Option<&Path>,
 ) -> Result<ExitCode> {
+    let protected: [(&str, &Path); 3] = [("the cases", cases), ("the goldens", golden), ("the outputs", outputs)];
     if let Some(path) = report {
-        cmm_conformance::check_report_path(path)?;
+        cmm_conformance::check_report_path(path, &protected)?;
     }
     let corpus = load_corpus(cases)?;
     let files = OutputFiles::new(outputs, &corpus);
@@ -200,7 +198,7 @@ fn check(
     }
     let summary = run_corpus(&files, &options).context("checking the outputs")?;
     if let Some(path) = report {
-        write_report(path, &summary.backend, &summary.records)?;
+        write_report(path, "cmm check", &summary.backend, &summary.records, &protected)?;
         println!("report: {}", path.display());
     }
     Ok(exit(&summary))
@@ -224,86 +222,18 @@ fn read_plan(path: &Path) -> Result<Plan> {
 }
 
 fn verify_file(path: &Path, schedules: usize, report: Option<&Path>) -> Result<ExitCode> {
-    if let Some(path) = report {
-        cmm_conformance::check_report_path(path)?;
+    let protected: [(&str, &Path); 1] = [("the plan file", path)];
+    if let Some(report) = report {
+        cmm_conformance::check_report_path(report, &protected)?;
     }
     let plan = read_plan(path)?;
-    let cells = Cells::of(&plan);
-    println!(
-        "plan {}: {} devices, {} lanes, {} ops; its {} buffer elements shadowed in {} cells",
-        plan.name,
-        plan.devices,
-        plan.lanes.len(),
-        plan.op_count(),
-        plan.elements(),
-        cells.per_device() * plan.devices as u64
-    );
-    check_cells(&plan, &cells).with_context(|| format!("{}", path.display()))?;
-    let mut findings = 0;
-    let mut records = Vec::new();
-    for order in orders(schedules.max(1), plan.devices) {
-        let found: Vec<String> = match schedule_with(&plan, order) {
-            Ok(schedule) => verify_in(&plan, &schedule, &cells)?.iter().map(|f| f.describe(&plan)).collect(),
-            Err(deadlock) => vec![deadlock.to_string()],
-        };
-        for f in &found {
-            println!("{order}: {f}");
-        }
-        if found.is_empty() {
-            println!("{order}: no finding");
-        }
-        findings += found.len();
-        records.push(CaseRecord {
-            name: format!("{} [{order}]", plan.name),
-            op: "verify".into(),
-            algorithm: String::new(),
-            devices: plan.devices.to_string(),
-            shape: String::new(),
-            dtype: String::new(),
-            family: String::new(),
-            passed: found.is_empty(),
-            time_ms: None,
-            max_error: None,
-            reason: found.join("; "),
-        });
-    }
-    if let Some(path) = report {
-        write_report(path, "verifier", &records)?;
-        println!("report: {}", path.display());
-    }
-    if findings > 0 {
-        println!("{findings} finding(s)");
-        return Ok(ExitCode::FAILURE);
-    }
-    println!("verified under {} interleaving(s): no race, no deadlock, no read of unwritten memory", schedules.max(1));
-    for line in queue_advice(&plan)? {
+    let verification = cmm_cli::verify::verify_plan(&plan, schedules).with_context(|| format!("{}", path.display()))?;
+    for line in &verification.lines {
         println!("{line}");
     }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// What a CUDA executor's enqueue order does with the plan on the GPU's FIFO hardware
-/// queues (`CUDA_DEVICE_MAX_CONNECTIONS`, docs/cuda.md): the schedule order cannot hang on
-/// any number of them; enqueueing each lane whole, device by device, may.
-fn queue_advice(plan: &Plan) -> Result<Vec<String>> {
-    use cmm_core::verify::queues::{check_enqueue_order, schedule_order, whole_lane_order, EnqueueError};
-    use cmm_core::verify::queues::{DEFAULT_QUEUES, MAX_QUEUES};
-    let mut lines = Vec::new();
-    match check_enqueue_order(plan, &schedule_order(plan)?, 1) {
-        Ok(()) => lines.push(
-            "hardware queues: enqueued in schedule order, the plan cannot hang on any number of CUDA's FIFO \
-             queues (proven on one)"
-                .to_string(),
-        ),
-        Err(e) => lines.push(format!("hardware queues: enqueued in schedule order: {e}")),
+    if let Some(path) = report {
+        write_report(path, "cmm verify", "verifier", &verification.records, &protected)?;
+        println!("report: {}", path.display());
     }
-    for queues in [DEFAULT_QUEUES, MAX_QUEUES] {
-        let whole = "hardware queues: enqueued lane by lane (each lane whole, device by device)";
-        lines.push(match check_enqueue_order(plan, &whole_lane_order(plan), queues) {
-            Ok(()) => format!("{whole}, it cannot hang on {queues} queues"),
-            Err(EnqueueError::Hang(hang)) => format!("{whole}: {hang}"),
-            Err(e) => bail!("{e}"),
-        });
-    }
-    Ok(lines)
+    Ok(if verification.findings > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

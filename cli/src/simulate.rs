@@ -168,14 +168,19 @@ fn parse_pass(s: &str) -> Result<Pass, String> {
     s.parse()
 }
 
-fn torus_dims(spec: &Option<String>) -> Result<Option<Vec<usize>>> {
+/// The dimensions of a shape such as `4x4`, given as the value of `flag`.
+fn grid_dims(flag: &str, spec: &Option<String>) -> Result<Option<Vec<usize>>> {
     spec.as_ref()
         .map(|s| {
             s.split('x')
-                .map(|p| p.trim().parse::<usize>().with_context(|| format!("--torus {s}: expected e.g. 4x4")))
+                .map(|p| p.trim().parse::<usize>().with_context(|| format!("{flag} {s}: expected e.g. 4x4")))
                 .collect()
         })
         .transpose()
+}
+
+fn torus_dims(spec: &Option<String>) -> Result<Option<Vec<usize>>> {
+    grid_dims("--torus", spec)
 }
 
 fn write_timeline(args: &Args, timeline: &Timeline) -> Result<()> {
@@ -364,7 +369,7 @@ fn plan_file(args: &Args, path: &std::path::Path) -> Result<()> {
 
 /// `--mesh`: one 2D plan simulated on the mesh, beside seed 002's analytic estimate.
 fn mesh_gemm(args: &Args, mesh: &str) -> Result<()> {
-    let dims = torus_dims(&Some(mesh.to_string()))?.unwrap_or_default();
+    let dims = grid_dims("--mesh", &Some(mesh.to_string()))?.unwrap_or_default();
     let [nr, nc] = dims[..] else { bail!("--mesh {mesh}: expected NRxNC, e.g. 4x4") };
     let pa = &args.problem;
     let (Some(m), Some(n), Some(k)) = (pa.m, pa.n, pa.k) else {

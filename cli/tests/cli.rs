@@ -3,34 +3,12 @@
 //! single wrong element), a plan file that verifies and one with a missing wait that
 //! does not, and a simulation.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn cmm(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cmm")).args(args).current_dir(dir).output().expect("cmm runs")
-}
+use std::path::Path;
+use std::process::Command;
 
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-/// A fresh directory outside the repository, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("cmm-cli-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::{bf16_round, cmm, text, Scratch};
 
 const CASES: &str = r#"
 [[case]]
@@ -63,12 +41,13 @@ family = "exact"
 seed = 9
 "#;
 
-/// Adds `delta` to element (row, col) of an f32 `.npy` matrix of `cols` columns.
+/// Adds `delta` to element (row, col) of an f32 `.npy` matrix of `cols` columns holding
+/// bf16 values, rounding the sum to bf16 as a kernel's epilogue would.
 fn nudge(path: &Path, row: usize, col: usize, cols: usize, delta: f32) {
     let mut bytes = std::fs::read(path).unwrap();
     let header = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
     let at = 10 + header + 4 * (row * cols + col);
-    let v = f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) + delta;
+    let v = bf16_round(f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) + delta);
     bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
     std::fs::write(path, bytes).unwrap();
 }
@@ -106,7 +85,9 @@ fn golden_then_check_passes_right_outputs_and_names_the_wrong_element() {
     let o = cmm(&s.0, &check);
     assert!(!o.status.success());
     let out = text(&o);
-    assert!(out.contains("dev 2 (row 3, col 5)") && out.contains("1 of 2048 elements off"), "{out}");
+    // Device 2 holds columns 16..24 of the global C.
+    assert!(out.contains("dev 2 (row 3, col 5 of its output; global row 3, col 21)"), "{out}");
+    assert!(out.contains("1 of 2048 elements off"), "{out}");
     assert!(out.contains("1 passed, 1 failed"), "{out}");
 
     // A missing file is a failed case naming the path, not a crash.
@@ -233,6 +214,10 @@ fn the_guide_works_as_written() {
     assert!(right.status.success() && text(&right).contains("1 passed, 0 failed"), "{}", text(&right));
     let wrong = cmm(&s.0, &["check", "--cases", "my.toml", "--golden", "g", "--outputs", "wrong"]);
     assert!(!wrong.status.success());
-    assert!(text(&wrong).contains("oracle: dev 2 (row 3, col 5)"), "{}", text(&wrong));
+    assert!(
+        text(&wrong).contains("oracle: dev 2 (row 3, col 5 of its output; global row 3, col 21) got 100 expected"),
+        "{}",
+        text(&wrong)
+    );
     assert!(text(&wrong).contains("1 of 2048 elements off"), "{}", text(&wrong));
 }

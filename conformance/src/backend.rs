@@ -41,11 +41,17 @@ pub trait Backend {
     }
 
     /// This backend as one that several threads may run plans on at once, where that
-    /// makes a batch of independent runs faster (the CPU twin: one plan's run uses one
-    /// core); `None` (the default) where runs go one at a time: an adapter already
+    /// makes a batch of independent runs faster (the CPU twin: a small plan's run uses
+    /// one core); `None` (the default) where runs go one at a time: an adapter already
     /// spreads one run over the machine, and the CUDA executor owns its streams.
     fn concurrent(&self) -> Option<&(dyn Backend + Sync)> {
         None
+    }
+
+    /// Whether the outputs are given (a user's files) rather than computed by running
+    /// the plan: a golden mismatch then means the user's kernel, not an executor.
+    fn given_outputs(&self) -> bool {
+        false
     }
 }
 
@@ -167,6 +173,10 @@ impl Backend for OutputFiles {
         format!("outputs read from {}", self.dir.display())
     }
 
+    fn given_outputs(&self) -> bool {
+        true
+    }
+
     fn run(&self, plan: &Plan, seed: u32, family: Family, _order: Order) -> Result<Memory, BackendError> {
         let _ = (seed, family);
         let failed = |message: String| BackendError::Failed { backend: "outputs".into(), message };
@@ -180,8 +190,7 @@ impl Backend for OutputFiles {
                             return Ok(vec![b.dtype.poison_bits(); b.len()]);
                         }
                         let path = self.dir.join(case).join(format!("d{d}_{}.npy", b.name));
-                        let bytes = std::fs::read(&path).map_err(|e| failed(format!("{}: {e}", path.display())))?;
-                        crate::export::read_npy(&bytes, b.dtype, b.rows, b.cols)
+                        crate::export::read_npy_file(&path, b.dtype, b.rows, b.cols)
                             .map_err(|e| failed(format!("{}: {e}", path.display())))
                     })
                     .collect()

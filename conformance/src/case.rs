@@ -718,17 +718,37 @@ pub fn parse_cases(text: &str, path: &Path) -> Result<Vec<Case>, CorpusError> {
         let table: CaseTable =
             value.clone().try_into().map_err(|e: toml::de::Error| case_error(e.message().trim().to_string()))?;
         let case = table.into_case().map_err(case_error)?;
-        if case.name.is_empty() || !case.name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-        {
-            return Err(case_error(
-                "the name must be non-empty and use only ASCII letters, digits, `_`, `-` and `.` \
-                 (it names the golden file)"
-                    .into(),
-            ));
-        }
+        check_case_name(&case.name).map_err(case_error)?;
         cases.push(case);
     }
     Ok(cases)
+}
+
+/// Longest case name: it names a directory and a file (`<name>.bin`) on every platform.
+pub const MAX_CASE_NAME: usize = 128;
+
+/// Directory names an export holds beside its case directories.
+const RESERVED_CASE_NAMES: [&str; 1] = ["golden"];
+
+/// Whether `name` can name a case: an identifier of ASCII letters, digits, `_` and `-`,
+/// starting with a letter or digit, at most [`MAX_CASE_NAME`] long, and none of the
+/// names an export uses for itself (in any case, for case-insensitive file systems).
+/// Every path cmm builds from a case name is `<dir>/<name>` or `<dir>/<name>.bin`, so
+/// such a name never leads outside `<dir>`.
+pub fn check_case_name(name: &str) -> Result<(), String> {
+    let starts_well = name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+    let body_ok = name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
+    if !starts_well || !body_ok || name.len() > MAX_CASE_NAME {
+        return Err(format!(
+            "case name `{}`: a name is 1 to {MAX_CASE_NAME} ASCII letters, digits, `_` and `-`, starting with a \
+             letter or digit (it names the case's directory and golden file)",
+            name.escape_debug()
+        ));
+    }
+    if let Some(reserved) = RESERVED_CASE_NAMES.iter().find(|r| r.eq_ignore_ascii_case(name)) {
+        return Err(format!("case name `{name}`: `{reserved}` is the export's own directory"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -73,6 +73,9 @@ pub struct Mismatch {
     pub row: usize,
     /// Column in the device's output.
     pub col: usize,
+    /// Row and column in the global result, where the device's output is one window
+    /// of it.
+    pub global: Option<(usize, usize)>,
     /// The backend's value.
     pub got: f64,
     /// The value it is compared with.
@@ -98,15 +101,11 @@ impl fmt::Display for Mismatch {
         if let Some(output) = &self.output {
             write!(f, "{output} ")?;
         }
-        write!(
-            f,
-            "dev {} (row {}, col {}) got {} expected {}",
-            self.device,
-            self.row,
-            self.col,
-            num(self.got),
-            num(self.expected)
-        )?;
+        write!(f, "dev {} (row {}, col {} of its output", self.device, self.row, self.col)?;
+        if let Some((row, col)) = self.global {
+            write!(f, "; global row {row}, col {col}")?;
+        }
+        write!(f, ") got {} expected {}", num(self.got), num(self.expected))?;
         match self.allowed {
             None => write!(f, "; {} of {} elements differ (bit-exact)", self.count, self.total),
             Some(allowed) => write!(
@@ -120,10 +119,23 @@ impl fmt::Display for Mismatch {
     }
 }
 
+/// What to do about a golden mismatch: a user's kernel is wrong, or an executor changed.
+fn golden_advice(given_outputs: bool) -> &'static str {
+    if given_outputs {
+        " (the outputs given differ from the golden `cmm golden` wrote for this case)"
+    } else {
+        " (if the executor's change is intended, regenerate the golden: `cargo xtask conformance --bless` and \
+         commit in the repository, `cmm golden` for your own cases)"
+    }
+}
+
 /// Why a case failed.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum Failure {
+    /// The case's name cannot name its files ([`crate::case::check_case_name`]).
+    #[error("{0}")]
+    Name(String),
     /// The case does not describe a valid problem.
     #[error("invalid case: {0}")]
     Problem(#[from] ProblemError),
@@ -158,8 +170,14 @@ pub enum Failure {
     #[error("oracle: {0}")]
     Oracle(Mismatch),
     /// The output differs from the golden.
-    #[error("golden: {0} (if the change is intended, regenerate the golden: `cargo xtask conformance --bless` and commit in the repository, `cmm golden` for your own cases)")]
-    Golden(Mismatch),
+    #[error("golden: {mismatch}{}", golden_advice(*given_outputs))]
+    Golden {
+        /// The worst element.
+        mismatch: Mismatch,
+        /// Whether the outputs were given (`cmm check`) rather than computed by an
+        /// executor of the project's plans.
+        given_outputs: bool,
+    },
     /// The verifier found races, reads of unwritten memory, unwritten outputs or
     /// semaphore accounting errors in one interleaving.
     #[error("verifier ({order}): {count} finding(s): {}", findings.join("; "))]
@@ -401,6 +419,7 @@ fn check_into(
     schedules: usize,
     prepared: Option<&[ExpectedOutput]>,
 ) -> Result<Memory, Failure> {
+    crate::case::check_case_name(&case.name).map_err(Failure::Name)?;
     let problem = case.problem()?;
     let workload = problem.workload();
     plan.validate().map_err(|e| Failure::Plan(e.to_string()))?;
@@ -510,7 +529,7 @@ fn check_into(
         let golden = if goldens.bless {
             bless(result, goldens, &run, oracle_ok && result.failures.is_empty())
         } else {
-            compare_golden(result, goldens, &run)
+            compare_golden(result, goldens, &run, backend.given_outputs())
         };
         result.failures.extend(golden.err());
     }
@@ -585,7 +604,7 @@ fn bless(result: &mut CaseResult, goldens: &Goldens, run: &Run, oracle_ok: bool)
     let bytes = golden::encode(run.case, &run.shapes(), &payload);
     let path = goldens.path(run.case);
     let io = |source| Failure::GoldenIo { path: path.clone(), source };
-    let old = match fs::read(&path) {
+    let old = match golden::read(&path, run.case, &run.shapes()) {
         Ok(old) => Some(old),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(io(e)),
@@ -606,10 +625,10 @@ fn bless(result: &mut CaseResult, goldens: &Goldens, run: &Run, oracle_ok: bool)
 }
 
 /// Compares a run with the case's golden.
-fn compare_golden(result: &mut CaseResult, goldens: &Goldens, run: &Run) -> Result<(), Failure> {
+fn compare_golden(result: &mut CaseResult, goldens: &Goldens, run: &Run, given_outputs: bool) -> Result<(), Failure> {
     let case = run.case;
     let path = goldens.path(case);
-    let bytes = match fs::read(&path) {
+    let bytes = match golden::read(&path, case, &run.shapes()) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Failure::GoldenMissing { path }),
         Err(source) => return Err(Failure::GoldenIo { path, source }),
@@ -639,7 +658,10 @@ fn compare_golden(result: &mut CaseResult, goldens: &Goldens, run: &Run) -> Resu
             }),
         };
         let output = several.then(|| e.buffer.clone());
-        result.failures.extend(compare(words, got, &golden_values, &rule, e, output).map(Failure::Golden));
+        result.failures.extend(
+            compare(words, got, &golden_values, &rule, e, output)
+                .map(|mismatch| Failure::Golden { mismatch, given_outputs }),
+        );
     }
     Ok(())
 }
@@ -727,11 +749,14 @@ fn compare(
         };
         if let Some((score, index, allowed)) = candidate {
             if worst.as_ref().is_none_or(|(s, _)| score > *s) {
+                let (row, col) = (index / cols, index % cols);
+                let global = oracle.windows.get(device).map(|w| (w.row0 + row, w.col0 + col));
                 let mismatch = Mismatch {
                     output: output.clone(),
                     device,
-                    row: index / cols,
-                    col: index % cols,
+                    row,
+                    col,
+                    global,
                     got: g[index],
                     expected: w[index],
                     allowed,
@@ -756,16 +781,22 @@ mod tests {
             device: 2,
             row: 5,
             col: 3,
+            global: None,
             got: 12.0,
             expected: 14.0,
             allowed: None,
             count: 7,
             total: 64,
         };
-        assert_eq!(m.to_string(), "dev 2 (row 5, col 3) got 12 expected 14; 7 of 64 elements differ (bit-exact)");
+        assert_eq!(
+            m.to_string(),
+            "dev 2 (row 5, col 3 of its output) got 12 expected 14; 7 of 64 elements differ (bit-exact)"
+        );
         let m = Mismatch { allowed: Some(1e-3), got: 0.5, expected: 0.25, ..m };
         assert!(m.to_string().contains("|error| 2.500e-1 > allowed 1.000e-3"), "{m}");
         let m = Mismatch { output: Some("main_grad".into()), ..m };
-        assert!(m.to_string().starts_with("main_grad dev 2 (row 5, col 3)"), "{m}");
+        assert!(m.to_string().starts_with("main_grad dev 2 (row 5, col 3 of its output)"), "{m}");
+        let m = Mismatch { global: Some((37, 3)), ..m };
+        assert!(m.to_string().contains("dev 2 (row 5, col 3 of its output; global row 37, col 3) got"), "{m}");
     }
 }

@@ -166,6 +166,26 @@ pub fn encode(case: &Case, outputs: &[OutputShape], payload: &[u8]) -> Vec<u8> {
     bytes
 }
 
+/// The exact size of a golden file for `case` with these outputs (its header, then
+/// every device's elements of every output).
+pub fn file_len(case: &Case, outputs: &[OutputShape]) -> u64 {
+    let payload: usize = outputs.iter().map(|o| case.devices() * o.rows * o.cols * o.dtype.size_bytes()).sum();
+    (encode(case, outputs, &[]).len() + payload) as u64
+}
+
+/// Reads a golden file of `case`, refusing before any read a path that is not a regular
+/// file, and reading no more than [`file_len`] and one byte (so that a longer file is
+/// seen as one).
+pub fn read(path: &std::path::Path, case: &Case, outputs: &[OutputShape]) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?.take(file_len(case, outputs) + 1).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Checks a golden file against `case` and the output shapes, and returns its payload.
 pub fn decode<'a>(bytes: &'a [u8], case: &Case, outputs: &[OutputShape]) -> Result<&'a [u8], GoldenError> {
     let newline = bytes.iter().position(|&b| b == b'\n').ok_or(GoldenError::NoHeader)?;

@@ -75,6 +75,16 @@ pub enum ReportError {
     /// The file name ends in neither `.json` nor `.xml`.
     #[error("report file {0} must end in .json (JSON) or .xml (JUnit XML)")]
     Format(PathBuf),
+    /// The report would replace or land among the run's own inputs or goldens.
+    #[error("report file {path} would overwrite {what} {protected}: choose a path outside it")]
+    Protected {
+        /// The report's path.
+        path: PathBuf,
+        /// What it would overwrite.
+        what: String,
+        /// The file or directory.
+        protected: PathBuf,
+    },
     /// Encoding failed.
     #[error("encoding the report {path}: {detail}")]
     Encode {
@@ -93,17 +103,56 @@ pub enum ReportError {
     },
 }
 
-/// Checks that `path` names a format a report can be written in, before a run.
-pub fn check_report_path(path: &Path) -> Result<(), ReportError> {
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("json" | "xml") => Ok(()),
-        _ => Err(ReportError::Format(path.to_path_buf())),
+/// What a report must not overwrite: the run's inputs and goldens, each a file or a
+/// directory (everything under it), with the words that name it.
+pub type Protected<'a> = [(&'a str, &'a Path)];
+
+/// The absolute form of `path` with its existing part resolved (symbolic links, `..`),
+/// so that two spellings of one file compare equal.
+fn resolved(path: &Path) -> PathBuf {
+    if let Ok(real) = fs::canonicalize(path) {
+        return real;
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => {
+            let parent = if parent.as_os_str().is_empty() { Path::new(".") } else { parent };
+            resolved(parent).join(name)
+        }
+        _ => std::env::current_dir().map(|d| d.join(path)).unwrap_or_else(|_| path.to_path_buf()),
     }
 }
 
-/// Writes the report of `cases`, run on `backend`, to `path` (`.json` or `.xml`).
-pub fn write_report(path: &Path, backend: &str, cases: &[CaseRecord]) -> Result<(), ReportError> {
-    check_report_path(path)?;
+/// Checks, before a run, that `path` names a format a report can be written in and
+/// that it is none of the `protected` files and lies under none of its directories.
+pub fn check_report_path(path: &Path, protected: &Protected<'_>) -> Result<(), ReportError> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("json" | "xml") => {}
+        _ => return Err(ReportError::Format(path.to_path_buf())),
+    }
+    let report = resolved(path);
+    for (what, p) in protected {
+        if report.starts_with(resolved(p)) {
+            return Err(ReportError::Protected {
+                path: path.to_path_buf(),
+                what: what.to_string(),
+                protected: p.to_path_buf(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Writes the report of `cases`, run on `backend`, to `path` (`.json` or `.xml`), as a
+/// suite named `title` (`cmm check`, `cmm verify`, `cmm conformance`). The file appears
+/// whole or not at all: it is written beside its final name and renamed.
+pub fn write_report(
+    path: &Path,
+    title: &str,
+    backend: &str,
+    cases: &[CaseRecord],
+    protected: &Protected<'_>,
+) -> Result<(), ReportError> {
+    check_report_path(path, protected)?;
     let encode = |detail: String| ReportError::Encode { path: path.to_path_buf(), detail };
     let failed = cases.iter().filter(|c| !c.passed).count();
     let bytes = if path.extension().and_then(|e| e.to_str()) == Some("json") {
@@ -113,21 +162,31 @@ pub fn write_report(path: &Path, backend: &str, cases: &[CaseRecord]) -> Result<
         text.push('\n');
         text.into_bytes()
     } else {
-        junit(backend, cases, failed).map_err(|e| encode(e.to_string()))?
+        junit(title, backend, cases, failed).map_err(|e| encode(e.to_string()))?
     };
-    fs::write(path, bytes).map_err(|source| ReportError::Io { path: path.to_path_buf(), source })
+    let io = |source| ReportError::Io { path: path.to_path_buf(), source };
+    let name = path.file_name().ok_or_else(|| ReportError::Format(path.to_path_buf()))?;
+    let mut temporary = name.to_os_string();
+    temporary.push(format!(".partial-{}", std::process::id()));
+    let temporary = path.with_file_name(temporary);
+    fs::write(&temporary, bytes).map_err(io)?;
+    fs::rename(&temporary, path).map_err(|e| {
+        let _ = fs::remove_file(&temporary);
+        io(e)
+    })
 }
 
 /// JUnit XML: one `<testsuite>` named after the backend, one `<testcase>` per case
 /// (classname = the op), a `<failure>` with the reason for each failed case.
-fn junit(backend: &str, cases: &[CaseRecord], failed: usize) -> Result<Vec<u8>, quick_xml::Error> {
+fn junit(title: &str, backend: &str, cases: &[CaseRecord], failed: usize) -> Result<Vec<u8>, quick_xml::Error> {
     let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
     w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
     let total = cases.len().to_string();
     let failures = failed.to_string();
-    let seconds = format!("{:.6}", cases.iter().filter_map(|c| c.time_ms).sum::<f64>() / 1e3);
+    // Summed from +0: an empty f64 sum is −0, which would print as "-0.000000".
+    let seconds = format!("{:.6}", cases.iter().filter_map(|c| c.time_ms).fold(0.0, |t, ms| t + ms) / 1e3);
     let suites = BytesStart::new("testsuites").with_attributes([
-        ("name", "cmm conformance"),
+        ("name", title),
         ("tests", total.as_str()),
         ("failures", failures.as_str()),
         ("time", seconds.as_str()),
@@ -195,7 +254,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("cmm-report-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let path = dir.join("r.xml");
-        write_report(&path, "llvmpipe \"cpu\" <adapter>", &records()).unwrap();
+        write_report(&path, "cmm check", "llvmpipe \"cpu\" <adapter>", &records(), &[]).unwrap();
         let text = fs::read_to_string(&path).unwrap();
         let mut reader = Reader::from_str(&text);
         let (mut testcases, mut failures, mut names, mut failure_text) = (0, 0, Vec::new(), String::new());
@@ -223,12 +282,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("cmm-report-json-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let path = dir.join("r.json");
-        write_report(&path, "my \"big\" \\ adapter", &records()).unwrap();
+        write_report(&path, "cmm check", "my \"big\" \\ adapter", &records(), &[]).unwrap();
         let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(v["backend"], "my \"big\" \\ adapter");
         assert_eq!((v["passed"].as_u64(), v["failed"].as_u64()), (Some(1), Some(1)));
         assert_eq!(v["cases"][1]["name"], "b <&> \"q\"");
-        assert!(matches!(write_report(&dir.join("r.txt"), "x", &records()), Err(ReportError::Format(_))));
+        assert!(matches!(write_report(&dir.join("r.txt"), "t", "x", &records(), &[]), Err(ReportError::Format(_))));
         fs::remove_dir_all(&dir).unwrap();
     }
 }

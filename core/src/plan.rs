@@ -743,6 +743,17 @@ pub enum PlanError {
         /// Lanes declared.
         expected: usize,
     },
+    /// Two buffers, two semaphores or two lanes share a name (a plan file names them;
+    /// a name must say which one is meant).
+    #[error("plan `{plan}` declares two {kind}s named `{name}`")]
+    DuplicateName {
+        /// Plan name.
+        plan: String,
+        /// `buffer`, `semaphore` or `lane`.
+        kind: &'static str,
+        /// The name.
+        name: String,
+    },
     /// An op names a buffer, semaphore or device that does not exist.
     #[error("plan `{plan}` at {site}: {what}")]
     BadReference {
@@ -868,6 +879,19 @@ impl Plan {
                     got: p.lanes.len(),
                     expected: self.lanes.len(),
                 });
+            }
+        }
+        let buffer_names = self.buffers.iter().map(|b| b.name.as_str());
+        let lane_names = self.lanes.iter().map(String::as_str);
+        let semaphore_names = self.semaphores.iter().map(String::as_str);
+        for (kind, names) in [
+            ("buffer", buffer_names.collect::<Vec<_>>()),
+            ("semaphore", semaphore_names.collect()),
+            ("lane", lane_names.collect()),
+        ] {
+            let mut seen = std::collections::HashSet::new();
+            if let Some(name) = names.into_iter().find(|n| !seen.insert(*n)) {
+                return Err(PlanError::DuplicateName { plan: plan(), kind, name: name.to_string() });
             }
         }
         let ops = self.op_count();
@@ -1494,6 +1518,26 @@ mod tests {
     use super::*;
     use crate::algorithms::{build_plan, Algorithm};
     use crate::{OpKind, Problem};
+
+    /// A plan file that names two buffers (or semaphores, or lanes) alike is refused:
+    /// the names are how a reader of the file tells them apart.
+    #[test]
+    fn two_buffers_semaphores_or_lanes_with_one_name_are_refused() {
+        let p = Problem::new(OpKind::AgGemm, 2, 4, 4, 4, DType::F32, DType::F32).unwrap();
+        let plan = build_plan(&p, Algorithm::Ring).unwrap();
+        let mut buffers = plan.clone();
+        buffers.buffers.push(buffers.buffers[0].clone());
+        let mut semaphores = plan.clone();
+        semaphores.semaphores.push(semaphores.semaphores[0].clone());
+        for (twice, kind, name) in
+            [(buffers, "buffer", plan.buffers[0].name.clone()), (semaphores, "semaphore", plan.semaphores[0].clone())]
+        {
+            let want = PlanError::DuplicateName { plan: plan.name.clone(), kind, name: name.clone() };
+            assert_eq!(twice.validate(), Err(want));
+            let e = Plan::from_file_json(&twice.to_file_json()).unwrap_err().to_string();
+            assert!(e.contains(&format!("declares two {kind}s named `{name}`")), "{e}");
+        }
+    }
 
     #[test]
     fn every_family_refuses_more_devices_than_a_problem_may_have() {

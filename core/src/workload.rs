@@ -34,6 +34,10 @@ pub struct ExpectedOutput {
     /// Where each device's output sits in the global result, in words with the sizes
     /// (exported in `index.json` for users checking their own kernels).
     pub layout: String,
+    /// Where each device's output sits in the global matrix, when it is one window of
+    /// it (the 1D and mesh GEMMs); empty otherwise. Messages give global positions
+    /// from it.
+    pub windows: Vec<crate::problem::Window>,
 }
 
 /// The layout of an output that is a window of a global matrix on every device:
@@ -104,6 +108,7 @@ impl<T: ShardedGemm> Workload for T {
         let windows: Vec<_> = (0..self.device_count()).map(|d| self.output_window_of(d)).collect();
         vec![ExpectedOutput {
             layout: window_layout(&format!("the global C = A·B ({}×{})", global.m, global.n), &windows),
+            windows,
             buffer: "C".into(),
             dtype: global.output,
             rows: e.rows,

@@ -263,7 +263,27 @@ fn cpu_tables(reps: u32) -> Result<()> {
     println!("{:>14}  {:>11}  {:>12}  {:>9}", "MxNxK", "oracle GF/s", "dgemm GF/s", "orc/nat");
     println!("{:>14}  {:>11.2}  {:>12.2}  {:>9.4}", format!("{m}x{n}x{k}"), oracle_rate, native, oracle_rate / native);
     println!();
-    golden_end_to_end(&CpuTwin)
+    golden_end_to_end(&CpuTwin)?;
+    verify_a_million_ops()
+}
+
+/// `cmm verify --schedules 1` of a plan with over a million ops (ag_gemm ring_chunked,
+/// D = 16, 1000 chunks: 1,184,016 ops), from its file's text to the last line.
+fn verify_a_million_ops() -> Result<()> {
+    let problem = Problem::new(OpKind::AgGemm, 16, 16_000, 16, 8, DType::F32, DType::F32)?;
+    let text = cmm_core::build_plan(&problem, cmm_core::Algorithm::RingChunked { chunks: 1000 })?.to_file_json();
+    let start = Instant::now();
+    let plan = cmm_core::Plan::from_file_json(&text)?;
+    let verification = cmm_cli::verify::verify_plan(&plan, 1)?;
+    let seconds = start.elapsed().as_secs_f64();
+    if verification.findings > 0 {
+        bail!("the bench plan has findings: {}", verification.lines.join("; "));
+    }
+    println!(
+        "cmm verify --schedules 1 of a {}-op plan (its JSON parsed, verified, queues checked): {seconds:.2} s",
+        plan.op_count()
+    );
+    Ok(())
 }
 
 /// Median GFLOP/s of `reps` `matrixmultiply::dgemm` calls (threaded) through the oracle's

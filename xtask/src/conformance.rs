@@ -286,8 +286,10 @@ fn start_cuda(args: &Args) -> Result<Cuda> {
 
 /// Runs the corpus; fails when any case fails.
 pub fn run(args: &Args) -> Result<()> {
+    let (cases_dir, golden_dir) = (args.cases_dir(), args.goldens.clone().unwrap_or_else(Goldens::default_dir));
+    let protected: [(&str, &std::path::Path); 2] = [("the corpus", &cases_dir), ("the goldens", &golden_dir)];
     if let Some(path) = &args.report {
-        check_report_path(path)?;
+        check_report_path(path, &protected)?;
     }
     if args.bless && matches!(args.backend, BackendKind::Cuda | BackendKind::CudaHost) {
         bail!("--bless writes goldens from the reference (or its CPU twin), never from the CUDA executor they judge");
@@ -305,8 +307,8 @@ pub fn run(args: &Args) -> Result<()> {
         export: args.export.clone(),
         schedules: args.schedules as usize,
         stats: args.stats,
-        cases_dir: args.cases_dir(),
-        golden_dir: args.goldens.clone().unwrap_or_else(Goldens::default_dir),
+        cases_dir: cases_dir.clone(),
+        golden_dir: golden_dir.clone(),
     };
     if args.hopper_tile.is_some() && !args.hopper {
         bail!("--hopper-tile chooses the Hopper engine's tile: give --hopper too");
@@ -320,7 +322,7 @@ pub fn run(args: &Args) -> Result<()> {
         println!("GEMM engines over the run: {}", cuda.engines().describe());
         let corpus = load_corpus(&options.cases_dir).context("loading the corpus for the stamp")?;
         crate::cuda::write_stamp(&cuda.backend, args.sync, args.stamps.as_deref(), &corpus, &summary)?;
-        return finish(args, &summary);
+        return finish(args, &summary, &protected);
     }
     if args.backend == BackendKind::CudaHost {
         let host =
@@ -328,16 +330,20 @@ pub fn run(args: &Args) -> Result<()> {
         println!("adapter: none ({})", host.name());
         let summary = run_corpus(&host, &options).context("conformance run")?;
         println!("GEMM engines over the run: {}", host.engines().describe());
-        return finish(args, &summary);
+        return finish(args, &summary, &protected);
     }
     let backend = make_backend(args)?;
     let summary = run_corpus(backend.as_ref(), &options).context("conformance run")?;
-    finish(args, &summary)
+    finish(args, &summary, &protected)
 }
 
-fn finish(args: &Args, summary: &cmm_conformance::Summary) -> Result<()> {
+fn finish(
+    args: &Args,
+    summary: &cmm_conformance::Summary,
+    protected: &cmm_conformance::report::Protected<'_>,
+) -> Result<()> {
     if let Some(path) = &args.report {
-        write_report(path, &summary.backend, &summary.records)?;
+        write_report(path, "cmm conformance", &summary.backend, &summary.records, protected)?;
         println!("report: {}", path.display());
     }
     if summary.failed > 0 {

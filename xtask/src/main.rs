@@ -95,6 +95,7 @@ fn with_user_environment(command: &mut std::process::Command) -> &mut std::proce
 
 fn main() -> ExitCode {
     cmm_cli::end_quietly_on_a_closed_pipe();
+    cmm_cli::no_wayland_display_without_a_session();
     // Before any thread and any CUDA call (the driver reads it at cuInit).
     cmm_cuda::eager_module_loading_unless_chosen();
     let cli = Cli::parse();
@@ -116,40 +117,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", describe(&e));
+            eprintln!("error: {}", cmm_cli::describe_error(&e));
             ExitCode::FAILURE
         }
-    }
-}
-
-/// The error and its causes joined by `: `, leaving out a cause whose text the message
-/// before it already contains (the libraries' errors quote their sources).
-fn describe(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cause_quoted_by_its_error_is_printed_once() {
-        let io = std::io::Error::new(std::io::ErrorKind::AlreadyExists, "File exists (os error 17)");
-        let e = anyhow::Error::new(cmm_conformance::ConformanceError::Io {
-            what: "the export directory x".into(),
-            source: io,
-        })
-        .context("conformance run");
-        assert_eq!(describe(&e), "conformance run: cannot write the export directory x: File exists (os error 17)");
     }
 }

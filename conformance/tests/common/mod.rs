@@ -118,7 +118,7 @@ pub fn reversed_ring_fails(backend: &dyn Backend) {
     let result = check_case(&case, &broken, backend, &goldens());
     assert!(!result.passed(), "a reversed ring passed {}", case.name);
     assert!(result.failures.iter().any(|f| matches!(f, Failure::Oracle(_))), "{}", result.reason());
-    assert!(result.failures.iter().any(|f| matches!(f, Failure::Golden(_))), "{}", result.reason());
+    assert!(result.failures.iter().any(|f| matches!(f, Failure::Golden { .. })), "{}", result.reason());
     assert!(result.reason().contains("bit-exact"), "{}", result.reason());
 }
 
@@ -187,7 +187,7 @@ pub fn wrong_slot_fails(backend: &dyn Backend) {
         result.failures.iter().all(|f| matches!(
             f,
             Failure::Oracle(_)
-                | Failure::Golden(_)
+                | Failure::Golden { .. }
                 | Failure::Verifier { .. }
                 | Failure::Poison { .. }
                 | Failure::Backend(BackendError::Failed { .. })

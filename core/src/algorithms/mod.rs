@@ -185,7 +185,7 @@ pub enum AlgorithmError {
 /// Builds the plan of `algorithm` for `problem`.
 pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, AlgorithmError> {
     let name = || format!("{}/{algorithm} D={}", problem.op, problem.devices);
-    crate::plan::check_op_bound(name, min_ops(problem))?;
+    crate::plan::check_op_bound(name, min_ops(problem, algorithm))?;
     match (problem.op, algorithm) {
         (OpKind::AgGemm, Algorithm::Baseline) => ring::ag_gemm_baseline(problem),
         (OpKind::AgGemm, Algorithm::BaselineDirect) => direct::ag_gemm(problem),
@@ -208,11 +208,18 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
     }
 }
 
-/// A lower bound of the ops of every plan of `p` ([`crate::plan::check_op_bound`]):
-/// every algorithm moves each device's shard or partial to every other device.
-pub(crate) fn min_ops(p: &Problem) -> u128 {
+/// A lower bound of the ops of `algorithm`'s plan of `p` ([`crate::plan::check_op_bound`]):
+/// every algorithm moves each device's shard or partial to every other device, a
+/// chunked one in `chunks` pieces.
+pub(crate) fn min_ops(p: &Problem, algorithm: Algorithm) -> u128 {
     let d = p.devices as u128;
-    d * (d - 1)
+    let chunks = match algorithm {
+        Algorithm::RingChunked { chunks } | Algorithm::Fused { chunks } | Algorithm::RingAccumulate { chunks } => {
+            chunks as u128
+        }
+        _ => 1,
+    };
+    d * (d - 1) * chunks
 }
 
 /// Every algorithm variant defined for `op` (with a representative chunk count): seven
@@ -285,6 +292,32 @@ pub(crate) fn output_buffer(b: &mut PlanBuilder, p: &impl ShardedGemm) -> BufId 
 mod tests {
     use super::*;
     use crate::plan::Op;
+
+    /// The bound that refuses a plan before planning it never exceeds the plan's ops, so
+    /// it refuses only what the builder would refuse after minutes.
+    #[test]
+    fn the_op_bound_is_a_lower_bound_of_every_plan() {
+        for op in OpKind::ALL {
+            for d in [1, 2, 3, 4, 6] {
+                let p = Problem::new(op, d, 24 * d, 12 * d, 12 * d, DType::F32, DType::F32).unwrap();
+                let mut algorithms = algorithms_for(op);
+                algorithms.extend([Algorithm::RingChunked { chunks: 3 }, Algorithm::Fused { chunks: 4 }]);
+                for alg in algorithms {
+                    let Ok(plan) = build_plan(&p, alg) else { continue };
+                    assert!(plan.op_count() as u128 >= min_ops(&p, alg), "{}: {} ops", plan.name, plan.op_count());
+                }
+            }
+        }
+        // A ring of 1000 devices in 2^24 chunks is refused at once, not after minutes.
+        // (Past the generator's range, as only the `simulate` command builds it.)
+        let small = Problem::new(OpKind::AgGemm, 2, 8, 8, 8, DType::F32, DType::F32).unwrap();
+        let p = Problem { devices: 1000, m: 1000 << 24, n: 1000, k: 1000, ..small };
+        let refused = build_plan(&p, Algorithm::RingChunked { chunks: 1 << 24 });
+        assert!(
+            matches!(refused, Err(AlgorithmError::Plan(PlanError::TooManyOps { at_least: true, .. }))),
+            "{refused:?}"
+        );
+    }
 
     #[test]
     fn ring_accumulate_parses_prints_and_is_refused_for_ag_gemm() {

@@ -175,6 +175,7 @@ impl Workload for AttentionProblem {
             |dtype: DType| Tolerance { rounding: 0.0, accumulation: 1.0, floor: Tolerance::for_output(dtype).floor };
         vec![
             ExpectedOutput {
+                windows: Vec::new(),
                 layout: self.row_layout("O (query rows × heads·dh)"),
                 buffer: "O".into(),
                 dtype: self.dtype,
@@ -185,6 +186,7 @@ impl Workload for AttentionProblem {
                 tolerance: tolerance(self.dtype),
             },
             ExpectedOutput {
+                windows: Vec::new(),
                 layout: self.row_layout("LSE (query rows × heads, f32)"),
                 buffer: "LSE".into(),
                 dtype: DType::F32,

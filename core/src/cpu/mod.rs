@@ -26,6 +26,46 @@ pub enum CpuError {
     /// A routing table is malformed or routes more rows than the plan holds.
     #[error(transparent)]
     Routing(#[from] RoutingError),
+    /// The plan's buffers need more memory than the machine has available.
+    #[error(
+        "plan `{plan}`: its buffers need {} GiB of host memory, more than the {} GiB available",
+        gib(*bytes),
+        gib(*available as u128)
+    )]
+    TooLarge {
+        /// Plan name.
+        plan: String,
+        /// Bytes its buffers take on every device together (a 32-bit word per element).
+        bytes: u128,
+        /// Bytes the system reports available.
+        available: u64,
+    },
+}
+
+fn gib(bytes: u128) -> String {
+    format!("{:.1}", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// Bytes of memory the system can still give a process (Linux's `MemAvailable`), when
+/// it says.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Refuses, before anything is allocated, a plan whose buffers would not fit in the
+/// memory available (an allocation that large would end the process instead).
+fn check_memory(plan: &Plan) -> Result<(), CpuError> {
+    let words: u128 = plan.devices as u128 * plan.buffers.iter().map(|b| b.len() as u128).sum::<u128>();
+    let bytes = words * 4;
+    match available_memory() {
+        Some(available) if bytes > available as u128 => {
+            Err(CpuError::TooLarge { plan: plan.name.clone(), bytes, available })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Memory of all devices: `[device][buffer]` words.
@@ -72,6 +112,7 @@ pub fn run(plan: &Plan, seed: u32, family: Family) -> Result<Memory, CpuError> {
 pub fn run_with(plan: &Plan, seed: u32, family: Family, order: Order) -> Result<Memory, CpuError> {
     plan.validate()?;
     plan.check_generator_range()?;
+    check_memory(plan)?;
     check_routing(plan, seed)?;
     let sched = schedule_with(plan, order)?;
     let mut mem = initial_memory(plan, seed, family);
@@ -369,6 +410,23 @@ mod tests {
     use crate::algorithms::{algorithms_for, build_plan, Algorithm, AlgorithmError};
     use crate::oracle::expected_outputs;
     use crate::problem::{OpKind, Problem};
+
+    /// A plan whose buffers cannot fit in memory is refused before anything is
+    /// allocated, not ended by the kernel's out-of-memory killer.
+    #[test]
+    fn a_plan_larger_than_memory_is_refused_first() {
+        use crate::plan::{BufferRole, PlanBuilder};
+        if available_memory().is_none() {
+            return; // No figure to refuse against (not Linux): the run would try.
+        }
+        let mut b = PlanBuilder::new("huge", 2);
+        b.buffer("C", DType::F32, 1 << 20, 1 << 20, BufferRole::Output);
+        let plan = b.finish().unwrap();
+        match run(&plan, 1, Family::Exact) {
+            Err(CpuError::TooLarge { bytes, .. }) => assert_eq!(bytes, 8 << 40),
+            other => panic!("{other:?}"),
+        }
+    }
 
     /// Every algorithm on a few device counts matches the oracle exactly on the exact family.
     #[test]

@@ -50,6 +50,7 @@ impl MoeProblem {
         let perm: Vec<f64> = tables.perm.iter().map(|&w| DType::U32.decode(w) as f64).collect();
         vec![
             ExpectedOutput {
+                windows: Vec::new(),
                 layout: format!(
                     "one row per routed (token, slot) in expert, token, slot order (the routed rows first, zeros after), \
                      columns d·{fd}..(d+1)·{fd} of the {f} FFN columns on device d"
@@ -63,6 +64,7 @@ impl MoeProblem {
                 tolerance: Tolerance::gemm(self.output, h),
             },
             ExpectedOutput {
+                windows: Vec::new(),
                 layout: format!("per row of Y, its token·{k} + slot (u32; 4294967295 past the routed rows), the same on every device"),
                 buffer: "perm".into(),
                 dtype: DType::U32,
@@ -114,6 +116,7 @@ impl MoeProblem {
             magnitudes.push(m);
         }
         vec![ExpectedOutput {
+            windows: Vec::new(),
             layout: format!("tokens d·{td}..(d+1)·{td} of the {} tokens on device d, all {h} columns", self.tokens),
             buffer: "C".into(),
             dtype: self.output,

@@ -20,11 +20,12 @@ use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, RouteTables};
 use crate::problem::Window;
 
-/// A lower bound of the ops of every plan of `p` ([`crate::plan::check_op_bound`]):
-/// tokens or partial outputs travel between every pair of devices.
-pub(crate) fn min_ops(p: &MoeProblem) -> u128 {
+/// A lower bound of the ops of a plan of `p` whose ring moves each shard in `chunks`
+/// pieces (1 for the baseline) ([`crate::plan::check_op_bound`]): tokens or partial
+/// outputs travel between every pair of devices, piece by piece.
+pub(crate) fn min_ops(p: &MoeProblem, chunks: usize) -> u128 {
     let d = p.devices as u128;
-    d * (d - 1)
+    d * (d - 1) * chunks as u128
 }
 
 /// The plan of `algorithm` (baseline, ring or ring_chunked) for `p`.
@@ -41,7 +42,7 @@ pub fn build_moe_plan(p: &MoeProblem, algorithm: Algorithm) -> Result<Plan, MoeE
         }
     }
     let name = format!("{}/{algorithm} D={} {}", p.op, p.devices, p.describe());
-    crate::plan::check_op_bound(|| name.clone(), min_ops(p))?;
+    crate::plan::check_op_bound(|| name.clone(), min_ops(p, chunks.unwrap_or(1)))?;
     let mut b = PlanBuilder::new(name, p.devices);
     let io = Io::declare(&mut b, p, chunks.map_or(1, |c| c * p.devices));
     match (p.op, chunks) {

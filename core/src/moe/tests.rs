@@ -38,7 +38,11 @@ fn every_plan_matches_the_oracle_and_passes_the_verifier_and_the_queue_check() {
                 Err(MoeError::Chunks { .. }) => continue,
                 Err(e) => panic!("{} {alg}: {e}", p.describe()),
             };
-            let bound = super::plans::min_ops(&p);
+            let chunks = match alg {
+                crate::Algorithm::RingChunked { chunks } => chunks,
+                _ => 1,
+            };
+            let bound = super::plans::min_ops(&p, chunks);
             assert!(bound <= plan.op_count() as u128, "{}: {bound} ops at least?", plan.name);
             assert_sound(&plan);
             assert_matches_oracle(&plan, &p, 7, Family::Exact);

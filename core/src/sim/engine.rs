@@ -634,7 +634,9 @@ impl<'a> Sim<'a> {
                         return moved;
                     }
                     run.step += 1;
-                    let satisfier = self.landed[device][sem.0].iter().find(|l| l.value_after >= value).map(|l| l.from);
+                    // Values only grow as increments land: binary search.
+                    let landed = &self.landed[device][sem.0];
+                    let satisfier = landed.get(landed.partition_point(|l| l.value_after < value)).map(|l| l.from);
                     let remote = satisfier.is_some_and(|s| s.device != device);
                     let record = &mut self.records[device][lane][site.index];
                     let waited = self.now > record.reached_s;

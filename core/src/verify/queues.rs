@@ -197,34 +197,53 @@ fn drain(plan: &Plan, order: &[OpSite], queues: usize, offset: usize) -> Result<
     let op = |s: &OpSite| &plan.programs[s.device].lanes[s.lane][s.index];
     let queue_of = |s: &OpSite| (stream_of(plan, *s) + offset) % queues;
     let mut fifo: Vec<Vec<OpSite>> = vec![Vec::new(); queues];
+    // Each enqueued op's position in its queue.
+    let mut position = Vec::with_capacity(order.len());
     for site in order {
-        fifo[queue_of(site)].push(*site);
+        let q = &mut fifo[queue_of(site)];
+        position.push(q.len());
+        q.push(*site);
     }
+    let n_sems = plan.semaphores.len();
     let mut head = vec![0usize; queues];
-    let mut sems = vec![vec![0u32; plan.semaphores.len()]; plan.devices];
+    let mut sems = vec![vec![0u32; n_sems]; plan.devices];
+    // Queues whose head may start, and per (device, semaphore) the queues whose head
+    // waits on it: a signal wakes only those, so every op is looked at a bounded number
+    // of times (semaphores only grow, so a wait once satisfied stays so).
+    let mut runnable: Vec<usize> = (0..queues).rev().collect();
+    let mut waiting: Vec<Vec<usize>> = vec![Vec::new(); plan.devices * n_sems];
     let mut started = 0usize;
-    loop {
-        let before = started;
-        for q in 0..queues {
-            while let Some(site) = fifo[q].get(head[q]) {
-                match op(site) {
-                    Op::Wait { sem, value } if sems[site.device][sem.0] < *value => break,
-                    Op::Signal { device, sem, add } => {
-                        let s = &mut sems[*device][sem.0];
-                        *s = s.saturating_add(*add);
-                    }
-                    _ => {}
+    while let Some(q) = runnable.pop() {
+        while let Some(site) = fifo[q].get(head[q]) {
+            match op(site) {
+                Op::Wait { sem, value } if sems[site.device][sem.0] < *value => {
+                    waiting[site.device * n_sems + sem.0].push(q);
+                    break;
                 }
-                head[q] += 1;
-                started += 1;
+                Op::Signal { device, sem, add } => {
+                    let s = &mut sems[*device][sem.0];
+                    *s = s.saturating_add(*add);
+                    let reached = *s;
+                    waiting[*device * n_sems + sem.0].retain(|&w| {
+                        let awaited = match fifo[w].get(head[w]).map(op) {
+                            Some(Op::Wait { value, .. }) => *value,
+                            _ => 0,
+                        };
+                        let wakes = awaited <= reached;
+                        if wakes {
+                            runnable.push(w);
+                        }
+                        !wakes
+                    });
+                }
+                _ => {}
             }
+            head[q] += 1;
+            started += 1;
         }
-        if started == order.len() {
-            return Ok(());
-        }
-        if started == before {
-            break;
-        }
+    }
+    if started == order.len() {
+        return Ok(());
     }
     // Explain: from some blocked head, follow "needs a signal behind" until a repeat.
     let blocked_head = |q: usize| fifo[q].get(head[q]).copied();
@@ -232,10 +251,9 @@ fn drain(plan: &Plan, order: &[OpSite], queues: usize, offset: usize) -> Result<
         let site = blocked_head(q).expect("a blocked queue has a head");
         let Op::Wait { sem, value } = op(&site) else { unreachable!("only waits block a queue") };
         // The earliest enqueued signal to this semaphore that has not started.
-        let pending = order.iter().find(|s| {
-            let (sq, pos) = (queue_of(s), fifo[queue_of(s)].iter().position(|x| x == *s));
-            matches!(op(s), Op::Signal { device, sem: t, .. } if *device == site.device && t == sem)
-                && pos.is_some_and(|p| p >= head[sq])
+        let pending = order.iter().zip(&position).find_map(|(s, &pos)| {
+            let signals_it = matches!(op(s), Op::Signal { device, sem: t, .. } if *device == site.device && t == sem);
+            (signals_it && pos >= head[queue_of(s)]).then_some(s)
         });
         let signal = pending.map(|s| (*s, plan.op_text(op(s)), queue_of(s)));
         let next = pending.map(&queue_of);

@@ -1,0 +1,223 @@
+//! Inputs from hostile or unlucky users, each of which once did harm: a case name that
+//! led outside `--out`, outputs that were devices or FIFOs, a bf16 output that passed
+//! without its rounding, a report that overwrote the goldens, and messages that said
+//! the wrong thing.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{cmm, text, Scratch};
+
+/// One small case, `name`, with outputs in `output` and family `family`.
+fn case(name: &str, output: &str, family: &str) -> String {
+    format!(
+        r#"[[case]]
+name = "{name}"
+op = "ag_gemm"
+devices = 2
+algorithm = "ring"
+m = 8
+n = 4
+k = 6
+input = "bf16"
+output = "{output}"
+family = "{family}"
+seed = 3
+"#
+    )
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_case_name_never_leads_outside_out_or_onto_the_exports_own_files() {
+    for name in ["..", ".", "a/b", "index.json", "golden", "Golden", "-x", "", "é"] {
+        let s = Scratch::new("names");
+        std::fs::create_dir_all(s.0.join("inside")).unwrap();
+        std::fs::write(s.0.join("inside/c.toml"), case(name, "bf16", "exact")).unwrap();
+        let o = cmm(&s.0.join("inside"), &["golden", "--backend", "cpu", "--cases", "c.toml", "--out", "out"]);
+        assert!(!o.status.success(), "{name:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("a name is 1 to 128 ASCII letters") || text(&o).contains("export's own"),
+            "{name:?}: {}",
+            text(&o)
+        );
+        let written: Vec<_> = files_under(&s.0).into_iter().filter(|p| !p.ends_with("inside/c.toml")).collect();
+        assert!(written.is_empty(), "{name:?} wrote {written:?}");
+    }
+}
+
+/// Writes goldens of one exact bf16 case into `s/g` (the CPU twin) and the right
+/// outputs into `s/mine`; returns the check command's arguments.
+fn golden_and_right_outputs(s: &Scratch) -> [&'static str; 7] {
+    std::fs::write(s.0.join("c.toml"), case("c", "bf16", "exact")).unwrap();
+    let o = cmm(&s.0, &["golden", "--backend", "cpu", "--cases", "c.toml", "--out", "g"]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::create_dir_all(s.0.join("mine/c")).unwrap();
+    for d in 0..2 {
+        let name = format!("d{d}_C.npy");
+        std::fs::copy(s.0.join("g/c").join(&name), s.0.join("mine/c").join(&name)).unwrap();
+    }
+    let check = ["check", "--cases", "c.toml", "--golden", "g", "--outputs", "mine"];
+    let o = cmm(&s.0, &check);
+    assert!(o.status.success(), "{}", text(&o));
+    check
+}
+
+/// Runs `cmm` and kills it if it has not finished within `limit`.
+fn cmm_within(dir: &Path, args: &[&str], limit: Duration) -> (bool, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cmm"))
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("cmm {args:?} still ran after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    (o.status.success(), text(&o))
+}
+
+#[cfg(unix)]
+#[test]
+fn outputs_that_are_devices_or_fifos_are_refused_unread() {
+    let s = Scratch::new("devices");
+    let check = golden_and_right_outputs(&s);
+    let output = s.0.join("mine/c/d0_C.npy");
+    std::fs::remove_file(&output).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &output).unwrap();
+    let (ok, out) = cmm_within(&s.0, &check, Duration::from_secs(60));
+    assert!(!ok && out.contains("d0_C.npy: is not a regular file"), "{out}");
+    std::fs::remove_file(&output).unwrap();
+    let made = Command::new("mkfifo").arg(&output).status();
+    if made.is_ok_and(|m| m.success()) {
+        let (ok, out) = cmm_within(&s.0, &check, Duration::from_secs(60));
+        assert!(!ok && out.contains("d0_C.npy: is not a regular file"), "{out}");
+    }
+}
+
+#[test]
+fn an_output_larger_than_its_header_says_is_refused_before_it_is_read() {
+    let s = Scratch::new("large");
+    let check = golden_and_right_outputs(&s);
+    let output = s.0.join("mine/c/d1_C.npy");
+    let len = std::fs::metadata(&output).unwrap().len();
+    // 64 GiB, sparse: reading it would take the machine's memory.
+    std::fs::File::options().write(true).open(&output).unwrap().set_len(1 << 36).unwrap();
+    let (ok, out) = cmm_within(&s.0, &check, Duration::from_secs(60));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(&format!("d1_C.npy: is 68719476736 bytes; its header and the output's elements make {len}")),
+        "{out}"
+    );
+}
+
+/// A bf16 output written as f32 without its bf16 rounding does not pass bit for bit.
+#[test]
+fn a_bf16_output_without_its_rounding_fails_and_names_the_element() {
+    let s = Scratch::new("bf16");
+    let check = golden_and_right_outputs(&s);
+    let output = s.0.join("mine/c/d1_C.npy");
+    let mut bytes = std::fs::read(&output).unwrap();
+    let header = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let at = 10 + header + 4 * 5;
+    let v = f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    // A value bf16 cannot hold, within bf16's rounding of the right one.
+    let off = f32::from_bits(v.to_bits() + 1);
+    bytes[at..at + 4].copy_from_slice(&off.to_le_bytes());
+    std::fs::write(&output, bytes).unwrap();
+    let o = cmm(&s.0, &check);
+    assert!(!o.status.success());
+    assert!(text(&o).contains(&format!("element 5 (row-major) is {off}, not a bf16 value")), "{}", text(&o));
+}
+
+#[test]
+fn a_report_never_overwrites_the_cases_the_goldens_or_the_outputs() {
+    let s = Scratch::new("report");
+    let check = golden_and_right_outputs(&s);
+    let index = std::fs::read(s.0.join("g/index.json")).unwrap();
+    for report in ["g/index.json", "g/new.json", "mine/c/r.xml", "./g/../g/index.json"] {
+        let o = cmm(&s.0, &[&check[..], &["--report", report]].concat());
+        assert!(!o.status.success(), "{report}: {}", text(&o));
+        assert!(text(&o).contains("choose a path outside it"), "{report}: {}", text(&o));
+    }
+    assert_eq!(std::fs::read(s.0.join("g/index.json")).unwrap(), index);
+    assert!(!s.0.join("g/new.json").exists());
+    // Beside them it is written, whole.
+    let o = cmm(&s.0, &[&check[..], &["--report", "r.xml"]].concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let report = std::fs::read_to_string(s.0.join("r.xml")).unwrap();
+    assert!(report.contains(r#"<testsuites name="cmm check""#), "{report}");
+    assert!(!report.contains("-0.000000"), "{report}");
+}
+
+#[test]
+fn a_golden_mismatch_in_check_blames_the_outputs_not_the_goldens() {
+    let s = Scratch::new("advice");
+    let check = golden_and_right_outputs(&s);
+    let output = s.0.join("mine/c/d0_C.npy");
+    let mut bytes = std::fs::read(&output).unwrap();
+    let header = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let at = 10 + header;
+    bytes[at..at + 4].copy_from_slice(&100.0f32.to_le_bytes());
+    std::fs::write(&output, bytes).unwrap();
+    let out = text(&cmm(&s.0, &check));
+    assert!(out.contains("the outputs given differ from the golden"), "{out}");
+    assert!(!out.contains("--bless"), "{out}");
+}
+
+#[test]
+fn flags_are_named_as_given_and_zero_schedules_is_refused() {
+    let s = Scratch::new("flags");
+    let out = text(&cmm(&s.0, &["simulate", "--mesh", "abc"]));
+    assert!(out.contains("--mesh abc: expected e.g. 4x4") && !out.contains("--torus"), "{out}");
+    let o = cmm(&s.0, &["verify", "--schedules", "0", "plan.json"]);
+    assert!(!o.status.success() && text(&o).contains("0 is not in 1.."), "{}", text(&o));
+}
+
+/// An OS error is said once, and a headless run of the reference prints no Wayland
+/// complaint.
+#[test]
+fn errors_are_said_once_and_lavapipe_runs_quietly() {
+    let s = Scratch::new("quiet");
+    std::fs::write(s.0.join("c.toml"), case("c", "bf16", "exact")).unwrap();
+    let o = cmm(&s.0, &["golden", "--backend", "cpu", "--cases", "c.toml", "--out", "/proc/cmm-cannot-write-here"]);
+    let out = text(&o);
+    assert!(!o.status.success());
+    assert_eq!(out.matches("(os error").count(), 1, "{out}");
+    let o = Command::new(env!("CARGO_BIN_EXE_cmm"))
+        .args(["golden", "--cases", "c.toml", "--out", "g"])
+        .current_dir(&s.0)
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("WAYLAND_DISPLAY")
+        .output()
+        .unwrap();
+    if !o.status.success() && text(&o).contains("cannot start the wgpu reference") && std::env::var_os("CI").is_none() {
+        eprintln!("SKIPPED the quiet-lavapipe half: no wgpu adapter");
+        return;
+    }
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("XDG_RUNTIME_DIR"), "{}", text(&o));
+}
