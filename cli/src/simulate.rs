@@ -84,7 +84,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "sim")]
     pub executor: Executor,
     /// Print every candidate algorithm's simulated time beside its analytic formula.
-    #[arg(long, conflicts_with_all = ["executor", "trace", "svg", "json"])]
+    #[arg(long, conflicts_with_all = ["executor", "trace", "svg"])]
     pub compare: bool,
     /// Print the validation table (seed 000 on h100-nvlink, seed 002 on tpuv4-torus).
     #[arg(long, conflicts_with_all = ["op", "devices", "m", "n", "k", "profile", "input", "output", "compare", "executor", "trace", "svg", "json"])]
@@ -225,7 +225,7 @@ pub fn run(args: &Args) -> Result<()> {
     let problem = args.problem.problem()?;
     let profile = args.problem.profile()?;
     if args.compare {
-        return compare(&problem, &profile, args.potential);
+        return compare(&problem, &profile, args.potential, args.json);
     }
     let alg = algorithm(&args.algorithm, args.chunks)?;
     let plan = build_plan(&problem, alg)?;
@@ -641,20 +641,48 @@ fn json(plan: &Plan, r: &SimReport, analytic_s: Option<f64>) -> String {
     .to_string()
 }
 
-fn compare(problem: &cmm_core::Problem, profile: &Profile, potential: bool) -> Result<()> {
-    println!("{} on {}", problem.describe(), profile.name);
-    let extra = if potential { format!(" {:>12}", "at cuBLAS") } else { String::new() };
-    println!("{:<20} {:>12}{extra} {:>12} {:>8}  GEMMs on; formula", "algorithm", "simulated", "analytic", "diff");
+fn compare(problem: &cmm_core::Problem, profile: &Profile, potential: bool, json: bool) -> Result<()> {
+    let mut rows = Vec::new();
     for alg in candidates_1d(problem.op) {
         let Ok(plan) = build_plan(problem, alg) else { continue };
         let r = simulate(&plan, profile, &SimOptions::default())?;
-        let at_cublas = if potential {
+        let at_cublas_s = if potential {
             let options = SimOptions { engines: Engines::CublasSpeed, ..SimOptions::default() };
-            format!(" {:>12}", us(simulate(&plan, profile, &options)?.makespan_s))
+            Some(simulate(&plan, profile, &options)?.makespan_s)
         } else {
-            String::new()
+            None
         };
-        let a = ring_1d(problem, alg, profile);
+        rows.push((alg, r, at_cublas_s, ring_1d(problem, alg, profile)));
+    }
+    if json {
+        let candidates: Vec<_> = rows
+            .iter()
+            .map(|(alg, r, at_cublas_s, a)| {
+                serde_json::json!({
+                    "algorithm": alg.to_string(),
+                    "simulated_us": r.makespan_s * 1e6,
+                    "at_cublas_us": at_cublas_s.map(|s| s * 1e6),
+                    "analytic_us": a.total_s * 1e6,
+                    "gemm_engines": r.engines.describe(),
+                    "formula": a.formula,
+                })
+            })
+            .collect();
+        let out = serde_json::json!({
+            "mode": "compare",
+            "problem": problem.describe(),
+            "profile": profile.name,
+            "candidates": candidates,
+            "at_cublas_note": potential.then_some("every GEMM at cuBLAS's rate, fused ones included: a potential, not what cmm runs"),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("{} on {}", problem.describe(), profile.name);
+    let extra = if potential { format!(" {:>12}", "at cuBLAS") } else { String::new() };
+    println!("{:<20} {:>12}{extra} {:>12} {:>8}  GEMMs on; formula", "algorithm", "simulated", "analytic", "diff");
+    for (alg, r, at_cublas_s, a) in &rows {
+        let at_cublas = at_cublas_s.map_or(String::new(), |s| format!(" {:>12}", us(s)));
         println!(
             "{:<20} {:>12}{at_cublas} {:>12} {:>+7.1}%  {}; {}",
             alg.to_string(),

@@ -166,7 +166,7 @@ pub fn run(args: &Args) -> Result<()> {
             }));
         }
         println!(
-            "{} on {chips} chips of {}: {} tokens per step, {} (analytic model; simulated mesh plans once the mesh module lands)",
+            "{} on {chips} chips of {}: {} tokens per step, {} (seed 002's analytic model; `cmm simulate --mesh` simulates one configuration's plan)",
             llm.name, profile.name, llm.tokens, llm.dtype
         );
         println!();
