@@ -94,13 +94,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             let new_max = max(m, tile_max);
             var alpha = 0.0;
             if (l != 0.0) {
-                alpha = exp(m - new_max);
+                alpha = exp_cmm(m - new_max);
             }
             var sum = l * alpha;
             for (var t = 0u; t < n; t = t + 1u) {
                 p[t] = 0.0;
                 if (vis[t] == 1u) {
-                    p[t] = exp(s[t] - new_max);
+                    p[t] = exp_cmm(s[t] - new_max);
                     sum = sum + p[t];
                 }
             }

@@ -55,7 +55,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             let a = bitcast<f32>(ld(word(P.into_acc, r, h * dh + c)));
             st(word(P.out, r, h * dh + c), encode(a / l1, P.out_dtype));
         }
-        st(word(P.lse, r, h), bitcast<u32>(m1 + log(l1)));
+        st(word(P.lse, r, h), bitcast<u32>(m1 + ln_cmm(l1)));
         return;
     }
     let m2 = bitcast<f32>(ld(word(P.from_m, r, h)));
@@ -72,8 +72,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let m = max(m1, m2);
-    let a1 = exp(m1 - m);
-    let a2 = exp(m2 - m);
+    let a1 = exp_cmm(m1 - m);
+    let a2 = exp_cmm(m2 - m);
     st(word(P.into_m, r, h), bitcast<u32>(m));
     st(word(P.into_l, r, h), bitcast<u32>(l1 * a1 + l2 * a2));
     for (var c = 0u; c < dh; c = c + 1u) {

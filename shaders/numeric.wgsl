@@ -83,3 +83,65 @@ fn encode(x: f32, dtype: u32) -> u32 {
     }
     return bitcast<u32>(x);
 }
+
+// exp and ln from +, −, ×, ÷ and bit operations only, each correctly rounded on every
+// adapter: the same bits as the CPU twin's `cmm_core::numeric::{exp_f32, ln_f32}`,
+// operation for operation (WGSL's own exp and log are within a few ULP and differ
+// between drivers). Results below the smallest normal f32 are 0 (exp) or −∞ (ln of
+// such an argument), since some adapters flush subnormals. Constants are exact f32s.
+const EXP_LOG2E: f32 = 0x1.715476p+0f;
+const EXP_LN2_HI: f32 = 0x1.63p-1f;
+const EXP_LN2_LO: f32 = -0x1.bd0106p-13f;
+const EXP_LOW: f32 = -87.0;
+const EXP_HIGH: f32 = 0x1.62e42ep+6f;
+const LN_SQRT2: f32 = 0x1.6a09e6p+0f;
+
+fn exp_cmm(x: f32) -> f32 {
+    if (x > EXP_HIGH) {
+        return bitcast<f32>(0x7f800000u);
+    }
+    if (x < EXP_LOW) {
+        return 0.0;
+    }
+    let n = floor(x * EXP_LOG2E + 0.5);
+    let r = (x - n * EXP_LN2_HI) - n * EXP_LN2_LO;
+    var p = 0x1.a01a02p-13f; // 1/5040
+    p = p * r + 0x1.6c16c2p-10f; // 1/720
+    p = p * r + 0x1.111112p-7f; // 1/120
+    p = p * r + 0x1.555556p-5f; // 1/24
+    p = p * r + 0x1.555556p-3f; // 1/6
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    let k = i32(n);
+    if (k > 127) {
+        return (p * 2.0) * bitcast<f32>(254u << 23u);
+    }
+    return p * bitcast<f32>(u32(k + 127) << 23u);
+}
+
+fn ln_cmm(x: f32) -> f32 {
+    if (x < 0.0) {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    if (x < 0x1p-126f) {
+        return bitcast<f32>(0xff800000u);
+    }
+    if (x > 0x1.fffffep+127f) {
+        return x;
+    }
+    let bits = bitcast<u32>(x);
+    var e = i32((bits >> 23u) & 0xffu) - 127;
+    var m = bitcast<f32>((bits & 0x007fffffu) | 0x3f800000u);
+    if (m > LN_SQRT2) {
+        m = m * 0.5;
+        e = e + 1;
+    }
+    let f = m - 1.0;
+    let s = f / (2.0 + f);
+    let z = s * s;
+    let q = z * (0x1.555556p-1f + z * (0x1.99999ap-2f + z * (0x1.24924ap-2f + z * 0x1.c71c72p-3f)));
+    let ln_m = s * (2.0 + q);
+    let ef = f32(e);
+    return ef * EXP_LN2_HI + (ef * EXP_LN2_LO + ln_m);
+}

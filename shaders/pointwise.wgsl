@@ -1,8 +1,8 @@
 // Elementwise functions of `Op::Pointwise` (the MLP block's GeLU and its backward),
 // evaluated in f32 and rounded once to the output dtype. One invocation per element,
 // no loop. CPU twin: `Pointwise::apply` in cmm-core (`core/src/linear/gelu.rs`), whose
-// operation order this follows exactly: clamp, u = c·(x + k·x·x·x), e = exp(2u),
-// t = 1 − 2/(e + 1).
+// operation order this follows exactly: clamp, u = c·(x + k·x·x·x), e = exp_cmm(2u),
+// q = 2/(e + 1), t = 1 − q, 1 + t written 2 − q.
 //
 // function 0: out = gelu(in0); function 1: out = in0 · gelu'(in1).
 
@@ -30,22 +30,26 @@ fn input_value(t: u32, r: u32, c: u32) -> f32 {
     return decode(ld(d.x + r * d.y + c), d.z);
 }
 
-fn tanh_via_exp(xc: f32) -> f32 {
+// q = 2/(e + 1) = 1 − tanh(u); 1 + t is written 2 − q, the form Mesa's algebraic
+// rewrites reach anyway, so that this stage and its twin round alike.
+fn one_minus_tanh(xc: f32) -> f32 {
     let inner = GELU_C * (xc + GELU_K * xc * xc * xc);
-    let e = exp(2.0 * inner);
-    return 1.0 - 2.0 / (e + 1.0);
+    let e = exp_cmm(2.0 * inner);
+    return 2.0 / (e + 1.0);
 }
 
 fn gelu(x: f32) -> f32 {
-    let t = tanh_via_exp(clamp(x, -GELU_CLAMP, GELU_CLAMP));
-    return 0.5 * x * (1.0 + t);
+    let q = one_minus_tanh(clamp(x, -GELU_CLAMP, GELU_CLAMP));
+    return 0.5 * x * (2.0 - q);
 }
 
 fn gelu_grad(x: f32) -> f32 {
     let xc = clamp(x, -GELU_CLAMP, GELU_CLAMP);
-    let t = tanh_via_exp(xc);
+    let q = one_minus_tanh(xc);
+    let t = 1.0 - q;
     let s = 1.0 - t * t;
-    return 0.5 * (1.0 + t) + 0.5 * xc * s * GELU_C * (1.0 + 3.0 * GELU_K * xc * xc);
+    // ½·x·c as x·(½c): the grouping Mesa's rewrites give these constants anyway.
+    return 0.5 * (2.0 - q) + xc * (0.5 * GELU_C) * s * (1.0 + 3.0 * GELU_K * xc * xc);
 }
 
 @compute @workgroup_size(64, 1, 1)

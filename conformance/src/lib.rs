@@ -22,7 +22,8 @@ use thiserror::Error;
 
 pub use backend::{Backend, BackendError, CpuTwin, Cuda, OutputFiles};
 pub use case::{
-    cases_dir, load_corpus, Case, CaseAlgorithm, CaseError, CaseProblem, CorpusError, Topology, CASES_DIR_VAR,
+    cases_dir, check_case_name, load_corpus, parse_cases, Case, CaseAlgorithm, CaseError, CaseProblem, CorpusError,
+    Topology, CASES_DIR_VAR,
 };
 pub use check::{
     check_case, check_case_with, run_case, CaseResult, Failure, GoldenStatus, Goldens, Mismatch, MAX_CASE_ELEMENTS,

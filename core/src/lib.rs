@@ -54,6 +54,7 @@ pub mod linear;
 pub mod mesh;
 pub mod moe;
 pub mod mutants;
+pub mod numeric;
 pub mod oracle;
 pub mod plan;
 pub mod plan_file;

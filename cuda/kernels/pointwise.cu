@@ -16,22 +16,24 @@ struct CmmPointwiseInputs {
 #define CMM_GELU_K 0.044715f
 #define CMM_GELU_CLAMP 30.0f
 
-__device__ __forceinline__ float cmm_tanh_via_exp(float xc) {
+// q = 2/(e + 1) = 1 − tanh(u); 1 + t written 2 − q, as the twin and the shader write it.
+__device__ __forceinline__ float cmm_one_minus_tanh(float xc) {
     float inner = CMM_GELU_C * (xc + CMM_GELU_K * xc * xc * xc);
     float e = expf(2.0f * inner);
-    return 1.0f - 2.0f / (e + 1.0f);
+    return 2.0f / (e + 1.0f);
 }
 
 __device__ __forceinline__ float cmm_gelu(float x) {
-    float t = cmm_tanh_via_exp(fminf(fmaxf(x, -CMM_GELU_CLAMP), CMM_GELU_CLAMP));
-    return 0.5f * x * (1.0f + t);
+    float q = cmm_one_minus_tanh(fminf(fmaxf(x, -CMM_GELU_CLAMP), CMM_GELU_CLAMP));
+    return 0.5f * x * (2.0f - q);
 }
 
 __device__ __forceinline__ float cmm_gelu_grad(float x) {
     float xc = fminf(fmaxf(x, -CMM_GELU_CLAMP), CMM_GELU_CLAMP);
-    float t = cmm_tanh_via_exp(xc);
+    float q = cmm_one_minus_tanh(xc);
+    float t = 1.0f - q;
     float s = 1.0f - t * t;
-    return 0.5f * (1.0f + t) + 0.5f * xc * s * CMM_GELU_C * (1.0f + 3.0f * CMM_GELU_K * xc * xc);
+    return 0.5f * (2.0f - q) + xc * (0.5f * CMM_GELU_C) * s * (1.0f + 3.0f * CMM_GELU_K * xc * xc);
 }
 
 extern "C" __global__ void cmm_pointwise(u64 out, u64 out_stride, u32 out_dtype, u32 rows, u32 cols, u32 function,

@@ -8,6 +8,7 @@
 //! [`Op::AttnMerge`]: crate::plan::Op::AttnMerge
 //! [`Op::AttnFinish`]: crate::plan::Op::AttnFinish
 
+use crate::numeric::{exp_f32, ln_f32};
 use crate::plan::{ATTN_EMPTY_MAX, ATTN_KEY_TILE};
 
 /// The running state of one (query row, head): max, sum and the unnormalised output.
@@ -61,10 +62,10 @@ pub fn attend(
         }
         if any {
             let new_max = state.max.max(tile_max);
-            let alpha = if state.sum == 0.0 { 0.0 } else { (state.max - new_max).exp() };
+            let alpha = if state.sum == 0.0 { 0.0 } else { exp_f32(state.max - new_max) };
             let mut sum = state.sum * alpha;
             for (t, (p, &s)) in probs.iter_mut().zip(&scores).enumerate().take(n) {
-                *p = if visible(tile0 + t) { (s - new_max).exp() } else { 0.0 };
+                *p = if visible(tile0 + t) { exp_f32(s - new_max) } else { 0.0 };
                 if visible(tile0 + t) {
                     sum += *p;
                 }
@@ -95,8 +96,8 @@ pub fn merge(into: &mut RowState, from: &RowState) {
         return;
     }
     let max = into.max.max(from.max);
-    let a1 = (into.max - max).exp();
-    let a2 = (from.max - max).exp();
+    let a1 = exp_f32(into.max - max);
+    let a2 = exp_f32(from.max - max);
     into.sum = into.sum * a1 + from.sum * a2;
     for (x, &y) in into.acc.iter_mut().zip(&from.acc) {
         *x = *x * a1 + y * a2;
@@ -111,5 +112,5 @@ pub fn finish(state: &RowState) -> (Vec<f32>, f32) {
         return (vec![0.0; state.acc.len()], ATTN_EMPTY_MAX);
     }
     let out = state.acc.iter().map(|&a| a / state.sum).collect();
-    (out, state.max + state.sum.ln())
+    (out, state.max + ln_f32(state.sum))
 }

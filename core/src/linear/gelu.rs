@@ -9,8 +9,9 @@
 //! Every backend evaluates it in f32 with the same operations: x is clamped to ±30
 //! for t and for gelu' (beyond, t is ±1 and 1 − t² is 0 exactly in f32, so the clamp
 //! changes no value and keeps x³ and 3k·x² finite), `u = c·(x + k·x·x·x)`,
-//! `e = exp(2u)`, `t = 1 − 2/(e + 1)` (no tanh builtin: WGSL leaves its accuracy loose),
-//! then the two formulas above. The CPU twin is [`gelu`] and [`gelu_grad`]; the shader
+//! `e = exp(2u)` ([`crate::numeric::exp_f32`]), `q = 2/(e + 1)` (no tanh builtin: WGSL
+//! leaves its accuracy loose), `t = 1 − q`, then the two formulas above with 1 + t
+//! written `2 − q`. The CPU twin is [`gelu`] and [`gelu_grad`]; the shader
 //! `shaders/pointwise.wgsl` and the kernel `cuda/kernels/pointwise.cu` mirror it.
 //!
 //! [`eval_error`] bounds |f32 evaluation − exact value| at an f32 input x, to first
@@ -43,24 +44,29 @@ pub const GELU_GRAD_LIPSCHITZ: f64 = 0.80;
 /// Where t has saturated to ±1 in f32 (from |x| ≈ 4.6 on).
 pub const GELU_CLAMP: f32 = 30.0;
 
-fn tanh_via_exp(xc: f32) -> f32 {
+/// q = 2/(e + 1) = 1 − tanh(u) for the clamped x: t = 1 − q. The formulas below use
+/// `2 − q` for 1 + t, the form a shader compiler's algebraic rewrites reach anyway
+/// (Mesa's folds 1 + (1 − q) into 2 − q), so that every executor rounds alike.
+fn one_minus_tanh(xc: f32) -> f32 {
     let inner = GELU_C * (xc + GELU_K * xc * xc * xc);
-    let e = (2.0 * inner).exp();
-    1.0 - 2.0 / (e + 1.0)
+    let e = crate::numeric::exp_f32(2.0 * inner);
+    2.0 / (e + 1.0)
 }
 
 /// GeLU in f32, as every executor evaluates it (the CPU twin).
 pub fn gelu(x: f32) -> f32 {
-    let t = tanh_via_exp(x.clamp(-GELU_CLAMP, GELU_CLAMP));
-    0.5 * x * (1.0 + t)
+    let q = one_minus_tanh(x.clamp(-GELU_CLAMP, GELU_CLAMP));
+    0.5 * x * (2.0 - q)
 }
 
 /// gelu'(x) in f32, as every executor evaluates it (the CPU twin).
 pub fn gelu_grad(x: f32) -> f32 {
     let xc = x.clamp(-GELU_CLAMP, GELU_CLAMP);
-    let t = tanh_via_exp(xc);
+    let q = one_minus_tanh(xc);
+    let t = 1.0 - q;
     let s = 1.0 - t * t;
-    0.5 * (1.0 + t) + 0.5 * xc * s * GELU_C * (1.0 + 3.0 * GELU_K * xc * xc)
+    // ½·x·c as x·(½c): the grouping Mesa's rewrites give the shader's constants.
+    0.5 * (2.0 - q) + xc * (0.5 * GELU_C) * s * (1.0 + 3.0 * GELU_K * xc * xc)
 }
 
 const C64: f64 = 0.797_884_560_802_865_4; // √(2/π)
@@ -143,7 +149,7 @@ mod tests {
         assert!(gelu(1e30).is_finite() && gelu_grad(-1e30) == 0.0 && gelu_grad(1e30) == 1.0);
         assert!(gelu(f32::MAX).is_finite() && gelu(-f32::MAX) == 0.0);
         // The clamp changes nothing: just inside it, t and 1 − t² are already saturated.
-        assert_eq!(tanh_via_exp(GELU_CLAMP - 1.0), 1.0);
-        assert_eq!(tanh_via_exp(1.0 - GELU_CLAMP), -1.0);
+        assert_eq!(one_minus_tanh(GELU_CLAMP - 1.0), 0.0);
+        assert_eq!(one_minus_tanh(1.0 - GELU_CLAMP), 2.0);
     }
 }
