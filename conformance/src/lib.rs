@@ -169,8 +169,12 @@ pub fn run_corpus_to(
     let widths = Widths::new(&cases);
     writeln!(out, "{}", widths.header()).map_err(report)?;
     let mut summary = Summary { backend: backend.name(), ..Summary::default() };
+    let mut updated = Vec::new();
     for case in &cases {
         let (result, ran) = check::run_case_keeping_memory(case, backend, &goldens, options.schedules);
+        if result.golden == GoldenStatus::Updated {
+            updated.push(case.name.clone());
+        }
         if let (Some(exporter), Some((plan, memory))) = (exporter.as_mut(), &ran) {
             exporter.add(&result, plan, memory).map_err(export_error)?;
         }
@@ -192,6 +196,12 @@ pub fn run_corpus_to(
     if let Some(exporter) = exporter {
         let index = exporter.finish().map_err(export_error)?;
         writeln!(out, "exported {} case(s); index: {}", cases.len(), index.display()).map_err(report)?;
+    }
+    if !updated.is_empty() {
+        // A golden is rewritten only when its run passed the f64 oracle on its own;
+        // these are the ones whose bits changed.
+        writeln!(out, "{} golden(s) rewritten (each run passed the oracle): {}", updated.len(), updated.join(", "))
+            .map_err(report)?;
     }
     writeln!(out, "{} passed, {} failed", summary.passed, summary.failed).map_err(report)?;
     out.flush().map_err(report)?;

@@ -360,6 +360,24 @@ mod tests {
     use super::*;
     use DType::*;
 
+    /// Where each device's output sits, pinned in numbers: the oracle cuts the global C
+    /// by these windows, so they are checked against their definitions here rather
+    /// than trusted from the code the plans also use.
+    #[test]
+    fn output_windows_are_the_documented_shards() {
+        let w = |op, d| Problem::new(op, 4, 8, 16, 4, F32, F32).unwrap().output_window(d);
+        // ag_gemm: device d holds columns d·N/D.. of all M rows.
+        assert_eq!(w(OpKind::AgGemm, 2), Window { row0: 0, col0: 8, rows: 8, cols: 4 });
+        // gemm_rs: device d holds rows d·M/D.. of all N columns.
+        assert_eq!(w(OpKind::GemmRs, 3), Window { row0: 6, col0: 0, rows: 2, cols: 16 });
+        // gemm_ar: every device holds all of C.
+        assert_eq!(w(OpKind::GemmAr, 1), Window { row0: 0, col0: 0, rows: 8, cols: 16 });
+        // A mesh of 2×3 chips, device d = chip (d / 3, d % 3), holds C's block there.
+        let mesh = crate::MeshProblem::new(2, 3, crate::Dataflow::Os, 12, 18, 6, F32, F32).unwrap();
+        assert_eq!(mesh.output_window(4), Window { row0: 6, col0: 6, rows: 6, cols: 6 });
+        assert_eq!(mesh.output_window(2), Window { row0: 0, col0: 12, rows: 6, cols: 6 });
+    }
+
     #[test]
     fn zero_devices_is_an_error() {
         assert_eq!(

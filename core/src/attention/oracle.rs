@@ -27,7 +27,7 @@
 //! The conformance check accepts |got − value| ≤ bound (plus the dtype's underflow
 //! floor). There is no exact family: exponentials of integers are not representable.
 
-use super::{AttentionProblem, Chunk, TENSOR_K, TENSOR_Q, TENSOR_V};
+use super::{AttentionProblem, Layout, TENSOR_K, TENSOR_Q, TENSOR_V};
 use crate::dtype::DType;
 use crate::generator::{element, Family};
 use crate::plan::attention_scale;
@@ -110,13 +110,37 @@ impl AttentionProblem {
         AttentionBound { out, out_bound, lse, lse_bound }
     }
 
+    /// The global query positions of device `d`'s output rows, in order, stated from
+    /// the layouts' definitions (docs/attention.md) rather than taken from the chunk
+    /// helpers the plans are built with, so that an error there cannot move the oracle
+    /// with the plan: contiguous, positions d·S/D.. (d+1)·S/D; balanced, chunks d and
+    /// 2D−1−d of S/2D positions; decode, the last T positions on every device.
+    pub(crate) fn contract_positions(&self, d: usize) -> Vec<usize> {
+        let (s, n) = (self.seq, self.devices);
+        match (self.queries, self.layout) {
+            (Some(t), _) => (s - t..s).collect(),
+            (None, Layout::Contiguous) => (d * (s / n)..(d + 1) * (s / n)).collect(),
+            (None, Layout::Balanced) => {
+                let c = s / (2 * n);
+                (d * c..(d + 1) * c).chain((2 * n - 1 - d) * c..(2 * n - d) * c).collect()
+            }
+        }
+    }
+
     /// Which query positions each device's rows of `what` hold.
     fn row_layout(&self, what: &str) -> String {
         let per_device: Vec<String> = (0..self.devices)
             .map(|d| {
-                let chunks: Vec<String> =
-                    self.query_chunks(d).iter().map(|c| format!("{}..{}", c.pos, c.pos + c.rows)).collect();
-                format!("device {d}: positions {}", chunks.join(" then "))
+                let positions = self.contract_positions(d);
+                let mut runs: Vec<(usize, usize)> = Vec::new();
+                for p in positions {
+                    match runs.last_mut() {
+                        Some((_, end)) if *end == p => *end += 1,
+                        _ => runs.push((p, p + 1)),
+                    }
+                }
+                let runs: Vec<String> = runs.iter().map(|(a, b)| format!("{a}..{b}")).collect();
+                format!("device {d}: positions {}", runs.join(" then "))
             })
             .collect();
         format!("rows of {what} for query positions, in order; {}", per_device.join("; "))
@@ -124,10 +148,9 @@ impl AttentionProblem {
 
     /// Global Q row and position of every output row of device `d`.
     fn output_rows(&self, d: usize) -> Vec<(usize, usize)> {
-        self.query_chunks(d)
-            .iter()
-            .flat_map(|&Chunk { pos, rows }| (pos..pos + rows).map(|p| (p - self.query_pos0(), p)))
-            .collect()
+        // Decode's queries are the last positions: Q's row r is position S − T + r.
+        let pos0 = self.seq - self.query_rows();
+        self.contract_positions(d).into_iter().map(|p| (p - pos0, p)).collect()
     }
 }
 

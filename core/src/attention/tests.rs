@@ -135,3 +135,40 @@ fn online_softmax_handles_empty_tiles_and_states() {
     merge(&mut s, &RowState::empty(2));
     assert_eq!(s, before);
 }
+
+/// The layouts, pinned in numbers: the contract the oracle states on its own and the
+/// chunks the plans are built from must both say this.
+#[test]
+fn the_layouts_hold_the_positions_their_definitions_say() {
+    let problem = |d, s, layout, queries| problem(d, s, 2, 1, 16, true, layout, queries, DType::F32);
+    let positions = |p: &AttentionProblem, d: usize| -> Vec<usize> {
+        p.query_chunks(d).iter().flat_map(|c| c.pos..c.pos + c.rows).collect()
+    };
+    let balanced = problem(2, 8, Layout::Balanced, None);
+    assert_eq!(positions(&balanced, 0), [0, 1, 6, 7]);
+    assert_eq!(positions(&balanced, 1), [2, 3, 4, 5]);
+    assert_eq!(balanced.contract_positions(0), [0, 1, 6, 7]);
+    assert_eq!(balanced.contract_positions(1), [2, 3, 4, 5]);
+    let contiguous = problem(3, 6, Layout::Contiguous, None);
+    for d in 0..3 {
+        assert_eq!(positions(&contiguous, d), [2 * d, 2 * d + 1]);
+        assert_eq!(contiguous.contract_positions(d), [2 * d, 2 * d + 1]);
+    }
+    // Decode: every device answers the last T queries; the keys split 4, 3, 3.
+    let decode = problem(3, 10, Layout::Contiguous, Some(2));
+    for d in 0..3 {
+        assert_eq!(positions(&decode, d), [8, 9]);
+        assert_eq!(decode.contract_positions(d), [8, 9]);
+    }
+    let keys: Vec<(usize, usize)> = (0..3).map(|d| (decode.kv_chunks(d)[0].pos, decode.kv_chunks(d)[0].rows)).collect();
+    assert_eq!(keys, [(0, 4), (4, 3), (7, 3)]);
+    // And for every shape the corpus uses, the plans' chunks are the contract.
+    for d in 1..=8 {
+        for layout in [Layout::Contiguous, Layout::Balanced] {
+            let p = problem(d, 16 * d, layout, None);
+            for dev in 0..d {
+                assert_eq!(positions(&p, dev), p.contract_positions(dev), "D={d} {layout:?} device {dev}");
+            }
+        }
+    }
+}

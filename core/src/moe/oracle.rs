@@ -16,6 +16,21 @@ use crate::generator::{element, Family};
 use crate::tolerance::Tolerance;
 use crate::workload::{ExpectedOutput, Workload};
 
+/// The row layout of Y and H from its definition — the routed (token, slot)s sorted by
+/// expert, then token, then slot; an id past the experts is routed nowhere — stated
+/// here rather than taken from the routing code the plans run, so that an error there
+/// cannot move the oracle with the plan. Returns, per row, its `token·k + slot`
+/// (`perm`), and per `token·k + slot`, its row (`inv`).
+pub(crate) fn contract_rows(ids: &[u32], experts: usize) -> (Vec<u32>, Vec<Option<usize>>) {
+    let mut routed: Vec<u32> = (0..ids.len() as u32).filter(|&i| (ids[i as usize] as usize) < experts).collect();
+    routed.sort_by_key(|&i| (ids[i as usize], i));
+    let mut inv = vec![None; ids.len()];
+    for (row, &i) in routed.iter().enumerate() {
+        inv[i as usize] = Some(row);
+    }
+    (routed, inv)
+}
+
 impl MoeProblem {
     /// Rows × cols of generated tensor `tensor` in the input dtype, as f64.
     fn tensor(&self, seed: u32, family: Family, tensor: u32, rows: usize, cols: usize) -> Vec<f64> {
@@ -26,12 +41,12 @@ impl MoeProblem {
         let (h, f, k, cap) = (self.hidden, self.ffn, self.slots, self.capacity());
         let fd = self.ffn_per_device();
         let ids = self.router().ids(seed);
-        let tables = self.tables(seed, 1);
+        let (routed, _) = contract_rows(&ids, self.experts);
         let x = self.tensor(seed, family, TENSOR_X, self.tokens, h);
         let w1 = self.tensor(seed, family, TENSOR_W1, self.experts * h, f);
         let mut values = vec![vec![0.0; cap * fd]; self.devices];
         let mut magnitudes = vec![vec![0.0; cap * fd]; self.devices];
-        for (r, &slot) in tables.perm.iter().enumerate().take(tables.routed()) {
+        for (r, &slot) in routed.iter().enumerate() {
             let token = slot as usize / k;
             let e = ids[slot as usize] as usize;
             for d in 0..self.devices {
@@ -47,7 +62,9 @@ impl MoeProblem {
                 }
             }
         }
-        let perm: Vec<f64> = tables.perm.iter().map(|&w| DType::U32.decode(w) as f64).collect();
+        // Past the routed rows, perm holds ROUTE_NONE.
+        let perm: Vec<f64> =
+            (0..cap).map(|r| DType::U32.decode(routed.get(r).copied().unwrap_or(super::ROUTE_NONE)) as f64).collect();
         vec![
             ExpectedOutput {
                 windows: Vec::new(),
@@ -83,7 +100,7 @@ impl MoeProblem {
         let router = self.router();
         let ids = router.ids(seed);
         let weights: Vec<f64> = router.weights(seed, family).iter().map(|&w| f32::from_bits(w) as f64).collect();
-        let tables = self.tables(seed, 1);
+        let (_, inv) = contract_rows(&ids, e_count);
         let act = self.tensor(seed, family, TENSOR_H, self.capacity(), f);
         let w2 = self.tensor(seed, family, TENSOR_W2, e_count * f, h);
         // Row f of W2_e in the stored layout (see TENSOR_W2).
@@ -95,11 +112,8 @@ impl MoeProblem {
             for t in 0..td {
                 let token = d * td + t;
                 for j in 0..k {
-                    let row = tables.inv[token * k + j];
-                    if row == super::ROUTE_NONE {
-                        continue;
-                    }
-                    let (row, e, w) = (row as usize, ids[token * k + j] as usize, weights[token * k + j]);
+                    let Some(row) = inv[token * k + j] else { continue };
+                    let (e, w) = (ids[token * k + j] as usize, weights[token * k + j]);
                     for c in 0..h {
                         let (mut sum, mut mag) = (0.0, 0.0);
                         for p in 0..f {

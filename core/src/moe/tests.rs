@@ -135,3 +135,26 @@ fn the_simulator_prices_grouped_gemms_from_the_routing() {
     // cmm's grouped kernel (one thread per output, on the CUDA cores) is slower than that.
     assert!(time(Routing::Uniform, 8, Engines::AsBuilt) > uniform);
 }
+
+/// The routed row layout, pinned in numbers: the oracle states it on its own, and the
+/// routing the plans run must agree with it.
+#[test]
+fn the_routed_rows_are_in_expert_token_slot_order() {
+    // Three tokens of two slots over two experts; id 2 routes nowhere.
+    let ids = [1, 0, 0, 2, 1, 1];
+    let (perm, inv) = super::oracle::contract_rows(&ids, 2);
+    assert_eq!(perm, [1, 2, 0, 4, 5]);
+    assert_eq!(inv, [Some(2), Some(0), Some(1), None, Some(3), Some(4)]);
+    let tables = super::route(&ids, 2, 2, 1, 6);
+    assert_eq!(&tables.perm[..5], &perm[..]);
+    assert_eq!(tables.perm[5], super::ROUTE_NONE);
+    for p in problems() {
+        let ids = p.router().ids(7);
+        let (perm, inv) = super::oracle::contract_rows(&ids, p.experts);
+        let tables = p.tables(7, 1);
+        assert_eq!(&tables.perm[..perm.len()], &perm[..], "{}", p.describe());
+        let table_inv: Vec<Option<usize>> =
+            tables.inv.iter().map(|&r| (r != super::ROUTE_NONE).then_some(r as usize)).collect();
+        assert_eq!(table_inv, inv, "{}", p.describe());
+    }
+}
