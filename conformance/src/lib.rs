@@ -9,6 +9,7 @@ pub mod backend;
 pub mod case;
 pub mod check;
 pub mod export;
+pub mod fuzz;
 pub mod golden;
 pub mod mutants;
 pub mod report;

@@ -678,6 +678,11 @@ impl<'p> OpCheck<'p> {
     /// Checks routing tables for `tokens` × `slots` slots and `experts` experts (all
     /// `u32`; seg one row, perm one column); returns the chunk count.
     fn tables(&self, tables: &RouteTables, tokens: usize, slots: usize, experts: usize) -> Result<usize, PlanError> {
+        if experts == 0 || slots == 0 {
+            return Err(self.mismatch(format!(
+                "routing tables for {experts} experts of {slots} slots per token (both must be at least 1)"
+            )));
+        }
         for r in tables.regions() {
             let b = self.region(&r)?;
             if b.dtype != DType::U32 {
@@ -907,6 +912,19 @@ impl Plan {
                     cols: b.cols,
                     limit: MAX_BUFFER_ELEMENTS,
                 });
+            }
+            if let BufferRole::Router { router, .. } = &b.role {
+                // The router's tables fill the buffer exactly: T rows of k slots.
+                if (b.rows, b.cols) != (router.tokens, router.slots) {
+                    return Err(PlanError::Mismatch {
+                        plan: plan(),
+                        site: OpSite { device: 0, lane: 0, index: 0 },
+                        detail: format!(
+                            "router buffer `{}` is {}×{}, but its router has {} tokens of {} slots",
+                            b.name, b.rows, b.cols, router.tokens, router.slots
+                        ),
+                    });
+                }
             }
             if let Some((_, _, origins)) = b.role.generated() {
                 if origins.len() != self.devices {

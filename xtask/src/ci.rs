@@ -2,14 +2,17 @@
 //! fmt, clippy, tests, the CUDA compile check, the GPU bundle (built, and run here to
 //! check its no-GPU exit, its stop on a binary that cannot start and, from a copy
 //! elsewhere, its rehearsal on the fake driver or the host twin), the corpus under four
-//! interleavings (with a JUnit report in `target/conformance-report.xml`), the mutants
-//! on the CPU twin (not with `--quick`).
+//! interleavings (with a JUnit report in `target/conformance-report.xml`), the parsers
+//! fuzzed for a bounded time, the mutants on the CPU twin (not with `--quick`).
 
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
 use crate::conformance;
+
+/// Seconds per fuzz target in a CI run (`--fuzz SECONDS` sets another).
+const FUZZ_SECONDS: u64 = 15;
 
 /// The cargo steps, before the conformance run.
 const STEPS: [&[&str]; 3] = [
@@ -20,7 +23,7 @@ const STEPS: [&[&str]; 3] = [
 
 /// Runs the steps, then the conformance corpus on the reference under four
 /// interleavings, then (unless `quick`) the mutation kill rate on the CPU twin.
-pub fn run(quick: bool) -> Result<()> {
+pub fn run(quick: bool, fuzz: Option<u64>) -> Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let root = crate::workspace_root();
     for args in STEPS {
@@ -50,6 +53,10 @@ pub fn run(quick: bool) -> Result<()> {
     let args =
         conformance::Args { report: Some(report), ..conformance::Args::plain(conformance::BackendKind::Reference, 4) };
     conformance::run(&args).context("ci step `cargo xtask conformance --schedules 4` failed")?;
+    let fuzz_seconds = fuzz.unwrap_or(FUZZ_SECONDS);
+    println!("==> cargo xtask fuzz --seconds {fuzz_seconds}");
+    crate::fuzz::run(&crate::fuzz::Args { seconds: fuzz_seconds, target: None, seed: None })
+        .with_context(|| format!("ci step `cargo xtask fuzz --seconds {fuzz_seconds}` failed"))?;
     if quick {
         println!("ci: all quick steps passed (the mutants did not run: `cargo xtask ci` runs them)");
         return Ok(());

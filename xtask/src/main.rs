@@ -7,6 +7,7 @@ mod calibrate;
 mod ci;
 mod conformance;
 mod cuda;
+mod fuzz;
 mod mutants;
 mod sweep;
 
@@ -42,6 +43,9 @@ enum Command {
     GemmSweep(sweep::Args),
     /// Mutate every corpus plan and report how many mutants the checks catch.
     Mutants(mutants::Args),
+    /// Feed the case-file, plan-file and .npy parsers mutated inputs for a bounded time;
+    /// fail on a panic or a hang.
+    Fuzz(fuzz::Args),
     /// Simulate a plan on a hardware profile (or time it on the reference); --validate
     /// prints the validation table.
     Simulate(Box<simulate::Args>),
@@ -59,6 +63,9 @@ enum Command {
         /// Everything but the mutants (a few minutes instead of about ten).
         #[arg(long)]
         quick: bool,
+        /// Also fuzz the parsers, this many seconds per target.
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "20")]
+        fuzz: Option<u64>,
     },
 }
 
@@ -106,13 +113,14 @@ fn main() -> ExitCode {
         Command::Conformance(args) => conformance::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Mutants(args) => mutants::run(&args),
+        Command::Fuzz(args) => fuzz::run(&args),
         Command::CudaCheck { arch } => cuda::cuda_check(&arch),
         Command::GemmSweep(args) => sweep::run(&args),
         Command::Simulate(args) => simulate::run(&args),
         Command::Tune(args) => tune::run(&args),
         Command::GpuBundle(args) => bundle::run(&args),
         Command::GpuBundleSummary(args) => bundle::summarise(&args),
-        Command::Ci { quick } => ci::run(quick),
+        Command::Ci { quick, fuzz } => ci::run(quick, fuzz),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

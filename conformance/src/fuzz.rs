@@ -1,0 +1,67 @@
+//! Entry points for fuzzing what users hand cmm: case files, plan files and `.npy`
+//! outputs. Each takes arbitrary bytes and must return — an error or a result — without
+//! a panic, a hang or an allocation the input's own size does not bound. `cargo xtask
+//! fuzz` drives them with mutated corpus inputs on stable Rust (CI runs it for a bounded
+//! time); `fuzz/` wraps the same functions as cargo-fuzz (libFuzzer) targets.
+
+use std::path::Path;
+
+use cmm_core::schedule::{schedule_with, Order};
+use cmm_core::verify::{verify_in, Cells};
+use cmm_core::{cpu, DType, Plan};
+
+/// Plans past these sizes are parsed and validated but not run: running them is bounded
+/// work, only slower, and a fuzzer wants many inputs a second.
+const MAX_RUN_OPS: usize = 2_000;
+const MAX_RUN_ELEMENTS: u64 = 1 << 16;
+/// Case dimensions past this are parsed but not planned, for the same reason.
+const MAX_PLANNED_EXTENT: usize = 4096;
+
+/// What a fuzz target is called and the function it runs.
+pub type Target = (&'static str, fn(&[u8]));
+
+/// Every target, by name.
+pub const TARGETS: [Target; 3] = [("case_file", case_file), ("plan_file", plan_file), ("npy", npy)];
+
+/// A case file: parsed, and each small valid case planned and run on the CPU twin.
+pub fn case_file(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(cases) = crate::case::parse_cases(text, Path::new("fuzz.toml")) else { return };
+    for case in cases.iter().take(4) {
+        if [case.m, case.n, case.k, case.devices()].iter().any(|&x| x > MAX_PLANNED_EXTENT) {
+            continue;
+        }
+        if let Ok(plan) = case.plan() {
+            run_small(&plan, case.seed, case.family);
+        }
+    }
+}
+
+/// A plan file: parsed and validated, and a small one scheduled, verified and run.
+pub fn plan_file(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(plan) = Plan::from_file_json(text) else { return };
+    if plan.op_count() > MAX_RUN_OPS || plan.elements() > MAX_RUN_ELEMENTS {
+        return;
+    }
+    let cells = Cells::of(&plan);
+    if let Ok(schedule) = schedule_with(&plan, Order::Default) {
+        let _ = verify_in(&plan, &schedule, &cells);
+    }
+    run_small(&plan, 1, cmm_core::Family::Realistic);
+}
+
+/// An `.npy` file read as an output of every dtype, in the shapes its size allows.
+pub fn npy(data: &[u8]) {
+    for dtype in [DType::F32, DType::F16, DType::Bf16, DType::U32] {
+        for (rows, cols) in [(2, 3), (1, 6), (6, 1), (0, 0), (4, 4)] {
+            let _ = crate::export::read_npy(data, dtype, rows, cols);
+        }
+    }
+}
+
+fn run_small(plan: &Plan, seed: u32, family: cmm_core::Family) {
+    if plan.op_count() <= MAX_RUN_OPS && plan.elements() <= MAX_RUN_ELEMENTS {
+        let _ = cpu::run(plan, seed, family);
+    }
+}

@@ -1,0 +1,235 @@
+//! `cargo xtask fuzz`: the parsers users feed (`cmm_conformance::fuzz`'s targets) on
+//! mutated corpus inputs for a bounded time, on stable Rust. Seeds are the corpus's case
+//! files, the plan files of small corpus cases and `.npy` files of every dtype; each
+//! input gets a few byte-level and token-level mutations (flips, splices, extreme
+//! numbers). A panic, or an input that runs past the time limit, fails the command and
+//! leaves the input in `target/fuzz-findings/`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use cmm_conformance::fuzz::TARGETS;
+use cmm_core::DType;
+
+/// Arguments of `cargo xtask fuzz`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Seconds to spend on each target.
+    #[arg(long, default_value_t = 20)]
+    pub seconds: u64,
+    /// Only the target with this name (case_file, plan_file or npy).
+    #[arg(long)]
+    pub target: Option<String>,
+    /// The random seed (default: from the clock; printed, so a run can be replayed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// Whether a target is running (its panics are reported by the loop, not the hook).
+static IN_TARGET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// One input may take this long before it counts as a hang.
+const HANG_AFTER: Duration = Duration::from_secs(20);
+
+/// Tokens spliced into text inputs: numbers at every limit and the punctuation that
+/// decides structure.
+const TOKENS: [&str; 22] = [
+    "0",
+    "-1",
+    "1",
+    "65536",
+    "4294967295",
+    "4294967296",
+    "18446744073709551616",
+    "1e309",
+    "-0",
+    "nan",
+    "\"\"",
+    "\"..\"",
+    "[]",
+    "{}",
+    "[[case]]",
+    "null",
+    "true",
+    ",",
+    "\"f16\"",
+    "\"bf16\"",
+    "\"ring_chunked\"",
+    "\"attention\"",
+];
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next() % n as u64) as usize
+        }
+    }
+}
+
+/// The seed inputs of `target`.
+fn seeds(target: &str) -> Result<Vec<Vec<u8>>> {
+    let corpus = cmm_conformance::load_corpus(&cmm_conformance::cases_dir()).context("loading the corpus")?;
+    Ok(match target {
+        "case_file" => {
+            let dir = cmm_conformance::cases_dir();
+            let mut seeds = Vec::new();
+            for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+                let text = std::fs::read_to_string(entry?.path())?;
+                // One case per seed: whole files are large and mutate slowly.
+                seeds.extend(text.split("[[case]]").skip(1).map(|c| format!("[[case]]{c}").into_bytes()));
+            }
+            seeds
+        }
+        "plan_file" => corpus
+            .iter()
+            .filter_map(|c| c.plan().ok())
+            .filter(|p| p.op_count() < 400)
+            .step_by(7)
+            .map(|p| p.to_file_json().into_bytes())
+            .collect(),
+        _ => {
+            let words: Vec<u32> = (0..6).map(|i| DType::F16.encode(i as f32 - 2.5)).collect();
+            let mut seeds = Vec::new();
+            for dtype in [DType::F32, DType::F16, DType::Bf16, DType::U32] {
+                seeds.push(cmm_conformance::export::npy_bytes(dtype, 2, 3, &words).0);
+            }
+            seeds
+        }
+    })
+}
+
+/// A mutated copy of `input`, with a few changes and sometimes a splice of `other`.
+fn mutate(rng: &mut Rng, input: &[u8], other: &[u8]) -> Vec<u8> {
+    let mut out = input.to_vec();
+    for _ in 0..1 + rng.below(4) {
+        let at = rng.below(out.len() + 1);
+        match rng.below(7) {
+            0 if !out.is_empty() => {
+                let i = rng.below(out.len());
+                out[i] ^= 1 << rng.below(8);
+            }
+            1 if !out.is_empty() => {
+                const BYTES: &[u8] = b"\x00\xff0-9\".[]{}=,\n";
+                let i = rng.below(out.len());
+                out[i] = BYTES[rng.below(BYTES.len())];
+            }
+            2 => out.insert(at, rng.next() as u8),
+            3 if !out.is_empty() => {
+                let end = (at + 1 + rng.below(16)).min(out.len());
+                out.drain(at.min(end)..end);
+            }
+            4 => {
+                let token = TOKENS[rng.below(TOKENS.len())].as_bytes();
+                // Replace the number or word at `at`, if any, else insert.
+                let start = at.min(out.len());
+                let end = out[start..]
+                    .iter()
+                    .position(|b| !b.is_ascii_alphanumeric() && *b != b'.')
+                    .map_or(out.len(), |p| start + p);
+                out.splice(start..end, token.iter().copied());
+            }
+            5 if !other.is_empty() => {
+                let from = rng.below(other.len());
+                let len = rng.below(64).min(other.len() - from);
+                out.splice(at..at, other[from..from + len].iter().copied());
+            }
+            _ => {
+                let end = (at + rng.below(32)).min(out.len());
+                let copy = out[at.min(end)..end].to_vec();
+                out.splice(at..at, copy);
+            }
+        }
+    }
+    out
+}
+
+/// Runs the fuzz targets; fails on the first panic or hang.
+pub fn run(args: &Args) -> Result<()> {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
+    });
+    let findings = crate::workspace_root().join("target").join("fuzz-findings");
+    let targets: Vec<_> =
+        TARGETS.iter().filter(|(name, _)| args.target.as_deref().is_none_or(|t| t == *name)).collect();
+    if targets.is_empty() {
+        bail!("no fuzz target `{}` (case_file, plan_file, npy)", args.target.as_deref().unwrap_or(""));
+    }
+    // The input in flight, for the watchdog: when it started (ms since `epoch`, 0 = none).
+    let epoch = Instant::now();
+    let started = Arc::new(AtomicU64::new(0));
+    let current: Arc<std::sync::Mutex<(String, Vec<u8>)>> = Arc::default();
+    {
+        let (started, current, findings) = (started.clone(), current.clone(), findings.clone());
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(500));
+            let at = started.load(Ordering::Relaxed);
+            if at > 0 && epoch.elapsed().as_millis() as u64 > at + HANG_AFTER.as_millis() as u64 {
+                let (name, input) = current.lock().map(|c| c.clone()).unwrap_or_default();
+                let path = save(&findings, &name, "hang", &input);
+                eprintln!("fuzz: {name}: an input ran past {HANG_AFTER:?}: {}", path.display());
+                std::process::exit(1);
+            }
+        });
+    }
+    // A target's panic is reported once, by the loop below, with its input; any other
+    // panic is this driver's own and keeps the default report.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !IN_TARGET.load(Ordering::Relaxed) {
+            default_hook(info);
+        }
+    }));
+    println!("fuzz: seed {seed} (replay with --seed {seed}), {} s per target", args.seconds);
+    for (name, target) in targets {
+        let seeds = seeds(name)?;
+        let mut rng = Rng(seed ^ name.len() as u64);
+        let deadline = Instant::now() + Duration::from_secs(args.seconds);
+        let mut inputs = 0u64;
+        while Instant::now() < deadline {
+            let (a, b) = (&seeds[rng.below(seeds.len())], &seeds[rng.below(seeds.len())]);
+            let input = mutate(&mut rng, a, b);
+            if let Ok(mut c) = current.lock() {
+                *c = (name.to_string(), input.clone());
+            }
+            started.store(epoch.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+            IN_TARGET.store(true, Ordering::Relaxed);
+            let outcome = std::panic::catch_unwind(|| target(&input));
+            IN_TARGET.store(false, Ordering::Relaxed);
+            started.store(0, Ordering::Relaxed);
+            if let Err(panic) = outcome {
+                let message = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                let path = save(&findings, name, "panic", &input);
+                bail!("fuzz: {name}: a panic ({message}) on the input saved in {}", path.display());
+            }
+            inputs += 1;
+        }
+        println!("fuzz: {name}: {inputs} inputs from {} seeds, no panic, no hang", seeds.len());
+    }
+    Ok(())
+}
+
+/// Writes a finding's input under `dir` and returns its path.
+fn save(dir: &std::path::Path, name: &str, kind: &str, input: &[u8]) -> PathBuf {
+    let _ = std::fs::create_dir_all(dir);
+    let path = dir.join(format!("{name}-{kind}-{:016x}", cmm_conformance::golden::fnv1a64(input)));
+    let _ = std::fs::write(&path, input);
+    path
+}
