@@ -9,12 +9,12 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use cmm_core::algorithms::{build_plan, Algorithm};
 use cmm_core::plan::OpSite;
-use cmm_core::sim::calibration;
-use cmm_core::sim::validate::{
+use cmm_core::OpKind;
+use cmm_sim::calibration;
+use cmm_sim::validate::{
     calibrated_one_gpu, one_gpu_rows, seed000_problem, BenchTime, OneGpuCalibration, OneGpuRow, H100_COMPUTE_LEVELS,
 };
-use cmm_core::sim::{simulate, Profile, SimOptions};
-use cmm_core::OpKind;
+use cmm_sim::{simulate, Profile, SimOptions};
 use serde::{Deserialize, Serialize};
 
 /// The profile a bench on one GPU is read against.
@@ -296,7 +296,7 @@ fn changes(before: &Profile, after: &Profile) -> Vec<(&'static str, f64, f64)> {
     ]
 }
 
-/// The calibration's own plans (`cmm_core::sim::calibration`) simulated on `profile`,
+/// The calibration's own plans (`cmm_sim::calibration`) simulated on `profile`,
 /// beside what the bench measured on each: (what, measured µs, simulated µs).
 fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> Result<Vec<(String, f64, f64)>> {
     let s = shrink.max(1);
@@ -408,7 +408,7 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
     }
     println!();
     println!(
-        "to keep them: put the calibrated values in core/profiles/{}.toml with their source, and run \
+        "to keep them: put the calibrated values in sim/profiles/{}.toml with their source, and run \
          `cargo xtask simulate --validate`",
         profile.name
     );
@@ -573,7 +573,7 @@ mod tests {
         let profile = Profile::load(ONE_GPU_PROFILE).unwrap();
         assert_eq!(file.compute_levels(), (H100_COMPUTE_LEVELS, "the report's"));
         let from_file = one_gpu_rows(&profile, &times, file.shrink, file.compute_levels().0).unwrap();
-        let table = cmm_core::sim::validate::one_gpu_bench(&profile).unwrap();
+        let table = cmm_sim::validate::one_gpu_bench(&profile).unwrap();
         for row in &table {
             let same = from_file.iter().find(|r| r.time.case == row.time.case).unwrap_or_else(|| panic!("{row:?}"));
             assert!((same.time.published_us - row.time.published_us).abs() < 0.1, "{same:?} {row:?}");

@@ -1,8 +1,8 @@
 //! Problem and profile arguments shared by `simulate` and `tune`.
 
 use anyhow::{bail, Context, Result};
-use cmm_core::sim::Profile;
 use cmm_core::{Algorithm, DType, OpKind, Problem, ProblemError};
+use cmm_sim::Profile;
 
 /// A 1D problem on the command line.
 #[derive(Debug, Clone, clap::Args)]

@@ -13,18 +13,18 @@ use cmm_core::emulate::staggered_priorities;
 use cmm_core::generator::Family;
 use cmm_core::mesh::build_mesh_plan;
 use cmm_core::plan::Plan;
-use cmm_core::sim::analytic::ring_1d;
-use cmm_core::sim::analytic::{estimate_mesh, mesh_family, MeshGemm, MeshShape};
-use cmm_core::sim::tune::candidates_1d;
-use cmm_core::sim::tune::tune_moe;
-use cmm_core::sim::tune::{tune_attention, tune_linear};
-use cmm_core::sim::validate::{flux, one_gpu_bench, seed000, seed002, seed002_simulated};
-use cmm_core::sim::TopologyKind;
-use cmm_core::sim::{simulate, Engines, OpClass, Profile, SimOptions, SimReport};
-use cmm_core::timeline::Timeline;
 use cmm_core::{AttentionProblem, Layer, Layout, LinearProblem, MoeOp, MoeProblem, Pass, Routing};
 use cmm_core::{Dataflow, MeshAlgorithm, MeshProblem};
 use cmm_reference::{Reference, RunOptions};
+use cmm_sim::analytic::ring_1d;
+use cmm_sim::analytic::{estimate_mesh, mesh_family, MeshGemm, MeshShape};
+use cmm_sim::timeline::Timeline;
+use cmm_sim::tune::candidates_1d;
+use cmm_sim::tune::tune_moe;
+use cmm_sim::tune::{tune_attention, tune_linear};
+use cmm_sim::validate::{flux, one_gpu_bench, seed000, seed002, seed002_simulated};
+use cmm_sim::TopologyKind;
+use cmm_sim::{simulate, Engines, OpClass, Profile, SimOptions, SimReport};
 use serde::Serialize;
 
 use crate::problem_args::{algorithm, us, ProblemArgs};
@@ -274,7 +274,7 @@ fn reference(args: &Args, plan: &Plan) -> Result<()> {
         println!("plan:     {}", plan.name);
         println!("executor: wgpu reference on {}", r.adapter_summary());
         println!("wall time of the ops, submitted one by one: {total:.0} µs ({} ops)", ops.len());
-        for kind in cmm_core::timeline::SpanKind::ALL {
+        for kind in cmm_sim::timeline::SpanKind::ALL {
             let spans: Vec<_> = timeline.spans.iter().filter(|s| s.kind == kind).collect();
             if !spans.is_empty() {
                 let sum: f64 = spans.iter().map(|s| s.dur_us).sum();
@@ -410,13 +410,13 @@ fn moe(args: &Args, op: MoeOp) -> Result<()> {
     let problem = MoeProblem::new(op, d, t, h, f, e, k, args.routing, pa.input, pa.output.unwrap_or(pa.input))?;
     let profile = pa.profile()?;
     let ranking = tune_moe(&problem, &profile)?;
-    let tables = problem.tables(cmm_core::sim::engine::SIM_ROUTING_SEED, 1);
+    let tables = problem.tables(cmm_sim::engine::SIM_ROUTING_SEED, 1);
     let rows: Vec<usize> = (0..e).map(|x| tables.segment(x, 0, 1).len()).collect();
     let header = format!(
         "{op} {} on {} ({:.1} TFLOP; {} of {} slots routed, rows per expert {}..{})",
         problem.describe(),
         profile.name,
-        problem.flops(cmm_core::sim::engine::SIM_ROUTING_SEED) / 1e12,
+        problem.flops(cmm_sim::engine::SIM_ROUTING_SEED) / 1e12,
         tables.routed(),
         problem.capacity(),
         rows.iter().min().unwrap_or(&0),
@@ -829,7 +829,7 @@ mod tests {
 
     #[test]
     fn the_json_report_parses_whatever_the_profile_and_plan_are_called() {
-        let text = include_str!("../../core/profiles/h100-nvlink.toml")
+        let text = include_str!("../../sim/profiles/h100-nvlink.toml")
             .replace("name = \"h100-nvlink\"", "name = \"my \\\"big\\\" \\\\ cluster\"");
         let profile = Profile::parse(&text, "my.toml").unwrap();
         assert_eq!(profile.name, "my \"big\" \\ cluster");

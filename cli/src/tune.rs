@@ -3,8 +3,8 @@
 //! seed 002's analytic model.
 
 use anyhow::{bail, Result};
-use cmm_core::sim::analytic::{Dataflow, MeshGemm};
-use cmm_core::sim::tune::{
+use cmm_sim::analytic::{Dataflow, MeshGemm};
+use cmm_sim::tune::{
     best_per_algorithm, choose_dataflows, tune_1d, tune_llm, tune_mesh_gemm, LlmConfig, MeshEvaluation, NoMeshPlans,
 };
 use serde_json::json;
@@ -43,12 +43,12 @@ pub struct Args {
 /// The plan of `algorithm` simulated with every GEMM at cuBLAS's rate, µs.
 fn potential_us(
     problem: &cmm_core::Problem,
-    profile: &cmm_core::sim::Profile,
+    profile: &cmm_sim::Profile,
     algorithm: cmm_core::Algorithm,
 ) -> Option<f64> {
     let plan = cmm_core::build_plan(problem, algorithm).ok()?;
-    let options = cmm_core::sim::SimOptions { engines: cmm_core::sim::Engines::CublasSpeed, ..Default::default() };
-    cmm_core::sim::simulate(&plan, profile, &options).ok().map(|r| r.makespan_s * 1e6)
+    let options = cmm_sim::SimOptions { engines: cmm_sim::Engines::CublasSpeed, ..Default::default() };
+    cmm_sim::simulate(&plan, profile, &options).ok().map(|r| r.makespan_s * 1e6)
 }
 
 fn print_json(value: serde_json::Value) -> Result<()> {
@@ -192,7 +192,7 @@ pub fn run(args: &Args) -> Result<()> {
                 c.shape.to_string(),
                 c.total_s * 1e3,
                 100.0 * c.compute_s / c.total_s,
-                if c.algorithm == cmm_core::sim::analytic::MeshFamily::MeshSlice {
+                if c.algorithm == cmm_sim::analytic::MeshFamily::MeshSlice {
                     c.layers.iter().map(|l| format!("{}={}", l.layer, l.slices)).collect::<Vec<_>>().join(" ")
                 } else {
                     "-".to_string()

@@ -190,7 +190,7 @@ impl Backend for OutputFiles {
                             return Ok(vec![b.dtype.poison_bits(); b.len()]);
                         }
                         let path = self.dir.join(case).join(format!("d{d}_{}.npy", b.name));
-                        crate::export::read_npy_file(&path, b.dtype, b.rows, b.cols)
+                        crate::npy::read_npy_file(&path, b.dtype, b.rows, b.cols)
                             .map_err(|e| failed(format!("{}: {e}", path.display())))
                     })
                     .collect()

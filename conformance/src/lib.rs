@@ -12,6 +12,7 @@ pub mod export;
 pub mod fuzz;
 pub mod golden;
 pub mod mutants;
+pub mod npy;
 pub mod report;
 pub mod stats;
 

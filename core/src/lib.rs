@@ -1,10 +1,14 @@
-//! cmm-core: problems and shardings (1D rings and 2D meshes), plans, the input generator,
-//! the f64 oracle and tolerances, the simulator and its cost models. No GPU dependency:
-//! every executor builds on this crate.
+//! cmm-core: the plan model and what stands on it without running hardware: problems
+//! and shardings of every family (1D rings, 2D meshes, linear layers, attention, MoE),
+//! plans and plan files, the input generator, the f64 oracles and tolerances, the
+//! scheduler, the verifier and mutants, the CPU twin of the reference, and the engine
+//! rule the CUDA lowering and the simulator share. No GPU dependency: every executor
+//! (the reference, CUDA, the simulator in `cmm-sim`) builds on this crate.
 
 /// `ALL`, `name()`, `Display` and `FromStr` for a fieldless enum from its names, in the
 /// order `ALL` lists the variants:
 /// `names!(Layer, "layer", { Column => "column", Row => "row" })`.
+#[macro_export]
 macro_rules! names {
     ($ty:ident, $noun:literal, { $($variant:ident => $name:literal),* $(,)? }) => {
         impl $ty {
@@ -59,11 +63,10 @@ pub mod oracle;
 pub mod plan;
 pub mod plan_file;
 pub mod problem;
+pub mod router;
 pub mod schedule;
-pub mod sim;
 #[cfg(test)]
 mod testing;
-pub mod timeline;
 pub mod tolerance;
 pub mod verify;
 pub mod workload;

@@ -104,9 +104,51 @@ pub fn ln_f32(x: f32) -> f32 {
     e * LN2_HI + (e * LN2_LO + ln_m)
 }
 
+/// GeLU's constants and its evaluation in f32, as every executor runs
+/// [`crate::plan::Pointwise`]; `crate::linear` bounds the evaluation's error.
+/// √(2/π) in f32.
+pub const GELU_C: f32 = 0.797_884_6;
+/// The cubic coefficient.
+pub const GELU_K: f32 = 0.044_715;
+
+/// Where t has saturated to ±1 in f32 (from |x| ≈ 4.6 on).
+pub const GELU_CLAMP: f32 = 30.0;
+
+/// q = 2/(e + 1) = 1 − tanh(u) for the clamped x: t = 1 − q. The formulas below use
+/// `2 − q` for 1 + t, the form a shader compiler's algebraic rewrites reach anyway
+/// (Mesa's folds 1 + (1 − q) into 2 − q), so that every executor rounds alike.
+fn one_minus_tanh(xc: f32) -> f32 {
+    let inner = GELU_C * (xc + GELU_K * xc * xc * xc);
+    let e = exp_f32(2.0 * inner);
+    2.0 / (e + 1.0)
+}
+
+/// GeLU in f32, as every executor evaluates it (the CPU twin).
+pub fn gelu(x: f32) -> f32 {
+    let q = one_minus_tanh(x.clamp(-GELU_CLAMP, GELU_CLAMP));
+    0.5 * x * (2.0 - q)
+}
+
+/// gelu'(x) in f32, as every executor evaluates it (the CPU twin).
+pub fn gelu_grad(x: f32) -> f32 {
+    let xc = x.clamp(-GELU_CLAMP, GELU_CLAMP);
+    let q = one_minus_tanh(xc);
+    let t = 1.0 - q;
+    let s = 1.0 - t * t;
+    // ½·x·c as x·(½c): the grouping Mesa's rewrites give the shader's constants.
+    0.5 * (2.0 - q) + xc * (0.5 * GELU_C) * s * (1.0 + 3.0 * GELU_K * xc * xc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gelu_clamp_changes_nothing() {
+        // Just inside it, t and 1 − t² are already saturated.
+        assert_eq!(one_minus_tanh(GELU_CLAMP - 1.0), 0.0);
+        assert_eq!(one_minus_tanh(1.0 - GELU_CLAMP), 2.0);
+    }
 
     /// Distance in units of the last place of the f32 nearest `exact`.
     fn ulps(got: f32, exact: f64) -> f64 {

@@ -14,10 +14,10 @@ use thiserror::Error;
 
 use crate::dtype::DType;
 
-/// The collective matmul operations of the 1D family.
+/// The collective matmul operations of the 1D family. Exhaustive on purpose: every
+/// executor and model, in whichever crate, must say what it does with a new one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[non_exhaustive]
 pub enum OpKind {
     /// AllGather of A's rows, then GEMM with the local columns of B.
     AgGemm,

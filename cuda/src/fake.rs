@@ -22,8 +22,8 @@
 
 use std::sync::OnceLock;
 
+use crate::cpp::{build, cache_dir, compiler, host_source, COMMON, RUNTIME};
 use crate::error::CudaError;
-use crate::host::{build, cache_dir, compiler, host_source, COMMON, RUNTIME};
 
 /// The variable that selects the fake driver.
 pub const FAKE_CUDA_VAR: &str = "CMM_FAKE_CUDA";

@@ -13,6 +13,7 @@ pub mod kernels;
 pub use error::CudaError;
 pub use kernels::{compile, nvrtc_available, KernelFile, KERNEL_FILES};
 mod backend;
+mod cpp;
 pub mod fake;
 pub mod host;
 mod launch;

@@ -12,6 +12,8 @@ use cmm_conformance::{run_corpus_to, Backend, CpuTwin, Options};
 use cmm_core::{cpu, oracle, DType, Family, OpKind, Problem};
 use cmm_reference::Reference;
 
+use crate::timing::median;
+
 /// Which executor to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BenchBackend {
@@ -35,7 +37,7 @@ pub struct Args {
     /// CUDA only: how signals and waits are issued (the plans must have passed
     /// conformance in the same mode).
     #[arg(long, value_enum, default_value = "kernels")]
-    pub sync: crate::conformance::Sync,
+    pub sync: crate::stamps::Sync,
     /// CUDA only: the stamp directory [default: $CMM_STAMP_DIR, else target/cuda-stamps].
     #[arg(long, value_name = "DIR")]
     pub stamps: Option<std::path::PathBuf>,
@@ -90,16 +92,6 @@ const GEMMS_PER_RUN: usize = 4;
 
 /// Input dtypes measured on the reference (the output is f32).
 const DTYPES: [DType; 2] = [DType::F32, DType::Bf16];
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
 
 /// Median GFLOP/s of `reps` `matrixmultiply::sgemm` calls (threaded over all cores).
 fn native_sgemm_gflops(m: usize, n: usize, k: usize, reps: u32) -> f64 {
@@ -165,7 +157,7 @@ pub fn run(args: &Args) -> Result<()> {
     // The CUDA-only options would be ignored here: refuse them rather than let the table
     // pass for what they asked.
     let cuda_only = [
-        (args.sync != crate::conformance::Sync::Kernels, "--sync memops"),
+        (args.sync != crate::stamps::Sync::Kernels, "--sync memops"),
         (args.stamps.is_some(), "--stamps"),
         (args.json.is_some(), "--json"),
         (args.shrink != 1, "--shrink"),

@@ -1,19 +1,19 @@
-//! The measurements behind the one-GPU simulator profile (`core/profiles/h100-one-gpu.toml`),
+//! The measurements behind the one-GPU simulator profile (`sim/profiles/h100-one-gpu.toml`),
 //! taken by `cargo xtask bench --backend cuda` on the GPU it runs on, so that the profile's
 //! assumptions can be replaced by figures: the device-to-device copy rate, what D GEMMs at
 //! once gain over one at a time, what a copy and a GEMM beside each other cost each other,
 //! and a signal–wait round between two devices. Each is a small plan
-//! (`cmm_core::sim::calibration`, which the simulator runs too) run through the backend like
+//! (`cmm_sim::calibration`, which the simulator runs too) run through the backend like
 //! any other (gated, cold L2, median of the bench's repetitions).
 
 use anyhow::{Context, Result};
 use cmm_core::plan::Op;
-use cmm_core::sim::calibration;
 use cmm_core::{DType, Family, Plan};
 use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec};
+use cmm_sim::calibration;
 use serde::Serialize;
 
-use crate::cuda::{median, time_plan};
+use crate::timing::{median, time_plan};
 
 /// D GEMMs of the local shape on D devices at once, against D times one alone.
 #[derive(Debug, Serialize)]

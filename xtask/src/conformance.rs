@@ -10,8 +10,10 @@ use cmm_conformance::{
     cases_dir, check_report_path, load_corpus, run_corpus, write_report, Backend, CpuTwin, Cuda, Goldens, Options,
 };
 use cmm_core::DType;
-use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, HopperTile, HostTwin, SyncMode};
+use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, HopperTile, HostTwin};
 use cmm_reference::Reference;
+
+use crate::stamps::Sync;
 
 /// Where the corpus runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -36,33 +38,6 @@ impl BackendKind {
             BackendKind::Cpu => "cpu",
             BackendKind::Cuda => "cuda",
             BackendKind::CudaHost => "cuda-host",
-        }
-    }
-}
-
-/// How the CUDA backend issues signals and waits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Sync {
-    /// One-thread signal and wait kernels (a wait has a deadline and can be aborted).
-    Kernels,
-    /// `cuStreamWaitValue32` / `cuStreamWriteValue32` where a semaphore has one signaller.
-    Memops,
-}
-
-impl Sync {
-    /// The backend's mode.
-    pub fn mode(self) -> SyncMode {
-        match self {
-            Sync::Kernels => SyncMode::Kernels,
-            Sync::Memops => SyncMode::StreamMemOps,
-        }
-    }
-
-    /// The name used in stamps and reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Sync::Kernels => "kernels",
-            Sync::Memops => "memops",
         }
     }
 }
@@ -321,7 +296,7 @@ pub fn run(args: &Args) -> Result<()> {
         let summary = run_corpus(&cuda, &options).context("conformance run")?;
         println!("GEMM engines over the run: {}", cuda.engines().describe());
         let corpus = load_corpus(&options.cases_dir).context("loading the corpus for the stamp")?;
-        crate::cuda::write_stamp(&cuda.backend, args.sync, args.stamps.as_deref(), &corpus, &summary)?;
+        crate::stamps::write_stamp(&cuda.backend, args.sync, args.stamps.as_deref(), &corpus, &summary)?;
         return finish(args, &summary, &protected);
     }
     if args.backend == BackendKind::CudaHost {

@@ -1,5 +1,5 @@
-//! CUDA tasks: `cargo xtask cuda-check` (compile every kernel without a GPU), the
-//! conformance stamp that gates benchmarks, and `cargo xtask bench --backend cuda`.
+//! CUDA tasks: `cargo xtask cuda-check` (compile every kernel without a GPU) and
+//! `cargo xtask bench --backend cuda` (only what the conformance stamp allows).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
@@ -10,16 +10,16 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use cmm_cli::bench_file::{PlanFigures, PlanTimes};
 use cmm_conformance::golden::fnv1a64;
-use cmm_conformance::Summary;
 use cmm_core::oracle::spot_check;
-use cmm_core::sim::validate::seed000_problem;
 use cmm_core::workload::output_tolerance;
 use cmm_core::{build_plan, Algorithm, DType, Family, Op, OpKind, Plan, Problem};
 use cmm_cuda::kernels::{compile, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
 use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, ReadBack};
+use cmm_sim::validate::seed000_problem;
 use serde::Serialize;
 
-use crate::conformance::Sync;
+use crate::stamps::{stamped, Sync};
+use crate::timing::time_plan;
 
 /// `cargo xtask cuda-check`: NVRTC to PTX, then `ptxas -v` for `arch`, per kernel file.
 pub fn cuda_check(arch: &str) -> Result<()> {
@@ -89,78 +89,6 @@ pub fn cuda_check(arch: &str) -> Result<()> {
 
 /// The default architecture of `cuda-check`.
 pub const CHECK_ARCH: &str = DEFAULT_ARCH;
-
-/// The stamp directory: the flag, else `$CMM_STAMP_DIR`, else `target/cuda-stamps`.
-fn stamp_dir(flag: Option<&Path>) -> PathBuf {
-    flag.map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("CMM_STAMP_DIR").map(PathBuf::from))
-        .unwrap_or_else(|| crate::workspace_root().join("target").join("cuda-stamps"))
-}
-
-/// Where the stamp of this GPU, this binary and this sync mode lives.
-fn stamp_path(backend: &CudaBackend, sync: Sync, dir: Option<&Path>) -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating the running binary")?;
-    let bytes = fs::read(&exe).with_context(|| format!("reading {}", exe.display()))?;
-    let gpu = backend.identity()?;
-    Ok(stamp_dir(dir).join(format!("{:016x}-{:016x}-{}.txt", fnv1a64(gpu.as_bytes()), fnv1a64(&bytes), sync.name())))
-}
-
-/// After `conformance --backend cuda`: updates the stamp of this GPU, binary and sync
-/// mode. A pair (op, algorithm) is stamped when every corpus case of it ran in this run
-/// and passed; a failure removes it; a run that covered a pair only in part (a filter)
-/// leaves its entry as it was.
-pub fn write_stamp(
-    backend: &CudaBackend,
-    sync: Sync,
-    dir: Option<&Path>,
-    corpus: &[cmm_conformance::Case],
-    summary: &Summary,
-) -> Result<()> {
-    let key = |case: &cmm_conformance::Case| format!("{} {}", case.op_name(), case.algorithm);
-    let path = stamp_path(backend, sync, dir)?;
-    let mut stamp: BTreeSet<String> = match fs::read_to_string(&path) {
-        Ok(text) => text.lines().filter(|l| !l.is_empty()).map(str::to_string).collect(),
-        Err(_) => BTreeSet::new(),
-    };
-    let pairs: BTreeSet<String> = summary.outcomes.iter().map(|(c, _)| key(c)).collect();
-    for pair in pairs {
-        let ran: Vec<bool> = summary.outcomes.iter().filter(|(c, _)| key(c) == pair).map(|(_, ok)| *ok).collect();
-        let in_corpus = corpus.iter().filter(|c| key(c) == pair).count();
-        if ran.iter().any(|ok| !ok) {
-            stamp.remove(&pair);
-        } else if ran.len() == in_corpus {
-            stamp.insert(pair);
-        }
-    }
-    fs::create_dir_all(path.parent().unwrap_or(Path::new("."))).context("creating the stamp directory")?;
-    let lines: Vec<&str> = stamp.iter().map(String::as_str).collect();
-    fs::write(&path, lines.join("\n") + "\n").with_context(|| format!("writing {}", path.display()))?;
-    println!(
-        "stamp: {} op/algorithm pair(s) passed every corpus case on {} ({}) -> {}",
-        lines.len(),
-        backend.identity()?,
-        sync.name(),
-        path.display()
-    );
-    Ok(())
-}
-
-fn stamped(backend: &CudaBackend, sync: Sync, dir: Option<&Path>) -> Result<BTreeSet<String>> {
-    let path = stamp_path(backend, sync, dir)?;
-    let text = fs::read_to_string(&path).with_context(|| {
-        format!(
-            "no conformance stamp for this GPU, binary and sync mode ({}): run `cargo xtask conformance --backend cuda --sync {}` first",
-            path.display(),
-            sync.name()
-        )
-    })?;
-    Ok(text.lines().map(str::to_string).collect())
-}
-
-pub(crate) fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
 
 /// What the CUDA bench measures with.
 #[derive(Debug)]
@@ -437,39 +365,6 @@ impl Report {
         let json = serde_json::to_string_pretty(self).context("encoding the bench report")?;
         fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))
     }
-}
-
-/// Median GPU time in µs of `reps` runs of `plan` (fresh inputs per run, a new seed, then
-/// the L2 overwritten: `options.cold_l2`),
-/// after one warm-up; fails unless every GEMM ran on cuBLAS, or with `fused` on the
-/// persistent tile kernel (a GEMM that waits per tile cannot be a cuBLAS call), so that
-/// no row names an engine that did not run.
-pub(crate) fn time_plan(
-    backend: &CudaBackend,
-    plan: &Plan,
-    options: &CudaRunOptions,
-    reps: usize,
-    fused: bool,
-) -> Result<(f64, bool)> {
-    let warm = backend.run(plan, 1, Family::Realistic, options).with_context(|| format!("warm-up of {}", plan.name))?;
-    let (expected, other) = if fused {
-        ("cmm's persistent kernels", warm.gemms.cublas)
-    } else {
-        ("cuBLAS", warm.gemms.tile + warm.gemms.hopper)
-    };
-    if other > 0 {
-        bail!("{}: GEMMs ran on {}; the bench times this plan on {expected} only", plan.name, warm.gemms.describe());
-    }
-    let mut times = Vec::new();
-    let mut gated = true;
-    for rep in 0..reps {
-        let out = backend
-            .run(plan, 1000 + rep as u32, Family::Realistic, options)
-            .with_context(|| format!("running {}", plan.name))?;
-        gated &= out.gated;
-        times.push(out.gpu_time.as_secs_f64() * 1e6);
-    }
-    Ok((median(times), gated))
 }
 
 /// A plan's plain time at the bench's shape, or why it has none.
@@ -1015,7 +910,7 @@ fn write_timelines(
                     backend.summary(),
                     out.gpu_time.as_secs_f64() * 1e6
                 );
-                let timeline = cmm_core::timeline::Timeline::from_measured(&ran, title, &out.op_times);
+                let timeline = cmm_sim::timeline::Timeline::from_measured(&ran, title, &out.op_times);
                 let stem = format!("gemm_rs-{}-d{d}-{mode}", algorithm.name());
                 fs::write(dir.join(format!("{stem}.svg")), timeline.svg())?;
                 fs::write(dir.join(format!("{stem}.json")), timeline.chrome_trace_json())?;
@@ -1063,7 +958,7 @@ fn write_timelines(
         let stem = format!("{op}-fused-d4-plain");
         let title =
             format!("{} plain: {:.1} µs with an event around every op", plan.name, out.gpu_time.as_secs_f64() * 1e6);
-        let timeline = cmm_core::timeline::Timeline::from_measured(&plan, title, &out.op_times);
+        let timeline = cmm_sim::timeline::Timeline::from_measured(&plan, title, &out.op_times);
         fs::write(dir.join(format!("{stem}.svg")), timeline.svg())?;
     }
     Ok(())

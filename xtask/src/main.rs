@@ -9,7 +9,9 @@ mod conformance;
 mod cuda;
 mod fuzz;
 mod mutants;
+mod stamps;
 mod sweep;
+mod timing;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

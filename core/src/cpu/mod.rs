@@ -132,218 +132,271 @@ pub fn initial_memory(plan: &Plan, seed: u32, family: Family) -> Memory {
         .collect()
 }
 
-/// Executes one op of device `device`.
+/// Executes one op of device `device` (one function per op below, each the twin of
+/// its WGSL stage).
 pub fn execute(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
-    let dt = |r: &Region| plan.buffers[r.buf.0].dtype;
     match op {
-        Op::Gemm { a, b, c, trans_a, trans_b, accumulate, c_device, .. } => {
-            let (m, n) = (c.rows, c.cols);
-            let k = if *trans_a { a.rows } else { a.cols };
-            let owner = c_device.unwrap_or(device);
-            let c_words = &mem[owner][c.buf.0];
-            let mut out: Vec<f32> = if *accumulate {
-                (0..m * n).map(|x| f32::from_bits(c_words[at(c, x / n, x % n)])).collect()
-            } else {
-                vec![0.0; m * n]
-            };
-            let (a_words, b_words) = (&mem[device][a.buf.0], &mem[device][b.buf.0]);
-            let (a_type, b_type) = (dt(a), dt(b));
-            let get_a = |i: usize, p: usize| a_type.decode(a_words[if *trans_a { at(a, p, i) } else { at(a, i, p) }]);
-            let get_b = |p: usize, j: usize| b_type.decode(b_words[if *trans_b { at(b, j, p) } else { at(b, p, j) }]);
-            gemm::gemm(m, n, k, &get_a, &get_b, &mut out);
-            let c_type = dt(c);
-            let c_words = &mut mem[owner][c.buf.0];
-            for (x, value) in out.into_iter().enumerate() {
-                c_words[at(c, x / n, x % n)] = c_type.encode(value);
-            }
-        }
-        Op::Copy { src, dst_device, dst, .. } => {
-            for i in 0..src.rows {
-                for j in 0..src.cols {
-                    let v = mem[device][src.buf.0][at(src, i, j)];
-                    mem[*dst_device][dst.buf.0][at(dst, i, j)] = v;
-                }
-            }
-        }
-        Op::Reduce { inputs, output } => {
-            for i in 0..output.rows {
-                for j in 0..output.cols {
-                    let mut acc = 0.0f32;
-                    for (t, r) in inputs.iter().enumerate() {
-                        let v = dt(r).decode(mem[device][r.buf.0][at(r, i, j)]);
-                        acc = if t == 0 { v } else { acc + v };
-                    }
-                    mem[device][output.buf.0][at(output, i, j)] = dt(output).encode(acc);
-                }
-            }
-        }
-        Op::Pointwise { function, inputs, output } => {
-            let mut args = Vec::with_capacity(inputs.len());
-            for i in 0..output.rows {
-                for j in 0..output.cols {
-                    args.clear();
-                    args.extend(inputs.iter().map(|r| dt(r).decode(mem[device][r.buf.0][at(r, i, j)])));
-                    mem[device][output.buf.0][at(output, i, j)] = dt(output).encode(function.apply(&args));
-                }
-            }
-        }
-        Op::Attend { q, k, v, state, heads, kv_heads, causal, fresh } => {
-            let dh = q.cols / heads;
-            let group = heads / kv_heads;
-            let scale = attention_scale(dh);
-            let dev = &mem[device];
-            // Keys and values decoded once; the arithmetic is online::attend's, per
-            // (row, head), so spreading the rows over threads keeps every bit.
-            let (keys, values) = (decode_region(dev, k, dt(k)), decode_region(dev, v, dt(v)));
-            let q_type = dt(q);
-            let work = q.rows * heads * k.rows * dh;
-            let states = parallel_map(q.rows * heads, work, |n| {
-                let (i, h) = (n / heads, n % heads);
-                let g = h / group;
-                let mut row = if *fresh { online::RowState::empty(dh) } else { read_state(dev, state, i, h, dh) };
-                let query: Vec<f32> = (0..dh).map(|c| q_type.decode(dev[q.buf.0][at(q, i, h * dh + c)])).collect();
-                online::attend(
-                    &mut row,
-                    &query,
-                    k.rows,
-                    scale,
-                    |j, c| keys[j * k.cols + g * dh + c],
-                    |j, c| values[j * v.cols + g * dh + c],
-                    |j| causal.is_none_or(|m| m.visible(i, j)),
-                );
-                row
-            });
-            for (n, row) in states.iter().enumerate() {
-                write_state(&mut mem[device], state, n / heads, n % heads, row);
-            }
-        }
-        Op::AttnMerge { from, into, heads } => {
-            let dh = into.acc.cols / heads;
-            for i in 0..into.max.rows {
-                for h in 0..*heads {
-                    let other = read_state(&mem[device], from, i, h, dh);
-                    let mut row = read_state(&mem[device], into, i, h, dh);
-                    online::merge(&mut row, &other);
-                    write_state(&mut mem[device], into, i, h, &row);
-                }
-            }
-        }
-        Op::AttnFinish { state, out, lse, heads } => {
-            let dh = state.acc.cols / heads;
-            for i in 0..state.max.rows {
-                for h in 0..*heads {
-                    let row = read_state(&mem[device], state, i, h, dh);
-                    let (values, log_sum_exp) = online::finish(&row);
-                    for (c, x) in values.into_iter().enumerate() {
-                        mem[device][out.buf.0][at(out, i, h * dh + c)] = dt(out).encode(x);
-                    }
-                    mem[device][lse.buf.0][at(lse, i, h)] = log_sum_exp.to_bits();
-                }
-            }
-        }
-        Op::Route { ids, tables, experts } => {
-            let words = read_region(&mem[device], ids);
-            let chunks = tables.chunks(*experts);
-            let t = route(&words, ids.cols, *experts, chunks, tables.perm.rows);
-            for (r, values) in [(&tables.seg, &t.seg), (&tables.perm, &t.perm), (&tables.inv, &t.inv)] {
-                write_region(&mut mem[device], r, values);
-            }
-        }
-        Op::GroupedGemm { a, b, c, tables, experts, groups, chunk, gather, zero_unrouted } => {
-            let dev = &mem[device];
-            let seg = read_region(dev, &tables.seg);
-            let perm = read_region(dev, &tables.perm);
-            let (chunks, slots) = (tables.chunks(*experts), tables.inv.cols);
-            let k = b.rows / experts;
-            // Every index read from a table is bounded before use, as in the shaders.
-            let bound = |x: u32| (x as usize).min(c.rows);
-            let start = |e: usize| bound(seg[e * chunks + chunk]);
-            let routed = bound(seg[seg.len() - 1]);
-            // Each routed row of c: its expert and the row of a it reads.
-            let mut routed_rows: Vec<(usize, usize, usize)> = Vec::new();
-            let mut zero_rows: Vec<usize> = Vec::new();
-            // perm has c's rows (plan validation).
-            for (r, &slot) in perm.iter().enumerate() {
-                // The last group whose segment starts at or before r, by the shaders'
-                // binary search; r is in it if it ends after r.
-                let (mut lo, mut hi) = (groups.start, groups.end);
-                for _ in 0..32 {
-                    if lo >= hi {
-                        break;
-                    }
-                    let mid = lo + (hi - lo) / 2;
-                    if start(mid) <= r {
-                        lo = mid + 1;
-                    } else {
-                        hi = mid;
-                    }
-                }
-                let expert = (lo > groups.start && r < bound(seg[(lo - 1) * chunks + chunk + 1])).then(|| lo - 1);
-                let Some(e) = expert else {
-                    if *zero_unrouted && r >= routed {
-                        zero_rows.push(r);
-                    }
-                    continue;
-                };
-                let src = match gather {
-                    None => Some(r),
-                    Some(base) => {
-                        let token = (slot != ROUTE_NONE).then_some(slot as usize / slots);
-                        token.and_then(|t| t.checked_sub(*base)).filter(|&t| t < a.rows)
-                    }
-                };
-                match src {
-                    Some(i) => routed_rows.push((r, e, i)),
-                    // No source row: the sum of nothing, 0.
-                    None => zero_rows.push(r),
-                }
-            }
-            // Consecutive rows of one expert form one GEMM against that expert's B.
-            let (a_type, b_type) = (dt(a), dt(b));
-            let (a_words, b_words) = (&dev[a.buf.0], &dev[b.buf.0]);
-            let mut results: Vec<(usize, Vec<f32>)> = Vec::new();
-            for run in routed_rows.chunk_by(|x, y| x.1 == y.1) {
-                let e = run[0].1;
-                let sources: Vec<usize> = run.iter().map(|x| x.2).collect();
-                let get_a = |i: usize, p: usize| a_type.decode(a_words[at(a, sources[i], p)]);
-                let get_b = |p: usize, j: usize| b_type.decode(b_words[at(b, e * k + p, j)]);
-                let mut out = vec![0.0f32; run.len() * c.cols];
-                gemm::gemm(run.len(), c.cols, k, &get_a, &get_b, &mut out);
-                results.extend(run.iter().zip(out.chunks_exact(c.cols)).map(|(x, row)| (x.0, row.to_vec())));
-            }
-            let c_type = dt(c);
-            let c_words = &mut mem[device][c.buf.0];
-            for r in zero_rows {
-                for j in 0..c.cols {
-                    c_words[at(c, r, j)] = c_type.encode(0.0);
-                }
-            }
-            for (r, row) in results {
-                for (j, value) in row.into_iter().enumerate() {
-                    c_words[at(c, r, j)] = c_type.encode(value);
-                }
-            }
-        }
-        Op::Combine { rows, weights, inv, out } => {
-            let dev = &mem[device];
-            let mut values = Vec::with_capacity(out.len());
-            for t in 0..out.rows {
-                for j in 0..out.cols {
-                    let mut acc = 0.0f32;
-                    for s in 0..inv.cols {
-                        let row = dev[inv.buf.0][at(inv, t, s)] as usize;
-                        if row < rows.rows {
-                            let w = f32::from_bits(dev[weights.buf.0][at(weights, t, s)]);
-                            acc += w * dt(rows).decode(dev[rows.buf.0][at(rows, row, j)]);
-                        }
-                    }
-                    values.push(dt(out).encode(acc));
-                }
-            }
-            write_region(&mut mem[device], out, &values);
-        }
+        Op::Gemm { .. } => gemm_op(plan, mem, device, op),
+        Op::Copy { .. } => copy(mem, device, op),
+        Op::Reduce { .. } => reduce(plan, mem, device, op),
+        Op::Pointwise { .. } => pointwise(plan, mem, device, op),
+        Op::Attend { .. } => attend(plan, mem, device, op),
+        Op::AttnMerge { .. } => attn_merge(mem, device, op),
+        Op::AttnFinish { .. } => attn_finish(plan, mem, device, op),
+        Op::Route { .. } => route_op(mem, device, op),
+        Op::GroupedGemm { .. } => grouped_gemm(plan, mem, device, op),
+        Op::Combine { .. } => combine(plan, mem, device, op),
         Op::Signal { .. } | Op::Wait { .. } => {}
     }
+}
+
+/// `Op::Gemm` (twin of `gemm.wgsl`): the blocked kernel in the reference's order, rounded once to c's dtype.
+fn gemm_op(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
+    let Op::Gemm { a, b, c, trans_a, trans_b, accumulate, c_device, .. } = op else {
+        unreachable!("dispatched on its variant")
+    };
+    let dt = |r: &Region| plan.buffers[r.buf.0].dtype;
+    let (m, n) = (c.rows, c.cols);
+    let k = if *trans_a { a.rows } else { a.cols };
+    let owner = c_device.unwrap_or(device);
+    let c_words = &mem[owner][c.buf.0];
+    let mut out: Vec<f32> = if *accumulate {
+        (0..m * n).map(|x| f32::from_bits(c_words[at(c, x / n, x % n)])).collect()
+    } else {
+        vec![0.0; m * n]
+    };
+    let (a_words, b_words) = (&mem[device][a.buf.0], &mem[device][b.buf.0]);
+    let (a_type, b_type) = (dt(a), dt(b));
+    let get_a = |i: usize, p: usize| a_type.decode(a_words[if *trans_a { at(a, p, i) } else { at(a, i, p) }]);
+    let get_b = |p: usize, j: usize| b_type.decode(b_words[if *trans_b { at(b, j, p) } else { at(b, p, j) }]);
+    gemm::gemm(m, n, k, &get_a, &get_b, &mut out);
+    let c_type = dt(c);
+    let c_words = &mut mem[owner][c.buf.0];
+    for (x, value) in out.into_iter().enumerate() {
+        c_words[at(c, x / n, x % n)] = c_type.encode(value);
+    }
+}
+
+/// `Op::Copy` (twin of `copy.wgsl`): the words as they are.
+fn copy(mem: &mut Memory, device: usize, op: &Op) {
+    let Op::Copy { src, dst_device, dst, .. } = op else { unreachable!("dispatched on its variant") };
+    for i in 0..src.rows {
+        for j in 0..src.cols {
+            let v = mem[device][src.buf.0][at(src, i, j)];
+            mem[*dst_device][dst.buf.0][at(dst, i, j)] = v;
+        }
+    }
+}
+
+/// `Op::Reduce` (twin of `reduce.wgsl`): the inputs summed in order in f32, rounded once.
+fn reduce(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
+    let Op::Reduce { inputs, output } = op else { unreachable!("dispatched on its variant") };
+    let dt = |r: &Region| plan.buffers[r.buf.0].dtype;
+    for i in 0..output.rows {
+        for j in 0..output.cols {
+            let mut acc = 0.0f32;
+            for (t, r) in inputs.iter().enumerate() {
+                let v = dt(r).decode(mem[device][r.buf.0][at(r, i, j)]);
+                acc = if t == 0 { v } else { acc + v };
+            }
+            mem[device][output.buf.0][at(output, i, j)] = dt(output).encode(acc);
+        }
+    }
+}
+
+/// `Op::Pointwise` (twin of `pointwise.wgsl`).
+fn pointwise(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
+    let Op::Pointwise { function, inputs, output } = op else { unreachable!("dispatched on its variant") };
+    let dt = |r: &Region| plan.buffers[r.buf.0].dtype;
+    let mut args = Vec::with_capacity(inputs.len());
+    for i in 0..output.rows {
+        for j in 0..output.cols {
+            args.clear();
+            args.extend(inputs.iter().map(|r| dt(r).decode(mem[device][r.buf.0][at(r, i, j)])));
+            mem[device][output.buf.0][at(output, i, j)] = dt(output).encode(function.apply(&args));
+        }
+    }
+}
+
+/// `Op::Attend` (twin of `attend.wgsl`): `online::attend` per (row, head).
+fn attend(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
+    let Op::Attend { q, k, v, state, heads, kv_heads, causal, fresh } = op else {
+        unreachable!("dispatched on its variant")
+    };
+    let dt = |r: &Region| plan.buffers[r.buf.0].dtype;
+    let dh = q.cols / heads;
+    let group = heads / kv_heads;
+    let scale = attention_scale(dh);
+    let dev = &mem[device];
+    // Keys and values decoded once; the arithmetic is online::attend's, per
+    // (row, head), so spreading the rows over threads keeps every bit.
+    let (keys, values) = (decode_region(dev, k, dt(k)), decode_region(dev, v, dt(v)));
+    let q_type = dt(q);
+    let work = q.rows * heads * k.rows * dh;
+    let states = parallel_map(q.rows * heads, work, |n| {
+        let (i, h) = (n / heads, n % heads);
+        let g = h / group;
+        let mut row = if *fresh { online::RowState::empty(dh) } else { read_state(dev, state, i, h, dh) };
+        let query: Vec<f32> = (0..dh).map(|c| q_type.decode(dev[q.buf.0][at(q, i, h * dh + c)])).collect();
+        online::attend(
+            &mut row,
+            &query,
+            k.rows,
+            scale,
+            |j, c| keys[j * k.cols + g * dh + c],
+            |j, c| values[j * v.cols + g * dh + c],
+            |j| causal.is_none_or(|m| m.visible(i, j)),
+        );
+        row
+    });
+    for (n, row) in states.iter().enumerate() {
+        write_state(&mut mem[device], state, n / heads, n % heads, row);
+    }
+}
+
+/// `Op::AttnMerge` (twin of `attn_state.wgsl`).
+fn attn_merge(mem: &mut Memory, device: usize, op: &Op) {
+    let Op::AttnMerge { from, into, heads } = op else { unreachable!("dispatched on its variant") };
+    let dh = into.acc.cols / heads;
+    for i in 0..into.max.rows {
+        for h in 0..*heads {
+            let other = read_state(&mem[device], from, i, h, dh);
+            let mut row = read_state(&mem[device], into, i, h, dh);
+            online::merge(&mut row, &other);
+            write_state(&mut mem[device], into, i, h, &row);
+        }
+    }
+}
+
+/// `Op::AttnFinish` (twin of `attn_state.wgsl`): O and the log-sum-exp.
+fn attn_finish(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
+    let Op::AttnFinish { state, out, lse, heads } = op else { unreachable!("dispatched on its variant") };
+    let dt = |r: &Region| plan.buffers[r.buf.0].dtype;
+    let dh = state.acc.cols / heads;
+    for i in 0..state.max.rows {
+        for h in 0..*heads {
+            let row = read_state(&mem[device], state, i, h, dh);
+            let (values, log_sum_exp) = online::finish(&row);
+            for (c, x) in values.into_iter().enumerate() {
+                mem[device][out.buf.0][at(out, i, h * dh + c)] = dt(out).encode(x);
+            }
+            mem[device][lse.buf.0][at(lse, i, h)] = log_sum_exp.to_bits();
+        }
+    }
+}
+
+/// `Op::Route` (twin of `route.wgsl`): the routing tables from the ids.
+fn route_op(mem: &mut Memory, device: usize, op: &Op) {
+    let Op::Route { ids, tables, experts } = op else { unreachable!("dispatched on its variant") };
+    let words = read_region(&mem[device], ids);
+    let chunks = tables.chunks(*experts);
+    let t = route(&words, ids.cols, *experts, chunks, tables.perm.rows);
+    for (r, values) in [(&tables.seg, &t.seg), (&tables.perm, &t.perm), (&tables.inv, &t.inv)] {
+        write_region(&mut mem[device], r, values);
+    }
+}
+
+/// `Op::GroupedGemm` (twin of `grouped_gemm.wgsl`): each expert's rows as one blocked GEMM.
+fn grouped_gemm(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
+    let Op::GroupedGemm { a, b, c, tables, experts, groups, chunk, gather, zero_unrouted } = op else {
+        unreachable!("dispatched on its variant")
+    };
+    let dt = |r: &Region| plan.buffers[r.buf.0].dtype;
+    let dev = &mem[device];
+    let seg = read_region(dev, &tables.seg);
+    let perm = read_region(dev, &tables.perm);
+    let (chunks, slots) = (tables.chunks(*experts), tables.inv.cols);
+    let k = b.rows / experts;
+    // Every index read from a table is bounded before use, as in the shaders.
+    let bound = |x: u32| (x as usize).min(c.rows);
+    let start = |e: usize| bound(seg[e * chunks + chunk]);
+    let routed = bound(seg[seg.len() - 1]);
+    // Each routed row of c: its expert and the row of a it reads.
+    let mut routed_rows: Vec<(usize, usize, usize)> = Vec::new();
+    let mut zero_rows: Vec<usize> = Vec::new();
+    // perm has c's rows (plan validation).
+    for (r, &slot) in perm.iter().enumerate() {
+        // The last group whose segment starts at or before r, by the shaders'
+        // binary search; r is in it if it ends after r.
+        let (mut lo, mut hi) = (groups.start, groups.end);
+        for _ in 0..32 {
+            if lo >= hi {
+                break;
+            }
+            let mid = lo + (hi - lo) / 2;
+            if start(mid) <= r {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let expert = (lo > groups.start && r < bound(seg[(lo - 1) * chunks + chunk + 1])).then(|| lo - 1);
+        let Some(e) = expert else {
+            if *zero_unrouted && r >= routed {
+                zero_rows.push(r);
+            }
+            continue;
+        };
+        let src = match gather {
+            None => Some(r),
+            Some(base) => {
+                let token = (slot != ROUTE_NONE).then_some(slot as usize / slots);
+                token.and_then(|t| t.checked_sub(*base)).filter(|&t| t < a.rows)
+            }
+        };
+        match src {
+            Some(i) => routed_rows.push((r, e, i)),
+            // No source row: the sum of nothing, 0.
+            None => zero_rows.push(r),
+        }
+    }
+    // Consecutive rows of one expert form one GEMM against that expert's B.
+    let (a_type, b_type) = (dt(a), dt(b));
+    let (a_words, b_words) = (&dev[a.buf.0], &dev[b.buf.0]);
+    let mut results: Vec<(usize, Vec<f32>)> = Vec::new();
+    for run in routed_rows.chunk_by(|x, y| x.1 == y.1) {
+        let e = run[0].1;
+        let sources: Vec<usize> = run.iter().map(|x| x.2).collect();
+        let get_a = |i: usize, p: usize| a_type.decode(a_words[at(a, sources[i], p)]);
+        let get_b = |p: usize, j: usize| b_type.decode(b_words[at(b, e * k + p, j)]);
+        let mut out = vec![0.0f32; run.len() * c.cols];
+        gemm::gemm(run.len(), c.cols, k, &get_a, &get_b, &mut out);
+        results.extend(run.iter().zip(out.chunks_exact(c.cols)).map(|(x, row)| (x.0, row.to_vec())));
+    }
+    let c_type = dt(c);
+    let c_words = &mut mem[device][c.buf.0];
+    for r in zero_rows {
+        for j in 0..c.cols {
+            c_words[at(c, r, j)] = c_type.encode(0.0);
+        }
+    }
+    for (r, row) in results {
+        for (j, value) in row.into_iter().enumerate() {
+            c_words[at(c, r, j)] = c_type.encode(value);
+        }
+    }
+}
+
+/// `Op::Combine` (twin of `combine.wgsl`): the top-k weighted sum in slot order.
+fn combine(plan: &Plan, mem: &mut Memory, device: usize, op: &Op) {
+    let Op::Combine { rows, weights, inv, out } = op else { unreachable!("dispatched on its variant") };
+    let dt = |r: &Region| plan.buffers[r.buf.0].dtype;
+    let dev = &mem[device];
+    let mut values = Vec::with_capacity(out.len());
+    for t in 0..out.rows {
+        for j in 0..out.cols {
+            let mut acc = 0.0f32;
+            for s in 0..inv.cols {
+                let row = dev[inv.buf.0][at(inv, t, s)] as usize;
+                if row < rows.rows {
+                    let w = f32::from_bits(dev[weights.buf.0][at(weights, t, s)]);
+                    acc += w * dt(rows).decode(dev[rows.buf.0][at(rows, row, j)]);
+                }
+            }
+            values.push(dt(out).encode(acc));
+        }
+    }
+    write_region(&mut mem[device], out, &values);
 }
 
 /// A region's elements decoded to f32, row-major.

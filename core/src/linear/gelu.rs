@@ -28,10 +28,7 @@
 //!
 //! The result is scaled by 1.01 to cover the second-order terms dropped above.
 
-/// √(2/π) in f32.
-pub const GELU_C: f32 = 0.797_884_6;
-/// The cubic coefficient.
-pub const GELU_K: f32 = 0.044_715;
+pub use crate::numeric::{gelu, gelu_grad};
 
 /// sup |gelu'(x)| over all x (1.1290 at x ≈ 1.77), rounded up: the Lipschitz constant
 /// that carries an input error through GeLU.
@@ -40,34 +37,6 @@ pub const GELU_LIPSCHITZ: f64 = 1.13;
 /// sup |gelu''(x)| over all x (√(2/π) = 0.7979 at x = 0), rounded up: carries an input
 /// error through gelu'.
 pub const GELU_GRAD_LIPSCHITZ: f64 = 0.80;
-
-/// Where t has saturated to ±1 in f32 (from |x| ≈ 4.6 on).
-pub const GELU_CLAMP: f32 = 30.0;
-
-/// q = 2/(e + 1) = 1 − tanh(u) for the clamped x: t = 1 − q. The formulas below use
-/// `2 − q` for 1 + t, the form a shader compiler's algebraic rewrites reach anyway
-/// (Mesa's folds 1 + (1 − q) into 2 − q), so that every executor rounds alike.
-fn one_minus_tanh(xc: f32) -> f32 {
-    let inner = GELU_C * (xc + GELU_K * xc * xc * xc);
-    let e = crate::numeric::exp_f32(2.0 * inner);
-    2.0 / (e + 1.0)
-}
-
-/// GeLU in f32, as every executor evaluates it (the CPU twin).
-pub fn gelu(x: f32) -> f32 {
-    let q = one_minus_tanh(x.clamp(-GELU_CLAMP, GELU_CLAMP));
-    0.5 * x * (2.0 - q)
-}
-
-/// gelu'(x) in f32, as every executor evaluates it (the CPU twin).
-pub fn gelu_grad(x: f32) -> f32 {
-    let xc = x.clamp(-GELU_CLAMP, GELU_CLAMP);
-    let q = one_minus_tanh(xc);
-    let t = 1.0 - q;
-    let s = 1.0 - t * t;
-    // ½·x·c as x·(½c): the grouping Mesa's rewrites give the shader's constants.
-    0.5 * (2.0 - q) + xc * (0.5 * GELU_C) * s * (1.0 + 3.0 * GELU_K * xc * xc)
-}
 
 const C64: f64 = 0.797_884_560_802_865_4; // √(2/π)
 const K64: f64 = 0.044_715;
@@ -148,8 +117,5 @@ mod tests {
         assert_eq!(gelu_grad(-100.0), 0.0);
         assert!(gelu(1e30).is_finite() && gelu_grad(-1e30) == 0.0 && gelu_grad(1e30) == 1.0);
         assert!(gelu(f32::MAX).is_finite() && gelu(-f32::MAX) == 0.0);
-        // The clamp changes nothing: just inside it, t and 1 − t² are already saturated.
-        assert_eq!(one_minus_tanh(GELU_CLAMP - 1.0), 0.0);
-        assert_eq!(one_minus_tanh(1.0 - GELU_CLAMP), 2.0);
     }
 }

@@ -26,7 +26,7 @@ mod plans;
 mod traffic;
 
 pub use plans::build_mesh_plan;
-pub(crate) use plans::{gcd, lcm};
+pub use plans::{gcd, lcm};
 pub use traffic::{mesh_traffic, MeshTraffic};
 
 /// Which matrix stays on its chip (seed 002 §2.3.1, figure 1).
@@ -43,9 +43,9 @@ pub enum Dataflow {
 
 names!(Dataflow, "dataflow", { Os => "os", Ls => "ls", Rs => "rs" });
 
-/// A 2D algorithm with its parameters (seed 002 §2.3, §3.1).
+/// A 2D algorithm with its parameters (seed 002 §2.3, §3.1). Exhaustive on purpose, as
+/// [`crate::OpKind`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum MeshAlgorithm {
     /// One AllGather / ReduceScatter per mesh direction, both directions at once, and
     /// the GEMM before or after them: no overlap of communication with compute.

@@ -87,7 +87,7 @@ pub fn build_mesh_plan(problem: &MeshProblem, algorithm: MeshAlgorithm) -> Resul
 }
 
 /// Greatest common divisor.
-pub(crate) fn gcd(a: usize, b: usize) -> usize {
+pub fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {
         a
     } else {
@@ -96,7 +96,7 @@ pub(crate) fn gcd(a: usize, b: usize) -> usize {
 }
 
 /// Least common multiple.
-pub(crate) fn lcm(a: usize, b: usize) -> usize {
+pub fn lcm(a: usize, b: usize) -> usize {
     a / gcd(a, b) * b
 }
 

@@ -112,30 +112,6 @@ fn a_malformed_routing_table_is_a_typed_error_before_anything_runs() {
     }
 }
 
-#[test]
-fn the_simulator_prices_grouped_gemms_from_the_routing() {
-    use crate::sim::{simulate, Engines, Profile, SimOptions};
-    let profile = Profile::load("h100-nvlink").unwrap();
-    // The same 1024 rows in one group, or spread thinly over 64 experts (partial tiles).
-    let one = profile.grouped_gemm_cost(&[1024], 4096, 4096, DType::Bf16, DType::Bf16).work_s;
-    let spread = profile.grouped_gemm_cost(&[16; 64], 4096, 4096, DType::Bf16, DType::Bf16).work_s;
-    assert!(spread > 1.5 * one, "{spread} vs {one}");
-    let time = |routing, experts, engines| {
-        let p = MoeProblem::new(MoeOp::AgMoe, 8, 16384, 4096, 14336, experts, 2, routing, DType::Bf16, DType::Bf16)
-            .unwrap();
-        let plan = build_moe_plan(&p, Algorithm::Ring).unwrap();
-        simulate(&plan, &profile, &SimOptions { engines, ..SimOptions::default() }).unwrap().compute_floor_s
-    };
-    // A tiled grouped GEMM (the potential: a library's rate) wastes tiles when the same
-    // rows go to many small experts (compute floors: the ring of these shapes is bound by
-    // its links).
-    let (uniform, many) =
-        (time(Routing::Uniform, 8, Engines::CublasSpeed), time(Routing::Uniform, 64, Engines::CublasSpeed));
-    assert!(many > 1.5 * uniform, "{many} vs {uniform}");
-    // cmm's grouped kernel (one thread per output, on the CUDA cores) is slower than that.
-    assert!(time(Routing::Uniform, 8, Engines::AsBuilt) > uniform);
-}
-
 /// The routed row layout, pinned in numbers: the oracle states it on its own, and the
 /// routing the plans run must agree with it.
 #[test]

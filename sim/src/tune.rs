@@ -18,14 +18,14 @@ use thiserror::Error;
 use super::analytic::{estimate_mesh, Dataflow, MeshEstimate, MeshFamily, MeshGemm, MeshShape};
 use super::engine::{simulate, OpClass, SimError, SimOptions, SimReport};
 use super::profile::Profile;
-use crate::algorithms::{build_plan, Algorithm};
-use crate::attention::{build_attention_plan, AttentionAlgorithm, AttentionProblem, Layout};
-use crate::dtype::DType;
-use crate::linear::{build_linear_plan, LinearAlgorithm, LinearProblem};
-use crate::mesh::{build_mesh_plan, MeshAlgorithm, MeshProblem};
-use crate::moe::{build_moe_plan, MoeProblem};
-use crate::plan::Plan;
-use crate::problem::{OpKind, Problem};
+use cmm_core::algorithms::{build_plan, Algorithm};
+use cmm_core::attention::{build_attention_plan, AttentionAlgorithm, AttentionProblem, Layout};
+use cmm_core::dtype::DType;
+use cmm_core::linear::{build_linear_plan, LinearAlgorithm, LinearProblem};
+use cmm_core::mesh::{build_mesh_plan, MeshAlgorithm, MeshProblem};
+use cmm_core::moe::{build_moe_plan, MoeProblem};
+use cmm_core::plan::Plan;
+use cmm_core::problem::{OpKind, Problem};
 
 /// Why tuning failed.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -43,7 +43,7 @@ pub enum TuneError {
         reasons: String,
     },
     /// More chips than a problem may have devices.
-    #[error("{chips} chips: more than the {} devices a problem may have", crate::plan::MAX_DEVICES)]
+    #[error("{chips} chips: more than the {} devices a problem may have", cmm_core::plan::MAX_DEVICES)]
     Chips {
         /// Chips.
         chips: usize,
@@ -58,9 +58,9 @@ pub enum TuneError {
     },
 }
 
-/// The tuner's chips are a problem's devices: at most [`crate::plan::MAX_DEVICES`].
+/// The tuner's chips are a problem's devices: at most [`cmm_core::plan::MAX_DEVICES`].
 fn check_chips(chips: usize) -> Result<(), TuneError> {
-    crate::plan::check_device_count(chips as u128).map_err(|_| TuneError::Chips { chips })
+    cmm_core::plan::check_device_count(chips as u128).map_err(|_| TuneError::Chips { chips })
 }
 
 /// Chunk counts tried for `ring_chunked`.
@@ -598,7 +598,7 @@ pub fn tune_mesh_gemm(
 #[cfg(test)]
 mod linear_tests {
     use super::*;
-    use crate::linear::{Layer, Pass};
+    use cmm_core::linear::{Layer, Pass};
 
     fn gpt3(layer: Layer, pass: Pass, hidden: usize, ffn: usize) -> LinearProblem {
         LinearProblem::new(layer, pass, true, 8, 1, 2048, hidden, ffn, DType::Bf16).unwrap()

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::dtype::DType;
-use crate::moe::{Router, RouterPart};
+use crate::router::{Router, RouterPart};
+
+mod validate;
 
 /// Index of a buffer in [`Plan::buffers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -51,7 +53,7 @@ pub enum BufferRole {
         origins: Vec<(usize, usize)>,
     },
     /// A table of the router's result (every token's expert ids or weights), the same
-    /// on every device, generated on the host ([`crate::moe::Router::words`]) and
+    /// on every device, generated on the host ([`crate::router::Router::words`]) and
     /// uploaded before the run: routing is data, not a property of the plan.
     Router {
         /// Which table.
@@ -269,11 +271,11 @@ impl Pointwise {
     }
 
     /// The function on f32 values, as every executor evaluates it (see
-    /// [`crate::linear::gelu`]).
+    /// [`crate::numeric::gelu`]).
     pub fn apply(self, inputs: &[f32]) -> f32 {
         match self {
-            Pointwise::Gelu => crate::linear::gelu(inputs[0]),
-            Pointwise::GeluGrad => inputs[0] * crate::linear::gelu_grad(inputs[1]),
+            Pointwise::Gelu => crate::numeric::gelu(inputs[0]),
+            Pointwise::GeluGrad => inputs[0] * crate::numeric::gelu_grad(inputs[1]),
         }
     }
 }
@@ -324,10 +326,10 @@ pub struct RouteTables {
     /// Segment offsets, 1 × (experts·chunks + 1): the rows of (expert e, chunk c) are
     /// `[seg[e·chunks + c], seg[e·chunks + c + 1])`.
     pub seg: Region,
-    /// Per row, its `token·slots + slot` (capacity × 1; [`crate::moe::ROUTE_NONE`] past
+    /// Per row, its `token·slots + slot` (capacity × 1; [`crate::router::ROUTE_NONE`] past
     /// the routed rows).
     pub perm: Region,
-    /// Per (token, slot), its row (tokens × slots; [`crate::moe::ROUTE_NONE`] when dropped).
+    /// Per (token, slot), its row (tokens × slots; [`crate::router::ROUTE_NONE`] when dropped).
     pub inv: Region,
 }
 
@@ -626,85 +628,6 @@ impl FusedRun {
     }
 }
 
-/// The checks of one op, with the plan and site its errors name.
-struct OpCheck<'p> {
-    plan: &'p Plan,
-    site: OpSite,
-}
-
-impl<'p> OpCheck<'p> {
-    /// The op names something that does not exist.
-    fn bad(&self, what: String) -> PlanError {
-        PlanError::BadReference { plan: self.plan.name.clone(), site: self.site, what }
-    }
-
-    /// The op's operands disagree.
-    fn mismatch(&self, detail: String) -> PlanError {
-        PlanError::Mismatch { plan: self.plan.name.clone(), site: self.site, detail }
-    }
-
-    /// The buffer of a region that exists and fits it.
-    fn region(&self, r: &Region) -> Result<&'p BufferDecl, PlanError> {
-        let plan = self.plan;
-        let b = plan.buffers.get(r.buf.0).ok_or_else(|| self.bad(format!("buffer #{} does not exist", r.buf.0)))?;
-        if r.end() > b.len() || (r.rows > 1 && r.stride < r.cols) {
-            return Err(PlanError::RegionOutOfBounds {
-                plan: plan.name.clone(),
-                site: self.site,
-                region: *r,
-                buffer: b.name.clone(),
-                len: b.len(),
-            });
-        }
-        Ok(b)
-    }
-
-    /// Checks the shapes and dtype (f32) of an attention state for `rows` rows of `heads`
-    /// heads of dimension `dh`.
-    fn attn_state(&self, state: &AttnState, rows: usize, heads: usize, dh: usize) -> Result<(), PlanError> {
-        let want = [(rows, heads), (rows, heads), (rows, heads * dh)];
-        for (r, (wr, wc)) in state.regions().iter().zip(want) {
-            let b = self.region(r)?;
-            if (r.rows, r.cols) != (wr, wc) || b.dtype != DType::F32 {
-                return Err(self.mismatch(format!(
-                    "attention state `{}` is {}x{} {}, expected {wr}x{wc} f32 ({rows} rows, {heads} heads of {dh})",
-                    b.name, r.rows, r.cols, b.dtype
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Checks routing tables for `tokens` × `slots` slots and `experts` experts (all
-    /// `u32`; seg one row, perm one column); returns the chunk count.
-    fn tables(&self, tables: &RouteTables, tokens: usize, slots: usize, experts: usize) -> Result<usize, PlanError> {
-        if experts == 0 || slots == 0 {
-            return Err(self.mismatch(format!(
-                "routing tables for {experts} experts of {slots} slots per token (both must be at least 1)"
-            )));
-        }
-        for r in tables.regions() {
-            let b = self.region(&r)?;
-            if b.dtype != DType::U32 {
-                return Err(self.mismatch(format!("routing table `{}` is {}, expected u32", b.name, b.dtype)));
-            }
-        }
-        let chunks = tables.chunks(experts);
-        if chunks == 0
-            || tokens % chunks != 0
-            || tables.seg.rows != 1
-            || tables.perm.cols != 1
-            || (tables.inv.rows, tables.inv.cols) != (tokens, slots)
-        {
-            return Err(self.mismatch(format!(
-                "routing tables: seg {}x{}, perm {}x{}, inv {}x{} for {tokens} tokens x {slots} slots and {experts} experts (seg is 1 x experts·chunks+1 with chunks dividing the tokens, perm one column)",
-                tables.seg.rows, tables.seg.cols, tables.perm.rows, tables.perm.cols, tables.inv.rows, tables.inv.cols
-            )));
-        }
-        Ok(chunks)
-    }
-}
-
 /// Where an op sits in a plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpSite {
@@ -868,401 +791,6 @@ impl Plan {
     pub fn elements(&self) -> u64 {
         let per_device = self.buffers.iter().fold(0u64, |sum, b| sum.saturating_add(b.len() as u64));
         per_device.saturating_mul(self.devices as u64)
-    }
-
-    /// Checks every reference, bound, shape and dtype of the plan.
-    pub fn validate(&self) -> Result<(), PlanError> {
-        let plan = || self.name.clone();
-        if self.devices == 0 || self.programs.len() != self.devices {
-            return Err(PlanError::DeviceCount { plan: plan(), devices: self.devices, programs: self.programs.len() });
-        }
-        for (device, p) in self.programs.iter().enumerate() {
-            if p.lanes.len() != self.lanes.len() {
-                return Err(PlanError::LaneCount {
-                    plan: plan(),
-                    device,
-                    got: p.lanes.len(),
-                    expected: self.lanes.len(),
-                });
-            }
-        }
-        let buffer_names = self.buffers.iter().map(|b| b.name.as_str());
-        let lane_names = self.lanes.iter().map(String::as_str);
-        let semaphore_names = self.semaphores.iter().map(String::as_str);
-        for (kind, names) in [
-            ("buffer", buffer_names.collect::<Vec<_>>()),
-            ("semaphore", semaphore_names.collect()),
-            ("lane", lane_names.collect()),
-        ] {
-            let mut seen = std::collections::HashSet::new();
-            if let Some(name) = names.into_iter().find(|n| !seen.insert(*n)) {
-                return Err(PlanError::DuplicateName { plan: plan(), kind, name: name.to_string() });
-            }
-        }
-        let ops = self.op_count();
-        if ops > MAX_PLAN_OPS {
-            return Err(PlanError::TooManyOps { plan: plan(), ops: ops as u64, at_least: false, limit: MAX_PLAN_OPS });
-        }
-        for b in &self.buffers {
-            if b.rows.checked_mul(b.cols).is_none_or(|n| n > MAX_BUFFER_ELEMENTS) {
-                return Err(PlanError::BufferTooLarge {
-                    plan: plan(),
-                    buffer: b.name.clone(),
-                    rows: b.rows,
-                    cols: b.cols,
-                    limit: MAX_BUFFER_ELEMENTS,
-                });
-            }
-            if let BufferRole::Router { router, .. } = &b.role {
-                // The router's tables fill the buffer exactly: T rows of k slots.
-                if (b.rows, b.cols) != (router.tokens, router.slots) {
-                    return Err(PlanError::Mismatch {
-                        plan: plan(),
-                        site: OpSite { device: 0, lane: 0, index: 0 },
-                        detail: format!(
-                            "router buffer `{}` is {}×{}, but its router has {} tokens of {} slots",
-                            b.name, b.rows, b.cols, router.tokens, router.slots
-                        ),
-                    });
-                }
-            }
-            if let Some((_, _, origins)) = b.role.generated() {
-                if origins.len() != self.devices {
-                    return Err(PlanError::Mismatch {
-                        plan: plan(),
-                        site: OpSite { device: 0, lane: 0, index: 0 },
-                        detail: format!(
-                            "input buffer `{}` has {} origins for {} devices",
-                            b.name,
-                            origins.len(),
-                            self.devices
-                        ),
-                    });
-                }
-            }
-        }
-        for (site, op) in self.ops() {
-            self.validate_op(site, op)?;
-        }
-        self.fused_runs().map(|_| ())
-    }
-
-    /// Every tile-granular GEMM of the plan, checked: its blocks lie in one lane with
-    /// only Waits and Signals between them, agree on b, the transposes, accumulation and
-    /// dtypes, and no block writes what another block of the run reads or writes (the
-    /// kernel computes ready blocks concurrently).
-    pub fn fused_runs(&self) -> Result<Vec<FusedRun>, PlanError> {
-        let mut runs: Vec<FusedRun> = Vec::new();
-        for (device, program) in self.programs.iter().enumerate() {
-            for (lane, ops) in program.lanes.iter().enumerate() {
-                let first_run = runs.len();
-                let mut open: Option<FusedRun> = None;
-                for (index, op) in ops.iter().enumerate() {
-                    let site = OpSite { device, lane, index };
-                    let mismatch = |detail: String| OpCheck { plan: self, site }.mismatch(detail);
-                    match (op, open.as_mut()) {
-                        // Only waits and signals keep a run open, so this block follows
-                        // the previous one.
-                        (Op::Gemm { fused: Some(id), .. }, Some(run)) if run.id == *id => {
-                            run.blocks.push(index);
-                        }
-                        (Op::Gemm { fused: Some(id), .. }, _) => {
-                            if let Some(run) = open.take() {
-                                runs.push(run);
-                            }
-                            if runs[first_run..].iter().any(|r| r.id == *id) {
-                                return Err(mismatch(format!(
-                                    "fused gemm {id} resumes after other ops of its lane; its blocks must follow one another with only waits and signals between them"
-                                )));
-                            }
-                            open = Some(FusedRun { device, lane, id: *id, blocks: vec![index] });
-                        }
-                        (Op::Wait { .. } | Op::Signal { .. }, _) => {}
-                        _ => runs.extend(open.take()),
-                    }
-                }
-                runs.extend(open);
-            }
-        }
-        for run in &runs {
-            self.check_fused_run(run)?;
-        }
-        Ok(runs)
-    }
-
-    fn check_fused_run(&self, run: &FusedRun) -> Result<(), PlanError> {
-        let ops = &self.programs[run.device].lanes[run.lane];
-        let block = |i: usize| match &ops[run.blocks[i]] {
-            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } => (a, b, c, (*trans_a, *trans_b, *accumulate)),
-            _ => unreachable!("run blocks are gemms"),
-        };
-        let (a0, b0, c0, flags0) = block(0);
-        let dtypes = |a: &Region, c: &Region| (self.buffer(a.buf).dtype, self.buffer(c.buf).dtype);
-        for i in 0..run.blocks.len() {
-            let site = OpSite { device: run.device, lane: run.lane, index: run.blocks[i] };
-            let mismatch = |detail: String| OpCheck { plan: self, site }.mismatch(detail);
-            let (a, b, c, flags) = block(i);
-            if b != b0 || flags != flags0 || dtypes(a, c) != dtypes(a0, c0) || c.cols != c0.cols {
-                return Err(mismatch(format!(
-                    "block {i} of fused gemm {} differs from block 0 in b, transposes, accumulation, dtypes or columns; the blocks of one kernel share all of them",
-                    run.id
-                )));
-            }
-            for j in 0..i {
-                let (other_a, _, other_c, _) = block(j);
-                let clash =
-                    [(c, other_c), (c, other_a), (a, other_c)].iter().any(|(x, y)| x.buf == y.buf && x.overlaps(y))
-                        || (flags.2 && c.buf == other_c.buf && c.overlaps(other_c));
-                if clash || b.buf == other_c.buf && b.overlaps(other_c) || b.buf == c.buf && b.overlaps(c) {
-                    return Err(mismatch(format!(
-                        "blocks {j} and {i} of fused gemm {} touch the same elements and one of them writes them; the kernel computes ready blocks concurrently",
-                        run.id
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn validate_op(&self, site: OpSite, op: &Op) -> Result<(), PlanError> {
-        let check = OpCheck { plan: self, site };
-        let bad = |what: String| check.bad(what);
-        let mismatch = |detail: String| check.mismatch(detail);
-        let region = |r: &Region| check.region(r);
-        let device = |d: usize| {
-            if d < self.devices {
-                Ok(())
-            } else {
-                Err(bad(format!("device {d} does not exist (D={})", self.devices)))
-            }
-        };
-        let sem = |s: SemId| {
-            if s.0 < self.semaphores.len() {
-                Ok(())
-            } else {
-                Err(bad(format!("semaphore #{} does not exist", s.0)))
-            }
-        };
-        // Only the routing ops and copies touch u32 tables; arithmetic decodes floats.
-        let arithmetic: Vec<&Region> = match op {
-            Op::Gemm { a, b, c, .. } | Op::GroupedGemm { a, b, c, .. } => vec![a, b, c],
-            Op::Reduce { inputs, output } | Op::Pointwise { inputs, output, .. } => {
-                inputs.iter().chain(std::iter::once(output)).collect()
-            }
-            Op::Attend { q, k, v, .. } => vec![q, k, v],
-            Op::AttnFinish { out, .. } => vec![out],
-            Op::Combine { rows, out, .. } => vec![rows, out],
-            _ => Vec::new(),
-        };
-        for r in arithmetic {
-            if self.buffers.get(r.buf.0).is_some_and(|b| !b.dtype.is_float()) {
-                return Err(mismatch(format!(
-                    "`{}` is a {} table; arithmetic ops read f32, f16 or bf16",
-                    self.buffers[r.buf.0].name, self.buffers[r.buf.0].dtype
-                )));
-            }
-        }
-        match op {
-            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, fused, c_device } => {
-                region(a)?;
-                region(b)?;
-                let cb = region(c)?;
-                if let Some(peer) = c_device {
-                    device(*peer)?;
-                    if let Some(id) = fused {
-                        return Err(mismatch(format!(
-                            "block of fused gemm {id} writes c on device {peer}; a persistent kernel's blocks write their own device's c"
-                        )));
-                    }
-                }
-                let (m, ka) = if *trans_a { (a.cols, a.rows) } else { (a.rows, a.cols) };
-                let (kb, n) = if *trans_b { (b.cols, b.rows) } else { (b.rows, b.cols) };
-                if ka != kb || c.rows != m || c.cols != n {
-                    return Err(mismatch(format!(
-                        "gemm shapes disagree: op(a) is {m}x{ka}, op(b) is {kb}x{n}, c is {}x{}",
-                        c.rows, c.cols
-                    )));
-                }
-                if *accumulate && cb.dtype != DType::F32 {
-                    return Err(mismatch(format!(
-                        "accumulating gemm into `{}` of dtype {} would round twice; accumulate into f32",
-                        cb.name, cb.dtype
-                    )));
-                }
-            }
-            Op::Copy { src, dst_device, dst, .. } => {
-                let s = region(src)?;
-                let d = region(dst)?;
-                device(*dst_device)?;
-                if (src.rows, src.cols) != (dst.rows, dst.cols) || s.dtype != d.dtype {
-                    return Err(mismatch(format!(
-                        "copy {} {}x{} -> {} {}x{}",
-                        s.dtype, src.rows, src.cols, d.dtype, dst.rows, dst.cols
-                    )));
-                }
-            }
-            Op::Reduce { inputs, output } => {
-                region(output)?;
-                if inputs.is_empty() || inputs.len() > MAX_REDUCE_INPUTS {
-                    return Err(mismatch(format!(
-                        "reduce of {} inputs: 1 to {MAX_REDUCE_INPUTS} (chain longer sums through an f32 accumulator)",
-                        inputs.len()
-                    )));
-                }
-                for r in inputs {
-                    region(r)?;
-                    if (r.rows, r.cols) != (output.rows, output.cols) {
-                        return Err(mismatch(format!(
-                            "reduce input {}x{} vs output {}x{}",
-                            r.rows, r.cols, output.rows, output.cols
-                        )));
-                    }
-                }
-            }
-            Op::Pointwise { function, inputs, output } => {
-                region(output)?;
-                if inputs.len() != function.arity() {
-                    return Err(mismatch(format!(
-                        "{} takes {} input(s), got {}",
-                        function.name(),
-                        function.arity(),
-                        inputs.len()
-                    )));
-                }
-                for r in inputs {
-                    region(r)?;
-                    if (r.rows, r.cols) != (output.rows, output.cols) {
-                        return Err(mismatch(format!(
-                            "{} input {}x{} vs output {}x{}",
-                            function.name(),
-                            r.rows,
-                            r.cols,
-                            output.rows,
-                            output.cols
-                        )));
-                    }
-                }
-            }
-            Op::Attend { q, k, v, state, heads, kv_heads, .. } => {
-                for r in [q, k, v] {
-                    region(r)?;
-                }
-                if *heads == 0 || *kv_heads == 0 || heads % kv_heads != 0 || q.cols % heads != 0 {
-                    return Err(mismatch(format!(
-                        "attend: {heads} heads over {kv_heads} kv heads and {} query columns (kv heads must divide heads, heads the columns)",
-                        q.cols
-                    )));
-                }
-                let dh = q.cols / heads;
-                if dh == 0 || dh > MAX_HEAD_DIM {
-                    return Err(mismatch(format!("attend: head dimension {dh} is outside 1..={MAX_HEAD_DIM}")));
-                }
-                if k.cols != kv_heads * dh || (v.rows, v.cols) != (k.rows, k.cols) {
-                    return Err(mismatch(format!(
-                        "attend: k is {}x{} and v {}x{}, expected keys x {kv_heads}·{dh}",
-                        k.rows, k.cols, v.rows, v.cols
-                    )));
-                }
-                check.attn_state(state, q.rows, *heads, dh)?;
-            }
-            Op::AttnMerge { from, into, heads } => {
-                let dh = if *heads == 0 { 0 } else { into.acc.cols / heads };
-                if dh == 0 || dh * heads != into.acc.cols {
-                    return Err(mismatch(format!("attn_merge: {heads} heads do not split {} columns", into.acc.cols)));
-                }
-                check.attn_state(from, into.max.rows, *heads, dh)?;
-                check.attn_state(into, into.max.rows, *heads, dh)?;
-            }
-            Op::AttnFinish { state, out, lse, heads } => {
-                let dh = if *heads == 0 { 0 } else { state.acc.cols / heads };
-                if dh == 0 || dh * heads != state.acc.cols {
-                    return Err(mismatch(format!(
-                        "attn_finish: {heads} heads do not split {} columns",
-                        state.acc.cols
-                    )));
-                }
-                let rows = state.max.rows;
-                check.attn_state(state, rows, *heads, dh)?;
-                region(out)?;
-                let l = region(lse)?;
-                if (out.rows, out.cols) != (rows, heads * dh)
-                    || (lse.rows, lse.cols) != (rows, *heads)
-                    || l.dtype != DType::F32
-                {
-                    return Err(mismatch(format!(
-                        "attn_finish: out {}x{} and lse {}x{} ({}) for {rows} rows of {heads} heads of {dh} (lse is f32)",
-                        out.rows, out.cols, lse.rows, lse.cols, l.dtype
-                    )));
-                }
-            }
-            Op::Route { ids, tables, experts } => {
-                let id = region(ids)?;
-                check.tables(tables, ids.rows, ids.cols, *experts)?;
-                if id.dtype != DType::U32 {
-                    return Err(mismatch(format!("route: ids `{}` are {}, expected u32", id.name, id.dtype)));
-                }
-            }
-            Op::GroupedGemm { a, b, c, tables, experts, groups, chunk, gather, .. } => {
-                region(a)?;
-                region(b)?;
-                region(c)?;
-                let (tokens, slots) = (tables.inv.rows, tables.inv.cols);
-                let chunks = check.tables(tables, tokens, slots, *experts)?;
-                let k = b.rows / experts;
-                if k * experts != b.rows || a.cols != k || c.cols != b.cols || c.rows != tables.perm.rows {
-                    return Err(mismatch(format!(
-                        "grouped gemm: a {}x{}, b {}x{} for {experts} experts, c {}x{} for {} table rows",
-                        a.rows, a.cols, b.rows, b.cols, c.rows, c.cols, tables.perm.rows
-                    )));
-                }
-                if *chunk >= chunks || groups.end > *experts || groups.start > groups.end {
-                    return Err(mismatch(format!(
-                        "grouped gemm: chunk {chunk} of {chunks}, experts {groups:?} of {experts}"
-                    )));
-                }
-                let shard = tokens / chunks;
-                match gather {
-                    Some(base) if a.rows != shard || base % shard != 0 || *base >= tokens => {
-                        return Err(mismatch(format!(
-                            "grouped gemm: gathering from token {base} needs a shard of {shard} tokens starting at a chunk, a has {} rows",
-                            a.rows
-                        )))
-                    }
-                    None if a.rows != c.rows => {
-                        return Err(mismatch(format!(
-                            "grouped gemm: without a gather a's rows are c's ({} vs {})",
-                            a.rows, c.rows
-                        )))
-                    }
-                    _ => {}
-                }
-            }
-            Op::Combine { rows, weights, inv, out } => {
-                region(rows)?;
-                let w = region(weights)?;
-                let i = region(inv)?;
-                region(out)?;
-                if w.dtype != DType::F32 || i.dtype != DType::U32 {
-                    return Err(mismatch(format!(
-                        "combine: weights are {} and the row table {}, expected f32 and u32",
-                        w.dtype, i.dtype
-                    )));
-                }
-                if (weights.rows, weights.cols) != (inv.rows, inv.cols) || out.rows != inv.rows || out.cols != rows.cols
-                {
-                    return Err(mismatch(format!(
-                        "combine: weights {}x{}, row table {}x{}, rows of {} columns into {}x{}",
-                        weights.rows, weights.cols, inv.rows, inv.cols, rows.cols, out.rows, out.cols
-                    )));
-                }
-            }
-            Op::Signal { device: d, sem: s, .. } => {
-                device(*d)?;
-                sem(*s)?;
-            }
-            Op::Wait { sem: s, .. } => sem(*s)?,
-        }
-        Ok(())
     }
 
     /// Checks that every input buffer's generator indices fit in 32 bits, as every
@@ -1637,12 +1165,6 @@ mod tests {
         let p = Problem::new(OpKind::AgGemm, 4096, 4096, 4096, 1, DType::F32, DType::F32).unwrap();
         let e = build_plan(&p, Algorithm::Ring).unwrap_err().to_string();
         assert!(e.contains("has at least 16773120 ops, more than the 4194304"), "{e}");
-        // The tuner's chip count is bounded as a problem's device count is.
-        let profile = crate::sim::Profile::load("tpuv4-torus").unwrap();
-        let llm = crate::sim::tune::LlmConfig::gpt3_175b(128);
-        let e =
-            crate::sim::tune::tune_llm(&llm, MAX_DEVICES + 1, &profile, &crate::sim::tune::NoMeshPlans).unwrap_err();
-        assert!(e.to_string().contains("65537 chips: more than the 65536"), "{e}");
     }
 
     #[test]

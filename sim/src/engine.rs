@@ -24,10 +24,10 @@ use thiserror::Error;
 
 use super::profile::Profile;
 use super::topology::{ResId, ResourceKind, Topology};
-use crate::dtype::DType;
-use crate::plan::{Engine, FusedRun, Op, OpSite, Plan, PlanError, SemId};
-use crate::schedule::BlockedLane;
-use crate::verify::accesses;
+use cmm_core::dtype::DType;
+use cmm_core::plan::{Engine, FusedRun, Op, OpSite, Plan, PlanError, SemId};
+use cmm_core::schedule::BlockedLane;
+use cmm_core::verify::accesses;
 
 /// How to simulate.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub struct SimOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Engines {
     /// Each GEMM on the engine the CUDA backend picks for it under this policy
-    /// ([`crate::engines`]), at that engine's rate in the profile.
+    /// ([`cmm_core::engines`]), at that engine's rate in the profile.
     #[default]
     AsBuilt,
     /// Every GEMM, fused ones included, at the profile's library (cuBLAS) rate: what the
@@ -178,7 +178,7 @@ pub struct SimReport {
     pub critical_path: Vec<OpSite>,
     /// The engine each GEMM was priced on (fused runs counted once; grouped GEMMs and
     /// attention blocks apart).
-    pub engines: crate::engines::EngineCounts,
+    pub engines: cmm_core::engines::EngineCounts,
     /// How GEMMs were priced.
     pub pricing: Engines,
 }
@@ -321,7 +321,7 @@ struct Sim<'a> {
     records: Vec<Vec<Vec<OpRecord>>>,
     link_bytes: Vec<f64>,
     /// Routing tables per (device, segment buffer), built on first use.
-    routes: std::collections::HashMap<(usize, crate::plan::BufId), crate::moe::Tables>,
+    routes: std::collections::HashMap<(usize, cmm_core::plan::BufId), cmm_core::moe::Tables>,
     /// The plan's tile-granular GEMMs.
     runs: Vec<FusedRun>,
     /// Per run, the work of each block: the run's one-kernel cost shared by tiles.
@@ -330,14 +330,14 @@ struct Sim<'a> {
     in_flight: Vec<InFlight>,
     /// How GEMMs are priced, and what ran them.
     pricing: Engines,
-    engines: crate::engines::EngineCounts,
+    engines: cmm_core::engines::EngineCounts,
 }
 
 /// The seed whose routing the simulator prices grouped GEMMs with (the router's
 /// distribution is the problem's; which tokens go where barely changes the time).
 pub const SIM_ROUTING_SEED: u32 = 1;
 
-fn dtype_of(plan: &Plan, buf: crate::plan::BufId) -> DType {
+fn dtype_of(plan: &Plan, buf: cmm_core::plan::BufId) -> DType {
     plan.buffer(buf).dtype
 }
 
@@ -402,7 +402,7 @@ impl<'a> Sim<'a> {
                 let dh = q.cols / heads;
                 let visible = match causal {
                     None => 1.0,
-                    Some(c) => crate::attention::visible_fraction(c, q.rows, k.rows),
+                    Some(c) => cmm_core::attention::visible_fraction(c, q.rows, k.rows),
                 };
                 let input = dtype_of(self.plan, q.buf);
                 let mut cost = p.attention_cost(q.rows * heads, k.rows, dh, k.len(), input, visible);
@@ -435,7 +435,7 @@ impl<'a> Sim<'a> {
             | Op::AttnFinish { .. }
             | Op::Route { .. }
             | Op::Combine { .. } => {
-                let size = |r: &crate::plan::Region| r.len() as f64 * dtype_of(self.plan, r.buf).size_bytes() as f64;
+                let size = |r: &cmm_core::plan::Region| r.len() as f64 * dtype_of(self.plan, r.buf).size_bytes() as f64;
                 let bytes: f64 = match op {
                     Op::Combine { rows, weights, inv, out } => {
                         let row_bytes = rows.cols as f64 * dtype_of(self.plan, rows.buf).size_bytes() as f64;
@@ -503,7 +503,7 @@ impl<'a> Sim<'a> {
 
     /// The routing tables a device's route op writes into segment buffer `seg`, from the
     /// router's ids under [`SIM_ROUTING_SEED`] (`None` if no route op reads a router).
-    fn tables(&mut self, device: usize, seg: crate::plan::BufId) -> Option<crate::moe::Tables> {
+    fn tables(&mut self, device: usize, seg: cmm_core::plan::BufId) -> Option<cmm_core::moe::Tables> {
         if let Some(t) = self.routes.get(&(device, seg)) {
             return Some(t.clone());
         }
@@ -513,8 +513,8 @@ impl<'a> Sim<'a> {
             _ => None,
         });
         let (ids, tables, experts) = found?;
-        let crate::plan::BufferRole::Router { router, .. } = &plan.buffer(ids.buf).role else { return None };
-        let t = crate::moe::route(
+        let cmm_core::plan::BufferRole::Router { router, .. } = &plan.buffer(ids.buf).role else { return None };
+        let t = cmm_core::moe::route(
             &router.ids(SIM_ROUTING_SEED),
             ids.cols,
             experts,
@@ -714,8 +714,8 @@ impl<'a> Sim<'a> {
     }
 
     /// The engine that prices a plain GEMM op.
-    fn gemm_engine(&self, op: &Op) -> crate::engines::Engine {
-        use crate::engines::{plain_engine, Engine, GemmEngine, GemmFacts};
+    fn gemm_engine(&self, op: &Op) -> cmm_core::engines::Engine {
+        use cmm_core::engines::{plain_engine, Engine, GemmEngine, GemmFacts};
         match (self.pricing, GemmFacts::of(self.plan, op)) {
             (Engines::AsBuilt, Some(g)) => {
                 plain_engine(GemmEngine::Auto, &self.profile.engine_support(), &g).unwrap_or(Engine::Cublas)
@@ -726,8 +726,8 @@ impl<'a> Sim<'a> {
 
     /// The engine of fused run `run` (cmm's persistent kernels, at cuBLAS's rate only when
     /// pricing so).
-    fn run_engine(&self, run: usize) -> crate::engines::Engine {
-        use crate::engines::{fused_engine, Engine, GemmEngine, GemmFacts};
+    fn run_engine(&self, run: usize) -> cmm_core::engines::Engine {
+        use cmm_core::engines::{fused_engine, Engine, GemmEngine, GemmFacts};
         if self.pricing == Engines::CublasSpeed {
             return Engine::Cublas;
         }
@@ -1076,11 +1076,11 @@ fn report(sim: Sim<'_>) -> SimReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithms::{algorithms_for, build_plan};
-    use crate::{Algorithm, OpKind, Problem};
+    use cmm_core::algorithms::{algorithms_for, build_plan};
+    use cmm_core::{Algorithm, OpKind, Problem};
 
     fn seed000(devices: usize) -> Problem {
-        crate::sim::validate::seed000_problem(OpKind::AgGemm, devices, 1).unwrap()
+        crate::validate::seed000_problem(OpKind::AgGemm, devices, 1).unwrap()
     }
 
     fn sim(plan: &Plan, profile: &Profile) -> SimReport {
@@ -1120,7 +1120,7 @@ mod tests {
                         assert!(r.makespan_s + eps >= r.comm_floor_s, "{name} {}", plan.name);
                         assert!(r.compute_floor_s > 0.0);
                         // One GPU has no links: its copies cross its HBM, beside the GEMMs.
-                        let links = profile.interconnect.topology != crate::sim::TopologyKind::OneGpu;
+                        let links = profile.interconnect.topology != crate::TopologyKind::OneGpu;
                         assert_eq!(r.comm_floor_s > 0.0, d > 1 && links, "{name} {}", plan.name);
                         assert_eq!(r.ops().count(), plan.op_count());
                     }
@@ -1189,7 +1189,7 @@ mod tests {
 
     #[test]
     fn two_copies_on_one_port_share_it_fairly() {
-        use crate::plan::{BufferRole, PlanBuilder};
+        use cmm_core::plan::{BufferRole, PlanBuilder};
         // Device 0 sends the same bytes to devices 1 and 2 from two lanes at once: through
         // one NVSwitch egress port each gets half of it.
         let mut profile = Profile::load("h100-nvlink").unwrap();
@@ -1217,7 +1217,7 @@ mod tests {
     /// one GPU nothing more than the same GEMM into its own c.
     #[test]
     fn a_gemm_on_a_peers_c_moves_it_after_its_compute() {
-        use crate::plan::{BufferRole, PlanBuilder};
+        use cmm_core::plan::{BufferRole, PlanBuilder};
         let plan = |c_device| {
             let mut b = PlanBuilder::new("peer c", 2);
             let a = b.buffer("A", DType::F16, 1024, 4096, BufferRole::Scratch);
@@ -1246,7 +1246,7 @@ mod tests {
 
     /// Two devices of one GPU each run one GEMM, and device 0 copies a buffer to device 1.
     fn one_gpu_plan() -> Plan {
-        use crate::plan::{BufferRole, PlanBuilder};
+        use cmm_core::plan::{BufferRole, PlanBuilder};
         let mut b = PlanBuilder::new("one gpu", 2);
         let a = b.buffer("A", DType::F16, 1024, 4096, BufferRole::Scratch);
         let w = b.buffer("B", DType::F16, 4096, 4096, BufferRole::Scratch);
@@ -1328,7 +1328,7 @@ mod tests {
         assert!((end(vec![1, 0], 1) - gemm).abs() < 1e-9);
         assert!((end(vec![1, 0], 0) - (gemm + 0.75 * gemm)).abs() < 1e-9);
         // A profile whose first throughput is not 1 is refused.
-        let text = include_str!("../../profiles/h100-one-gpu.toml")
+        let text = include_str!("../profiles/h100-one-gpu.toml")
             .replace("launch_us = 2.0", "launch_us = 2.0\nconcurrent_throughput = [1.1, 1.2, 1.2, 1.2]");
         let e = Profile::parse(&text, "test.toml").unwrap_err();
         assert!(e.to_string().contains("concurrent_throughput"), "{e}");

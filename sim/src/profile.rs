@@ -1,5 +1,5 @@
 //! Hardware profiles: the constants the simulator and the analytic models use, loaded from
-//! `core/profiles/*.toml`. Each file names the source of every constant in a comment.
+//! `sim/profiles/*.toml`. Each file names the source of every constant in a comment.
 
 use std::fmt;
 use std::fs;
@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::dtype::DType;
+use cmm_core::dtype::DType;
 
 /// Why a profile cannot be used.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -262,16 +262,16 @@ pub struct EngineRate {
     pub shared_efficiency: Option<f64>,
 }
 
-/// The profiles shipped in `core/profiles/`, by name.
+/// The profiles shipped in `sim/profiles/`, by name.
 const BUILTIN: [(&str, &str); 8] = [
-    ("h100-nvlink", include_str!("../../profiles/h100-nvlink.toml")),
-    ("h800-nvlink", include_str!("../../profiles/h800-nvlink.toml")),
-    ("h100-ib", include_str!("../../profiles/h100-ib.toml")),
-    ("h200-nvlink", include_str!("../../profiles/h200-nvlink.toml")),
-    ("tpuv4-torus", include_str!("../../profiles/tpuv4-torus.toml")),
-    ("pcie-gen4", include_str!("../../profiles/pcie-gen4.toml")),
-    ("h100-one-gpu", include_str!("../../profiles/h100-one-gpu.toml")),
-    ("h200-one-gpu", include_str!("../../profiles/h200-one-gpu.toml")),
+    ("h100-nvlink", include_str!("../profiles/h100-nvlink.toml")),
+    ("h800-nvlink", include_str!("../profiles/h800-nvlink.toml")),
+    ("h100-ib", include_str!("../profiles/h100-ib.toml")),
+    ("h200-nvlink", include_str!("../profiles/h200-nvlink.toml")),
+    ("tpuv4-torus", include_str!("../profiles/tpuv4-torus.toml")),
+    ("pcie-gen4", include_str!("../profiles/pcie-gen4.toml")),
+    ("h100-one-gpu", include_str!("../profiles/h100-one-gpu.toml")),
+    ("h200-one-gpu", include_str!("../profiles/h200-one-gpu.toml")),
 ];
 
 /// The folder holding the shipped profile files.
@@ -304,7 +304,7 @@ impl Profile {
             return Profile::from_file(Path::new(name_or_path));
         }
         match BUILTIN.iter().find(|(n, _)| *n == name_or_path) {
-            Some((n, text)) => Profile::parse(text, &format!("core/profiles/{n}.toml")),
+            Some((n, text)) => Profile::parse(text, &format!("sim/profiles/{n}.toml")),
             None => Err(ProfileError::Unknown {
                 name: name_or_path.to_string(),
                 available: Profile::builtin_names().join(", "),
@@ -495,9 +495,9 @@ impl Profile {
 
     /// What this machine offers the engines rule: cuBLAS (its library rate), and the
     /// Hopper engine on all its units where the profile gives its rates.
-    pub fn engine_support(&self) -> crate::engines::EngineSupport {
+    pub fn engine_support(&self) -> cmm_core::engines::EngineSupport {
         let hopper = self.engines.as_ref().is_some_and(|e| e.hopper_128x256.is_some());
-        crate::engines::EngineSupport {
+        cmm_core::engines::EngineSupport {
             cublas: true,
             hopper_sms: hopper.then_some(self.compute.parallel_units as u32),
             ..Default::default()
@@ -507,8 +507,8 @@ impl Profile {
     /// The rate, tile and name of the kernel that `engine` is here: `None` for cuBLAS, or
     /// wherever the profile gives no rates of cmm's kernels (every GEMM then at the
     /// library rate).
-    pub fn engine_rate(&self, engine: crate::engines::Engine) -> Option<(EngineRate, usize, usize)> {
-        use crate::engines::{Engine, HopperTile};
+    pub fn engine_rate(&self, engine: cmm_core::engines::Engine) -> Option<(EngineRate, usize, usize)> {
+        use cmm_core::engines::{Engine, HopperTile};
         let e = self.engines.as_ref()?;
         match engine {
             Engine::Cublas => None,
@@ -526,7 +526,7 @@ impl Profile {
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_cost_on(
         &self,
-        engine: crate::engines::Engine,
+        engine: cmm_core::engines::Engine,
         m: usize,
         n: usize,
         k: usize,
@@ -541,7 +541,7 @@ impl Profile {
         let bytes =
             (m * k + k * n) as f64 * input.size_bytes() as f64 + c_passes * (m * n) as f64 * output.size_bytes() as f64;
         // The SIMT tile multiplies on the CUDA cores, whatever its inputs.
-        let rated = if engine == crate::engines::Engine::SimtTile { DType::F32 } else { input };
+        let rated = if engine == cmm_core::engines::Engine::SimtTile { DType::F32 } else { input };
         self.rated_cost(rate, tile_m, tile_n, &[m], n, k, rated, bytes)
     }
 
@@ -564,7 +564,7 @@ impl Profile {
     #[allow(clippy::too_many_arguments)]
     pub fn fused_gemm_cost_on(
         &self,
-        engine: crate::engines::Engine,
+        engine: cmm_core::engines::Engine,
         blocks: &[usize],
         n: usize,
         k: usize,
@@ -583,12 +583,12 @@ impl Profile {
         let c_passes = if accumulate { 2.0 } else { 1.0 };
         let bytes = (rows * k + k * n) as f64 * input.size_bytes() as f64
             + c_passes * (rows * n) as f64 * output.size_bytes() as f64;
-        let rated = if engine == crate::engines::Engine::SimtTile { DType::F32 } else { input };
+        let rated = if engine == cmm_core::engines::Engine::SimtTile { DType::F32 } else { input };
         self.rated_cost(rate, tile_m, tile_n, blocks, n, k, rated, bytes)
     }
 
     /// Output tiles of `engine` over blocks of `rows` × n (the library's tile for cuBLAS).
-    pub fn tiles_on(&self, engine: crate::engines::Engine, rows: usize, n: usize) -> usize {
+    pub fn tiles_on(&self, engine: cmm_core::engines::Engine, rows: usize, n: usize) -> usize {
         match self.engine_rate(engine) {
             Some((_, tile_m, tile_n)) => rows.div_ceil(tile_m) * n.div_ceil(tile_n),
             None => self.tiles(rows, n),
@@ -623,7 +623,7 @@ impl Profile {
         GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes }
     }
 
-    /// Cost of a grouped GEMM ([`crate::plan::Op::GroupedGemm`]): one kernel over every
+    /// Cost of a grouped GEMM ([`cmm_core::plan::Op::GroupedGemm`]): one kernel over every
     /// group's output tiles, as a grouped GEMM runs, with `groups` the rows of each group
     /// (from the actual routing). Every tile costs a whole tile_m × tile_n × k tile at
     /// the profile's best efficiency, and tiles run in waves of `parallel_units`, so
@@ -638,7 +638,7 @@ impl Profile {
         self.tiled_cost(groups, n, k, input, bytes)
     }
 
-    /// Cost of a tile-granular GEMM ([`crate::plan::FusedRun`]): one persistent kernel
+    /// Cost of a tile-granular GEMM ([`cmm_core::plan::FusedRun`]): one persistent kernel
     /// over the output tiles of every block (`blocks` holds each block's rows), in waves of
     /// `parallel_units` at the profile's best efficiency, so the blocks share their waves
     /// instead of each ending in a partial one. Memory: every block's rows of a, b once,
@@ -680,7 +680,7 @@ impl Profile {
         GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes }
     }
 
-    /// The cost of one attention block ([`crate::plan::Op::Attend`]): `rows` query rows
+    /// The cost of one attention block ([`cmm_core::plan::Op::Attend`]): `rows` query rows
     /// times heads against `keys` keys of head dimension `dh`, of which the fraction
     /// `visible` survives the mask; K and V hold `kv_elements` elements each. Compute: the two GEMMs Q·Kᵀ and P·V over the visible
     /// pairs at this profile's GEMM efficiency for an (rows × keys × dh) tile grid; memory:
@@ -746,7 +746,7 @@ mod tests {
 
     #[test]
     fn a_missing_field_is_named_with_the_file() {
-        let text = include_str!("../../profiles/h100-nvlink.toml").replace("hbm_gbps = 3350.0", "");
+        let text = include_str!("../profiles/h100-nvlink.toml").replace("hbm_gbps = 3350.0", "");
         let e = Profile::parse(&text, "x.toml").unwrap_err();
         let msg = e.to_string();
         assert!(matches!(e, ProfileError::Parse { .. }), "{msg}");
@@ -755,14 +755,14 @@ mod tests {
 
     #[test]
     fn an_unknown_field_is_rejected() {
-        let text = include_str!("../../profiles/h100-nvlink.toml").replace("[memory]", "[memory]\nhbm_tbps = 3.0");
+        let text = include_str!("../profiles/h100-nvlink.toml").replace("[memory]", "[memory]\nhbm_tbps = 3.0");
         let msg = Profile::parse(&text, "y.toml").unwrap_err().to_string();
         assert!(msg.contains("y.toml") && msg.contains("hbm_tbps"), "{msg}");
     }
 
     #[test]
     fn an_impossible_value_names_the_field() {
-        let text = include_str!("../../profiles/h100-nvlink.toml").replace("link_gbps = 450.0", "link_gbps = -1.0");
+        let text = include_str!("../profiles/h100-nvlink.toml").replace("link_gbps = 450.0", "link_gbps = -1.0");
         let e = Profile::parse(&text, "z.toml").unwrap_err();
         assert_eq!(
             e,

@@ -2,8 +2,8 @@
 //! times them on the GPU (`xtask/src/calibrate.rs`), and `cmm simulate --validate-bench`
 //! simulates the same plans, so the model meets each measurement on the plan that made it.
 
-use crate::dtype::DType;
-use crate::plan::{BufId, BufferRole, Engine, Op, Plan, PlanBuilder, PlanError};
+use cmm_core::dtype::DType;
+use cmm_core::plan::{BufId, BufferRole, Engine, Op, Plan, PlanBuilder, PlanError};
 
 /// Round trips in [`round_trip_plan`] (each lane has 2 ops per round, under the CUDA
 /// gate's limit of ops per stream).

@@ -7,14 +7,15 @@
 //! [`ring_1d`] applies them to the 1D plans (to compare with the simulator on the real
 //! plans); [`estimate_mesh`] to the 2D algorithms of seed 002, which need no plan.
 
+use cmm_core::names;
 use std::fmt;
 
 use thiserror::Error;
 
 use super::profile::{Profile, TopologyKind};
-use crate::algorithms::Algorithm;
-use crate::dtype::DType;
-use crate::problem::{OpKind, Problem};
+use cmm_core::algorithms::Algorithm;
+use cmm_core::dtype::DType;
+use cmm_core::problem::{OpKind, Problem};
 
 /// Seconds of a ring collective (AllGather or ReduceScatter) over `chips` chips whose
 /// shard is `shard_bytes`, with the profile's collective bandwidth.
@@ -35,7 +36,7 @@ fn gemm_op_s(profile: &Profile, m: usize, n: usize, k: usize, input: DType, outp
 /// cmm runs it on (blocks taken as TMA-aligned, as the ring plans' row blocks of dims that
 /// are multiples of 8 are), shared with the other devices' on one GPU.
 fn fused_gemm_s(profile: &Profile, blocks: &[usize], n: usize, k: usize, input: DType, output: DType) -> f64 {
-    use crate::engines::{fused_engine, GemmEngine, GemmFacts};
+    use cmm_core::engines::{fused_engine, GemmEngine, GemmFacts};
     let facts: Vec<GemmFacts> = blocks
         .iter()
         .map(|&m| GemmFacts {
@@ -50,7 +51,7 @@ fn fused_gemm_s(profile: &Profile, blocks: &[usize], n: usize, k: usize, input: 
         .collect();
     let devices = blocks.len().max(1);
     let engine = fused_engine(GemmEngine::Auto, &profile.engine_support(), &facts, devices)
-        .unwrap_or(crate::engines::Engine::Cublas);
+        .unwrap_or(cmm_core::engines::Engine::Cublas);
     let shared = profile.interconnect.topology == super::TopologyKind::OneGpu && devices > 1;
     profile.fused_gemm_cost_on(engine, blocks, n, k, input, output, false, shared).work_s
 }
@@ -336,13 +337,13 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
     }
 }
 
-use crate::mesh::lcm;
-pub use crate::mesh::Dataflow;
+use cmm_core::mesh::lcm;
+pub use cmm_core::mesh::Dataflow;
 
 /// The analytic model's family of a mesh plan's algorithm, with its slice count (1 for
 /// the algorithms that do not slice).
-pub fn mesh_family(algorithm: crate::mesh::MeshAlgorithm) -> (MeshFamily, usize) {
-    use crate::mesh::MeshAlgorithm;
+pub fn mesh_family(algorithm: cmm_core::mesh::MeshAlgorithm) -> (MeshFamily, usize) {
+    use cmm_core::mesh::MeshAlgorithm;
     match algorithm {
         MeshAlgorithm::Collective => (MeshFamily::Collective, 1),
         MeshAlgorithm::Summa => (MeshFamily::Summa, 1),
@@ -353,7 +354,7 @@ pub fn mesh_family(algorithm: crate::mesh::MeshAlgorithm) -> (MeshFamily, usize)
 }
 
 /// The 2D algorithms of seed 002, without their parameters (the plan-level
-/// [`crate::mesh::MeshAlgorithm`] carries MeshSlice's S and B).
+/// [`cmm_core::mesh::MeshAlgorithm`] carries MeshSlice's S and B).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MeshFamily {
     /// One AllGather/ReduceScatter per direction, no overlap.
@@ -389,7 +390,7 @@ pub struct MeshShape {
 impl MeshShape {
     /// Every Nr × Nc with Nr·Nc = chips, by increasing Nr. Divisors come in pairs around
     /// √chips, so this takes √chips steps, not chips (2^20, not 2^40, for 2^40 chips;
-    /// the tuner refuses more than [`crate::plan::MAX_DEVICES`] chips anyway).
+    /// the tuner refuses more than [`cmm_core::plan::MAX_DEVICES`] chips anyway).
     pub fn all(chips: usize) -> Vec<MeshShape> {
         let small: Vec<usize> = (1..).take_while(|&r| r <= chips / r).filter(|r| chips % r == 0).collect();
         let large = small.iter().rev().map(|r| chips / r).filter(|&c| c != chips / c || chips % c != 0);

@@ -1,12 +1,13 @@
 //! Timelines of plan runs, simulated or measured: one track per (device, lane), one span
 //! per op. Written as Chrome/Perfetto trace JSON or as a hand-written SVG Gantt chart.
 
+use cmm_core::names;
 use std::fmt::Write as _;
 
 use serde_json::json;
 
-use crate::plan::{Op, Plan};
-use crate::sim::{OpClass, SimReport};
+use crate::{OpClass, SimReport};
+use cmm_core::plan::{Op, Plan};
 
 /// What a span shows (its colour).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -153,7 +154,11 @@ impl Timeline {
     }
 
     /// The timeline of a measured run: `(site, start µs, duration µs)` per executed op.
-    pub fn from_measured(plan: &Plan, title: impl Into<String>, ops: &[(crate::plan::OpSite, f64, f64)]) -> Timeline {
+    pub fn from_measured(
+        plan: &Plan,
+        title: impl Into<String>,
+        ops: &[(cmm_core::plan::OpSite, f64, f64)],
+    ) -> Timeline {
         let mut t = Timeline::for_plan(plan, title);
         for &(site, start_us, dur_us) in ops {
             let op = &plan.programs[site.device].lanes[site.lane][site.index];

@@ -9,9 +9,9 @@ use super::tune::{
     best_per_algorithm, choose_dataflows, tune_llm, LlmConfig, MeshConfig, MeshPlanner, MeshPlans, NoMeshPlans,
     TuneError,
 };
-use crate::algorithms::{build_plan, Algorithm, AlgorithmError};
-use crate::dtype::DType;
-use crate::problem::{OpKind, Problem, ProblemError};
+use cmm_core::algorithms::{build_plan, Algorithm, AlgorithmError};
+use cmm_core::dtype::DType;
+use cmm_core::problem::{OpKind, Problem, ProblemError};
 use thiserror::Error;
 
 /// Why the validation could not be computed.
@@ -32,7 +32,7 @@ pub enum ValidationError {
     Tune(#[from] TuneError),
     /// A plan's starts could not be offset.
     #[error(transparent)]
-    Offset(#[from] crate::emulate::OffsetError),
+    Offset(#[from] cmm_core::emulate::OffsetError),
     /// A bench's calibration cannot stand for a profile's constants.
     #[error("the bench's calibration: {0}")]
     Calibration(String),
@@ -101,10 +101,10 @@ pub struct OneGpuRow {
     pub time: TimeRow,
     /// The simulator's Σ of the plan's compute work (GEMMs and reduces, each alone), µs.
     pub compute_floor_us: f64,
-    /// The simulated time with staggered priorities ([`crate::emulate::staggered_priorities`]), µs.
+    /// The simulated time with staggered priorities ([`cmm_core::emulate::staggered_priorities`]), µs.
     pub staggered_us: f64,
     /// The simulated time with the devices' starts offset
-    /// ([`crate::emulate::offset_starts`]), µs.
+    /// ([`cmm_core::emulate::offset_starts`]), µs.
     pub offset_us: f64,
     /// The measured time with staggered priorities, where the bench took it, µs.
     pub measured_staggered_us: Option<f64>,
@@ -201,8 +201,10 @@ pub fn one_gpu_rows(
         let p = seed000_problem(op, d, shrink)?;
         let plan = build_plan(&p, algorithm)?;
         let together = simulate(&plan, profile, &SimOptions::default())?;
-        let staggered =
-            SimOptions { compute_priority: crate::emulate::staggered_priorities(d, levels), ..SimOptions::default() };
+        let staggered = SimOptions {
+            compute_priority: cmm_core::emulate::staggered_priorities(d, levels),
+            ..SimOptions::default()
+        };
         rows.push(OneGpuRow {
             time: TimeRow {
                 case: format!("{op} D={d} {algorithm}"),
@@ -212,7 +214,7 @@ pub fn one_gpu_rows(
             },
             compute_floor_us: together.compute_floor_s * 1e6,
             staggered_us: simulate(&plan, profile, &staggered)?.makespan_s * 1e6,
-            offset_us: simulate(&crate::emulate::offset_starts(&plan)?, profile, &SimOptions::default())?.makespan_s
+            offset_us: simulate(&cmm_core::emulate::offset_starts(&plan)?, profile, &SimOptions::default())?.makespan_s
                 * 1e6,
             measured_staggered_us: t.staggered_us,
             measured_offset_us: t.offset_us,

@@ -1,0 +1,37 @@
+//! The simulator on the plans of every family and on the tuner's bounds.
+
+use cmm_core::moe::{build_moe_plan, MoeOp, MoeProblem, Routing};
+use cmm_core::plan::MAX_DEVICES;
+use cmm_core::{Algorithm, DType};
+
+#[test]
+fn the_simulator_prices_grouped_gemms_from_the_routing() {
+    use cmm_sim::{simulate, Engines, Profile, SimOptions};
+    let profile = Profile::load("h100-nvlink").unwrap();
+    // The same 1024 rows in one group, or spread thinly over 64 experts (partial tiles).
+    let one = profile.grouped_gemm_cost(&[1024], 4096, 4096, DType::Bf16, DType::Bf16).work_s;
+    let spread = profile.grouped_gemm_cost(&[16; 64], 4096, 4096, DType::Bf16, DType::Bf16).work_s;
+    assert!(spread > 1.5 * one, "{spread} vs {one}");
+    let time = |routing, experts, engines| {
+        let p = MoeProblem::new(MoeOp::AgMoe, 8, 16384, 4096, 14336, experts, 2, routing, DType::Bf16, DType::Bf16)
+            .unwrap();
+        let plan = build_moe_plan(&p, Algorithm::Ring).unwrap();
+        simulate(&plan, &profile, &SimOptions { engines, ..SimOptions::default() }).unwrap().compute_floor_s
+    };
+    // A tiled grouped GEMM (the potential: a library's rate) wastes tiles when the same
+    // rows go to many small experts (compute floors: the ring of these shapes is bound by
+    // its links).
+    let (uniform, many) =
+        (time(Routing::Uniform, 8, Engines::CublasSpeed), time(Routing::Uniform, 64, Engines::CublasSpeed));
+    assert!(many > 1.5 * uniform, "{many} vs {uniform}");
+    // cmm's grouped kernel (one thread per output, on the CUDA cores) is slower than that.
+    assert!(time(Routing::Uniform, 8, Engines::AsBuilt) > uniform);
+}
+
+#[test]
+fn the_tuner_bounds_its_chip_count_as_a_problem_bounds_devices() {
+    let profile = cmm_sim::Profile::load("tpuv4-torus").unwrap();
+    let llm = cmm_sim::tune::LlmConfig::gpt3_175b(128);
+    let e = cmm_sim::tune::tune_llm(&llm, MAX_DEVICES + 1, &profile, &cmm_sim::tune::NoMeshPlans).unwrap_err();
+    assert!(e.to_string().contains("65537 chips: more than the 65536"), "{e}");
+}
