@@ -221,3 +221,38 @@ fn the_guide_works_as_written() {
     );
     assert!(text(&wrong).contains("1 of 2048 elements off"), "{}", text(&wrong));
 }
+
+/// The README's loop, run as written: its case file, then every `cmm` command in order
+/// (a copy of the goldens' outputs stands in for the user's kernel before `cmm check`).
+#[test]
+fn the_readme_loop_works_as_written() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let block = guide_block(&readme, "## Your shapes, your kernel, your plans", "sh");
+    let case = block.split("<<'EOF'\n").nth(1).and_then(|rest| rest.split("\nEOF\n").next()).expect("a case file");
+    let s = Scratch::new("readme");
+    std::fs::write(s.0.join("my.toml"), format!("{case}\n")).unwrap();
+    let mut ran = 0;
+    for line in block.lines().filter(|l| l.starts_with("cmm ")) {
+        let args: Vec<&str> = line.split('#').next().unwrap().split_whitespace().skip(1).collect();
+        if args[0] == "check" {
+            // The user's kernel: here, the golden outputs themselves.
+            std::fs::create_dir_all(s.0.join("mine/mine")).unwrap();
+            for d in 0..4 {
+                let name = format!("d{d}_C.npy");
+                std::fs::copy(s.0.join("g/mine").join(&name), s.0.join("mine/mine").join(&name)).unwrap();
+            }
+        }
+        let o = cmm(&s.0, &args);
+        if args[0] == "golden" && !o.status.success() && text(&o).contains("cannot start the wgpu reference") {
+            assert!(std::env::var_os("CI").is_none(), "CI is set but no wgpu adapter exists: {}", text(&o));
+            eprintln!("SKIPPED: no wgpu adapter: {}", text(&o));
+            return;
+        }
+        assert!(o.status.success(), "`{line}`: {}", text(&o));
+        if args[0] == "check" {
+            assert!(text(&o).contains("1 passed, 0 failed"), "{}", text(&o));
+        }
+        ran += 1;
+    }
+    assert_eq!(ran, 6, "the README's loop has six cmm commands");
+}
