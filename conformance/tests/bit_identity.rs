@@ -8,32 +8,13 @@
 //! CUDA executor is not in the claim: its GEMMs sum in another order, and it is judged
 //! within the tolerances (bit for bit only in the exact family).
 
+use cmm_conformance::fuzz::Rng;
 use cmm_conformance::{parse_cases, Backend, CpuTwin};
 use cmm_core::schedule::Order;
 use cmm_reference::Reference;
 
 /// Cases each run checks, at least.
 const CASES: usize = 500;
-
-/// xorshift64*: small, deterministic, good enough to spread cases.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[self.below(from.len())]
-    }
-}
 
 /// The dtype fields of a case: input, output and family.
 fn dtypes(rng: &mut Rng, output_f32_allowed: bool, exact_allowed: bool) -> String {

@@ -158,13 +158,9 @@ impl Router {
 mod tests {
     use super::*;
 
-    fn router(routing: Routing, experts: usize, slots: usize) -> Router {
-        Router { tokens: 96, experts, slots, routing, tensor: 3 }
-    }
-
     #[test]
     fn weights_are_quarters_or_a_distribution() {
-        let r = router(Routing::Drop, 8, 4);
+        let r = Router { tokens: 96, experts: 8, slots: 4, routing: Routing::Drop, tensor: 3 };
         let ids = r.ids(9);
         let exact = r.weights(9, Family::Exact);
         let real = r.weights(9, Family::Realistic);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use cmm_conformance::fuzz::TARGETS;
+use cmm_conformance::fuzz::{Rng, TARGETS};
 use cmm_core::DType;
 
 /// Arguments of `cargo xtask fuzz`.
@@ -61,25 +61,6 @@ const TOKENS: [&str; 22] = [
     "\"attention\"",
 ];
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-}
-
 /// The seed inputs of `target`.
 fn seeds(target: &str) -> Result<Vec<Vec<u8>>> {
     let corpus = cmm_conformance::load_corpus(&cmm_conformance::cases_dir()).context("loading the corpus")?;
@@ -127,7 +108,7 @@ fn mutate(rng: &mut Rng, input: &[u8], other: &[u8]) -> Vec<u8> {
                 let i = rng.below(out.len());
                 out[i] = BYTES[rng.below(BYTES.len())];
             }
-            2 => out.insert(at, rng.next() as u8),
+            2 => out.insert(at, rng.next_u64() as u8),
             3 if !out.is_empty() => {
                 let end = (at + 1 + rng.below(16)).min(out.len());
                 out.drain(at.min(end)..end);
