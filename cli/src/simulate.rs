@@ -242,7 +242,7 @@ pub fn run(args: &Args) -> Result<()> {
             let report = simulate(&plan, &profile, &options)?;
             let analytic = ring_1d(&problem, alg, &profile);
             if args.json {
-                println!("{}", json(&plan, &report, Some(analytic.total_s)));
+                crate::output::emit_json(json(&plan, &report, Some(analytic.total_s)))?;
             } else {
                 print_report(&plan, &profile, &report, Some((analytic.total_s, analytic.formula)));
             }
@@ -320,8 +320,7 @@ fn print_ranking_json(
         "overlap_pays": overlap_pays,
         "reason": reason,
     });
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(())
+    crate::output::emit_json(report)
 }
 
 /// One simulated algorithm (linear or MoE), for `--json`.
@@ -355,12 +354,18 @@ fn linear(args: &Args, layer: Layer) -> Result<()> {
 /// A plan file simulated as it is (no analytic model: the plan says nothing of a problem).
 fn plan_file(args: &Args, path: &std::path::Path) -> Result<()> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let plan = Plan::from_file_json(&text).with_context(|| format!("{}", path.display()))?;
+    plan_text(args, &text, &path.display().to_string())
+}
+
+/// A plan file's text (`origin` names it in errors) simulated with these arguments' other
+/// options, as `cmm simulate FILE` does.
+pub fn plan_text(args: &Args, text: &str, origin: &str) -> Result<()> {
+    let plan = Plan::from_file_json(text).with_context(|| origin.to_string())?;
     let profile = args.problem.profile()?;
     let report =
         simulate(&plan, &profile, &SimOptions { torus_dims: torus_dims(&args.torus)?, ..SimOptions::default() })?;
     if args.json {
-        println!("{}", json(&plan, &report, None));
+        crate::output::emit_json(json(&plan, &report, None))?;
     } else {
         print_report(&plan, &profile, &report, None);
     }
@@ -390,7 +395,7 @@ fn mesh_gemm(args: &Args, mesh: &str) -> Result<()> {
     let gemm = MeshGemm { m, n, k, dataflow, dtype: pa.input };
     let analytic = estimate_mesh(family, &gemm, MeshShape { rows: nr, cols: nc }, slices, &profile)?;
     if args.json {
-        println!("{}", json(&plan, &report, Some(analytic.total_s)));
+        crate::output::emit_json(json(&plan, &report, Some(analytic.total_s)))?;
     } else {
         print_report(&plan, &profile, &report, Some((analytic.total_s, "seed 002's analytic model")));
     }
@@ -607,7 +612,7 @@ pub fn engines_line(profile: &Profile, r: &SimReport) -> String {
     }
 }
 
-fn json(plan: &Plan, r: &SimReport, analytic_s: Option<f64>) -> String {
+fn json(plan: &Plan, r: &SimReport, analytic_s: Option<f64>) -> serde_json::Value {
     let path: Vec<serde_json::Value> = r
         .critical_path
         .iter()
@@ -638,7 +643,6 @@ fn json(plan: &Plan, r: &SimReport, analytic_s: Option<f64>) -> String {
         "lane_busy_us": busy,
         "critical_path": path,
     })
-    .to_string()
 }
 
 fn compare(problem: &cmm_core::Problem, profile: &Profile, potential: bool, json: bool) -> Result<()> {
@@ -675,7 +679,7 @@ fn compare(problem: &cmm_core::Problem, profile: &Profile, potential: bool, json
             "candidates": candidates,
             "at_cublas_note": potential.then_some("every GEMM at cuBLAS's rate, fused ones included: a potential, not what cmm runs"),
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        crate::output::emit_json(out)?;
         return Ok(());
     }
     println!("{} on {}", problem.describe(), profile.name);
@@ -837,7 +841,7 @@ mod tests {
         let mut plan = build_plan(&p, cmm_core::Algorithm::Ring).unwrap();
         plan.name = "plan \"with\" quotes\\".into();
         let report = simulate(&plan, &profile, &SimOptions::default()).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&json(&plan, &report, Some(1e-6))).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json(&plan, &report, Some(1e-6)).to_string()).unwrap();
         assert_eq!(v["profile"], "my \"big\" \\ cluster");
         assert_eq!(v["plan"], "plan \"with\" quotes\\");
         assert!(v["makespan_us"].as_f64().unwrap() > 0.0);

@@ -52,8 +52,7 @@ fn potential_us(
 }
 
 fn print_json(value: serde_json::Value) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(&value)?);
-    Ok(())
+    crate::output::emit_json(value)
 }
 
 /// Runs the command.

@@ -198,3 +198,57 @@ impl Backend for OutputFiles {
             .collect()
     }
 }
+
+/// A user's outputs handed over in memory rather than in files (the Python package):
+/// each result buffer's words per device, by buffer name. Every other buffer is poison,
+/// and a result buffer not given is poison too, so it fails as unwritten.
+#[derive(Clone, Debug, Default)]
+pub struct GivenOutputs {
+    /// Buffer name → per device, its words (as executor memory holds them).
+    pub buffers: std::collections::BTreeMap<String, Vec<Vec<u32>>>,
+}
+
+impl Backend for GivenOutputs {
+    fn name(&self) -> String {
+        "outputs given in memory".into()
+    }
+
+    fn given_outputs(&self) -> bool {
+        true
+    }
+
+    fn run(&self, plan: &Plan, seed: u32, family: Family, _order: Order) -> Result<Memory, BackendError> {
+        let _ = (seed, family);
+        let failed = |message: String| BackendError::Failed { backend: "outputs".into(), message };
+        (0..plan.devices)
+            .map(|d| {
+                plan.buffers
+                    .iter()
+                    .map(|b| match self.buffers.get(&b.name).filter(|_| b.role.is_result()) {
+                        None => Ok(vec![b.dtype.poison_bits(); b.len()]),
+                        Some(devices) => {
+                            let words = devices.get(d).ok_or_else(|| {
+                                failed(format!(
+                                    "`{}`: {} device(s) given, the plan has {}",
+                                    b.name,
+                                    devices.len(),
+                                    plan.devices
+                                ))
+                            })?;
+                            if words.len() != b.len() {
+                                return Err(failed(format!(
+                                    "`{}` on device {d}: {} elements given, the output is {}×{}",
+                                    b.name,
+                                    words.len(),
+                                    b.rows,
+                                    b.cols
+                                )));
+                            }
+                            Ok(words.clone())
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}

@@ -338,7 +338,7 @@ pub(crate) fn run_case_keeping_memory(
     let plan = case.plan().map_err(Failure::from);
     match plan {
         Ok(plan) => {
-            let (result, memory) = check_with_memory(case, &plan, backend, Some(goldens), schedules);
+            let (result, memory) = check_case_keeping_memory(case, &plan, backend, Some(goldens), schedules);
             (result, memory.map(|m| (plan, m)))
         }
         Err(failure) => {
@@ -353,7 +353,7 @@ pub(crate) fn run_case_keeping_memory(
 /// compares the output with the oracle and the golden of `case`. Never panics on a
 /// bad plan or a failing backend: every problem is a [`Failure`] in the result.
 pub fn check_case(case: &Case, plan: &Plan, backend: &dyn Backend, goldens: &Goldens) -> CaseResult {
-    check_with_memory(case, plan, backend, Some(goldens), 1).0
+    check_case_keeping_memory(case, plan, backend, Some(goldens), 1).0
 }
 
 /// The run of a mutant ([`crate::mutants`]): [`check_case_with`] without goldens,
@@ -387,10 +387,12 @@ pub fn check_case_with(
     goldens: Option<&Goldens>,
     schedules: usize,
 ) -> CaseResult {
-    check_with_memory(case, plan, backend, goldens, schedules).0
+    check_case_keeping_memory(case, plan, backend, goldens, schedules).0
 }
 
-fn check_with_memory(
+/// [`check_case_with`], also returning the memory the backend left (each device's
+/// buffers, words as in [`cmm_core::cpu::Memory`]) when it ran.
+pub fn check_case_keeping_memory(
     case: &Case,
     plan: &Plan,
     backend: &dyn Backend,

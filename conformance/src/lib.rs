@@ -22,13 +22,14 @@ use std::path::{Path, PathBuf};
 use cmm_core::DType;
 use thiserror::Error;
 
-pub use backend::{Backend, BackendError, CpuTwin, Cuda, OutputFiles};
+pub use backend::{Backend, BackendError, CpuTwin, Cuda, GivenOutputs, OutputFiles};
 pub use case::{
     cases_dir, check_case_name, load_corpus, parse_cases, Case, CaseAlgorithm, CaseError, CaseProblem, CorpusError,
     Topology, CASES_DIR_VAR,
 };
 pub use check::{
-    check_case, check_case_with, run_case, CaseResult, Failure, GoldenStatus, Goldens, Mismatch, MAX_CASE_ELEMENTS,
+    check_case, check_case_keeping_memory, check_case_with, run_case, CaseResult, Failure, GoldenStatus, Goldens,
+    Mismatch, MAX_CASE_ELEMENTS,
 };
 pub use report::{check_report_path, write_report, CaseRecord, ReportError};
 

@@ -194,6 +194,25 @@ fn decode_elements(data: &[u8], size: usize, bf16_in_f32: bool) -> Result<Vec<u3
         .collect()
 }
 
+/// The words of a `rows × cols` matrix of output dtype `dtype` given as little-endian
+/// elements of NumPy type `descr` (`<f4`, `<f2`, `<u4`, or `bfloat16`/`<V2` for
+/// ml_dtypes' bf16), by the rules of [`read_npy`]: a bf16 output given as f32 must hold
+/// bf16 values. For arrays handed over in memory (the Python package).
+pub fn words_from_elements(
+    data: &[u8],
+    descr: &str,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<u32>, NpyError> {
+    let header = NpyHeader { data_start: 0, descr: descr.to_string(), shape: vec![rows, cols] };
+    let (size, bf16_in_f32) = element_reading(&header, dtype, rows, cols)?;
+    if data.len() != rows * cols * size {
+        return Err(NpyError::Format(format!("{} bytes for {rows}×{cols} elements of {size} bytes", data.len())));
+    }
+    decode_elements(data, size, bf16_in_f32)
+}
+
 /// Reads an NPY file's bytes holding a `rows × cols` matrix of `dtype` (as NumPy and
 /// ml_dtypes write it: f32 `<f4`, f16 `<f2`, bf16 as `<f4` holding bf16 values or
 /// ml_dtypes' 2-byte `bfloat16`, u32 `<u4`; C order) into executor words. A bf16 output

@@ -1,0 +1,162 @@
+"""The package against the command: the same inputs, goldens, verdicts and JSON; wrong
+outputs caught with the right device named in three families; bad arguments as Python
+exceptions."""
+
+import json
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cmm
+
+AG = dict(op="ag_gemm", devices=4, m=64, n=32, k=48, input="bf16", output="bf16",
+          family="realistic", algorithm="ring", seed=7)
+MOE = dict(op="moe_rs", devices=2, algorithm="ring", experts=8, topk=2, routing="skewed",
+           m=16, n=8, k=12, input="f16", output="f16", family="exact", seed=9)
+ATTN = dict(op="attention", devices=4, algorithm="ring", m=64, n=4, k=16, kv_heads=2,
+            causal=True, layout="balanced", input="bf16", output="bf16", family="realistic", seed=3)
+
+
+def toml_of(name, fields):
+    lines = ["[[case]]", f'name = "{name}"']
+    for k, v in fields.items():
+        v = ("true" if v else "false") if isinstance(v, bool) else json.dumps(v) if isinstance(v, str) else v
+        lines.append(f"{k} = {v}")
+    return "\n".join(lines) + "\n"
+
+
+def test_inputs_equal_what_cmm_golden_exports_bit_for_bit(cmm_bin, tmp_path):
+    (tmp_path / "c.toml").write_text(toml_of("c", AG) + "\n" + toml_of("m", MOE))
+    subprocess.run([cmm_bin, "golden", "--backend", "cpu", "--cases", "c.toml", "--out", "g"],
+                   cwd=tmp_path, check=True, capture_output=True)
+    for name, fields in (("c", AG), ("m", MOE)):
+        case = cmm.Case(name=name, **fields)
+        for d, arrays in enumerate(case.inputs()):
+            for buffer, a in arrays.items():
+                exported = np.load(tmp_path / "g" / name / f"d{d}_{buffer}.npy")
+                mine = a.astype(np.float32) if a.dtype == ml_dtypes.bfloat16 else a
+                assert mine.shape == exported.shape and mine.dtype == exported.dtype, (name, d, buffer)
+                assert mine.tobytes() == exported.tobytes(), (name, d, buffer)
+        # And the goldens the package computes are the command's outputs.
+        for buffer, arrays in case.golden("cpu").items():
+            for d, a in enumerate(arrays):
+                exported = np.load(tmp_path / "g" / name / f"d{d}_{buffer}.npy")
+                mine = a.astype(np.float32) if a.dtype == ml_dtypes.bfloat16 else a
+                assert mine.tobytes() == exported.tobytes(), (name, d, buffer)
+
+
+@pytest.mark.parametrize("fields,output,device", [(AG, "C", 3), (MOE, "C", 1), (ATTN, "O", 2)])
+def test_a_wrong_output_fails_naming_its_device(fields, output, device):
+    case = cmm.Case(**fields)
+    golden = case.golden("cpu")
+    assert cmm.check(case, golden).ok
+    wrong = {k: [a.copy() for a in v] for k, v in golden.items()}
+    a = wrong[output][device]
+    a[1, 2] = a.dtype.type(float(a[1, 2]) * 2 + 3)
+    result = cmm.check(case, wrong)
+    assert not result.ok
+    assert result.worst["device"] == device and result.worst["output"] in (None, output), result
+    assert (result.worst["row"], result.worst["col"]) == (1, 2), result
+    with pytest.raises(AssertionError, match=f"dev {device} "):
+        cmm.testing.assert_conforms(case, wrong)
+
+
+def test_the_reference_and_the_cpu_twin_give_the_same_goldens():
+    case = cmm.Case(**ATTN)
+    try:
+        on_reference = case.golden("reference")
+    except RuntimeError as e:  # no wgpu adapter here
+        pytest.skip(str(e))
+    on_cpu = case.golden("cpu")
+    for buffer in on_cpu:
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(on_reference[buffer], on_cpu[buffer])), buffer
+
+
+def test_a_plan_with_a_dropped_wait_fails_verification():
+    case = cmm.Case(**AG)
+    plan = case.plan()
+    assert cmm.verify(plan, schedules=2)["findings"] == []
+    lanes = plan["plan"]["programs"][0]["lanes"]
+    for lane in lanes:
+        waits = [i for i, op in enumerate(lane) if op.get("op") == "wait"]
+        if waits:
+            del lane[waits[0]]
+            break
+    found = cmm.verify(plan, schedules=2)["findings"]
+    assert found and any("race" in f or "unwritten" in f for f in found), found
+
+
+def test_simulate_and_tune_equal_the_commands_json(cmm_bin):
+    def command(*args):
+        out = subprocess.run([cmm_bin, *args, "--json"], check=True, capture_output=True, text=True).stdout
+        return json.loads(out)
+
+    assert cmm.simulate(op="ag_gemm", devices=4, m=256, n=256, k=256) == command(
+        "simulate", "--op", "ag_gemm", "--devices", "4", "--m", "256", "--n", "256", "--k", "256")
+    assert cmm.simulate(op="gemm_rs", devices=4, m=256, n=256, k=256, compare=True, profile="h100-one-gpu") == command(
+        "simulate", "--op", "gemm_rs", "--devices", "4", "--m", "256", "--n", "256", "--k", "256", "--compare",
+        "--profile", "h100-one-gpu")
+    assert cmm.tune(op="ag_gemm", devices=8, m=8192, n=32768, k=4096) == command(
+        "tune", "--op", "ag_gemm", "--devices", "8", "--m", "8192", "--n", "32768", "--k", "4096")
+    plan = cmm.Case(**AG).plan()
+    simulated = cmm.simulate(plan, profile="h100-nvlink")
+    assert simulated["plan"] == plan["plan"]["name"] and simulated["makespan_us"] > 0
+
+
+def test_bad_arguments_raise_the_right_exception():
+    with pytest.raises(TypeError, match="unknown field"):
+        cmm.Case(opp="ag_gemm")
+    with pytest.raises(ValueError, match="unknown op `nope`"):
+        cmm.Case(**{**AG, "op": "nope"})
+    with pytest.raises(ValueError, match="M=66 is not divisible by D=4"):
+        cmm.Case(**{**AG, "m": 66})
+    with pytest.raises(TypeError, match="must be an int, a bool or a str"):
+        cmm.Case(**{**AG, "m": 6.5})
+    case = cmm.Case(**AG)
+    golden = case.golden("cpu")["C"]
+    with pytest.raises(ValueError, match="4 devices"):
+        cmm.check(case, golden[:3])
+    with pytest.raises(ValueError, match=r"shape \(64, 4\)"):
+        cmm.check(case, [g[:, :4] for g in golden])
+    with pytest.raises(TypeError, match="float64"):
+        cmm.check(case, [g.astype(np.float64) for g in golden])
+    with pytest.raises(ValueError, match="not a bf16 value"):
+        cmm.check(case, [g.astype(np.float32) + np.float32(1e-3) for g in golden])
+    with pytest.raises(ValueError, match="no output `X`"):
+        cmm.check(case, {"X": golden})
+    with pytest.raises(ValueError, match="backend `gpu`"):
+        case.golden("gpu")
+    with pytest.raises(ValueError, match="schedules"):
+        cmm.verify(case.plan(), schedules=0)
+    with pytest.raises(ValueError, match="--op"):
+        cmm.simulate(op="nope", devices=2, m=8, n=8, k=8)
+
+
+def test_the_corpus_and_case_files_load():
+    corpus = cmm.corpus()
+    assert len(corpus) >= 366 and any(c.op == "attention" for c in corpus)
+    assert all(isinstance(c, cmm.Case) for c in corpus[:5])
+
+
+class DlpackOnly:
+    """An array that offers only DLPack, as a torch tensor or a JAX array does."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, **kwargs):
+        return self._a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_outputs_are_read_through_dlpack():
+    case = cmm.Case(**{**AG, "input": "f16", "output": "f16"})
+    golden = case.golden("cpu")["C"]
+    assert cmm.check(case, [DlpackOnly(g) for g in golden]).ok
+    wrong = [g.copy() for g in golden]
+    wrong[1][0, 0] += np.float16(8)
+    assert cmm.check(case, [DlpackOnly(g) for g in wrong]).worst["device"] == 1
