@@ -73,6 +73,7 @@ enum : int {
     NOT_READY = 600,
     ILLEGAL_ADDRESS = 700,
     LAUNCH_OUT_OF_RESOURCES = 701,
+    PEER_ACCESS_UNSUPPORTED = 217,
     PEER_ACCESS_ALREADY_ENABLED = 704,
     LAUNCH_FAILED = 719,
     NOT_SUPPORTED = 801,
@@ -397,6 +398,7 @@ CUresult cuGetErrorName(CUresult error, const char** name) {
         case NOT_READY: *name = "CUDA_ERROR_NOT_READY"; break;
         case ILLEGAL_ADDRESS: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
         case LAUNCH_OUT_OF_RESOURCES: *name = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; break;
+        case PEER_ACCESS_UNSUPPORTED: *name = "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"; break;
         case PEER_ACCESS_ALREADY_ENABLED: *name = "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED"; break;
         case LAUNCH_FAILED: *name = "CUDA_ERROR_LAUNCH_FAILED"; break;
         case NOT_SUPPORTED: *name = "CUDA_ERROR_NOT_SUPPORTED"; break;
@@ -467,9 +469,34 @@ CUresult cuDeviceGetAttribute(int* value, int attribute, int device) {
     return SUCCESS;
 }
 
+// For tests: what each ordered pair of GPUs lacks (cmm_fake_deny_peer), as a GPU in
+// another PCIe root or without NVLink does: 1 no peer access at all, 2 access without
+// native peer atomics.
+static std::map<std::pair<int, int>, int>& denied_peers = *new std::map<std::pair<int, int>, int>;
+
+inline int peer_denial(int device, int peer) {
+    std::lock_guard<std::mutex> g(lock);
+    auto it = denied_peers.find({device, peer});
+    return it == denied_peers.end() ? 0 : it->second;
+}
+
 CUresult cuDeviceCanAccessPeer(int* can, int device, int peer) {
     if (device < 0 || device >= (int)primary.size() || peer < 0 || peer >= (int)primary.size()) return INVALID_DEVICE;
-    *can = device != peer;
+    *can = device != peer && peer_denial(device, peer) != 1;
+    return SUCCESS;
+}
+
+// CU_DEVICE_P2P_ATTRIBUTE_*: 1 performance rank, 2 access, 3 native atomics, 4 arrays.
+CUresult cuDeviceGetP2PAttribute(int* value, int attribute, int device, int peer) {
+    if (device < 0 || device >= (int)primary.size() || peer < 0 || peer >= (int)primary.size() || device == peer)
+        return INVALID_DEVICE;
+    int denial = peer_denial(device, peer);
+    switch (attribute) {
+        case 1: *value = 0; break;
+        case 2: case 4: *value = denial != 1; break;
+        case 3: *value = denial == 0; break;
+        default: return INVALID_VALUE;
+    }
     return SUCCESS;
 }
 
@@ -564,6 +591,7 @@ CUresult cuCtxSynchronize() {
 CUresult cuCtxEnablePeerAccess(Context* peer, unsigned flags) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     if (flags != 0 || peer == nullptr || peer == current || peer->dead.load()) return INVALID_VALUE;
+    if (peer_denial(current->device, peer->device) == 1) return PEER_ACCESS_UNSUPPORTED;
     std::lock_guard<std::mutex> g(lock);
     if (!current->peers.insert(peer).second) return PEER_ACCESS_ALREADY_ENABLED;
     return SUCCESS;
@@ -591,6 +619,24 @@ CUresult cuMemAlloc_v2(u64* out, size_t bytes) {
     std::lock_guard<std::mutex> g(lock);
     allocations[(u64)(raw + GUARD)] = Allocation{raw + GUARD, bytes, current};
     *out = (u64)(raw + GUARD);
+    return SUCCESS;
+}
+
+// CU_POINTER_ATTRIBUTE_*: 2 memory type (1 host, 2 device), 9 device ordinal, 11 the
+// allocation's start, 12 its size. A pointer inside no allocation is INVALID_VALUE, as
+// the driver says of memory it does not know.
+CUresult cuPointerGetAttribute(void* data, int attribute, u64 ptr) {
+    if (!initialised) return NOT_INITIALIZED;
+    std::lock_guard<std::mutex> g(lock);
+    const Allocation* a = find(ptr, 1);
+    if (a == nullptr) return INVALID_VALUE;
+    switch (attribute) {
+        case 2: *static_cast<unsigned*>(data) = a->ctx == nullptr ? 1 : 2; break;
+        case 9: *static_cast<int*>(data) = a->ctx == nullptr ? -1 : a->ctx->device; break;
+        case 11: *static_cast<u64*>(data) = (u64)a->base; break;
+        case 12: *static_cast<size_t*>(data) = a->bytes; break;
+        default: return INVALID_VALUE;
+    }
     return SUCCESS;
 }
 
@@ -1096,6 +1142,19 @@ u64 cmm_fake_prioritised_launches(const char* name) {
     std::lock_guard<std::mutex> g(lock);
     auto it = prioritised.find(name);
     return it == prioritised.end() ? 0 : it->second;
+}
+
+// For tests: from now on GPU `device` lacks, towards GPU `peer`, peer access (what = 1)
+// or native peer atomics (2); 0 gives both back; a negative device gives every pair back.
+void cmm_fake_deny_peer(int device, int peer, int what) {
+    std::lock_guard<std::mutex> g(lock);
+    if (device < 0) {
+        denied_peers.clear();
+    } else if (what == 0) {
+        denied_peers.erase({device, peer});
+    } else {
+        denied_peers[{device, peer}] = what;
+    }
 }
 
 // For tests: the greatest priority contexts report from now on (0: a single priority,

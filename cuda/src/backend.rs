@@ -32,6 +32,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaStre
 use cudarc::nvrtc::Ptx;
 
 use crate::error::CudaError;
+use crate::given::{Bound, GivenBuffer};
 use crate::kernels::{compile, nvrtc_available, KERNEL_FILES};
 use crate::launch::{
     buffer_fill, fused_kernel, fused_launch, fused_table, gemm_submission, released_waits, submissions, timed_out_wait,
@@ -697,6 +698,80 @@ impl CudaExecutor for CudaBackend {
         family: Family,
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError> {
+        self.run_from(plan, Source::Generated { seed, family }, options)
+    }
+}
+
+/// Where a run's inputs come from.
+#[derive(Clone, Copy, Debug)]
+enum Source<'a> {
+    /// Generated from `(seed, family)` into buffers cmm allocates.
+    Generated { seed: u32, family: Family },
+    /// The caller's buffers.
+    Given(&'a [GivenBuffer]),
+}
+
+impl CudaBackend {
+    /// Runs `plan` on the caller's device buffers: every input, output, accumulator and
+    /// routing table of every device bound by name ([`GivenBuffer`]); cmm allocates only
+    /// the plan's scratch buffers and semaphores. The buffers are checked before anything
+    /// runs: names, shapes and dtypes against the plan, alignment
+    /// ([`crate::GIVEN_ALIGNMENT`]), no two overlapping, and with the driver that each is
+    /// device memory of the GPU that runs its device, whole inside one allocation; given
+    /// routing tables are read and checked as generated ones are. The results are left in
+    /// the caller's buffers (and, per `options.read_back`, copied back as well).
+    pub fn run_given(
+        &self,
+        plan: &Plan,
+        given: &[GivenBuffer],
+        options: &CudaRunOptions,
+    ) -> Result<CudaRunOutput, CudaError> {
+        self.run_from(plan, Source::Given(given), options)
+    }
+
+    /// A zeroed device allocation of `bytes` on GPU `gpu` of this backend, for callers
+    /// without an allocator of their own ([`CudaBackend::run_given`]).
+    pub fn device_buffer(&self, gpu: usize, bytes: usize) -> Result<DeviceBuffer, CudaError> {
+        let state = self.ready()?;
+        let g = state.gpus.get(gpu).ok_or_else(|| CudaError::NoCudaDevice {
+            reason: format!("GPU {gpu} asked for, the backend opened {}", state.gpus.len()),
+        })?;
+        Ok(DeviceBuffer { alloc: DeviceAlloc::zeroed(&g.ctx, bytes)?, bytes })
+    }
+
+    /// One fresh device buffer per input, result and routing table of every device of
+    /// `plan`, holding what the generated path puts there for `(seed, family)` (outputs:
+    /// its poison), on the GPU `placement` gives each device, bound by name: the caller's
+    /// side of [`CudaBackend::run_given`] for tests and examples.
+    pub fn generated_buffers(
+        &self,
+        plan: &Plan,
+        seed: u32,
+        family: Family,
+        placement: Placement,
+    ) -> Result<Vec<(GivenBuffer, DeviceBuffer)>, CudaError> {
+        let initial = cmm_core::cpu::initial_memory(plan, seed, family);
+        let mut out = Vec::new();
+        for (d, memory) in initial.iter().enumerate() {
+            for (b, decl) in plan.buffers.iter().enumerate() {
+                if !crate::given::given_by_caller(decl) {
+                    continue;
+                }
+                let mut bytes = Vec::with_capacity(decl.len() * decl.dtype.size_bytes());
+                for &word in &memory[b] {
+                    decl.dtype.push_le_bytes(word, &mut bytes);
+                }
+                let buffer = self.device_buffer(gpu_of(placement, d), bytes.len())?;
+                buffer.upload(&bytes)?;
+                let (name, ptr, rows, cols, dtype) =
+                    (decl.name.clone(), buffer.ptr(), decl.rows, decl.cols, decl.dtype);
+                out.push((GivenBuffer { device: d, name, ptr, rows, cols, dtype }, buffer));
+            }
+        }
+        Ok(out)
+    }
+
+    fn run_from(&self, plan: &Plan, source: Source<'_>, options: &CudaRunOptions) -> Result<CudaRunOutput, CudaError> {
         let start = Instant::now();
         let offset = emulated(plan, options)?;
         let plan = offset.as_ref().unwrap_or(plan);
@@ -707,14 +782,22 @@ impl CudaExecutor for CudaBackend {
             })?;
         }
         let hopper = self.hopper_target(options.hopper || options.gemm == GemmEngine::Hopper, options.hopper_tile);
-        let lowered = prepare(plan, seed, options, self.cublas, hopper)?;
+        let (seed, bound) = match source {
+            Source::Generated { seed, .. } => (Some(seed), None),
+            Source::Given(given) => (None, Some(crate::given::bind(plan, given)?)),
+        };
+        let lowered = prepare_in_order(plan, seed, options, self.cublas, hopper, None)?;
         if options.placement == Placement::Gpus && plan.devices > self.ordinals {
             return Err(CudaError::NoCudaDevice {
                 reason: format!("plan needs {} GPUs, the backend opened {}", plan.devices, self.ordinals),
             });
         }
         let mut state = self.ready()?;
-        let result = execute(&mut state, plan, &lowered, seed, family, options);
+        if options.placement == Placement::Gpus {
+            let gpus = &state.gpus;
+            crate::given::check_peers(plan, |d| gpu_of(options.placement, d), |g| gpus[g].ctx.cu_device())?;
+        }
+        let result = execute(&mut state, plan, &lowered, source, bound.as_ref(), options);
         match &result {
             Err(CudaError::ContextLost { .. }) => state.health = Health::Lost,
             Err(CudaError::Hung { plan, .. }) => state.health = Health::Hung(plan.clone()),
@@ -752,22 +835,25 @@ pub(crate) fn prepare(
     cublas_present: bool,
     hopper: Option<HopperTarget>,
 ) -> Result<Lowered, CudaError> {
-    prepare_in_order(plan, seed, options, cublas_present, hopper, None)
+    prepare_in_order(plan, Some(seed), options, cublas_present, hopper, None)
 }
 
 /// [`prepare`] with a given enqueue order, proven safe for `queues` hardware queues
-/// (`None`: the schedule order, for this process's queue count).
+/// (`None`: the schedule order, for this process's queue count). Without a seed the
+/// inputs are the caller's: their routing tables are checked once they are bound.
 pub(crate) fn prepare_in_order(
     plan: &Plan,
-    seed: u32,
+    seed: Option<u32>,
     options: &CudaRunOptions,
     cublas_present: bool,
     hopper: Option<HopperTarget>,
     order: Option<(&[cmm_core::plan::OpSite], usize)>,
 ) -> Result<Lowered, CudaError> {
     plan.validate()?;
-    plan.check_generator_range()?;
-    cmm_core::moe::check_routing(plan, seed)?;
+    if let Some(seed) = seed {
+        plan.check_generator_range()?;
+        cmm_core::moe::check_routing(plan, seed)?;
+    }
     let lowering = |queues| LowerOptions {
         gemm: options.gemm,
         sync: options.sync,
@@ -824,8 +910,8 @@ fn time_gemm_on(state: &mut State, plan: &Plan, command: &GemmCommand, reps: usi
     let sets = (2 * l2).div_ceil(plan_bytes(plan).max(1)).clamp(1, MAX_GEMM_INPUT_SETS);
     let memories = (0..sets)
         .map(|set| {
-            let memory = Memory::allocate(&state.gpus, plan, |_| 0)?;
-            memory.initialise(&state.gpus, plan, 7 + set as u32, Family::Realistic, |_| 0)?;
+            let memory = Memory::allocate(&state.gpus, plan, None, |_| 0)?;
+            memory.initialise(&state.gpus, plan, 7 + set as u32, Family::Realistic, None, |_| 0)?;
             Ok(memory)
         })
         .collect::<Result<Vec<Memory>, CudaError>>()?;
@@ -986,12 +1072,22 @@ fn execute(
     state: &mut State,
     plan: &Plan,
     lowered: &Lowered,
-    seed: u32,
-    family: Family,
+    source: Source<'_>,
+    bound: Option<&Bound>,
     options: &CudaRunOptions,
 ) -> Result<CudaRunOutput, CudaError> {
-    let memory = Memory::allocate(&state.gpus, plan, |d| gpu_of(options.placement, d))?;
-    memory.initialise(&state.gpus, plan, seed, family, |d| gpu_of(options.placement, d))?;
+    let on = |d| gpu_of(options.placement, d);
+    if let (Source::Given(given), Some(bound)) = (source, bound) {
+        crate::given::check_pointers(plan, given, |d| state.gpus[on(d)].ctx.ordinal())?;
+        crate::given::check_given_routing(plan, bound, |d| state.gpus[on(d)].ctx.clone())?;
+    }
+    let memory = Memory::allocate(&state.gpus, plan, bound, on)?;
+    // The caller's buffers hold what they hold; cmm's own are generated or poisoned.
+    let (seed, family) = match source {
+        Source::Generated { seed, family } => (seed, family),
+        Source::Given(_) => (0, Family::Exact),
+    };
+    memory.initialise(&state.gpus, plan, seed, family, bound, on)?;
     let lanes = plan.lanes.len();
     let streams: Vec<(usize, usize)> = (0..lowered.streams)
         .map(|s| {
@@ -1583,6 +1679,17 @@ fn enable_peer_access(gpus: &[Gpu]) -> Result<(), CudaError> {
             if i == j {
                 continue;
             }
+            let mut can = 0;
+            // SAFETY: `can` is a live out-parameter; both devices were opened.
+            #[allow(unsafe_code)]
+            unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.ctx.cu_device(), b.ctx.cu_device()) }
+                .result()
+                .map_err(|e| CudaError::driver(format!("asking whether GPU {i} can access GPU {j}"), e))?;
+            if can == 0 {
+                // Plans that reach across this pair are refused before they run
+                // (`given::check_peers`); the others need no access here.
+                continue;
+            }
             a.ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
             // SAFETY: both contexts are live; enabling access twice is reported as an
             // error code, which we treat as success. Allocations are plain `cuMemAlloc`
@@ -1595,6 +1702,69 @@ fn enable_peer_access(gpus: &[Gpu]) -> Result<(), CudaError> {
         }
     }
     Ok(())
+}
+
+/// A zeroed device allocation of the caller's ([`CudaBackend::device_buffer`]), freed on
+/// drop: for binding to a plan's buffers ([`CudaBackend::run_given`]).
+pub struct DeviceBuffer {
+    alloc: DeviceAlloc,
+    bytes: usize,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("ptr", &format_args!("{:#x}", self.alloc.ptr))
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl DeviceBuffer {
+    /// Its device address.
+    pub fn ptr(&self) -> u64 {
+        self.alloc.ptr
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Copies `bytes` to its start (at most [`DeviceBuffer::len`] of them).
+    pub fn upload(&self, bytes: &[u8]) -> Result<(), CudaError> {
+        if bytes.len() > self.bytes {
+            return Err(CudaError::Binding {
+                plan: String::new(),
+                what: format!("{} bytes do not fit a device buffer of {}", bytes.len(), self.bytes),
+            });
+        }
+        self.alloc.ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
+        // SAFETY: the destination is this live allocation of at least `bytes.len()` bytes
+        // in the current context; the copy is synchronous.
+        #[allow(unsafe_code)]
+        unsafe { result::memcpy_htod_sync(self.alloc.ptr, bytes) }
+            .map_err(|e| CudaError::driver("uploading to a device buffer", e))
+    }
+
+    /// Its whole contents.
+    pub fn download(&self) -> Result<Vec<u8>, CudaError> {
+        let mut bytes = vec![0u8; self.bytes];
+        self.alloc.ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
+        if !bytes.is_empty() {
+            // SAFETY: the source is this live allocation of `self.bytes` bytes in the
+            // current context; the copy is synchronous.
+            #[allow(unsafe_code)]
+            unsafe { result::memcpy_dtoh_sync(&mut bytes, self.alloc.ptr) }
+                .map_err(|e| CudaError::driver("reading a device buffer", e))?;
+        }
+        Ok(bytes)
+    }
 }
 
 /// A plain device allocation (`cuMemAlloc`), freed on drop. Freed only after every
@@ -1790,18 +1960,30 @@ struct Memory {
 }
 
 impl Memory {
-    fn allocate(gpus: &[Gpu], plan: &Plan, gpu_of: impl Fn(usize) -> usize) -> Result<Memory, CudaError> {
+    /// Per device, one heap holding every buffer `bound` does not give (all of them
+    /// without a binding) at 256-byte offsets, and the semaphores.
+    fn allocate(
+        gpus: &[Gpu],
+        plan: &Plan,
+        bound: Option<&Bound>,
+        gpu_of: impl Fn(usize) -> usize,
+    ) -> Result<Memory, CudaError> {
         let align = |x: usize| x.div_ceil(256) * 256;
+        // Every device binds the same buffers (all but the scratch ones).
+        let ours = |i: usize| bound.is_none_or(|bound| bound.iter().all(|d| d[i].is_none()));
+        let bytes =
+            |i: usize, b: &cmm_core::plan::BufferDecl| if ours(i) { align(b.len() * b.dtype.size_bytes()) } else { 0 };
         let offsets: Vec<usize> = plan
             .buffers
             .iter()
-            .scan(0usize, |at, b| {
+            .enumerate()
+            .scan(0usize, |at, (i, b)| {
                 let here = *at;
-                *at += align(b.len() * b.dtype.size_bytes());
+                *at += bytes(i, b);
                 Some(here)
             })
             .collect();
-        let total = plan.buffers.iter().map(|b| align(b.len() * b.dtype.size_bytes())).sum::<usize>().max(256);
+        let total = plan.buffers.iter().enumerate().map(|(i, b)| bytes(i, b)).sum::<usize>().max(256);
         let (mut heaps, mut semaphores, mut base) = (Vec::new(), Vec::new(), Vec::new());
         for d in 0..plan.devices {
             let ctx = &gpus[gpu_of(d)].ctx;
@@ -1817,26 +1999,32 @@ impl Memory {
             // Every buffer is generated or poisoned before the run (`initialise`).
             let heap = DeviceAlloc::uninit(ctx, total)?;
             let sems = DeviceAlloc::zeroed(ctx, 4 * plan.semaphores.len())?;
-            base.push(offsets.iter().map(|&o| heap.ptr + o as u64).collect());
+            let given = |i: usize| bound.and_then(|bound| bound[d][i]);
+            base.push(offsets.iter().enumerate().map(|(i, &o)| given(i).unwrap_or(heap.ptr + o as u64)).collect());
             heaps.push(heap);
             semaphores.push(sems);
         }
         Ok(Memory { heaps, semaphores, base })
     }
 
-    /// Generates the inputs and poisons every other buffer, then waits for it.
+    /// Generates the inputs and poisons every other buffer, then waits for it; the
+    /// buffers `bound` gives are left as they are.
     fn initialise(
         &self,
         gpus: &[Gpu],
         plan: &Plan,
         seed: u32,
         family: Family,
+        bound: Option<&Bound>,
         gpu_of: impl Fn(usize) -> usize,
     ) -> Result<(), CudaError> {
         for d in 0..plan.devices {
             let g = &gpus[gpu_of(d)];
             let stream = g.ctx.default_stream();
             for i in 0..plan.buffers.len() {
+                if bound.is_some_and(|bound| bound[d][i].is_some()) {
+                    continue;
+                }
                 let dst = self.base[d][i];
                 match buffer_fill(plan, d, i, dst, seed, family) {
                     None => {}
@@ -1864,10 +2052,9 @@ impl Memory {
         which: ReadBack,
     ) -> Result<Vec<Vec<Vec<u32>>>, CudaError> {
         let mut out = Vec::new();
-        for (d, heap) in self.heaps.iter().enumerate() {
+        for d in 0..self.heaps.len() {
             let ctx = &gpus[gpu_of(d)].ctx;
             ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
-            let b0 = self.base[d][0];
             let mut buffers = Vec::new();
             for (i, b) in plan.buffers.iter().enumerate() {
                 if !which.wants(b) {
@@ -1876,11 +2063,12 @@ impl Memory {
                 }
                 let mut bytes = vec![0u8; b.len() * b.dtype.size_bytes()];
                 if !bytes.is_empty() {
-                    // SAFETY: the source lies inside `heap` (offset and length from the
-                    // same layout that sized it); the destination is a host buffer of
-                    // exactly that length; every stream has finished.
+                    // SAFETY: the source is the buffer's place in this device's heap
+                    // (offset and length from the layout that sized it) or the caller's
+                    // buffer checked to hold that length; the destination is a host
+                    // buffer of exactly that length; every stream has finished.
                     #[allow(unsafe_code)]
-                    unsafe { result::memcpy_dtoh_sync(&mut bytes, heap.ptr + (self.base[d][i] - b0)) }
+                    unsafe { result::memcpy_dtoh_sync(&mut bytes, self.base[d][i]) }
                         .map_err(|e| CudaError::driver("reading results back", e))?;
                 }
                 buffers.push((0..b.len()).map(|e| b.dtype.read_le_bits(&bytes, e)).collect());

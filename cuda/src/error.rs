@@ -71,6 +71,32 @@ pub enum CudaError {
         /// The deadline.
         timeout_ms: u64,
     },
+    /// A caller's buffer does not fit the plan or is not where it should be
+    /// ([`crate::CudaBackend::run_given`]).
+    #[error("plan `{plan}`: {what}")]
+    Binding {
+        /// Plan name.
+        plan: String,
+        /// Which buffer and what is wrong with it.
+        what: String,
+    },
+    /// Two GPUs the plan reaches across lack a capability it needs (checked before a
+    /// multi-GPU run, so that a missing one is never a hang).
+    #[error("plan `{plan}`: device {from} (GPU {gpu_from}) reaches device {to} (GPU {gpu_to}), but the GPUs have no {missing}")]
+    PeerCapability {
+        /// Plan name.
+        plan: String,
+        /// The device whose ops reach across.
+        from: usize,
+        /// The device they reach.
+        to: usize,
+        /// The GPU running `from`.
+        gpu_from: usize,
+        /// The GPU running `to`.
+        gpu_to: usize,
+        /// What is missing.
+        missing: &'static str,
+    },
     /// The plan needs more device memory than the GPU has free.
     #[error("plan `{plan}` needs {needed} bytes of device memory, {free} are free")]
     OutOfMemory {

@@ -85,6 +85,37 @@ pub fn inject(injection: Injection, nth: u32) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// What a pair of the fake GPUs lacks ([`deny_peer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerDenial {
+    /// Both capabilities, as by default.
+    Nothing,
+    /// Peer access (`cuDeviceCanAccessPeer` says no; native atomics go with it).
+    Access,
+    /// Native peer atomics only (`CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED` is 0).
+    NativeAtomics,
+}
+
+/// From now on GPU `gpu` lacks `what` towards GPU `peer` (one direction), as GPUs under
+/// different PCIe roots do; `deny_peer(.., PeerDenial::Nothing)` gives it back. Backends
+/// opened afterwards enable peer access only where it is offered. The fake driver must
+/// be installed.
+pub fn deny_peer(gpu: usize, peer: usize, what: PeerDenial) -> Result<(), CudaError> {
+    type Deny = unsafe extern "C" fn(i32, i32, i32);
+    let deny: Deny = control(b"cmm_fake_deny_peer\0")?;
+    let what = match what {
+        PeerDenial::Nothing => 0,
+        PeerDenial::Access => 1,
+        PeerDenial::NativeAtomics => 2,
+    };
+    // SAFETY: the control takes three plain integers.
+    #[allow(unsafe_code)]
+    unsafe {
+        deny(gpu as i32, peer as i32, what)
+    };
+    Ok(())
+}
+
 /// Makes every kernel launch block until its kernel has run (`Some(true)`), not
 /// (`Some(false)`), or follow `CUDA_LAUNCH_BLOCKING` (`None`), as the driver does for
 /// debugging and as tools that serialise GPU work behave. The fake driver must be

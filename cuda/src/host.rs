@@ -346,7 +346,8 @@ impl HostTwin {
         family: Family,
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError> {
-        let lowered = prepare_in_order(plan, seed, options, false, host_hopper(options), Some((order, check_queues)))?;
+        let lowered =
+            prepare_in_order(plan, Some(seed), options, false, host_hopper(options), Some((order, check_queues)))?;
         self.run_lowered(plan, &lowered, seed, family, options)
     }
 

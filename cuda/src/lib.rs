@@ -15,6 +15,7 @@ pub use kernels::{compile, nvrtc_available, KernelFile, KERNEL_FILES};
 mod backend;
 mod cpp;
 pub mod fake;
+mod given;
 pub mod host;
 mod launch;
 pub mod lower;
@@ -24,8 +25,9 @@ pub use launch::Kernel;
 
 pub use backend::{
     cublas_present, eager_module_loading_unless_chosen, gemm_plan, probe, CudaBackend, CudaRunOptions, CudaRunOutput,
-    GemmChoice, GemmSpec, OpTimes, Placement, ReadBack,
+    DeviceBuffer, GemmChoice, GemmSpec, OpTimes, Placement, ReadBack,
 };
+pub use given::{GivenBuffer, GIVEN_ALIGNMENT};
 pub use lower::{hopper_rule, GemmCounts, GemmEngine, GemmFacts, GemmImpl, HopperKernel, HopperTile, SyncMode};
 
 /// What runs a plan the CUDA way: the GPU backend ([`CudaBackend`]) or its host twin

@@ -312,6 +312,30 @@ fn memops_match_the_cpu_twin(b: &impl CudaExecutor) {
     }
 }
 
+/// On the caller's buffers (`run_given`), the generated run's results bit for bit, the
+/// caller's inputs untouched (the fake driver's `given_buffers.rs` covers more plans and
+/// every binding mistake).
+#[test]
+fn a_run_on_given_buffers_matches_the_generated_run() {
+    let Some(b) = backend() else { return };
+    for (op, algorithm) in [(OpKind::AgGemm, Algorithm::Ring), (OpKind::GemmRs, Algorithm::RingPush)] {
+        let p = Problem::new(op, 4, 256, 128, 192, DType::Bf16, DType::F32).unwrap();
+        let plan = build_plan(&p, algorithm).unwrap();
+        let options = CudaRunOptions::default();
+        let generated = b.run(&plan, 9, Family::Exact, &options).unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+        let buffers = b.generated_buffers(&plan, 9, Family::Exact, options.placement).unwrap();
+        let given: Vec<_> = buffers.iter().map(|(g, _)| g.clone()).collect();
+        b.run_given(&plan, &given, &CudaRunOptions { read_back: ReadBack::Nothing, ..options })
+            .unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+        for (g, buffer) in &buffers {
+            let i = plan.buffers.iter().position(|decl| decl.name == g.name).unwrap();
+            let bytes = buffer.download().unwrap();
+            let words: Vec<u32> = (0..g.rows * g.cols).map(|e| g.dtype.read_le_bits(&bytes, e)).collect();
+            assert_eq!(words, generated.buffers[g.device][i], "{}: `{}` of device {}", plan.name, g.name, g.device);
+        }
+    }
+}
+
 /// `on_gpu` on a GPU; `on_cpu` on the fake driver, whose kernels run on the CPU (the
 /// host twin's size), so that sizes meant to keep a GPU busy do not take the CI minutes.
 fn sized(on_gpu: usize, on_cpu: usize) -> usize {

@@ -28,7 +28,9 @@ pub mod route;
 mod tests;
 
 pub use plans::build_moe_plan;
-pub use route::{check_ids, check_routing, route, Router, RouterPart, Routing, RoutingError, Tables, ROUTE_NONE};
+pub use route::{
+    check_ids, check_routing, check_routing_with, route, Router, RouterPart, Routing, RoutingError, Tables, ROUTE_NONE,
+};
 
 /// The two MoE ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

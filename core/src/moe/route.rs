@@ -170,18 +170,35 @@ pub fn route(ids: &[u32], slots: usize, experts: usize, chunks: usize, capacity:
 ///
 /// [`Op::Route`]: crate::plan::Op::Route
 pub fn check_routing(plan: &crate::plan::Plan, seed: u32) -> Result<(), RoutingError> {
+    // Every device holds the same generated table: check it once.
+    let mut generated = std::collections::BTreeMap::new();
+    check_routing_with(plan, |_, buffer, router| {
+        Ok(generated.entry(buffer).or_insert_with(|| router.ids(seed)).clone())
+    })
+}
+
+/// [`check_routing`] for the ids a run's router buffers hold: `ids_of(device, buffer,
+/// router)` gives the words of id buffer `buffer` on `device` (its whole length),
+/// generated or read from where a caller put them.
+pub fn check_routing_with<E>(
+    plan: &crate::plan::Plan,
+    mut ids_of: impl FnMut(usize, usize, &Router) -> Result<Vec<u32>, E>,
+) -> Result<(), E>
+where
+    E: From<RoutingError>,
+{
     use crate::plan::{BufferRole, Op};
     let mut checked = std::collections::BTreeSet::new();
-    for (_, op) in plan.ops() {
+    for (site, op) in plan.ops() {
         let Op::Route { ids, tables, experts } = op else { continue };
-        if !checked.insert((ids.buf, ids.offset, tables.perm.rows, *experts)) {
+        if !checked.insert((site.device, ids.buf, ids.offset, tables.perm.rows, *experts)) {
             continue;
         }
         let Some(BufferRole::Router { part: RouterPart::Ids, router }) = plan.buffers.get(ids.buf.0).map(|b| &b.role)
         else {
             continue;
         };
-        let all = router.ids(seed);
+        let all = ids_of(site.device, ids.buf.0, router)?;
         let cols = plan.buffers[ids.buf.0].cols;
         let words: Vec<u32> = (0..ids.rows)
             .flat_map(|i| (0..ids.cols).map(move |j| ids.offset + i * cols + j))
@@ -191,7 +208,7 @@ pub fn check_routing(plan: &crate::plan::Plan, seed: u32) -> Result<(), RoutingE
         let needed = words.iter().filter(|&&id| (id as usize) < *experts).count();
         let perm = &plan.buffers[tables.perm.buf.0];
         if needed > tables.perm.rows {
-            return Err(RoutingError::Overflow { buffer: perm.name.clone(), needed, capacity: tables.perm.rows });
+            return Err(RoutingError::Overflow { buffer: perm.name.clone(), needed, capacity: tables.perm.rows }.into());
         }
     }
     Ok(())

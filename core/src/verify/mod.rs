@@ -93,6 +93,38 @@ pub fn accesses(device: usize, op: &Op) -> Vec<Access> {
     }
 }
 
+/// What one device of a plan does to another's memory: the pairs a multi-GPU run needs
+/// peer access for, and which of them need native peer atomics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PeerEdge {
+    /// The device whose ops reach across.
+    pub from: usize,
+    /// The device whose memory or semaphores they reach.
+    pub to: usize,
+    /// Whether a signal crosses (an atomic add on the peer's semaphore), not only data.
+    pub atomic: bool,
+}
+
+/// Every pair of devices whose ops reach across, with whether a signal crosses, in
+/// (from, to) order.
+pub fn peer_edges(plan: &Plan) -> Vec<PeerEdge> {
+    let mut edges = std::collections::BTreeMap::<(usize, usize), bool>::new();
+    for (site, op) in plan.ops() {
+        let from = site.device;
+        if let Op::Signal { device, .. } = op {
+            if *device != from {
+                edges.insert((from, *device), true);
+            }
+        }
+        for access in accesses(from, op) {
+            if access.device != from {
+                edges.entry((from, access.device)).or_insert(false);
+            }
+        }
+    }
+    edges.into_iter().map(|((from, to), atomic)| PeerEdge { from, to, atomic }).collect()
+}
+
 /// A defect found by the verifier.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Finding {
@@ -793,6 +825,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn peer_edges_are_the_pairs_a_plan_reaches_across() {
+        let problem = |d| Problem::new(OpKind::AgGemm, d, 4 * d, 2 * d, 2 * d, DType::F32, DType::F32).unwrap();
+        let ring = build_plan(&problem(4), crate::Algorithm::Ring).unwrap();
+        let edges = peer_edges(&ring);
+        // A ring reaches its neighbours only, and signals every one it sends to.
+        assert_eq!(edges.len(), 4, "{edges:?}");
+        for e in &edges {
+            assert!(e.to == (e.from + 1) % 4 || e.from == (e.to + 1) % 4, "{e:?} is not a ring step");
+            assert!(e.atomic, "{e:?}: the ring signals the shard's receiver");
+        }
+        let direct = build_plan(&problem(4), crate::Algorithm::BaselineDirect).unwrap();
+        let pairs: Vec<(usize, usize)> = peer_edges(&direct).iter().map(|e| (e.from, e.to)).collect();
+        let every: Vec<(usize, usize)> =
+            (0..4).flat_map(|a| (0..4).filter(move |&b| b != a).map(move |b| (a, b))).collect();
+        assert_eq!(pairs, every);
+        assert!(peer_edges(&build_plan(&problem(1), crate::Algorithm::Ring).unwrap()).is_empty());
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! Shared by the fake-driver tests (`fake_driver.rs`, `fake_driver_hang.rs`).
+//! Shared by the fake-driver tests (`fake_driver.rs`, `fake_driver_hang.rs`,
+//! `given_buffers.rs`).
+#![allow(dead_code)] // each test binary that includes this module uses a part of it
 
 use cmm_cuda::{fake, nvrtc_available, CudaBackend, CudaError, CudaRunOutput};
 
