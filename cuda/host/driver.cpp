@@ -45,6 +45,9 @@
 // any check the real driver makes that is not written here.
 
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -129,6 +132,7 @@ struct Allocation {
     char* base;  // first byte the caller owns
     size_t bytes;
     Context* ctx;  // nullptr for page-locked host memory
+    bool guarded = true;  // false for a mapping of shared memory (cuMemMap): no guard bytes
 };
 
 struct Event {
@@ -249,7 +253,7 @@ inline bool accessible(Context* ctx, u64 addr, u64 bytes) {
 inline void check_guards(Context* ctx, const char* after) {
     std::lock_guard<std::mutex> g(lock);
     for (auto& [addr, a] : allocations) {
-        if (a.ctx == nullptr) continue;
+        if (a.ctx == nullptr || !a.guarded) continue;
         for (int side = 0; side < 2; ++side) {
             unsigned char* guard = (unsigned char*)(side == 0 ? a.base - GUARD : a.base + a.bytes);
             for (size_t i = 0; i < GUARD; ++i) {
@@ -637,6 +641,163 @@ CUresult cuPointerGetAttribute(void* data, int attribute, u64 ptr) {
         case 12: *static_cast<size_t*>(data) = a->bytes; break;
         default: return INVALID_VALUE;
     }
+    return SUCCESS;
+}
+
+// Virtual memory management (cuMemCreate and friends), for symmetric heaps shared
+// between processes: a physical allocation is a memfd of its size, exported as a POSIX
+// file descriptor (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1, the only type taken) and
+// imported from one; cuMemAddressReserve reserves inaccessible pages, cuMemMap maps the
+// memfd there still inaccessible, and cuMemSetAccess makes it readable and writable, as
+// the driver requires. A mapping is an allocation of the context that mapped it, without
+// guard bytes (a write past its end lands in the reservation's inaccessible pages and
+// kills the process). cuMemUnmap leaves private poison in its place, and
+// cuMemAddressFree keeps the pages of a lost context, for the kernels that may still run. Processes that map the same memfd share its memory, semaphores
+// and atomics included.
+struct MemProp {  // mirror of CUmemAllocationProp
+    int type;
+    int handle_types;
+    int location_type;
+    int location_id;
+    void* win32;
+    unsigned char flags[8];
+};
+
+struct MemLocationDesc {  // mirror of CUmemAccessDesc
+    int location_type;
+    int location_id;
+    int flags;
+};
+
+struct PhysicalMemory {
+    int fd;
+    size_t bytes;
+};
+
+constexpr size_t VMM_GRANULARITY = 2u << 20;  // as the driver reports for device memory
+constexpr int HANDLE_TYPE_POSIX_FD = 1;
+
+static std::map<u64, size_t>& reservations = *new std::map<u64, size_t>;  // address -> bytes
+static std::atomic<u64> live_vmm_handles{0};
+
+CUresult cuMemGetAllocationGranularity(size_t* granularity, const MemProp* prop, int option) {
+    if (granularity == nullptr || prop == nullptr || option < 0 || option > 1) return INVALID_VALUE;
+    *granularity = VMM_GRANULARITY;
+    return SUCCESS;
+}
+
+CUresult cuMemCreate(u64* handle, size_t bytes, const MemProp* prop, unsigned long long flags) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (handle == nullptr || prop == nullptr || flags != 0 || bytes == 0 || bytes % VMM_GRANULARITY != 0) return INVALID_VALUE;
+    if (prop->type != 1 || prop->location_type != 1 || prop->location_id != current->device) return INVALID_VALUE;
+    if ((prop->handle_types & ~HANDLE_TYPE_POSIX_FD) != 0) return NOT_SUPPORTED;
+    int fd = memfd_create("cmm-fake-cuda-vmm", MFD_CLOEXEC);
+    if (fd < 0) return OUT_OF_MEMORY;
+    if (ftruncate(fd, (off_t)bytes) != 0) {
+        close(fd);
+        return OUT_OF_MEMORY;
+    }
+    *handle = (u64) new PhysicalMemory{fd, bytes};
+    live_vmm_handles += 1;
+    return SUCCESS;
+}
+
+CUresult cuMemExportToShareableHandle(void* shareable, u64 handle, int type, unsigned long long flags) {
+    if (shareable == nullptr || handle == 0 || flags != 0) return INVALID_VALUE;
+    if (type != HANDLE_TYPE_POSIX_FD) return NOT_SUPPORTED;
+    int fd = dup(((PhysicalMemory*)handle)->fd);
+    if (fd < 0) return OUT_OF_MEMORY;
+    *(int*)shareable = fd;
+    return SUCCESS;
+}
+
+CUresult cuMemImportFromShareableHandle(u64* handle, void* os_handle, int type) {
+    if (!initialised) return NOT_INITIALIZED;
+    if (handle == nullptr) return INVALID_VALUE;
+    if (type != HANDLE_TYPE_POSIX_FD) return NOT_SUPPORTED;
+    struct stat st;
+    int fd = (int)(intptr_t)os_handle;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0) return INVALID_VALUE;
+    int own = dup(fd);
+    if (own < 0) return OUT_OF_MEMORY;
+    *handle = (u64) new PhysicalMemory{own, (size_t)st.st_size};
+    live_vmm_handles += 1;
+    return SUCCESS;
+}
+
+CUresult cuMemRelease(u64 handle) {
+    if (handle == 0) return INVALID_VALUE;
+    PhysicalMemory* m = (PhysicalMemory*)handle;
+    close(m->fd);
+    delete m;
+    live_vmm_handles -= 1;
+    return SUCCESS;
+}
+
+CUresult cuMemAddressReserve(u64* ptr, size_t bytes, size_t alignment, u64 addr, unsigned long long flags) {
+    if (ptr == nullptr || bytes == 0 || bytes % VMM_GRANULARITY != 0 || addr != 0 || flags != 0) return INVALID_VALUE;
+    if (alignment != 0 && alignment > VMM_GRANULARITY) return NOT_SUPPORTED;
+    void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return OUT_OF_MEMORY;
+    std::lock_guard<std::mutex> g(lock);
+    reservations[(u64)p] = bytes;
+    *ptr = (u64)p;
+    return SUCCESS;
+}
+
+CUresult cuMemAddressFree(u64 ptr, size_t bytes) {
+    std::lock_guard<std::mutex> g(lock);
+    auto it = reservations.find(ptr);
+    if (it == reservations.end() || it->second != bytes) return INVALID_VALUE;
+    for (auto& [addr, a] : allocations) {
+        if (addr >= ptr && addr < ptr + bytes) return INVALID_VALUE;  // still mapped
+    }
+    // After a sticky error a kernel of the lost context may still run here (see the
+    // model above): its pages stay, poisoned, rather than vanish under it.
+    bool lost = current != nullptr && (current->sticky.load() != 0 || current->dead.load());
+    if (!lost) munmap((void*)ptr, bytes);
+    reservations.erase(it);
+    return SUCCESS;
+}
+
+// Whether [ptr, ptr + bytes) lies in one reservation (the lock is held).
+static bool reserved(u64 ptr, size_t bytes) {
+    auto it = reservations.upper_bound(ptr);
+    if (it == reservations.begin()) return false;
+    --it;
+    return ptr + bytes <= it->first + it->second;
+}
+
+CUresult cuMemMap(u64 ptr, size_t bytes, size_t offset, u64 handle, unsigned long long flags) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (handle == 0 || flags != 0 || offset != 0) return INVALID_VALUE;
+    PhysicalMemory* m = (PhysicalMemory*)handle;
+    std::lock_guard<std::mutex> g(lock);
+    if (bytes != m->bytes || !reserved(ptr, bytes) || find(ptr, 1) != nullptr) return INVALID_VALUE;
+    void* p = mmap((void*)ptr, bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, m->fd, 0);
+    if (p == MAP_FAILED) return OUT_OF_MEMORY;
+    return SUCCESS;
+}
+
+CUresult cuMemSetAccess(u64 ptr, size_t bytes, const MemLocationDesc* desc, size_t count) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (desc == nullptr || count != 1 || desc->location_type != 1 || desc->location_id != current->device) return INVALID_VALUE;
+    if (desc->flags != 3) return NOT_SUPPORTED;  // CU_MEM_ACCESS_FLAGS_PROT_READWRITE only
+    std::lock_guard<std::mutex> g(lock);
+    if (!reserved(ptr, bytes) || mprotect((void*)ptr, bytes, PROT_READ | PROT_WRITE) != 0) return INVALID_VALUE;
+    allocations[ptr] = Allocation{(char*)ptr, bytes, current, false};
+    return SUCCESS;
+}
+
+CUresult cuMemUnmap(u64 ptr, size_t bytes) {
+    std::lock_guard<std::mutex> g(lock);
+    if (!reserved(ptr, bytes)) return INVALID_VALUE;
+    allocations.erase(ptr);
+    // Off the shared memory, onto private poison (0xff, NaN to a reader): a kernel of a
+    // lost context that still runs neither faults nor reaches the peers' memory.
+    void* p = mmap((void*)ptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) return INVALID_VALUE;
+    std::memset(p, 0xff, bytes);
     return SUCCESS;
 }
 
@@ -1142,6 +1303,12 @@ u64 cmm_fake_prioritised_launches(const char* name) {
     std::lock_guard<std::mutex> g(lock);
     auto it = prioritised.find(name);
     return it == prioritised.end() ? 0 : it->second;
+}
+
+// For tests: VMM handles not yet released plus address reservations not yet freed.
+u64 cmm_fake_vmm_live() {
+    std::lock_guard<std::mutex> g(lock);
+    return live_vmm_handles.load() + reservations.size();
 }
 
 // For tests: from now on GPU `device` lacks, towards GPU `peer`, peer access (what = 1)

@@ -43,6 +43,7 @@ use crate::lower::{
     hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, HopperKernel,
     HopperTarget, HopperTile, Loc, LowerOptions, Lowered, SyncMode,
 };
+use crate::rank::{Meeting, Rendezvous, SymmetricHeap};
 use crate::CudaExecutor;
 
 /// Where virtual devices live.
@@ -729,6 +730,83 @@ impl CudaBackend {
         self.run_from(plan, Source::Given(given), options)
     }
 
+    fn allocate_and_execute(
+        &self,
+        state: &mut State,
+        plan: &Plan,
+        lowered: &Lowered,
+        source: Source<'_>,
+        bound: Option<&Bound>,
+        options: &CudaRunOptions,
+    ) -> Result<CudaRunOutput, CudaError> {
+        let on = |d| gpu_of(options.placement, d);
+        if let (Source::Given(given), Some(bound)) = (source, bound) {
+            crate::given::check_pointers(plan, given, |d| state.gpus[on(d)].ctx.ordinal())?;
+            crate::given::check_given_routing(plan, bound, |d| state.gpus[on(d)].ctx.clone())?;
+        }
+        let memory = Memory::allocate(&state.gpus, plan, bound, on)?;
+        // The caller's buffers hold what they hold; cmm's own are generated or poisoned.
+        let (seed, family) = match source {
+            Source::Generated { seed, family } => (seed, family),
+            Source::Given(_) => (0, Family::Exact),
+        };
+        memory.initialise(&state.gpus, plan, seed, family, bound, on)?;
+        execute(state, plan, lowered, memory, options, None)
+    }
+
+    /// Runs device `rendezvous.rank`'s lanes of `plan` in this process, one process per
+    /// device (see [`Rendezvous`]): on GPU 0 of this backend, with inputs generated from
+    /// `(seed, family)` as [`CudaExecutor::run`] generates device `rank`'s, in a symmetric
+    /// heap whose parts the ranks exchange at the rendezvous. The output holds this
+    /// rank's buffers (the other devices' come back empty). `options.placement`,
+    /// `stagger` and `offset_starts` do not apply (each rank is one device on its GPU).
+    pub fn run_rank(
+        &self,
+        plan: &Plan,
+        rendezvous: &Rendezvous,
+        seed: u32,
+        family: Family,
+        options: &CudaRunOptions,
+    ) -> Result<CudaRunOutput, CudaError> {
+        let start = Instant::now();
+        if rendezvous.world != plan.devices {
+            return Err(CudaError::Rendezvous {
+                rank: rendezvous.rank,
+                world: rendezvous.world,
+                socket: rendezvous.socket.clone(),
+                what: format!("{} ranks for a plan of {} devices", rendezvous.world, plan.devices),
+            });
+        }
+        if options.sync == SyncMode::StreamMemOps {
+            self.memops.clone().map_err(|why| CudaError::Unsupported {
+                plan: plan.name.clone(),
+                what: format!("stream memory operations are not available on this GPU ({why})"),
+            })?;
+        }
+        let options =
+            &CudaRunOptions { placement: Placement::Virtual, stagger: false, offset_starts: false, ..*options };
+        let hopper = self.hopper_target(options.hopper || options.gemm == GemmEngine::Hopper, options.hopper_tile);
+        let mut lowered = prepare(plan, seed, options, self.cublas, hopper)?;
+        // Every rank lowers the whole plan (the same proof, the same wait slots) and keeps
+        // its own steps, in the schedule's order.
+        let lanes = plan.lanes.len().max(1);
+        lowered.steps.retain(|step| step.stream / lanes == rendezvous.rank);
+        let mut state = self.ready()?;
+        let (memory, meeting) = Memory::symmetric(&state.gpus[0].ctx, plan, rendezvous)?;
+        let result = memory
+            .initialise(&state.gpus, plan, seed, family, None, |_| 0)
+            .and_then(|()| meeting.barrier(MEETING_READY, "ready"))
+            .and_then(|()| execute(&mut state, plan, &lowered, memory, options, Some(&meeting)));
+        match &result {
+            Err(CudaError::ContextLost { .. }) => state.health = Health::Lost,
+            Err(CudaError::Hung { plan, .. }) => state.health = Health::Hung(plan.clone()),
+            _ => {}
+        }
+        let mut out = result?;
+        out.elapsed = start.elapsed();
+        Ok(out)
+    }
+
     /// A zeroed device allocation of `bytes` on GPU `gpu` of this backend, for callers
     /// without an allocator of their own ([`CudaBackend::run_given`]).
     pub fn device_buffer(&self, gpu: usize, bytes: usize) -> Result<DeviceBuffer, CudaError> {
@@ -797,7 +875,7 @@ impl CudaBackend {
             let gpus = &state.gpus;
             crate::given::check_peers(plan, |d| gpu_of(options.placement, d), |g| gpus[g].ctx.cu_device())?;
         }
-        let result = execute(&mut state, plan, &lowered, source, bound.as_ref(), options);
+        let result = self.allocate_and_execute(&mut state, plan, &lowered, source, bound.as_ref(), options);
         match &result {
             Err(CudaError::ContextLost { .. }) => state.health = Health::Lost,
             Err(CudaError::Hung { plan, .. }) => state.health = Health::Hung(plan.clone()),
@@ -1068,33 +1146,25 @@ struct Run<'s> {
     fused: Vec<DeviceAlloc>,
 }
 
+/// Runs the lowered plan on `memory`, already initialised. In rank mode (`meeting`),
+/// `lowered` holds this rank's steps only, its lanes run on GPU 0, and the ranks meet
+/// once every rank's lanes are done, before the results are read back.
 fn execute(
     state: &mut State,
     plan: &Plan,
     lowered: &Lowered,
-    source: Source<'_>,
-    bound: Option<&Bound>,
+    memory: Memory,
     options: &CudaRunOptions,
+    meeting: Option<&Meeting>,
 ) -> Result<CudaRunOutput, CudaError> {
-    let on = |d| gpu_of(options.placement, d);
-    if let (Source::Given(given), Some(bound)) = (source, bound) {
-        crate::given::check_pointers(plan, given, |d| state.gpus[on(d)].ctx.ordinal())?;
-        crate::given::check_given_routing(plan, bound, |d| state.gpus[on(d)].ctx.clone())?;
-    }
-    let memory = Memory::allocate(&state.gpus, plan, bound, on)?;
-    // The caller's buffers hold what they hold; cmm's own are generated or poisoned.
-    let (seed, family) = match source {
-        Source::Generated { seed, family } => (seed, family),
-        Source::Given(_) => (0, Family::Exact),
-    };
-    memory.initialise(&state.gpus, plan, seed, family, bound, on)?;
     let lanes = plan.lanes.len();
     let streams: Vec<(usize, usize)> = (0..lowered.streams)
         .map(|s| {
             let d = s / lanes.max(1);
-            match options.placement {
-                Placement::Virtual => (0, s),
-                Placement::Gpus => (d, s % lanes.max(1)),
+            match (options.placement, meeting) {
+                (_, Some(_)) => (0, s % lanes.max(1)),
+                (Placement::Virtual, None) => (0, s),
+                (Placement::Gpus, None) => (d, s % lanes.max(1)),
             }
         })
         .collect();
@@ -1129,6 +1199,9 @@ fn execute(
             return Err(e);
         }
     };
+    if let Some(meeting) = meeting {
+        meeting.barrier(MEETING_DONE, "done")?;
+    }
     let buffers = if options.read_back == ReadBack::Nothing {
         Vec::new()
     } else {
@@ -1195,6 +1268,10 @@ fn set_lane_priorities(
     }
     Ok(staggered)
 }
+
+/// The meetings of a rank-mode run after the hello ([`crate::rank`]).
+const MEETING_READY: u8 = 1;
+const MEETING_DONE: u8 = 2;
 
 /// Plans with more ops per stream than this run ungated: a held stream whose launch
 /// queue fills would block the host before it opens the gate.
@@ -1899,7 +1976,7 @@ impl Addressing for Memory {
     }
 
     fn sem(&self, device: usize, sem: usize) -> u64 {
-        self.semaphores[device].ptr + 4 * sem as u64
+        self.sems[device] + 4 * sem as u64
     }
 
     fn tensor_map(&self, spec: &TensorMapSpec) -> Result<TensorMap, CudaError> {
@@ -1951,12 +2028,46 @@ fn encode_tensor_map(spec: &TensorMapSpec) -> Result<TensorMap, CudaError> {
     Ok(TensorMap(map.opaque))
 }
 
+/// Refuses a run whose memory on `ctx`'s GPU would not fit what is free there.
+fn check_free(ctx: &Arc<CudaContext>, plan: &Plan, bytes: usize) -> Result<(), CudaError> {
+    ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
+    let (free, _) = result::mem_get_info().map_err(|e| CudaError::driver("reading free memory", e))?;
+    if bytes > free {
+        return Err(CudaError::OutOfMemory { plan: plan.name.clone(), needed: bytes as u64, free: free as u64 });
+    }
+    Ok(())
+}
+
 /// Device memory of a run: per device one allocation holding every buffer, and its
-/// semaphore array. `base[d][b]` is the peer-pointer table.
+/// semaphore array; in rank mode, every rank's part of the symmetric heap mapped here.
+/// `base[d][b]` is the peer-pointer table, `sems[d]` device d's semaphores.
 struct Memory {
-    heaps: Vec<DeviceAlloc>,
-    semaphores: Vec<DeviceAlloc>,
+    /// cmm's own allocations, held to be freed on drop.
+    #[allow(dead_code)]
+    owned: Vec<DeviceAlloc>,
+    /// Rank mode: the mappings of every rank's part, unmapped on drop.
+    symmetric: Option<SymmetricHeap>,
     base: Vec<Vec<u64>>,
+    sems: Vec<u64>,
+    /// The devices whose memory this process initialises and reads back: every device, or
+    /// in rank mode its own.
+    local: std::ops::Range<usize>,
+}
+
+/// Offsets of a plan's buffers (those `ours` says cmm allocates) at 256 bytes, and the
+/// bytes they take.
+fn buffer_layout(plan: &Plan, ours: impl Fn(usize) -> bool) -> (Vec<usize>, usize) {
+    let align = |x: usize| x.div_ceil(256) * 256;
+    let bytes = |i: usize| if ours(i) { align(plan.buffers[i].len() * plan.buffers[i].dtype.size_bytes()) } else { 0 };
+    let offsets: Vec<usize> = (0..plan.buffers.len())
+        .scan(0usize, |at, i| {
+            let here = *at;
+            *at += bytes(i);
+            Some(here)
+        })
+        .collect();
+    let total = (0..plan.buffers.len()).map(bytes).sum::<usize>();
+    (offsets, total)
 }
 
 impl Memory {
@@ -1968,43 +2079,41 @@ impl Memory {
         bound: Option<&Bound>,
         gpu_of: impl Fn(usize) -> usize,
     ) -> Result<Memory, CudaError> {
-        let align = |x: usize| x.div_ceil(256) * 256;
         // Every device binds the same buffers (all but the scratch ones).
         let ours = |i: usize| bound.is_none_or(|bound| bound.iter().all(|d| d[i].is_none()));
-        let bytes =
-            |i: usize, b: &cmm_core::plan::BufferDecl| if ours(i) { align(b.len() * b.dtype.size_bytes()) } else { 0 };
-        let offsets: Vec<usize> = plan
-            .buffers
-            .iter()
-            .enumerate()
-            .scan(0usize, |at, (i, b)| {
-                let here = *at;
-                *at += bytes(i, b);
-                Some(here)
-            })
-            .collect();
-        let total = plan.buffers.iter().enumerate().map(|(i, b)| bytes(i, b)).sum::<usize>().max(256);
-        let (mut heaps, mut semaphores, mut base) = (Vec::new(), Vec::new(), Vec::new());
+        let (offsets, total) = buffer_layout(plan, ours);
+        let total = total.max(256);
+        let (mut owned, mut sems, mut base) = (Vec::new(), Vec::new(), Vec::new());
         for d in 0..plan.devices {
             let ctx = &gpus[gpu_of(d)].ctx;
-            ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
-            let (free, _) = result::mem_get_info().map_err(|e| CudaError::driver("reading free memory", e))?;
-            if total > free {
-                return Err(CudaError::OutOfMemory {
-                    plan: plan.name.clone(),
-                    needed: total as u64,
-                    free: free as u64,
-                });
-            }
+            check_free(ctx, plan, total)?;
             // Every buffer is generated or poisoned before the run (`initialise`).
             let heap = DeviceAlloc::uninit(ctx, total)?;
-            let sems = DeviceAlloc::zeroed(ctx, 4 * plan.semaphores.len())?;
+            let semaphores = DeviceAlloc::zeroed(ctx, 4 * plan.semaphores.len())?;
             let given = |i: usize| bound.and_then(|bound| bound[d][i]);
             base.push(offsets.iter().enumerate().map(|(i, &o)| given(i).unwrap_or(heap.ptr + o as u64)).collect());
-            heaps.push(heap);
-            semaphores.push(sems);
+            sems.push(semaphores.ptr);
+            owned.push(heap);
+            owned.push(semaphores);
         }
-        Ok(Memory { heaps, semaphores, base })
+        Ok(Memory { owned, symmetric: None, base, sems, local: 0..plan.devices })
+    }
+
+    /// Rank mode: this rank's part of the symmetric heap (every buffer, then the
+    /// semaphores) on `ctx`'s GPU, exchanged with every rank at the rendezvous and their
+    /// parts mapped. Returns the meeting for the later barriers.
+    fn symmetric(ctx: &Arc<CudaContext>, plan: &Plan, rendezvous: &Rendezvous) -> Result<(Memory, Meeting), CudaError> {
+        let (offsets, total) = buffer_layout(plan, |_| true);
+        let sem_offset = total;
+        let bytes = (sem_offset + 4 * plan.semaphores.len()).max(256);
+        check_free(ctx, plan, bytes)?;
+        let (mut heap, own) = SymmetricHeap::create(ctx, bytes)?;
+        let (meeting, parts) = Meeting::hello(rendezvous, crate::rank::plan_digest(plan), own)?;
+        let bases = heap.map_all(rendezvous.rank, &parts)?;
+        let base = bases.iter().map(|&b| offsets.iter().map(|&o| b + o as u64).collect()).collect();
+        let sems = bases.iter().map(|&b| b + sem_offset as u64).collect();
+        let local = rendezvous.rank..rendezvous.rank + 1;
+        Ok((Memory { owned: Vec::new(), symmetric: Some(heap), base, sems, local }, meeting))
     }
 
     /// Generates the inputs and poisons every other buffer, then waits for it; the
@@ -2018,9 +2127,18 @@ impl Memory {
         bound: Option<&Bound>,
         gpu_of: impl Fn(usize) -> usize,
     ) -> Result<(), CudaError> {
-        for d in 0..plan.devices {
+        for d in self.local.clone() {
             let g = &gpus[gpu_of(d)];
             let stream = g.ctx.default_stream();
+            if self.symmetric.is_some() && !plan.semaphores.is_empty() {
+                g.ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
+                // SAFETY: the semaphores lie at the end of this rank's own part of the
+                // symmetric heap, mapped and opened to this GPU; no peer touches them
+                // before the `ready` meeting.
+                #[allow(unsafe_code)]
+                unsafe { result::memset_d8_sync(self.sems[d], 0, 4 * plan.semaphores.len()) }
+                    .map_err(|e| CudaError::driver("zeroing the semaphores", e))?;
+            }
             for i in 0..plan.buffers.len() {
                 if bound.is_some_and(|bound| bound[d][i].is_some()) {
                     continue;
@@ -2052,7 +2170,11 @@ impl Memory {
         which: ReadBack,
     ) -> Result<Vec<Vec<Vec<u32>>>, CudaError> {
         let mut out = Vec::new();
-        for d in 0..self.heaps.len() {
+        for d in 0..plan.devices {
+            if !self.local.contains(&d) {
+                out.push(vec![Vec::new(); plan.buffers.len()]);
+                continue;
+            }
             let ctx = &gpus[gpu_of(d)].ctx;
             ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
             let mut buffers = Vec::new();

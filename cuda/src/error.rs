@@ -97,6 +97,19 @@ pub enum CudaError {
         /// What is missing.
         missing: &'static str,
     },
+    /// The ranks of a one-process-per-device run could not meet
+    /// ([`crate::CudaBackend::run_rank`]): one did not come, left, or runs another job.
+    #[error("rank {rank} of {world} (rendezvous {}): {what}", socket.display())]
+    Rendezvous {
+        /// This process's rank.
+        rank: usize,
+        /// The ranks.
+        world: usize,
+        /// The rendezvous socket.
+        socket: std::path::PathBuf,
+        /// What went wrong, naming the rank at fault where one is.
+        what: String,
+    },
     /// The plan needs more device memory than the GPU has free.
     #[error("plan `{plan}` needs {needed} bytes of device memory, {free} are free")]
     OutOfMemory {

@@ -116,6 +116,18 @@ pub fn deny_peer(gpu: usize, peer: usize, what: PeerDenial) -> Result<(), CudaEr
     Ok(())
 }
 
+/// How many VMM handles (`cuMemCreate`, `cuMemImportFromShareableHandle`) are not yet
+/// released and address reservations not yet freed: 0 once a rank-mode run has torn
+/// down. The fake driver must be installed.
+pub fn vmm_live() -> Result<u64, CudaError> {
+    type Live = unsafe extern "C" fn() -> u64;
+    let live: Live = control(b"cmm_fake_vmm_live\0")?;
+    // SAFETY: takes nothing; the driver guards its tables with its own lock.
+    #[allow(unsafe_code)]
+    let count = unsafe { live() };
+    Ok(count)
+}
+
 /// Makes every kernel launch block until its kernel has run (`Some(true)`), not
 /// (`Some(false)`), or follow `CUDA_LAUNCH_BLOCKING` (`None`), as the driver does for
 /// debugging and as tools that serialise GPU work behave. The fake driver must be

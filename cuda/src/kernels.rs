@@ -132,9 +132,57 @@ pub fn compile(kernel: &KernelFile, arch: &str) -> Result<String, CudaError> {
     if let Some(ptx) = COMPILED.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(ptx.clone());
     }
-    let ptx = compile_uncached(kernel, arch)?;
+    let ptx = compile_cached_on_disk(kernel, arch)?;
     COMPILED.lock().unwrap_or_else(|p| p.into_inner()).insert(key, ptx.clone());
     Ok(ptx)
+}
+
+/// NVRTC's version, for the disk cache's key.
+fn nvrtc_version() -> (i32, i32) {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two live out-parameters; NVRTC was found loadable by the caller.
+    #[allow(unsafe_code)]
+    let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (major, minor)
+}
+
+/// The PTX of `kernel` for `arch` from the disk cache (`~/.cache/cmm/ptx`, keyed by the
+/// source, the architecture, the options and NVRTC's version), or compiled and put there:
+/// every process of a one-process-per-GPU job, and every test binary, starts without
+/// compiling again what an earlier one compiled. `CMM_PTX_CACHE=0` turns it off.
+fn compile_cached_on_disk(kernel: &KernelFile, arch: &str) -> Result<String, CudaError> {
+    use std::hash::{Hash, Hasher};
+    if std::env::var("CMM_PTX_CACHE").is_ok_and(|v| v.trim() == "0") {
+        return compile_uncached(kernel, arch);
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (kernel.full_source(), arch, OPTIONS, nvrtc_version()).hash(&mut hasher);
+    let dir = crate::cpp::cache_dir().with_file_name("ptx");
+    let file = dir.join(format!("{}-{arch}-{:016x}.ptx", kernel.name.trim_end_matches(".cu"), hasher.finish()));
+    // A cached file is used only whole: writers rename complete files into place.
+    if let Ok(ptx) = std::fs::read_to_string(&file) {
+        if ptx.contains(".entry") {
+            return Ok(ptx);
+        }
+    }
+    let ptx = compile_uncached(kernel, arch)?;
+    let unique = format!("{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
+    let partial = file.with_extension(unique);
+    // The cache is an optimisation: a read-only or full disk costs a compile, not a failure.
+    let written = std::fs::create_dir_all(&dir).is_ok() && std::fs::write(&partial, &ptx).is_ok();
+    if written && std::fs::rename(&partial, &file).is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    Ok(ptx)
+}
+
+/// NVRTC's options beside the architecture and the name.
+const OPTIONS: &[&str] = &["--std=c++17"];
+
+/// Compiles `kernel` for `arch` with NVRTC now, whatever any cache holds (the compile
+/// check: `cargo xtask cuda-check`).
+pub fn compile_fresh(kernel: &KernelFile, arch: &str) -> Result<String, CudaError> {
+    compile_uncached(kernel, arch)
 }
 
 fn compile_uncached(kernel: &KernelFile, arch: &str) -> Result<String, CudaError> {
@@ -143,7 +191,7 @@ fn compile_uncached(kernel: &KernelFile, arch: &str) -> Result<String, CudaError
         name: Some(kernel.name.to_string()),
         // No fused multiply-add contraction differences matter for the exact family, but
         // keep the default (fmad on) like any production build.
-        options: vec!["--std=c++17".into()],
+        options: OPTIONS.iter().map(|o| o.to_string()).collect(),
         ..Default::default()
     };
     compile_ptx_with_opts(kernel.full_source(), options).map(|ptx| ptx.to_src()).map_err(|e| {

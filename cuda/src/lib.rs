@@ -11,7 +11,7 @@ mod error;
 pub mod kernels;
 
 pub use error::CudaError;
-pub use kernels::{compile, nvrtc_available, KernelFile, KERNEL_FILES};
+pub use kernels::{compile, compile_fresh, nvrtc_available, KernelFile, KERNEL_FILES};
 mod backend;
 mod cpp;
 pub mod fake;
@@ -19,6 +19,7 @@ mod given;
 pub mod host;
 mod launch;
 pub mod lower;
+mod rank;
 
 pub use host::HostTwin;
 pub use launch::Kernel;
@@ -29,6 +30,7 @@ pub use backend::{
 };
 pub use given::{GivenBuffer, GIVEN_ALIGNMENT};
 pub use lower::{hopper_rule, GemmCounts, GemmEngine, GemmFacts, GemmImpl, HopperKernel, HopperTile, SyncMode};
+pub use rank::{Rendezvous, MAX_RANKS, RENDEZVOUS_VAR};
 
 /// What runs a plan the CUDA way: the GPU backend ([`CudaBackend`]) or its host twin
 /// ([`HostTwin`]), which share the lowering and the kernels.

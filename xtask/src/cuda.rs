@@ -13,7 +13,7 @@ use cmm_conformance::golden::fnv1a64;
 use cmm_core::oracle::spot_check;
 use cmm_core::workload::output_tolerance;
 use cmm_core::{build_plan, Algorithm, DType, Family, Op, OpKind, Plan, Problem};
-use cmm_cuda::kernels::{compile, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
+use cmm_cuda::kernels::{compile_fresh, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
 use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, ReadBack};
 use cmm_sim::validate::seed000_problem;
 use serde::Serialize;
@@ -40,7 +40,7 @@ pub fn cuda_check(arch: &str) -> Result<()> {
     );
     let mut spilling = Vec::new();
     for kernel in KERNEL_FILES {
-        let ptx = compile(&kernel, arch).with_context(|| format!("NVRTC on {}", kernel.name))?;
+        let ptx = compile_fresh(&kernel, arch).with_context(|| format!("NVRTC on {}", kernel.name))?;
         let ptx_path = out_dir.join(format!("{}.ptx", kernel.name));
         fs::write(&ptx_path, ptx).with_context(|| format!("writing {}", ptx_path.display()))?;
         let output = Command::new(&ptxas)

@@ -1,0 +1,299 @@
+//! One process per device on the fake CUDA driver (`CudaBackend::run_rank`): this test
+//! binary starts D copies of itself, one per rank, which meet at a Unix-domain socket,
+//! exchange their parts of the symmetric heap as file descriptors, and each run their
+//! device's lanes; every rank's results must be the one-process run's, bit for bit, in
+//! both sync modes, and every rank must have unmapped and released everything it mapped. Then the
+//! failures: a rank that faults leaves its peers a typed error within the wait deadline;
+//! a rank that never comes, or runs another plan, is named at the rendezvous.
+//!
+//! `harness = false`: `main` is the parent, or with `CMM_RANK_CHILD` set one rank.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cmm_core::attention::build_attention_plan;
+use cmm_core::moe::build_moe_plan;
+use cmm_core::plan::Plan;
+use cmm_core::{
+    build_plan, Algorithm, AttentionAlgorithm, AttentionProblem, DType, Family, Layout, MoeOp, MoeProblem, OpKind,
+    Problem, Routing,
+};
+use cmm_cuda::fake::Injection;
+use cmm_cuda::{fake, nvrtc_available, CudaBackend, CudaExecutor, CudaRunOptions, Kernel, Rendezvous, SyncMode};
+
+const SEED: u32 = 13;
+
+/// One of the parent's checks, given a scratch directory.
+type Check = fn(&Path);
+const CHILD_VAR: &str = "CMM_RANK_CHILD";
+
+fn main() {
+    if std::env::var_os(CHILD_VAR).is_some() {
+        std::process::exit(child());
+    }
+    fake::install().unwrap_or_else(|e| panic!("{e}"));
+    if !nvrtc_available() {
+        assert!(
+            std::env::var_os("CMM_REQUIRE_NVRTC").is_none(),
+            "CMM_REQUIRE_NVRTC is set but libnvrtc cannot be loaded"
+        );
+        println!("SKIPPED (needs libnvrtc; see `cargo xtask cuda-check`): the ranks compile their kernels with it");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("cmm-ranks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tests: [(&str, Check); 4] = [
+        ("every_family_runs_one_process_per_device_bit_for_bit", every_family_runs_one_process_per_device_bit_for_bit),
+        ("a_rank_that_faults_leaves_its_peers_a_typed_error_within_the_wait_deadline", a_rank_that_faults),
+        ("a_rank_that_never_comes_is_named_at_the_rendezvous", a_rank_that_never_comes),
+        ("a_rank_running_another_plan_is_refused_at_the_rendezvous", a_rank_running_another_plan),
+    ];
+    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    for (name, test) in tests {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        let start = Instant::now();
+        test(&dir);
+        println!("test {name} ... ok ({:.1} s)", start.elapsed().as_secs_f64());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn plans() -> Vec<Plan> {
+    let mut plans = Vec::new();
+    for (op, devices, algorithm) in [
+        (OpKind::AgGemm, 2, Algorithm::Ring),
+        (OpKind::AgGemm, 4, Algorithm::Ring),
+        (OpKind::AgGemm, 2, Algorithm::Fused { chunks: 2 }),
+        (OpKind::GemmRs, 2, Algorithm::RingPush),
+        (OpKind::GemmRs, 2, Algorithm::RingAccumulate { chunks: 2 }),
+        (OpKind::GemmAr, 2, Algorithm::RingBidir),
+    ] {
+        let p = Problem::new(op, devices, 16 * devices, 48, 32, DType::Bf16, DType::F32).unwrap();
+        plans.push(build_plan(&p, algorithm).unwrap());
+    }
+    let moe = MoeProblem::new(MoeOp::AgMoe, 2, 16, 8, 12, 4, 2, Routing::Skewed, DType::F16, DType::F32).unwrap();
+    plans.push(build_moe_plan(&moe, Algorithm::Ring).unwrap());
+    let attention = AttentionProblem::new(2, 32, 2, 1, 16, true, Layout::Balanced, None, DType::F16).unwrap();
+    plans.push(build_attention_plan(&attention, AttentionAlgorithm::Ring).unwrap());
+    plans
+}
+
+/// What one rank is told to do.
+struct Rank<'a> {
+    plan: &'a Path,
+    rank: usize,
+    world: usize,
+    socket: &'a Path,
+    sync: SyncMode,
+    out: PathBuf,
+    /// Fault the first launch of this kernel (a dying rank).
+    fault: Option<&'static str>,
+}
+
+fn spawn(r: &Rank<'_>) -> std::process::Child {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .env(CHILD_VAR, "1")
+        .env("RANK", r.rank.to_string())
+        .env("WORLD_SIZE", r.world.to_string())
+        .env(cmm_cuda::RENDEZVOUS_VAR, r.socket)
+        .env("CMM_RANK_PLAN", r.plan)
+        .env("CMM_RANK_SYNC", if r.sync == SyncMode::StreamMemOps { "memops" } else { "kernels" })
+        .env("CMM_RANK_OUT", &r.out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(kernel) = r.fault {
+        command.env("CMM_RANK_FAULT", kernel);
+    }
+    command.spawn().unwrap()
+}
+
+/// What a rank reported: its exit status, its error (stderr) and, on success, its result
+/// buffers' words.
+struct Report {
+    ok: bool,
+    error: String,
+    words: Vec<u8>,
+    seconds: f64,
+}
+
+fn collect(children: Vec<(std::process::Child, PathBuf)>) -> Vec<Report> {
+    children
+        .into_iter()
+        .map(|(child, out)| {
+            let output = child.wait_with_output().unwrap();
+            let seconds = std::fs::read_to_string(out.with_extension("seconds"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(f64::NAN);
+            Report {
+                ok: output.status.success(),
+                error: String::from_utf8_lossy(&output.stderr).into_owned(),
+                words: std::fs::read(&out).unwrap_or_default(),
+                seconds,
+            }
+        })
+        .collect()
+}
+
+fn run_ranks(dir: &Path, plan: &Plan, sync: SyncMode, tag: &str, fault: Option<(usize, &'static str)>) -> Vec<Report> {
+    let plan_path = dir.join(format!("{tag}.plan.json"));
+    std::fs::write(&plan_path, plan.to_file_json()).unwrap();
+    let socket = dir.join(format!("{tag}.sock"));
+    let children = (0..plan.devices)
+        .map(|rank| {
+            let out = dir.join(format!("{tag}.rank{rank}.bin"));
+            let r = Rank {
+                plan: &plan_path,
+                rank,
+                world: plan.devices,
+                socket: &socket,
+                sync,
+                out: out.clone(),
+                fault: fault.filter(|(at, _)| *at == rank).map(|(_, k)| k),
+            };
+            (spawn(&r), out)
+        })
+        .collect();
+    collect(children)
+}
+
+/// Every rank's results are the one-process run's on the same (fake) GPU, bit for bit.
+fn every_family_runs_one_process_per_device_bit_for_bit(dir: &Path) {
+    let backend = CudaBackend::new(1).unwrap_or_else(|e| panic!("{e}"));
+    for (i, plan) in plans().iter().enumerate() {
+        for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
+            let what = format!("{} ({sync:?})", plan.name);
+            let options = CudaRunOptions { sync, ..Default::default() };
+            let one = backend.run(plan, SEED, Family::Exact, &options).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let reports = run_ranks(dir, plan, sync, &format!("plan{i}-{sync:?}"), None);
+            for (rank, report) in reports.iter().enumerate() {
+                assert!(report.ok, "{what}: rank {rank} failed:\n{}", report.error);
+                let mut expected = Vec::new();
+                for (b, decl) in plan.buffers.iter().enumerate() {
+                    if decl.role.is_result() {
+                        expected.extend(one.buffers[rank][b].iter().flat_map(|w| w.to_le_bytes()));
+                    }
+                }
+                assert!(!expected.is_empty(), "{what}: rank {rank} has results");
+                assert!(report.words == expected, "{what}: rank {rank}'s results differ from the one-process run's");
+            }
+        }
+    }
+}
+
+fn a_rank_that_faults(dir: &Path) {
+    let p = Problem::new(OpKind::AgGemm, 2, 32, 48, 32, DType::Bf16, DType::F32).unwrap();
+    let plan = build_plan(&p, Algorithm::Ring).unwrap();
+    // Rank 1's first signal faults: its context is lost, it reports so and exits; rank 0
+    // waits for the shard rank 1 never announces, until the wait deadline (2 s here).
+    let reports = run_ranks(dir, &plan, SyncMode::Kernels, "fault", Some((1, "cmm_signal")));
+    // It released what it mapped (the child checks) and said why it stopped.
+    assert!(!reports[1].ok && reports[1].error.contains("the CUDA context was lost"), "rank 1: {}", reports[1].error);
+    let e = &reports[0].error;
+    assert!(!reports[0].ok, "rank 0 passed without its peer's shard");
+    assert!(e.contains("wait timed out after 2000 ms on device 0") || e.contains("rank 1 left"), "rank 0: {e}");
+    assert!(reports[0].seconds < 2.0 + 8.0, "rank 0 took {} s to fail", reports[0].seconds);
+}
+
+fn a_rank_that_never_comes(dir: &Path) {
+    let p = Problem::new(OpKind::AgGemm, 2, 32, 48, 32, DType::Bf16, DType::F32).unwrap();
+    let plan = build_plan(&p, Algorithm::Ring).unwrap();
+    let plan_path = dir.join("alone.plan.json");
+    std::fs::write(&plan_path, plan.to_file_json()).unwrap();
+    let socket = dir.join("alone.sock");
+    let out = dir.join("alone.rank0.bin");
+    let r = Rank {
+        plan: &plan_path,
+        rank: 0,
+        world: 2,
+        socket: &socket,
+        sync: SyncMode::Kernels,
+        out: out.clone(),
+        fault: None,
+    };
+    let reports = collect(vec![(spawn(&r), out)]);
+    let e = &reports[0].error;
+    assert!(!reports[0].ok && e.contains("rank 0 of 2") && e.contains("ranks 1 did not come"), "{e}");
+    assert!(!socket.exists(), "rank 0 removes its socket");
+}
+
+fn a_rank_running_another_plan(dir: &Path) {
+    let plan_of = |n| {
+        build_plan(&Problem::new(OpKind::AgGemm, 2, 32, n, 32, DType::Bf16, DType::F32).unwrap(), Algorithm::Ring)
+            .unwrap()
+    };
+    let socket = dir.join("mixed.sock");
+    let children = [(0, plan_of(48)), (1, plan_of(64))]
+        .iter()
+        .map(|(rank, plan)| {
+            let plan_path = dir.join(format!("mixed{rank}.plan.json"));
+            std::fs::write(&plan_path, plan.to_file_json()).unwrap();
+            let out = dir.join(format!("mixed.rank{rank}.bin"));
+            let r = Rank {
+                plan: &plan_path,
+                rank: *rank,
+                world: 2,
+                socket: &socket,
+                sync: SyncMode::Kernels,
+                out: out.clone(),
+                fault: None,
+            };
+            (spawn(&r), out)
+        })
+        .collect();
+    let reports = collect(children);
+    let e = &reports[0].error;
+    assert!(!reports[0].ok && e.contains("rank 1 runs another job") && e.contains("plan digest"), "{e}");
+    assert!(!reports[1].ok && reports[1].error.contains("rank 0"), "rank 1: {}", reports[1].error);
+}
+
+/// One rank: runs its lanes, writes its result buffers' words to `CMM_RANK_OUT`, checks
+/// that everything it mapped is released, and exits 0; on an error, prints it and exits 1.
+fn child() -> i32 {
+    let start = Instant::now();
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
+    let out = PathBuf::from(var("CMM_RANK_OUT"));
+    let result = (|| -> Result<Vec<u8>, String> {
+        fake::install().map_err(|e| e.to_string())?;
+        let plan =
+            Plan::from_file_json(&std::fs::read_to_string(var("CMM_RANK_PLAN")).unwrap()).map_err(|e| e.to_string())?;
+        let mut rendezvous = Rendezvous::from_env().map_err(|e| e.to_string())?;
+        rendezvous.timeout = Duration::from_secs(5);
+        let backend = CudaBackend::new(1).map_err(|e| e.to_string())?;
+        if let Ok(kernel) = std::env::var("CMM_RANK_FAULT") {
+            let kernel = Kernel::ALL.into_iter().find(|k| k.entry() == kernel).expect("a kernel entry name");
+            fake::inject(Injection::Fault(kernel), 1).map_err(|e| e.to_string())?;
+        }
+        let sync = if var("CMM_RANK_SYNC") == "memops" { SyncMode::StreamMemOps } else { SyncMode::Kernels };
+        let options = CudaRunOptions { sync, wait_timeout: Duration::from_secs(2), ..Default::default() };
+        let run = backend.run_rank(&plan, &rendezvous, SEED, Family::Exact, &options);
+        let live = fake::vmm_live().map_err(|e| e.to_string())?;
+        if live != 0 {
+            return Err(format!("{live} VMM handles or reservations left after the run ({:?})", run.as_ref().err()));
+        }
+        let run = run.map_err(|e| e.to_string())?;
+        let mine = &run.buffers[rendezvous.rank];
+        let mut words = Vec::new();
+        for (b, decl) in plan.buffers.iter().enumerate() {
+            if decl.role.is_result() {
+                words.extend(mine[b].iter().flat_map(|w| w.to_le_bytes()));
+            }
+        }
+        Ok(words)
+    })();
+    let _ = std::fs::write(out.with_extension("seconds"), format!("{}", start.elapsed().as_secs_f64()));
+    match result {
+        Ok(words) => {
+            std::fs::write(&out, words).unwrap();
+            0
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            1
+        }
+    }
+}
