@@ -110,6 +110,13 @@ pub enum CudaError {
         /// What went wrong, naming the rank at fault where one is.
         what: String,
     },
+    /// Ranks of a run one process per device failed ([`crate::RankPool`]): each with its
+    /// rank (`None`: the pool itself) and its error in words.
+    #[error("{}", describe_failures(failures))]
+    Ranks {
+        /// Rank and message of each failure, in rank order.
+        failures: Vec<(Option<usize>, String)>,
+    },
     /// The plan needs more device memory than the GPU has free.
     #[error("plan `{plan}` needs {needed} bytes of device memory, {free} are free")]
     OutOfMemory {
@@ -241,6 +248,17 @@ fn is_sticky(message: &str) -> bool {
         "CUDA_ERROR_CONTEXT_ALREADY_IN_USE",
     ];
     STICKY.iter().any(|s| message.contains(s))
+}
+
+fn describe_failures(failures: &[(Option<usize>, String)]) -> String {
+    let each: Vec<String> = failures
+        .iter()
+        .map(|(rank, message)| match rank {
+            Some(rank) => format!("rank {rank}: {message}"),
+            None => format!("the rank pool: {message}"),
+        })
+        .collect();
+    each.join("; ")
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ mod given;
 pub mod host;
 mod launch;
 pub mod lower;
+mod pool;
 mod rank;
 
 pub use host::HostTwin;
@@ -30,6 +31,7 @@ pub use backend::{
 };
 pub use given::{GivenBuffer, GIVEN_ALIGNMENT};
 pub use lower::{hopper_rule, GemmCounts, GemmEngine, GemmFacts, GemmImpl, HopperKernel, HopperTile, SyncMode};
+pub use pool::{serve_rank_worker, RankPool, WorkerCommand};
 pub use rank::{Rendezvous, MAX_RANKS, RENDEZVOUS_VAR};
 
 /// What runs a plan the CUDA way: the GPU backend ([`CudaBackend`]) or its host twin

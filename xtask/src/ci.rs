@@ -2,7 +2,8 @@
 //! fmt, clippy, tests, the CUDA compile check, the GPU bundle (built, and run here to
 //! check its no-GPU exit, its stop on a binary that cannot start and, from a copy
 //! elsewhere, its rehearsal on the fake driver or the host twin), the corpus under four
-//! interleavings (with a JUnit report in `target/conformance-report.xml`), the parsers
+//! interleavings (with a JUnit report in `target/conformance-report.xml`), the corpus one
+//! process per device on the fake CUDA driver in both sync modes, the parsers
 //! fuzzed for a bounded time, the mutants on the CPU twin (not with `--quick`).
 
 use std::process::Command;
@@ -53,6 +54,26 @@ pub fn run(quick: bool, fuzz: Option<u64>) -> Result<()> {
     let args =
         conformance::Args { report: Some(report), ..conformance::Args::plain(conformance::BackendKind::Reference, 4) };
     conformance::run(&args).context("ci step `cargo xtask conformance --schedules 4` failed")?;
+    // One process per device, on the fake CUDA driver (NVRTC compiles the kernels; the
+    // host twin runs them): the whole corpus in both sync modes.
+    for sync in ["kernels", "memops"] {
+        let shown = format!("CMM_FAKE_CUDA=1 cargo xtask conformance --backend cuda --processes --sync {sync}");
+        println!("==> {shown}");
+        if !(cmm_cuda::nvrtc_available() || std::env::var_os("CMM_REQUIRE_NVRTC").is_some()) {
+            println!("skipped: libnvrtc is not installed here (.ci/run installs it)");
+            continue;
+        }
+        let exe = std::env::current_exe().context("finding this program")?;
+        let status = std::process::Command::new(exe)
+            .args(["conformance", "--backend", "cuda", "--processes", "--sync", sync])
+            .env(cmm_cuda::fake::FAKE_CUDA_VAR, "1")
+            .current_dir(&root)
+            .status()
+            .with_context(|| format!("cannot start `{shown}`"))?;
+        if !status.success() {
+            bail!("ci step `{shown}` failed ({status})");
+        }
+    }
     let fuzz_seconds = fuzz.unwrap_or(FUZZ_SECONDS);
     println!("==> cargo xtask fuzz --seconds {fuzz_seconds}");
     crate::fuzz::run(&crate::fuzz::Args { seconds: fuzz_seconds, target: None, seed: None })

@@ -10,7 +10,7 @@ use cmm_conformance::{
     cases_dir, check_report_path, load_corpus, run_corpus, write_report, Backend, CpuTwin, Cuda, Goldens, Options,
 };
 use cmm_core::DType;
-use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, HopperTile, HostTwin};
+use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, HopperTile, HostTwin, RankPool};
 use cmm_reference::Reference;
 
 use crate::stamps::Sync;
@@ -121,6 +121,11 @@ pub struct Args {
     /// (default: its rule's choice, 128×128 on the corpus's small shapes).
     #[arg(long, value_enum, value_name = "TILE")]
     pub hopper_tile: Option<HopperTileArg>,
+    /// CUDA only: run each device of each case in a process of its own (rank workers,
+    /// `CudaBackend::run_rank`: a symmetric heap shared through CUDA VMM handles, a
+    /// Unix-socket rendezvous), all on GPU 0, as a torchrun job does on one GPU.
+    #[arg(long)]
+    pub processes: bool,
     /// CUDA only: CTAs per SM of each fused plan's persistent kernel (default 1; more is
     /// refused unless every SM has room for one more, and on the host twin, which has no SMs).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=32))]
@@ -159,6 +164,7 @@ impl Args {
             no_hopper: false,
             hopper_tile: None,
             fused_ctas_per_sm: 1,
+            processes: false,
             stamps: None,
             report: None,
         }
@@ -187,6 +193,7 @@ impl Args {
             (self.hopper_tile.is_some(), "--hopper-tile"),
             (self.fused_ctas_per_sm != 1, "--fused-ctas-per-sm"),
             (self.stamps.is_some(), "--stamps"),
+            (self.processes, "--processes"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
@@ -287,6 +294,26 @@ pub fn run(args: &Args) -> Result<()> {
     };
     if args.hopper_tile.is_some() && !args.hopper {
         bail!("--hopper-tile chooses the Hopper engine's tile: give --hopper too");
+    }
+    if args.processes && args.backend == BackendKind::CudaHost {
+        bail!("--processes runs ranks on the CUDA driver (--backend cuda; CMM_FAKE_CUDA=1 without a GPU), not on the host twin");
+    }
+    if args.processes && (args.stagger || args.offset_starts || args.stamps.is_some()) {
+        bail!("--stagger, --offset-starts and --stamps apply to one process driving every device, not to --processes");
+    }
+    if args.backend == BackendKind::Cuda && args.processes {
+        let exe = std::env::current_exe().context("finding this program, to start rank workers")?;
+        let pool = RankPool::new(Box::new(move || {
+            let mut command = std::process::Command::new(&exe);
+            command.arg("rank-worker");
+            command
+        }))
+        .context("starting the rank pool")?;
+        let cuda = Cuda::new(pool, args.cuda_options());
+        println!("adapter: {}", cuda.name());
+        let summary = run_corpus(&cuda, &options).context("conformance run")?;
+        println!("GEMM engines over the run: {}", cuda.engines().describe());
+        return finish(args, &summary, &protected);
     }
     if args.backend == BackendKind::Cuda {
         let cuda = start_cuda(args)?;

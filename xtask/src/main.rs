@@ -59,8 +59,13 @@ enum Command {
     /// Summarise a bundle run's logs (called by the bundle's run.sh).
     #[command(hide = true)]
     GpuBundleSummary(bundle::SummaryArgs),
+    /// One rank worker of `conformance --backend cuda --processes` (started by it: reads
+    /// requests on stdin, answers on stdout).
+    #[command(hide = true)]
+    RankWorker,
     /// Formatting, clippy, tests, the CUDA compile check, the GPU bundle, the corpus
-    /// under four interleavings, the mutants; stops at the first failure.
+    /// under four interleavings and one process per device (fake CUDA driver), the
+    /// fuzzers, the mutants; stops at the first failure.
     Ci {
         /// Everything but the mutants (a few minutes instead of about ten).
         #[arg(long)]
@@ -122,6 +127,7 @@ fn main() -> ExitCode {
         Command::Tune(args) => tune::run(&args),
         Command::GpuBundle(args) => bundle::run(&args),
         Command::GpuBundleSummary(args) => bundle::summarise(&args),
+        Command::RankWorker => cmm_cuda::serve_rank_worker().map_err(Into::into),
         Command::Ci { quick, fuzz } => ci::run(quick, fuzz),
     };
     match result {

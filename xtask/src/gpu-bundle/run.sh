@@ -142,6 +142,7 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         # on the fake driver they take the host twin's sizes.
         step rehearsal-device-tests 150 "$here/bin/cuda-device-tests" --skip host_
         step rehearsal-conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
+        step rehearsal-conformance-processes 150 "$x" conformance --backend cuda --sync kernels --processes --case-timeout 30
         step rehearsal-conformance-staggered 150 "$x" conformance --backend cuda --sync kernels --stagger \
             --case-timeout 30 --stamps "$scratch/staggered-stamps"
         step rehearsal-conformance-offsets 150 "$x" conformance --backend cuda --sync kernels --offset-starts \
@@ -229,6 +230,9 @@ step conformance-hopper-wide 90 "$x" conformance --backend cuda --sync kernels -
 # The host-twin tests (host_*) need a C++ compiler, not a GPU: they run in CI.
 step device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
 step conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
+# One process per device, all on this GPU (rank workers sharing a symmetric heap through
+# CUDA VMM handles), as a torchrun job on one GPU.
+step conformance-processes 150 "$x" conformance --backend cuda --sync kernels --processes --case-timeout 30
 # The same corpus with each virtual device's lanes at its staggered priority, and with the
 # devices' starts offset (the bench's `staggered` and `offsets` columns): only priorities
 # change, or waits are added, so results must not.
