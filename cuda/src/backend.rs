@@ -320,6 +320,19 @@ struct State {
     warm_blas: std::collections::HashSet<(usize, usize, GemmArgs)>,
 }
 
+impl State {
+    /// Records what a run's error says of the contexts (lost: rebuild before the next
+    /// run; hung: refuse every run), and passes the result on.
+    fn note_health(&mut self, result: Result<CudaRunOutput, CudaError>) -> Result<CudaRunOutput, CudaError> {
+        match &result {
+            Err(CudaError::ContextLost { .. }) => self.health = Health::Lost,
+            Err(CudaError::Hung { plan, .. }) => self.health = Health::Hung(plan.clone()),
+            _ => {}
+        }
+        result
+    }
+}
+
 /// The CUDA backend.
 pub struct CudaBackend {
     state: Mutex<State>,
@@ -797,12 +810,7 @@ impl CudaBackend {
             .initialise(&state.gpus, plan, seed, family, None, |_| 0)
             .and_then(|()| meeting.barrier(MEETING_READY, "ready"))
             .and_then(|()| execute(&mut state, plan, &lowered, memory, options, Some(&meeting)));
-        match &result {
-            Err(CudaError::ContextLost { .. }) => state.health = Health::Lost,
-            Err(CudaError::Hung { plan, .. }) => state.health = Health::Hung(plan.clone()),
-            _ => {}
-        }
-        let mut out = result?;
+        let mut out = state.note_health(result)?;
         out.elapsed = start.elapsed();
         Ok(out)
     }
@@ -876,12 +884,7 @@ impl CudaBackend {
             crate::given::check_peers(plan, |d| gpu_of(options.placement, d), |g| gpus[g].ctx.cu_device())?;
         }
         let result = self.allocate_and_execute(&mut state, plan, &lowered, source, bound.as_ref(), options);
-        match &result {
-            Err(CudaError::ContextLost { .. }) => state.health = Health::Lost,
-            Err(CudaError::Hung { plan, .. }) => state.health = Health::Hung(plan.clone()),
-            _ => {}
-        }
-        let mut out = result?;
+        let mut out = state.note_health(result)?;
         out.elapsed = start.elapsed();
         out.offset_starts = offset.is_some();
         Ok(out)

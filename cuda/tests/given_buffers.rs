@@ -5,13 +5,8 @@
 
 use std::sync::Mutex;
 
-use cmm_core::attention::build_attention_plan;
-use cmm_core::moe::build_moe_plan;
 use cmm_core::plan::{BufferRole, Plan};
-use cmm_core::{
-    build_plan, Algorithm, AttentionAlgorithm, AttentionProblem, DType, Family, Layout, MoeOp, MoeProblem, OpKind,
-    Problem, Routing,
-};
+use cmm_core::{DType, Family};
 use cmm_cuda::fake::{deny_peer, PeerDenial};
 use cmm_cuda::{
     CudaBackend, CudaError, CudaExecutor, CudaRunOptions, DeviceBuffer, GivenBuffer, Placement, ReadBack, SyncMode,
@@ -24,26 +19,11 @@ static TURN: Mutex<()> = Mutex::new(());
 
 const SEED: u32 = 11;
 
-fn plans() -> Vec<Plan> {
-    let mut plans = Vec::new();
-    for (op, algorithm) in [
-        (OpKind::AgGemm, Algorithm::Ring),
-        (OpKind::AgGemm, Algorithm::Fused { chunks: 2 }),
-        (OpKind::GemmRs, Algorithm::RingPush),
-        (OpKind::GemmRs, Algorithm::RingAccumulate { chunks: 2 }),
-    ] {
-        let p = Problem::new(op, 2, 64, 48, 32, DType::Bf16, DType::F32).unwrap();
-        plans.push(build_plan(&p, algorithm).unwrap());
-    }
-    let moe = MoeProblem::new(MoeOp::AgMoe, 2, 16, 8, 12, 4, 2, Routing::Skewed, DType::F16, DType::F32).unwrap();
-    plans.push(build_moe_plan(&moe, Algorithm::Ring).unwrap());
-    let attention = AttentionProblem::new(2, 32, 2, 1, 16, true, Layout::Balanced, None, DType::F16).unwrap();
-    plans.push(build_attention_plan(&attention, AttentionAlgorithm::Ring).unwrap());
-    plans
-}
-
-fn given_buffers(backend: &CudaBackend, plan: &Plan, placement: Placement) -> Vec<(GivenBuffer, DeviceBuffer)> {
-    backend.generated_buffers(plan, SEED, Family::Exact, placement).unwrap()
+/// Device buffers holding what the generated path would put there, and their bindings.
+fn given_buffers(backend: &CudaBackend, plan: &Plan, placement: Placement) -> (Vec<DeviceBuffer>, Vec<GivenBuffer>) {
+    let pairs = backend.generated_buffers(plan, SEED, Family::Exact, placement).unwrap();
+    let given = pairs.iter().map(|(g, _)| g.clone()).collect();
+    (pairs.into_iter().map(|(_, b)| b).collect(), given)
 }
 
 fn words(plan: &Plan, given: &GivenBuffer, buffer: &DeviceBuffer) -> Vec<u32> {
@@ -57,18 +37,17 @@ fn runs_on_given_buffers_match_the_generated_runs_bit_for_bit() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let Some(backend) = fake::backend_on(2) else { return };
     for placement in [Placement::Virtual, Placement::Gpus] {
-        for plan in plans() {
+        for plan in fake::family_plans() {
             for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
                 let options = CudaRunOptions { placement, sync, ..Default::default() };
                 let what = format!("{} ({placement:?}, {sync:?})", plan.name);
                 let generated =
                     backend.run(&plan, SEED, Family::Exact, &options).unwrap_or_else(|e| panic!("{what}: {e}"));
-                let buffers = given_buffers(&backend, &plan, placement);
-                let given: Vec<GivenBuffer> = buffers.iter().map(|(g, _)| g.clone()).collect();
+                let (buffers, given) = given_buffers(&backend, &plan, placement);
                 let nothing_back = CudaRunOptions { read_back: ReadBack::Nothing, ..options };
                 backend.run_given(&plan, &given, &nothing_back).unwrap_or_else(|e| panic!("{what}: {e}"));
                 let mut results = 0;
-                for (g, buffer) in &buffers {
+                for (g, buffer) in given.iter().zip(&buffers) {
                     let b = plan.buffers.iter().position(|b| b.name == g.name).unwrap();
                     let got = words(&plan, g, buffer);
                     // Inputs are left as given; results are the generated run's, bit for bit.
@@ -85,9 +64,9 @@ fn runs_on_given_buffers_match_the_generated_runs_bit_for_bit() {
 fn binding_mistakes_are_typed_errors_naming_the_buffer() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let Some(backend) = fake::backend_on(2) else { return };
-    let plan = &plans()[0];
-    let buffers = given_buffers(&backend, plan, Placement::Virtual);
-    let given: Vec<GivenBuffer> = buffers.iter().map(|(g, _)| g.clone()).collect();
+    let plan = &fake::family_plans()[0];
+    // The device buffers stay alive (bound) for the whole test.
+    let (_buffers, given) = given_buffers(&backend, plan, Placement::Virtual);
     let options = CudaRunOptions::default();
     let refused = |given: &[GivenBuffer]| match backend.run_given(plan, given, &options) {
         Err(CudaError::Binding { what, .. }) => what,
@@ -136,12 +115,12 @@ fn binding_mistakes_are_typed_errors_naming_the_buffer() {
 fn given_routing_tables_are_checked_as_generated_ones_are() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let Some(backend) = fake::backend_on(2) else { return };
-    let plan = &plans()[4];
-    let buffers = given_buffers(&backend, plan, Placement::Virtual);
-    let given: Vec<GivenBuffer> = buffers.iter().map(|(g, _)| g.clone()).collect();
+    let plan = &fake::family_plans()[fake::MOE_PLAN];
+    let (buffers, given) = given_buffers(&backend, plan, Placement::Virtual);
     let ids = plan.buffers.iter().position(|b| b.name.contains("ids")).expect("an AG+MoE plan has an id table");
     // Device 1's table names expert 9 of 4.
-    let (g, buffer) = buffers.iter().find(|(g, _)| g.device == 1 && g.name == plan.buffers[ids].name).unwrap();
+    let (g, buffer) =
+        given.iter().zip(&buffers).find(|(g, _)| g.device == 1 && g.name == plan.buffers[ids].name).unwrap();
     let mut table = words(plan, g, buffer);
     table[0] = 9;
     let bytes: Vec<u8> = table.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -156,7 +135,7 @@ fn given_routing_tables_are_checked_as_generated_ones_are() {
 fn a_pair_without_peer_access_or_native_atomics_is_refused_naming_it() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let Some(backend) = fake::backend_on(2) else { return };
-    let plan = &plans()[0];
+    let plan = &fake::family_plans()[0];
     let options = CudaRunOptions { placement: Placement::Gpus, ..Default::default() };
     for (denial, missing) in
         [(PeerDenial::Access, "no peer access"), (PeerDenial::NativeAtomics, "no native peer atomics")]

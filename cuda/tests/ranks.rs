@@ -12,15 +12,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cmm_core::attention::build_attention_plan;
-use cmm_core::moe::build_moe_plan;
 use cmm_core::plan::Plan;
-use cmm_core::{
-    build_plan, Algorithm, AttentionAlgorithm, AttentionProblem, DType, Family, Layout, MoeOp, MoeProblem, OpKind,
-    Problem, Routing,
-};
+use cmm_core::{build_plan, Algorithm, DType, Family, OpKind, Problem};
 use cmm_cuda::fake::Injection;
-use cmm_cuda::{fake, nvrtc_available, CudaBackend, CudaExecutor, CudaRunOptions, Kernel, Rendezvous, SyncMode};
+use cmm_cuda::{fake, CudaBackend, CudaExecutor, CudaRunOptions, Kernel, Rendezvous, SyncMode};
+
+#[path = "fake/mod.rs"]
+mod common;
 
 const SEED: u32 = 13;
 
@@ -33,12 +31,7 @@ fn main() {
         std::process::exit(child());
     }
     fake::install().unwrap_or_else(|e| panic!("{e}"));
-    if !nvrtc_available() {
-        assert!(
-            std::env::var_os("CMM_REQUIRE_NVRTC").is_none(),
-            "CMM_REQUIRE_NVRTC is set but libnvrtc cannot be loaded"
-        );
-        println!("SKIPPED (needs libnvrtc; see `cargo xtask cuda-check`): the ranks compile their kernels with it");
+    if !common::nvrtc_or_skip() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("cmm-ranks-{}", std::process::id()));
@@ -61,23 +54,13 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The fake-driver tests' family plans, a four-device ring and GEMM+AR's two rings.
 fn plans() -> Vec<Plan> {
-    let mut plans = Vec::new();
-    for (op, devices, algorithm) in [
-        (OpKind::AgGemm, 2, Algorithm::Ring),
-        (OpKind::AgGemm, 4, Algorithm::Ring),
-        (OpKind::AgGemm, 2, Algorithm::Fused { chunks: 2 }),
-        (OpKind::GemmRs, 2, Algorithm::RingPush),
-        (OpKind::GemmRs, 2, Algorithm::RingAccumulate { chunks: 2 }),
-        (OpKind::GemmAr, 2, Algorithm::RingBidir),
-    ] {
-        let p = Problem::new(op, devices, 16 * devices, 48, 32, DType::Bf16, DType::F32).unwrap();
+    let mut plans = common::family_plans();
+    for (op, algorithm) in [(OpKind::AgGemm, Algorithm::Ring), (OpKind::GemmAr, Algorithm::RingBidir)] {
+        let p = Problem::new(op, 4, 64, 48, 32, DType::Bf16, DType::F32).unwrap();
         plans.push(build_plan(&p, algorithm).unwrap());
     }
-    let moe = MoeProblem::new(MoeOp::AgMoe, 2, 16, 8, 12, 4, 2, Routing::Skewed, DType::F16, DType::F32).unwrap();
-    plans.push(build_moe_plan(&moe, Algorithm::Ring).unwrap());
-    let attention = AttentionProblem::new(2, 32, 2, 1, 16, true, Layout::Balanced, None, DType::F16).unwrap();
-    plans.push(build_attention_plan(&attention, AttentionAlgorithm::Ring).unwrap());
     plans
 }
 
