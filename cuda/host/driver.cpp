@@ -870,6 +870,14 @@ CUresult cuMemcpyHtoD_v2(u64 dst, const void* src, size_t bytes) {
     return SUCCESS;
 }
 
+CUresult cuMemcpyDtoD_v2(u64 dst, u64 src, size_t bytes) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    drain(current->legacy.get());
+    if (!accessible(current, dst, bytes) || !accessible(current, src, bytes)) return INVALID_VALUE;
+    std::memmove((void*)dst, (const void*)src, bytes);
+    return SUCCESS;
+}
+
 CUresult cuMemcpyDtoH_v2(void* dst, u64 src, size_t bytes) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     drain(current->legacy.get());

@@ -781,10 +781,36 @@ impl CudaBackend {
         family: Family,
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError> {
+        self.rank_from(plan, rendezvous, Source::Generated { seed, family }, options)
+    }
+
+    /// [`CudaBackend::run_rank`] on this rank's own device buffers: `given` binds every
+    /// input, output, accumulator and routing table of device `rendezvous.rank` (checked
+    /// as [`CudaBackend::run_given`] checks them). The inputs are copied into this rank's
+    /// part of the symmetric heap before the ranks meet, and the results out of it once
+    /// every rank is done (peers reach only the heap, never the caller's buffers).
+    pub fn run_rank_given(
+        &self,
+        plan: &Plan,
+        rendezvous: &Rendezvous,
+        given: &[GivenBuffer],
+        options: &CudaRunOptions,
+    ) -> Result<CudaRunOutput, CudaError> {
+        self.rank_from(plan, rendezvous, Source::Given(given), options)
+    }
+
+    fn rank_from(
+        &self,
+        plan: &Plan,
+        rendezvous: &Rendezvous,
+        source: Source<'_>,
+        options: &CudaRunOptions,
+    ) -> Result<CudaRunOutput, CudaError> {
         let start = Instant::now();
+        let rank = rendezvous.rank;
         if rendezvous.world != plan.devices {
             return Err(CudaError::Rendezvous {
-                rank: rendezvous.rank,
+                rank,
                 world: rendezvous.world,
                 socket: rendezvous.socket.clone(),
                 what: format!("{} ranks for a plan of {} devices", rendezvous.world, plan.devices),
@@ -799,17 +825,40 @@ impl CudaBackend {
         let options =
             &CudaRunOptions { placement: Placement::Virtual, stagger: false, offset_starts: false, ..*options };
         let hopper = self.hopper_target(options.hopper || options.gemm == GemmEngine::Hopper, options.hopper_tile);
-        let mut lowered = prepare(plan, seed, options, self.cublas, hopper)?;
+        let (seed, family, bound) = match source {
+            Source::Generated { seed, family } => (Some(seed), family, None),
+            Source::Given(given) => (None, Family::Exact, Some(crate::given::bind(plan, given, rank..rank + 1)?)),
+        };
+        let mut lowered = prepare_in_order(plan, seed, options, self.cublas, hopper, None)?;
         // Every rank lowers the whole plan (the same proof, the same wait slots) and keeps
         // its own steps, in the schedule's order.
         let lanes = plan.lanes.len().max(1);
-        lowered.steps.retain(|step| step.stream / lanes == rendezvous.rank);
+        lowered.steps.retain(|step| step.stream / lanes == rank);
         let mut state = self.ready()?;
-        let (memory, meeting) = Memory::symmetric(&state.gpus[0].ctx, plan, rendezvous)?;
+        let ctx = state.gpus[0].ctx.clone();
+        if let (Source::Given(given), Some(bound)) = (source, &bound) {
+            crate::given::check_pointers(plan, given, |_| ctx.ordinal())?;
+            crate::given::check_given_routing(plan, bound, |_| ctx.clone())?;
+        }
+        let (memory, meeting) = Memory::symmetric(&ctx, plan, rendezvous)?;
+        // The caller's buffers and their places in the heap: inputs in, results out.
+        let mut copy_in = Vec::new();
+        let mut copy_out = Vec::new();
+        for (b, decl) in plan.buffers.iter().enumerate() {
+            let Some(theirs) = bound.as_ref().and_then(|bound| bound[rank][b]) else { continue };
+            let (heap, bytes) = (memory.base[rank][b], decl.len() * decl.dtype.size_bytes());
+            if decl.role.initialized() {
+                copy_in.push((theirs, heap, bytes));
+            }
+            if decl.role.is_result() {
+                copy_out.push((heap, theirs, bytes));
+            }
+        }
         let result = memory
-            .initialise(&state.gpus, plan, seed, family, None, |_| 0)
+            .initialise(&state.gpus, plan, seed.unwrap_or(0), family, bound.as_ref(), |_| 0)
+            .and_then(|()| copy_device(&ctx, &copy_in))
             .and_then(|()| meeting.barrier(MEETING_READY, "ready"))
-            .and_then(|()| execute(&mut state, plan, &lowered, memory, options, Some(&meeting)));
+            .and_then(|()| execute(&mut state, plan, &lowered, memory, options, Some((&meeting, &copy_out))));
         let mut out = state.note_health(result)?;
         out.elapsed = start.elapsed();
         Ok(out)
@@ -870,7 +919,7 @@ impl CudaBackend {
         let hopper = self.hopper_target(options.hopper || options.gemm == GemmEngine::Hopper, options.hopper_tile);
         let (seed, bound) = match source {
             Source::Generated { seed, .. } => (Some(seed), None),
-            Source::Given(given) => (None, Some(crate::given::bind(plan, given)?)),
+            Source::Given(given) => (None, Some(crate::given::bind(plan, given, 0..plan.devices)?)),
         };
         let lowered = prepare_in_order(plan, seed, options, self.cublas, hopper, None)?;
         if options.placement == Placement::Gpus && plan.devices > self.ordinals {
@@ -1149,17 +1198,19 @@ struct Run<'s> {
     fused: Vec<DeviceAlloc>,
 }
 
-/// Runs the lowered plan on `memory`, already initialised. In rank mode (`meeting`),
-/// `lowered` holds this rank's steps only, its lanes run on GPU 0, and the ranks meet
-/// once every rank's lanes are done, before the results are read back.
+/// Runs the lowered plan on `memory`, already initialised. In rank mode (`rank`: the
+/// meeting, and the results' copies out to the caller's buffers), `lowered` holds this
+/// rank's steps only, its lanes run on GPU 0, and the ranks meet once every rank's lanes
+/// are done, before the results are copied out and read back.
 fn execute(
     state: &mut State,
     plan: &Plan,
     lowered: &Lowered,
     memory: Memory,
     options: &CudaRunOptions,
-    meeting: Option<&Meeting>,
+    rank: Option<(&Meeting, &[(u64, u64, usize)])>,
 ) -> Result<CudaRunOutput, CudaError> {
+    let meeting = rank.map(|(meeting, _)| meeting);
     let lanes = plan.lanes.len();
     let streams: Vec<(usize, usize)> = (0..lowered.streams)
         .map(|s| {
@@ -1202,8 +1253,9 @@ fn execute(
             return Err(e);
         }
     };
-    if let Some(meeting) = meeting {
+    if let Some((meeting, copy_out)) = rank {
         meeting.barrier(MEETING_DONE, "done")?;
+        copy_device(&state.gpus[0].ctx, copy_out)?;
     }
     let buffers = if options.read_back == ReadBack::Nothing {
         Vec::new()
@@ -1270,6 +1322,21 @@ fn set_lane_priorities(
         lane.priority = wanted;
     }
     Ok(staggered)
+}
+
+/// Copies `(from, to, bytes)` between device buffers of `ctx`'s GPU, synchronously.
+fn copy_device(ctx: &Arc<CudaContext>, copies: &[(u64, u64, usize)]) -> Result<(), CudaError> {
+    ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
+    for &(from, to, bytes) in copies.iter().filter(|c| c.2 > 0) {
+        // SAFETY: both ranges were checked to lie whole in device memory of this GPU (the
+        // caller's by `check_pointers`, the heap's by its layout), they do not overlap,
+        // and no kernel touches them during the copy (before the `ready` meeting, or
+        // after `done`).
+        #[allow(unsafe_code)]
+        unsafe { result::memcpy_dtod_sync(to, from, bytes) }
+            .map_err(|e| CudaError::driver("copying between the caller's buffers and the heap", e))?;
+    }
+    Ok(())
 }
 
 /// The meetings of a rank-mode run after the hello ([`crate::rank`]).
@@ -2120,7 +2187,8 @@ impl Memory {
     }
 
     /// Generates the inputs and poisons every other buffer, then waits for it; the
-    /// buffers `bound` gives are left as they are.
+    /// buffers `bound` gives are left as they are (in a heap, their inputs' places too:
+    /// the caller's data is copied there).
     fn initialise(
         &self,
         gpus: &[Gpu],
@@ -2143,7 +2211,11 @@ impl Memory {
                     .map_err(|e| CudaError::driver("zeroing the semaphores", e))?;
             }
             for i in 0..plan.buffers.len() {
-                if bound.is_some_and(|bound| bound[d][i].is_some()) {
+                // The caller's own buffer, or the heap's place of a given input (copied
+                // in): nothing to generate. A given output's place in a heap is poisoned
+                // as any other.
+                let given = bound.and_then(|bound| bound[d][i]);
+                if given.is_some_and(|ptr| ptr == self.base[d][i] || plan.buffers[i].role.initialized()) {
                     continue;
                 }
                 let dst = self.base[d][i];

@@ -53,8 +53,9 @@ fn binding_error(plan: &Plan, what: String) -> CudaError {
 }
 
 /// Checks `given` against the plan (names, devices, shapes, dtypes, alignment, no
-/// overlaps, every input and result bound exactly once) and returns the binding.
-pub(crate) fn bind(plan: &Plan, given: &[GivenBuffer]) -> Result<Bound, CudaError> {
+/// overlaps, every input and result of the `local` devices bound exactly once, none of
+/// another device) and returns the binding.
+pub(crate) fn bind(plan: &Plan, given: &[GivenBuffer], local: std::ops::Range<usize>) -> Result<Bound, CudaError> {
     let mut bound: Bound = vec![vec![None; plan.buffers.len()]; plan.devices];
     for g in given {
         let Some(index) = plan.buffers.iter().position(|b| b.name == g.name) else {
@@ -66,6 +67,9 @@ pub(crate) fn bind(plan: &Plan, given: &[GivenBuffer]) -> Result<Bound, CudaErro
         let at = format!("buffer `{}` of device {}", g.name, g.device);
         if g.device >= plan.devices {
             return Err(binding_error(plan, format!("{at}: the plan has {} devices", plan.devices)));
+        }
+        if !local.contains(&g.device) {
+            return Err(binding_error(plan, format!("{at}: this process runs devices {local:?} only")));
         }
         if !given_by_caller(decl) {
             return Err(binding_error(plan, format!("{at} is the plan's working memory: cmm allocates it")));
@@ -89,7 +93,7 @@ pub(crate) fn bind(plan: &Plan, given: &[GivenBuffer]) -> Result<Bound, CudaErro
             return Err(binding_error(plan, format!("{at} is given twice")));
         }
     }
-    let missing: Vec<String> = (0..plan.devices)
+    let missing: Vec<String> = local
         .flat_map(|d| {
             let bound = &bound;
             plan.buffers
@@ -197,9 +201,10 @@ pub(crate) fn check_given_routing(
     bound: &Bound,
     ctx_of: impl Fn(usize) -> Arc<CudaContext>,
 ) -> Result<(), CudaError> {
-    cmm_core::moe::check_routing_with(plan, |device, buffer, _| {
-        let ptr = bound[device][buffer].expect("router tables are given by the caller");
-        read_words(&ctx_of(device), ptr, &plan.buffers[buffer])
+    cmm_core::moe::check_routing_with(plan, |device, buffer, _| match bound[device][buffer] {
+        Some(ptr) => read_words(&ctx_of(device), ptr, &plan.buffers[buffer]).map(Some),
+        // Another process's device (rank mode): that rank checks its own.
+        None => Ok(None),
     })
 }
 

@@ -1,8 +1,8 @@
 //! One process per device on the fake CUDA driver (`CudaBackend::run_rank`): this test
 //! binary starts D copies of itself, one per rank, which meet at a Unix-domain socket,
 //! exchange their parts of the symmetric heap as file descriptors, and each run their
-//! device's lanes; every rank's results must be the one-process run's, bit for bit, in
-//! both sync modes, and every rank must have unmapped and released everything it mapped. Then the
+//! device's lanes, on generated inputs and on its own device buffers; every rank's results
+//! must be the one-process run's, bit for bit, in both sync modes, and every rank must have unmapped and released everything it mapped. Then the
 //! failures: a rank that faults leaves its peers a typed error within the wait deadline;
 //! a rank that never comes, or runs another plan, is named at the rendezvous.
 //!
@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use cmm_core::plan::Plan;
 use cmm_core::{build_plan, Algorithm, DType, Family, OpKind, Problem};
 use cmm_cuda::fake::Injection;
-use cmm_cuda::{fake, CudaBackend, CudaExecutor, CudaRunOptions, Kernel, Rendezvous, SyncMode};
+use cmm_cuda::{
+    fake, CudaBackend, CudaExecutor, CudaRunOptions, DeviceBuffer, GivenBuffer, Kernel, Placement, Rendezvous, SyncMode,
+};
 
 #[path = "fake/mod.rs"]
 mod common;
@@ -74,6 +76,8 @@ struct Rank<'a> {
     out: PathBuf,
     /// Fault the first launch of this kernel (a dying rank).
     fault: Option<&'static str>,
+    /// Run on the rank's own device buffers (`run_rank_given`).
+    given: bool,
 }
 
 fn spawn(r: &Rank<'_>) -> std::process::Child {
@@ -90,6 +94,9 @@ fn spawn(r: &Rank<'_>) -> std::process::Child {
         .stderr(Stdio::piped());
     if let Some(kernel) = r.fault {
         command.env("CMM_RANK_FAULT", kernel);
+    }
+    if r.given {
+        command.env("CMM_RANK_GIVEN", "1");
     }
     command.spawn().unwrap()
 }
@@ -122,7 +129,17 @@ fn collect(children: Vec<(std::process::Child, PathBuf)>) -> Vec<Report> {
         .collect()
 }
 
-fn run_ranks(dir: &Path, plan: &Plan, sync: SyncMode, tag: &str, fault: Option<(usize, &'static str)>) -> Vec<Report> {
+/// How the ranks of one run are told to run.
+#[derive(Clone, Copy)]
+struct How {
+    sync: SyncMode,
+    /// A rank whose first launch of a kernel faults.
+    fault: Option<(usize, &'static str)>,
+    /// On the ranks' own buffers.
+    given: bool,
+}
+
+fn run_ranks(dir: &Path, plan: &Plan, how: How, tag: &str) -> Vec<Report> {
     let plan_path = dir.join(format!("{tag}.plan.json"));
     std::fs::write(&plan_path, plan.to_file_json()).unwrap();
     let socket = dir.join(format!("{tag}.sock"));
@@ -134,9 +151,10 @@ fn run_ranks(dir: &Path, plan: &Plan, sync: SyncMode, tag: &str, fault: Option<(
                 rank,
                 world: plan.devices,
                 socket: &socket,
-                sync,
+                sync: how.sync,
                 out: out.clone(),
-                fault: fault.filter(|(at, _)| *at == rank).map(|(_, k)| k),
+                fault: how.fault.filter(|(at, _)| *at == rank).map(|(_, k)| k),
+                given: how.given,
             };
             (spawn(&r), out)
         })
@@ -144,15 +162,19 @@ fn run_ranks(dir: &Path, plan: &Plan, sync: SyncMode, tag: &str, fault: Option<(
     collect(children)
 }
 
-/// Every rank's results are the one-process run's on the same (fake) GPU, bit for bit.
+/// Every rank's results are the one-process run's on the same (fake) GPU, bit for bit,
+/// on generated inputs and on each rank's own buffers.
 fn every_family_runs_one_process_per_device_bit_for_bit(dir: &Path) {
     let backend = CudaBackend::new(1).unwrap_or_else(|e| panic!("{e}"));
     for (i, plan) in plans().iter().enumerate() {
-        for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
-            let what = format!("{} ({sync:?})", plan.name);
+        for (sync, given) in
+            [SyncMode::Kernels, SyncMode::StreamMemOps].into_iter().flat_map(|s| [(s, false), (s, true)])
+        {
+            let what = format!("{} ({sync:?}{})", plan.name, if given { ", own buffers" } else { "" });
             let options = CudaRunOptions { sync, ..Default::default() };
             let one = backend.run(plan, SEED, Family::Exact, &options).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let reports = run_ranks(dir, plan, sync, &format!("plan{i}-{sync:?}"), None);
+            let how = How { sync, fault: None, given };
+            let reports = run_ranks(dir, plan, how, &format!("plan{i}-{sync:?}-{given}"));
             for (rank, report) in reports.iter().enumerate() {
                 assert!(report.ok, "{what}: rank {rank} failed:\n{}", report.error);
                 let mut expected = Vec::new();
@@ -173,7 +195,8 @@ fn a_rank_that_faults(dir: &Path) {
     let plan = build_plan(&p, Algorithm::Ring).unwrap();
     // Rank 1's first signal faults: its context is lost, it reports so and exits; rank 0
     // waits for the shard rank 1 never announces, until the wait deadline (2 s here).
-    let reports = run_ranks(dir, &plan, SyncMode::Kernels, "fault", Some((1, "cmm_signal")));
+    let how = How { sync: SyncMode::Kernels, fault: Some((1, "cmm_signal")), given: false };
+    let reports = run_ranks(dir, &plan, how, "fault");
     // It released what it mapped (the child checks) and said why it stopped.
     assert!(!reports[1].ok && reports[1].error.contains("the CUDA context was lost"), "rank 1: {}", reports[1].error);
     let e = &reports[0].error;
@@ -197,6 +220,7 @@ fn a_rank_that_never_comes(dir: &Path) {
         sync: SyncMode::Kernels,
         out: out.clone(),
         fault: None,
+        given: false,
     };
     let reports = collect(vec![(spawn(&r), out)]);
     let e = &reports[0].error;
@@ -224,6 +248,7 @@ fn a_rank_running_another_plan(dir: &Path) {
                 sync: SyncMode::Kernels,
                 out: out.clone(),
                 fault: None,
+                given: false,
             };
             (spawn(&r), out)
         })
@@ -253,18 +278,41 @@ fn child() -> i32 {
         }
         let sync = if var("CMM_RANK_SYNC") == "memops" { SyncMode::StreamMemOps } else { SyncMode::Kernels };
         let options = CudaRunOptions { sync, wait_timeout: Duration::from_secs(2), ..Default::default() };
-        let run = backend.run_rank(&plan, &rendezvous, SEED, Family::Exact, &options);
+        let rank = rendezvous.rank;
+        // On the caller's buffers: this rank's, holding what the generated path makes.
+        let own: Vec<(GivenBuffer, DeviceBuffer)> = if std::env::var_os("CMM_RANK_GIVEN").is_some() {
+            let all =
+                backend.generated_buffers(&plan, SEED, Family::Exact, Placement::Virtual).map_err(|e| e.to_string())?;
+            all.into_iter().filter(|(g, _)| g.device == rank).collect()
+        } else {
+            Vec::new()
+        };
+        let run = if own.is_empty() {
+            backend.run_rank(&plan, &rendezvous, SEED, Family::Exact, &options)
+        } else {
+            let given: Vec<GivenBuffer> = own.iter().map(|(g, _)| g.clone()).collect();
+            backend.run_rank_given(&plan, &rendezvous, &given, &options)
+        };
         let live = fake::vmm_live().map_err(|e| e.to_string())?;
         if live != 0 {
             return Err(format!("{live} VMM handles or reservations left after the run ({:?})", run.as_ref().err()));
         }
         let run = run.map_err(|e| e.to_string())?;
-        let mine = &run.buffers[rendezvous.rank];
         let mut words = Vec::new();
         for (b, decl) in plan.buffers.iter().enumerate() {
-            if decl.role.is_result() {
-                words.extend(mine[b].iter().flat_map(|w| w.to_le_bytes()));
+            if !decl.role.is_result() {
+                continue;
             }
+            let mine = &run.buffers[rank][b];
+            if let Some((g, buffer)) = own.iter().find(|(g, _)| g.name == decl.name) {
+                // The result in the caller's buffer is the one the heap held.
+                let bytes = buffer.download().map_err(|e| e.to_string())?;
+                let theirs: Vec<u32> = (0..decl.len()).map(|e| g.dtype.read_le_bits(&bytes, e)).collect();
+                if &theirs != mine {
+                    return Err(format!("`{}`: the caller's buffer is not the run's result", decl.name));
+                }
+            }
+            words.extend(mine.iter().flat_map(|w| w.to_le_bytes()));
         }
         Ok(words)
     })();

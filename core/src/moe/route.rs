@@ -173,16 +173,17 @@ pub fn check_routing(plan: &crate::plan::Plan, seed: u32) -> Result<(), RoutingE
     // Every device holds the same generated table: check it once.
     let mut generated = std::collections::BTreeMap::new();
     check_routing_with(plan, |_, buffer, router| {
-        Ok(generated.entry(buffer).or_insert_with(|| router.ids(seed)).clone())
+        Ok(Some(generated.entry(buffer).or_insert_with(|| router.ids(seed)).clone()))
     })
 }
 
 /// [`check_routing`] for the ids a run's router buffers hold: `ids_of(device, buffer,
 /// router)` gives the words of id buffer `buffer` on `device` (its whole length),
-/// generated or read from where a caller put them.
+/// generated or read from where a caller put them, or `None` where this caller does not
+/// hold that device's table (a rank checks its own).
 pub fn check_routing_with<E>(
     plan: &crate::plan::Plan,
-    mut ids_of: impl FnMut(usize, usize, &Router) -> Result<Vec<u32>, E>,
+    mut ids_of: impl FnMut(usize, usize, &Router) -> Result<Option<Vec<u32>>, E>,
 ) -> Result<(), E>
 where
     E: From<RoutingError>,
@@ -198,7 +199,7 @@ where
         else {
             continue;
         };
-        let all = ids_of(site.device, ids.buf.0, router)?;
+        let Some(all) = ids_of(site.device, ids.buf.0, router)? else { continue };
         let cols = plan.buffers[ids.buf.0].cols;
         let words: Vec<u32> = (0..ids.rows)
             .flat_map(|i| (0..ids.cols).map(move |j| ids.offset + i * cols + j))
