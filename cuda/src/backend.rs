@@ -1208,7 +1208,7 @@ fn execute(
     lowered: &Lowered,
     memory: Memory,
     options: &CudaRunOptions,
-    rank: Option<(&Meeting, &[(u64, u64, usize)])>,
+    rank: Option<(&Meeting, &[DeviceCopy])>,
 ) -> Result<CudaRunOutput, CudaError> {
     let meeting = rank.map(|(meeting, _)| meeting);
     let lanes = plan.lanes.len();
@@ -1324,8 +1324,11 @@ fn set_lane_priorities(
     Ok(staggered)
 }
 
-/// Copies `(from, to, bytes)` between device buffers of `ctx`'s GPU, synchronously.
-fn copy_device(ctx: &Arc<CudaContext>, copies: &[(u64, u64, usize)]) -> Result<(), CudaError> {
+/// `(from, to, bytes)`: a copy between device buffers of one GPU.
+type DeviceCopy = (u64, u64, usize);
+
+/// Copies between device buffers of `ctx`'s GPU, synchronously.
+fn copy_device(ctx: &Arc<CudaContext>, copies: &[DeviceCopy]) -> Result<(), CudaError> {
     ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
     for &(from, to, bytes) in copies.iter().filter(|c| c.2 > 0) {
         // SAFETY: both ranges were checked to lie whole in device memory of this GPU (the
