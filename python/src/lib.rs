@@ -5,6 +5,8 @@
 //! (the Python half, `python/cmm/`, turns them into NumPy arrays and back). Every error
 //! becomes a Python exception naming what was wrong; no panic crosses into Python.
 
+mod cuda;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -397,5 +399,7 @@ fn _cmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(simulate_plan, m)?)?;
     m.add_function(wrap_pyfunction!(tune, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_run, m)?)?;
+    m.add_class::<cuda::PyDeviceBuffer>()?;
     Ok(())
 }

@@ -22,6 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _cmm
+from . import cuda  # noqa: F401  (cmm.cuda.run)
 from . import testing  # noqa: F401  (cmm.testing.assert_conforms)
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "CheckResult",
     "Output",
     "check",
+    "cuda",
     "corpus",
     "load_cases",
     "simulate",
