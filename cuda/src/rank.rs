@@ -122,12 +122,21 @@ impl Meeting {
     }
 
     fn host(rv: &Rendezvous, digest: u64, own: Part, deadline: Instant) -> Result<(Meeting, Vec<Part>), CudaError> {
-        // A socket file left by an earlier job on this path would refuse the bind.
-        if rv.socket.exists() {
+        // A socket left by an earlier job on this path would refuse the bind; anything
+        // else there is the user's, and stays.
+        if let Ok(meta) = std::fs::symlink_metadata(&rv.socket) {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(rv.error("the rendezvous path exists and is not a socket: choose another (CMM_RENDEZVOUS)"));
+            }
             std::fs::remove_file(&rv.socket).map_err(|e| rv.error(format!("removing a stale socket: {e}")))?;
         }
         let listener = UnixListener::bind(&rv.socket).map_err(|e| rv.error(format!("listening: {e}")))?;
         let _unlink = Unlink(&rv.socket);
+        // Only this user's processes may join (they receive this rank's memory).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&rv.socket, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| rv.error(format!("restricting the socket to this user: {e}")))?;
         listener.set_nonblocking(true).map_err(|e| rv.error(format!("listening: {e}")))?;
         let mut arrived: Vec<Option<(UnixStream, Part)>> = (0..rv.world).map(|_| None).collect();
         let mut pending = rv.world - 1;

@@ -2,9 +2,10 @@
 //! binary starts D copies of itself, one per rank, which meet at a Unix-domain socket,
 //! exchange their parts of the symmetric heap as file descriptors, and each run their
 //! device's lanes, on generated inputs and on its own device buffers; every rank's results
-//! must be the one-process run's, bit for bit, in both sync modes, and every rank must have unmapped and released everything it mapped. Then the
-//! failures: a rank that faults leaves its peers a typed error within the wait deadline;
-//! a rank that never comes, or runs another plan, is named at the rendezvous.
+//! must be the one-process run's, bit for bit, in both sync modes, and every rank must have
+//! unmapped and released everything it mapped. Then the failures: a rank that faults leaves its peers a typed error within the wait deadline;
+//! a rank that never comes, or runs another plan, is named at the rendezvous; a rendezvous
+//! path that holds a file of the user's is refused and the file left as it was.
 //!
 //! `harness = false`: `main` is the parent, or with `CMM_RANK_CHILD` set one rank.
 
@@ -222,10 +223,16 @@ fn a_rank_that_never_comes(dir: &Path) {
         fault: None,
         given: false,
     };
-    let reports = collect(vec![(spawn(&r), out)]);
+    let reports = collect(vec![(spawn(&r), out.clone())]);
     let e = &reports[0].error;
     assert!(!reports[0].ok && e.contains("rank 0 of 2") && e.contains("ranks 1 did not come"), "{e}");
     assert!(!socket.exists(), "rank 0 removes its socket");
+    // A rendezvous path that holds a file of the user's is refused, and the file stays.
+    std::fs::write(&socket, "the user's").unwrap();
+    let reports = collect(vec![(spawn(&r), out)]);
+    let e = &reports[0].error;
+    assert!(!reports[0].ok && e.contains("exists and is not a socket"), "{e}");
+    assert_eq!(std::fs::read_to_string(&socket).unwrap(), "the user's");
 }
 
 fn a_rank_running_another_plan(dir: &Path) {
