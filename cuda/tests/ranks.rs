@@ -206,60 +206,37 @@ fn a_rank_that_faults(dir: &Path) {
     assert!(reports[0].seconds < 2.0 + 8.0, "rank 0 took {} s to fail", reports[0].seconds);
 }
 
-fn a_rank_that_never_comes(dir: &Path) {
-    let p = Problem::new(OpKind::AgGemm, 2, 32, 48, 32, DType::Bf16, DType::F32).unwrap();
-    let plan = build_plan(&p, Algorithm::Ring).unwrap();
-    let plan_path = dir.join("alone.plan.json");
+/// Starts rank `rank` of `world` on `plan` (written under `tag`), kernel waits, generated
+/// inputs, and returns it with the path of its results.
+fn spawn_rank(dir: &Path, tag: &str, plan: &Plan, rank: usize, world: usize) -> (std::process::Child, PathBuf) {
+    let plan_path = dir.join(format!("{tag}{rank}.plan.json"));
     std::fs::write(&plan_path, plan.to_file_json()).unwrap();
+    let (socket, out) = (dir.join(format!("{tag}.sock")), dir.join(format!("{tag}.rank{rank}.bin")));
+    let sync = SyncMode::Kernels;
+    let r = Rank { plan: &plan_path, rank, world, socket: &socket, sync, out: out.clone(), fault: None, given: false };
+    (spawn(&r), out)
+}
+
+fn ring_of(n: usize) -> Plan {
+    build_plan(&Problem::new(OpKind::AgGemm, 2, 32, n, 32, DType::Bf16, DType::F32).unwrap(), Algorithm::Ring).unwrap()
+}
+
+fn a_rank_that_never_comes(dir: &Path) {
     let socket = dir.join("alone.sock");
-    let out = dir.join("alone.rank0.bin");
-    let r = Rank {
-        plan: &plan_path,
-        rank: 0,
-        world: 2,
-        socket: &socket,
-        sync: SyncMode::Kernels,
-        out: out.clone(),
-        fault: None,
-        given: false,
-    };
-    let reports = collect(vec![(spawn(&r), out.clone())]);
+    let reports = collect(vec![spawn_rank(dir, "alone", &ring_of(48), 0, 2)]);
     let e = &reports[0].error;
     assert!(!reports[0].ok && e.contains("rank 0 of 2") && e.contains("ranks 1 did not come"), "{e}");
     assert!(!socket.exists(), "rank 0 removes its socket");
     // A rendezvous path that holds a file of the user's is refused, and the file stays.
     std::fs::write(&socket, "the user's").unwrap();
-    let reports = collect(vec![(spawn(&r), out)]);
+    let reports = collect(vec![spawn_rank(dir, "alone", &ring_of(48), 0, 2)]);
     let e = &reports[0].error;
     assert!(!reports[0].ok && e.contains("exists and is not a socket"), "{e}");
     assert_eq!(std::fs::read_to_string(&socket).unwrap(), "the user's");
 }
 
 fn a_rank_running_another_plan(dir: &Path) {
-    let plan_of = |n| {
-        build_plan(&Problem::new(OpKind::AgGemm, 2, 32, n, 32, DType::Bf16, DType::F32).unwrap(), Algorithm::Ring)
-            .unwrap()
-    };
-    let socket = dir.join("mixed.sock");
-    let children = [(0, plan_of(48)), (1, plan_of(64))]
-        .iter()
-        .map(|(rank, plan)| {
-            let plan_path = dir.join(format!("mixed{rank}.plan.json"));
-            std::fs::write(&plan_path, plan.to_file_json()).unwrap();
-            let out = dir.join(format!("mixed.rank{rank}.bin"));
-            let r = Rank {
-                plan: &plan_path,
-                rank: *rank,
-                world: 2,
-                socket: &socket,
-                sync: SyncMode::Kernels,
-                out: out.clone(),
-                fault: None,
-                given: false,
-            };
-            (spawn(&r), out)
-        })
-        .collect();
+    let children = vec![spawn_rank(dir, "mixed", &ring_of(48), 0, 2), spawn_rank(dir, "mixed", &ring_of(64), 1, 2)];
     let reports = collect(children);
     let e = &reports[0].error;
     assert!(!reports[0].ok && e.contains("rank 1 runs another job") && e.contains("plan digest"), "{e}");
