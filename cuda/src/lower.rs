@@ -581,9 +581,7 @@ fn lower_fused(
     options: &LowerOptions,
     lowered: &mut Lowered,
 ) -> Result<FusedGemmCommand, CudaError> {
-    let first = OpSite { device: run.device, lane: run.lane, index: run.blocks[0] };
-    let unsupported =
-        |what: String| CudaError::Unsupported { plan: plan.name.clone(), what: format!("{first}: {what}") };
+    let unsupported = unsupported_in(plan, run);
     let ops = &plan.programs[run.device].lanes[run.lane];
     let blocks: Vec<GemmFacts> = run.blocks.iter().filter_map(|&i| GemmFacts::of(plan, &ops[i])).collect();
     let engine =
@@ -595,6 +593,12 @@ fn lower_fused(
         _ => LowerOptions { hopper: None, ..*options },
     };
     lower_fused_on(plan, run, &on, lowered)
+}
+
+/// An `Unsupported` error about a fused run, naming its first block.
+fn unsupported_in<'p>(plan: &'p Plan, run: &cmm_core::plan::FusedRun) -> impl Fn(String) -> CudaError + 'p {
+    let first = OpSite { device: run.device, lane: run.lane, index: run.blocks[0] };
+    move |what| CudaError::Unsupported { plan: plan.name.clone(), what: format!("{first}: {what}") }
 }
 
 /// Whether two blocks' GEMMs run on the same kernel (the Hopper engine's grid is the
@@ -616,8 +620,7 @@ fn lower_fused_on(
     lowered: &mut Lowered,
 ) -> Result<FusedGemmCommand, CudaError> {
     let first = OpSite { device: run.device, lane: run.lane, index: run.blocks[0] };
-    let unsupported =
-        |what: String| CudaError::Unsupported { plan: plan.name.clone(), what: format!("{first}: {what}") };
+    let unsupported = unsupported_in(plan, run);
     // Block 0 lowered as a GEMM on cmm's kernels (with `options` the run's engine) gives
     // the shared operand, shape and kernel; every other block takes the same kernel.
     let own = LowerOptions { gemm: GemmEngine::TileKernel, ..*options };
