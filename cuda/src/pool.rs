@@ -36,7 +36,17 @@ pub struct RankPool {
     workers: Mutex<Vec<Worker>>,
     dir: PathBuf,
     runs: AtomicU64,
+    meeting_timeout: Duration,
+    answer_slack: Duration,
 }
+
+/// How long a rank waits for the others at each meeting, unless set
+/// ([`RankPool::with_meeting_timeout`]).
+const MEETING_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Beyond its ranks' own deadlines, how long the pool waits for an answer before it stops a
+/// worker as hung (a fresh worker opens its backend in it).
+const ANSWER_SLACK: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for RankPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -48,6 +58,29 @@ struct Worker {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+}
+
+impl Worker {
+    /// Whether the worker has begun to answer by `deadline` (its stdout is readable).
+    fn answers_by(&self, deadline: Instant) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        if !self.stdout.buffer().is_empty() {
+            return true;
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = PollTimeout::try_from(left.as_millis().min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX);
+            let mut fds = [PollFd::new(self.stdout.get_ref().as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, ms) {
+                Ok(0) => return false,
+                // Readable, or closed (the read then sees the end).
+                Ok(_) => return true,
+                Err(nix::errno::Errno::EINTR) if Instant::now() < deadline => continue,
+                Err(_) => return true,
+            }
+        }
+    }
 }
 
 impl Drop for Worker {
@@ -67,9 +100,30 @@ impl RankPool {
     /// A pool whose workers `command` starts, with its files under a fresh directory of
     /// the system's temporary one.
     pub fn new(command: WorkerCommand) -> Result<RankPool, CudaError> {
-        let dir = std::env::temp_dir().join(format!("cmm-ranks-{}", std::process::id()));
+        static POOLS: AtomicU64 = AtomicU64::new(0);
+        let pool = POOLS.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("cmm-ranks-{}-{pool}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| pool_error(format!("creating {}: {e}", dir.display())))?;
-        Ok(RankPool { command, workers: Mutex::new(Vec::new()), dir, runs: AtomicU64::new(0) })
+        Ok(RankPool {
+            command,
+            workers: Mutex::new(Vec::new()),
+            dir,
+            runs: AtomicU64::new(0),
+            meeting_timeout: MEETING_TIMEOUT,
+            answer_slack: ANSWER_SLACK,
+        })
+    }
+
+    /// The same pool with `timeout` for each meeting of the ranks (30 s by default).
+    pub fn with_meeting_timeout(mut self, timeout: Duration) -> RankPool {
+        self.meeting_timeout = timeout;
+        self
+    }
+
+    /// The longest a run's ranks may take to answer: three meetings, the run and its
+    /// drain, and some slack. A worker that has not answered by then is stopped.
+    fn answer_limit(&self, options: &CudaRunOptions) -> Duration {
+        3 * self.meeting_timeout + options.run_timeout + 2 * options.wait_timeout + self.answer_slack
     }
 
     fn spawn(&self) -> Result<Worker, CudaError> {
@@ -215,11 +269,12 @@ impl CudaExecutor for RankPool {
         let mut failures = Vec::new();
         for (rank, worker) in workers.iter_mut().enumerate().take(plan.devices) {
             let request = format!(
-                "run\t{}\t{seed}\t{}\t{rank}\t{}\t{}\t{}\t{words}\n",
+                "run\t{}\t{seed}\t{}\t{rank}\t{}\t{}\t{}\t{}\t{words}\n",
                 plan_path.display(),
                 family.code(),
                 plan.devices,
                 socket.display(),
+                self.meeting_timeout.as_millis(),
                 out_of(rank).display()
             );
             if let Err(e) = worker.stdin.write_all(request.as_bytes()).and_then(|()| worker.stdin.flush()) {
@@ -238,8 +293,15 @@ impl CudaExecutor for RankPool {
             elapsed: Duration::ZERO,
         };
         let mut dead = Vec::new();
+        let limit = self.answer_limit(options);
+        let deadline = start + limit;
         for (rank, worker) in workers.iter_mut().enumerate().take(plan.devices) {
             if failures.iter().any(|(r, _)| *r == Some(rank)) {
+                dead.push(rank);
+                continue;
+            }
+            if !worker.answers_by(deadline) {
+                failures.push((Some(rank), format!("its worker gave no answer within {limit:?}; it was stopped")));
                 dead.push(rank);
                 continue;
             }
@@ -339,7 +401,7 @@ pub fn serve_rank_worker() -> Result<(), CudaError> {
 fn serve_one(backend: &Result<CudaBackend, CudaError>, line: &str) -> Result<String, String> {
     let backend = backend.as_ref().map_err(|e| format!("the CUDA backend did not start: {e}"))?;
     let fields: Vec<&str> = line.split('\t').collect();
-    let ["run", plan_path, seed, family, rank, world, socket, out, options] = fields.as_slice() else {
+    let ["run", plan_path, seed, family, rank, world, socket, meeting_ms, out, options] = fields.as_slice() else {
         return Err(format!("not a request: {line:?}"));
     };
     let bad = |what: &str| format!("a request with a bad {what}: {line:?}");
@@ -355,7 +417,7 @@ fn serve_one(backend: &Result<CudaBackend, CudaError>, line: &str) -> Result<Str
         rank: rank.parse().map_err(|_| bad("rank"))?,
         world: world.parse().map_err(|_| bad("world"))?,
         socket: PathBuf::from(socket),
-        timeout: Duration::from_secs(30),
+        timeout: Duration::from_millis(meeting_ms.parse().map_err(|_| bad("meeting timeout"))?),
     };
     let seed = seed.parse().map_err(|_| bad("seed"))?;
     let run = backend.run_rank(&plan, &rendezvous, seed, family, &options).map_err(|e| e.to_string())?;
@@ -373,6 +435,37 @@ fn serve_one(backend: &Result<CudaBackend, CudaError>, line: &str) -> Result<Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A worker that never answers is stopped at the pool's deadline, and the run fails
+    /// naming its rank rather than hanging.
+    #[test]
+    fn a_worker_that_never_answers_is_stopped_at_the_deadline() {
+        let pool = RankPool::new(Box::new(|| {
+            let mut silent = Command::new("sleep");
+            silent.arg("600");
+            silent
+        }))
+        .unwrap()
+        .with_meeting_timeout(Duration::from_millis(100));
+        let mut pool = pool;
+        pool.answer_slack = Duration::from_millis(500);
+        let options = CudaRunOptions {
+            run_timeout: Duration::from_millis(200),
+            wait_timeout: Duration::from_millis(100),
+            ..Default::default()
+        };
+        let p =
+            cmm_core::Problem::new(cmm_core::OpKind::AgGemm, 2, 8, 4, 4, cmm_core::DType::F32, cmm_core::DType::F32)
+                .unwrap();
+        let plan = cmm_core::build_plan(&p, cmm_core::Algorithm::Ring).unwrap();
+        let start = Instant::now();
+        let e = pool.run(&plan, 1, Family::Exact, &options).unwrap_err().to_string();
+        let took = start.elapsed();
+        assert!(e.contains("rank 0: its worker gave no answer within") && e.contains("rank 1:"), "{e}");
+        assert!(took < pool.answer_limit(&options) + Duration::from_secs(5), "{took:?}");
+        // The stopped workers are replaced: the next run starts fresh ones (and fails the same way).
+        assert!(pool.run(&plan, 1, Family::Exact, &options).is_err());
+    }
 
     #[test]
     fn options_survive_the_line() {
