@@ -230,9 +230,6 @@ step conformance-hopper-wide 90 "$x" conformance --backend cuda --sync kernels -
 # The host-twin tests (host_*) need a C++ compiler, not a GPU: they run in CI.
 step device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
 step conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
-# One process per device, all on this GPU (rank workers sharing a symmetric heap through
-# CUDA VMM handles), as a torchrun job on one GPU.
-step conformance-processes 150 "$x" conformance --backend cuda --sync kernels --processes --case-timeout 30
 # The same corpus with each virtual device's lanes at its staggered priority, and with the
 # devices' starts offset (the bench's `staggered` and `offsets` columns): only priorities
 # change, or waits are added, so results must not.
@@ -298,6 +295,11 @@ reference_on_vulkan() { # the wgpu reference on this GPU's Vulkan driver
 }
 export -f reference_on_vulkan
 step reference-vulkan 120 bash -c reference_on_vulkan
+# One process per device, all on this GPU (rank workers sharing a symmetric heap through
+# CUDA VMM handles), as a torchrun job on one GPU. The ranks' contexts time-slice the GPU
+# (no MPS), so it checks results, not speed; late, so that a slow run starves nothing the
+# earlier steps measure.
+step conformance-processes 150 "$x" conformance --backend cuda --sync kernels --processes --case-timeout 30
 # Last, so that it can starve nothing: the persistent fused GEMM (its CTAs spin on flags
 # and on each other, its scheduler words live in shared memory) on its three
 # two-device cases under every tool.
