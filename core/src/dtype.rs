@@ -113,6 +113,20 @@ impl DType {
         }
     }
 
+    /// `words` (one element each) in this type's little-endian memory layout.
+    pub fn le_bytes(self, words: &[u32]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(words.len() * self.size_bytes());
+        for &w in words {
+            self.push_le_bytes(w, &mut out);
+        }
+        out
+    }
+
+    /// The first `count` elements of a little-endian byte slice in this type's layout.
+    pub fn words_from_le(self, bytes: &[u8], count: usize) -> Vec<u32> {
+        (0..count).map(|e| self.read_le_bits(bytes, e)).collect()
+    }
+
     /// Reads element `index` of a little-endian byte slice in this type's layout.
     pub fn read_le_bits(self, bytes: &[u8], index: usize) -> u32 {
         let n = self.size_bytes();

@@ -123,6 +123,19 @@ pub struct GemmFacts {
 }
 
 impl GemmFacts {
+    /// A plain GEMM `c = a·b` of densely packed row-major operands at aligned addresses.
+    pub fn dense(m: usize, n: usize, k: usize, input: DType, output: DType) -> GemmFacts {
+        GemmFacts {
+            mnk: [m, n, k],
+            dtypes: [input, input, output],
+            trans_a: false,
+            trans_b: false,
+            accumulate: false,
+            offsets: [0, 0],
+            strides: [k as u64, n as u64, n as u64],
+        }
+    }
+
     /// The facts of a plan's `Gemm` op (`None` for other ops).
     pub fn of(plan: &Plan, op: &Op) -> Option<GemmFacts> {
         let Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } = op else { return None };
@@ -288,15 +301,7 @@ mod tests {
     use super::*;
 
     fn facts(m: usize, n: usize, k: usize, input: DType) -> GemmFacts {
-        GemmFacts {
-            mnk: [m, n, k],
-            dtypes: [input, input, input],
-            trans_a: false,
-            trans_b: false,
-            accumulate: false,
-            offsets: [0, 0],
-            strides: [k as u64, n as u64, n as u64],
-        }
+        GemmFacts::dense(m, n, k, input, input)
     }
 
     #[test]

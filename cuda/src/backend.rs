@@ -754,8 +754,7 @@ impl CudaBackend {
     ) -> Result<CudaRunOutput, CudaError> {
         let on = |d| gpu_of(options.placement, d);
         if let (Source::Given(given), Some(bound)) = (source, bound) {
-            crate::given::check_pointers(plan, given, |d| state.gpus[on(d)].ctx.ordinal())?;
-            crate::given::check_given_routing(plan, bound, |d| state.gpus[on(d)].ctx.clone())?;
+            crate::given::check_with_driver(plan, given, bound, |d| state.gpus[on(d)].ctx.clone())?;
         }
         let memory = Memory::allocate(&state.gpus, plan, bound, on)?;
         // The caller's buffers hold what they hold; cmm's own are generated or poisoned.
@@ -816,12 +815,7 @@ impl CudaBackend {
                 what: format!("{} ranks for a plan of {} devices", rendezvous.world, plan.devices),
             });
         }
-        if options.sync == SyncMode::StreamMemOps {
-            self.memops.clone().map_err(|why| CudaError::Unsupported {
-                plan: plan.name.clone(),
-                what: format!("stream memory operations are not available on this GPU ({why})"),
-            })?;
-        }
+        self.check_sync(plan, options.sync)?;
         let options =
             &CudaRunOptions { placement: Placement::Virtual, stagger: false, offset_starts: false, ..*options };
         let hopper = self.hopper_target(options.hopper || options.gemm == GemmEngine::Hopper, options.hopper_tile);
@@ -837,8 +831,7 @@ impl CudaBackend {
         let mut state = self.ready()?;
         let ctx = state.gpus[0].ctx.clone();
         if let (Source::Given(given), Some(bound)) = (source, &bound) {
-            crate::given::check_pointers(plan, given, |_| ctx.ordinal())?;
-            crate::given::check_given_routing(plan, bound, |_| ctx.clone())?;
+            crate::given::check_with_driver(plan, given, bound, |_| ctx.clone())?;
         }
         let (memory, meeting) = Memory::symmetric(&ctx, plan, rendezvous)?;
         // The caller's buffers and their places in the heap: inputs in, results out.
@@ -892,10 +885,7 @@ impl CudaBackend {
                 if !crate::given::given_by_caller(decl) {
                     continue;
                 }
-                let mut bytes = Vec::with_capacity(decl.len() * decl.dtype.size_bytes());
-                for &word in &memory[b] {
-                    decl.dtype.push_le_bytes(word, &mut bytes);
-                }
+                let bytes = decl.dtype.le_bytes(&memory[b]);
                 let buffer = self.device_buffer(gpu_of(placement, d), bytes.len())?;
                 buffer.upload(&bytes)?;
                 let (name, ptr, rows, cols, dtype) =
@@ -906,16 +896,22 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// Refuses stream memory operations where this GPU has none.
+    fn check_sync(&self, plan: &Plan, sync: SyncMode) -> Result<(), CudaError> {
+        if sync != SyncMode::StreamMemOps {
+            return Ok(());
+        }
+        self.memops.clone().map_err(|why| CudaError::Unsupported {
+            plan: plan.name.clone(),
+            what: format!("stream memory operations are not available on this GPU ({why})"),
+        })
+    }
+
     fn run_from(&self, plan: &Plan, source: Source<'_>, options: &CudaRunOptions) -> Result<CudaRunOutput, CudaError> {
         let start = Instant::now();
         let offset = emulated(plan, options)?;
         let plan = offset.as_ref().unwrap_or(plan);
-        if options.sync == SyncMode::StreamMemOps {
-            self.memops.clone().map_err(|why| CudaError::Unsupported {
-                plan: plan.name.clone(),
-                what: format!("stream memory operations are not available on this GPU ({why})"),
-            })?;
-        }
+        self.check_sync(plan, options.sync)?;
         let hopper = self.hopper_target(options.hopper || options.gemm == GemmEngine::Hopper, options.hopper_tile);
         let (seed, bound) = match source {
             Source::Generated { seed, .. } => (Some(seed), None),
@@ -1332,7 +1328,7 @@ fn copy_device(ctx: &Arc<CudaContext>, copies: &[DeviceCopy]) -> Result<(), Cuda
     ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
     for &(from, to, bytes) in copies.iter().filter(|c| c.2 > 0) {
         // SAFETY: both ranges were checked to lie whole in device memory of this GPU (the
-        // caller's by `check_pointers`, the heap's by its layout), they do not overlap,
+        // caller's by `given::check_with_driver`, the heap's by its layout), they do not overlap,
         // and no kernel touches them during the copy (before the `ready` meeting, or
         // after `done`).
         #[allow(unsafe_code)]
@@ -2271,7 +2267,7 @@ impl Memory {
                     unsafe { result::memcpy_dtoh_sync(&mut bytes, self.base[d][i]) }
                         .map_err(|e| CudaError::driver("reading results back", e))?;
                 }
-                buffers.push((0..b.len()).map(|e| b.dtype.read_le_bits(&bytes, e)).collect());
+                buffers.push(b.dtype.words_from_le(&bytes, b.len()));
             }
             out.push(buffers);
         }

@@ -141,13 +141,23 @@ fn pointer_attribute<T: Default>(attribute: sys::CUpointer_attribute, ptr: u64) 
     }
 }
 
-/// Checks with the driver that every given buffer is device memory of the GPU that runs
-/// its device (`ordinal_of(d)`), lying whole inside one allocation.
-pub(crate) fn check_pointers(
+/// What only the driver can tell of the caller's buffers, `ctx_of(d)` the context of the
+/// GPU that runs device `d`: that each is device memory of that GPU, whole inside one
+/// allocation ([`check_pointers`]), and that the routing tables among them are well formed
+/// ([`check_given_routing`]).
+pub(crate) fn check_with_driver(
     plan: &Plan,
     given: &[GivenBuffer],
-    ordinal_of: impl Fn(usize) -> usize,
+    bound: &Bound,
+    ctx_of: impl Fn(usize) -> Arc<CudaContext>,
 ) -> Result<(), CudaError> {
+    check_pointers(plan, given, |d| ctx_of(d).ordinal())?;
+    check_given_routing(plan, bound, ctx_of)
+}
+
+/// Checks with the driver that every given buffer is device memory of the GPU that runs
+/// its device (`ordinal_of(d)`), lying whole inside one allocation.
+fn check_pointers(plan: &Plan, given: &[GivenBuffer], ordinal_of: impl Fn(usize) -> usize) -> Result<(), CudaError> {
     use sys::CUpointer_attribute as A;
     for g in given {
         let bytes = (g.rows * g.cols * g.dtype.size_bytes()) as u64;
@@ -191,12 +201,12 @@ pub(crate) fn read_words(ctx: &Arc<CudaContext>, ptr: u64, decl: &BufferDecl) ->
         unsafe { result::memcpy_dtoh_sync(&mut bytes, ptr) }
             .map_err(|e| CudaError::driver(format!("reading buffer `{}`", decl.name), e))?;
     }
-    Ok((0..decl.len()).map(|e| decl.dtype.read_le_bits(&bytes, e)).collect())
+    Ok(decl.dtype.words_from_le(&bytes, decl.len()))
 }
 
 /// Checks the routing tables the caller gave (read from each device) as the generated
 /// ones are checked: ids in range, distinct per token, within the plan's capacity.
-pub(crate) fn check_given_routing(
+fn check_given_routing(
     plan: &Plan,
     bound: &Bound,
     ctx_of: impl Fn(usize) -> Arc<CudaContext>,

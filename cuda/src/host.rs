@@ -245,7 +245,7 @@ impl HostMemory {
                         // sized it), and every thread that wrote it has been joined.
                         #[allow(unsafe_code)]
                         let bytes = unsafe { std::slice::from_raw_parts(self.base[d][i] as *const u8, len) };
-                        (0..b.len()).map(|e| b.dtype.read_le_bits(bytes, e)).collect()
+                        b.dtype.words_from_le(bytes, b.len())
                     })
                     .collect()
             })

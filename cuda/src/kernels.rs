@@ -153,7 +153,7 @@ fn nvrtc_version() -> (i32, i32) {
 fn compile_cached_on_disk(kernel: &KernelFile, arch: &str) -> Result<String, CudaError> {
     use std::hash::{Hash, Hasher};
     if std::env::var("CMM_PTX_CACHE").is_ok_and(|v| v.trim() == "0") {
-        return compile_uncached(kernel, arch);
+        return compile_fresh(kernel, arch);
     }
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     (kernel.full_source(), arch, OPTIONS, nvrtc_version()).hash(&mut hasher);
@@ -165,7 +165,7 @@ fn compile_cached_on_disk(kernel: &KernelFile, arch: &str) -> Result<String, Cud
             return Ok(ptx);
         }
     }
-    let ptx = compile_uncached(kernel, arch)?;
+    let ptx = compile_fresh(kernel, arch)?;
     let unique = format!("{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
     let partial = file.with_extension(unique);
     // The cache is an optimisation: a read-only or full disk costs a compile, not a failure.
@@ -182,10 +182,6 @@ const OPTIONS: &[&str] = &["--std=c++17"];
 /// Compiles `kernel` for `arch` with NVRTC now, whatever any cache holds (the compile
 /// check: `cargo xtask cuda-check`).
 pub fn compile_fresh(kernel: &KernelFile, arch: &str) -> Result<String, CudaError> {
-    compile_uncached(kernel, arch)
-}
-
-fn compile_uncached(kernel: &KernelFile, arch: &str) -> Result<String, CudaError> {
     let options = CompileOptions {
         arch: Some(virtual_arch(arch)?),
         name: Some(kernel.name.to_string()),

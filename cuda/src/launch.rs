@@ -977,11 +977,7 @@ pub(crate) fn buffer_fill(plan: &Plan, d: usize, buffer: usize, dst: u64, seed: 
     let dtype = dtype_code(b.dtype);
     let cfg = elementwise(b.len())?;
     if let BufferRole::Router { part, router } = &b.role {
-        let mut bytes = Vec::with_capacity(b.len() * 4);
-        for w in router.words(*part, seed, family) {
-            b.dtype.push_le_bytes(w, &mut bytes);
-        }
-        return Some(Fill::Upload(bytes));
+        return Some(Fill::Upload(b.dtype.le_bytes(&router.words(*part, seed, family))));
     }
     Some(Fill::Launch(match b.role.generated() {
         Some((tensor, global_cols, origins)) => {

@@ -330,7 +330,7 @@ fn a_run_on_given_buffers_matches_the_generated_run() {
         for (g, buffer) in &buffers {
             let i = plan.buffers.iter().position(|decl| decl.name == g.name).unwrap();
             let bytes = buffer.download().unwrap();
-            let words: Vec<u32> = (0..g.rows * g.cols).map(|e| g.dtype.read_le_bits(&bytes, e)).collect();
+            let words = g.dtype.words_from_le(&bytes, g.rows * g.cols);
             assert_eq!(words, generated.buffers[g.device][i], "{}: `{}` of device {}", plan.name, g.name, g.device);
         }
     }

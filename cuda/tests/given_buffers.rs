@@ -29,7 +29,7 @@ fn given_buffers(backend: &CudaBackend, plan: &Plan, placement: Placement) -> (V
 fn words(plan: &Plan, given: &GivenBuffer, buffer: &DeviceBuffer) -> Vec<u32> {
     let dtype = plan.buffers.iter().find(|b| b.name == given.name).unwrap().dtype;
     let bytes = buffer.download().unwrap();
-    (0..given.rows * given.cols).map(|e| dtype.read_le_bits(&bytes, e)).collect()
+    dtype.words_from_le(&bytes, given.rows * given.cols)
 }
 
 #[test]

@@ -291,7 +291,7 @@ fn child() -> i32 {
             if let Some((g, buffer)) = own.iter().find(|(g, _)| g.name == decl.name) {
                 // The result in the caller's buffer is the one the heap held.
                 let bytes = buffer.download().map_err(|e| e.to_string())?;
-                let theirs: Vec<u32> = (0..decl.len()).map(|e| g.dtype.read_le_bits(&bytes, e)).collect();
+                let theirs = g.dtype.words_from_le(&bytes, decl.len());
                 if &theirs != mine {
                     return Err(format!("`{}`: the caller's buffer is not the run's result", decl.name));
                 }

@@ -37,15 +37,6 @@ fn numpy_name(dtype: DType) -> &'static str {
     }
 }
 
-/// Executor words as the dtype's little-endian elements (2 bytes for f16 and bf16).
-fn element_bytes(dtype: DType, words: &[u32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(words.len() * dtype.size_bytes());
-    for &w in words {
-        dtype.push_le_bytes(w, &mut out);
-    }
-    out
-}
-
 /// An array handed to Python: (buffer, NumPy dtype, rows, cols, little-endian bytes).
 type Array<'py> = (String, &'static str, usize, usize, Bound<'py, PyBytes>);
 
@@ -189,7 +180,7 @@ impl PyCase {
                             numpy_name(b.dtype),
                             b.rows,
                             b.cols,
-                            PyBytes::new(py, &element_bytes(b.dtype, words)),
+                            PyBytes::new(py, &b.dtype.le_bytes(words)),
                         )
                     })
                     .collect()
@@ -242,7 +233,7 @@ impl PyCase {
         let mut outputs = Vec::new();
         for e in problem.workload().expected(self.case.seed, self.case.family) {
             let id = plan.buffer_id(&e.buffer).ok_or_else(|| value_error(format!("no output `{}`", e.buffer)))?;
-            let per_device = memory.iter().map(|bufs| PyBytes::new(py, &element_bytes(e.dtype, &bufs[id.0]))).collect();
+            let per_device = memory.iter().map(|bufs| PyBytes::new(py, &e.dtype.le_bytes(&bufs[id.0]))).collect();
             outputs.push((e.buffer, numpy_name(e.dtype), e.rows, e.cols, per_device));
         }
         Ok(outputs)
@@ -365,27 +356,30 @@ fn captured_json(py: Python<'_>, f: impl FnOnce() -> anyhow::Result<()> + Send) 
     }
 }
 
+/// The command `name`'s arguments parsed from `argv` as the CLI parses them; a bad flag is
+/// a `ValueError` with clap's message.
+fn parse_command<C: Parser>(name: &str, argv: Vec<String>) -> PyResult<C> {
+    C::try_parse_from(std::iter::once(name.to_string()).chain(argv)).map_err(|e| value_error(e.to_string().trim_end()))
+}
+
 /// `cmm simulate … --json` with these arguments (flags as the command takes them).
 #[pyfunction]
 fn simulate(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {
-    let command = SimulateCommand::try_parse_from(std::iter::once("simulate".to_string()).chain(argv))
-        .map_err(|e| value_error(e.to_string().trim_end()))?;
+    let command: SimulateCommand = parse_command("simulate", argv)?;
     captured_json(py, move || cmm_cli::simulate::run(&command.args))
 }
 
 /// `cmm simulate PLAN … --json` for a plan file's text, with these other arguments.
 #[pyfunction]
 fn simulate_plan(py: Python<'_>, plan_json: String, argv: Vec<String>) -> PyResult<String> {
-    let command = SimulateCommand::try_parse_from(std::iter::once("simulate".to_string()).chain(argv))
-        .map_err(|e| value_error(e.to_string().trim_end()))?;
+    let command: SimulateCommand = parse_command("simulate", argv)?;
     captured_json(py, move || cmm_cli::simulate::plan_text(&command.args, &plan_json, "the plan"))
 }
 
 /// `cmm tune … --json` with these arguments.
 #[pyfunction]
 fn tune(py: Python<'_>, argv: Vec<String>) -> PyResult<String> {
-    let command = TuneCommand::try_parse_from(std::iter::once("tune".to_string()).chain(argv))
-        .map_err(|e| value_error(e.to_string().trim_end()))?;
+    let command: TuneCommand = parse_command("tune", argv)?;
     captured_json(py, move || cmm_cli::tune::run(&command.args))
 }
 

@@ -37,18 +37,7 @@ fn gemm_op_s(profile: &Profile, m: usize, n: usize, k: usize, input: DType, outp
 /// are multiples of 8 are), shared with the other devices' on one GPU.
 fn fused_gemm_s(profile: &Profile, blocks: &[usize], n: usize, k: usize, input: DType, output: DType) -> f64 {
     use cmm_core::engines::{fused_engine, GemmEngine, GemmFacts};
-    let facts: Vec<GemmFacts> = blocks
-        .iter()
-        .map(|&m| GemmFacts {
-            mnk: [m, n, k],
-            dtypes: [input, input, output],
-            trans_a: false,
-            trans_b: false,
-            accumulate: false,
-            offsets: [0, 0],
-            strides: [k as u64, n as u64, n as u64],
-        })
-        .collect();
+    let facts: Vec<GemmFacts> = blocks.iter().map(|&m| GemmFacts::dense(m, n, k, input, output)).collect();
     let devices = blocks.len().max(1);
     let engine = fused_engine(GemmEngine::Auto, &profile.engine_support(), &facts, devices)
         .unwrap_or(cmm_core::engines::Engine::Cublas);
