@@ -96,6 +96,58 @@ fn golden_then_check_passes_right_outputs_and_names_the_wrong_element() {
     assert!(out.contains("d1_C.npy"), "{out}");
 }
 
+/// M = 102 rows on 4 devices split as `torch.tensor_split` does (26, 26, 25, 25): each
+/// device's `.npy` holds its own rows, `index.json` says so, `cmm check` reads them and
+/// places a wrong element in the global C; a file of the wrong rows is refused by shape.
+#[test]
+fn uneven_shards_export_each_device_s_rows_and_check_reads_them() {
+    let s = Scratch::new("uneven");
+    let case = r#"
+[[case]]
+name = "mine_uneven"
+op = "gemm_rs"
+devices = 4
+algorithm = "ring_chunked"
+chunks = 2
+m = 102
+n = 16
+k = 32
+input = "bf16"
+output = "bf16"
+family = "realistic"
+seed = 3
+"#;
+    std::fs::write(s.0.join("my.toml"), case).unwrap();
+    let o = cmm(&s.0, &["golden", "--cases", "my.toml", "--out", "g", "--backend", "cpu"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(s.0.join("g/index.json")).unwrap()).unwrap();
+    let c = &index["cases"][0]["outputs"][0];
+    assert_eq!(c["device_rows"], serde_json::json!([26, 26, 25, 25]), "{c}");
+    assert!(c["layout"].as_str().unwrap().contains("device 3: rows 77..102, columns 0..16"), "{c}");
+    let files = &index["cases"][0]["devices"][3]["files"];
+    let shape =
+        |buffer: &str| files.as_array().unwrap().iter().find(|f| f["buffer"] == buffer).unwrap()["shape"].clone();
+    assert_eq!((shape("A"), shape("C")), (serde_json::json!([102, 8]), serde_json::json!([25, 16])), "{files}");
+    let d3 = std::fs::read(s.0.join("g/mine_uneven/d3_C.npy")).unwrap();
+    assert!(String::from_utf8_lossy(&d3[..128]).contains("'shape': (25, 16)"), "{}", String::from_utf8_lossy(&d3));
+
+    std::fs::create_dir_all(s.0.join("mine/mine_uneven")).unwrap();
+    for d in 0..4 {
+        let name = format!("d{d}_C.npy");
+        std::fs::copy(s.0.join("g/mine_uneven").join(&name), s.0.join("mine/mine_uneven").join(&name)).unwrap();
+    }
+    let check = ["check", "--cases", "my.toml", "--golden", "g", "--outputs", "mine"];
+    let o = cmm(&s.0, &check);
+    assert!(o.status.success(), "{}", text(&o));
+    nudge(&s.0.join("mine/mine_uneven/d3_C.npy"), 24, 3, 16, 1.0);
+    let out = text(&cmm(&s.0, &check));
+    assert!(out.contains("dev 3 (row 24, col 3 of its output; global row 101, col 3)"), "{out}");
+    // Device 0's 26 rows where device 3's 25 belong: refused by its shape.
+    std::fs::copy(s.0.join("g/mine_uneven/d0_C.npy"), s.0.join("mine/mine_uneven/d3_C.npy")).unwrap();
+    let out = text(&cmm(&s.0, &check));
+    assert!(out.contains("d3_C.npy") && out.contains("25"), "{out}");
+}
+
 /// Writes `cases` to `<stem>.toml` in `dir`, plans its `mine_ag_gemm` into `<stem>.json`
 /// and verifies that; returns what `cmm verify` said, which must be a success.
 fn plan_and_verify(dir: &Path, cases: &str, stem: &str) -> String {

@@ -190,7 +190,7 @@ impl Backend for OutputFiles {
                             return Ok(vec![b.dtype.poison_bits(); b.len()]);
                         }
                         let path = self.dir.join(case).join(format!("d{d}_{}.npy", b.name));
-                        crate::npy::read_npy_file(&path, b.dtype, b.rows, b.cols)
+                        crate::npy::read_npy_file(&path, b.dtype, b.rows_on(d), b.cols)
                             .map_err(|e| failed(format!("{}: {e}", path.display())))
                     })
                     .collect()
@@ -235,12 +235,12 @@ impl Backend for GivenOutputs {
                                     plan.devices
                                 ))
                             })?;
-                            if words.len() != b.len() {
+                            if words.len() != b.len_on(d) {
                                 return Err(failed(format!(
                                     "`{}` on device {d}: {} elements given, the output is {}×{}",
                                     b.name,
                                     words.len(),
-                                    b.rows,
+                                    b.rows_on(d),
                                     b.cols
                                 )));
                             }

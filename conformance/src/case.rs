@@ -889,7 +889,8 @@ seed = 3
 
     #[test]
     fn an_invalid_problem_loads_and_fails_later() {
-        let bad = GOOD.replace("m = 8", "m = 7");
+        // N splits into D equal blocks (M may split unevenly).
+        let bad = GOOD.replace("n = 4", "n = 5");
         let cases = parse_cases(&bad, Path::new("x.toml")).unwrap();
         assert!(cases[0].problem().is_err());
     }

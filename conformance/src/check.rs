@@ -456,10 +456,16 @@ fn check_into(
             .filter(|id| plan.buffer(*id).role.is_result())
             .ok_or_else(|| Failure::Plan(format!("the plan has no output buffer `{}`", e.buffer)))?;
         let decl = plan.buffer(id);
-        if (decl.rows, decl.cols, decl.dtype) != (e.rows, e.cols, e.dtype) {
+        if (decl.rows, decl.cols, decl.dtype, &decl.device_rows) != (e.rows, e.cols, e.dtype, &e.device_rows) {
             return Err(Failure::Plan(format!(
                 "output buffer `{}` is {}[{}x{}], the case needs {}[{}x{}]",
-                decl.name, decl.dtype, decl.rows, decl.cols, e.dtype, e.rows, e.cols
+                decl.name,
+                decl.dtype,
+                cmm_core::plan::rows_text(decl.rows, decl.device_rows.as_deref()),
+                decl.cols,
+                e.dtype,
+                e.rows_text(),
+                e.cols
             )));
         }
         buffers.push(id.0);
@@ -483,11 +489,8 @@ fn check_into(
     let start = Instant::now();
     let memory = backend.run(plan, case.seed, case.family, Order::Default)?;
     result.elapsed = Some(start.elapsed());
-    let outputs: Vec<Vec<&[u32]>> = expected
-        .iter()
-        .zip(&buffers)
-        .map(|(e, &id)| output_words(&memory, plan, id, e.len()))
-        .collect::<Result<_, _>>()?;
+    let outputs: Vec<Vec<&[u32]>> =
+        expected.iter().zip(&buffers).map(|(e, &id)| output_words(&memory, plan, id, e)).collect::<Result<_, _>>()?;
     for (e, words) in expected.iter().zip(&outputs) {
         if let Some(p) = find_poison(words, e.dtype.poison_bits(), e.cols, label(e)) {
             result.failures.push(p);
@@ -497,7 +500,7 @@ fn check_into(
     'orders: for &order in &orders[1..] {
         let other = backend.run(plan, case.seed, case.family, order)?;
         for (e, (words, &id)) in expected.iter().zip(outputs.iter().zip(&buffers)) {
-            let other_words = output_words(&other, plan, id, e.len())?;
+            let other_words = output_words(&other, plan, id, e)?;
             if let Some(f) = schedule_difference(words, &other_words, order, e, label(e)) {
                 result.failures.push(f);
                 break 'orders;
@@ -587,7 +590,13 @@ impl Run<'_> {
     fn shapes(&self) -> Vec<golden::OutputShape> {
         self.expected
             .iter()
-            .map(|e| golden::OutputShape { buffer: e.buffer.clone(), dtype: e.dtype, rows: e.rows, cols: e.cols })
+            .map(|e| golden::OutputShape {
+                buffer: e.buffer.clone(),
+                dtype: e.dtype,
+                rows: e.rows,
+                device_rows: e.device_rows.clone(),
+                cols: e.cols,
+            })
             .collect()
     }
 }
@@ -641,13 +650,13 @@ fn compare_golden(result: &mut CaseResult, goldens: &Goldens, run: &Run, given_o
     let several = run.expected.len() > 1;
     let mut at = 0usize;
     for ((e, words), got) in run.expected.iter().zip(run.outputs).zip(run.got) {
-        let size = e.dtype.size_bytes();
-        let len = e.len();
-        let section = &stored[at..at + case.devices() * len * size];
-        at += section.len();
-        let golden_bits: Vec<Vec<u32>> = (0..case.devices())
-            .map(|d| (0..len).map(|i| e.dtype.read_le_bits(section, d * len + i)).collect())
-            .collect();
+        // Each device's elements follow the previous device's.
+        let mut golden_bits: Vec<Vec<u32>> = Vec::with_capacity(case.devices());
+        for d in 0..case.devices() {
+            let len = e.len_on(d);
+            golden_bits.push((0..len).map(|i| e.dtype.read_le_bits(&stored[at..], i)).collect());
+            at += len * e.dtype.size_bytes();
+        }
         let golden_values: Vec<Vec<f64>> =
             golden_bits.iter().map(|d| d.iter().map(|&b| e.dtype.decode(b) as f64).collect()).collect();
         let t = e.tolerance;
@@ -668,20 +677,29 @@ fn compare_golden(result: &mut CaseResult, goldens: &Goldens, run: &Run, given_o
     Ok(())
 }
 
-/// Each device's words of buffer `out`, after checking the memory has the plan's shape.
-fn output_words<'m>(memory: &'m Memory, plan: &Plan, out: usize, len: usize) -> Result<Vec<&'m [u32]>, Failure> {
+/// Each device's words of buffer `out` (its own rows of an uneven shard), after checking
+/// the memory has the plan's shape: the whole buffer, or (outputs given by a user) just
+/// the device's rows.
+fn output_words<'m>(
+    memory: &'m Memory,
+    plan: &Plan,
+    out: usize,
+    e: &ExpectedOutput,
+) -> Result<Vec<&'m [u32]>, Failure> {
     if memory.len() != plan.devices {
         return Err(Failure::Memory(format!("{} devices' memory, the plan has {}", memory.len(), plan.devices)));
     }
+    let whole = plan.buffers[out].len();
     memory
         .iter()
         .enumerate()
         .map(|(d, buffers)| match buffers.get(out) {
-            Some(words) if words.len() == len => Ok(words.as_slice()),
+            Some(words) if words.len() == whole || words.len() == e.len_on(d) => Ok(&words[..e.len_on(d)]),
             Some(words) => Err(Failure::Memory(format!(
-                "{} words for device {d}'s output buffer `{}`, expected {len}",
+                "{} words for device {d}'s output buffer `{}`, expected {}",
                 words.len(),
-                plan.buffers[out].name
+                plan.buffers[out].name,
+                e.len_on(d)
             ))),
             None => Err(Failure::Memory(format!(
                 "{} buffers for device {d}, the plan has {}",

@@ -41,7 +41,11 @@ struct FileEntry {
 struct OutputEntry {
     buffer: String,
     dtype: String,
+    /// Rows (the largest device's, when they differ) and columns of a device's output.
     shape: [usize; 2],
+    /// Uneven shards: each device's rows (its file is that many rows by `shape[1]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_rows: Option<Vec<usize>>,
     /// Where each device's output sits in the global result.
     layout: String,
     /// `bits` (exact family: equal to the oracle rounded once) or `within`.
@@ -117,6 +121,7 @@ fn outputs_of(case: &Case) -> Vec<OutputEntry> {
                 floor: e.tolerance.floor,
             },
             shape: [e.rows, e.cols],
+            device_rows: e.device_rows,
             dtype: e.dtype.to_string(),
             layout: e.layout,
             buffer: e.buffer,
@@ -161,13 +166,15 @@ impl Exporter {
                     BufferRole::Scratch => continue,
                 };
                 let file = format!("d{d}_{}.npy", decl.name);
-                let (bytes, npy_dtype) = npy_bytes(decl.dtype, decl.rows, decl.cols, words);
+                // An uneven shard's file holds the device's own rows, not the padding.
+                let rows = decl.rows_on(d);
+                let (bytes, npy_dtype) = npy_bytes(decl.dtype, rows, decl.cols, &words[..rows * decl.cols]);
                 fs::write(case_dir.join(&file), bytes)?;
                 files.push(FileEntry {
                     buffer: decl.name.clone(),
                     role,
                     path: format!("{}/{file}", case.name),
-                    shape: [decl.rows, decl.cols],
+                    shape: [rows, decl.cols],
                     dtype: decl.dtype.to_string(),
                     npy_dtype,
                 });

@@ -7,6 +7,9 @@
 //! <raw little-endian output elements in the output dtype (2 bytes for f16/bf16), device 0 first, each row-major rows×cols>
 //! ```
 //!
+//! Uneven shards record each device's rows, `rows=7/7/6/6`, and the payload holds each
+//! device's own rows.
+//!
 //! Mesh cases add their shape after the device count (`op=mesh_gemm devices=8 nr=2
 //! nc=4 dataflow=os m=…`), linear cases their layer (`layer=mlp pass=train sp=true
 //! microbatches=2`). A workload with several outputs replaces `rows=… cols=…` by
@@ -30,10 +33,26 @@ pub struct OutputShape {
     pub buffer: String,
     /// Element type.
     pub dtype: DType,
-    /// Rows per device.
+    /// Rows per device (the largest device's, when they differ).
     pub rows: usize,
+    /// Uneven shards: each device's rows, when not all `rows`.
+    pub device_rows: Option<Vec<usize>>,
     /// Columns per device.
     pub cols: usize,
+}
+
+impl OutputShape {
+    /// Rows as the header records them: `96`, or each device's as `7/7/6/6`.
+    fn rows_text(&self) -> String {
+        cmm_core::plan::rows_text(self.rows, self.device_rows.as_deref())
+    }
+
+    /// Payload bytes of this output over `devices` devices.
+    fn bytes(&self, devices: usize) -> usize {
+        let rows: usize =
+            (0..devices).map(|d| cmm_core::plan::rows_on(self.rows, self.device_rows.as_deref(), d)).sum();
+        rows * self.cols * self.dtype.size_bytes()
+    }
 }
 
 const MAGIC: &str = "cmm-golden";
@@ -141,12 +160,12 @@ fn fields(case: &Case, outputs: &[OutputShape]) -> Vec<(&'static str, String)> {
         ("seed", case.seed.to_string()),
     ]);
     match outputs {
-        [one] => fields.extend([("rows", one.rows.to_string()), ("cols", one.cols.to_string())]),
+        [one] => fields.extend([("rows", one.rows_text()), ("cols", one.cols.to_string())]),
         several => fields.push((
             "outputs",
             several
                 .iter()
-                .map(|o| format!("{}:{}:{}x{}", o.buffer, o.dtype, o.rows, o.cols))
+                .map(|o| format!("{}:{}:{}x{}", o.buffer, o.dtype, o.rows_text(), o.cols))
                 .collect::<Vec<_>>()
                 .join(","),
         )),
@@ -169,7 +188,7 @@ pub fn encode(case: &Case, outputs: &[OutputShape], payload: &[u8]) -> Vec<u8> {
 /// The exact size of a golden file for `case` with these outputs (its header, then
 /// every device's elements of every output).
 pub fn file_len(case: &Case, outputs: &[OutputShape]) -> u64 {
-    let payload: usize = outputs.iter().map(|o| case.devices() * o.rows * o.cols * o.dtype.size_bytes()).sum();
+    let payload: usize = outputs.iter().map(|o| o.bytes(case.devices())).sum();
     (encode(case, outputs, &[]).len() + payload) as u64
 }
 
@@ -218,7 +237,7 @@ pub fn decode<'a>(bytes: &'a [u8], case: &Case, outputs: &[OutputShape]) -> Resu
     if u64::from_str_radix(digest, 16).ok() != Some(actual) {
         return Err(GoldenError::Digest { header: digest.to_string(), payload: actual });
     }
-    let expected: usize = outputs.iter().map(|o| case.devices() * o.rows * o.cols * o.dtype.size_bytes()).sum();
+    let expected: usize = outputs.iter().map(|o| o.bytes(case.devices())).sum();
     if payload.len() != expected {
         return Err(GoldenError::Length { expected, found: payload.len() });
     }
@@ -231,7 +250,7 @@ mod tests {
     use cmm_core::{Dataflow, Family, OpKind};
 
     fn shape(rows: usize, cols: usize) -> Vec<OutputShape> {
-        vec![OutputShape { buffer: "C".into(), dtype: DType::F16, rows, cols }]
+        vec![OutputShape { buffer: "C".into(), dtype: DType::F16, rows, device_rows: None, cols }]
     }
 
     fn case() -> Case {
@@ -291,8 +310,8 @@ mod tests {
     #[test]
     fn several_outputs_are_listed_and_sized_together() {
         let outputs = vec![
-            OutputShape { buffer: "Y".into(), dtype: DType::F16, rows: 2, cols: 3 },
-            OutputShape { buffer: "main_grad".into(), dtype: DType::F32, rows: 1, cols: 2 },
+            OutputShape { buffer: "Y".into(), dtype: DType::F16, rows: 2, device_rows: None, cols: 3 },
+            OutputShape { buffer: "main_grad".into(), dtype: DType::F32, rows: 1, device_rows: None, cols: 2 },
         ];
         let payload: Vec<u8> = (0..2 * (12 + 8)).map(|x| x as u8).collect();
         let bytes = encode(&case(), &outputs, &payload);

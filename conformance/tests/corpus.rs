@@ -71,6 +71,38 @@ fn every_algorithm_of_every_op_runs_at_every_device_count_and_family() {
     }
 }
 
+/// Uneven shards (M not a multiple of D): every algorithm of every 1D op has a case, in
+/// both families, and a chunked algorithm one whose chunks do not divide every block.
+#[test]
+fn every_algorithm_of_every_op_runs_on_uneven_shards() {
+    let mut families: HashMap<(OpKind, &str), BTreeSet<&str>> = HashMap::new();
+    let mut ragged_chunks: HashSet<(OpKind, &str)> = HashSet::new();
+    let cases = ring_cases();
+    for c in &cases {
+        let Topology::Ring { op, devices: d, .. } = c.topology else { continue };
+        if c.m % d == 0 {
+            continue;
+        }
+        let Ok(CaseAlgorithm::Ring(algorithm)) = c.algorithm() else { panic!("{}: not a valid 1D case", c.name) };
+        families.entry((op, algorithm.name())).or_default().insert(c.family.name());
+        let chunks = c.chunks.unwrap_or(1);
+        if (0..d).any(|r| (c.m / d + usize::from(r < c.m % d)) % chunks != 0) {
+            ragged_chunks.insert((op, algorithm.name()));
+        }
+    }
+    for op in OpKind::ALL {
+        for algorithm in algorithms_for(op) {
+            let got = families.get(&(op, algorithm.name())).cloned().unwrap_or_default();
+            assert!(!got.is_empty(), "{op} {} has no case with M not a multiple of D", algorithm.name());
+            if matches!(algorithm.name(), "ring_chunked" | "fused" | "ring_accumulate") {
+                assert!(ragged_chunks.contains(&(op, algorithm.name())), "{op} {}: no ragged chunks", algorithm.name());
+            }
+        }
+        let all: BTreeSet<&str> = families.iter().filter(|(k, _)| k.0 == op).flat_map(|(_, f)| f.clone()).collect();
+        assert_eq!(all.len(), 2, "{op}'s uneven cases cover only the families {all:?}");
+    }
+}
+
 #[test]
 fn every_dtype_pair_runs_in_both_families_and_shapes_are_not_all_square() {
     let cases = ring_cases();

@@ -82,7 +82,7 @@ pub use plan::{
     AttnState, BufId, BufferDecl, BufferRole, Causal, Engine, Op, OpSite, Plan, PlanError, Pointwise, Region,
     RouteTables, SemId,
 };
-pub use problem::{GlobalGemm, OpKind, Problem, ProblemError, ShardedGemm, Window};
+pub use problem::{GlobalGemm, OpKind, Problem, ProblemError, ShardedGemm, Split, Window};
 pub use tolerance::Tolerance;
 pub use workload::{ExpectedOutput, Workload};
 

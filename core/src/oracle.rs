@@ -12,8 +12,8 @@ use crate::tolerance::Tolerance;
 /// Expected outputs of one run, per device.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Expected {
-    /// Rows of each device's output.
-    pub rows: usize,
+    /// Rows of each device's output, per device (uneven shards make them differ).
+    pub rows: Vec<usize>,
     /// Columns of each device's output.
     pub cols: usize,
     /// Per device, row-major f64 values of C.
@@ -45,6 +45,7 @@ pub fn expected_outputs(problem: &dyn ShardedGemm, seed: u32, family: Family) ->
         (a.iter().map(|x| x.abs()).collect(), b.iter().map(|x| x.abs()).collect());
     let mag = dgemm(m, n, k, Strided { values: &a_abs, ..a_op }, Strided { values: &b_abs, ..b_op });
     let w0 = problem.output_window_of(0);
+    let devices = problem.device_count();
     let cut = |src: &[f64], d: usize| {
         let w = problem.output_window_of(d);
         let mut out = Vec::with_capacity(w.rows * w.cols);
@@ -54,9 +55,8 @@ pub fn expected_outputs(problem: &dyn ShardedGemm, seed: u32, family: Family) ->
         }
         out
     };
-    let devices = problem.device_count();
     Expected {
-        rows: w0.rows,
+        rows: (0..devices).map(|d| problem.output_window_of(d).rows).collect(),
         cols: w0.cols,
         values: (0..devices).map(|d| cut(&c, d)).collect(),
         magnitudes: (0..devices).map(|d| cut(&mag, d)).collect(),
@@ -239,7 +239,7 @@ mod tests {
         let b = global_input(&p, 1, 3, Family::Exact);
         // Device 1, row 2, column 1 is global C[2][3].
         let want: f64 = (0..3).map(|q| a[2 * 3 + q] * b[q * 4 + 3]).sum();
-        assert_eq!((e.rows, e.cols), (4, 2));
+        assert_eq!((e.rows, e.cols), (vec![4, 4], 2));
         assert_eq!(e.values[1][2 * 2 + 1], want);
     }
 
@@ -252,6 +252,9 @@ mod tests {
             Box::new(Problem::new(OpKind::AgGemm, 3, 9, 6, 5, f16, f16).unwrap()),
             Box::new(Problem::new(OpKind::GemmRs, 3, 6, 4, 9, f16, f32).unwrap()),
             Box::new(Problem::new(OpKind::GemmAr, 2, 4, 6, 8, f32, f32).unwrap()),
+            // Uneven shards: rows 3, 3, 2 (tensor_split's order).
+            Box::new(Problem::new(OpKind::GemmRs, 3, 8, 4, 9, f16, f32).unwrap()),
+            Box::new(Problem::new(OpKind::AgGemm, 3, 8, 6, 5, f16, f16).unwrap()),
             // Transposed A (RS) and B (LS).
             Box::new(MeshProblem::new(2, 2, Dataflow::Rs, 4, 6, 8, f16, f32).unwrap()),
             Box::new(MeshProblem::new(2, 2, Dataflow::Ls, 4, 6, 8, f16, f32).unwrap()),
@@ -260,7 +263,7 @@ mod tests {
             let e = expected_outputs(problem.as_ref(), 5, Family::Realistic);
             let mut at = Vec::new();
             for d in 0..problem.device_count() {
-                at.extend((0..e.rows).flat_map(|r| (0..e.cols).map(move |c| (d, r, c))));
+                at.extend((0..e.rows[d]).flat_map(|r| (0..e.cols).map(move |c| (d, r, c))));
             }
             let single = expected_at(problem.as_ref(), 5, Family::Realistic, &at);
             for (&(d, r, c), &(value, magnitude)) in at.iter().zip(&single) {
@@ -273,7 +276,7 @@ mod tests {
             assert!((4 * d..=6 * d).contains(&check.checked), "{check:?}");
             assert_eq!((check.worst, check.misses.len()), (0.0, 0));
             // Device 1's last element off by 1 %: its corner is among the checked.
-            let (lr, lc) = (e.rows - 1, e.cols - 1);
+            let (lr, lc) = (e.rows[1] - 1, e.cols - 1);
             let wrong =
                 |d: usize, r: usize, c: usize| right(d, r, c) * if (d, r, c) == (1, lr, lc) { 1.01 } else { 1.0 };
             let check = spot_check(problem.as_ref(), 5, Family::Realistic, &tolerance, 6, &wrong);

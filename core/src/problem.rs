@@ -61,8 +61,8 @@ pub enum ProblemError {
         /// Global K.
         k: usize,
     },
-    /// A dimension the sharding splits is not a multiple of the device count.
-    #[error("{op}: {dim}={size} is not divisible by D={devices} (the sharding splits {dim} into D equal blocks)")]
+    /// A weight dimension the sharding splits is not a multiple of the device count.
+    #[error("{op}: {dim}={size} is not divisible by D={devices} (the sharding splits the weights' {dim} into D equal blocks; only M, the rows, may split unevenly)")]
     Indivisible {
         /// The operation.
         op: OpKind,
@@ -70,6 +70,16 @@ pub enum ProblemError {
         dim: &'static str,
         /// Its size.
         size: usize,
+        /// The device count.
+        devices: usize,
+    },
+    /// Fewer rows than devices: some device would hold no row at all.
+    #[error("{op}: M={m} rows cannot give each of D={devices} devices a row (uneven shards need M >= D)")]
+    TooFewRows {
+        /// The operation.
+        op: OpKind,
+        /// Global M.
+        m: usize,
         /// The device count.
         devices: usize,
     },
@@ -103,6 +113,60 @@ pub enum ProblemError {
         /// Its element count.
         elements: u128,
     },
+}
+
+/// `total` items cut into `parts` contiguous blocks in `torch.tensor_split`'s order: the
+/// first `total % parts` blocks hold one item more than the rest. An even split is the
+/// plain `total / parts` each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Split {
+    /// Items in all.
+    pub total: usize,
+    /// Blocks (at least 1).
+    pub parts: usize,
+}
+
+impl Split {
+    /// `total` cut into `parts` blocks.
+    pub fn new(total: usize, parts: usize) -> Split {
+        Split { total, parts: parts.max(1) }
+    }
+
+    /// Items in block `i`.
+    pub fn len(&self, i: usize) -> usize {
+        self.total / self.parts + usize::from(i < self.total % self.parts)
+    }
+
+    /// Index of block `i`'s first item.
+    pub fn start(&self, i: usize) -> usize {
+        i * (self.total / self.parts) + i.min(self.total % self.parts)
+    }
+
+    /// Items in the largest block (the first).
+    pub fn max(&self) -> usize {
+        self.total.div_ceil(self.parts)
+    }
+
+    /// Items in the smallest block (the last).
+    pub fn min(&self) -> usize {
+        self.total / self.parts
+    }
+
+    /// Whether every block holds as many items.
+    pub fn is_even(&self) -> bool {
+        self.total % self.parts == 0
+    }
+
+    /// Items per block, in order.
+    pub fn lens(&self) -> Vec<usize> {
+        (0..self.parts).map(|i| self.len(i)).collect()
+    }
+
+    /// Block `i` cut in turn into `pieces` blocks, as (start within block `i`, items).
+    pub fn piece(&self, i: usize, pieces: usize, j: usize) -> (usize, usize) {
+        let inner = Split::new(self.len(i), pieces);
+        (inner.start(j), inner.len(j))
+    }
 }
 
 /// A window of a global row-major matrix: `rows × cols` starting at `(row0, col0)`.
@@ -250,15 +314,17 @@ impl Problem {
                 return Err(ProblemError::ZeroDimension { op, dim, m, n, k });
             }
         }
-        let split: &[(&'static str, usize)] = match op {
-            OpKind::AgGemm => &[("M", m), ("N", n)],
-            OpKind::GemmRs => &[("K", k), ("M", m)],
-            OpKind::GemmAr => &[("K", k), ("M", m)],
+        // The weights' dimension splits evenly, as tensor parallelism shards them; the
+        // rows (tokens) in `tensor_split`'s order, unevenly when M is not a multiple of D.
+        let (dim, size) = match op {
+            OpKind::AgGemm => ("N", n),
+            OpKind::GemmRs | OpKind::GemmAr => ("K", k),
         };
-        for &(dim, size) in split {
-            if size % devices != 0 {
-                return Err(ProblemError::Indivisible { op, dim, size, devices });
-            }
+        if size % devices != 0 {
+            return Err(ProblemError::Indivisible { op, dim, size, devices });
+        }
+        if m < devices {
+            return Err(ProblemError::TooFewRows { op, m, devices });
         }
         if output != DType::F32 && output != input {
             return Err(ProblemError::UnsupportedDtypes { op, input, output });
@@ -285,14 +351,21 @@ impl Problem {
         self.global().inputs()
     }
 
+    /// How M's rows are cut among the devices: `tensor_split`'s order, so when M is not a
+    /// multiple of D the first M mod D devices hold one row more.
+    pub fn row_split(&self) -> Split {
+        Split::new(self.m, self.devices)
+    }
+
     /// The window of global tensor `tensor` (0 = A, 1 = B) that device `device` holds.
     pub fn input_shard(&self, tensor: u32, device: usize) -> Window {
         let d = self.devices;
-        let (m, n, k) = (self.m, self.n, self.k);
+        let (n, k) = (self.n, self.k);
+        let rows = self.row_split();
         match (self.op, tensor) {
-            (OpKind::AgGemm, 0) => Window { row0: device * m / d, col0: 0, rows: m / d, cols: k },
+            (OpKind::AgGemm, 0) => Window { row0: rows.start(device), col0: 0, rows: rows.len(device), cols: k },
             (OpKind::AgGemm, _) => Window { row0: 0, col0: device * n / d, rows: k, cols: n / d },
-            (OpKind::GemmRs | OpKind::GemmAr, 0) => Window { row0: 0, col0: device * k / d, rows: m, cols: k / d },
+            (OpKind::GemmRs | OpKind::GemmAr, 0) => Window { row0: 0, col0: device * k / d, rows: self.m, cols: k / d },
             (OpKind::GemmRs | OpKind::GemmAr, _) => Window { row0: device * k / d, col0: 0, rows: k / d, cols: n },
         }
     }
@@ -302,7 +375,10 @@ impl Problem {
         let d = self.devices;
         match self.op {
             OpKind::AgGemm => Window { row0: 0, col0: device * self.n / d, rows: self.m, cols: self.n / d },
-            OpKind::GemmRs => Window { row0: device * self.m / d, col0: 0, rows: self.m / d, cols: self.n },
+            OpKind::GemmRs => {
+                let rows = self.row_split();
+                Window { row0: rows.start(device), col0: 0, rows: rows.len(device), cols: self.n }
+            }
             OpKind::GemmAr => Window { row0: 0, col0: 0, rows: self.m, cols: self.n },
         }
     }
@@ -394,15 +470,37 @@ mod tests {
     }
 
     #[test]
-    fn indivisible_dimensions_name_size_and_devices() {
-        let e = Problem::new(OpKind::AgGemm, 3, 8, 9, 4, F32, F32).unwrap_err();
-        assert_eq!(e, ProblemError::Indivisible { op: OpKind::AgGemm, dim: "M", size: 8, devices: 3 });
+    fn indivisible_weight_dimensions_name_size_and_devices() {
         let e = Problem::new(OpKind::AgGemm, 3, 9, 8, 4, F32, F32).unwrap_err();
         assert_eq!(e, ProblemError::Indivisible { op: OpKind::AgGemm, dim: "N", size: 8, devices: 3 });
         let e = Problem::new(OpKind::GemmRs, 4, 8, 8, 6, F32, F32).unwrap_err();
         assert_eq!(e, ProblemError::Indivisible { op: OpKind::GemmRs, dim: "K", size: 6, devices: 4 });
-        let e = Problem::new(OpKind::GemmAr, 4, 6, 8, 8, F32, F32).unwrap_err();
-        assert!(e.to_string().contains("M=6 is not divisible by D=4"), "{e}");
+        assert!(e.to_string().contains("K=6 is not divisible by D=4"), "{e}");
+        // Fewer rows than devices: a device would hold nothing.
+        let e = Problem::new(OpKind::GemmAr, 4, 3, 8, 8, F32, F32).unwrap_err();
+        assert_eq!(e, ProblemError::TooFewRows { op: OpKind::GemmAr, m: 3, devices: 4 });
+    }
+
+    /// M that D does not divide splits as `torch.tensor_split` does: the first M mod D
+    /// devices hold one row more, and the shards tile the rows in device order.
+    #[test]
+    fn rows_split_unevenly_in_tensor_split_order() {
+        let split = Split::new(102, 4);
+        assert_eq!(split.lens(), vec![26, 26, 25, 25]);
+        assert_eq!((0..4).map(|i| split.start(i)).collect::<Vec<_>>(), vec![0, 26, 52, 77]);
+        assert_eq!((split.max(), split.min(), split.is_even()), (26, 25, false));
+        assert_eq!(Split::new(8, 4).lens(), vec![2; 4]);
+        // A block cut again into chunks, the same way: 7 rows in 3 chunks.
+        let rows = Split::new(7 + 6, 2);
+        assert_eq!((0..3).map(|j| rows.piece(0, 3, j)).collect::<Vec<_>>(), vec![(0, 3), (3, 2), (5, 2)]);
+        let p = Problem::new(OpKind::GemmRs, 4, 102, 8, 8, F32, F32).unwrap();
+        let windows: Vec<Window> = (0..4).map(|d| p.output_window(d)).collect();
+        assert_eq!(windows[2], Window { row0: 52, col0: 0, rows: 25, cols: 8 });
+        assert_eq!(windows[3].row0 + windows[3].rows, 102);
+        let p = Problem::new(OpKind::AgGemm, 3, 8, 9, 4, F32, F32).unwrap();
+        assert_eq!(p.input_shard(0, 1), Window { row0: 3, col0: 0, rows: 3, cols: 4 });
+        assert_eq!(p.input_shard(0, 2), Window { row0: 6, col0: 0, rows: 2, cols: 4 });
+        assert_eq!(p.output_window(2), Window { row0: 0, col0: 6, rows: 8, cols: 3 });
     }
 
     #[test]

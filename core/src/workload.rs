@@ -20,8 +20,10 @@ pub struct ExpectedOutput {
     pub buffer: String,
     /// Its element type.
     pub dtype: DType,
-    /// Rows per device.
+    /// Rows per device (the largest device's, when they differ).
     pub rows: usize,
+    /// Uneven shards: each device's rows, when not all `rows`.
+    pub device_rows: Option<Vec<usize>>,
     /// Columns per device.
     pub cols: usize,
     /// Per device, row-major f64 values (computed without intermediate rounding).
@@ -54,9 +56,24 @@ pub fn window_layout(global: &str, windows: &[crate::problem::Window]) -> String
 }
 
 impl ExpectedOutput {
-    /// Elements per device.
+    /// Elements per device (the largest device's, when they differ).
     pub fn len(&self) -> usize {
         self.rows * self.cols
+    }
+
+    /// Rows of device `device`'s output.
+    pub fn rows_on(&self, device: usize) -> usize {
+        crate::plan::rows_on(self.rows, self.device_rows.as_deref(), device)
+    }
+
+    /// Elements of device `device`'s output.
+    pub fn len_on(&self, device: usize) -> usize {
+        self.rows_on(device) * self.cols
+    }
+
+    /// Each device's rows as one text: `26` when even, `7/7/6/6` when not.
+    pub fn rows_text(&self) -> String {
+        crate::plan::rows_text(self.rows, self.device_rows.as_deref())
     }
 
     /// Whether the output has no elements.
@@ -111,7 +128,8 @@ impl<T: ShardedGemm> Workload for T {
             windows,
             buffer: "C".into(),
             dtype: global.output,
-            rows: e.rows,
+            rows: e.rows.iter().copied().max().unwrap_or(0),
+            device_rows: e.rows.iter().any(|&r| r != e.rows[0]).then(|| e.rows.clone()),
             cols: e.cols,
             values: e.values,
             magnitudes: e.magnitudes,

@@ -839,7 +839,8 @@ impl CudaBackend {
         let mut copy_out = Vec::new();
         for (b, decl) in plan.buffers.iter().enumerate() {
             let Some(theirs) = bound.as_ref().and_then(|bound| bound[rank][b]) else { continue };
-            let (heap, bytes) = (memory.base[rank][b], decl.len() * decl.dtype.size_bytes());
+            // An uneven shard's own rows: the caller's buffer holds no padding.
+            let (heap, bytes) = (memory.base[rank][b], decl.len_on(rank) * decl.dtype.size_bytes());
             if decl.role.initialized() {
                 copy_in.push((theirs, heap, bytes));
             }
@@ -2218,17 +2219,18 @@ impl Memory {
                     continue;
                 }
                 let dst = self.base[d][i];
-                match buffer_fill(plan, d, i, dst, seed, family) {
-                    None => {}
-                    Some(Fill::Upload(bytes)) => {
-                        // SAFETY: the destination lies inside this device's heap (offset and
-                        // length from the layout that sized it); the source is a host buffer
-                        // of exactly that length; nothing else uses the heap yet.
-                        #[allow(unsafe_code)]
-                        unsafe { result::memcpy_htod_sync(dst, &bytes) }
-                            .map_err(|e| CudaError::driver("uploading a routing table", e))?;
+                for fill in buffer_fill(plan, d, i, dst, seed, family) {
+                    match fill {
+                        Fill::Upload(bytes) => {
+                            // SAFETY: the destination lies inside this device's heap (offset and
+                            // length from the layout that sized it); the source is a host buffer
+                            // of exactly that length; nothing else uses the heap yet.
+                            #[allow(unsafe_code)]
+                            unsafe { result::memcpy_htod_sync(dst, &bytes) }
+                                .map_err(|e| CudaError::driver("uploading a routing table", e))?;
+                        }
+                        Fill::Launch(l) => launch_on(&stream, &g.functions, &l, None)?,
                     }
-                    Some(Fill::Launch(l)) => launch_on(&stream, &g.functions, &l, None)?,
                 }
             }
             stream.synchronize().map_err(|e| CudaError::driver("generating inputs", e))?;

@@ -74,13 +74,12 @@ pub(crate) fn bind(plan: &Plan, given: &[GivenBuffer], local: std::ops::Range<us
         if !given_by_caller(decl) {
             return Err(binding_error(plan, format!("{at} is the plan's working memory: cmm allocates it")));
         }
-        if (g.rows, g.cols, g.dtype) != (decl.rows, decl.cols, decl.dtype) {
+        // An uneven shard's buffer is the device's own rows (ops reach no further).
+        let rows = decl.rows_on(g.device);
+        if (g.rows, g.cols, g.dtype) != (rows, decl.cols, decl.dtype) {
             return Err(binding_error(
                 plan,
-                format!(
-                    "{at} is {}x{} {}, the plan's is {}x{} {}",
-                    g.rows, g.cols, g.dtype, decl.rows, decl.cols, decl.dtype
-                ),
+                format!("{at} is {}x{} {}, the plan's is {rows}x{} {}", g.rows, g.cols, g.dtype, decl.cols, decl.dtype),
             ));
         }
         if !decl.is_empty() && (g.ptr == 0 || g.ptr % GIVEN_ALIGNMENT != 0) {

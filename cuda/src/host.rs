@@ -458,16 +458,17 @@ fn fill_inputs(
 ) -> Result<(), CudaError> {
     for d in 0..plan.devices {
         for (i, base) in memory.base[d].iter().enumerate() {
-            match buffer_fill(plan, d, i, *base, seed, family) {
-                None => {}
-                Some(Fill::Launch(l)) => kernels.launch(&l)?,
-                Some(Fill::Upload(bytes)) => {
-                    // SAFETY: the destination is buffer i of device d's heap, which holds
-                    // `bytes.len()` bytes; no other thread runs yet.
-                    #[allow(unsafe_code)]
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(bytes.as_ptr(), *base as *mut u8, bytes.len())
-                    };
+            for fill in buffer_fill(plan, d, i, *base, seed, family) {
+                match fill {
+                    Fill::Launch(l) => kernels.launch(&l)?,
+                    Fill::Upload(bytes) => {
+                        // SAFETY: the destination is buffer i of device d's heap, which holds
+                        // `bytes.len()` bytes; no other thread runs yet.
+                        #[allow(unsafe_code)]
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(bytes.as_ptr(), *base as *mut u8, bytes.len())
+                        };
+                    }
                 }
             }
         }

@@ -970,29 +970,31 @@ pub(crate) enum Fill {
     Upload(Vec<u8>),
 }
 
-/// How buffer `buffer` of device `d` at address `dst` starts a run: generated inputs,
-/// uploaded routing tables, poison everywhere else (`None` for an empty buffer).
-pub(crate) fn buffer_fill(plan: &Plan, d: usize, buffer: usize, dst: u64, seed: u32, family: Family) -> Option<Fill> {
+/// How buffer `buffer` of device `d` at address `dst` starts a run, in order: generated
+/// inputs, uploaded routing tables, poison everywhere else (nothing for an empty
+/// buffer). An uneven shard's input is poisoned whole, then its own rows generated.
+pub(crate) fn buffer_fill(plan: &Plan, d: usize, buffer: usize, dst: u64, seed: u32, family: Family) -> Vec<Fill> {
     let b = &plan.buffers[buffer];
     let dtype = dtype_code(b.dtype);
-    let cfg = elementwise(b.len())?;
+    let Some(cfg) = elementwise(b.len()) else { return Vec::new() };
     if let BufferRole::Router { part, router } = &b.role {
-        return Some(Fill::Upload(b.dtype.le_bytes(&router.words(*part, seed, family))));
+        return vec![Fill::Upload(b.dtype.le_bytes(&router.words(*part, seed, family)))];
     }
-    Some(Fill::Launch(match b.role.generated() {
-        Some((tensor, global_cols, origins)) => {
-            let (row0, col0) = (origins[d].0 as u32, origins[d].1 as u32);
-            let params =
-                [dtype, b.rows as u32, b.cols as u32, seed, tensor, family.code(), global_cols as u32, row0, col0];
-            let params = [vec![Param::U64(dst)], params.map(Param::U32).to_vec()].concat();
-            Launch::new(Kernel::Generate, cfg, params, "generating an input")
-        }
-        None => {
-            let params =
-                vec![Param::U64(dst), Param::U32(dtype), Param::U64(b.len() as u64), Param::U32(b.dtype.poison_bits())];
-            Launch::new(Kernel::Fill, cfg, params, "poisoning a buffer")
-        }
-    }))
+    let poison = || {
+        let params =
+            vec![Param::U64(dst), Param::U32(dtype), Param::U64(b.len() as u64), Param::U32(b.dtype.poison_bits())];
+        Fill::Launch(Launch::new(Kernel::Fill, cfg, params, "poisoning a buffer"))
+    };
+    let Some((tensor, global_cols, origins)) = b.role.generated() else { return vec![poison()] };
+    let mut fills: Vec<Fill> = b.device_rows.is_some().then(poison).into_iter().collect();
+    let rows = b.rows_on(d);
+    if let Some(cfg) = elementwise(rows * b.cols) {
+        let (row0, col0) = (origins[d].0 as u32, origins[d].1 as u32);
+        let params = [dtype, rows as u32, b.cols as u32, seed, tensor, family.code(), global_cols as u32, row0, col0];
+        let params = [vec![Param::U64(dst)], params.map(Param::U32).to_vec()].concat();
+        fills.push(Fill::Launch(Launch::new(Kernel::Generate, cfg, params, "generating an input")));
+    }
+    fills
 }
 
 /// Mirror of `CmmGemmArgs` in `cuda/kernels/gemm.cu`.

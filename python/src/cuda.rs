@@ -149,7 +149,8 @@ fn bindings<'py>(
             other => {
                 return Err(PyValueError::new_err(format!(
                     "{what}: shape {other:?}, the plan's is [{}, {}]",
-                    decl.rows, decl.cols
+                    decl.rows_on(*device),
+                    decl.cols
                 )))
             }
         };

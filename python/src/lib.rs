@@ -49,7 +49,7 @@ type GivenArray = (String, Vec<u8>, usize, usize);
 
 /// An output as `index.json` states it: (buffer, NumPy dtype, rows, cols, layout, rule,
 /// tolerance as (rounding, accumulation, floor)).
-type OutputFacts = (String, &'static str, usize, usize, String, &'static str, (f64, f64, f64));
+type OutputFacts = (String, &'static str, usize, usize, String, &'static str, (f64, f64, f64), Option<Vec<usize>>);
 
 /// One case (`cmm.Case` wraps it).
 #[pyclass(name = "Case", module = "cmm._cmm", frozen)]
@@ -169,18 +169,20 @@ impl PyCase {
         let memory = initial_memory(&plan, self.case.seed, self.case.family);
         Ok(memory
             .iter()
-            .map(|buffers| {
+            .enumerate()
+            .map(|(d, buffers)| {
                 plan.buffers
                     .iter()
                     .zip(buffers)
                     .filter(|(b, _)| b.role.initialized())
                     .map(|(b, words)| {
+                        // An uneven shard: the device's own rows.
                         (
                             b.name.clone(),
                             numpy_name(b.dtype),
-                            b.rows,
+                            b.rows_on(d),
                             b.cols,
-                            PyBytes::new(py, &b.dtype.le_bytes(words)),
+                            PyBytes::new(py, &b.dtype.le_bytes(&words[..b.len_on(d)])),
                         )
                     })
                     .collect()
@@ -189,7 +191,8 @@ impl PyCase {
     }
 
     /// Every output: (buffer, NumPy dtype, rows, cols, layout, rule, tolerance as
-    /// (rounding, accumulation, floor)), as `index.json` states them.
+    /// (rounding, accumulation, floor), each device's rows when they differ), as
+    /// `index.json` states them.
     fn expected(&self) -> PyResult<Vec<OutputFacts>> {
         let problem = self.case.problem().map_err(value_error)?;
         let rule = if self.case.family == Family::Exact { "bits" } else { "within" };
@@ -199,7 +202,8 @@ impl PyCase {
             .into_iter()
             .map(|e| {
                 let t = e.tolerance;
-                (e.buffer, numpy_name(e.dtype), e.rows, e.cols, e.layout, rule, (t.rounding, t.accumulation, t.floor))
+                let tolerance = (t.rounding, t.accumulation, t.floor);
+                (e.buffer, numpy_name(e.dtype), e.rows, e.cols, e.layout, rule, tolerance, e.device_rows)
             })
             .collect())
     }
@@ -233,7 +237,9 @@ impl PyCase {
         let mut outputs = Vec::new();
         for e in problem.workload().expected(self.case.seed, self.case.family) {
             let id = plan.buffer_id(&e.buffer).ok_or_else(|| value_error(format!("no output `{}`", e.buffer)))?;
-            let per_device = memory.iter().map(|bufs| PyBytes::new(py, &e.dtype.le_bytes(&bufs[id.0]))).collect();
+            let per_device = (memory.iter().enumerate())
+                .map(|(d, bufs)| PyBytes::new(py, &e.dtype.le_bytes(&bufs[id.0][..e.len_on(d)])))
+                .collect();
             outputs.push((e.buffer, numpy_name(e.dtype), e.rows, e.cols, per_device));
         }
         Ok(outputs)
@@ -265,10 +271,11 @@ impl PyCase {
             }
             let mut words = Vec::with_capacity(arrays.len());
             for (device, (dtype, bytes, rows, cols)) in arrays.iter().enumerate() {
-                if (*rows, *cols) != (decl.rows, decl.cols) {
+                if (*rows, *cols) != (decl.rows_on(device), decl.cols) {
                     return Err(value_error(format!(
                         "output `{name}` of device {device} has shape ({rows}, {cols}); the case's is ({}, {})",
-                        decl.rows, decl.cols
+                        decl.rows_on(device),
+                        decl.cols
                     )));
                 }
                 let descr = match dtype.as_str() {

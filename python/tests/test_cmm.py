@@ -110,8 +110,10 @@ def test_bad_arguments_raise_the_right_exception():
         cmm.Case(opp="ag_gemm")
     with pytest.raises(ValueError, match="unknown op `nope`"):
         cmm.Case(**{**AG, "op": "nope"})
-    with pytest.raises(ValueError, match="M=66 is not divisible by D=4"):
-        cmm.Case(**{**AG, "m": 66})
+    with pytest.raises(ValueError, match="N=30 is not divisible by D=4"):
+        cmm.Case(**{**AG, "n": 30})
+    with pytest.raises(ValueError, match="M=3 rows cannot give each of D=4 devices a row"):
+        cmm.Case(**{**AG, "m": 3})
     with pytest.raises(TypeError, match="must be an int, a bool or a str"):
         cmm.Case(**{**AG, "m": 6.5})
     case = cmm.Case(**AG)

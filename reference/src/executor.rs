@@ -239,8 +239,10 @@ impl Encoder<'_> {
         for (i, b) in self.plan.buffers.iter().enumerate() {
             if let Some((tensor, global_cols, origins)) = b.role.generated() {
                 let (row0, col0) = origins[device];
+                // An uneven shard: the device's rows only (its padding stays poison).
+                let rows = b.rows_on(device);
                 let p = GenerateParams {
-                    rows: b.rows as u32,
+                    rows: rows as u32,
                     cols: b.cols as u32,
                     row_begin: 0,
                     dst_off: self.layout.base[device][i] as u32,
@@ -253,7 +255,7 @@ impl Encoder<'_> {
                     col0: col0 as u32,
                     _pad: 0,
                 };
-                self.elementwise(b.rows, b.cols, |row_begin| {
+                self.elementwise(rows, b.cols, |row_begin| {
                     (Stage::Generate, bytemuck::bytes_of(&GenerateParams { row_begin, ..p }).to_vec())
                 })?;
             }
@@ -629,7 +631,8 @@ impl Gpu {
             for (b, &at) in plan.buffers.iter().zip(bases) {
                 if let BufferRole::Router { part, router } = &b.role {
                     initial[at..at + b.len()].copy_from_slice(&router.words(*part, seed, family));
-                } else if b.role.generated().is_none() {
+                } else if b.role.generated().is_none() || b.device_rows.is_some() {
+                    // Outputs and scratch, and the padding of an uneven shard's input.
                     initial[at..at + b.len()].fill(b.dtype.poison_bits());
                 }
             }

@@ -41,11 +41,12 @@ pub(super) fn ag_gemm(p: &Problem) -> Result<Plan, AlgorithmError> {
 /// through an f32 accumulator beyond [`REDUCE_FAN_IN`] inputs); for AR, the reduced
 /// block is then copied to every peer.
 pub(super) fn gemm_reduce(p: &Problem) -> Result<Plan, AlgorithmError> {
-    let n = p.devices;
-    let mb = p.m / n;
+    let (n, rows) = (p.devices, p.row_split());
+    let mb = rows.max();
     let (mut b, a, bm, c) = start_plan(p, Algorithm::BaselineDirect);
     let partial = b.buffer("P", p.wire, p.m, p.n, BufferRole::Scratch);
-    // Slot s of `recv` on device r holds the block sent by device r + 1 + s (mod D).
+    // Slot s of `recv` on device r holds the block sent by device r + 1 + s (mod D):
+    // each a copy of block r, of its rows.
     let recv_buf = b.buffer("recv", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
     let chained = n > REDUCE_FAN_IN;
     let acc = chained.then(|| b.buffer("acc", DType::F32, mb, p.n, BufferRole::Scratch));
@@ -57,7 +58,7 @@ pub(super) fn gemm_reduce(p: &Problem) -> Result<Plan, AlgorithmError> {
         b.push(d, main, Op::gemm(wa, wb, wp));
         for r in peers(d, n) {
             let slot = (d + n - r - 1) % n;
-            let (src, dst) = (b.rows(partial, r * mb, mb), b.rows(recv_buf, slot * mb, mb));
+            let (src, dst) = (b.rows(partial, rows.start(r), rows.len(r)), b.rows(recv_buf, slot * mb, rows.len(r)));
             b.push(d, main, copy(src, r, dst));
             b.push(d, main, signal(r, recv));
         }
@@ -68,14 +69,15 @@ pub(super) fn gemm_reduce(p: &Problem) -> Result<Plan, AlgorithmError> {
         let terms: Vec<Region> = (0..n)
             .map(|src| {
                 if src == d {
-                    b.rows(partial, d * mb, mb)
+                    b.rows(partial, rows.start(d), rows.len(d))
                 } else {
-                    b.rows(recv_buf, ((src + n - d - 1) % n) * mb, mb)
+                    b.rows(recv_buf, ((src + n - d - 1) % n) * mb, rows.len(d))
                 }
             })
             .collect();
-        let out = if p.op == OpKind::GemmAr { b.rows(c, d * mb, mb) } else { b.whole(c) };
-        for op in chained_sum(&terms, acc.map(|acc| b.whole(acc)), out) {
+        let out =
+            if p.op == OpKind::GemmAr { b.rows(c, rows.start(d), rows.len(d)) } else { b.rows(c, 0, rows.len(d)) };
+        for op in chained_sum(&terms, acc.map(|acc| b.rows(acc, 0, rows.len(d))), out) {
             b.push(d, main, op);
         }
         if let Some(ag) = ag {

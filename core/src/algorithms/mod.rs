@@ -7,7 +7,7 @@ use thiserror::Error;
 
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, Plan, PlanBuilder, PlanError};
-use crate::problem::{OpKind, Problem, ShardedGemm};
+use crate::problem::{OpKind, Problem, ShardedGemm, Window};
 
 mod direct;
 pub(crate) mod ring;
@@ -146,19 +146,19 @@ pub enum AlgorithmError {
         /// Parameter.
         parameter: &'static str,
     },
-    /// A parameter does not divide the size it splits.
-    #[error("{algorithm}: {what}={size} is not divisible by {param}={by}")]
-    Indivisible {
+    /// More chunks than a block has rows (or none): a chunk would be empty.
+    #[error(
+        "{algorithm}: {chunks} chunks of {what}={rows} would leave a chunk without rows (chunks must be 1 to {rows})"
+    )]
+    TooManyChunks {
         /// Algorithm.
         algorithm: Algorithm,
-        /// The size being split.
+        /// The rows being split.
         what: &'static str,
-        /// Its value.
-        size: usize,
-        /// The parameter name.
-        param: &'static str,
-        /// The parameter value.
-        by: usize,
+        /// How many.
+        rows: usize,
+        /// The chunk count.
+        chunks: usize,
     },
     /// The algorithm has no plan for this op.
     #[error("algorithm {algorithm} is not defined for {op}")]
@@ -255,37 +255,43 @@ fn start_plan(p: &Problem, algorithm: Algorithm) -> (PlanBuilder, BufId, BufId, 
     (b, a, bm, c)
 }
 
-/// Rows of one of `chunks` chunks of `rows` rows (`what`: a shard or a block).
-fn chunk_rows(algorithm: Algorithm, what: &'static str, rows: usize, chunks: usize) -> Result<usize, AlgorithmError> {
-    if chunks == 0 || rows % chunks != 0 {
-        return Err(AlgorithmError::Indivisible { algorithm, what, size: rows, param: "chunks", by: chunks });
+/// Refuses `chunks` chunks of blocks whose smallest has `rows` rows (`what`) when a
+/// chunk would be empty. Chunks of a block split its rows in `tensor_split`'s order, so
+/// they need not divide it.
+pub(crate) fn check_chunks(
+    algorithm: Algorithm,
+    what: &'static str,
+    rows: usize,
+    chunks: usize,
+) -> Result<(), AlgorithmError> {
+    if chunks == 0 || chunks > rows {
+        return Err(AlgorithmError::TooManyChunks { algorithm, what, rows, chunks });
     }
-    Ok(rows / chunks)
+    Ok(())
 }
 
 pub(crate) fn input_buffer(b: &mut PlanBuilder, p: &impl ShardedGemm, tensor: u32) -> BufId {
     let global = p.global();
     let decl = global.inputs()[tensor as usize];
-    let shard = p.input_window(tensor, 0);
-    let origins = (0..p.device_count())
-        .map(|d| {
-            let w = p.input_window(tensor, d);
-            (w.row0, w.col0)
-        })
-        .collect();
-    b.buffer(
-        decl.name,
-        global.input,
-        shard.rows,
-        shard.cols,
-        BufferRole::Input { tensor, global_cols: decl.cols, origins },
-    )
+    let windows: Vec<Window> = (0..p.device_count()).map(|d| p.input_window(tensor, d)).collect();
+    let origins = windows.iter().map(|w| (w.row0, w.col0)).collect();
+    let role = BufferRole::Input { tensor, global_cols: decl.cols, origins };
+    sharded_buffer(b, decl.name, global.input, &windows, role)
 }
 
-/// Declares the output buffer `C` with the device's output window shape.
+/// Declares the output buffer `C` with the devices' output window shape.
 pub(crate) fn output_buffer(b: &mut PlanBuilder, p: &impl ShardedGemm) -> BufId {
-    let w = p.output_window_of(0);
-    b.buffer("C", p.global().output, w.rows, w.cols, BufferRole::Output)
+    let windows: Vec<Window> = (0..p.device_count()).map(|d| p.output_window_of(d)).collect();
+    sharded_buffer(b, "C", p.global().output, &windows, BufferRole::Output)
+}
+
+/// A buffer holding each device's window (of one width): as many rows as the largest,
+/// and each device's own count when they differ (uneven shards).
+fn sharded_buffer(b: &mut PlanBuilder, name: &str, dtype: DType, windows: &[Window], role: BufferRole) -> BufId {
+    let rows = windows.iter().map(|w| w.rows).max().unwrap_or(0);
+    let id = b.buffer(name, dtype, rows, windows[0].cols, role);
+    b.set_device_rows(id, windows.iter().map(|w| w.rows).collect());
+    id
 }
 
 #[cfg(test)]

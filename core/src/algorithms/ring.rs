@@ -1,9 +1,9 @@
 //! The 1D ring family (BRIEF §4) and the non-overlapped baselines.
 
-use super::{chunk_rows, start_plan, Algorithm, AlgorithmError};
+use super::{check_chunks, start_plan, Algorithm, AlgorithmError};
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, Engine, LaneId, Op, Plan, PlanBuilder, Region, SemId};
-use crate::problem::{OpKind, Problem, Window};
+use crate::problem::{OpKind, Problem, Split, Window};
 
 fn left(d: usize, n: usize) -> usize {
     (d + n - 1) % n
@@ -66,6 +66,20 @@ impl Ring {
     pub fn left(&self) -> usize {
         self.at(self.len() - 1)
     }
+}
+
+/// `slot` cut to the rows and columns of `data`, from its first element: a slot sized
+/// for the largest block holding a smaller one (uneven shards). Even shards fill it.
+pub(crate) fn fit(slot: Region, data: Region) -> Region {
+    Region { rows: data.rows, cols: data.cols, ..slot }
+}
+
+/// Chunk `j` of `chunks` of a slot sized for blocks of `max` rows, holding a block of
+/// `split`'s block `blk`: where it starts in the slot (chunk j of the largest block's
+/// cut, so chunk places do not depend on which block the slot holds) and its rows
+/// (chunk j of the block's own cut).
+pub(crate) fn slot_chunk(split: Split, blk: usize, chunks: usize, j: usize) -> (usize, usize) {
+    (Split::new(split.max(), chunks).start(j), split.piece(blk, chunks, j).1)
 }
 
 /// A sub-window of a region, `window` relative to the region's element (0, 0).
@@ -170,7 +184,9 @@ pub(crate) type FinalPieces = [(Window, Region)];
 /// partial to the running sum received from its right neighbour (none at s = 0) and
 /// sends the sum left into `recv[s]` there, signalling `sem`; at s = n−1 the block is
 /// its own and the sum lands in `out`. Received sums are awaited at `base + s`. `send[s]`
-/// (1 ≤ s < n−1) holds the sums in flight; no slot is reused, so no back-pressure.
+/// (1 ≤ s < n−1) holds the sums in flight; no slot is reused, so no back-pressure. Slots
+/// may be larger than a block (uneven shards): each use takes the block's shape from
+/// the slot's first element.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn ring_reduce_scatter(
     b: &mut PlanBuilder,
@@ -195,14 +211,16 @@ pub(crate) fn ring_reduce_scatter(
             mine
         } else {
             b.push(me, lane, wait(sem, base + s as u32));
+            let got = fit(recv[s - 1], mine);
             if s == n - 1 {
-                reduce_pieces(b, me, lane, mine, Some(recv[s - 1]), out);
+                reduce_pieces(b, me, lane, mine, Some(got), out);
                 break;
             }
-            b.push(me, lane, Op::Reduce { inputs: vec![mine, recv[s - 1]], output: send[s] });
-            send[s]
+            let sum = fit(send[s], mine);
+            b.push(me, lane, Op::Reduce { inputs: vec![mine, got], output: sum });
+            sum
         };
-        b.push(me, lane, copy(sum, to, recv[s]));
+        b.push(me, lane, copy(sum, to, fit(recv[s], mine)));
         b.push(me, lane, signal(to, sem));
     }
 }
@@ -323,11 +341,13 @@ pub(crate) struct OverlappedReduce {
     pub recv: SemId,
     /// The comm lane.
     pub comm: LaneId,
-    /// Scratch for the partial of steps s > 0 (f32).
+    /// Scratch for the partial of steps s > 0 (f32), cut to each step's shape.
     pub part: Region,
-    /// Sums in flight, one slot per step s < n−1 (f32).
+    /// Sums in flight, one slot per step s < n−1 (f32), each of its step's shape.
     pub send: Vec<Region>,
-    /// Sums received, one slot per step s < n−1 (f32).
+    /// Sums received, one slot per step s < n−1 (f32), each of the shape of the sum it
+    /// receives (step s+1's). A slot sent into on the peer takes the shape of the sum
+    /// sent from the slot's first element.
     pub recv_slots: Vec<Region>,
 }
 
@@ -348,9 +368,10 @@ impl OverlappedReduce {
         if s == 0 {
             partial(b, dst);
         } else {
-            partial(b, self.part);
+            let part = fit(self.part, dst);
+            partial(b, part);
             b.push(self.me, lane, wait(self.recv, s as u32));
-            b.push(self.me, lane, Op::Reduce { inputs: vec![self.part, self.recv_slots[s - 1]], output: dst });
+            b.push(self.me, lane, Op::Reduce { inputs: vec![part, self.recv_slots[s - 1]], output: dst });
         }
         if s < n - 1 {
             b.push(self.me, lane, signal(self.me, self.ready));
@@ -372,7 +393,7 @@ impl OverlappedReduce {
     /// Step s (< n−1) of the comm lane, passing on the sum held in `sum`.
     pub fn comm_step_from(&self, b: &mut PlanBuilder, s: usize, sum: Region) {
         b.push(self.me, self.comm, wait(self.ready, (s + 1) as u32));
-        b.push(self.me, self.comm, copy(sum, self.peer, self.recv_slots[s]));
+        b.push(self.me, self.comm, copy(sum, self.peer, fit(self.recv_slots[s], sum)));
         b.push(self.me, self.comm, signal(self.peer, self.recv));
     }
 }
@@ -382,7 +403,7 @@ impl OverlappedReduce {
 /// `send_slots` of them are sent from `send` (a ring that accumulates in place sends
 /// from `recv` after its first step).
 fn sum_slots(b: &mut PlanBuilder, p: &Problem, send_slots: usize) -> (BufId, BufId) {
-    let (slots, rows) = (p.devices - 1, p.m / p.devices);
+    let (slots, rows) = (p.devices - 1, p.row_split().max());
     let send = b.buffer("send", p.wire, send_slots.min(slots) * rows, p.n, BufferRole::Scratch);
     let recv = b.buffer("recv", p.wire, slots * rows, p.n, BufferRole::Scratch);
     (send, recv)
@@ -399,27 +420,27 @@ pub(crate) fn plan_name(p: &Problem, algorithm: Algorithm) -> String {
 /// [`Algorithm::Fused`] the GEMMs are the blocks of one tile-granular GEMM: the own
 /// shard first, then each chunk as it arrives, gated by its wait inside the kernel.
 pub(super) fn ag_gemm_ring(p: &Problem, algorithm: Algorithm, chunks: usize) -> Result<Plan, AlgorithmError> {
-    let n = p.devices;
-    let ms = p.m / n;
-    let cr = chunk_rows(algorithm, "per-shard rows M/D", ms, chunks)?;
+    let (n, shards) = (p.devices, p.row_split());
+    check_chunks(algorithm, "the smallest shard's rows", shards.min(), chunks)?;
     let (mut b, a, bm, c) = start_plan(p, algorithm);
-    let s = b.buffer("S", p.input, (n - 1) * ms, p.k, BufferRole::Scratch);
-    let ring = ChunkedRing { own: a, slots: s, shard_rows: ms, chunks, recv: b.semaphore("recv") };
+    let s = b.buffer("S", p.input, (n - 1) * shards.max(), p.k, BufferRole::Scratch);
+    let ring = ChunkedRing { own: a, slots: s, shards, chunks, recv: b.semaphore("recv") };
     let compute = b.lane("compute");
     let comm = b.lane("comm");
     for d in 0..n {
         ring.forward(&mut b, d, n, comm);
         let whole_b = b.whole(bm);
-        let own = b.rows(c, d * ms, ms);
-        let whole_a = b.whole(a);
+        let own = b.rows(c, shards.start(d), shards.len(d));
+        let own_a = b.rows(a, 0, shards.len(d));
         let fused = matches!(algorithm, Algorithm::Fused { .. });
         let multiply = |a, c| if fused { gemm_block(a, whole_b, c, 0) } else { Op::gemm(a, whole_b, c) };
-        b.push(d, compute, multiply(whole_a, own));
+        b.push(d, compute, multiply(own_a, own));
         for i in 1..n {
             let blk = (d + i) % n;
             for j in 0..chunks {
                 let src = ring.chunk(&mut b, d, compute, i, j);
-                let dst = b.rows(c, blk * ms + j * cr, cr);
+                let (start, rows) = shards.piece(blk, chunks, j);
+                let dst = b.rows(c, shards.start(blk) + start, rows);
                 b.push(d, compute, multiply(src, dst));
             }
         }
@@ -427,18 +448,19 @@ pub(super) fn ag_gemm_ring(p: &Problem, algorithm: Algorithm, chunks: usize) -> 
     Ok(b.finish()?)
 }
 
-/// A unidirectional ring AllGather whose shards (`shard_rows` rows each) travel as
-/// `chunks` row chunks with one signal each: at step i device d holds the shard of
-/// device (d+i) mod D, its own (`own`) at i = 0, else slot i−1 of `slots` (D−1 slots, so
-/// no slot is reused), where it arrives with `recv` at `(i−1)·chunks + j + 1`.
+/// A unidirectional ring AllGather whose shards (device r's of `shards.len(r)` rows)
+/// travel as `chunks` row chunks with one signal each: at step i device d holds the
+/// shard of device (d+i) mod D, its own (`own`) at i = 0, else slot i−1 of `slots` (D−1
+/// slots of the largest shard's rows, so no slot is reused), where it arrives with
+/// `recv` at `(i−1)·chunks + j + 1`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ChunkedRing {
     /// The device's own shard.
     pub own: BufId,
     /// The received shards, one slot per step i ≥ 1.
     pub slots: BufId,
-    /// Rows of a shard.
-    pub shard_rows: usize,
+    /// How the rows are cut into the devices' shards.
+    pub shards: Split,
     /// Chunks per shard.
     pub chunks: usize,
     /// Counts the chunks that have arrived.
@@ -448,22 +470,29 @@ pub(crate) struct ChunkedRing {
 impl ChunkedRing {
     /// Chunk j of the shard device d holds at step i, after waiting for it on `lane`.
     pub fn chunk(&self, b: &mut PlanBuilder, d: usize, lane: LaneId, i: usize, j: usize) -> Region {
-        let cr = self.shard_rows / self.chunks;
+        let blk = (d + i) % self.shards.parts;
         if i == 0 {
-            return b.rows(self.own, j * cr, cr);
+            let (start, rows) = self.shards.piece(blk, self.chunks, j);
+            return b.rows(self.own, start, rows);
         }
         b.push(d, lane, wait(self.recv, ((i - 1) * self.chunks + j + 1) as u32));
-        b.rows(self.slots, (i - 1) * self.shard_rows + j * cr, cr)
+        self.slot(b, i - 1, blk, j)
+    }
+
+    /// Chunk j of shard `blk` in slot `slot`.
+    fn slot(&self, b: &PlanBuilder, slot: usize, blk: usize, j: usize) -> Region {
+        let (start, rows) = slot_chunk(self.shards, blk, self.chunks, j);
+        b.rows(self.slots, slot * self.shards.max() + start, rows)
     }
 
     /// Device d's comm lane: every chunk it holds forwarded to its left neighbour (into
     /// the next slot there) as soon as it holds it.
     pub fn forward(&self, b: &mut PlanBuilder, d: usize, n: usize, lane: LaneId) {
-        let (to, cr) = (left(d, n), self.shard_rows / self.chunks);
+        let to = left(d, n);
         for i in 0..n - 1 {
             for j in 0..self.chunks {
                 let src = self.chunk(b, d, lane, i, j);
-                let dst = b.rows(self.slots, i * self.shard_rows + j * cr, cr);
+                let dst = self.slot(b, i, (d + i) % n, j);
                 b.push(d, lane, copy(src, to, dst));
                 b.push(d, lane, signal(to, self.recv));
             }
@@ -474,45 +503,52 @@ impl ChunkedRing {
 /// AG+GEMM, bidirectional ring: shards from the right travel leftwards and shards from
 /// the left travel rightwards, so the D−1 remote shards arrive in ⌈(D−1)/2⌉ rounds.
 pub(super) fn ag_gemm_bidir(p: &Problem) -> Result<Plan, AlgorithmError> {
-    let n = p.devices;
-    let ms = p.m / n;
+    let (n, shards) = (p.devices, p.row_split());
+    let ms = shards.max();
     let from_right = n / 2; // ⌈(D−1)/2⌉
     let from_left = (n - 1) / 2; // ⌊(D−1)/2⌋
     let (mut b, a, bm, c) = start_plan(p, Algorithm::RingBidir);
     let s = b.buffer("S", p.input, (n - 1) * ms, p.k, BufferRole::Scratch);
+    // Slot `slot` holding device blk's shard, and where that shard lands in C.
+    let slot = |b: &PlanBuilder, slot: usize, blk: usize| b.rows(s, slot * ms, shards.len(blk));
+    let c_rows = |b: &PlanBuilder, blk: usize| b.rows(c, shards.start(blk), shards.len(blk));
     let recv_r = b.semaphore("recv_from_right");
     let recv_l = b.semaphore("recv_from_left");
     let compute = b.lane("compute");
     let comm_left = b.lane("comm_left");
     let comm_right = b.lane("comm_right");
     for d in 0..n {
-        // Leftward flow into slots [0, from_right), rightward flow into the rest.
-        for (lane, count, base, sem, to) in
-            [(comm_left, from_right, 0, recv_r, left(d, n)), (comm_right, from_left, from_right, recv_l, right(d, n))]
-        {
+        // Leftward flow into slots [0, from_right), rightward flow into the rest: the
+        // j-th message carries the shard of device d+j (leftward) or d−j (rightward).
+        for (lane, count, base, sem, to, ahead) in [
+            (comm_left, from_right, 0, recv_r, left(d, n), 1),
+            (comm_right, from_left, from_right, recv_l, right(d, n), n - 1),
+        ] {
             for j in 0..count {
+                let blk = (d + j * ahead) % n;
                 let src = if j == 0 {
-                    b.whole(a)
+                    b.rows(a, 0, shards.len(d))
                 } else {
                     b.push(d, lane, wait(sem, j as u32));
-                    b.rows(s, (base + j - 1) * ms, ms)
+                    slot(&b, base + j - 1, blk)
                 };
-                let dst = b.rows(s, (base + j) * ms, ms);
+                let dst = slot(&b, base + j, blk);
                 b.push(d, lane, copy(src, to, dst));
                 b.push(d, lane, signal(to, sem));
             }
         }
         let whole_b = b.whole(bm);
-        let (whole_a, own) = (b.whole(a), b.rows(c, d * ms, ms));
-        b.push(d, compute, Op::gemm(whole_a, whole_b, own));
+        let (own_a, own) = (b.rows(a, 0, shards.len(d)), c_rows(&b, d));
+        b.push(d, compute, Op::gemm(own_a, whole_b, own));
         for r in 1..=from_right {
             b.push(d, compute, wait(recv_r, r as u32));
-            let (src, dst) = (b.rows(s, (r - 1) * ms, ms), b.rows(c, ((d + r) % n) * ms, ms));
+            let blk = (d + r) % n;
+            let (src, dst) = (slot(&b, r - 1, blk), c_rows(&b, blk));
             b.push(d, compute, Op::gemm(src, whole_b, dst));
             if r <= from_left {
                 b.push(d, compute, wait(recv_l, r as u32));
-                let src = b.rows(s, (from_right + r - 1) * ms, ms);
-                let dst = b.rows(c, ((d + n - r) % n) * ms, ms);
+                let blk = (d + n - r) % n;
+                let (src, dst) = (slot(&b, from_right + r - 1, blk), c_rows(&b, blk));
                 b.push(d, compute, Op::gemm(src, whole_b, dst));
             }
         }
@@ -536,15 +572,14 @@ pub(super) type Gather<'a> = dyn Fn(&mut PlanBuilder, usize, LaneId, SemId, Regi
 /// AG+GEMM without overlap: the own shard into the gathered buffer G, `gather` for the
 /// other D − 1 blocks, one wait for them, then one GEMM over all rows.
 pub(super) fn ag_gemm_gathered(p: &Problem, algorithm: Algorithm, gather: &Gather) -> Result<Plan, AlgorithmError> {
-    let n = p.devices;
-    let ms = p.m / n;
+    let (n, shards) = (p.devices, p.row_split());
     let (mut b, a, bm, c) = start_plan(p, algorithm);
     let g = b.buffer("G", p.input, p.m, p.k, BufferRole::Scratch);
     let recv = b.semaphore("recv");
     let main = b.lane("main");
-    let blocks: Vec<Region> = (0..n).map(|r| b.rows(g, r * ms, ms)).collect();
+    let blocks: Vec<Region> = (0..n).map(|r| b.rows(g, shards.start(r), shards.len(r))).collect();
     for d in 0..n {
-        let own = b.whole(a);
+        let own = b.rows(a, 0, shards.len(d));
         b.push(d, main, copy(own, d, blocks[d]));
         gather(&mut b, d, main, recv, own, &blocks);
         if n > 1 {
@@ -554,6 +589,11 @@ pub(super) fn ag_gemm_gathered(p: &Problem, algorithm: Algorithm, gather: &Gathe
         b.push(d, main, Op::gemm(whole_g, whole_b, whole_c));
     }
     Ok(b.finish()?)
+}
+
+/// GEMM+AR's C cut into the devices' row blocks.
+fn c_blocks(b: &PlanBuilder, c: BufId, blocks: Split) -> Vec<Region> {
+    (0..blocks.parts).map(|r| b.rows(c, blocks.start(r), blocks.len(r))).collect()
 }
 
 /// GEMM+AR's AllGather on `lane` of device d: once `done` says d's block of C (rows
@@ -575,8 +615,8 @@ fn gather_reduced_blocks(b: &mut PlanBuilder, d: usize, lane: LaneId, done: SemI
 /// [`Algorithm::RingAccumulate`] the GEMM of each step 0 < s < D−1 adds onto the
 /// received sum in its receive slot, which the comm lane then sends on.
 pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan, AlgorithmError> {
-    let n = p.devices;
-    let mb = p.m / n;
+    let (n, blocks) = (p.devices, p.row_split());
+    let mb = blocks.max();
     let (bidir, chunks, accumulate) = match algorithm {
         Algorithm::RingBidir => (true, 1, false),
         Algorithm::RingChunked { chunks } => (false, chunks, false),
@@ -584,7 +624,7 @@ pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan
         Algorithm::Ring => (false, 1, false),
         other => return Err(AlgorithmError::NotDefined { algorithm: other, op: p.op.name() }),
     };
-    let cr = chunk_rows(algorithm, "per-block rows M/D", mb, chunks)?;
+    check_chunks(algorithm, "the smallest block's rows", blocks.min(), chunks)?;
     if accumulate && p.wire != DType::F32 {
         return Err(AlgorithmError::NeedsF32Wire { algorithm, wire: p.wire });
     }
@@ -617,9 +657,10 @@ pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan
         if all_reduce && n > 1 { (Some(b.semaphore("done")), Some(b.semaphore("ag"))) } else { (None, None) };
     for d in 0..n {
         // The final block lands in C: rows block d for AR (C is M×N), all of C for RS.
-        let final_row0 = if all_reduce { d * mb } else { 0 };
+        let final_row0 = if all_reduce { blocks.start(d) } else { 0 };
         // Leftwards, step s reduces block (d+s+1)%D; rightwards, block (d−s−1)%D.
-        // One ring per (direction, chunk j), over rows [j·cr, (j+1)·cr) of each block.
+        let block_at = |leftwards: bool, s: usize| if leftwards { (d + s + 1) % n } else { (d + 2 * n - s - 1) % n };
+        // One ring per (direction, chunk j), over chunk j of each block.
         let rings: Vec<(OverlappedReduce, usize, usize, bool, usize)> = dirs
             .iter()
             .flat_map(|(col0, cols, leftwards, comm, sems)| {
@@ -628,9 +669,16 @@ pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan
                     .map(move |(j, &(ready, recv))| (*col0, *cols, *leftwards, *comm, j, ready, recv))
             })
             .map(|(col0, cols, leftwards, comm, j, ready, recv)| {
-                let slots = |buf, count: usize| {
-                    (0..count).map(|s| b.window(buf, s * mb + j * cr, col0, cr, cols)).collect::<Vec<Region>>()
+                // Slot s holding chunk j of the block reduced at step `step(s)`.
+                let slots = |buf, count: usize, step: &dyn Fn(usize) -> usize| {
+                    (0..count)
+                        .map(|s| {
+                            let (start, rows) = slot_chunk(blocks, block_at(leftwards, step(s)), chunks, j);
+                            b.window(buf, s * mb + start, col0, rows, cols)
+                        })
+                        .collect::<Vec<Region>>()
                 };
+                let (start, rows) = slot_chunk(blocks, 0, chunks, j);
                 let ring = OverlappedReduce {
                     me: d,
                     peer: if leftwards { left(d, n) } else { right(d, n) },
@@ -638,19 +686,21 @@ pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan
                     ready,
                     recv,
                     comm,
-                    part: b.window(partial, j * cr, col0, cr, cols),
-                    send: slots(send, send_slots),
-                    recv_slots: slots(recv_buf, n - 1),
+                    part: b.window(partial, start, col0, rows, cols),
+                    send: slots(send, send_slots, &|s| s),
+                    recv_slots: slots(recv_buf, n - 1, &|s| s + 1),
                 };
                 (ring, col0, cols, leftwards, j)
             })
             .collect();
         for s in 0..n {
             for (ring, col0, cols, leftwards, j) in &rings {
-                let blk = if *leftwards { (d + s + 1) % n } else { (d + 2 * n - s - 1) % n };
-                let a_rows = b.rows(a, blk * mb + j * cr, cr);
+                let blk = block_at(*leftwards, s);
+                let (start, rows) = blocks.piece(blk, chunks, *j);
+                let a_rows = b.rows(a, blocks.start(blk) + start, rows);
                 let b_cols = b.window(bm, 0, *col0, p.k / n, *cols);
-                let out = b.window(c, final_row0 + j * cr, *col0, cr, *cols);
+                // Used at s = D−1 only, where blk is d.
+                let out = b.window(c, final_row0 + start, *col0, rows, *cols);
                 if accumulate && s > 0 && s < n - 1 {
                     // This step's partial lands on the sum received, where it lies.
                     let sum = ring.recv_slots[s - 1];
@@ -687,8 +737,8 @@ pub(super) fn gemm_reduce_ring(p: &Problem, algorithm: Algorithm) -> Result<Plan
         if let (Some(done), Some(ag)) = (done, ag) {
             // AllGather of the reduced blocks on the first comm lane, once every
             // ring's final reduce is done.
-            let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
-            gather_reduced_blocks(&mut b, d, rings[0].0.comm, done, ag, &blocks);
+            let c_blocks = c_blocks(&b, c, blocks);
+            gather_reduced_blocks(&mut b, d, rings[0].0.comm, done, ag, &c_blocks);
         }
     }
     Ok(b.finish()?)
@@ -708,8 +758,8 @@ pub(super) fn gemm_reduce_push(p: &Problem) -> Result<Plan, AlgorithmError> {
     if p.wire != DType::F32 {
         return Err(AlgorithmError::NeedsF32Wire { algorithm, wire: p.wire });
     }
-    let n = p.devices;
-    let mb = p.m / n;
+    let (n, rows) = (p.devices, p.row_split());
+    let mb = rows.max();
     let (mut b, a, bm, c) = start_plan(p, algorithm);
     let partial = b.buffer("P", p.wire, mb, p.n, BufferRole::Scratch);
     let sum = b.buffer("S", p.wire, mb, p.n, BufferRole::Scratch);
@@ -722,10 +772,11 @@ pub(super) fn gemm_reduce_push(p: &Problem) -> Result<Plan, AlgorithmError> {
     } else {
         (None, None, None)
     };
-    let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
+    let blocks = c_blocks(&b, c, rows);
     for d in 0..n {
-        let (whole_b, whole_p, whole_s) = (b.whole(bm), b.whole(partial), b.whole(sum));
-        let out = if all_reduce { blocks[d] } else { b.whole(c) };
+        let whole_b = b.whole(bm);
+        let (own_p, own_s) = (b.rows(partial, 0, rows.len(d)), b.rows(sum, 0, rows.len(d)));
+        let out = if all_reduce { blocks[d] } else { b.rows(c, 0, rows.len(d)) };
         // Steps 0..D−2: the peers' blocks, each added into its owner's sum.
         for s in 0..n - 1 {
             let blk = (d + s + 1) % n;
@@ -733,9 +784,9 @@ pub(super) fn gemm_reduce_push(p: &Problem) -> Result<Plan, AlgorithmError> {
                 b.push(d, compute, wait(added, s as u32));
             }
             let gemm = Op::Gemm {
-                a: b.rows(a, blk * mb, mb),
+                a: b.rows(a, rows.start(blk), rows.len(blk)),
                 b: whole_b,
-                c: whole_s,
+                c: b.rows(sum, 0, rows.len(blk)),
                 trans_a: false,
                 trans_b: false,
                 accumulate: s > 0,
@@ -746,13 +797,13 @@ pub(super) fn gemm_reduce_push(p: &Problem) -> Result<Plan, AlgorithmError> {
             b.push(d, compute, signal(left(d, n), added));
         }
         // Step D−1, the own block: its partial needs no one; the peers' sum does.
-        let own = b.rows(a, d * mb, mb);
+        let own = b.rows(a, rows.start(d), rows.len(d));
         if n == 1 {
             b.push(d, compute, Op::gemm(own, whole_b, out));
         } else {
-            b.push(d, compute, Op::gemm(own, whole_b, whole_p));
+            b.push(d, compute, Op::gemm(own, whole_b, own_p));
             b.push(d, compute, wait(added, (n - 1) as u32));
-            b.push(d, compute, Op::Reduce { inputs: vec![whole_p, whole_s], output: out });
+            b.push(d, compute, Op::Reduce { inputs: vec![own_p, own_s], output: out });
         }
         if let (Some(lane), Some(done), Some(ag)) = (comm, done, ag) {
             b.push(d, compute, signal(d, done));
@@ -770,12 +821,12 @@ pub(super) fn gemm_reduce_push(p: &Problem) -> Result<Plan, AlgorithmError> {
 /// own and the sum is final. GEMM+AR then gathers the reduced blocks on the comm lane.
 /// No slot is reused, so nothing waits for a slot to drain.
 pub(super) fn gemm_reduce_fused(p: &Problem, chunks: usize) -> Result<Plan, AlgorithmError> {
-    let n = p.devices;
-    let mb = p.m / n;
+    let (n, blocks) = (p.devices, p.row_split());
+    let mb = blocks.max();
     let algorithm = Algorithm::Fused { chunks };
-    let cr = chunk_rows(algorithm, "per-block rows M/D", mb, chunks)?;
+    check_chunks(algorithm, "the smallest block's rows", blocks.min(), chunks)?;
     let (mut b, a, bm, c) = start_plan(p, algorithm);
-    let partial = b.buffer("P", p.wire, p.m, p.n, BufferRole::Scratch);
+    let partial = b.buffer("P", p.wire, n * mb, p.n, BufferRole::Scratch);
     let (send, recv_buf) = sum_slots(&mut b, p, p.devices - 1);
     // Local: chunks the GEMM has written, running sums ready to send. From the right
     // neighbour: running sums received, in (step, chunk) order.
@@ -791,13 +842,19 @@ pub(super) fn gemm_reduce_fused(p: &Problem, chunks: usize) -> Result<Plan, Algo
     // The count a semaphore reaches with chunk j of step s.
     let count = |s: usize, j: usize| (s * chunks + j + 1) as u32;
     for d in 0..n {
-        let final_row0 = if all_reduce { d * mb } else { 0 };
+        let final_row0 = if all_reduce { blocks.start(d) } else { 0 };
         let whole_b = b.whole(bm);
-        let part = |b: &mut PlanBuilder, s: usize, j: usize| b.rows(partial, s * mb + j * cr, cr);
+        // Chunk j of slot s of `buf`, holding the block of step s.
+        let slot = |b: &PlanBuilder, buf: BufId, s: usize, j: usize| {
+            let (start, rows) = slot_chunk(blocks, (d + s + 1) % n, chunks, j);
+            b.rows(buf, s * mb + start, rows)
+        };
+        let part = |b: &mut PlanBuilder, s: usize, j: usize| slot(b, partial, s, j);
         for s in 0..n {
             let blk = (d + s + 1) % n;
             for j in 0..chunks {
-                let (a_rows, dst) = (b.rows(a, blk * mb + j * cr, cr), part(&mut b, s, j));
+                let (start, rows) = blocks.piece(blk, chunks, j);
+                let (a_rows, dst) = (b.rows(a, blocks.start(blk) + start, rows), part(&mut b, s, j));
                 b.push(d, compute, gemm_block(a_rows, whole_b, dst, 0));
                 b.push(d, compute, signal(d, computed));
             }
@@ -809,10 +866,16 @@ pub(super) fn gemm_reduce_fused(p: &Problem, chunks: usize) -> Result<Plan, Algo
                 // With one device the partial is the sum: a conversion into C.
                 if s > 0 {
                     b.push(d, reduce, wait(recv, count(s - 1, j)));
-                    inputs.push(b.rows(recv_buf, (s - 1) * mb + j * cr, cr));
+                    // Slot s−1 received the right neighbour's step s−1: this step's block.
+                    inputs.push(fit(slot(&b, recv_buf, s - 1, j), inputs[0]));
                 }
                 let last = s == n - 1;
-                let output = if last { b.rows(c, final_row0 + j * cr, cr) } else { b.rows(send, s * mb + j * cr, cr) };
+                let output = if last {
+                    let (start, rows) = blocks.piece(d, chunks, j);
+                    b.rows(c, final_row0 + start, rows)
+                } else {
+                    slot(&b, send, s, j)
+                };
                 b.push(d, reduce, Op::Reduce { inputs, output });
                 if !last {
                     b.push(d, reduce, signal(d, summed));
@@ -830,16 +893,16 @@ pub(super) fn gemm_reduce_fused(p: &Problem, chunks: usize) -> Result<Plan, Algo
                     part(&mut b, 0, j)
                 } else {
                     b.push(d, comm, wait(summed, count(s - 1, j)));
-                    b.rows(send, s * mb + j * cr, cr)
+                    slot(&b, send, s, j)
                 };
-                let dst = b.rows(recv_buf, s * mb + j * cr, cr);
+                let dst = slot(&b, recv_buf, s, j);
                 b.push(d, comm, copy(src, left(d, n), dst));
                 b.push(d, comm, signal(left(d, n), recv));
             }
         }
         if let (Some(done), Some(ag)) = (done, ag) {
-            let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
-            gather_reduced_blocks(&mut b, d, comm, done, ag, &blocks);
+            let c_blocks = c_blocks(&b, c, blocks);
+            gather_reduced_blocks(&mut b, d, comm, done, ag, &c_blocks);
         }
     }
     Ok(b.finish()?)
@@ -848,8 +911,8 @@ pub(super) fn gemm_reduce_fused(p: &Problem, chunks: usize) -> Result<Plan, Algo
 /// GEMM+RS / GEMM+AR baseline: the whole partial product first, then a ring
 /// ReduceScatter (and for AR a ring AllGather), all in one lane with no overlap.
 pub(super) fn gemm_reduce_baseline(p: &Problem) -> Result<Plan, AlgorithmError> {
-    let n = p.devices;
-    let mb = p.m / n;
+    let (n, rows) = (p.devices, p.row_split());
+    let mb = rows.max();
     let (mut b, a, bm, c) = start_plan(p, Algorithm::Baseline);
     let partial = b.buffer("P", p.wire, p.m, p.n, BufferRole::Scratch);
     let (send, recv_buf) = sum_slots(&mut b, p, p.devices - 1);
@@ -857,15 +920,15 @@ pub(super) fn gemm_reduce_baseline(p: &Problem) -> Result<Plan, AlgorithmError> 
     let ag = b.semaphore("ag");
     let main = b.lane("main");
     let all_reduce = p.op == OpKind::GemmAr;
-    let parts: Vec<Region> = (0..n).map(|r| b.rows(partial, r * mb, mb)).collect();
+    let parts: Vec<Region> = (0..n).map(|r| b.rows(partial, rows.start(r), rows.len(r))).collect();
     let send_slots: Vec<Region> = (0..n - 1).map(|s| b.rows(send, s * mb, mb)).collect();
     let recv_slots: Vec<Region> = (0..n - 1).map(|s| b.rows(recv_buf, s * mb, mb)).collect();
-    let blocks: Vec<Region> = (0..n).map(|r| b.rows(c, r * mb, mb)).collect();
+    let blocks = c_blocks(&b, c, rows);
     for d in 0..n {
         let (wa, wb, wp) = (b.whole(a), b.whole(bm), b.whole(partial));
         b.push(d, main, Op::gemm(wa, wb, wp));
-        let final_out = if all_reduce { blocks[d] } else { b.whole(c) };
-        let whole_block = Window { row0: 0, col0: 0, rows: mb, cols: p.n };
+        let final_out = if all_reduce { blocks[d] } else { b.rows(c, 0, rows.len(d)) };
+        let whole_block = Window { row0: 0, col0: 0, rows: rows.len(d), cols: p.n };
         let ring = Ring::all(n, d);
         ring_reduce_scatter(
             &mut b,

@@ -198,6 +198,7 @@ impl Workload for AttentionProblem {
             |dtype: DType| Tolerance { rounding: 0.0, accumulation: 1.0, floor: Tolerance::for_output(dtype).floor };
         vec![
             ExpectedOutput {
+                device_rows: None,
                 windows: Vec::new(),
                 layout: self.row_layout("O (query rows × heads·dh)"),
                 buffer: "O".into(),
@@ -209,6 +210,7 @@ impl Workload for AttentionProblem {
                 tolerance: tolerance(self.dtype),
             },
             ExpectedOutput {
+                device_rows: None,
                 windows: Vec::new(),
                 layout: self.row_layout("LSE (query rows × heads, f32)"),
                 buffer: "LSE".into(),

@@ -127,7 +127,15 @@ pub fn run_with(plan: &Plan, seed: u32, family: Family, order: Order) -> Result<
 pub fn initial_memory(plan: &Plan, seed: u32, family: Family) -> Memory {
     (0..plan.devices)
         .map(|d| {
-            plan.buffers.iter().map(|b| generate_input(&b.role, d, b.rows, b.cols, b.dtype, seed, family)).collect()
+            plan.buffers
+                .iter()
+                .map(|b| {
+                    // An uneven shard's padding rows (past the device's own) stay poison.
+                    let mut words = generate_input(&b.role, d, b.rows_on(d), b.cols, b.dtype, seed, family);
+                    words.resize(b.len(), b.dtype.poison_bits());
+                    words
+                })
+                .collect()
         })
         .collect()
 }
@@ -499,6 +507,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Uneven shards (M not a multiple of D, `tensor_split`'s order): every algorithm's
+    /// plan is sound and matches the oracle bit for bit, chunked ones with chunks that
+    /// do not divide the blocks either; partial sums in bf16 stay within their bound.
+    #[test]
+    fn uneven_shards_match_the_oracle_under_every_algorithm() {
+        use crate::testing::{assert_matches_oracle, assert_sound};
+        for op in OpKind::ALL {
+            for d in [2, 3, 4, 5] {
+                for m in [4 * d + 1, 5 * d - 1] {
+                    let p = Problem::new(op, d, m, 2 * d, 3 * d, DType::Bf16, DType::F32).unwrap();
+                    let mut algorithms = algorithms_for(op);
+                    algorithms.extend([Algorithm::RingChunked { chunks: 3 }, Algorithm::Fused { chunks: 4 }]);
+                    for alg in algorithms {
+                        let plan = build_plan(&p, alg).unwrap_or_else(|e| panic!("{op} D={d} M={m} {alg}: {e}"));
+                        assert_sound(&plan);
+                        assert_matches_oracle(&plan, &p, 7, Family::Exact);
+                    }
+                    if op != OpKind::AgGemm {
+                        let wire = p.with_wire(DType::Bf16).unwrap();
+                        let plan = build_plan(&wire, Algorithm::RingChunked { chunks: 2 }).unwrap();
+                        assert_matches_oracle(&plan, &wire, 7, Family::Realistic);
+                    }
+                }
+            }
+        }
+        // More chunks than the smallest shard has rows: refused, naming both.
+        let p = Problem::new(OpKind::AgGemm, 4, 9, 8, 8, DType::F32, DType::F32).unwrap();
+        let e = build_plan(&p, Algorithm::RingChunked { chunks: 3 }).unwrap_err();
+        assert!(matches!(e, AlgorithmError::TooManyChunks { rows: 2, chunks: 3, .. }), "{e}");
+    }
+
+    /// An op that reaches into an uneven shard's padding (past the rows its device
+    /// holds) is refused before anything runs: no result can depend on the padding.
+    #[test]
+    fn an_op_reaching_into_a_shard_s_padding_is_refused() {
+        let p = Problem::new(OpKind::AgGemm, 4, 10, 8, 8, DType::F32, DType::F32).unwrap();
+        let mut plan = build_plan(&p, Algorithm::Baseline).unwrap();
+        let a = plan.buffer_id("A").unwrap();
+        assert_eq!(plan.buffer(a).device_rows, Some(vec![3, 3, 2, 2]));
+        plan.validate().unwrap();
+        // Device 3 copies its 2 rows of A into rows 8..10 of the gathered G; make it copy
+        // 3 rows into 7..10.
+        let Op::Copy { src, dst, .. } = &mut plan.programs[3].lanes[0][0] else { panic!("not a copy") };
+        assert_eq!((src.buf, src.rows, dst.offset), (a, 2, 8 * 8));
+        (src.rows, dst.rows, dst.offset) = (3, 3, 7 * 8);
+        let e = plan.validate().unwrap_err().to_string();
+        assert!(e.contains("reaches past device 3's 2 rows of `A`"), "{e}");
     }
 
     /// `ring_push` adds the same partials in the same order as `ring_accumulate`, only

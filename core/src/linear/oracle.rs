@@ -289,6 +289,7 @@ impl Workload for LinearProblem {
                     parts.first().map_or(cols, |g| g.value.cols)
                 );
                 ExpectedOutput {
+                    device_rows: None,
                     windows: Vec::new(),
                     layout: crate::workload::window_layout(&global, &windows),
                     buffer: name.to_string(),

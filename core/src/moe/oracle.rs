@@ -67,6 +67,7 @@ impl MoeProblem {
             (0..cap).map(|r| DType::U32.decode(routed.get(r).copied().unwrap_or(super::ROUTE_NONE)) as f64).collect();
         vec![
             ExpectedOutput {
+                device_rows: None,
                 windows: Vec::new(),
                 layout: format!(
                     "one row per routed (token, slot) in expert, token, slot order (the routed rows first, zeros after), \
@@ -81,6 +82,7 @@ impl MoeProblem {
                 tolerance: Tolerance::gemm(self.output, h),
             },
             ExpectedOutput {
+                device_rows: None,
                 windows: Vec::new(),
                 layout: format!("per row of Y, its token·{k} + slot (u32; 4294967295 past the routed rows), the same on every device"),
                 buffer: "perm".into(),
@@ -130,6 +132,7 @@ impl MoeProblem {
             magnitudes.push(m);
         }
         vec![ExpectedOutput {
+            device_rows: None,
             windows: Vec::new(),
             layout: format!("tokens d·{td}..(d+1)·{td} of the {} tokens on device d, all {h} columns", self.tokens),
             buffer: "C".into(),

@@ -18,7 +18,7 @@ use crate::algorithms::ring::{copy, ring_all_gather, ring_reduce_scatter, wait, 
 use crate::algorithms::Algorithm;
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, RouteTables};
-use crate::problem::Window;
+use crate::problem::{Split, Window};
 
 /// A lower bound of the ops of a plan of `p` whose ring moves each shard in `chunks`
 /// pieces (1 for the baseline) ([`crate::plan::check_op_bound`]): tokens or partial
@@ -188,7 +188,7 @@ fn ag_moe_ring(b: &mut PlanBuilder, p: &MoeProblem, io: &Io, c: usize) {
     let (n, td) = (p.devices, p.tokens_per_device());
     let cr = td / c;
     let s = b.buffer("S", p.input, (n - 1) * td, p.hidden, BufferRole::Scratch);
-    let ring = ChunkedRing { own: io.a, slots: s, shard_rows: td, chunks: c, recv: b.semaphore("recv") };
+    let ring = ChunkedRing { own: io.a, slots: s, shards: Split::new(n * td, n), chunks: c, recv: b.semaphore("recv") };
     let compute = b.lane("compute");
     let comm = b.lane("comm");
     for d in 0..n {

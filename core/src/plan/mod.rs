@@ -94,6 +94,20 @@ impl BufferRole {
     }
 }
 
+/// Rows of a per-device matrix on device `device`: its own count when the devices'
+/// differ (uneven shards, `device_rows`), else `rows`.
+pub fn rows_on(rows: usize, device_rows: Option<&[usize]>, device: usize) -> usize {
+    device_rows.and_then(|r| r.get(device).copied()).unwrap_or(rows)
+}
+
+/// Per-device rows as text: `26` when every device has them, `7/7/6/6` when not.
+pub fn rows_text(rows: usize, device_rows: Option<&[usize]>) -> String {
+    match device_rows {
+        None => rows.to_string(),
+        Some(each) => each.iter().map(usize::to_string).collect::<Vec<_>>().join("/"),
+    }
+}
+
 /// A buffer that every device has (a symmetric allocation), a row-major matrix.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BufferDecl {
@@ -107,12 +121,28 @@ pub struct BufferDecl {
     pub cols: usize,
     /// Role.
     pub role: BufferRole,
+    /// Uneven shards: per device, how many of the `rows` rows hold that device's data.
+    /// The buffer is allocated at `rows` (the largest device's) everywhere, as symmetric
+    /// memory is; device d's ops touch only its first `device_rows[d]` rows, and the
+    /// rest is padding that no op reads or writes. `None`: every row on every device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_rows: Option<Vec<usize>>,
 }
 
 impl BufferDecl {
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.rows * self.cols
+    }
+
+    /// Rows holding device `device`'s data ([`BufferDecl::device_rows`]).
+    pub fn rows_on(&self, device: usize) -> usize {
+        rows_on(self.rows, self.device_rows.as_deref(), device)
+    }
+
+    /// Elements holding device `device`'s data: the first `rows_on(device)` rows.
+    pub fn len_on(&self, device: usize) -> usize {
+        self.rows_on(device) * self.cols
     }
 
     /// Whether the buffer has no elements.
@@ -972,8 +1002,16 @@ impl PlanBuilder {
 
     /// Declares a symmetric buffer.
     pub fn buffer(&mut self, name: &str, dtype: DType, rows: usize, cols: usize, role: BufferRole) -> BufId {
-        self.plan.buffers.push(BufferDecl { name: name.into(), dtype, rows, cols, role });
+        self.plan.buffers.push(BufferDecl { name: name.into(), dtype, rows, cols, role, device_rows: None });
         BufId(self.plan.buffers.len() - 1)
+    }
+
+    /// Declares that device d holds only the first `device_rows[d]` of `buf`'s rows
+    /// (uneven shards, [`BufferDecl::device_rows`]); the same on every device is no
+    /// declaration at all, so even shards make the plans they always made.
+    pub fn set_device_rows(&mut self, buf: BufId, device_rows: Vec<usize>) {
+        let decl = &mut self.plan.buffers[buf.0];
+        decl.device_rows = device_rows.iter().any(|&r| r != decl.rows).then_some(device_rows);
     }
 
     /// Declares a semaphore (one counter per device).

@@ -137,6 +137,19 @@ impl Plan {
                     });
                 }
             }
+            if let Some(rows) = &b.device_rows {
+                let holds_data = b.role.generated().is_some() || b.role == BufferRole::Output;
+                if rows.len() != self.devices || rows.iter().any(|&r| r > b.rows) || !holds_data {
+                    return Err(PlanError::Mismatch {
+                        plan: plan(),
+                        site: OpSite { device: 0, lane: 0, index: 0 },
+                        detail: format!(
+                            "buffer `{}` declares per-device rows {rows:?}: an input, accumulator or output of {} rows needs one count of at most {} per device ({} devices)",
+                            b.name, b.rows, b.rows, self.devices
+                        ),
+                    });
+                }
+            }
             if let Some((_, _, origins)) = b.role.generated() {
                 if origins.len() != self.devices {
                     return Err(PlanError::Mismatch {
@@ -154,8 +167,33 @@ impl Plan {
         }
         for (site, op) in self.ops() {
             self.validate_op(site, op)?;
+            self.validate_device_rows(site, op)?;
         }
         self.fused_runs().map(|_| ())
+    }
+
+    /// An op reaches only the rows of an unevenly sharded buffer that hold the data of
+    /// the device it reaches ([`BufferDecl::device_rows`]): the padding is never read, so
+    /// its contents cannot change a result, and a caller's buffer of exactly the
+    /// device's rows can stand in for the whole allocation.
+    fn validate_device_rows(&self, site: OpSite, op: &Op) -> Result<(), PlanError> {
+        for access in crate::verify::accesses(site.device, op) {
+            let b = self.buffer(access.region.buf);
+            if b.device_rows.is_some() && access.region.end() > b.len_on(access.device) {
+                return Err(PlanError::Mismatch {
+                    plan: self.name.clone(),
+                    site,
+                    detail: format!(
+                        "{} reaches past device {}'s {} rows of `{}` (an uneven shard; the rows after them are padding)",
+                        self.op_text(op),
+                        access.device,
+                        b.rows_on(access.device),
+                        b.name
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Checks one op: what it names exists, its regions fit their buffers, its operands

@@ -102,8 +102,16 @@ impl Grid {
     fn all(plans: &[&Plan]) -> Vec<Grid> {
         let buffers = &plans[0].buffers;
         // Per buffer: its row and column cuts, or None once it needs a cell per element.
-        let mut cuts: Vec<Option<(Vec<usize>, Vec<usize>)>> =
-            buffers.iter().map(|b| Some((vec![0, b.rows], vec![0, b.cols]))).collect();
+        // An uneven shard is cut where each device's rows end, so that no cell holds both
+        // a device's rows and its padding.
+        let mut cuts: Vec<Option<(Vec<usize>, Vec<usize>)>> = buffers
+            .iter()
+            .map(|b| {
+                let mut rows = vec![0, b.rows];
+                rows.extend(b.device_rows.iter().flatten());
+                Some((rows, vec![0, b.cols]))
+            })
+            .collect();
         for plan in plans {
             for (site, op) in plan.ops() {
                 for acc in accesses(site.device, op) {
@@ -250,7 +258,7 @@ mod tests {
     use crate::DType;
 
     fn buffer(rows: usize, cols: usize) -> BufferDecl {
-        BufferDecl { name: "X".into(), dtype: DType::F32, rows, cols, role: BufferRole::Scratch }
+        BufferDecl { name: "X".into(), dtype: DType::F32, rows, cols, role: BufferRole::Scratch, device_rows: None }
     }
 
     fn region(offset: usize, rows: usize, cols: usize, stride: usize) -> Region {

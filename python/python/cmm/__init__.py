@@ -60,6 +60,7 @@ def _toml_value(key: str, value: Any) -> str:
 
 
 def _array(dtype: str, rows: int, cols: int, data: bytes) -> np.ndarray:
+    # rows = -1: as many as the bytes hold (a device's own rows of an uneven shard).
     return np.frombuffer(data, dtype=_NUMPY[dtype]).reshape(rows, cols).copy()
 
 
@@ -69,11 +70,17 @@ class Output:
 
     buffer: str
     dtype: str
-    rows: int
+    rows: int  # the largest device's, when device_rows is set
     cols: int
     layout: str
     rule: str  # "bits" (exact family) or "within" (the tolerance)
     tolerance: Dict[str, float]
+    # Uneven shards (M not a multiple of D): each device's rows, in tensor_split's order.
+    device_rows: Optional[List[int]] = None
+
+    def rows_on(self, device: int) -> int:
+        """Rows of device `device`'s array."""
+        return self.rows if self.device_rows is None else self.device_rows[device]
 
 
 class Case:
@@ -125,8 +132,8 @@ class Case:
     def outputs(self) -> List[Output]:
         """The outputs the case checks, with their layout, rule and tolerance."""
         return [
-            Output(buffer, dtype, rows, cols, layout, rule, dict(zip(("rounding", "accumulation", "floor"), tol)))
-            for buffer, dtype, rows, cols, layout, rule, tol in self._native.expected()
+            Output(buffer, dtype, rows, cols, layout, rule, dict(zip(("rounding", "accumulation", "floor"), tol)), each)
+            for buffer, dtype, rows, cols, layout, rule, tol, each in self._native.expected()
         ]
 
     @property
@@ -144,7 +151,7 @@ class Case:
         bits), checks it against the f64 oracle as `cmm golden` does, and returns each
         output's per-device arrays."""
         return {
-            buffer: [_array(dtype, rows, cols, data) for data in per_device]
+            buffer: [_array(dtype, -1, cols, data) for data in per_device]
             for buffer, dtype, rows, cols, per_device in self._native.golden(backend)
         }
 
