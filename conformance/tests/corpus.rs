@@ -211,6 +211,18 @@ fn attention_cases_cover_masks_layouts_algorithms_heads_and_dtypes() {
     }
     assert!(has(&|p| p.queries.is_some() && p.seq % p.devices != 0), "no ragged split-KV decode");
     assert!(has(&|p| p.queries.is_none() && (p.seq / p.devices) % 16 != 0), "every shard a whole number of key tiles");
+    // Uneven prefill: every prefill algorithm in each layout, and a balanced case whose
+    // later devices hold more rows than device 0.
+    for layout in [Layout::Contiguous, Layout::Balanced] {
+        let chunks = |p: &AttentionProblem| if p.layout == Layout::Balanced { 2 * p.devices } else { p.devices };
+        for a in [AttentionAlgorithm::Baseline, AttentionAlgorithm::Ring, AttentionAlgorithm::RingBidir] {
+            let uneven = cases.iter().any(|(c, p)| {
+                p.queries.is_none() && p.layout == layout && p.seq % chunks(p) != 0 && c.algorithm == a.name()
+            });
+            assert!(uneven, "no {a} prefill case with uneven {layout} chunks");
+        }
+    }
+    assert!(has(&|p| p.queries.is_none() && p.out_rows_on(p.devices - 1) > p.out_rows_on(0)), "no later device longer");
     let algorithms: BTreeSet<String> = cases.iter().map(|(c, _)| c.algorithm.clone()).collect();
     for a in AttentionAlgorithm::ALL {
         assert!(algorithms.contains(a.name()), "no {a} case");

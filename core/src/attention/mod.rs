@@ -11,15 +11,19 @@
 //!
 //! | mode | device d holds | output per device |
 //! |---|---|---|
-//! | prefill, contiguous layout | rows [d·S/D, (d+1)·S/D) of Q, K, V | O and LSE of its rows |
-//! | prefill, balanced layout | chunks d and 2D−1−d of 2D equal chunks of Q, K, V | O and LSE of its two chunks, stacked |
-//! | decode | all T query rows (the last T positions); keys and values in D contiguous shards, the first S mod D one row longer | O and LSE of the T queries, the same on every device |
+//! | prefill, contiguous layout | chunk d of D contiguous chunks of Q, K, V | O and LSE of its rows |
+//! | prefill, balanced layout | chunks d and 2D−1−d of 2D contiguous chunks of Q, K, V | O and LSE of its two chunks, stacked |
+//! | decode | all T query rows (the last T positions); keys and values in D contiguous shards | O and LSE of the T queries, the same on every device |
+//!
+//! Chunks split the sequence as `torch.tensor_split` does: S positions in c chunks give
+//! the first S mod c chunks one position more, so S need not divide into them.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::dtype::DType;
 use crate::plan::{Causal, MAX_HEAD_DIM};
+use crate::problem::Split;
 
 pub mod online;
 mod oracle;
@@ -67,9 +71,9 @@ pub enum AttentionError {
     /// The head dimension is larger than the ops accept.
     #[error("attention: head dimension {0} is larger than {MAX_HEAD_DIM}")]
     HeadDim(usize),
-    /// The sequence does not split into the layout's chunks.
-    #[error("attention: S={seq} is not divisible into {chunks} chunks ({why})")]
-    Indivisible {
+    /// The sequence is shorter than the layout's chunks: one would be empty.
+    #[error("attention: S={seq} positions cannot give each of {chunks} chunks one ({why})")]
+    TooShort {
         /// Sequence length.
         seq: usize,
         /// Chunks the layout needs.
@@ -181,18 +185,18 @@ impl AttentionProblem {
                 return Err(AttentionError::Decode { queries: t, seq, devices })
             }
             (Some(_), _) => {}
-            (None, Layout::Contiguous) if seq % devices != 0 => {
-                return Err(AttentionError::Indivisible {
+            (None, Layout::Contiguous) if seq < devices => {
+                return Err(AttentionError::TooShort {
                     seq,
                     chunks: devices,
-                    why: "the contiguous layout gives every device S/D positions",
+                    why: "the contiguous layout gives device d the d-th of D chunks",
                 })
             }
-            (None, Layout::Balanced) if seq % (2 * devices) != 0 => {
-                return Err(AttentionError::Indivisible {
+            (None, Layout::Balanced) if seq < 2 * devices => {
+                return Err(AttentionError::TooShort {
                     seq,
                     chunks: 2 * devices,
-                    why: "the balanced layout gives device d chunks d and 2D−1−d of S/2D positions",
+                    why: "the balanced layout gives device d chunks d and 2D−1−d of 2D",
                 })
             }
             (None, _) => {}
@@ -220,16 +224,12 @@ impl AttentionProblem {
     /// The key/value chunks device `d` holds, in the order its buffers stack them.
     pub fn kv_chunks(&self, d: usize) -> Vec<Chunk> {
         let (s, n) = (self.seq, self.devices);
+        let chunk = |split: Split, i: usize| Chunk { pos: split.start(i), rows: split.len(i) };
         match (self.queries, self.layout) {
-            (Some(_), _) => {
-                let (base, extra) = (s / n, s % n);
-                let pos = d * base + d.min(extra);
-                vec![Chunk { pos, rows: base + usize::from(d < extra) }]
-            }
-            (None, Layout::Contiguous) => vec![Chunk { pos: d * s / n, rows: s / n }],
+            (Some(_), _) | (None, Layout::Contiguous) => vec![chunk(Split::new(s, n), d)],
             (None, Layout::Balanced) => {
-                let c = s / (2 * n);
-                vec![Chunk { pos: d * c, rows: c }, Chunk { pos: (2 * n - 1 - d) * c, rows: c }]
+                let split = Split::new(s, 2 * n);
+                vec![chunk(split, d), chunk(split, 2 * n - 1 - d)]
             }
         }
     }
@@ -249,9 +249,14 @@ impl AttentionProblem {
         (0..self.devices).map(|d| self.kv_chunks(d).iter().map(|c| c.rows).sum()).max().unwrap_or(0)
     }
 
-    /// Rows of a device's outputs.
+    /// Rows of a device's outputs (the largest device's, when they differ).
     pub fn out_rows(&self) -> usize {
-        self.query_chunks(0).iter().map(|c| c.rows).sum()
+        (0..self.devices).map(|d| self.out_rows_on(d)).max().unwrap_or(0)
+    }
+
+    /// Rows of device `d`'s outputs.
+    pub fn out_rows_on(&self, d: usize) -> usize {
+        self.query_chunks(d).iter().map(|c| c.rows).sum()
     }
 
     /// Query columns h·dh.

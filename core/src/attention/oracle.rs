@@ -113,17 +113,20 @@ impl AttentionProblem {
     /// The global query positions of device `d`'s output rows, in order, stated from
     /// the layouts' definitions (docs/attention.md) rather than taken from the chunk
     /// helpers the plans are built with, so that an error there cannot move the oracle
-    /// with the plan: contiguous, positions d·S/D.. (d+1)·S/D; balanced, chunks d and
-    /// 2D−1−d of S/2D positions; decode, the last T positions on every device.
+    /// with the plan. Chunk i of c cuts S as `torch.tensor_split` does: ⌊S/c⌋ positions,
+    /// one more for the first S mod c chunks. Contiguous: chunk d of D; balanced, chunks d
+    /// and 2D−1−d of 2D; decode, the last T positions on every device.
     pub(crate) fn contract_positions(&self, d: usize) -> Vec<usize> {
         let (s, n) = (self.seq, self.devices);
+        let chunk = |i: usize, c: usize| {
+            let (len, longer) = (s / c, s % c);
+            let start = i * len + i.min(longer);
+            start..start + len + usize::from(i < longer)
+        };
         match (self.queries, self.layout) {
             (Some(t), _) => (s - t..s).collect(),
-            (None, Layout::Contiguous) => (d * (s / n)..(d + 1) * (s / n)).collect(),
-            (None, Layout::Balanced) => {
-                let c = s / (2 * n);
-                (d * c..(d + 1) * c).chain((2 * n - 1 - d) * c..(2 * n - d) * c).collect()
-            }
+            (None, Layout::Contiguous) => chunk(d, n).collect(),
+            (None, Layout::Balanced) => chunk(d, 2 * n).chain(chunk(2 * n - 1 - d, 2 * n)).collect(),
         }
     }
 
@@ -161,7 +164,9 @@ impl Workload for AttentionProblem {
 
     fn expected(&self, seed: u32, family: Family) -> Vec<ExpectedOutput> {
         let (h, dh) = (self.heads, self.head_dim);
-        let rows = self.out_rows();
+        let device_rows: Vec<usize> = (0..self.devices).map(|d| self.contract_positions(d).len()).collect();
+        let rows = device_rows.iter().copied().max().unwrap_or(0);
+        let device_rows = device_rows.iter().any(|&r| r != rows).then_some(device_rows);
         let mut o_values = Vec::new();
         let mut o_bounds = Vec::new();
         let mut l_values = Vec::new();
@@ -188,7 +193,7 @@ impl Workload for AttentionProblem {
                 lv.push(cell.lse);
                 lb.push(cell.lse_bound);
             }
-            debug_assert_eq!(ov.len(), rows * h * dh);
+            debug_assert_eq!(ov.len(), self.contract_positions(d).len() * h * dh);
             o_values.push(ov);
             o_bounds.push(ob);
             l_values.push(lv);
@@ -198,7 +203,7 @@ impl Workload for AttentionProblem {
             |dtype: DType| Tolerance { rounding: 0.0, accumulation: 1.0, floor: Tolerance::for_output(dtype).floor };
         vec![
             ExpectedOutput {
-                device_rows: None,
+                device_rows: device_rows.clone(),
                 windows: Vec::new(),
                 layout: self.row_layout("O (query rows × heads·dh)"),
                 buffer: "O".into(),
@@ -210,7 +215,7 @@ impl Workload for AttentionProblem {
                 tolerance: tolerance(self.dtype),
             },
             ExpectedOutput {
-                device_rows: None,
+                device_rows,
                 windows: Vec::new(),
                 layout: self.row_layout("LSE (query rows × heads, f32)"),
                 buffer: "LSE".into(),

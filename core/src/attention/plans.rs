@@ -67,7 +67,7 @@ pub fn build_attention_plan(p: &AttentionProblem, alg: AttentionAlgorithm) -> Re
                     let (kr, vr) = io.block(p, d, r, c);
                     io.attend(&mut b, p, d, main, 0, k, kr, vr, &mut fresh);
                 }
-                io.finish(&mut b, d, main, 0);
+                io.finish(&mut b, p, d, main, 0);
             }
         }
         AttentionAlgorithm::Ring | AttentionAlgorithm::RingBidir => {
@@ -125,7 +125,7 @@ pub fn build_attention_plan(p: &AttentionProblem, alg: AttentionAlgorithm) -> Re
                         io.attend(&mut b, p, d, compute, 0, k, kr, vr, &mut fresh);
                     }
                 }
-                io.finish(&mut b, d, compute, 0);
+                io.finish(&mut b, p, d, compute, 0);
             }
         }
         AttentionAlgorithm::SplitKv => {
@@ -161,7 +161,7 @@ pub fn build_attention_plan(p: &AttentionProblem, alg: AttentionAlgorithm) -> Re
                 for r in 1..n {
                     b.push(d, compute, Op::AttnMerge { from: io.state(r), into: io.state(0), heads: p.heads });
                 }
-                io.finish(&mut b, d, compute, 0);
+                io.finish(&mut b, p, d, compute, 0);
             }
         }
     }
@@ -219,7 +219,7 @@ struct Io {
     acc: BufId,
     o: BufId,
     lse: BufId,
-    /// Rows of one state slot (a device's output rows).
+    /// Rows of one state slot (the largest device's output rows).
     rows: usize,
     heads: usize,
     head_dim: usize,
@@ -234,25 +234,28 @@ impl Io {
             global_cols: cols,
             origins,
         };
-        let q_chunks = p.query_chunks(0).len();
-        let q = (0..q_chunks)
-            .map(|c| {
-                let origins = (0..n).map(|d| (p.query_chunks(d)[c].pos - p.query_pos0(), 0)).collect();
-                b.buffer(&format!("Q.{c}"), p.dtype, p.query_chunks(0)[c].rows, qc, input(TENSOR_Q, qc, origins))
-            })
-            .collect();
-        let kv_chunks = p.kv_chunks(0).len();
-        let mut kv = |name: &str, tensor| -> Vec<BufId> {
-            (0..kv_chunks)
+        // One input buffer per chunk a device holds, as long as the longest device's
+        // chunk, each device's own length declared (uneven chunks).
+        let chunked = |b: &mut PlanBuilder, name: &str, tensor, cols, chunks: &dyn Fn(usize) -> Vec<Chunk>| {
+            (0..chunks(0).len())
                 .map(|c| {
-                    let rows = (0..n).map(|d| p.kv_chunks(d)[c].rows).max().unwrap_or(0);
-                    let origins = (0..n).map(|d| (p.kv_chunks(d)[c].pos, 0)).collect();
-                    b.buffer(&format!("{name}.{c}"), p.dtype, rows, kc, input(tensor, kc, origins))
+                    let rows: Vec<usize> = (0..n).map(|d| chunks(d)[c].rows).collect();
+                    let origins = (0..n).map(|d| (chunks(d)[c].pos, 0)).collect();
+                    let max = rows.iter().copied().max().unwrap_or(0);
+                    let id = b.buffer(&format!("{name}.{c}"), p.dtype, max, cols, input(tensor, cols, origins));
+                    b.set_device_rows(id, rows);
+                    id
                 })
-                .collect()
+                .collect::<Vec<BufId>>()
         };
-        let k = kv("K", TENSOR_K);
-        let v = kv("V", TENSOR_V);
+        // Q's global row r is position query_pos0() + r.
+        let q_rows = |d: usize| {
+            let chunks = p.query_chunks(d);
+            chunks.into_iter().map(|c| Chunk { pos: c.pos - p.query_pos0(), rows: c.rows }).collect()
+        };
+        let q = chunked(b, "Q", TENSOR_Q, qc, &q_rows);
+        let k = chunked(b, "K", TENSOR_K, kc, &|d| p.kv_chunks(d));
+        let v = chunked(b, "V", TENSOR_V, kc, &|d| p.kv_chunks(d));
         let gathered_rows = if n > 1 && alg != AttentionAlgorithm::SplitKv { n * p.kv_rows() } else { 0 };
         let kg = b.buffer("Kg", p.dtype, gathered_rows, kc, BufferRole::Scratch);
         let vg = b.buffer("Vg", p.dtype, gathered_rows, kc, BufferRole::Scratch);
@@ -263,6 +266,9 @@ impl Io {
         let acc = b.buffer("acc", DType::F32, slots * rows, qc, BufferRole::Scratch);
         let o = b.buffer("O", p.dtype, rows, qc, BufferRole::Output);
         let lse = b.buffer("LSE", DType::F32, rows, p.heads, BufferRole::Output);
+        for out in [o, lse] {
+            b.set_device_rows(out, (0..n).map(|d| p.out_rows_on(d)).collect());
+        }
         Io { q, k, v, kg, vg, m, l, acc, o, lse, rows, heads: p.heads, head_dim: p.head_dim }
     }
 
@@ -332,7 +338,7 @@ impl Io {
             let visibility = p.visibility(qc, k);
             if visibility != Visibility::Hidden {
                 let mask = visibility.mask(qc, k);
-                let q = b.whole(self.q[qi]);
+                let q = b.rows(self.q[qi], 0, qc.rows);
                 let state = self.state_rows(slot, row0, qc.rows);
                 b.push(d, lane, attend_op(p, q, kr, vr, state, mask, fresh[qi]));
                 fresh[qi] = false;
@@ -341,8 +347,11 @@ impl Io {
         }
     }
 
-    fn finish(&self, b: &mut PlanBuilder, d: usize, lane: LaneId, slot: usize) {
-        let (out, lse) = (b.whole(self.o), b.whole(self.lse));
-        b.push(d, lane, Op::AttnFinish { state: self.state(slot), out, lse, heads: self.heads });
+    /// Normalises device `d`'s rows of state slot `slot` into O and LSE.
+    fn finish(&self, b: &mut PlanBuilder, p: &AttentionProblem, d: usize, lane: LaneId, slot: usize) {
+        let rows = p.out_rows_on(d);
+        let (out, lse) = (b.rows(self.o, 0, rows), b.rows(self.lse, 0, rows));
+        let state = self.state_rows(slot, 0, rows);
+        b.push(d, lane, Op::AttnFinish { state, out, lse, heads: self.heads });
     }
 }

@@ -29,6 +29,11 @@ fn problems() -> Vec<AttentionProblem> {
             v.push(problem(d, 10 * d, 2, 2, 4, causal, Layout::Balanced, None, DType::Bf16));
             // Ragged decode: S mod D ≠ 0 and a key tile that straddles shards.
             v.push(problem(d, 17 * d + 1, 4, 2, 8, causal, Layout::Contiguous, Some(3), DType::F16));
+            // Uneven prefill: S not a multiple of D (contiguous) or of 2D (balanced).
+            v.push(problem(d, 12 * d + d.saturating_sub(1), 2, 1, 8, causal, Layout::Contiguous, None, DType::F16));
+            v.push(problem(d, 10 * d + 1, 2, 2, 4, causal, Layout::Balanced, None, DType::Bf16));
+            // Balanced, where a later device holds more rows than device 0.
+            v.push(problem(d, 12 * d - 1, 2, 1, 8, causal, Layout::Balanced, None, DType::F32));
         }
     }
     v
@@ -106,8 +111,10 @@ fn balanced_layout_evens_out_causal_work() {
 fn invalid_problems_are_errors_with_the_sizes() {
     let e = AttentionProblem::new(4, 60, 4, 3, 64, false, Layout::Contiguous, None, DType::F16).unwrap_err();
     assert!(e.to_string().contains("3 kv heads do not divide 4"), "{e}");
-    let e = AttentionProblem::new(4, 36, 4, 2, 64, true, Layout::Balanced, None, DType::F16).unwrap_err();
-    assert!(e.to_string().contains("S=36") && e.to_string().contains("8 chunks"), "{e}");
+    let e = AttentionProblem::new(4, 7, 4, 2, 64, true, Layout::Balanced, None, DType::F16).unwrap_err();
+    assert!(e.to_string().contains("S=7") && e.to_string().contains("8 chunks"), "{e}");
+    let e = AttentionProblem::new(4, 3, 4, 2, 64, true, Layout::Contiguous, None, DType::F16).unwrap_err();
+    assert!(matches!(e, AttentionError::TooShort { seq: 3, chunks: 4, .. }), "{e}");
     let e = AttentionProblem::new(4, 36, 4, 2, 512, true, Layout::Contiguous, None, DType::F16).unwrap_err();
     assert!(matches!(e, AttentionError::HeadDim(512)), "{e}");
     let e = AttentionProblem::new(8, 5, 4, 2, 64, true, Layout::Contiguous, Some(1), DType::F16).unwrap_err();
@@ -162,6 +169,18 @@ fn the_layouts_hold_the_positions_their_definitions_say() {
     }
     let keys: Vec<(usize, usize)> = (0..3).map(|d| (decode.kv_chunks(d)[0].pos, decode.kv_chunks(d)[0].rows)).collect();
     assert_eq!(keys, [(0, 4), (4, 3), (7, 3)]);
+    // Uneven prefill, in tensor_split's order: 11 positions on 3 devices are 4, 4, 3;
+    // balanced, 11 in 4 chunks are 3, 3, 3, 2, and device 1 holds chunks 1 and 2.
+    let contiguous = problem(3, 11, Layout::Contiguous, None);
+    assert_eq!(contiguous.contract_positions(2), [8, 9, 10]);
+    let balanced = problem(2, 11, Layout::Balanced, None);
+    assert_eq!(balanced.contract_positions(0), [0, 1, 2, 9, 10]);
+    assert_eq!(balanced.contract_positions(1), [3, 4, 5, 6, 7, 8]);
+    for (p, d) in [(contiguous, 3), (balanced, 2)] {
+        for dev in 0..d {
+            assert_eq!(positions(&p, dev), p.contract_positions(dev), "{} device {dev}", p.describe());
+        }
+    }
     // And for every shape the corpus uses, the plans' chunks are the contract.
     for d in 1..=8 {
         for layout in [Layout::Contiguous, Layout::Balanced] {
