@@ -267,6 +267,18 @@ fn moe_cases_cover_ops_algorithms_devices_experts_slots_routings_dtypes_and_fami
     for dtype in [DType::F32, DType::F16, DType::Bf16] {
         assert!(has(&|_, p| p.input == dtype), "no {dtype} MoE case");
     }
+    // Uneven token shards under every algorithm of both ops, one with ragged chunks.
+    for op in [MoeOp::AgMoe, MoeOp::MoeRs] {
+        for algorithm in ["baseline", "ring", "ring_chunked"] {
+            let uneven = |c: &Case, p: &MoeProblem| p.op == op && c.algorithm == algorithm && p.tokens % p.devices != 0;
+            assert!(has(&uneven), "no {op} {algorithm} case with T not a multiple of D");
+        }
+    }
+    let ragged = |c: &Case, p: &MoeProblem| {
+        let chunks = c.chunks.unwrap_or(1);
+        p.token_split().lens().iter().any(|t| t % chunks != 0)
+    };
+    assert!(has(&ragged), "no MoE case whose chunks do not divide a device's tokens");
     // Per-expert row counts that are not multiples of any tile size.
     assert!(
         has(&|c, p| p.tables(c.seed, 1).seg.windows(2).any(|w| (w[1] - w[0]) % 8 != 0)),

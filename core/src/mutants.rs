@@ -112,7 +112,7 @@ pub fn routing_equivalence(plan: &Plan, changed: &ChangedSegments, seed: u32) ->
     })?;
     let BufferRole::Router { router, .. } = &plan.buffer(ids.buf).role else { return None };
     let chunks = tables.chunks(experts);
-    let t = crate::moe::route(&router.ids(seed), ids.cols, experts, chunks, tables.perm.rows);
+    let t = crate::moe::route(&router.ids(seed), ids.cols, experts, chunks, tables.shards, tables.perm.rows);
     changed.pairs.iter().all(|&(e, c)| t.segment(e, c, chunks).is_empty()).then_some(
         "every routing segment the mutant changes is empty under this case's routing: no row is computed differently",
     )

@@ -21,10 +21,25 @@ struct CmmRouteArgs {
     u32 experts;
     u32 chunks;
     u32 capacity;
+    u32 shards;
 };
 
 __device__ __forceinline__ u32 cmm_route_id(const CmmRouteArgs& a, u32 slot) {
     return ((const u32*)a.ids)[(u64)(slot / a.slots) * a.ids_stride + slot % a.slots];
+}
+
+// Chunk c's first (token, slot) and its tokens·slots: the tokens cut into `shards`
+// shards, each into chunks/shards sub-chunks, both in tensor_split's order (the first
+// n mod k pieces one longer). Twin of `chunk_tokens` in cmm-core `moe/route.rs`.
+__device__ __forceinline__ void cmm_route_chunk(const CmmRouteArgs& a, u32 c, u32* first, u32* count) {
+    u32 per_shard = a.chunks / a.shards > 0u ? a.chunks / a.shards : 1u;
+    u32 s = c / per_shard, j = c % per_shard;
+    u32 len = a.tokens / a.shards, longer = a.tokens % a.shards;
+    u32 shard0 = s * len + (s < longer ? s : longer);
+    u32 shard_len = len + (s < longer ? 1u : 0u);
+    u32 sub = shard_len / per_shard, sub_longer = shard_len % per_shard;
+    *first = (shard0 + j * sub + (j < sub_longer ? j : sub_longer)) * a.slots;
+    *count = (sub + (j < sub_longer ? 1u : 0u)) * a.slots;
 }
 
 // Pass 0: clear perm and inv, count every (expert, chunk) segment; pass 1: scan the
@@ -35,7 +50,6 @@ extern "C" __global__ void cmm_route(CmmRouteArgs a) {
     u32* inv = (u32*)a.inv;
     u64 total = (u64)a.tokens * a.slots;
     u64 segments = (u64)a.experts * a.chunks;
-    u32 per_chunk = (a.tokens / a.chunks) * a.slots;
     u64 n = total > a.capacity ? total : a.capacity;
     n = n > segments ? n : segments;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
@@ -45,7 +59,8 @@ extern "C" __global__ void cmm_route(CmmRouteArgs a) {
             if (i == 0) seg[0] = 0u;
             if (i < segments) {
                 u32 e = (u32)(i / a.chunks);
-                u32 first = (u32)(i % a.chunks) * per_chunk;
+                u32 first, per_chunk;
+                cmm_route_chunk(a, (u32)(i % a.chunks), &first, &per_chunk);
                 u32 count = 0u;
                 for (u32 s = 0u; s < per_chunk; ++s) count += cmm_route_id(a, first + s) == e ? 1u : 0u;
                 seg[i + 1] = count;
@@ -56,7 +71,8 @@ extern "C" __global__ void cmm_route(CmmRouteArgs a) {
             }
         } else if (i < segments) {
             u32 e = (u32)(i / a.chunks);
-            u32 first = (u32)(i % a.chunks) * per_chunk;
+            u32 first, per_chunk;
+            cmm_route_chunk(a, (u32)(i % a.chunks), &first, &per_chunk);
             u32 row = seg[i];
             for (u32 s = 0u; s < per_chunk; ++s) {
                 u32 slot = first + s;

@@ -810,7 +810,7 @@ pub(crate) fn submissions(
             launch(Kernel::AttnState, cfg, vec![Param::AttnState(args)], "an attention merge or finish")
         }
         Command::Route { ids, seg, perm, inv, sizes } => {
-            let [tokens, slots, experts, chunks, capacity] = *sizes;
+            let [tokens, slots, experts, chunks, capacity, shards] = *sizes;
             let args = RouteArgs {
                 ids: at.addr(&ids.0),
                 ids_stride: ids.1,
@@ -825,6 +825,7 @@ pub(crate) fn submissions(
                 experts,
                 chunks,
                 capacity,
+                shards,
             };
             let words = (tokens as usize * slots as usize).max(capacity as usize).max((experts * chunks) as usize);
             // Three passes: count, scan, fill.
@@ -1183,10 +1184,11 @@ pub(crate) struct RouteArgs {
     pub(crate) experts: u32,
     pub(crate) chunks: u32,
     pub(crate) capacity: u32,
+    pub(crate) shards: u32,
 }
 
 // SAFETY: `#[repr(C)]` plain old data matching `CmmRouteArgs` field for field (seven
-// u64s, then six u32s).
+// u64s, then seven u32s, padded alike to a multiple of 8 bytes).
 #[allow(unsafe_code)]
 unsafe impl DeviceRepr for RouteArgs {}
 

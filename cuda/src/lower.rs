@@ -317,8 +317,8 @@ pub enum Command {
         perm: (Loc, u64),
         /// The inverse (tokens × slots) and its stride.
         inv: (Loc, u64),
-        /// Tokens, slots, experts, chunks, row capacity.
-        sizes: [u32; 5],
+        /// Tokens, slots, experts, chunks, row capacity, shards.
+        sizes: [u32; 6],
     },
     /// `cmm_grouped_gemm` (`Op::GroupedGemm`).
     GroupedGemm {
@@ -855,7 +855,7 @@ fn lower_op(
         }
         Op::Route { ids, tables, experts } => {
             let chunks = tables.chunks(*experts);
-            let sizes = [ids.rows, ids.cols, *experts, chunks, tables.perm.rows];
+            let sizes = [ids.rows, ids.cols, *experts, chunks, tables.perm.rows, tables.shards];
             if sizes.iter().any(|&x| x > u32::MAX as usize) || ids.len() > u32::MAX as usize {
                 return Err(unsupported(format!("routing {}x{} slots over {experts} experts", ids.rows, ids.cols)));
             }

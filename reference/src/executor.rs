@@ -433,7 +433,8 @@ impl Encoder<'_> {
             Op::Route { ids, tables, experts } => {
                 let chunks = tables.chunks(*experts);
                 let (tokens, slots) = (ids.rows, ids.cols);
-                let per_chunk = tokens / chunks * slots;
+                // The longest chunk: the first of the first shard.
+                let per_chunk = tables.chunk_tokens(*experts, 0).len() * slots;
                 if per_chunk > ROUTE_LOOP_BUDGET || experts * chunks > ROUTE_LOOP_BUDGET {
                     return Err(self.unsupported(format!(
                         "routing {tokens} tokens x {slots} slots in {chunks} chunks over {experts} experts loops {per_chunk} or {} times per invocation, more than {ROUTE_LOOP_BUDGET}",
@@ -456,7 +457,8 @@ impl Encoder<'_> {
                     inv_off: word(&tables.inv),
                     inv_stride: tables.inv.stride as u32,
                     row_begin: 0,
-                    _pad: [0; 2],
+                    shards: tables.shards as u32,
+                    _pad: 0,
                 };
                 let words = (tokens * slots).max(tables.perm.rows).max(experts * chunks).max(1);
                 for pass in 0..3 {

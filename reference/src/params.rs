@@ -167,7 +167,8 @@ pub struct RouteParams {
     pub inv_off: u32,
     pub inv_stride: u32,
     pub row_begin: u32,
-    pub _pad: [u32; 2],
+    pub shards: u32,
+    pub _pad: u32,
 }
 
 /// Words one row of a route dispatch covers (`ROW` in `shaders/route.wgsl`).

@@ -519,6 +519,7 @@ impl<'a> Sim<'a> {
             ids.cols,
             experts,
             tables.chunks(experts),
+            tables.shards,
             tables.perm.rows,
         );
         self.routes.insert((device, seg), t.clone());

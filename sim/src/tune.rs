@@ -817,7 +817,7 @@ fn overlap_verdict(ranked: &[(String, bool, &SimReport)], little_to_hide: &str) 
 /// the problem's routing ([`super::engine::SIM_ROUTING_SEED`]), and says whether and
 /// why overlap pays.
 pub fn tune_moe(problem: &MoeProblem, profile: &Profile) -> Result<RankingMoe, TuneError> {
-    let chunked = [2, 4, 8].into_iter().filter(|c| problem.tokens_per_device() % c == 0);
+    let chunked = [2, 4, 8].into_iter().filter(|&c| c <= problem.token_split().min());
     rank(
         problem.describe(),
         [Algorithm::Baseline, Algorithm::Ring]

@@ -298,7 +298,7 @@ fn route_op(mem: &mut Memory, device: usize, op: &Op) {
     let Op::Route { ids, tables, experts } = op else { unreachable!("dispatched on its variant") };
     let words = read_region(&mem[device], ids);
     let chunks = tables.chunks(*experts);
-    let t = route(&words, ids.cols, *experts, chunks, tables.perm.rows);
+    let t = route(&words, ids.cols, *experts, chunks, tables.shards, tables.perm.rows);
     for (r, values) in [(&tables.seg, &t.seg), (&tables.perm, &t.perm), (&tables.inv, &t.inv)] {
         write_region(&mut mem[device], r, values);
     }

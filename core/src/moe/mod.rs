@@ -20,6 +20,7 @@
 use thiserror::Error;
 
 use crate::dtype::DType;
+use crate::problem::Split;
 
 mod oracle;
 mod plans;
@@ -29,7 +30,8 @@ mod tests;
 
 pub use plans::build_moe_plan;
 pub use route::{
-    check_ids, check_routing, check_routing_with, route, Router, RouterPart, Routing, RoutingError, Tables, ROUTE_NONE,
+    check_ids, check_routing, check_routing_with, chunk_tokens, route, Router, RouterPart, Routing, RoutingError,
+    Tables, ROUTE_NONE,
 };
 
 /// The two MoE ops.
@@ -63,8 +65,8 @@ pub enum MoeError {
         /// Which size.
         what: &'static str,
     },
-    /// T or F does not split over D.
-    #[error("{op}: {dim}={size} is not divisible by D={devices}")]
+    /// F (the experts' weights) does not split over D.
+    #[error("{op}: {dim}={size} is not divisible by D={devices} (the experts' weights split into D equal blocks; the tokens may split unevenly)")]
     Indivisible {
         /// The op.
         op: MoeOp,
@@ -107,12 +109,22 @@ pub enum MoeError {
         /// The algorithm.
         algorithm: String,
     },
-    /// The chunk count does not split a device's tokens.
-    #[error("{op}: ring_chunked needs chunks dividing the {tokens} tokens per device, got chunks={chunks}")]
+    /// Fewer tokens than devices: some device would hold none.
+    #[error("{op}: T={tokens} tokens cannot give each of D={devices} devices a token (uneven shards need T >= D)")]
+    TooFewTokens {
+        /// The op.
+        op: MoeOp,
+        /// T.
+        tokens: usize,
+        /// D.
+        devices: usize,
+    },
+    /// More chunks than a device has tokens (or none).
+    #[error("{op}: {chunks} chunks of the smallest device's {tokens} tokens would leave a chunk empty (chunks must be 1 to {tokens})")]
     Chunks {
         /// The op.
         op: MoeOp,
-        /// T/D.
+        /// The smallest device's tokens.
         tokens: usize,
         /// The chunk count.
         chunks: usize,
@@ -209,10 +221,12 @@ impl MoeProblem {
             }
         }
         crate::plan::check_device_count(devices as u128).map_err(|count| MoeError::Devices { op, count })?;
-        for (dim, size) in [("T", tokens), ("F", ffn)] {
-            if size % devices != 0 {
-                return Err(MoeError::Indivisible { op, dim, size, devices });
-            }
+        // F (the weights) splits evenly; the tokens in tensor_split's order.
+        if ffn % devices != 0 {
+            return Err(MoeError::Indivisible { op, dim: "F", size: ffn, devices });
+        }
+        if tokens < devices {
+            return Err(MoeError::TooFewTokens { op, tokens, devices });
         }
         let available = if routing == Routing::Empty { experts.div_ceil(2) } else { experts };
         if slots > available {
@@ -262,9 +276,10 @@ impl MoeProblem {
         self.tokens * self.slots
     }
 
-    /// Tokens per device, T/D.
-    pub fn tokens_per_device(&self) -> usize {
-        self.tokens / self.devices
+    /// How the tokens are cut among the devices: `tensor_split`'s order, so when T is
+    /// not a multiple of D the first T mod D devices hold one token more.
+    pub fn token_split(&self) -> Split {
+        Split::new(self.tokens, self.devices)
     }
 
     /// FFN columns per device, F/D.
@@ -274,7 +289,7 @@ impl MoeProblem {
 
     /// The routing tables of `seed` with `chunks` token chunks.
     pub fn tables(&self, seed: u32, chunks: usize) -> Tables {
-        route(&self.router().ids(seed), self.slots, self.experts, chunks, self.capacity())
+        route(&self.router().ids(seed), self.slots, self.experts, chunks, 1, self.capacity())
     }
 
     /// FLOPs of the op for `seed`'s routing (2 per multiply-add, routed rows only).

@@ -98,7 +98,12 @@ impl MoeProblem {
 
     fn moe_rs_expected(&self, seed: u32, family: Family) -> Vec<ExpectedOutput> {
         let (h, f, k, e_count) = (self.hidden, self.ffn, self.slots, self.experts);
-        let (fd, td) = (self.ffn_per_device(), self.tokens_per_device());
+        let fd = self.ffn_per_device();
+        // Device d's tokens, from the definition (tensor_split's order: ⌊T/D⌋ each, one
+        // more for the first T mod D devices), apart from the planners' split helper.
+        let (per, longer) = (self.tokens / self.devices, self.tokens % self.devices);
+        let shard = |d: usize| (d * per + d.min(longer), per + usize::from(d < longer));
+        let td = shard(0).1;
         let router = self.router();
         let ids = router.ids(seed);
         let weights: Vec<f64> = router.weights(seed, family).iter().map(|&w| f32::from_bits(w) as f64).collect();
@@ -110,9 +115,10 @@ impl MoeProblem {
         let mut values = Vec::with_capacity(self.devices);
         let mut magnitudes = Vec::with_capacity(self.devices);
         for d in 0..self.devices {
-            let (mut v, mut m) = (vec![0.0; td * h], vec![0.0; td * h]);
-            for t in 0..td {
-                let token = d * td + t;
+            let (first, len) = shard(d);
+            let (mut v, mut m) = (vec![0.0; len * h], vec![0.0; len * h]);
+            for t in 0..len {
+                let token = first + t;
                 for j in 0..k {
                     let Some(row) = inv[token * k + j] else { continue };
                     let (e, w) = (ids[token * k + j] as usize, weights[token * k + j]);
@@ -131,10 +137,19 @@ impl MoeProblem {
             values.push(v);
             magnitudes.push(m);
         }
+        let device_rows = (longer != 0).then(|| (0..self.devices).map(|d| shard(d).1).collect());
+        let layout = if longer == 0 {
+            format!("tokens d·{td}..(d+1)·{td} of the {} tokens on device d, all {h} columns", self.tokens)
+        } else {
+            let ranges: Vec<String> = (0..self.devices)
+                .map(|d| format!("device {d}: tokens {}..{}", shard(d).0, shard(d).0 + shard(d).1))
+                .collect();
+            format!("{} of the {} tokens, all {h} columns", ranges.join("; "), self.tokens)
+        };
         vec![ExpectedOutput {
-            device_rows: None,
+            device_rows,
             windows: Vec::new(),
-            layout: format!("tokens d·{td}..(d+1)·{td} of the {} tokens on device d, all {h} columns", self.tokens),
+            layout,
             buffer: "C".into(),
             dtype: self.output,
             rows: td,

@@ -14,11 +14,13 @@
 //! `P`, the combined partials and the ring's send/receive slots (moe_rs, f32).
 
 use super::{MoeError, MoeOp, MoeProblem, RouterPart, TENSOR_H, TENSOR_W1, TENSOR_W2, TENSOR_X};
-use crate::algorithms::ring::{copy, ring_all_gather, ring_reduce_scatter, wait, ChunkedRing, OverlappedReduce, Ring};
+use crate::algorithms::ring::{
+    copy, ring_all_gather, ring_reduce_scatter, slot_chunk, wait, ChunkedRing, OverlappedReduce, Ring,
+};
 use crate::algorithms::Algorithm;
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, RouteTables};
-use crate::problem::{Split, Window};
+use crate::problem::Window;
 
 /// A lower bound of the ops of a plan of `p` whose ring moves each shard in `chunks`
 /// pieces (1 for the baseline) ([`crate::plan::check_op_bound`]): tokens or partial
@@ -37,14 +39,16 @@ pub fn build_moe_plan(p: &MoeProblem, algorithm: Algorithm) -> Result<Plan, MoeE
         other => return Err(MoeError::Algorithm { op: p.op, algorithm: other.to_string() }),
     };
     if let Some(c) = chunks {
-        if c == 0 || p.tokens_per_device() % c != 0 {
-            return Err(MoeError::Chunks { op: p.op, tokens: p.tokens_per_device(), chunks: c });
+        // Chunks split a device's tokens in tensor_split's order: none may be empty.
+        if c == 0 || c > p.token_split().min() {
+            return Err(MoeError::Chunks { op: p.op, tokens: p.token_split().min(), chunks: c });
         }
     }
     let name = format!("{}/{algorithm} D={} {}", p.op, p.devices, p.describe());
     crate::plan::check_op_bound(|| name.clone(), min_ops(p, chunks.unwrap_or(1)))?;
     let mut b = PlanBuilder::new(name, p.devices);
-    let io = Io::declare(&mut b, p, chunks.map_or(1, |c| c * p.devices));
+    // The ring's route cuts every device's tokens into its chunks; the baseline's has one.
+    let io = Io::declare(&mut b, p, chunks.map_or((1, 1), |c| (c * p.devices, p.devices)));
     match (p.op, chunks) {
         (MoeOp::AgMoe, None) => ag_moe_baseline(&mut b, p, &io),
         (MoeOp::AgMoe, Some(c)) => ag_moe_ring(&mut b, p, &io, c),
@@ -71,9 +75,11 @@ struct Io {
 }
 
 impl Io {
-    fn declare(b: &mut PlanBuilder, p: &MoeProblem, chunks: usize) -> Io {
+    /// Declares the buffers, the route's tables in `chunks` token chunks over `shards`
+    /// shards.
+    fn declare(b: &mut PlanBuilder, p: &MoeProblem, (chunks, shards): (usize, usize)) -> Io {
         let n = p.devices;
-        let (td, fd, cap) = (p.tokens_per_device(), p.ffn_per_device(), p.capacity());
+        let (tokens, fd, cap) = (p.token_split(), p.ffn_per_device(), p.capacity());
         let router = p.router();
         let table = |b: &mut PlanBuilder, name: &str, part| {
             b.buffer(name, if part == RouterPart::Ids { DType::U32 } else { DType::F32 }, p.tokens, p.slots, {
@@ -87,10 +93,11 @@ impl Io {
                 let x = b.buffer(
                     "X",
                     p.input,
-                    td,
+                    tokens.max(),
                     p.hidden,
-                    input(TENSOR_X, p.hidden, (0..n).map(|d| (d * td, 0)).collect()),
+                    input(TENSOR_X, p.hidden, (0..n).map(|d| (tokens.start(d), 0)).collect()),
                 );
+                b.set_device_rows(x, tokens.lens());
                 let w1 = b.buffer(
                     "W1",
                     p.input,
@@ -109,7 +116,9 @@ impl Io {
                     p.hidden,
                     input(TENSOR_W2, p.hidden, (0..n).map(|d| (d * p.experts * fd, 0)).collect()),
                 );
-                (h, w2, b.buffer("C", p.output, td, p.hidden, BufferRole::Output))
+                let c = b.buffer("C", p.output, tokens.max(), p.hidden, BufferRole::Output);
+                b.set_device_rows(c, tokens.lens());
+                (h, w2, c)
             }
         };
         let ids = table(b, "ids", RouterPart::Ids);
@@ -119,7 +128,7 @@ impl Io {
         let perm_role = if p.op == MoeOp::AgMoe { BufferRole::Output } else { BufferRole::Scratch };
         let perm = b.buffer("perm", DType::U32, cap, 1, perm_role);
         let inv = b.buffer("inv", DType::U32, p.tokens, p.slots, BufferRole::Scratch);
-        let tables = RouteTables { seg: b.whole(seg), perm: b.whole(perm), inv: b.whole(inv) };
+        let tables = RouteTables { seg: b.whole(seg), perm: b.whole(perm), inv: b.whole(inv), shards };
         Io { a, w, ids, weights, tables, out }
     }
 
@@ -163,14 +172,14 @@ impl Io {
 
 /// All-gather the tokens, route, one grouped GEMM over every token.
 fn ag_moe_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
-    let (n, td) = (p.devices, p.tokens_per_device());
+    let (n, tokens) = (p.devices, p.token_split());
     let g = b.buffer("G", p.input, p.tokens, p.hidden, BufferRole::Scratch);
     let recv = b.semaphore("recv");
     let main = b.lane("main");
-    let blocks: Vec<_> = (0..n).map(|r| b.rows(g, r * td, td)).collect();
+    let blocks: Vec<_> = (0..n).map(|r| b.rows(g, tokens.start(r), tokens.len(r))).collect();
     for d in 0..n {
         io.route(b, p, d, main);
-        let x = b.whole(io.a);
+        let x = b.rows(io.a, 0, tokens.len(d));
         b.push(d, main, copy(x, d, blocks[d]));
         ring_all_gather(b, &Ring::all(n, d), main, recv, 0, blocks[d], &blocks);
         if n > 1 {
@@ -185,10 +194,9 @@ fn ag_moe_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
 /// device (d+i)%D while the next shard travels; each shard moves as `c` sub-chunks with
 /// a signal each (the route's chunks are the D·c sub-chunks).
 fn ag_moe_ring(b: &mut PlanBuilder, p: &MoeProblem, io: &Io, c: usize) {
-    let (n, td) = (p.devices, p.tokens_per_device());
-    let cr = td / c;
-    let s = b.buffer("S", p.input, (n - 1) * td, p.hidden, BufferRole::Scratch);
-    let ring = ChunkedRing { own: io.a, slots: s, shards: Split::new(n * td, n), chunks: c, recv: b.semaphore("recv") };
+    let (n, tokens) = (p.devices, p.token_split());
+    let s = b.buffer("S", p.input, (n - 1) * tokens.max(), p.hidden, BufferRole::Scratch);
+    let ring = ChunkedRing { own: io.a, slots: s, shards: tokens, chunks: c, recv: b.semaphore("recv") };
     let compute = b.lane("compute");
     let comm = b.lane("comm");
     for d in 0..n {
@@ -200,7 +208,8 @@ fn ag_moe_ring(b: &mut PlanBuilder, p: &MoeProblem, io: &Io, c: usize) {
             for j in 0..c {
                 let a = ring.chunk(b, d, compute, i, j);
                 let first = i == 0 && j == 0;
-                io.grouped(b, p, d, compute, a, y, blk * c + j, Some(blk * td + j * cr), first);
+                let token0 = tokens.start(blk) + tokens.piece(blk, c, j).0;
+                io.grouped(b, p, d, compute, a, y, blk * c + j, Some(token0), first);
             }
         }
     }
@@ -208,7 +217,8 @@ fn ag_moe_ring(b: &mut PlanBuilder, p: &MoeProblem, io: &Io, c: usize) {
 
 /// Route, grouped GEMM over every row, combine every token, then a ring ReduceScatter.
 fn moe_rs_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
-    let (n, td) = (p.devices, p.tokens_per_device());
+    let (n, tokens) = (p.devices, p.token_split());
+    let td = tokens.max();
     let rows = b.buffer("P", DType::F32, p.capacity(), p.hidden, BufferRole::Scratch);
     let partial = b.buffer("partial", DType::F32, p.tokens, p.hidden, BufferRole::Scratch);
     let send = b.buffer("send", DType::F32, (n - 1) * td, p.hidden, BufferRole::Scratch);
@@ -216,7 +226,7 @@ fn moe_rs_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
     let recv = b.semaphore("recv");
     let main = b.lane("main");
     let weights = io.weights.expect("moe_rs has weights");
-    let parts: Vec<_> = (0..n).map(|r| b.rows(partial, r * td, td)).collect();
+    let parts: Vec<_> = (0..n).map(|r| b.rows(partial, tokens.start(r), tokens.len(r))).collect();
     let send_slots: Vec<_> = (0..n - 1).map(|s| b.rows(send, s * td, td)).collect();
     let recv_slots: Vec<_> = (0..n - 1).map(|s| b.rows(recv_buf, s * td, td)).collect();
     for d in 0..n {
@@ -225,8 +235,8 @@ fn moe_rs_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
         io.grouped(b, p, d, main, h, pr, 0, None, false);
         let (w, out) = (b.whole(weights), b.whole(partial));
         b.push(d, main, Op::Combine { rows: pr, weights: w, inv: io.tables.inv, out });
-        let whole = Window { row0: 0, col0: 0, rows: td, cols: p.hidden };
-        let c = b.whole(io.out);
+        let whole = Window { row0: 0, col0: 0, rows: tokens.len(d), cols: p.hidden };
+        let c = b.rows(io.out, 0, tokens.len(d));
         ring_reduce_scatter(b, &Ring::all(n, d), main, recv, 0, &parts, &recv_slots, &send_slots, &[(whole, c)]);
     }
 }
@@ -235,8 +245,8 @@ fn moe_rs_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
 /// of block (d+s+1)%D, adds the running sum from its right neighbour and sends it left;
 /// with `c` sub-chunks every block travels as c pieces, each with its own semaphores.
 fn moe_rs_ring(b: &mut PlanBuilder, p: &MoeProblem, io: &Io, c: usize) {
-    let (n, td) = (p.devices, p.tokens_per_device());
-    let cr = td / c;
+    let (n, tokens) = (p.devices, p.token_split());
+    let td = tokens.max();
     let rows = b.buffer("P", DType::F32, p.capacity(), p.hidden, BufferRole::Scratch);
     let part = b.buffer("partial", DType::F32, td, p.hidden, BufferRole::Scratch);
     let send = b.buffer("send", DType::F32, (n - 1) * td, p.hidden, BufferRole::Scratch);
@@ -256,7 +266,16 @@ fn moe_rs_ring(b: &mut PlanBuilder, p: &MoeProblem, io: &Io, c: usize) {
             .iter()
             .enumerate()
             .map(|(j, &(ready, recv))| {
-                let slots = |buf| (0..n - 1).map(|s| b.rows(buf, s * td + j * cr, cr)).collect::<Vec<_>>();
+                // Slot s holding chunk j of the block reduced at step `step(s)`.
+                let slots = |buf, step: usize| {
+                    (0..n - 1)
+                        .map(|s| {
+                            let (start, rows) = slot_chunk(tokens, (d + s + step + 1) % n, c, j);
+                            b.rows(buf, s * td + start, rows)
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let (start, rows) = slot_chunk(tokens, 0, c, j);
                 OverlappedReduce {
                     me: d,
                     peer: (d + n - 1) % n,
@@ -264,9 +283,9 @@ fn moe_rs_ring(b: &mut PlanBuilder, p: &MoeProblem, io: &Io, c: usize) {
                     ready,
                     recv,
                     comm,
-                    part: b.rows(part, j * cr, cr),
-                    send: slots(send),
-                    recv_slots: slots(recv_buf),
+                    part: b.rows(part, start, rows),
+                    send: slots(send, 0),
+                    recv_slots: slots(recv_buf, 1),
                 }
             })
             .collect();
@@ -274,9 +293,11 @@ fn moe_rs_ring(b: &mut PlanBuilder, p: &MoeProblem, io: &Io, c: usize) {
         for s in 0..n {
             let blk = (d + s + 1) % n;
             for (j, ring) in rings.iter().enumerate() {
-                let first = blk * td + j * cr;
-                let (w, inv) = (b.rows(weights, first, cr), sub_rows(io.tables.inv, first, cr));
-                let out = b.rows(io.out, j * cr, cr);
+                let (start, rows) = tokens.piece(blk, c, j);
+                let first = tokens.start(blk) + start;
+                let (w, inv) = (b.rows(weights, first, rows), sub_rows(io.tables.inv, first, rows));
+                // Used at s = D−1 only, where blk is d.
+                let out = b.rows(io.out, start, rows);
                 ring.compute_step(b, compute, s, out, &mut |b, dst| {
                     io.grouped(b, p, d, compute, h, pr, blk * c + j, None, false);
                     b.push(d, compute, Op::Combine { rows: pr, weights: w, inv, out: dst });

@@ -7,6 +7,7 @@
 //! `shaders/route.wgsl`, `cuda/kernels/moe.cu`), and what the oracle, the simulator and
 //! the executors' table checks use.
 
+use crate::problem::Split;
 use thiserror::Error;
 
 pub use crate::router::{Router, RouterPart, Routing, ROUTE_NONE};
@@ -126,18 +127,34 @@ impl Tables {
     }
 }
 
-/// Routes `ids` (tokens × slots): rows grouped by expert, then by chunk of
-/// `tokens / chunks` consecutive tokens, then by token and slot. This is the contract
-/// of [`Op::Route`](crate::plan::Op::Route): an id that is not below `experts` selects
-/// no row (executors check the ids before a run, see [`check_ids`]), and rows past
-/// `capacity` are not stored.
-pub fn route(ids: &[u32], slots: usize, experts: usize, chunks: usize, capacity: usize) -> Tables {
+/// The tokens of chunk `chunk` of `chunks`: the tokens cut into `shards` shards, each
+/// into `chunks / shards` sub-chunks, both in `torch.tensor_split`'s order (the first n
+/// mod k pieces one token longer). With one shard and chunks that divide the tokens,
+/// `tokens / chunks` tokens per chunk. Part of the contract of
+/// [`Op::Route`](crate::plan::Op::Route) (twins in `route.wgsl` and `moe.cu`).
+pub fn chunk_tokens(tokens: usize, shards: usize, chunks: usize, chunk: usize) -> std::ops::Range<usize> {
+    let shards = Split::new(tokens, shards);
+    let per_shard = (chunks / shards.parts).max(1);
+    let (shard, sub) = (chunk / per_shard, chunk % per_shard);
+    let (start, len) = shards.piece(shard, per_shard, sub);
+    let first = shards.start(shard) + start;
+    first..first + len
+}
+
+/// Routes `ids` (tokens × slots): rows grouped by expert, then by token chunk
+/// ([`chunk_tokens`] of `chunks` over `shards`), then by token and slot. This is the
+/// contract of [`Op::Route`](crate::plan::Op::Route): an id that is not below `experts`
+/// selects no row (executors check the ids before a run, see [`check_ids`]), and rows
+/// past `capacity` are not stored.
+pub fn route(ids: &[u32], slots: usize, experts: usize, chunks: usize, shards: usize, capacity: usize) -> Tables {
     let tokens = ids.len() / slots;
-    let per_chunk = tokens / chunks;
+    let ranges: Vec<std::ops::Range<usize>> = (0..chunks).map(|c| chunk_tokens(tokens, shards, chunks, c)).collect();
     let mut counts = vec![0u32; experts * chunks];
-    for (i, &id) in ids.iter().enumerate() {
-        if (id as usize) < experts {
-            counts[id as usize * chunks + i / slots / per_chunk] += 1;
+    for (c, range) in ranges.iter().enumerate() {
+        for &id in &ids[range.start * slots..range.end * slots] {
+            if (id as usize) < experts {
+                counts[id as usize * chunks + c] += 1;
+            }
         }
     }
     let mut seg = vec![0u32; experts * chunks + 1];
@@ -147,9 +164,9 @@ pub fn route(ids: &[u32], slots: usize, experts: usize, chunks: usize, capacity:
     let mut perm = vec![ROUTE_NONE; capacity];
     let mut inv = vec![ROUTE_NONE; ids.len()];
     for e in 0..experts {
-        for c in 0..chunks {
+        for (c, range) in ranges.iter().enumerate() {
             let mut row = seg[e * chunks + c] as usize;
-            for i in c * per_chunk * slots..(c + 1) * per_chunk * slots {
+            for i in range.start * slots..range.end * slots {
                 if ids[i] as usize == e {
                     if row < capacity {
                         perm[row] = i as u32;
@@ -249,7 +266,7 @@ mod tests {
     fn route_groups_by_expert_then_chunk_and_inverts() {
         // 4 tokens, 2 slots, 3 experts, 2 chunks of 2 tokens.
         let ids = [2, 0, 1, ROUTE_NONE, 0, 2, 1, 0];
-        let t = route(&ids, 2, 3, 2, 8);
+        let t = route(&ids, 2, 3, 2, 1, 8);
         // Expert 0: (t0,s1) chunk 0; (t2,s0), (t3,s1) chunk 1. Expert 1: (t1,s0) | (t3,s0).
         assert_eq!(t.seg, [0, 1, 3, 4, 5, 6, 7]);
         assert_eq!(t.perm, [1, 4, 7, 2, 6, 0, 5, ROUTE_NONE]);
@@ -259,7 +276,7 @@ mod tests {
         assert_eq!(t.inv[3], ROUTE_NONE);
         assert_eq!(t.segment(0, 1, 2), 1..3);
         // One chunk: the same rows (expert-major, then token order).
-        assert_eq!(route(&ids, 2, 3, 1, 8).perm, t.perm);
+        assert_eq!(route(&ids, 2, 3, 1, 1, 8).perm, t.perm);
         Tables::check_offsets(&t.seg, 8).unwrap();
     }
 

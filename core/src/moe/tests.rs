@@ -21,6 +21,11 @@ fn problems() -> Vec<MoeProblem> {
         }
         v.push(problem(op, 2, 8, 4, 4, 4, 1, Routing::Single, DType::Bf16));
         v.push(problem(op, 4, 16, 3, 8, 8, 4, Routing::Uniform, DType::F16));
+        // Uneven token shards (tensor_split's order), and chunks that do not divide them.
+        for (d, routing) in [(2, Routing::Skewed), (3, Routing::Drop), (4, Routing::Uniform)] {
+            v.push(problem(op, d, 6 * d + d - 1, 5, 3 * d, 5, 2, routing, DType::F32));
+        }
+        v.push(problem(op, 4, 13, 4, 8, 6, 3, Routing::Empty, DType::Bf16));
     }
     v
 }
@@ -73,14 +78,20 @@ fn algorithms_agree_on_every_row_and_the_permutation() {
 
 #[test]
 fn problems_and_algorithms_refuse_what_they_cannot_do() {
-    let e = MoeProblem::new(MoeOp::AgMoe, 3, 8, 4, 6, 4, 2, Routing::Uniform, DType::F32, DType::F32);
-    assert_eq!(e, Err(MoeError::Indivisible { op: MoeOp::AgMoe, dim: "T", size: 8, devices: 3 }));
+    let e = MoeProblem::new(MoeOp::AgMoe, 3, 8, 4, 7, 4, 2, Routing::Uniform, DType::F32, DType::F32);
+    assert_eq!(e, Err(MoeError::Indivisible { op: MoeOp::AgMoe, dim: "F", size: 7, devices: 3 }));
+    let e = MoeProblem::new(MoeOp::AgMoe, 3, 2, 4, 6, 4, 2, Routing::Uniform, DType::F32, DType::F32);
+    assert_eq!(e, Err(MoeError::TooFewTokens { op: MoeOp::AgMoe, tokens: 2, devices: 3 }));
+    // T = 8 on 3 devices splits 3, 3, 2.
+    let uneven = problem(MoeOp::AgMoe, 3, 8, 4, 6, 4, 2, Routing::Uniform, DType::F32);
+    assert_eq!(uneven.token_split().lens(), vec![3, 3, 2]);
     let e = MoeProblem::new(MoeOp::MoeRs, 2, 8, 4, 6, 4, 3, Routing::Empty, DType::F32, DType::F32);
     assert!(matches!(e, Err(MoeError::Slots { available: 2, .. })), "{e:?}");
     let e = MoeProblem::new(MoeOp::MoeRs, 2, 8, 4, 6, 4, 2, Routing::Uniform, DType::U32, DType::F32);
     assert!(matches!(e, Err(MoeError::DType { .. })), "{e:?}");
     let p = problem(MoeOp::MoeRs, 2, 8, 4, 4, 4, 2, Routing::Uniform, DType::F32);
-    assert!(matches!(build_moe_plan(&p, Algorithm::RingChunked { chunks: 3 }), Err(MoeError::Chunks { .. })));
+    assert!(matches!(build_moe_plan(&p, Algorithm::RingChunked { chunks: 5 }), Err(MoeError::Chunks { .. })));
+    assert!(build_moe_plan(&p, Algorithm::RingChunked { chunks: 3 }).is_ok(), "chunks need not divide the tokens");
     assert!(matches!(build_moe_plan(&p, Algorithm::RingBidir), Err(MoeError::Algorithm { .. })));
 }
 
@@ -121,7 +132,7 @@ fn the_routed_rows_are_in_expert_token_slot_order() {
     let (perm, inv) = super::oracle::contract_rows(&ids, 2);
     assert_eq!(perm, [1, 2, 0, 4, 5]);
     assert_eq!(inv, [Some(2), Some(0), Some(1), None, Some(3), Some(4)]);
-    let tables = super::route(&ids, 2, 2, 1, 6);
+    let tables = super::route(&ids, 2, 2, 1, 1, 6);
     assert_eq!(&tables.perm[..5], &perm[..]);
     assert_eq!(tables.perm[5], super::ROUTE_NONE);
     for p in problems() {

@@ -361,12 +361,31 @@ pub struct RouteTables {
     pub perm: Region,
     /// Per (token, slot), its row (tokens × slots; [`crate::router::ROUTE_NONE`] when dropped).
     pub inv: Region,
+    /// How the token chunks lie: the tokens cut into `shards` shards (the devices'
+    /// token shards), each into chunks/shards sub-chunks, both in `tensor_split`'s
+    /// order ([`crate::moe::chunk_tokens`]). 1 (the default): the tokens cut into the
+    /// chunks directly.
+    #[serde(default = "one_shard", skip_serializing_if = "is_one_shard")]
+    pub shards: usize,
+}
+
+fn one_shard() -> usize {
+    1
+}
+
+fn is_one_shard(shards: &usize) -> bool {
+    *shards == 1
 }
 
 impl RouteTables {
     /// Its three regions.
     pub fn regions(&self) -> [Region; 3] {
         [self.seg, self.perm, self.inv]
+    }
+
+    /// The tokens of chunk `chunk` of these tables for `experts` experts.
+    pub fn chunk_tokens(&self, experts: usize, chunk: usize) -> std::ops::Range<usize> {
+        crate::moe::chunk_tokens(self.inv.rows, self.shards, self.chunks(experts), chunk)
     }
 
     /// Token chunks of a segment table for `experts` experts (0 if it does not fit).

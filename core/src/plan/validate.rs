@@ -283,14 +283,15 @@ impl<'p> OpCheck<'p> {
         }
         let chunks = tables.chunks(experts);
         if chunks == 0
-            || tokens % chunks != 0
+            || tables.shards == 0
+            || chunks % tables.shards != 0
             || tables.seg.rows != 1
             || tables.perm.cols != 1
             || (tables.inv.rows, tables.inv.cols) != (tokens, slots)
         {
             return Err(self.mismatch(format!(
-                "routing tables: seg {}x{}, perm {}x{}, inv {}x{} for {tokens} tokens x {slots} slots and {experts} experts (seg is 1 x experts·chunks+1 with chunks dividing the tokens, perm one column)",
-                tables.seg.rows, tables.seg.cols, tables.perm.rows, tables.perm.cols, tables.inv.rows, tables.inv.cols
+                "routing tables: seg {}x{}, perm {}x{}, inv {}x{}, {} shards for {tokens} tokens x {slots} slots and {experts} experts (seg is 1 x experts·chunks+1 with the shards dividing the chunks, perm one column)",
+                tables.seg.rows, tables.seg.cols, tables.perm.rows, tables.perm.cols, tables.inv.rows, tables.inv.cols, tables.shards
             )));
         }
         Ok(chunks)
@@ -527,11 +528,11 @@ impl<'p> OpCheck<'p> {
                 self.mismatch(format!("grouped gemm: chunk {chunk} of {chunks}, experts {groups:?} of {experts}"))
             );
         }
-        let shard = tokens / chunks;
+        let one_chunk = |base: usize| (0..chunks).any(|i| tables.chunk_tokens(*experts, i) == (base..base + a.rows));
         match gather {
-            Some(base) if a.rows != shard || base % shard != 0 || *base >= tokens => {
+            Some(base) if !one_chunk(*base) => {
                 return Err(self.mismatch(format!(
-                    "grouped gemm: gathering from token {base} needs a shard of {shard} tokens starting at a chunk, a has {} rows",
+                    "grouped gemm: gathering {} rows from token {base} is not one chunk of the {tokens} tokens in {chunks} chunks",
                     a.rows
                 )))
             }
