@@ -886,11 +886,12 @@ impl CudaBackend {
                 if !crate::given::given_by_caller(decl) {
                     continue;
                 }
-                let bytes = decl.dtype.le_bytes(&memory[b]);
+                // An uneven shard: the device's own rows, as a caller's tensor holds them.
+                let bytes = decl.dtype.le_bytes(&memory[b][..decl.len_on(d)]);
                 let buffer = self.device_buffer(gpu_of(placement, d), bytes.len())?;
                 buffer.upload(&bytes)?;
                 let (name, ptr, rows, cols, dtype) =
-                    (decl.name.clone(), buffer.ptr(), decl.rows, decl.cols, decl.dtype);
+                    (decl.name.clone(), buffer.ptr(), decl.rows_on(d), decl.cols, decl.dtype);
                 out.push((GivenBuffer { device: d, name, ptr, rows, cols, dtype }, buffer));
             }
         }

@@ -291,8 +291,9 @@ fn child() -> i32 {
             if let Some((g, buffer)) = own.iter().find(|(g, _)| g.name == decl.name) {
                 // The result in the caller's buffer is the one the heap held.
                 let bytes = buffer.download().map_err(|e| e.to_string())?;
-                let theirs = g.dtype.words_from_le(&bytes, decl.len());
-                if &theirs != mine {
+                // An uneven shard's buffer holds the rank's own rows only.
+                let theirs = g.dtype.words_from_le(&bytes, decl.len_on(rank));
+                if theirs != mine[..decl.len_on(rank)] {
                     return Err(format!("`{}`: the caller's buffer is not the run's result", decl.name));
                 }
             }

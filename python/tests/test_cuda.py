@@ -103,12 +103,24 @@ def _case(devices=2, family="exact"):
 def _device_tensors(case):
     """Each device's inputs (the case's) and zeroed outputs, on the fake GPU."""
     tensors = []
-    for inputs in case.inputs():
+    for device, inputs in enumerate(case.inputs()):
         mine = {name: CudaTensor(a) for name, a in inputs.items()}
         for o in case.outputs:
-            mine[o.buffer] = CudaTensor(np.zeros((o.rows, o.cols), dtype=np.float32))
+            mine[o.buffer] = CudaTensor(np.zeros((o.rows_on(device), o.cols), dtype=np.float32))
         tensors.append(mine)
     return tensors
+
+
+def test_uneven_shards_run_on_tensors_of_each_device_s_rows():
+    """M = 51 on 2 devices: 26 and 25 rows, as torch.tensor_split gives them."""
+    _backend_or_skip()
+    case = cmm.Case(op="gemm_rs", devices=2, m=51, n=16, k=24, input="bf16", output="f32",
+                    family="exact", algorithm="ring_accumulate", chunks=2, seed=5)
+    tensors = _device_tensors(case)
+    assert [t["C"].shape[0] for t in tensors] == [26, 25]
+    cmm.cuda.run(case, tensors)
+    result = cmm.check(case, [t["C"].numpy() for t in tensors])
+    assert result.ok, result.reason
 
 
 def test_a_plan_runs_on_cuda_tensors_in_one_process_and_conforms():

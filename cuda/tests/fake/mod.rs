@@ -48,6 +48,13 @@ pub fn family_plans() -> Vec<Plan> {
     plans.push(build_moe_plan(&moe, Algorithm::Ring).unwrap());
     let attention = AttentionProblem::new(2, 32, 2, 1, 16, true, Layout::Balanced, None, DType::F16).unwrap();
     plans.push(build_attention_plan(&attention, AttentionAlgorithm::Ring).unwrap());
+    // Uneven shards: 63 rows on 2 devices (32 and 31), chunks that do not divide them.
+    for (op, algorithm) in
+        [(OpKind::AgGemm, Algorithm::Fused { chunks: 2 }), (OpKind::GemmRs, Algorithm::RingAccumulate { chunks: 3 })]
+    {
+        let p = Problem::new(op, 2, 63, 48, 32, DType::Bf16, DType::F32).unwrap();
+        plans.push(build_plan(&p, algorithm).unwrap());
+    }
     plans
 }
 
