@@ -48,7 +48,9 @@ fn random_case(rng: &mut Rng, family: usize, name: &str) -> String {
                 c += &format!("chunks = {chunks}\n");
             }
             let unit = d * chunks * 2;
-            let (m, n, k) = (unit * (1 + rng.below(6)), d * 4 * (1 + rng.below(4)), 8 * (1 + rng.below(12)));
+            // A quarter of the cases shard M unevenly (tensor_split's order).
+            let ragged = if rng.below(4) == 0 { rng.below(d) } else { 0 };
+            let (m, n, k) = (unit * (1 + rng.below(6)) + ragged, d * 4 * (1 + rng.below(4)), 8 * (1 + rng.below(12)));
             c += &format!("m = {m}\nn = {n}\nk = {k}\n");
             if op != "ag_gemm" && rng.below(4) == 0 {
                 c += &format!("wire = \"{}\"\n", rng.pick(&["f16", "bf16"]));
@@ -105,7 +107,9 @@ fn random_case(rng: &mut Rng, family: usize, name: &str) -> String {
             } else {
                 rng.pick(&["baseline", "ring", "ring_bidir"])
             };
-            let s = if decode { d * (4 + rng.below(20)) + rng.below(d) } else { 2 * d * (2 + rng.below(12)) };
+            // Ragged decode keys; prefill chunks uneven in a quarter of the cases.
+            let ragged = if rng.below(4) == 0 { rng.below(2 * d) } else { 0 };
+            let s = if decode { d * (4 + rng.below(20)) + rng.below(d) } else { 2 * d * (2 + rng.below(12)) + ragged };
             c += &format!(
                 "op = \"attention\"\ndevices = {d}\nalgorithm = \"{alg}\"\nm = {s}\nn = {heads}\nk = {}\nkv_heads = {kv}\ncausal = {}\n",
                 [16, 32, 64][rng.below(3)],
@@ -134,9 +138,11 @@ fn random_case(rng: &mut Rng, family: usize, name: &str) -> String {
             if alg == "ring_chunked" {
                 c += &format!("chunks = {}\n", 1 + rng.below(3));
             }
+            // Uneven token shards in a quarter of the cases.
+            let ragged = if rng.below(4) == 0 { rng.below(d) } else { 0 };
             c += &format!(
                 "m = {}\nn = {}\nk = {}\n",
-                d * 6 * (1 + rng.below(4)),
+                d * 6 * (1 + rng.below(4)) + ragged,
                 8 * (1 + rng.below(4)),
                 8 * (1 + rng.below(4))
             );
@@ -162,6 +168,7 @@ fn the_reference_and_its_cpu_twin_agree_bit_for_bit_on_generated_cases() {
     eprintln!("CMM_PROPERTY_SEED={seed}");
     let mut rng = Rng(seed);
     let mut checked = [0usize; 5];
+    let mut uneven = 0;
     let mut attempts = 0;
     while checked.iter().sum::<usize>() < CASES {
         attempts += 1;
@@ -194,7 +201,10 @@ fn the_reference_and_its_cpu_twin_agree_bit_for_bit_on_generated_cases() {
             }
         }
         checked[family] += 1;
+        // Uneven shards: some buffer's devices hold different rows.
+        uneven += usize::from(plan.buffers.iter().any(|b| b.device_rows.is_some()));
     }
-    eprintln!("{checked:?} cases (1D, mesh, linear, attention, MoE) agree bit for bit, {attempts} drawn");
+    eprintln!("{checked:?} cases (1D, mesh, linear, attention, MoE) agree bit for bit, {uneven} of them uneven, {attempts} drawn");
     assert!(checked.iter().all(|&n| n >= CASES / 20), "a family was barely drawn: {checked:?} (seed {seed})");
+    assert!(uneven >= CASES / 50, "only {uneven} cases with uneven shards (seed {seed})");
 }
