@@ -138,4 +138,30 @@ mod tests {
         let e = Plan::from_file_json(&far.to_string()).unwrap_err();
         assert!(matches!(e, PlanFileError::Plan(PlanError::RegionOutOfBounds { .. })), "{e}");
     }
+
+    /// An uneven plan's per-device rows round-trip; malformed ones (a count per device
+    /// missing, more rows than the buffer, rows on working memory, rows that an op
+    /// reaches past) are refused naming the buffer.
+    #[test]
+    fn per_device_rows_round_trip_and_bad_ones_are_refused() {
+        let p = Problem::new(OpKind::GemmRs, 3, 8, 4, 6, DType::F32, DType::F32).unwrap();
+        let plan = build_plan(&p, Algorithm::Ring).unwrap();
+        let text = plan.to_file_json();
+        assert_eq!(Plan::from_file_json(&text).unwrap(), plan);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let c = plan.buffers.iter().position(|b| b.name == "C").unwrap();
+        let scratch = plan.buffers.iter().position(|b| b.name == "P").unwrap();
+        assert_eq!(v["plan"]["buffers"][c]["device_rows"], serde_json::json!([3, 3, 2]));
+        for (buffer, rows, says) in [
+            (c, serde_json::json!([3, 3]), "per-device rows [3, 3]"),
+            (c, serde_json::json!([3, 4, 2]), "per-device rows [3, 4, 2]"),
+            (scratch, serde_json::json!([3, 3, 2]), "per-device rows [3, 3, 2]"),
+            (c, serde_json::json!([3, 3, 1]), "reaches past device 2's 1 rows of `C`"),
+        ] {
+            let mut bad = v.clone();
+            bad["plan"]["buffers"][buffer]["device_rows"] = rows;
+            let e = Plan::from_file_json(&bad.to_string()).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
+    }
 }
