@@ -123,13 +123,14 @@ impl<T: ShardedGemm> Workload for T {
         let global = self.global();
         let e = expected_outputs(self, seed, family);
         let windows: Vec<_> = (0..self.device_count()).map(|d| self.output_window_of(d)).collect();
+        let (rows, device_rows) = crate::plan::per_device_rows(e.rows);
         vec![ExpectedOutput {
             layout: window_layout(&format!("the global C = A·B ({}×{})", global.m, global.n), &windows),
             windows,
             buffer: "C".into(),
             dtype: global.output,
-            rows: e.rows.iter().copied().max().unwrap_or(0),
-            device_rows: e.rows.iter().any(|&r| r != e.rows[0]).then(|| e.rows.clone()),
+            rows,
+            device_rows,
             cols: e.cols,
             values: e.values,
             magnitudes: e.magnitudes,

@@ -276,22 +276,14 @@ pub(crate) fn input_buffer(b: &mut PlanBuilder, p: &impl ShardedGemm, tensor: u3
     let windows: Vec<Window> = (0..p.device_count()).map(|d| p.input_window(tensor, d)).collect();
     let origins = windows.iter().map(|w| (w.row0, w.col0)).collect();
     let role = BufferRole::Input { tensor, global_cols: decl.cols, origins };
-    sharded_buffer(b, decl.name, global.input, &windows, role)
+    b.sharded_buffer(decl.name, global.input, windows.iter().map(|w| w.rows).collect(), windows[0].cols, role)
 }
 
 /// Declares the output buffer `C` with the devices' output window shape.
 pub(crate) fn output_buffer(b: &mut PlanBuilder, p: &impl ShardedGemm) -> BufId {
     let windows: Vec<Window> = (0..p.device_count()).map(|d| p.output_window_of(d)).collect();
-    sharded_buffer(b, "C", p.global().output, &windows, BufferRole::Output)
-}
-
-/// A buffer holding each device's window (of one width): as many rows as the largest,
-/// and each device's own count when they differ (uneven shards).
-fn sharded_buffer(b: &mut PlanBuilder, name: &str, dtype: DType, windows: &[Window], role: BufferRole) -> BufId {
-    let rows = windows.iter().map(|w| w.rows).max().unwrap_or(0);
-    let id = b.buffer(name, dtype, rows, windows[0].cols, role);
-    b.set_device_rows(id, windows.iter().map(|w| w.rows).collect());
-    id
+    let rows = windows.iter().map(|w| w.rows).collect();
+    b.sharded_buffer("C", p.global().output, rows, windows[0].cols, BufferRole::Output)
 }
 
 #[cfg(test)]

@@ -164,9 +164,8 @@ impl Workload for AttentionProblem {
 
     fn expected(&self, seed: u32, family: Family) -> Vec<ExpectedOutput> {
         let (h, dh) = (self.heads, self.head_dim);
-        let device_rows: Vec<usize> = (0..self.devices).map(|d| self.contract_positions(d).len()).collect();
-        let rows = device_rows.iter().copied().max().unwrap_or(0);
-        let device_rows = device_rows.iter().any(|&r| r != rows).then_some(device_rows);
+        let (rows, device_rows) =
+            crate::plan::per_device_rows((0..self.devices).map(|d| self.contract_positions(d).len()).collect());
         let mut o_values = Vec::new();
         let mut o_bounds = Vec::new();
         let mut l_values = Vec::new();

@@ -239,12 +239,9 @@ impl Io {
         let chunked = |b: &mut PlanBuilder, name: &str, tensor, cols, chunks: &dyn Fn(usize) -> Vec<Chunk>| {
             (0..chunks(0).len())
                 .map(|c| {
-                    let rows: Vec<usize> = (0..n).map(|d| chunks(d)[c].rows).collect();
+                    let rows = (0..n).map(|d| chunks(d)[c].rows).collect();
                     let origins = (0..n).map(|d| (chunks(d)[c].pos, 0)).collect();
-                    let max = rows.iter().copied().max().unwrap_or(0);
-                    let id = b.buffer(&format!("{name}.{c}"), p.dtype, max, cols, input(tensor, cols, origins));
-                    b.set_device_rows(id, rows);
-                    id
+                    b.sharded_buffer(&format!("{name}.{c}"), p.dtype, rows, cols, input(tensor, cols, origins))
                 })
                 .collect::<Vec<BufId>>()
         };
@@ -264,11 +261,9 @@ impl Io {
         let m = b.buffer("m", DType::F32, slots * rows, p.heads, BufferRole::Scratch);
         let l = b.buffer("l", DType::F32, slots * rows, p.heads, BufferRole::Scratch);
         let acc = b.buffer("acc", DType::F32, slots * rows, qc, BufferRole::Scratch);
-        let o = b.buffer("O", p.dtype, rows, qc, BufferRole::Output);
-        let lse = b.buffer("LSE", DType::F32, rows, p.heads, BufferRole::Output);
-        for out in [o, lse] {
-            b.set_device_rows(out, (0..n).map(|d| p.out_rows_on(d)).collect());
-        }
+        let out_rows = || (0..n).map(|d| p.out_rows_on(d)).collect();
+        let o = b.sharded_buffer("O", p.dtype, out_rows(), qc, BufferRole::Output);
+        let lse = b.sharded_buffer("LSE", DType::F32, out_rows(), p.heads, BufferRole::Output);
         Io { q, k, v, kg, vg, m, l, acc, o, lse, rows, heads: p.heads, head_dim: p.head_dim }
     }
 

@@ -137,7 +137,7 @@ impl MoeProblem {
             values.push(v);
             magnitudes.push(m);
         }
-        let device_rows = (longer != 0).then(|| (0..self.devices).map(|d| shard(d).1).collect());
+        let (_, device_rows) = crate::plan::per_device_rows((0..self.devices).map(|d| shard(d).1).collect());
         let layout = if longer == 0 {
             format!("tokens d·{td}..(d+1)·{td} of the {} tokens on device d, all {h} columns", self.tokens)
         } else {

@@ -90,14 +90,13 @@ impl Io {
             |tensor, global_cols, origins: Vec<(usize, usize)>| BufferRole::Input { tensor, global_cols, origins };
         let (a, w, out) = match p.op {
             MoeOp::AgMoe => {
-                let x = b.buffer(
+                let x = b.sharded_buffer(
                     "X",
                     p.input,
-                    tokens.max(),
+                    tokens.lens(),
                     p.hidden,
                     input(TENSOR_X, p.hidden, (0..n).map(|d| (tokens.start(d), 0)).collect()),
                 );
-                b.set_device_rows(x, tokens.lens());
                 let w1 = b.buffer(
                     "W1",
                     p.input,
@@ -116,9 +115,7 @@ impl Io {
                     p.hidden,
                     input(TENSOR_W2, p.hidden, (0..n).map(|d| (d * p.experts * fd, 0)).collect()),
                 );
-                let c = b.buffer("C", p.output, tokens.max(), p.hidden, BufferRole::Output);
-                b.set_device_rows(c, tokens.lens());
-                (h, w2, c)
+                (h, w2, b.sharded_buffer("C", p.output, tokens.lens(), p.hidden, BufferRole::Output))
             }
         };
         let ids = table(b, "ids", RouterPart::Ids);

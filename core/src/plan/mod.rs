@@ -100,6 +100,13 @@ pub fn rows_on(rows: usize, device_rows: Option<&[usize]>, device: usize) -> usi
     device_rows.and_then(|r| r.get(device).copied()).unwrap_or(rows)
 }
 
+/// Each device's rows as a buffer or an output records them: the largest count, and the
+/// counts themselves only when they differ (uneven shards).
+pub fn per_device_rows(rows: Vec<usize>) -> (usize, Option<Vec<usize>>) {
+    let max = rows.iter().copied().max().unwrap_or(0);
+    (max, rows.iter().any(|&r| r != max).then_some(rows))
+}
+
 /// Per-device rows as text: `26` when every device has them, `7/7/6/6` when not.
 pub fn rows_text(rows: usize, device_rows: Option<&[usize]>) -> String {
     match device_rows {
@@ -1025,12 +1032,22 @@ impl PlanBuilder {
         BufId(self.plan.buffers.len() - 1)
     }
 
-    /// Declares that device d holds only the first `device_rows[d]` of `buf`'s rows
-    /// (uneven shards, [`BufferDecl::device_rows`]); the same on every device is no
-    /// declaration at all, so even shards make the plans they always made.
-    pub fn set_device_rows(&mut self, buf: BufId, device_rows: Vec<usize>) {
-        let decl = &mut self.plan.buffers[buf.0];
-        decl.device_rows = device_rows.iter().any(|&r| r != decl.rows).then_some(device_rows);
+    /// Declares a buffer of which device d holds `rows[d]` rows: as many rows as the
+    /// largest, and each device's own count when they differ (uneven shards,
+    /// [`BufferDecl::device_rows`]). The same count everywhere is a plain buffer, so even
+    /// shards make the plans they always made.
+    pub fn sharded_buffer(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        rows: Vec<usize>,
+        cols: usize,
+        role: BufferRole,
+    ) -> BufId {
+        let (max, device_rows) = per_device_rows(rows);
+        let id = self.buffer(name, dtype, max, cols, role);
+        self.plan.buffers[id.0].device_rows = device_rows;
+        id
     }
 
     /// Declares a semaphore (one counter per device).
