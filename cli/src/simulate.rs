@@ -234,11 +234,7 @@ pub fn run(args: &Args) -> Result<()> {
         Executor::Sim => {
             let compute_priority =
                 if args.stagger > 0 { staggered_priorities(plan.devices, args.stagger) } else { Vec::new() };
-            let options = SimOptions {
-                torus_dims: torus_dims(&args.torus)?,
-                compute_priority,
-                engines: if args.potential { Engines::CublasSpeed } else { Engines::AsBuilt },
-            };
+            let options = SimOptions { torus_dims: torus_dims(&args.torus)?, compute_priority, engines: pricing(args) };
             let report = simulate(&plan, &profile, &options)?;
             let analytic = ring_1d(&problem, alg, &profile);
             if args.json {
@@ -323,12 +319,23 @@ fn print_ranking_json(
     crate::output::emit_json(report)
 }
 
+/// How `--potential` asks the GEMMs to be priced.
+fn pricing(args: &Args) -> Engines {
+    if args.potential {
+        Engines::CublasSpeed
+    } else {
+        Engines::AsBuilt
+    }
+}
+
 /// One simulated algorithm (linear or MoE), for `--json`.
 #[derive(Serialize)]
 struct LinearRow {
     algorithm: String,
     #[serde(flatten)]
     timing: Timing,
+    /// What priced its GEMMs ([`engines_line`]).
+    gemm_engines: String,
 }
 
 /// `--layer`: every linear algorithm simulated, and the verdict.
@@ -345,7 +352,7 @@ fn linear(args: &Args, layer: Layer) -> Result<()> {
     let pass = args.pass.unwrap_or(if layer == Layer::Mlp { Pass::Train } else { Pass::Backward });
     let problem = LinearProblem::new(layer, pass, !args.no_sp, d, args.microbatches, m, k, n, pa.input)?;
     let profile = pa.profile()?;
-    let ranking = tune_linear(&problem, &profile)?;
+    let ranking = tune_linear(&problem, &profile, pricing(args))?;
     let header = format!("linear {} on {} ({:.1} TFLOP)", problem.describe(), profile.name, problem.flops() / 1e12);
     let rows = ranking.ranked.iter().map(|c| (c.algorithm.to_string(), &c.report)).collect();
     print_ranking(args.json, header, problem.describe(), &profile, rows, ranking.overlap_pays, &ranking.reason)
@@ -414,7 +421,7 @@ fn moe(args: &Args, op: MoeOp) -> Result<()> {
     };
     let problem = MoeProblem::new(op, d, t, h, f, e, k, args.routing, pa.input, pa.output.unwrap_or(pa.input))?;
     let profile = pa.profile()?;
-    let ranking = tune_moe(&problem, &profile)?;
+    let ranking = tune_moe(&problem, &profile, pricing(args))?;
     let tables = problem.tables(cmm_sim::engine::SIM_ROUTING_SEED, 1);
     let rows: Vec<usize> = (0..e).map(|x| tables.segment(x, 0, 1).len()).collect();
     let header = format!(
@@ -444,12 +451,22 @@ fn print_ranking(
     reason: &str,
 ) -> Result<()> {
     if json {
-        let rows: Vec<LinearRow> =
-            ranked.iter().map(|(name, r)| LinearRow { algorithm: name.clone(), timing: Timing::of(r) }).collect();
+        let rows: Vec<LinearRow> = ranked
+            .iter()
+            .map(|(name, r)| LinearRow {
+                algorithm: name.clone(),
+                timing: Timing::of(r),
+                gemm_engines: engines_line(profile, r),
+            })
+            .collect();
         return print_ranking_json(problem, profile, rows, overlap_pays, reason);
     }
     println!("{header}");
+    let best = ranked.first().map(|(name, r)| format!("GEMMs of {name}: {}", engines_line(profile, r)));
     print_ranked(ranked.into_iter());
+    if let Some(line) = best {
+        println!("{line}");
+    }
     println!("verdict: {}: {reason}", if overlap_pays { "overlap pays" } else { "no overlap" });
     Ok(())
 }
@@ -505,7 +522,7 @@ fn attention(args: &Args) -> Result<()> {
         pa.input,
     )?;
     let profile = pa.profile()?;
-    let ranking = tune_attention(&problem, &profile)?;
+    let ranking = tune_attention(&problem, &profile, pricing(args))?;
     if args.json {
         let rows: Vec<AttentionRow> = ranking
             .ranked
@@ -537,6 +554,14 @@ fn attention(args: &Args) -> Result<()> {
             format!("{:.2}", c.imbalance())
         );
     }
+    println!(
+        "attention blocks priced {}",
+        if args.potential {
+            "at cuBLAS's GEMM rate: a potential, not what cmm runs"
+        } else {
+            "on cmm's attention kernel (one thread per row and head), as cmm runs them"
+        }
+    );
     println!("verdict: {}", ranking.reason);
     Ok(())
 }

@@ -71,6 +71,10 @@ pub enum Engine {
     },
     /// cmm's SIMT tile kernel (f32 or mixed dtypes).
     SimtTile,
+    /// cmm's scalar grouped GEMM kernel (`cmm_grouped_gemm`: one thread per output, on
+    /// the CUDA cores): the grouped GEMMs the Hopper engine cannot take
+    /// ([`grouped_engine`]); never a plain or fused GEMM's engine.
+    ScalarGrouped,
 }
 
 impl Engine {
@@ -82,6 +86,7 @@ impl Engine {
             Engine::TensorTile { wide: false } => "tile kernel 64x64".into(),
             Engine::TensorTile { wide: true } => "tile kernel 128x128".into(),
             Engine::SimtTile => "SIMT tile kernel".into(),
+            Engine::ScalarGrouped => "scalar grouped kernel".into(),
         }
     }
 }
@@ -139,19 +144,30 @@ impl GemmFacts {
     /// The facts of a plan's `Gemm` op (`None` for other ops).
     pub fn of(plan: &Plan, op: &Op) -> Option<GemmFacts> {
         let Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } = op else { return None };
+        let k = if *trans_a { a.rows } else { a.cols };
+        Some(GemmFacts {
+            trans_a: *trans_a,
+            trans_b: *trans_b,
+            accumulate: *accumulate,
+            ..GemmFacts::laid_out(plan, [a, b, c], [c.rows, c.cols, k])
+        })
+    }
+
+    /// The facts of a GEMM `c = a·b` (no transposes, no accumulation) of these regions.
+    fn laid_out(plan: &Plan, [a, b, c]: [&Region; 3], mnk: [usize; 3]) -> GemmFacts {
         let dt = |r: &Region| plan.buffer(r.buf).dtype;
         // A one-row region may have any stride; as a leading dimension it must cover the row.
         let ld = |r: &Region| if r.rows <= 1 { r.stride.max(r.cols) } else { r.stride } as u64;
         let offset = |r: &Region| (r.offset * dt(r).size_bytes()) as u64;
-        Some(GemmFacts {
-            mnk: [c.rows, c.cols, if *trans_a { a.rows } else { a.cols }],
+        GemmFacts {
+            mnk,
             dtypes: [dt(a), dt(b), dt(c)],
-            trans_a: *trans_a,
-            trans_b: *trans_b,
-            accumulate: *accumulate,
+            trans_a: false,
+            trans_b: false,
+            accumulate: false,
             offsets: [offset(a), offset(b)],
             strides: [ld(a), ld(b), ld(c)],
-        })
+        }
     }
 
     /// Whether cuBLAS can run it (`cublasGemmEx` with one input dtype, 32-bit sizes).
@@ -170,6 +186,73 @@ impl GemmFacts {
             _ => Engine::SimtTile,
         }
     }
+}
+
+/// What the engines need to know of a grouped GEMM ([`Op::GroupedGemm`]): the facts of
+/// its GEMM (m: c's rows, the capacity; k: one expert's rows of the stacked B), the
+/// experts, and whether a's rows are gathered by token and the unrouted rows zeroed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupedFacts {
+    /// The GEMM of every row at once (A and C of `m` rows, one expert's K×N of B).
+    pub gemm: GemmFacts,
+    /// Experts stacked in B.
+    pub experts: usize,
+    /// a's rows are gathered from a token shard through the permutation.
+    pub gather: bool,
+    /// The rows past the routed ones are zeroed.
+    pub zero_unrouted: bool,
+}
+
+impl GroupedFacts {
+    /// The facts of a plan's `GroupedGemm` op (`None` for other ops).
+    pub fn of(plan: &Plan, op: &Op) -> Option<GroupedFacts> {
+        let Op::GroupedGemm { a, b, c, experts, gather, zero_unrouted, .. } = op else { return None };
+        Some(GroupedFacts {
+            gemm: GemmFacts::laid_out(plan, [a, b, c], [c.rows, c.cols, b.rows / (*experts).max(1)]),
+            experts: *experts,
+            gather: gather.is_some(),
+            zero_unrouted: *zero_unrouted,
+        })
+    }
+}
+
+/// The engine of a grouped GEMM: `Some(tile)`, the Hopper engine, which schedules its
+/// tiles on the GPU from the segment offsets the route op wrote (an empty expert has no
+/// tile), where TMA can load its rows: a's rows are c's (no gather: TMA loads boxes, not
+/// rows picked through a table), no unrouted rows to zero, and [`hopper_rule`] holds of
+/// the GEMM over all of c's rows; `None`: cmm's scalar grouped kernel
+/// (`cmm_grouped_gemm`). cuBLAS never runs one (its grouped GEMMs take the group sizes
+/// from the host, and the route op writes them on the GPU), whatever the policy; under
+/// [`GemmEngine::Hopper`] a grouped GEMM the engine cannot take is an error.
+pub fn grouped_engine(
+    policy: GemmEngine,
+    support: &EngineSupport,
+    g: &GroupedFacts,
+) -> Result<Option<HopperTile>, String> {
+    let [m, n, k] = g.gemm.mnk;
+    let why_not = match support.hopper_sms {
+        None => "this GPU does not run it (it needs compute capability 9.0)".to_string(),
+        Some(_) if g.gather => {
+            "its rows are gathered by token (TMA loads boxes of rows, not rows picked by a table)".into()
+        }
+        Some(_) if g.zero_unrouted => "it zeroes the unrouted rows".into(),
+        // The stacked B is loaded as a 3D tensor (N, K, experts): its experts' stride too
+        // must be a TMA stride.
+        Some(_) if (g.experts as u64).saturating_mul(k as u64).saturating_mul(g.gemm.strides[1]) * 2 >= 1u64 << 40 => {
+            format!("{} experts of {k}x{n} past TMA's strides", g.experts)
+        }
+        Some(sms) => match hopper_rule(&g.gemm, sms) {
+            Ok(tile) => return Ok(Some(support.hopper_tile.unwrap_or(tile))),
+            Err(why) => why,
+        },
+    };
+    if policy == GemmEngine::Hopper {
+        return Err(format!(
+            "grouped gemm {m}x{n}x{k} over {} experts cannot run on the Hopper engine (GemmEngine::Hopper asks for it on every GEMM): {why_not}",
+            g.experts
+        ));
+    }
+    Ok(None)
 }
 
 /// Whether the Hopper engine can run `g`, and on which tile: 128×256 where N is over
@@ -323,6 +406,38 @@ mod tests {
         let no_blas = EngineSupport { cublas: false, ..gpu };
         assert!(plain_engine(GemmEngine::Cublas, &no_blas, &big).is_err());
         assert_eq!(plain_engine(GemmEngine::Auto, &no_blas, &big), Ok(Engine::Hopper(HopperTile::Narrow)));
+    }
+
+    #[test]
+    fn a_grouped_gemm_takes_the_hopper_engine_where_tma_can_load_its_rows() {
+        let gpu = EngineSupport { cublas: true, hopper_sms: Some(132), ..Default::default() };
+        // moe_rs on one device of Mixtral at D = 8: 8192 rows, H = 4096, F/D = 1792.
+        let rs = GroupedFacts {
+            gemm: facts(8192, 4096, 1792, DType::Bf16),
+            experts: 8,
+            gather: false,
+            zero_unrouted: false,
+        };
+        for policy in [GemmEngine::Auto, GemmEngine::Cublas, GemmEngine::TileKernel, GemmEngine::Hopper] {
+            assert_eq!(grouped_engine(policy, &gpu, &rs), Ok(Some(HopperTile::Wide)), "{policy:?}");
+        }
+        let narrow = GroupedFacts { gemm: facts(256, 128, 64, DType::F16), ..rs };
+        assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &narrow), Ok(Some(HopperTile::Narrow)));
+        let forced = EngineSupport { hopper_tile: Some(HopperTile::Narrow), ..gpu };
+        assert_eq!(grouped_engine(GemmEngine::Auto, &forced, &rs), Ok(Some(HopperTile::Narrow)));
+        // What TMA cannot load falls back to the scalar kernel, or is an error under Hopper.
+        let gathered = GroupedFacts { gather: true, ..rs };
+        let zeroed = GroupedFacts { zero_unrouted: true, ..rs };
+        let f32s = GroupedFacts { gemm: facts(8192, 4096, 1792, DType::F32), ..rs };
+        let odd = GroupedFacts { gemm: GemmFacts { strides: [1796, 4096, 4096], ..rs.gemm }, ..rs };
+        for (g, why) in [(gathered, "gathered by token"), (zeroed, "zeroes"), (f32s, "f16 or bf16"), (odd, "16-byte")] {
+            assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &g), Ok(None), "{why}");
+            let e = grouped_engine(GemmEngine::Hopper, &gpu, &g).unwrap_err();
+            assert!(e.contains(why) && e.contains("grouped gemm 8192x4096x1792"), "{e}");
+        }
+        let older = EngineSupport { hopper_sms: None, ..gpu };
+        assert_eq!(grouped_engine(GemmEngine::TileKernel, &older, &rs), Ok(None));
+        assert!(grouped_engine(GemmEngine::Hopper, &older, &rs).unwrap_err().contains("compute capability 9.0"));
     }
 
     #[test]

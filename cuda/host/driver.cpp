@@ -1230,8 +1230,8 @@ struct LaunchConfig {
 // Takes the launch attribute cmm uses, a priority within the context's range, and
 // refuses the others (this driver does not model them).
 // A TMA tensor map in the host twin's encoding (cmm-cuda launch.rs `host_tensor_map`,
-// read by host/hopper.h), for what the Hopper engine asks: two dimensions of f16 or
-// bf16 (CU_TENSOR_MAP_DATA_TYPE_FLOAT16 6, BFLOAT16 9), the 128-byte swizzle (3), no
+// read by host/hopper.h), for what the Hopper engine asks: two dimensions (or three,
+// read a layer at a time) of f16 or bf16 (CU_TENSOR_MAP_DATA_TYPE_FLOAT16 6, BFLOAT16 9), the 128-byte swizzle (3), no
 // interleave, element strides 1, zeros past the edges; the driver's own checks of those
 // (16-byte aligned base and stride, boxes of at most 256 with a first dimension of at
 // most the swizzle span) are made, and the tensor must lie in one allocation.
@@ -1244,16 +1244,24 @@ CUresult cuTensorMapEncodeTiled(u64* map, int dtype, u32 rank, void* base, const
         element_strides == nullptr) {
         return INVALID_VALUE;
     }
-    if (rank != 2 || (dtype != 6 && dtype != 9) || interleave != 0 || swizzle != 3 || fill != 0) return NOT_SUPPORTED;
+    if ((rank != 2 && rank != 3) || (dtype != 6 && dtype != 9) || interleave != 0 || swizzle != 3 || fill != 0) {
+        return NOT_SUPPORTED;
+    }
     const u64 at = (u64)base;
-    if (at % 16 != 0 || strides[0] % 16 != 0 || strides[0] >= (1ull << 40)) return INVALID_VALUE;
-    for (int i = 0; i < 2; ++i) {
+    for (u32 i = 0; i + 1 < rank; ++i) {
+        if (strides[i] % 16 != 0 || strides[i] >= (1ull << 40)) return INVALID_VALUE;
+    }
+    for (u32 i = 0; i < rank; ++i) {
         if (dims[i] == 0 || dims[i] > (1ull << 32) || box[i] == 0 || box[i] > 256 || element_strides[i] != 1) {
             return INVALID_VALUE;
         }
     }
-    if (box[0] * 2 > 128) return INVALID_VALUE;
-    if (!inside(at, (dims[1] - 1) * strides[0] + dims[0] * 2)) return INVALID_VALUE;
+    if (at % 16 != 0 || box[0] * 2 > 128) return INVALID_VALUE;
+    // The Hopper engine's 3D maps are read a layer at a time.
+    if (rank == 3 && box[2] != 1) return NOT_SUPPORTED;
+    u64 extent = (dims[1] - 1) * strides[0] + dims[0] * 2;
+    if (rank == 3) extent += (dims[2] - 1) * strides[1];
+    if (!inside(at, extent)) return INVALID_VALUE;
     for (int i = 0; i < 16; ++i) map[i] = 0;
     map[0] = at;
     map[1] = dims[0];
@@ -1262,6 +1270,10 @@ CUresult cuTensorMapEncodeTiled(u64* map, int dtype, u32 rank, void* base, const
     map[4] = (u64)box[0] | ((u64)box[1] << 32);
     map[5] = dtype == 6 ? 1 : 2;
     map[6] = 128;
+    if (rank == 3) {
+        map[7] = dims[2];
+        map[8] = strides[1];
+    }
     map[15] = 0x636d6d5f746d6170ull;  // "cmm_tmap"
     return SUCCESS;
 }

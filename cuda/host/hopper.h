@@ -9,7 +9,7 @@
 //   transaction count per phase; a phase completes when both reach zero. A try_wait that
 //   finds its phase incomplete lets the block's other threads run; when every live
 //   thread only spins and nothing changes, the block is deadlocked (an error).
-// - TMA (cp.async.bulk.tensor.2d): the tensor map is the host twin's own encoding
+// - TMA (cp.async.bulk.tensor.2d and .3d, of the map's rank): the tensor map is the host twin's own encoding
 //   (cmm-cuda `host_tensor_map`, the fake driver's cuTensorMapEncodeTiled); the box is
 //   copied at once, the 128-byte swizzle applied to the shared address and zeros past
 //   the tensor's edges, and its bytes are counted on the barrier's current phase. Each
@@ -154,18 +154,26 @@ inline bool cmm_mbar_try_wait(u32 bar, u32 parity) {
     return false;
 }
 
-// The host twin's tensor map (cmm-cuda launch.rs `host_tensor_map`).
+// The host twin's tensor map (cmm-cuda launch.rs `host_tensor_map`): dim2 0 for a
+// rank-2 map, else the layers of a rank-3 one, stride2 bytes apart.
 struct CmmHostTensorMap {
-    u64 base, dim0, dim1, stride, box, dtype, swizzle;
-    u64 unused[8];
+    u64 base, dim0, dim1, stride, box, dtype, swizzle, dim2, stride2;
+    u64 unused[6];
     u64 tag;
 };
 
-inline void cmm_tma_load_2d_at(const char* file, int line, u32 dst, const CmmTensorMap* map, u32 x, u32 y, u32 bar) {
+// A TMA copy of the box at (x, y, z) through a map of rank `rank` (z is 0 for rank 2;
+// a rank-3 box is one layer deep).
+inline void cmm_tma_load_at(const char* file, int line, u32 rank, u32 dst, const CmmTensorMap* map, u32 x, u32 y,
+                            u32 z, u32 bar) {
     using namespace cmm_host;
     const CmmHostTensorMap* m = reinterpret_cast<const CmmHostTensorMap*>(map);
     if (m->tag != 0x636d6d5f746d6170ull) {
         fail(at_line(file, line, "a TMA copy through a tensor map the host twin did not encode"));
+        return;
+    }
+    if ((m->dim2 == 0u ? 2u : 3u) != rank) {
+        fail(at_line(file, line, "a TMA copy whose dimension is not its tensor map's rank"));
         return;
     }
     Fiber* me = current_fiber();
@@ -189,7 +197,9 @@ inline void cmm_tma_load_2d_at(const char* file, int line, u32 dst, const CmmTen
         for (u32 c = 0; c < box0; ++c) {
             const u64 gx = (u64)x + c, gy = (u64)y + r;
             u16 v = 0;
-            if (gx < m->dim0 && gy < m->dim1) v = *(const u16*)(m->base + gy * m->stride + gx * 2u);
+            if (gx < m->dim0 && gy < m->dim1 && (rank == 2u || z < m->dim2)) {
+                v = *(const u16*)(m->base + (u64)z * m->stride2 + gy * m->stride + gx * 2u);
+            }
             u32 addr = dst + r * 128u + c * 2u;
             addr ^= ((addr >> 7) & 7u) << 4;
             std::memcpy(hb.smem.get() + addr, &v, 2);
@@ -202,7 +212,8 @@ inline void cmm_tma_load_2d_at(const char* file, int line, u32 dst, const CmmTen
     mbarrier_settle(*b);
 }
 
-#define cmm_tma_load_2d(...) cmm_tma_load_2d_at(__FILE__, __LINE__, __VA_ARGS__)
+#define cmm_tma_load_2d(dst, map, x, y, bar) cmm_tma_load_at(__FILE__, __LINE__, 2u, dst, map, x, y, 0u, bar)
+#define cmm_tma_load_3d(dst, map, x, y, z, bar) cmm_tma_load_at(__FILE__, __LINE__, 3u, dst, map, x, y, z, bar)
 
 inline void cmm_tma_prefetch(const CmmTensorMap*) {}
 

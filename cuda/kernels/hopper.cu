@@ -21,6 +21,12 @@
 // - Epilogue: straight from the accumulators to global memory, two adjacent columns per
 //   store where C's alignment allows (`CMM_HOPPER_PAIRS`), rounded once (RNE) to C's
 //   dtype, or added onto f32 C (β = 1).
+// - A grouped GEMM (MoE, `CMM_HOPPER_GROUPED`): the tiles of expert e's rows, segment
+//   (e, chunk) of the routing tables, follow those of the experts before it; every
+//   thread walks the segment offsets on the GPU as its tiles go, so an empty expert
+//   costs no tile and the host never reads the routing. A is one map over all the rows
+//   (a tile's rows past its segment are loaded but never stored); B is a 3D map (N, K,
+//   experts), so that K past an expert's rows is zero fill, not the next expert's.
 // - A tile-granular (fused) run: the producer performs the waits of a block before the
 //   loads of its first tile (acquire, then `fence.proxy.async.global`, which orders the
 //   generic-proxy acquire before the async-proxy TMA reads); the consumers count a
@@ -70,15 +76,22 @@ struct __align__(64) CmmHopperArgs {
     u64 timeout_ns;        // deadline of one wait
     u64 desc_a;            // wgmma descriptor bits of A's and B's stages besides the address
     u64 desc_b;
+    u64 seg;               // grouped: the segment offsets, u32[experts·chunks + 1]
     u32 n;
     u32 k;
     u32 c_dtype;
     u32 flags;             // CMM_HOPPER_*
     u32 count;             // blocks
-    u32 tiles;             // tiles of all blocks
+    u32 tiles;             // tiles of all blocks (grouped: unused, the segments say)
     u32 tiles_n;           // column tiles of a row of tiles
+    u32 chunks;            // grouped: the tables' token chunks, the chunk whose segments,
+    u32 chunk;             // and the experts [group_begin, group_end) computed
+    u32 group_begin;
+    u32 group_end;
     u32 pad;
 };
+
+static_assert(sizeof(CmmHopperBlock) == 192 && sizeof(CmmHopperArgs) == 448, "the mirrors' sizes");
 
 // One wait or signal of a fused run. Mirror: `FusedSyncArgs`.
 struct CmmHopperSync {
@@ -90,6 +103,7 @@ struct CmmHopperSync {
 #define CMM_HOPPER_B_N_MAJOR 1u   // B stored K×N (else N×K)
 #define CMM_HOPPER_ACCUMULATE 4u  // C += A·B (C is f32)
 #define CMM_HOPPER_PAIRS 8u       // C's base and row stride allow two-element stores
+#define CMM_HOPPER_GROUPED 16u    // a grouped GEMM: `first` holds A and C of every row, B is 3D
 
 #define CMM_HOPPER_BM 128u
 #define CMM_HOPPER_BK 64u
@@ -247,6 +261,15 @@ __device__ __forceinline__ void cmm_tma_load_2d(u32 dst, const CmmTensorMap* map
         : "memory");
 }
 
+// The same from a 3D tensor map, at (x, y, z): z picks the layer (an expert's B).
+__device__ __forceinline__ void cmm_tma_load_3d(u32 dst, const CmmTensorMap* map, u32 x, u32 y, u32 z, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::
+            "r"(dst),
+        "l"((u64)map), "r"(x), "r"(y), "r"(z), "r"(bar)
+        : "memory");
+}
+
 __device__ __forceinline__ void cmm_tma_prefetch(const CmmTensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"((u64)map) : "memory");
 }
@@ -324,13 +347,62 @@ struct CmmHopperShape {
     static_assert(BN == 128 || BN == 256, "wgmma n128 or n256");
 };
 
-// Block, first row and first column of tile `t` of the run; `block` only grows, as t does.
+// Where the run's tiles are: the block of the latest tile located (grouped: its
+// expert), the block's first tile, and its rows [row0, row0 + rows) of A's map and C.
+struct CmmHopperCursor {
+    u32 block;
+    u32 first_tile;
+    u32 row0;
+    u32 rows;
+};
+
+// Moves a grouped run's cursor onto segment (at.block, chunk), bounded by C's rows.
+__device__ __forceinline__ void cmm_hopper_segment(const CmmHopperArgs& p, CmmHopperCursor& at) {
+    const u32* seg = (const u32*)p.seg;
+    const u32 i = at.block * p.chunks + p.chunk;
+    const u32 begin = min(seg[i], p.first.rows), end = min(seg[i + 1u], p.first.rows);
+    at.row0 = begin;
+    at.rows = end > begin ? end - begin : 0u;
+}
+
+// The cursor before the run's first tile.
+__device__ __forceinline__ CmmHopperCursor cmm_hopper_start(const CmmHopperArgs& p, const CmmHopperBlock* table) {
+    CmmHopperCursor at = {0u, 0u, 0u, table[0].rows};
+    if (p.flags & CMM_HOPPER_GROUPED) {
+        at.block = p.group_begin;
+        if (at.block < p.group_end) cmm_hopper_segment(p, at);
+    }
+    return at;
+}
+
+// The entry of the block table that holds the tile's A map and C: the cursor's block,
+// or for a grouped run `first`, which covers every row.
+__device__ __forceinline__ u32 cmm_hopper_entry(const CmmHopperArgs& p, const CmmHopperCursor& at) {
+    return (p.flags & CMM_HOPPER_GROUPED) ? 0u : at.block;
+}
+
+// Moves `at` to the block of tile `t` (t only grows) and gives the tile's first row
+// (among the block's rows) and first column; false past the run's last tile.
 template <u32 BN>
-__device__ __forceinline__ void cmm_hopper_locate(const CmmHopperArgs& p, const CmmHopperBlock* table, u32 t,
-                                                  u32& block, u32& m0, u32& n0) {
-    while (block + 1u < p.count && table[block + 1u].first_tile <= t) ++block;
-    const u32 local = t - table[block].first_tile;
-    const u32 tiles_m = (table[block].rows + CMM_HOPPER_BM - 1u) / CMM_HOPPER_BM;
+__device__ __forceinline__ bool cmm_hopper_locate(const CmmHopperArgs& p, const CmmHopperBlock* table, u32 t,
+                                                  CmmHopperCursor& at, u32& m0, u32& n0) {
+    if (p.flags & CMM_HOPPER_GROUPED) {
+        // An expert's tiles follow the experts' before it (t ≥ at.first_tile throughout).
+        while (at.block < p.group_end) {
+            const u32 tiles = (at.rows + CMM_HOPPER_BM - 1u) / CMM_HOPPER_BM * p.tiles_n;
+            if (t - at.first_tile < tiles) break;
+            at.first_tile += tiles;
+            if (++at.block < p.group_end) cmm_hopper_segment(p, at);
+        }
+        if (at.block >= p.group_end) return false;
+    } else {
+        if (t >= p.tiles) return false;
+        while (at.block + 1u < p.count && table[at.block + 1u].first_tile <= t) ++at.block;
+        at.first_tile = table[at.block].first_tile;
+        at.rows = table[at.block].rows;
+    }
+    const u32 local = t - at.first_tile;
+    const u32 tiles_m = (at.rows + CMM_HOPPER_BM - 1u) / CMM_HOPPER_BM;
     const u32 per_group = CMM_HOPPER_GROUP_M * p.tiles_n;
     const u32 group = local / per_group;
     const u32 first_m = group * CMM_HOPPER_GROUP_M;
@@ -338,6 +410,7 @@ __device__ __forceinline__ void cmm_hopper_locate(const CmmHopperArgs& p, const 
     const u32 in_group = local - group * per_group;
     m0 = (first_m + in_group % group_rows) * CMM_HOPPER_BM;
     n0 = (in_group / group_rows) * BN;
+    return true;
 }
 
 // The producer: one thread issues the block's waits and every TMA copy.
@@ -348,17 +421,17 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
     u32* control = (u32*)p.control;
     const CmmHopperSync* waits = (const CmmHopperSync*)p.waits;
     cmm_tma_prefetch(&p.b);
-    u32 stage = 0u, phase = 0u, block = 0u, checked = 0u;
+    const bool grouped = (p.flags & CMM_HOPPER_GROUPED) != 0u;
+    u32 stage = 0u, phase = 0u, checked = 0u, m0, n0;
+    CmmHopperCursor at = cmm_hopper_start(p, table);
     bool ok = true;
-    for (u32 t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-        u32 m0, n0;
-        cmm_hopper_locate<S::BN>(p, table, t, block, m0, n0);
+    for (u32 t = blockIdx.x; cmm_hopper_locate<S::BN>(p, table, t, at, m0, n0); t += gridDim.x) {
         // After a failed wait the run has failed: the tiles are still loaded and
         // multiplied (the consumers cannot leave a wgmma loop early without the compiler
         // serialising every wgmma), but no further wait is made and no block released.
         if (control != nullptr && ok) {
             ok = cmm_load_relaxed((u64)&control[2]) == 0u;
-            const u32 end = table[block].waits_end;
+            const u32 end = table[at.block].waits_end;
             if (ok && checked < end) {
                 for (; checked < end && ok; ++checked) {
                     ok = cmm_spin_at_least(waits[checked].sem, waits[checked].value, p.abort, p.timeout_ns,
@@ -369,7 +442,8 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
                 cmm_fence_proxy_async_global();
             }
         }
-        const CmmTensorMap* amap = &table[block].a;
+        const CmmTensorMap* amap = &table[cmm_hopper_entry(p, at)].a;
+        const u32 a_row = at.row0 + m0;
         for (u32 kt = 0u; kt < ktiles; ++kt) {
             cmm_mbar_wait(bars + 8u * (S::STAGES + stage), phase ^ 1u, limit_ns);
             const u32 full = bars + 8u * stage;
@@ -381,13 +455,18 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
                 // columns of the tile are never stored).
                 const u32 boxes = min(S::BN / 64u, (p.n - n0 + 63u) / 64u);
                 cmm_mbar_arrive_expect_tx(full, CMM_HOPPER_A_BYTES + boxes * CMM_HOPPER_BK * 128u);
-                cmm_tma_load_2d(sa, amap, k0, m0, full);
+                cmm_tma_load_2d(sa, amap, k0, a_row, full);
                 for (u32 c = 0u; c < boxes; ++c) {
-                    cmm_tma_load_2d(sb + c * CMM_HOPPER_BK * 128u, &p.b, n0 + 64u * c, k0, full);
+                    const u32 box = sb + c * CMM_HOPPER_BK * 128u;
+                    if (grouped) {
+                        cmm_tma_load_3d(box, &p.b, n0 + 64u * c, k0, at.block, full);
+                    } else {
+                        cmm_tma_load_2d(box, &p.b, n0 + 64u * c, k0, full);
+                    }
                 }
             } else {
                 cmm_mbar_arrive_expect_tx(full, CMM_HOPPER_A_BYTES + S::B_BYTES);
-                cmm_tma_load_2d(sa, amap, k0, m0, full);
+                cmm_tma_load_2d(sa, amap, k0, a_row, full);
                 cmm_tma_load_2d(sb, &p.b, k0, n0, full);
             }
             if (++stage == S::STAGES) {
@@ -440,10 +519,9 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
     float acc[S::BN / 2u];
     #pragma unroll
     for (u32 i = 0u; i < S::BN / 2u; ++i) acc[i] = 0.0f;
-    u32 stage = 0u, phase = 0u, block = 0u;
-    for (u32 t = blockIdx.x; t < p.tiles; t += gridDim.x) {
-        u32 m0, n0;
-        cmm_hopper_locate<S::BN>(p, table, t, block, m0, n0);
+    u32 stage = 0u, phase = 0u, m0, n0;
+    CmmHopperCursor at = cmm_hopper_start(p, table);
+    for (u32 t = blockIdx.x; cmm_hopper_locate<S::BN>(p, table, t, at, m0, n0); t += gridDim.x) {
         u32 previous = 0u;
         for (u32 kt = 0u; kt < ktiles; ++kt) {
             cmm_mbar_wait(bars + 8u * stage, phase, limit_ns);
@@ -479,13 +557,15 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
         for (u32 i = 0u; i < S::BN / 2u; ++i) cmm_pin(acc[i]);
         if (leader) cmm_mbar_arrive(bars + 8u * (S::STAGES + previous));
         // Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h, column 8j + 2·(lane%4) + e.
-        const CmmHopperBlock& blk = table[block];
-        const u32 r0 = m0 + 64u * wg + 16u * warp + lane / 4u, c0 = n0 + 2u * (lane % 4u);
+        const u32 block = at.block;
+        const CmmHopperBlock& blk = table[cmm_hopper_entry(p, at)];
+        const u32 r0 = at.row0 + m0 + 64u * wg + 16u * warp + lane / 4u, c0 = n0 + 2u * (lane % 4u);
+        const u32 rows_end = at.row0 + at.rows;
         #pragma unroll
         for (u32 j = 0u; j < S::BN / 8u; ++j) {
             #pragma unroll
             for (u32 h = 0u; h < 2u; ++h) {
-                cmm_hopper_store(p, blk.c, blk.c_stride, blk.rows, r0 + 8u * h, c0 + 8u * j, acc[4u * j + 2u * h],
+                cmm_hopper_store(p, blk.c, blk.c_stride, rows_end, r0 + 8u * h, c0 + 8u * j, acc[4u * j + 2u * h],
                                  acc[4u * j + 2u * h + 1u]);
             }
         }

@@ -2055,8 +2055,9 @@ impl Addressing for Memory {
     }
 }
 
-/// A tensor map encoded by the driver (`cuTensorMapEncodeTiled`): two dimensions, the
-/// 128-byte swizzle, 256-byte L2 promotion, zeros past the edges.
+/// A tensor map encoded by the driver (`cuTensorMapEncodeTiled`): two dimensions (three
+/// with layers, the box one layer deep), the 128-byte swizzle, 256-byte L2 promotion,
+/// zeros past the edges.
 fn encode_tensor_map(spec: &TensorMapSpec) -> Result<TensorMap, CudaError> {
     use sys::{CUtensorMapDataType as T, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion};
     let dtype = match spec.dtype {
@@ -2070,19 +2071,21 @@ fn encode_tensor_map(spec: &TensorMapSpec) -> Result<TensorMap, CudaError> {
         }
     };
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
-    let dims = spec.dims;
-    let strides = [spec.stride];
-    let boxed = spec.boxed;
-    let element_strides = [1u32, 1];
-    // SAFETY: every pointer is to a live local array of the length the call reads
-    // (rank 2: two dims, one stride, two box and element-stride entries); `map` is
-    // written by the driver; `base` is only recorded, not dereferenced.
+    let (layers, layer_stride) = spec.layers.unwrap_or((1, 0));
+    let rank: u32 = if spec.layers.is_some() { 3 } else { 2 };
+    let dims = [spec.dims[0], spec.dims[1], layers];
+    let strides = [spec.stride, layer_stride];
+    let boxed = [spec.boxed[0], spec.boxed[1], 1];
+    let element_strides = [1u32, 1, 1];
+    // SAFETY: every pointer is to a live local array of at least the length the call
+    // reads (rank 2 or 3: that many dims, box and element-stride entries, one stride
+    // fewer); `map` is written by the driver; `base` is only recorded, not dereferenced.
     #[allow(unsafe_code)]
     unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
             dtype,
-            2,
+            rank,
             spec.base as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),

@@ -944,7 +944,7 @@ mod tests {
         );
         let no_fence = variant("                cmm_fence_proxy_async_global();\n", "");
         // The fence's absence is named by the kernel file's line of the TMA load.
-        let load_line = hopper_source_line("cmm_tma_load_2d(sa, amap, k0, m0, full);");
+        let load_line = hopper_source_line("cmm_tma_load_2d(sa, amap, k0, a_row, full);");
         for (source, hazard, place) in [
             (no_expect_tx, "before its thread waited for the mbarrier phase that publishes the copy", String::new()),
             (

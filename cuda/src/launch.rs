@@ -292,9 +292,10 @@ pub(crate) trait Addressing {
 }
 
 /// A TMA tensor map as the Hopper engine asks for it: a 2D tensor of 16-bit elements
-/// at `base`, `dims[0]` of them contiguous in a row, rows `stride` bytes apart, copied
-/// in boxes of `boxed[0]` × `boxed[1]` elements into shared memory with the 128-byte
-/// swizzle, zeros past its edges.
+/// at `base`, `dims[0]` of them contiguous in a row, rows `stride` bytes apart (and,
+/// with `layers`, a 3D one: that many such tensors, that many bytes apart), copied in
+/// boxes of `boxed[0]` × `boxed[1]` elements (one layer deep) into shared memory with the
+/// 128-byte swizzle, zeros past its edges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorMapSpec {
     /// Byte address of element (0, 0).
@@ -308,6 +309,9 @@ pub struct TensorMapSpec {
     /// The box: elements along the contiguous dimension (64: 128 bytes, the swizzle
     /// span), then rows.
     pub boxed: [u32; 2],
+    /// A third dimension: its extent and the bytes from one layer to the next (the
+    /// grouped GEMM's experts); `None` for a 2D map.
+    pub layers: Option<(u64, u64)>,
 }
 
 /// An encoded tensor map (`CUtensorMap`: 128 opaque bytes, 64-byte aligned). Mirror of
@@ -317,8 +321,9 @@ pub struct TensorMapSpec {
 pub struct TensorMap(pub [u64; 16]);
 
 /// The host twin's own encoding of a tensor map (the real one is the driver's secret):
-/// base, the two dimensions, the row stride, the box, the dtype code and the swizzle
-/// span in bytes, then a tag.
+/// base, the two dimensions, the row stride, the box, the dtype code, the swizzle span
+/// in bytes, the layers and their stride (0, 0 for a 2D map), then a tag. Mirror:
+/// `CmmHostTensorMap` in cuda/host/hopper.h.
 pub(crate) fn host_tensor_map(spec: &TensorMapSpec) -> TensorMap {
     let mut words = [0u64; 16];
     words[0] = spec.base;
@@ -328,6 +333,10 @@ pub(crate) fn host_tensor_map(spec: &TensorMapSpec) -> TensorMap {
     words[4] = u64::from(spec.boxed[0]) | (u64::from(spec.boxed[1]) << 32);
     words[5] = u64::from(dtype_code(spec.dtype));
     words[6] = 128;
+    if let Some((layers, stride)) = spec.layers {
+        words[7] = layers;
+        words[8] = stride;
+    }
     words[15] = HOST_TENSOR_MAP_TAG;
     TensorMap(words)
 }
@@ -480,6 +489,7 @@ pub(crate) fn hopper_kernel(tile: HopperTile, input: DType) -> Kernel {
 const HOPPER_B_N_MAJOR: u32 = 1;
 const HOPPER_ACCUMULATE: u32 = 4;
 const HOPPER_PAIRS: u32 = 8;
+const HOPPER_GROUPED: u32 = 16;
 
 /// The bits of a wgmma shared-memory descriptor besides the start address: the leading
 /// and stride byte offsets (in 16-byte units) and the 128-byte swizzle (1 in bits 62–63).
@@ -519,6 +529,7 @@ fn hopper_a_map(
         dims: [u64::from(g.mnk[2]), u64::from(rows)],
         stride: 2 * stride,
         boxed: [64, crate::lower::HOPPER_TILE_M as u32],
+        layers: None,
     })
 }
 
@@ -532,6 +543,7 @@ pub(crate) fn hopper_args(at: &impl Addressing, g: &GemmCommand, tile: HopperTil
             dims: [u64::from(k), u64::from(n)],
             stride: 2 * g.strides[1],
             boxed: [64, tile.columns() as u32],
+            layers: None,
         }
     } else {
         TensorMapSpec {
@@ -540,6 +552,7 @@ pub(crate) fn hopper_args(at: &impl Addressing, g: &GemmCommand, tile: HopperTil
             dims: [u64::from(n), u64::from(k)],
             stride: 2 * g.strides[1],
             boxed: [64, 64],
+            layers: None,
         }
     };
     let c_bytes = g.dtypes[2].size_bytes() as u64;
@@ -568,6 +581,63 @@ pub(crate) fn hopper_args(at: &impl Addressing, g: &GemmCommand, tile: HopperTil
         count: 1,
         tiles,
         tiles_n,
+        ..HopperArgs::default()
+    })
+}
+
+/// The Hopper engine's arguments for a grouped GEMM (a's rows are c's): A and C of every
+/// row in `first`, B as a 3D map of the experts' K×N matrices, the tiles left to the
+/// kernel, which reads them from the segment offsets.
+fn hopper_grouped_args(
+    at: &impl Addressing,
+    tensors: &[(Loc, u64, DType); 3],
+    seg: &Loc,
+    [_, rows, n, k]: [u32; 4],
+    [chunks, chunk, group_begin, group_end, experts, _]: [u32; 6],
+    tile: HopperTile,
+) -> Result<HopperArgs, CudaError> {
+    let [(a, a_stride, input), (b, b_stride, _), (c, c_stride, output)] = *tensors;
+    let b_map = TensorMapSpec {
+        base: at.addr(&b),
+        dtype: input,
+        dims: [u64::from(n), u64::from(k)],
+        stride: 2 * b_stride,
+        boxed: [64, 64],
+        layers: Some((u64::from(experts), 2 * b_stride * u64::from(k))),
+    };
+    let a_map = TensorMapSpec {
+        base: at.addr(&a),
+        dtype: input,
+        dims: [u64::from(k), u64::from(rows)],
+        stride: 2 * a_stride,
+        boxed: [64, crate::lower::HOPPER_TILE_M as u32],
+        layers: None,
+    };
+    let c_bytes = output.size_bytes() as u64;
+    let pairs = at.addr(&c) % (2 * c_bytes) == 0 && c_stride % 2 == 0;
+    Ok(HopperArgs {
+        b: at.tensor_map(&b_map)?,
+        first: HopperBlockArgs {
+            a: at.tensor_map(&a_map)?,
+            c: at.addr(&c),
+            c_stride,
+            rows,
+            ..HopperBlockArgs::default()
+        },
+        timeout_ns: HOPPER_PLAIN_TIMEOUT_NS,
+        desc_a: k_major_descriptor(),
+        desc_b: n_major_descriptor(),
+        seg: at.addr(seg),
+        n,
+        k,
+        c_dtype: dtype_code(output),
+        flags: HOPPER_B_N_MAJOR | HOPPER_GROUPED | if pairs { HOPPER_PAIRS } else { 0 },
+        count: 1,
+        tiles_n: n.div_ceil(tile.columns() as u32),
+        chunks,
+        chunk,
+        group_begin,
+        group_end,
         ..HopperArgs::default()
     })
 }
@@ -841,10 +911,25 @@ pub(crate) fn submissions(
                 })
                 .collect()
         }
-        Command::GroupedGemm { tensors, seg, perm, shape, routing, gather, zero_unrouted } => {
+        Command::GroupedGemm { tensors, seg, perm, shape, routing, gather, zero_unrouted, hopper } => {
             let [(a, a_stride, a_dtype), (b, b_stride, b_dtype), (c, c_stride, c_dtype)] = tensors;
             let [a_rows, rows, n, k] = *shape;
             let [chunks, chunk, group_begin, group_end, experts, slots] = *routing;
+            if let Some((tile, ctas)) = *hopper {
+                let args = hopper_grouped_args(at, tensors, seg, *shape, *routing, tile)?;
+                // At most one CTA per tile: every expert's rows but the last may end in
+                // a partial row of tiles.
+                let tiles =
+                    (rows.div_ceil(crate::lower::HOPPER_TILE_M as u32) + (group_end - group_begin)) * args.tiles_n;
+                let cfg = LaunchConfig {
+                    grid_dim: (ctas.min(tiles).max(1), 1, 1),
+                    block_dim: (HOPPER_THREADS, 1, 1),
+                    shared_mem_bytes: tile.shared_bytes(),
+                };
+                let kernel = hopper_kernel(tile, *a_dtype);
+                let params = vec![Param::Hopper(Box::new(args))];
+                return Ok(vec![Submission::Launch(Launch::new(kernel, cfg, params, "a grouped hopper gemm"))]);
+            }
             let args = GroupedGemmArgs {
                 a: at.addr(a),
                 a_stride: *a_stride,
@@ -1102,6 +1187,7 @@ pub(crate) struct HopperArgs {
     pub(crate) timeout_ns: u64,
     pub(crate) desc_a: u64,
     pub(crate) desc_b: u64,
+    pub(crate) seg: u64,
     pub(crate) n: u32,
     pub(crate) k: u32,
     pub(crate) c_dtype: u32,
@@ -1109,6 +1195,10 @@ pub(crate) struct HopperArgs {
     pub(crate) count: u32,
     pub(crate) tiles: u32,
     pub(crate) tiles_n: u32,
+    pub(crate) chunks: u32,
+    pub(crate) chunk: u32,
+    pub(crate) group_begin: u32,
+    pub(crate) group_end: u32,
     pub(crate) pad: u32,
 }
 
@@ -1289,13 +1379,14 @@ mod tests {
 
     #[test]
     fn hopper_mirrors_have_the_kernel_sizes() {
-        // CmmTensorMap 128, CmmHopperBlock 192, CmmHopperArgs 448 (424 bytes of fields,
-        // padded to the 64-byte alignment), as hopper.cu lays them out.
+        // CmmTensorMap 128, CmmHopperBlock 192, CmmHopperArgs 448 (its fields fill it),
+        // as hopper.cu lays them out (and asserts).
         assert_eq!((std::mem::size_of::<TensorMap>(), std::mem::align_of::<TensorMap>()), (128, 64));
         assert_eq!(std::mem::size_of::<HopperBlockArgs>(), 192);
         assert_eq!(std::mem::size_of::<HopperArgs>(), 448);
         assert_eq!(std::mem::offset_of!(HopperArgs, blocks), 320);
-        assert_eq!(std::mem::offset_of!(HopperArgs, n), 392);
+        assert_eq!(std::mem::offset_of!(HopperArgs, seg), 392);
+        assert_eq!(std::mem::offset_of!(HopperArgs, n), 400);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use cmm_core::DType;
 use crate::error::CudaError;
 
 use cmm_core::engines::{self, EngineSupport};
-pub use cmm_core::engines::{hopper_rule, GemmEngine, GemmFacts, HopperTile, HOPPER_TILE_M};
+pub use cmm_core::engines::{hopper_rule, GemmEngine, GemmFacts, GroupedFacts, HopperTile, HOPPER_TILE_M};
 
 /// What the CUDA backend's Hopper-engine kernels need beside a tile's shape.
 pub trait HopperKernel {
@@ -73,7 +73,7 @@ pub struct GemmCounts {
     pub cublas: usize,
     /// Tile-kernel launches (`gemm.cu`), fused runs included.
     pub tile: usize,
-    /// Hopper-engine launches (`hopper.cu`), fused runs included.
+    /// Hopper-engine launches (`hopper.cu`), fused runs and grouped GEMMs included.
     pub hopper: usize,
 }
 
@@ -142,7 +142,9 @@ impl GemmImpl {
                 (_, false) => GemmImpl::MmaF16,
                 (_, true) => GemmImpl::MmaWideF16,
             },
-            engines::Engine::SimtTile => GemmImpl::Simt,
+            // Never a plain or fused GEMM's engine (only `grouped_engine` names it, and
+            // grouped GEMMs are not `Gemm` commands): the CUDA cores' kernel nearest it.
+            engines::Engine::SimtTile | engines::Engine::ScalarGrouped => GemmImpl::Simt,
         }
     }
 
@@ -320,7 +322,8 @@ pub enum Command {
         /// Tokens, slots, experts, chunks, row capacity, shards.
         sizes: [u32; 6],
     },
-    /// `cmm_grouped_gemm` (`Op::GroupedGemm`).
+    /// `cmm_grouped_gemm`, or the Hopper engine where `hopper` says
+    /// ([`engines::grouped_engine`]) (`Op::GroupedGemm`).
     GroupedGemm {
         /// a, b, c: (location, stride, dtype).
         tensors: [(Loc, u64, DType); 3],
@@ -336,6 +339,9 @@ pub enum Command {
         gather: Option<u32>,
         /// Zero the rows past the routed ones.
         zero_unrouted: bool,
+        /// The Hopper engine's tile and the CTAs of its persistent grid; `None`: the
+        /// scalar kernel.
+        hopper: Option<(HopperTile, u32)>,
     },
     /// `cmm_combine` (`Op::Combine`).
     Combine {
@@ -534,6 +540,7 @@ pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> 
             Some(Command::Gemm(g)) if g.imp == GemmImpl::Cublas => lowered.gemms.cublas += 1,
             Some(Command::Gemm(GemmCommand { imp: GemmImpl::Hopper { .. }, .. })) => lowered.gemms.hopper += 1,
             Some(Command::FusedGemm(f)) if matches!(f.gemm.imp, GemmImpl::Hopper { .. }) => lowered.gemms.hopper += 1,
+            Some(Command::GroupedGemm { hopper: Some(_), .. }) => lowered.gemms.hopper += 1,
             Some(Command::Gemm(_) | Command::FusedGemm(_)) => lowered.gemms.tile += 1,
             _ => {}
         }
@@ -877,6 +884,8 @@ fn lower_op(
             if c.is_empty() {
                 return Ok(None);
             }
+            let facts = GroupedFacts::of(plan, op).expect("a grouped gemm");
+            let tile = engines::grouped_engine(options.gemm, &options.engine_support(), &facts).map_err(unsupported)?;
             let t = |r: &Region| (loc(d, r), ld(r), dt(r));
             Some(Command::GroupedGemm {
                 tensors: [t(a), t(b), t(c)],
@@ -886,6 +895,7 @@ fn lower_op(
                 routing: [chunks, *chunk, groups.start, groups.end, *experts, tables.inv.cols].map(|x| x as u32),
                 gather: gather.map(|g| g as u32),
                 zero_unrouted: *zero_unrouted,
+                hopper: tile.map(|tile| (tile, options.hopper.map_or(1, |t| t.sms))),
             })
         }
         Op::Combine { rows, weights, inv, out } => {

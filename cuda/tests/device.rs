@@ -278,6 +278,56 @@ fn tile_paths_match_the_cpu_twin(b: &impl CudaExecutor) {
 /// launch must succeed, and runs must report the priority they used (else the bench's
 /// `no prio` column compares a setting with itself).
 #[test]
+fn grouped_gemms_on_the_hopper_engine_match_the_cpu_twin() {
+    let Some(b) = backend() else { return };
+    if b.has_hopper_engine() {
+        grouped_gemms_on_the_hopper_engine(&b);
+    }
+}
+
+#[test]
+fn host_grouped_gemms_on_the_hopper_engine_match_the_cpu_twin() {
+    grouped_gemms_on_the_hopper_engine(&host());
+}
+
+/// The MoE grouped GEMM on the Hopper engine (moe_rs: a's rows are c's), on both tiles,
+/// bit for bit with the CPU twin on the exact family: H = 320 columns (a partial second
+/// column of wide tiles), an expert's K = F/D = 72 rows (not a multiple of the 64-row
+/// step: the 3D map's zero fill, not the next expert's rows), experts with no token
+/// (`Empty` routing), dropped slots, two token chunks, an uneven token split. Where the
+/// engine cannot take a grouped GEMM (ag_moe gathers its rows by token), asking for it
+/// on every GEMM is a typed error naming why, and the default runs the scalar kernel.
+fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
+    use cmm_core::engines::HopperTile;
+    use cmm_core::{moe::build_moe_plan, MoeOp, MoeProblem, Routing};
+    let problems = [
+        (2, 64, Routing::Empty, Algorithm::Baseline, DType::Bf16, DType::F32),
+        (2, 50, Routing::Drop, Algorithm::RingChunked { chunks: 2 }, DType::F16, DType::F16),
+        (3, 70, Routing::Skewed, Algorithm::Ring, DType::Bf16, DType::Bf16),
+    ];
+    for (devices, tokens, routing, algorithm, input, output) in problems {
+        let p =
+            MoeProblem::new(MoeOp::MoeRs, devices, tokens, 320, 72 * devices, 6, 2, routing, input, output).unwrap();
+        let plan = build_moe_plan(&p, algorithm).unwrap();
+        let grouped = plan.ops().filter(|(_, op)| matches!(op, cmm_core::Op::GroupedGemm { .. })).count();
+        for tile in HopperTile::ALL {
+            let options = CudaRunOptions { gemm: GemmEngine::Hopper, hopper_tile: Some(tile), ..Default::default() };
+            let out = assert_matches_twin(b, &plan, &options);
+            assert_eq!(out.gemms.hopper, grouped, "{} on {tile:?} tiles", plan.name);
+        }
+    }
+    let gathered = MoeProblem::new(MoeOp::AgMoe, 2, 32, 64, 64, 4, 2, Routing::Uniform, DType::Bf16, DType::Bf16);
+    let plan = build_moe_plan(&gathered.unwrap(), Algorithm::Ring).unwrap();
+    let every = CudaRunOptions { gemm: GemmEngine::Hopper, ..Default::default() };
+    match b.run(&plan, 3, Family::Exact, &every) {
+        Err(CudaError::Unsupported { what, .. }) => assert!(what.contains("gathered by token"), "{what}"),
+        other => panic!("{}: expected a refusal, got {:?}", plan.name, other.map(|o| o.gemms)),
+    }
+    let out = assert_matches_twin(b, &plan, &CudaRunOptions::default());
+    assert_eq!(out.gemms.hopper, 0, "{}", plan.name);
+}
+
+#[test]
 fn communication_launches_at_the_greatest_priority() {
     let Some(b) = backend() else { return };
     let priority = b.comm_priority().unwrap_or_else(|why| panic!("no prioritised launches on this GPU: {why}"));

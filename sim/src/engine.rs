@@ -176,8 +176,8 @@ pub struct SimReport {
     pub exposed_comm_s: Vec<f64>,
     /// The chain of ops that determines the makespan, first to last.
     pub critical_path: Vec<OpSite>,
-    /// The engine each GEMM was priced on (fused runs counted once; grouped GEMMs and
-    /// attention blocks apart).
+    /// The engine each GEMM was priced on (fused runs counted once, grouped GEMMs
+    /// included; attention blocks apart).
     pub engines: cmm_core::engines::EngineCounts,
     /// How GEMMs were priced.
     pub pricing: Engines,
@@ -420,11 +420,17 @@ impl<'a> Sim<'a> {
                     groups.clone().map(|e| t.as_ref().map_or(0, |t| t.segment(e, *chunk, chunks).len())).collect();
                 let k = b.rows / experts;
                 let (input, output) = (dtype_of(self.plan, b.buf), dtype_of(self.plan, c.buf));
-                let mut cost = p.grouped_gemm_cost(&rows, c.cols, k, input, output);
                 let flops = 2.0 * rows.iter().sum::<usize>() as f64 * c.cols as f64 * k as f64;
-                if self.pricing == Engines::AsBuilt {
-                    cost = p.scalar_kernel_cost(|e| e.grouped, flops, cost.bytes).unwrap_or(cost);
-                }
+                let cost = match (self.pricing, self.grouped_engine(op)) {
+                    (Engines::AsBuilt, Some(tile)) => {
+                        p.grouped_gemm_cost_on(cmm_core::engines::Engine::Hopper(tile), &rows, c.cols, k, input, output)
+                    }
+                    (Engines::AsBuilt, None) => {
+                        let cost = p.grouped_gemm_cost(&rows, c.cols, k, input, output);
+                        p.scalar_kernel_cost(|e| e.grouped, flops, cost.bytes).unwrap_or(cost)
+                    }
+                    _ => p.grouped_gemm_cost(&rows, c.cols, k, input, output),
+                };
                 (self.compute_phases(device, cost.work_s, cost.bytes), 0.0, flops, cost.work_s)
             }
             // Memory-bound: every region the op reads or writes (its verifier accesses)
@@ -725,6 +731,14 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// The Hopper-engine tile of a grouped GEMM op as built, `None` on the scalar
+    /// grouped kernel (or when pricing at cuBLAS's speed, or for another op).
+    fn grouped_engine(&self, op: &Op) -> Option<cmm_core::engines::HopperTile> {
+        use cmm_core::engines::{grouped_engine, GemmEngine, GroupedFacts};
+        let g = GroupedFacts::of(self.plan, op).filter(|_| self.pricing == Engines::AsBuilt)?;
+        grouped_engine(GemmEngine::Auto, &self.profile.engine_support(), &g).ok().flatten()
+    }
+
     /// The engine of fused run `run` (cmm's persistent kernels, at cuBLAS's rate only when
     /// pricing so).
     fn run_engine(&self, run: usize) -> cmm_core::engines::Engine {
@@ -993,6 +1007,14 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
     for (site, op) in plan.ops() {
         if matches!(op, Op::Gemm { .. }) && !sim.runs.iter().any(|r| r.holds(site)) {
             let engine = sim.gemm_engine(op);
+            sim.engines.add(engine);
+        }
+        if matches!(op, Op::GroupedGemm { .. }) {
+            let engine = match (sim.pricing, sim.grouped_engine(op)) {
+                (Engines::CublasSpeed, _) => cmm_core::engines::Engine::Cublas,
+                (Engines::AsBuilt, Some(tile)) => cmm_core::engines::Engine::Hopper(tile),
+                (Engines::AsBuilt, None) => cmm_core::engines::Engine::ScalarGrouped,
+            };
             sim.engines.add(engine);
         }
     }

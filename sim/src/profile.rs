@@ -517,6 +517,8 @@ impl Profile {
             Engine::TensorTile { wide: false } => Some((e.tile_64x64, 64, 64)),
             Engine::TensorTile { wide: true } => Some((e.tile_128x128, 128, 128)),
             Engine::SimtTile => Some((e.simt, 64, 64)),
+            // Not tiled: priced by `scalar_kernel_cost` at the `grouped` rate.
+            Engine::ScalarGrouped => None,
         }
     }
 
@@ -636,6 +638,24 @@ impl Profile {
         let bytes = (rows * k + used * k * n) as f64 * input.size_bytes() as f64
             + (rows * n) as f64 * output.size_bytes() as f64;
         self.tiled_cost(groups, n, k, input, bytes)
+    }
+
+    /// [`Self::grouped_gemm_cost`] on one of cmm's tiled engines (the Hopper engine): its
+    /// own rate on whole waves of its own tiles over every group, plus its fixed cost.
+    pub fn grouped_gemm_cost_on(
+        &self,
+        engine: cmm_core::engines::Engine,
+        groups: &[usize],
+        n: usize,
+        k: usize,
+        input: DType,
+        output: DType,
+    ) -> GemmCost {
+        let cost = self.grouped_gemm_cost(groups, n, k, input, output);
+        match self.engine_rate(engine) {
+            Some((rate, tile_m, tile_n)) => self.rated_cost(rate, tile_m, tile_n, groups, n, k, input, cost.bytes),
+            None => cost,
+        }
     }
 
     /// Cost of a tile-granular GEMM ([`cmm_core::plan::FusedRun`]): one persistent kernel

@@ -16,7 +16,7 @@ use std::fmt;
 use thiserror::Error;
 
 use super::analytic::{estimate_mesh, Dataflow, MeshEstimate, MeshFamily, MeshGemm, MeshShape};
-use super::engine::{simulate, OpClass, SimError, SimOptions, SimReport};
+use super::engine::{simulate, Engines, OpClass, SimError, SimOptions, SimReport};
 use super::profile::Profile;
 use cmm_core::algorithms::{build_plan, Algorithm};
 use cmm_core::attention::{build_attention_plan, AttentionAlgorithm, AttentionProblem, Layout};
@@ -607,7 +607,7 @@ mod linear_tests {
     #[test]
     fn megatrons_async_reduce_scatter_pays_for_a_gpt3_column_backward() {
         let profile = Profile::load("h100-nvlink").unwrap();
-        let r = tune_linear(&gpt3(Layer::Column, Pass::Backward, 12288, 49152), &profile).unwrap();
+        let r = tune_linear(&gpt3(Layer::Column, Pass::Backward, 12288, 49152), &profile, Engines::AsBuilt).unwrap();
         assert!(r.overlap_pays && r.ranked[0].algorithm == LinearAlgorithm::Megatron, "{}", r.reason);
         assert!(r.reason.contains("megatron wins") && r.reason.contains("exposes"), "{}", r.reason);
     }
@@ -617,7 +617,7 @@ mod linear_tests {
         // Megatron's row-parallel backward gathers dY before both GEMMs: the same work as
         // the baseline, so the verdict must not call a rounding difference a win.
         let profile = Profile::load("h100-nvlink").unwrap();
-        let r = tune_linear(&gpt3(Layer::Row, Pass::Backward, 49152, 12288), &profile).unwrap();
+        let r = tune_linear(&gpt3(Layer::Row, Pass::Backward, 49152, 12288), &profile, Engines::AsBuilt).unwrap();
         let base = r.ranked.iter().find(|c| c.algorithm == LinearAlgorithm::Baseline).unwrap();
         let megatron = r.ranked.iter().find(|c| c.algorithm == LinearAlgorithm::Megatron).unwrap();
         assert!((megatron.report.makespan_s / base.report.makespan_s - 1.0).abs() < MEANINGFUL_GAIN);
@@ -734,13 +734,17 @@ fn rank<A: Copy + PartialEq + fmt::Display>(
     baseline: A,
     build: impl Fn(A) -> Result<Plan, String>,
     profile: &Profile,
+    engines: Engines,
     little_to_hide: &str,
 ) -> Result<Ranking<A>, TuneError> {
     let mut ranked = Vec::new();
     for algorithm in candidates {
         let plan = build(algorithm)
             .map_err(|e| TuneError::NoCandidate { problem: problem.clone(), reasons: format!("{algorithm}: {e}") })?;
-        ranked.push(Ranked { algorithm, report: simulate(&plan, profile, &SimOptions::default())? });
+        ranked.push(Ranked {
+            algorithm,
+            report: simulate(&plan, profile, &SimOptions { engines, ..SimOptions::default() })?,
+        });
     }
     ranked.sort_by(|a, b| {
         a.report
@@ -759,13 +763,14 @@ pub const MEANINGFUL_GAIN: f64 = 0.02;
 
 /// Simulates the baseline, Megatron's order and the ring decomposition of a linear
 /// problem on `profile`, and says whether and why overlap pays.
-pub fn tune_linear(problem: &LinearProblem, profile: &Profile) -> Result<RankingLinear, TuneError> {
+pub fn tune_linear(problem: &LinearProblem, profile: &Profile, engines: Engines) -> Result<RankingLinear, TuneError> {
     rank(
         problem.describe(),
         LinearAlgorithm::ALL,
         LinearAlgorithm::Baseline,
         |a| build_linear_plan(problem, a).map_err(|e| e.to_string()),
         profile,
+        engines,
         "the layer's collective (or its data dependencies) leaves little to hide it under",
     )
 }
@@ -816,7 +821,7 @@ fn overlap_verdict(ranked: &[(String, bool, &SimReport)], little_to_hide: &str) 
 /// divide a device's tokens) of an MoE problem on `profile`, grouped GEMMs priced from
 /// the problem's routing ([`super::engine::SIM_ROUTING_SEED`]), and says whether and
 /// why overlap pays.
-pub fn tune_moe(problem: &MoeProblem, profile: &Profile) -> Result<RankingMoe, TuneError> {
+pub fn tune_moe(problem: &MoeProblem, profile: &Profile, engines: Engines) -> Result<RankingMoe, TuneError> {
     let chunked = [2, 4, 8].into_iter().filter(|&c| c <= problem.token_split().min());
     rank(
         problem.describe(),
@@ -826,6 +831,7 @@ pub fn tune_moe(problem: &MoeProblem, profile: &Profile) -> Result<RankingMoe, T
         Algorithm::Baseline,
         |a| build_moe_plan(problem, a).map_err(|e| e.to_string()),
         profile,
+        engines,
         "the grouped GEMMs leave little to hide it under",
     )
 }
@@ -867,7 +873,11 @@ pub struct RankingAttention {
 /// Simulates every attention algorithm that plans `problem`'s mode on `profile`; a causal
 /// prefill is also simulated in the other layout, to show the contiguous layout's
 /// imbalance against the balanced one.
-pub fn tune_attention(problem: &AttentionProblem, profile: &Profile) -> Result<RankingAttention, TuneError> {
+pub fn tune_attention(
+    problem: &AttentionProblem,
+    profile: &Profile,
+    engines: Engines,
+) -> Result<RankingAttention, TuneError> {
     let layouts = if problem.causal && problem.queries.is_none() {
         vec![Layout::Contiguous, Layout::Balanced]
     } else {
@@ -896,7 +906,7 @@ pub fn tune_attention(problem: &AttentionProblem, profile: &Profile) -> Result<R
         for algorithm in AttentionAlgorithm::ALL.into_iter().filter(|a| a.plans(&p)) {
             let plan = build_attention_plan(&p, algorithm)
                 .map_err(|e| TuneError::NoCandidate { problem: p.describe(), reasons: format!("{algorithm}: {e}") })?;
-            let report = simulate(&plan, profile, &SimOptions::default())?;
+            let report = simulate(&plan, profile, &SimOptions { engines, ..SimOptions::default() })?;
             let lane = plan.lanes.iter().position(|l| l == "compute" || l == "main").unwrap_or(0);
             let compute_s = report.lane_busy_s.iter().map(|lanes| lanes[lane]).collect();
             ranked.push(RankedAttention { layout, algorithm, report, compute_s });
@@ -968,7 +978,7 @@ mod attention_tests {
     fn the_balanced_layout_beats_the_contiguous_one_on_a_long_causal_context() {
         let profile = Profile::load("h100-nvlink").unwrap();
         let p = AttentionProblem::new(8, 128 * 1024, 32, 8, 128, true, Layout::Contiguous, None, DType::Bf16).unwrap();
-        let r = tune_attention(&p, &profile).unwrap();
+        let r = tune_attention(&p, &profile, Engines::AsBuilt).unwrap();
         let best = |layout| r.ranked.iter().find(|c| c.layout == layout).unwrap();
         let (naive, balanced) = (best(Layout::Contiguous), best(Layout::Balanced));
         assert_eq!(r.ranked[0].layout, Layout::Balanced, "{}", r.reason);

@@ -28,6 +28,39 @@ fn the_simulator_prices_grouped_gemms_from_the_routing() {
     assert!(time(Routing::Uniform, 8, Engines::AsBuilt) > uniform);
 }
 
+/// As built, a grouped GEMM whose rows TMA can load (moe_rs: a's rows are c's) is priced
+/// on the Hopper engine and named so; one that gathers its rows by token (ag_moe) on the
+/// scalar kernel, as the CUDA backend runs them (`cmm_core::engines::grouped_engine`).
+/// Experts with no token cost no tile.
+#[test]
+fn grouped_gemms_are_priced_on_the_engine_the_backend_runs_them_on() {
+    use cmm_sim::{simulate, Engines, Profile, SimOptions};
+    let profile = Profile::load("h100-nvlink").unwrap();
+    let run = |op, routing, engines| {
+        let p = MoeProblem::new(op, 8, 16384, 4096, 14336, 8, 2, routing, DType::Bf16, DType::Bf16).unwrap();
+        let plan = build_moe_plan(&p, Algorithm::Baseline).unwrap();
+        simulate(&plan, &profile, &SimOptions { engines, ..SimOptions::default() }).unwrap()
+    };
+    let rs = run(MoeOp::MoeRs, Routing::Uniform, Engines::AsBuilt);
+    assert!(rs.engines.describe().contains("Hopper engine"), "{}", rs.engines.describe());
+    let ag = run(MoeOp::AgMoe, Routing::Uniform, Engines::AsBuilt);
+    assert!(!ag.engines.describe().contains("Hopper engine"), "{}", ag.engines.describe());
+    // The engine's rate is below cuBLAS's, and far above the scalar kernel's.
+    let potential = run(MoeOp::MoeRs, Routing::Uniform, Engines::CublasSpeed).compute_floor_s;
+    let ag_potential = run(MoeOp::AgMoe, Routing::Uniform, Engines::CublasSpeed).compute_floor_s;
+    assert!(
+        rs.compute_floor_s > potential && rs.compute_floor_s < 2.0 * potential,
+        "{} vs {potential}",
+        rs.compute_floor_s
+    );
+    assert!(ag.compute_floor_s > 10.0 * ag_potential, "{} vs {ag_potential}", ag.compute_floor_s);
+    // Half the experts idle: the same rows in half the groups, no tile for the others.
+    let hopper = cmm_core::engines::Engine::Hopper(cmm_core::engines::HopperTile::Wide);
+    let cost = |groups: &[usize]| profile.grouped_gemm_cost_on(hopper, groups, 4096, 1792, DType::Bf16, DType::Bf16);
+    let (dense, with_idle) = (cost(&[1024; 8]), cost(&[2048, 0, 2048, 0, 2048, 0, 2048, 0]));
+    assert!((with_idle.work_s - dense.work_s).abs() < 0.05 * dense.work_s, "{} vs {}", with_idle.work_s, dense.work_s);
+}
+
 #[test]
 fn the_tuner_bounds_its_chip_count_as_a_problem_bounds_devices() {
     let profile = cmm_sim::Profile::load("tpuv4-torus").unwrap();

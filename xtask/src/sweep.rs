@@ -2,15 +2,17 @@
 //! in one run, on the shapes that matter to the overlapped plans (issue 31): every tile
 //! variant's output spot-checked against the f64 oracle at the sweep's own shape before
 //! it is timed, then timed as the bench times a GEMM (events, median, operands rotated
-//! past the L2).
+//! past the L2). Then the MoE grouped GEMM on the engine against cuBLAS on a dense GEMM
+//! of the same FLOPs.
 
 use std::fs;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use cmm_core::moe::build_moe_plan;
 use cmm_core::oracle::spot_check;
 use cmm_core::workload::output_tolerance;
-use cmm_core::{DType, Family, OpKind, Problem};
+use cmm_core::{Algorithm, DType, Family, MoeOp, MoeProblem, OpKind, Problem, Routing};
 use cmm_cuda::{
     CudaBackend, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec, HopperTile, ReadBack,
 };
@@ -33,6 +35,20 @@ pub struct Args {
 /// The sweep's shapes: the bench's local GEMM (seed 000, D = 4), Flux's per-device
 /// AG+GEMM shape and the square one cuBLAS is usually quoted at.
 const SHAPES: [(usize, usize, usize); 3] = [(1024, 4096, 4096), (4096, 6144, 12288), (8192, 8192, 8192)];
+
+/// The grouped GEMM the sweep times: moe_rs's on one device of a Mixtral-sized layer at
+/// D = 8 (T = 4096 tokens, top-2 of 8 experts, H = 4096, F/D = 1792), uniform routing, so
+/// that every slot is routed: 8192 rows in 8 groups, each 8192 × 4096 × 1792 of dense
+/// work in all.
+const GROUPED: MoeShape = MoeShape { tokens: 4096, hidden: 4096, ffn: 1792, experts: 8, topk: 2 };
+
+struct MoeShape {
+    tokens: usize,
+    hidden: usize,
+    ffn: usize,
+    experts: usize,
+    topk: usize,
+}
 
 /// Output elements the sweep checks against the oracle per variant.
 const SPOT_CHECKS: usize = 64;
@@ -77,7 +93,7 @@ pub fn run(args: &Args) -> Result<()> {
          median of {} runs, operands rotated past the L2; ratios are of rates measured in this run",
         args.reps
     );
-    println!("{:<16} {:<5} {:<22} {:>10} {:>9} {:>9}  check", "M×N×K", "dtype", "engine", "µs", "TFLOP/s", "÷ cuBLAS");
+    println!("{:<26} {:<5} {:<22} {:>10} {:>9} {:>9}  check", "M×N×K", "dtype", "engine", "µs", "TFLOP/s", "÷ cuBLAS");
     let mut report = Report {
         gpu: backend.identity()?,
         commit: std::env::var("CMM_COMMIT").ok(),
@@ -148,16 +164,7 @@ pub fn run(args: &Args) -> Result<()> {
                 }
             }
             for r in rows {
-                println!(
-                    "{:<16} {:<5} {:<22} {:>10} {:>9} {:>9}  {}",
-                    r.shape,
-                    r.input,
-                    r.engine,
-                    r.us.map_or("-".into(), |u| format!("{u:.1}")),
-                    r.tflops.map_or("-".into(), |t| format!("{t:.0}")),
-                    r.of_cublas.map_or("-".into(), |x| format!("{x:.2}")),
-                    r.check
-                );
+                print_row(&r);
                 report.rows.push(r);
             }
             if let Some(path) = &args.json {
@@ -166,12 +173,116 @@ pub fn run(args: &Args) -> Result<()> {
             }
         }
     }
+    for input in [DType::Bf16, DType::F16] {
+        for r in grouped_rows(&backend, input, shrink, args.reps)? {
+            print_row(&r);
+            report.rows.push(r);
+        }
+        if let Some(path) = &args.json {
+            let json = serde_json::to_string_pretty(&report).context("encoding the sweep")?;
+            fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
     let wrong =
         report.rows.iter().filter(|r| r.check.starts_with("WRONG") || r.check.starts_with("run failed")).count();
     if wrong > 0 {
         bail!("{wrong} variant(s) wrong or failed");
     }
     Ok(())
+}
+
+fn print_row(r: &Row) {
+    println!(
+        "{:<26} {:<5} {:<22} {:>10} {:>9} {:>9}  {}",
+        r.shape,
+        r.input,
+        r.engine,
+        r.us.map_or("-".into(), |u| format!("{u:.1}")),
+        r.tflops.map_or("-".into(), |t| format!("{t:.0}")),
+        r.of_cublas.map_or("-".into(), |x| format!("{x:.2}")),
+        r.check
+    );
+}
+
+/// The grouped GEMM ([`GROUPED`]) on each of the Hopper engine's tiles, timed inside a
+/// one-device moe_rs run (route, grouped GEMM, combine) by the events around its op
+/// (median of `reps` runs), beside cuBLAS on the dense GEMM of the same FLOPs (the routed
+/// rows × H × F/D). Its results are checked by the corpus and the device tests (the
+/// grouped GEMMs there run on the engine), not here.
+fn grouped_rows(backend: &CudaBackend, input: DType, shrink: usize, reps: usize) -> Result<Vec<Row>> {
+    const SEED: u32 = 17;
+    let g = GROUPED;
+    let problem = MoeProblem::new(
+        MoeOp::MoeRs,
+        1,
+        g.tokens / shrink,
+        g.hidden / shrink,
+        g.ffn / shrink,
+        g.experts,
+        g.topk,
+        Routing::Uniform,
+        input,
+        input,
+    )?;
+    let plan = build_moe_plan(&problem, Algorithm::Baseline)?;
+    let (site, _) = plan
+        .ops()
+        .find(|(_, op)| matches!(op, cmm_core::Op::GroupedGemm { .. }))
+        .context("moe_rs has a grouped GEMM")?;
+    // Uniform routing drops no slot: every token's k rows are computed.
+    let spec = GemmSpec {
+        m: problem.tokens * problem.slots,
+        n: problem.hidden,
+        k: problem.ffn,
+        input,
+        output: input,
+        trans_a: false,
+        trans_b: false,
+        accumulate: false,
+    };
+    let shape = format!("grouped {}x{}x{} E{}", spec.m, spec.n, spec.k, g.experts);
+    let cublas = backend
+        .time_gemm(&spec, GemmEngine::Cublas, reps)
+        .with_context(|| format!("timing cuBLAS on the dense {}x{}x{}", spec.m, spec.n, spec.k))?;
+    let mut rows = vec![row(&shape, input, "cuBLAS dense".into(), Some(cublas), &spec, cublas, "-".into())];
+    for tile in HopperTile::ALL {
+        let options = CudaRunOptions {
+            gemm: GemmEngine::Hopper,
+            hopper_tile: Some(tile),
+            time_ops: true,
+            cold_l2: true,
+            read_back: ReadBack::Nothing,
+            ..Default::default()
+        };
+        let mut times = Vec::new();
+        let mut failure = None;
+        // One untimed run first: module loading and the first touch of the buffers.
+        for rep in 0..=reps.max(1) {
+            match backend.run(&plan, SEED, Family::Realistic, &options) {
+                Ok(out) if out.gemms.hopper != 1 => {
+                    failure = Some(format!("ran on {}, not the Hopper engine", out.gemms.describe()));
+                    break;
+                }
+                Ok(out) if rep > 0 => match out.op_times.iter().find(|(s, _, _)| *s == site) {
+                    Some(&(_, _, us)) => times.push(us),
+                    None => {
+                        failure = Some("the run timed no grouped GEMM".into());
+                        break;
+                    }
+                },
+                Ok(_) => {}
+                Err(e) => {
+                    failure = Some(format!("run failed: {e:#}"));
+                    break;
+                }
+            }
+        }
+        let name = format!("hopper {} grouped", tile.name());
+        let us = (failure.is_none() && !times.is_empty()).then(|| crate::timing::median(times));
+        let check = failure.unwrap_or_else(|| "checked by the corpus and the device tests".into());
+        rows.push(row(&shape, input, name, us, &spec, cublas, check));
+    }
+    Ok(rows)
 }
 
 fn row(shape: &str, input: DType, engine: String, us: Option<f64>, spec: &GemmSpec, cublas: f64, check: String) -> Row {
