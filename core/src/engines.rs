@@ -218,10 +218,10 @@ impl GroupedFacts {
 
 /// The engine of a grouped GEMM: `Some(tile)`, the Hopper engine, which schedules its
 /// tiles on the GPU from the segment offsets the route op wrote (an empty expert has no
-/// tile), where TMA can load its rows: a's rows are c's (no gather: TMA loads boxes, not
-/// rows picked through a table), no unrouted rows to zero, and [`hopper_rule`] holds of
-/// the GEMM over all of c's rows; `None`: cmm's scalar grouped kernel
-/// (`cmm_grouped_gemm`). cuBLAS never runs one (its grouped GEMMs take the group sizes
+/// tile), where [`hopper_rule`] holds of the GEMM over all of c's rows (f16/bf16, 16-byte
+/// aligned rows of A and B: TMA's rules, and those of the producer's cp.async copies when
+/// a's rows are gathered by token) and the experts' stacked B fits a 3D tensor map;
+/// `None`: cmm's scalar grouped kernel (`cmm_grouped_gemm`). cuBLAS never runs one (its grouped GEMMs take the group sizes
 /// from the host, and the route op writes them on the GPU), whatever the policy; under
 /// [`GemmEngine::Hopper`] a grouped GEMM the engine cannot take is an error.
 pub fn grouped_engine(
@@ -232,10 +232,6 @@ pub fn grouped_engine(
     let [m, n, k] = g.gemm.mnk;
     let why_not = match support.hopper_sms {
         None => "this GPU does not run it (it needs compute capability 9.0)".to_string(),
-        Some(_) if g.gather => {
-            "its rows are gathered by token (TMA loads boxes of rows, not rows picked by a table)".into()
-        }
-        Some(_) if g.zero_unrouted => "it zeroes the unrouted rows".into(),
         // The stacked B is loaded as a 3D tensor (N, K, experts): its experts' stride too
         // must be a TMA stride.
         Some(_) if (g.experts as u64).saturating_mul(k as u64).saturating_mul(g.gemm.strides[1]) * 2 >= 1u64 << 40 => {
@@ -425,12 +421,13 @@ mod tests {
         assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &narrow), Ok(Some(HopperTile::Narrow)));
         let forced = EngineSupport { hopper_tile: Some(HopperTile::Narrow), ..gpu };
         assert_eq!(grouped_engine(GemmEngine::Auto, &forced, &rs), Ok(Some(HopperTile::Narrow)));
-        // What TMA cannot load falls back to the scalar kernel, or is an error under Hopper.
-        let gathered = GroupedFacts { gather: true, ..rs };
-        let zeroed = GroupedFacts { zero_unrouted: true, ..rs };
+        // ag_moe's: rows gathered by token (cp.async), the unrouted ones zeroed.
+        let gathered = GroupedFacts { gather: true, zero_unrouted: true, ..rs };
+        assert_eq!(grouped_engine(GemmEngine::Hopper, &gpu, &gathered), Ok(Some(HopperTile::Wide)));
+        // What the engine cannot load falls back to the scalar kernel, or is an error under Hopper.
         let f32s = GroupedFacts { gemm: facts(8192, 4096, 1792, DType::F32), ..rs };
-        let odd = GroupedFacts { gemm: GemmFacts { strides: [1796, 4096, 4096], ..rs.gemm }, ..rs };
-        for (g, why) in [(gathered, "gathered by token"), (zeroed, "zeroes"), (f32s, "f16 or bf16"), (odd, "16-byte")] {
+        let odd = GroupedFacts { gemm: GemmFacts { strides: [1796, 4096, 4096], ..rs.gemm }, ..gathered };
+        for (g, why) in [(f32s, "f16 or bf16"), (odd, "16-byte")] {
             assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &g), Ok(None), "{why}");
             let e = grouped_engine(GemmEngine::Hopper, &gpu, &g).unwrap_err();
             assert!(e.contains(why) && e.contains("grouped gemm 8192x4096x1792"), "{e}");

@@ -19,6 +19,13 @@
 //   landed yet). A TMA copy issued after an acquire without fence.proxy.async since is an
 //   error naming the kernel's line: the async proxy need not see what the acquire made
 //   visible to the generic one.
+// - cp.async of 16 bytes into the Hopper engine's shared memory (gathered rows): the copy
+//   lands at once but publishes nothing until its thread's cp.async.mbarrier.arrive.noinc,
+//   which publishes the thread's copies so far by the barrier's current phase and arrives
+//   once. A wgmma that reads a chunk no such arrive has tracked, or one a cp.async wrote
+//   (the generic proxy) without a fence.proxy.async.shared::cta by the reading thread
+//   after it saw the publishing phase, is an error: the GPU's wgmma reads through the
+//   async proxy.
 // - wgmma (m64nNk16, f32 accumulate): each thread computes its own accumulators, laid out
 //   as the PTX ISA specifies (row 16·warp + lane/4 + 8·((i/2)%2), column 8·(i/4) +
 //   2·(lane%4) + i%2), from shared memory as the descriptors say: start address, leading
@@ -48,10 +55,16 @@ struct HopperBlock {
     std::unique_ptr<unsigned char[]> smem;
     std::unordered_map<u32, MBarrier> bars;
     // Per 16-byte chunk: 1 + the barrier offset whose phase publishes it (0: never
-    // written by TMA), and that phase's index.
+    // written by TMA or cp.async; UNTRACKED: a cp.async no mbarrier tracks yet), that
+    // phase's index, and whether cp.async (the generic proxy) wrote it.
     std::vector<u32> chunk_bar, chunk_phase;
-    // Per thread: barrier → phases it has seen complete.
-    std::vector<std::unordered_map<u32, u32>> observed;
+    std::vector<unsigned char> chunk_generic;
+    // Per thread: barrier → phases it has seen complete, and as of its last
+    // fence.proxy.async.shared::cta.
+    std::vector<std::unordered_map<u32, u32>> observed, fenced;
+    // Per thread: the chunks its cp.async copies wrote since its last arrive on a barrier.
+    std::vector<std::vector<u32>> untracked;
+    static constexpr u32 UNTRACKED = 0xffffffffu;
 };
 
 inline HopperBlock& hopper_block() {
@@ -64,7 +77,11 @@ inline HopperBlock& hopper_block() {
         hb.bars.clear();
         hb.chunk_bar.assign(HOPPER_SMEM_BYTES / 16u, 0u);
         hb.chunk_phase.assign(HOPPER_SMEM_BYTES / 16u, 0u);
-        hb.observed.assign(block != nullptr ? block->fibers.size() : 1, {});
+        hb.chunk_generic.assign(HOPPER_SMEM_BYTES / 16u, 0u);
+        const size_t threads = block != nullptr ? block->fibers.size() : 1;
+        hb.observed.assign(threads, {});
+        hb.fenced.assign(threads, {});
+        hb.untracked.assign(threads, {});
     }
     return hb;
 }
@@ -205,6 +222,7 @@ inline void cmm_tma_load_at(const char* file, int line, u32 rank, u32 dst, const
             std::memcpy(hb.smem.get() + addr, &v, 2);
             hb.chunk_bar[addr / 16u] = bar + 1u;
             hb.chunk_phase[addr / 16u] = b->completed;
+            hb.chunk_generic[addr / 16u] = 0u;
         }
     }
     running_block->progress += 1;
@@ -216,6 +234,45 @@ inline void cmm_tma_load_at(const char* file, int line, u32 rank, u32 dst, const
 #define cmm_tma_load_3d(dst, map, x, y, z, bar) cmm_tma_load_at(__FILE__, __LINE__, 3u, dst, map, x, y, z, bar)
 
 inline void cmm_tma_prefetch(const CmmTensorMap*) {}
+
+inline void cmm_hopper_cp_async16(u32 dst, u64 src, u32 src_bytes) {
+    using namespace cmm_host;
+    if (dst % 16u != 0u || src % 16u != 0u || src_bytes > 16u) {
+        fail("cp.async: a 16-byte copy from or to an address that is not 16-byte aligned, or of more than 16 bytes");
+        return;
+    }
+    if (!smem_range(dst, 16u)) return;
+    HopperBlock& hb = hopper_block();
+    unsigned char* to = hb.smem.get() + dst;
+    std::memset(to, 0, 16);
+    if (src_bytes != 0u) std::memcpy(to, (const void*)src, src_bytes);
+    hb.chunk_bar[dst / 16u] = HopperBlock::UNTRACKED;
+    hb.chunk_generic[dst / 16u] = 1u;
+    hb.untracked[linear_thread()].push_back(dst / 16u);
+    running_block->progress += 1;
+}
+
+inline void cmm_hopper_cp_async_arrive(u32 bar) {
+    using namespace cmm_host;
+    MBarrier* b = mbarrier(bar);
+    if (b == nullptr) return;
+    HopperBlock& hb = hopper_block();
+    std::vector<u32>& mine = hb.untracked[linear_thread()];
+    for (u32 chunk : mine) {
+        if (hb.chunk_bar[chunk] == HopperBlock::UNTRACKED) {
+            hb.chunk_bar[chunk] = bar + 1u;
+            hb.chunk_phase[chunk] = b->completed;
+        }
+    }
+    mine.clear();
+    mbarrier_arrive(bar, 0);
+}
+
+inline void cmm_fence_proxy_async_shared() {
+    cmm_host::HopperBlock& hb = cmm_host::hopper_block();
+    const u32 me = cmm_host::linear_thread();
+    hb.fenced[me] = hb.observed[me];
+}
 
 inline void cmm_fence_proxy_async_global() {
     if (cmm_host::Fiber* me = cmm_host::current_fiber()) me->acquired = false;
@@ -303,10 +360,11 @@ inline u32 operand_offset(u64 desc, bool mn_major, u32 mn, u32 k) {
 // and, if a TMA copy wrote them, published to the thread by a phase it has waited for.
 struct OperandReader {
     HopperBlock& hb;
-    const std::unordered_map<u32, u32>& seen;  // the thread's barrier → phases seen
+    const std::unordered_map<u32, u32>& seen;    // the thread's barrier → phases seen
+    const std::unordered_map<u32, u32>& fenced;  // … as of its last proxy fence
     u32 dtype;
     bool ok = true;
-    u32 last_bar = 0, last_seen = 0;  // the last barrier looked up (1 + offset; 0: none)
+    u32 last_bar = 0, last_seen = 0, last_fenced = 0;  // the last barrier looked up (1 + offset; 0: none)
 
     float at(u64 desc, bool mn_major, u32 mn, u32 k) {
         const u32 addr = operand_offset(desc, mn_major, mn, k);
@@ -316,15 +374,30 @@ struct OperandReader {
             return 0.0f;
         }
         const u32 chunk = addr / 16u, bar = hb.chunk_bar[chunk];
+        if (bar == HopperBlock::UNTRACKED) {
+            fail("wgmma reads shared memory a cp.async wrote that no mbarrier tracks (a missing "
+                 "cp.async.mbarrier.arrive)");
+            ok = false;
+            return 0.0f;
+        }
         if (bar != 0u) {
             if (bar != last_bar) {
                 auto it = seen.find(bar - 1u);
+                auto fit = fenced.find(bar - 1u);
                 last_bar = bar;
                 last_seen = it == seen.end() ? 0u : it->second;
+                last_fenced = fit == fenced.end() ? 0u : fit->second;
             }
             if (last_seen < hb.chunk_phase[chunk] + 1u) {
-                fail("wgmma reads shared memory a TMA copy wrote, before its thread waited for the mbarrier phase "
-                     "that publishes the copy (a missing or short expect-tx, or a skipped wait)");
+                fail("wgmma reads shared memory a TMA copy or cp.async wrote, before its thread waited for the "
+                     "mbarrier phase that publishes the copy (a missing or short expect-tx or arrive, or a "
+                     "skipped wait)");
+                ok = false;
+                return 0.0f;
+            }
+            if (hb.chunk_generic[chunk] != 0u && last_fenced < hb.chunk_phase[chunk] + 1u) {
+                fail("wgmma (the async proxy) reads shared memory a cp.async (the generic proxy) wrote, with no "
+                     "fence.proxy.async.shared::cta by the reading thread after its wait");
                 ok = false;
                 return 0.0f;
             }
@@ -339,7 +412,7 @@ template <u32 N, bool BF16, int TRANS_B>
 inline void wgmma(float* d, u64 desc_a, u64 desc_b, u32 accumulate) {
     const u32 t = linear_thread() % 128u, warp = t / 32u, lane = t % 32u;
     HopperBlock& hb = hopper_block();
-    OperandReader read{hb, hb.observed[linear_thread()], BF16 ? 2u : 1u};
+    OperandReader read{hb, hb.observed[linear_thread()], hb.fenced[linear_thread()], BF16 ? 2u : 1u};
     float a[2][16];
     for (u32 h = 0; h < 2u && read.ok; ++h) {
         for (u32 k = 0; k < 16u && read.ok; ++k) a[h][k] = read.at(desc_a, false, 16u * warp + lane / 4u + 8u * h, k);

@@ -27,6 +27,15 @@
 //   costs no tile and the host never reads the routing. A is one map over all the rows
 //   (a tile's rows past its segment are loaded but never stored); B is a 3D map (N, K,
 //   experts), so that K past an expert's rows is zero fill, not the next expert's.
+//   Gathered rows (`CMM_HOPPER_GATHER`: row r of C multiplies the token of perm[r], a row
+//   of a token shard) are no box TMA can load: the whole producer warpgroup loads A, each
+//   thread one row of the tile with 16-byte cp.async copies into the 128-byte-swizzled
+//   layout TMA would have written, tracked by the stage's `full` mbarrier
+//   (cp.async.mbarrier.arrive.noinc: the barrier expects one arrival per producer thread
+//   besides the first thread's expect-tx); the consumers make those generic-proxy writes
+//   visible to wgmma's async proxy with fence.proxy.async.shared::cta after their wait.
+//   With `CMM_HOPPER_ZERO_UNROUTED` the tiles after the last expert's store zeros over
+//   C's rows past the routed ones, with no load and no wgmma.
 // - A tile-granular (fused) run: the producer performs the waits of a block before the
 //   loads of its first tile (acquire, then `fence.proxy.async.global`, which orders the
 //   generic-proxy acquire before the async-proxy TMA reads); the consumers count a
@@ -77,6 +86,10 @@ struct __align__(64) CmmHopperArgs {
     u64 desc_a;            // wgmma descriptor bits of A's and B's stages besides the address
     u64 desc_b;
     u64 seg;               // grouped: the segment offsets, u32[experts·chunks + 1]
+    u64 perm;              // gather: the row permutation (u32 token·slots + slot per row)
+    u64 perm_stride;       // in elements
+    u64 a;                 // gather: byte address of the token shard's row 0 (A's map unused)
+    u64 a_stride;          // in elements
     u32 n;
     u32 k;
     u32 c_dtype;
@@ -88,10 +101,14 @@ struct __align__(64) CmmHopperArgs {
     u32 chunk;             // and the experts [group_begin, group_end) computed
     u32 group_begin;
     u32 group_end;
-    u32 pad;
+    u32 experts;           // grouped: experts of the tables (the zero tiles' first row)
+    u32 slots;             // gather: slots per token, the shard's first token and its tokens
+    u32 gather_base;
+    u32 a_rows;
+    u32 pad[5];
 };
 
-static_assert(sizeof(CmmHopperBlock) == 192 && sizeof(CmmHopperArgs) == 448, "the mirrors' sizes");
+static_assert(sizeof(CmmHopperBlock) == 192 && sizeof(CmmHopperArgs) == 512, "the mirrors' sizes");
 
 // One wait or signal of a fused run. Mirror: `FusedSyncArgs`.
 struct CmmHopperSync {
@@ -104,6 +121,9 @@ struct CmmHopperSync {
 #define CMM_HOPPER_ACCUMULATE 4u  // C += A·B (C is f32)
 #define CMM_HOPPER_PAIRS 8u       // C's base and row stride allow two-element stores
 #define CMM_HOPPER_GROUPED 16u    // a grouped GEMM: `first` holds A and C of every row, B is 3D
+#define CMM_HOPPER_GATHER 32u     // grouped, a's rows gathered by token through perm (cp.async)
+#define CMM_HOPPER_ZERO_UNROUTED 64u  // grouped: zero C's rows past the routed ones
+#define CMM_HOPPER_NONE 0xffffffffu   // a permutation entry of no (token, slot)
 
 #define CMM_HOPPER_BM 128u
 #define CMM_HOPPER_BK 64u
@@ -270,6 +290,24 @@ __device__ __forceinline__ void cmm_tma_load_3d(u32 dst, const CmmTensorMap* map
         : "memory");
 }
 
+// A 16-byte copy from global `src` to shared `dst` (cp.async.cg); bytes past
+// `src_bytes` (all 16 when 0) are zeros.
+__device__ __forceinline__ void cmm_hopper_cp_async16(u32 dst, u64 src, u32 src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// Makes `bar` track this thread's cp.async copies so far: it receives one arrival once
+// they have landed (noinc: the arrival is one of those the barrier was initialised with).
+__device__ __forceinline__ void cmm_hopper_cp_async_arrive(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
+// Orders the shared memory this thread has seen written through the generic proxy
+// (cp.async) before its later async-proxy reads of it (wgmma).
+__device__ __forceinline__ void cmm_fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 __device__ __forceinline__ void cmm_tma_prefetch(const CmmTensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"((u64)map) : "memory");
 }
@@ -356,11 +394,25 @@ struct CmmHopperCursor {
     u32 rows;
 };
 
-// Moves a grouped run's cursor onto segment (at.block, chunk), bounded by C's rows.
+// The end of a grouped run's blocks: its experts, then with CMM_HOPPER_ZERO_UNROUTED one
+// block of the rows past the routed ones.
+__device__ __forceinline__ u32 cmm_hopper_blocks_end(const CmmHopperArgs& p) {
+    return p.group_end + ((p.flags & CMM_HOPPER_ZERO_UNROUTED) ? 1u : 0u);
+}
+
+// Whether the cursor's block is the zero block.
+__device__ __forceinline__ bool cmm_hopper_zero_block(const CmmHopperArgs& p, const CmmHopperCursor& at) {
+    return (p.flags & CMM_HOPPER_GROUPED) && at.block >= p.group_end;
+}
+
+// Moves a grouped run's cursor onto segment (at.block, chunk), or past the routed rows
+// for the zero block, bounded by C's rows.
 __device__ __forceinline__ void cmm_hopper_segment(const CmmHopperArgs& p, CmmHopperCursor& at) {
     const u32* seg = (const u32*)p.seg;
     const u32 i = at.block * p.chunks + p.chunk;
-    const u32 begin = min(seg[i], p.first.rows), end = min(seg[i + 1u], p.first.rows);
+    const bool zero = at.block >= p.group_end;
+    const u32 begin = min(zero ? seg[p.experts * p.chunks] : seg[i], p.first.rows);
+    const u32 end = zero ? p.first.rows : min(seg[i + 1u], p.first.rows);
     at.row0 = begin;
     at.rows = end > begin ? end - begin : 0u;
 }
@@ -370,7 +422,7 @@ __device__ __forceinline__ CmmHopperCursor cmm_hopper_start(const CmmHopperArgs&
     CmmHopperCursor at = {0u, 0u, 0u, table[0].rows};
     if (p.flags & CMM_HOPPER_GROUPED) {
         at.block = p.group_begin;
-        if (at.block < p.group_end) cmm_hopper_segment(p, at);
+        if (at.block < cmm_hopper_blocks_end(p)) cmm_hopper_segment(p, at);
     }
     return at;
 }
@@ -388,13 +440,14 @@ __device__ __forceinline__ bool cmm_hopper_locate(const CmmHopperArgs& p, const 
                                                   CmmHopperCursor& at, u32& m0, u32& n0) {
     if (p.flags & CMM_HOPPER_GROUPED) {
         // An expert's tiles follow the experts' before it (t ≥ at.first_tile throughout).
-        while (at.block < p.group_end) {
+        const u32 end = cmm_hopper_blocks_end(p);
+        while (at.block < end) {
             const u32 tiles = (at.rows + CMM_HOPPER_BM - 1u) / CMM_HOPPER_BM * p.tiles_n;
             if (t - at.first_tile < tiles) break;
             at.first_tile += tiles;
-            if (++at.block < p.group_end) cmm_hopper_segment(p, at);
+            if (++at.block < end) cmm_hopper_segment(p, at);
         }
-        if (at.block >= p.group_end) return false;
+        if (at.block >= end) return false;
     } else {
         if (t >= p.tiles) return false;
         while (at.block + 1u < p.count && table[at.block + 1u].first_tile <= t) ++at.block;
@@ -413,7 +466,44 @@ __device__ __forceinline__ bool cmm_hopper_locate(const CmmHopperArgs& p, const 
     return true;
 }
 
-// The producer: one thread issues the block's waits and every TMA copy.
+// The source of row `row` of a gathered A tile: the token-shard row of the token that
+// perm gives C's row, or CMM_HOPPER_NONE (zeros) for a row past the segment, an unrouted
+// row or a token outside the shard. Bounded like every table entry.
+__device__ __forceinline__ u32 cmm_hopper_gathered_row(const CmmHopperArgs& p, const CmmHopperCursor& at, u32 m0,
+                                                       u32 row) {
+    if (m0 + row >= at.rows) return CMM_HOPPER_NONE;
+    const u32 slot = ((const u32*)p.perm)[(u64)(at.row0 + m0 + row) * p.perm_stride];
+    if (slot == CMM_HOPPER_NONE || p.slots == 0u) return CMM_HOPPER_NONE;
+    const u32 token = slot / p.slots;
+    if (token < p.gather_base || token - p.gather_base >= p.a_rows) return CMM_HOPPER_NONE;
+    return token - p.gather_base;
+}
+
+// B's share of a stage, N-major: 64-column boxes of BK rows (of expert `expert`'s
+// matrix, from the 3D map, in a grouped run); boxes wholly past N are not loaded (their
+// columns of the tile are never stored). Returns the bytes they bring.
+template <class S>
+__device__ __forceinline__ u32 cmm_hopper_load_b_boxes(const CmmHopperArgs& p, u32 sb, u32 n0, u32 k0, u32 expert,
+                                                       u32 full) {
+    const u32 boxes = min(S::BN / 64u, (p.n - n0 + 63u) / 64u);
+    for (u32 c = 0u; c < boxes; ++c) {
+        const u32 box = sb + c * CMM_HOPPER_BK * 128u;
+        if (p.flags & CMM_HOPPER_GROUPED) {
+            cmm_tma_load_3d(box, &p.b, n0 + 64u * c, k0, expert, full);
+        } else {
+            cmm_tma_load_2d(box, &p.b, n0 + 64u * c, k0, full);
+        }
+    }
+    return boxes * CMM_HOPPER_BK * 128u;
+}
+
+// The bytes of B's boxes in a stage ([`cmm_hopper_load_b_boxes`]).
+template <class S>
+__device__ __forceinline__ u32 cmm_hopper_b_box_bytes(const CmmHopperArgs& p, u32 n0) {
+    return min(S::BN / 64u, (p.n - n0 + 63u) / 64u) * CMM_HOPPER_BK * 128u;
+}
+
+// The producer: one thread makes the block's waits and issues every TMA copy.
 template <class S>
 __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock* table, u32 smem, u64 limit_ns) {
     const u32 bars = smem + S::BARRIERS;
@@ -421,11 +511,12 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
     u32* control = (u32*)p.control;
     const CmmHopperSync* waits = (const CmmHopperSync*)p.waits;
     cmm_tma_prefetch(&p.b);
-    const bool grouped = (p.flags & CMM_HOPPER_GROUPED) != 0u;
     u32 stage = 0u, phase = 0u, checked = 0u, m0, n0;
     CmmHopperCursor at = cmm_hopper_start(p, table);
     bool ok = true;
     for (u32 t = blockIdx.x; cmm_hopper_locate<S::BN>(p, table, t, at, m0, n0); t += gridDim.x) {
+        // The zero block's tiles load nothing.
+        if (cmm_hopper_zero_block(p, at)) continue;
         // After a failed wait the run has failed: the tiles are still loaded and
         // multiplied (the consumers cannot leave a wgmma loop early without the compiler
         // serialising every wgmma), but no further wait is made and no block released.
@@ -451,24 +542,57 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
             const u32 sb = smem + S::STAGES * CMM_HOPPER_A_BYTES + stage * S::B_BYTES;
             const u32 k0 = kt * CMM_HOPPER_BK;
             if (p.flags & CMM_HOPPER_B_N_MAJOR) {
-                // 64-column boxes of BK rows; boxes wholly past N are not loaded (their
-                // columns of the tile are never stored).
-                const u32 boxes = min(S::BN / 64u, (p.n - n0 + 63u) / 64u);
-                cmm_mbar_arrive_expect_tx(full, CMM_HOPPER_A_BYTES + boxes * CMM_HOPPER_BK * 128u);
+                cmm_mbar_arrive_expect_tx(full, CMM_HOPPER_A_BYTES + cmm_hopper_b_box_bytes<S>(p, n0));
                 cmm_tma_load_2d(sa, amap, k0, a_row, full);
-                for (u32 c = 0u; c < boxes; ++c) {
-                    const u32 box = sb + c * CMM_HOPPER_BK * 128u;
-                    if (grouped) {
-                        cmm_tma_load_3d(box, &p.b, n0 + 64u * c, k0, at.block, full);
-                    } else {
-                        cmm_tma_load_2d(box, &p.b, n0 + 64u * c, k0, full);
-                    }
-                }
+                cmm_hopper_load_b_boxes<S>(p, sb, n0, k0, at.block, full);
             } else {
                 cmm_mbar_arrive_expect_tx(full, CMM_HOPPER_A_BYTES + S::B_BYTES);
                 cmm_tma_load_2d(sa, amap, k0, a_row, full);
                 cmm_tma_load_2d(sb, &p.b, k0, n0, full);
             }
+            if (++stage == S::STAGES) {
+                stage = 0u;
+                phase ^= 1u;
+            }
+        }
+    }
+}
+
+// The producer warpgroup of a grouped run whose rows are gathered: thread `row` copies
+// row `row` of every A tile with cp.async, and thread 0 also issues B's TMA copies. (A
+// grouped run makes no waits.)
+template <class S>
+__device__ void cmm_hopper_produce_gathered(const CmmHopperArgs& p, const CmmHopperBlock* table, u32 smem,
+                                            u64 limit_ns, u32 row) {
+    const u32 bars = smem + S::BARRIERS;
+    const u32 ktiles = (p.k + CMM_HOPPER_BK - 1u) / CMM_HOPPER_BK;
+    if (row == 0u) cmm_tma_prefetch(&p.b);
+    u32 stage = 0u, phase = 0u, m0, n0;
+    CmmHopperCursor at = cmm_hopper_start(p, table);
+    for (u32 t = blockIdx.x; cmm_hopper_locate<S::BN>(p, table, t, at, m0, n0); t += gridDim.x) {
+        if (cmm_hopper_zero_block(p, at)) continue;
+        const u32 source = cmm_hopper_gathered_row(p, at, m0, row);
+        for (u32 kt = 0u; kt < ktiles; ++kt) {
+            cmm_mbar_wait(bars + 8u * (S::STAGES + stage), phase ^ 1u, limit_ns);
+            const u32 full = bars + 8u * stage;
+            const u32 k0 = kt * CMM_HOPPER_BK;
+            if (row == 0u) {
+                const u32 sb = smem + S::STAGES * CMM_HOPPER_A_BYTES + stage * S::B_BYTES;
+                cmm_mbar_arrive_expect_tx(full, cmm_hopper_b_box_bytes<S>(p, n0));
+                cmm_hopper_load_b_boxes<S>(p, sb, n0, k0, at.block, full);
+            }
+            // This thread's row of the stage: eight 16-byte chunks of K, each where the
+            // 128-byte swizzle puts it (chunk c of row r at chunk c ^ (r mod 8)); zeros
+            // past K and for rows with no source.
+            const u32 dst = smem + stage * CMM_HOPPER_A_BYTES + row * 128u;
+            #pragma unroll 1
+            for (u32 c = 0u; c < 8u; ++c) {
+                const u32 kk = k0 + 8u * c;
+                const u32 bytes = source != CMM_HOPPER_NONE && kk < p.k ? min(16u, 2u * (p.k - kk)) : 0u;
+                const u64 src = bytes != 0u ? p.a + 2ull * ((u64)source * p.a_stride + kk) : p.a;
+                cmm_hopper_cp_async16(dst + ((c ^ (row & 7u)) << 4), src, bytes);
+            }
+            cmm_hopper_cp_async_arrive(full);
             if (++stage == S::STAGES) {
                 stage = 0u;
                 phase ^= 1u;
@@ -519,12 +643,22 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
     float acc[S::BN / 2u];
     #pragma unroll
     for (u32 i = 0u; i < S::BN / 2u; ++i) acc[i] = 0.0f;
+    const bool gather = (p.flags & CMM_HOPPER_GATHER) != 0u;
     u32 stage = 0u, phase = 0u, m0, n0;
     CmmHopperCursor at = cmm_hopper_start(p, table);
     for (u32 t = blockIdx.x; cmm_hopper_locate<S::BN>(p, table, t, at, m0, n0); t += gridDim.x) {
         u32 previous = 0u;
-        for (u32 kt = 0u; kt < ktiles; ++kt) {
+        // The zero block's tiles: no K step, zeros stored.
+        const u32 steps = cmm_hopper_zero_block(p, at) ? 0u : ktiles;
+        if (steps == 0u) {
+            #pragma unroll
+            for (u32 i = 0u; i < S::BN / 2u; ++i) acc[i] = 0.0f;
+        }
+        for (u32 kt = 0u; kt < steps; ++kt) {
             cmm_mbar_wait(bars + 8u * stage, phase, limit_ns);
+            // Gathered rows came through cp.async, the generic proxy; wgmma reads through
+            // the async one.
+            if (gather) cmm_fence_proxy_async_shared();
             const u32 sa = smem + stage * CMM_HOPPER_A_BYTES + wg * 64u * 128u;
             const u32 sb = smem + S::STAGES * CMM_HOPPER_A_BYTES + stage * S::B_BYTES;
             #pragma unroll
@@ -555,7 +689,7 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
         cmm_wgmma_wait<0>();
         #pragma unroll
         for (u32 i = 0u; i < S::BN / 2u; ++i) cmm_pin(acc[i]);
-        if (leader) cmm_mbar_arrive(bars + 8u * (S::STAGES + previous));
+        if (leader && steps > 0u) cmm_mbar_arrive(bars + 8u * (S::STAGES + previous));
         // Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h, column 8j + 2·(lane%4) + e.
         const u32 block = at.block;
         const CmmHopperBlock& blk = table[cmm_hopper_entry(p, at)];
@@ -607,7 +741,9 @@ __device__ void cmm_hopper_gemm(const CmmHopperArgs& p) {
     const u64 limit_ns = 2ull * p.timeout_ns + 1000000000ull;
     if (threadIdx.x == 0u) {
         for (u32 s = 0u; s < S::STAGES; ++s) {
-            cmm_mbar_init(bars + 8u * s, 1u);                // the producer's arrive (and its bytes)
+            // The producer's arrive (and its bytes), and with gathered rows one cp.async
+            // arrival per producer thread.
+            cmm_mbar_init(bars + 8u * s, (p.flags & CMM_HOPPER_GATHER) ? 1u + 128u : 1u);
             cmm_mbar_init(bars + 8u * (S::STAGES + s), 2u);  // one arrive per consumer warpgroup
         }
         cmm_mbar_init_fence();
@@ -618,7 +754,11 @@ __device__ void cmm_hopper_gemm(const CmmHopperArgs& p) {
     const u32 role = __shfl_sync(0xffffffffu, threadIdx.x / 128u, 0);
     if (role == 0u) {
         cmm_setmaxnreg_dec<40>();
-        if (threadIdx.x == 0u) cmm_hopper_produce<S>(p, table, smem, limit_ns);
+        if (p.flags & CMM_HOPPER_GATHER) {
+            cmm_hopper_produce_gathered<S>(p, table, smem, limit_ns, threadIdx.x);
+        } else if (threadIdx.x == 0u) {
+            cmm_hopper_produce<S>(p, table, smem, limit_ns);
+        }
     } else {
         cmm_setmaxnreg_inc<232>();
         const u32 wg = role - 1u;

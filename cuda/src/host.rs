@@ -830,6 +830,13 @@ mod tests {
         load // 1-based line of the load, less the removed fence line
     }
 
+    /// The host twin's kernel source with the first `from` of hopper.cu replaced by `to`.
+    fn hopper_variant(from: &str, to: &str) -> String {
+        let source = host_source();
+        assert!(source.contains(from), "hopper.cu has changed: {from}");
+        source.replacen(from, to, 1)
+    }
+
     /// Host memory for a hand-made Hopper launch: buffer `b` of device 0 starts at
     /// `bases[b]`, semaphores at `sems`.
     struct TestMemory {
@@ -933,13 +940,9 @@ mod tests {
                 assert!(!matches!(outcome, Ok(true)), "{what} went unnoticed (B transposed: {trans_b})");
             }
         }
-        let source = host_source();
-        let variant = |from: &str, to: &str| {
-            assert!(source.contains(from), "hopper.cu has changed: {from}");
-            source.replacen(from, to, 1)
-        };
+        let variant = hopper_variant;
         let no_expect_tx = variant(
-            "cmm_mbar_arrive_expect_tx(full, CMM_HOPPER_A_BYTES + boxes * CMM_HOPPER_BK * 128u);",
+            "cmm_mbar_arrive_expect_tx(full, CMM_HOPPER_A_BYTES + cmm_hopper_b_box_bytes<S>(p, n0));",
             "cmm_mbar_arrive(full);",
         );
         let no_fence = variant("                cmm_fence_proxy_async_global();\n", "");
@@ -956,6 +959,106 @@ mod tests {
             let broken = load_from(&source, "cmm-host-hopper-hazard").unwrap_or_else(|e| panic!("{e}"));
             let e = run(&broken, HopperTile::Narrow, false, plain).unwrap_err().to_string();
             assert!(e.contains(hazard) && e.contains("cmm_hopper_gemm_bf16_n128") && e.contains(&place), "{e}");
+        }
+    }
+
+    /// The same for a grouped GEMM whose rows are gathered by token (ag_moe's): as
+    /// written, two experts' rows in a hand-made routing, with a dropped slot and unrouted
+    /// rows zeroed, come out right on both tiles; rows copied without the 128-byte swizzle
+    /// come out wrong; a copy no `cp.async.mbarrier.arrive` tracks, and a wgmma that reads
+    /// cp.async's rows with no `fence.proxy.async.shared::cta` after its wait, are errors.
+    #[test]
+    fn the_hopper_twin_finds_gathered_rows_read_unswizzled_untracked_or_unfenced() {
+        use crate::lower::{HopperKernel, HopperTile};
+        const NONE: u32 = u32::MAX;
+        let (tokens, slots, experts, k, rows) = (4usize, 2usize, 2usize, 72usize, 8usize);
+        let halves = |len: usize, seed: usize| -> Vec<u16> {
+            (0..len).map(|i| cmm_core::DType::Bf16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
+        };
+        let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
+        // Expert 0 takes rows 0..3, expert 1 rows 3..6 (one of its slots dropped: row 5
+        // has no token); rows 6 and 7 are past the routed ones.
+        let seg = [0u32, 3, 6];
+        let perm = [0u32, 3, 5, 1, 2, NONE, NONE, NONE];
+        let expert_of = |r: usize| {
+            if r < 3 {
+                Some(0)
+            } else if r < 6 {
+                Some(1)
+            } else {
+                None
+            }
+        };
+        let run = |kernels: &HostKernels, tile: HopperTile| {
+            let n = tile.columns();
+            let a = halves(tokens * k, 1);
+            let b = halves(experts * k * n, 3);
+            let mut c = vec![f32::NAN; rows * n];
+            let memory = TestMemory {
+                bases: vec![
+                    a.as_ptr() as u64,
+                    b.as_ptr() as u64,
+                    c.as_mut_ptr() as u64,
+                    seg.as_ptr() as u64,
+                    perm.as_ptr() as u64,
+                ],
+                sems: 0,
+            };
+            let loc = |buffer| Loc { device: 0, buffer, offset: 0 };
+            let bf16 = cmm_core::DType::Bf16;
+            let tensors =
+                [(loc(0), k as u64, bf16), (loc(1), n as u64, bf16), (loc(2), n as u64, cmm_core::DType::F32)];
+            let shape = [tokens as u32, rows as u32, n as u32, k as u32];
+            let routing = [1, 0, 0, experts as u32, experts as u32, slots as u32];
+            let perm_at = (loc(4), 1u64);
+            let args = crate::launch::hopper_grouped_args(
+                &memory,
+                &tensors,
+                &loc(3),
+                Some((&perm_at, 0)),
+                true,
+                shape,
+                routing,
+                tile,
+            )
+            .unwrap();
+            let cfg =
+                LaunchConfig { grid_dim: (2, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes: tile.shared_bytes() };
+            let kernel = crate::launch::hopper_kernel(tile, bf16);
+            let launched = kernels.launch(&Launch {
+                kernel,
+                cfg,
+                params: vec![Param::Hopper(Box::new(args))],
+                what: "a test gemm",
+            });
+            let want = |r: usize, j: usize| match (expert_of(r), perm[r]) {
+                (Some(e), slot) if slot != NONE => {
+                    let t = slot as usize / slots;
+                    (0..k).map(|p| decode(a[t * k + p]) * decode(b[(e * k + p) * n + j])).sum::<f32>()
+                }
+                _ => 0.0,
+            };
+            launched.map(|()| (0..rows).all(|r| (0..n).all(|j| c[r * n + j] == want(r, j))))
+        };
+        for tile in HopperTile::ALL {
+            assert!(run(kernels(), tile).unwrap(), "{tile:?}");
+        }
+        let variant = hopper_variant;
+        let unswizzled = variant(
+            "cmm_hopper_cp_async16(dst + ((c ^ (row & 7u)) << 4), src, bytes);",
+            "cmm_hopper_cp_async16(dst + (c << 4), src, bytes);",
+        );
+        let broken = load_from(&unswizzled, "cmm-host-hopper-unswizzled").unwrap_or_else(|e| panic!("{e}"));
+        assert!(!run(&broken, HopperTile::Narrow).unwrap(), "rows copied without the swizzle went unnoticed");
+        let untracked = variant("            cmm_hopper_cp_async_arrive(full);", "            cmm_mbar_arrive(full);");
+        let unfenced = variant("            if (gather) cmm_fence_proxy_async_shared();", "");
+        for (source, hazard) in [
+            (untracked, "a cp.async wrote that no mbarrier tracks"),
+            (unfenced, "with no fence.proxy.async.shared::cta by the reading thread after its wait"),
+        ] {
+            let broken = load_from(&source, "cmm-host-hopper-gather-hazard").unwrap_or_else(|e| panic!("{e}"));
+            let e = run(&broken, HopperTile::Narrow).unwrap_err().to_string();
+            assert!(e.contains(hazard) && e.contains("cmm_hopper_gemm_bf16_n128"), "{e}");
         }
     }
 

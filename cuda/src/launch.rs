@@ -490,6 +490,8 @@ const HOPPER_B_N_MAJOR: u32 = 1;
 const HOPPER_ACCUMULATE: u32 = 4;
 const HOPPER_PAIRS: u32 = 8;
 const HOPPER_GROUPED: u32 = 16;
+const HOPPER_GATHER: u32 = 32;
+const HOPPER_ZERO_UNROUTED: u32 = 64;
 
 /// The bits of a wgmma shared-memory descriptor besides the start address: the leading
 /// and stride byte offsets (in 16-byte units) and the 128-byte swizzle (1 in bits 62–63).
@@ -585,15 +587,20 @@ pub(crate) fn hopper_args(at: &impl Addressing, g: &GemmCommand, tile: HopperTil
     })
 }
 
-/// The Hopper engine's arguments for a grouped GEMM (a's rows are c's): A and C of every
-/// row in `first`, B as a 3D map of the experts' K×N matrices, the tiles left to the
-/// kernel, which reads them from the segment offsets.
-fn hopper_grouped_args(
+/// The Hopper engine's arguments for a grouped GEMM: A (a's rows are c's: a tensor map;
+/// `gathered`, the permutation and the shard's first token: the shard's address for the
+/// producer's cp.async copies) and C of every row in `first`, B as a 3D map of the
+/// experts' K×N matrices, the tiles left to the kernel, which reads them from the segment
+/// offsets.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn hopper_grouped_args(
     at: &impl Addressing,
     tensors: &[(Loc, u64, DType); 3],
     seg: &Loc,
-    [_, rows, n, k]: [u32; 4],
-    [chunks, chunk, group_begin, group_end, experts, _]: [u32; 6],
+    gathered: Option<(&(Loc, u64), u32)>,
+    zero_unrouted: bool,
+    [a_rows, rows, n, k]: [u32; 4],
+    [chunks, chunk, group_begin, group_end, experts, slots]: [u32; 6],
     tile: HopperTile,
 ) -> Result<HopperArgs, CudaError> {
     let [(a, a_stride, input), (b, b_stride, _), (c, c_stride, output)] = *tensors;
@@ -615,10 +622,17 @@ fn hopper_grouped_args(
     };
     let c_bytes = output.size_bytes() as u64;
     let pairs = at.addr(&c) % (2 * c_bytes) == 0 && c_stride % 2 == 0;
+    let flags = HOPPER_B_N_MAJOR
+        | HOPPER_GROUPED
+        | if pairs { HOPPER_PAIRS } else { 0 }
+        | if gathered.is_some() { HOPPER_GATHER } else { 0 }
+        | if zero_unrouted { HOPPER_ZERO_UNROUTED } else { 0 };
+    let ((perm, perm_stride), gather_base) = gathered.map_or(((0, 0), 0), |(p, base)| ((at.addr(&p.0), p.1), base));
     Ok(HopperArgs {
         b: at.tensor_map(&b_map)?,
         first: HopperBlockArgs {
-            a: at.tensor_map(&a_map)?,
+            // Gathered rows are copied by the producer threads, not through a map.
+            a: if gathered.is_some() { TensorMap::default() } else { at.tensor_map(&a_map)? },
             c: at.addr(&c),
             c_stride,
             rows,
@@ -628,16 +642,24 @@ fn hopper_grouped_args(
         desc_a: k_major_descriptor(),
         desc_b: n_major_descriptor(),
         seg: at.addr(seg),
+        perm,
+        perm_stride,
+        a: at.addr(&a),
+        a_stride,
         n,
         k,
         c_dtype: dtype_code(output),
-        flags: HOPPER_B_N_MAJOR | HOPPER_GROUPED | if pairs { HOPPER_PAIRS } else { 0 },
+        flags,
         count: 1,
         tiles_n: n.div_ceil(tile.columns() as u32),
         chunks,
         chunk,
         group_begin,
         group_end,
+        experts,
+        slots,
+        gather_base,
+        a_rows,
         ..HopperArgs::default()
     })
 }
@@ -916,11 +938,12 @@ pub(crate) fn submissions(
             let [a_rows, rows, n, k] = *shape;
             let [chunks, chunk, group_begin, group_end, experts, slots] = *routing;
             if let Some((tile, ctas)) = *hopper {
-                let args = hopper_grouped_args(at, tensors, seg, *shape, *routing, tile)?;
-                // At most one CTA per tile: every expert's rows but the last may end in
-                // a partial row of tiles.
-                let tiles =
-                    (rows.div_ceil(crate::lower::HOPPER_TILE_M as u32) + (group_end - group_begin)) * args.tiles_n;
+                let gathered = gather.map(|base| (perm, base));
+                let args = hopper_grouped_args(at, tensors, seg, gathered, *zero_unrouted, *shape, *routing, tile)?;
+                // At most one CTA per tile: every block (each expert's rows, the zero
+                // block's) may end in a partial row of tiles.
+                let blocks = group_end - group_begin + u32::from(*zero_unrouted);
+                let tiles = (rows.div_ceil(crate::lower::HOPPER_TILE_M as u32) + blocks) * args.tiles_n;
                 let cfg = LaunchConfig {
                     grid_dim: (ctas.min(tiles).max(1), 1, 1),
                     block_dim: (HOPPER_THREADS, 1, 1),
@@ -1188,6 +1211,10 @@ pub(crate) struct HopperArgs {
     pub(crate) desc_a: u64,
     pub(crate) desc_b: u64,
     pub(crate) seg: u64,
+    pub(crate) perm: u64,
+    pub(crate) perm_stride: u64,
+    pub(crate) a: u64,
+    pub(crate) a_stride: u64,
     pub(crate) n: u32,
     pub(crate) k: u32,
     pub(crate) c_dtype: u32,
@@ -1199,7 +1226,11 @@ pub(crate) struct HopperArgs {
     pub(crate) chunk: u32,
     pub(crate) group_begin: u32,
     pub(crate) group_end: u32,
-    pub(crate) pad: u32,
+    pub(crate) experts: u32,
+    pub(crate) slots: u32,
+    pub(crate) gather_base: u32,
+    pub(crate) a_rows: u32,
+    pub(crate) pad: [u32; 5],
 }
 
 /// Mirror of `CmmTensor` in `cuda/kernels/common.cuh`: a strided tensor of any dtype.
@@ -1379,14 +1410,15 @@ mod tests {
 
     #[test]
     fn hopper_mirrors_have_the_kernel_sizes() {
-        // CmmTensorMap 128, CmmHopperBlock 192, CmmHopperArgs 448 (its fields fill it),
+        // CmmTensorMap 128, CmmHopperBlock 192, CmmHopperArgs 512 (its fields fill it),
         // as hopper.cu lays them out (and asserts).
         assert_eq!((std::mem::size_of::<TensorMap>(), std::mem::align_of::<TensorMap>()), (128, 64));
         assert_eq!(std::mem::size_of::<HopperBlockArgs>(), 192);
-        assert_eq!(std::mem::size_of::<HopperArgs>(), 448);
+        assert_eq!(std::mem::size_of::<HopperArgs>(), 512);
         assert_eq!(std::mem::offset_of!(HopperArgs, blocks), 320);
         assert_eq!(std::mem::offset_of!(HopperArgs, seg), 392);
-        assert_eq!(std::mem::offset_of!(HopperArgs, n), 400);
+        assert_eq!(std::mem::offset_of!(HopperArgs, n), 432);
+        assert_eq!(std::mem::offset_of!(HopperArgs, pad), 492);
     }
 
     #[test]

@@ -290,24 +290,27 @@ fn host_grouped_gemms_on_the_hopper_engine_match_the_cpu_twin() {
     grouped_gemms_on_the_hopper_engine(&host());
 }
 
-/// The MoE grouped GEMM on the Hopper engine (moe_rs: a's rows are c's), on both tiles,
-/// bit for bit with the CPU twin on the exact family: H = 320 columns (a partial second
-/// column of wide tiles), an expert's K = F/D = 72 rows (not a multiple of the 64-row
-/// step: the 3D map's zero fill, not the next expert's rows), experts with no token
-/// (`Empty` routing), dropped slots, two token chunks, an uneven token split. Where the
-/// engine cannot take a grouped GEMM (ag_moe gathers its rows by token), asking for it
-/// on every GEMM is a typed error naming why, and the default runs the scalar kernel.
+/// The MoE grouped GEMMs on the Hopper engine, on both tiles, bit for bit with the CPU
+/// twin on the exact family: moe_rs's (a's rows are c's: TMA) with H = 320 columns (a
+/// partial second column of wide tiles) and an expert's K = F/D = 72 rows (not a multiple
+/// of the 64-row step: the 3D map's zero fill, not the next expert's rows), and ag_moe's
+/// (rows gathered by token with cp.async, the rows past the routed ones zeroed) with
+/// K = H = 72 and 80 (K steps past K: zero-filled chunks); experts with no token (`Empty`), dropped
+/// slots, chunks, uneven token splits. f32 inputs stay on the scalar kernel, and asking
+/// for the engine on every GEMM then is a typed error naming why.
 fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
     use cmm_core::engines::HopperTile;
     use cmm_core::{moe::build_moe_plan, MoeOp, MoeProblem, Routing};
     let problems = [
-        (2, 64, Routing::Empty, Algorithm::Baseline, DType::Bf16, DType::F32),
-        (2, 50, Routing::Drop, Algorithm::RingChunked { chunks: 2 }, DType::F16, DType::F16),
-        (3, 70, Routing::Skewed, Algorithm::Ring, DType::Bf16, DType::Bf16),
+        (MoeOp::MoeRs, 2, 64, 320, 144, Routing::Empty, Algorithm::Baseline, DType::Bf16, DType::F32),
+        (MoeOp::MoeRs, 2, 50, 320, 144, Routing::Drop, Algorithm::RingChunked { chunks: 2 }, DType::F16, DType::F16),
+        (MoeOp::MoeRs, 3, 70, 320, 216, Routing::Skewed, Algorithm::Ring, DType::Bf16, DType::Bf16),
+        (MoeOp::AgMoe, 2, 64, 72, 320, Routing::Empty, Algorithm::Baseline, DType::Bf16, DType::F32),
+        (MoeOp::AgMoe, 3, 70, 80, 96, Routing::Drop, Algorithm::RingChunked { chunks: 2 }, DType::F16, DType::F16),
+        (MoeOp::AgMoe, 2, 50, 64, 272, Routing::Skewed, Algorithm::Ring, DType::Bf16, DType::Bf16),
     ];
-    for (devices, tokens, routing, algorithm, input, output) in problems {
-        let p =
-            MoeProblem::new(MoeOp::MoeRs, devices, tokens, 320, 72 * devices, 6, 2, routing, input, output).unwrap();
+    for (op, devices, tokens, hidden, ffn, routing, algorithm, input, output) in problems {
+        let p = MoeProblem::new(op, devices, tokens, hidden, ffn, 6, 2, routing, input, output).unwrap();
         let plan = build_moe_plan(&p, algorithm).unwrap();
         let grouped = plan.ops().filter(|(_, op)| matches!(op, cmm_core::Op::GroupedGemm { .. })).count();
         for tile in HopperTile::ALL {
@@ -316,11 +319,11 @@ fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
             assert_eq!(out.gemms.hopper, grouped, "{} on {tile:?} tiles", plan.name);
         }
     }
-    let gathered = MoeProblem::new(MoeOp::AgMoe, 2, 32, 64, 64, 4, 2, Routing::Uniform, DType::Bf16, DType::Bf16);
-    let plan = build_moe_plan(&gathered.unwrap(), Algorithm::Ring).unwrap();
+    let f32s = MoeProblem::new(MoeOp::AgMoe, 2, 32, 64, 64, 4, 2, Routing::Uniform, DType::F32, DType::F32);
+    let plan = build_moe_plan(&f32s.unwrap(), Algorithm::Ring).unwrap();
     let every = CudaRunOptions { gemm: GemmEngine::Hopper, ..Default::default() };
     match b.run(&plan, 3, Family::Exact, &every) {
-        Err(CudaError::Unsupported { what, .. }) => assert!(what.contains("gathered by token"), "{what}"),
+        Err(CudaError::Unsupported { what, .. }) => assert!(what.contains("f16 or bf16"), "{what}"),
         other => panic!("{}: expected a refusal, got {:?}", plan.name, other.map(|o| o.gemms)),
     }
     let out = assert_matches_twin(b, &plan, &CudaRunOptions::default());

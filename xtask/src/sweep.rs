@@ -36,10 +36,10 @@ pub struct Args {
 /// AG+GEMM shape and the square one cuBLAS is usually quoted at.
 const SHAPES: [(usize, usize, usize); 3] = [(1024, 4096, 4096), (4096, 6144, 12288), (8192, 8192, 8192)];
 
-/// The grouped GEMM the sweep times: moe_rs's on one device of a Mixtral-sized layer at
-/// D = 8 (T = 4096 tokens, top-2 of 8 experts, H = 4096, F/D = 1792), uniform routing, so
-/// that every slot is routed: 8192 rows in 8 groups, each 8192 × 4096 × 1792 of dense
-/// work in all.
+/// The grouped GEMMs the sweep times: ag_moe's (rows gathered by token, × W1) and
+/// moe_rs's (× W2) on one device of a Mixtral-sized layer at D = 8 (T = 4096 tokens, top-2
+/// of 8 experts, H = 4096, F/D = 1792), uniform routing, so that every slot is routed:
+/// 8192 rows in 8 groups, 8192 × 1792 × 4096 and 8192 × 4096 × 1792 of dense work.
 const GROUPED: MoeShape = MoeShape { tokens: 4096, hidden: 4096, ffn: 1792, experts: 8, topk: 2 };
 
 struct MoeShape {
@@ -174,9 +174,11 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     for input in [DType::Bf16, DType::F16] {
-        for r in grouped_rows(&backend, input, shrink, args.reps)? {
-            print_row(&r);
-            report.rows.push(r);
+        for op in [MoeOp::AgMoe, MoeOp::MoeRs] {
+            for r in grouped_rows(&backend, op, input, shrink, args.reps)? {
+                print_row(&r);
+                report.rows.push(r);
+            }
         }
         if let Some(path) = &args.json {
             let json = serde_json::to_string_pretty(&report).context("encoding the sweep")?;
@@ -204,16 +206,16 @@ fn print_row(r: &Row) {
     );
 }
 
-/// The grouped GEMM ([`GROUPED`]) on each of the Hopper engine's tiles, timed inside a
-/// one-device moe_rs run (route, grouped GEMM, combine) by the events around its op
+/// The grouped GEMM of `op` ([`GROUPED`]) on each of the Hopper engine's tiles, timed inside
+/// a one-device run of its plan (route, grouped GEMM, and moe_rs's combine) by the events around its op
 /// (median of `reps` runs), beside cuBLAS on the dense GEMM of the same FLOPs (the routed
 /// rows × H × F/D). Its results are checked by the corpus and the device tests (the
 /// grouped GEMMs there run on the engine), not here.
-fn grouped_rows(backend: &CudaBackend, input: DType, shrink: usize, reps: usize) -> Result<Vec<Row>> {
+fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, reps: usize) -> Result<Vec<Row>> {
     const SEED: u32 = 17;
     let g = GROUPED;
     let problem = MoeProblem::new(
-        MoeOp::MoeRs,
+        op,
         1,
         g.tokens / shrink,
         g.hidden / shrink,
@@ -228,19 +230,24 @@ fn grouped_rows(backend: &CudaBackend, input: DType, shrink: usize, reps: usize)
     let (site, _) = plan
         .ops()
         .find(|(_, op)| matches!(op, cmm_core::Op::GroupedGemm { .. }))
-        .context("moe_rs has a grouped GEMM")?;
-    // Uniform routing drops no slot: every token's k rows are computed.
+        .context("an MoE plan has a grouped GEMM")?;
+    // Uniform routing drops no slot: every token's k rows are computed, × W1 (H × F) for
+    // ag_moe, × W2 (F × H) for moe_rs.
+    let (n, k) = match op {
+        MoeOp::AgMoe => (problem.ffn, problem.hidden),
+        MoeOp::MoeRs => (problem.hidden, problem.ffn),
+    };
     let spec = GemmSpec {
         m: problem.tokens * problem.slots,
-        n: problem.hidden,
-        k: problem.ffn,
+        n,
+        k,
         input,
         output: input,
         trans_a: false,
         trans_b: false,
         accumulate: false,
     };
-    let shape = format!("grouped {}x{}x{} E{}", spec.m, spec.n, spec.k, g.experts);
+    let shape = format!("{op} {}x{}x{} E{}", spec.m, spec.n, spec.k, g.experts);
     let cublas = backend
         .time_gemm(&spec, GemmEngine::Cublas, reps)
         .with_context(|| format!("timing cuBLAS on the dense {}x{}x{}", spec.m, spec.n, spec.k))?;
