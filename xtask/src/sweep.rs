@@ -206,9 +206,9 @@ fn print_row(r: &Row) {
     );
 }
 
-/// The grouped GEMM of `op` ([`GROUPED`]) on each of the Hopper engine's tiles, timed inside
-/// a one-device run of its plan (route, grouped GEMM, and moe_rs's combine) by the events around its op
-/// (median of `reps` runs), beside cuBLAS on the dense GEMM of the same FLOPs (the routed
+/// The grouped GEMM of `op` ([`GROUPED`]) on each of the Hopper engine's tiles, timed
+/// inside a one-device run of its plan (route, grouped GEMM, and moe_rs's combine) by the
+/// events around its op (median of `reps` runs, at most 10), beside cuBLAS on the dense GEMM of the same FLOPs (the routed
 /// rows × H × F/D). Its results are checked by the corpus and the device tests (the
 /// grouped GEMMs there run on the engine), not here.
 fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, reps: usize) -> Result<Vec<Row>> {
@@ -263,8 +263,9 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
         };
         let mut times = Vec::new();
         let mut failure = None;
-        // One untimed run first: module loading and the first touch of the buffers.
-        for rep in 0..=reps.max(1) {
+        // One untimed run first: module loading and the first touch of the buffers. Each
+        // run regenerates the inputs and cools the L2, so at most 10 are timed.
+        for rep in 0..=reps.clamp(1, 10) {
             match backend.run(&plan, SEED, Family::Realistic, &options) {
                 Ok(out) if out.gemms.hopper != 1 => {
                     failure = Some(format!("ran on {}, not the Hopper engine", out.gemms.describe()));

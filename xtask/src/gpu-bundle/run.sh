@@ -222,7 +222,7 @@ fi
 # The Hopper engine (hopper.cu) first: its local GEMM against cuBLAS on the overlapped
 # plans' shapes, every variant spot-checked before it is timed; then the corpus with every
 # GEMM on cmm's own kernels and the Hopper engine wherever it applies, on each tile.
-step gemm-sweep 150 "$x" gemm-sweep --json "$out/gemm-sweep.json"
+step gemm-sweep 180 "$x" gemm-sweep --json "$out/gemm-sweep.json"
 step conformance-hopper 90 "$x" conformance --backend cuda --sync kernels --hopper --case-timeout 30 \
     --stamps "$scratch/hopper-stamps"
 step conformance-hopper-wide 90 "$x" conformance --backend cuda --sync kernels --hopper --hopper-tile wide \
