@@ -324,40 +324,52 @@ inline u32 __shfl_sync(u32 mask, u32 v, int src) {
 
 namespace cmm_host {
 
-// The byte offset of element (mn, k) of a wgmma operand in shared memory, from its
-// descriptor: rows along M or N and K as the canonical layouts of each swizzle mode lay
-// them out (T = 8 16-bit elements, one 16-byte unit), then the swizzle.
-inline u32 operand_offset(u64 desc, bool mn_major, u32 mn, u32 k) {
-    const u32 start = (u32)(desc & 0x3fffu) << 4;
-    const u32 lbo = (u32)((desc >> 16) & 0x3fffu) << 4;
-    const u32 sbo = (u32)((desc >> 32) & 0x3fffu) << 4;
-    const u32 mode = (u32)(desc >> 62);  // 0 none, 1: 128 B, 2: 64 B, 3: 32 B
-    const u32 span = mode == 1u ? 128u : mode == 2u ? 64u : mode == 3u ? 32u : 16u;  // bytes of a row
-    u32 off;
-    if (!mn_major) {
-        // ((8, m), (T, 2k)): eight rows of `span` bytes, groups of eight SBO apart; K runs
-        // along the row (without swizzle: 16-byte units LBO apart).
-        off = (mn % 8u) * span + (mn / 8u) * sbo;
-        off += mode == 0u ? (k % 8u) * 2u + (k / 8u) * lbo : k * 2u;
-    } else {
-        // ((T, span/16, m), (8, k)): `span` bytes of M or N contiguous, the next span LBO
-        // on (without swizzle: SBO); K rows `span` bytes apart, groups of eight SBO (LBO).
-        const u32 per = span / 2u;  // elements of a row
-        if (mode == 0u) {
-            off = (mn % 8u) * 2u + (mn / 8u) * sbo + (k % 8u) * 16u + (k / 8u) * lbo;
+// Where the elements of a wgmma operand lie in shared memory, from its descriptor: rows
+// along M or N and K as the canonical layouts of each swizzle mode lay them out (T = 8
+// 16-bit elements, one 16-byte unit), then the swizzle. Decoded once per operand of a
+// wgmma; every span is a power of two, so the layout's divisions are shifts.
+struct OperandLayout {
+    u32 start, lbo, sbo, mode, span_shift;
+    bool mn_major;
+
+    OperandLayout(u64 desc, bool mn_major_)
+        : start((u32)(desc & 0x3fffu) << 4),
+          lbo((u32)((desc >> 16) & 0x3fffu) << 4),
+          sbo((u32)((desc >> 32) & 0x3fffu) << 4),
+          mode((u32)(desc >> 62)),  // 0 none, 1: 128 B, 2: 64 B, 3: 32 B
+          // log2 of the bytes of a row: 128, 64, 32, or 16 without swizzle
+          span_shift(mode == 1u ? 7u : mode == 2u ? 6u : mode == 3u ? 5u : 4u),
+          mn_major(mn_major_) {}
+
+    // The byte offset of element (mn, k).
+    u32 offset(u32 mn, u32 k) const {
+        u32 off;
+        if (!mn_major) {
+            // ((8, m), (T, 2k)): eight rows of `span` bytes, groups of eight SBO apart; K
+            // runs along the row (without swizzle: 16-byte units LBO apart).
+            off = ((mn & 7u) << span_shift) + (mn >> 3) * sbo;
+            off += mode == 0u ? (k & 7u) * 2u + (k >> 3) * lbo : k * 2u;
+        } else if (mode == 0u) {
+            off = (mn & 7u) * 2u + (mn >> 3) * sbo + (k & 7u) * 16u + (k >> 3) * lbo;
         } else {
-            off = (mn % per) * 2u + (mn / per) * lbo + (k % 8u) * span + (k / 8u) * sbo;
+            // ((T, span/16, m), (8, k)): `span` bytes of M or N contiguous, the next span
+            // LBO on; K rows `span` bytes apart, groups of eight SBO.
+            const u32 per_shift = span_shift - 1u;  // log2 of the elements of a row
+            off = (mn & ((1u << per_shift) - 1u)) * 2u + (mn >> per_shift) * lbo + ((k & 7u) << span_shift) +
+                  (k >> 3) * sbo;
         }
+        u32 addr = start + off;
+        if (mode == 1u) addr ^= ((addr >> 7) & 7u) << 4;
+        if (mode == 2u) addr ^= ((addr >> 7) & 3u) << 4;
+        if (mode == 3u) addr ^= ((addr >> 7) & 1u) << 4;
+        return addr;
     }
-    u32 addr = start + off;
-    if (mode == 1u) addr ^= ((addr >> 7) & 7u) << 4;
-    if (mode == 2u) addr ^= ((addr >> 7) & 3u) << 4;
-    if (mode == 3u) addr ^= ((addr >> 7) & 1u) << 4;
-    return addr;
-}
+};
 
 // Reads the elements of wgmma operands for one thread, checked: inside shared memory,
-// and, if a TMA copy wrote them, published to the thread by a phase it has waited for.
+// and, if a TMA copy or cp.async wrote them, published to the thread by a phase it has
+// waited for (and, for cp.async, fenced). A wgmma runs without yielding, so a chunk
+// checked once stays good for the rest of the call.
 struct OperandReader {
     HopperBlock& hb;
     const std::unordered_map<u32, u32>& seen;    // the thread's barrier → phases seen
@@ -365,20 +377,30 @@ struct OperandReader {
     u32 dtype;
     bool ok = true;
     u32 last_bar = 0, last_seen = 0, last_fenced = 0;  // the last barrier looked up (1 + offset; 0: none)
+    u32 good_chunk = ~0u;                              // the last chunk that passed the checks
 
-    float at(u64 desc, bool mn_major, u32 mn, u32 k) {
-        const u32 addr = operand_offset(desc, mn_major, mn, k);
+    __attribute__((always_inline)) float at(const OperandLayout& layout, u32 mn, u32 k) {
+        const u32 addr = layout.offset(mn, k);
         if (addr + 2u > HOPPER_SMEM_BYTES) {
             fail("a wgmma descriptor reaches past shared memory");
             ok = false;
             return 0.0f;
         }
-        const u32 chunk = addr / 16u, bar = hb.chunk_bar[chunk];
+        const u32 chunk = addr / 16u;
+        if (chunk != good_chunk && !check(chunk)) return 0.0f;
+        good_chunk = chunk;
+        u16 bits;
+        std::memcpy(&bits, hb.smem.get() + addr, 2);
+        return cmm_decode(bits, dtype);
+    }
+
+    __attribute__((noinline)) bool check(u32 chunk) {
+        const u32 bar = hb.chunk_bar[chunk];
         if (bar == HopperBlock::UNTRACKED) {
             fail("wgmma reads shared memory a cp.async wrote that no mbarrier tracks (a missing "
                  "cp.async.mbarrier.arrive)");
             ok = false;
-            return 0.0f;
+            return false;
         }
         if (bar != 0u) {
             if (bar != last_bar) {
@@ -393,18 +415,16 @@ struct OperandReader {
                      "mbarrier phase that publishes the copy (a missing or short expect-tx or arrive, or a "
                      "skipped wait)");
                 ok = false;
-                return 0.0f;
+                return false;
             }
             if (hb.chunk_generic[chunk] != 0u && last_fenced < hb.chunk_phase[chunk] + 1u) {
                 fail("wgmma (the async proxy) reads shared memory a cp.async (the generic proxy) wrote, with no "
                      "fence.proxy.async.shared::cta by the reading thread after its wait");
                 ok = false;
-                return 0.0f;
+                return false;
             }
         }
-        u16 bits;
-        std::memcpy(&bits, hb.smem.get() + addr, 2);
-        return cmm_decode(bits, dtype);
+        return true;
     }
 };
 
@@ -413,26 +433,30 @@ inline void wgmma(float* d, u64 desc_a, u64 desc_b, u32 accumulate) {
     const u32 t = linear_thread() % 128u, warp = t / 32u, lane = t % 32u;
     HopperBlock& hb = hopper_block();
     OperandReader read{hb, hb.observed[linear_thread()], hb.fenced[linear_thread()], BF16 ? 2u : 1u};
+    const OperandLayout la(desc_a, false), lb(desc_b, TRANS_B != 0);
     float a[2][16];
     for (u32 h = 0; h < 2u && read.ok; ++h) {
-        for (u32 k = 0; k < 16u && read.ok; ++k) a[h][k] = read.at(desc_a, false, 16u * warp + lane / 4u + 8u * h, k);
+        for (u32 k = 0; k < 16u && read.ok; ++k) a[h][k] = read.at(la, 16u * warp + lane / 4u + 8u * h, k);
     }
-    // B's 16 rows of each of the thread's columns, read once per column.
-    for (u32 i = 0; i < N / 2u && read.ok; i += 2u) {
-        const u32 col = 8u * (i / 4u) + 2u * (lane % 4u);
+    // Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h, column 8j + 2·(lane%4) + e. B's
+    // 16 rows of the thread's two columns of group j are read once for both rows.
+    for (u32 j = 0; j < N / 8u && read.ok; ++j) {
+        const u32 col = 8u * j + 2u * (lane % 4u);
         float b0[16], b1[16];
         for (u32 k = 0; k < 16u && read.ok; ++k) {
-            b0[k] = read.at(desc_b, TRANS_B != 0, col, k);
-            b1[k] = read.at(desc_b, TRANS_B != 0, col + 1u, k);
+            b0[k] = read.at(lb, col, k);
+            b1[k] = read.at(lb, col + 1u, k);
         }
-        const u32 h = (i / 2u) % 2u;
-        float s0 = accumulate != 0u ? d[i] : 0.0f, s1 = accumulate != 0u ? d[i + 1u] : 0.0f;
-        for (u32 k = 0; k < 16u; ++k) {
-            s0 += a[h][k] * b0[k];
-            s1 += a[h][k] * b1[k];
+        for (u32 h = 0; h < 2u; ++h) {
+            const u32 i = 4u * j + 2u * h;
+            float s0 = accumulate != 0u ? d[i] : 0.0f, s1 = accumulate != 0u ? d[i + 1u] : 0.0f;
+            for (u32 k = 0; k < 16u; ++k) {
+                s0 += a[h][k] * b0[k];
+                s1 += a[h][k] * b1[k];
+            }
+            d[i] = s0;
+            d[i + 1u] = s1;
         }
-        d[i] = s0;
-        d[i + 1u] = s1;
     }
 }
 
