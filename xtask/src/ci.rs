@@ -7,6 +7,7 @@
 //! fuzzed for a bounded time, the mutants on the CPU twin (not with `--quick`).
 
 use std::process::Command;
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
@@ -27,9 +28,11 @@ const STEPS: [&[&str]; 3] = [
 pub fn run(quick: bool, fuzz: Option<u64>) -> Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let root = crate::workspace_root();
+    let mut clock = StepClock::new();
+    let mut step = |shown: &str| clock.next(shown);
     for args in STEPS {
         let shown = format!("cargo {}", args.join(" "));
-        println!("==> {shown}");
+        step(&shown);
         // The tests see the user's environment, as `cargo test` run by hand does.
         let status = crate::with_user_environment(&mut Command::new(&cargo))
             .args(args)
@@ -40,17 +43,17 @@ pub fn run(quick: bool, fuzz: Option<u64>) -> Result<()> {
             bail!("ci step `{shown}` failed ({status}); fix it, then rerun `cargo xtask ci`");
         }
     }
-    println!("==> cargo xtask cuda-check");
+    step("cargo xtask cuda-check");
     if cmm_cuda::nvrtc_available() || std::env::var_os("CMM_REQUIRE_NVRTC").is_some() {
         crate::cuda::cuda_check(crate::cuda::CHECK_ARCH).context("ci step `cargo xtask cuda-check` failed")?;
     } else {
         println!("skipped: libnvrtc is not installed here (.ci/run installs it; see `cargo xtask cuda-check`)");
     }
-    println!("==> cargo xtask gpu-bundle --no-vulkan --check");
+    step("cargo xtask gpu-bundle --no-vulkan --check");
     crate::bundle::run(&crate::bundle::Args { out: None, no_vulkan: true, check: true })
         .context("ci step `cargo xtask gpu-bundle --no-vulkan --check` failed")?;
     let report = root.join("target").join("conformance-report.xml");
-    println!("==> cargo xtask conformance --schedules 4 --report {}", report.display());
+    step(&format!("cargo xtask conformance --schedules 4 --report {}", report.display()));
     let args =
         conformance::Args { report: Some(report), ..conformance::Args::plain(conformance::BackendKind::Reference, 4) };
     conformance::run(&args).context("ci step `cargo xtask conformance --schedules 4` failed")?;
@@ -58,7 +61,7 @@ pub fn run(quick: bool, fuzz: Option<u64>) -> Result<()> {
     // host twin runs them): the whole corpus in both sync modes.
     for sync in ["kernels", "memops"] {
         let shown = format!("CMM_FAKE_CUDA=1 cargo xtask conformance --backend cuda --processes --sync {sync}");
-        println!("==> {shown}");
+        step(&shown);
         if !(cmm_cuda::nvrtc_available() || std::env::var_os("CMM_REQUIRE_NVRTC").is_some()) {
             println!("skipped: libnvrtc is not installed here (.ci/run installs it)");
             continue;
@@ -75,17 +78,18 @@ pub fn run(quick: bool, fuzz: Option<u64>) -> Result<()> {
         }
     }
     let fuzz_seconds = fuzz.unwrap_or(FUZZ_SECONDS);
-    println!("==> cargo xtask fuzz --seconds {fuzz_seconds}");
+    step(&format!("cargo xtask fuzz --seconds {fuzz_seconds}"));
     crate::fuzz::run(&crate::fuzz::Args { seconds: fuzz_seconds, target: None, seed: None })
         .with_context(|| format!("ci step `cargo xtask fuzz --seconds {fuzz_seconds}` failed"))?;
     if quick {
+        step("");
         println!("ci: all quick steps passed (the mutants did not run: `cargo xtask ci` runs them)");
         return Ok(());
     }
     // The CPU twin gives the reference's bits on the whole corpus (the tests' `corpus_passes`
     // on it compares every golden), so it catches the same mutants, in less than half the
     // time of lavapipe.
-    println!("==> cargo xtask mutants --backend cpu");
+    step("cargo xtask mutants --backend cpu");
     crate::mutants::run(&crate::mutants::Args {
         filter: None,
         backend: conformance::BackendKind::Cpu,
@@ -93,6 +97,35 @@ pub fn run(quick: bool, fuzz: Option<u64>) -> Result<()> {
         every_device: false,
     })
     .context("ci step `cargo xtask mutants --backend cpu` failed")?;
+    step("");
     println!("ci: all steps passed");
     Ok(())
+}
+
+/// Prints each step's heading and, before the next, how long the last one took, so that a
+/// slow step shows in CI's log.
+struct StepClock {
+    started: Instant,
+    current: Option<(String, Instant)>,
+}
+
+impl StepClock {
+    fn new() -> StepClock {
+        StepClock { started: Instant::now(), current: None }
+    }
+
+    /// Ends the current step and starts `shown` ("": none, the run is over).
+    fn next(&mut self, shown: &str) {
+        if let Some((last, began)) = self.current.take() {
+            println!(
+                "<== {last}: {:.0} s (ci so far: {:.0} s)",
+                began.elapsed().as_secs_f64(),
+                self.started.elapsed().as_secs_f64()
+            );
+        }
+        if !shown.is_empty() {
+            println!("==> {shown}");
+            self.current = Some((shown.to_string(), Instant::now()));
+        }
+    }
 }
