@@ -189,29 +189,23 @@ impl GemmFacts {
 }
 
 /// What the engines need to know of a grouped GEMM ([`Op::GroupedGemm`]): the facts of
-/// its GEMM (m: c's rows, the capacity; k: one expert's rows of the stacked B), the
-/// experts, and whether a's rows are gathered by token and the unrouted rows zeroed.
+/// its GEMM (m: c's rows, the capacity; k: one expert's rows of the stacked B; A's row
+/// layout, whether its rows are c's or gathered by token) and the experts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupedFacts {
     /// The GEMM of every row at once (A and C of `m` rows, one expert's K×N of B).
     pub gemm: GemmFacts,
     /// Experts stacked in B.
     pub experts: usize,
-    /// a's rows are gathered from a token shard through the permutation.
-    pub gather: bool,
-    /// The rows past the routed ones are zeroed.
-    pub zero_unrouted: bool,
 }
 
 impl GroupedFacts {
     /// The facts of a plan's `GroupedGemm` op (`None` for other ops).
     pub fn of(plan: &Plan, op: &Op) -> Option<GroupedFacts> {
-        let Op::GroupedGemm { a, b, c, experts, gather, zero_unrouted, .. } = op else { return None };
+        let Op::GroupedGemm { a, b, c, experts, .. } = op else { return None };
         Some(GroupedFacts {
             gemm: GemmFacts::laid_out(plan, [a, b, c], [c.rows, c.cols, b.rows / (*experts).max(1)]),
             experts: *experts,
-            gather: gather.is_some(),
-            zero_unrouted: *zero_unrouted,
         })
     }
 }
@@ -408,12 +402,7 @@ mod tests {
     fn a_grouped_gemm_takes_the_hopper_engine_where_tma_can_load_its_rows() {
         let gpu = EngineSupport { cublas: true, hopper_sms: Some(132), ..Default::default() };
         // moe_rs on one device of Mixtral at D = 8: 8192 rows, H = 4096, F/D = 1792.
-        let rs = GroupedFacts {
-            gemm: facts(8192, 4096, 1792, DType::Bf16),
-            experts: 8,
-            gather: false,
-            zero_unrouted: false,
-        };
+        let rs = GroupedFacts { gemm: facts(8192, 4096, 1792, DType::Bf16), experts: 8 };
         for policy in [GemmEngine::Auto, GemmEngine::Cublas, GemmEngine::TileKernel, GemmEngine::Hopper] {
             assert_eq!(grouped_engine(policy, &gpu, &rs), Ok(Some(HopperTile::Wide)), "{policy:?}");
         }
@@ -421,12 +410,28 @@ mod tests {
         assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &narrow), Ok(Some(HopperTile::Narrow)));
         let forced = EngineSupport { hopper_tile: Some(HopperTile::Narrow), ..gpu };
         assert_eq!(grouped_engine(GemmEngine::Auto, &forced, &rs), Ok(Some(HopperTile::Narrow)));
-        // ag_moe's: rows gathered by token (cp.async), the unrouted ones zeroed.
-        let gathered = GroupedFacts { gather: true, zero_unrouted: true, ..rs };
-        assert_eq!(grouped_engine(GemmEngine::Hopper, &gpu, &gathered), Ok(Some(HopperTile::Wide)));
+        // ag_moe's, from its plan: rows gathered by token (cp.async), the unrouted ones zeroed.
+        let p = crate::MoeProblem::new(
+            crate::MoeOp::AgMoe,
+            2,
+            64,
+            64,
+            128,
+            4,
+            2,
+            crate::Routing::Uniform,
+            DType::Bf16,
+            DType::Bf16,
+        )
+        .unwrap();
+        let plan = crate::moe::build_moe_plan(&p, crate::Algorithm::Ring).unwrap();
+        let (_, op) = plan.ops().find(|(_, op)| matches!(op, Op::GroupedGemm { gather: Some(_), .. })).unwrap();
+        let gathered = GroupedFacts::of(&plan, op).unwrap();
+        assert_eq!((gathered.gemm.mnk, gathered.experts), ([128, 64, 64], 4), "T·k rows × F/D × H");
+        assert_eq!(grouped_engine(GemmEngine::Hopper, &gpu, &gathered), Ok(Some(HopperTile::Narrow)));
         // What the engine cannot load falls back to the scalar kernel, or is an error under Hopper.
         let f32s = GroupedFacts { gemm: facts(8192, 4096, 1792, DType::F32), ..rs };
-        let odd = GroupedFacts { gemm: GemmFacts { strides: [1796, 4096, 4096], ..rs.gemm }, ..gathered };
+        let odd = GroupedFacts { gemm: GemmFacts { strides: [1796, 4096, 4096], ..rs.gemm }, ..rs };
         for (g, why) in [(f32s, "f16 or bf16"), (odd, "16-byte")] {
             assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &g), Ok(None), "{why}");
             let e = grouped_engine(GemmEngine::Hopper, &gpu, &g).unwrap_err();

@@ -479,13 +479,25 @@ __device__ __forceinline__ u32 cmm_hopper_gathered_row(const CmmHopperArgs& p, c
     return token - p.gather_base;
 }
 
-// B's share of a stage, N-major: 64-column boxes of BK rows (of expert `expert`'s
-// matrix, from the 3D map, in a grouped run); boxes wholly past N are not loaded (their
-// columns of the tile are never stored). Returns the bytes they bring.
+// B's boxes of the tile at column n0, N-major: 64 columns of BK rows each; boxes wholly
+// past N are not loaded (their columns of the tile are never stored).
 template <class S>
-__device__ __forceinline__ u32 cmm_hopper_load_b_boxes(const CmmHopperArgs& p, u32 sb, u32 n0, u32 k0, u32 expert,
-                                                       u32 full) {
-    const u32 boxes = min(S::BN / 64u, (p.n - n0 + 63u) / 64u);
+__device__ __forceinline__ u32 cmm_hopper_b_boxes(const CmmHopperArgs& p, u32 n0) {
+    return min(S::BN / 64u, (p.n - n0 + 63u) / 64u);
+}
+
+// The bytes of B's boxes in a stage.
+template <class S>
+__device__ __forceinline__ u32 cmm_hopper_b_box_bytes(const CmmHopperArgs& p, u32 n0) {
+    return cmm_hopper_b_boxes<S>(p, n0) * CMM_HOPPER_BK * 128u;
+}
+
+// Loads B's boxes of a stage (of expert `expert`'s matrix, from the 3D map, in a grouped
+// run).
+template <class S>
+__device__ __forceinline__ void cmm_hopper_load_b_boxes(const CmmHopperArgs& p, u32 sb, u32 n0, u32 k0, u32 expert,
+                                                        u32 full) {
+    const u32 boxes = cmm_hopper_b_boxes<S>(p, n0);
     for (u32 c = 0u; c < boxes; ++c) {
         const u32 box = sb + c * CMM_HOPPER_BK * 128u;
         if (p.flags & CMM_HOPPER_GROUPED) {
@@ -494,13 +506,6 @@ __device__ __forceinline__ u32 cmm_hopper_load_b_boxes(const CmmHopperArgs& p, u
             cmm_tma_load_2d(box, &p.b, n0 + 64u * c, k0, full);
         }
     }
-    return boxes * CMM_HOPPER_BK * 128u;
-}
-
-// The bytes of B's boxes in a stage ([`cmm_hopper_load_b_boxes`]).
-template <class S>
-__device__ __forceinline__ u32 cmm_hopper_b_box_bytes(const CmmHopperArgs& p, u32 n0) {
-    return min(S::BN / 64u, (p.n - n0 + 63u) / 64u) * CMM_HOPPER_BK * 128u;
 }
 
 // The producer: one thread makes the block's waits and issues every TMA copy.

@@ -443,18 +443,7 @@ pub(crate) fn gemm_submission(at: &impl Addressing, g: &GemmCommand) -> Result<S
         GemmImpl::Cublas => return Ok(Submission::Cublas { args, dtypes: g.dtypes }),
         GemmImpl::Hopper { tile, ctas } => {
             let hopper = hopper_args(at, g, tile)?;
-            let cfg = LaunchConfig {
-                grid_dim: (ctas.min(hopper.tiles).max(1), 1, 1),
-                block_dim: (HOPPER_THREADS, 1, 1),
-                shared_mem_bytes: tile.shared_bytes(),
-            };
-            let kernel = hopper_kernel(tile, g.dtypes[0]);
-            return Ok(Submission::Launch(Launch::new(
-                kernel,
-                cfg,
-                vec![Param::Hopper(Box::new(hopper))],
-                "a hopper gemm",
-            )));
+            return Ok(hopper_launch(tile, g.dtypes[0], ctas.min(hopper.tiles), hopper, "a hopper gemm"));
         }
         GemmImpl::MmaF16 => (Kernel::GemmMmaF16, 128),
         GemmImpl::MmaBf16 => (Kernel::GemmMmaBf16, 128),
@@ -474,6 +463,17 @@ pub(crate) fn gemm_submission(at: &impl Addressing, g: &GemmCommand) -> Result<S
 
 /// Threads of a Hopper-engine CTA: a producer warpgroup and two consumer warpgroups.
 pub(crate) const HOPPER_THREADS: u32 = 384;
+
+/// A Hopper-engine GEMM run alone (plain or grouped: no waits inside) on a persistent
+/// grid of `ctas` CTAs (at least one).
+fn hopper_launch(tile: HopperTile, input: DType, ctas: u32, args: HopperArgs, what: &'static str) -> Submission {
+    let cfg = LaunchConfig {
+        grid_dim: (ctas.max(1), 1, 1),
+        block_dim: (HOPPER_THREADS, 1, 1),
+        shared_mem_bytes: tile.shared_bytes(),
+    };
+    Submission::Launch(Launch::new(hopper_kernel(tile, input), cfg, vec![Param::Hopper(Box::new(args))], what))
+}
 
 /// The Hopper-engine kernel of a tile and input dtype.
 pub(crate) fn hopper_kernel(tile: HopperTile, input: DType) -> Kernel {
@@ -517,18 +517,19 @@ fn n_major_descriptor() -> u64 {
     }
 }
 
-/// The tensor map of A (K-major, boxes of 64 × 128) for a block of `rows` rows at `a`.
+/// The tensor map of A (K-major, boxes of 64 × 128) for a block of `rows` rows of `k`
+/// elements at `a`, rows `stride` elements apart.
 fn hopper_a_map(
     at: &impl Addressing,
     a: &Loc,
     stride: u64,
-    rows: u32,
-    g: &GemmCommand,
+    [rows, k]: [u32; 2],
+    dtype: DType,
 ) -> Result<TensorMap, CudaError> {
     at.tensor_map(&TensorMapSpec {
         base: at.addr(a),
-        dtype: g.dtypes[0],
-        dims: [u64::from(g.mnk[2]), u64::from(rows)],
+        dtype,
+        dims: [u64::from(k), u64::from(rows)],
         stride: 2 * stride,
         boxed: [64, crate::lower::HOPPER_TILE_M as u32],
         layers: None,
@@ -567,7 +568,7 @@ pub(crate) fn hopper_args(at: &impl Addressing, g: &GemmCommand, tile: HopperTil
     Ok(HopperArgs {
         b: at.tensor_map(&b_map)?,
         first: HopperBlockArgs {
-            a: hopper_a_map(at, &g.a, g.strides[0], m, g)?,
+            a: hopper_a_map(at, &g.a, g.strides[0], [m, k], g.dtypes[0])?,
             c: at.addr(&g.c),
             c_stride: g.strides[2],
             rows: m,
@@ -612,14 +613,6 @@ pub(crate) fn hopper_grouped_args(
         boxed: [64, 64],
         layers: Some((u64::from(experts), 2 * b_stride * u64::from(k))),
     };
-    let a_map = TensorMapSpec {
-        base: at.addr(&a),
-        dtype: input,
-        dims: [u64::from(k), u64::from(rows)],
-        stride: 2 * a_stride,
-        boxed: [64, crate::lower::HOPPER_TILE_M as u32],
-        layers: None,
-    };
     let c_bytes = output.size_bytes() as u64;
     let pairs = at.addr(&c) % (2 * c_bytes) == 0 && c_stride % 2 == 0;
     let flags = HOPPER_B_N_MAJOR
@@ -632,7 +625,10 @@ pub(crate) fn hopper_grouped_args(
         b: at.tensor_map(&b_map)?,
         first: HopperBlockArgs {
             // Gathered rows are copied by the producer threads, not through a map.
-            a: if gathered.is_some() { TensorMap::default() } else { at.tensor_map(&a_map)? },
+            a: match gathered {
+                Some(_) => TensorMap::default(),
+                None => hopper_a_map(at, &a, a_stride, [rows, k], input)?,
+            },
             c: at.addr(&c),
             c_stride,
             rows,
@@ -724,7 +720,7 @@ pub(crate) fn fused_table(at: &impl Addressing, f: &FusedGemmCommand) -> Result<
 /// One block of a fused run on the Hopper engine, its A's tensor map encoded.
 fn hopper_block(at: &impl Addressing, f: &FusedGemmCommand, b: &FusedBlock) -> Result<HopperBlockArgs, CudaError> {
     Ok(HopperBlockArgs {
-        a: hopper_a_map(at, &b.a.0, b.a.1, b.rows, &f.gemm)?,
+        a: hopper_a_map(at, &b.a.0, b.a.1, [b.rows, f.gemm.mnk[2]], f.gemm.dtypes[0])?,
         c: at.addr(&b.c.0),
         c_stride: b.c.1,
         rows: b.rows,
@@ -944,14 +940,7 @@ pub(crate) fn submissions(
                 // block's) may end in a partial row of tiles.
                 let blocks = group_end - group_begin + u32::from(*zero_unrouted);
                 let tiles = (rows.div_ceil(crate::lower::HOPPER_TILE_M as u32) + blocks) * args.tiles_n;
-                let cfg = LaunchConfig {
-                    grid_dim: (ctas.min(tiles).max(1), 1, 1),
-                    block_dim: (HOPPER_THREADS, 1, 1),
-                    shared_mem_bytes: tile.shared_bytes(),
-                };
-                let kernel = hopper_kernel(tile, *a_dtype);
-                let params = vec![Param::Hopper(Box::new(args))];
-                return Ok(vec![Submission::Launch(Launch::new(kernel, cfg, params, "a grouped hopper gemm"))]);
+                return Ok(vec![hopper_launch(tile, *a_dtype, ctas.min(tiles), args, "a grouped hopper gemm")]);
             }
             let args = GroupedGemmArgs {
                 a: at.addr(a),
