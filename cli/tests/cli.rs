@@ -131,11 +131,7 @@ seed = 3
     let d3 = std::fs::read(s.0.join("g/mine_uneven/d3_C.npy")).unwrap();
     assert!(String::from_utf8_lossy(&d3[..128]).contains("'shape': (25, 16)"), "{}", String::from_utf8_lossy(&d3));
 
-    std::fs::create_dir_all(s.0.join("mine/mine_uneven")).unwrap();
-    for d in 0..4 {
-        let name = format!("d{d}_C.npy");
-        std::fs::copy(s.0.join("g/mine_uneven").join(&name), s.0.join("mine/mine_uneven").join(&name)).unwrap();
-    }
+    s.right_outputs("mine_uneven", 4);
     let check = ["check", "--cases", "my.toml", "--golden", "g", "--outputs", "mine"];
     let o = cmm(&s.0, &check);
     assert!(o.status.success(), "{}", text(&o));
@@ -288,11 +284,7 @@ fn the_readme_loop_works_as_written() {
         let args: Vec<&str> = line.split('#').next().unwrap().split_whitespace().skip(1).collect();
         if args[0] == "check" {
             // The user's kernel: here, the golden outputs themselves.
-            std::fs::create_dir_all(s.0.join("mine/mine")).unwrap();
-            for d in 0..4 {
-                let name = format!("d{d}_C.npy");
-                std::fs::copy(s.0.join("g/mine").join(&name), s.0.join("mine/mine").join(&name)).unwrap();
-            }
+            s.right_outputs("mine", 4);
         }
         let o = cmm(&s.0, &args);
         if args[0] == "golden" && !o.status.success() && text(&o).contains("cannot start the wgpu reference") {

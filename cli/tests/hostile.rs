@@ -68,11 +68,7 @@ fn golden_and_right_outputs(s: &Scratch) -> [&'static str; 7] {
     std::fs::write(s.0.join("c.toml"), case("c", "bf16", "exact")).unwrap();
     let o = cmm(&s.0, &["golden", "--backend", "cpu", "--cases", "c.toml", "--out", "g"]);
     assert!(o.status.success(), "{}", text(&o));
-    std::fs::create_dir_all(s.0.join("mine/c")).unwrap();
-    for d in 0..2 {
-        let name = format!("d{d}_C.npy");
-        std::fs::copy(s.0.join("g/c").join(&name), s.0.join("mine/c").join(&name)).unwrap();
-    }
+    s.right_outputs("c", 2);
     let check = ["check", "--cases", "c.toml", "--golden", "g", "--outputs", "mine"];
     let o = cmm(&s.0, &check);
     assert!(o.status.success(), "{}", text(&o));

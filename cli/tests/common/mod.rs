@@ -32,6 +32,19 @@ impl Drop for Scratch {
     }
 }
 
+impl Scratch {
+    /// "The user's kernel" writing the right answer: copies case `case`'s golden C of each
+    /// of `devices` devices from `g/<case>` to `mine/<case>`.
+    pub fn right_outputs(&self, case: &str, devices: usize) {
+        let (from, to) = (self.0.join("g").join(case), self.0.join("mine").join(case));
+        std::fs::create_dir_all(&to).unwrap();
+        for d in 0..devices {
+            let name = format!("d{d}_C.npy");
+            std::fs::copy(from.join(&name), to.join(&name)).unwrap();
+        }
+    }
+}
+
 /// The bf16 value nearest `x` (ties to even), as an f32.
 pub fn bf16_round(x: f32) -> f32 {
     let b = x.to_bits();
