@@ -421,11 +421,11 @@ impl<'a> Sim<'a> {
                 let k = b.rows / experts;
                 let (input, output) = (dtype_of(self.plan, b.buf), dtype_of(self.plan, c.buf));
                 let flops = 2.0 * rows.iter().sum::<usize>() as f64 * c.cols as f64 * k as f64;
-                let cost = match (self.pricing, self.grouped_engine(op)) {
-                    (Engines::AsBuilt, Some(tile)) => {
-                        p.grouped_gemm_cost_on(cmm_core::engines::Engine::Hopper(tile), &rows, c.cols, k, input, output)
+                let cost = match self.grouped_engine(op) {
+                    Some(engine @ cmm_core::engines::Engine::Hopper(_)) => {
+                        p.grouped_gemm_cost_on(engine, &rows, c.cols, k, input, output)
                     }
-                    (Engines::AsBuilt, None) => {
+                    Some(cmm_core::engines::Engine::ScalarGrouped) => {
                         let cost = p.grouped_gemm_cost(&rows, c.cols, k, input, output);
                         p.scalar_kernel_cost(|e| e.grouped, flops, cost.bytes).unwrap_or(cost)
                     }
@@ -731,12 +731,18 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// The Hopper-engine tile of a grouped GEMM op as built, `None` on the scalar
-    /// grouped kernel (or when pricing at cuBLAS's speed, or for another op).
-    fn grouped_engine(&self, op: &Op) -> Option<cmm_core::engines::HopperTile> {
-        use cmm_core::engines::{grouped_engine, GemmEngine, GroupedFacts};
-        let g = GroupedFacts::of(self.plan, op).filter(|_| self.pricing == Engines::AsBuilt)?;
-        grouped_engine(GemmEngine::Auto, &self.profile.engine_support(), &g).ok().flatten()
+    /// The engine that prices a grouped GEMM op: as built, the Hopper engine or the
+    /// scalar grouped kernel; cuBLAS's rate as a potential (`None` for another op).
+    fn grouped_engine(&self, op: &Op) -> Option<cmm_core::engines::Engine> {
+        use cmm_core::engines::{grouped_engine, Engine, GemmEngine, GroupedFacts};
+        let g = GroupedFacts::of(self.plan, op)?;
+        Some(match self.pricing {
+            Engines::CublasSpeed => Engine::Cublas,
+            Engines::AsBuilt => match grouped_engine(GemmEngine::Auto, &self.profile.engine_support(), &g) {
+                Ok(Some(tile)) => Engine::Hopper(tile),
+                _ => Engine::ScalarGrouped,
+            },
+        })
     }
 
     /// The engine of fused run `run` (cmm's persistent kernels, at cuBLAS's rate only when
@@ -1009,12 +1015,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
             let engine = sim.gemm_engine(op);
             sim.engines.add(engine);
         }
-        if matches!(op, Op::GroupedGemm { .. }) {
-            let engine = match (sim.pricing, sim.grouped_engine(op)) {
-                (Engines::CublasSpeed, _) => cmm_core::engines::Engine::Cublas,
-                (Engines::AsBuilt, Some(tile)) => cmm_core::engines::Engine::Hopper(tile),
-                (Engines::AsBuilt, None) => cmm_core::engines::Engine::ScalarGrouped,
-            };
+        if let Some(engine) = sim.grouped_engine(op) {
             sim.engines.add(engine);
         }
     }
