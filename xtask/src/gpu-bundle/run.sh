@@ -245,8 +245,9 @@ step conformance-wide-tiles 60 "$x" conformance --backend cuda --sync kernels --
 # bench times too; f32 inputs run the SIMT tile, of which an SM holds 2, so 2 are refused.
 step conformance-fused-ctas 45 "$x" conformance --backend cuda --sync kernels --no-hopper --filter fused --input f16,bf16 \
     --fused-ctas-per-sm 2 --case-timeout 30 --stamps "$scratch/fused-ctas-stamps"
+# Its timelines (dozens of files) travel in logs.tar.gz: a device call returns 8 files.
 step bench-kernels 240 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json" \
-    --timelines "$out/timelines"
+    --timelines "$logs/timelines"
 # The bench's times beside the one-GPU simulator profile, as it stands and calibrated by the
 # bench's own figures (CPU only, seconds).
 step model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-kernels.json"
@@ -268,9 +269,11 @@ step sanitizer-memcheck 90 bash -c 'sanitize memcheck'
 step sanitizer-racecheck 90 bash -c 'sanitize racecheck'
 step sanitizer-synccheck 90 bash -c 'sanitize synccheck'
 # The Hopper engine's kernels (plain and fused, both tiles) under every tool.
-step sanitizer-hopper 150 bash -c 'for tool in memcheck racecheck synccheck; do
+# (ring_d2_ takes in the MoE ring cases, whose grouped GEMMs run on the engine: moe_rs's
+# A through TMA, ag_moe's gathered rows through cp.async; the wide tile gets them too.)
+step sanitizer-hopper 180 bash -c 'for tool in memcheck racecheck synccheck; do
     sanitize "$tool" ring_d2_,fused_d2_ --hopper || exit $?
-    sanitize "$tool" fused_d2_ --hopper --hopper-tile wide || exit $?; done'
+    sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile wide || exit $?; done'
 # Hangs and races that show only under repetition: the 8-device cases (the most streams
 # contending for queues and SMs) five times each, every run's outputs bit-identical.
 # (Its stamps go aside: a filtered run must not stand for the corpus run's.)
