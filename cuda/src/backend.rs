@@ -851,7 +851,6 @@ impl CudaBackend {
         let result = memory
             .initialise(&state.gpus, plan, seed.unwrap_or(0), family, bound.as_ref(), |_| 0)
             .and_then(|()| copy_device(&ctx, &copy_in))
-            .and_then(|()| meeting.barrier(MEETING_READY, "ready"))
             .and_then(|()| execute(&mut state, plan, &lowered, memory, options, Some((&meeting, &copy_out))));
         let mut out = state.note_health(result)?;
         out.elapsed = start.elapsed();
@@ -1237,6 +1236,12 @@ fn execute(
     let state: &State = state;
     let control = HostControl::new(&state.gpus[0].ctx, lowered.wait_slots.len())?;
     let fused = fused_tables(state, lowered, &memory, &streams)?;
+    // Ranks meet only once each is ready to enqueue: its lanes, cuBLAS handles and
+    // kernels loaded. A rank's first cuBLAS use can take seconds (its kernels loaded
+    // eagerly), and past the meeting that would count against its peers' wait deadline.
+    if let Some(meeting) = meeting {
+        meeting.barrier(MEETING_READY, "ready")?;
+    }
     let mut run = Run { state, plan, options, control, streams, enqueued: false, fused };
     let (gpu_ms, gated, op_times) = match run.go(lowered, &memory) {
         Ok(timing) => timing,

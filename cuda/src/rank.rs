@@ -12,8 +12,10 @@
 //! address like its own, and the op encoding is the one-process path's. Meetings:
 //! 1. **hello**: the plan's digest (every rank must run the same plan), the rank, the
 //!    heap's size and its descriptor; rank 0 answers with everyone's;
-//! 2. **ready**: after every rank generated its inputs, poisoned its scratch and zeroed
-//!    its semaphores, so that no peer writes into memory not yet initialised;
+//! 2. **ready**: after every rank generated its inputs, poisoned its scratch, zeroed
+//!    its semaphores and made its lanes ready to enqueue (streams, cuBLAS handles and
+//!    their kernels loaded), so that no peer writes into memory not yet initialised and
+//!    no rank's setup counts against its peers' wait deadline;
 //! 3. **done**: after every rank's lanes finished, so that no rank reads its results back
 //!    while a peer may still write into them.
 //!

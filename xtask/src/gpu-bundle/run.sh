@@ -302,7 +302,7 @@ step reference-vulkan 120 bash -c reference_on_vulkan
 # CUDA VMM handles), as a torchrun job on one GPU. The ranks' contexts time-slice the GPU
 # (no MPS), so it checks results, not speed; late, so that a slow run starves nothing the
 # earlier steps measure.
-step conformance-processes 150 "$x" conformance --backend cuda --sync kernels --processes --case-timeout 30
+step conformance-processes 220 "$x" conformance --backend cuda --sync kernels --processes --case-timeout 30
 # Last, so that it can starve nothing: the persistent fused GEMM (its CTAs spin on flags
 # and on each other, its scheduler words live in shared memory) on its three
 # two-device cases under every tool.
