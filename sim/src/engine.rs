@@ -413,7 +413,7 @@ impl<'a> Sim<'a> {
                 (self.compute_phases(device, cost.work_s, cost.bytes), 0.0, flops, cost.work_s)
             }
             // The groups' rows come from the routing of this device's route op.
-            Op::GroupedGemm { b, c, tables, experts, groups, chunk, .. } => {
+            Op::GroupedGemm { b, c, tables, experts, groups, chunk, gather, .. } => {
                 let t = self.tables(device, tables.seg.buf);
                 let chunks = tables.chunks(*experts);
                 let rows: Vec<usize> =
@@ -423,7 +423,7 @@ impl<'a> Sim<'a> {
                 let flops = 2.0 * rows.iter().sum::<usize>() as f64 * c.cols as f64 * k as f64;
                 let cost = match self.grouped_engine(op) {
                     Some(engine @ cmm_core::engines::Engine::Hopper(_)) => {
-                        p.grouped_gemm_cost_on(engine, &rows, c.cols, k, input, output)
+                        p.grouped_gemm_cost_on(engine, &rows, c.cols, k, input, output, gather.is_some())
                     }
                     Some(cmm_core::engines::Engine::ScalarGrouped) => {
                         let cost = p.grouped_gemm_cost(&rows, c.cols, k, input, output);

@@ -260,6 +260,27 @@ pub struct EngineRate {
     /// persistent kernels reach together, one per device at once (absent: `efficiency`).
     #[serde(default)]
     pub shared_efficiency: Option<f64>,
+    /// As the MoE grouped GEMM's mainloop (tiles from the routing's segment offsets, the
+    /// experts' B as a 3D tensor), the fraction of peak over rows that TMA loads
+    /// (absent: `efficiency`).
+    #[serde(default)]
+    pub grouped_efficiency: Option<f64>,
+    /// The same over rows gathered by token (`cp.async` by the producer threads, which no
+    /// TMA box can load) (absent: `grouped_efficiency`).
+    #[serde(default)]
+    pub gathered_efficiency: Option<f64>,
+}
+
+impl EngineRate {
+    /// The fraction of peak this engine reaches as a grouped GEMM, over gathered rows or not.
+    pub fn grouped(&self, gathered: bool) -> f64 {
+        let grouped = self.grouped_efficiency.unwrap_or(self.efficiency);
+        if gathered {
+            self.gathered_efficiency.unwrap_or(grouped)
+        } else {
+            grouped
+        }
+    }
 }
 
 /// The profiles shipped in `sim/profiles/`, by name.
@@ -405,12 +426,19 @@ impl Profile {
                 if !(r.efficiency.is_finite() && r.efficiency > 0.0 && r.efficiency <= 1.0) {
                     return Err(invalid(field, r.efficiency.to_string(), "efficiency is a fraction of peak above 0"));
                 }
-                if r.shared_efficiency.is_some_and(|e| !(e.is_finite() && e > 0.0 && e <= 1.0)) {
-                    return Err(invalid(
-                        field,
-                        format!("{:?}", r.shared_efficiency),
-                        "shared_efficiency is a fraction of peak above 0",
-                    ));
+                let fractions = [
+                    ("shared_efficiency", r.shared_efficiency),
+                    ("grouped_efficiency", r.grouped_efficiency),
+                    ("gathered_efficiency", r.gathered_efficiency),
+                ];
+                for (name, fraction) in fractions {
+                    if fraction.is_some_and(|e| !(e.is_finite() && e > 0.0 && e <= 1.0)) {
+                        return Err(invalid(
+                            field,
+                            format!("{name} = {fraction:?}"),
+                            "is a fraction of peak above 0 and at most 1",
+                        ));
+                    }
                 }
                 if !(r.kernel_overhead_us.is_finite() && r.kernel_overhead_us >= 0.0) {
                     return Err(invalid(field, r.kernel_overhead_us.to_string(), "kernel_overhead_us is 0 or more"));
@@ -641,7 +669,9 @@ impl Profile {
     }
 
     /// [`Self::grouped_gemm_cost`] on one of cmm's tiled engines (the Hopper engine): its
-    /// own rate on whole waves of its own tiles over every group, plus its fixed cost.
+    /// grouped rate ([`EngineRate::grouped`], `gathered`: rows gathered by token) on whole
+    /// waves of its own tiles over every group, plus its fixed cost.
+    #[allow(clippy::too_many_arguments)]
     pub fn grouped_gemm_cost_on(
         &self,
         engine: cmm_core::engines::Engine,
@@ -650,10 +680,14 @@ impl Profile {
         k: usize,
         input: DType,
         output: DType,
+        gathered: bool,
     ) -> GemmCost {
         let cost = self.grouped_gemm_cost(groups, n, k, input, output);
         match self.engine_rate(engine) {
-            Some((rate, tile_m, tile_n)) => self.rated_cost(rate, tile_m, tile_n, groups, n, k, input, cost.bytes),
+            Some((rate, tile_m, tile_n)) => {
+                let rate = EngineRate { efficiency: rate.grouped(gathered), ..rate };
+                self.rated_cost(rate, tile_m, tile_n, groups, n, k, input, cost.bytes)
+            }
             None => cost,
         }
     }
@@ -793,6 +827,15 @@ mod tests {
                 reason: "must be a finite number above 0"
             }
         );
+    }
+
+    #[test]
+    fn a_grouped_rate_above_one_names_its_engine() {
+        let text = include_str!("../profiles/h100-nvlink.toml")
+            .replace("gathered_efficiency = 0.21", "gathered_efficiency = 1.5");
+        let e = Profile::parse(&text, "z.toml").unwrap_err();
+        let ProfileError::Invalid { field, value, .. } = e else { panic!("{e}") };
+        assert_eq!((field, value.as_str()), ("engines.hopper_128x128", "gathered_efficiency = Some(1.5)"));
     }
 
     #[test]

@@ -41,21 +41,32 @@ fn grouped_gemms_are_priced_on_the_engine_the_backend_runs_them_on() {
         let plan = build_moe_plan(&p, Algorithm::Baseline).unwrap();
         simulate(&plan, &profile, &SimOptions { engines, ..SimOptions::default() }).unwrap()
     };
+    let mut as_built_over_potential = Vec::new();
     for op in [MoeOp::MoeRs, MoeOp::AgMoe] {
         let built = run(op, DType::Bf16, Engines::AsBuilt);
         assert!(built.engines.describe().starts_with("Hopper engine"), "{op}: {}", built.engines.describe());
-        // The engine's rate is below cuBLAS's, by less than half.
+        // The engine runs a grouped GEMM well below cuBLAS's dense rate (measured on an
+        // H100: 0.30-0.54 of it), so as built costs more than the potential.
         let potential = run(op, DType::Bf16, Engines::CublasSpeed).compute_floor_s;
         let floor = built.compute_floor_s;
-        assert!(floor > potential && floor < 2.0 * potential, "{op}: {floor} vs {potential}");
+        assert!(floor > 1.2 * potential, "{op}: {floor} vs {potential}");
+        as_built_over_potential.push(floor / potential);
         let f32s = run(op, DType::F32, Engines::AsBuilt);
         assert!(f32s.engines.describe().starts_with("scalar grouped kernel"), "{op}: {}", f32s.engines.describe());
     }
-    // Half the experts idle: the same rows in half the groups, no tile for the others.
+    // ag_moe's rows, gathered by token, load slower than moe_rs's TMA boxes.
+    assert!(as_built_over_potential[1] > as_built_over_potential[0], "{as_built_over_potential:?}");
     let hopper = cmm_core::engines::Engine::Hopper(cmm_core::engines::HopperTile::Wide);
-    let cost = |groups: &[usize]| profile.grouped_gemm_cost_on(hopper, groups, 4096, 1792, DType::Bf16, DType::Bf16);
-    let (dense, with_idle) = (cost(&[1024; 8]), cost(&[2048, 0, 2048, 0, 2048, 0, 2048, 0]));
+    let cost = |groups: &[usize], gathered| {
+        profile.grouped_gemm_cost_on(hopper, groups, 4096, 1792, DType::Bf16, DType::Bf16, gathered)
+    };
+    // Half the experts idle: the same rows in half the groups, no tile for the others.
+    let (dense, with_idle) = (cost(&[1024; 8], false), cost(&[2048, 0, 2048, 0, 2048, 0, 2048, 0], false));
     assert!((with_idle.work_s - dense.work_s).abs() < 0.05 * dense.work_s, "{} vs {}", with_idle.work_s, dense.work_s);
+    // The grouped rates are the profile's own, below the plain GEMM's on the same tiles.
+    let plain = profile.gemm_cost_on(hopper, 8192, 4096, 1792, DType::Bf16, DType::Bf16, false);
+    assert!(dense.work_s > 1.5 * plain.work_s, "{} vs {}", dense.work_s, plain.work_s);
+    assert!(cost(&[1024; 8], true).work_s > dense.work_s);
 }
 
 #[test]
