@@ -728,9 +728,20 @@ fn compare(problem: &cmm_core::Problem, profile: &Profile, potential: bool, json
     Ok(())
 }
 
-/// The H200 bench the validation reads (committed with its run's summary).
-const H200_BENCH_FILE: &str = "docs/gpu-runs/2026-11-26-h200/3-501302d-bench-kernels.json";
-const H200_BENCH: &str = include_str!("../../docs/gpu-runs/2026-11-26-h200/3-501302d-bench-kernels.json");
+/// The benches the validation reads (committed with their runs' summaries): the H200's and
+/// the H100's of 2026-11-26, each beside the one-GPU profile of its GPU.
+const BENCHES: [(&str, &str, &str); 2] = [
+    (
+        "one H200, 2026-11-26 at 501302d",
+        "docs/gpu-runs/2026-11-26-h200/3-501302d-bench-kernels.json",
+        include_str!("../../docs/gpu-runs/2026-11-26-h200/3-501302d-bench-kernels.json"),
+    ),
+    (
+        "one H100, 2026-11-26 at 6581ea8",
+        "docs/gpu-runs/2026-11-26-h100/1-6581ea8-bench-kernels.json",
+        include_str!("../../docs/gpu-runs/2026-11-26-h100/1-6581ea8-bench-kernels.json"),
+    ),
+];
 
 fn validate() -> Result<()> {
     let h100 = Profile::load("h100-nvlink")?;
@@ -794,12 +805,14 @@ fn validate() -> Result<()> {
             row.offset_us
         );
     }
-    println!();
-    println!(
-        "the CUDA bench on one H200, 2026-11-26 at 501302d (every plan beside its compute-only twin, the fused \
-         ones on the Hopper engine), as --validate-bench reads it:"
-    );
-    crate::bench_file::validate_bench_text(H200_BENCH, H200_BENCH_FILE)?;
+    for (machine, file, text) in BENCHES {
+        println!();
+        println!(
+            "the CUDA bench on {machine} (every plan beside its compute-only twin, the fused ones on the \
+             Hopper engine), as --validate-bench reads it:"
+        );
+        crate::bench_file::validate_bench_text(text, file)?;
+    }
     let tpu = Profile::load("tpuv4-torus")?;
     println!();
     println!(

@@ -316,6 +316,8 @@ struct Sim<'a> {
     lanes: Vec<LaneRun>,
     flows: Vec<Flow>,
     flows_dirty: bool,
+    /// Whether a copy and compute run at once on one GPU (set by `allocate`).
+    contended: bool,
     sems: Vec<Vec<u32>>,
     landed: Vec<Vec<Vec<Landed>>>,
     records: Vec<Vec<Vec<OpRecord>>>,
@@ -793,6 +795,10 @@ impl<'a> Sim<'a> {
     /// traffic is served before a copy's: the copy takes what they leave).
     fn allocate(&mut self) {
         let mut left: Vec<f64> = self.topo.resources.iter().map(|r| r.capacity).collect();
+        // On one GPU a copy beside compute slows both, by the profile's contention factors
+        // (a copy's cap is scaled in `fill`).
+        self.contended =
+            self.topo.one_gpu() && self.flows.iter().any(|f| f.computes) && self.flows.iter().any(|f| !f.computes);
         // On one GPU, ops computing at once fill the chip better than one alone.
         if self.topo.one_gpu() {
             for (r, resource) in self.topo.resources.iter().enumerate() {
@@ -800,6 +806,9 @@ impl<'a> Sim<'a> {
                     let ops =
                         self.flows.iter().filter(|f| f.computes && f.resources.iter().any(|&(u, _)| u == r)).count();
                     left[r] *= self.profile.compute.throughput_with(ops);
+                    if self.contended {
+                        left[r] *= self.profile.copy.compute_beside_copy;
+                    }
                 }
             }
         }
@@ -824,7 +833,9 @@ impl<'a> Sim<'a> {
             }
         }
         while !open.is_empty() {
-            let limit = |f: &Flow| f.resources.iter().map(|&(r, _)| left[r] / load[r]).fold(f.cap, f64::min);
+            let beside = if self.contended { self.profile.copy.rate_beside_compute } else { 1.0 };
+            let cap = |f: &Flow| if f.computes { f.cap } else { f.cap * beside };
+            let limit = |f: &Flow| f.resources.iter().map(|&(r, _)| left[r] / load[r]).fold(cap(f), f64::min);
             let lowest = open.iter().map(|&i| limit(&self.flows[i])).fold(f64::INFINITY, f64::min);
             let (fix, keep): (Vec<usize>, Vec<usize>) =
                 open.iter().partition(|&&i| limit(&self.flows[i]) <= lowest * (1.0 + 1e-12));
@@ -994,6 +1005,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
         lanes,
         flows: Vec::new(),
         flows_dirty: false,
+        contended: false,
         sems: vec![vec![0; plan.semaphores.len()]; plan.devices],
         landed: (0..plan.devices).map(|_| (0..plan.semaphores.len()).map(|_| Vec::new()).collect()).collect(),
         records,
@@ -1290,6 +1302,8 @@ mod tests {
         let mut profile = Profile::load("h100-one-gpu").unwrap();
         profile.compute.launch_us = 0.0;
         profile.interconnect.link_latency_us = 0.0;
+        // The HBM alone (the contention factors have a test of their own).
+        (profile.copy.rate_beside_compute, profile.copy.compute_beside_copy) = (1.0, 1.0);
         let plan = one_gpu_plan();
         let r = sim(&plan, &profile);
         let cost = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false);
@@ -1308,8 +1322,43 @@ mod tests {
     }
 
     #[test]
+    fn on_one_gpu_a_copy_beside_compute_costs_both_what_the_profile_says() {
+        let mut profile = Profile::load("h100-one-gpu").unwrap();
+        profile.compute.launch_us = 0.0;
+        profile.interconnect.link_latency_us = 0.0;
+        // An HBM wide enough that only the contention factors bind.
+        profile.memory.hbm_gbps = 1e9;
+        profile.copy.rate_beside_compute = 0.25;
+        profile.copy.compute_beside_copy = 0.5;
+        let plan = one_gpu_plan();
+        let gemm = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false).work_s;
+        let r = sim(&plan, &profile);
+        // Alone, the 8 MiB copy would run at the copy engine's rate; beside the GEMMs at a quarter.
+        let alone = 1024.0 * 4096.0 * 2.0 / (profile.copy.copy_engine_gbps * 1e9);
+        let copy = r.record(OpSite { device: 0, lane: 1, index: 0 });
+        assert!(4.0 * alone < gemm, "the test needs the copy to end first");
+        assert!((copy.end_s - copy.start_s - 4.0 * alone).abs() < 1e-12, "{copy:?} vs {alone}");
+        // The GEMMs (two GEMMs' work) run at half their throughput while it copies.
+        let gemms_end = 2.0 * gemm + 0.5 * 4.0 * alone;
+        assert!((r.makespan_s - gemms_end).abs() < 1e-9, "{} vs {gemms_end}", r.makespan_s);
+        // Devices with GPUs of their own do not contend.
+        let mut nvlink = Profile::load("h100-nvlink").unwrap();
+        let before = sim(&plan, &nvlink).makespan_s;
+        nvlink.copy.rate_beside_compute = 0.25;
+        nvlink.copy.compute_beside_copy = 0.5;
+        assert_eq!(sim(&plan, &nvlink).makespan_s, before);
+        // A factor above 1 is refused, naming it.
+        let text = include_str!("../profiles/h100-one-gpu.toml")
+            .replace("rate_beside_compute = 0.30", "rate_beside_compute = 1.5");
+        let e = Profile::parse(&text, "test.toml").unwrap_err();
+        assert!(e.to_string().contains("copy.rate_beside_compute"), "{e}");
+    }
+
+    #[test]
     fn on_one_gpu_the_greater_priority_gets_the_compute_first() {
         let mut profile = Profile::load("h100-one-gpu").unwrap();
+        // Compute alone (the copy beside it has a test of its own).
+        (profile.copy.rate_beside_compute, profile.copy.compute_beside_copy) = (1.0, 1.0);
         profile.compute.launch_us = 0.0;
         let plan = one_gpu_plan();
         let gemm = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false).work_s;
@@ -1337,6 +1386,8 @@ mod tests {
     #[test]
     fn on_one_gpu_gemms_at_once_gain_what_the_profile_says() {
         let mut profile = Profile::load("h100-one-gpu").unwrap();
+        // Compute alone (the copy beside it has a test of its own).
+        (profile.copy.rate_beside_compute, profile.copy.compute_beside_copy) = (1.0, 1.0);
         profile.compute.launch_us = 0.0;
         profile.compute.concurrent_throughput = [1.0, 1.25, 1.25, 1.25];
         let plan = one_gpu_plan();

@@ -173,6 +173,18 @@ pub struct CopyProfile {
     pub copy_engine_gbps: f64,
     /// One SM copy kernel, GB/s.
     pub sm_copy_gbps: f64,
+    /// On one GPU (`one_gpu`), the fraction of its rate a copy keeps while compute runs
+    /// beside it (default 1: no contention beyond the HBM they share).
+    #[serde(default = "uncontended")]
+    pub rate_beside_compute: f64,
+    /// On one GPU, the fraction of the compute's throughput left while a copy runs beside
+    /// it (default 1).
+    #[serde(default = "uncontended")]
+    pub compute_beside_copy: f64,
+}
+
+fn uncontended() -> f64 {
+    1.0
 }
 
 /// Synchronisation costs.
@@ -379,6 +391,15 @@ impl Profile {
                 format!("{gains:?}"),
                 "is 1, then the finite positive throughputs of 2, 3 and 4 ops at once relative to one",
             ));
+        }
+        let contention = [
+            ("copy.rate_beside_compute", self.copy.rate_beside_compute),
+            ("copy.compute_beside_copy", self.copy.compute_beside_copy),
+        ];
+        for (field, v) in contention {
+            if !(v.is_finite() && v > 0.0 && v <= 1.0) {
+                return Err(invalid(field, v.to_string(), "is a fraction above 0 and at most 1"));
+            }
         }
         if self.compute.max_efficiency > 1.0 {
             return Err(invalid(

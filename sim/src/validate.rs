@@ -507,20 +507,23 @@ mod tests {
             }
             // The closed forms read one GPU as D devices in lockstep, each with 1/D of it.
             assert!((t.analytic_us - t.simulated_us).abs() < 0.03 * t.simulated_us, "{t:?}");
-            // Staggering never slows a plan down here, and no plan beats its compute.
-            assert!(row.staggered_us <= t.simulated_us * (1.0 + 1e-9), "{row:?}");
+            // Staggering can expose a copy the plain run hid under a GEMM (a copy beside
+            // compute is slowed, docs/simulator.md): by a few per cent at most, as in the
+            // bench (up to 3.5 % on the H100, 2026-11-26); and no plan beats its compute.
+            assert!(row.staggered_us <= t.simulated_us * 1.05, "{row:?}");
             for time in [row.staggered_us, row.offset_us] {
                 assert!(time >= row.compute_floor_us * (1.0 - 1e-9), "{row:?}");
             }
         }
-        // The prediction for the next GPU run: staggered, or with the starts offset, adding
-        // in the GEMM hides its copies at D = 4 and 8 (within 5 % of its compute), where
-        // together it does not.
+        // Adding in the GEMM does not hide its copies at D = 4 and 8, together, staggered
+        // or with the starts offset: the H100 benches of 2026-11-25 and 26 measured all
+        // three within a few per cent of each other, over 10 % above the plan's compute
+        // twin. (Without the contention term the model said staggering hid them.)
         for d in [4, 8] {
             let row = rows.iter().find(|r| r.time.case == format!("gemm_rs D={d} ring_accumulate")).unwrap();
-            assert!(row.staggered_us < 1.05 * row.compute_floor_us, "{row:?}");
-            assert!(row.offset_us < 1.05 * row.compute_floor_us, "{row:?}");
-            assert!(row.time.simulated_us > 1.10 * row.compute_floor_us, "{row:?}");
+            for time in [row.time.simulated_us, row.staggered_us, row.offset_us] {
+                assert!(time > 1.05 * row.compute_floor_us, "{row:?}");
+            }
         }
     }
 
@@ -593,23 +596,26 @@ mod tests {
         assert!(potential.makespan_s * 1e6 >= g);
     }
 
-    /// On one H200 (the CUDA bench of 2026-11-26) every fused plan on the Hopper engine took
-    /// longer than the best ring plan of its op and D (ag_gemm: ring 212, 846, 3403 µs
-    /// against fused 653, 1733, 5197; gemm_rs: ring_push 247, 883, 3372 against 468, 1800,
-    /// 7402). The one-GPU profile must not rank a fused plan first where that was measured.
+    /// On one H200 and on one H100 (the CUDA benches of 2026-11-26) every fused plan on the
+    /// Hopper engine took longer than the best ring plan of its op and D (H200, ag_gemm:
+    /// ring 212, 846, 3403 µs against fused 653, 1733, 5197; gemm_rs: ring_push 247, 883,
+    /// 3372 against 468, 1800, 7402; H100: ring 210, 840, 3420 against 765, 1697, 5760;
+    /// ring_push 249, 904, 3442 against 508, 1840, 8255). The one-GPU profiles must not rank
+    /// a fused plan first where that was measured.
     #[test]
-    fn on_one_gpu_no_fused_plan_outranks_what_the_h200_bench_measured_faster() {
-        let h200 = Profile::load("h200-one-gpu").unwrap();
-        for op in [OpKind::AgGemm, OpKind::GemmRs] {
-            for d in [2, 4, 8] {
+    fn on_one_gpu_no_fused_plan_outranks_what_the_benches_measured_faster() {
+        for name in ["h200-one-gpu", "h100-one-gpu"] {
+            let profile = Profile::load(name).unwrap();
+            for (op, d) in [OpKind::AgGemm, OpKind::GemmRs].into_iter().flat_map(|op| [2, 4, 8].map(|d| (op, d))) {
                 let p = seed000_problem(op, d, 1).unwrap();
-                let ranking = super::super::tune::tune_1d(&p, &h200).unwrap();
+                let ranking = super::super::tune::tune_1d(&p, &profile).unwrap();
                 let position = |wanted: &dyn Fn(Algorithm) -> bool| {
                     ranking.ranked.iter().position(|c| wanted(c.algorithm)).unwrap()
                 };
                 let fused = position(&|a| matches!(a, Algorithm::Fused { .. }));
                 let measured_faster = if op == OpKind::AgGemm { Algorithm::Ring } else { Algorithm::RingPush };
-                assert!(position(&|a| a == measured_faster) < fused, "{op} D={d}: {:?}", ranking.winner().algorithm);
+                let winner = ranking.winner().algorithm;
+                assert!(position(&|a| a == measured_faster) < fused, "{name} {op} D={d}: {winner:?}");
             }
         }
     }
