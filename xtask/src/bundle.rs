@@ -478,6 +478,9 @@ struct BenchReport {
     commit: Option<String>,
     #[serde(default)]
     complete: bool,
+    /// cuBLAS's 8192³ f16 rate in the same run, TFLOP/s.
+    #[serde(default)]
+    peak_cublas_tflops: Option<f64>,
     rows: Vec<BenchRow>,
 }
 
@@ -502,13 +505,17 @@ impl BenchReport {
             self.commit.as_deref().unwrap_or("unknown"),
             if self.complete { "" } else { " · incomplete: the bench stopped before its last row" }
         );
-        md += "| op | D | plan | time µs | staggered µs | offsets µs | tile kernel µs | 128×128 µs | 2 CTAs/SM µs | Σ GEMMs µs | best ÷ Σ | twin µs | best ÷ twin | baseline µs | speedup | TFLOP/s | GEMMs on |\n";
-        md += "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+        if let Some(peak) = self.peak_cublas_tflops {
+            md += &format!("cuBLAS's 8192³ f16 in this run: {peak:.0} TFLOP/s (`÷ 8192³`: a plan's rate over it)\n\n");
+        }
+        md += "| op | D | plan | time µs | staggered µs | offsets µs | tile kernel µs | 128×128 µs | 2 CTAs/SM µs | Σ GEMMs µs | best ÷ Σ | twin µs | best ÷ twin | baseline µs | speedup | TFLOP/s | ÷ 8192³ | GEMMs on |\n";
+        md += "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
         for r in &self.rows {
             let (p, f) = (&r.plan, &r.figures);
             let over_twin = f.compute_only_us.map(|t| p.fastest_us() / t);
+            let of_peak = self.peak_cublas_tflops.filter(|&peak| peak > 0.0).map(|peak| f.tflops / peak);
             md += &format!(
-                "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {} | {} | {:.1} | {:.2}× | {:.0} | {} |\n",
+                "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {} | {} | {:.1} | {:.2}× | {:.0} | {} | {} |\n",
                 p.op,
                 p.devices,
                 p.algorithm,
@@ -525,6 +532,7 @@ impl BenchReport {
                 f.baseline_us,
                 f.speedup_over_baseline,
                 f.tflops,
+                of_peak.map_or("–".to_string(), |x| format!("{x:.2}")),
                 f.gemm_engine
             );
         }
@@ -600,8 +608,9 @@ mod tests {
             "baseline_us": 1150.0, "speedup_over_baseline": 1.1466, "tflops": 545.2, "gemm_engine": "cuBLAS",
             "compute_only_us": 980.0,
             "gated": true, "spot_check_worst": 0.5, "variant_failures": []}"#;
-        let report =
-            format!(r#"{{"gpu": "H100", "sync": "kernels", "commit": "abc", "complete": true, "rows": [{row}]}}"#);
+        let report = format!(
+            r#"{{"gpu": "H100", "sync": "kernels", "commit": "abc", "complete": true, "peak_cublas_tflops": 727.0, "rows": [{row}]}}"#
+        );
         fs::write(dir.join("bench-kernels.json"), report).unwrap();
         fs::write(dir.join("bench-memops.json"), "{}").unwrap();
         summarise(&SummaryArgs { logs: dir.clone(), out: dir.clone() }).unwrap();
@@ -612,7 +621,7 @@ mod tests {
         // The bench reports as tables: every time taken, `–` for the others.
         let row =
             "| gemm_rs | 4 | ring_push | 1010.0 | – | 1003.0 | – | – | – | 1000.0 | 1.003 | 980.0 | 1.023 | 1150.0 | \
-                   1.15× | 545 | cuBLAS |";
+                   1.15× | 545 | 0.75 | cuBLAS |";
         assert!(md.contains("## bench-kernels.json as a table") && md.contains(row), "{md}");
         assert!(md.contains("## bench-memops.json as a table\n\nnot readable as a bench report"), "{md}");
         let json: serde_json::Value =

@@ -3,7 +3,8 @@
 //! variant's output spot-checked against the f64 oracle at the sweep's own shape before
 //! it is timed, then timed as the bench times a GEMM (events, median, operands rotated
 //! past the L2). Then the MoE grouped GEMM on the engine against cuBLAS on a dense GEMM
-//! of the same FLOPs.
+//! of the same FLOPs, with the engine's plain GEMM on that dense shape beside them (what
+//! the grouping costs, apart from what the shape costs).
 
 use std::fs;
 use std::path::PathBuf;
@@ -122,8 +123,6 @@ pub fn run(args: &Args) -> Result<()> {
                 .with_context(|| format!("timing cuBLAS on {shape}"))?;
             let mut rows = vec![row(&shape, input, "cuBLAS".into(), Some(cublas), &spec, cublas, "-".into())];
             for tile in HopperTile::ALL {
-                let choice =
-                    GemmChoice { engine: GemmEngine::Hopper, wide_tiles: false, hopper: true, hopper_tile: Some(tile) };
                 let name = format!("hopper {}", tile.name());
                 if failing.contains(&tile) {
                     rows.push(row(
@@ -137,20 +136,10 @@ pub fn run(args: &Args) -> Result<()> {
                     ));
                     continue;
                 }
-                let (us, check) = match checked(&backend, &spec, tile) {
-                    Ok(Ok(worst)) => match backend.time_gemm_as(&spec, &choice, args.reps) {
-                        Ok((us, GemmImpl::Hopper { .. })) => {
-                            (Some(us), format!("ok (worst {worst:.2} of its allowance)"))
-                        }
-                        Ok((_, other)) => (None, format!("ran on {other:?}, not the Hopper engine")),
-                        Err(e) => (None, format!("timing failed: {e}")),
-                    },
-                    Ok(Err(wrong)) => (None, format!("WRONG: {wrong}")),
-                    Err(e) => {
-                        failing.push(tile);
-                        (None, format!("run failed: {e:#}"))
-                    }
-                };
+                let (us, check) = checked_time(&backend, &spec, tile, args.reps);
+                if check.starts_with("run failed") {
+                    failing.push(tile);
+                }
                 rows.push(row(&shape, input, name, us, &spec, cublas, check));
             }
             if (m, n, k) == SHAPES[0] {
@@ -252,6 +241,12 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
         .time_gemm(&spec, GemmEngine::Cublas, reps)
         .with_context(|| format!("timing cuBLAS on the dense {}x{}x{}", spec.m, spec.n, spec.k))?;
     let mut rows = vec![row(&shape, input, "cuBLAS dense".into(), Some(cublas), &spec, cublas, "-".into())];
+    // The engine's plain GEMM on the same dense shape: what the grouping itself costs,
+    // apart from what the shape (moe_rs's short K, ag_moe's narrow N) costs any GEMM.
+    for tile in HopperTile::ALL {
+        let (us, check) = checked_time(backend, &spec, tile, reps);
+        rows.push(row(&shape, input, format!("hopper {} dense", tile.name()), us, &spec, cublas, check));
+    }
     for tile in HopperTile::ALL {
         let options = CudaRunOptions {
             gemm: GemmEngine::Hopper,
@@ -291,6 +286,22 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
         rows.push(row(&shape, input, name, us, &spec, cublas, check));
     }
     Ok(rows)
+}
+
+/// The GEMM on the Hopper engine's `tile`: spot-checked ([`checked`]), then timed as the
+/// sweep times a GEMM; the time, and the check's line ("run failed: …" where it could not
+/// run, "WRONG: …" where it ran wrong).
+fn checked_time(backend: &CudaBackend, spec: &GemmSpec, tile: HopperTile, reps: usize) -> (Option<f64>, String) {
+    let choice = GemmChoice { engine: GemmEngine::Hopper, wide_tiles: false, hopper: true, hopper_tile: Some(tile) };
+    match checked(backend, spec, tile) {
+        Ok(Ok(worst)) => match backend.time_gemm_as(spec, &choice, reps) {
+            Ok((us, GemmImpl::Hopper { .. })) => (Some(us), format!("ok (worst {worst:.2} of its allowance)")),
+            Ok((_, other)) => (None, format!("ran on {other:?}, not the Hopper engine")),
+            Err(e) => (None, format!("timing failed: {e}")),
+        },
+        Ok(Err(wrong)) => (None, format!("WRONG: {wrong}")),
+        Err(e) => (None, format!("run failed: {e:#}")),
+    }
 }
 
 fn row(shape: &str, input: DType, engine: String, us: Option<f64>, spec: &GemmSpec, cublas: f64, check: String) -> Row {
