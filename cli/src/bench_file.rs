@@ -107,6 +107,11 @@ pub struct PlanTimes {
     /// off; null for the plans on cuBLAS, elsewhere, and in reports from before it).
     #[serde(default)]
     pub time_tile_kernel_us: Option<f64>,
+    /// The fused plans again with their persistent kernels leaving more SMs free for the
+    /// signals, waits and copies (`CudaRunOptions::fused_free_sms`, the bench's
+    /// `FREE_SMS`; null for the plans on cuBLAS and in reports from before it).
+    #[serde(default)]
+    pub time_free_sms_us: Option<f64>,
 }
 
 /// A bench row's figures beside its times: the bound, the baseline and the ratios (xtask's
@@ -146,12 +151,13 @@ impl PlanTimes {
             time_wide_tiles_us: None,
             time_two_ctas_per_sm_us: None,
             time_tile_kernel_us: None,
+            time_free_sms_us: None,
         }
     }
 
     /// The fastest of the plan's times: plain, staggered, offset, on wide tiles, with two
-    /// CTAs per SM, on the tile kernel where the plain time is the Hopper engine's (where
-    /// taken).
+    /// CTAs per SM, on the tile kernel where the plain time is the Hopper engine's, with
+    /// more SMs free (where taken).
     pub fn fastest_us(&self) -> f64 {
         [
             self.time_staggered_us,
@@ -159,6 +165,7 @@ impl PlanTimes {
             self.time_wide_tiles_us,
             self.time_two_ctas_per_sm_us,
             self.time_tile_kernel_us,
+            self.time_free_sms_us,
         ]
         .into_iter()
         .flatten()

@@ -121,6 +121,12 @@ pub struct CudaRunOptions {
     /// one more CTA of the kernel beside them (`cuOccupancyMaxActiveBlocksPerMultiprocessor`),
     /// so that the kernels its waits depend on still find a slot.
     pub fused_ctas_per_sm: u32,
+    /// SMs that a fused GEMM's persistent kernels (every device's together) leave without
+    /// a CTA of theirs, for the kernels their waits depend on: signals, waits, and the
+    /// copies that run on SMs. `None`: one where a CTA fills an SM, none where an SM has
+    /// room beside its CTAs (the least that cannot hang). More trade the kernels' SMs for
+    /// the communication's (the bench's `free SMs` variant).
+    pub fused_free_sms: Option<u32>,
     /// GEMMs that run on cmm's own kernels (fused ones included, and every GEMM under
     /// [`GemmEngine::TileKernel`]) take the Hopper engine (`hopper.cu`) where the GPU runs
     /// it (compute capability 9.0) and TMA's rules allow ([`crate::lower::hopper_rule`]);
@@ -172,6 +178,7 @@ impl Default for CudaRunOptions {
             read_back: ReadBack::Everything,
             wide_tiles: false,
             fused_ctas_per_sm: 1,
+            fused_free_sms: None,
             hopper: true,
             hopper_tile: None,
         }
@@ -1502,9 +1509,11 @@ impl Run<'_> {
             .get(kernel)
             .occupancy_max_active_blocks_per_multiprocessor(threads, shared, None)
             .map_err(|e| CudaError::driver("reading the fused kernel's occupancy", e))?;
-        let ctas = fused_grid(sms, sharing, per_sm, fits).map_err(|why| CudaError::Unsupported {
-            plan: self.plan.name.clone(),
-            what: format!("{per_sm} CTAs per SM of {}: {why}", kernel.entry()),
+        let ctas = fused_grid(sms, sharing, per_sm, fits, self.options.fused_free_sms).map_err(|why| {
+            CudaError::Unsupported {
+                plan: self.plan.name.clone(),
+                what: format!("{per_sm} CTAs per SM of {}: {why}", kernel.entry()),
+            }
         })?;
         let launch = fused_launch(memory, f, table.ptr, ctas, &self.words())?;
         launch_on(stream, &self.state.gpus[gpu].functions, &launch, None)
@@ -1680,7 +1689,7 @@ fn submit(
 /// CTA fills an SM (`fits == 1`, the 128×128 tiles), at least one SM that no fused
 /// kernel takes. A 4-device ag_gemm on 128×128 tiles that took all 132 SMs of an H100
 /// (33 CTAs each) timed out on its waits in the kernel-wait mode (2026-11-25).
-pub(crate) fn fused_grid(sms: u32, sharing: u32, per_sm: u32, fits: u32) -> Result<u32, String> {
+pub(crate) fn fused_grid(sms: u32, sharing: u32, per_sm: u32, fits: u32, free: Option<u32>) -> Result<u32, String> {
     let sharing = sharing.max(1);
     if fits == 0 {
         return Err("the kernel cannot run on this GPU's SMs (occupancy 0)".into());
@@ -1688,18 +1697,24 @@ pub(crate) fn fused_grid(sms: u32, sharing: u32, per_sm: u32, fits: u32) -> Resu
     if per_sm == 0 {
         return Err("at least 1 CTA per SM is needed".into());
     }
+    let spread = |free: u32| {
+        let ctas = sms.saturating_sub(free) / sharing;
+        if ctas == 0 {
+            Err(format!("{sharing} devices on {sms} SMs with {free} left free get none each"))
+        } else {
+            Ok(ctas * per_sm)
+        }
+    };
     if per_sm < fits {
-        return Ok((sms / sharing).max(1) * per_sm);
+        // Every SM keeps room beside its CTAs (more devices than SMs share them).
+        return free.map_or(Ok((sms / sharing).max(1) * per_sm), spread);
     }
     if per_sm == 1 {
         // One CTA fills an SM: keep at least one SM free of fused kernels.
-        let ctas = sms.saturating_sub(1) / sharing;
-        if ctas == 0 {
-            return Err(format!(
-                "one CTA fills an SM, and {sharing} devices on {sms} SMs leave none free beside their kernels"
-            ));
-        }
-        return Ok(ctas);
+        return match free {
+            Some(0) => Err("one CTA fills an SM, so at least one SM must be left free of them".into()),
+            free => spread(free.unwrap_or(1)).map_err(|why| format!("one CTA fills an SM, and {why}")),
+        };
     }
     Err(format!("an SM holds {fits} of them, and one more must fit beside them (at most {})", (fits - 1).max(1)))
 }
@@ -2309,23 +2324,29 @@ mod tests {
     /// for one more beside them.
     #[test]
     fn fused_grids_keep_room_for_the_kernels_their_waits_depend_on() {
-        assert_eq!(fused_grid(132, 4, 1, 3), Ok(33));
-        assert_eq!(fused_grid(132, 4, 2, 3), Ok(66));
-        assert_eq!(fused_grid(132, 1, 1, 3), Ok(132));
+        assert_eq!(fused_grid(132, 4, 1, 3, None), Ok(33));
+        assert_eq!(fused_grid(132, 4, 2, 3, None), Ok(66));
+        assert_eq!(fused_grid(132, 1, 1, 3, None), Ok(132));
         // One CTA fills an SM: 4 × 33 would take all 132; 4 × 32 leave 4 free.
-        assert_eq!(fused_grid(132, 4, 1, 1), Ok(32));
-        assert_eq!(fused_grid(132, 2, 1, 1), Ok(65));
-        assert_eq!(fused_grid(132, 8, 1, 1), Ok(16));
-        assert_eq!(fused_grid(132, 1, 1, 1), Ok(131));
+        assert_eq!(fused_grid(132, 4, 1, 1, None), Ok(32));
+        assert_eq!(fused_grid(132, 2, 1, 1, None), Ok(65));
+        assert_eq!(fused_grid(132, 8, 1, 1, None), Ok(16));
+        assert_eq!(fused_grid(132, 1, 1, 1, None), Ok(131));
         for (sms, sharing) in [(132, 1), (132, 2), (132, 3), (132, 4), (132, 8), (8, 4), (9, 8), (114, 8)] {
-            let ctas = fused_grid(sms, sharing, 1, 1).unwrap();
+            let ctas = fused_grid(sms, sharing, 1, 1, None).unwrap();
             assert!(ctas >= 1 && ctas * sharing < sms, "{sms} SMs, {sharing} devices: {ctas} each");
         }
-        let full = fused_grid(4, 4, 1, 1).unwrap_err();
-        assert!(full.contains("leave none free"), "{full}");
-        let e = fused_grid(132, 4, 2, 2).unwrap_err();
+        let full = fused_grid(4, 4, 1, 1, None).unwrap_err();
+        assert!(full.contains("with 1 left free get none"), "{full}");
+        let e = fused_grid(132, 4, 2, 2, None).unwrap_err();
         assert!(e.contains("an SM holds 2 of them") && e.contains("at most 1"), "{e}");
-        assert!(fused_grid(132, 4, 2, 1).is_err() && fused_grid(132, 4, 0, 3).is_err());
-        assert!(fused_grid(132, 4, 1, 0).unwrap_err().contains("occupancy 0"));
+        assert!(fused_grid(132, 4, 2, 1, None).is_err() && fused_grid(132, 4, 0, 3, None).is_err());
+        assert!(fused_grid(132, 4, 1, 0, None).unwrap_err().contains("occupancy 0"));
+        // More free SMs on request: 16 of 132 leave 29 each to 4 devices; 4 leave 16 SMs
+        // each to 8 devices, at 2 CTAs per SM 32; none is refused where a CTA fills an SM.
+        assert_eq!(fused_grid(132, 4, 1, 1, Some(16)), Ok(29));
+        assert_eq!(fused_grid(132, 8, 2, 3, Some(4)), Ok(32));
+        assert!(fused_grid(132, 4, 1, 1, Some(0)).unwrap_err().contains("at least one SM"));
+        assert!(fused_grid(132, 4, 1, 1, Some(130)).unwrap_err().contains("get none each"));
     }
 }

@@ -379,13 +379,12 @@ impl CudaExecutor for HostTwin {
     ) -> Result<CudaRunOutput, CudaError> {
         // The twin runs a persistent kernel's blocks on threads, not on SMs: a count per SM
         // it cannot honour is refused rather than passed as if checked.
-        if options.fused_ctas_per_sm != 1 {
+        let per_sm = (options.fused_ctas_per_sm != 1).then(|| format!("{} CTAs per SM", options.fused_ctas_per_sm));
+        let free = options.fused_free_sms.map(|f| format!("{f} SMs left free"));
+        if let Some(asked) = per_sm.or(free) {
             return Err(CudaError::Unsupported {
                 plan: plan.name.clone(),
-                what: format!(
-                    "{} CTAs per SM: the host twin has no SMs (run it on the GPU or the fake driver)",
-                    options.fused_ctas_per_sm
-                ),
+                what: format!("{asked}: the host twin has no SMs (run it on the GPU or the fake driver)"),
             });
         }
         let offset = crate::backend::emulated(plan, options)?;

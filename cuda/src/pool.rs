@@ -168,8 +168,9 @@ fn options_words(o: &CudaRunOptions) -> String {
         ReadBack::Everything => "everything",
         ReadBack::Results => "results",
     };
+    let free = o.fused_free_sms.map_or("-".to_string(), |f| f.to_string());
     format!(
-        "{sync} {gemm} {} {} {} {} {} {} {tile} {} {read_back} {}",
+        "{sync} {gemm} {} {} {} {} {} {} {tile} {} {free} {read_back} {}",
         o.wait_timeout.as_millis(),
         o.run_timeout.as_millis(),
         u8::from(o.gate),
@@ -182,7 +183,7 @@ fn options_words(o: &CudaRunOptions) -> String {
 }
 
 fn parse_options(words: &[&str]) -> Option<CudaRunOptions> {
-    let [sync, gemm, wait, run, gate, priority, wide, hopper, tile, ctas, read_back, cold] = words else {
+    let [sync, gemm, wait, run, gate, priority, wide, hopper, tile, ctas, free, read_back, cold] = words else {
         return None;
     };
     let flag = |w: &str| match w {
@@ -216,6 +217,10 @@ fn parse_options(words: &[&str]) -> Option<CudaRunOptions> {
             _ => return None,
         },
         fused_ctas_per_sm: ctas.parse().ok()?,
+        fused_free_sms: match *free {
+            "-" => None,
+            free => Some(free.parse().ok()?),
+        },
         read_back: match *read_back {
             "nothing" => ReadBack::Nothing,
             "everything" => ReadBack::Everything,
@@ -477,6 +482,7 @@ mod tests {
             wide_tiles: true,
             hopper_tile: Some(HopperTile::Narrow),
             fused_ctas_per_sm: 2,
+            fused_free_sms: Some(16),
             read_back: ReadBack::Results,
             ..Default::default()
         };
@@ -487,6 +493,9 @@ mod tests {
             (back.sync, back.wait_timeout, back.read_back),
             (SyncMode::StreamMemOps, options.wait_timeout, ReadBack::Results)
         );
+        assert_eq!(back.fused_free_sms, Some(16));
+        let default = options_words(&CudaRunOptions::default());
+        assert_eq!(parse_options(&default.split(' ').collect::<Vec<_>>()).unwrap().fused_free_sms, None);
         assert!(parse_options(&["kernels"]).is_none());
         assert_eq!(from_line(&one_line("a\\b\nc")), "a\\b\nc");
     }

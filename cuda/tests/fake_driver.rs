@@ -396,6 +396,16 @@ fn fused_kernels_take_more_ctas_per_sm_only_where_one_more_fits() {
     assert_right(&b, &fused, &CudaRunOptions { wide_tiles: true, ..tiles });
     refused(&CudaRunOptions { fused_ctas_per_sm: 2, ..Default::default() }, &fused, 1);
     assert_right(&b, &fused, &CudaRunOptions::default());
+    // More SMs left free of the persistent kernels (the bench's variant): the same
+    // results on fewer CTAs; none free where a CTA fills an SM, or all of them, refused.
+    assert_right(&b, &fused, &CudaRunOptions { fused_free_sms: Some(16), ..Default::default() });
+    assert_right(&b, &fused, &CudaRunOptions { fused_free_sms: Some(16), ..tiles });
+    for free in [0, 132] {
+        let e = b.run(&fused, 5, Family::Exact, &CudaRunOptions { fused_free_sms: Some(free), ..Default::default() });
+        let e = e.unwrap_err();
+        assert!(matches!(e, CudaError::Unsupported { .. }) && e.to_string().contains("free"), "{e}");
+    }
+    assert_right(&b, &fused, &CudaRunOptions::default());
 }
 
 /// With `time_ops`, every op of the run has a start and a duration inside the run, in its

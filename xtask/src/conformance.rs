@@ -130,6 +130,10 @@ pub struct Args {
     /// refused unless every SM has room for one more, and on the host twin, which has no SMs).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=32))]
     pub fused_ctas_per_sm: u32,
+    /// CUDA only: SMs that the fused plans' persistent kernels leave free of their CTAs,
+    /// for the signals, waits and copies (default: one where a CTA fills an SM).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub fused_free_sms: Option<u32>,
     /// CUDA only: where the conformance stamps go [default: $CMM_STAMP_DIR, else
     /// target/cuda-stamps].
     #[arg(long, value_name = "DIR")]
@@ -164,6 +168,7 @@ impl Args {
             no_hopper: false,
             hopper_tile: None,
             fused_ctas_per_sm: 1,
+            fused_free_sms: None,
             processes: false,
             stamps: None,
             report: None,
@@ -192,6 +197,7 @@ impl Args {
             (self.no_hopper, "--no-hopper"),
             (self.hopper_tile.is_some(), "--hopper-tile"),
             (self.fused_ctas_per_sm != 1, "--fused-ctas-per-sm"),
+            (self.fused_free_sms.is_some(), "--fused-free-sms"),
             (self.stamps.is_some(), "--stamps"),
             (self.processes, "--processes"),
         ]
@@ -210,6 +216,7 @@ impl Args {
             offset_starts: self.offset_starts,
             wide_tiles: self.wide_tiles,
             fused_ctas_per_sm: self.fused_ctas_per_sm,
+            fused_free_sms: self.fused_free_sms,
             gemm: if self.hopper { GemmEngine::TileKernel } else { defaults.gemm },
             hopper: !self.no_hopper,
             hopper_tile: self.hopper_tile.map(HopperTileArg::tile),

@@ -144,6 +144,7 @@ struct Variants {
     wide_tiles: Option<f64>,
     two_ctas_per_sm: Option<f64>,
     tile_kernel: Option<f64>,
+    free_sms: Option<f64>,
     /// One line per variant whose run failed (its time is then missing).
     failed: Vec<String>,
 }
@@ -157,6 +158,7 @@ impl Variants {
             time_wide_tiles_us: self.wide_tiles,
             time_two_ctas_per_sm_us: self.two_ctas_per_sm,
             time_tile_kernel_us: self.tile_kernel,
+            time_free_sms_us: self.free_sms,
             ..plain
         };
         (times, self.failed)
@@ -396,10 +398,15 @@ fn checked_time(
     }
 }
 
+/// SMs the bench's `free SMs` variant has the fused plans' persistent kernels leave free
+/// (against one by default): an eighth of an H100's 132.
+const FREE_SMS: u32 = 16;
+
 /// The plan's times with staggered lane priorities (where the GPU has the levels), with
 /// its devices' starts offset (not for the fused plans: their tile-granular GEMMs cannot
 /// be offset), and for the fused plans on the tile kernel's 128×128 tiles and with two
-/// CTAs per SM, each as [`time_plan`] measures.
+/// CTAs per SM, and with more SMs left free of their persistent kernels ([`FREE_SMS`]), each
+/// as [`time_plan`] measures.
 fn variants(
     backend: &CudaBackend,
     problem: &Problem,
@@ -443,7 +450,11 @@ fn variants(
     let wide_tiles = time(fused, "wide tiles", CudaRunOptions { wide_tiles: true, ..tiles }, true);
     let two_ctas_per_sm = time(fused, "2 CTAs per SM", CudaRunOptions { fused_ctas_per_sm: 2, ..tiles }, true);
     let tile_kernel = time(fused && options.hopper && backend.has_hopper_engine(), "tile kernel", tiles, true);
-    Variants { staggered, offset, wide_tiles, two_ctas_per_sm, tile_kernel, failed }
+    // Whether the persistent kernels starve the kernels their waits depend on (signals,
+    // waits, copies on SMs): the same engines with more SMs left to those.
+    let more_free = CudaRunOptions { fused_free_sms: Some(FREE_SMS), ..*options };
+    let free_sms = time(fused, &format!("{FREE_SMS} SMs free"), more_free, true);
+    Variants { staggered, offset, wide_tiles, two_ctas_per_sm, tile_kernel, free_sms, failed }
 }
 
 /// Σ over the plan's GEMM ops of the cuBLAS time of the same GEMM alone (memoised per
@@ -791,10 +802,11 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     if gated { "" } else { "  (ungated: includes enqueueing)" },
                     if fused {
                         format!(
-                            "  ({engine}, not cuBLAS; tile kernel: {}; 128×128 tiles: {}; 2 CTAs per SM: {})",
+                            "  ({engine}, not cuBLAS; tile kernel: {}; 128×128 tiles: {}; 2 CTAs per SM: {}; {FREE_SMS} SMs free: {})",
                             times.time_tile_kernel_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_wide_tiles_us.map_or("-".into(), |w| format!("{w:.1} µs")),
-                            times.time_two_ctas_per_sm_us.map_or("-".into(), |w| format!("{w:.1} µs"))
+                            times.time_two_ctas_per_sm_us.map_or("-".into(), |w| format!("{w:.1} µs")),
+                            times.time_free_sms_us.map_or("-".into(), |w| format!("{w:.1} µs"))
                         )
                     } else {
                         String::new()
