@@ -617,7 +617,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
     }
     println!(
         "`offsets` times each plan again with device d's first GEMM after device d − 1's, and each fused plan \
-         runs again on the tile kernel's 128×128 tiles and with 2 CTAs per SM; ÷ Σ, speedup and TFLOP/s take the fastest of a plan's \
+         runs again on the tile kernel's 128×128 tiles, with 2 CTAs per SM and with {FREE_SMS} SMs left free; ÷ Σ, speedup and TFLOP/s take the fastest of a plan's \
          times, and the baseline is the fastest of its own"
     );
     println!(
