@@ -84,6 +84,9 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 inline u32 atomicAdd(u32* p, u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
 inline u32 atomicExch(u32* p, u32 v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 
 namespace cmm_host {

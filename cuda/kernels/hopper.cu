@@ -519,6 +519,7 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
     u32 stage = 0u, phase = 0u, checked = 0u, m0, n0;
     CmmHopperCursor at = cmm_hopper_start(p, table);
     bool ok = true;
+    u64 waited_ns = 0ull;
     for (u32 t = blockIdx.x; cmm_hopper_locate<S::BN>(p, table, t, at, m0, n0); t += gridDim.x) {
         // The zero block's tiles load nothing.
         if (cmm_hopper_zero_block(p, at)) continue;
@@ -529,10 +530,12 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
             ok = cmm_load_relaxed((u64)&control[2]) == 0u;
             const u32 end = table[at.block].waits_end;
             if (ok && checked < end) {
+                const u64 before = cmm_globaltimer_ns();
                 for (; checked < end && ok; ++checked) {
                     ok = cmm_spin_at_least(waits[checked].sem, waits[checked].value, p.abort, p.timeout_ns,
                                            p.status + 8ull * checked);
                 }
+                waited_ns += cmm_globaltimer_ns() - before;
                 if (!ok) atomicExch(&control[2], 1u);
                 // The data the waits acquired is read by TMA, another proxy.
                 cmm_fence_proxy_async_global();
@@ -560,6 +563,13 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
                 phase ^= 1u;
             }
         }
+    }
+    if (control != nullptr) {
+        // The run's counts after the control words (8-byte aligned: FusedLayout): the
+        // CTAs, and the time their producers spent in the blocks' waits.
+        u64* stats = (u64*)(control + ((3u + p.count + 1u) & ~1u));
+        atomicAdd((unsigned long long*)&stats[0], 1ull);
+        atomicAdd((unsigned long long*)&stats[1], (unsigned long long)waited_ns);
     }
 }
 

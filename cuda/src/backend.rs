@@ -36,8 +36,8 @@ use crate::given::{Bound, GivenBuffer};
 use crate::kernels::{compile, nvrtc_available, KERNEL_FILES};
 use crate::launch::{
     buffer_fill, fused_kernel, fused_launch, fused_table, gemm_submission, released_waits, submissions, timed_out_wait,
-    Addressing, ControlLayout, Fill, GemmArgs, Kernel, Launch, Param, RunWords, Submission, TensorMap, TensorMapSpec,
-    ONE_THREAD,
+    Addressing, ControlLayout, Fill, FusedLayout, FusedWaits, GemmArgs, Kernel, Launch, Param, RunWords, Submission,
+    TensorMap, TensorMapSpec, ONE_THREAD,
 };
 use crate::lower::{
     hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, HopperKernel,
@@ -215,6 +215,10 @@ pub struct CudaRunOutput {
     /// start of the run (the ops of the plan that ran: with offset starts, that plan);
     /// otherwise empty.
     pub op_times: OpTimes,
+    /// Per fused GEMM of the plan, in step order: what its CTAs spent in their blocks'
+    /// waits (counted by the Hopper engine; zeros on the tile kernels; empty from a
+    /// one-process-per-device run).
+    pub fused_waits: Vec<FusedWaits>,
     /// Wall time of the whole run.
     pub elapsed: Duration,
 }
@@ -1263,6 +1267,7 @@ fn execute(
             return Err(e);
         }
     };
+    let fused_waits = fused_waits(&run.fused, lowered)?;
     if let Some((meeting, copy_out)) = rank {
         meeting.barrier(MEETING_DONE, "done")?;
         copy_device(&state.gpus[0].ctx, copy_out)?;
@@ -1281,8 +1286,30 @@ fn execute(
         staggered,
         offset_starts: false,
         op_times,
+        fused_waits,
         elapsed: Duration::ZERO,
     })
+}
+
+/// What each fused GEMM's CTAs counted of their waits ([`FusedLayout::stats`]), read back
+/// from its table once the run has finished.
+fn fused_waits(tables: &[DeviceAlloc], lowered: &Lowered) -> Result<Vec<FusedWaits>, CudaError> {
+    let commands = lowered.steps.iter().filter_map(|step| match &step.command {
+        Some(Command::FusedGemm(f)) => Some(f),
+        _ => None,
+    });
+    let mut waits = Vec::new();
+    for (table, f) in tables.iter().zip(commands) {
+        let mut words = [0u64; 2];
+        table.ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
+        // SAFETY: the two words lie inside the live table (its layout sized it to hold
+        // them); every stream that wrote them has finished.
+        #[allow(unsafe_code)]
+        unsafe { result::memcpy_dtoh_sync(&mut words, table.ptr + FusedLayout::of(f).stats) }
+            .map_err(|e| CudaError::driver("reading a fused gemm's counts", e))?;
+        waits.push(FusedWaits::from_words(words));
+    }
+    Ok(waits)
 }
 
 /// Each device's lane priority under [`CudaRunOptions::stagger`] on a GPU whose greatest

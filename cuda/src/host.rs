@@ -430,6 +430,19 @@ impl HostTwin {
         if let Some(e) = timed_out_wait(plan, lowered, |slot| control.status(slot), options.wait_timeout) {
             return Err(e);
         }
+        let fused_waits = lowered
+            .steps
+            .iter()
+            .filter_map(|step| match &step.command {
+                Some(Command::FusedGemm(f)) => Some(crate::launch::FusedLayout::of(f).stats as usize / 8),
+                _ => None,
+            })
+            .zip(&tables)
+            .map(|(at, table)| {
+                let word = |i: usize| table[at + i].load(Ordering::Acquire);
+                crate::launch::FusedWaits::from_words([word(0), word(1)])
+            })
+            .collect();
         drop(tables);
         memory.check_guards(plan)?;
         Ok(CudaRunOutput {
@@ -441,6 +454,7 @@ impl HostTwin {
             staggered: Vec::new(),
             offset_starts: false,
             op_times: Vec::new(),
+            fused_waits,
             elapsed: start.elapsed(),
         })
     }

@@ -669,7 +669,34 @@ pub(crate) struct FusedLayout {
     pub(crate) waits: u64,
     pub(crate) signals: u64,
     pub(crate) control: u64,
+    /// Two u64 the Hopper engine's producers add to ([`FusedWaits`]), 8-byte aligned
+    /// after the control words.
+    pub(crate) stats: u64,
     pub(crate) bytes: usize,
+}
+
+/// What a fused GEMM's CTAs spent in their blocks' waits, as the Hopper engine's
+/// producers count it (the tile kernels count nothing: zeros).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FusedWaits {
+    /// CTAs that ran.
+    pub ctas: u64,
+    /// Nanoseconds their producers spent spinning on the waits before their blocks' loads,
+    /// summed over the CTAs.
+    pub wait_ns: u64,
+}
+
+impl FusedWaits {
+    /// The words at [`FusedLayout::stats`] of a table read back.
+    pub(crate) fn from_words(words: [u64; 2]) -> FusedWaits {
+        FusedWaits { ctas: words[0], wait_ns: words[1] }
+    }
+
+    /// The share of its CTAs' time that the kernel spent waiting for data, over a run of
+    /// `kernel_s` seconds (`None` where nothing was counted).
+    pub fn share_of(&self, kernel_s: f64) -> Option<f64> {
+        (self.ctas > 0 && kernel_s > 0.0).then(|| self.wait_ns as f64 * 1e-9 / (self.ctas as f64 * kernel_s))
+    }
 }
 
 impl FusedLayout {
@@ -682,9 +709,17 @@ impl FusedLayout {
         let waits = f.blocks.len() * block;
         let signals = waits + f.waits.len() * sync;
         let control = signals + f.signals.len() * sync;
-        // Next tile, blocks released, failed, then per block its tiles done.
-        let bytes = control + 4 * (3 + f.blocks.len());
-        FusedLayout { waits: waits as u64, signals: signals as u64, control: control as u64, bytes }
+        // Next tile, blocks released, failed, then per block its tiles done; then the
+        // producers' counts (8-byte aligned; the kernel finds them the same way).
+        let stats = (control + 4 * (3 + f.blocks.len())).next_multiple_of(8);
+        let bytes = stats + 16;
+        FusedLayout {
+            waits: waits as u64,
+            signals: signals as u64,
+            control: control as u64,
+            stats: stats as u64,
+            bytes,
+        }
     }
 }
 

@@ -23,7 +23,7 @@ mod pool;
 mod rank;
 
 pub use host::HostTwin;
-pub use launch::Kernel;
+pub use launch::{FusedWaits, Kernel};
 
 pub use backend::{
     cublas_present, eager_module_loading_unless_chosen, gemm_plan, probe, CudaBackend, CudaRunOptions, CudaRunOutput,

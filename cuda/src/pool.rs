@@ -295,6 +295,7 @@ impl CudaExecutor for RankPool {
             staggered: Vec::new(),
             offset_starts: false,
             op_times: Vec::new(),
+            fused_waits: Vec::new(),
             elapsed: Duration::ZERO,
         };
         let mut dead = Vec::new();

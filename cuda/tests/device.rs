@@ -274,9 +274,6 @@ fn tile_paths_match_the_cpu_twin(b: &impl CudaExecutor) {
     }
 }
 
-/// Every GPU cmm targets has stream priorities, so the backend's probe of a prioritised
-/// launch must succeed, and runs must report the priority they used (else the bench's
-/// `no prio` column compares a setting with itself).
 #[test]
 fn grouped_gemms_on_the_hopper_engine_match_the_cpu_twin() {
     let Some(b) = backend() else { return };
@@ -328,6 +325,43 @@ fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
     }
     let out = assert_matches_twin(b, &plan, &CudaRunOptions::default());
     assert_eq!(out.gemms.hopper, 0, "{}", plan.name);
+}
+
+/// Every GPU cmm targets has stream priorities, so the backend's probe of a prioritised
+/// launch must succeed, and runs must report the priority they used (else the bench's
+/// `no prio` column compares a setting with itself).
+#[test]
+fn fused_gemms_on_the_hopper_engine_count_their_ctas_and_waits() {
+    let Some(b) = backend() else { return };
+    if b.has_hopper_engine() {
+        fused_waits_counted(&b);
+    }
+}
+
+#[test]
+fn host_fused_gemms_on_the_hopper_engine_count_their_ctas_and_waits() {
+    fused_waits_counted(&host());
+}
+
+/// A fused plan's persistent kernels on the Hopper engine count their CTAs and the time
+/// their producers spent in the blocks' waits (`CudaRunOutput::fused_waits`, one entry per
+/// device's fused GEMM): every CTA once, and no CTA waiting longer than the run; the tile
+/// kernels count nothing.
+fn fused_waits_counted(b: &impl CudaExecutor) {
+    let p = Problem::new(OpKind::AgGemm, 2, 256, 256, 128, DType::F16, DType::F16).unwrap();
+    let plan = build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap();
+    let out = assert_matches_twin(b, &plan, &CudaRunOptions::default());
+    assert!(out.gemms.hopper > 0, "{}", out.gemms.describe());
+    assert_eq!(out.fused_waits.len(), plan.devices, "{:?}", out.fused_waits);
+    for waits in &out.fused_waits {
+        // At most one CTA per tile: a device's C is at most 256×256, four 128×128 tiles.
+        assert!((1..=4).contains(&waits.ctas), "{waits:?}");
+        let share = waits.share_of(out.gpu_time.as_secs_f64()).unwrap();
+        assert!((0.0..=1.0).contains(&share), "{waits:?} over {:?}", out.gpu_time);
+    }
+    let tiles = assert_matches_twin(b, &plan, &CudaRunOptions { hopper: false, ..Default::default() });
+    assert_eq!(tiles.gemms.hopper, 0);
+    assert!(tiles.fused_waits.iter().all(|w| w.ctas == 0 && w.wait_ns == 0), "{:?}", tiles.fused_waits);
 }
 
 #[test]

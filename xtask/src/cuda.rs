@@ -124,9 +124,12 @@ struct Row {
     /// The largest error of the spot-checked output elements, as a fraction of what the
     /// tolerance allows (≤ 1: right at this shape).
     spot_check_worst: f64,
-    /// The variants (staggered, offsets, wide tiles, 2 CTAs per SM, no prio) whose run
-    /// failed, each with its error; their times are null.
+    /// The variants (staggered, offsets, wide tiles, 2 CTAs per SM, free SMs, no prio)
+    /// whose run failed, each with its error; their times are null.
     variant_failures: Vec<String>,
+    /// A fused plan on the Hopper engine: the share of its persistent kernels' CTA time
+    /// spent in their blocks' waits, from one more plain run (null for the other plans).
+    fused_wait_share: Option<f64>,
     /// The GEMM shapes `gemm_sum_us` sums, one per GEMM op.
     #[serde(skip)]
     gemm_specs: Vec<GemmSpec>,
@@ -396,6 +399,13 @@ fn checked_time(
             Err(e) => Timed::Failed(e),
         },
     }
+}
+
+/// The share of the fused GEMMs' CTA time that `out`'s run spent in their blocks' waits
+/// (`None` where no Hopper engine counted any).
+fn wait_share(out: &cmm_cuda::CudaRunOutput) -> Option<f64> {
+    let (ctas, wait_ns) = out.fused_waits.iter().fold((0, 0), |(c, w), f| (c + f.ctas, w + f.wait_ns));
+    cmm_cuda::FusedWaits { ctas, wait_ns }.share_of(out.gpu_time.as_secs_f64())
 }
 
 /// SMs the bench's `free SMs` variant has the fused plans' persistent kernels leave free
@@ -779,6 +789,18 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                         }
                     }
                 };
+                // Where a fused plan's time goes: its CTAs' time in their blocks' waits.
+                let fused_wait_share = if fused {
+                    match backend.run(&plan, 1, Family::Realistic, &run_options) {
+                        Ok(out) => wait_share(&out),
+                        Err(e) => {
+                            failed.push(format!("variant failed: {} waits counted: {e}", plan.name));
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
                 failed.extend(without_failed);
                 let specs = gemm_specs(&plan);
                 let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;
@@ -812,6 +834,14 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                         String::new()
                     }
                 );
+                if let Some(share) = fused_wait_share {
+                    println!(
+                        "waits: {} D={d} {}: its persistent kernels' CTAs spent {:.1} % of the run in their blocks' waits",
+                        op.name(),
+                        algorithm,
+                        100.0 * share
+                    );
+                }
                 report.rows.push(Row {
                     plan: times,
                     figures: PlanFigures {
@@ -827,6 +857,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     time_without_comm_priority_us: without,
                     spot_check_worst: worst,
                     variant_failures: failed,
+                    fused_wait_share,
                     gemm_specs: specs,
                     copies: plan
                         .ops()
@@ -1008,6 +1039,7 @@ mod tests {
             time_without_comm_priority_us: None,
             spot_check_worst: 0.0,
             variant_failures: Vec::new(),
+            fused_wait_share: None,
             gemm_specs,
             copies: algorithm != "ring_push",
         }
