@@ -367,6 +367,25 @@ pub fn key_lines(step: &str, log: &str) -> Vec<String> {
             || t.starts_with("GEMM engines over the run:")
             || step == "gemm-sweep"
             || (step.contains("conformance") || step == "reference-vulkan") && t.contains("  FAIL  ");
+        // The profiler's kernels and their throughputs: every such line.
+        if step == "ncu-hopper" {
+            let metrics = [
+                "Duration",
+                "Compute (SM) Throughput",
+                "Memory Throughput",
+                "DRAM Throughput",
+                "L2 Cache Throughput",
+                "L1/TEX Cache Throughput",
+                "Achieved Occupancy",
+                "Registers Per Thread",
+            ];
+            let trimmed = t.trim_start();
+            let heads = ["cmm_hopper", "profiled:", "ncu:", "==PROF==", "==ERROR==", "==WARNING=="];
+            if heads.iter().any(|h| trimmed.starts_with(h)) || metrics.iter().any(|m| trimmed.starts_with(m)) {
+                out.push(t.to_string());
+            }
+            continue;
+        }
         // The model's table beside the bench's: every line of it.
         if step.ends_with("model-vs-bench") {
             out.push(t.to_string());
@@ -591,6 +610,10 @@ mod tests {
         );
         let model = "as the profile stands (h100-one-gpu):\ncase measured\ngemm_rs D=4 ring 1.0 µs\n";
         assert_eq!(key_lines("model-vs-bench", model).len(), 3);
+        let ncu = "ncu: /usr/local/cuda/bin/ncu\n==PROF== Connected to process 7\n  cmm_hopper_gemm_bf16_n256 (132, 1, 1)x(384, 1, 1), Context 1\n    Section: GPU Speed Of Light Throughput\n    ----------------------- ----------- ------------\n    DRAM Frequency                  Ghz         2.62\n    Duration                         ms         1.84\n    Compute (SM) Throughput           %        61.20\nprofiled: plain 8192x8192x8192 bf16 on hopper 128x256\n";
+        let lines = key_lines("ncu-hopper", ncu);
+        assert_eq!(lines.len(), 6, "{lines:?}");
+        assert!(lines[2].contains("cmm_hopper_gemm_bf16_n256") && lines[3].contains("Duration"), "{lines:?}");
     }
 
     #[test]

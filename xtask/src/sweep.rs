@@ -31,6 +31,12 @@ pub struct Args {
     /// Divide every dimension by this (a rehearsal of the path, not the sweep's shapes).
     #[arg(long, default_value_t = 1)]
     pub shrink: usize,
+    /// Instead of the sweep, run each of the Hopper engine's kernels of interest a few
+    /// times, ungated and untimed, for a profiler to read (`ncu -k regex:cmm_hopper`): the
+    /// 8192³ bf16 GEMM on both tiles, and both MoE grouped GEMMs (bf16) with the engine's
+    /// plain GEMM on their dense shapes.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// The sweep's shapes: the bench's local GEMM (seed 000, D = 4), Flux's per-device
@@ -89,6 +95,9 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("libcublas cannot be loaded: the sweep compares with cuBLAS");
     }
     let shrink = args.shrink.max(1);
+    if args.profile {
+        return profile(&backend, shrink);
+    }
     println!(
         "each variant spot-checked against the f64 oracle ({SPOT_CHECKS} elements) at the shape, then timed: \
          median of {} runs, operands rotated past the L2; ratios are of rates measured in this run",
@@ -201,7 +210,75 @@ fn print_row(r: &Row) {
 /// rows × H × F/D). Its results are checked by the corpus and the device tests (the
 /// grouped GEMMs there run on the engine), not here.
 fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, reps: usize) -> Result<Vec<Row>> {
-    const SEED: u32 = 17;
+    let Grouped { plan, site, spec } = grouped(op, input, shrink)?;
+    let shape = format!("{op} {}x{}x{} E{}", spec.m, spec.n, spec.k, GROUPED.experts);
+    let cublas = backend
+        .time_gemm(&spec, GemmEngine::Cublas, reps)
+        .with_context(|| format!("timing cuBLAS on the dense {}x{}x{}", spec.m, spec.n, spec.k))?;
+    let mut rows = vec![row(&shape, input, "cuBLAS dense".into(), Some(cublas), &spec, cublas, "-".into())];
+    // The engine's plain GEMM on the same dense shape: what the grouping itself costs,
+    // apart from what the shape (moe_rs's short K, ag_moe's narrow N) costs any GEMM.
+    for tile in HopperTile::ALL {
+        let (us, check) = checked_time(backend, &spec, tile, reps);
+        rows.push(row(&shape, input, format!("hopper {} dense", tile.name()), us, &spec, cublas, check));
+    }
+    for tile in HopperTile::ALL {
+        let options = CudaRunOptions { time_ops: true, cold_l2: true, ..grouped_options(tile) };
+        let mut times = Vec::new();
+        let mut failure = None;
+        // One untimed run first: module loading and the first touch of the buffers. Each
+        // run regenerates the inputs and cools the L2, so at most 10 are timed.
+        for rep in 0..=reps.clamp(1, 10) {
+            match backend.run(&plan, GROUPED_SEED, Family::Realistic, &options) {
+                Ok(out) if out.gemms.hopper != 1 => {
+                    failure = Some(format!("ran on {}, not the Hopper engine", out.gemms.describe()));
+                    break;
+                }
+                Ok(out) if rep > 0 => match out.op_times.iter().find(|(s, _, _)| *s == site) {
+                    Some(&(_, _, us)) => times.push(us),
+                    None => {
+                        failure = Some("the run timed no grouped GEMM".into());
+                        break;
+                    }
+                },
+                Ok(_) => {}
+                Err(e) => {
+                    failure = Some(format!("run failed: {e:#}"));
+                    break;
+                }
+            }
+        }
+        let name = format!("hopper {} grouped", tile.name());
+        let us = (failure.is_none() && !times.is_empty()).then(|| crate::timing::median(times));
+        let check = failure.unwrap_or_else(|| "checked by the corpus and the device tests".into());
+        rows.push(row(&shape, input, name, us, &spec, cublas, check));
+    }
+    Ok(rows)
+}
+
+/// The seed of the grouped GEMMs' routing and inputs.
+const GROUPED_SEED: u32 = 17;
+
+/// A grouped GEMM of the sweep: its one-device MoE plan, the grouped GEMM's site in it,
+/// and the dense GEMM of the same FLOPs.
+struct Grouped {
+    plan: cmm_core::Plan,
+    site: cmm_core::plan::OpSite,
+    spec: GemmSpec,
+}
+
+/// The run options of a grouped GEMM on the Hopper engine's `tile`, its results not read.
+fn grouped_options(tile: HopperTile) -> CudaRunOptions {
+    CudaRunOptions {
+        gemm: GemmEngine::Hopper,
+        hopper_tile: Some(tile),
+        read_back: ReadBack::Nothing,
+        ..Default::default()
+    }
+}
+
+/// The grouped GEMM of `op` ([`GROUPED`], every dimension divided by `shrink`).
+fn grouped(op: MoeOp, input: DType, shrink: usize) -> Result<Grouped> {
     let g = GROUPED;
     let problem = MoeProblem::new(
         op,
@@ -236,56 +313,44 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
         trans_b: false,
         accumulate: false,
     };
-    let shape = format!("{op} {}x{}x{} E{}", spec.m, spec.n, spec.k, g.experts);
-    let cublas = backend
-        .time_gemm(&spec, GemmEngine::Cublas, reps)
-        .with_context(|| format!("timing cuBLAS on the dense {}x{}x{}", spec.m, spec.n, spec.k))?;
-    let mut rows = vec![row(&shape, input, "cuBLAS dense".into(), Some(cublas), &spec, cublas, "-".into())];
-    // The engine's plain GEMM on the same dense shape: what the grouping itself costs,
-    // apart from what the shape (moe_rs's short K, ag_moe's narrow N) costs any GEMM.
+    Ok(Grouped { plan, site, spec })
+}
+
+/// The profiler's runs ([`Args::profile`]): each kernel of interest a few times, ungated
+/// (a profiler serialises launches, and the gate would hold them), nothing timed or
+/// checked here.
+fn profile(backend: &CudaBackend, shrink: usize) -> Result<()> {
+    let n = 8192 / shrink;
+    let square = GemmSpec {
+        m: n,
+        n,
+        k: n,
+        input: DType::Bf16,
+        output: DType::Bf16,
+        trans_a: false,
+        trans_b: false,
+        accumulate: false,
+    };
+    let plain = |what: &str, spec: &GemmSpec, tile: HopperTile| -> Result<()> {
+        let choice =
+            GemmChoice { engine: GemmEngine::Hopper, wide_tiles: false, hopper: true, hopper_tile: Some(tile) };
+        backend.time_gemm_as(spec, &choice, 1).with_context(|| format!("{what} on {}", tile.name()))?;
+        println!("profiled: {what} {}x{}x{} bf16 on hopper {}", spec.m, spec.n, spec.k, tile.name());
+        Ok(())
+    };
     for tile in HopperTile::ALL {
-        let (us, check) = checked_time(backend, &spec, tile, reps);
-        rows.push(row(&shape, input, format!("hopper {} dense", tile.name()), us, &spec, cublas, check));
+        plain("plain", &square, tile)?;
     }
-    for tile in HopperTile::ALL {
-        let options = CudaRunOptions {
-            gemm: GemmEngine::Hopper,
-            hopper_tile: Some(tile),
-            time_ops: true,
-            cold_l2: true,
-            read_back: ReadBack::Nothing,
-            ..Default::default()
-        };
-        let mut times = Vec::new();
-        let mut failure = None;
-        // One untimed run first: module loading and the first touch of the buffers. Each
-        // run regenerates the inputs and cools the L2, so at most 10 are timed.
-        for rep in 0..=reps.clamp(1, 10) {
-            match backend.run(&plan, SEED, Family::Realistic, &options) {
-                Ok(out) if out.gemms.hopper != 1 => {
-                    failure = Some(format!("ran on {}, not the Hopper engine", out.gemms.describe()));
-                    break;
-                }
-                Ok(out) if rep > 0 => match out.op_times.iter().find(|(s, _, _)| *s == site) {
-                    Some(&(_, _, us)) => times.push(us),
-                    None => {
-                        failure = Some("the run timed no grouped GEMM".into());
-                        break;
-                    }
-                },
-                Ok(_) => {}
-                Err(e) => {
-                    failure = Some(format!("run failed: {e:#}"));
-                    break;
-                }
-            }
+    for op in [MoeOp::AgMoe, MoeOp::MoeRs] {
+        let Grouped { plan, spec, .. } = grouped(op, DType::Bf16, shrink)?;
+        for tile in HopperTile::ALL {
+            plain(&format!("{op} dense"), &spec, tile)?;
+            let options = CudaRunOptions { gate: false, ..grouped_options(tile) };
+            backend.run(&plan, GROUPED_SEED, Family::Realistic, &options).with_context(|| format!("{op} grouped"))?;
+            println!("profiled: {op} grouped {}x{}x{} bf16 on hopper {}", spec.m, spec.n, spec.k, tile.name());
         }
-        let name = format!("hopper {} grouped", tile.name());
-        let us = (failure.is_none() && !times.is_empty()).then(|| crate::timing::median(times));
-        let check = failure.unwrap_or_else(|| "checked by the corpus and the device tests".into());
-        rows.push(row(&shape, input, name, us, &spec, cublas, check));
     }
-    Ok(rows)
+    Ok(())
 }
 
 /// The GEMM on the Hopper engine's `tile`: spot-checked ([`checked`]), then timed as the

@@ -171,6 +171,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         # The GEMM sweep's path (its spot checks included) on shapes 32 times smaller: the
         # fake driver's times mean nothing.
         step rehearsal-gemm-sweep 120 "$x" gemm-sweep --shrink 32 --reps 2 --json "$scratch/gemm-sweep.json"
+        # What the ncu step runs under the profiler (no profiler here).
+        step rehearsal-gemm-sweep-profile 60 "$x" gemm-sweep --shrink 32 --profile
     else
         unset CMM_REQUIRE_GPU
         {
@@ -223,6 +225,23 @@ fi
 # plans' shapes, every variant spot-checked before it is timed; then the corpus with every
 # GEMM on cmm's own kernels and the Hopper engine wherever it applies, on each tile.
 step gemm-sweep 180 "$x" gemm-sweep --json "$out/gemm-sweep.json"
+# The engine's kernels under Nsight Compute where the machine has it: each kernel's speed
+# of light (SM, memory, DRAM and L2 throughput) and occupancy, at 8192³ and on the MoE
+# grouped GEMMs beside the plain GEMM on their dense shapes (`gemm-sweep --profile` runs
+# them ungated: a profiler serialises launches).
+ncu_hopper() {
+    local ncu
+    ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
+    if [ -z "$ncu" ]; then
+        echo "ncu: not on this machine; nothing profiled"
+        return 0
+    fi
+    echo "ncu: $ncu"
+    "$ncu" --clock-control none -k regex:cmm_hopper --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy "$x" gemm-sweep --profile
+}
+export -f ncu_hopper
+step ncu-hopper 120 bash -c ncu_hopper
 step conformance-hopper 90 "$x" conformance --backend cuda --sync kernels --hopper --case-timeout 30 \
     --stamps "$scratch/hopper-stamps"
 step conformance-hopper-wide 90 "$x" conformance --backend cuda --sync kernels --hopper --hopper-tile wide \
