@@ -30,6 +30,10 @@ pub struct Args {
     /// Do not fetch the Vulkan loader and GL dispatch libraries with `apt-get download`.
     #[arg(long)]
     pub no_vulkan: bool,
+    /// Do not build the Python package's wheel (with maturin: `$CMM_MATURIN`, else
+    /// `maturin` on the PATH) for the step that runs torch's tensors through it.
+    #[arg(long)]
+    pub no_python: bool,
     /// After building, run the script here and require its "no GPU" exit (status 3), then
     /// its rehearsal from a copy elsewhere, which must pass.
     #[arg(long)]
@@ -186,9 +190,11 @@ pub fn run(args: &Args) -> Result<()> {
     fs::write(dir.join("COMMIT"), format!("{commit}\n")).context("writing COMMIT")?;
     let vulkan =
         if args.no_vulkan { "not bundled (--no-vulkan)".to_string() } else { fetch_vulkan(&dir.join("vulkan")) };
+    let python =
+        if args.no_python { "not bundled (--no-python)".to_string() } else { build_python(&root, &dir.join("python")) };
     let bytes = dir_bytes(&dir)?;
     println!(
-        "bundle: {} ({:.1} MiB), commit {commit}; needs glibc >= {}.{}; Vulkan loader: {vulkan}",
+        "bundle: {} ({:.1} MiB), commit {commit}; needs glibc >= {}.{}; Vulkan loader: {vulkan}; Python: {python}",
         dir.display(),
         bytes as f64 / 1048576.0,
         glibc.0,
@@ -220,6 +226,39 @@ fn fetch_vulkan(dir: &Path) -> String {
         Ok(out) if out.status.success() => format!("{} .debs bundled", VULKAN_PACKAGES.join(", ")),
         Ok(out) => format!("not bundled (apt-get download: {})", String::from_utf8_lossy(&out.stderr).trim()),
         Err(e) => format!("not bundled (apt-get: {e})"),
+    }
+}
+
+/// The Python package's wheel (the extension in release, stripped) and the test that runs
+/// torch's own CUDA tensors through it (`python/tests/test_torch_gpu.py`) into `dir`;
+/// returns what happened, in words. maturin is `$CMM_MATURIN`, else `maturin` on the PATH.
+fn build_python(root: &Path, dir: &Path) -> String {
+    let maturin = std::env::var_os("CMM_MATURIN").unwrap_or_else(|| "maturin".into());
+    if let Err(e) = fs::create_dir_all(dir) {
+        return format!("not bundled ({e})");
+    }
+    let built = Command::new(&maturin)
+        .args(["build", "--release", "--strip", "--manifest-path"])
+        .arg(root.join("python").join("Cargo.toml"))
+        .arg("--out")
+        .arg(dir)
+        .env("CARGO_TARGET_DIR", root.join("target"))
+        .output();
+    let test = root.join("python").join("tests").join("test_torch_gpu.py");
+    match built {
+        Ok(out) if out.status.success() => match fs::copy(&test, dir.join("test_torch_gpu.py")) {
+            Ok(_) => "the cmm wheel and test_torch_gpu.py bundled".into(),
+            Err(e) => format!("not bundled (copying {}: {e})", test.display()),
+        },
+        Ok(out) => {
+            let _ = fs::remove_dir_all(dir);
+            let log = String::from_utf8_lossy(&out.stderr);
+            format!("not bundled (maturin build: {})", log.lines().last().unwrap_or("failed"))
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(dir);
+            format!("not bundled ({}: {e})", maturin.to_string_lossy())
+        }
     }
 }
 
@@ -308,9 +347,9 @@ fn rehearse(dir: &Path) -> Result<()> {
     let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
     let summary = fs::read_to_string(out.join("summary.md")).unwrap_or_default();
     let rows = summary.lines().filter(|l| l.starts_with("| rehearsal-")).collect::<Vec<_>>();
-    // With NVRTC, the GPU steps on the fake driver (16); without, the host twin's (3).
+    // With NVRTC, the GPU steps on the fake driver (17); without, the host twin's (3).
     let fake = cmm_cuda::nvrtc_available();
-    let expected = if fake { 16 } else { 3 };
+    let expected = if fake { 17 } else { 3 };
     if !output.status.success() || rows.len() != expected || !rows.iter().all(|r| r.contains("| passed |")) {
         bail!("the bundle's rehearsal failed (exit {:?}):\n{text}\n{summary}", output.status.code());
     }
@@ -366,6 +405,8 @@ pub fn key_lines(step: &str, log: &str) -> Vec<String> {
             || t.starts_with("variant failed:")
             || t.starts_with("GEMM engines over the run:")
             || step == "gemm-sweep"
+            || (step == "python-torch"
+                && (["python:", "torch", "ok ", "FAILED "].iter().any(|h| t.starts_with(h)) || t.ends_with(" failed")))
             || (step.contains("conformance") || step == "reference-vulkan") && t.contains("  FAIL  ");
         // The profiler's kernels and their throughputs: every such line.
         if step == "ncu-hopper" {

@@ -50,7 +50,7 @@ pub fn run(quick: bool, fuzz: Option<u64>) -> Result<()> {
         println!("skipped: libnvrtc is not installed here (.ci/run installs it; see `cargo xtask cuda-check`)");
     }
     step("cargo xtask gpu-bundle --no-vulkan --check");
-    crate::bundle::run(&crate::bundle::Args { out: None, no_vulkan: true, check: true })
+    crate::bundle::run(&crate::bundle::Args { out: None, no_vulkan: true, no_python: false, check: true })
         .context("ci step `cargo xtask gpu-bundle --no-vulkan --check` failed")?;
     let report = root.join("target").join("conformance-report.xml");
     step(&format!("cargo xtask conformance --schedules 4 --report {}", report.display()));
