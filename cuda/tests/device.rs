@@ -274,12 +274,17 @@ fn tile_paths_match_the_cpu_twin(b: &impl CudaExecutor) {
     }
 }
 
+/// Runs `test` on the GPU where it has the Hopper engine (skipped without a GPU, as every
+/// GPU test here).
+fn on_a_hopper_gpu(test: impl FnOnce(&CudaBackend)) {
+    if let Some(b) = backend().filter(CudaBackend::has_hopper_engine) {
+        test(&b);
+    }
+}
+
 #[test]
 fn grouped_gemms_on_the_hopper_engine_match_the_cpu_twin() {
-    let Some(b) = backend() else { return };
-    if b.has_hopper_engine() {
-        grouped_gemms_on_the_hopper_engine(&b);
-    }
+    on_a_hopper_gpu(grouped_gemms_on_the_hopper_engine);
 }
 
 #[test]
@@ -327,15 +332,9 @@ fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
     assert_eq!(out.gemms.hopper, 0, "{}", plan.name);
 }
 
-/// Every GPU cmm targets has stream priorities, so the backend's probe of a prioritised
-/// launch must succeed, and runs must report the priority they used (else the bench's
-/// `no prio` column compares a setting with itself).
 #[test]
 fn fused_gemms_on_the_hopper_engine_count_their_ctas_and_waits() {
-    let Some(b) = backend() else { return };
-    if b.has_hopper_engine() {
-        fused_waits_counted(&b);
-    }
+    on_a_hopper_gpu(fused_waits_counted);
 }
 
 #[test]
@@ -364,6 +363,9 @@ fn fused_waits_counted(b: &impl CudaExecutor) {
     assert!(tiles.fused_waits.iter().all(|w| w.ctas == 0 && w.wait_ns == 0), "{:?}", tiles.fused_waits);
 }
 
+/// Every GPU cmm targets has stream priorities, so the backend's probe of a prioritised
+/// launch must succeed, and runs must report the priority they used (else the bench's
+/// `no prio` column compares a setting with itself).
 #[test]
 fn communication_launches_at_the_greatest_priority() {
     let Some(b) = backend() else { return };
