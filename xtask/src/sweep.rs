@@ -211,7 +211,8 @@ fn print_row(r: &Row) {
 /// grouped GEMMs there run on the engine), not here.
 fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, reps: usize) -> Result<Vec<Row>> {
     let Grouped { plan, site, spec } = grouped(op, input, shrink)?;
-    let shape = format!("{op} {}x{}x{} E{}", spec.m, spec.n, spec.k, GROUPED.experts);
+    let out = if spec.output == input { String::new() } else { format!(" →{}", spec.output) };
+    let shape = format!("{op} {}x{}x{} E{}{out}", spec.m, spec.n, spec.k, GROUPED.experts);
     let cublas = backend
         .time_gemm(&spec, GemmEngine::Cublas, reps)
         .with_context(|| format!("timing cuBLAS on the dense {}x{}x{}", spec.m, spec.n, spec.k))?;
@@ -293,10 +294,15 @@ fn grouped(op: MoeOp, input: DType, shrink: usize) -> Result<Grouped> {
         input,
     )?;
     let plan = build_moe_plan(&problem, Algorithm::Baseline)?;
-    let (site, _) = plan
+    let (site, c) = plan
         .ops()
-        .find(|(_, op)| matches!(op, cmm_core::Op::GroupedGemm { .. }))
+        .find_map(|(site, op)| match op {
+            cmm_core::Op::GroupedGemm { c, .. } => Some((site, c.buf)),
+            _ => None,
+        })
         .context("an MoE plan has a grouped GEMM")?;
+    // The dense GEMMs write what the grouped one writes (moe_rs: f32 rows for the combine).
+    let output = plan.buffer(c).dtype;
     // Uniform routing drops no slot: every token's k rows are computed, × W1 (H × F) for
     // ag_moe, × W2 (F × H) for moe_rs.
     let (n, k) = match op {
@@ -308,7 +314,7 @@ fn grouped(op: MoeOp, input: DType, shrink: usize) -> Result<Grouped> {
         n,
         k,
         input,
-        output: input,
+        output,
         trans_a: false,
         trans_b: false,
         accumulate: false,
