@@ -237,7 +237,7 @@ ncu_hopper() {
         return 0
     fi
     echo "ncu: $ncu"
-    "$ncu" --clock-control none -k regex:cmm_hopper --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    "$ncu" --clock-control none -k regex:cmm_hopper --launch-count 16 --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section Occupancy "$x" gemm-sweep --profile
 }
 export -f ncu_hopper
@@ -270,6 +270,19 @@ step bench-kernels 240 "$x" bench --backend cuda --sync kernels --json "$out/ben
 # The bench's times beside the one-GPU simulator profile, as it stands and calibrated by the
 # bench's own figures (CPU only, seconds).
 step model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-kernels.json"
+# cmm.cuda.run on the machine's PyTorch CUDA tensors through DLPack, in one process and in
+# one process per device as torchrun launches it, with the cmm wheel the bundle carries.
+python_torch() {
+    if ! compgen -G "$here/python/*.whl" >/dev/null; then
+        echo "python: not bundled (the bundle's build line says why); nothing run"
+        return 0
+    fi
+    local site="$scratch/python"
+    python3 -m pip install --quiet --no-index --no-deps --target "$site" "$here"/python/*.whl || return 1
+    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" python3 "$here/python/test_torch_gpu.py"
+}
+export -f python_torch
+step python-torch 150 bash -c python_torch
 step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case-timeout 30
 step bench-memops 200 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
 step cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
@@ -322,19 +335,6 @@ step reference-vulkan 120 bash -c reference_on_vulkan
 # (no MPS), so it checks results, not speed; late, so that a slow run starves nothing the
 # earlier steps measure.
 step conformance-processes 220 "$x" conformance --backend cuda --sync kernels --processes --case-timeout 30
-# cmm.cuda.run on the machine's PyTorch CUDA tensors through DLPack, in one process and in
-# one process per device as torchrun launches it, with the cmm wheel the bundle carries.
-python_torch() {
-    if ! compgen -G "$here/python/*.whl" >/dev/null; then
-        echo "python: not bundled (the bundle's build line says why); nothing run"
-        return 0
-    fi
-    local site="$scratch/python"
-    python3 -m pip install --quiet --no-index --no-deps --target "$site" "$here"/python/*.whl || return 1
-    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" python3 "$here/python/test_torch_gpu.py"
-}
-export -f python_torch
-step python-torch 150 bash -c python_torch
 # Last, so that it can starve nothing: the persistent fused GEMM (its CTAs spin on flags
 # and on each other, its scheduler words live in shared memory) on its three
 # two-device cases under every tool.
