@@ -55,6 +55,16 @@ fn print_json(value: serde_json::Value) -> Result<()> {
     crate::output::emit_json(value)
 }
 
+/// What a winning plan's prediction assumes that no measurement has shown: the fused
+/// plans' waits inside their persistent kernels cost nothing beyond the data's arrival.
+fn caveat(winner: cmm_core::Algorithm) -> Option<&'static str> {
+    matches!(winner, cmm_core::Algorithm::Fused { .. }).then_some(
+        "the fused plans have run only as virtual devices sharing one GPU (an H100 and an H200, 2026-11-26, \
+         docs/perf.md), where they took 1.14 to 2.53 times their compute-only twins and lost to the ring plans; \
+         this prediction assumes their waits cost nothing beyond the data's arrival, which no run has shown",
+    )
+}
+
 /// Runs the command.
 pub fn run(args: &Args) -> Result<()> {
     let profile = args.problem.profile()?;
@@ -91,6 +101,7 @@ pub fn run(args: &Args) -> Result<()> {
                 "skipped": skipped,
                 "winner": ranking.winner().algorithm.to_string(),
                 "reason": ranking.reason,
+                "caveat": caveat(ranking.winner().algorithm),
             }));
         }
         println!("{} on {} (simulated, each GEMM on the engine cmm runs it on)", problem.describe(), profile.name);
@@ -130,6 +141,9 @@ pub fn run(args: &Args) -> Result<()> {
         }
         let winner = ranking.winner();
         println!("winner: {} on {} — {}", winner.algorithm, winner.report.engines.describe(), ranking.reason);
+        if let Some(caveat) = caveat(winner.algorithm) {
+            println!("caveat: {caveat}");
+        }
         return Ok(());
     };
     // 2D mode tries every Nr x Nc mesh of P chips: a 1D op or device count has no place.

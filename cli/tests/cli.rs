@@ -300,3 +300,73 @@ fn the_readme_loop_works_as_written() {
     }
     assert_eq!(ran, 6, "the README's loop has six cmm commands");
 }
+
+/// A fused winner comes with what its prediction assumes (its waits cost nothing past the
+/// data's arrival, which only one-GPU runs have tested, and there they lost); another
+/// winner does not.
+#[test]
+fn tune_says_what_a_fused_winner_assumes() {
+    let s = Scratch::new("tune-caveat");
+    let tune = |args: &[&str]| -> serde_json::Value {
+        let o = cmm(&s.0, &[&["tune", "--json"], args].concat());
+        assert!(o.status.success(), "{}", text(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let flux = tune(&[
+        "--op",
+        "ag_gemm",
+        "-d",
+        "8",
+        "-m",
+        "4096",
+        "-n",
+        "49152",
+        "-k",
+        "12288",
+        "--input",
+        "bf16",
+        "--profile",
+        "h800-nvlink",
+    ]);
+    assert_eq!(flux["winner"], "fused", "{flux}");
+    assert!(flux["caveat"].as_str().unwrap().contains("1.14 to 2.53 times their compute-only twins"), "{flux}");
+    let one_gpu = tune(&[
+        "--op",
+        "ag_gemm",
+        "-d",
+        "4",
+        "-m",
+        "4096",
+        "-n",
+        "16384",
+        "-k",
+        "4096",
+        "--input",
+        "f16",
+        "--profile",
+        "h100-one-gpu",
+    ]);
+    assert_ne!(one_gpu["winner"], "fused", "{one_gpu}");
+    assert!(one_gpu["caveat"].is_null(), "{one_gpu}");
+    let text_out = text(&cmm(
+        &s.0,
+        &[
+            "tune",
+            "--op",
+            "ag_gemm",
+            "-d",
+            "8",
+            "-m",
+            "4096",
+            "-n",
+            "49152",
+            "-k",
+            "12288",
+            "--input",
+            "bf16",
+            "--profile",
+            "h800-nvlink",
+        ],
+    ));
+    assert!(text_out.contains("\ncaveat: the fused plans have run only as virtual devices"), "{text_out}");
+}
