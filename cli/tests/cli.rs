@@ -306,13 +306,7 @@ fn the_readme_loop_works_as_written() {
 /// winner does not.
 #[test]
 fn tune_says_what_a_fused_winner_assumes() {
-    let s = Scratch::new("tune-caveat");
-    let tune = |args: &[&str]| -> serde_json::Value {
-        let o = cmm(&s.0, &[&["tune", "--json"], args].concat());
-        assert!(o.status.success(), "{}", text(&o));
-        serde_json::from_slice(&o.stdout).unwrap()
-    };
-    let flux = tune(&[
+    const FLUX: &[&str] = &[
         "--op",
         "ag_gemm",
         "-d",
@@ -327,10 +321,8 @@ fn tune_says_what_a_fused_winner_assumes() {
         "bf16",
         "--profile",
         "h800-nvlink",
-    ]);
-    assert_eq!(flux["winner"], "fused", "{flux}");
-    assert!(flux["caveat"].as_str().unwrap().contains("1.14 to 2.53 times their compute-only twins"), "{flux}");
-    let one_gpu = tune(&[
+    ];
+    const SEED000: &[&str] = &[
         "--op",
         "ag_gemm",
         "-d",
@@ -345,28 +337,21 @@ fn tune_says_what_a_fused_winner_assumes() {
         "f16",
         "--profile",
         "h100-one-gpu",
-    ]);
+    ];
+    let s = Scratch::new("tune-caveat");
+    let tune = |json: &[&str], args: &[&str]| {
+        let o = cmm(&s.0, &[&["tune"], json, args].concat());
+        assert!(o.status.success(), "{}", text(&o));
+        o
+    };
+    let json =
+        |args: &[&str]| -> serde_json::Value { serde_json::from_slice(&tune(&["--json"], args).stdout).unwrap() };
+    let flux = json(FLUX);
+    assert_eq!(flux["winner"], "fused", "{flux}");
+    assert!(flux["caveat"].as_str().unwrap().contains("1.14 to 2.53 times their compute-only twins"), "{flux}");
+    let one_gpu = json(SEED000);
     assert_ne!(one_gpu["winner"], "fused", "{one_gpu}");
     assert!(one_gpu["caveat"].is_null(), "{one_gpu}");
-    let text_out = text(&cmm(
-        &s.0,
-        &[
-            "tune",
-            "--op",
-            "ag_gemm",
-            "-d",
-            "8",
-            "-m",
-            "4096",
-            "-n",
-            "49152",
-            "-k",
-            "12288",
-            "--input",
-            "bf16",
-            "--profile",
-            "h800-nvlink",
-        ],
-    ));
+    let text_out = text(&tune(&[], FLUX));
     assert!(text_out.contains("\ncaveat: the fused plans have run only as virtual devices"), "{text_out}");
 }
