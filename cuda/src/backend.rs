@@ -1294,12 +1294,8 @@ fn execute(
 /// What each fused GEMM's CTAs counted of their waits ([`FusedLayout::stats`]), read back
 /// from its table once the run has finished.
 fn fused_waits(tables: &[DeviceAlloc], lowered: &Lowered) -> Result<Vec<FusedWaits>, CudaError> {
-    let commands = lowered.steps.iter().filter_map(|step| match &step.command {
-        Some(Command::FusedGemm(f)) => Some(f),
-        _ => None,
-    });
     let mut waits = Vec::new();
-    for (table, f) in tables.iter().zip(commands) {
+    for (table, f) in tables.iter().zip(lowered.fused_gemms()) {
         let mut words = [0u64; 2];
         table.ctx.bind_to_thread().map_err(|e| CudaError::driver("binding a context", e))?;
         // SAFETY: the two words lie inside the live table (its layout sized it to hold
@@ -1715,7 +1711,9 @@ fn submit(
 /// spare: one more CTA of the kernel beside `per_sm` of them on every SM, or, where one
 /// CTA fills an SM (`fits == 1`, the 128×128 tiles), at least one SM that no fused
 /// kernel takes. A 4-device ag_gemm on 128×128 tiles that took all 132 SMs of an H100
-/// (33 CTAs each) timed out on its waits in the kernel-wait mode (2026-11-25).
+/// (33 CTAs each) timed out on its waits in the kernel-wait mode (2026-11-25). `free`
+/// ([`CudaRunOptions::fused_free_sms`]) leaves that many SMs of the GPU without a fused
+/// CTA instead (at least one where a CTA fills an SM).
 pub(crate) fn fused_grid(sms: u32, sharing: u32, per_sm: u32, fits: u32, free: Option<u32>) -> Result<u32, String> {
     let sharing = sharing.max(1);
     if fits == 0 {

@@ -431,12 +431,8 @@ impl HostTwin {
             return Err(e);
         }
         let fused_waits = lowered
-            .steps
-            .iter()
-            .filter_map(|step| match &step.command {
-                Some(Command::FusedGemm(f)) => Some(crate::launch::FusedLayout::of(f).stats as usize / 8),
-                _ => None,
-            })
+            .fused_gemms()
+            .map(|f| crate::launch::FusedLayout::of(f).stats as usize / 8)
             .zip(&tables)
             .map(|(at, table)| {
                 let word = |i: usize| table[at + i].load(Ordering::Acquire);

@@ -438,6 +438,16 @@ pub struct Lowered {
     pub queues: usize,
 }
 
+impl Lowered {
+    /// The fused GEMMs, in step order (the order of their tables).
+    pub(crate) fn fused_gemms(&self) -> impl Iterator<Item = &FusedGemmCommand> {
+        self.steps.iter().filter_map(|step| match &step.command {
+            Some(Command::FusedGemm(f)) => Some(f),
+            _ => None,
+        })
+    }
+}
+
 /// What lowering may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LowerOptions {

@@ -316,8 +316,6 @@ struct Sim<'a> {
     lanes: Vec<LaneRun>,
     flows: Vec<Flow>,
     flows_dirty: bool,
-    /// Whether a copy and compute run at once on one GPU (set by `allocate`).
-    contended: bool,
     sems: Vec<Vec<u32>>,
     landed: Vec<Vec<Vec<Landed>>>,
     records: Vec<Vec<Vec<OpRecord>>>,
@@ -797,8 +795,9 @@ impl<'a> Sim<'a> {
         let mut left: Vec<f64> = self.topo.resources.iter().map(|r| r.capacity).collect();
         // On one GPU a copy beside compute slows both, by the profile's contention factors
         // (a copy's cap is scaled in `fill`).
-        self.contended =
+        let contended =
             self.topo.one_gpu() && self.flows.iter().any(|f| f.computes) && self.flows.iter().any(|f| !f.computes);
+        let copy_share = if contended { self.profile.copy.rate_beside_compute } else { 1.0 };
         // On one GPU, ops computing at once fill the chip better than one alone.
         if self.topo.one_gpu() {
             for (r, resource) in self.topo.resources.iter().enumerate() {
@@ -806,7 +805,7 @@ impl<'a> Sim<'a> {
                     let ops =
                         self.flows.iter().filter(|f| f.computes && f.resources.iter().any(|&(u, _)| u == r)).count();
                     left[r] *= self.profile.compute.throughput_with(ops);
-                    if self.contended {
+                    if contended {
                         left[r] *= self.profile.copy.compute_beside_copy;
                     }
                 }
@@ -817,15 +816,16 @@ impl<'a> Sim<'a> {
         classes.dedup();
         for class in classes {
             let open = (0..self.flows.len()).filter(|&i| (!self.flows[i].computes, self.flows[i].priority) == class);
-            self.fill(&mut left, open.collect());
+            self.fill(&mut left, open.collect(), copy_share);
         }
         self.flows_dirty = false;
     }
 
     /// Progressive filling of the `open` flows over the capacities `left`: every open
     /// flow's rate rises together until a resource is full (a flow takes its weight of a
-    /// resource per unit of rate) or the flow reaches its cap; those flows are fixed.
-    fn fill(&mut self, left: &mut [f64], mut open: Vec<usize>) {
+    /// resource per unit of rate) or the flow reaches its cap (a copy's scaled by
+    /// `copy_share`); those flows are fixed.
+    fn fill(&mut self, left: &mut [f64], mut open: Vec<usize>, copy_share: f64) {
         let mut load = vec![0.0f64; left.len()];
         for &i in &open {
             for &(r, w) in &self.flows[i].resources {
@@ -833,8 +833,7 @@ impl<'a> Sim<'a> {
             }
         }
         while !open.is_empty() {
-            let beside = if self.contended { self.profile.copy.rate_beside_compute } else { 1.0 };
-            let cap = |f: &Flow| if f.computes { f.cap } else { f.cap * beside };
+            let cap = |f: &Flow| if f.computes { f.cap } else { f.cap * copy_share };
             let limit = |f: &Flow| f.resources.iter().map(|&(r, _)| left[r] / load[r]).fold(cap(f), f64::min);
             let lowest = open.iter().map(|&i| limit(&self.flows[i])).fold(f64::INFINITY, f64::min);
             let (fix, keep): (Vec<usize>, Vec<usize>) =
@@ -1005,7 +1004,6 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
         lanes,
         flows: Vec::new(),
         flows_dirty: false,
-        contended: false,
         sems: vec![vec![0; plan.semaphores.len()]; plan.devices],
         landed: (0..plan.devices).map(|_| (0..plan.semaphores.len()).map(|_| Vec::new()).collect()).collect(),
         records,
