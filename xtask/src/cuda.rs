@@ -794,7 +794,9 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     match backend.run(&plan, 1, Family::Realistic, &run_options) {
                         Ok(out) => wait_share(&out),
                         Err(e) => {
-                            failed.push(format!("variant failed: {} waits counted: {e}", plan.name));
+                            let line = format!("variant failed: {} waits counted: {e}", plan.name);
+                            println!("{line}");
+                            failed.push(line);
                             None
                         }
                     }
