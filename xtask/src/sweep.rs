@@ -145,8 +145,8 @@ pub fn run(args: &Args) -> Result<()> {
                     ));
                     continue;
                 }
-                let (us, check) = checked_time(&backend, &spec, tile, args.reps);
-                if check.starts_with("run failed") {
+                let (us, check, run_failed) = checked_time(&backend, &spec, tile, args.reps);
+                if run_failed {
                     failing.push(tile);
                 }
                 rows.push(row(&shape, input, name, us, &spec, cublas, check));
@@ -220,7 +220,7 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
     // The engine's plain GEMM on the same dense shape: what the grouping itself costs,
     // apart from what the shape (moe_rs's short K, ag_moe's narrow N) costs any GEMM.
     for tile in HopperTile::ALL {
-        let (us, check) = checked_time(backend, &spec, tile, reps);
+        let (us, check, _) = checked_time(backend, &spec, tile, reps);
         rows.push(row(&shape, input, format!("hopper {} dense", tile.name()), us, &spec, cublas, check));
     }
     for tile in HopperTile::ALL {
@@ -360,18 +360,18 @@ fn profile(backend: &CudaBackend, shrink: usize) -> Result<()> {
 }
 
 /// The GEMM on the Hopper engine's `tile`: spot-checked ([`checked`]), then timed as the
-/// sweep times a GEMM; the time, and the check's line ("run failed: …" where it could not
-/// run, "WRONG: …" where it ran wrong).
-fn checked_time(backend: &CudaBackend, spec: &GemmSpec, tile: HopperTile, reps: usize) -> (Option<f64>, String) {
+/// sweep times a GEMM; the time, the check's line ("WRONG: …" where it ran wrong), and
+/// whether its run failed (a trap, a lost context: "run failed: …").
+fn checked_time(backend: &CudaBackend, spec: &GemmSpec, tile: HopperTile, reps: usize) -> (Option<f64>, String, bool) {
     let choice = GemmChoice { engine: GemmEngine::Hopper, wide_tiles: false, hopper: true, hopper_tile: Some(tile) };
     match checked(backend, spec, tile) {
         Ok(Ok(worst)) => match backend.time_gemm_as(spec, &choice, reps) {
-            Ok((us, GemmImpl::Hopper { .. })) => (Some(us), format!("ok (worst {worst:.2} of its allowance)")),
-            Ok((_, other)) => (None, format!("ran on {other:?}, not the Hopper engine")),
-            Err(e) => (None, format!("timing failed: {e}")),
+            Ok((us, GemmImpl::Hopper { .. })) => (Some(us), format!("ok (worst {worst:.2} of its allowance)"), false),
+            Ok((_, other)) => (None, format!("ran on {other:?}, not the Hopper engine"), false),
+            Err(e) => (None, format!("timing failed: {e}"), false),
         },
-        Ok(Err(wrong)) => (None, format!("WRONG: {wrong}")),
-        Err(e) => (None, format!("run failed: {e:#}")),
+        Ok(Err(wrong)) => (None, format!("WRONG: {wrong}"), false),
+        Err(e) => (None, format!("run failed: {e:#}"), true),
     }
 }
 
