@@ -791,23 +791,24 @@ __device__ void cmm_hopper_gemm(const CmmHopperArgs& p) {
 // 128×256 tiles, four stages (192 KiB); 128×128 tiles, six stages (192 KiB).
 using CmmHopperWide = CmmHopperShape<256, 4>;
 using CmmHopperNarrow = CmmHopperShape<128, 6>;
+// Shallower pipelines, run only by the GEMM sweep (`cargo xtask gemm-sweep`): whether the
+// stages' depth limits the engine. 128×256 with three stages (144 KiB), 128×128 with four
+// (128 KiB).
+using CmmHopperWideShallow = CmmHopperShape<256, 3>;
+using CmmHopperNarrowShallow = CmmHopperShape<128, 4>;
 
-extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)
-    cmm_hopper_gemm_f16_n256(const __grid_constant__ CmmHopperArgs p) {
-    cmm_hopper_gemm<CmmHopperWide, false>(p);
-}
+// One entry point per (shape, input dtype). Mirror: `Kernel::Hopper` in cuda/src/launch.rs.
+#define CMM_HOPPER_ENTRY(name, shape, bf16)                                        \
+    extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)            \
+        name(const __grid_constant__ CmmHopperArgs p) {                            \
+        cmm_hopper_gemm<shape, bf16>(p);                                           \
+    }
 
-extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)
-    cmm_hopper_gemm_bf16_n256(const __grid_constant__ CmmHopperArgs p) {
-    cmm_hopper_gemm<CmmHopperWide, true>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)
-    cmm_hopper_gemm_f16_n128(const __grid_constant__ CmmHopperArgs p) {
-    cmm_hopper_gemm<CmmHopperNarrow, false>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(CMM_HOPPER_THREADS, 1)
-    cmm_hopper_gemm_bf16_n128(const __grid_constant__ CmmHopperArgs p) {
-    cmm_hopper_gemm<CmmHopperNarrow, true>(p);
-}
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n256, CmmHopperWide, false)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n256, CmmHopperWide, true)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n128, CmmHopperNarrow, false)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n128, CmmHopperNarrow, true)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n256_s3, CmmHopperWideShallow, false)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n256_s3, CmmHopperWideShallow, true)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n128_s4, CmmHopperNarrowShallow, false)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n128_s4, CmmHopperNarrowShallow, true)

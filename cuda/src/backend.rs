@@ -40,8 +40,8 @@ use crate::launch::{
     TensorMap, TensorMapSpec, ONE_THREAD,
 };
 use crate::lower::{
-    hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, HopperKernel,
-    HopperTarget, HopperTile, Loc, LowerOptions, Lowered, SyncMode,
+    hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, HopperDepth,
+    HopperKernel, HopperTarget, HopperTile, Loc, LowerOptions, Lowered, SyncMode,
 };
 use crate::rank::{Meeting, Rendezvous, SymmetricHeap};
 use crate::CudaExecutor;
@@ -136,6 +136,9 @@ pub struct CudaRunOptions {
     pub hopper: bool,
     /// The Hopper engine's tile for every GEMM it runs (`None`: its rule's choice).
     pub hopper_tile: Option<HopperTile>,
+    /// The Hopper engine's pipeline depth for its plain and fused GEMMs (grouped ones
+    /// keep the engine's own): [`HopperDepth::Full`] but in the GEMM sweep's variants.
+    pub hopper_depth: HopperDepth,
 }
 
 /// Which buffers a run copies back to the host.
@@ -181,6 +184,7 @@ impl Default for CudaRunOptions {
             fused_free_sms: None,
             hopper: true,
             hopper_tile: None,
+            hopper_depth: HopperDepth::Full,
         }
     }
 }
@@ -272,7 +276,7 @@ struct Functions(Vec<CudaFunction>);
 
 impl Functions {
     fn get(&self, kernel: Kernel) -> &CudaFunction {
-        &self.0[kernel as usize]
+        &self.0[kernel.index()]
     }
 }
 
@@ -431,10 +435,10 @@ fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize, hopper: bool) -> Result<Vec
             f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
                 .map_err(|e| CudaError::driver(format!("setting the shared-memory split of {}", kernel.entry()), e))?;
             // The Hopper engine's stages take more shared memory than a CTA gets unasked.
-            if let (Some(tile), true) = (kernel.hopper(), hopper) {
+            if let (Some((tile, depth)), true) = (kernel.hopper(), hopper) {
                 f.set_attribute(
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    tile.shared_bytes() as i32,
+                    tile.shared_bytes(depth) as i32,
                 )
                 .map_err(|e| CudaError::driver(format!("giving {} its shared memory", kernel.entry()), e))?;
             }
@@ -651,7 +655,8 @@ impl CudaBackend {
         wide_tiles: bool,
         reps: usize,
     ) -> Result<f64, CudaError> {
-        let choice = GemmChoice { engine, wide_tiles, hopper: false, hopper_tile: None };
+        let choice =
+            GemmChoice { engine, wide_tiles, hopper: false, hopper_tile: None, hopper_depth: HopperDepth::Full };
         self.time_gemm_as(spec, &choice, reps).map(|(us, _)| us)
     }
 
@@ -670,7 +675,11 @@ impl CudaBackend {
             cublas_present: self.cublas,
             queues: 1,
             wide_tiles: choice.wide_tiles,
-            hopper: self.hopper_target(choice.hopper || choice.engine == GemmEngine::Hopper, choice.hopper_tile),
+            hopper: self.hopper_target(
+                choice.hopper || choice.engine == GemmEngine::Hopper,
+                choice.hopper_tile,
+                choice.hopper_depth,
+            ),
         };
         let lowered = lower(&plan, &options)?;
         let Some(step) = lowered.steps.first() else {
@@ -686,8 +695,8 @@ impl CudaBackend {
     }
 
     /// The Hopper engine as lowering may use it, where `wanted` and the GPU runs it.
-    fn hopper_target(&self, wanted: bool, tile: Option<HopperTile>) -> Option<HopperTarget> {
-        self.hopper_sms.filter(|_| wanted).map(|sms| HopperTarget { sms, tile })
+    fn hopper_target(&self, wanted: bool, tile: Option<HopperTile>, depth: HopperDepth) -> Option<HopperTarget> {
+        self.hopper_sms.filter(|_| wanted).map(|sms| HopperTarget { sms, tile, depth })
     }
 }
 
@@ -704,6 +713,8 @@ pub struct GemmChoice {
     pub hopper: bool,
     /// The Hopper engine's tile.
     pub hopper_tile: Option<HopperTile>,
+    /// The Hopper engine's pipeline depth (the engine's own but in the GEMM sweep).
+    pub hopper_depth: HopperDepth,
 }
 
 impl CudaExecutor for CudaBackend {
@@ -829,7 +840,11 @@ impl CudaBackend {
         self.check_sync(plan, options.sync)?;
         let options =
             &CudaRunOptions { placement: Placement::Virtual, stagger: false, offset_starts: false, ..*options };
-        let hopper = self.hopper_target(options.hopper || options.gemm == GemmEngine::Hopper, options.hopper_tile);
+        let hopper = self.hopper_target(
+            options.hopper || options.gemm == GemmEngine::Hopper,
+            options.hopper_tile,
+            options.hopper_depth,
+        );
         let (seed, family, bound) = match source {
             Source::Generated { seed, family } => (Some(seed), family, None),
             Source::Given(given) => (None, Family::Exact, Some(crate::given::bind(plan, given, rank..rank + 1)?)),
@@ -924,7 +939,11 @@ impl CudaBackend {
         let offset = emulated(plan, options)?;
         let plan = offset.as_ref().unwrap_or(plan);
         self.check_sync(plan, options.sync)?;
-        let hopper = self.hopper_target(options.hopper || options.gemm == GemmEngine::Hopper, options.hopper_tile);
+        let hopper = self.hopper_target(
+            options.hopper || options.gemm == GemmEngine::Hopper,
+            options.hopper_tile,
+            options.hopper_depth,
+        );
         let (seed, bound) = match source {
             Source::Generated { seed, .. } => (Some(seed), None),
             Source::Given(given) => (None, Some(crate::given::bind(plan, given, 0..plan.devices)?)),
@@ -1524,7 +1543,7 @@ impl Run<'_> {
         let per_sm = self.options.fused_ctas_per_sm;
         let (kernel, threads) = fused_kernel(f);
         let shared = match f.gemm.imp {
-            GemmImpl::Hopper { tile, .. } => tile.shared_bytes() as usize,
+            GemmImpl::Hopper { tile, depth, .. } => tile.shared_bytes(depth) as usize,
             _ => 0,
         };
         let fits = self.state.gpus[gpu]

@@ -39,8 +39,11 @@ const HOST_FUSED_CTAS: u32 = 3;
 /// The Hopper engine as the host twin runs it: a persistent grid of [`HOST_FUSED_CTAS`]
 /// CTAs, where the run asks for the engine.
 fn host_hopper(options: &CudaRunOptions) -> Option<crate::lower::HopperTarget> {
-    (options.hopper || options.gemm == crate::GemmEngine::Hopper)
-        .then_some(crate::lower::HopperTarget { sms: HOST_FUSED_CTAS, tile: options.hopper_tile })
+    (options.hopper || options.gemm == crate::GemmEngine::Hopper).then_some(crate::lower::HopperTarget {
+        sms: HOST_FUSED_CTAS,
+        tile: options.hopper_tile,
+        depth: options.hopper_depth,
+    })
 }
 
 /// `extern "C" int cmm_host_<entry>(grid, block, mode, params, error, error_len)`.
@@ -115,7 +118,7 @@ impl HostKernels {
         // that lowering checked; `error` is writable for its length.
         #[allow(unsafe_code)]
         let status = unsafe {
-            (self.entries[l.kernel as usize])(
+            (self.entries[l.kernel.index()])(
                 grid.as_ptr(),
                 block.as_ptr(),
                 mode as u32,
@@ -873,68 +876,76 @@ mod tests {
     /// each an error naming what went wrong.
     #[test]
     fn the_hopper_twin_finds_wrong_descriptors_missing_expect_tx_and_missing_proxy_fences() {
-        use crate::lower::{GemmCommand, GemmImpl, HopperKernel, HopperTile};
-        let (m, k) = (128usize, 128usize);
+        use crate::lower::{GemmCommand, GemmImpl, HopperDepth, HopperKernel, HopperTile};
+        // Seven steps of K: every depth's stages are refilled, their barriers' phases flip.
+        let (m, k) = (128usize, 448usize);
         let halves = |len: usize, seed: usize| -> Vec<u16> {
             (0..len).map(|i| cmm_core::DType::Bf16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
         };
         let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
-        let run =
-            |kernels: &HostKernels, tile: HopperTile, trans_b: bool, tweak: &dyn Fn(&mut crate::launch::HopperArgs)| {
-                let n = tile.columns();
-                let a = halves(m * k, 1);
-                let b = halves(k * n, 3);
-                let mut c = vec![0f32; m * n];
-                // One wait, already satisfied: the producer acquires before its first loads.
-                let sems = [1u32; 1];
-                let mut control = [0u32; 4];
-                let memory = TestMemory {
-                    bases: vec![a.as_ptr() as u64, b.as_ptr() as u64, c.as_mut_ptr() as u64],
-                    sems: sems.as_ptr() as u64,
-                };
-                let loc = |buffer| Loc { device: 0, buffer, offset: 0 };
-                let g = GemmCommand {
-                    a: loc(0),
-                    b: loc(1),
-                    c: loc(2),
-                    strides: [k as u64, if trans_b { k } else { n } as u64, n as u64],
-                    mnk: [m as u32, n as u32, k as u32],
-                    dtypes: [cmm_core::DType::Bf16, cmm_core::DType::Bf16, cmm_core::DType::F32],
-                    trans_a: false,
-                    trans_b,
-                    accumulate: false,
-                    imp: GemmImpl::Hopper { tile, ctas: 1 },
-                };
-                let mut args = crate::launch::hopper_args(&memory, &g, tile).unwrap();
-                // CmmHopperSync: the semaphore's address, then the value 1 (and padding).
-                let waits = [memory.sem(0, 0), 1u64];
-                let mut status = [0u32; 2];
-                let abort = 0u32;
-                args.waits = waits.as_ptr() as u64;
-                args.control = control.as_mut_ptr() as u64;
-                args.status = status.as_mut_ptr() as u64;
-                args.abort = &abort as *const u32 as u64;
-                args.first.waits_end = 1;
-                tweak(&mut args);
-                let cfg =
-                    LaunchConfig { grid_dim: (1, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes: tile.shared_bytes() };
-                let kernel = crate::launch::hopper_kernel(tile, cmm_core::DType::Bf16);
-                let launched = kernels.launch(&Launch {
-                    kernel,
-                    cfg,
-                    params: vec![Param::Hopper(Box::new(args))],
-                    what: "a test gemm",
-                });
-                let b_at = |p: usize, j: usize| decode(if trans_b { b[j * k + p] } else { b[p * n + j] });
-                let want = |i: usize, j: usize| (0..k).map(|p| decode(a[i * k + p]) * b_at(p, j)).sum::<f32>();
-                launched.map(|()| (0..m).all(|i| (0..n).all(|j| c[i * n + j] == want(i, j))))
+        let run = |kernels: &HostKernels,
+                   (tile, depth): (HopperTile, HopperDepth),
+                   trans_b: bool,
+                   tweak: &dyn Fn(&mut crate::launch::HopperArgs)| {
+            let n = tile.columns();
+            let a = halves(m * k, 1);
+            let b = halves(k * n, 3);
+            let mut c = vec![0f32; m * n];
+            // One wait, already satisfied: the producer acquires before its first loads.
+            let sems = [1u32; 1];
+            let mut control = [0u32; 4];
+            let memory = TestMemory {
+                bases: vec![a.as_ptr() as u64, b.as_ptr() as u64, c.as_mut_ptr() as u64],
+                sems: sems.as_ptr() as u64,
             };
+            let loc = |buffer| Loc { device: 0, buffer, offset: 0 };
+            let g = GemmCommand {
+                a: loc(0),
+                b: loc(1),
+                c: loc(2),
+                strides: [k as u64, if trans_b { k } else { n } as u64, n as u64],
+                mnk: [m as u32, n as u32, k as u32],
+                dtypes: [cmm_core::DType::Bf16, cmm_core::DType::Bf16, cmm_core::DType::F32],
+                trans_a: false,
+                trans_b,
+                accumulate: false,
+                imp: GemmImpl::Hopper { tile, ctas: 1, depth },
+            };
+            let mut args = crate::launch::hopper_args(&memory, &g, tile).unwrap();
+            // CmmHopperSync: the semaphore's address, then the value 1 (and padding).
+            let waits = [memory.sem(0, 0), 1u64];
+            let mut status = [0u32; 2];
+            let abort = 0u32;
+            args.waits = waits.as_ptr() as u64;
+            args.control = control.as_mut_ptr() as u64;
+            args.status = status.as_mut_ptr() as u64;
+            args.abort = &abort as *const u32 as u64;
+            args.first.waits_end = 1;
+            tweak(&mut args);
+            let shared_mem_bytes = tile.shared_bytes(depth);
+            let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes };
+            let kernel = crate::launch::hopper_kernel(tile, depth, cmm_core::DType::Bf16);
+            let launched = kernels.launch(&Launch {
+                kernel,
+                cfg,
+                params: vec![Param::Hopper(Box::new(args))],
+                what: "a test gemm",
+            });
+            let b_at = |p: usize, j: usize| decode(if trans_b { b[j * k + p] } else { b[p * n + j] });
+            let want = |i: usize, j: usize| (0..k).map(|p| decode(a[i * k + p]) * b_at(p, j)).sum::<f32>();
+            launched.map(|()| (0..m).all(|i| (0..n).all(|j| c[i * n + j] == want(i, j))))
+        };
         let plain: &dyn Fn(&mut crate::launch::HopperArgs) = &|_| {};
+        // The engine's kernels and the sweep's shallow ones.
         for tile in HopperTile::ALL {
-            for trans_b in [false, true] {
-                assert!(run(kernels(), tile, trans_b, plain).unwrap(), "{tile:?}, B transposed: {trans_b}");
+            for depth in HopperDepth::ALL {
+                for trans_b in [false, true] {
+                    let right = run(kernels(), (tile, depth), trans_b, plain).unwrap();
+                    assert!(right, "{tile:?} {depth:?}, B transposed: {trans_b}");
+                }
             }
         }
+        let narrow = (HopperTile::Narrow, HopperDepth::Full);
         // The 64-byte swizzle where the copies wrote the 128-byte one; eight rows 512 bytes
         // apart where they are 1024.
         let swizzle_64: &dyn Fn(&mut crate::launch::HopperArgs) =
@@ -945,7 +956,7 @@ mod tests {
         // copy the thread has not waited for.
         for (what, tweak) in [("a 64-byte swizzle", swizzle_64), ("a 512-byte stride", stride_512)] {
             for trans_b in [false, true] {
-                let outcome = run(kernels(), HopperTile::Narrow, trans_b, tweak);
+                let outcome = run(kernels(), narrow, trans_b, tweak);
                 assert!(!matches!(outcome, Ok(true)), "{what} went unnoticed (B transposed: {trans_b})");
             }
         }
@@ -966,7 +977,7 @@ mod tests {
             ),
         ] {
             let broken = load_from(&source, "cmm-host-hopper-hazard").unwrap_or_else(|e| panic!("{e}"));
-            let e = run(&broken, HopperTile::Narrow, false, plain).unwrap_err().to_string();
+            let e = run(&broken, narrow, false, plain).unwrap_err().to_string();
             assert!(e.contains(hazard) && e.contains("cmm_hopper_gemm_bf16_n128") && e.contains(&place), "{e}");
         }
     }
@@ -978,7 +989,7 @@ mod tests {
     /// cp.async's rows with no `fence.proxy.async.shared::cta` after its wait, are errors.
     #[test]
     fn the_hopper_twin_finds_gathered_rows_read_unswizzled_untracked_or_unfenced() {
-        use crate::lower::{HopperKernel, HopperTile};
+        use crate::lower::{HopperDepth, HopperKernel, HopperTile};
         const NONE: u32 = u32::MAX;
         let (tokens, slots, experts, k, rows) = (4usize, 2usize, 2usize, 72usize, 8usize);
         let halves = |len: usize, seed: usize| -> Vec<u16> {
@@ -1031,9 +1042,9 @@ mod tests {
                 tile,
             )
             .unwrap();
-            let cfg =
-                LaunchConfig { grid_dim: (2, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes: tile.shared_bytes() };
-            let kernel = crate::launch::hopper_kernel(tile, bf16);
+            let shared_mem_bytes = tile.shared_bytes(HopperDepth::Full);
+            let cfg = LaunchConfig { grid_dim: (2, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes };
+            let kernel = crate::launch::hopper_kernel(tile, HopperDepth::Full, bf16);
             let launched = kernels.launch(&Launch {
                 kernel,
                 cfg,

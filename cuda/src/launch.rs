@@ -13,7 +13,7 @@ use cmm_core::DType;
 
 use crate::error::CudaError;
 use crate::lower::{
-    Command, FusedBlock, FusedGemmCommand, GemmCommand, GemmImpl, HopperKernel, HopperTile, Loc, Lowered,
+    Command, FusedBlock, FusedGemmCommand, GemmCommand, GemmImpl, HopperDepth, HopperKernel, HopperTile, Loc, Lowered,
     MAX_REDUCE_INPUTS,
 };
 
@@ -44,14 +44,16 @@ pub enum Kernel {
     FusedMmaWideBf16,
     /// `cmm_fused_gemm_simt`.
     FusedSimt,
-    /// `cmm_hopper_gemm_f16_n256`.
-    HopperF16Wide,
-    /// `cmm_hopper_gemm_bf16_n256`.
-    HopperBf16Wide,
-    /// `cmm_hopper_gemm_f16_n128`.
-    HopperF16Narrow,
-    /// `cmm_hopper_gemm_bf16_n128`.
-    HopperBf16Narrow,
+    /// `cmm_hopper_gemm_{f16,bf16}_{n256,n128}` (the engine) and their shallow sweep
+    /// variants (`_s3`, `_s4`).
+    Hopper {
+        /// Its output tile.
+        tile: HopperTile,
+        /// bf16 operands (else f16).
+        bf16: bool,
+        /// Its pipeline's depth.
+        depth: HopperDepth,
+    },
     /// `cmm_copy2d`.
     Copy2d,
     /// `cmm_reduce`.
@@ -78,7 +80,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 27] = [
+    pub const ALL: [Kernel; 31] = [
         Kernel::Generate,
         Kernel::Fill,
         Kernel::GemmMmaF16,
@@ -91,10 +93,14 @@ impl Kernel {
         Kernel::FusedMmaWideF16,
         Kernel::FusedMmaWideBf16,
         Kernel::FusedSimt,
-        Kernel::HopperF16Wide,
-        Kernel::HopperBf16Wide,
-        Kernel::HopperF16Narrow,
-        Kernel::HopperBf16Narrow,
+        Kernel::Hopper { tile: HopperTile::Wide, bf16: false, depth: HopperDepth::Full },
+        Kernel::Hopper { tile: HopperTile::Wide, bf16: true, depth: HopperDepth::Full },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: false, depth: HopperDepth::Full },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: true, depth: HopperDepth::Full },
+        Kernel::Hopper { tile: HopperTile::Wide, bf16: false, depth: HopperDepth::Shallow },
+        Kernel::Hopper { tile: HopperTile::Wide, bf16: true, depth: HopperDepth::Shallow },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: false, depth: HopperDepth::Shallow },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: true, depth: HopperDepth::Shallow },
         Kernel::Copy2d,
         Kernel::Reduce,
         Kernel::Pointwise,
@@ -107,6 +113,11 @@ impl Kernel {
         Kernel::Wait,
         Kernel::Gate,
     ];
+
+    /// Its position in [`Kernel::ALL`]: the index of its function in a loaded table.
+    pub fn index(self) -> usize {
+        Kernel::ALL.iter().position(|k| *k == self).expect("Kernel::ALL lists every kernel (tested)")
+    }
 
     /// The `extern "C"` name.
     pub fn entry(self) -> &'static str {
@@ -123,10 +134,16 @@ impl Kernel {
             Kernel::FusedMmaWideF16 => "cmm_fused_gemm_mma_wide_f16",
             Kernel::FusedMmaWideBf16 => "cmm_fused_gemm_mma_wide_bf16",
             Kernel::FusedSimt => "cmm_fused_gemm_simt",
-            Kernel::HopperF16Wide => "cmm_hopper_gemm_f16_n256",
-            Kernel::HopperBf16Wide => "cmm_hopper_gemm_bf16_n256",
-            Kernel::HopperF16Narrow => "cmm_hopper_gemm_f16_n128",
-            Kernel::HopperBf16Narrow => "cmm_hopper_gemm_bf16_n128",
+            Kernel::Hopper { tile, bf16, depth } => match (tile, depth, bf16) {
+                (HopperTile::Wide, HopperDepth::Full, false) => "cmm_hopper_gemm_f16_n256",
+                (HopperTile::Wide, HopperDepth::Full, true) => "cmm_hopper_gemm_bf16_n256",
+                (HopperTile::Narrow, HopperDepth::Full, false) => "cmm_hopper_gemm_f16_n128",
+                (HopperTile::Narrow, HopperDepth::Full, true) => "cmm_hopper_gemm_bf16_n128",
+                (HopperTile::Wide, HopperDepth::Shallow, false) => "cmm_hopper_gemm_f16_n256_s3",
+                (HopperTile::Wide, HopperDepth::Shallow, true) => "cmm_hopper_gemm_bf16_n256_s3",
+                (HopperTile::Narrow, HopperDepth::Shallow, false) => "cmm_hopper_gemm_f16_n128_s4",
+                (HopperTile::Narrow, HopperDepth::Shallow, true) => "cmm_hopper_gemm_bf16_n128_s4",
+            },
             Kernel::Copy2d => "cmm_copy2d",
             Kernel::Reduce => "cmm_reduce",
             Kernel::Pointwise => "cmm_pointwise",
@@ -175,11 +192,10 @@ impl Kernel {
         ) || self.hopper().is_some()
     }
 
-    /// The tile of a Hopper-engine kernel (`hopper.cu`).
-    pub fn hopper(self) -> Option<HopperTile> {
+    /// The tile and depth of a Hopper-engine kernel (`hopper.cu`).
+    pub fn hopper(self) -> Option<(HopperTile, HopperDepth)> {
         match self {
-            Kernel::HopperF16Wide | Kernel::HopperBf16Wide => Some(HopperTile::Wide),
-            Kernel::HopperF16Narrow | Kernel::HopperBf16Narrow => Some(HopperTile::Narrow),
+            Kernel::Hopper { tile, depth, .. } => Some((tile, depth)),
             _ => None,
         }
     }
@@ -441,9 +457,9 @@ pub(crate) fn gemm_submission(at: &impl Addressing, g: &GemmCommand) -> Result<S
     let args = gemm_args(at, g);
     let (kernel, threads) = match g.imp {
         GemmImpl::Cublas => return Ok(Submission::Cublas { args, dtypes: g.dtypes }),
-        GemmImpl::Hopper { tile, ctas } => {
+        GemmImpl::Hopper { tile, ctas, depth } => {
             let hopper = hopper_args(at, g, tile)?;
-            return Ok(hopper_launch(tile, g.dtypes[0], ctas.min(hopper.tiles), hopper, "a hopper gemm"));
+            return Ok(hopper_launch((tile, depth), g.dtypes[0], ctas.min(hopper.tiles), hopper, "a hopper gemm"));
         }
         GemmImpl::MmaF16 => (Kernel::GemmMmaF16, 128),
         GemmImpl::MmaBf16 => (Kernel::GemmMmaBf16, 128),
@@ -466,23 +482,24 @@ pub(crate) const HOPPER_THREADS: u32 = 384;
 
 /// A Hopper-engine GEMM run alone (plain or grouped: no waits inside) on a persistent
 /// grid of `ctas` CTAs (at least one).
-fn hopper_launch(tile: HopperTile, input: DType, ctas: u32, args: HopperArgs, what: &'static str) -> Submission {
+fn hopper_launch(
+    (tile, depth): (HopperTile, HopperDepth),
+    input: DType,
+    ctas: u32,
+    args: HopperArgs,
+    what: &'static str,
+) -> Submission {
     let cfg = LaunchConfig {
         grid_dim: (ctas.max(1), 1, 1),
         block_dim: (HOPPER_THREADS, 1, 1),
-        shared_mem_bytes: tile.shared_bytes(),
+        shared_mem_bytes: tile.shared_bytes(depth),
     };
-    Submission::Launch(Launch::new(hopper_kernel(tile, input), cfg, vec![Param::Hopper(Box::new(args))], what))
+    Submission::Launch(Launch::new(hopper_kernel(tile, depth, input), cfg, vec![Param::Hopper(Box::new(args))], what))
 }
 
-/// The Hopper-engine kernel of a tile and input dtype.
-pub(crate) fn hopper_kernel(tile: HopperTile, input: DType) -> Kernel {
-    match (tile, input) {
-        (HopperTile::Wide, DType::Bf16) => Kernel::HopperBf16Wide,
-        (HopperTile::Wide, _) => Kernel::HopperF16Wide,
-        (HopperTile::Narrow, DType::Bf16) => Kernel::HopperBf16Narrow,
-        (HopperTile::Narrow, _) => Kernel::HopperF16Narrow,
-    }
+/// The Hopper-engine kernel of a tile, depth and input dtype (f16 unless bf16).
+pub(crate) fn hopper_kernel(tile: HopperTile, depth: HopperDepth, input: DType) -> Kernel {
+    Kernel::Hopper { tile, bf16: input == DType::Bf16, depth }
 }
 
 /// `CMM_HOPPER_*` flags of hopper.cu.
@@ -784,7 +801,7 @@ fn bytemuck_bytes(block: &HopperBlockArgs) -> &[u8] {
 /// The persistent kernel of a tile-granular GEMM and its threads per CTA.
 pub(crate) fn fused_kernel(f: &FusedGemmCommand) -> (Kernel, u32) {
     match f.gemm.imp {
-        GemmImpl::Hopper { tile, .. } => (hopper_kernel(tile, f.gemm.dtypes[0]), HOPPER_THREADS),
+        GemmImpl::Hopper { tile, depth, .. } => (hopper_kernel(tile, depth, f.gemm.dtypes[0]), HOPPER_THREADS),
         GemmImpl::MmaF16 => (Kernel::FusedMmaF16, 128),
         GemmImpl::MmaBf16 => (Kernel::FusedMmaBf16, 128),
         GemmImpl::MmaWideF16 => (Kernel::FusedMmaWideF16, 256),
@@ -805,7 +822,7 @@ pub(crate) fn fused_launch(
     let layout = FusedLayout::of(f);
     let (kernel, threads) = fused_kernel(f);
     let grid_dim = (ctas.max(1).min(f.tiles.max(1)), 1, 1);
-    if let GemmImpl::Hopper { tile, .. } = f.gemm.imp {
+    if let GemmImpl::Hopper { tile, depth, .. } = f.gemm.imp {
         let mut args = hopper_args(at, &f.gemm, tile)?;
         args.first = hopper_block(at, f, &f.blocks[0])?;
         args.blocks = table;
@@ -818,7 +835,7 @@ pub(crate) fn fused_launch(
         args.count = f.blocks.len() as u32;
         args.tiles = f.tiles;
         args.tiles_n = f.tiles_n;
-        let cfg = LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes: tile.shared_bytes() };
+        let cfg = LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes: tile.shared_bytes(depth) };
         return Ok(Launch::new(kernel, cfg, vec![Param::Hopper(Box::new(args))], "a fused hopper gemm"));
     }
     let args = FusedArgs {
@@ -975,7 +992,13 @@ pub(crate) fn submissions(
                 // block's) may end in a partial row of tiles.
                 let blocks = group_end - group_begin + u32::from(*zero_unrouted);
                 let tiles = (rows.div_ceil(crate::lower::HOPPER_TILE_M as u32) + blocks) * args.tiles_n;
-                return Ok(vec![hopper_launch(tile, *a_dtype, ctas.min(tiles), args, "a grouped hopper gemm")]);
+                return Ok(vec![hopper_launch(
+                    (tile, HopperDepth::Full),
+                    *a_dtype,
+                    ctas.min(tiles),
+                    args,
+                    "a grouped hopper gemm",
+                )]);
             }
             let args = GroupedGemmArgs {
                 a: at.addr(a),
@@ -1427,7 +1450,8 @@ mod tests {
         kernels.sort_unstable();
         assert_eq!(entries, kernels);
         for (i, k) in Kernel::ALL.iter().enumerate() {
-            assert_eq!(*k as usize, i, "{k:?}: ALL is in declaration order (functions are indexed by it)");
+            // Functions are indexed by it: ALL names each kernel once.
+            assert_eq!(k.index(), i, "{k:?} is listed twice in Kernel::ALL");
             assert!(crate::KERNEL_FILES.iter().any(|f| f.name == k.file() && f.source.contains(k.entry())));
         }
     }

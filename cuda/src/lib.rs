@@ -30,7 +30,9 @@ pub use backend::{
     DeviceBuffer, GemmChoice, GemmSpec, OpTimes, Placement, ReadBack,
 };
 pub use given::{GivenBuffer, GIVEN_ALIGNMENT};
-pub use lower::{hopper_rule, GemmCounts, GemmEngine, GemmFacts, GemmImpl, HopperKernel, HopperTile, SyncMode};
+pub use lower::{
+    hopper_rule, GemmCounts, GemmEngine, GemmFacts, GemmImpl, HopperDepth, HopperKernel, HopperTile, SyncMode,
+};
 pub use pool::{serve_rank_worker, RankPool, WorkerCommand};
 pub use rank::{Rendezvous, MAX_RANKS, RENDEZVOUS_VAR};
 

@@ -17,38 +17,61 @@ use crate::error::CudaError;
 use cmm_core::engines::{self, EngineSupport};
 pub use cmm_core::engines::{hopper_rule, GemmEngine, GemmFacts, GroupedFacts, HopperTile, HOPPER_TILE_M};
 
+/// How deep the Hopper engine's pipeline is: how many shared-memory stages its kernels
+/// fill ahead of the wgmma that reads them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HopperDepth {
+    /// What every plan runs: 4 stages of the 128×256 tile, 6 of the 128×128 (192 KiB
+    /// each, `CmmHopperWide`, `CmmHopperNarrow` in hopper.cu).
+    #[default]
+    Full,
+    /// Only the GEMM sweep's variants: 3 stages of the 128×256 tile, 4 of the 128×128
+    /// (`CmmHopperWideShallow`, `CmmHopperNarrowShallow`).
+    Shallow,
+}
+
+impl HopperDepth {
+    /// Both depths, the engine's first.
+    pub const ALL: [HopperDepth; 2] = [HopperDepth::Full, HopperDepth::Shallow];
+}
+
 /// What the CUDA backend's Hopper-engine kernels need beside a tile's shape.
 pub trait HopperKernel {
-    /// Shared-memory stages (`CmmHopperWide`, `CmmHopperNarrow` in hopper.cu).
-    fn stages(self) -> u32;
+    /// Shared-memory stages of the kernel of this tile at `depth`.
+    fn stages(self, depth: HopperDepth) -> u32;
     /// Dynamic shared memory of a CTA (`CmmHopperShape::SMEM_BYTES`): 1024 bytes of
     /// alignment slack, the stages of A (128×64) and B (columns×64, 16-bit), and a full
     /// and an empty barrier per stage.
-    fn shared_bytes(self) -> u32;
+    fn shared_bytes(self, depth: HopperDepth) -> u32;
 }
 
 impl HopperKernel for HopperTile {
-    fn stages(self) -> u32 {
-        match self {
-            HopperTile::Wide => 4,
-            HopperTile::Narrow => 6,
+    fn stages(self, depth: HopperDepth) -> u32 {
+        match (self, depth) {
+            (HopperTile::Wide, HopperDepth::Full) => 4,
+            (HopperTile::Wide, HopperDepth::Shallow) => 3,
+            (HopperTile::Narrow, HopperDepth::Full) => 6,
+            (HopperTile::Narrow, HopperDepth::Shallow) => 4,
         }
     }
 
-    fn shared_bytes(self) -> u32 {
+    fn shared_bytes(self, depth: HopperDepth) -> u32 {
         let stage = (HOPPER_TILE_M + self.columns()) as u32 * 64 * 2;
-        1024 + self.stages() * stage + 16 * self.stages()
+        1024 + self.stages(depth) * stage + 16 * self.stages(depth)
     }
 }
 
 /// Where the GPU runs the Hopper engine: its SM count (a plain GEMM's persistent grid),
-/// and a tile that every GEMM must take (`None`: the tile rule's choice).
+/// a tile that every GEMM must take (`None`: the tile rule's choice) and the pipeline's
+/// depth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperTarget {
     /// SMs a persistent grid may take.
     pub sms: u32,
     /// Force this tile.
     pub tile: Option<HopperTile>,
+    /// The kernels' depth ([`HopperDepth::Full`] but in the GEMM sweep).
+    pub depth: HopperDepth,
 }
 
 /// How `Signal` and `Wait` ops are issued.
@@ -126,16 +149,22 @@ pub enum GemmImpl {
         tile: HopperTile,
         /// CTAs of its grid (at most one per tile).
         ctas: u32,
+        /// Its pipeline's depth.
+        depth: HopperDepth,
     },
 }
 
 impl GemmImpl {
     /// The kernel (or call) of `engine` for `input` operands; a Hopper-engine GEMM alone
-    /// takes a persistent grid of at most `sms` CTAs (one per tile).
-    pub fn on(engine: engines::Engine, input: DType, sms: u32) -> GemmImpl {
+    /// takes a persistent grid of at most `hopper`'s SMs (one CTA per tile) at its depth.
+    pub fn on(engine: engines::Engine, input: DType, hopper: Option<HopperTarget>) -> GemmImpl {
         match engine {
             engines::Engine::Cublas => GemmImpl::Cublas,
-            engines::Engine::Hopper(tile) => GemmImpl::Hopper { tile, ctas: sms.max(1) },
+            engines::Engine::Hopper(tile) => GemmImpl::Hopper {
+                tile,
+                ctas: hopper.map_or(1, |t| t.sms.max(1)),
+                depth: hopper.map_or(HopperDepth::Full, |t| t.depth),
+            },
             engines::Engine::TensorTile { wide } => match (input, wide) {
                 (DType::Bf16, false) => GemmImpl::MmaBf16,
                 (DType::Bf16, true) => GemmImpl::MmaWideBf16,
@@ -622,7 +651,7 @@ fn unsupported_in<'p>(plan: &'p Plan, run: &cmm_core::plan::FusedRun) -> impl Fn
 /// fused run's own, whatever each block alone would take).
 fn same_kernel(a: GemmImpl, b: GemmImpl) -> bool {
     match (a, b) {
-        (GemmImpl::Hopper { tile: x, .. }, GemmImpl::Hopper { tile: y, .. }) => x == y,
+        (GemmImpl::Hopper { tile: x, depth: a, .. }, GemmImpl::Hopper { tile: y, depth: b, .. }) => (x, a) == (y, b),
         (GemmImpl::Hopper { .. }, _) | (_, GemmImpl::Hopper { .. }) => false,
         _ => true,
     }
@@ -745,7 +774,7 @@ fn lower_op(
             }
             let facts = GemmFacts::of(plan, op).expect("a gemm");
             let engine = engines::plain_engine(options.gemm, &options.engine_support(), &facts).map_err(unsupported)?;
-            let imp = GemmImpl::on(engine, facts.dtypes[0], options.hopper.map_or(1, |t| t.sms));
+            let imp = GemmImpl::on(engine, facts.dtypes[0], options.hopper);
             let (edge_m, edge_n) = imp.tile_shape();
             if imp != GemmImpl::Cublas
                 && (m.div_ceil(edge_m) > 65_535 || n.div_ceil(edge_n) > i32::MAX as usize || k > u32::MAX as usize)

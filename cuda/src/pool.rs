@@ -23,7 +23,7 @@ use cmm_core::plan::Plan;
 
 use crate::backend::{prepare, CudaBackend, CudaRunOptions, CudaRunOutput, ReadBack};
 use crate::error::CudaError;
-use crate::lower::{GemmCounts, GemmEngine, HopperTile, SyncMode};
+use crate::lower::{GemmCounts, GemmEngine, HopperDepth, HopperTile, SyncMode};
 use crate::rank::Rendezvous;
 use crate::CudaExecutor;
 
@@ -163,6 +163,10 @@ fn options_words(o: &CudaRunOptions) -> String {
         Some(HopperTile::Wide) => "wide",
         Some(HopperTile::Narrow) => "narrow",
     };
+    let depth = match o.hopper_depth {
+        HopperDepth::Full => "full",
+        HopperDepth::Shallow => "shallow",
+    };
     let read_back = match o.read_back {
         ReadBack::Nothing => "nothing",
         ReadBack::Everything => "everything",
@@ -170,7 +174,7 @@ fn options_words(o: &CudaRunOptions) -> String {
     };
     let free = o.fused_free_sms.map_or("-".to_string(), |f| f.to_string());
     format!(
-        "{sync} {gemm} {} {} {} {} {} {} {tile} {} {free} {read_back} {}",
+        "{sync} {gemm} {} {} {} {} {} {} {tile} {depth} {} {free} {read_back} {}",
         o.wait_timeout.as_millis(),
         o.run_timeout.as_millis(),
         u8::from(o.gate),
@@ -183,7 +187,7 @@ fn options_words(o: &CudaRunOptions) -> String {
 }
 
 fn parse_options(words: &[&str]) -> Option<CudaRunOptions> {
-    let [sync, gemm, wait, run, gate, priority, wide, hopper, tile, ctas, free, read_back, cold] = words else {
+    let [sync, gemm, wait, run, gate, priority, wide, hopper, tile, depth, ctas, free, read_back, cold] = words else {
         return None;
     };
     let flag = |w: &str| match w {
@@ -214,6 +218,11 @@ fn parse_options(words: &[&str]) -> Option<CudaRunOptions> {
             "rule" => None,
             "wide" => Some(HopperTile::Wide),
             "narrow" => Some(HopperTile::Narrow),
+            _ => return None,
+        },
+        hopper_depth: match *depth {
+            "full" => HopperDepth::Full,
+            "shallow" => HopperDepth::Shallow,
             _ => return None,
         },
         fused_ctas_per_sm: ctas.parse().ok()?,
@@ -482,6 +491,7 @@ mod tests {
             gate: false,
             wide_tiles: true,
             hopper_tile: Some(HopperTile::Narrow),
+            hopper_depth: HopperDepth::Shallow,
             fused_ctas_per_sm: 2,
             fused_free_sms: Some(16),
             read_back: ReadBack::Results,
@@ -494,7 +504,7 @@ mod tests {
             (back.sync, back.wait_timeout, back.read_back),
             (SyncMode::StreamMemOps, options.wait_timeout, ReadBack::Results)
         );
-        assert_eq!(back.fused_free_sms, Some(16));
+        assert_eq!((back.fused_free_sms, back.hopper_depth), (Some(16), HopperDepth::Shallow));
         let default = options_words(&CudaRunOptions::default());
         assert_eq!(parse_options(&default.split(' ').collect::<Vec<_>>()).unwrap().fused_free_sms, None);
         assert!(parse_options(&["kernels"]).is_none());

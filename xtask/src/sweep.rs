@@ -4,7 +4,9 @@
 //! it is timed, then timed as the bench times a GEMM (events, median, operands rotated
 //! past the L2). Then the MoE grouped GEMM on the engine against cuBLAS on a dense GEMM
 //! of the same FLOPs, with the engine's plain GEMM on that dense shape beside them (what
-//! the grouping costs, apart from what the shape costs).
+//! the grouping costs, apart from what the shape costs). Each tile is also timed with a
+//! shallower pipeline (3 stages of 128×256, 4 of 128×128, against the engine's 4 and 6):
+//! whether the stages' depth is what the engine lacks.
 
 use std::fs;
 use std::path::PathBuf;
@@ -15,7 +17,8 @@ use cmm_core::oracle::spot_check;
 use cmm_core::workload::output_tolerance;
 use cmm_core::{Algorithm, DType, Family, MoeOp, MoeProblem, OpKind, Problem, Routing};
 use cmm_cuda::{
-    CudaBackend, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec, HopperTile, ReadBack,
+    CudaBackend, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec, HopperDepth, HopperKernel,
+    HopperTile, ReadBack,
 };
 use serde::Serialize;
 
@@ -57,6 +60,25 @@ struct MoeShape {
     topk: usize,
 }
 
+/// One of the Hopper engine's kernels for a GEMM: its tile and its pipeline's depth.
+type Variant = (HopperTile, HopperDepth);
+
+/// The sweep's Hopper-engine variants: each tile at the engine's depth, then shallower.
+const VARIANTS: [Variant; 4] = [
+    (HopperTile::Wide, HopperDepth::Full),
+    (HopperTile::Narrow, HopperDepth::Full),
+    (HopperTile::Wide, HopperDepth::Shallow),
+    (HopperTile::Narrow, HopperDepth::Shallow),
+];
+
+/// "hopper 128x256", or with a shallow pipeline "hopper 128x256 3 stages".
+fn variant_name((tile, depth): Variant) -> String {
+    match depth {
+        HopperDepth::Full => format!("hopper {}", tile.name()),
+        HopperDepth::Shallow => format!("hopper {} {} stages", tile.name(), tile.stages(depth)),
+    }
+}
+
 /// Output elements the sweep checks against the oracle per variant.
 const SPOT_CHECKS: usize = 64;
 
@@ -64,7 +86,8 @@ const SPOT_CHECKS: usize = 64;
 struct Row {
     shape: String,
     input: String,
-    /// "cuBLAS", or the Hopper engine's tile ("hopper 128x256"), or a tile kernel.
+    /// "cuBLAS", or the Hopper engine's tile ("hopper 128x256", "hopper 128x256 3
+    /// stages" for a shallow variant), or a tile kernel.
     engine: String,
     us: Option<f64>,
     tflops: Option<f64>,
@@ -103,7 +126,7 @@ pub fn run(args: &Args) -> Result<()> {
          median of {} runs, operands rotated past the L2; ratios are of rates measured in this run",
         args.reps
     );
-    println!("{:<26} {:<5} {:<22} {:>10} {:>9} {:>9}  check", "M×N×K", "dtype", "engine", "µs", "TFLOP/s", "÷ cuBLAS");
+    println!("{:<26} {:<5} {:<24} {:>10} {:>9} {:>9}  check", "M×N×K", "dtype", "engine", "µs", "TFLOP/s", "÷ cuBLAS");
     let mut report = Report {
         gpu: backend.identity()?,
         commit: std::env::var("CMM_COMMIT").ok(),
@@ -113,7 +136,7 @@ pub fn run(args: &Args) -> Result<()> {
     };
     // A variant whose run failed (a trap, a lost context) is not tried again at the
     // larger shapes: each failure can cost its barrier waits' deadline.
-    let mut failing: Vec<HopperTile> = Vec::new();
+    let mut failing: Vec<Variant> = Vec::new();
     for (m, n, k) in SHAPES {
         for input in [DType::Bf16, DType::F16] {
             let spec = GemmSpec {
@@ -131,9 +154,9 @@ pub fn run(args: &Args) -> Result<()> {
                 .time_gemm(&spec, GemmEngine::Cublas, args.reps)
                 .with_context(|| format!("timing cuBLAS on {shape}"))?;
             let mut rows = vec![row(&shape, input, "cuBLAS".into(), Some(cublas), &spec, cublas, "-".into())];
-            for tile in HopperTile::ALL {
-                let name = format!("hopper {}", tile.name());
-                if failing.contains(&tile) {
+            for variant in VARIANTS {
+                let name = variant_name(variant);
+                if failing.contains(&variant) {
                     rows.push(row(
                         &shape,
                         input,
@@ -145,9 +168,9 @@ pub fn run(args: &Args) -> Result<()> {
                     ));
                     continue;
                 }
-                let (us, check, run_failed) = checked_time(&backend, &spec, tile, args.reps);
+                let (us, check, run_failed) = checked_time(&backend, &spec, variant, args.reps);
                 if run_failed {
-                    failing.push(tile);
+                    failing.push(variant);
                 }
                 rows.push(row(&shape, input, name, us, &spec, cublas, check));
             }
@@ -193,7 +216,7 @@ pub fn run(args: &Args) -> Result<()> {
 
 fn print_row(r: &Row) {
     println!(
-        "{:<26} {:<5} {:<22} {:>10} {:>9} {:>9}  {}",
+        "{:<26} {:<5} {:<24} {:>10} {:>9} {:>9}  {}",
         r.shape,
         r.input,
         r.engine,
@@ -220,7 +243,7 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
     // The engine's plain GEMM on the same dense shape: what the grouping itself costs,
     // apart from what the shape (moe_rs's short K, ag_moe's narrow N) costs any GEMM.
     for tile in HopperTile::ALL {
-        let (us, check, _) = checked_time(backend, &spec, tile, reps);
+        let (us, check, _) = checked_time(backend, &spec, (tile, HopperDepth::Full), reps);
         rows.push(row(&shape, input, format!("hopper {} dense", tile.name()), us, &spec, cublas, check));
     }
     for tile in HopperTile::ALL {
@@ -338,8 +361,7 @@ fn profile(backend: &CudaBackend, shrink: usize) -> Result<()> {
         accumulate: false,
     };
     let plain = |what: &str, spec: &GemmSpec, tile: HopperTile| -> Result<()> {
-        let choice =
-            GemmChoice { engine: GemmEngine::Hopper, wide_tiles: false, hopper: true, hopper_tile: Some(tile) };
+        let choice = hopper_choice((tile, HopperDepth::Full));
         backend.time_gemm_as(spec, &choice, 1).with_context(|| format!("{what} on {}", tile.name()))?;
         println!("profiled: {what} {}x{}x{} bf16 on hopper {}", spec.m, spec.n, spec.k, tile.name());
         Ok(())
@@ -359,12 +381,23 @@ fn profile(backend: &CudaBackend, shrink: usize) -> Result<()> {
     Ok(())
 }
 
-/// The GEMM on the Hopper engine's `tile`: spot-checked ([`checked`]), then timed as the
-/// sweep times a GEMM; the time, the check's line ("WRONG: …" where it ran wrong), and
-/// whether its run failed (a trap, a lost context: "run failed: …").
-fn checked_time(backend: &CudaBackend, spec: &GemmSpec, tile: HopperTile, reps: usize) -> (Option<f64>, String, bool) {
-    let choice = GemmChoice { engine: GemmEngine::Hopper, wide_tiles: false, hopper: true, hopper_tile: Some(tile) };
-    match checked(backend, spec, tile) {
+/// The Hopper engine's `variant` for every GEMM of a timing.
+fn hopper_choice((tile, depth): Variant) -> GemmChoice {
+    GemmChoice {
+        engine: GemmEngine::Hopper,
+        wide_tiles: false,
+        hopper: true,
+        hopper_tile: Some(tile),
+        hopper_depth: depth,
+    }
+}
+
+/// The GEMM on the Hopper engine's `variant`: spot-checked ([`checked`]), then timed as
+/// the sweep times a GEMM; the time, the check's line ("WRONG: …" where it ran wrong),
+/// and whether its run failed (a trap, a lost context: "run failed: …").
+fn checked_time(backend: &CudaBackend, spec: &GemmSpec, variant: Variant, reps: usize) -> (Option<f64>, String, bool) {
+    let choice = hopper_choice(variant);
+    match checked(backend, spec, variant) {
         Ok(Ok(worst)) => match backend.time_gemm_as(spec, &choice, reps) {
             Ok((us, GemmImpl::Hopper { .. })) => (Some(us), format!("ok (worst {worst:.2} of its allowance)"), false),
             Ok((_, other)) => (None, format!("ran on {other:?}, not the Hopper engine"), false),
@@ -387,17 +420,17 @@ fn row(shape: &str, input: DType, engine: String, us: Option<f64>, spec: &GemmSp
     }
 }
 
-/// One run of the GEMM on the Hopper engine's `tile`, its output spot-checked against
+/// One run of the GEMM on the Hopper engine's `variant`, its output spot-checked against
 /// the f64 oracle: `Ok(worst)` or `Err(what was wrong)`. With B N-major a wrong result is
 /// also tried with the descriptor's two byte offsets swapped, and the line says whether
 /// that reading was right (what the hardware makes of the offsets is then known).
-fn checked(backend: &CudaBackend, spec: &GemmSpec, tile: HopperTile) -> Result<std::result::Result<f64, String>> {
-    let first = check_once(backend, spec, tile)?;
+fn checked(backend: &CudaBackend, spec: &GemmSpec, variant: Variant) -> Result<std::result::Result<f64, String>> {
+    let first = check_once(backend, spec, variant)?;
     if first.is_ok() {
         return Ok(first);
     }
     std::env::set_var("CMM_HOPPER_MN_OFFSETS", "swap");
-    let swapped = check_once(backend, spec, tile);
+    let swapped = check_once(backend, spec, variant);
     std::env::remove_var("CMM_HOPPER_MN_OFFSETS");
     let note = match swapped {
         Ok(Ok(w)) => format!("with the N-major offsets swapped it is right (worst {w:.2})"),
@@ -407,13 +440,18 @@ fn checked(backend: &CudaBackend, spec: &GemmSpec, tile: HopperTile) -> Result<s
     Ok(first.map_err(|why| format!("{why}; {note}")))
 }
 
-fn check_once(backend: &CudaBackend, spec: &GemmSpec, tile: HopperTile) -> Result<std::result::Result<f64, String>> {
+fn check_once(
+    backend: &CudaBackend,
+    spec: &GemmSpec,
+    (tile, depth): Variant,
+) -> Result<std::result::Result<f64, String>> {
     const SEED: u32 = 11;
     let problem = Problem::new(OpKind::AgGemm, 1, spec.m, spec.n, spec.k, spec.input, spec.output)?;
     let plan = cmm_cuda::gemm_plan(spec)?;
     let options = CudaRunOptions {
         gemm: GemmEngine::Hopper,
         hopper_tile: Some(tile),
+        hopper_depth: depth,
         read_back: ReadBack::Results,
         ..Default::default()
     };
