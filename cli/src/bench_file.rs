@@ -112,6 +112,11 @@ pub struct PlanTimes {
     /// `FREE_SMS`; null for the plans on cuBLAS and in reports from before it).
     #[serde(default)]
     pub time_free_sms_us: Option<f64>,
+    /// The fused plans again with every copy made by an SM kernel rather than a copy
+    /// engine (`cmm_core::emulate::sm_copies`; null for the other plans and in reports
+    /// from before it).
+    #[serde(default)]
+    pub time_sm_copies_us: Option<f64>,
 }
 
 /// A bench row's figures beside its times: the bound, the baseline and the ratios (xtask's
@@ -152,12 +157,13 @@ impl PlanTimes {
             time_two_ctas_per_sm_us: None,
             time_tile_kernel_us: None,
             time_free_sms_us: None,
+            time_sm_copies_us: None,
         }
     }
 
     /// The fastest of the plan's times: plain, staggered, offset, on wide tiles, with two
     /// CTAs per SM, on the tile kernel where the plain time is the Hopper engine's, with
-    /// more SMs free (where taken).
+    /// more SMs free, with SM copies (where taken).
     pub fn fastest_us(&self) -> f64 {
         [
             self.time_staggered_us,
@@ -166,6 +172,7 @@ impl PlanTimes {
             self.time_two_ctas_per_sm_us,
             self.time_tile_kernel_us,
             self.time_free_sms_us,
+            self.time_sm_copies_us,
         ]
         .into_iter()
         .flatten()

@@ -14,7 +14,7 @@
 
 use thiserror::Error;
 
-use crate::plan::{Op, Plan, SemId};
+use crate::plan::{Engine, Op, Plan, SemId};
 use crate::schedule::{schedule, Deadlock};
 
 /// The staggered compute priorities of `devices` virtual devices on one GPU with `levels`
@@ -113,6 +113,22 @@ pub fn compute_only(plan: &Plan) -> Plan {
     out
 }
 
+/// `plan` with every copy made by a kernel on the SMs ([`Engine::Sm`]) rather than a
+/// copy engine: the same bytes to the same places in the same order, so the same result.
+/// The bench times the fused plans so too, which says whether their copies are starved
+/// because the copy engines cannot get at memory beside the persistent kernels, or for
+/// a reason an SM copy shares.
+pub fn sm_copies(plan: &Plan) -> Plan {
+    let mut out = plan.clone();
+    out.name = format!("{} (SM copies)", plan.name);
+    for op in out.programs.iter_mut().flat_map(|p| p.lanes.iter_mut()).flatten() {
+        if let Op::Copy { engine, .. } = op {
+            *engine = Engine::Sm;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +150,31 @@ mod tests {
             assert!(count(&plan, talk) > 0 && count(&twin, talk) == 0, "{algorithm}");
             assert_eq!(twin.fused_runs().unwrap().len(), plan.fused_runs().unwrap().len());
         }
+    }
+
+    #[test]
+    fn sm_copies_change_each_copy_engine_and_nothing_else() {
+        let p = Problem::new(OpKind::AgGemm, 4, 64, 32, 48, DType::F16, DType::F16).unwrap();
+        let plan = build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap();
+        let sm = sm_copies(&plan);
+        sm.validate().unwrap();
+        assert_eq!(crate::verify::verify(&sm, &schedule(&sm).unwrap()).unwrap(), Vec::new(), "no race, no finding");
+        let copies = |plan: &Plan, engine: Engine| {
+            plan.ops().filter(|(_, op)| matches!(op, Op::Copy { engine: e, .. } if *e == engine)).count()
+        };
+        assert!(copies(&plan, Engine::CopyEngine) > 0 && copies(&plan, Engine::Sm) == 0);
+        assert_eq!((copies(&sm, Engine::Sm), copies(&sm, Engine::CopyEngine)), (copies(&plan, Engine::CopyEngine), 0));
+        // Every op but the copies' engine is the plan's, in the same place.
+        let strip = |op: &Op| match op {
+            Op::Copy { src, dst_device, dst, .. } => {
+                Op::Copy { src: *src, dst_device: *dst_device, dst: *dst, engine: Engine::Sm }
+            }
+            other => other.clone(),
+        };
+        let ops = |plan: &Plan| plan.ops().map(|(site, op)| (site, strip(op))).collect::<Vec<_>>();
+        assert_eq!(ops(&sm), ops(&plan));
+        let family = crate::generator::Family::Exact;
+        assert_eq!(crate::cpu::run(&sm, 3, family).unwrap(), crate::cpu::run(&plan, 3, family).unwrap());
     }
 
     #[test]

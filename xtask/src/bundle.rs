@@ -568,14 +568,14 @@ impl BenchReport {
         if let Some(peak) = self.peak_cublas_tflops {
             md += &format!("cuBLAS's 8192³ f16 in this run: {peak:.0} TFLOP/s (`÷ 8192³`: a plan's rate over it)\n\n");
         }
-        md += "| op | D | plan | time µs | staggered µs | offsets µs | tile kernel µs | 128×128 µs | 2 CTAs/SM µs | more SMs free µs | Σ GEMMs µs | best ÷ Σ | twin µs | best ÷ twin | baseline µs | speedup | TFLOP/s | ÷ 8192³ | GEMMs on |\n";
-        md += "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+        md += "| op | D | plan | time µs | staggered µs | offsets µs | tile kernel µs | 128×128 µs | 2 CTAs/SM µs | more SMs free µs | SM copies µs | Σ GEMMs µs | best ÷ Σ | twin µs | best ÷ twin | baseline µs | speedup | TFLOP/s | ÷ 8192³ | GEMMs on |\n";
+        md += "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
         for r in &self.rows {
             let (p, f) = (&r.plan, &r.figures);
             let over_twin = f.compute_only_us.map(|t| p.fastest_us() / t);
             let of_peak = self.peak_cublas_tflops.filter(|&peak| peak > 0.0).map(|peak| f.tflops / peak);
             md += &format!(
-                "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {} | {} | {:.1} | {:.2}× | {:.0} | {} | {} |\n",
+                "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {} | {} | {:.1} | {:.2}× | {:.0} | {} | {} |\n",
                 p.op,
                 p.devices,
                 p.algorithm,
@@ -586,6 +586,7 @@ impl BenchReport {
                 us(p.time_wide_tiles_us),
                 us(p.time_two_ctas_per_sm_us),
                 us(p.time_free_sms_us),
+                us(p.time_sm_copies_us),
                 f.gemm_sum_us,
                 f.time_over_gemm_sum,
                 us(f.compute_only_us),
@@ -685,7 +686,7 @@ mod tests {
         assert!(md.contains("| bench-kernels | skipped | 0 |") && md.contains("time budget is spent"), "{md}");
         // The bench reports as tables: every time taken, `–` for the others.
         let row =
-            "| gemm_rs | 4 | ring_push | 1010.0 | – | 1003.0 | – | – | – | – | 1000.0 | 1.003 | 980.0 | 1.023 | 1150.0 | \
+            "| gemm_rs | 4 | ring_push | 1010.0 | – | 1003.0 | – | – | – | – | – | 1000.0 | 1.003 | 980.0 | 1.023 | 1150.0 | \
                    1.15× | 545 | 0.75 | cuBLAS |";
         assert!(md.contains("## bench-kernels.json as a table") && md.contains(row), "{md}");
         assert!(md.contains("## bench-memops.json as a table\n\nnot readable as a bench report"), "{md}");

@@ -124,7 +124,7 @@ struct Row {
     /// The largest error of the spot-checked output elements, as a fraction of what the
     /// tolerance allows (≤ 1: right at this shape).
     spot_check_worst: f64,
-    /// The variants (staggered, offsets, wide tiles, 2 CTAs per SM, free SMs, no prio)
+    /// The variants (staggered, offsets, wide tiles, 2 CTAs per SM, free SMs, SM copies, no prio)
     /// whose run failed, each with its error; their times are null.
     variant_failures: Vec<String>,
     /// A fused plan on the Hopper engine: the share of its persistent kernels' CTA time
@@ -148,6 +148,7 @@ struct Variants {
     two_ctas_per_sm: Option<f64>,
     tile_kernel: Option<f64>,
     free_sms: Option<f64>,
+    sm_copies: Option<f64>,
     /// One line per variant whose run failed (its time is then missing).
     failed: Vec<String>,
 }
@@ -162,6 +163,7 @@ impl Variants {
             time_two_ctas_per_sm_us: self.two_ctas_per_sm,
             time_tile_kernel_us: self.tile_kernel,
             time_free_sms_us: self.free_sms,
+            time_sm_copies_us: self.sm_copies,
             ..plain
         };
         (times, self.failed)
@@ -432,7 +434,7 @@ fn variants(
     // kernels (wide tiles, CTAs per SM) could change results: their output is spot-checked
     // first, as the plain run's was. Staggering and offsets change only priorities and add
     // waits.
-    let mut time = |wanted: bool, what: &str, changed: CudaRunOptions, check: bool| -> Option<f64> {
+    let mut time_plan_as = |plan: &Plan, wanted: bool, what: &str, changed: CudaRunOptions, check: bool| {
         if !wanted {
             return None;
         }
@@ -453,6 +455,7 @@ fn variants(
             })
             .ok()
     };
+    let mut time = |wanted, what: &str, changed, check| time_plan_as(plan, wanted, what, changed, check);
     let staggered = time(stagger, "staggered", CudaRunOptions { stagger: true, ..*options }, false);
     let offset = time(!fused, "offsets", CudaRunOptions { offset_starts: true, ..*options }, false);
     // The tile kernels' variants run with the Hopper engine off (it would take their GEMMs).
@@ -464,7 +467,10 @@ fn variants(
     // waits, copies on SMs): the same engines with more SMs left to those.
     let more_free = CudaRunOptions { fused_free_sms: Some(FREE_SMS), ..*options };
     let free_sms = time(fused, &format!("{FREE_SMS} SMs free"), more_free, true);
-    Variants { staggered, offset, wide_tiles, two_ctas_per_sm, tile_kernel, free_sms, failed }
+    // Whether the copy engines are what starves beside the persistent kernels: the same
+    // plan with its copies made by kernels on the free SMs.
+    let sm_copies = time_plan_as(&cmm_core::emulate::sm_copies(plan), fused, "SM copies", *options, true);
+    Variants { staggered, offset, wide_tiles, two_ctas_per_sm, tile_kernel, free_sms, sm_copies, failed }
 }
 
 /// Σ over the plan's GEMM ops of the cuBLAS time of the same GEMM alone (memoised per
@@ -627,8 +633,9 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
     }
     println!(
         "`offsets` times each plan again with device d's first GEMM after device d − 1's, and each fused plan \
-         runs again on the tile kernel's 128×128 tiles, with 2 CTAs per SM and with {FREE_SMS} SMs left free; ÷ Σ, speedup and TFLOP/s take the fastest of a plan's \
-         times, and the baseline is the fastest of its own"
+         runs again on the tile kernel's 128×128 tiles, with 2 CTAs per SM, with {FREE_SMS} SMs left free and \
+         with its copies made by SM kernels; ÷ Σ, speedup and TFLOP/s take the fastest of a plan's times, and \
+         the baseline is the fastest of its own"
     );
     println!(
         "{:<8} {:>2} {:<20} {:>10} {:>12} {:>10} {:>12} {:>8} {:>10} {:>7} {:>12} {:>8} {:>8} {:>12}",
@@ -826,11 +833,12 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     if gated { "" } else { "  (ungated: includes enqueueing)" },
                     if fused {
                         format!(
-                            "  ({engine}, not cuBLAS; tile kernel: {}; 128×128 tiles: {}; 2 CTAs per SM: {}; {FREE_SMS} SMs free: {})",
+                            "  ({engine}, not cuBLAS; tile kernel: {}; 128×128 tiles: {}; 2 CTAs per SM: {}; {FREE_SMS} SMs free: {}; SM copies: {})",
                             times.time_tile_kernel_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_wide_tiles_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_two_ctas_per_sm_us.map_or("-".into(), |w| format!("{w:.1} µs")),
-                            times.time_free_sms_us.map_or("-".into(), |w| format!("{w:.1} µs"))
+                            times.time_free_sms_us.map_or("-".into(), |w| format!("{w:.1} µs")),
+                            times.time_sm_copies_us.map_or("-".into(), |w| format!("{w:.1} µs"))
                         )
                     } else {
                         String::new()
