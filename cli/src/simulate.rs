@@ -730,7 +730,7 @@ fn compare(problem: &cmm_core::Problem, profile: &Profile, potential: bool, json
 
 /// The benches the validation reads (committed with their runs' summaries): the H200's and
 /// the H100's of 2026-11-26, each beside the one-GPU profile of its GPU.
-const BENCHES: [(&str, &str, &str); 2] = [
+pub(crate) const BENCHES: [(&str, &str, &str); 2] = [
     (
         "one H200, 2026-11-26 at 501302d",
         "docs/gpu-runs/2026-11-26-h200/3-501302d-bench-kernels.json",

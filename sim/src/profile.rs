@@ -105,6 +105,10 @@ pub struct ComputeProfile {
     pub tile_n: usize,
     /// Largest split of K used to fill idle units on skinny problems.
     pub max_split_k: usize,
+    /// The rate of a GEMM split along K, as a fraction of a full wave's (its partial sums
+    /// take another pass, its tiles are thinner). Default 1: as fast (an assumption).
+    #[serde(default = "as_fast")]
+    pub split_k_efficiency: f64,
     /// Fraction of peak reached when every unit is busy.
     pub max_efficiency: f64,
     /// Fixed cost of every data op (kernel launch), µs.
@@ -119,6 +123,10 @@ pub struct ComputeProfile {
 
 fn no_concurrent_gain() -> [f64; 4] {
     [1.0; 4]
+}
+
+fn as_fast() -> f64 {
+    1.0
 }
 
 impl ComputeProfile {
@@ -395,6 +403,7 @@ impl Profile {
         let contention = [
             ("copy.rate_beside_compute", self.copy.rate_beside_compute),
             ("copy.compute_beside_copy", self.copy.compute_beside_copy),
+            ("compute.split_k_efficiency", self.compute.split_k_efficiency),
         ];
         for (field, v) in contention {
             if !(v.is_finite() && v > 0.0 && v <= 1.0) {
@@ -519,19 +528,29 @@ impl Profile {
         if tiles == 0 {
             return 1.0;
         }
-        // Split K only while units would idle, and never into slices thinner than a tile.
-        let split = (c.parallel_units / tiles).clamp(1, c.max_split_k).min(k.div_ceil(c.tile_m).max(1));
-        let work = tiles * split;
+        let work = tiles * self.split_k(m, n, k);
         let waves = work.div_ceil(c.parallel_units);
         work as f64 / (waves * c.parallel_units) as f64
     }
 
+    /// How many slices of K an `m × n × k` GEMM is split into: only while units would
+    /// idle, and never into slices thinner than a tile (1: not split).
+    pub fn split_k(&self, m: usize, n: usize, k: usize) -> usize {
+        let c = &self.compute;
+        let tiles = m.div_ceil(c.tile_m) * n.div_ceil(c.tile_n);
+        if tiles == 0 {
+            return 1;
+        }
+        (c.parallel_units / tiles).clamp(1, c.max_split_k).min(k.div_ceil(c.tile_m).max(1))
+    }
+
     /// Cost of `c (m×n) = a (m×k) · b (k×n)` with `input` operands and an `output` result:
-    /// FLOPs at peak × max efficiency × tile utilisation, or HBM traffic at the HBM rate,
-    /// whichever is slower (a roofline).
+    /// FLOPs at peak × max efficiency × tile utilisation (× the split-K efficiency where K
+    /// is split), or HBM traffic at the HBM rate, whichever is slower (a roofline).
     pub fn gemm_cost(&self, m: usize, n: usize, k: usize, input: DType, output: DType, accumulate: bool) -> GemmCost {
         let flops = 2.0 * m as f64 * n as f64 * k as f64;
-        let efficiency = self.compute.max_efficiency * self.tile_utilisation(m, n, k);
+        let split = if self.split_k(m, n, k) > 1 { self.compute.split_k_efficiency } else { 1.0 };
+        let efficiency = self.compute.max_efficiency * self.tile_utilisation(m, n, k) * split;
         let compute_s = flops / (self.peak_flops(input) * efficiency);
         let c_passes = if accumulate { 2.0 } else { 1.0 };
         let bytes =
@@ -880,5 +899,23 @@ mod tests {
         // Tiny GEMMs are memory or tile bound and slower per FLOP.
         let tiny = p.gemm_cost(64, 64, 64, DType::F16, DType::F16, false);
         assert!(tiny.efficiency < 0.1, "{}", tiny.efficiency);
+    }
+
+    /// A GEMM whose 64 tiles leave the 132 SMs half idle is split along K in two: a full
+    /// wave's work as the 128-tile GEMM, at the split-K rate measured on the one-GPU
+    /// benches (ring_bidir's GEMMs beside ring's).
+    #[test]
+    fn a_gemm_split_along_k_runs_at_its_measured_rate() {
+        let p = Profile::load("h100-one-gpu").unwrap();
+        assert_eq!((p.split_k(1024, 2048, 4096), p.split_k(1024, 4096, 4096)), (2, 1));
+        let time = |n| p.gemm_cost(1024, n, 4096, DType::F16, DType::F32, false).work_s;
+        let ratio = time(2048) / (time(4096) / 2.0);
+        assert!((ratio - 1.0 / p.compute.split_k_efficiency).abs() < 1e-9, "{ratio}");
+        // Measured: 34.3 µs against 56.8 (docs/gpu-runs/2026-11-26-h100, the Σ-GEMMs bound).
+        assert!((ratio - 34.3 / (56.8 / 2.0)).abs() < 0.03, "{ratio}");
+        let text = include_str!("../profiles/h100-one-gpu.toml")
+            .replace("split_k_efficiency = 0.82", "split_k_efficiency = 1.2");
+        let e = Profile::parse(&text, "z.toml").unwrap_err();
+        assert!(matches!(e, ProfileError::Invalid { field: "compute.split_k_efficiency", .. }), "{e}");
     }
 }

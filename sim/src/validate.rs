@@ -494,10 +494,11 @@ mod tests {
         assert_eq!(rows.len(), 18);
         for row in &rows {
             let t = &row.time;
-            // Every gap is named in docs/simulator.md: concurrent GEMMs fill the GPU better
-            // than one alone (ag_gemm), f32 partials cost HBM time under the GEMMs (ring),
-            // cuBLAS's 512-row GEMMs run slower than the tile model says (c=2).
-            assert!(t.relative_error().abs() < 0.25, "{t:?}");
+            // Within issue 32's bound; every gap is named in docs/simulator.md: concurrent
+            // GEMMs fill the GPU better than one alone (ag_gemm), f32 partials cost HBM time
+            // under the GEMMs (ring). (cuBLAS's split-K GEMMs, c=2's 512 rows, are priced at
+            // their measured rate.)
+            assert!(t.relative_error().abs() < 0.20, "{t:?}");
             // The exposed copies the model does price: adding in the GEMM, and the
             // direct baseline of gemm_rs, within 8 %.
             let priced = t.case.starts_with("gemm_rs")
