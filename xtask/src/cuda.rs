@@ -921,7 +921,8 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
 
 /// One run each of gemm_rs `ring_accumulate`, `ring_push` and `baseline_direct` at D = 4 and 8, plain,
 /// staggered and with offset starts, with every op's events recorded: a timeline per run
-/// (SVG and Perfetto JSON) in `dir`, to see whether the devices ran in lockstep.
+/// (SVG and Perfetto JSON) in `dir`, to see whether the devices ran in lockstep; and the
+/// fused plans at D = 4 with their copies on the copy engines and on SMs.
 fn write_timelines(
     backend: &CudaBackend,
     options: &CudaRunOptions,
@@ -971,48 +972,53 @@ fn write_timelines(
             }
         }
     }
-    // The fused plans at D = 4: how long their copies take under the persistent kernels,
-    // in words (the kernel is one span; its waits are inside it).
+    // The fused plans at D = 4: how long their copies and signals take under the persistent
+    // kernels, in words (the kernel is one span; its waits are inside it); again with the
+    // copies made by SM kernels rather than the copy engines.
     for op in [OpKind::AgGemm, OpKind::GemmRs] {
         let algorithm = Algorithm::Fused { chunks: 1 };
         if !stamp.contains(&format!("{op} {}", algorithm.name())) {
             continue;
         }
-        let plan = build_plan(&seed000_problem(op, 4, shrink)?, algorithm)?;
-        // cuBLAS cannot run a fused GEMM: the engine rule picks cmm's kernel.
-        let fused_options = CudaRunOptions { gemm: GemmEngine::Auto, ..modes[0].1 };
-        let out = match backend.run(&plan, 1, Family::Realistic, &fused_options) {
-            Ok(out) => out,
-            Err(e) => {
-                println!("timeline: {} failed: {e}", plan.name);
-                continue;
-            }
-        };
-        let span = |f: &dyn Fn(&Op) -> bool| -> Vec<f64> {
-            out.op_times
-                .iter()
-                .filter(|(site, _, _)| f(&plan.programs[site.device].lanes[site.lane][site.index]))
-                .map(|(_, _, duration)| *duration)
-                .collect()
-        };
-        let copies = span(&|op| matches!(op, Op::Copy { .. }));
-        let gemms = span(&|op| matches!(op, Op::Gemm { .. }));
-        let stats = |xs: &[f64]| {
-            let mean = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
-            format!("{} of them, mean {mean:.1} µs, longest {:.1} µs", xs.len(), xs.iter().copied().fold(0.0, f64::max))
-        };
-        println!(
-            "timeline: {} plain, {:.1} µs with an event around every op: copies {}; GEMM spans {}",
-            plan.name,
-            out.gpu_time.as_secs_f64() * 1e6,
-            stats(&copies),
-            stats(&gemms)
-        );
-        let stem = format!("{op}-fused-d4-plain");
-        let title =
-            format!("{} plain: {:.1} µs with an event around every op", plan.name, out.gpu_time.as_secs_f64() * 1e6);
-        let timeline = cmm_sim::timeline::Timeline::from_measured(&plan, title, &out.op_times);
-        fs::write(dir.join(format!("{stem}.svg")), timeline.svg())?;
+        let fused = build_plan(&seed000_problem(op, 4, shrink)?, algorithm)?;
+        for (variant, plan) in [("plain", fused.clone()), ("sm-copies", cmm_core::emulate::sm_copies(&fused))] {
+            // cuBLAS cannot run a fused GEMM: the engine rule picks cmm's kernel.
+            let fused_options = CudaRunOptions { gemm: GemmEngine::Auto, ..modes[0].1 };
+            let out = match backend.run(&plan, 1, Family::Realistic, &fused_options) {
+                Ok(out) => out,
+                Err(e) => {
+                    println!("timeline: {} failed: {e}", plan.name);
+                    continue;
+                }
+            };
+            let span = |f: &dyn Fn(&Op) -> bool| -> Vec<f64> {
+                out.op_times
+                    .iter()
+                    .filter(|(site, _, _)| f(&plan.programs[site.device].lanes[site.lane][site.index]))
+                    .map(|(_, _, duration)| *duration)
+                    .collect()
+            };
+            let copies = span(&|op| matches!(op, Op::Copy { .. }));
+            let signals = span(&|op| matches!(op, Op::Signal { .. }));
+            let gemms = span(&|op| matches!(op, Op::Gemm { .. }));
+            let stats = |xs: &[f64]| {
+                let mean = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
+                let longest = xs.iter().copied().fold(0.0, f64::max);
+                format!("{} of them, mean {mean:.1} µs, longest {longest:.1} µs", xs.len())
+            };
+            let took = out.gpu_time.as_secs_f64() * 1e6;
+            println!(
+                "timeline: {} plain, {took:.1} µs with an event around every op: copies {}; signals {}; GEMM spans {}",
+                plan.name,
+                stats(&copies),
+                stats(&signals),
+                stats(&gemms)
+            );
+            let stem = format!("{op}-fused-d4-{variant}");
+            let title = format!("{} plain: {took:.1} µs with an event around every op", plan.name);
+            let timeline = cmm_sim::timeline::Timeline::from_measured(&plan, title, &out.op_times);
+            fs::write(dir.join(format!("{stem}.svg")), timeline.svg())?;
+        }
     }
     Ok(())
 }
