@@ -22,8 +22,9 @@
 //   cuModuleGetFunction finds only those, running the host twin's launcher of that
 //   name. cuLaunchKernelEx (the backend's only launch call) copies the parameter values
 //   at the call, as the driver does (their sizes come from the kernel's C++ signature),
-//   checks the launch bounds, and takes one launch attribute, a priority within the
-//   range cuCtxGetStreamPriorityRange reports (0 to -5, as on an H100).
+//   checks the launch bounds, and takes two launch attributes: a priority within the
+//   range cuCtxGetStreamPriorityRange reports (0 to -5, as on an H100), and a cluster
+//   dimension along x of at most the host twin's clusters (2) that tiles the grid.
 // - Streams feed FIFO hardware queues, one worker thread each: stream k of a context
 //   (in creation order) feeds queue k mod CUDA_DEVICE_MAX_CONNECTIONS, the NULL stream
 //   queue 0. A queue runs one item at a time, so a spinning kernel, a stream wait on a
@@ -1148,7 +1149,7 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, Funct
 }
 
 static CUresult fake_launch(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by, u32 bz, u32 shared, void* handle,
-                            void** params, void** extra) {
+                            void** params, void** extra, u32 cluster = 1) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     Stream* s = stream_of(handle);
     if (f == nullptr || s == nullptr || s->ctx != current || f->ctx != current) return INVALID_HANDLE;
@@ -1180,7 +1181,7 @@ static CUresult fake_launch(Function* f, u32 gx, u32 gy, u32 gz, u32 bx, u32 by,
         for (auto& v : *values) args.push_back(v.data());
         u32 g3[3] = {grid[0], grid[1], grid[2]}, b3[3] = {block[0], block[1], block[2]};
         char error[256] = {0};
-        if (fn->entry(g3, b3, fn->mode, args.data(), error, sizeof error) != 0) {
+        if (fn->entry(g3, b3, fn->mode | cluster << 8, args.data(), error, sizeof error) != 0) {
             report(ctx, LAUNCH_FAILED, fn->name + ": " + error);
             return;
         }
@@ -1208,6 +1209,7 @@ CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
 union LaunchAttributeValue {
     char bytes[64];
     int priority;
+    unsigned cluster[3];  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: x, y, z
     void* align;
 };
 struct LaunchAttribute {
@@ -1217,6 +1219,7 @@ struct LaunchAttribute {
 };
 static_assert(sizeof(LaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
 constexpr int LAUNCH_ATTRIBUTE_PRIORITY = 8;
+constexpr int LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
 
 struct LaunchConfig {
     u32 grid[3];
@@ -1282,15 +1285,24 @@ CUresult cuLaunchKernelEx(const LaunchConfig* config, Function* f, void** params
     if (CUresult r = ready(); r != SUCCESS) return r;
     if (config == nullptr || (config->attr_count > 0 && config->attrs == nullptr)) return INVALID_VALUE;
     bool has_priority = false;
+    u32 cluster = 1;
     for (u32 i = 0; i < config->attr_count; ++i) {
         const LaunchAttribute& a = config->attrs[i];
+        if (a.id == LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+            // Clusters along x, of at most the twin's size, tiling the grid (the driver
+            // refuses a grid that is not whole clusters).
+            const u32 x = a.value.cluster[0], y = a.value.cluster[1], z = a.value.cluster[2];
+            if (x == 0 || y != 1 || z != 1 || x > cmm_host::MAX_CLUSTER || config->grid[0] % x != 0) return INVALID_VALUE;
+            cluster = x;
+            continue;
+        }
         if (a.id != LAUNCH_ATTRIBUTE_PRIORITY) return NOT_SUPPORTED;
         if (a.value.priority < greatest_priority.load() || a.value.priority > 0) return INVALID_VALUE;
         has_priority = true;
     }
     if (f != nullptr && f->ctx == current && lazy_loading() && !f->loaded.exchange(true)) wait_idle(current);
     CUresult r = fake_launch(f, config->grid[0], config->grid[1], config->grid[2], config->block[0], config->block[1],
-                             config->block[2], config->shared, config->stream, params, extra);
+                             config->block[2], config->shared, config->stream, params, extra, cluster);
     if (r == SUCCESS && has_priority) {
         std::lock_guard<std::mutex> g(lock);
         prioritised[f->name] += 1;

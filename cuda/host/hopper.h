@@ -34,6 +34,14 @@
 //   in k order onto the accumulator.
 // - Named barriers (bar.sync id, n) are rendezvous of n threads; setmaxnreg, the wgmma
 //   fences and waits, and tensor-map prefetches do nothing here.
+// - Clusters (the `_c2` kernels): the cluster's CTAs run as fibers of one scheduler
+//   (runtime.h), each with its own shared memory and barriers here. barrier.cluster is a
+//   rendezvous of every thread of the cluster; a remote arrive (mapa, then
+//   mbarrier.arrive.shared::cluster) and a multicast TMA copy act on the other CTA's
+//   barrier and shared memory as on one's own, with two more checks: the barrier's
+//   initialisation must have been made visible by a cluster barrier completed since it
+//   (fence.mbarrier_init and barrier.cluster), and the CTA must not have exited (a
+//   cluster barrier before exit keeps it alive for its peer's last copies and arrives).
 
 struct CmmTensorMap;  // hopper.cu's; the twin reads it as CmmHostTensorMap
 
@@ -47,6 +55,7 @@ struct MBarrier {
     u32 pending = 0;    // arrivals the current phase still needs
     long long tx = 0;   // transaction bytes the current phase still needs (may dip below 0)
     u32 completed = 0;  // phases completed
+    u64 init_sync = 0;  // the cluster barriers completed when it was initialised
 };
 
 // What the running block did with the Hopper engine's instructions.
@@ -67,8 +76,10 @@ struct HopperBlock {
     static constexpr u32 UNTRACKED = 0xffffffffu;
 };
 
-inline HopperBlock& hopper_block() {
-    static thread_local HopperBlock hb;
+// The state of the running cluster's CTA of rank `cta`.
+inline HopperBlock& hopper_block_at(u32 cta) {
+    static thread_local HopperBlock blocks[MAX_CLUSTER];
+    HopperBlock& hb = blocks[cta < MAX_CLUSTER ? cta : 0];
     Block* block = running_block;
     const u64 serial = block != nullptr ? block->serial : 0;
     if (hb.serial != serial) {
@@ -78,7 +89,7 @@ inline HopperBlock& hopper_block() {
         hb.chunk_bar.assign(HOPPER_SMEM_BYTES / 16u, 0u);
         hb.chunk_phase.assign(HOPPER_SMEM_BYTES / 16u, 0u);
         hb.chunk_generic.assign(HOPPER_SMEM_BYTES / 16u, 0u);
-        const size_t threads = block != nullptr ? block->fibers.size() : 1;
+        const size_t threads = block != nullptr ? block->cta_threads : 1;
         hb.observed.assign(threads, {});
         hb.fenced.assign(threads, {});
         hb.untracked.assign(threads, {});
@@ -87,6 +98,14 @@ inline HopperBlock& hopper_block() {
 }
 
 inline Fiber* current_fiber() { return running_block != nullptr ? running_block->current : nullptr; }
+
+// The running thread's CTA's rank in its cluster.
+inline u32 current_cta() {
+    Fiber* f = current_fiber();
+    return f != nullptr ? f->cta : 0u;
+}
+
+inline HopperBlock& hopper_block() { return hopper_block_at(current_cta()); }
 
 // The message of a check, with the kernel file's line (a fixed buffer per OS thread: the
 // error outlives the call).
@@ -105,14 +124,40 @@ inline bool smem_range(u32 addr, u32 bytes) {
     return true;
 }
 
-inline MBarrier* mbarrier(u32 bar) {
-    HopperBlock& hb = hopper_block();
+inline MBarrier* mbarrier_at(u32 cta, u32 bar) {
+    HopperBlock& hb = hopper_block_at(cta);
     auto it = hb.bars.find(bar);
     if (bar % 8u != 0u || it == hb.bars.end()) {
         fail("an mbarrier operation on a shared address no mbarrier.init set up (or not 8-byte aligned)");
         return nullptr;
     }
     return &it->second;
+}
+
+inline MBarrier* mbarrier(u32 bar) { return mbarrier_at(current_cta(), bar); }
+
+// Whether the running thread may reach CTA `cta` of its cluster (its shared memory, and
+// its barrier at `bar` once initialised and made visible); the error says why not.
+inline bool reachable(u32 cta, u32 bar) {
+    Block* block = running_block;
+    if (block == nullptr || cta >= block->ctas) {
+        fail("a cluster operation on a CTA rank past the cluster (or outside fibers)");
+        return false;
+    }
+    if (cta == current_cta()) return true;
+    if (block->live[cta] == 0) {
+        fail("a remote arrive or multicast copy into a CTA of the cluster that has exited: no cluster barrier kept "
+             "it alive until its peer's last one");
+        return false;
+    }
+    MBarrier* b = mbarrier_at(cta, bar);
+    if (b == nullptr) return false;
+    if (b->init_sync >= block->cluster_syncs) {
+        fail("a remote arrive or multicast copy on an mbarrier of another CTA whose initialisation no cluster "
+             "barrier has made visible (fence.mbarrier_init, then barrier.cluster)");
+        return false;
+    }
+    return true;
 }
 
 inline void mbarrier_settle(MBarrier& b) {
@@ -124,8 +169,8 @@ inline void mbarrier_settle(MBarrier& b) {
     running_block->progress += 1;
 }
 
-inline void mbarrier_arrive(u32 bar, long long bytes) {
-    MBarrier* b = mbarrier(bar);
+inline void mbarrier_arrive_at(u32 cta, u32 bar, long long bytes) {
+    MBarrier* b = mbarrier_at(cta, bar);
     if (b == nullptr) return;
     if (b->pending == 0u) {
         fail("an mbarrier arrive past the count the barrier was initialised with");
@@ -136,12 +181,15 @@ inline void mbarrier_arrive(u32 bar, long long bytes) {
     mbarrier_settle(*b);
 }
 
+inline void mbarrier_arrive(u32 bar, long long bytes) { mbarrier_arrive_at(current_cta(), bar, bytes); }
+
 }  // namespace cmm_host
 
 inline void cmm_mbar_init(u32 bar, u32 count) {
     if (!cmm_host::smem_range(bar, 8u)) return;
     cmm_host::MBarrier b;
     b.expected = b.pending = count;
+    b.init_sync = cmm_host::running_block != nullptr ? cmm_host::running_block->cluster_syncs : 0;
     cmm_host::hopper_block().bars[bar] = b;
     cmm_host::running_block->progress += 1;
 }
@@ -151,6 +199,14 @@ inline void cmm_mbar_init_fence() {}
 inline void cmm_mbar_arrive_expect_tx(u32 bar, u32 bytes) { cmm_host::mbarrier_arrive(bar, (long long)bytes); }
 
 inline void cmm_mbar_arrive(u32 bar) { cmm_host::mbarrier_arrive(bar, 0); }
+
+inline u32 cmm_cluster_ctarank() { return cmm_host::current_cta(); }
+
+inline void cmm_cluster_sync() { cmm_host::barrier(cmm_host::CLUSTER_SYNC); }
+
+inline void cmm_mbar_arrive_cluster(u32 bar, u32 cta) {
+    if (cmm_host::reachable(cta, bar)) cmm_host::mbarrier_arrive_at(cta, bar, 0);
+}
 
 // Whether the latest phase of parity `parity` has completed; if not, the block's other
 // threads run before the caller tries again.
@@ -180,9 +236,11 @@ struct CmmHostTensorMap {
 };
 
 // A TMA copy of the box at (x, y, z) through a map of rank `rank` (z is 0 for rank 2;
-// a rank-3 box is one layer deep).
+// a rank-3 box is one layer deep) into the shared memory at `dst` of every CTA of the
+// cluster in `mask` (bit r: rank r; the issuing CTA alone without multicast), its bytes
+// completing on the barrier at `bar` of each.
 inline void cmm_tma_load_at(const char* file, int line, u32 rank, u32 dst, const CmmTensorMap* map, u32 x, u32 y,
-                            u32 z, u32 bar) {
+                            u32 z, u32 bar, u32 mask) {
     using namespace cmm_host;
     const CmmHostTensorMap* m = reinterpret_cast<const CmmHostTensorMap*>(map);
     if (m->tag != 0x636d6d5f746d6170ull) {
@@ -207,31 +265,39 @@ inline void cmm_tma_load_at(const char* file, int line, u32 rank, u32 dst, const
     }
     const u32 bytes = box0 * box1 * 2u;
     if (!smem_range(dst, bytes)) return;
-    MBarrier* b = mbarrier(bar);
-    if (b == nullptr) return;
-    HopperBlock& hb = hopper_block();
-    for (u32 r = 0; r < box1; ++r) {
-        for (u32 c = 0; c < box0; ++c) {
-            const u64 gx = (u64)x + c, gy = (u64)y + r;
-            u16 v = 0;
-            if (gx < m->dim0 && gy < m->dim1 && (rank == 2u || z < m->dim2)) {
-                v = *(const u16*)(m->base + (u64)z * m->stride2 + gy * m->stride + gx * 2u);
+    for (u32 cta = 0; cta < MAX_CLUSTER; ++cta) {
+        if ((mask >> cta & 1u) == 0u) continue;
+        if (!reachable(cta, bar)) return;
+        MBarrier* b = mbarrier_at(cta, bar);
+        if (b == nullptr) return;
+        HopperBlock& hb = hopper_block_at(cta);
+        for (u32 r = 0; r < box1; ++r) {
+            for (u32 c = 0; c < box0; ++c) {
+                const u64 gx = (u64)x + c, gy = (u64)y + r;
+                u16 v = 0;
+                if (gx < m->dim0 && gy < m->dim1 && (rank == 2u || z < m->dim2)) {
+                    v = *(const u16*)(m->base + (u64)z * m->stride2 + gy * m->stride + gx * 2u);
+                }
+                u32 addr = dst + r * 128u + c * 2u;
+                addr ^= ((addr >> 7) & 7u) << 4;
+                std::memcpy(hb.smem.get() + addr, &v, 2);
+                hb.chunk_bar[addr / 16u] = bar + 1u;
+                hb.chunk_phase[addr / 16u] = b->completed;
+                hb.chunk_generic[addr / 16u] = 0u;
             }
-            u32 addr = dst + r * 128u + c * 2u;
-            addr ^= ((addr >> 7) & 7u) << 4;
-            std::memcpy(hb.smem.get() + addr, &v, 2);
-            hb.chunk_bar[addr / 16u] = bar + 1u;
-            hb.chunk_phase[addr / 16u] = b->completed;
-            hb.chunk_generic[addr / 16u] = 0u;
         }
+        running_block->progress += 1;
+        b->tx -= (long long)bytes;
+        mbarrier_settle(*b);
     }
-    running_block->progress += 1;
-    b->tx -= (long long)bytes;
-    mbarrier_settle(*b);
 }
 
-#define cmm_tma_load_2d(dst, map, x, y, bar) cmm_tma_load_at(__FILE__, __LINE__, 2u, dst, map, x, y, 0u, bar)
-#define cmm_tma_load_3d(dst, map, x, y, z, bar) cmm_tma_load_at(__FILE__, __LINE__, 3u, dst, map, x, y, z, bar)
+#define cmm_tma_load_2d(dst, map, x, y, bar) \
+    cmm_tma_load_at(__FILE__, __LINE__, 2u, dst, map, x, y, 0u, bar, 1u << cmm_host::current_cta())
+#define cmm_tma_load_3d(dst, map, x, y, z, bar) \
+    cmm_tma_load_at(__FILE__, __LINE__, 3u, dst, map, x, y, z, bar, 1u << cmm_host::current_cta())
+#define cmm_tma_load_2d_multicast(dst, map, x, y, bar, mask) \
+    cmm_tma_load_at(__FILE__, __LINE__, 2u, dst, map, x, y, 0u, bar, (u32)(mask))
 
 inline void cmm_tma_prefetch(const CmmTensorMap*) {}
 

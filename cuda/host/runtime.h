@@ -112,10 +112,13 @@ namespace cmm_host {
 
 // What a fiber waits for: a block-wide __syncthreads, a warp collective (every call site
 // of one in the kernels is reached by all threads of the block together), nothing but
-// its turn (YIELD: a spin on an mbarrier, host/hopper.h), or named barrier `NAMED + id`
-// (bar.sync id, count: released once `count` threads wait at it).
-enum Barrier { SYNCTHREADS = 1, WARP_COLLECTIVE = 2, YIELD = 3, NAMED = 16 };
+// its turn (YIELD: a spin on an mbarrier, host/hopper.h), a cluster barrier (every thread
+// of every CTA of the cluster), or named barrier `NAMED + id` (bar.sync id, count:
+// released once `count` threads of the block wait at it).
+enum Barrier { SYNCTHREADS = 1, WARP_COLLECTIVE = 2, YIELD = 3, CLUSTER_SYNC = 4, NAMED = 16 };
 constexpr u32 NAMED_BARRIERS = 16;
+// The most CTAs of a cluster the twin runs (the Hopper engine's pairs).
+constexpr u32 MAX_CLUSTER = 2;
 
 // A cp.async copy the thread has issued and that has not landed yet (host/mma.h).
 struct AsyncCopy {
@@ -180,6 +183,8 @@ inline void fiber_switch(FiberContext& save, FiberContext& load) {
 struct Fiber {
     FiberContext context;
     dim3 thread;
+    dim3 block;  // its CTA's blockIdx
+    u32 cta;     // its CTA's rank in the cluster
     int waiting;  // 0: running or runnable, else the Barrier it waits at
     bool done;
     bool runnable;  // resumed in the scheduler's next round
@@ -215,7 +220,14 @@ struct Block {
     // bytes): a round of the scheduler in which every thread only spun, with no
     // progress, is a deadlock.
     u64 progress = 0;
-    u32 named_count[NAMED_BARRIERS] = {};  // threads a named barrier waits for
+    // A cluster's CTAs run as one scheduler's fibers (one OS thread, so their interleaving
+    // is deterministic): how many, the threads of each, the threads of each still
+    // running, and the cluster barriers completed.
+    u32 ctas = 1;
+    u32 cta_threads = 0;
+    u32 live[MAX_CLUSTER] = {};
+    u64 cluster_syncs = 0;
+    u32 named_count[MAX_CLUSTER][NAMED_BARRIERS] = {};  // threads a named barrier waits for
 };
 
 static thread_local Block* running_block = nullptr;
@@ -328,12 +340,13 @@ inline void named_barrier(u32 id, u32 threads) {
         fail("a named barrier outside fibers, past barrier 15, or of a thread count that is not a multiple of 32");
         return;
     }
-    if (block->named_count[id] != 0 && block->named_count[id] != threads) {
+    Fiber* me = block->current;
+    u32& count = block->named_count[me->cta][id];
+    if (count != 0 && count != threads) {
         fail("named barrier divergence: threads wait at one barrier with different thread counts");
         return;
     }
-    block->named_count[id] = threads;
-    Fiber* me = block->current;
+    count = threads;
     me->waiting = NAMED + (int)id;
     fiber_switch(me->context, block->scheduler);
 }
@@ -342,6 +355,7 @@ inline void fiber_main() {
     Block* block = running_block;
     block->body(block->closure);
     block->current->done = true;
+    block->live[block->current->cta] -= 1;
 #if defined(__x86_64__) && !defined(CMM_HOST_UCONTEXT)
     fiber_switch(block->current->context, block->scheduler);  // never resumed
     __builtin_unreachable();
@@ -380,13 +394,18 @@ inline void fiber_start(Fiber& f, char* stack, FiberContext& scheduler) {
 #endif
 }
 
-// Runs one block of `threads` threads as fibers until all return.
-inline void run_block_fibers(u32 threads, void (*body)(void*), void* closure) {
+// Runs a cluster of `ctas` CTAs (1: a lone block) of `threads` threads each as fibers of
+// one scheduler until all return; CTA c is block `first` + (c, 0, 0). The CTAs share the
+// OS thread's static `__shared__` variables and its barrier epochs: only the Hopper
+// engine, whose shared memory is all dynamic (host/hopper.h keeps one per CTA), runs in
+// clusters.
+inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, void (*body)(void*), void* closure) {
     static thread_local Block block;
-    block.fibers.assign(threads, Fiber{});
-    if (block.stack_threads < threads) {
-        block.stacks.reset(new char[threads * FIBER_STACK]);
-        block.stack_threads = threads;
+    const u32 fibers = ctas * threads;
+    block.fibers.assign(fibers, Fiber{});
+    if (block.stack_threads < fibers) {
+        block.stacks.reset(new char[fibers * FIBER_STACK]);
+        block.stack_threads = fibers;
     }
     block.body = body;
     block.closure = closure;
@@ -394,14 +413,23 @@ inline void run_block_fibers(u32 threads, void (*body)(void*), void* closure) {
     block.serial += 1;
     block.epoch = 0;
     block.shared_chunks.clear();
-    for (u32 t = 0; t < threads; ++t) {
-        Fiber& f = block.fibers[t];
+    block.ctas = ctas;
+    block.cta_threads = threads;
+    block.cluster_syncs = 0;
+    for (u32 i = 0; i < fibers; ++i) {
+        Fiber& f = block.fibers[i];
+        const u32 t = i % threads;
+        f.cta = i / threads;
+        f.block = dim3{first.x + f.cta, first.y, first.z};
         f.thread = dim3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
-        fiber_start(f, block.stacks.get() + t * FIBER_STACK, block.scheduler);
+        fiber_start(f, block.stacks.get() + i * FIBER_STACK, block.scheduler);
     }
     running_block = &block;
     block.progress = 0;
-    for (u32& n : block.named_count) n = 0;
+    for (u32 c = 0; c < MAX_CLUSTER; ++c) {
+        block.live[c] = c < ctas ? threads : 0;
+        for (u32& n : block.named_count[c]) n = 0;
+    }
     for (Fiber& f : block.fibers) f.runnable = true;
     bool spun_without_progress = false;  // the last round ran only spins and changed nothing
     for (;;) {
@@ -412,63 +440,91 @@ inline void run_block_fibers(u32 threads, void (*body)(void*), void* closure) {
             f.runnable = false;
             f.waiting = 0;
             threadIdx = f.thread;
+            blockIdx = f.block;
             block.current = &f;
             fiber_switch(block.scheduler, f.context);
             if (f.done || f.waiting != YIELD) only_spins = false;
         }
         if (thread_error != nullptr) break;
-        // Who runs next: threads that spun; every thread, at a block-wide barrier they
-        // all reached; the threads of a named barrier with its count reached.
-        u32 live = 0, spinning = 0, at[NAMED + NAMED_BARRIERS] = {};
-        bool some_done = false;
+        // Who runs next: threads that spun; every thread of a CTA, at a CTA-wide barrier
+        // they all reached; every thread of the cluster at its barrier; the threads of a
+        // named barrier with its count reached.
+        u32 live[MAX_CLUSTER] = {}, spinning[MAX_CLUSTER] = {}, at[MAX_CLUSTER][NAMED + NAMED_BARRIERS] = {};
+        bool some_done[MAX_CLUSTER] = {};
         for (const Fiber& f : block.fibers) {
             if (f.done) {
-                some_done = true;
+                some_done[f.cta] = true;
                 continue;
             }
-            live += 1;
-            if (f.waiting == YIELD) spinning += 1;
-            if (f.waiting > 0 && f.waiting < NAMED + (int)NAMED_BARRIERS) at[f.waiting] += 1;
+            live[f.cta] += 1;
+            if (f.waiting == YIELD) spinning[f.cta] += 1;
+            if (f.waiting > 0 && f.waiting < NAMED + (int)NAMED_BARRIERS) at[f.cta][f.waiting] += 1;
         }
-        if (live == 0) break;
+        u32 all_live = 0, all_spinning = 0, at_cluster = 0;
+        bool any_done = false;
+        for (u32 c = 0; c < ctas; ++c) {
+            all_live += live[c];
+            all_spinning += spinning[c];
+            at_cluster += at[c][CLUSTER_SYNC];
+            any_done = any_done || some_done[c];
+        }
+        if (all_live == 0) break;
         for (Fiber& f : block.fibers) {
             if (!f.done && f.waiting == YIELD) f.runnable = true;
         }
         bool released = false;
-        for (int kind : {(int)SYNCTHREADS, (int)WARP_COLLECTIVE}) {
-            if (at[kind] == 0) continue;
-            if (at[kind] == live) {
-                if (some_done) {
-                    fail("barrier divergence: threads of a block exited while others wait at a barrier");
+        for (u32 c = 0; c < ctas && thread_error == nullptr; ++c) {
+            for (int kind : {(int)SYNCTHREADS, (int)WARP_COLLECTIVE}) {
+                if (at[c][kind] == 0) continue;
+                if (at[c][kind] == live[c]) {
+                    if (some_done[c]) {
+                        fail("barrier divergence: threads of a block exited while others wait at a barrier");
+                        break;
+                    }
+                    for (Fiber& f : block.fibers) {
+                        if (f.cta == c) f.runnable = !f.done;
+                    }
+                    if (kind == SYNCTHREADS) block.epoch += 1;
+                    released = true;
+                } else if (spinning[c] == 0) {
+                    fail(some_done[c] ? "barrier divergence: threads of a block exited while others wait at a barrier"
+                                      : "barrier divergence: threads of a block wait at different barriers");
                     break;
                 }
-                for (Fiber& f : block.fibers) f.runnable = !f.done;
-                if (kind == SYNCTHREADS) block.epoch += 1;
-                released = true;
-            } else if (spinning == 0) {
-                fail(some_done ? "barrier divergence: threads of a block exited while others wait at a barrier"
-                               : "barrier divergence: threads of a block wait at different barriers");
-                break;
             }
         }
         if (thread_error != nullptr) break;
-        for (u32 id = 0; id < NAMED_BARRIERS; ++id) {
-            const u32 count = block.named_count[id];
-            if (count == 0 || at[NAMED + id] < count) continue;
-            if (at[NAMED + id] > count) {
-                fail("named barrier: more threads wait at it than it counts");
+        if (at_cluster != 0 && at_cluster == all_live) {
+            if (any_done) {
+                fail("cluster barrier divergence: threads of the cluster exited while others wait at its barrier");
                 break;
             }
-            for (Fiber& f : block.fibers) {
-                if (!f.done && f.waiting == NAMED + (int)id) f.runnable = true;
-            }
-            block.named_count[id] = 0;
+            for (Fiber& f : block.fibers) f.runnable = !f.done;
+            block.cluster_syncs += 1;
             block.progress += 1;
             released = true;
         }
+        for (u32 c = 0; c < ctas && thread_error == nullptr; ++c) {
+            for (u32 id = 0; id < NAMED_BARRIERS; ++id) {
+                const u32 count = block.named_count[c][id];
+                if (count == 0 || at[c][NAMED + id] < count) continue;
+                if (at[c][NAMED + id] > count) {
+                    fail("named barrier: more threads wait at it than it counts");
+                    break;
+                }
+                for (Fiber& f : block.fibers) {
+                    if (!f.done && f.cta == c && f.waiting == NAMED + (int)id) f.runnable = true;
+                }
+                block.named_count[c][id] = 0;
+                block.progress += 1;
+                released = true;
+            }
+        }
         if (thread_error != nullptr) break;
-        if (!released && spinning == 0) {
-            fail("deadlock: every live thread of the block waits at a named barrier that too few threads reach");
+        if (!released && all_spinning == 0) {
+            fail(at_cluster != 0 ? "deadlock: threads wait at the cluster barrier that others never reach"
+                                 : "deadlock: every live thread of the block waits at a named barrier that too few "
+                                   "threads reach");
             break;
         }
         // Two rounds of nothing but spins with no progress between: nothing any thread of
@@ -489,13 +545,15 @@ inline void run_block_fibers(u32 threads, void (*body)(void*), void* closure) {
 // persistent kernel whose blocks wait for each other).
 enum Mode { PLAIN = 0, FIBERS = 1, CONCURRENT_BLOCKS = 2 };
 
-inline void run_blocks(const u32* grid, const u32* block, u32 mode, u64 first, u64 step, void (*body)(void*),
-                       void* closure) {
+inline void run_blocks(const u32* grid, const u32* block, u32 mode, u32 cluster, u64 first, u64 step,
+                       void (*body)(void*), void* closure) {
     gridDim = dim3{grid[0], grid[1], grid[2]};
     blockDim = dim3{block[0], block[1], block[2]};
     const u64 blocks = (u64)grid[0] * grid[1] * grid[2];
     const u32 threads = block[0] * block[1] * block[2];
-    for (u64 b = first; b < blocks && thread_error == nullptr; b += step) {
+    // Cluster q is blocks q·cluster .. q·cluster + cluster − 1 (consecutive along x).
+    for (u64 q = first; q * cluster < blocks && thread_error == nullptr; q += step) {
+        const u64 b = q * cluster;
         blockIdx = dim3{(u32)(b % grid[0]), (u32)((b / grid[0]) % grid[1]), (u32)(b / ((u64)grid[0] * grid[1]))};
         if (mode == PLAIN) {
             for (u32 t = 0; t < threads; ++t) {
@@ -503,7 +561,7 @@ inline void run_blocks(const u32* grid, const u32* block, u32 mode, u64 first, u
                 body(closure);
             }
         } else {
-            run_block_fibers(threads, body, closure);
+            run_cluster_fibers(cluster, threads, blockIdx, body, closure);
         }
     }
 }
@@ -528,23 +586,31 @@ inline int launch(void (*kernel)(P...), const u32* grid, const u32* block, u32 m
     };
     const char* why = nullptr;
     const u64 blocks = (u64)grid[0] * grid[1] * grid[2];
+    // The launch's cluster size along x rides above the mode (the fake driver's
+    // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, the twin executor's kernel).
+    const u32 cluster = std::max(mode >> 8, 1u);
+    mode &= 0xffu;
     if (block[0] * block[1] * block[2] == 0 || blocks == 0) {
         why = "an empty grid or block";
-    } else if (mode == CONCURRENT_BLOCKS && blocks > 1) {
-        std::vector<const char*> errors(blocks, nullptr);
+    } else if (cluster > MAX_CLUSTER || grid[0] % cluster != 0 || (cluster > 1 && mode == PLAIN)) {
+        why = "a cluster the host twin does not run: at most 2 CTAs along x, a grid of whole clusters, fibers";
+    } else if (mode == CONCURRENT_BLOCKS && blocks > cluster) {
+        // Every cluster (every block, without clusters) on its own OS thread.
+        const u64 clusters = blocks / cluster;
+        std::vector<const char*> errors(clusters, nullptr);
         std::vector<std::thread> workers;
-        for (u64 b = 0; b < blocks; ++b) {
-            workers.emplace_back([&, b] {
+        for (u64 q = 0; q < clusters; ++q) {
+            workers.emplace_back([&, q] {
                 thread_error = nullptr;
-                run_blocks(grid, block, FIBERS, b, blocks, body, &closure);
-                errors[b] = thread_error;
+                run_blocks(grid, block, FIBERS, cluster, q, clusters, body, &closure);
+                errors[q] = thread_error;
             });
         }
         for (auto& w : workers) w.join();
         for (const char* e : errors) why = why != nullptr ? why : e;
     } else {
         thread_error = nullptr;
-        run_blocks(grid, block, mode == PLAIN ? PLAIN : FIBERS, 0, 1, body, &closure);
+        run_blocks(grid, block, mode == PLAIN ? PLAIN : FIBERS, cluster, 0, 1, body, &closure);
         why = thread_error;
     }
     if (why == nullptr) return 0;

@@ -47,6 +47,15 @@
 //   further wait and release no block.
 // - No wait can hang the GPU: an mbarrier wait that outlasts the run's wait deadline
 //   (twice it, plus a second) traps, which the host reports as a lost context.
+// - Clusters of two (`CLUSTER` 2; the GEMM sweep's `_c2` kernels, plain GEMMs with B
+//   N-major only): the two CTAs of a cluster take the two row tiles of a pair that share
+//   their columns (a phantom second tile past M loads zeros and stores nothing), and each
+//   loads half of B's boxes of a stage into both CTAs' shared memory with one multicast
+//   TMA copy, so B crosses from L2 once per pair. A stage is refilled only once the
+//   consumers of both CTAs gave it back: its `empty` barrier counts four arrivals, two of
+//   them remote (mapa, then mbarrier.arrive.release.cluster). A cluster barrier makes the
+//   barriers' initialisation visible to the peer before any copy or remote arrive, and
+//   another keeps each CTA alive until its peer has made its last one.
 //
 // The host twin (cuda/host/hopper.h) runs the same code with its own mbarriers, TMA
 // copies and wgmma, which check what the GPU leaves undefined.
@@ -290,6 +299,36 @@ __device__ __forceinline__ void cmm_tma_load_3d(u32 dst, const CmmTensorMap* map
         : "memory");
 }
 
+// The same as cmm_tma_load_2d into the shared memory at `dst` of every CTA of the cluster
+// in `mask` (bit r: rank r), completing the bytes on the barrier at `bar` of each.
+__device__ __forceinline__ void cmm_tma_load_2d_multicast(u32 dst, const CmmTensorMap* map, u32 x, u32 y, u32 bar,
+                                                          u16 mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+        "l"((u64)map), "r"(x), "r"(y), "r"(bar), "h"(mask)
+        : "memory");
+}
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ u32 cmm_cluster_ctarank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Every thread of the cluster meets here; what each did before is visible to all after.
+__device__ __forceinline__ void cmm_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// An arrive on the barrier at `bar` of the cluster's CTA of rank `cta`.
+__device__ __forceinline__ void cmm_mbar_arrive_cluster(u32 bar, u32 cta) {
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(cta));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
 // A 16-byte copy from global `src` to shared `dst` (cp.async.cg); bytes past
 // `src_bytes` (all 16 when 0) are zeros.
 __device__ __forceinline__ void cmm_hopper_cp_async16(u32 dst, u64 src, u32 src_bytes) {
@@ -374,15 +413,16 @@ __device__ __forceinline__ void cmm_mbar_wait(u32 bar, u32 parity, u64 limit_ns)
 // The address bits of a shared-memory matrix descriptor.
 __device__ __forceinline__ u64 cmm_desc_addr(u32 smem) { return (u64)((smem & 0x3FFFFu) >> 4); }
 
-template <u32 BN_, u32 STAGES_>
+template <u32 BN_, u32 STAGES_, u32 CLUSTER_ = 1u>
 struct CmmHopperShape {
-    static constexpr u32 BN = BN_, STAGES = STAGES_;
+    static constexpr u32 BN = BN_, STAGES = STAGES_, CLUSTER = CLUSTER_;
     static constexpr u32 B_BYTES = BN * CMM_HOPPER_BK * 2u;
     // Stages, 1024-byte aligned (the swizzle pattern's period), then the barriers: full
     // and empty per stage.
     static constexpr u32 BARRIERS = STAGES * (CMM_HOPPER_A_BYTES + B_BYTES);
     static constexpr u32 SMEM_BYTES = 1024u + BARRIERS + 16u * STAGES;
     static_assert(BN == 128 || BN == 256, "wgmma n128 or n256");
+    static_assert(CLUSTER == 1 || CLUSTER == 2, "one CTA, or a cluster of two");
 };
 
 // Where the run's tiles are: the block of the latest tile located (grouped: its
@@ -466,6 +506,47 @@ __device__ __forceinline__ bool cmm_hopper_locate(const CmmHopperArgs& p, const 
     return true;
 }
 
+// A plain GEMM's tiles in pairs of row tiles for a cluster of two: pair q (in groups of
+// CMM_HOPPER_GROUP_M / 2 pairs of rows, column by column) and this CTA's tile of it, row
+// tile 2·(pair row) + rank; false past the last pair. A second tile past M is a phantom.
+template <u32 BN>
+__device__ __forceinline__ bool cmm_hopper_locate_pair(const CmmHopperArgs& p, u32 q, const CmmHopperCursor& at,
+                                                       u32& m0, u32& n0) {
+    const u32 tiles_m = (at.rows + CMM_HOPPER_BM - 1u) / CMM_HOPPER_BM;
+    const u32 pairs_m = (tiles_m + 1u) / 2u;
+    if (q >= pairs_m * p.tiles_n) return false;
+    const u32 per_group = CMM_HOPPER_GROUP_M / 2u * p.tiles_n;
+    const u32 group = q / per_group;
+    const u32 first_pair = group * (CMM_HOPPER_GROUP_M / 2u);
+    const u32 group_pairs = min(CMM_HOPPER_GROUP_M / 2u, pairs_m - first_pair);
+    const u32 in_group = q - group * per_group;
+    m0 = (2u * (first_pair + in_group % group_pairs) + cmm_cluster_ctarank()) * CMM_HOPPER_BM;
+    n0 = (in_group / group_pairs) * BN;
+    return true;
+}
+
+// The tiles a CTA takes: tile t of the run (one CTA), or pair t (a cluster of two),
+// starting at cmm_hopper_first and stepping by cmm_hopper_step.
+template <class S>
+__device__ __forceinline__ u32 cmm_hopper_first() {
+    return S::CLUSTER == 1u ? blockIdx.x : blockIdx.x / 2u;
+}
+
+template <class S>
+__device__ __forceinline__ u32 cmm_hopper_step() {
+    return S::CLUSTER == 1u ? gridDim.x : gridDim.x / 2u;
+}
+
+template <class S>
+__device__ __forceinline__ bool cmm_hopper_next(const CmmHopperArgs& p, const CmmHopperBlock* table, u32 t,
+                                                CmmHopperCursor& at, u32& m0, u32& n0) {
+    if constexpr (S::CLUSTER == 1u) {
+        return cmm_hopper_locate<S::BN>(p, table, t, at, m0, n0);
+    } else {
+        return cmm_hopper_locate_pair<S::BN>(p, t, at, m0, n0);
+    }
+}
+
 // The source of row `row` of a gathered A tile: the token-shard row of the token that
 // perm gives C's row, or CMM_HOPPER_NONE (zeros) for a row past the segment, an unrouted
 // row or a token outside the shard. Bounded like every table entry.
@@ -520,7 +601,7 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
     CmmHopperCursor at = cmm_hopper_start(p, table);
     bool ok = true;
     u64 waited_ns = 0ull;
-    for (u32 t = blockIdx.x; cmm_hopper_locate<S::BN>(p, table, t, at, m0, n0); t += gridDim.x) {
+    for (u32 t = cmm_hopper_first<S>(); cmm_hopper_next<S>(p, table, t, at, m0, n0); t += cmm_hopper_step<S>()) {
         // The zero block's tiles load nothing.
         if (cmm_hopper_zero_block(p, at)) continue;
         // After a failed wait the run has failed: the tiles are still loaded and
@@ -552,7 +633,16 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
             if (p.flags & CMM_HOPPER_B_N_MAJOR) {
                 cmm_mbar_arrive_expect_tx(full, CMM_HOPPER_A_BYTES + cmm_hopper_b_box_bytes<S>(p, n0));
                 cmm_tma_load_2d(sa, amap, k0, a_row, full);
-                cmm_hopper_load_b_boxes<S>(p, sb, n0, k0, at.block, full);
+                if constexpr (S::CLUSTER == 2u) {
+                    // Every box of B lands in both CTAs: this one copies the boxes of its
+                    // rank's parity, its peer the others (the host allows only B N-major).
+                    const u32 boxes = cmm_hopper_b_boxes<S>(p, n0);
+                    for (u32 c = cmm_cluster_ctarank(); c < boxes; c += 2u) {
+                        cmm_tma_load_2d_multicast(sb + c * CMM_HOPPER_BK * 128u, &p.b, n0 + 64u * c, k0, full, 3u);
+                    }
+                } else {
+                    cmm_hopper_load_b_boxes<S>(p, sb, n0, k0, at.block, full);
+                }
             } else {
                 cmm_mbar_arrive_expect_tx(full, CMM_HOPPER_A_BYTES + S::B_BYTES);
                 cmm_tma_load_2d(sa, amap, k0, a_row, full);
@@ -661,7 +751,13 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
     const bool gather = (p.flags & CMM_HOPPER_GATHER) != 0u;
     u32 stage = 0u, phase = 0u, m0, n0;
     CmmHopperCursor at = cmm_hopper_start(p, table);
-    for (u32 t = blockIdx.x; cmm_hopper_locate<S::BN>(p, table, t, at, m0, n0); t += gridDim.x) {
+    // A stage goes back to this CTA's producer and, in a cluster, to its peer's, which
+    // multicasts into it too.
+    const auto give_back = [&](u32 empty) {
+        cmm_mbar_arrive(empty);
+        if constexpr (S::CLUSTER == 2u) cmm_mbar_arrive_cluster(empty, cmm_cluster_ctarank() ^ 1u);
+    };
+    for (u32 t = cmm_hopper_first<S>(); cmm_hopper_next<S>(p, table, t, at, m0, n0); t += cmm_hopper_step<S>()) {
         u32 previous = 0u;
         // The zero block's tiles: no K step, zeros stored.
         const u32 steps = cmm_hopper_zero_block(p, at) ? 0u : ktiles;
@@ -694,7 +790,7 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
             cmm_wgmma_commit();
             // The group before this one has finished reading its stage: give it back.
             cmm_wgmma_wait<1>();
-            if (kt > 0u && leader) cmm_mbar_arrive(bars + 8u * (S::STAGES + previous));
+            if (kt > 0u && leader) give_back(bars + 8u * (S::STAGES + previous));
             previous = stage;
             if (++stage == S::STAGES) {
                 stage = 0u;
@@ -704,7 +800,7 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
         cmm_wgmma_wait<0>();
         #pragma unroll
         for (u32 i = 0u; i < S::BN / 2u; ++i) cmm_pin(acc[i]);
-        if (leader && steps > 0u) cmm_mbar_arrive(bars + 8u * (S::STAGES + previous));
+        if (leader && steps > 0u) give_back(bars + 8u * (S::STAGES + previous));
         // Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h, column 8j + 2·(lane%4) + e.
         const u32 block = at.block;
         const CmmHopperBlock& blk = table[cmm_hopper_entry(p, at)];
@@ -759,23 +855,27 @@ __device__ void cmm_hopper_gemm(const CmmHopperArgs& p) {
             // The producer's arrive (and its bytes), and with gathered rows one cp.async
             // arrival per producer thread.
             cmm_mbar_init(bars + 8u * s, (p.flags & CMM_HOPPER_GATHER) ? 1u + 128u : 1u);
-            cmm_mbar_init(bars + 8u * (S::STAGES + s), 2u);  // one arrive per consumer warpgroup
+            // One arrive per consumer warpgroup of each CTA of the cluster.
+            cmm_mbar_init(bars + 8u * (S::STAGES + s), 2u * S::CLUSTER);
         }
         cmm_mbar_init_fence();
     }
     __syncthreads();
+    // The peer's copies and arrives reach these barriers only once they are initialised.
+    if constexpr (S::CLUSTER == 2u) cmm_cluster_sync();
     // The warpgroup's index, broadcast from lane 0 so that the compiler knows it is the
     // same across the warp (wgmma in a branch it cannot prove uniform is serialised).
     const u32 role = __shfl_sync(0xffffffffu, threadIdx.x / 128u, 0);
     if (role == 0u) {
-        cmm_setmaxnreg_dec<40>();
+        // A cluster's producer keeps its rank and the multicast loop's state besides.
+        cmm_setmaxnreg_dec<S::CLUSTER == 1u ? 40u : 56u>();
         if (p.flags & CMM_HOPPER_GATHER) {
             cmm_hopper_produce_gathered<S>(p, table, smem, limit_ns, threadIdx.x);
         } else if (threadIdx.x == 0u) {
             cmm_hopper_produce<S>(p, table, smem, limit_ns);
         }
     } else {
-        cmm_setmaxnreg_inc<232>();
+        cmm_setmaxnreg_inc<S::CLUSTER == 1u ? 232u : 224u>();
         const u32 wg = role - 1u;
         if (p.flags & CMM_HOPPER_B_N_MAJOR) {
             cmm_hopper_consume<S, BF16, 1>(p, table, smem, limit_ns, wg);
@@ -783,6 +883,9 @@ __device__ void cmm_hopper_gemm(const CmmHopperArgs& p) {
             cmm_hopper_consume<S, BF16, 0>(p, table, smem, limit_ns, wg);
         }
     }
+    // No CTA leaves while its peer may still copy into its shared memory or arrive on its
+    // barriers.
+    if constexpr (S::CLUSTER == 2u) cmm_cluster_sync();
 #else
     cmm_trap();
 #endif
@@ -796,6 +899,10 @@ using CmmHopperNarrow = CmmHopperShape<128, 6>;
 // (128 KiB).
 using CmmHopperWideShallow = CmmHopperShape<256, 3>;
 using CmmHopperNarrowShallow = CmmHopperShape<128, 4>;
+// Clusters of two with B multicast, also only for the sweep: whether B's traffic from L2
+// limits the engine.
+using CmmHopperWidePair = CmmHopperShape<256, 4, 2>;
+using CmmHopperNarrowPair = CmmHopperShape<128, 6, 2>;
 
 // One entry point per (shape, input dtype). Mirror: `Kernel::Hopper` in cuda/src/launch.rs.
 #define CMM_HOPPER_ENTRY(name, shape, bf16)                                        \
@@ -812,3 +919,7 @@ CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n256_s3, CmmHopperWideShallow, false)
 CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n256_s3, CmmHopperWideShallow, true)
 CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n128_s4, CmmHopperNarrowShallow, false)
 CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n128_s4, CmmHopperNarrowShallow, true)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n256_c2, CmmHopperWidePair, false)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n256_c2, CmmHopperWidePair, true)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n128_c2, CmmHopperNarrowPair, false)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n128_c2, CmmHopperNarrowPair, true)

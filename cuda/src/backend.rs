@@ -40,8 +40,8 @@ use crate::launch::{
     TensorMap, TensorMapSpec, ONE_THREAD,
 };
 use crate::lower::{
-    hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, HopperDepth,
-    HopperKernel, HopperTarget, HopperTile, Loc, LowerOptions, Lowered, SyncMode,
+    hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, HopperKernel,
+    HopperTarget, HopperTile, HopperVariant, Loc, LowerOptions, Lowered, SyncMode,
 };
 use crate::rank::{Meeting, Rendezvous, SymmetricHeap};
 use crate::CudaExecutor;
@@ -136,9 +136,10 @@ pub struct CudaRunOptions {
     pub hopper: bool,
     /// The Hopper engine's tile for every GEMM it runs (`None`: its rule's choice).
     pub hopper_tile: Option<HopperTile>,
-    /// The Hopper engine's pipeline depth for its plain and fused GEMMs (grouped ones
-    /// keep the engine's own): [`HopperDepth::Full`] but in the GEMM sweep's variants.
-    pub hopper_depth: HopperDepth,
+    /// Which of the Hopper engine's kernels its GEMMs take: [`HopperVariant::Engine`] but
+    /// in the GEMM sweep. Plain GEMMs take any; fused ones the shallow pipeline but never
+    /// clusters (their blocks wait for their own rows); grouped ones the engine's own.
+    pub hopper_variant: HopperVariant,
 }
 
 /// Which buffers a run copies back to the host.
@@ -184,7 +185,7 @@ impl Default for CudaRunOptions {
             fused_free_sms: None,
             hopper: true,
             hopper_tile: None,
-            hopper_depth: HopperDepth::Full,
+            hopper_variant: HopperVariant::Engine,
         }
     }
 }
@@ -435,10 +436,10 @@ fn open_gpus(ptx: &[(String, Ptx)], ordinals: usize, hopper: bool) -> Result<Vec
             f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
                 .map_err(|e| CudaError::driver(format!("setting the shared-memory split of {}", kernel.entry()), e))?;
             // The Hopper engine's stages take more shared memory than a CTA gets unasked.
-            if let (Some((tile, depth)), true) = (kernel.hopper(), hopper) {
+            if let (Some((tile, variant)), true) = (kernel.hopper(), hopper) {
                 f.set_attribute(
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    tile.shared_bytes(depth) as i32,
+                    tile.shared_bytes(variant) as i32,
                 )
                 .map_err(|e| CudaError::driver(format!("giving {} its shared memory", kernel.entry()), e))?;
             }
@@ -656,7 +657,7 @@ impl CudaBackend {
         reps: usize,
     ) -> Result<f64, CudaError> {
         let choice =
-            GemmChoice { engine, wide_tiles, hopper: false, hopper_tile: None, hopper_depth: HopperDepth::Full };
+            GemmChoice { engine, wide_tiles, hopper: false, hopper_tile: None, hopper_variant: HopperVariant::Engine };
         self.time_gemm_as(spec, &choice, reps).map(|(us, _)| us)
     }
 
@@ -678,7 +679,7 @@ impl CudaBackend {
             hopper: self.hopper_target(
                 choice.hopper || choice.engine == GemmEngine::Hopper,
                 choice.hopper_tile,
-                choice.hopper_depth,
+                choice.hopper_variant,
             ),
         };
         let lowered = lower(&plan, &options)?;
@@ -695,8 +696,8 @@ impl CudaBackend {
     }
 
     /// The Hopper engine as lowering may use it, where `wanted` and the GPU runs it.
-    fn hopper_target(&self, wanted: bool, tile: Option<HopperTile>, depth: HopperDepth) -> Option<HopperTarget> {
-        self.hopper_sms.filter(|_| wanted).map(|sms| HopperTarget { sms, tile, depth })
+    fn hopper_target(&self, wanted: bool, tile: Option<HopperTile>, variant: HopperVariant) -> Option<HopperTarget> {
+        self.hopper_sms.filter(|_| wanted).map(|sms| HopperTarget { sms, tile, variant })
     }
 }
 
@@ -713,8 +714,8 @@ pub struct GemmChoice {
     pub hopper: bool,
     /// The Hopper engine's tile.
     pub hopper_tile: Option<HopperTile>,
-    /// The Hopper engine's pipeline depth (the engine's own but in the GEMM sweep).
-    pub hopper_depth: HopperDepth,
+    /// Which of the Hopper engine's kernels (the engine's own but in the GEMM sweep).
+    pub hopper_variant: HopperVariant,
 }
 
 impl CudaExecutor for CudaBackend {
@@ -843,7 +844,7 @@ impl CudaBackend {
         let hopper = self.hopper_target(
             options.hopper || options.gemm == GemmEngine::Hopper,
             options.hopper_tile,
-            options.hopper_depth,
+            options.hopper_variant,
         );
         let (seed, family, bound) = match source {
             Source::Generated { seed, family } => (Some(seed), family, None),
@@ -942,7 +943,7 @@ impl CudaBackend {
         let hopper = self.hopper_target(
             options.hopper || options.gemm == GemmEngine::Hopper,
             options.hopper_tile,
-            options.hopper_depth,
+            options.hopper_variant,
         );
         let (seed, bound) = match source {
             Source::Generated { seed, .. } => (Some(seed), None),
@@ -1543,7 +1544,7 @@ impl Run<'_> {
         let per_sm = self.options.fused_ctas_per_sm;
         let (kernel, threads) = fused_kernel(f);
         let shared = match f.gemm.imp {
-            GemmImpl::Hopper { tile, depth, .. } => tile.shared_bytes(depth) as usize,
+            GemmImpl::Hopper { tile, variant, .. } => tile.shared_bytes(variant) as usize,
             _ => 0,
         };
         let fits = self.state.gpus[gpu]
@@ -1774,12 +1775,24 @@ fn launch_on(
     // A launch acts in the current context: make it the stream's (a no-op when it is).
     stream.context().bind_to_thread().map_err(|e| CudaError::driver("binding a lane's context", e))?;
     let mut params: Vec<*mut std::ffi::c_void> = l.params.iter().map(Param::as_ptr).collect();
-    let mut priority = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PRIORITY,
-        pad: [0; 4],
-        value: sys::CUlaunchAttributeValue { priority: comm_priority.unwrap_or(0) },
-    };
-    let prioritised = comm_priority.is_some() && l.kernel.communicates();
+    let mut attrs = Vec::with_capacity(2);
+    if comm_priority.is_some() && l.kernel.communicates() {
+        attrs.push(sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PRIORITY,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue { priority: comm_priority.unwrap_or(0) },
+        });
+    }
+    // Clusters along x (the Hopper engine's pairs).
+    if l.kernel.cluster() > 1 {
+        attrs.push(sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: l.kernel.cluster(), y: 1, z: 1 },
+            },
+        });
+    }
     let config = sys::CUlaunchConfig {
         gridDimX: l.cfg.grid_dim.0,
         gridDimY: l.cfg.grid_dim.1,
@@ -1789,15 +1802,15 @@ fn launch_on(
         blockDimZ: l.cfg.block_dim.2,
         sharedMemBytes: l.cfg.shared_mem_bytes,
         hStream: stream.cu_stream(),
-        attrs: if prioritised { &mut priority } else { std::ptr::null_mut() },
-        numAttrs: u32::from(prioritised),
+        attrs: if attrs.is_empty() { std::ptr::null_mut() } else { attrs.as_mut_ptr() },
+        numAttrs: attrs.len() as u32,
     };
     // SAFETY: `params` points at `l.params`' values, the exact #[repr(C)] mirrors of the
     // kernel's parameters (the driver copies them during the call); every address among
     // them lies inside allocations of a validated and lowered plan (regions checked
     // against their buffers) or the run's own semaphore and control words, with the
     // element counts those regions hold, and the kernels index within them. `config`
-    // and its one attribute outlive the call.
+    // and its attributes outlive the call.
     #[allow(unsafe_code)]
     unsafe {
         sys::cuLaunchKernelEx(&config, functions.get(l.kernel).cu_function(), params.as_mut_ptr(), std::ptr::null_mut())

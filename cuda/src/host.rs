@@ -42,7 +42,7 @@ fn host_hopper(options: &CudaRunOptions) -> Option<crate::lower::HopperTarget> {
     (options.hopper || options.gemm == crate::GemmEngine::Hopper).then_some(crate::lower::HopperTarget {
         sms: HOST_FUSED_CTAS,
         tile: options.hopper_tile,
-        depth: options.hopper_depth,
+        variant: options.hopper_variant,
     })
 }
 
@@ -121,7 +121,8 @@ impl HostKernels {
             (self.entries[l.kernel.index()])(
                 grid.as_ptr(),
                 block.as_ptr(),
-                mode as u32,
+                // The cluster size rides above the mode (runtime.h `launch`).
+                mode as u32 | l.kernel.cluster() << 8,
                 params.as_mut_ptr(),
                 error.as_mut_ptr(),
                 error.len() as u64,
@@ -876,15 +877,15 @@ mod tests {
     /// each an error naming what went wrong.
     #[test]
     fn the_hopper_twin_finds_wrong_descriptors_missing_expect_tx_and_missing_proxy_fences() {
-        use crate::lower::{GemmCommand, GemmImpl, HopperDepth, HopperKernel, HopperTile};
-        // Seven steps of K: every depth's stages are refilled, their barriers' phases flip.
+        use crate::lower::{GemmCommand, GemmImpl, HopperKernel, HopperTile, HopperVariant};
+        // Seven steps of K: every variant's stages are refilled, their barriers' phases flip.
         let (m, k) = (128usize, 448usize);
         let halves = |len: usize, seed: usize| -> Vec<u16> {
             (0..len).map(|i| cmm_core::DType::Bf16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
         };
         let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
         let run = |kernels: &HostKernels,
-                   (tile, depth): (HopperTile, HopperDepth),
+                   (tile, variant): (HopperTile, HopperVariant),
                    trans_b: bool,
                    tweak: &dyn Fn(&mut crate::launch::HopperArgs)| {
             let n = tile.columns();
@@ -909,7 +910,7 @@ mod tests {
                 trans_a: false,
                 trans_b,
                 accumulate: false,
-                imp: GemmImpl::Hopper { tile, ctas: 1, depth },
+                imp: GemmImpl::Hopper { tile, ctas: 1, variant },
             };
             let mut args = crate::launch::hopper_args(&memory, &g, tile).unwrap();
             // CmmHopperSync: the semaphore's address, then the value 1 (and padding).
@@ -922,9 +923,9 @@ mod tests {
             args.abort = &abort as *const u32 as u64;
             args.first.waits_end = 1;
             tweak(&mut args);
-            let shared_mem_bytes = tile.shared_bytes(depth);
+            let shared_mem_bytes = tile.shared_bytes(variant);
             let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes };
-            let kernel = crate::launch::hopper_kernel(tile, depth, cmm_core::DType::Bf16);
+            let kernel = crate::launch::hopper_kernel(tile, variant, cmm_core::DType::Bf16);
             let launched = kernels.launch(&Launch {
                 kernel,
                 cfg,
@@ -936,16 +937,16 @@ mod tests {
             launched.map(|()| (0..m).all(|i| (0..n).all(|j| c[i * n + j] == want(i, j))))
         };
         let plain: &dyn Fn(&mut crate::launch::HopperArgs) = &|_| {};
-        // The engine's kernels and the sweep's shallow ones.
+        // The engine's kernels and the sweep's shallow ones (the clusters: the next test).
         for tile in HopperTile::ALL {
-            for depth in HopperDepth::ALL {
+            for variant in [HopperVariant::Engine, HopperVariant::Shallow] {
                 for trans_b in [false, true] {
-                    let right = run(kernels(), (tile, depth), trans_b, plain).unwrap();
-                    assert!(right, "{tile:?} {depth:?}, B transposed: {trans_b}");
+                    let right = run(kernels(), (tile, variant), trans_b, plain).unwrap();
+                    assert!(right, "{tile:?} {variant:?}, B transposed: {trans_b}");
                 }
             }
         }
-        let narrow = (HopperTile::Narrow, HopperDepth::Full);
+        let narrow = (HopperTile::Narrow, HopperVariant::Engine);
         // The 64-byte swizzle where the copies wrote the 128-byte one; eight rows 512 bytes
         // apart where they are 1024.
         let swizzle_64: &dyn Fn(&mut crate::launch::HopperArgs) =
@@ -982,6 +983,96 @@ mod tests {
         }
     }
 
+    /// The Hopper engine's clusters of two (the GEMM sweep's `_c2` kernels) on the twin: each
+    /// CTA of a pair takes one row tile and multicasts half of B's boxes into both. Right on
+    /// both tiles with three row tiles (the last pair's second tile a phantom past M), a
+    /// column tile past N with one box, and K wrapping every stage, on one cluster and on
+    /// two; and the twin catches a consumer that gives a stage back to its own producer
+    /// only (a deadlock), and a missing cluster barrier after the barriers' initialisation
+    /// or before exit, each an error saying what.
+    #[test]
+    fn the_hopper_twin_runs_clusters_and_finds_missing_remote_arrives_and_cluster_barriers() {
+        use crate::lower::{GemmCommand, GemmImpl, HopperKernel, HopperTile, HopperVariant};
+        let (m, k) = (384usize, 448usize);
+        let halves = |len: usize, seed: usize| -> Vec<u16> {
+            (0..len).map(|i| cmm_core::DType::Bf16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
+        };
+        let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
+        let run = |kernels: &HostKernels, tile: HopperTile, ctas: u32| -> Result<bool, CudaError> {
+            let n = tile.columns() + 64;
+            let (a, b) = (halves(m * k, 1), halves(k * n, 3));
+            let mut c = vec![f32::NAN; m * n];
+            let memory =
+                TestMemory { bases: vec![a.as_ptr() as u64, b.as_ptr() as u64, c.as_mut_ptr() as u64], sems: 0 };
+            let loc = |buffer| Loc { device: 0, buffer, offset: 0 };
+            let g = GemmCommand {
+                a: loc(0),
+                b: loc(1),
+                c: loc(2),
+                strides: [k as u64, n as u64, n as u64],
+                mnk: [m as u32, n as u32, k as u32],
+                dtypes: [cmm_core::DType::Bf16, cmm_core::DType::Bf16, cmm_core::DType::F32],
+                trans_a: false,
+                trans_b: false,
+                accumulate: false,
+                imp: GemmImpl::Hopper { tile, ctas, variant: HopperVariant::Pair },
+            };
+            let Submission::Launch(launch) = crate::launch::gemm_submission(&memory, &g)? else {
+                panic!("a Hopper GEMM is a launch")
+            };
+            assert_eq!((launch.kernel.cluster(), launch.cfg.grid_dim.0 % 2), (2, 0));
+            assert_eq!(launch.cfg.shared_mem_bytes, tile.shared_bytes(HopperVariant::Engine));
+            kernels.launch(&launch)?;
+            let want = |i: usize, j: usize| (0..k).map(|p| decode(a[i * k + p]) * decode(b[p * n + j])).sum::<f32>();
+            Ok((0..m).all(|i| (0..n).all(|j| c[i * n + j] == want(i, j))))
+        };
+        for tile in HopperTile::ALL {
+            // One cluster walks all four pairs; two take two each.
+            for ctas in [2, 4] {
+                assert!(run(kernels(), tile, ctas).unwrap(), "{tile:?}, {ctas} CTAs");
+            }
+        }
+        // A transposed B has no boxes to multicast: refused, not run.
+        let memory = TestMemory { bases: vec![0; 3], sems: 0 };
+        let loc = |buffer| Loc { device: 0, buffer, offset: 0 };
+        let transposed = GemmCommand {
+            a: loc(0),
+            b: loc(1),
+            c: loc(2),
+            strides: [64, 64, 128],
+            mnk: [128, 128, 64],
+            dtypes: [cmm_core::DType::Bf16, cmm_core::DType::Bf16, cmm_core::DType::F32],
+            trans_a: false,
+            trans_b: true,
+            accumulate: false,
+            imp: GemmImpl::Hopper { tile: HopperTile::Narrow, ctas: 2, variant: HopperVariant::Pair },
+        };
+        let e = crate::launch::gemm_submission(&memory, &transposed).unwrap_err().to_string();
+        assert!(e.contains("multicast B's N-major boxes") && e.contains("128x128x64"), "{e}");
+        let broken = [
+            (
+                "        if constexpr (S::CLUSTER == 2u) cmm_mbar_arrive_cluster(empty, cmm_cluster_ctarank() ^ 1u);\n",
+                "deadlock: every live thread of the block spins on an mbarrier phase",
+            ),
+            (
+                "    // The peer's copies and arrives reach these barriers only once they are initialised.\n    \
+                 if constexpr (S::CLUSTER == 2u) cmm_cluster_sync();\n",
+                "whose initialisation no cluster barrier has made visible",
+            ),
+            (
+                "    // No CTA leaves while its peer may still copy into its shared memory or arrive on its\n    \
+                 // barriers.\n    if constexpr (S::CLUSTER == 2u) cmm_cluster_sync();\n",
+                "into a CTA of the cluster that has exited",
+            ),
+        ];
+        for (i, (line, error)) in broken.into_iter().enumerate() {
+            let source = hopper_variant(line, "");
+            let kernels = load_from(&source, &format!("cmm-host-cluster-hazard-{i}")).unwrap_or_else(|e| panic!("{e}"));
+            let e = run(&kernels, HopperTile::Narrow, 2).unwrap_err().to_string();
+            assert!(e.contains(error) && e.contains("cmm_hopper_gemm_bf16_n128_c2"), "{e}");
+        }
+    }
+
     /// The same for a grouped GEMM whose rows are gathered by token (ag_moe's): as
     /// written, two experts' rows in a hand-made routing, with a dropped slot and unrouted
     /// rows zeroed, come out right on both tiles; rows copied without the 128-byte swizzle
@@ -989,7 +1080,7 @@ mod tests {
     /// cp.async's rows with no `fence.proxy.async.shared::cta` after its wait, are errors.
     #[test]
     fn the_hopper_twin_finds_gathered_rows_read_unswizzled_untracked_or_unfenced() {
-        use crate::lower::{HopperDepth, HopperKernel, HopperTile};
+        use crate::lower::{HopperKernel, HopperTile, HopperVariant};
         const NONE: u32 = u32::MAX;
         let (tokens, slots, experts, k, rows) = (4usize, 2usize, 2usize, 72usize, 8usize);
         let halves = |len: usize, seed: usize| -> Vec<u16> {
@@ -1042,9 +1133,9 @@ mod tests {
                 tile,
             )
             .unwrap();
-            let shared_mem_bytes = tile.shared_bytes(HopperDepth::Full);
+            let shared_mem_bytes = tile.shared_bytes(HopperVariant::Engine);
             let cfg = LaunchConfig { grid_dim: (2, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes };
-            let kernel = crate::launch::hopper_kernel(tile, HopperDepth::Full, bf16);
+            let kernel = crate::launch::hopper_kernel(tile, HopperVariant::Engine, bf16);
             let launched = kernels.launch(&Launch {
                 kernel,
                 cfg,

@@ -13,8 +13,8 @@ use cmm_core::DType;
 
 use crate::error::CudaError;
 use crate::lower::{
-    Command, FusedBlock, FusedGemmCommand, GemmCommand, GemmImpl, HopperDepth, HopperKernel, HopperTile, Loc, Lowered,
-    MAX_REDUCE_INPUTS,
+    Command, FusedBlock, FusedGemmCommand, GemmCommand, GemmImpl, HopperKernel, HopperTile, HopperVariant, Loc,
+    Lowered, MAX_REDUCE_INPUTS,
 };
 
 /// A kernel entry point of `cuda/kernels/*.cu`.
@@ -44,15 +44,15 @@ pub enum Kernel {
     FusedMmaWideBf16,
     /// `cmm_fused_gemm_simt`.
     FusedSimt,
-    /// `cmm_hopper_gemm_{f16,bf16}_{n256,n128}` (the engine) and their shallow sweep
-    /// variants (`_s3`, `_s4`).
+    /// `cmm_hopper_gemm_{f16,bf16}_{n256,n128}` (the engine) and the GEMM sweep's
+    /// variants of it: shallower (`_s3`, `_s4`) and in clusters of two (`_c2`).
     Hopper {
         /// Its output tile.
         tile: HopperTile,
         /// bf16 operands (else f16).
         bf16: bool,
-        /// Its pipeline's depth.
-        depth: HopperDepth,
+        /// Which of the tile's kernels.
+        variant: HopperVariant,
     },
     /// `cmm_copy2d`.
     Copy2d,
@@ -80,7 +80,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 31] = [
+    pub const ALL: [Kernel; 35] = [
         Kernel::Generate,
         Kernel::Fill,
         Kernel::GemmMmaF16,
@@ -93,14 +93,18 @@ impl Kernel {
         Kernel::FusedMmaWideF16,
         Kernel::FusedMmaWideBf16,
         Kernel::FusedSimt,
-        Kernel::Hopper { tile: HopperTile::Wide, bf16: false, depth: HopperDepth::Full },
-        Kernel::Hopper { tile: HopperTile::Wide, bf16: true, depth: HopperDepth::Full },
-        Kernel::Hopper { tile: HopperTile::Narrow, bf16: false, depth: HopperDepth::Full },
-        Kernel::Hopper { tile: HopperTile::Narrow, bf16: true, depth: HopperDepth::Full },
-        Kernel::Hopper { tile: HopperTile::Wide, bf16: false, depth: HopperDepth::Shallow },
-        Kernel::Hopper { tile: HopperTile::Wide, bf16: true, depth: HopperDepth::Shallow },
-        Kernel::Hopper { tile: HopperTile::Narrow, bf16: false, depth: HopperDepth::Shallow },
-        Kernel::Hopper { tile: HopperTile::Narrow, bf16: true, depth: HopperDepth::Shallow },
+        Kernel::Hopper { tile: HopperTile::Wide, bf16: false, variant: HopperVariant::Engine },
+        Kernel::Hopper { tile: HopperTile::Wide, bf16: true, variant: HopperVariant::Engine },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: false, variant: HopperVariant::Engine },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: true, variant: HopperVariant::Engine },
+        Kernel::Hopper { tile: HopperTile::Wide, bf16: false, variant: HopperVariant::Shallow },
+        Kernel::Hopper { tile: HopperTile::Wide, bf16: true, variant: HopperVariant::Shallow },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: false, variant: HopperVariant::Shallow },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: true, variant: HopperVariant::Shallow },
+        Kernel::Hopper { tile: HopperTile::Wide, bf16: false, variant: HopperVariant::Pair },
+        Kernel::Hopper { tile: HopperTile::Wide, bf16: true, variant: HopperVariant::Pair },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: false, variant: HopperVariant::Pair },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: true, variant: HopperVariant::Pair },
         Kernel::Copy2d,
         Kernel::Reduce,
         Kernel::Pointwise,
@@ -134,15 +138,19 @@ impl Kernel {
             Kernel::FusedMmaWideF16 => "cmm_fused_gemm_mma_wide_f16",
             Kernel::FusedMmaWideBf16 => "cmm_fused_gemm_mma_wide_bf16",
             Kernel::FusedSimt => "cmm_fused_gemm_simt",
-            Kernel::Hopper { tile, bf16, depth } => match (tile, depth, bf16) {
-                (HopperTile::Wide, HopperDepth::Full, false) => "cmm_hopper_gemm_f16_n256",
-                (HopperTile::Wide, HopperDepth::Full, true) => "cmm_hopper_gemm_bf16_n256",
-                (HopperTile::Narrow, HopperDepth::Full, false) => "cmm_hopper_gemm_f16_n128",
-                (HopperTile::Narrow, HopperDepth::Full, true) => "cmm_hopper_gemm_bf16_n128",
-                (HopperTile::Wide, HopperDepth::Shallow, false) => "cmm_hopper_gemm_f16_n256_s3",
-                (HopperTile::Wide, HopperDepth::Shallow, true) => "cmm_hopper_gemm_bf16_n256_s3",
-                (HopperTile::Narrow, HopperDepth::Shallow, false) => "cmm_hopper_gemm_f16_n128_s4",
-                (HopperTile::Narrow, HopperDepth::Shallow, true) => "cmm_hopper_gemm_bf16_n128_s4",
+            Kernel::Hopper { tile, bf16, variant } => match (tile, variant, bf16) {
+                (HopperTile::Wide, HopperVariant::Engine, false) => "cmm_hopper_gemm_f16_n256",
+                (HopperTile::Wide, HopperVariant::Engine, true) => "cmm_hopper_gemm_bf16_n256",
+                (HopperTile::Narrow, HopperVariant::Engine, false) => "cmm_hopper_gemm_f16_n128",
+                (HopperTile::Narrow, HopperVariant::Engine, true) => "cmm_hopper_gemm_bf16_n128",
+                (HopperTile::Wide, HopperVariant::Shallow, false) => "cmm_hopper_gemm_f16_n256_s3",
+                (HopperTile::Wide, HopperVariant::Shallow, true) => "cmm_hopper_gemm_bf16_n256_s3",
+                (HopperTile::Narrow, HopperVariant::Shallow, false) => "cmm_hopper_gemm_f16_n128_s4",
+                (HopperTile::Narrow, HopperVariant::Shallow, true) => "cmm_hopper_gemm_bf16_n128_s4",
+                (HopperTile::Wide, HopperVariant::Pair, false) => "cmm_hopper_gemm_f16_n256_c2",
+                (HopperTile::Wide, HopperVariant::Pair, true) => "cmm_hopper_gemm_bf16_n256_c2",
+                (HopperTile::Narrow, HopperVariant::Pair, false) => "cmm_hopper_gemm_f16_n128_c2",
+                (HopperTile::Narrow, HopperVariant::Pair, true) => "cmm_hopper_gemm_bf16_n128_c2",
             },
             Kernel::Copy2d => "cmm_copy2d",
             Kernel::Reduce => "cmm_reduce",
@@ -192,10 +200,15 @@ impl Kernel {
         ) || self.hopper().is_some()
     }
 
-    /// The tile and depth of a Hopper-engine kernel (`hopper.cu`).
-    pub fn hopper(self) -> Option<(HopperTile, HopperDepth)> {
+    /// CTAs of a cluster of its launches (a cluster dimension along x).
+    pub fn cluster(self) -> u32 {
+        self.hopper().map_or(1, |(_, variant)| variant.cluster())
+    }
+
+    /// The tile and variant of a Hopper-engine kernel (`hopper.cu`).
+    pub fn hopper(self) -> Option<(HopperTile, HopperVariant)> {
         match self {
-            Kernel::Hopper { tile, depth, .. } => Some((tile, depth)),
+            Kernel::Hopper { tile, variant, .. } => Some((tile, variant)),
             _ => None,
         }
     }
@@ -457,9 +470,27 @@ pub(crate) fn gemm_submission(at: &impl Addressing, g: &GemmCommand) -> Result<S
     let args = gemm_args(at, g);
     let (kernel, threads) = match g.imp {
         GemmImpl::Cublas => return Ok(Submission::Cublas { args, dtypes: g.dtypes }),
-        GemmImpl::Hopper { tile, ctas, depth } => {
+        GemmImpl::Hopper { tile, ctas, variant: HopperVariant::Pair } => {
             let hopper = hopper_args(at, g, tile)?;
-            return Ok(hopper_launch((tile, depth), g.dtypes[0], ctas.min(hopper.tiles), hopper, "a hopper gemm"));
+            if hopper.flags & HOPPER_B_N_MAJOR == 0 {
+                return Err(CudaError::Unsupported {
+                    plan: String::new(),
+                    what: format!(
+                        "the Hopper engine's clusters of two multicast B's N-major boxes; this GEMM's B is transposed \
+                         ({}x{}x{})",
+                        g.mnk[0], g.mnk[1], g.mnk[2]
+                    ),
+                });
+            }
+            // One cluster per pair of row tiles (the second may be a phantom past M), an
+            // even grid of at most the SMs.
+            let pairs = (hopper.tiles / hopper.tiles_n.max(1)).div_ceil(2) * hopper.tiles_n;
+            let grid = (ctas / 2).clamp(1, pairs.max(1)) * 2;
+            return Ok(hopper_launch((tile, HopperVariant::Pair), g.dtypes[0], grid, hopper, "a hopper gemm"));
+        }
+        GemmImpl::Hopper { tile, ctas, variant } => {
+            let hopper = hopper_args(at, g, tile)?;
+            return Ok(hopper_launch((tile, variant), g.dtypes[0], ctas.min(hopper.tiles), hopper, "a hopper gemm"));
         }
         GemmImpl::MmaF16 => (Kernel::GemmMmaF16, 128),
         GemmImpl::MmaBf16 => (Kernel::GemmMmaBf16, 128),
@@ -483,7 +514,7 @@ pub(crate) const HOPPER_THREADS: u32 = 384;
 /// A Hopper-engine GEMM run alone (plain or grouped: no waits inside) on a persistent
 /// grid of `ctas` CTAs (at least one).
 fn hopper_launch(
-    (tile, depth): (HopperTile, HopperDepth),
+    (tile, variant): (HopperTile, HopperVariant),
     input: DType,
     ctas: u32,
     args: HopperArgs,
@@ -492,14 +523,14 @@ fn hopper_launch(
     let cfg = LaunchConfig {
         grid_dim: (ctas.max(1), 1, 1),
         block_dim: (HOPPER_THREADS, 1, 1),
-        shared_mem_bytes: tile.shared_bytes(depth),
+        shared_mem_bytes: tile.shared_bytes(variant),
     };
-    Submission::Launch(Launch::new(hopper_kernel(tile, depth, input), cfg, vec![Param::Hopper(Box::new(args))], what))
+    Submission::Launch(Launch::new(hopper_kernel(tile, variant, input), cfg, vec![Param::Hopper(Box::new(args))], what))
 }
 
-/// The Hopper-engine kernel of a tile, depth and input dtype (f16 unless bf16).
-pub(crate) fn hopper_kernel(tile: HopperTile, depth: HopperDepth, input: DType) -> Kernel {
-    Kernel::Hopper { tile, bf16: input == DType::Bf16, depth }
+/// The Hopper-engine kernel of a tile, variant and input dtype (f16 unless bf16).
+pub(crate) fn hopper_kernel(tile: HopperTile, variant: HopperVariant, input: DType) -> Kernel {
+    Kernel::Hopper { tile, bf16: input == DType::Bf16, variant }
 }
 
 /// `CMM_HOPPER_*` flags of hopper.cu.
@@ -801,7 +832,7 @@ fn bytemuck_bytes(block: &HopperBlockArgs) -> &[u8] {
 /// The persistent kernel of a tile-granular GEMM and its threads per CTA.
 pub(crate) fn fused_kernel(f: &FusedGemmCommand) -> (Kernel, u32) {
     match f.gemm.imp {
-        GemmImpl::Hopper { tile, depth, .. } => (hopper_kernel(tile, depth, f.gemm.dtypes[0]), HOPPER_THREADS),
+        GemmImpl::Hopper { tile, variant, .. } => (hopper_kernel(tile, variant, f.gemm.dtypes[0]), HOPPER_THREADS),
         GemmImpl::MmaF16 => (Kernel::FusedMmaF16, 128),
         GemmImpl::MmaBf16 => (Kernel::FusedMmaBf16, 128),
         GemmImpl::MmaWideF16 => (Kernel::FusedMmaWideF16, 256),
@@ -822,7 +853,7 @@ pub(crate) fn fused_launch(
     let layout = FusedLayout::of(f);
     let (kernel, threads) = fused_kernel(f);
     let grid_dim = (ctas.max(1).min(f.tiles.max(1)), 1, 1);
-    if let GemmImpl::Hopper { tile, depth, .. } = f.gemm.imp {
+    if let GemmImpl::Hopper { tile, variant, .. } = f.gemm.imp {
         let mut args = hopper_args(at, &f.gemm, tile)?;
         args.first = hopper_block(at, f, &f.blocks[0])?;
         args.blocks = table;
@@ -835,7 +866,7 @@ pub(crate) fn fused_launch(
         args.count = f.blocks.len() as u32;
         args.tiles = f.tiles;
         args.tiles_n = f.tiles_n;
-        let cfg = LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes: tile.shared_bytes(depth) };
+        let cfg = LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes: tile.shared_bytes(variant) };
         return Ok(Launch::new(kernel, cfg, vec![Param::Hopper(Box::new(args))], "a fused hopper gemm"));
     }
     let args = FusedArgs {
@@ -993,7 +1024,7 @@ pub(crate) fn submissions(
                 let blocks = group_end - group_begin + u32::from(*zero_unrouted);
                 let tiles = (rows.div_ceil(crate::lower::HOPPER_TILE_M as u32) + blocks) * args.tiles_n;
                 return Ok(vec![hopper_launch(
-                    (tile, HopperDepth::Full),
+                    (tile, HopperVariant::Engine),
                     *a_dtype,
                     ctas.min(tiles),
                     args,

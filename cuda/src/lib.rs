@@ -31,7 +31,7 @@ pub use backend::{
 };
 pub use given::{GivenBuffer, GIVEN_ALIGNMENT};
 pub use lower::{
-    hopper_rule, GemmCounts, GemmEngine, GemmFacts, GemmImpl, HopperDepth, HopperKernel, HopperTile, SyncMode,
+    hopper_rule, GemmCounts, GemmEngine, GemmFacts, GemmImpl, HopperKernel, HopperTile, HopperVariant, SyncMode,
 };
 pub use pool::{serve_rank_worker, RankPool, WorkerCommand};
 pub use rank::{Rendezvous, MAX_RANKS, RENDEZVOUS_VAR};

@@ -17,61 +17,73 @@ use crate::error::CudaError;
 use cmm_core::engines::{self, EngineSupport};
 pub use cmm_core::engines::{hopper_rule, GemmEngine, GemmFacts, GroupedFacts, HopperTile, HOPPER_TILE_M};
 
-/// How deep the Hopper engine's pipeline is: how many shared-memory stages its kernels
-/// fill ahead of the wgmma that reads them.
+/// Which of the Hopper engine's kernels of a tile runs: the engine's own, or one of the
+/// variants the GEMM sweep times beside it (plans never take those).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum HopperDepth {
+pub enum HopperVariant {
     /// What every plan runs: 4 stages of the 128×256 tile, 6 of the 128×128 (192 KiB
-    /// each, `CmmHopperWide`, `CmmHopperNarrow` in hopper.cu).
+    /// each, `CmmHopperWide`, `CmmHopperNarrow` in hopper.cu), one CTA per tile.
     #[default]
-    Full,
-    /// Only the GEMM sweep's variants: 3 stages of the 128×256 tile, 4 of the 128×128
+    Engine,
+    /// A shallower pipeline: 3 stages of the 128×256 tile, 4 of the 128×128
     /// (`CmmHopperWideShallow`, `CmmHopperNarrowShallow`).
     Shallow,
+    /// The engine's stages in clusters of two CTAs that take a pair of row tiles and
+    /// multicast B's boxes to both (`CmmHopperWidePair`, `CmmHopperNarrowPair`): plain
+    /// GEMMs with B N-major only.
+    Pair,
 }
 
-impl HopperDepth {
-    /// Both depths, the engine's first.
-    pub const ALL: [HopperDepth; 2] = [HopperDepth::Full, HopperDepth::Shallow];
+impl HopperVariant {
+    /// Every variant, the engine's first.
+    pub const ALL: [HopperVariant; 3] = [HopperVariant::Engine, HopperVariant::Shallow, HopperVariant::Pair];
+
+    /// CTAs of a cluster.
+    pub fn cluster(self) -> u32 {
+        match self {
+            HopperVariant::Pair => 2,
+            HopperVariant::Engine | HopperVariant::Shallow => 1,
+        }
+    }
 }
 
 /// What the CUDA backend's Hopper-engine kernels need beside a tile's shape.
 pub trait HopperKernel {
-    /// Shared-memory stages of the kernel of this tile at `depth`.
-    fn stages(self, depth: HopperDepth) -> u32;
+    /// Shared-memory stages of the kernel of this tile at `variant`.
+    fn stages(self, variant: HopperVariant) -> u32;
     /// Dynamic shared memory of a CTA (`CmmHopperShape::SMEM_BYTES`): 1024 bytes of
     /// alignment slack, the stages of A (128×64) and B (columns×64, 16-bit), and a full
     /// and an empty barrier per stage.
-    fn shared_bytes(self, depth: HopperDepth) -> u32;
+    fn shared_bytes(self, variant: HopperVariant) -> u32;
 }
 
 impl HopperKernel for HopperTile {
-    fn stages(self, depth: HopperDepth) -> u32 {
-        match (self, depth) {
-            (HopperTile::Wide, HopperDepth::Full) => 4,
-            (HopperTile::Wide, HopperDepth::Shallow) => 3,
-            (HopperTile::Narrow, HopperDepth::Full) => 6,
-            (HopperTile::Narrow, HopperDepth::Shallow) => 4,
+    fn stages(self, variant: HopperVariant) -> u32 {
+        match (self, variant) {
+            (HopperTile::Wide, HopperVariant::Engine | HopperVariant::Pair) => 4,
+            (HopperTile::Wide, HopperVariant::Shallow) => 3,
+            (HopperTile::Narrow, HopperVariant::Engine | HopperVariant::Pair) => 6,
+            (HopperTile::Narrow, HopperVariant::Shallow) => 4,
         }
     }
 
-    fn shared_bytes(self, depth: HopperDepth) -> u32 {
+    fn shared_bytes(self, variant: HopperVariant) -> u32 {
         let stage = (HOPPER_TILE_M + self.columns()) as u32 * 64 * 2;
-        1024 + self.stages(depth) * stage + 16 * self.stages(depth)
+        1024 + self.stages(variant) * stage + 16 * self.stages(variant)
     }
 }
 
 /// Where the GPU runs the Hopper engine: its SM count (a plain GEMM's persistent grid),
-/// a tile that every GEMM must take (`None`: the tile rule's choice) and the pipeline's
-/// depth.
+/// a tile that every GEMM must take (`None`: the tile rule's choice) and the kernel
+/// variant of its plain GEMMs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperTarget {
     /// SMs a persistent grid may take.
     pub sms: u32,
     /// Force this tile.
     pub tile: Option<HopperTile>,
-    /// The kernels' depth ([`HopperDepth::Full`] but in the GEMM sweep).
-    pub depth: HopperDepth,
+    /// The kernels' variant ([`HopperVariant::Engine`] but in the GEMM sweep).
+    pub variant: HopperVariant,
 }
 
 /// How `Signal` and `Wait` ops are issued.
@@ -149,21 +161,21 @@ pub enum GemmImpl {
         tile: HopperTile,
         /// CTAs of its grid (at most one per tile).
         ctas: u32,
-        /// Its pipeline's depth.
-        depth: HopperDepth,
+        /// Which of the engine's kernels of the tile.
+        variant: HopperVariant,
     },
 }
 
 impl GemmImpl {
     /// The kernel (or call) of `engine` for `input` operands; a Hopper-engine GEMM alone
-    /// takes a persistent grid of at most `hopper`'s SMs (one CTA per tile) at its depth.
+    /// takes a persistent grid of at most `hopper`'s SMs (one CTA per tile), in its variant.
     pub fn on(engine: engines::Engine, input: DType, hopper: Option<HopperTarget>) -> GemmImpl {
         match engine {
             engines::Engine::Cublas => GemmImpl::Cublas,
             engines::Engine::Hopper(tile) => GemmImpl::Hopper {
                 tile,
                 ctas: hopper.map_or(1, |t| t.sms.max(1)),
-                depth: hopper.map_or(HopperDepth::Full, |t| t.depth),
+                variant: hopper.map_or(HopperVariant::Engine, |t| t.variant),
             },
             engines::Engine::TensorTile { wide } => match (input, wide) {
                 (DType::Bf16, false) => GemmImpl::MmaBf16,
@@ -634,7 +646,10 @@ fn lower_fused(
         engines::fused_engine(options.gemm, &options.engine_support(), &blocks, plan.devices).map_err(unsupported)?;
     let on = match engine {
         engines::Engine::Hopper(tile) => {
-            LowerOptions { hopper: options.hopper.map(|t| HopperTarget { tile: Some(tile), ..t }), ..*options }
+            // A fused run's blocks wait for their own rows: no cluster pairs them.
+            let variant = |v| if v == HopperVariant::Pair { HopperVariant::Engine } else { v };
+            let hopper = options.hopper.map(|t| HopperTarget { tile: Some(tile), variant: variant(t.variant), ..t });
+            LowerOptions { hopper, ..*options }
         }
         _ => LowerOptions { hopper: None, ..*options },
     };
@@ -651,7 +666,9 @@ fn unsupported_in<'p>(plan: &'p Plan, run: &cmm_core::plan::FusedRun) -> impl Fn
 /// fused run's own, whatever each block alone would take).
 fn same_kernel(a: GemmImpl, b: GemmImpl) -> bool {
     match (a, b) {
-        (GemmImpl::Hopper { tile: x, depth: a, .. }, GemmImpl::Hopper { tile: y, depth: b, .. }) => (x, a) == (y, b),
+        (GemmImpl::Hopper { tile: x, variant: a, .. }, GemmImpl::Hopper { tile: y, variant: b, .. }) => {
+            (x, a) == (y, b)
+        }
         (GemmImpl::Hopper { .. }, _) | (_, GemmImpl::Hopper { .. }) => false,
         _ => true,
     }

@@ -23,7 +23,7 @@ use cmm_core::plan::Plan;
 
 use crate::backend::{prepare, CudaBackend, CudaRunOptions, CudaRunOutput, ReadBack};
 use crate::error::CudaError;
-use crate::lower::{GemmCounts, GemmEngine, HopperDepth, HopperTile, SyncMode};
+use crate::lower::{GemmCounts, GemmEngine, HopperTile, HopperVariant, SyncMode};
 use crate::rank::Rendezvous;
 use crate::CudaExecutor;
 
@@ -163,9 +163,10 @@ fn options_words(o: &CudaRunOptions) -> String {
         Some(HopperTile::Wide) => "wide",
         Some(HopperTile::Narrow) => "narrow",
     };
-    let depth = match o.hopper_depth {
-        HopperDepth::Full => "full",
-        HopperDepth::Shallow => "shallow",
+    let variant = match o.hopper_variant {
+        HopperVariant::Engine => "engine",
+        HopperVariant::Shallow => "shallow",
+        HopperVariant::Pair => "pair",
     };
     let read_back = match o.read_back {
         ReadBack::Nothing => "nothing",
@@ -174,7 +175,7 @@ fn options_words(o: &CudaRunOptions) -> String {
     };
     let free = o.fused_free_sms.map_or("-".to_string(), |f| f.to_string());
     format!(
-        "{sync} {gemm} {} {} {} {} {} {} {tile} {depth} {} {free} {read_back} {}",
+        "{sync} {gemm} {} {} {} {} {} {} {tile} {variant} {} {free} {read_back} {}",
         o.wait_timeout.as_millis(),
         o.run_timeout.as_millis(),
         u8::from(o.gate),
@@ -187,7 +188,8 @@ fn options_words(o: &CudaRunOptions) -> String {
 }
 
 fn parse_options(words: &[&str]) -> Option<CudaRunOptions> {
-    let [sync, gemm, wait, run, gate, priority, wide, hopper, tile, depth, ctas, free, read_back, cold] = words else {
+    let [sync, gemm, wait, run, gate, priority, wide, hopper, tile, variant, ctas, free, read_back, cold] = words
+    else {
         return None;
     };
     let flag = |w: &str| match w {
@@ -220,9 +222,10 @@ fn parse_options(words: &[&str]) -> Option<CudaRunOptions> {
             "narrow" => Some(HopperTile::Narrow),
             _ => return None,
         },
-        hopper_depth: match *depth {
-            "full" => HopperDepth::Full,
-            "shallow" => HopperDepth::Shallow,
+        hopper_variant: match *variant {
+            "engine" => HopperVariant::Engine,
+            "shallow" => HopperVariant::Shallow,
+            "pair" => HopperVariant::Pair,
             _ => return None,
         },
         fused_ctas_per_sm: ctas.parse().ok()?,
@@ -491,7 +494,7 @@ mod tests {
             gate: false,
             wide_tiles: true,
             hopper_tile: Some(HopperTile::Narrow),
-            hopper_depth: HopperDepth::Shallow,
+            hopper_variant: HopperVariant::Shallow,
             fused_ctas_per_sm: 2,
             fused_free_sms: Some(16),
             read_back: ReadBack::Results,
@@ -504,7 +507,7 @@ mod tests {
             (back.sync, back.wait_timeout, back.read_back),
             (SyncMode::StreamMemOps, options.wait_timeout, ReadBack::Results)
         );
-        assert_eq!((back.fused_free_sms, back.hopper_depth), (Some(16), HopperDepth::Shallow));
+        assert_eq!((back.fused_free_sms, back.hopper_variant), (Some(16), HopperVariant::Shallow));
         let default = options_words(&CudaRunOptions::default());
         assert_eq!(parse_options(&default.split(' ').collect::<Vec<_>>()).unwrap().fused_free_sms, None);
         assert!(parse_options(&["kernels"]).is_none());

@@ -6,7 +6,8 @@
 //! of the same FLOPs, with the engine's plain GEMM on that dense shape beside them (what
 //! the grouping costs, apart from what the shape costs). Each tile is also timed with a
 //! shallower pipeline (3 stages of 128×256, 4 of 128×128, against the engine's 4 and 6):
-//! whether the stages' depth is what the engine lacks.
+//! whether the stages' depth is what the engine lacks; and in clusters of two that
+//! multicast B (whether B's traffic from L2 is).
 
 use std::fs;
 use std::path::PathBuf;
@@ -17,8 +18,8 @@ use cmm_core::oracle::spot_check;
 use cmm_core::workload::output_tolerance;
 use cmm_core::{Algorithm, DType, Family, MoeOp, MoeProblem, OpKind, Problem, Routing};
 use cmm_cuda::{
-    CudaBackend, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec, HopperDepth, HopperKernel,
-    HopperTile, ReadBack,
+    CudaBackend, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec, HopperKernel, HopperTile,
+    HopperVariant, ReadBack,
 };
 use serde::Serialize;
 
@@ -60,22 +61,26 @@ struct MoeShape {
     topk: usize,
 }
 
-/// One of the Hopper engine's kernels for a GEMM: its tile and its pipeline's depth.
-type Variant = (HopperTile, HopperDepth);
+/// One of the Hopper engine's kernels for a GEMM: its tile and which of its kernels.
+type Variant = (HopperTile, HopperVariant);
 
-/// The sweep's Hopper-engine variants: each tile at the engine's depth, then shallower.
-const VARIANTS: [Variant; 4] = [
-    (HopperTile::Wide, HopperDepth::Full),
-    (HopperTile::Narrow, HopperDepth::Full),
-    (HopperTile::Wide, HopperDepth::Shallow),
-    (HopperTile::Narrow, HopperDepth::Shallow),
+/// The sweep's Hopper-engine variants: each tile as the engine runs it, then shallower,
+/// then in clusters of two.
+const VARIANTS: [Variant; 6] = [
+    (HopperTile::Wide, HopperVariant::Engine),
+    (HopperTile::Narrow, HopperVariant::Engine),
+    (HopperTile::Wide, HopperVariant::Shallow),
+    (HopperTile::Narrow, HopperVariant::Shallow),
+    (HopperTile::Wide, HopperVariant::Pair),
+    (HopperTile::Narrow, HopperVariant::Pair),
 ];
 
-/// "hopper 128x256", or with a shallow pipeline "hopper 128x256 3 stages".
-fn variant_name((tile, depth): Variant) -> String {
-    match depth {
-        HopperDepth::Full => format!("hopper {}", tile.name()),
-        HopperDepth::Shallow => format!("hopper {} {} stages", tile.name(), tile.stages(depth)),
+/// "hopper 128x256", "hopper 128x256 3 stages", "hopper 128x256 cluster 2".
+fn variant_name((tile, variant): Variant) -> String {
+    match variant {
+        HopperVariant::Engine => format!("hopper {}", tile.name()),
+        HopperVariant::Shallow => format!("hopper {} {} stages", tile.name(), tile.stages(variant)),
+        HopperVariant::Pair => format!("hopper {} cluster {}", tile.name(), variant.cluster()),
     }
 }
 
@@ -243,7 +248,7 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
     // The engine's plain GEMM on the same dense shape: what the grouping itself costs,
     // apart from what the shape (moe_rs's short K, ag_moe's narrow N) costs any GEMM.
     for tile in HopperTile::ALL {
-        let (us, check, _) = checked_time(backend, &spec, (tile, HopperDepth::Full), reps);
+        let (us, check, _) = checked_time(backend, &spec, (tile, HopperVariant::Engine), reps);
         rows.push(row(&shape, input, format!("hopper {} dense", tile.name()), us, &spec, cublas, check));
     }
     for tile in HopperTile::ALL {
@@ -361,7 +366,7 @@ fn profile(backend: &CudaBackend, shrink: usize) -> Result<()> {
         accumulate: false,
     };
     let plain = |what: &str, spec: &GemmSpec, tile: HopperTile| -> Result<()> {
-        let choice = hopper_choice((tile, HopperDepth::Full));
+        let choice = hopper_choice((tile, HopperVariant::Engine));
         backend.time_gemm_as(spec, &choice, 1).with_context(|| format!("{what} on {}", tile.name()))?;
         println!("profiled: {what} {}x{}x{} bf16 on hopper {}", spec.m, spec.n, spec.k, tile.name());
         Ok(())
@@ -382,13 +387,13 @@ fn profile(backend: &CudaBackend, shrink: usize) -> Result<()> {
 }
 
 /// The Hopper engine's `variant` for every GEMM of a timing.
-fn hopper_choice((tile, depth): Variant) -> GemmChoice {
+fn hopper_choice((tile, variant): Variant) -> GemmChoice {
     GemmChoice {
         engine: GemmEngine::Hopper,
         wide_tiles: false,
         hopper: true,
         hopper_tile: Some(tile),
-        hopper_depth: depth,
+        hopper_variant: variant,
     }
 }
 
@@ -443,7 +448,7 @@ fn checked(backend: &CudaBackend, spec: &GemmSpec, variant: Variant) -> Result<s
 fn check_once(
     backend: &CudaBackend,
     spec: &GemmSpec,
-    (tile, depth): Variant,
+    (tile, variant): Variant,
 ) -> Result<std::result::Result<f64, String>> {
     const SEED: u32 = 11;
     let problem = Problem::new(OpKind::AgGemm, 1, spec.m, spec.n, spec.k, spec.input, spec.output)?;
@@ -451,7 +456,7 @@ fn check_once(
     let options = CudaRunOptions {
         gemm: GemmEngine::Hopper,
         hopper_tile: Some(tile),
-        hopper_depth: depth,
+        hopper_variant: variant,
         read_back: ReadBack::Results,
         ..Default::default()
     };
