@@ -869,6 +869,29 @@ mod tests {
         }
     }
 
+    /// `len` bf16 values from -2 to 2 (products and sums of a few hundred are exact in f32).
+    fn halves(len: usize, seed: usize) -> Vec<u16> {
+        (0..len).map(|i| cmm_core::DType::Bf16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
+    }
+
+    /// A bf16 GEMM onto f32 C of buffers 0 (A, M×K), 1 (B, K×N, or N×K transposed) and 2
+    /// (C, M×N) of device 0, on `imp`.
+    fn bf16_gemm([m, n, k]: [usize; 3], trans_b: bool, imp: crate::lower::GemmImpl) -> crate::lower::GemmCommand {
+        let loc = |buffer| Loc { device: 0, buffer, offset: 0 };
+        crate::lower::GemmCommand {
+            a: loc(0),
+            b: loc(1),
+            c: loc(2),
+            strides: [k as u64, if trans_b { k } else { n } as u64, n as u64],
+            mnk: [m as u32, n as u32, k as u32],
+            dtypes: [cmm_core::DType::Bf16, cmm_core::DType::Bf16, cmm_core::DType::F32],
+            trans_a: false,
+            trans_b,
+            accumulate: false,
+            imp,
+        }
+    }
+
     /// The twin of the Hopper engine must not hide the bugs it exists to find: the kernel
     /// as written computes the product (B N-major and K-major, both tiles); a descriptor
     /// with the wrong swizzle mode or the wrong stride byte offset computes something
@@ -877,12 +900,9 @@ mod tests {
     /// each an error naming what went wrong.
     #[test]
     fn the_hopper_twin_finds_wrong_descriptors_missing_expect_tx_and_missing_proxy_fences() {
-        use crate::lower::{GemmCommand, GemmImpl, HopperKernel, HopperTile, HopperVariant};
+        use crate::lower::{GemmImpl, HopperKernel, HopperTile, HopperVariant};
         // Seven steps of K: every variant's stages are refilled, their barriers' phases flip.
         let (m, k) = (128usize, 448usize);
-        let halves = |len: usize, seed: usize| -> Vec<u16> {
-            (0..len).map(|i| cmm_core::DType::Bf16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
-        };
         let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
         let run = |kernels: &HostKernels,
                    (tile, variant): (HopperTile, HopperVariant),
@@ -899,19 +919,7 @@ mod tests {
                 bases: vec![a.as_ptr() as u64, b.as_ptr() as u64, c.as_mut_ptr() as u64],
                 sems: sems.as_ptr() as u64,
             };
-            let loc = |buffer| Loc { device: 0, buffer, offset: 0 };
-            let g = GemmCommand {
-                a: loc(0),
-                b: loc(1),
-                c: loc(2),
-                strides: [k as u64, if trans_b { k } else { n } as u64, n as u64],
-                mnk: [m as u32, n as u32, k as u32],
-                dtypes: [cmm_core::DType::Bf16, cmm_core::DType::Bf16, cmm_core::DType::F32],
-                trans_a: false,
-                trans_b,
-                accumulate: false,
-                imp: GemmImpl::Hopper { tile, ctas: 1, variant },
-            };
+            let g = bf16_gemm([m, n, k], trans_b, GemmImpl::Hopper { tile, ctas: 1, variant });
             let mut args = crate::launch::hopper_args(&memory, &g, tile).unwrap();
             // CmmHopperSync: the semaphore's address, then the value 1 (and padding).
             let waits = [memory.sem(0, 0), 1u64];
@@ -992,11 +1000,8 @@ mod tests {
     /// or before exit, each an error saying what.
     #[test]
     fn the_hopper_twin_runs_clusters_and_finds_missing_remote_arrives_and_cluster_barriers() {
-        use crate::lower::{GemmCommand, GemmImpl, HopperKernel, HopperTile, HopperVariant};
+        use crate::lower::{GemmImpl, HopperKernel, HopperTile, HopperVariant};
         let (m, k) = (384usize, 448usize);
-        let halves = |len: usize, seed: usize| -> Vec<u16> {
-            (0..len).map(|i| cmm_core::DType::Bf16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
-        };
         let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
         let run = |kernels: &HostKernels, tile: HopperTile, ctas: u32| -> Result<bool, CudaError> {
             let n = tile.columns() + 64;
@@ -1004,19 +1009,7 @@ mod tests {
             let mut c = vec![f32::NAN; m * n];
             let memory =
                 TestMemory { bases: vec![a.as_ptr() as u64, b.as_ptr() as u64, c.as_mut_ptr() as u64], sems: 0 };
-            let loc = |buffer| Loc { device: 0, buffer, offset: 0 };
-            let g = GemmCommand {
-                a: loc(0),
-                b: loc(1),
-                c: loc(2),
-                strides: [k as u64, n as u64, n as u64],
-                mnk: [m as u32, n as u32, k as u32],
-                dtypes: [cmm_core::DType::Bf16, cmm_core::DType::Bf16, cmm_core::DType::F32],
-                trans_a: false,
-                trans_b: false,
-                accumulate: false,
-                imp: GemmImpl::Hopper { tile, ctas, variant: HopperVariant::Pair },
-            };
+            let g = bf16_gemm([m, n, k], false, GemmImpl::Hopper { tile, ctas, variant: HopperVariant::Pair });
             let Submission::Launch(launch) = crate::launch::gemm_submission(&memory, &g)? else {
                 panic!("a Hopper GEMM is a launch")
             };
@@ -1034,19 +1027,8 @@ mod tests {
         }
         // A transposed B has no boxes to multicast: refused, not run.
         let memory = TestMemory { bases: vec![0; 3], sems: 0 };
-        let loc = |buffer| Loc { device: 0, buffer, offset: 0 };
-        let transposed = GemmCommand {
-            a: loc(0),
-            b: loc(1),
-            c: loc(2),
-            strides: [64, 64, 128],
-            mnk: [128, 128, 64],
-            dtypes: [cmm_core::DType::Bf16, cmm_core::DType::Bf16, cmm_core::DType::F32],
-            trans_a: false,
-            trans_b: true,
-            accumulate: false,
-            imp: GemmImpl::Hopper { tile: HopperTile::Narrow, ctas: 2, variant: HopperVariant::Pair },
-        };
+        let pair = GemmImpl::Hopper { tile: HopperTile::Narrow, ctas: 2, variant: HopperVariant::Pair };
+        let transposed = bf16_gemm([128, 128, 64], true, pair);
         let e = crate::launch::gemm_submission(&memory, &transposed).unwrap_err().to_string();
         assert!(e.contains("multicast B's N-major boxes") && e.contains("128x128x64"), "{e}");
         let broken = [
@@ -1083,9 +1065,6 @@ mod tests {
         use crate::lower::{HopperKernel, HopperTile, HopperVariant};
         const NONE: u32 = u32::MAX;
         let (tokens, slots, experts, k, rows) = (4usize, 2usize, 2usize, 72usize, 8usize);
-        let halves = |len: usize, seed: usize| -> Vec<u16> {
-            (0..len).map(|i| cmm_core::DType::Bf16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
-        };
         let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
         // Expert 0 takes rows 0..3, expert 1 rows 3..6 (one of its slots dropped: row 5
         // has no token); rows 6 and 7 are past the routed ones.
