@@ -165,6 +165,14 @@ impl ReadBack {
     }
 }
 
+impl CudaRunOptions {
+    /// Whether its GEMMs may take the Hopper engine: on cmm's own kernels
+    /// ([`Self::hopper`]), or on every GEMM ([`GemmEngine::Hopper`]).
+    pub fn asks_hopper(&self) -> bool {
+        self.hopper || self.gemm == GemmEngine::Hopper
+    }
+}
+
 impl Default for CudaRunOptions {
     fn default() -> Self {
         CudaRunOptions {
@@ -695,6 +703,11 @@ impl CudaBackend {
         result.map(|us| (us, command.imp))
     }
 
+    /// The Hopper engine as a run with `options` may use it.
+    fn hopper_for(&self, options: &CudaRunOptions) -> Option<HopperTarget> {
+        self.hopper_target(options.asks_hopper(), options.hopper_tile, options.hopper_variant)
+    }
+
     /// The Hopper engine as lowering may use it, where `wanted` and the GPU runs it.
     fn hopper_target(&self, wanted: bool, tile: Option<HopperTile>, variant: HopperVariant) -> Option<HopperTarget> {
         self.hopper_sms.filter(|_| wanted).map(|sms| HopperTarget { sms, tile, variant })
@@ -841,11 +854,7 @@ impl CudaBackend {
         self.check_sync(plan, options.sync)?;
         let options =
             &CudaRunOptions { placement: Placement::Virtual, stagger: false, offset_starts: false, ..*options };
-        let hopper = self.hopper_target(
-            options.hopper || options.gemm == GemmEngine::Hopper,
-            options.hopper_tile,
-            options.hopper_variant,
-        );
+        let hopper = self.hopper_for(options);
         let (seed, family, bound) = match source {
             Source::Generated { seed, family } => (Some(seed), family, None),
             Source::Given(given) => (None, Family::Exact, Some(crate::given::bind(plan, given, rank..rank + 1)?)),
@@ -940,11 +949,7 @@ impl CudaBackend {
         let offset = emulated(plan, options)?;
         let plan = offset.as_ref().unwrap_or(plan);
         self.check_sync(plan, options.sync)?;
-        let hopper = self.hopper_target(
-            options.hopper || options.gemm == GemmEngine::Hopper,
-            options.hopper_tile,
-            options.hopper_variant,
-        );
+        let hopper = self.hopper_for(options);
         let (seed, bound) = match source {
             Source::Generated { seed, .. } => (Some(seed), None),
             Source::Given(given) => (None, Some(crate::given::bind(plan, given, 0..plan.devices)?)),

@@ -39,7 +39,7 @@ const HOST_FUSED_CTAS: u32 = 3;
 /// The Hopper engine as the host twin runs it: a persistent grid of [`HOST_FUSED_CTAS`]
 /// CTAs, where the run asks for the engine.
 fn host_hopper(options: &CudaRunOptions) -> Option<crate::lower::HopperTarget> {
-    (options.hopper || options.gemm == crate::GemmEngine::Hopper).then_some(crate::lower::HopperTarget {
+    options.asks_hopper().then_some(crate::lower::HopperTarget {
         sms: HOST_FUSED_CTAS,
         tile: options.hopper_tile,
         variant: options.hopper_variant,

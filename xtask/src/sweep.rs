@@ -91,8 +91,8 @@ const SPOT_CHECKS: usize = 64;
 struct Row {
     shape: String,
     input: String,
-    /// "cuBLAS", or the Hopper engine's tile ("hopper 128x256", "hopper 128x256 3
-    /// stages" for a shallow variant), or a tile kernel.
+    /// "cuBLAS", or the Hopper engine's kernel ([`variant_name`]; "… dense" and
+    /// "… grouped" on the MoE shapes), or a tile kernel.
     engine: String,
     us: Option<f64>,
     tflops: Option<f64>,
