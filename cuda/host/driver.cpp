@@ -25,6 +25,8 @@
 //   checks the launch bounds, and takes two launch attributes: a priority within the
 //   range cuCtxGetStreamPriorityRange reports (0 to -5, as on an H100), and a cluster
 //   dimension along x of at most the host twin's clusters (2) that tiles the grid.
+//   cuOccupancyMaxActiveClusters says a cluster of the SM count's fit (one CTA per SM),
+//   or CMM_FAKE_CUDA_CLUSTERS.
 // - Streams feed FIFO hardware queues, one worker thread each: stream k of a context
 //   (in creation order) feeds queue k mod CUDA_DEVICE_MAX_CONNECTIONS, the NULL stream
 //   queue 0. A queue runs one item at a time, so a spinning kernel, a stream wait on a
@@ -1308,6 +1310,28 @@ CUresult cuLaunchKernelEx(const LaunchConfig* config, Function* f, void** params
         prioritised[f->name] += 1;
     }
     return r;
+}
+
+// Clusters of a kernel that the GPU holds at once, for a configuration whose cluster
+// dimension (required, as the driver requires it of a kernel without a compiled one) is
+// along x and at most the twin's: each SM a CTA (the Hopper engine's fill one), so the
+// SM count over the cluster size; CMM_FAKE_CUDA_CLUSTERS overrides it (0: none fits).
+CUresult cuOccupancyMaxActiveClusters(int* clusters, Function* f, const LaunchConfig* config) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    if (f == nullptr || clusters == nullptr) return INVALID_HANDLE;
+    if (config == nullptr || (config->attr_count > 0 && config->attrs == nullptr)) return INVALID_VALUE;
+    if ((int)config->shared > shared_limit(f)) return INVALID_VALUE;
+    u32 cluster = 0;
+    for (u32 i = 0; i < config->attr_count; ++i) {
+        const LaunchAttribute& a = config->attrs[i];
+        if (a.id != LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) continue;
+        const u32 x = a.value.cluster[0], y = a.value.cluster[1], z = a.value.cluster[2];
+        if (x == 0 || y != 1 || z != 1 || x > cmm_host::MAX_CLUSTER || config->grid[0] % x != 0) return INVALID_VALUE;
+        cluster = x;
+    }
+    if (cluster == 0) return INVALID_VALUE;
+    *clusters = env_int("CMM_FAKE_CUDA_CLUSTERS", sm_count() / (int)cluster, 0, 1 << 16);
+    return SUCCESS;
 }
 
 // Takes the stream attribute cmm sets, a priority within the context's range, which later

@@ -35,9 +35,9 @@ use crate::error::CudaError;
 use crate::given::{Bound, GivenBuffer};
 use crate::kernels::{compile, nvrtc_available, KERNEL_FILES};
 use crate::launch::{
-    buffer_fill, fused_kernel, fused_launch, fused_table, gemm_submission, released_waits, submissions, timed_out_wait,
-    Addressing, ControlLayout, Fill, FusedLayout, FusedWaits, GemmArgs, Kernel, Launch, Param, RunWords, Submission,
-    TensorMap, TensorMapSpec, ONE_THREAD,
+    buffer_fill, fused_kernel, fused_launch, fused_table, gemm_submission, hopper_kernel, released_waits, submissions,
+    timed_out_wait, Addressing, ControlLayout, Fill, FusedLayout, FusedWaits, GemmArgs, Kernel, Launch, Param,
+    RunWords, Submission, TensorMap, TensorMapSpec, HOPPER_THREADS, ONE_THREAD,
 };
 use crate::lower::{
     hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmCounts, GemmEngine, GemmImpl, HopperKernel,
@@ -369,6 +369,9 @@ pub struct CudaBackend {
     priority: Result<i32, String>,
     /// GPU 0's SM count where it runs the Hopper engine.
     hopper_sms: Option<u32>,
+    /// Clusters of two of each Hopper tile's pair kernel that GPU 0 holds at once
+    /// ([`HopperTarget::pair_clusters`]); zeros without the engine.
+    pair_clusters: [u32; 2],
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -490,6 +493,53 @@ fn probe_launch_priority(ctx: &Arc<CudaContext>, functions: &Functions) -> Resul
     }
 }
 
+/// The launch attribute of clusters of `x` CTAs along x (the Hopper engine's pairs).
+fn cluster_attribute(x: u32) -> sys::CUlaunchAttribute {
+    sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue {
+            clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x, y: 1, z: 1 },
+        },
+    }
+}
+
+/// Clusters of two of each Hopper tile's pair kernel ([`HopperTile::ALL`]'s order) that
+/// `gpu` holds at once, by the driver's occupancy query for the kernel as launched
+/// (its threads, shared memory and cluster dimension).
+fn co_resident_pairs(gpu: &Gpu) -> Result<[u32; 2], CudaError> {
+    gpu.ctx.bind_to_thread().map_err(|e| CudaError::driver("binding GPU 0's context", e))?;
+    let mut out = [0u32; 2];
+    for (fit, tile) in out.iter_mut().zip(HopperTile::ALL) {
+        let kernel = hopper_kernel(tile, HopperVariant::Pair, DType::F16);
+        let mut attribute = cluster_attribute(kernel.cluster());
+        let config = sys::CUlaunchConfig {
+            gridDimX: kernel.cluster(),
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: HOPPER_THREADS,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: tile.shared_bytes(HopperVariant::Pair),
+            hStream: std::ptr::null_mut(),
+            attrs: &mut attribute,
+            numAttrs: 1,
+        };
+        let mut clusters: std::ffi::c_int = 0;
+        // SAFETY: `clusters` and `config` (and the attribute it points at) outlive the
+        // call; the function is a live kernel of the current context, whose shared-memory
+        // limit was raised to what `config` asks when it was loaded; a null stream makes
+        // the driver use the current context.
+        #[allow(unsafe_code)]
+        unsafe {
+            sys::cuOccupancyMaxActiveClusters(&mut clusters, gpu.functions.get(kernel).cu_function(), &config).result()
+        }
+        .map_err(|e| CudaError::driver(format!("asking how many clusters of {} fit", kernel.entry()), e))?;
+        *fit = clusters.max(0) as u32;
+    }
+    Ok(out)
+}
+
 /// Whether `cuStreamWaitValue32` works here: one wait that is already satisfied.
 fn probe_stream_memops(gpu: &Gpu) -> Result<(), String> {
     let word = DeviceAlloc::zeroed(&gpu.ctx, 4).map_err(|e| e.to_string())?;
@@ -541,6 +591,7 @@ impl CudaBackend {
             .map(|k| compile(k, &arch).map(|src| (k.name.to_string(), Ptx::from_src(src))))
             .collect::<Result<_, _>>()?;
         let gpus = open_gpus(&ptx, ordinals, hopper_sms.is_some())?;
+        let pair_clusters = if hopper_sms.is_some() { co_resident_pairs(&gpus[0])? } else { [0; 2] };
         let memops = probe_stream_memops(&gpus[0]);
         let priority = gpus[0].priority.clone();
         Ok(CudaBackend {
@@ -553,6 +604,7 @@ impl CudaBackend {
             memops,
             priority,
             hopper_sms,
+            pair_clusters,
         })
     }
 
@@ -580,9 +632,16 @@ impl CudaBackend {
         } else {
             "lazy module loading: lanes ungated (CUDA_MODULE_LOADING=EAGER gates them)"
         };
-        let hopper = match self.hopper_sms {
-            Some(sms) => format!("Hopper engine on {sms} SMs"),
-            None => "no Hopper engine".into(),
+        let hopper = match (self.hopper_sms, self.pair_clusters) {
+            (Some(sms), [wide, narrow]) if wide == narrow => {
+                format!("Hopper engine on {sms} SMs, clusters of two: {wide}")
+            }
+            (Some(sms), [wide, narrow]) => format!(
+                "Hopper engine on {sms} SMs, clusters of two: {wide} of {}, {narrow} of {}",
+                HopperTile::Wide.name(),
+                HopperTile::Narrow.name()
+            ),
+            (None, _) => "no Hopper engine".into(),
         };
         format!(
             "{} x{} ({}, kernels compiled by NVRTC; {blas}; {hopper}; {priority}; {loading})",
@@ -710,7 +769,12 @@ impl CudaBackend {
 
     /// The Hopper engine as lowering may use it, where `wanted` and the GPU runs it.
     fn hopper_target(&self, wanted: bool, tile: Option<HopperTile>, variant: HopperVariant) -> Option<HopperTarget> {
-        self.hopper_sms.filter(|_| wanted).map(|sms| HopperTarget { sms, tile, variant })
+        self.hopper_sms.filter(|_| wanted).map(|sms| HopperTarget {
+            sms,
+            pair_clusters: self.pair_clusters,
+            tile,
+            variant,
+        })
     }
 }
 
@@ -1788,15 +1852,8 @@ fn launch_on(
             value: sys::CUlaunchAttributeValue { priority: comm_priority.unwrap_or(0) },
         });
     }
-    // Clusters along x (the Hopper engine's pairs).
     if l.kernel.cluster() > 1 {
-        attrs.push(sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-            pad: [0; 4],
-            value: sys::CUlaunchAttributeValue {
-                clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: l.kernel.cluster(), y: 1, z: 1 },
-            },
-        });
+        attrs.push(cluster_attribute(l.kernel.cluster()));
     }
     let config = sys::CUlaunchConfig {
         gridDimX: l.cfg.grid_dim.0,

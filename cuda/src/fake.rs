@@ -16,7 +16,8 @@
 //! at `cuLaunchKernelEx`, streams on FIFO hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS`),
 //! events, stream memory operations, and cuBLAS's column-major `cublasGemmEx`.
 //! Environment: `CMM_FAKE_CUDA_GPUS` (devices, default 2), `CMM_FAKE_CUDA_SMS` (SMs per
-//! device, default 132, an H100's), `CUDA_LAUNCH_BLOCKING=1` (launches return once their kernel has
+//! device, default 132, an H100's), `CMM_FAKE_CUDA_CLUSTERS` (clusters the occupancy query
+//! says fit; default the SMs over the cluster size), `CUDA_LAUNCH_BLOCKING=1` (launches return once their kernel has
 //! run) and `CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1` (the same, unknown to the backend: a tool
 //! that serialises GPU work).
 

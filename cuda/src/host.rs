@@ -41,6 +41,8 @@ const HOST_FUSED_CTAS: u32 = 3;
 fn host_hopper(options: &CudaRunOptions) -> Option<crate::lower::HopperTarget> {
     options.asks_hopper().then_some(crate::lower::HopperTarget {
         sms: HOST_FUSED_CTAS,
+        // The twin runs a cluster's CTAs as fibers of one scheduler: as many as the grid.
+        pair_clusters: [HOST_FUSED_CTAS / 2; 2],
         tile: options.hopper_tile,
         variant: options.hopper_variant,
     })

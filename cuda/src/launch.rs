@@ -483,10 +483,20 @@ pub(crate) fn gemm_submission(at: &impl Addressing, g: &GemmCommand) -> Result<S
                 });
             }
             // One cluster per pair of row tiles (the second may be a phantom past M), an
-            // even grid of at most the SMs. (The grid assumes every pair of SMs can hold a
-            // cluster, as an H100's GPCs of whole TPCs allow; not checked against
-            // cuOccupancyMaxActiveClusters, so a GPU where fewer fit would run the last
-            // clusters after the others.)
+            // even grid of at most the clusters the GPU holds at once (`ctas`, from the
+            // driver's occupancy query): a cluster that found no room would run after the
+            // others, a tail the sweep would read as the kernel's speed.
+            if ctas < 2 {
+                return Err(CudaError::Unsupported {
+                    plan: String::new(),
+                    what: format!(
+                        "no cluster of two CTAs of the Hopper engine's {} kernel ({} bytes of shared memory each) \
+                         fits on this GPU, by the driver's occupancy query",
+                        tile.name(),
+                        tile.shared_bytes(HopperVariant::Pair)
+                    ),
+                });
+            }
             let pairs = (hopper.tiles / hopper.tiles_n.max(1)).div_ceil(2) * hopper.tiles_n;
             let grid = (ctas / 2).clamp(1, pairs.max(1)) * 2;
             return Ok(hopper_launch((tile, HopperVariant::Pair), g.dtypes[0], grid, hopper, "a hopper gemm"));

@@ -80,10 +80,28 @@ impl HopperKernel for HopperTile {
 pub struct HopperTarget {
     /// SMs a persistent grid may take.
     pub sms: u32,
+    /// Clusters of two of each tile's [`HopperVariant::Pair`] kernel that the GPU holds at
+    /// once (`cuOccupancyMaxActiveClusters`), in [`HopperTile::ALL`]'s order: their grid's
+    /// bound, since a cluster that found no room would run after the others.
+    pub pair_clusters: [u32; 2],
     /// Force this tile.
     pub tile: Option<HopperTile>,
     /// The kernels' variant ([`HopperVariant::Engine`] but in the GEMM sweep).
     pub variant: HopperVariant,
+}
+
+impl HopperTarget {
+    /// CTAs of a plain GEMM's persistent grid on `tile` before the tiles bound it: one
+    /// per SM, or two per co-resident cluster of two (0 where none fits).
+    pub fn ctas(&self, tile: HopperTile) -> u32 {
+        match self.variant {
+            HopperVariant::Pair => {
+                let fit = HopperTile::ALL.iter().position(|&t| t == tile).map_or(0, |i| self.pair_clusters[i]);
+                self.sms.min(fit.saturating_mul(2))
+            }
+            HopperVariant::Engine | HopperVariant::Shallow => self.sms.max(1),
+        }
+    }
 }
 
 /// How `Signal` and `Wait` ops are issued.
@@ -174,7 +192,7 @@ impl GemmImpl {
             engines::Engine::Cublas => GemmImpl::Cublas,
             engines::Engine::Hopper(tile) => GemmImpl::Hopper {
                 tile,
-                ctas: hopper.map_or(1, |t| t.sms.max(1)),
+                ctas: hopper.map_or(1, |t| t.ctas(tile)),
                 variant: hopper.map_or(HopperVariant::Engine, |t| t.variant),
             },
             engines::Engine::TensorTile { wide } => match (input, wide) {

@@ -13,7 +13,10 @@ use cmm_core::generator::Family;
 use cmm_core::plan::Plan;
 use cmm_core::{build_plan, Algorithm, DType, OpKind, Problem};
 use cmm_cuda::fake::Injection;
-use cmm_cuda::{CudaBackend, CudaError, CudaExecutor, CudaRunOptions, GemmEngine, Kernel, Placement, SyncMode};
+use cmm_cuda::{
+    CudaBackend, CudaError, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec, HopperKernel,
+    HopperTile, HopperVariant, Kernel, Placement, SyncMode,
+};
 
 mod fake;
 
@@ -406,6 +409,70 @@ fn fused_kernels_take_more_ctas_per_sm_only_where_one_more_fits() {
         assert!(matches!(e, CudaError::Unsupported { .. }) && e.to_string().contains("free"), "{e}");
     }
     assert_right(&b, &fused, &CudaRunOptions::default());
+}
+
+/// A grid of clusters holds no more of them than the driver's occupancy query says the GPU
+/// holds at once (one that found no room would run after the others, a tail the GEMM
+/// sweep would read as the kernel's speed); the backend says how many; where none fits,
+/// the GEMM is refused, naming the kernel's shared memory.
+#[test]
+fn cluster_grids_hold_only_the_clusters_the_gpu_holds_at_once() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    // Three row tiles (a phantom fourth in the second cluster) and K over two stages.
+    let spec = GemmSpec {
+        m: 384,
+        n: 256,
+        k: 128,
+        input: DType::Bf16,
+        output: DType::F32,
+        trans_a: false,
+        trans_b: false,
+        accumulate: false,
+    };
+    let plan = cmm_cuda::gemm_plan(&spec).unwrap();
+    let pair = |tile| CudaRunOptions {
+        gemm: GemmEngine::Hopper,
+        hopper_tile: Some(tile),
+        hopper_variant: HopperVariant::Pair,
+        ..Default::default()
+    };
+    let choice = |tile| GemmChoice {
+        engine: GemmEngine::Hopper,
+        wide_tiles: false,
+        hopper: true,
+        hopper_tile: Some(tile),
+        hopper_variant: HopperVariant::Pair,
+    };
+    const VAR: &str = "CMM_FAKE_CUDA_CLUSTERS";
+    // The fake's 132 SMs hold 66 clusters; then as if only one fitted.
+    for (fit, ctas) in [(None, 132), (Some(1), 2)] {
+        match fit {
+            Some(n) => std::env::set_var(VAR, n.to_string()),
+            None => std::env::remove_var(VAR),
+        }
+        let Some(b) = fake_backend() else { return };
+        let fit = fit.unwrap_or(66);
+        assert!(b.summary().contains(&format!("clusters of two: {fit};")), "{}", b.summary());
+        for tile in HopperTile::ALL {
+            assert_right(&b, &plan, &pair(tile));
+            match b.time_gemm_as(&spec, &choice(tile), 1) {
+                Ok((_, GemmImpl::Hopper { ctas: got, variant: HopperVariant::Pair, .. })) => assert_eq!(got, ctas),
+                other => panic!("{tile:?}: {other:?}"),
+            }
+        }
+    }
+    std::env::set_var(VAR, "0");
+    let b = fake_backend();
+    std::env::remove_var(VAR);
+    let Some(b) = b else { return };
+    for tile in HopperTile::ALL {
+        let e = b.run(&plan, 5, Family::Exact, &pair(tile)).unwrap_err();
+        let bytes = format!("{} bytes of shared memory", tile.shared_bytes(HopperVariant::Pair));
+        assert!(matches!(e, CudaError::Unsupported { .. }), "{e}");
+        assert!(e.to_string().contains("no cluster of two") && e.to_string().contains(&bytes), "{e}");
+    }
+    // The plain engine takes no clusters and runs.
+    assert_right(&b, &plan, &CudaRunOptions { gemm: GemmEngine::Hopper, ..Default::default() });
 }
 
 /// With `time_ops`, every op of the run has a start and a duration inside the run, in its
