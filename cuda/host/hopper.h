@@ -371,19 +371,20 @@ inline void cmm_pin(float&) {}
 inline u32 cmm_pack_f16x2(float lo, float hi) { return cmm_encode(lo, 1u) | (cmm_encode(hi, 1u) << 16); }
 inline u32 cmm_pack_bf16x2(float lo, float hi) { return cmm_encode(lo, 2u) | (cmm_encode(hi, 2u) << 16); }
 
-// __shfl_sync(mask, v, src) for a full warp: a rendezvous of the block (every call site
-// in the kernels is reached by all its threads together, as the warp collectives of
-// mma.h are).
+// __shfl_sync(mask, v, src) for a full warp: a rendezvous of the warp, staged per CTA of
+// the cluster (its CTAs' fibers share this OS thread).
 inline u32 __shfl_sync(u32 mask, u32 v, int src) {
-    static thread_local u32 staged[1024];
+    static thread_local u32 staged[cmm_host::MAX_CLUSTER][1024];
     if (mask != 0xffffffffu || src < 0 || src > 31) {
         cmm_host::fail("__shfl_sync of a partial warp or from a lane past 31");
         return v;
     }
     const u32 me = cmm_host::linear_thread();
-    staged[me] = v;
+    u32* mine = staged[cmm_host::current_cta()];
+    mine[me] = v;
     cmm_host::barrier(cmm_host::WARP_COLLECTIVE);
-    const u32 got = staged[(me / 32u) * 32u + (u32)src];
+    const u32 got = mine[(me / 32u) * 32u + (u32)src];
+    // Nobody restages before every lane has read.
     cmm_host::barrier(cmm_host::WARP_COLLECTIVE);
     return got;
 }

@@ -110,8 +110,8 @@ inline void cmm_store_release_gpu(u64 addr, u32 value) { __atomic_store_n((u32*)
 
 namespace cmm_host {
 
-// What a fiber waits for: a block-wide __syncthreads, a warp collective (every call site
-// of one in the kernels is reached by all threads of the block together), nothing but
+// What a fiber waits for: a block-wide __syncthreads, a warp collective (released once
+// every live thread of its warp waits at one), nothing but
 // its turn (YIELD: a spin on an mbarrier, host/hopper.h), a cluster barrier (every thread
 // of every CTA of the cluster), or named barrier `NAMED + id` (bar.sync id, count:
 // released once `count` threads of the block wait at it).
@@ -451,13 +451,21 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, void (*body)(v
         // named barrier with its count reached.
         u32 live[MAX_CLUSTER] = {}, spinning[MAX_CLUSTER] = {}, at[MAX_CLUSTER][NAMED + NAMED_BARRIERS] = {};
         bool some_done[MAX_CLUSTER] = {};
-        for (const Fiber& f : block.fibers) {
+        // Per warp: live threads, those at a warp collective, and whether one has exited.
+        u32 warp_live[MAX_CLUSTER][32] = {}, warp_at[MAX_CLUSTER][32] = {};
+        bool warp_done[MAX_CLUSTER][32] = {};
+        for (u32 i = 0; i < fibers; ++i) {
+            const Fiber& f = block.fibers[i];
+            const u32 warp = (i % threads) / 32u;
             if (f.done) {
                 some_done[f.cta] = true;
+                warp_done[f.cta][warp] = true;
                 continue;
             }
             live[f.cta] += 1;
+            warp_live[f.cta][warp] += 1;
             if (f.waiting == YIELD) spinning[f.cta] += 1;
+            if (f.waiting == WARP_COLLECTIVE) warp_at[f.cta][warp] += 1;
             if (f.waiting > 0 && f.waiting < NAMED + (int)NAMED_BARRIERS) at[f.cta][f.waiting] += 1;
         }
         u32 all_live = 0, all_spinning = 0, at_cluster = 0;
@@ -474,23 +482,41 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, void (*body)(v
         }
         bool released = false;
         for (u32 c = 0; c < ctas && thread_error == nullptr; ++c) {
-            for (int kind : {(int)SYNCTHREADS, (int)WARP_COLLECTIVE}) {
-                if (at[c][kind] == 0) continue;
-                if (at[c][kind] == live[c]) {
-                    if (some_done[c]) {
-                        fail("barrier divergence: threads of a block exited while others wait at a barrier");
-                        break;
-                    }
-                    for (Fiber& f : block.fibers) {
-                        if (f.cta == c) f.runnable = !f.done;
-                    }
-                    if (kind == SYNCTHREADS) block.epoch += 1;
-                    released = true;
-                } else if (spinning[c] == 0) {
-                    fail(some_done[c] ? "barrier divergence: threads of a block exited while others wait at a barrier"
-                                      : "barrier divergence: threads of a block wait at different barriers");
+            if (at[c][SYNCTHREADS] == 0) continue;
+            if (at[c][SYNCTHREADS] == live[c]) {
+                if (some_done[c]) {
+                    fail("barrier divergence: threads of a block exited while others wait at a barrier");
                     break;
                 }
+                for (Fiber& f : block.fibers) {
+                    if (f.cta == c) f.runnable = !f.done;
+                }
+                block.epoch += 1;
+                released = true;
+            } else if (spinning[c] == 0 && at[c][WARP_COLLECTIVE] == 0) {
+                fail(some_done[c] ? "barrier divergence: threads of a block exited while others wait at a barrier"
+                                  : "barrier divergence: threads of a block wait at different barriers");
+                break;
+            }
+        }
+        // A warp collective releases its warp alone: the warps of a warp-specialised block
+        // (the Hopper engine's producer and consumers) reach different ones.
+        bool warp_waits = false;
+        for (u32 c = 0; c < ctas && thread_error == nullptr; ++c) {
+            for (u32 warp = 0; warp * 32u < threads; ++warp) {
+                if (warp_at[c][warp] == 0) continue;
+                if (warp_done[c][warp]) {
+                    fail("barrier divergence: threads of a warp exited while others wait at a warp collective");
+                    break;
+                }
+                if (warp_at[c][warp] < warp_live[c][warp]) {
+                    warp_waits = true;
+                    continue;
+                }
+                const u32 first = c * threads + warp * 32u;
+                for (u32 j = first; j < first + 32u && j < (c + 1u) * threads; ++j) block.fibers[j].runnable = true;
+                block.progress += 1;
+                released = true;
             }
         }
         if (thread_error != nullptr) break;
@@ -523,16 +549,21 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, void (*body)(v
         if (thread_error != nullptr) break;
         if (!released && all_spinning == 0) {
             fail(at_cluster != 0 ? "deadlock: threads wait at the cluster barrier that others never reach"
-                                 : "deadlock: every live thread of the block waits at a named barrier that too few "
-                                   "threads reach");
+                 : warp_waits   ? "barrier divergence: threads of a warp wait at a warp collective (__shfl_sync) "
+                                  "that others of the warp never reach"
+                                : "deadlock: every live thread of the block waits at a named barrier that too few "
+                                  "threads reach");
             break;
         }
         // Two rounds of nothing but spins with no progress between: nothing any thread of
         // the block can do will complete what they wait for.
         const bool stalled = only_spins && !released && block.progress == before;
         if (stalled && spun_without_progress) {
-            fail("deadlock: every live thread of the block spins on an mbarrier phase that no thread can complete "
-                 "(a missing arrive, too many expected bytes, or a wait for the wrong parity)");
+            fail(warp_waits ? "barrier divergence: threads of a warp wait at a warp collective (__shfl_sync) that "
+                              "others of the warp, spinning, never reach"
+                            : "deadlock: every live thread of the block spins on an mbarrier phase that no thread "
+                              "can complete (a missing arrive, too many expected bytes, or a wait for the wrong "
+                              "parity)");
             break;
         }
         spun_without_progress = stalled;

@@ -28,9 +28,10 @@
 //   (a tile's rows past its segment are loaded but never stored); B is a 3D map (N, K,
 //   experts), so that K past an expert's rows is zero fill, not the next expert's.
 //   Gathered rows (`CMM_HOPPER_GATHER`: row r of C multiplies the token of perm[r], a row
-//   of a token shard) are no box TMA can load: the whole producer warpgroup loads A, each
-//   thread one row of the tile with 16-byte cp.async copies into the 128-byte-swizzled
-//   layout TMA would have written, tracked by the stage's `full` mbarrier
+//   of a token shard) are no box TMA can load: the whole producer warpgroup loads A, eight
+//   threads a row of the tile (a warp's copy reads four whole rows), with 16-byte cp.async
+//   copies into the 128-byte-swizzled layout TMA would have written, tracked by the
+//   stage's `full` mbarrier
 //   (cp.async.mbarrier.arrive.noinc: the barrier expects one arrival per producer thread
 //   besides the first thread's expect-tx); the consumers make those generic-proxy writes
 //   visible to wgmma's async proxy with fence.proxy.async.shared::cta after their wait.
@@ -663,39 +664,48 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
     }
 }
 
-// The producer warpgroup of a grouped run whose rows are gathered: thread `row` copies
-// row `row` of every A tile with cp.async, and thread 0 also issues B's TMA copies. (A
-// grouped run makes no waits.)
+// The producer warpgroup of a grouped run whose rows are gathered: each warp loads 32 rows
+// of every A tile with cp.async, eight lanes a row, so that one copy instruction reads
+// four whole 128-byte rows (a lane a row would read 32 rows' half-sectors at once, each
+// sector from L2 twice, since cp.async.cg passes L1 by). Lane l finds the source of row
+// 32·warp + l once a tile and hands it to the lanes that copy that row. Thread 0 also
+// issues B's TMA copies. (A grouped run makes no waits.)
 template <class S>
 __device__ void cmm_hopper_produce_gathered(const CmmHopperArgs& p, const CmmHopperBlock* table, u32 smem,
-                                            u64 limit_ns, u32 row) {
+                                            u64 limit_ns, u32 thread) {
+    constexpr u32 CHUNKS = CMM_HOPPER_BK * 2u / 16u;  // 16-byte chunks of a stage's row
+    constexpr u32 ROWS_A_COPY = 32u / CHUNKS;          // rows of one copy instruction of a warp
     const u32 bars = smem + S::BARRIERS;
     const u32 ktiles = (p.k + CMM_HOPPER_BK - 1u) / CMM_HOPPER_BK;
-    if (row == 0u) cmm_tma_prefetch(&p.b);
+    const u32 lane = thread % 32u, rows = thread - lane;  // the warp's first row
+    const u32 chunk = lane % CHUNKS;
+    if (thread == 0u) cmm_tma_prefetch(&p.b);
     u32 stage = 0u, phase = 0u, m0, n0;
     CmmHopperCursor at = cmm_hopper_start(p, table);
     for (u32 t = blockIdx.x; cmm_hopper_locate<S::BN>(p, table, t, at, m0, n0); t += gridDim.x) {
         if (cmm_hopper_zero_block(p, at)) continue;
-        const u32 source = cmm_hopper_gathered_row(p, at, m0, row);
+        const u32 mine = cmm_hopper_gathered_row(p, at, m0, thread);
         for (u32 kt = 0u; kt < ktiles; ++kt) {
             cmm_mbar_wait(bars + 8u * (S::STAGES + stage), phase ^ 1u, limit_ns);
             const u32 full = bars + 8u * stage;
             const u32 k0 = kt * CMM_HOPPER_BK;
-            if (row == 0u) {
+            if (thread == 0u) {
                 const u32 sb = smem + S::STAGES * CMM_HOPPER_A_BYTES + stage * S::B_BYTES;
                 cmm_mbar_arrive_expect_tx(full, cmm_hopper_b_box_bytes<S>(p, n0));
                 cmm_hopper_load_b_boxes<S>(p, sb, n0, k0, at.block, full);
             }
-            // This thread's row of the stage: eight 16-byte chunks of K, each where the
-            // 128-byte swizzle puts it (chunk c of row r at chunk c ^ (r mod 8)); zeros
-            // past K and for rows with no source.
-            const u32 dst = smem + stage * CMM_HOPPER_A_BYTES + row * 128u;
+            // Zeros past K and for rows with no source.
+            const u32 kk = k0 + 8u * chunk;
+            const u32 in_k = kk < p.k ? min(16u, 2u * (p.k - kk)) : 0u;
+            const u32 a = smem + stage * CMM_HOPPER_A_BYTES;
             #pragma unroll 1
-            for (u32 c = 0u; c < 8u; ++c) {
-                const u32 kk = k0 + 8u * c;
-                const u32 bytes = source != CMM_HOPPER_NONE && kk < p.k ? min(16u, 2u * (p.k - kk)) : 0u;
+            for (u32 r = lane / CHUNKS; r < 32u; r += ROWS_A_COPY) {
+                const u32 source = __shfl_sync(0xffffffffu, mine, r);
+                const u32 row = rows + r;
+                const u32 bytes = source != CMM_HOPPER_NONE ? in_k : 0u;
                 const u64 src = bytes != 0u ? p.a + 2ull * ((u64)source * p.a_stride + kk) : p.a;
-                cmm_hopper_cp_async16(dst + ((c ^ (row & 7u)) << 4), src, bytes);
+                // Chunk c of row r where the 128-byte swizzle puts it: at c ^ (r mod 8).
+                cmm_hopper_cp_async16(a + row * 128u + ((chunk ^ (row & 7u)) << 4), src, bytes);
             }
             cmm_hopper_cp_async_arrive(full);
             if (++stage == S::STAGES) {

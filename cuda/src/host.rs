@@ -1137,16 +1137,26 @@ mod tests {
         }
         let variant = hopper_variant;
         let unswizzled = variant(
-            "cmm_hopper_cp_async16(dst + ((c ^ (row & 7u)) << 4), src, bytes);",
-            "cmm_hopper_cp_async16(dst + (c << 4), src, bytes);",
+            "cmm_hopper_cp_async16(a + row * 128u + ((chunk ^ (row & 7u)) << 4), src, bytes);",
+            "cmm_hopper_cp_async16(a + row * 128u + (chunk << 4), src, bytes);",
         );
-        let broken = load_from(&unswizzled, "cmm-host-hopper-unswizzled").unwrap_or_else(|e| panic!("{e}"));
-        assert!(!run(&broken, HopperTile::Narrow).unwrap(), "rows copied without the swizzle went unnoticed");
+        // Each lane copying from its own row's source, not the one the row's lane found.
+        let unshuffled = variant("const u32 source = __shfl_sync(0xffffffffu, mine, r);", "const u32 source = mine;");
+        for (source, what) in [(unswizzled, "without the swizzle"), (unshuffled, "from another row's source")] {
+            let broken = load_from(&source, "cmm-host-hopper-gather-wrong").unwrap_or_else(|e| panic!("{e}"));
+            assert!(!run(&broken, HopperTile::Narrow).unwrap(), "rows copied {what} went unnoticed");
+        }
         let untracked = variant("            cmm_hopper_cp_async_arrive(full);", "            cmm_mbar_arrive(full);");
         let unfenced = variant("            if (gather) cmm_fence_proxy_async_shared();", "");
+        // Half a warp at the hand-off, the other half gone on to the stage's barrier.
+        let diverged = variant(
+            "const u32 source = __shfl_sync(0xffffffffu, mine, r);",
+            "const u32 source = lane % 2u == 0u ? __shfl_sync(0xffffffffu, mine, r) : mine;",
+        );
         for (source, hazard) in [
             (untracked, "a cp.async wrote that no mbarrier tracks"),
             (unfenced, "with no fence.proxy.async.shared::cta by the reading thread after its wait"),
+            (diverged, "barrier divergence: threads of a warp"),
         ] {
             let broken = load_from(&source, "cmm-host-hopper-gather-hazard").unwrap_or_else(|e| panic!("{e}"));
             let e = run(&broken, HopperTile::Narrow).unwrap_err().to_string();
