@@ -615,7 +615,7 @@ impl CudaBackend {
     /// there until the gate's deadline. Ungated, every wait enqueued has its signal
     /// enqueued before it (schedule order), so a load's wait ends. (cuBLAS loads its
     /// kernels per shape in either mode: [`warm_cublas`] meets each shape first.)
-    /// [`eager_module_loading_unless_chosen`] makes binaries load eagerly.
+    /// [`driver_environment_unless_chosen`] makes binaries load eagerly.
     pub fn can_gate(&self) -> bool {
         self.state.lock().is_ok_and(|s| s.eager_loading)
     }
@@ -643,8 +643,12 @@ impl CudaBackend {
             ),
             (None, _) => "no Hopper engine".into(),
         };
+        let queues = match hardware_queues() {
+            Ok(n) => format!("{n} hardware queues"),
+            Err(e) => e.to_string(),
+        };
         format!(
-            "{} x{} ({}, kernels compiled by NVRTC; {blas}; {hopper}; {priority}; {loading})",
+            "{} x{} ({}, kernels compiled by NVRTC; {blas}; {hopper}; {priority}; {loading}; {queues})",
             self.name, self.ordinals, self.arch
         )
     }
@@ -1478,12 +1482,26 @@ pub const GATE_VAR: &str = "CMM_CUDA_GATE";
 /// The variable that chooses CUDA's module loading, read once when the driver starts.
 pub const MODULE_LOADING_VAR: &str = "CUDA_MODULE_LOADING";
 
-/// Sets `CUDA_MODULE_LOADING=EAGER` unless the user chose a mode, so that runs can be
-/// gated ([`CudaBackend::can_gate`]). Call it first thing in `main`, before any thread
-/// exists and before any CUDA call: the driver reads the variable once, at `cuInit`.
-pub fn eager_module_loading_unless_chosen() {
+/// The variable that sets how many hardware queues the driver spreads streams over, read
+/// once when the driver starts.
+pub const HARDWARE_QUEUES_VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+
+/// Sets what cmm's binaries want of the driver, each unless the user chose it: eager module
+/// loading (`CUDA_MODULE_LOADING=EAGER`), so that runs can be gated
+/// ([`CudaBackend::can_gate`]); and the most hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS=32`,
+/// 8 unset), so that a plan's lanes (three per virtual device) seldom share one. Streams
+/// that share a queue run its items in one FIFO order: on one H100 (2026-11-26, 8 queues)
+/// a fused gemm_rs at D = 4 started device 3's persistent GEMM 600 µs late, 3 µs after
+/// another device's spinning wait ended, as a queue shared with it would, and one-thread
+/// signal kernels took up to 700 µs. The schedule order is proven hang-free for whatever count is
+/// set (`cmm_core::verify::queues`). Call it first thing in `main`, before any thread
+/// exists and before any CUDA call: the driver reads both at `cuInit`.
+pub fn driver_environment_unless_chosen() {
     if std::env::var_os(MODULE_LOADING_VAR).is_none() {
         std::env::set_var(MODULE_LOADING_VAR, "EAGER");
+    }
+    if std::env::var_os(HARDWARE_QUEUES_VAR).is_none() {
+        std::env::set_var(HARDWARE_QUEUES_VAR, cmm_core::verify::queues::MAX_QUEUES.to_string());
     }
 }
 

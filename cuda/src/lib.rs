@@ -26,7 +26,7 @@ pub use host::HostTwin;
 pub use launch::{FusedWaits, Kernel};
 
 pub use backend::{
-    cublas_present, eager_module_loading_unless_chosen, gemm_plan, probe, CudaBackend, CudaRunOptions, CudaRunOutput,
+    cublas_present, driver_environment_unless_chosen, gemm_plan, probe, CudaBackend, CudaRunOptions, CudaRunOutput,
     DeviceBuffer, GemmChoice, GemmSpec, OpTimes, Placement, ReadBack,
 };
 pub use given::{GivenBuffer, GIVEN_ALIGNMENT};

@@ -105,6 +105,9 @@ pub struct BenchSettings {
     pub shrink: usize,
     /// Where to write the timelines of a few runs (none if unset).
     pub timelines: Option<PathBuf>,
+    /// Time only the plans of these algorithm names (all when empty) and the direct
+    /// baseline.
+    pub algorithms: Vec<String>,
 }
 
 /// One timed plan.
@@ -556,10 +559,20 @@ fn rebound_rows(rows: &mut [Row], cache: &HashMap<GemmSpec, f64>) -> Vec<(usize,
 /// again with every launch at the default priority (where the GPU has priorities); then
 /// the tile kernel against cuBLAS on the local GEMM.
 pub fn bench(settings: &BenchSettings) -> Result<()> {
+    // Names checked before anything runs: a misspelt one would time nothing silently.
+    for name in &settings.algorithms {
+        Algorithm::parse(name, None)
+            .or_else(|_| Algorithm::parse(name, Some(1)))
+            .with_context(|| format!("--algorithms: `{name}`"))?;
+    }
     let backend = CudaBackend::new(1).context("cannot start the CUDA backend")?;
     println!("gpu: {}", backend.summary());
     if !backend.has_cublas() {
         bail!("libcublas cannot be loaded: the bench compares plans with cuBLAS and will not label tile kernels as cuBLAS");
+    }
+    let timed = |a: Algorithm| settings.algorithms.is_empty() || settings.algorithms.iter().any(|n| n == a.name());
+    if !settings.algorithms.is_empty() {
+        println!("plans: {} only, beside the direct baseline (--algorithms)", settings.algorithms.join(", "));
     }
     let stamp = stamped(&backend, settings.sync, settings.stamps.as_deref())?;
     let reps = settings.reps;
@@ -711,6 +724,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 ]);
             }
             algorithms.extend([Algorithm::Fused { chunks: 1 }, Algorithm::Baseline, Algorithm::BaselineDirect]);
+            algorithms.retain(|&a| timed(a));
             for algorithm in algorithms {
                 let key = format!("{op} {}", algorithm.name());
                 if !stamp.contains(&key) {

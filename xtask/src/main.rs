@@ -110,8 +110,8 @@ fn with_user_environment(command: &mut std::process::Command) -> &mut std::proce
 fn main() -> ExitCode {
     cmm_cli::end_quietly_on_a_closed_pipe();
     cmm_cli::no_wayland_display_without_a_session();
-    // Before any thread and any CUDA call (the driver reads it at cuInit).
-    cmm_cuda::eager_module_loading_unless_chosen();
+    // Before any thread and any CUDA call (the driver reads them at cuInit).
+    cmm_cuda::driver_environment_unless_chosen();
     let cli = Cli::parse();
     if matches!(cli.command, Command::Conformance(_) | Command::Mutants(_) | Command::Ci { .. }) {
         lavapipe_on_the_calling_thread();

@@ -154,6 +154,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
             --json "$out/bench-rehearsal.json" --timelines "$scratch/timelines"
         step rehearsal-model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-rehearsal.json"
+        step rehearsal-bench-8-queues 90 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$x" bench --backend cuda --sync kernels \
+            --shrink 64 --reps 3 --algorithms fused,ring --json "$scratch/bench-8-queues.json"
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
             "$x" conformance --backend cuda --sync memops --case-timeout 30
         step rehearsal-cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
@@ -204,7 +206,7 @@ fi
 export here scratch x
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-    echo "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-unset (8)}"
+    echo "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-unset (cmm's binaries set 32)}"
     echo "CUDA_MODULE_LOADING=$CUDA_MODULE_LOADING"
     echo "commit: $CMM_COMMIT"
     uname -a
@@ -270,6 +272,12 @@ step bench-kernels 240 "$x" bench --backend cuda --sync kernels --json "$out/ben
 # The bench's times beside the one-GPU simulator profile, as it stands and calibrated by the
 # bench's own figures (CPU only, seconds).
 step model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-kernels.json"
+# The fused and ring plans again on the 8 hardware queues CUDA gives unasked (cmm's
+# binaries ask for 32, since 2026-11-26's last runs): how much of the fused plans' excess
+# over their twins was lanes queued behind other devices' spinning waits. The JSON
+# travels in logs.tar.gz.
+step bench-kernels-8-queues 150 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$x" bench --backend cuda --sync kernels \
+    --algorithms fused,ring --json "$logs/bench-kernels-8-queues.json"
 # cmm.cuda.run on the machine's PyTorch CUDA tensors through DLPack, in one process and in
 # one process per device as torchrun launches it, with the cmm wheel the bundle carries.
 python_torch() {
