@@ -220,6 +220,13 @@ pub fn cuda_run<'py>(
     })
 }
 
+/// One line on this thread's CUDA backend: the GPU, the GEMM libraries and engines, launch
+/// priorities, module loading and hardware queues (`CudaBackend::summary`).
+#[pyfunction]
+pub fn cuda_describe() -> PyResult<String> {
+    with_backend(|backend| Ok(backend.summary()))
+}
+
 /// Device memory of this process's CUDA backend (GPU 0), for callers without a tensor
 /// library: bytes in and out, and a DLPack view (`__dlpack__`) is left to the caller.
 #[pyclass(name = "DeviceBuffer", module = "cmm._cmm", unsendable)]

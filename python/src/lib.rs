@@ -401,6 +401,7 @@ fn _cmm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate_plan, m)?)?;
     m.add_function(wrap_pyfunction!(tune, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_run, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_describe, m)?)?;
     m.add_class::<cuda::PyDeviceBuffer>()?;
     Ok(())
 }

@@ -123,6 +123,12 @@ def test_uneven_shards_run_on_tensors_of_each_device_s_rows():
     assert result.ok, result.reason
 
 
+def test_the_backend_describes_its_gpu_and_hardware_queues():
+    _backend_or_skip()
+    line = cmm.cuda.describe()
+    assert "fake CUDA driver" in line and "hardware queues" in line, line
+
+
 def test_a_plan_runs_on_cuda_tensors_in_one_process_and_conforms():
     _backend_or_skip()
     for family in ["exact", "realistic"]:

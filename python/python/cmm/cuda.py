@@ -27,9 +27,15 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from . import _cmm
 
-__all__ = ["run", "DeviceBuffer"]
+__all__ = ["run", "describe", "DeviceBuffer"]
 
 DeviceBuffer = _cmm.DeviceBuffer
+
+
+def describe() -> str:
+    """One line on this thread's CUDA backend: the GPU, cuBLAS and the Hopper engine, launch
+    priorities, module loading and the hardware queues the driver spreads streams over."""
+    return _cmm.cuda_describe()
 
 
 def _plan_json(plan: Any) -> str:
