@@ -443,6 +443,7 @@ pub fn key_lines(step: &str, log: &str) -> Vec<String> {
                 "every launch at the default",
                 "`staggered`",
                 "`offsets`",
+                "plans:",
             ];
             if header.iter().any(|h| t.starts_with(h)) {
                 out.push(t.to_string());
@@ -517,16 +518,58 @@ pub fn summarise(args: &SummaryArgs) -> Result<()> {
         }
     }
     // The bench reports as tables, ready for docs/perf.md.
+    let read = |path: PathBuf| {
+        fs::read_to_string(path).ok().map(|text| serde_json::from_str::<BenchReport>(&text).map_err(|e| e.to_string()))
+    };
     for name in ["bench-kernels.json", "bench-memops.json"] {
-        let Ok(text) = fs::read_to_string(args.out.join(name)) else { continue };
+        let Some(report) = read(args.out.join(name)) else { continue };
         md += &format!("\n## {name} as a table\n\n");
-        md += &match serde_json::from_str::<BenchReport>(&text) {
+        md += &match report {
             Ok(report) => report.table(),
             Err(e) => format!("not readable as a bench report: {e}\n"),
         };
     }
+    // The plans the 8-queue step timed again, beside the bench's own times.
+    if let (Some(Ok(many)), Some(Ok(eight))) =
+        (read(args.out.join("bench-kernels.json")), read(args.logs.join("bench-kernels-8-queues.json")))
+    {
+        md += "\n## The same plans on the bench's hardware queues and on CUDA's default 8\n\n";
+        md += &queues_table(&many, &eight);
+    }
     fs::write(args.out.join("summary.md"), md).context("writing summary.md")?;
     Ok(())
+}
+
+/// The rows of `eight` (a bench on 8 hardware queues) beside the same plans' rows of
+/// `many` (the bench's own run, on the queues its header names), with their twins: the
+/// plan's time, and its excess over its twin, on each.
+fn queues_table(many: &BenchReport, eight: &BenchReport) -> String {
+    let us = |t: Option<f64>| t.map_or("–".to_string(), |t| format!("{t:.1}"));
+    let mut md = String::from(
+        "| op | D | plan | time µs | on 8 queues µs | 8 ÷ bench | twin µs | twin on 8 µs | ÷ twin | ÷ twin on 8 |\n\
+         |---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in &eight.rows {
+        let key = (&r.plan.op, r.plan.devices, &r.plan.algorithm);
+        let Some(m) = many.rows.iter().find(|m| (&m.plan.op, m.plan.devices, &m.plan.algorithm) == key) else {
+            continue;
+        };
+        let over = |row: &BenchRow| row.figures.compute_only_us.map(|t| row.plan.time_us / t);
+        md += &format!(
+            "| {} | {} | {} | {:.1} | {:.1} | {:.3} | {} | {} | {} | {} |\n",
+            r.plan.op,
+            r.plan.devices,
+            r.plan.algorithm,
+            m.plan.time_us,
+            r.plan.time_us,
+            r.plan.time_us / m.plan.time_us,
+            us(m.figures.compute_only_us),
+            us(r.figures.compute_only_us),
+            over(m).map_or("–".to_string(), |x| format!("{x:.3}")),
+            over(r).map_or("–".to_string(), |x| format!("{x:.3}")),
+        );
+    }
+    md
 }
 
 /// The part of a CUDA bench report (`cargo xtask bench --backend cuda --json`) the
@@ -677,8 +720,12 @@ mod tests {
         let report = format!(
             r#"{{"gpu": "H100", "sync": "kernels", "commit": "abc", "complete": true, "peak_cublas_tflops": 727.0, "rows": [{row}]}}"#
         );
-        fs::write(dir.join("bench-kernels.json"), report).unwrap();
+        fs::write(dir.join("bench-kernels.json"), &report).unwrap();
         fs::write(dir.join("bench-memops.json"), "{}").unwrap();
+        // The 8-queue step's report: the same plan, 1.25 times as long, its twin 1.1.
+        let eight =
+            report.replace("1010.04", "1262.55").replace("\"compute_only_us\": 980.0", "\"compute_only_us\": 1078.0");
+        fs::write(dir.join("bench-kernels-8-queues.json"), eight).unwrap();
         summarise(&SummaryArgs { logs: dir.clone(), out: dir.clone() }).unwrap();
         let md = fs::read_to_string(dir.join("summary.md")).unwrap();
         assert!(md.contains("| device-tests | passed | 12 |"), "{md}");
@@ -690,6 +737,8 @@ mod tests {
                    1.15× | 545 | 0.75 | cuBLAS |";
         assert!(md.contains("## bench-kernels.json as a table") && md.contains(row), "{md}");
         assert!(md.contains("## bench-memops.json as a table\n\nnot readable as a bench report"), "{md}");
+        let row = "| gemm_rs | 4 | ring_push | 1010.0 | 1262.5 | 1.250 | 980.0 | 1078.0 | 1.031 | 1.171 |";
+        assert!(md.contains("CUDA's default 8") && md.contains(row), "{md}");
         let json: serde_json::Value =
             serde_json::from_str(&fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
         assert_eq!(json["steps"][1]["result"], "FAILED");
