@@ -1486,16 +1486,17 @@ pub const MODULE_LOADING_VAR: &str = "CUDA_MODULE_LOADING";
 /// once when the driver starts.
 pub const HARDWARE_QUEUES_VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 
-/// Sets what cmm's binaries want of the driver, each unless the user chose it: eager module
-/// loading (`CUDA_MODULE_LOADING=EAGER`), so that runs can be gated
-/// ([`CudaBackend::can_gate`]); and the most hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS=32`,
-/// 8 unset), so that a plan's lanes (three per virtual device) seldom share one. Streams
-/// that share a queue run its items in one FIFO order: on one H100 (2026-11-26, 8 queues)
-/// a fused gemm_rs at D = 4 started device 3's persistent GEMM 600 µs late, 3 µs after
-/// another device's spinning wait ended, as a queue shared with it would, and one-thread
-/// signal kernels took up to 700 µs. The schedule order is proven hang-free for whatever count is
-/// set (`cmm_core::verify::queues`). Call it first thing in `main`, before any thread
-/// exists and before any CUDA call: the driver reads both at `cuInit`.
+/// Sets what cmm's binaries want of the driver, each unless the user chose it: eager
+/// module loading (`CUDA_MODULE_LOADING=EAGER`), so that runs can be gated
+/// ([`CudaBackend::can_gate`]); and the most hardware queues
+/// (`CUDA_DEVICE_MAX_CONNECTIONS=32`, 8 unset), so that a plan's lanes (three per virtual
+/// device) seldom share one. Streams that share a queue run its items in one FIFO order:
+/// on one H100 (2026-11-26, 8 queues) a fused gemm_rs at D = 4 started device 3's
+/// persistent GEMM 600 µs late, 3 µs after another device's spinning wait ended, as a
+/// queue shared with it would, and one-thread signal kernels took up to 700 µs. The
+/// schedule order is proven hang-free for whatever count is set
+/// (`cmm_core::verify::queues`). Call it first thing in `main`, before any thread exists
+/// and before any CUDA call: the driver reads both at `cuInit`.
 pub fn driver_environment_unless_chosen() {
     if std::env::var_os(MODULE_LOADING_VAR).is_none() {
         std::env::set_var(MODULE_LOADING_VAR, "EAGER");
