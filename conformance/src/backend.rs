@@ -137,9 +137,7 @@ impl<E: cmm_cuda::CudaExecutor> Backend for Cuda<E> {
         match self.backend.run(plan, seed, family, &self.options) {
             Ok(out) => {
                 let mut tally = self.engines.lock().unwrap_or_else(|p| p.into_inner());
-                tally.cublas += out.gemms.cublas;
-                tally.tile += out.gemms.tile;
-                tally.hopper += out.gemms.hopper;
+                *tally += out.gemms;
                 Ok(out.buffers)
             }
             Err(cmm_cuda::CudaError::Deadlock(deadlock)) => Err(BackendError::Deadlock(deadlock)),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use cmm_conformance::Cuda;
 use cmm_core::verify::queues::{check_enqueue_order, schedule_order, whole_lane_order, EnqueueError, MAX_QUEUES};
 use cmm_cuda::host::HostFeed;
-use cmm_cuda::{CudaError, CudaRunOptions, HostTwin, SyncMode};
+use cmm_cuda::{CudaError, CudaRunOptions, HopperVariant, HostTwin, SyncMode};
 
 /// How long a run that should hang gets: far more than the corpus plans need (they
 /// finish in milliseconds), so that a timeout is a hang and not a slow machine.
@@ -24,6 +24,19 @@ fn host(sync: SyncMode) -> Cuda<HostTwin> {
 #[test]
 fn corpus_passes() {
     common::corpus_passes(&host(SyncMode::Kernels));
+}
+
+/// The same corpus with every plain GEMM whose B is N-major on the Hopper engine's
+/// clusters of two (multicast B, remote arrives, cluster barriers), which plans never take
+/// but the GEMM sweep times: their results stand on every shape the corpus has (phantom
+/// second tiles, K tails, odd N), not only on the sweep's spot checks.
+#[test]
+fn corpus_passes_with_the_hopper_engines_clusters_of_two() {
+    let mut cuda = host(SyncMode::Kernels);
+    cuda.options.hopper_variant = HopperVariant::Pair;
+    common::corpus_passes(&cuda);
+    let engines = cuda.engines();
+    assert!(engines.clusters > 100 && engines.clusters < engines.hopper, "{}", engines.describe());
 }
 
 #[test]

@@ -128,14 +128,20 @@ pub struct GemmCounts {
     pub tile: usize,
     /// Hopper-engine launches (`hopper.cu`), fused runs and grouped GEMMs included.
     pub hopper: usize,
+    /// Of the Hopper-engine launches, those in clusters of two ([`HopperVariant::Pair`]).
+    pub clusters: usize,
 }
 
 impl GemmCounts {
-    /// The engines that ran, e.g. "cuBLAS", "Hopper engine ×2, tile kernels ×1"; "none"
-    /// without GEMMs.
+    /// The engines that ran, e.g. "cuBLAS", "Hopper engine ×2, tile kernels ×1", "Hopper
+    /// engine (clusters of two ×1)"; "none" without GEMMs.
     pub fn describe(&self) -> String {
+        let hopper = match self.clusters {
+            0 => "Hopper engine".to_string(),
+            n => format!("Hopper engine (clusters of two ×{n})"),
+        };
         let parts: Vec<(&str, usize)> =
-            [("cuBLAS", self.cublas), ("Hopper engine", self.hopper), ("tile kernels", self.tile)]
+            [("cuBLAS", self.cublas), (hopper.as_str(), self.hopper), ("tile kernels", self.tile)]
                 .into_iter()
                 .filter(|(_, n)| *n > 0)
                 .collect();
@@ -144,6 +150,15 @@ impl GemmCounts {
             [(name, _)] => (*name).into(),
             many => many.iter().map(|(name, n)| format!("{name} ×{n}")).collect::<Vec<_>>().join(", "),
         }
+    }
+}
+
+impl std::ops::AddAssign for GemmCounts {
+    fn add_assign(&mut self, other: GemmCounts) {
+        self.cublas += other.cublas;
+        self.tile += other.tile;
+        self.hopper += other.hopper;
+        self.clusters += other.clusters;
     }
 }
 
@@ -607,7 +622,10 @@ pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> 
         // A fused run is one tile kernel, however many blocks it has.
         match &command {
             Some(Command::Gemm(g)) if g.imp == GemmImpl::Cublas => lowered.gemms.cublas += 1,
-            Some(Command::Gemm(GemmCommand { imp: GemmImpl::Hopper { .. }, .. })) => lowered.gemms.hopper += 1,
+            Some(Command::Gemm(GemmCommand { imp: GemmImpl::Hopper { variant, .. }, .. })) => {
+                lowered.gemms.hopper += 1;
+                lowered.gemms.clusters += usize::from(*variant == HopperVariant::Pair);
+            }
             Some(Command::FusedGemm(f)) if matches!(f.gemm.imp, GemmImpl::Hopper { .. }) => lowered.gemms.hopper += 1,
             Some(Command::GroupedGemm { hopper: Some(_), .. }) => lowered.gemms.hopper += 1,
             Some(Command::Gemm(_) | Command::FusedGemm(_)) => lowered.gemms.tile += 1,
@@ -809,7 +827,13 @@ fn lower_op(
             }
             let facts = GemmFacts::of(plan, op).expect("a gemm");
             let engine = engines::plain_engine(options.gemm, &options.engine_support(), &facts).map_err(unsupported)?;
-            let imp = GemmImpl::on(engine, facts.dtypes[0], options.hopper);
+            let mut imp = GemmImpl::on(engine, facts.dtypes[0], options.hopper);
+            if matches!(imp, GemmImpl::Hopper { variant: HopperVariant::Pair, .. }) && *trans_b {
+                // Clusters multicast B's N-major boxes: a transposed B keeps the engine's
+                // own kernel (the run's counts say how many ran in clusters).
+                let own = options.hopper.map(|t| HopperTarget { variant: HopperVariant::Engine, ..t });
+                imp = GemmImpl::on(engine, facts.dtypes[0], own);
+            }
             let (edge_m, edge_n) = imp.tile_shape();
             if imp != GemmImpl::Cublas
                 && (m.div_ceil(edge_m) > 65_535 || n.div_ceil(edge_n) > i32::MAX as usize || k > u32::MAX as usize)
@@ -1037,7 +1061,7 @@ mod tests {
                 - lowered.steps.iter().filter(|s| matches!(s.command, Some(Command::WaitKernel { .. }))).count(),
             12
         );
-        assert_eq!(lowered.gemms, GemmCounts { cublas: 0, tile: 3, hopper: 0 });
+        assert_eq!(lowered.gemms, GemmCounts { cublas: 0, tile: 3, hopper: 0, clusters: 0 });
         // GEMM+RS: each block released by the signal after it.
         let rs = plan(OpKind::GemmRs, Algorithm::Fused { chunks: 1 }, 2, DType::F32);
         let lowered = lower(&rs, &options(GemmEngine::TileKernel, SyncMode::Kernels, false)).unwrap();
@@ -1104,7 +1128,7 @@ mod tests {
         let waits = plan.ops().filter(|(_, op)| matches!(op, Op::Wait { .. })).count();
         assert_eq!(l.wait_slots.len(), waits);
         let gemms = plan.ops().filter(|(_, op)| matches!(op, Op::Gemm { .. })).count();
-        assert_eq!(l.gemms, GemmCounts { cublas: gemms, tile: 0, hopper: 0 });
+        assert_eq!(l.gemms, GemmCounts { cublas: gemms, tile: 0, hopper: 0, clusters: 0 });
     }
 
     #[test]
@@ -1144,7 +1168,7 @@ mod tests {
         let err = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap_err();
         assert!(err.to_string().contains("A f16 and B f32 cannot run on cuBLAS"), "{err}");
         let auto = lower(&plan, &options(GemmEngine::Auto, SyncMode::Kernels, true)).unwrap();
-        assert_eq!(auto.gemms, GemmCounts { cublas: 0, tile: 1, hopper: 0 });
+        assert_eq!(auto.gemms, GemmCounts { cublas: 0, tile: 1, hopper: 0, clusters: 0 });
         let Some(Command::Gemm(g)) = &auto.steps[0].command else { panic!() };
         assert_eq!(g.imp, GemmImpl::Simt);
     }

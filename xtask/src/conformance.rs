@@ -10,7 +10,7 @@ use cmm_conformance::{
     cases_dir, check_report_path, load_corpus, run_corpus, write_report, Backend, CpuTwin, Cuda, Goldens, Options,
 };
 use cmm_core::DType;
-use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, HopperTile, HostTwin, RankPool};
+use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, HopperTile, HopperVariant, HostTwin, RankPool};
 use cmm_reference::Reference;
 
 use crate::stamps::Sync;
@@ -121,6 +121,12 @@ pub struct Args {
     /// (default: its rule's choice, 128×128 on the corpus's small shapes).
     #[arg(long, value_enum, value_name = "TILE")]
     pub hopper_tile: Option<HopperTileArg>,
+    /// CUDA and cuda-host only, with --hopper: which of the engine's kernels its plain
+    /// GEMMs take (default: the engine's own). `pair` runs every plain GEMM whose B is
+    /// N-major in clusters of two that multicast B (a transposed B keeps the engine's own);
+    /// fused and grouped GEMMs keep theirs. The run's counts say how many ran in clusters.
+    #[arg(long, value_enum, value_name = "KERNELS")]
+    pub hopper_variant: Option<HopperVariantArg>,
     /// CUDA only: run each device of each case in a process of its own (rank workers,
     /// `CudaBackend::run_rank`: a symmetric heap shared through CUDA VMM handles, a
     /// Unix-socket rendezvous), all on GPU 0, as a torchrun job does on one GPU.
@@ -167,6 +173,7 @@ impl Args {
             hopper: false,
             no_hopper: false,
             hopper_tile: None,
+            hopper_variant: None,
             fused_ctas_per_sm: 1,
             fused_free_sms: None,
             processes: false,
@@ -196,6 +203,7 @@ impl Args {
             (self.hopper, "--hopper"),
             (self.no_hopper, "--no-hopper"),
             (self.hopper_tile.is_some(), "--hopper-tile"),
+            (self.hopper_variant.is_some(), "--hopper-variant"),
             (self.fused_ctas_per_sm != 1, "--fused-ctas-per-sm"),
             (self.fused_free_sms.is_some(), "--fused-free-sms"),
             (self.stamps.is_some(), "--stamps"),
@@ -220,7 +228,29 @@ impl Args {
             gemm: if self.hopper { GemmEngine::TileKernel } else { defaults.gemm },
             hopper: !self.no_hopper,
             hopper_tile: self.hopper_tile.map(HopperTileArg::tile),
+            hopper_variant: self.hopper_variant.map_or(defaults.hopper_variant, HopperVariantArg::variant),
             ..defaults
+        }
+    }
+}
+
+/// The Hopper engine's kernels, as `--hopper-variant` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HopperVariantArg {
+    /// The engine's own kernels.
+    Engine,
+    /// The shallower pipelines (3 stages of 128×256, 4 of 128×128).
+    Shallow,
+    /// Clusters of two that multicast B.
+    Pair,
+}
+
+impl HopperVariantArg {
+    fn variant(self) -> HopperVariant {
+        match self {
+            HopperVariantArg::Engine => HopperVariant::Engine,
+            HopperVariantArg::Shallow => HopperVariant::Shallow,
+            HopperVariantArg::Pair => HopperVariant::Pair,
         }
     }
 }
@@ -301,6 +331,9 @@ pub fn run(args: &Args) -> Result<()> {
     };
     if args.hopper_tile.is_some() && !args.hopper {
         bail!("--hopper-tile chooses the Hopper engine's tile: give --hopper too");
+    }
+    if args.hopper_variant.is_some() && !args.hopper {
+        bail!("--hopper-variant chooses the Hopper engine's kernels: give --hopper too");
     }
     if args.processes && args.backend == BackendKind::CudaHost {
         bail!("--processes runs ranks on the CUDA driver (--backend cuda; CMM_FAKE_CUDA=1 without a GPU), not on the host twin");

@@ -149,6 +149,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             --case-timeout 30 --stamps "$scratch/offset-stamps"
         step rehearsal-conformance-wide-tiles 150 "$x" conformance --backend cuda --sync kernels --wide-tiles \
             --no-hopper --case-timeout 30 --stamps "$scratch/wide-stamps"
+        step rehearsal-conformance-hopper-pair 90 "$x" conformance --backend cuda --sync kernels --hopper \
+            --hopper-variant pair --case-timeout 30 --stamps "$scratch/hopper-pair-stamps"
         step rehearsal-conformance-fused-ctas 60 "$x" conformance --backend cuda --sync kernels --no-hopper \
             --filter fused --input f16,bf16 --fused-ctas-per-sm 2 --case-timeout 30 --stamps "$scratch/fused-ctas-stamps"
         step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
@@ -248,6 +250,10 @@ step conformance-hopper 90 "$x" conformance --backend cuda --sync kernels --hopp
     --stamps "$scratch/hopper-stamps"
 step conformance-hopper-wide 90 "$x" conformance --backend cuda --sync kernels --hopper --hopper-tile wide \
     --case-timeout 30 --stamps "$scratch/hopper-wide-stamps"
+# Every plain GEMM whose B is N-major on the engine's clusters of two (the sweep's
+# `cluster 2` rows), which plans never take: right on every shape of the corpus.
+step conformance-hopper-pair 90 "$x" conformance --backend cuda --sync kernels --hopper --hopper-variant pair \
+    --case-timeout 30 --stamps "$scratch/hopper-pair-stamps"
 # The host-twin tests (host_*) need a C++ compiler, not a GPU: they run in CI.
 step device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
 step conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
