@@ -1315,7 +1315,8 @@ CUresult cuLaunchKernelEx(const LaunchConfig* config, Function* f, void** params
 // Clusters of a kernel that the GPU holds at once, for a configuration whose cluster
 // dimension (required, as the driver requires it of a kernel without a compiled one) is
 // along x and at most the twin's: each SM a CTA (the Hopper engine's fill one), so the
-// SM count over the cluster size; CMM_FAKE_CUDA_CLUSTERS overrides it (0: none fits).
+// SM count over the cluster size; CMM_FAKE_CUDA_CLUSTERS overrides it (0: none fits;
+// `fail`: the query fails).
 CUresult cuOccupancyMaxActiveClusters(int* clusters, Function* f, const LaunchConfig* config) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     if (f == nullptr || clusters == nullptr) return INVALID_HANDLE;
@@ -1330,6 +1331,8 @@ CUresult cuOccupancyMaxActiveClusters(int* clusters, Function* f, const LaunchCo
         cluster = x;
     }
     if (cluster == 0) return INVALID_VALUE;
+    const char* asked = std::getenv("CMM_FAKE_CUDA_CLUSTERS");
+    if (asked != nullptr && std::string(asked) == "fail") return NOT_SUPPORTED;
     *clusters = env_int("CMM_FAKE_CUDA_CLUSTERS", sm_count() / (int)cluster, 0, 1 << 16);
     return SUCCESS;
 }

@@ -372,6 +372,9 @@ pub struct CudaBackend {
     /// Clusters of two of each Hopper tile's pair kernel that GPU 0 holds at once
     /// ([`HopperTarget::pair_clusters`]); zeros without the engine.
     pair_clusters: [u32; 2],
+    /// Why `pair_clusters` is the SM count's half, not the driver's answer: its occupancy
+    /// query failed (only the sweep's cluster rows depend on it, so the backend still opens).
+    pair_clusters_assumed: Option<String>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -591,7 +594,13 @@ impl CudaBackend {
             .map(|k| compile(k, &arch).map(|src| (k.name.to_string(), Ptx::from_src(src))))
             .collect::<Result<_, _>>()?;
         let gpus = open_gpus(&ptx, ordinals, hopper_sms.is_some())?;
-        let pair_clusters = if hopper_sms.is_some() { co_resident_pairs(&gpus[0])? } else { [0; 2] };
+        let (pair_clusters, pair_clusters_assumed) = match hopper_sms {
+            None => ([0; 2], None),
+            Some(sms) => match co_resident_pairs(&gpus[0]) {
+                Ok(fit) => (fit, None),
+                Err(e) => ([sms / 2; 2], Some(e.to_string())),
+            },
+        };
         let memops = probe_stream_memops(&gpus[0]);
         let priority = gpus[0].priority.clone();
         Ok(CudaBackend {
@@ -605,6 +614,7 @@ impl CudaBackend {
             priority,
             hopper_sms,
             pair_clusters,
+            pair_clusters_assumed,
         })
     }
 
@@ -633,6 +643,10 @@ impl CudaBackend {
             "lazy module loading: lanes ungated (CUDA_MODULE_LOADING=EAGER gates them)"
         };
         let hopper = match (self.hopper_sms, self.pair_clusters) {
+            (Some(sms), [wide, _]) if self.pair_clusters_assumed.is_some() => format!(
+                "Hopper engine on {sms} SMs, clusters of two: {wide} assumed ({})",
+                self.pair_clusters_assumed.as_deref().unwrap_or_default()
+            ),
             (Some(sms), [wide, narrow]) if wide == narrow => {
                 format!("Hopper engine on {sms} SMs, clusters of two: {wide}")
             }

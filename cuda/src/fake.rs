@@ -17,7 +17,7 @@
 //! events, stream memory operations, and cuBLAS's column-major `cublasGemmEx`.
 //! Environment: `CMM_FAKE_CUDA_GPUS` (devices, default 2), `CMM_FAKE_CUDA_SMS` (SMs per
 //! device, default 132, an H100's), `CMM_FAKE_CUDA_CLUSTERS` (clusters the occupancy query
-//! says fit; default the SMs over the cluster size), `CUDA_LAUNCH_BLOCKING=1` (launches return once their kernel has
+//! says fit; default the SMs over the cluster size; `fail` fails the query), `CUDA_LAUNCH_BLOCKING=1` (launches return once their kernel has
 //! run) and `CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1` (the same, unknown to the backend: a tool
 //! that serialises GPU work).
 

@@ -473,6 +473,15 @@ fn cluster_grids_hold_only_the_clusters_the_gpu_holds_at_once() {
     }
     // The plain engine takes no clusters and runs.
     assert_right(&b, &plan, &CudaRunOptions { gemm: GemmEngine::Hopper, ..Default::default() });
+    drop(b);
+    // A failed query costs only its answer: the backend opens, assumes half the SMs, and
+    // says so.
+    std::env::set_var(VAR, "fail");
+    let b = fake_backend();
+    std::env::remove_var(VAR);
+    let Some(b) = b else { return };
+    assert!(b.summary().contains("clusters of two: 66 assumed ("), "{}", b.summary());
+    assert_right(&b, &plan, &pair(HopperTile::Narrow));
 }
 
 /// With `time_ops`, every op of the run has a start and a duration inside the run, in its
