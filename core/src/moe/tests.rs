@@ -121,6 +121,17 @@ fn a_malformed_routing_table_is_a_typed_error_before_anything_runs() {
         Err(RoutingError::Overflow { needed: 16, capacity: 5, .. }) => {}
         other => panic!("{other:?}"),
     }
+    // A router of no experts, or of more than a u32 id counts (a plan file can say so; the
+    // fuzzer found the first dividing by zero): refused by validation, before any id.
+    for experts in [0, 1 << 32] {
+        let mut plan = build_moe_plan(&p, Algorithm::Ring).unwrap();
+        if let BufferRole::Router { router, .. } = &mut plan.buffers[ids].role {
+            router.experts = experts;
+        }
+        let e = plan.validate().unwrap_err().to_string();
+        assert!(e.contains(&format!("routes among {experts} experts")), "{e}");
+        assert!(matches!(cpu::run(&plan, 1, Family::Exact), Err(CpuError::Plan(_))), "{experts}");
+    }
 }
 
 /// The routed row layout, pinned in numbers: the oracle states it on its own, and the

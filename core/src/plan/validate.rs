@@ -125,6 +125,20 @@ impl Plan {
                 });
             }
             if let BufferRole::Router { router, .. } = &b.role {
+                // Ids are u32 picks among the experts: at least one, and as many as a u32
+                // counts (the generator draws them modulo that count).
+                if router.experts == 0 || u32::try_from(router.experts).is_err() {
+                    return Err(PlanError::Mismatch {
+                        plan: plan(),
+                        site: OpSite { device: 0, lane: 0, index: 0 },
+                        detail: format!(
+                            "router buffer `{}` routes among {} experts: a router needs 1 to {}",
+                            b.name,
+                            router.experts,
+                            u32::MAX
+                        ),
+                    });
+                }
                 // The router's tables fill the buffer exactly: T rows of k slots.
                 if (b.rows, b.cols) != (router.tokens, router.slots) {
                     return Err(PlanError::Mismatch {
