@@ -114,6 +114,12 @@ impl Plan {
         if ops > MAX_PLAN_OPS {
             return Err(PlanError::TooManyOps { plan: plan(), ops: ops as u64, at_least: false, limit: MAX_PLAN_OPS });
         }
+        // A buffer's declaration contradicts itself (no op is at fault: site 0 stands in).
+        let declaration = |detail: String| PlanError::Mismatch {
+            plan: plan(),
+            site: OpSite { device: 0, lane: 0, index: 0 },
+            detail,
+        };
         for b in &self.buffers {
             if b.rows.checked_mul(b.cols).is_none_or(|n| n > MAX_BUFFER_ELEMENTS) {
                 return Err(PlanError::BufferTooLarge {
@@ -128,54 +134,39 @@ impl Plan {
                 // Ids are u32 picks among the experts: at least one, and as many as a u32
                 // counts (the generator draws them modulo that count).
                 if router.experts == 0 || u32::try_from(router.experts).is_err() {
-                    return Err(PlanError::Mismatch {
-                        plan: plan(),
-                        site: OpSite { device: 0, lane: 0, index: 0 },
-                        detail: format!(
-                            "router buffer `{}` routes among {} experts: a router needs 1 to {}",
-                            b.name,
-                            router.experts,
-                            u32::MAX
-                        ),
-                    });
+                    return Err(declaration(format!(
+                        "router buffer `{}` routes among {} experts: a router needs 1 to {}",
+                        b.name,
+                        router.experts,
+                        u32::MAX
+                    )));
                 }
                 // The router's tables fill the buffer exactly: T rows of k slots.
                 if (b.rows, b.cols) != (router.tokens, router.slots) {
-                    return Err(PlanError::Mismatch {
-                        plan: plan(),
-                        site: OpSite { device: 0, lane: 0, index: 0 },
-                        detail: format!(
-                            "router buffer `{}` is {}×{}, but its router has {} tokens of {} slots",
-                            b.name, b.rows, b.cols, router.tokens, router.slots
-                        ),
-                    });
+                    return Err(declaration(format!(
+                        "router buffer `{}` is {}×{}, but its router has {} tokens of {} slots",
+                        b.name, b.rows, b.cols, router.tokens, router.slots
+                    )));
                 }
             }
             if let Some(rows) = &b.device_rows {
                 let holds_data = b.role.generated().is_some() || b.role == BufferRole::Output;
                 if rows.len() != self.devices || rows.iter().any(|&r| r > b.rows) || !holds_data {
-                    return Err(PlanError::Mismatch {
-                        plan: plan(),
-                        site: OpSite { device: 0, lane: 0, index: 0 },
-                        detail: format!(
-                            "buffer `{}` declares per-device rows {rows:?}: an input, accumulator or output of {} rows needs one count of at most {} per device ({} devices)",
-                            b.name, b.rows, b.rows, self.devices
-                        ),
-                    });
+                    return Err(declaration(format!(
+                        "buffer `{}` declares per-device rows {rows:?}: an input, accumulator or output of {} rows \
+                         needs one count of at most {} per device ({} devices)",
+                        b.name, b.rows, b.rows, self.devices
+                    )));
                 }
             }
             if let Some((_, _, origins)) = b.role.generated() {
                 if origins.len() != self.devices {
-                    return Err(PlanError::Mismatch {
-                        plan: plan(),
-                        site: OpSite { device: 0, lane: 0, index: 0 },
-                        detail: format!(
-                            "input buffer `{}` has {} origins for {} devices",
-                            b.name,
-                            origins.len(),
-                            self.devices
-                        ),
-                    });
+                    return Err(declaration(format!(
+                        "input buffer `{}` has {} origins for {} devices",
+                        b.name,
+                        origins.len(),
+                        self.devices
+                    )));
                 }
             }
         }
