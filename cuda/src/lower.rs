@@ -38,6 +38,21 @@ impl HopperVariant {
     /// Every variant, the engine's first.
     pub const ALL: [HopperVariant; 3] = [HopperVariant::Engine, HopperVariant::Shallow, HopperVariant::Pair];
 
+    /// Its name in options (`conformance --hopper-variant`, a rank worker's options
+    /// line): `engine`, `shallow`, `pair`.
+    pub fn key(self) -> &'static str {
+        match self {
+            HopperVariant::Engine => "engine",
+            HopperVariant::Shallow => "shallow",
+            HopperVariant::Pair => "pair",
+        }
+    }
+
+    /// The variant [`Self::key`] names.
+    pub fn from_key(key: &str) -> Option<HopperVariant> {
+        HopperVariant::ALL.into_iter().find(|v| v.key() == key)
+    }
+
     /// CTAs of a cluster.
     pub fn cluster(self) -> u32 {
         match self {

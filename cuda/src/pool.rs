@@ -163,11 +163,7 @@ fn options_words(o: &CudaRunOptions) -> String {
         Some(HopperTile::Wide) => "wide",
         Some(HopperTile::Narrow) => "narrow",
     };
-    let variant = match o.hopper_variant {
-        HopperVariant::Engine => "engine",
-        HopperVariant::Shallow => "shallow",
-        HopperVariant::Pair => "pair",
-    };
+    let variant = o.hopper_variant.key();
     let read_back = match o.read_back {
         ReadBack::Nothing => "nothing",
         ReadBack::Everything => "everything",
@@ -222,12 +218,7 @@ fn parse_options(words: &[&str]) -> Option<CudaRunOptions> {
             "narrow" => Some(HopperTile::Narrow),
             _ => return None,
         },
-        hopper_variant: match *variant {
-            "engine" => HopperVariant::Engine,
-            "shallow" => HopperVariant::Shallow,
-            "pair" => HopperVariant::Pair,
-            _ => return None,
-        },
+        hopper_variant: HopperVariant::from_key(variant)?,
         fused_ctas_per_sm: ctas.parse().ok()?,
         fused_free_sms: match *free {
             "-" => None,

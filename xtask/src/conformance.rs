@@ -125,8 +125,8 @@ pub struct Args {
     /// GEMMs take (default: the engine's own). `pair` runs every plain GEMM whose B is
     /// N-major in clusters of two that multicast B (a transposed B keeps the engine's own);
     /// fused and grouped GEMMs keep theirs. The run's counts say how many ran in clusters.
-    #[arg(long, value_enum, value_name = "KERNELS")]
-    pub hopper_variant: Option<HopperVariantArg>,
+    #[arg(long, value_name = "KERNELS", value_parser = parse_hopper_variant)]
+    pub hopper_variant: Option<HopperVariant>,
     /// CUDA only: run each device of each case in a process of its own (rank workers,
     /// `CudaBackend::run_rank`: a symmetric heap shared through CUDA VMM handles, a
     /// Unix-socket rendezvous), all on GPU 0, as a torchrun job does on one GPU.
@@ -228,31 +228,18 @@ impl Args {
             gemm: if self.hopper { GemmEngine::TileKernel } else { defaults.gemm },
             hopper: !self.no_hopper,
             hopper_tile: self.hopper_tile.map(HopperTileArg::tile),
-            hopper_variant: self.hopper_variant.map_or(defaults.hopper_variant, HopperVariantArg::variant),
+            hopper_variant: self.hopper_variant.unwrap_or(defaults.hopper_variant),
             ..defaults
         }
     }
 }
 
-/// The Hopper engine's kernels, as `--hopper-variant` names them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum HopperVariantArg {
-    /// The engine's own kernels.
-    Engine,
-    /// The shallower pipelines (3 stages of 128×256, 4 of 128×128).
-    Shallow,
-    /// Clusters of two that multicast B.
-    Pair,
-}
-
-impl HopperVariantArg {
-    fn variant(self) -> HopperVariant {
-        match self {
-            HopperVariantArg::Engine => HopperVariant::Engine,
-            HopperVariantArg::Shallow => HopperVariant::Shallow,
-            HopperVariantArg::Pair => HopperVariant::Pair,
-        }
-    }
+/// `--hopper-variant`: a [`HopperVariant::key`].
+fn parse_hopper_variant(key: &str) -> Result<HopperVariant, String> {
+    HopperVariant::from_key(key).ok_or_else(|| {
+        let keys: Vec<&str> = HopperVariant::ALL.iter().map(|v| v.key()).collect();
+        format!("`{key}` is not one of {}", keys.join(", "))
+    })
 }
 
 /// The Hopper engine's tiles, as `--hopper-tile` names them.
