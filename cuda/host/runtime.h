@@ -111,10 +111,10 @@ inline void cmm_store_release_gpu(u64 addr, u32 value) { __atomic_store_n((u32*)
 namespace cmm_host {
 
 // What a fiber waits for: a block-wide __syncthreads, a warp collective (released once
-// every live thread of its warp waits at one), nothing but
-// its turn (YIELD: a spin on an mbarrier, host/hopper.h), a cluster barrier (every thread
-// of every CTA of the cluster), or named barrier `NAMED + id` (bar.sync id, count:
-// released once `count` threads of the block wait at it).
+// every live thread of its warp waits at one), nothing but its turn (YIELD: a spin on an
+// mbarrier, host/hopper.h), a cluster barrier (every thread of every CTA of the cluster),
+// or named barrier `NAMED + id` (bar.sync id, count: released once `count` threads of the
+// block wait at it).
 enum Barrier { SYNCTHREADS = 1, WARP_COLLECTIVE = 2, YIELD = 3, CLUSTER_SYNC = 4, NAMED = 16 };
 constexpr u32 NAMED_BARRIERS = 16;
 // The most CTAs of a cluster the twin runs (the Hopper engine's pairs).
