@@ -117,6 +117,12 @@ pub struct PlanTimes {
     /// from before it).
     #[serde(default)]
     pub time_sm_copies_us: Option<f64>,
+    /// The plans whose copies are the copy engines' again, each copy asked of the copy
+    /// engines (`CopyIssue::PreferCopyEngines`: within one GPU the driver may otherwise
+    /// copy on the SMs); null for the other plans, where the driver lacks the call, and in
+    /// reports from before it.
+    #[serde(default)]
+    pub time_copy_engines_us: Option<f64>,
 }
 
 /// A bench row's figures beside its times: the bound, the baseline and the ratios (xtask's
@@ -158,12 +164,13 @@ impl PlanTimes {
             time_tile_kernel_us: None,
             time_free_sms_us: None,
             time_sm_copies_us: None,
+            time_copy_engines_us: None,
         }
     }
 
     /// The fastest of the plan's times: plain, staggered, offset, on wide tiles, with two
     /// CTAs per SM, on the tile kernel where the plain time is the Hopper engine's, with
-    /// more SMs free, with SM copies (where taken).
+    /// more SMs free, with SM copies, with copies asked of the copy engines (where taken).
     pub fn fastest_us(&self) -> f64 {
         [
             self.time_staggered_us,
@@ -173,6 +180,7 @@ impl PlanTimes {
             self.time_tile_kernel_us,
             self.time_free_sms_us,
             self.time_sm_copies_us,
+            self.time_copy_engines_us,
         ]
         .into_iter()
         .flatten()

@@ -130,7 +130,11 @@ impl<E: cmm_cuda::CudaExecutor> Backend for Cuda<E> {
             cmm_cuda::SyncMode::Kernels => "kernel waits",
             cmm_cuda::SyncMode::StreamMemOps => "stream memory ops",
         };
-        format!("{}; sync: {sync}", self.backend.describe())
+        let copies = match self.options.copies {
+            cmm_cuda::CopyIssue::PreferCopyEngines => "; copies asked of the copy engines",
+            _ => "",
+        };
+        format!("{}; sync: {sync}{copies}", self.backend.describe())
     }
 
     fn run(&self, plan: &Plan, seed: u32, family: Family, _order: Order) -> Result<Memory, BackendError> {

@@ -33,6 +33,10 @@
 //   value or an event holds everything behind it in its queue, other streams' work
 //   included: the hazard cmm's hang check (cmm_core::verify::queues) is about. With
 //   CUDA_LAUNCH_BLOCKING=1 a launch returns only once its kernel has run.
+// - Copies are cuMemcpy2DAsync and CUDA 13's cuMemcpyBatchAsync (source read in stream
+//   order, the one order modelled); both run as items of their stream, and the fake counts
+//   the copies a batch asked of the copy engines. Where a GPU runs a copy (copy engine or
+//   SMs) does not show here.
 // - The NULL stream is the legacy default stream without its implicit synchronisation
 //   with blocking streams (cmm creates only non-blocking ones). Synchronous copies and
 //   memsets first drain it, as they do on a GPU.
@@ -352,6 +356,19 @@ inline void spin_until(Context* ctx, F done) {
         nap = nap < 200000 ? nap * 2 : nap;
     }
 }
+
+// cuMemcpyBatchAsync's per-copy attributes (CUmemcpyAttributes, CUDA 12.8 to 13.1).
+struct MemLocation {
+    int type;
+    int id;
+};
+struct MemcpyAttributes {
+    int srcAccessOrder;
+    MemLocation srcLocHint, dstLocHint;
+    unsigned flags;
+};
+enum : int { MEMCPY_SRC_ACCESS_ORDER_STREAM = 1 };
+enum : unsigned { MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1 };
 
 struct Memcpy2D {
     size_t srcXInBytes, srcY;
@@ -925,6 +942,45 @@ CUresult cuMemcpy2DAsync_v2(const Memcpy2D* d, void* handle) {
     return SUCCESS;
 }
 
+// Copies asked of the copy engines so far (cuMemcpyBatchAsync with the overlap flag).
+static std::atomic<u64> copy_engine_copies{0};
+
+// CUDA 13's batched copy: `count` 1D copies in stream order, each under the attributes
+// whose range holds it (attrs[i] from attr_idxs[i] on; the first range starts at 0).
+// The backend asks the source read in stream order, the order this driver models; a
+// source read at the call or in any order is refused, as is an unknown flag.
+CUresult cuMemcpyBatchAsync_v2(u64* dsts, u64* srcs, size_t* sizes, size_t count, MemcpyAttributes* attrs,
+                               size_t* attr_idxs, size_t num_attrs, void* handle) {
+    if (CUresult r = ready(); r != SUCCESS) return r;
+    Stream* s = stream_of(handle);
+    if (s == nullptr || s->ctx != current) return INVALID_HANDLE;
+    if (count == 0 || dsts == nullptr || srcs == nullptr || sizes == nullptr || attrs == nullptr ||
+        attr_idxs == nullptr || num_attrs == 0 || num_attrs > count || attr_idxs[0] != 0) {
+        return INVALID_VALUE;
+    }
+    bool engines = true;
+    for (size_t i = 0; i < num_attrs; ++i) {
+        if ((i > 0 && attr_idxs[i] <= attr_idxs[i - 1]) || attr_idxs[i] >= count) return INVALID_VALUE;
+        if (attrs[i].flags & ~MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE) return INVALID_VALUE;
+        if (attrs[i].srcAccessOrder != MEMCPY_SRC_ACCESS_ORDER_STREAM) return NOT_SUPPORTED;
+        engines = engines && (attrs[i].flags & MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE) != 0;
+    }
+    std::vector<u64> to(dsts, dsts + count), from(srcs, srcs + count), bytes(sizes, sizes + count);
+    if (engines) copy_engine_copies.fetch_add(count);
+    Context* ctx = current;
+    enqueue(s, [to, from, bytes, ctx] {
+        for (size_t i = 0; i < to.size(); ++i) {
+            if (bytes[i] == 0) continue;
+            if (!inside(from[i], bytes[i]) || !inside(to[i], bytes[i])) {
+                report(ctx, ILLEGAL_ADDRESS, "a batched copy outside every allocation");
+                return;
+            }
+            std::memmove((char*)to[i], (const char*)from[i], bytes[i]);
+        }
+    });
+    return SUCCESS;
+}
+
 CUresult cuStreamCreate(Stream** out, unsigned flags) {
     if (CUresult r = ready(); r != SUCCESS) return r;
     if (flags > 1) return INVALID_VALUE;
@@ -1356,6 +1412,10 @@ u64 cmm_fake_enqueued_at_stream_priority(int priority) {
     int slot = -priority;
     return slot >= 0 && slot < PRIORITY_SLOTS ? enqueued_at_priority[slot].load() : 0;
 }
+
+// For tests: how many copies were asked of the copy engines so far (cuMemcpyBatchAsync
+// with CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE).
+u64 cmm_fake_copy_engine_copies() { return copy_engine_copies.load(); }
 
 // For tests: how many launches of kernel `name` carried a priority attribute so far.
 u64 cmm_fake_prioritised_launches(const char* name) {

@@ -140,6 +140,43 @@ pub struct CudaRunOptions {
     /// in the GEMM sweep. Plain GEMMs take any; fused ones the shallow pipeline but never
     /// clusters (their blocks wait for their own rows); grouped ones the engine's own.
     pub hopper_variant: HopperVariant,
+    /// How the plan's copy-engine copies are issued ([`CopyIssue`]).
+    pub copies: CopyIssue,
+}
+
+/// How a plan's copy-engine copies (`Engine::CopyEngine`) reach the GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CopyIssue {
+    /// `cuMemcpy2DAsync`: the driver picks the hardware. Between GPUs that is a copy
+    /// engine; within one GPU (D virtual devices) the driver may copy with a kernel of its
+    /// own on the SMs, which then waits for SMs beside the plan's kernels as theirs do.
+    #[default]
+    Driver,
+    /// `cuMemcpyBatchAsync` with `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`: the driver
+    /// is asked to keep the copy off the SMs, as a copy between GPUs is (one copy, or one
+    /// a row where either side is strided). CUDA 13.1's release notes say the flag selects
+    /// the copy engines; what an older driver does with it, a bench shows. Refused where
+    /// the driver lacks the call ([`CudaBackend::batch_copies`]).
+    PreferCopyEngines,
+}
+
+impl CopyIssue {
+    /// Every way, in the order of their keys.
+    pub const ALL: [CopyIssue; 2] = [CopyIssue::Driver, CopyIssue::PreferCopyEngines];
+
+    /// Its name in options (a rank worker's options line, `--copies`).
+    pub fn key(self) -> &'static str {
+        match self {
+            CopyIssue::Driver => "driver",
+            CopyIssue::PreferCopyEngines => "copy-engines",
+        }
+    }
+
+    /// The way named `key` ([`Self::key`]).
+    pub fn from_key(key: &str) -> Option<CopyIssue> {
+        CopyIssue::ALL.into_iter().find(|c| c.key() == key)
+    }
 }
 
 /// Which buffers a run copies back to the host.
@@ -194,6 +231,7 @@ impl Default for CudaRunOptions {
             hopper: true,
             hopper_tile: None,
             hopper_variant: HopperVariant::Engine,
+            copies: CopyIssue::Driver,
         }
     }
 }
@@ -366,6 +404,8 @@ pub struct CudaBackend {
     name: String,
     cublas: bool,
     memops: Result<(), String>,
+    /// Whether the driver has `cuMemcpyBatchAsync` ([`CopyIssue::PreferCopyEngines`]).
+    batch_copies: Result<(), String>,
     priority: Result<i32, String>,
     /// GPU 0's SM count where it runs the Hopper engine.
     hopper_sms: Option<u32>,
@@ -543,6 +583,30 @@ fn co_resident_pairs(gpu: &Gpu) -> Result<[u32; 2], CudaError> {
     Ok(out)
 }
 
+/// The batched copy call of CUDA 13's driver API ([`CopyIssue::PreferCopyEngines`]).
+const BATCH_COPY_SYMBOL: &[u8] = b"cuMemcpyBatchAsync_v2\0";
+
+/// Whether the driver exports the batched copy call: cudarc panics on a missing symbol,
+/// so the backend looks first.
+fn probe_batch_copies() -> Result<(), String> {
+    // SAFETY: the driver library is loaded (the backend opened a GPU through it); looking
+    // a symbol up calls nothing.
+    #[allow(unsafe_code)]
+    let found = unsafe { sys::culib().get::<unsafe extern "C" fn()>(BATCH_COPY_SYMBOL) };
+    found.map(|_| ()).map_err(|_| {
+        let mut version = 0;
+        // SAFETY: writes one integer.
+        #[allow(unsafe_code)]
+        let known = unsafe { sys::cuDriverGetVersion(&mut version) }.result().is_ok();
+        let driver = if known {
+            format!("a CUDA {}.{} driver", version / 1000, version % 1000 / 10)
+        } else {
+            "this driver".into()
+        };
+        format!("{driver} has no cuMemcpyBatchAsync (CUDA 12.8 and later)")
+    })
+}
+
 /// Whether `cuStreamWaitValue32` works here: one wait that is already satisfied.
 fn probe_stream_memops(gpu: &Gpu) -> Result<(), String> {
     let word = DeviceAlloc::zeroed(&gpu.ctx, 4).map_err(|e| e.to_string())?;
@@ -602,6 +666,7 @@ impl CudaBackend {
             },
         };
         let memops = probe_stream_memops(&gpus[0]);
+        let batch_copies = probe_batch_copies();
         let priority = gpus[0].priority.clone();
         Ok(CudaBackend {
             state: Mutex::new(State { gpus, health: Health::Ready, eager_loading, warm_blas: Default::default() }),
@@ -611,6 +676,7 @@ impl CudaBackend {
             name,
             cublas: cublas_present(),
             memops,
+            batch_copies,
             priority,
             hopper_sms,
             pair_clusters,
@@ -661,8 +727,12 @@ impl CudaBackend {
             Ok(n) => format!("{n} hardware queues"),
             Err(e) => e.to_string(),
         };
+        let copies = match &self.batch_copies {
+            Ok(()) => "copies may ask for the copy engines".to_string(),
+            Err(why) => why.clone(),
+        };
         format!(
-            "{} x{} ({}, kernels compiled by NVRTC; {blas}; {hopper}; {priority}; {loading}; {queues})",
+            "{} x{} ({}, kernels compiled by NVRTC; {blas}; {hopper}; {priority}; {loading}; {queues}; {copies})",
             self.name, self.ordinals, self.arch
         )
     }
@@ -933,7 +1003,7 @@ impl CudaBackend {
                 what: format!("{} ranks for a plan of {} devices", rendezvous.world, plan.devices),
             });
         }
-        self.check_sync(plan, options.sync)?;
+        self.check_driver_calls(plan, options)?;
         let options =
             &CudaRunOptions { placement: Placement::Virtual, stagger: false, offset_starts: false, ..*options };
         let hopper = self.hopper_for(options);
@@ -1015,22 +1085,34 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// Refuses stream memory operations where this GPU has none.
-    fn check_sync(&self, plan: &Plan, sync: SyncMode) -> Result<(), CudaError> {
-        if sync != SyncMode::StreamMemOps {
-            return Ok(());
+    /// Refuses stream memory operations, and copies asked of the copy engines, where
+    /// this GPU's driver has no call for them.
+    fn check_driver_calls(&self, plan: &Plan, options: &CudaRunOptions) -> Result<(), CudaError> {
+        let unsupported = |what: String| CudaError::Unsupported { plan: plan.name.clone(), what };
+        if options.sync == SyncMode::StreamMemOps {
+            self.memops.clone().map_err(|why| {
+                unsupported(format!("stream memory operations are not available on this GPU ({why})"))
+            })?;
         }
-        self.memops.clone().map_err(|why| CudaError::Unsupported {
-            plan: plan.name.clone(),
-            what: format!("stream memory operations are not available on this GPU ({why})"),
-        })
+        if options.copies == CopyIssue::PreferCopyEngines {
+            self.batch_copies
+                .clone()
+                .map_err(|why| unsupported(format!("copies cannot be asked of the copy engines: {why}")))?;
+        }
+        Ok(())
+    }
+
+    /// Whether copies can be asked of the copy engines ([`CopyIssue::PreferCopyEngines`]):
+    /// the driver has `cuMemcpyBatchAsync`, or why not.
+    pub fn batch_copies(&self) -> Result<(), String> {
+        self.batch_copies.clone()
     }
 
     fn run_from(&self, plan: &Plan, source: Source<'_>, options: &CudaRunOptions) -> Result<CudaRunOutput, CudaError> {
         let start = Instant::now();
         let offset = emulated(plan, options)?;
         let plan = offset.as_ref().unwrap_or(plan);
-        self.check_sync(plan, options.sync)?;
+        self.check_driver_calls(plan, options)?;
         let hopper = self.hopper_for(options);
         let (seed, bound) = match source {
             Source::Generated { seed, .. } => (Some(seed), None),
@@ -1168,7 +1250,7 @@ fn time_gemm_on(state: &mut State, plan: &Plan, command: &GemmCommand, reps: usi
     let mut times = Vec::with_capacity(reps);
     let submissions =
         memories.iter().map(|memory| gemm_submission(memory, command)).collect::<Result<Vec<_>, CudaError>>()?;
-    let issue = |set: usize| submit(&gpu.functions, &stream, blas, &submissions[set], None);
+    let issue = |set: usize| submit(&gpu.functions, &stream, blas, &submissions[set], None, CopyIssue::Driver);
     issue(0)?; // warm-up: cuBLAS picks and loads its kernel here
     for rep in 0..reps {
         // Set 0 was just warmed: the first timed run takes the next one.
@@ -1671,7 +1753,7 @@ impl Run<'_> {
         let blas = lane.blas.as_ref().map(|h| h.0);
         let comm_priority = comm_priority(self.options, gpu);
         for submission in submissions(command, memory, &self.words())? {
-            submit(&gpu.functions, stream, blas, &submission, comm_priority)?;
+            submit(&gpu.functions, stream, blas, &submission, comm_priority, self.options.copies)?;
         }
         Ok(())
     }
@@ -1790,6 +1872,7 @@ fn submit(
     blas: Option<blas_sys::cublasHandle_t>,
     submission: &Submission,
     comm_priority: Option<i32>,
+    copies: CopyIssue,
 ) -> Result<(), CudaError> {
     match submission {
         Submission::Launch(l) => launch_on(stream, functions, l, comm_priority),
@@ -1797,9 +1880,12 @@ fn submit(
             let handle = blas.expect("lanes running cuBLAS GEMMs have handles");
             cublas_gemm(handle, args, *dtypes)
         }
-        Submission::CopyEngine { src, src_pitch, dst, dst_pitch, width, rows } => {
-            copy_engine_2d(stream, *src, *src_pitch, *dst, *dst_pitch, *width, *rows)
-        }
+        Submission::CopyEngine { src, src_pitch, dst, dst_pitch, width, rows } => match copies {
+            CopyIssue::Driver => copy_engine_2d(stream, *src, *src_pitch, *dst, *dst_pitch, *width, *rows),
+            CopyIssue::PreferCopyEngines => {
+                copy_engine_batch(stream, [*src, *dst], [*src_pitch, *dst_pitch], *width, *rows)
+            }
+        },
         Submission::StreamWrite { addr, value } => {
             // SAFETY: the address is a semaphore word of a live allocation of this
             // run; flag 0 keeps the memory barrier before the write (release).
@@ -1950,6 +2036,60 @@ fn copy_engine_2d(
     #[allow(unsafe_code)]
     unsafe { sys::cuMemcpy2DAsync_v2(&desc, stream.cu_stream()).result() }
         .map_err(|e| CudaError::driver("a copy-engine copy", e))
+}
+
+/// The same strided copy through `cuMemcpyBatchAsync`, asking the driver to keep it off
+/// the SMs ([`CopyIssue::PreferCopyEngines`]): one copy where both sides are contiguous,
+/// else one a row. `[src, dst]` addresses and their pitches, as [`copy_engine_2d`] takes.
+fn copy_engine_batch(
+    stream: &Arc<CudaStream>,
+    [src, dst]: [u64; 2],
+    [src_pitch, dst_pitch]: [usize; 2],
+    width_bytes: usize,
+    rows: usize,
+) -> Result<(), CudaError> {
+    if rows == 0 || width_bytes == 0 {
+        return Ok(());
+    }
+    let whole = rows == 1 || (src_pitch == width_bytes && dst_pitch == width_bytes);
+    let (mut srcs, mut dsts, mut sizes): (Vec<u64>, Vec<u64>, Vec<usize>) = if whole {
+        (vec![src], vec![dst], vec![width_bytes * rows])
+    } else {
+        let at = |base: u64, pitch: usize| (0..rows).map(move |r| base + (r * pitch) as u64);
+        (at(src, src_pitch).collect(), at(dst, dst_pitch).collect(), vec![width_bytes; rows])
+    };
+    // The location hints are read for managed memory only; cmm's buffers are plain
+    // allocations, so the stream's own device stands for both.
+    let device = sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: stream.context().ordinal() as i32,
+    };
+    let mut attributes = [sys::CUmemcpyAttributes {
+        srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+        srcLocHint: device,
+        dstLocHint: device,
+        flags: sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32,
+    }];
+    let mut applies_from = [0usize];
+    // SAFETY: the backend checked that the driver has the call (`probe_batch_copies`);
+    // the arrays hold `count` entries and live across the call, which reads them before
+    // returning; every region lies inside allocations of the validated plan, as for
+    // `copy_engine_2d`; stream order makes the copy read its source when it runs.
+    #[allow(unsafe_code)]
+    unsafe {
+        sys::cuMemcpyBatchAsync_v2(
+            dsts.as_mut_ptr(),
+            srcs.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            sizes.len(),
+            attributes.as_mut_ptr(),
+            applies_from.as_mut_ptr(),
+            attributes.len(),
+            stream.cu_stream(),
+        )
+        .result()
+    }
+    .map_err(|e| CudaError::driver("a copy asked of the copy engines (cuMemcpyBatchAsync)", e))
 }
 
 /// Runs one GEMM through cuBLAS (the handle is bound to the lane's stream).

@@ -162,6 +162,17 @@ pub fn enqueued_at_stream_priority(priority: i32) -> Result<u64, CudaError> {
     Ok(items)
 }
 
+/// How many copies were asked of the copy engines so far (`cuMemcpyBatchAsync` with
+/// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`). The fake driver must be installed.
+pub fn copy_engine_copies() -> Result<u64, CudaError> {
+    type Count = unsafe extern "C" fn() -> u64;
+    let count: Count = control(b"cmm_fake_copy_engine_copies\0")?;
+    // SAFETY: the control takes nothing and returns a count.
+    #[allow(unsafe_code)]
+    let copies = unsafe { count() };
+    Ok(copies)
+}
+
 /// Makes contexts report `greatest` as their greatest stream priority from now on (the
 /// least is 0, so 0 means a single priority, as on a GPU without stream priorities; the
 /// default is -5, as on an H100). Backends created afterwards probe it. The fake driver

@@ -26,8 +26,8 @@ pub use host::HostTwin;
 pub use launch::{FusedWaits, Kernel};
 
 pub use backend::{
-    cublas_present, driver_environment_unless_chosen, gemm_plan, probe, CudaBackend, CudaRunOptions, CudaRunOutput,
-    DeviceBuffer, GemmChoice, GemmSpec, OpTimes, Placement, ReadBack,
+    cublas_present, driver_environment_unless_chosen, gemm_plan, probe, CopyIssue, CudaBackend, CudaRunOptions,
+    CudaRunOutput, DeviceBuffer, GemmChoice, GemmSpec, OpTimes, Placement, ReadBack,
 };
 pub use given::{GivenBuffer, GIVEN_ALIGNMENT};
 pub use lower::{

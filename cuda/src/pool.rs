@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use cmm_core::generator::Family;
 use cmm_core::plan::Plan;
 
-use crate::backend::{prepare, CudaBackend, CudaRunOptions, CudaRunOutput, ReadBack};
+use crate::backend::{prepare, CopyIssue, CudaBackend, CudaRunOptions, CudaRunOutput, ReadBack};
 use crate::error::CudaError;
 use crate::lower::{GemmCounts, GemmEngine, HopperTile, HopperVariant, SyncMode};
 use crate::rank::Rendezvous;
@@ -164,6 +164,7 @@ fn options_words(o: &CudaRunOptions) -> String {
         Some(HopperTile::Narrow) => "narrow",
     };
     let variant = o.hopper_variant.key();
+    let copies = o.copies.key();
     let read_back = match o.read_back {
         ReadBack::Nothing => "nothing",
         ReadBack::Everything => "everything",
@@ -171,7 +172,7 @@ fn options_words(o: &CudaRunOptions) -> String {
     };
     let free = o.fused_free_sms.map_or("-".to_string(), |f| f.to_string());
     format!(
-        "{sync} {gemm} {} {} {} {} {} {} {tile} {variant} {} {free} {read_back} {}",
+        "{sync} {gemm} {} {} {} {} {} {} {tile} {variant} {} {free} {read_back} {} {copies}",
         o.wait_timeout.as_millis(),
         o.run_timeout.as_millis(),
         u8::from(o.gate),
@@ -184,7 +185,8 @@ fn options_words(o: &CudaRunOptions) -> String {
 }
 
 fn parse_options(words: &[&str]) -> Option<CudaRunOptions> {
-    let [sync, gemm, wait, run, gate, priority, wide, hopper, tile, variant, ctas, free, read_back, cold] = words
+    let [sync, gemm, wait, run, gate, priority, wide, hopper, tile, variant, ctas, free, read_back, cold, copies] =
+        words
     else {
         return None;
     };
@@ -231,6 +233,7 @@ fn parse_options(words: &[&str]) -> Option<CudaRunOptions> {
             _ => return None,
         },
         cold_l2: flag(cold)?,
+        copies: CopyIssue::from_key(copies)?,
         ..CudaRunOptions::default()
     })
 }
@@ -493,6 +496,7 @@ mod tests {
             fused_ctas_per_sm: 2,
             fused_free_sms: Some(16),
             read_back: ReadBack::Results,
+            copies: CopyIssue::PreferCopyEngines,
             ..Default::default()
         };
         let words = options_words(&options);
@@ -503,6 +507,7 @@ mod tests {
             (SyncMode::StreamMemOps, options.wait_timeout, ReadBack::Results)
         );
         assert_eq!((back.fused_free_sms, back.hopper_variant), (Some(16), HopperVariant::Shallow));
+        assert_eq!(back.copies, CopyIssue::PreferCopyEngines);
         let default = options_words(&CudaRunOptions::default());
         assert_eq!(parse_options(&default.split(' ').collect::<Vec<_>>()).unwrap().fused_free_sms, None);
         assert!(parse_options(&["kernels"]).is_none());

@@ -14,8 +14,8 @@ use cmm_core::plan::Plan;
 use cmm_core::{build_plan, Algorithm, DType, OpKind, Problem};
 use cmm_cuda::fake::Injection;
 use cmm_cuda::{
-    CudaBackend, CudaError, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec, HopperKernel,
-    HopperTile, HopperVariant, Kernel, Placement, SyncMode,
+    CopyIssue, CudaBackend, CudaError, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec,
+    HopperKernel, HopperTile, HopperVariant, Kernel, Placement, SyncMode,
 };
 
 mod fake;
@@ -503,4 +503,52 @@ fn timed_ops_cover_every_op_in_lane_order_inside_the_run() {
         assert!(start + 1e-3 >= previous, "{site:?} starts at {start} before its lane's previous op ends ({previous})");
     }
     assert!(b.run(&plan, 5, Family::Exact, &CudaRunOptions::default()).unwrap().op_times.is_empty());
+}
+
+/// The copies a plan asks of the copy engines under [`CopyIssue::PreferCopyEngines`]:
+/// one batched copy per copy whose two sides are contiguous, one a row otherwise.
+fn copy_engine_pieces(plan: &Plan) -> (u64, bool) {
+    let mut pieces = 0;
+    let mut strided = false;
+    for (_, op) in plan.ops() {
+        let cmm_core::plan::Op::Copy { src, dst, engine: cmm_core::plan::Engine::CopyEngine, .. } = op else {
+            continue;
+        };
+        if src.is_empty() {
+            continue;
+        }
+        let whole = src.rows == 1 || (src.stride == src.cols && dst.stride == dst.cols);
+        strided |= !whole;
+        pieces += if whole { 1 } else { src.rows as u64 };
+    }
+    (pieces, strided)
+}
+
+#[test]
+fn copies_asked_of_the_copy_engines_take_the_batched_call_and_stay_right() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    assert!(b.batch_copies().is_ok(), "the fake driver has cuMemcpyBatchAsync");
+    assert!(b.summary().contains("copies may ask for the copy engines"), "{}", b.summary());
+    let mesh =
+        cmm_core::mesh::MeshProblem::new(2, 2, cmm_core::mesh::Dataflow::Os, 64, 64, 64, DType::Bf16, DType::F32)
+            .unwrap();
+    let meshslice =
+        cmm_core::mesh::build_mesh_plan(&mesh, cmm_core::mesh::MeshAlgorithm::MeshSlice { slices: 2, block: 16 })
+            .unwrap();
+    let plans = [ring_plan(), meshslice];
+    assert!(plans.iter().any(|p| copy_engine_pieces(p).1), "one plan copies strided regions");
+    let engines = CudaRunOptions { copies: CopyIssue::PreferCopyEngines, ..Default::default() };
+    for plan in &plans {
+        let (pieces, _) = copy_engine_pieces(plan);
+        assert!(pieces > 0, "{} copies through the copy engines", plan.name);
+        let before = cmm_cuda::fake::copy_engine_copies().unwrap();
+        assert_right(&b, plan, &engines);
+        let asked = cmm_cuda::fake::copy_engine_copies().unwrap() - before;
+        assert_eq!(asked, pieces, "{}: copies asked of the copy engines", plan.name);
+        // The driver's own choice stays the default, and asks nothing of the engines.
+        let before = cmm_cuda::fake::copy_engine_copies().unwrap();
+        assert_right(&b, plan, &CudaRunOptions::default());
+        assert_eq!(cmm_cuda::fake::copy_engine_copies().unwrap(), before, "{}", plan.name);
+    }
 }

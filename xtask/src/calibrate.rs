@@ -1,15 +1,16 @@
 //! The measurements behind the one-GPU simulator profile (`sim/profiles/h100-one-gpu.toml`),
 //! taken by `cargo xtask bench --backend cuda` on the GPU it runs on, so that the profile's
 //! assumptions can be replaced by figures: the device-to-device copy rate, what D GEMMs at
-//! once gain over one at a time, what a copy and a GEMM beside each other cost each other,
-//! and a signal–wait round between two devices. Each is a small plan
+//! once gain over one at a time, what a copy and a GEMM beside each other cost each other
+//! (the driver's copy, and the same copy asked of the copy engines), and a signal–wait
+//! round between two devices. Each is a small plan
 //! (`cmm_sim::calibration`, which the simulator runs too) run through the backend like
 //! any other (gated, cold L2, median of the bench's repetitions).
 
 use anyhow::{Context, Result};
 use cmm_core::plan::Op;
 use cmm_core::{DType, Family, Plan};
-use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec};
+use cmm_cuda::{CopyIssue, CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec};
 use cmm_sim::calibration;
 use serde::Serialize;
 
@@ -44,6 +45,22 @@ pub struct Calibration {
     pub copy_beside_gemm_us: f64,
     /// One signal–wait round trip between two devices, µs (the mean of `calibration::ROUNDS`).
     pub round_trip_us: f64,
+    /// The copy asked of the copy engines (`CopyIssue::PreferCopyEngines`), alone and
+    /// beside the GEMM; null where the driver lacks the call. Within one GPU the driver's
+    /// own copy may run on the SMs: if so, this one keeps its pace beside the GEMM where
+    /// that one waits for the GEMM's SMs.
+    pub copy_engines: Option<EngineCopies>,
+}
+
+/// The calibration's copy asked of the copy engines.
+#[derive(Debug, Serialize)]
+pub struct EngineCopies {
+    /// Alone, µs, and its rate in GB/s copied.
+    pub copy_us: f64,
+    pub copy_gbps: f64,
+    /// Started together with device 0's GEMM: each one's time in that run, µs.
+    pub gemm_beside_copy_us: f64,
+    pub copy_beside_gemm_us: f64,
 }
 
 /// Median GPU time of `reps` runs of `plan`, µs (as the bench times a plan).
@@ -70,9 +87,41 @@ pub fn calibrate(
         let one_at_a_time_us = devices as f64 * gemm_us;
         together.push(Together { devices, together_us, one_at_a_time_us, ratio: together_us / one_at_a_time_us });
     }
-    // The GEMM of device 0 and its copy to device 1, each timed inside the same runs.
+    let (gemm_beside_copy_us, copy_beside_gemm_us) = beside(backend, (m, n, k), &options, reps)?;
+    let round_trip_us = time(backend, &calibration::round_trip_plan()?, &options, reps)? / calibration::ROUNDS as f64;
+    let copy_engines = match backend.batch_copies() {
+        Ok(()) => {
+            let engines = CudaRunOptions { copies: CopyIssue::PreferCopyEngines, ..options };
+            let copy_us = time(backend, &calibration::gemms_plan(2, (m, n, k), false, true)?, &engines, reps)?;
+            let (gemm_beside_copy_us, copy_beside_gemm_us) = beside(backend, (m, n, k), &engines, reps)?;
+            let copy_gbps = copy_bytes as f64 / copy_us / 1e3;
+            Some(EngineCopies { copy_us, copy_gbps, gemm_beside_copy_us, copy_beside_gemm_us })
+        }
+        Err(_) => None,
+    };
+    Ok(Calibration {
+        copy_bytes,
+        copy_us,
+        copy_gbps: copy_bytes as f64 / copy_us / 1e3,
+        together,
+        gemm_us,
+        gemm_beside_copy_us,
+        copy_beside_gemm_us,
+        round_trip_us,
+        copy_engines,
+    })
+}
+
+/// The GEMM of device 0 and its copy to device 1 started together, each timed inside the
+/// same runs (events around each op): the medians of the GEMM's and the copy's times, µs.
+fn beside(
+    backend: &CudaBackend,
+    (m, n, k): (usize, usize, usize),
+    options: &CudaRunOptions,
+    reps: usize,
+) -> Result<(f64, f64)> {
     let beside = calibration::gemms_plan(2, (m, n, k), true, true)?;
-    let timed = CudaRunOptions { time_ops: true, ..options };
+    let timed = CudaRunOptions { time_ops: true, ..*options };
     let (mut gemm_times, mut copy_times) = (Vec::new(), Vec::new());
     for rep in 0..reps {
         let out = backend
@@ -86,17 +135,7 @@ pub fn calibrate(
             }
         }
     }
-    let round_trip_us = time(backend, &calibration::round_trip_plan()?, &options, reps)? / calibration::ROUNDS as f64;
-    Ok(Calibration {
-        copy_bytes,
-        copy_us,
-        copy_gbps: copy_bytes as f64 / copy_us / 1e3,
-        together,
-        gemm_us,
-        gemm_beside_copy_us: median(gemm_times),
-        copy_beside_gemm_us: median(copy_times),
-        round_trip_us,
-    })
+    Ok((median(gemm_times), median(copy_times)))
 }
 
 impl Calibration {
@@ -120,6 +159,12 @@ impl Calibration {
             self.gemm_beside_copy_us, self.copy_beside_gemm_us, self.gemm_us, self.copy_us
         ));
         lines.push(format!("calibration: a signal-wait round trip between two devices {:.2} µs", self.round_trip_us));
+        if let Some(e) = &self.copy_engines {
+            lines.push(format!(
+                "calibration: the copy asked of the copy engines alone {:.1} µs ({:.0} GB/s); started together with the GEMM, the GEMM took {:.1} µs and the copy {:.1} µs",
+                e.copy_us, e.copy_gbps, e.gemm_beside_copy_us, e.copy_beside_gemm_us
+            ));
+        }
         lines
     }
 }

@@ -10,7 +10,9 @@ use cmm_conformance::{
     cases_dir, check_report_path, load_corpus, run_corpus, write_report, Backend, CpuTwin, Cuda, Goldens, Options,
 };
 use cmm_core::DType;
-use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, HopperTile, HopperVariant, HostTwin, RankPool};
+use cmm_cuda::{
+    CopyIssue, CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, HopperTile, HopperVariant, HostTwin, RankPool,
+};
 use cmm_reference::Reference;
 
 use crate::stamps::Sync;
@@ -127,6 +129,11 @@ pub struct Args {
     /// fused and grouped GEMMs keep theirs. The run's counts say how many ran in clusters.
     #[arg(long, value_name = "KERNELS", value_parser = parse_hopper_variant)]
     pub hopper_variant: Option<HopperVariant>,
+    /// CUDA only: how the copy-engine copies are issued: `driver` (default,
+    /// `cuMemcpy2DAsync`: the driver picks the hardware, within one GPU possibly its SMs) or
+    /// `copy-engines` (`cuMemcpyBatchAsync` asking the driver to keep them off the SMs).
+    #[arg(long, value_name = "HOW", value_parser = parse_copies)]
+    pub copies: Option<CopyIssue>,
     /// CUDA only: run each device of each case in a process of its own (rank workers,
     /// `CudaBackend::run_rank`: a symmetric heap shared through CUDA VMM handles, a
     /// Unix-socket rendezvous), all on GPU 0, as a torchrun job does on one GPU.
@@ -174,6 +181,7 @@ impl Args {
             no_hopper: false,
             hopper_tile: None,
             hopper_variant: None,
+            copies: None,
             fused_ctas_per_sm: 1,
             fused_free_sms: None,
             processes: false,
@@ -204,6 +212,7 @@ impl Args {
             (self.no_hopper, "--no-hopper"),
             (self.hopper_tile.is_some(), "--hopper-tile"),
             (self.hopper_variant.is_some(), "--hopper-variant"),
+            (self.copies.is_some(), "--copies"),
             (self.fused_ctas_per_sm != 1, "--fused-ctas-per-sm"),
             (self.fused_free_sms.is_some(), "--fused-free-sms"),
             (self.stamps.is_some(), "--stamps"),
@@ -229,15 +238,26 @@ impl Args {
             hopper: !self.no_hopper,
             hopper_tile: self.hopper_tile.map(HopperTileArg::tile),
             hopper_variant: self.hopper_variant.unwrap_or(defaults.hopper_variant),
+            copies: self.copies.unwrap_or(defaults.copies),
             ..defaults
         }
     }
 }
 
+/// `--copies`: a [`CopyIssue::key`].
+fn parse_copies(key: &str) -> Result<CopyIssue, String> {
+    by_key(key, &CopyIssue::ALL, |c| c.key())
+}
+
 /// `--hopper-variant`: a [`HopperVariant::key`].
 fn parse_hopper_variant(key: &str) -> Result<HopperVariant, String> {
-    HopperVariant::from_key(key).ok_or_else(|| {
-        let keys: Vec<&str> = HopperVariant::ALL.iter().map(|v| v.key()).collect();
+    by_key(key, &HopperVariant::ALL, |v| v.key())
+}
+
+/// The one of `all` whose key is `key`, or an error listing the keys.
+fn by_key<T: Copy>(key: &str, all: &[T], key_of: fn(T) -> &'static str) -> Result<T, String> {
+    all.iter().copied().find(|&t| key_of(t) == key).ok_or_else(|| {
+        let keys: Vec<&str> = all.iter().map(|&t| key_of(t)).collect();
         format!("`{key}` is not one of {}", keys.join(", "))
     })
 }
@@ -321,6 +341,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if args.hopper_variant.is_some() && !args.hopper {
         bail!("--hopper-variant chooses the Hopper engine's kernels: give --hopper too");
+    }
+    if args.copies.is_some() && args.backend == BackendKind::CudaHost {
+        bail!("--copies chooses the driver call that issues each copy (--backend cuda; CMM_FAKE_CUDA=1 without a GPU), not the host twin's");
     }
     if args.processes && args.backend == BackendKind::CudaHost {
         bail!("--processes runs ranks on the CUDA driver (--backend cuda; CMM_FAKE_CUDA=1 without a GPU), not on the host twin");

@@ -11,10 +11,11 @@ use anyhow::{bail, Context, Result};
 use cmm_cli::bench_file::{PlanFigures, PlanTimes};
 use cmm_conformance::golden::fnv1a64;
 use cmm_core::oracle::spot_check;
+use cmm_core::plan::Engine;
 use cmm_core::workload::output_tolerance;
 use cmm_core::{build_plan, Algorithm, DType, Family, Op, OpKind, Plan, Problem};
 use cmm_cuda::kernels::{compile_fresh, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
-use cmm_cuda::{CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, ReadBack};
+use cmm_cuda::{CopyIssue, CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, ReadBack};
 use cmm_sim::validate::seed000_problem;
 use serde::Serialize;
 
@@ -152,6 +153,7 @@ struct Variants {
     tile_kernel: Option<f64>,
     free_sms: Option<f64>,
     sm_copies: Option<f64>,
+    copy_engines: Option<f64>,
     /// One line per variant whose run failed (its time is then missing).
     failed: Vec<String>,
 }
@@ -167,6 +169,7 @@ impl Variants {
             time_tile_kernel_us: self.tile_kernel,
             time_free_sms_us: self.free_sms,
             time_sm_copies_us: self.sm_copies,
+            time_copy_engines_us: self.copy_engines,
             ..plain
         };
         (times, self.failed)
@@ -420,8 +423,9 @@ const FREE_SMS: u32 = 16;
 /// The plan's times with staggered lane priorities (where the GPU has the levels), with
 /// its devices' starts offset (not for the fused plans: their tile-granular GEMMs cannot
 /// be offset), and for the fused plans on the tile kernel's 128×128 tiles and with two
-/// CTAs per SM, and with more SMs left free of their persistent kernels ([`FREE_SMS`]), each
-/// as [`time_plan`] measures.
+/// CTAs per SM, and with more SMs left free of their persistent kernels ([`FREE_SMS`]), and
+/// for every plan with copy-engine copies with those asked of the copy engines, each as
+/// [`time_plan`] measures.
 fn variants(
     backend: &CudaBackend,
     problem: &Problem,
@@ -472,8 +476,17 @@ fn variants(
     let free_sms = time(fused, &format!("{FREE_SMS} SMs free"), more_free, true);
     // Whether the copy engines are what starves beside the persistent kernels: the same
     // plan with its copies made by kernels on the free SMs.
+    // Whether the driver's own copies within one GPU take SMs: the same copies asked of
+    // the copy engines, which leave the SMs to the GEMMs.
+    let engine_copies = plan.ops().any(|(_, op)| matches!(op, Op::Copy { engine: Engine::CopyEngine, .. }));
+    let copy_engines = time(
+        engine_copies && backend.batch_copies().is_ok(),
+        "copy engines",
+        CudaRunOptions { copies: CopyIssue::PreferCopyEngines, ..*options },
+        true,
+    );
     let sm_copies = time_plan_as(&cmm_core::emulate::sm_copies(plan), fused, "SM copies", *options, true);
-    Variants { staggered, offset, wide_tiles, two_ctas_per_sm, tile_kernel, free_sms, sm_copies, failed }
+    Variants { staggered, offset, wide_tiles, two_ctas_per_sm, tile_kernel, free_sms, sm_copies, copy_engines, failed }
 }
 
 /// Σ over the plan's GEMM ops of the cuBLAS time of the same GEMM alone (memoised per
@@ -847,15 +860,18 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     if gated { "" } else { "  (ungated: includes enqueueing)" },
                     if fused {
                         format!(
-                            "  ({engine}, not cuBLAS; tile kernel: {}; 128×128 tiles: {}; 2 CTAs per SM: {}; {FREE_SMS} SMs free: {}; SM copies: {})",
+                            "  ({engine}, not cuBLAS; tile kernel: {}; 128×128 tiles: {}; 2 CTAs per SM: {}; {FREE_SMS} SMs free: {}; SM copies: {}; copy engines: {})",
                             times.time_tile_kernel_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_wide_tiles_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_two_ctas_per_sm_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_free_sms_us.map_or("-".into(), |w| format!("{w:.1} µs")),
-                            times.time_sm_copies_us.map_or("-".into(), |w| format!("{w:.1} µs"))
+                            times.time_sm_copies_us.map_or("-".into(), |w| format!("{w:.1} µs")),
+                            times.time_copy_engines_us.map_or("-".into(), |w| format!("{w:.1} µs"))
                         )
                     } else {
-                        String::new()
+                        times
+                            .time_copy_engines_us
+                            .map_or(String::new(), |w| format!("  (copies asked of the copy engines: {w:.1} µs)"))
                     }
                 );
                 if let Some(share) = fused_wait_share {

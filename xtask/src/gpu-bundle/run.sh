@@ -149,6 +149,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             --case-timeout 30 --stamps "$scratch/offset-stamps"
         step rehearsal-conformance-wide-tiles 150 "$x" conformance --backend cuda --sync kernels --wide-tiles \
             --no-hopper --case-timeout 30 --stamps "$scratch/wide-stamps"
+        step rehearsal-conformance-copy-engines 90 "$x" conformance --backend cuda --sync kernels \
+            --copies copy-engines --case-timeout 30 --stamps "$scratch/copy-engines-stamps"
         step rehearsal-conformance-hopper-pair 90 "$x" conformance --backend cuda --sync kernels --hopper \
             --hopper-variant pair --case-timeout 30 --stamps "$scratch/hopper-pair-stamps"
         step rehearsal-conformance-fused-ctas 60 "$x" conformance --backend cuda --sync kernels --no-hopper \
@@ -257,6 +259,11 @@ step conformance-hopper-pair 90 "$x" conformance --backend cuda --sync kernels -
 # The host-twin tests (host_*) need a C++ compiler, not a GPU: they run in CI.
 step device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
 step conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
+# The corpus with every copy-engine copy asked of the copy engines (cuMemcpyBatchAsync,
+# the bench's `copy engines` column): within one GPU the driver's own copies may run on
+# the SMs, which the persistent kernels hold.
+step conformance-copy-engines 90 "$x" conformance --backend cuda --sync kernels --copies copy-engines \
+    --case-timeout 30 --stamps "$scratch/copy-engines-stamps"
 # The same corpus with each virtual device's lanes at its staggered priority, and with the
 # devices' starts offset (the bench's `staggered` and `offsets` columns): only priorities
 # change, or waits are added, so results must not.
