@@ -204,6 +204,18 @@ struct BenchCalibration {
     gemm_beside_copy_us: f64,
     copy_beside_gemm_us: f64,
     copy_us: f64,
+    /// The copy asked of the copy engines (benches since `aaf6376`, where the driver has
+    /// the call).
+    #[serde(default)]
+    copy_engines: Option<EngineCopies>,
+}
+
+/// The calibration's copy asked of the copy engines: alone, and beside the GEMM.
+#[derive(Debug, Deserialize)]
+struct EngineCopies {
+    copy_us: f64,
+    gemm_beside_copy_us: f64,
+    copy_beside_gemm_us: f64,
 }
 
 /// A bench row's algorithm as the bench prints it: `ring`, `ring_accumulate(c=2)`, ….
@@ -341,6 +353,13 @@ fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> R
     };
     rows.push(("the GEMM beside the copy".to_string(), c.gemm_beside_copy_us, took("compute")));
     rows.push(("the copy beside the GEMM".to_string(), c.copy_beside_gemm_us, took("comm")));
+    // The profile's copies share HBM and nothing else, as copy engines would: the copy
+    // asked of the copy engines is set beside the same predictions.
+    if let Some(e) = &c.copy_engines {
+        rows.push(("the copy alone (copy engines)".to_string(), e.copy_us, us(copy.makespan_s)));
+        rows.push(("the GEMM beside it (copy engines)".to_string(), e.gemm_beside_copy_us, took("compute")));
+        rows.push(("the copy beside it (copy engines)".to_string(), e.copy_beside_gemm_us, took("comm")));
+    }
     let rounds = run(&calibration::round_trip_plan()?)?;
     rows.push((
         "a signal-wait round trip".to_string(),
@@ -643,10 +662,23 @@ mod tests {
             gemm_beside_copy_us: 90.0,
             copy_beside_gemm_us: 20.0,
             copy_us: 16.0,
+            copy_engines: Some(EngineCopies { copy_us: 40.0, gemm_beside_copy_us: 81.0, copy_beside_gemm_us: 45.0 }),
         };
         let rows = calibration_rows(&p, &measured, 1).unwrap();
-        let simulated = |what: &str| rows.iter().find(|r| r.0 == what).unwrap_or_else(|| panic!("{what}")).2;
+        let row = |what: &str| rows.iter().find(|r| r.0 == what).unwrap_or_else(|| panic!("{what}"));
+        let simulated = |what: &str| row(what).2;
         assert!((simulated("a signal-wait round trip") - 12.0).abs() < 1e-9, "{rows:?}");
+        // The copies asked of the copy engines: their own measurements beside the model's
+        // copies, which share HBM alone, as copy engines would.
+        for (engines, driver, measured) in [
+            ("the copy alone (copy engines)", "the copy alone", 40.0),
+            ("the GEMM beside it (copy engines)", "the GEMM beside the copy", 81.0),
+            ("the copy beside it (copy engines)", "the copy beside the GEMM", 45.0),
+        ] {
+            assert_eq!((row(engines).1, row(engines).2), (measured, simulated(driver)), "{rows:?}");
+        }
+        let without = BenchCalibration { copy_engines: None, ..measured };
+        assert_eq!(calibration_rows(&p, &without, 1).unwrap().len(), rows.len() - 3);
         // 2 GEMMs of 80 µs at 1.25 × one's rate, and a launch.
         let launch = p.compute.launch_us;
         assert!((simulated("2 local GEMMs at once") - (128.0 + launch)).abs() < 1e-6, "{rows:?}");
