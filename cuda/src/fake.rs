@@ -121,12 +121,18 @@ pub fn deny_peer(gpu: usize, peer: usize, what: PeerDenial) -> Result<(), CudaEr
 /// released and address reservations not yet freed: 0 once a rank-mode run has torn
 /// down. The fake driver must be installed.
 pub fn vmm_live() -> Result<u64, CudaError> {
-    type Live = unsafe extern "C" fn() -> u64;
-    let live: Live = control(b"cmm_fake_vmm_live\0")?;
-    // SAFETY: takes nothing; the driver guards its tables with its own lock.
+    count(b"cmm_fake_vmm_live\0")
+}
+
+/// Calls the fake driver's control `name` (NUL-terminated), a `u64 (void)` count.
+fn count(name: &[u8]) -> Result<u64, CudaError> {
+    type Count = unsafe extern "C" fn() -> u64;
+    let count: Count = control(name)?;
+    // SAFETY: the control takes nothing and returns a count; the driver guards its
+    // tables with its own lock.
     #[allow(unsafe_code)]
-    let count = unsafe { live() };
-    Ok(count)
+    let value = unsafe { count() };
+    Ok(value)
 }
 
 /// Makes every kernel launch block until its kernel has run (`Some(true)`), not
@@ -165,12 +171,7 @@ pub fn enqueued_at_stream_priority(priority: i32) -> Result<u64, CudaError> {
 /// How many copies were asked of the copy engines so far (`cuMemcpyBatchAsync` with
 /// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`). The fake driver must be installed.
 pub fn copy_engine_copies() -> Result<u64, CudaError> {
-    type Count = unsafe extern "C" fn() -> u64;
-    let count: Count = control(b"cmm_fake_copy_engine_copies\0")?;
-    // SAFETY: the control takes nothing and returns a count.
-    #[allow(unsafe_code)]
-    let copies = unsafe { count() };
-    Ok(copies)
+    count(b"cmm_fake_copy_engine_copies\0")
 }
 
 /// Makes contexts report `greatest` as their greatest stream priority from now on (the
