@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cmm_core::{DType, Plan};
-use cmm_cuda::{CudaBackend, CudaRunOptions, DeviceBuffer, GivenBuffer, ReadBack, Rendezvous, SyncMode};
+use cmm_cuda::{CopyIssue, CudaBackend, CudaRunOptions, DeviceBuffer, GivenBuffer, ReadBack, Rendezvous, SyncMode};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCapsule, PyDict};
@@ -174,7 +174,7 @@ fn bindings<'py>(
 /// with `rank = (rank, world, socket, timeout s)` (or `RANK`/`WORLD_SIZE` in the
 /// environment, `from_env`) of this rank's device. The results are left in the tensors.
 #[pyfunction]
-#[pyo3(signature = (plan_json, tensors, rank, from_env, sync, wait_timeout))]
+#[pyo3(signature = (plan_json, tensors, rank, from_env, sync, wait_timeout, copies))]
 pub fn cuda_run<'py>(
     py: Python<'py>,
     plan_json: &str,
@@ -183,6 +183,7 @@ pub fn cuda_run<'py>(
     from_env: bool,
     sync: &str,
     wait_timeout: f64,
+    copies: &str,
 ) -> PyResult<()> {
     let plan = Plan::from_file_json(plan_json).map_err(|e| PyValueError::new_err(e.to_string()))?;
     let sync = match sync {
@@ -190,6 +191,10 @@ pub fn cuda_run<'py>(
         "memops" => SyncMode::StreamMemOps,
         other => return Err(PyValueError::new_err(format!("sync `{other}`: kernels or memops"))),
     };
+    let copies = CopyIssue::from_key(copies).ok_or_else(|| {
+        let keys: Vec<&str> = CopyIssue::ALL.iter().map(|c| c.key()).collect();
+        PyValueError::new_err(format!("copies `{copies}`: one of {}", keys.join(", ")))
+    })?;
     if !(wait_timeout.is_finite() && wait_timeout > 0.0) {
         return Err(PyValueError::new_err(format!("wait_timeout {wait_timeout}: a positive number of seconds")));
     }
@@ -208,6 +213,7 @@ pub fn cuda_run<'py>(
         sync,
         wait_timeout: Duration::from_secs_f64(wait_timeout),
         read_back: ReadBack::Nothing,
+        copies,
         ..CudaRunOptions::default()
     };
     // The GIL stays held: the backend belongs to this thread.

@@ -141,6 +141,18 @@ def test_a_plan_runs_on_cuda_tensors_in_one_process_and_conforms():
         assert result.ok, result.reason
 
 
+def test_copies_asked_of_the_copy_engines_conform_and_a_bad_name_is_refused():
+    _backend_or_skip()
+    assert "copies may ask for the copy engines" in cmm.cuda.describe()
+    case = _case(family="exact")
+    tensors = _device_tensors(case)
+    cmm.cuda.run(case, tensors, copies="copy-engines")
+    result = cmm.check(case, [t["C"].numpy() for t in tensors])
+    assert result.ok, result.reason
+    with pytest.raises(ValueError, match="copies `engines`: one of driver, copy-engines"):
+        cmm.cuda.run(case, _device_tensors(case), copies="engines")
+
+
 def test_wrong_tensors_are_errors_naming_the_buffer():
     _backend_or_skip()
     case = _case()

@@ -68,13 +68,16 @@ def run(
     timeout: float = 60.0,
     sync: str = "kernels",
     wait_timeout: float = 10.0,
+    copies: str = "driver",
 ) -> None:
     """Runs `plan` (a cmm.Case, a plan file dict or its JSON) on CUDA tensors.
 
     `tensors` is one mapping of buffer name to tensor per device (one process), or one
     mapping for this rank's device (one process per device: `rank` and `world` given, or
     RANK and WORLD_SIZE in the environment). `timeout` bounds each meeting of the ranks,
-    `wait_timeout` each wait of the plan; `sync` is "kernels" or "memops"."""
+    `wait_timeout` each wait of the plan; `sync` is "kernels" or "memops". `copies` is
+    "driver" (the driver picks the hardware; within one GPU it may copy on the SMs) or
+    "copy-engines" (each copy asked of the copy engines, leaving the SMs to the GEMMs)."""
     plan_json = _plan_json(plan)
     if isinstance(tensors, Mapping):
         if rank is not None:
@@ -100,4 +103,4 @@ def run(
             bound.extend((device, name, t) for name, t in mapping.items())
     else:
         raise TypeError(f"tensors: a mapping (one rank) or a list of mappings (every device), not {type(tensors).__name__}")
-    _cmm.cuda_run(plan_json, bound, native_rank, from_env, sync, wait_timeout)
+    _cmm.cuda_run(plan_json, bound, native_rank, from_env, sync, wait_timeout, copies)
