@@ -112,8 +112,8 @@ pub struct PlanTimes {
     /// `FREE_SMS`; null for the plans on cuBLAS and in reports from before it).
     #[serde(default)]
     pub time_free_sms_us: Option<f64>,
-    /// The fused plans again with every copy made by an SM kernel rather than a copy
-    /// engine (`cmm_core::emulate::sm_copies`; null for the other plans and in reports
+    /// The fused plans again with every copy made by cmm's SM kernel rather than by the
+    /// driver's copy (`cmm_core::emulate::sm_copies`; null for the other plans and in reports
     /// from before it).
     #[serde(default)]
     pub time_sm_copies_us: Option<f64>,

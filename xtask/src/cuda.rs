@@ -128,7 +128,7 @@ struct Row {
     /// The largest error of the spot-checked output elements, as a fraction of what the
     /// tolerance allows (≤ 1: right at this shape).
     spot_check_worst: f64,
-    /// The variants (staggered, offsets, wide tiles, 2 CTAs per SM, free SMs, SM copies, no prio)
+    /// The variants (staggered, offsets, wide tiles, 2 CTAs per SM, free SMs, SM copies, copy engines, no prio)
     /// whose run failed, each with its error; their times are null.
     variant_failures: Vec<String>,
     /// A fused plan on the Hopper engine: the share of its persistent kernels' CTA time
@@ -474,8 +474,6 @@ fn variants(
     // waits, copies on SMs): the same engines with more SMs left to those.
     let more_free = CudaRunOptions { fused_free_sms: Some(FREE_SMS), ..*options };
     let free_sms = time(fused, &format!("{FREE_SMS} SMs free"), more_free, true);
-    // Whether the copy engines are what starves beside the persistent kernels: the same
-    // plan with its copies made by kernels on the free SMs.
     // Whether the driver's own copies within one GPU take SMs: the same copies asked of
     // the copy engines, which leave the SMs to the GEMMs.
     let engine_copies = plan.ops().any(|(_, op)| matches!(op, Op::Copy { engine: Engine::CopyEngine, .. }));
@@ -485,6 +483,8 @@ fn variants(
         CudaRunOptions { copies: CopyIssue::PreferCopyEngines, ..*options },
         true,
     );
+    // The same plan with its copies made by cmm's kernels on the free SMs, against the
+    // driver's copies (which within one GPU may be SM kernels of its own).
     let sm_copies = time_plan_as(&cmm_core::emulate::sm_copies(plan), fused, "SM copies", *options, true);
     Variants { staggered, offset, wide_tiles, two_ctas_per_sm, tile_kernel, free_sms, sm_copies, copy_engines, failed }
 }
