@@ -1004,16 +1004,24 @@ fn write_timelines(
     }
     // The fused plans at D = 4: how long their copies and signals take under the persistent
     // kernels, in words (the kernel is one span; its waits are inside it); again with the
-    // copies made by SM kernels rather than the copy engines.
+    // copies made by cmm's SM kernels, and with the copies asked of the copy engines.
     for op in [OpKind::AgGemm, OpKind::GemmRs] {
         let algorithm = Algorithm::Fused { chunks: 1 };
         if !stamp.contains(&format!("{op} {}", algorithm.name())) {
             continue;
         }
         let fused = build_plan(&seed000_problem(op, 4, shrink)?, algorithm)?;
-        for (variant, plan) in [("plain", fused.clone()), ("sm-copies", cmm_core::emulate::sm_copies(&fused))] {
-            // cuBLAS cannot run a fused GEMM: the engine rule picks cmm's kernel.
-            let fused_options = CudaRunOptions { gemm: GemmEngine::Auto, ..modes[0].1 };
+        // cuBLAS cannot run a fused GEMM: the engine rule picks cmm's kernel.
+        let fused_options = CudaRunOptions { gemm: GemmEngine::Auto, ..modes[0].1 };
+        let engines = CudaRunOptions { copies: CopyIssue::PreferCopyEngines, ..fused_options };
+        let mut variants = vec![
+            ("plain", fused.clone(), fused_options),
+            ("sm-copies", cmm_core::emulate::sm_copies(&fused), fused_options),
+        ];
+        if backend.batch_copies().is_ok() {
+            variants.push(("copy-engines", fused.clone(), engines));
+        }
+        for (variant, plan, fused_options) in variants {
             let out = match backend.run(&plan, 1, Family::Realistic, &fused_options) {
                 Ok(out) => out,
                 Err(e) => {
@@ -1038,14 +1046,14 @@ fn write_timelines(
             };
             let took = out.gpu_time.as_secs_f64() * 1e6;
             println!(
-                "timeline: {} plain, {took:.1} µs with an event around every op: copies {}; signals {}; GEMM spans {}",
+                "timeline: {} {variant}, {took:.1} µs with an event around every op: copies {}; signals {}; GEMM spans {}",
                 plan.name,
                 stats(&copies),
                 stats(&signals),
                 stats(&gemms)
             );
             let stem = format!("{op}-fused-d4-{variant}");
-            let title = format!("{} plain: {took:.1} µs with an event around every op", plan.name);
+            let title = format!("{} {variant}: {took:.1} µs with an event around every op", plan.name);
             let timeline = cmm_sim::timeline::Timeline::from_measured(&plan, title, &out.op_times);
             fs::write(dir.join(format!("{stem}.svg")), timeline.svg())?;
         }
