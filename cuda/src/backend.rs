@@ -157,7 +157,7 @@ pub enum CopyIssue {
     /// is asked to keep the copy off the SMs, as a copy between GPUs is (one copy, or one
     /// a row where either side is strided). CUDA 13.1's release notes say the flag selects
     /// the copy engines; what an older driver does with it, a bench shows. Refused where
-    /// the driver lacks the call ([`CudaBackend::batch_copies`]).
+    /// the driver lacks the call in its CUDA 13 form ([`CudaBackend::batch_copies`]).
     PreferCopyEngines,
 }
 
@@ -603,7 +603,7 @@ fn probe_batch_copies() -> Result<(), String> {
         } else {
             "this driver".into()
         };
-        format!("{driver} has no cuMemcpyBatchAsync (CUDA 12.8 and later)")
+        format!("{driver} has no cuMemcpyBatchAsync_v2 (the batched copy as CUDA 13 declares it)")
     })
 }
 
