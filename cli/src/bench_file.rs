@@ -14,7 +14,7 @@ use cmm_sim::calibration;
 use cmm_sim::validate::{
     calibrated_one_gpu, one_gpu_rows, seed000_problem, BenchTime, OneGpuCalibration, OneGpuRow, H100_COMPUTE_LEVELS,
 };
-use cmm_sim::{simulate, Profile, SimOptions};
+use cmm_sim::{simulate, HardwareQueues, Profile, SimOptions};
 use serde::{Deserialize, Serialize};
 
 /// The profile a bench on one GPU is read against.
@@ -42,6 +42,10 @@ struct BenchFile {
     rows: Vec<BenchRow>,
     /// The priority the communicating kernels ran at (`-5`), or why none (`none: …`).
     comm_priority: Option<String>,
+    /// The hardware queues the lanes' streams shared; reports before `hardware_queues`
+    /// was written all ran with `CUDA_DEVICE_MAX_CONNECTIONS` unset, CUDA's 8.
+    #[serde(default = "cuda_default_queues")]
+    hardware_queues: usize,
     calibration: Option<BenchCalibration>,
     /// The local GEMM alone through cuBLAS and on the tile kernels (64×64, 128×128), µs.
     local_cublas_us: Option<f64>,
@@ -51,6 +55,10 @@ struct BenchFile {
 
 fn one() -> usize {
     1
+}
+
+fn cuda_default_queues() -> usize {
+    cmm_core::verify::queues::DEFAULT_QUEUES
 }
 
 /// A row of the report as read back: the plan's times, and where the report has them
@@ -522,8 +530,9 @@ fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow])
     }
     println!();
     println!("the fused plans as built ({}: every GEMM on the engine cmm runs it on):", profile.name);
+    let queues = file.hardware_queues;
     println!(
-        "{:<26} {:<28} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8}",
+        "{:<26} {:<28} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8} {:>11} {:>8}",
         "case",
         "GEMMs on (measured)",
         "measured",
@@ -534,6 +543,8 @@ fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow])
         "error",
         "twin",
         "simulated",
+        "error",
+        format!("{queues} queues"),
         "error"
     );
     let levels = file.compute_levels().0;
@@ -546,8 +557,16 @@ fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow])
         };
         let staggered = simulate(&plan, profile, &staggered)?.makespan_s * 1e6;
         let twin = simulate(&cmm_core::emulate::compute_only(&plan), profile, &SimOptions::default())?.makespan_s * 1e6;
+        // The lanes on the report's hardware queues, the mean over the queue the first
+        // stream feeds (the driver's, unknown to the host).
+        let mut shared = 0.0;
+        for offset in 0..queues {
+            let options =
+                SimOptions { hardware_queues: Some(HardwareQueues { queues, offset }), ..SimOptions::default() };
+            shared += simulate(&plan, profile, &options)?.makespan_s * 1e6 / queues as f64;
+        }
         println!(
-            "{:<26} {:<28} {:>8.1} µs {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8}",
+            "{:<26} {:<28} {:>8.1} µs {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8} {:>8.1} µs {:>8}",
             format!("{} D={} {}", times.op, times.devices, times.algorithm),
             row.gemm_engine.as_deref().unwrap_or("(not in the report)"),
             times.time_us,
@@ -558,7 +577,9 @@ fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow])
             error(times.time_staggered_us, staggered),
             time(row.compute_only_us),
             twin,
-            error(row.compute_only_us, twin)
+            error(row.compute_only_us, twin),
+            shared,
+            error(Some(times.time_us), shared)
         );
         println!("{:<26} simulated on {}", "", plain.engines.describe());
     }
@@ -606,6 +627,8 @@ mod tests {
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/gpu-runs/2026-11-24-h100/6-30786c1-bench-kernels.json");
         let file: BenchFile = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert!(file.calibration.is_none());
+        // Written before reports named their queues: CUDA's 8, as every bench then had.
+        assert_eq!(file.hardware_queues, 8);
         // The whole command runs on it, fused rows included (their pace from the local GEMMs).
         validate_bench(&path).unwrap();
         assert_eq!((file.local_cublas_us.is_some(), file.local_tile_us.is_some()), (true, true));

@@ -24,7 +24,7 @@ use cmm_sim::tune::tune_moe;
 use cmm_sim::tune::{tune_attention, tune_linear};
 use cmm_sim::validate::{flux, one_gpu_bench, seed000, seed002, seed002_simulated};
 use cmm_sim::TopologyKind;
-use cmm_sim::{simulate, Engines, OpClass, Profile, SimOptions, SimReport};
+use cmm_sim::{simulate, Engines, HardwareQueues, OpClass, Profile, SimOptions, SimReport};
 use serde::Serialize;
 
 use crate::problem_args::{algorithm, us, ProblemArgs};
@@ -66,6 +66,16 @@ pub struct Args {
     /// `--offset-starts` does on one GPU (refused where it would deadlock).
     #[arg(long)]
     pub offset_starts: bool,
+    /// The GPU's hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS`, 1 to 32; CUDA gives 8
+    /// unasked): the lanes' ops share them in the CUDA backend's enqueue order, so a lane
+    /// waiting for its own previous op holds every op behind it (default: each lane on its
+    /// own, as `cargo xtask`'s 32 give the corpus's plans). A plan or 1D op only.
+    #[arg(long, value_name = "N", conflicts_with_all = ["compare", "validate", "validate_bench", "layer", "attention", "moe", "mesh"])]
+    pub hardware_queues: Option<usize>,
+    /// With --hardware-queues: the queue the first stream feeds (the driver's round-robin
+    /// start, which the host does not know).
+    #[arg(long, value_name = "K", default_value_t = 0, requires = "hardware_queues")]
+    pub queue_offset: usize,
     /// Price every GEMM at the profile's cuBLAS rate instead of on the engine cmm runs it
     /// on (a potential: what the plan would take if cmm's kernels were as fast as cuBLAS;
     /// with --compare, a second column beside the as-built one).
@@ -234,7 +244,12 @@ pub fn run(args: &Args) -> Result<()> {
         Executor::Sim => {
             let compute_priority =
                 if args.stagger > 0 { staggered_priorities(plan.devices, args.stagger) } else { Vec::new() };
-            let options = SimOptions { torus_dims: torus_dims(&args.torus)?, compute_priority, engines: pricing(args) };
+            let options = SimOptions {
+                torus_dims: torus_dims(&args.torus)?,
+                compute_priority,
+                engines: pricing(args),
+                hardware_queues: hardware_queues(args),
+            };
             let report = simulate(&plan, &profile, &options)?;
             let analytic = ring_1d(&problem, alg, &profile);
             if args.json {
@@ -339,6 +354,24 @@ struct LinearRow {
 }
 
 /// `--layer`: every linear algorithm simulated, and the verdict.
+/// What the run assumed of the GPU's hardware queues.
+fn queues_line(plan: &Plan, r: &SimReport) -> String {
+    let streams = plan.devices * plan.lanes.len();
+    match r.hardware_queues {
+        None => format!("each of the {streams} lanes on its own (CUDA_DEVICE_MAX_CONNECTIONS ≥ {streams})"),
+        Some(hw) => format!(
+            "{} hardware queue(s) for {streams} lanes (stream 0 on queue {}), ops in the CUDA backend's enqueue order",
+            hw.queues,
+            hw.offset % hw.queues.max(1)
+        ),
+    }
+}
+
+/// `--hardware-queues` and `--queue-offset`, as the simulator takes them.
+fn hardware_queues(args: &Args) -> Option<HardwareQueues> {
+    args.hardware_queues.map(|queues| HardwareQueues { queues, offset: args.queue_offset })
+}
+
 fn linear(args: &Args, layer: Layer) -> Result<()> {
     let pa = &args.problem;
     let (Some(d), Some(m), Some(n), Some(k)) = (pa.devices, pa.m, pa.n, pa.k) else {
@@ -369,8 +402,15 @@ fn plan_file(args: &Args, path: &std::path::Path) -> Result<()> {
 pub fn plan_text(args: &Args, text: &str, origin: &str) -> Result<()> {
     let plan = Plan::from_file_json(text).with_context(|| origin.to_string())?;
     let profile = args.problem.profile()?;
-    let report =
-        simulate(&plan, &profile, &SimOptions { torus_dims: torus_dims(&args.torus)?, ..SimOptions::default() })?;
+    let report = simulate(
+        &plan,
+        &profile,
+        &SimOptions {
+            torus_dims: torus_dims(&args.torus)?,
+            hardware_queues: hardware_queues(args),
+            ..SimOptions::default()
+        },
+    )?;
     if args.json {
         crate::output::emit_json(json(&plan, &report, None))?;
     } else {
@@ -575,6 +615,7 @@ fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic: Option<
     println!("profile:       {} ({})", profile.name, profile.description);
     println!("makespan:      {}", us(r.makespan_s));
     println!("GEMMs on:      {}", engines_line(profile, r));
+    println!("queues:        {}", queues_line(plan, r));
     let one_gpu = profile.interconnect.topology == TopologyKind::OneGpu;
     let over = if one_gpu { "sum over the GPU's devices" } else { "max over devices" };
     println!("compute floor: {} ({over} of GEMM/reduce work)", us(r.compute_floor_s));
@@ -665,6 +706,7 @@ fn json(plan: &Plan, r: &SimReport, analytic_s: Option<f64>) -> serde_json::Valu
         "analytic_us": analytic_s.map(|s| s * 1e6),
         "gemm_engines": r.engines.0.iter().map(|(e, n)| serde_json::json!({"engine": e.name(), "gemms": n})).collect::<Vec<_>>(),
         "gemm_pricing": match r.pricing { Engines::AsBuilt => "as built", Engines::CublasSpeed => "cuBLAS speed (potential)" },
+        "hardware_queues": r.hardware_queues.map(|hw| serde_json::json!({"queues": hw.queues, "offset": hw.offset})),
         "lane_busy_us": busy,
         "critical_path": path,
     })
@@ -937,9 +979,13 @@ mod tests {
             "x --moe ag_moe --executor reference",
             "x --layer mlp --validate",
             "x plan.json --op ag_gemm",
+            "x --layer mlp --hardware-queues 8",
+            "x --compare --hardware-queues 8",
+            "x --op ag_gemm --queue-offset 1",
         ] {
             assert!(parse(line).is_err(), "`{line}` should be refused");
         }
         assert!(parse("x --mesh 2x2 --algorithm summa -m 64 -n 64 -k 64").is_ok());
+        assert!(parse("x --op gemm_rs --hardware-queues 8 --queue-offset 3").is_ok());
     }
 }

@@ -9,7 +9,7 @@
 
 use cmm_core::plan::{Engine, Op, OpSite, Plan, Region};
 use cmm_core::schedule::schedule;
-use cmm_core::verify::queues::{check_enqueue_order, stream_of, DEFAULT_QUEUES, MAX_QUEUES};
+use cmm_core::verify::queues::{check_enqueue_order, stream_of, with_fused_runs_whole, DEFAULT_QUEUES, MAX_QUEUES};
 use cmm_core::DType;
 
 use crate::error::CudaError;
@@ -595,22 +595,12 @@ pub fn lower(plan: &Plan, options: &LowerOptions) -> Result<Lowered, CudaError> 
 /// Lowers `plan` in the given enqueue order, refusing an order that could hang on
 /// `options.queues` hardware queues.
 ///
-/// A fused run is one kernel: its ops are enqueued together where the order reaches its
-/// last block, so everything its waits need was enqueued before it (the check then
-/// sees the kernel occupy its queue while it waits, as it does).
+/// A fused run is one kernel, enqueued where the order reaches its last block
+/// ([`with_fused_runs_whole`]).
 pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> Result<Lowered, CudaError> {
     let runs = plan.fused_runs()?;
     let run_of = |s: &OpSite| runs.iter().position(|r| r.holds(*s));
-    let mut contiguous = Vec::with_capacity(order.len());
-    for s in order {
-        match run_of(s) {
-            None => contiguous.push(*s),
-            Some(i) if s.index == runs[i].end() => {
-                contiguous.extend(runs[i].span().map(|index| OpSite { index, ..*s }))
-            }
-            Some(_) => {}
-        }
-    }
+    let contiguous = with_fused_runs_whole(order, &runs);
     let order = &contiguous[..];
     check_enqueue_order(plan, order, options.queues)?;
     if options.gemm == GemmEngine::Cublas && !options.cublas_present {

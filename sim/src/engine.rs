@@ -1,6 +1,7 @@
 //! The discrete-event simulator: replays any plan with durations from a profile.
 //!
-//! Every (device, lane) is a sequential queue. An op goes through phases:
+//! Every (device, lane) is a sequential queue (and with [`SimOptions::hardware_queues`],
+//! the lanes also share the GPU's FIFO hardware queues). An op goes through phases:
 //!
 //! - `Gemm`: launch overhead, then its work (FLOPs at the profile's efficiency, or its HBM
 //!   traffic, whichever is slower) on the device's compute resource;
@@ -43,6 +44,25 @@ pub struct SimOptions {
     /// backend runs it on; or [`Engines::CublasSpeed`], every GEMM at the profile's library
     /// rate (a potential, not what cmm runs).
     pub engines: Engines,
+    /// The GPU's hardware queues, as the CUDA backend meets them: `None` (default), every
+    /// lane on its own, as `CUDA_DEVICE_MAX_CONNECTIONS` ≥ the plan's streams gives (`cargo
+    /// xtask` asks for 32); `Some`, the lanes' ops share FIFO queues in the backend's
+    /// enqueue order ([`HardwareQueues`]).
+    pub hardware_queues: Option<HardwareQueues>,
+}
+
+/// FIFO hardware queues shared by a plan's streams, as `cmm_core::verify::queues` models
+/// them: stream `s` (device by device, lane by lane) feeds queue `(s + offset) mod queues`
+/// with its ops in the CUDA backend's enqueue order (the schedule order, a fused run whole
+/// at its last block); an op leaves its queue when it starts, and starts only once its
+/// own lane has finished the op before it, so an op waiting for its lane holds every op
+/// behind it in the queue, of any stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HardwareQueues {
+    /// How many (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 when unset).
+    pub queues: usize,
+    /// The queue stream 0 feeds (the driver's round-robin counter, unknown to the host).
+    pub offset: usize,
 }
 
 /// How the simulator prices GEMMs.
@@ -83,6 +103,12 @@ pub enum SimError {
         dims: Vec<usize>,
         /// Devices of the plan.
         devices: usize,
+    },
+    /// The hardware queue count is outside what CUDA offers.
+    #[error("{queues} hardware queues: CUDA offers 1 to {}", cmm_core::verify::queues::MAX_QUEUES)]
+    HardwareQueues {
+        /// The count asked for.
+        queues: usize,
     },
     /// The plan cannot finish.
     #[error("plan `{plan}` deadlocks at {time_us:.3} µs; blocked: {}", .blocked.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -181,6 +207,8 @@ pub struct SimReport {
     pub engines: cmm_core::engines::EngineCounts,
     /// How GEMMs were priced.
     pub pricing: Engines,
+    /// The hardware queues the lanes shared, where modelled ([`SimOptions::hardware_queues`]).
+    pub hardware_queues: Option<HardwareQueues>,
 }
 
 impl SimReport {
@@ -276,6 +304,8 @@ enum LaneState {
     Timed(f64),
     Flowing,
     Blocked,
+    /// Its next op waits for the ops ahead of it in its hardware queue to start.
+    Queued,
     Finished,
 }
 
@@ -299,6 +329,49 @@ struct LaneRun {
     phases: Vec<Phase>,
     step: usize,
     state: LaneState,
+    /// Since when op `pc`, its lane done with the op before, has waited in its hardware
+    /// queue (`None`: the previous op is not yet closed).
+    queued_since: Option<f64>,
+}
+
+/// An op's hardware queue and its position there.
+type QueueSlot = Option<(usize, usize)>;
+
+/// Each op's place in its hardware queue ([`SimOptions::hardware_queues`]).
+struct QueueSlots {
+    /// Per device, lane and op: (queue, position), or none for the ops inside a fused
+    /// run after its first (one kernel, one place).
+    slots: Vec<Vec<Vec<QueueSlot>>>,
+    /// Per queue, its ops in order.
+    order: Vec<Vec<OpSite>>,
+    /// Per queue, how many of its ops have started.
+    started: Vec<usize>,
+}
+
+impl QueueSlots {
+    fn new(plan: &Plan, runs: &[FusedRun], hw: HardwareQueues) -> Result<QueueSlots, SimError> {
+        let queues = hw.queues;
+        if !(1..=cmm_core::verify::queues::MAX_QUEUES).contains(&queues) {
+            return Err(SimError::HardwareQueues { queues });
+        }
+        let order = cmm_core::verify::queues::schedule_order(plan).map_err(|d| SimError::Deadlock {
+            plan: plan.name.clone(),
+            time_us: 0.0,
+            blocked: d.blocked,
+        })?;
+        let mut slots: Vec<Vec<Vec<QueueSlot>>> =
+            plan.programs.iter().map(|p| p.lanes.iter().map(|ops| vec![None; ops.len()]).collect()).collect();
+        let mut per_queue: Vec<Vec<OpSite>> = vec![Vec::new(); queues];
+        for site in cmm_core::verify::queues::with_fused_runs_whole(&order, runs) {
+            if runs.iter().any(|r| r.holds(site) && site.index != r.blocks[0]) {
+                continue;
+            }
+            let q = (cmm_core::verify::queues::stream_of(plan, site) + hw.offset) % queues;
+            slots[site.device][site.lane][site.index] = Some((q, per_queue[q].len()));
+            per_queue[q].push(site);
+        }
+        Ok(QueueSlots { slots, order: per_queue, started: vec![0; queues] })
+    }
 }
 
 /// A semaphore increment that has landed.
@@ -331,6 +404,9 @@ struct Sim<'a> {
     /// How GEMMs are priced, and what ran them.
     pricing: Engines,
     engines: cmm_core::engines::EngineCounts,
+    /// The hardware queues the lanes share, if modelled, and each op's place in them.
+    hardware_queues: Option<HardwareQueues>,
+    queues: Option<QueueSlots>,
 }
 
 /// The seed whose routing the simulator prices grouped GEMMs with (the router's
@@ -539,35 +615,53 @@ impl<'a> Sim<'a> {
             let (device, lane) = (self.lanes[li].device, self.lanes[li].lane);
             match self.lanes[li].state {
                 LaneState::Finished | LaneState::Timed(_) | LaneState::Flowing => return moved,
-                LaneState::Ready | LaneState::Blocked => {}
+                LaneState::Ready | LaneState::Blocked | LaneState::Queued => {}
             }
             let ops = &self.plan.programs[device].lanes[lane];
             let run = &mut self.lanes[li];
             if run.step >= run.phases.len() {
                 // The current op (if any) is done; start the next one.
-                if run.pc > 0 || !run.phases.is_empty() {
-                    let record = &mut self.records[device][lane][run.pc];
-                    record.end_s = self.now;
-                    if record.compute_end_s.is_nan() {
-                        record.compute_end_s = self.now;
+                if run.queued_since.is_none() {
+                    if run.pc > 0 || !run.phases.is_empty() {
+                        let record = &mut self.records[device][lane][run.pc];
+                        record.end_s = self.now;
+                        if record.compute_end_s.is_nan() {
+                            record.compute_end_s = self.now;
+                        }
+                        run.pc += 1;
+                        moved = true;
                     }
-                    run.pc += 1;
-                }
-                if run.pc >= ops.len() {
-                    run.state = LaneState::Finished;
-                    return true;
+                    if run.pc >= ops.len() {
+                        run.state = LaneState::Finished;
+                        return true;
+                    }
+                    run.queued_since = Some(self.now);
                 }
                 let index = run.pc;
+                let reached = run.queued_since.unwrap_or(self.now);
+                // Its hardware queue lets it start once every op ahead of it has.
+                let mut queued_behind = None;
+                if let Some(q) = &mut self.queues {
+                    if let Some((queue, position)) = q.slots[device][lane][index] {
+                        if q.started[queue] < position {
+                            run.state = LaneState::Queued;
+                            return moved;
+                        }
+                        q.started[queue] += 1;
+                        queued_behind = (position > 0 && self.now > reached).then(|| q.order[queue][position - 1]);
+                    }
+                }
+                run.queued_since = None;
                 let op = &ops[index];
                 let (mut phases, bytes, flops, mut work_s) = self.phases(device, op);
                 if let Some((fused, work)) = self.fused_phases(OpSite { device, lane, index }, op) {
                     (phases, work_s) = (fused, work);
                 }
-                let pred = (index > 0).then_some(OpSite { device, lane, index: index - 1 });
+                let pred = queued_behind.or((index > 0).then_some(OpSite { device, lane, index: index - 1 }));
                 self.records[device][lane][index] = OpRecord {
                     site: OpSite { device, lane, index },
                     class: Sim::class(op, device),
-                    reached_s: self.now,
+                    reached_s: reached,
                     start_s: self.now,
                     end_s: self.now,
                     pred,
@@ -991,6 +1085,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
                 phases: Vec::new(),
                 step: 0,
                 state: LaneState::Ready,
+                queued_since: None,
             })
         })
         .collect();
@@ -1014,7 +1109,12 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
         in_flight: Vec::new(),
         pricing: options.engines,
         engines: Default::default(),
+        hardware_queues: options.hardware_queues,
+        queues: None,
     };
+    if let Some(hw) = options.hardware_queues {
+        sim.queues = Some(QueueSlots::new(plan, &sim.runs, hw)?);
+    }
     // What prices each GEMM: a fused run once, every other GEMM op apart.
     for run in 0..sim.runs.len() {
         let engine = sim.run_engine(run);
@@ -1104,6 +1204,7 @@ fn report(sim: Sim<'_>) -> SimReport {
         records,
         engines: sim.engines,
         pricing: sim.pricing,
+        hardware_queues: sim.hardware_queues,
     }
 }
 
@@ -1276,6 +1377,57 @@ mod tests {
         assert!(local.exposed_comm_s[0] < 1e-12 && local.comm_floor_s == 0.0);
         let one = Profile::load("h100-one-gpu").unwrap();
         assert_eq!(sim(&plan(Some(1)), &one).makespan_s, sim(&plan(None), &one).makespan_s);
+    }
+
+    fn on_queues(plan: &Plan, profile: &Profile, queues: usize, offset: usize) -> Result<SimReport, SimError> {
+        let options = SimOptions { hardware_queues: Some(HardwareQueues { queues, offset }), ..SimOptions::default() };
+        simulate(plan, profile, &options)
+    }
+
+    /// As many queues as streams change nothing; fewer start each queue's ops in the
+    /// backend's enqueue order, so an op whose lane is ready can wait behind another
+    /// stream's op, and the record names that op as what held it.
+    #[test]
+    fn lanes_sharing_hardware_queues_start_their_ops_in_enqueue_order() {
+        let one = Profile::load("h100-one-gpu").unwrap();
+        let p = crate::validate::seed000_problem(OpKind::GemmRs, 4, 8).unwrap();
+        for algorithm in [Algorithm::Ring, Algorithm::Fused { chunks: 1 }] {
+            let plan = build_plan(&p, algorithm).unwrap();
+            let streams = plan.devices * plan.lanes.len();
+            let free = sim(&plan, &one);
+            let own = on_queues(&plan, &one, streams, 3).unwrap();
+            assert_eq!(own.makespan_s, free.makespan_s, "{}", plan.name);
+            let runs = plan.fused_runs().unwrap();
+            let mut held = 0;
+            for queues in [1, 2] {
+                let shared = on_queues(&plan, &one, queues, 1).unwrap();
+                assert!(shared.makespan_s >= free.makespan_s * (1.0 - 1e-9), "{} on {queues}", plan.name);
+                let slots = QueueSlots::new(&plan, &runs, HardwareQueues { queues, offset: 1 }).unwrap();
+                for order in &slots.order {
+                    // (A Wait's start is when it was satisfied, not when it left its queue.)
+                    let starts: Vec<f64> = order
+                        .iter()
+                        .map(|&s| shared.record(s))
+                        .filter(|r| r.class != OpClass::Wait)
+                        .map(|r| r.start_s)
+                        .collect();
+                    assert!(starts.windows(2).all(|w| w[0] <= w[1]), "{} on {queues}: {starts:?}", plan.name);
+                }
+                held += shared
+                    .ops()
+                    .filter(|r| {
+                        r.start_s > r.reached_s
+                            && r.pred.is_some_and(|p| (p.device, p.lane) != (r.site.device, r.site.lane))
+                    })
+                    .filter(|r| r.class != OpClass::Wait)
+                    .count();
+            }
+            assert!(held > 0, "{}: no op waited behind another stream's", plan.name);
+        }
+        let plan = build_plan(&p, Algorithm::Ring).unwrap();
+        for queues in [0, 33] {
+            assert_eq!(on_queues(&plan, &one, queues, 0).unwrap_err(), SimError::HardwareQueues { queues });
+        }
     }
 
     /// Two devices of one GPU each run one GEMM, and device 0 copies a buffer to device 1.

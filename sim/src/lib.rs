@@ -7,7 +7,7 @@ pub mod engine;
 pub mod profile;
 pub mod topology;
 
-pub use engine::{simulate, Engines, OpClass, OpRecord, SimError, SimOptions, SimReport};
+pub use engine::{simulate, Engines, HardwareQueues, OpClass, OpRecord, SimError, SimOptions, SimReport};
 pub use profile::{Profile, ProfileError, TopologyKind};
 pub mod analytic;
 pub mod calibration;

@@ -351,6 +351,8 @@ struct Report {
     peak_cublas_tflops: f64,
     /// The priority signals, waits and SM copies ran at, or why they ran at the default.
     comm_priority: String,
+    /// The hardware queues the lanes' streams shared (`CUDA_DEVICE_MAX_CONNECTIONS`).
+    hardware_queues: usize,
     local_gemm: String,
     local_cublas_us: f64,
     local_tile_us: f64,
@@ -688,6 +690,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         shrink,
         peak_cublas_tflops: peak_tflops,
         comm_priority,
+        hardware_queues: cmm_cuda::lower::hardware_queues()?,
         local_gemm: local_name,
         local_cublas_us,
         local_tile_us,

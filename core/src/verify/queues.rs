@@ -30,7 +30,7 @@ use std::fmt;
 
 use thiserror::Error;
 
-use crate::plan::{Op, OpSite, Plan};
+use crate::plan::{FusedRun, Op, OpSite, Plan};
 use crate::schedule::{schedule, Deadlock};
 
 /// The default number of hardware queues CUDA gives a context.
@@ -148,6 +148,23 @@ pub fn whole_lane_order(plan: &Plan) -> Vec<OpSite> {
 /// The order of the deterministic schedule: safe under any mapping of streams to queues.
 pub fn schedule_order(plan: &Plan) -> Result<Vec<OpSite>, Deadlock> {
     Ok(schedule(plan)?.order)
+}
+
+/// `order` (every op once) as a CUDA executor enqueues it: a fused run is one kernel, so
+/// its ops go together where `order` reaches its last block, once everything its waits
+/// need is enqueued (the queue check then sees the kernel occupy its queue while it
+/// waits, as it does). Each run's span stays whole and in lane order.
+pub fn with_fused_runs_whole(order: &[OpSite], runs: &[FusedRun]) -> Vec<OpSite> {
+    let run_of = |s: &OpSite| runs.iter().position(|r| r.holds(*s));
+    let mut whole = Vec::with_capacity(order.len());
+    for s in order {
+        match run_of(s) {
+            None => whole.push(*s),
+            Some(i) if s.index == runs[i].end() => whole.extend(runs[i].span().map(|index| OpSite { index, ..*s })),
+            Some(_) => {}
+        }
+    }
+    whole
 }
 
 /// The stream of an op: streams are created device by device, lane by lane.
