@@ -160,7 +160,8 @@ pub struct OpRecord {
     /// When it finished, seconds.
     pub end_s: f64,
     /// The op whose end determined this op's start: the previous op of the lane, or for a
-    /// blocked Wait the Signal that satisfied it.
+    /// blocked Wait the Signal that satisfied it, or for an op held in its hardware queue
+    /// ([`SimOptions::hardware_queues`]) the op ahead of it there, whose start released it.
     pub pred: Option<OpSite>,
     /// Bytes moved (copies) or touched (reduces).
     pub bytes: f64,
