@@ -72,7 +72,7 @@ fn mutate(v: &mut serde_json::Value, rng: &mut u64) {
 #[test]
 fn mutated_plan_files_are_refused_or_verified_and_simulated_never_a_panic() {
     use cmm_core::schedule::{schedule_with, Order};
-    use cmm_sim::{simulate, Profile, SimOptions};
+    use cmm_sim::{simulate, HardwareQueues, Profile, SimOptions};
     let ring = build_plan(&Problem::new(OpKind::GemmRs, 3, 6, 4, 6, DType::Bf16, DType::F32).unwrap(), Algorithm::Ring);
     let fused = build_plan(
         &Problem::new(OpKind::AgGemm, 2, 8, 4, 8, DType::F16, DType::F16).unwrap(),
@@ -95,6 +95,9 @@ fn mutated_plan_files_are_refused_or_verified_and_simulated_never_a_panic() {
             let _ = cmm_core::verify::verify(&plan, &schedule);
         }
         let _ = simulate(&plan, &profile, &SimOptions::default());
+        // And with the lanes on shared hardware queues (1 to 3, any offset).
+        let queues = Some(HardwareQueues { queues: 1 + i % 3, offset: i });
+        let _ = simulate(&plan, &profile, &SimOptions { hardware_queues: queues, ..SimOptions::default() });
     }
     // Most mutations break the file; enough survive to exercise the verifier and simulator.
     assert!((30..600).contains(&accepted), "{accepted} of 600 mutated files were accepted");
