@@ -355,3 +355,36 @@ fn tune_says_what_a_fused_winner_assumes() {
     let text_out = text(&tune(&[], FLUX));
     assert!(text_out.contains("\ncaveat: the fused plans have run only as virtual devices"), "{text_out}");
 }
+
+/// docs/simulator.md shows `cmm simulate --validate`'s output "unedited": at least its
+/// bench sections, which the one-GPU model changes most, must be. (The whole command takes
+/// over a minute, most of it in seed 002's cross-check; each bench section is
+/// `--validate-bench` of a committed report, milliseconds.)
+#[test]
+fn the_simulator_docs_show_the_bench_validation_unedited() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/simulator.md")).unwrap();
+    let shown = guide_block(&doc, "prints (this is its output, unedited):", "text");
+    let reports: Vec<&str> = shown
+        .lines()
+        .filter_map(|l| l.split_once(".json: ").map(|(path, _)| path))
+        .filter(|path| path.starts_with("docs/gpu-runs/"))
+        .collect();
+    assert!(reports.len() >= 2, "the validation block shows the committed benches: {reports:?}");
+    for report in reports {
+        let path = format!("{report}.json");
+        let o = cmm(&root, &["simulate", "--validate-bench", &path]);
+        assert!(o.status.success(), "{}", text(&o));
+        let printed = String::from_utf8(o.stdout).unwrap();
+        let start = shown.find(&format!("{path}: ")).unwrap();
+        let differs = printed.lines().zip(shown[start..].lines()).enumerate().find(|(_, (now, doc))| now != doc);
+        if let Some((line, (now, doc))) = differs {
+            panic!(
+                "docs/simulator.md's section on {path} differs at its line {}:\n doc: {doc}\n now: {now}\n\
+                 run `cargo xtask simulate --validate` and paste its output there",
+                line + 1
+            );
+        }
+        assert!(shown[start..].lines().count() >= printed.lines().count(), "{path}: the doc's section is cut short");
+    }
+}
