@@ -173,9 +173,9 @@ impl CopyIssue {
         }
     }
 
-    /// The way named `key` ([`Self::key`]).
-    pub fn from_key(key: &str) -> Option<CopyIssue> {
-        CopyIssue::ALL.into_iter().find(|c| c.key() == key)
+    /// The way [`Self::key`] names, or an error listing the keys.
+    pub fn parse(key: &str) -> Result<CopyIssue, String> {
+        crate::lower::by_key(key, &CopyIssue::ALL, CopyIssue::key)
     }
 }
 

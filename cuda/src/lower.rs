@@ -48,9 +48,9 @@ impl HopperVariant {
         }
     }
 
-    /// The variant [`Self::key`] names.
-    pub fn from_key(key: &str) -> Option<HopperVariant> {
-        HopperVariant::ALL.into_iter().find(|v| v.key() == key)
+    /// The variant [`Self::key`] names, or an error listing the keys.
+    pub fn parse(key: &str) -> Result<HopperVariant, String> {
+        by_key(key, &HopperVariant::ALL, HopperVariant::key)
     }
 
     /// CTAs of a cluster.
@@ -175,6 +175,15 @@ impl std::ops::AddAssign for GemmCounts {
         self.hopper += other.hopper;
         self.clusters += other.clusters;
     }
+}
+
+/// The one of `all` whose key is `key`, or an error listing the keys (the options that
+/// name a value by key: `--hopper-variant`, `--copies`, a rank worker's options line).
+pub(crate) fn by_key<T: Copy>(key: &str, all: &[T], key_of: fn(T) -> &'static str) -> Result<T, String> {
+    all.iter().copied().find(|&t| key_of(t) == key).ok_or_else(|| {
+        let keys: Vec<&str> = all.iter().map(|&t| key_of(t)).collect();
+        format!("`{key}` is not one of {}", keys.join(", "))
+    })
 }
 
 /// An element address: buffer `buffer` of device `device`, `offset` bytes in.

@@ -220,7 +220,7 @@ fn parse_options(words: &[&str]) -> Option<CudaRunOptions> {
             "narrow" => Some(HopperTile::Narrow),
             _ => return None,
         },
-        hopper_variant: HopperVariant::from_key(variant)?,
+        hopper_variant: HopperVariant::parse(variant).ok()?,
         fused_ctas_per_sm: ctas.parse().ok()?,
         fused_free_sms: match *free {
             "-" => None,
@@ -233,7 +233,7 @@ fn parse_options(words: &[&str]) -> Option<CudaRunOptions> {
             _ => return None,
         },
         cold_l2: flag(cold)?,
-        copies: CopyIssue::from_key(copies)?,
+        copies: CopyIssue::parse(copies).ok()?,
         ..CudaRunOptions::default()
     })
 }

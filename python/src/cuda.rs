@@ -193,10 +193,7 @@ pub fn cuda_run<'py>(
         "memops" => SyncMode::StreamMemOps,
         other => return Err(PyValueError::new_err(format!("sync `{other}`: kernels or memops"))),
     };
-    let copies = CopyIssue::from_key(copies).ok_or_else(|| {
-        let keys: Vec<&str> = CopyIssue::ALL.iter().map(|c| c.key()).collect();
-        PyValueError::new_err(format!("copies `{copies}`: one of {}", keys.join(", ")))
-    })?;
+    let copies = CopyIssue::parse(copies).map_err(|why| PyValueError::new_err(format!("copies {why}")))?;
     if !(wait_timeout.is_finite() && wait_timeout > 0.0) {
         return Err(PyValueError::new_err(format!("wait_timeout {wait_timeout}: a positive number of seconds")));
     }

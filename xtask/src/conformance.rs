@@ -127,12 +127,12 @@ pub struct Args {
     /// GEMMs take (default: the engine's own). `pair` runs every plain GEMM whose B is
     /// N-major in clusters of two that multicast B (a transposed B keeps the engine's own);
     /// fused and grouped GEMMs keep theirs. The run's counts say how many ran in clusters.
-    #[arg(long, value_name = "KERNELS", value_parser = parse_hopper_variant)]
+    #[arg(long, value_name = "KERNELS", value_parser = HopperVariant::parse)]
     pub hopper_variant: Option<HopperVariant>,
     /// CUDA only: how the copy-engine copies are issued: `driver` (default,
     /// `cuMemcpy2DAsync`: the driver picks the hardware, within one GPU possibly its SMs) or
     /// `copy-engines` (`cuMemcpyBatchAsync` asking the driver to keep them off the SMs).
-    #[arg(long, value_name = "HOW", value_parser = parse_copies)]
+    #[arg(long, value_name = "HOW", value_parser = CopyIssue::parse)]
     pub copies: Option<CopyIssue>,
     /// CUDA only: run each device of each case in a process of its own (rank workers,
     /// `CudaBackend::run_rank`: a symmetric heap shared through CUDA VMM handles, a
@@ -242,24 +242,6 @@ impl Args {
             ..defaults
         }
     }
-}
-
-/// `--copies`: a [`CopyIssue::key`].
-fn parse_copies(key: &str) -> Result<CopyIssue, String> {
-    by_key(key, &CopyIssue::ALL, |c| c.key())
-}
-
-/// `--hopper-variant`: a [`HopperVariant::key`].
-fn parse_hopper_variant(key: &str) -> Result<HopperVariant, String> {
-    by_key(key, &HopperVariant::ALL, |v| v.key())
-}
-
-/// The one of `all` whose key is `key`, or an error listing the keys.
-fn by_key<T: Copy>(key: &str, all: &[T], key_of: fn(T) -> &'static str) -> Result<T, String> {
-    all.iter().copied().find(|&t| key_of(t) == key).ok_or_else(|| {
-        let keys: Vec<&str> = all.iter().map(|&t| key_of(t)).collect();
-        format!("`{key}` is not one of {}", keys.join(", "))
-    })
 }
 
 /// The Hopper engine's tiles, as `--hopper-tile` names them.
