@@ -558,12 +558,14 @@ fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow])
         let staggered = simulate(&plan, profile, &staggered)?.makespan_s * 1e6;
         let twin = simulate(&cmm_core::emulate::compute_only(&plan), profile, &SimOptions::default())?.makespan_s * 1e6;
         // The lanes on the report's hardware queues, the mean over the queue the first
-        // stream feeds (the driver's, unknown to the host).
+        // stream feeds (the driver's, unknown to the host; with no more streams than
+        // queues, none shares one whatever it is).
+        let offsets = if plan.devices * plan.lanes.len() <= queues { 1 } else { queues };
         let mut shared = 0.0;
-        for offset in 0..queues {
+        for offset in 0..offsets {
             let options =
                 SimOptions { hardware_queues: Some(HardwareQueues { queues, offset }), ..SimOptions::default() };
-            shared += simulate(&plan, profile, &options)?.makespan_s * 1e6 / queues as f64;
+            shared += simulate(&plan, profile, &options)?.makespan_s * 1e6 / offsets as f64;
         }
         println!(
             "{:<26} {:<28} {:>8.1} µs {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8} {:>8.1} µs {:>8}",
