@@ -12,7 +12,8 @@ use cmm_core::plan::OpSite;
 use cmm_core::OpKind;
 use cmm_sim::calibration;
 use cmm_sim::validate::{
-    calibrated_one_gpu, one_gpu_rows, seed000_problem, BenchTime, OneGpuCalibration, OneGpuRow, H100_COMPUTE_LEVELS,
+    calibrated_one_gpu, one_gpu_rows, seed000_problem, BenchTime, OneGpuCalibration, OneGpuRow, PersistentCopy,
+    H100_COMPUTE_LEVELS,
 };
 use cmm_sim::{simulate, HardwareQueues, Profile, SimOptions};
 use serde::{Deserialize, Serialize};
@@ -216,6 +217,38 @@ struct BenchCalibration {
     /// the call).
     #[serde(default)]
     copy_engines: Option<EngineCopies>,
+    /// The copy beside persistent kernels (benches since the calibration measured it).
+    #[serde(default)]
+    persistent: Option<PersistentCopies>,
+}
+
+/// The calibration's copy beside two devices' persistent kernels.
+#[derive(Debug, Deserialize)]
+struct PersistentCopies {
+    devices: usize,
+    gemm_engine: String,
+    kernels_us: f64,
+    kernel_beside_copy_us: f64,
+    copy_beside_kernel_us: f64,
+    copy_engines: Option<Beside>,
+}
+
+/// Two ops of one run started together.
+#[derive(Debug, Deserialize)]
+struct Beside {
+    kernel_us: f64,
+    copy_us: f64,
+}
+
+impl BenchCalibration {
+    /// The copy beside persistent kernels as the simulator's calibration reads it.
+    fn persistent_copy(&self) -> Option<PersistentCopy> {
+        self.persistent.as_ref().map(|p| PersistentCopy {
+            copy_us: self.copy_us,
+            copy_beside_us: p.copy_beside_kernel_us,
+            kernel_beside_us: p.kernel_beside_copy_us,
+        })
+    }
 }
 
 /// The calibration's copy asked of the copy engines: alone, and beside the GEMM.
@@ -369,6 +402,23 @@ fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> R
         rows.push(("the copy beside it (copy engines)".to_string(), e.copy_beside_gemm_us, took("comm")));
     }
     let rounds = run(&calibration::round_trip_plan()?)?;
+    if let Some(p) = &c.persistent {
+        let alone = run(&calibration::persistent_plan(p.devices, local, false)?)?;
+        rows.push((format!("{} persistent GEMMs at once", p.devices), p.kernels_us, us(alone.makespan_s)));
+        let plan = calibration::persistent_plan(p.devices, local, true)?;
+        let beside = run(&plan)?;
+        let took = |lane: &str| {
+            let lane = plan.lanes.iter().position(|l| l == lane).expect("the calibration plan's lanes");
+            let r = beside.record(OpSite { device: 0, lane, index: 0 });
+            us(r.end_s - r.start_s)
+        };
+        rows.push(("a persistent GEMM beside the copy".to_string(), p.kernel_beside_copy_us, took("compute")));
+        rows.push(("the copy beside persistent GEMMs".to_string(), p.copy_beside_kernel_us, took("comm")));
+        if let Some(e) = &p.copy_engines {
+            rows.push(("the persistent GEMM (copy engines)".to_string(), e.kernel_us, took("compute")));
+            rows.push(("the copy beside them (copy engines)".to_string(), e.copy_us, took("comm")));
+        }
+    }
     rows.push((
         "a signal-wait round trip".to_string(),
         c.round_trip_us,
@@ -429,6 +479,7 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
             gemm_us: c.gemm_us,
             together: c.together.iter().map(|t| (t.devices, t.ratio)).collect(),
             shrink: file.shrink,
+            persistent: c.persistent_copy(),
         },
     )?;
     println!();
@@ -445,6 +496,19 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
     );
     for (field, before, after) in changes(&profile, &calibrated) {
         println!("  {field}: {before} -> {after:.4}");
+    }
+    if let Some(p) = &c.persistent {
+        let share = c.persistent_copy().and_then(|p| p.share());
+        println!(
+            "  copy.rate_beside_persistent: {} -> {} (the copy {:.1} µs beside {} persistent GEMMs on {}, device 0's {:.1} µs; alone {:.1} µs)",
+            profile.copy.rate_beside_persistent.map_or("unset".into(), |v| v.to_string()),
+            share.map_or("unset: the copy waited for the kernels' end, no rate to take".into(), |v| format!("{v:.4}")),
+            p.copy_beside_kernel_us,
+            p.devices,
+            p.gemm_engine,
+            p.kernel_beside_copy_us,
+            c.copy_us
+        );
     }
     print_rows(&one_gpu_rows(&calibrated, &times, file.shrink, levels)?);
     // The calibration's own plans: the copy alone, the GEMMs at once and the round trip
@@ -672,6 +736,7 @@ mod tests {
             gemm_us: 80.0,
             together: vec![(2, 0.8), (4, 0.5)],
             shrink: 1,
+            persistent: None,
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
         assert_eq!((p.copy.copy_engine_gbps, p.copy.sm_copy_gbps), (2000.0, 2000.0));
@@ -688,6 +753,7 @@ mod tests {
             copy_beside_gemm_us: 20.0,
             copy_us: 16.0,
             copy_engines: Some(EngineCopies { copy_us: 40.0, gemm_beside_copy_us: 81.0, copy_beside_gemm_us: 45.0 }),
+            persistent: None,
         };
         let rows = calibration_rows(&p, &measured, 1).unwrap();
         let row = |what: &str| rows.iter().find(|r| r.0 == what).unwrap_or_else(|| panic!("{what}"));
@@ -715,5 +781,64 @@ mod tests {
         assert!(calibrated_one_gpu(&profile, &broken).unwrap_err().to_string().contains("round_trip_us"));
         let broken = OneGpuCalibration { together: vec![(2, -1.0)], ..c };
         assert!(calibrated_one_gpu(&profile, &broken).unwrap_err().to_string().contains("together ratio of 2"));
+    }
+
+    #[test]
+    fn a_copy_beside_persistent_kernels_sets_the_share_it_measured() {
+        let profile = Profile::load(ONE_GPU_PROFILE).unwrap();
+        // A 16 MiB copy that takes 16 µs alone, and 80 µs beside two persistent kernels of
+        // about 300 µs: a fifth of its rate.
+        let copy_gbps = (1024 * 4096 * 4) as f64 / 16.0 / 1e3;
+        let persistent = PersistentCopies {
+            devices: 2,
+            gemm_engine: "2 on the Hopper engine".into(),
+            kernels_us: 290.0,
+            kernel_beside_copy_us: 300.0,
+            copy_beside_kernel_us: 80.0,
+            copy_engines: Some(Beside { kernel_us: 295.0, copy_us: 18.0 }),
+        };
+        let measured = BenchCalibration {
+            together: vec![Together { devices: 2, together_us: 100.0, ratio: 0.85 }],
+            copy_gbps,
+            round_trip_us: 12.0,
+            gemm_us: 60.0,
+            gemm_beside_copy_us: 90.0,
+            copy_beside_gemm_us: 20.0,
+            copy_us: 16.0,
+            copy_engines: None,
+            persistent: Some(persistent),
+        };
+        let c = OneGpuCalibration {
+            copy_gbps,
+            round_trip_us: 12.0,
+            gemm_us: 60.0,
+            together: vec![(2, 0.85)],
+            shrink: 1,
+            persistent: measured.persistent_copy(),
+        };
+        let p = calibrated_one_gpu(&profile, &c).unwrap();
+        assert_eq!(p.copy.rate_beside_persistent, Some(0.2));
+        let rows = calibration_rows(&p, &measured, 1).unwrap();
+        let row = |what: &str| rows.iter().find(|r| r.0 == what).unwrap_or_else(|| panic!("{what}: {rows:?}"));
+        for (what, measured) in [
+            ("2 persistent GEMMs at once", 290.0),
+            ("a persistent GEMM beside the copy", 300.0),
+            ("the copy beside persistent GEMMs", 80.0),
+            ("the persistent GEMM (copy engines)", 295.0),
+            ("the copy beside them (copy engines)", 18.0),
+        ] {
+            assert_eq!(row(what).1, measured);
+        }
+        // The model's kernels outlast its copy, so the copy takes what was measured (its
+        // launch and latency aside), where without the share it kept the compute's 0.30.
+        let beside = row("the copy beside persistent GEMMs").2;
+        assert!(row("a persistent GEMM beside the copy").2 > beside, "{rows:?}");
+        assert!((beside - 80.0).abs() < 5.0, "{beside}");
+        let mut unset = p.clone();
+        unset.copy.rate_beside_persistent = None;
+        let before = calibration_rows(&unset, &measured, 1).unwrap();
+        let before = before.iter().find(|r| r.0 == "the copy beside persistent GEMMs").unwrap().2;
+        let compute_share = 16.0 / p.copy.rate_beside_compute + 3.0;
+        assert!((before - compute_share).abs() < 5.0 && before < beside - 20.0, "{before} vs {beside}");
     }
 }

@@ -39,6 +39,33 @@ pub fn gemms_plan(devices: usize, (m, n, k): (usize, usize, usize), gemm: bool, 
     b.finish()
 }
 
+/// `devices` devices, each running one `m×n×k` f16 GEMM as a persistent kernel (a fused
+/// GEMM of one block and no waits: the kernel and grid of the fused plans' GEMMs); with
+/// `copy`, device 0 also copies the f32 `m×n` block of [`gemms_plan`] to device 1 on a
+/// comm lane. It measures what a copy keeps of its rate while persistent kernels hold the
+/// SMs, which the fused plans' copies meet and the cuBLAS pair does not show.
+pub fn persistent_plan(devices: usize, (m, n, k): (usize, usize, usize), copy: bool) -> Result<Plan, PlanError> {
+    let mut b = PlanBuilder::new(format!("calibration: {devices} persistent GEMMs, copy {copy}"), devices);
+    let a = input(&mut b, "A", 0, DType::F16, m, k);
+    let w = input(&mut b, "B", 1, DType::F16, k, n);
+    let x = input(&mut b, "X", 2, DType::F32, m, n);
+    let c = b.buffer("C", DType::F16, m, n, BufferRole::Output);
+    let y = b.buffer("Y", DType::F32, m, n, BufferRole::Scratch);
+    let (compute, comm) = (b.lane("compute"), b.lane("comm"));
+    for d in 0..devices {
+        let mut op = Op::gemm(b.whole(a), b.whole(w), b.whole(c));
+        if let Op::Gemm { fused, .. } = &mut op {
+            *fused = Some(0);
+        }
+        b.push(d, compute, op);
+    }
+    if copy {
+        let (src, dst) = (b.whole(x), b.whole(y));
+        b.push(0, comm, Op::Copy { src, dst_device: 1, dst, engine: Engine::CopyEngine });
+    }
+    b.finish()
+}
+
 /// Device 0 signals device 1, which answers; [`ROUNDS`] times.
 pub fn round_trip_plan() -> Result<Plan, PlanError> {
     let mut b = PlanBuilder::new("calibration: signal-wait rounds", 2);

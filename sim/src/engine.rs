@@ -333,6 +333,9 @@ struct LaneRun {
     /// Since when op `pc`, its lane done with the op before, has waited in its hardware
     /// queue (`None`: the previous op is not yet closed).
     queued_since: Option<f64>,
+    /// Whether op `pc` is part of a tile-granular GEMM (a block, or a Wait or Signal
+    /// between blocks) that has started: its persistent kernel holds SMs.
+    persistent: bool,
 }
 
 /// An op's hardware queue and its position there.
@@ -631,6 +634,10 @@ impl<'a> Sim<'a> {
                         }
                         run.pc += 1;
                         moved = true;
+                        if run.persistent {
+                            run.persistent = false;
+                            self.flows_dirty = true;
+                        }
                     }
                     if run.pc >= ops.len() {
                         run.state = LaneState::Finished;
@@ -657,6 +664,8 @@ impl<'a> Sim<'a> {
                 let (mut phases, bytes, flops, mut work_s) = self.phases(device, op);
                 if let Some((fused, work)) = self.fused_phases(OpSite { device, lane, index }, op) {
                     (phases, work_s) = (fused, work);
+                    self.lanes[li].persistent = true;
+                    self.flows_dirty = true;
                 }
                 let pred = queued_behind.or((index > 0).then_some(OpSite { device, lane, index: index - 1 }));
                 self.records[device][lane][index] = OpRecord {
@@ -890,9 +899,16 @@ impl<'a> Sim<'a> {
         let mut left: Vec<f64> = self.topo.resources.iter().map(|r| r.capacity).collect();
         // On one GPU a copy beside compute slows both, by the profile's contention factors
         // (a copy's cap is scaled in `fill`).
-        let contended =
-            self.topo.one_gpu() && self.flows.iter().any(|f| f.computes) && self.flows.iter().any(|f| !f.computes);
-        let copy_share = if contended { self.profile.copy.rate_beside_compute } else { 1.0 };
+        let copying = self.flows.iter().any(|f| !f.computes);
+        let contended = self.topo.one_gpu() && copying && self.flows.iter().any(|f| f.computes);
+        // A persistent kernel holds its SMs while it computes and while it spins on a wait;
+        // where the profile says what a copy keeps beside one, that applies instead.
+        let persistent = self.topo.one_gpu() && copying && self.lanes.iter().any(|l| l.persistent);
+        let copy_share = match self.profile.copy.rate_beside_persistent {
+            Some(share) if persistent => share,
+            _ if contended => self.profile.copy.rate_beside_compute,
+            _ => 1.0,
+        };
         // On one GPU, ops computing at once fill the chip better than one alone.
         if self.topo.one_gpu() {
             for (r, resource) in self.topo.resources.iter().enumerate() {
@@ -1087,6 +1103,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
                 step: 0,
                 state: LaneState::Ready,
                 queued_since: None,
+                persistent: false,
             })
         })
         .collect();
@@ -1503,6 +1520,70 @@ mod tests {
             .replace("rate_beside_compute = 0.30", "rate_beside_compute = 1.5");
         let e = Profile::parse(&text, "test.toml").unwrap_err();
         assert!(e.to_string().contains("copy.rate_beside_compute"), "{e}");
+    }
+
+    #[test]
+    fn on_one_gpu_a_persistent_kernel_holds_a_copy_to_the_share_the_profile_gives_it() {
+        use cmm_core::plan::{BufferRole, PlanBuilder};
+        // Device 1 runs a persistent kernel of two blocks that waits, between them, for
+        // device 0's copy; device 0 copies 64 MiB to it and then signals.
+        let mut b = PlanBuilder::new("copy beside a persistent kernel", 2);
+        let a = b.buffer("A", DType::F16, 128, 512, BufferRole::Scratch);
+        let w = b.buffer("B", DType::F16, 512, 4096, BufferRole::Scratch);
+        let c = b.buffer("C", DType::F32, 128, 4096, BufferRole::Scratch);
+        let x = b.buffer("X", DType::F16, 8192, 4096, BufferRole::Scratch);
+        let ready = b.semaphore("ready");
+        let (compute, comm) = (b.lane("compute"), b.lane("comm"));
+        let block = |b: &PlanBuilder, half: usize| {
+            let mut op = Op::gemm(b.rows(a, 64 * half, 64), b.whole(w), b.rows(c, 64 * half, 64));
+            if let Op::Gemm { fused, .. } = &mut op {
+                *fused = Some(0);
+            }
+            op
+        };
+        let (first, second) = (block(&b, 0), block(&b, 1));
+        b.push(1, compute, first);
+        b.push(1, compute, Op::Wait { sem: ready, value: 1 });
+        b.push(1, compute, second);
+        let x = b.whole(x);
+        b.push(0, comm, Op::Copy { src: x, dst_device: 1, dst: x, engine: Engine::CopyEngine });
+        b.push(0, comm, Op::Signal { device: 1, sem: ready, add: 1 });
+        let plan = b.finish().unwrap();
+        let mut profile = Profile::load("h100-one-gpu").unwrap();
+        profile.compute.launch_us = 0.0;
+        profile.interconnect.link_latency_us = 0.0;
+        // An HBM wide enough that only the contention factors bind.
+        profile.memory.hbm_gbps = 1e9;
+        profile.copy.rate_beside_compute = 0.5;
+        let alone = 8192.0 * 4096.0 * 2.0 / (profile.copy.copy_engine_gbps * 1e9);
+        let copy_time = |profile: &Profile| {
+            let r = sim(&plan, profile);
+            let copy = r.record(OpSite { device: 0, lane: 1, index: 0 });
+            copy.end_s - copy.start_s
+        };
+        // Unset, the kernel is compute like any other: the copy keeps half its rate while
+        // the first block computes, and all of it once the kernel only waits.
+        let unset = copy_time(&profile);
+        assert!(unset > alone * (1.0 + 1e-9) && unset < 2.0 * alone * (1.0 - 1e-9), "{unset} vs {alone}");
+        // Set, the copy keeps that share from start to end, waiting kernel or not.
+        profile.copy.rate_beside_persistent = Some(0.1);
+        let held = copy_time(&profile);
+        assert!((held - 10.0 * alone).abs() < 1e-12, "{held} vs {}", 10.0 * alone);
+        // It is no term for plain GEMMs: the cuBLAS pair keeps the compute share.
+        let pair = one_gpu_plan();
+        let mut without = profile.clone();
+        without.copy.rate_beside_persistent = None;
+        assert_eq!(sim(&pair, &profile).makespan_s, sim(&pair, &without).makespan_s);
+        // Devices with GPUs of their own do not contend.
+        let mut nvlink = Profile::load("h100-nvlink").unwrap();
+        let before = sim(&plan, &nvlink).makespan_s;
+        nvlink.copy.rate_beside_persistent = Some(0.1);
+        assert_eq!(sim(&plan, &nvlink).makespan_s, before);
+        // A share above 1 is refused, naming it.
+        let text = include_str!("../profiles/h100-one-gpu.toml")
+            .replace("compute_beside_copy = 0.88", "compute_beside_copy = 0.88\nrate_beside_persistent = 1.5");
+        let e = Profile::parse(&text, "test.toml").unwrap_err();
+        assert!(e.to_string().contains("copy.rate_beside_persistent"), "{e}");
     }
 
     #[test]

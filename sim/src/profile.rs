@@ -189,6 +189,13 @@ pub struct CopyProfile {
     /// it (default 1).
     #[serde(default = "uncontended")]
     pub compute_beside_copy: f64,
+    /// On one GPU, the fraction of its rate a copy keeps while a persistent kernel (a
+    /// fused GEMM's, whose CTAs hold their SMs from launch to end, spinning on waits or
+    /// computing) runs beside it, in place of `rate_beside_compute`. Unset: a persistent
+    /// kernel is compute like any other. The bench's calibration measures it
+    /// (`cmm_sim::calibration::persistent_plan`); no profile sets it until a GPU has.
+    #[serde(default)]
+    pub rate_beside_persistent: Option<f64>,
 }
 
 fn uncontended() -> f64 {
@@ -405,7 +412,8 @@ impl Profile {
             ("copy.compute_beside_copy", self.copy.compute_beside_copy),
             ("compute.split_k_efficiency", self.compute.split_k_efficiency),
         ];
-        for (field, v) in contention {
+        let persistent = self.copy.rate_beside_persistent.map(|v| ("copy.rate_beside_persistent", v));
+        for (field, v) in contention.into_iter().chain(persistent) {
             if !(v.is_finite() && v > 0.0 && v <= 1.0) {
                 return Err(invalid(field, v.to_string(), "is a fraction above 0 and at most 1"));
             }

@@ -238,6 +238,36 @@ pub struct OneGpuCalibration {
     pub together: Vec<(usize, f64)>,
     /// The bench's `--shrink` (the local GEMM's dimensions divided by it).
     pub shrink: usize,
+    /// The copy beside persistent kernels (benches since the calibration measured it).
+    pub persistent: Option<PersistentCopy>,
+}
+
+/// The calibration's copy beside the persistent kernels of
+/// [`crate::calibration::persistent_plan`], each op timed by events inside the same runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PersistentCopy {
+    /// The copy alone, µs.
+    pub copy_us: f64,
+    /// The copy, started together with the kernels, µs.
+    pub copy_beside_us: f64,
+    /// Device 0's persistent kernel in that run, µs.
+    pub kernel_beside_us: f64,
+}
+
+impl PersistentCopy {
+    /// The fraction of its rate the copy kept while the kernels ran, if it kept any:
+    /// started together, it moved at that fraction while the kernel ran and at its own rate
+    /// after, so `share × min(copy, kernel) + max(0, copy − kernel) = alone`. `None` when
+    /// the copy outlasted the kernel by its own time or more (it waited for the kernel's
+    /// end: no rate to take), or a figure is not a positive time.
+    pub fn share(&self) -> Option<f64> {
+        let (alone, copy, kernel) = (self.copy_us, self.copy_beside_us, self.kernel_beside_us);
+        if ![alone, copy, kernel].iter().all(|v| v.is_finite() && *v > 0.0) {
+            return None;
+        }
+        let share = (alone - (copy - kernel).max(0.0)) / copy.min(kernel);
+        (share > 0.0).then_some(share.min(1.0))
+    }
 }
 
 /// The throughputs of 1 to 4 ops at once from measured (n, ratio) points: 1/ratio at each
@@ -264,7 +294,8 @@ fn concurrent_throughput(together: &[(usize, f64)]) -> [f64; 4] {
 /// `profile` with the calibration's figures in place of its assumptions: both copy rates,
 /// the remote waits (half a round trip, one signal reaching one wait, less the signal's
 /// latency), the best efficiency scaled so that the local GEMM takes the measured time,
-/// and what GEMMs at once gain.
+/// what GEMMs at once gain, and, where measured, the share of its rate a copy keeps beside
+/// persistent kernels ([`PersistentCopy::share`]).
 pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Profile, ValidationError> {
     let bad = |what: String, value: f64| {
         ValidationError::Calibration(format!("{what} = {value} is not a positive time, rate or ratio"))
@@ -290,6 +321,9 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
     let modelled_us = p.gemm_cost(1024 / s, 4096 / s, 4096 / s, DType::F16, DType::F16, false).work_s * 1e6;
     p.compute.max_efficiency = (p.compute.max_efficiency * modelled_us / c.gemm_us).min(1.0);
     p.compute.concurrent_throughput = concurrent_throughput(&c.together);
+    if let Some(share) = c.persistent.as_ref().and_then(PersistentCopy::share) {
+        p.copy.rate_beside_persistent = Some(share);
+    }
     Ok(p)
 }
 
@@ -469,6 +503,37 @@ pub fn seed002_simulated(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_share_a_copy_keeps_beside_persistent_kernels_is_read_from_its_times() {
+        let share = |copy_beside_us, kernel_beside_us| {
+            PersistentCopy { copy_us: 20.0, copy_beside_us, kernel_beside_us }.share()
+        };
+        // Ended under the kernel: alone ÷ beside.
+        assert_eq!(share(80.0, 200.0), Some(0.25));
+        // Outlasted it by 10 µs of its 20: the other 10 µs of work took the kernel's 200.
+        assert_eq!(share(210.0, 200.0), Some(0.05));
+        // Outlasted it by its own time or more: it waited for the kernel's end.
+        assert_eq!(share(220.0, 200.0), None);
+        assert_eq!(share(300.0, 200.0), None);
+        // Faster beside than alone is noise, not a share above 1.
+        assert_eq!(share(15.0, 200.0), Some(1.0));
+        assert_eq!(share(f64::NAN, 200.0), None);
+        assert_eq!(share(80.0, 0.0), None);
+        // The calibrated profile takes it; with none measured it keeps the profile's.
+        let profile = Profile::load("h100-one-gpu").unwrap();
+        let mut c = OneGpuCalibration {
+            copy_gbps: 700.0,
+            round_trip_us: 10.0,
+            gemm_us: 60.0,
+            together: vec![(2, 0.9)],
+            shrink: 1,
+            persistent: Some(PersistentCopy { copy_us: 20.0, copy_beside_us: 80.0, kernel_beside_us: 200.0 }),
+        };
+        assert_eq!(calibrated_one_gpu(&profile, &c).unwrap().copy.rate_beside_persistent, Some(0.25));
+        c.persistent = None;
+        assert_eq!(calibrated_one_gpu(&profile, &c).unwrap().copy.rate_beside_persistent, None);
+    }
 
     #[test]
     fn seed000_overlap_beats_its_baseline_and_never_beats_the_lower_bound() {

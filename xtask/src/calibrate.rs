@@ -2,7 +2,8 @@
 //! taken by `cargo xtask bench --backend cuda` on the GPU it runs on, so that the profile's
 //! assumptions can be replaced by figures: the device-to-device copy rate, what D GEMMs at
 //! once gain over one at a time, what a copy and a GEMM beside each other cost each other
-//! (the driver's copy, and the same copy asked of the copy engines), and a signal–wait
+//! (the driver's copy, and the same copy asked of the copy engines), what a copy keeps
+//! beside persistent kernels (the fused plans' GEMMs), and a signal–wait
 //! round between two devices. Each is a small plan
 //! (`cmm_sim::calibration`, which the simulator runs too) run through the backend like
 //! any other (gated, cold L2, median of the bench's repetitions).
@@ -50,6 +51,36 @@ pub struct Calibration {
     /// own copy may run on the SMs: if so, this one keeps its pace beside the GEMM where
     /// that one waits for the GEMM's SMs.
     pub copy_engines: Option<EngineCopies>,
+    /// The copy beside two devices' persistent kernels; null where they failed to run
+    /// (the bench says why).
+    pub persistent: Option<PersistentCopies>,
+}
+
+/// The calibration's copy beside persistent kernels (`calibration::persistent_plan`: each
+/// of 2 devices' local GEMM as a fused GEMM of one block, on the fused plans' engine and
+/// grid). A kernel whose CTAs hold their SMs leaves a copy what a cuBLAS GEMM's waves do
+/// not: the fused plans' copies run beside such kernels.
+#[derive(Debug, Serialize)]
+pub struct PersistentCopies {
+    pub devices: usize,
+    /// The engine the kernels ran on, as the backend counts it.
+    pub gemm_engine: String,
+    /// The kernels alone (the plan without the copy), µs.
+    pub kernels_us: f64,
+    /// Started together: device 0's kernel and the copy, each timed by events in the same
+    /// runs, µs.
+    pub kernel_beside_copy_us: f64,
+    pub copy_beside_kernel_us: f64,
+    /// The same with the copy asked of the copy engines; null where the driver lacks the
+    /// call.
+    pub copy_engines: Option<Beside>,
+}
+
+/// Two ops of one run started together, each one's time, µs.
+#[derive(Debug, Serialize)]
+pub struct Beside {
+    pub kernel_us: f64,
+    pub copy_us: f64,
 }
 
 /// The calibration's copy asked of the copy engines.
@@ -87,18 +118,23 @@ pub fn calibrate(
         let one_at_a_time_us = devices as f64 * gemm_us;
         together.push(Together { devices, together_us, one_at_a_time_us, ratio: together_us / one_at_a_time_us });
     }
-    let (gemm_beside_copy_us, copy_beside_gemm_us) = beside(backend, (m, n, k), &options, reps)?;
+    let pair = calibration::gemms_plan(2, (m, n, k), true, true)?;
+    let (gemm_beside_copy_us, copy_beside_gemm_us) = beside(backend, &pair, &options, reps)?.0;
     let round_trip_us = time(backend, &calibration::round_trip_plan()?, &options, reps)? / calibration::ROUNDS as f64;
     let copy_engines = match backend.batch_copies() {
         Ok(()) => {
             let engines = CudaRunOptions { copies: CopyIssue::PreferCopyEngines, ..options };
             let copy_us = time(backend, &calibration::gemms_plan(2, (m, n, k), false, true)?, &engines, reps)?;
-            let (gemm_beside_copy_us, copy_beside_gemm_us) = beside(backend, (m, n, k), &engines, reps)?;
+            let (gemm_beside_copy_us, copy_beside_gemm_us) = beside(backend, &pair, &engines, reps)?.0;
             let copy_gbps = copy_bytes as f64 / copy_us / 1e3;
             Some(EngineCopies { copy_us, copy_gbps, gemm_beside_copy_us, copy_beside_gemm_us })
         }
         Err(_) => None,
     };
+    // The persistent kernels run on the engine the fused plans' GEMMs take.
+    let persistent = persistent(backend, CudaRunOptions { gemm: GemmEngine::Auto, ..options }, (m, n, k), reps)
+        .map_err(|e| println!("calibration: the copy beside persistent kernels failed: {e:#}"))
+        .ok();
     Ok(Calibration {
         copy_bytes,
         copy_us,
@@ -109,33 +145,62 @@ pub fn calibrate(
         copy_beside_gemm_us,
         round_trip_us,
         copy_engines,
+        persistent,
     })
 }
 
-/// The GEMM of device 0 and its copy to device 1 started together, each timed inside the
-/// same runs (events around each op): the medians of the GEMM's and the copy's times, µs.
-fn beside(
+/// The copy beside two devices' persistent kernels, the driver's and, where the driver has
+/// the call, the copy engines'.
+fn persistent(
     backend: &CudaBackend,
+    options: CudaRunOptions,
     (m, n, k): (usize, usize, usize),
-    options: &CudaRunOptions,
     reps: usize,
-) -> Result<(f64, f64)> {
-    let beside = calibration::gemms_plan(2, (m, n, k), true, true)?;
+) -> Result<PersistentCopies> {
+    let devices = 2;
+    let kernels_us =
+        time_plan(backend, &calibration::persistent_plan(devices, (m, n, k), false)?, &options, reps, true)?.0;
+    let plan = calibration::persistent_plan(devices, (m, n, k), true)?;
+    let ((kernel_beside_copy_us, copy_beside_kernel_us), gemm_engine) = beside(backend, &plan, &options, reps)?;
+    let copy_engines = match backend.batch_copies() {
+        Ok(()) => {
+            let engines = CudaRunOptions { copies: CopyIssue::PreferCopyEngines, ..options };
+            let ((kernel_us, copy_us), _) = beside(backend, &plan, &engines, reps)?;
+            Some(Beside { kernel_us, copy_us })
+        }
+        Err(_) => None,
+    };
+    Ok(PersistentCopies {
+        devices,
+        gemm_engine,
+        kernels_us,
+        kernel_beside_copy_us,
+        copy_beside_kernel_us,
+        copy_engines,
+    })
+}
+
+/// The GEMM of device 0 and its copy to device 1 in `plan` (a calibration plan) started
+/// together, each timed inside the same runs (events around each op): the medians of the
+/// GEMM's and the copy's times, µs, and the engines its GEMMs ran on.
+fn beside(backend: &CudaBackend, plan: &Plan, options: &CudaRunOptions, reps: usize) -> Result<((f64, f64), String)> {
     let timed = CudaRunOptions { time_ops: true, ..*options };
     let (mut gemm_times, mut copy_times) = (Vec::new(), Vec::new());
+    let mut engines = String::new();
     for rep in 0..reps {
         let out = backend
-            .run(&beside, 1000 + rep as u32, Family::Realistic, &timed)
-            .context("running a copy beside a GEMM")?;
+            .run(plan, 1000 + rep as u32, Family::Realistic, &timed)
+            .with_context(|| format!("running {}", plan.name))?;
+        engines = out.gemms.describe();
         for (site, _, duration) in &out.op_times {
-            match beside.programs[site.device].lanes[site.lane][site.index] {
+            match plan.programs[site.device].lanes[site.lane][site.index] {
                 Op::Gemm { .. } if site.device == 0 => gemm_times.push(*duration),
                 Op::Copy { .. } => copy_times.push(*duration),
                 _ => {}
             }
         }
     }
-    Ok((median(gemm_times), median(copy_times)))
+    Ok(((median(gemm_times), median(copy_times)), engines))
 }
 
 impl Calibration {
@@ -163,6 +228,20 @@ impl Calibration {
             lines.push(format!(
                 "calibration: the copy asked of the copy engines alone {:.1} µs ({:.0} GB/s); started together with the GEMM, the GEMM took {:.1} µs and the copy {:.1} µs",
                 e.copy_us, e.copy_gbps, e.gemm_beside_copy_us, e.copy_beside_gemm_us
+            ));
+        }
+        if let Some(p) = &self.persistent {
+            lines.push(format!(
+                "calibration: {} persistent GEMMs ({}) alone {:.1} µs; started together with the copy, device 0's took {:.1} µs and the copy {:.1} µs{}",
+                p.devices,
+                p.gemm_engine,
+                p.kernels_us,
+                p.kernel_beside_copy_us,
+                p.copy_beside_kernel_us,
+                p.copy_engines.as_ref().map_or(String::new(), |e| format!(
+                    "; the copy asked of the copy engines: the kernel {:.1} µs, the copy {:.1} µs",
+                    e.kernel_us, e.copy_us
+                ))
             ));
         }
         lines
