@@ -371,6 +371,13 @@ fn changes(before: &Profile, after: &Profile) -> Vec<(&'static str, f64, f64)> {
     ]
 }
 
+/// Seconds device 0's first op of `lane` took in `report`, a run of calibration plan `plan`.
+fn first_op_time(plan: &cmm_core::Plan, report: &cmm_sim::SimReport, lane: &str) -> f64 {
+    let lane = plan.lanes.iter().position(|l| l == lane).expect("the calibration plan's lanes");
+    let r = report.record(OpSite { device: 0, lane, index: 0 });
+    r.end_s - r.start_s
+}
+
 /// The calibration's own plans (`cmm_sim::calibration`) simulated on `profile`,
 /// beside what the bench measured on each: (what, measured µs, simulated µs).
 fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> Result<Vec<(String, f64, f64)>> {
@@ -387,11 +394,7 @@ fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> R
     }
     let beside_plan = calibration::gemms_plan(2, local, true, true)?;
     let beside = run(&beside_plan)?;
-    let took = |lane: &str| {
-        let lane = beside_plan.lanes.iter().position(|l| l == lane).expect("the calibration plan's lanes");
-        let r = beside.record(OpSite { device: 0, lane, index: 0 });
-        us(r.end_s - r.start_s)
-    };
+    let took = |lane: &str| us(first_op_time(&beside_plan, &beside, lane));
     rows.push(("the GEMM beside the copy".to_string(), c.gemm_beside_copy_us, took("compute")));
     rows.push(("the copy beside the GEMM".to_string(), c.copy_beside_gemm_us, took("comm")));
     // The profile's copies share HBM and nothing else, as copy engines would: the copy
@@ -407,11 +410,7 @@ fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> R
         rows.push((format!("{} persistent GEMMs at once", p.devices), p.kernels_us, us(alone.makespan_s)));
         let plan = calibration::persistent_plan(p.devices, local, true)?;
         let beside = run(&plan)?;
-        let took = |lane: &str| {
-            let lane = plan.lanes.iter().position(|l| l == lane).expect("the calibration plan's lanes");
-            let r = beside.record(OpSite { device: 0, lane, index: 0 });
-            us(r.end_s - r.start_s)
-        };
+        let took = |lane: &str| us(first_op_time(&plan, &beside, lane));
         rows.push(("a persistent GEMM beside the copy".to_string(), p.kernel_beside_copy_us, took("compute")));
         rows.push(("the copy beside persistent GEMMs".to_string(), p.copy_beside_kernel_us, took("comm")));
         if let Some(e) = &p.copy_engines {

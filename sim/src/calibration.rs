@@ -18,25 +18,9 @@ fn input(b: &mut PlanBuilder, name: &str, tensor: u32, dtype: DType, rows: usize
 /// `devices` devices, each running one `m×n×k` f16 GEMM on a compute lane (with `gemm`);
 /// with `copy`, device 0 also copies an f32 `m×n` block (one ring step's partial sum) to
 /// device 1 on a comm lane.
-pub fn gemms_plan(devices: usize, (m, n, k): (usize, usize, usize), gemm: bool, copy: bool) -> Result<Plan, PlanError> {
-    let mut b = PlanBuilder::new(format!("calibration: {devices} devices, gemm {gemm}, copy {copy}"), devices);
-    let a = input(&mut b, "A", 0, DType::F16, m, k);
-    let w = input(&mut b, "B", 1, DType::F16, k, n);
-    let x = input(&mut b, "X", 2, DType::F32, m, n);
-    let c = b.buffer("C", DType::F16, m, n, BufferRole::Output);
-    let y = b.buffer("Y", DType::F32, m, n, BufferRole::Scratch);
-    let (compute, comm) = (b.lane("compute"), b.lane("comm"));
-    if gemm {
-        for d in 0..devices {
-            let op = Op::gemm(b.whole(a), b.whole(w), b.whole(c));
-            b.push(d, compute, op);
-        }
-    }
-    if copy {
-        let (src, dst) = (b.whole(x), b.whole(y));
-        b.push(0, comm, Op::Copy { src, dst_device: 1, dst, engine: Engine::CopyEngine });
-    }
-    b.finish()
+pub fn gemms_plan(devices: usize, shape: (usize, usize, usize), gemm: bool, copy: bool) -> Result<Plan, PlanError> {
+    let name = format!("calibration: {devices} devices, gemm {gemm}, copy {copy}");
+    local_plan(name, devices, shape, gemm.then_some(None), copy)
 }
 
 /// `devices` devices, each running one `m×n×k` f16 GEMM as a persistent kernel (a fused
@@ -44,20 +28,35 @@ pub fn gemms_plan(devices: usize, (m, n, k): (usize, usize, usize), gemm: bool, 
 /// `copy`, device 0 also copies the f32 `m×n` block of [`gemms_plan`] to device 1 on a
 /// comm lane. It measures what a copy keeps of its rate while persistent kernels hold the
 /// SMs, which the fused plans' copies meet and the cuBLAS pair does not show.
-pub fn persistent_plan(devices: usize, (m, n, k): (usize, usize, usize), copy: bool) -> Result<Plan, PlanError> {
-    let mut b = PlanBuilder::new(format!("calibration: {devices} persistent GEMMs, copy {copy}"), devices);
+pub fn persistent_plan(devices: usize, shape: (usize, usize, usize), copy: bool) -> Result<Plan, PlanError> {
+    let name = format!("calibration: {devices} persistent GEMMs, copy {copy}");
+    local_plan(name, devices, shape, Some(Some(0)), copy)
+}
+
+/// Every device's local GEMM where `gemm` is given (its `fused` id: `None`, a GEMM of its
+/// own), and device 0's copy of an f32 `m×n` block to device 1 with `copy`.
+fn local_plan(
+    name: String,
+    devices: usize,
+    (m, n, k): (usize, usize, usize),
+    gemm: Option<Option<u32>>,
+    copy: bool,
+) -> Result<Plan, PlanError> {
+    let mut b = PlanBuilder::new(name, devices);
     let a = input(&mut b, "A", 0, DType::F16, m, k);
     let w = input(&mut b, "B", 1, DType::F16, k, n);
     let x = input(&mut b, "X", 2, DType::F32, m, n);
     let c = b.buffer("C", DType::F16, m, n, BufferRole::Output);
     let y = b.buffer("Y", DType::F32, m, n, BufferRole::Scratch);
     let (compute, comm) = (b.lane("compute"), b.lane("comm"));
-    for d in 0..devices {
-        let mut op = Op::gemm(b.whole(a), b.whole(w), b.whole(c));
-        if let Op::Gemm { fused, .. } = &mut op {
-            *fused = Some(0);
+    if let Some(id) = gemm {
+        for d in 0..devices {
+            let mut op = Op::gemm(b.whole(a), b.whole(w), b.whole(c));
+            if let Op::Gemm { fused, .. } = &mut op {
+                *fused = id;
+            }
+            b.push(d, compute, op);
         }
-        b.push(d, compute, op);
     }
     if copy {
         let (src, dst) = (b.whole(x), b.whole(y));
