@@ -333,9 +333,9 @@ struct LaneRun {
     /// Since when op `pc`, its lane done with the op before, has waited in its hardware
     /// queue (`None`: the previous op is not yet closed).
     queued_since: Option<f64>,
-    /// Whether op `pc` is part of a tile-granular GEMM (a block, or a Wait or Signal
-    /// between blocks) that has started: its persistent kernel holds SMs.
-    persistent: bool,
+    /// The tile-granular GEMM (its index in `Sim::runs`) whose part op `pc` is (a block,
+    /// or a Wait or Signal between blocks), once started: its persistent kernel holds SMs.
+    persistent: Option<usize>,
 }
 
 /// An op's hardware queue and its position there.
@@ -403,6 +403,9 @@ struct Sim<'a> {
     runs: Vec<FusedRun>,
     /// Per run, the work of each block: the run's one-kernel cost shared by tiles.
     block_work: Vec<Vec<f64>>,
+    /// Per run: priced at the rate its engine's persistent kernels reach together on one
+    /// GPU (set with `block_work`).
+    run_together: Vec<bool>,
     /// Posted increments not landed yet.
     in_flight: Vec<InFlight>,
     /// How GEMMs are priced, and what ran them.
@@ -634,8 +637,7 @@ impl<'a> Sim<'a> {
                         }
                         run.pc += 1;
                         moved = true;
-                        if run.persistent {
-                            run.persistent = false;
+                        if run.persistent.take().is_some() {
                             self.flows_dirty = true;
                         }
                     }
@@ -662,9 +664,9 @@ impl<'a> Sim<'a> {
                 run.queued_since = None;
                 let op = &ops[index];
                 let (mut phases, bytes, flops, mut work_s) = self.phases(device, op);
-                if let Some((fused, work)) = self.fused_phases(OpSite { device, lane, index }, op) {
+                if let Some((fused, work, run)) = self.fused_phases(OpSite { device, lane, index }, op) {
                     (phases, work_s) = (fused, work);
-                    self.lanes[li].persistent = true;
+                    self.lanes[li].persistent = Some(run);
                     self.flows_dirty = true;
                 }
                 let pred = queued_behind.or((index > 0).then_some(OpSite { device, lane, index: index - 1 }));
@@ -798,7 +800,7 @@ impl<'a> Sim<'a> {
     /// every run: the first block launches the kernel, each block computes its tiles'
     /// share of the one kernel's work, the Waits between blocks gate and the Signals
     /// between them are posted.
-    fn fused_phases(&mut self, site: OpSite, op: &Op) -> Option<(Vec<Phase>, f64)> {
+    fn fused_phases(&mut self, site: OpSite, op: &Op) -> Option<(Vec<Phase>, f64, usize)> {
         let OpSite { device, index, .. } = site;
         let run = self.runs.iter().position(|r| r.holds(site))?;
         let r = &self.runs[run];
@@ -808,17 +810,21 @@ impl<'a> Sim<'a> {
                 let first = index == r.blocks[0];
                 if self.block_work[run].is_empty() {
                     self.block_work[run] = self.run_work(run);
+                    self.run_together[run] =
+                        self.shares_one_gpu() && self.profile.together_efficiency(self.run_engine(run)).is_some();
                 }
                 let work = self.block_work[run][position];
                 let launch = first.then(|| Phase::Fixed(self.profile.launch_s()));
                 let compute =
                     Phase::Fluid { amount: work, cap: 1.0, resources: vec![self.topo.compute(device)], hbm_bytes: 0.0 };
-                Some((launch.into_iter().chain([compute]).collect(), work))
+                Some((launch.into_iter().chain([compute]).collect(), work, run))
             }
-            Op::Wait { sem, value } if r.inside(site) => Some((vec![Phase::Gate { sem: *sem, value: *value }], 0.0)),
+            Op::Wait { sem, value } if r.inside(site) => {
+                Some((vec![Phase::Gate { sem: *sem, value: *value }], 0.0, run))
+            }
             Op::Signal { device: target, sem, add } if r.inside(site) => {
                 let latency = self.topo.latency_s(device, *target);
-                Some((vec![Phase::Post { device: *target, sem: *sem, add: *add, latency }], 0.0))
+                Some((vec![Phase::Post { device: *target, sem: *sem, add: *add, latency }], 0.0, run))
             }
             _ => None,
         }
@@ -864,6 +870,11 @@ impl<'a> Sim<'a> {
             .unwrap_or_else(|_| blocks.first().map_or(Engine::SimtTile, |b| b.tile_engine(false)))
     }
 
+    /// Whether the plan's devices are virtual devices of one GPU, more than one.
+    fn shares_one_gpu(&self) -> bool {
+        self.topo.one_gpu() && self.plan.devices > 1
+    }
+
     /// Each block's share of a run's one-kernel cost, by its output tiles.
     fn run_work(&self, run: usize) -> Vec<f64> {
         let r = &self.runs[run];
@@ -884,7 +895,7 @@ impl<'a> Sim<'a> {
         let rows: Vec<usize> = shapes.iter().map(|s| s.0).collect();
         let engine = self.run_engine(run);
         // On one GPU the other virtual devices' persistent kernels run beside this one.
-        let shared = self.topo.one_gpu() && self.plan.devices > 1;
+        let shared = self.shares_one_gpu();
         let cost = p.fused_gemm_cost_on(engine, &rows, n, k, input, dtype_of(self.plan, c.buf), *accumulate, shared);
         let tiles: Vec<usize> = rows.iter().map(|&m| p.tiles_on(engine, m, n)).collect();
         let total = tiles.iter().sum::<usize>().max(1) as f64;
@@ -903,18 +914,23 @@ impl<'a> Sim<'a> {
         let contended = self.topo.one_gpu() && copying && self.flows.iter().any(|f| f.computes);
         // A persistent kernel holds its SMs while it computes and while it spins on a wait;
         // where the profile says what a copy keeps beside one, that applies instead.
-        let persistent = self.topo.one_gpu() && copying && self.lanes.iter().any(|l| l.persistent);
+        let persistent = self.topo.one_gpu() && copying && self.lanes.iter().any(|l| l.persistent.is_some());
         let copy_share = match self.profile.copy.rate_beside_persistent {
             Some(share) if persistent => share,
             _ if contended => self.profile.copy.rate_beside_compute,
             _ => 1.0,
         };
-        // On one GPU, ops computing at once fill the chip better than one alone.
+        // On one GPU, ops computing at once fill the chip better than one alone; persistent
+        // kernels priced at the rate they reach together already have that gain.
         if self.topo.one_gpu() {
+            let together = |f: &Flow| self.lanes[f.lane].persistent.is_some_and(|run| self.run_together[run]);
             for (r, resource) in self.topo.resources.iter().enumerate() {
                 if resource.kind == ResourceKind::Compute {
-                    let ops =
-                        self.flows.iter().filter(|f| f.computes && f.resources.iter().any(|&(u, _)| u == r)).count();
+                    let ops = self
+                        .flows
+                        .iter()
+                        .filter(|f| f.computes && !together(f) && f.resources.iter().any(|&(u, _)| u == r))
+                        .count();
                     left[r] *= self.profile.compute.throughput_with(ops);
                     if contended {
                         left[r] *= self.profile.copy.compute_beside_copy;
@@ -1103,7 +1119,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
                 step: 0,
                 state: LaneState::Ready,
                 queued_since: None,
-                persistent: false,
+                persistent: None,
             })
         })
         .collect();
@@ -1123,6 +1139,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
         link_bytes: vec![0.0; n_res],
         routes: std::collections::HashMap::new(),
         block_work: vec![Vec::new(); runs.len()],
+        run_together: vec![false; runs.len()],
         runs,
         in_flight: Vec::new(),
         pricing: options.engines,
@@ -1584,6 +1601,32 @@ mod tests {
             .replace("compute_beside_copy = 0.88", "compute_beside_copy = 0.88\nrate_beside_persistent = 1.5");
         let e = Profile::parse(&text, "test.toml").unwrap_err();
         assert!(e.to_string().contains("copy.rate_beside_persistent"), "{e}");
+    }
+
+    #[test]
+    fn persistent_kernels_of_one_gpu_run_at_the_rate_measured_together_and_no_faster() {
+        let mut profile = Profile::load("h200-one-gpu").unwrap();
+        let together = profile.engines.unwrap().hopper_128x256.unwrap().shared_efficiency.unwrap();
+        for d in [2usize, 4] {
+            // Each device: (D·1024)×4096×4096, its blocks one persistent kernel.
+            let p = Problem::new(OpKind::AgGemm, d, 1024 * d, 4096 * d, 4096, DType::F16, DType::F16).unwrap();
+            let twin = cmm_core::emulate::compute_only(&build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap());
+            let flops = 2.0 * (1024 * d) as f64 * 4096.0 * 4096.0 * d as f64;
+            let expected = flops / (profile.peak_flops(DType::F16) * together) + profile.launch_s();
+            profile.compute.concurrent_throughput = [1.0; 4];
+            let r = sim(&twin, &profile);
+            assert!(r.engines.describe().contains("Hopper engine 128x256"), "{}", r.engines.describe());
+            // Their FLOPs at that rate: no waves or fixed cost of each kernel on top.
+            assert!((r.makespan_s / expected - 1.0).abs() < 1e-9, "D={d}: {} vs {expected}", r.makespan_s);
+            // The gain of cuBLAS GEMMs at once is in that rate already: not counted twice.
+            profile.compute.concurrent_throughput = [1.0, 1.3, 1.5, 1.6];
+            assert_eq!(sim(&twin, &profile).makespan_s, r.makespan_s, "D={d}");
+            // Plain GEMMs still gain it.
+            let plain = one_gpu_plan();
+            let gained = sim(&plain, &profile).makespan_s;
+            profile.compute.concurrent_throughput = [1.0; 4];
+            assert!(gained < sim(&plain, &profile).makespan_s);
+        }
     }
 
     #[test]

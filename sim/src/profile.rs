@@ -636,9 +636,17 @@ impl Profile {
         Some(GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes })
     }
 
+    /// The rate `engine`'s persistent kernels reach together on one GPU shared by virtual
+    /// devices (its `shared_efficiency`), where the profile gives one.
+    pub fn together_efficiency(&self, engine: cmm_core::engines::Engine) -> Option<f64> {
+        self.engine_rate(engine).and_then(|(rate, _, _)| rate.shared_efficiency)
+    }
+
     /// [`Self::fused_gemm_cost`] on `engine` (see [`Self::gemm_cost_on`]); `shared`: the
-    /// kernel runs beside the other virtual devices' on one GPU, at the rate's
-    /// `shared_efficiency` where it gives one.
+    /// kernel runs beside the other virtual devices' on one GPU. Where the rate gives a
+    /// `shared_efficiency`, that is what the devices' kernels were measured to reach
+    /// together, their fills, epilogues and partial waves included: the kernel's FLOPs at
+    /// that rate, with no waves or fixed cost of its own on top.
     #[allow(clippy::too_many_arguments)]
     pub fn fused_gemm_cost_on(
         &self,
@@ -651,17 +659,26 @@ impl Profile {
         accumulate: bool,
         shared: bool,
     ) -> GemmCost {
-        let Some((mut rate, tile_m, tile_n)) = self.engine_rate(engine) else {
+        let Some((rate, tile_m, tile_n)) = self.engine_rate(engine) else {
             return self.fused_gemm_cost(blocks, n, k, input, output, accumulate);
         };
-        if shared {
-            rate.efficiency = rate.shared_efficiency.unwrap_or(rate.efficiency);
-        }
         let rows: usize = blocks.iter().sum();
         let c_passes = if accumulate { 2.0 } else { 1.0 };
         let bytes = (rows * k + k * n) as f64 * input.size_bytes() as f64
             + c_passes * (rows * n) as f64 * output.size_bytes() as f64;
         let rated = if engine == cmm_core::engines::Engine::SimtTile { DType::F32 } else { input };
+        if let (true, Some(together)) = (shared, rate.shared_efficiency) {
+            let flops = 2.0 * rows as f64 * n as f64 * k as f64;
+            let compute_s = flops / (self.peak_flops(rated) * together);
+            let memory_s = bytes / self.hbm_bps();
+            let work_s = compute_s.max(memory_s);
+            return GemmCost {
+                work_s,
+                efficiency: flops / work_s / self.peak_flops(rated),
+                memory_bound: memory_s > compute_s,
+                bytes,
+            };
+        }
         self.rated_cost(rate, tile_m, tile_n, blocks, n, k, rated, bytes)
     }
 
