@@ -10,9 +10,9 @@ use anyhow::{bail, Context, Result};
 use cmm_core::algorithms::{build_plan, Algorithm};
 use cmm_core::plan::OpSite;
 use cmm_core::OpKind;
-use cmm_sim::calibration;
+use cmm_sim::calibration::{self, Beside};
 use cmm_sim::validate::{
-    calibrated_one_gpu, one_gpu_rows, seed000_problem, BenchTime, OneGpuCalibration, OneGpuRow, PersistentCopy,
+    calibrated_one_gpu, one_gpu_rows, seed000_problem, BenchTime, BesidePersistent, OneGpuCalibration, OneGpuRow,
     H100_COMPUTE_LEVELS,
 };
 use cmm_sim::{simulate, HardwareQueues, Profile, SimOptions};
@@ -217,36 +217,48 @@ struct BenchCalibration {
     /// the call).
     #[serde(default)]
     copy_engines: Option<EngineCopies>,
-    /// The copy beside persistent kernels (benches since the calibration measured it).
+    /// The copy and a reduce beside persistent kernels (benches since the calibration
+    /// measured them).
     #[serde(default)]
-    persistent: Option<PersistentCopies>,
+    persistent: Option<Persistent>,
 }
 
-/// The calibration's copy beside two devices' persistent kernels.
+/// The calibration's copy and reduce beside two devices' persistent kernels.
 #[derive(Debug, Deserialize)]
-struct PersistentCopies {
+struct Persistent {
     devices: usize,
     gemm_engine: String,
     kernels_us: f64,
     kernel_beside_copy_us: f64,
     copy_beside_kernel_us: f64,
-    copy_engines: Option<Beside>,
+    copy_engines: Option<PairTimes>,
+    reduce_us: f64,
+    reduce_beside: PairTimes,
 }
 
-/// Two ops of one run started together.
+/// A persistent kernel and an op beside it started together.
 #[derive(Debug, Deserialize)]
-struct Beside {
+struct PairTimes {
     kernel_us: f64,
-    copy_us: f64,
+    op_us: f64,
 }
 
 impl BenchCalibration {
     /// The copy beside persistent kernels as the simulator's calibration reads it.
-    fn persistent_copy(&self) -> Option<PersistentCopy> {
-        self.persistent.as_ref().map(|p| PersistentCopy {
-            copy_us: self.copy_us,
-            copy_beside_us: p.copy_beside_kernel_us,
+    fn copy_beside_persistent(&self) -> Option<BesidePersistent> {
+        self.persistent.as_ref().map(|p| BesidePersistent {
+            alone_us: self.copy_us,
+            beside_us: p.copy_beside_kernel_us,
             kernel_beside_us: p.kernel_beside_copy_us,
+        })
+    }
+
+    /// The reduce beside persistent kernels, likewise.
+    fn reduce_beside_persistent(&self) -> Option<BesidePersistent> {
+        self.persistent.as_ref().map(|p| BesidePersistent {
+            alone_us: p.reduce_us,
+            beside_us: p.reduce_beside.op_us,
+            kernel_beside_us: p.reduce_beside.kernel_us,
         })
     }
 }
@@ -406,17 +418,24 @@ fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> R
     }
     let rounds = run(&calibration::round_trip_plan()?)?;
     if let Some(p) = &c.persistent {
-        let alone = run(&calibration::persistent_plan(p.devices, local, false)?)?;
+        let alone = run(&calibration::persistent_plan(p.devices, local, Beside::Nothing)?)?;
         rows.push((format!("{} persistent GEMMs at once", p.devices), p.kernels_us, us(alone.makespan_s)));
-        let plan = calibration::persistent_plan(p.devices, local, true)?;
+        let plan = calibration::persistent_plan(p.devices, local, Beside::Copy)?;
         let beside = run(&plan)?;
         let took = |lane: &str| us(first_op_time(&plan, &beside, lane));
         rows.push(("a persistent GEMM beside the copy".to_string(), p.kernel_beside_copy_us, took("compute")));
         rows.push(("the copy beside persistent GEMMs".to_string(), p.copy_beside_kernel_us, took("comm")));
         if let Some(e) = &p.copy_engines {
             rows.push(("the persistent GEMM (copy engines)".to_string(), e.kernel_us, took("compute")));
-            rows.push(("the copy beside them (copy engines)".to_string(), e.copy_us, took("comm")));
+            rows.push(("the copy beside them (copy engines)".to_string(), e.op_us, took("comm")));
         }
+        let reduce = run(&calibration::reduce_plan(local)?)?;
+        rows.push(("the reduce alone".to_string(), p.reduce_us, us(reduce.makespan_s)));
+        let plan = calibration::persistent_plan(p.devices, local, Beside::Reduce)?;
+        let beside = run(&plan)?;
+        let took = |lane: &str| us(first_op_time(&plan, &beside, lane));
+        rows.push(("a persistent GEMM beside the reduce".to_string(), p.reduce_beside.kernel_us, took("compute")));
+        rows.push(("the reduce beside persistent GEMMs".to_string(), p.reduce_beside.op_us, took("comm")));
     }
     rows.push((
         "a signal-wait round trip".to_string(),
@@ -478,7 +497,8 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
             gemm_us: c.gemm_us,
             together: c.together.iter().map(|t| (t.devices, t.ratio)).collect(),
             shrink: file.shrink,
-            persistent: c.persistent_copy(),
+            copy_beside_persistent: c.copy_beside_persistent(),
+            reduce_beside_persistent: c.reduce_beside_persistent(),
         },
     )?;
     println!();
@@ -497,17 +517,28 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
         println!("  {field}: {before} -> {after:.4}");
     }
     if let Some(p) = &c.persistent {
-        let share = c.persistent_copy().and_then(|p| p.share());
-        println!(
-            "  copy.rate_beside_persistent: {} -> {} (the copy {:.1} µs beside {} persistent GEMMs on {}, device 0's {:.1} µs; alone {:.1} µs)",
-            profile.copy.rate_beside_persistent.map_or("unset".into(), |v| v.to_string()),
-            share.map_or("unset: the copy waited for the kernels' end, no rate to take".into(), |v| format!("{v:.4}")),
-            p.copy_beside_kernel_us,
-            p.devices,
-            p.gemm_engine,
-            p.kernel_beside_copy_us,
-            c.copy_us
-        );
+        let shares = [
+            ("copy.rate_beside_persistent", "copy", profile.copy.rate_beside_persistent, c.copy_beside_persistent()),
+            (
+                "compute.kernel_beside_persistent",
+                "reduce",
+                profile.compute.kernel_beside_persistent,
+                c.reduce_beside_persistent(),
+            ),
+        ];
+        for (field, op, before, measured) in shares {
+            let Some(m) = measured else { continue };
+            println!(
+                "  {field}: {} -> {} (the {op} {:.1} µs beside {} persistent GEMMs on {}, device 0's {:.1} µs; alone {:.1} µs)",
+                before.map_or("unset".into(), |v| v.to_string()),
+                m.share().map_or(format!("unset: the {op} waited for the kernels' end, no rate to take"), |v| format!("{v:.4}")),
+                m.beside_us,
+                p.devices,
+                p.gemm_engine,
+                m.kernel_beside_us,
+                m.alone_us
+            );
+        }
     }
     print_rows(&one_gpu_rows(&calibrated, &times, file.shrink, levels)?);
     // The calibration's own plans: the copy alone, the GEMMs at once and the round trip
@@ -735,7 +766,8 @@ mod tests {
             gemm_us: 80.0,
             together: vec![(2, 0.8), (4, 0.5)],
             shrink: 1,
-            persistent: None,
+            copy_beside_persistent: None,
+            reduce_beside_persistent: None,
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
         assert_eq!((p.copy.copy_engine_gbps, p.copy.sm_copy_gbps), (2000.0, 2000.0));
@@ -783,18 +815,21 @@ mod tests {
     }
 
     #[test]
-    fn a_copy_beside_persistent_kernels_sets_the_share_it_measured() {
+    fn a_copy_and_a_reduce_beside_persistent_kernels_set_the_shares_they_measured() {
         let profile = Profile::load(ONE_GPU_PROFILE).unwrap();
         // A 16 MiB copy that takes 16 µs alone, and 80 µs beside two persistent kernels of
-        // about 300 µs: a fifth of its rate.
+        // about 300 µs: a fifth of its rate; a reduce of 15 µs alone that takes 150 beside
+        // them: a tenth.
         let copy_gbps = (1024 * 4096 * 4) as f64 / 16.0 / 1e3;
-        let persistent = PersistentCopies {
+        let persistent = Persistent {
             devices: 2,
             gemm_engine: "2 on the Hopper engine".into(),
             kernels_us: 290.0,
             kernel_beside_copy_us: 300.0,
             copy_beside_kernel_us: 80.0,
-            copy_engines: Some(Beside { kernel_us: 295.0, copy_us: 18.0 }),
+            copy_engines: Some(PairTimes { kernel_us: 295.0, op_us: 18.0 }),
+            reduce_us: 15.0,
+            reduce_beside: PairTimes { kernel_us: 310.0, op_us: 150.0 },
         };
         let measured = BenchCalibration {
             together: vec![Together { devices: 2, together_us: 100.0, ratio: 0.85 }],
@@ -813,10 +848,11 @@ mod tests {
             gemm_us: 60.0,
             together: vec![(2, 0.85)],
             shrink: 1,
-            persistent: measured.persistent_copy(),
+            copy_beside_persistent: measured.copy_beside_persistent(),
+            reduce_beside_persistent: measured.reduce_beside_persistent(),
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
-        assert_eq!(p.copy.rate_beside_persistent, Some(0.2));
+        assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (Some(0.2), Some(0.1)));
         let rows = calibration_rows(&p, &measured, 1).unwrap();
         let row = |what: &str| rows.iter().find(|r| r.0 == what).unwrap_or_else(|| panic!("{what}: {rows:?}"));
         for (what, measured) in [
@@ -825,6 +861,9 @@ mod tests {
             ("the copy beside persistent GEMMs", 80.0),
             ("the persistent GEMM (copy engines)", 295.0),
             ("the copy beside them (copy engines)", 18.0),
+            ("the reduce alone", 15.0),
+            ("a persistent GEMM beside the reduce", 310.0),
+            ("the reduce beside persistent GEMMs", 150.0),
         ] {
             assert_eq!(row(what).1, measured);
         }
@@ -839,5 +878,11 @@ mod tests {
         let before = before.iter().find(|r| r.0 == "the copy beside persistent GEMMs").unwrap().2;
         let compute_share = 16.0 / p.copy.rate_beside_compute + 3.0;
         assert!((before - compute_share).abs() < 5.0 && before < beside - 20.0, "{before} vs {beside}");
+        // The reduce: the model's alone (its three 16 MiB blocks through HBM), at a tenth of
+        // its rate while the model's kernels run (about 140 µs) and at all of it after.
+        let (alone, held) = (row("the reduce alone").2, row("the reduce beside persistent GEMMs").2);
+        let launch = p.compute.launch_us;
+        let slower = (held - launch) / (alone - launch);
+        assert!((9.0..=10.0).contains(&slower), "{alone} {held}");
     }
 }

@@ -15,32 +15,49 @@ fn input(b: &mut PlanBuilder, name: &str, tensor: u32, dtype: DType, rows: usize
     b.buffer(name, dtype, rows, cols, BufferRole::Input { tensor, global_cols: cols, origins: vec![(0, 0); devices] })
 }
 
+/// What device 0 runs beside the calibration's GEMMs, on a lane of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Beside {
+    /// Nothing.
+    Nothing,
+    /// A copy of an f32 `m×n` block (one ring step's partial sum) to device 1.
+    Copy,
+    /// A reduce of two f32 `m×n` blocks into a third (one ring step's sum of partials): a
+    /// kernel on the SMs, whatever the driver does with copies.
+    Reduce,
+}
+
 /// `devices` devices, each running one `m×n×k` f16 GEMM on a compute lane (with `gemm`);
 /// with `copy`, device 0 also copies an f32 `m×n` block (one ring step's partial sum) to
 /// device 1 on a comm lane.
 pub fn gemms_plan(devices: usize, shape: (usize, usize, usize), gemm: bool, copy: bool) -> Result<Plan, PlanError> {
     let name = format!("calibration: {devices} devices, gemm {gemm}, copy {copy}");
-    local_plan(name, devices, shape, gemm.then_some(None), copy)
+    local_plan(name, devices, shape, gemm.then_some(None), if copy { Beside::Copy } else { Beside::Nothing })
 }
 
 /// `devices` devices, each running one `m×n×k` f16 GEMM as a persistent kernel (a fused
-/// GEMM of one block and no waits: the kernel and grid of the fused plans' GEMMs); with
-/// `copy`, device 0 also copies the f32 `m×n` block of [`gemms_plan`] to device 1 on a
-/// comm lane. It measures what a copy keeps of its rate while persistent kernels hold the
-/// SMs, which the fused plans' copies meet and the cuBLAS pair does not show.
-pub fn persistent_plan(devices: usize, shape: (usize, usize, usize), copy: bool) -> Result<Plan, PlanError> {
-    let name = format!("calibration: {devices} persistent GEMMs, copy {copy}");
-    local_plan(name, devices, shape, Some(Some(0)), copy)
+/// GEMM of one block and no waits: the kernel and grid of the fused plans' GEMMs), and
+/// device 0 running `beside` on a lane of its own. It measures what a copy, or a kernel
+/// that is not persistent, keeps of its rate while persistent kernels hold the SMs, which
+/// the fused plans' copies and reduces meet and the cuBLAS pair does not show.
+pub fn persistent_plan(devices: usize, shape: (usize, usize, usize), beside: Beside) -> Result<Plan, PlanError> {
+    let name = format!("calibration: {devices} persistent GEMMs, beside them {beside:?}");
+    local_plan(name, devices, shape, Some(Some(0)), beside)
+}
+
+/// Device 0's reduce of [`Beside::Reduce`] alone (on 2 devices, as the pair runs).
+pub fn reduce_plan(shape: (usize, usize, usize)) -> Result<Plan, PlanError> {
+    local_plan("calibration: a reduce alone".into(), 2, shape, None, Beside::Reduce)
 }
 
 /// Every device's local GEMM where `gemm` is given (its `fused` id: `None`, a GEMM of its
-/// own), and device 0's copy of an f32 `m×n` block to device 1 with `copy`.
+/// own), and device 0 running `beside` on a lane of its own.
 fn local_plan(
     name: String,
     devices: usize,
     (m, n, k): (usize, usize, usize),
     gemm: Option<Option<u32>>,
-    copy: bool,
+    beside: Beside,
 ) -> Result<Plan, PlanError> {
     let mut b = PlanBuilder::new(name, devices);
     let a = input(&mut b, "A", 0, DType::F16, m, k);
@@ -58,9 +75,17 @@ fn local_plan(
             b.push(d, compute, op);
         }
     }
-    if copy {
-        let (src, dst) = (b.whole(x), b.whole(y));
-        b.push(0, comm, Op::Copy { src, dst_device: 1, dst, engine: Engine::CopyEngine });
+    match beside {
+        Beside::Nothing => {}
+        Beside::Copy => {
+            let (src, dst) = (b.whole(x), b.whole(y));
+            b.push(0, comm, Op::Copy { src, dst_device: 1, dst, engine: Engine::CopyEngine });
+        }
+        Beside::Reduce => {
+            let z = input(&mut b, "Z", 3, DType::F32, m, n);
+            let op = Op::Reduce { inputs: vec![b.whole(x), b.whole(z)], output: b.whole(y) };
+            b.push(0, comm, op);
+        }
     }
     b.finish()
 }

@@ -909,27 +909,46 @@ impl<'a> Sim<'a> {
     fn allocate(&mut self) {
         let mut left: Vec<f64> = self.topo.resources.iter().map(|r| r.capacity).collect();
         // On one GPU a copy beside compute slows both, by the profile's contention factors
-        // (a copy's cap is scaled in `fill`).
+        // (a copy's cap is scaled below).
         let copying = self.flows.iter().any(|f| !f.computes);
         let contended = self.topo.one_gpu() && copying && self.flows.iter().any(|f| f.computes);
         // A persistent kernel holds its SMs while it computes and while it spins on a wait;
         // where the profile says what a copy keeps beside one, that applies instead.
-        let persistent = self.topo.one_gpu() && copying && self.lanes.iter().any(|l| l.persistent.is_some());
+        let persistent = self.topo.one_gpu() && self.lanes.iter().any(|l| l.persistent.is_some());
         let copy_share = match self.profile.copy.rate_beside_persistent {
             Some(share) if persistent => share,
             _ if contended => self.profile.copy.rate_beside_compute,
             _ => 1.0,
         };
+        // Beside a persistent kernel, one that is not (a reduce, a GEMM of its own) runs on
+        // the SMs the persistent ones leave, where the profile says what those give: a
+        // compute of their own of that capacity, shared by every such kernel of the GPU,
+        // which takes nothing from the persistent kernels.
+        let pool = left.len();
+        let held_share = self.profile.compute.kernel_beside_persistent.filter(|_| persistent);
+        left.extend(held_share);
+        let held = |f: &Flow| held_share.is_some() && f.computes && self.lanes[f.lane].persistent.is_none();
+        let uses: Vec<Vec<(ResId, f64)>> = self
+            .flows
+            .iter()
+            .map(|f| {
+                let on_pool = |&(r, w): &(ResId, f64)| match self.topo.resources[r].kind {
+                    ResourceKind::Compute if held(f) => (pool, w),
+                    _ => (r, w),
+                };
+                f.resources.iter().map(on_pool).collect()
+            })
+            .collect();
+        let caps: Vec<f64> = self.flows.iter().map(|f| if f.computes { f.cap } else { f.cap * copy_share }).collect();
         // On one GPU, ops computing at once fill the chip better than one alone; persistent
         // kernels priced at the rate they reach together already have that gain.
         if self.topo.one_gpu() {
             let together = |f: &Flow| self.lanes[f.lane].persistent.is_some_and(|run| self.run_together[run]);
             for (r, resource) in self.topo.resources.iter().enumerate() {
                 if resource.kind == ResourceKind::Compute {
-                    let ops = self
-                        .flows
-                        .iter()
-                        .filter(|f| f.computes && !together(f) && f.resources.iter().any(|&(u, _)| u == r))
+                    let ops = (0..self.flows.len())
+                        .filter(|&i| self.flows[i].computes && !together(&self.flows[i]))
+                        .filter(|&i| uses[i].iter().any(|&(u, _)| u == r))
                         .count();
                     left[r] *= self.profile.compute.throughput_with(ops);
                     if contended {
@@ -943,31 +962,29 @@ impl<'a> Sim<'a> {
         classes.dedup();
         for class in classes {
             let open = (0..self.flows.len()).filter(|&i| (!self.flows[i].computes, self.flows[i].priority) == class);
-            self.fill(&mut left, open.collect(), copy_share);
+            self.fill(&mut left, open.collect(), &uses, &caps);
         }
         self.flows_dirty = false;
     }
 
     /// Progressive filling of the `open` flows over the capacities `left`: every open
-    /// flow's rate rises together until a resource is full (a flow takes its weight of a
-    /// resource per unit of rate) or the flow reaches its cap (a copy's scaled by
-    /// `copy_share`); those flows are fixed.
-    fn fill(&mut self, left: &mut [f64], mut open: Vec<usize>, copy_share: f64) {
+    /// flow's rate rises together until a resource is full (flow i takes its weight of
+    /// each resource of `uses[i]` per unit of rate) or the flow reaches its cap `caps[i]`;
+    /// those flows are fixed.
+    fn fill(&mut self, left: &mut [f64], mut open: Vec<usize>, uses: &[Vec<(ResId, f64)>], caps: &[f64]) {
         let mut load = vec![0.0f64; left.len()];
         for &i in &open {
-            for &(r, w) in &self.flows[i].resources {
+            for &(r, w) in &uses[i] {
                 load[r] += w;
             }
         }
         while !open.is_empty() {
-            let cap = |f: &Flow| if f.computes { f.cap } else { f.cap * copy_share };
-            let limit = |f: &Flow| f.resources.iter().map(|&(r, _)| left[r] / load[r]).fold(cap(f), f64::min);
-            let lowest = open.iter().map(|&i| limit(&self.flows[i])).fold(f64::INFINITY, f64::min);
-            let (fix, keep): (Vec<usize>, Vec<usize>) =
-                open.iter().partition(|&&i| limit(&self.flows[i]) <= lowest * (1.0 + 1e-12));
+            let limit = |i: usize| uses[i].iter().map(|&(r, _)| left[r] / load[r]).fold(caps[i], f64::min);
+            let lowest = open.iter().map(|&i| limit(i)).fold(f64::INFINITY, f64::min);
+            let (fix, keep): (Vec<usize>, Vec<usize>) = open.iter().partition(|&&i| limit(i) <= lowest * (1.0 + 1e-12));
             for &i in &fix {
                 self.flows[i].rate = lowest;
-                for &(r, w) in &self.flows[i].resources {
+                for &(r, w) in &uses[i] {
                     left[r] = (left[r] - lowest * w).max(0.0);
                     load[r] = (load[r] - w).max(0.0);
                 }
@@ -1539,16 +1556,18 @@ mod tests {
         assert!(e.to_string().contains("copy.rate_beside_compute"), "{e}");
     }
 
-    #[test]
-    fn on_one_gpu_a_persistent_kernel_holds_a_copy_to_the_share_the_profile_gives_it() {
+    /// Device 1 runs a persistent kernel of two blocks that waits, between them, for device
+    /// 0's op: a copy of 64 MiB to device 1 or, with `reduce`, a reduce of two such blocks
+    /// into a third, after which device 0 signals.
+    fn beside_a_persistent_kernel(reduce: bool) -> Plan {
         use cmm_core::plan::{BufferRole, PlanBuilder};
-        // Device 1 runs a persistent kernel of two blocks that waits, between them, for
-        // device 0's copy; device 0 copies 64 MiB to it and then signals.
-        let mut b = PlanBuilder::new("copy beside a persistent kernel", 2);
+        let mut b = PlanBuilder::new("beside a persistent kernel", 2);
         let a = b.buffer("A", DType::F16, 128, 512, BufferRole::Scratch);
         let w = b.buffer("B", DType::F16, 512, 4096, BufferRole::Scratch);
         let c = b.buffer("C", DType::F32, 128, 4096, BufferRole::Scratch);
         let x = b.buffer("X", DType::F16, 8192, 4096, BufferRole::Scratch);
+        let y = b.buffer("Y", DType::F16, 8192, 4096, BufferRole::Scratch);
+        let z = b.buffer("Z", DType::F16, 8192, 4096, BufferRole::Scratch);
         let ready = b.semaphore("ready");
         let (compute, comm) = (b.lane("compute"), b.lane("comm"));
         let block = |b: &PlanBuilder, half: usize| {
@@ -1563,9 +1582,61 @@ mod tests {
         b.push(1, compute, Op::Wait { sem: ready, value: 1 });
         b.push(1, compute, second);
         let x = b.whole(x);
-        b.push(0, comm, Op::Copy { src: x, dst_device: 1, dst: x, engine: Engine::CopyEngine });
+        let op = if reduce {
+            Op::Reduce { inputs: vec![x, b.whole(y)], output: b.whole(z) }
+        } else {
+            Op::Copy { src: x, dst_device: 1, dst: x, engine: Engine::CopyEngine }
+        };
+        b.push(0, comm, op);
         b.push(0, comm, Op::Signal { device: 1, sem: ready, add: 1 });
-        let plan = b.finish().unwrap();
+        b.finish().unwrap()
+    }
+
+    #[test]
+    fn on_one_gpu_a_persistent_kernel_leaves_other_kernels_the_share_the_profile_gives_them() {
+        let plan = beside_a_persistent_kernel(true);
+        let mut profile = Profile::load("h100-one-gpu").unwrap();
+        profile.compute.launch_us = 0.0;
+        profile.interconnect.link_latency_us = 0.0;
+        let reduce_time = |profile: &Profile| {
+            let r = sim(&plan, profile);
+            let reduce = r.record(OpSite { device: 0, lane: 1, index: 0 });
+            reduce.end_s - reduce.start_s
+        };
+        // Alone: its three 64 MiB blocks through the HBM once.
+        let alone = 3.0 * 8192.0 * 4096.0 * 2.0 / profile.hbm_bps();
+        let unset = reduce_time(&profile);
+        assert!(unset < 2.0 * alone, "{unset} vs {alone}");
+        // Set, it keeps that share from start to end, the kernel beside it computing or waiting.
+        profile.compute.kernel_beside_persistent = Some(0.1);
+        let held = reduce_time(&profile);
+        assert!((held / (10.0 * alone) - 1.0).abs() < 1e-9, "{held} vs {}", 10.0 * alone);
+        // The persistent kernel itself is not held: only its first block ran before the
+        // wait, and it ends once the reduce has.
+        let r = sim(&plan, &profile);
+        assert!((r.makespan_s - held).abs() / held < 0.05, "{} vs {held}", r.makespan_s);
+        // The held kernel runs on the SMs the persistent one leaves and takes none of its
+        // compute: the first block ends alike whatever those SMs give.
+        let first_block = |share| {
+            let mut p = profile.clone();
+            p.compute.kernel_beside_persistent = Some(share);
+            sim(&plan, &p).record(OpSite { device: 1, lane: 0, index: 0 }).end_s
+        };
+        assert_eq!(first_block(0.1), first_block(0.5));
+        // Beside plain GEMMs, nothing changes.
+        let pair = one_gpu_plan();
+        let mut without = profile.clone();
+        without.compute.kernel_beside_persistent = None;
+        assert_eq!(sim(&pair, &profile).makespan_s, sim(&pair, &without).makespan_s);
+        let text = include_str!("../profiles/h100-one-gpu.toml")
+            .replace("launch_us = 2.0", "launch_us = 2.0\nkernel_beside_persistent = 0");
+        let e = Profile::parse(&text, "test.toml").unwrap_err();
+        assert!(e.to_string().contains("compute.kernel_beside_persistent"), "{e}");
+    }
+
+    #[test]
+    fn on_one_gpu_a_persistent_kernel_holds_a_copy_to_the_share_the_profile_gives_it() {
+        let plan = beside_a_persistent_kernel(false);
         let mut profile = Profile::load("h100-one-gpu").unwrap();
         profile.compute.launch_us = 0.0;
         profile.interconnect.link_latency_us = 0.0;

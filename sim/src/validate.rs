@@ -239,33 +239,35 @@ pub struct OneGpuCalibration {
     /// The bench's `--shrink` (the local GEMM's dimensions divided by it).
     pub shrink: usize,
     /// The copy beside persistent kernels (benches since the calibration measured it).
-    pub persistent: Option<PersistentCopy>,
+    pub copy_beside_persistent: Option<BesidePersistent>,
+    /// The reduce beside persistent kernels (likewise).
+    pub reduce_beside_persistent: Option<BesidePersistent>,
 }
 
-/// The calibration's copy beside the persistent kernels of
-/// [`crate::calibration::persistent_plan`], each op timed by events inside the same runs.
+/// An op of the calibration (a copy, a reduce) beside the persistent kernels of
+/// [`crate::calibration::persistent_plan`], each timed by events inside the same runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PersistentCopy {
-    /// The copy alone, µs.
-    pub copy_us: f64,
-    /// The copy, started together with the kernels, µs.
-    pub copy_beside_us: f64,
+pub struct BesidePersistent {
+    /// The op alone, µs.
+    pub alone_us: f64,
+    /// The op, started together with the kernels, µs.
+    pub beside_us: f64,
     /// Device 0's persistent kernel in that run, µs.
     pub kernel_beside_us: f64,
 }
 
-impl PersistentCopy {
-    /// The fraction of its rate the copy kept while the kernels ran, if it kept any:
-    /// started together, it moved at that fraction while the kernel ran and at its own rate
-    /// after, so `share × min(copy, kernel) + max(0, copy − kernel) = alone`. `None` when
-    /// the copy outlasted the kernel by its own time or more (it waited for the kernel's
-    /// end: no rate to take), or a figure is not a positive time.
+impl BesidePersistent {
+    /// The fraction of its rate the op kept while the kernels ran, if it kept any: started
+    /// together, it ran at that fraction while the kernel ran and at its own rate after,
+    /// so `share × min(op, kernel) + max(0, op − kernel) = alone`. `None` when the op
+    /// outlasted the kernel by its own time or more (it waited for the kernel's end: no
+    /// rate to take), or a figure is not a positive time.
     pub fn share(&self) -> Option<f64> {
-        let (alone, copy, kernel) = (self.copy_us, self.copy_beside_us, self.kernel_beside_us);
-        if ![alone, copy, kernel].iter().all(|v| v.is_finite() && *v > 0.0) {
+        let (alone, beside, kernel) = (self.alone_us, self.beside_us, self.kernel_beside_us);
+        if ![alone, beside, kernel].iter().all(|v| v.is_finite() && *v > 0.0) {
             return None;
         }
-        let share = (alone - (copy - kernel).max(0.0)) / copy.min(kernel);
+        let share = (alone - (beside - kernel).max(0.0)) / beside.min(kernel);
         (share > 0.0).then_some(share.min(1.0))
     }
 }
@@ -294,8 +296,8 @@ fn concurrent_throughput(together: &[(usize, f64)]) -> [f64; 4] {
 /// `profile` with the calibration's figures in place of its assumptions: both copy rates,
 /// the remote waits (half a round trip, one signal reaching one wait, less the signal's
 /// latency), the best efficiency scaled so that the local GEMM takes the measured time,
-/// what GEMMs at once gain, and, where measured, the share of its rate a copy keeps beside
-/// persistent kernels ([`PersistentCopy::share`]).
+/// what GEMMs at once gain, and, where measured, the share of its rate a copy and a reduce
+/// keep beside persistent kernels ([`BesidePersistent::share`]).
 pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Profile, ValidationError> {
     let bad = |what: String, value: f64| {
         ValidationError::Calibration(format!("{what} = {value} is not a positive time, rate or ratio"))
@@ -321,8 +323,11 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
     let modelled_us = p.gemm_cost(1024 / s, 4096 / s, 4096 / s, DType::F16, DType::F16, false).work_s * 1e6;
     p.compute.max_efficiency = (p.compute.max_efficiency * modelled_us / c.gemm_us).min(1.0);
     p.compute.concurrent_throughput = concurrent_throughput(&c.together);
-    if let Some(share) = c.persistent.as_ref().and_then(PersistentCopy::share) {
+    if let Some(share) = c.copy_beside_persistent.as_ref().and_then(BesidePersistent::share) {
         p.copy.rate_beside_persistent = Some(share);
+    }
+    if let Some(share) = c.reduce_beside_persistent.as_ref().and_then(BesidePersistent::share) {
+        p.compute.kernel_beside_persistent = Some(share);
     }
     Ok(p)
 }
@@ -505,10 +510,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_share_a_copy_keeps_beside_persistent_kernels_is_read_from_its_times() {
-        let share = |copy_beside_us, kernel_beside_us| {
-            PersistentCopy { copy_us: 20.0, copy_beside_us, kernel_beside_us }.share()
-        };
+    fn the_share_an_op_keeps_beside_persistent_kernels_is_read_from_its_times() {
+        let share =
+            |beside_us, kernel_beside_us| BesidePersistent { alone_us: 20.0, beside_us, kernel_beside_us }.share();
         // Ended under the kernel: alone ÷ beside.
         assert_eq!(share(80.0, 200.0), Some(0.25));
         // Outlasted it by 10 µs of its 20: the other 10 µs of work took the kernel's 200.
@@ -528,11 +532,18 @@ mod tests {
             gemm_us: 60.0,
             together: vec![(2, 0.9)],
             shrink: 1,
-            persistent: Some(PersistentCopy { copy_us: 20.0, copy_beside_us: 80.0, kernel_beside_us: 200.0 }),
+            copy_beside_persistent: Some(BesidePersistent { alone_us: 20.0, beside_us: 80.0, kernel_beside_us: 200.0 }),
+            reduce_beside_persistent: Some(BesidePersistent {
+                alone_us: 10.0,
+                beside_us: 100.0,
+                kernel_beside_us: 200.0,
+            }),
         };
-        assert_eq!(calibrated_one_gpu(&profile, &c).unwrap().copy.rate_beside_persistent, Some(0.25));
-        c.persistent = None;
-        assert_eq!(calibrated_one_gpu(&profile, &c).unwrap().copy.rate_beside_persistent, None);
+        let p = calibrated_one_gpu(&profile, &c).unwrap();
+        assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (Some(0.25), Some(0.1)));
+        (c.copy_beside_persistent, c.reduce_beside_persistent) = (None, None);
+        let p = calibrated_one_gpu(&profile, &c).unwrap();
+        assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (None, None));
     }
 
     #[test]

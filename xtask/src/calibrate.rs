@@ -2,8 +2,8 @@
 //! taken by `cargo xtask bench --backend cuda` on the GPU it runs on, so that the profile's
 //! assumptions can be replaced by figures: the device-to-device copy rate, what D GEMMs at
 //! once gain over one at a time, what a copy and a GEMM beside each other cost each other
-//! (the driver's copy, and the same copy asked of the copy engines), what a copy keeps
-//! beside persistent kernels (the fused plans' GEMMs), and a signal–wait
+//! (the driver's copy, and the same copy asked of the copy engines), what a copy and a
+//! reduce keep beside persistent kernels (the fused plans' GEMMs), and a signal–wait
 //! round between two devices. Each is a small plan
 //! (`cmm_sim::calibration`, which the simulator runs too) run through the backend like
 //! any other (gated, cold L2, median of the bench's repetitions).
@@ -51,17 +51,18 @@ pub struct Calibration {
     /// own copy may run on the SMs: if so, this one keeps its pace beside the GEMM where
     /// that one waits for the GEMM's SMs.
     pub copy_engines: Option<EngineCopies>,
-    /// The copy beside two devices' persistent kernels; null where they failed to run
-    /// (the bench says why).
-    pub persistent: Option<PersistentCopies>,
+    /// The copy and a reduce beside two devices' persistent kernels; null where they
+    /// failed to run (the bench says why).
+    pub persistent: Option<Persistent>,
 }
 
-/// The calibration's copy beside persistent kernels (`calibration::persistent_plan`: each
-/// of 2 devices' local GEMM as a fused GEMM of one block, on the fused plans' engine and
-/// grid). A kernel whose CTAs hold their SMs leaves a copy what a cuBLAS GEMM's waves do
-/// not: the fused plans' copies run beside such kernels.
+/// The calibration's copy and reduce beside persistent kernels
+/// (`calibration::persistent_plan`: each of 2 devices' local GEMM as a fused GEMM of one
+/// block, on the fused plans' engine and grid). Kernels whose CTAs hold their SMs leave a
+/// copy, or another kernel, what a cuBLAS GEMM's waves do not: the fused plans' copies and
+/// reduces run beside such kernels.
 #[derive(Debug, Serialize)]
-pub struct PersistentCopies {
+pub struct Persistent {
     pub devices: usize,
     /// The engine the kernels ran on, as the backend counts it.
     pub gemm_engine: String,
@@ -73,14 +74,18 @@ pub struct PersistentCopies {
     pub copy_beside_kernel_us: f64,
     /// The same with the copy asked of the copy engines; null where the driver lacks the
     /// call.
-    pub copy_engines: Option<Beside>,
+    pub copy_engines: Option<PairTimes>,
+    /// Device 0's reduce of two f32 blocks into a third (a kernel on the SMs) alone, µs,
+    /// and started together with the kernels: the kernel's and the reduce's times.
+    pub reduce_us: f64,
+    pub reduce_beside: PairTimes,
 }
 
-/// Two ops of one run started together, each one's time, µs.
+/// A persistent kernel and an op beside it started together, each one's time, µs.
 #[derive(Debug, Serialize)]
-pub struct Beside {
+pub struct PairTimes {
     pub kernel_us: f64,
-    pub copy_us: f64,
+    pub op_us: f64,
 }
 
 /// The calibration's copy asked of the copy engines.
@@ -150,42 +155,48 @@ pub fn calibrate(
 }
 
 /// The copy beside two devices' persistent kernels, the driver's and, where the driver has
-/// the call, the copy engines'.
+/// the call, the copy engines', and a reduce beside them.
 fn persistent(
     backend: &CudaBackend,
     options: CudaRunOptions,
-    (m, n, k): (usize, usize, usize),
+    shape: (usize, usize, usize),
     reps: usize,
-) -> Result<PersistentCopies> {
+) -> Result<Persistent> {
     let devices = 2;
-    let kernels_us =
-        time_plan(backend, &calibration::persistent_plan(devices, (m, n, k), false)?, &options, reps, true)?.0;
-    let plan = calibration::persistent_plan(devices, (m, n, k), true)?;
+    let alone = calibration::persistent_plan(devices, shape, calibration::Beside::Nothing)?;
+    let kernels_us = time_plan(backend, &alone, &options, reps, true)?.0;
+    let plan = calibration::persistent_plan(devices, shape, calibration::Beside::Copy)?;
     let ((kernel_beside_copy_us, copy_beside_kernel_us), gemm_engine) = beside(backend, &plan, &options, reps)?;
     let copy_engines = match backend.batch_copies() {
         Ok(()) => {
             let engines = CudaRunOptions { copies: CopyIssue::PreferCopyEngines, ..options };
-            let ((kernel_us, copy_us), _) = beside(backend, &plan, &engines, reps)?;
-            Some(Beside { kernel_us, copy_us })
+            let ((kernel_us, op_us), _) = beside(backend, &plan, &engines, reps)?;
+            Some(PairTimes { kernel_us, op_us })
         }
         Err(_) => None,
     };
-    Ok(PersistentCopies {
+    let reduce_us = time(backend, &calibration::reduce_plan(shape)?, &options, reps)?;
+    let plan = calibration::persistent_plan(devices, shape, calibration::Beside::Reduce)?;
+    let ((kernel_us, op_us), _) = beside(backend, &plan, &options, reps)?;
+    Ok(Persistent {
         devices,
         gemm_engine,
         kernels_us,
         kernel_beside_copy_us,
         copy_beside_kernel_us,
         copy_engines,
+        reduce_us,
+        reduce_beside: PairTimes { kernel_us, op_us },
     })
 }
 
-/// The GEMM of device 0 and its copy to device 1 in `plan` (a calibration plan) started
-/// together, each timed inside the same runs (events around each op): the medians of the
-/// GEMM's and the copy's times, µs, and the engines its GEMMs ran on.
+/// The GEMM of device 0 and the op beside it in `plan` (a calibration plan: its copy to
+/// device 1, or its reduce) started together, each timed inside the same runs (events
+/// around each op): the medians of the GEMM's and the op's times, µs, and the engines its
+/// GEMMs ran on.
 fn beside(backend: &CudaBackend, plan: &Plan, options: &CudaRunOptions, reps: usize) -> Result<((f64, f64), String)> {
     let timed = CudaRunOptions { time_ops: true, ..*options };
-    let (mut gemm_times, mut copy_times) = (Vec::new(), Vec::new());
+    let (mut gemm_times, mut op_times) = (Vec::new(), Vec::new());
     let mut engines = String::new();
     for rep in 0..reps {
         let out = backend
@@ -195,12 +206,12 @@ fn beside(backend: &CudaBackend, plan: &Plan, options: &CudaRunOptions, reps: us
         for (site, _, duration) in &out.op_times {
             match plan.programs[site.device].lanes[site.lane][site.index] {
                 Op::Gemm { .. } if site.device == 0 => gemm_times.push(*duration),
-                Op::Copy { .. } => copy_times.push(*duration),
+                Op::Copy { .. } | Op::Reduce { .. } => op_times.push(*duration),
                 _ => {}
             }
         }
     }
-    Ok(((median(gemm_times), median(copy_times)), engines))
+    Ok(((median(gemm_times), median(op_times)), engines))
 }
 
 impl Calibration {
@@ -240,8 +251,16 @@ impl Calibration {
                 p.copy_beside_kernel_us,
                 p.copy_engines.as_ref().map_or(String::new(), |e| format!(
                     "; the copy asked of the copy engines: the kernel {:.1} µs, the copy {:.1} µs",
-                    e.kernel_us, e.copy_us
+                    e.kernel_us, e.op_us
                 ))
+            ));
+            lines.push(format!(
+                "calibration: a reduce of two {:.1} MiB blocks alone {:.1} µs; started together with the {} persistent GEMMs, device 0's took {:.1} µs and the reduce {:.1} µs",
+                self.copy_bytes as f64 / (1 << 20) as f64,
+                p.reduce_us,
+                p.devices,
+                p.reduce_beside.kernel_us,
+                p.reduce_beside.op_us
             ));
         }
         lines
