@@ -1482,6 +1482,22 @@ mod tests {
         }
     }
 
+    /// The one-GPU profile with no launch cost and no signal latency, so that a test's
+    /// times are its flows' alone.
+    fn instant_one_gpu() -> Profile {
+        let mut profile = Profile::load("h100-one-gpu").unwrap();
+        profile.compute.launch_us = 0.0;
+        profile.interconnect.link_latency_us = 0.0;
+        profile
+    }
+
+    /// The one-GPU profile file with `line` replaced is refused, naming `field`.
+    fn assert_refused((line, with): (&str, &str), field: &str) {
+        let text = include_str!("../profiles/h100-one-gpu.toml").replace(line, with);
+        let e = Profile::parse(&text, "test.toml").unwrap_err();
+        assert!(e.to_string().contains(field), "{e}");
+    }
+
     /// Two devices of one GPU each run one GEMM, and device 0 copies a buffer to device 1.
     fn one_gpu_plan() -> Plan {
         use cmm_core::plan::{BufferRole, PlanBuilder};
@@ -1501,9 +1517,7 @@ mod tests {
 
     #[test]
     fn devices_of_one_gpu_share_its_compute_and_copy_through_its_hbm() {
-        let mut profile = Profile::load("h100-one-gpu").unwrap();
-        profile.compute.launch_us = 0.0;
-        profile.interconnect.link_latency_us = 0.0;
+        let mut profile = instant_one_gpu();
         // The HBM alone (the contention factors have a test of their own).
         (profile.copy.rate_beside_compute, profile.copy.compute_beside_copy) = (1.0, 1.0);
         let plan = one_gpu_plan();
@@ -1525,9 +1539,7 @@ mod tests {
 
     #[test]
     fn on_one_gpu_a_copy_beside_compute_costs_both_what_the_profile_says() {
-        let mut profile = Profile::load("h100-one-gpu").unwrap();
-        profile.compute.launch_us = 0.0;
-        profile.interconnect.link_latency_us = 0.0;
+        let mut profile = instant_one_gpu();
         // An HBM wide enough that only the contention factors bind.
         profile.memory.hbm_gbps = 1e9;
         profile.copy.rate_beside_compute = 0.25;
@@ -1550,10 +1562,7 @@ mod tests {
         nvlink.copy.compute_beside_copy = 0.5;
         assert_eq!(sim(&plan, &nvlink).makespan_s, before);
         // A factor above 1 is refused, naming it.
-        let text = include_str!("../profiles/h100-one-gpu.toml")
-            .replace("rate_beside_compute = 0.30", "rate_beside_compute = 1.5");
-        let e = Profile::parse(&text, "test.toml").unwrap_err();
-        assert!(e.to_string().contains("copy.rate_beside_compute"), "{e}");
+        assert_refused(("rate_beside_compute = 0.30", "rate_beside_compute = 1.5"), "copy.rate_beside_compute");
     }
 
     /// Device 1 runs a persistent kernel of two blocks that waits, between them, for device
@@ -1595,9 +1604,7 @@ mod tests {
     #[test]
     fn on_one_gpu_a_persistent_kernel_leaves_other_kernels_the_share_the_profile_gives_them() {
         let plan = beside_a_persistent_kernel(true);
-        let mut profile = Profile::load("h100-one-gpu").unwrap();
-        profile.compute.launch_us = 0.0;
-        profile.interconnect.link_latency_us = 0.0;
+        let mut profile = instant_one_gpu();
         let reduce_time = |profile: &Profile| {
             let r = sim(&plan, profile);
             let reduce = r.record(OpSite { device: 0, lane: 1, index: 0 });
@@ -1628,18 +1635,16 @@ mod tests {
         let mut without = profile.clone();
         without.compute.kernel_beside_persistent = None;
         assert_eq!(sim(&pair, &profile).makespan_s, sim(&pair, &without).makespan_s);
-        let text = include_str!("../profiles/h100-one-gpu.toml")
-            .replace("launch_us = 2.0", "launch_us = 2.0\nkernel_beside_persistent = 0");
-        let e = Profile::parse(&text, "test.toml").unwrap_err();
-        assert!(e.to_string().contains("compute.kernel_beside_persistent"), "{e}");
+        assert_refused(
+            ("launch_us = 2.0", "launch_us = 2.0\nkernel_beside_persistent = 0"),
+            "compute.kernel_beside_persistent",
+        );
     }
 
     #[test]
     fn on_one_gpu_a_persistent_kernel_holds_a_copy_to_the_share_the_profile_gives_it() {
         let plan = beside_a_persistent_kernel(false);
-        let mut profile = Profile::load("h100-one-gpu").unwrap();
-        profile.compute.launch_us = 0.0;
-        profile.interconnect.link_latency_us = 0.0;
+        let mut profile = instant_one_gpu();
         // An HBM wide enough that only the contention factors bind.
         profile.memory.hbm_gbps = 1e9;
         profile.copy.rate_beside_compute = 0.5;
@@ -1668,10 +1673,10 @@ mod tests {
         nvlink.copy.rate_beside_persistent = Some(0.1);
         assert_eq!(sim(&plan, &nvlink).makespan_s, before);
         // A share above 1 is refused, naming it.
-        let text = include_str!("../profiles/h100-one-gpu.toml")
-            .replace("compute_beside_copy = 0.88", "compute_beside_copy = 0.88\nrate_beside_persistent = 1.5");
-        let e = Profile::parse(&text, "test.toml").unwrap_err();
-        assert!(e.to_string().contains("copy.rate_beside_persistent"), "{e}");
+        assert_refused(
+            ("compute_beside_copy = 0.88", "compute_beside_copy = 0.88\nrate_beside_persistent = 1.5"),
+            "copy.rate_beside_persistent",
+        );
     }
 
     #[test]
@@ -1749,10 +1754,10 @@ mod tests {
         assert!((end(vec![1, 0], 1) - gemm).abs() < 1e-9);
         assert!((end(vec![1, 0], 0) - (gemm + 0.75 * gemm)).abs() < 1e-9);
         // A profile whose first throughput is not 1 is refused.
-        let text = include_str!("../profiles/h100-one-gpu.toml")
-            .replace("launch_us = 2.0", "launch_us = 2.0\nconcurrent_throughput = [1.1, 1.2, 1.2, 1.2]");
-        let e = Profile::parse(&text, "test.toml").unwrap_err();
-        assert!(e.to_string().contains("concurrent_throughput"), "{e}");
+        assert_refused(
+            ("launch_us = 2.0", "launch_us = 2.0\nconcurrent_throughput = [1.1, 1.2, 1.2, 1.2]"),
+            "concurrent_throughput",
+        );
     }
 
     #[test]
