@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use cmm_core::algorithms::{build_plan, Algorithm};
 use cmm_core::plan::OpSite;
 use cmm_core::OpKind;
-use cmm_sim::calibration::{self, Beside};
+use cmm_sim::calibration::{self, Beside, PersistentTimes};
 use cmm_sim::validate::{
     calibrated_one_gpu, one_gpu_rows, seed000_problem, BenchTime, BesidePersistent, OneGpuCalibration, OneGpuRow,
     H100_COMPUTE_LEVELS,
@@ -220,46 +220,13 @@ struct BenchCalibration {
     /// The copy and a reduce beside persistent kernels (benches since the calibration
     /// measured them).
     #[serde(default)]
-    persistent: Option<Persistent>,
-}
-
-/// The calibration's copy and reduce beside two devices' persistent kernels.
-#[derive(Debug, Deserialize)]
-struct Persistent {
-    devices: usize,
-    gemm_engine: String,
-    kernels_us: f64,
-    kernel_beside_copy_us: f64,
-    copy_beside_kernel_us: f64,
-    copy_engines: Option<PairTimes>,
-    reduce_us: f64,
-    reduce_beside: PairTimes,
-}
-
-/// A persistent kernel and an op beside it started together.
-#[derive(Debug, Deserialize)]
-struct PairTimes {
-    kernel_us: f64,
-    op_us: f64,
+    persistent: Option<PersistentTimes>,
 }
 
 impl BenchCalibration {
     /// The copy beside persistent kernels as the simulator's calibration reads it.
     fn copy_beside_persistent(&self) -> Option<BesidePersistent> {
-        self.persistent.as_ref().map(|p| BesidePersistent {
-            alone_us: self.copy_us,
-            beside_us: p.copy_beside_kernel_us,
-            kernel_beside_us: p.kernel_beside_copy_us,
-        })
-    }
-
-    /// The reduce beside persistent kernels, likewise.
-    fn reduce_beside_persistent(&self) -> Option<BesidePersistent> {
-        self.persistent.as_ref().map(|p| BesidePersistent {
-            alone_us: p.reduce_us,
-            beside_us: p.reduce_beside.op_us,
-            kernel_beside_us: p.reduce_beside.kernel_us,
-        })
+        self.persistent.as_ref().map(|p| p.copy_beside(self.copy_us))
     }
 }
 
@@ -498,7 +465,7 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
             together: c.together.iter().map(|t| (t.devices, t.ratio)).collect(),
             shrink: file.shrink,
             copy_beside_persistent: c.copy_beside_persistent(),
-            reduce_beside_persistent: c.reduce_beside_persistent(),
+            reduce_beside_persistent: c.persistent.as_ref().map(PersistentTimes::reduce_beside),
         },
     )?;
     println!();
@@ -523,7 +490,7 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
                 "compute.kernel_beside_persistent",
                 "reduce",
                 profile.compute.kernel_beside_persistent,
-                c.reduce_beside_persistent(),
+                c.persistent.as_ref().map(PersistentTimes::reduce_beside),
             ),
         ];
         for (field, op, before, measured) in shares {
@@ -685,6 +652,7 @@ fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow])
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cmm_sim::calibration::PairTimes;
 
     #[test]
     fn an_h200_bench_is_read_against_the_h200_profile() {
@@ -821,7 +789,7 @@ mod tests {
         // about 300 µs: a fifth of its rate; a reduce of 15 µs alone that takes 150 beside
         // them: a tenth.
         let copy_gbps = (1024 * 4096 * 4) as f64 / 16.0 / 1e3;
-        let persistent = Persistent {
+        let persistent = PersistentTimes {
             devices: 2,
             gemm_engine: "2 on the Hopper engine".into(),
             kernels_us: 290.0,
@@ -849,7 +817,7 @@ mod tests {
             together: vec![(2, 0.85)],
             shrink: 1,
             copy_beside_persistent: measured.copy_beside_persistent(),
-            reduce_beside_persistent: measured.reduce_beside_persistent(),
+            reduce_beside_persistent: measured.persistent.as_ref().map(PersistentTimes::reduce_beside),
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
         assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (Some(0.2), Some(0.1)));

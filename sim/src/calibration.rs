@@ -4,6 +4,9 @@
 
 use cmm_core::dtype::DType;
 use cmm_core::plan::{BufId, BufferRole, Engine, Op, Plan, PlanBuilder, PlanError};
+use serde::{Deserialize, Serialize};
+
+use crate::validate::BesidePersistent;
 
 /// Round trips in [`round_trip_plan`] (each lane has 2 ops per round, under the CUDA
 /// gate's limit of ops per stream).
@@ -102,4 +105,54 @@ pub fn round_trip_plan() -> Result<Plan, PlanError> {
         b.push(1, lane, Op::Signal { device: 0, sem: pong, add: 1 });
     }
     b.finish()
+}
+
+/// What the bench measured on [`persistent_plan`]s: the `persistent` object of a bench
+/// report's `calibration`, written by the bench and read by `--validate-bench`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PersistentTimes {
+    /// Devices with a persistent kernel each.
+    pub devices: usize,
+    /// The engine the kernels ran on, as the backend counts it.
+    pub gemm_engine: String,
+    /// The kernels alone (the plan beside nothing), µs.
+    pub kernels_us: f64,
+    /// Started together: device 0's kernel and the copy ([`Beside::Copy`]), µs.
+    pub kernel_beside_copy_us: f64,
+    pub copy_beside_kernel_us: f64,
+    /// The same with the copy asked of the copy engines; null where the driver lacks the
+    /// call.
+    pub copy_engines: Option<PairTimes>,
+    /// Device 0's reduce ([`reduce_plan`]) alone, µs, and beside the kernels
+    /// ([`Beside::Reduce`]).
+    pub reduce_us: f64,
+    pub reduce_beside: PairTimes,
+}
+
+/// A persistent kernel and an op beside it started together, each one's time, µs.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PairTimes {
+    pub kernel_us: f64,
+    pub op_us: f64,
+}
+
+impl PersistentTimes {
+    /// The copy beside the kernels, given the copy's time alone (the calibration's own
+    /// line), as the simulator's calibration reads it.
+    pub fn copy_beside(&self, copy_alone_us: f64) -> BesidePersistent {
+        BesidePersistent {
+            alone_us: copy_alone_us,
+            beside_us: self.copy_beside_kernel_us,
+            kernel_beside_us: self.kernel_beside_copy_us,
+        }
+    }
+
+    /// The reduce beside the kernels, likewise.
+    pub fn reduce_beside(&self) -> BesidePersistent {
+        BesidePersistent {
+            alone_us: self.reduce_us,
+            beside_us: self.reduce_beside.op_us,
+            kernel_beside_us: self.reduce_beside.kernel_us,
+        }
+    }
 }

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use cmm_core::plan::Op;
 use cmm_core::{DType, Family, Plan};
 use cmm_cuda::{CopyIssue, CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec};
-use cmm_sim::calibration;
+use cmm_sim::calibration::{self, PairTimes, PersistentTimes};
 use serde::Serialize;
 
 use crate::timing::{median, time_plan};
@@ -53,39 +53,7 @@ pub struct Calibration {
     pub copy_engines: Option<EngineCopies>,
     /// The copy and a reduce beside two devices' persistent kernels; null where they
     /// failed to run (the bench says why).
-    pub persistent: Option<Persistent>,
-}
-
-/// The calibration's copy and reduce beside persistent kernels
-/// (`calibration::persistent_plan`: each of 2 devices' local GEMM as a fused GEMM of one
-/// block, on the fused plans' engine and grid). Kernels whose CTAs hold their SMs leave a
-/// copy, or another kernel, what a cuBLAS GEMM's waves do not: the fused plans' copies and
-/// reduces run beside such kernels.
-#[derive(Debug, Serialize)]
-pub struct Persistent {
-    pub devices: usize,
-    /// The engine the kernels ran on, as the backend counts it.
-    pub gemm_engine: String,
-    /// The kernels alone (the plan without the copy), µs.
-    pub kernels_us: f64,
-    /// Started together: device 0's kernel and the copy, each timed by events in the same
-    /// runs, µs.
-    pub kernel_beside_copy_us: f64,
-    pub copy_beside_kernel_us: f64,
-    /// The same with the copy asked of the copy engines; null where the driver lacks the
-    /// call.
-    pub copy_engines: Option<PairTimes>,
-    /// Device 0's reduce of two f32 blocks into a third (a kernel on the SMs) alone, µs,
-    /// and started together with the kernels: the kernel's and the reduce's times.
-    pub reduce_us: f64,
-    pub reduce_beside: PairTimes,
-}
-
-/// A persistent kernel and an op beside it started together, each one's time, µs.
-#[derive(Debug, Serialize)]
-pub struct PairTimes {
-    pub kernel_us: f64,
-    pub op_us: f64,
+    pub persistent: Option<PersistentTimes>,
 }
 
 /// The calibration's copy asked of the copy engines.
@@ -161,7 +129,7 @@ fn persistent(
     options: CudaRunOptions,
     shape: (usize, usize, usize),
     reps: usize,
-) -> Result<Persistent> {
+) -> Result<PersistentTimes> {
     let devices = 2;
     let alone = calibration::persistent_plan(devices, shape, calibration::Beside::Nothing)?;
     let kernels_us = time_plan(backend, &alone, &options, reps, true)?.0;
@@ -178,7 +146,7 @@ fn persistent(
     let reduce_us = time(backend, &calibration::reduce_plan(shape)?, &options, reps)?;
     let plan = calibration::persistent_plan(devices, shape, calibration::Beside::Reduce)?;
     let ((kernel_us, op_us), _) = beside(backend, &plan, &options, reps)?;
-    Ok(Persistent {
+    Ok(PersistentTimes {
         devices,
         gemm_engine,
         kernels_us,
