@@ -387,6 +387,8 @@ fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> R
     if let Some(p) = &c.persistent {
         let alone = run(&calibration::persistent_plan(p.devices, local, Beside::Nothing)?)?;
         rows.push((format!("{} persistent GEMMs at once", p.devices), p.kernels_us, us(alone.makespan_s)));
+        let f32_out = run(&calibration::persistent_f32_plan(p.devices, local)?)?;
+        rows.push(("the same writing f32".to_string(), p.kernels_f32_us, us(f32_out.makespan_s)));
         let plan = calibration::persistent_plan(p.devices, local, Beside::Copy)?;
         let beside = run(&plan)?;
         let took = |lane: &str| us(first_op_time(&plan, &beside, lane));
@@ -793,6 +795,7 @@ mod tests {
             devices: 2,
             gemm_engine: "2 on the Hopper engine".into(),
             kernels_us: 290.0,
+            kernels_f32_us: 330.0,
             kernel_beside_copy_us: 300.0,
             copy_beside_kernel_us: 80.0,
             copy_engines: Some(PairTimes { kernel_us: 295.0, op_us: 18.0 }),
@@ -825,6 +828,7 @@ mod tests {
         let row = |what: &str| rows.iter().find(|r| r.0 == what).unwrap_or_else(|| panic!("{what}: {rows:?}"));
         for (what, measured) in [
             ("2 persistent GEMMs at once", 290.0),
+            ("the same writing f32", 330.0),
             ("a persistent GEMM beside the copy", 300.0),
             ("the copy beside persistent GEMMs", 80.0),
             ("the persistent GEMM (copy engines)", 295.0),

@@ -35,7 +35,8 @@ pub enum Beside {
 /// device 1 on a comm lane.
 pub fn gemms_plan(devices: usize, shape: (usize, usize, usize), gemm: bool, copy: bool) -> Result<Plan, PlanError> {
     let name = format!("calibration: {devices} devices, gemm {gemm}, copy {copy}");
-    local_plan(name, devices, shape, gemm.then_some(None), if copy { Beside::Copy } else { Beside::Nothing })
+    let beside = if copy { Beside::Copy } else { Beside::Nothing };
+    local_plan(name, devices, shape, gemm.then_some(None), DType::F16, beside)
 }
 
 /// `devices` devices, each running one `m×n×k` f16 GEMM as a persistent kernel (a fused
@@ -45,28 +46,37 @@ pub fn gemms_plan(devices: usize, shape: (usize, usize, usize), gemm: bool, copy
 /// the fused plans' copies and reduces meet and the cuBLAS pair does not show.
 pub fn persistent_plan(devices: usize, shape: (usize, usize, usize), beside: Beside) -> Result<Plan, PlanError> {
     let name = format!("calibration: {devices} persistent GEMMs, beside them {beside:?}");
-    local_plan(name, devices, shape, Some(Some(0)), beside)
+    local_plan(name, devices, shape, Some(Some(0)), DType::F16, beside)
+}
+
+/// [`persistent_plan`]'s kernels writing f32, as gemm_rs's fused GEMMs write their partial
+/// sums (ag_gemm's write f16, and the together-rate of the profiles comes from those), with
+/// nothing beside them.
+pub fn persistent_f32_plan(devices: usize, shape: (usize, usize, usize)) -> Result<Plan, PlanError> {
+    let name = format!("calibration: {devices} persistent GEMMs writing f32");
+    local_plan(name, devices, shape, Some(Some(0)), DType::F32, Beside::Nothing)
 }
 
 /// Device 0's reduce of [`Beside::Reduce`] alone (on 2 devices, as the pair runs).
 pub fn reduce_plan(shape: (usize, usize, usize)) -> Result<Plan, PlanError> {
-    local_plan("calibration: a reduce alone".into(), 2, shape, None, Beside::Reduce)
+    local_plan("calibration: a reduce alone".into(), 2, shape, None, DType::F16, Beside::Reduce)
 }
 
 /// Every device's local GEMM where `gemm` is given (its `fused` id: `None`, a GEMM of its
-/// own), and device 0 running `beside` on a lane of its own.
+/// own) writing `out`, and device 0 running `beside` on a lane of its own.
 fn local_plan(
     name: String,
     devices: usize,
     (m, n, k): (usize, usize, usize),
     gemm: Option<Option<u32>>,
+    out: DType,
     beside: Beside,
 ) -> Result<Plan, PlanError> {
     let mut b = PlanBuilder::new(name, devices);
     let a = input(&mut b, "A", 0, DType::F16, m, k);
     let w = input(&mut b, "B", 1, DType::F16, k, n);
     let x = input(&mut b, "X", 2, DType::F32, m, n);
-    let c = b.buffer("C", DType::F16, m, n, BufferRole::Output);
+    let c = b.buffer("C", out, m, n, BufferRole::Output);
     let y = b.buffer("Y", DType::F32, m, n, BufferRole::Scratch);
     let (compute, comm) = (b.lane("compute"), b.lane("comm"));
     if let Some(id) = gemm {
@@ -117,6 +127,8 @@ pub struct PersistentTimes {
     pub gemm_engine: String,
     /// The kernels alone (the plan beside nothing), µs.
     pub kernels_us: f64,
+    /// The same kernels writing f32 ([`persistent_f32_plan`]) alone, µs.
+    pub kernels_f32_us: f64,
     /// Started together: device 0's kernel and the copy ([`Beside::Copy`]), µs.
     pub kernel_beside_copy_us: f64,
     pub copy_beside_kernel_us: f64,

@@ -133,6 +133,8 @@ fn persistent(
     let devices = 2;
     let alone = calibration::persistent_plan(devices, shape, calibration::Beside::Nothing)?;
     let kernels_us = time_plan(backend, &alone, &options, reps, true)?.0;
+    let kernels_f32_us =
+        time_plan(backend, &calibration::persistent_f32_plan(devices, shape)?, &options, reps, true)?.0;
     let plan = calibration::persistent_plan(devices, shape, calibration::Beside::Copy)?;
     let ((kernel_beside_copy_us, copy_beside_kernel_us), gemm_engine) = beside(backend, &plan, &options, reps)?;
     let copy_engines = match backend.batch_copies() {
@@ -150,6 +152,7 @@ fn persistent(
         devices,
         gemm_engine,
         kernels_us,
+        kernels_f32_us,
         kernel_beside_copy_us,
         copy_beside_kernel_us,
         copy_engines,
@@ -211,10 +214,11 @@ impl Calibration {
         }
         if let Some(p) = &self.persistent {
             lines.push(format!(
-                "calibration: {} persistent GEMMs ({}) alone {:.1} µs; started together with the copy, device 0's took {:.1} µs and the copy {:.1} µs{}",
+                "calibration: {} persistent GEMMs ({}) alone {:.1} µs ({:.1} µs writing f32); started together with the copy, device 0's took {:.1} µs and the copy {:.1} µs{}",
                 p.devices,
                 p.gemm_engine,
                 p.kernels_us,
+                p.kernels_f32_us,
                 p.kernel_beside_copy_us,
                 p.copy_beside_kernel_us,
                 p.copy_engines.as_ref().map_or(String::new(), |e| format!(
