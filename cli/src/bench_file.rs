@@ -468,6 +468,7 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
             shrink: file.shrink,
             copy_beside_persistent: c.copy_beside_persistent(),
             reduce_beside_persistent: c.persistent.as_ref().map(PersistentTimes::reduce_beside),
+            persistent_f32_over_f16: c.persistent.as_ref().map(|p| p.kernels_f32_us / p.kernels_us),
         },
     )?;
     println!();
@@ -495,6 +496,15 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
                 c.persistent.as_ref().map(PersistentTimes::reduce_beside),
             ),
         ];
+        let wide = |p: &Profile| p.engines.and_then(|e| e.hopper_128x256).and_then(|r| r.shared_efficiency_f32);
+        if let Some(after) = wide(&calibrated) {
+            println!(
+                "  engines.hopper_128x256.shared_efficiency_f32: {} -> {after:.4} (the persistent GEMMs writing f32 {:.1} µs, f16 {:.1} µs)",
+                wide(&profile).map_or("unset".into(), |v| v.to_string()),
+                p.kernels_f32_us,
+                p.kernels_us
+            );
+        }
         for (field, op, before, measured) in shares {
             let Some(m) = measured else { continue };
             println!(
@@ -611,6 +621,9 @@ fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow])
         "error"
     );
     let levels = file.compute_levels().0;
+    // Rows within the 20 %: as simulated plainly, and on the report's queues.
+    let within = |measured: f64, simulated: f64| ((simulated - measured) / measured).abs() <= 0.20;
+    let (mut plain_within, mut queued_within) = (0, 0);
     for FusedRow { op, algorithm, times, row } in fused {
         let plan = build_plan(&seed000_problem(*op, times.devices, file.shrink)?, *algorithm)?;
         let plain = simulate(&plan, profile, &SimOptions::default())?;
@@ -647,7 +660,13 @@ fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow])
             error(Some(times.time_us), shared)
         );
         println!("{:<26} simulated on {}", "", plain.engines.describe());
+        plain_within += usize::from(within(times.time_us, plain.makespan_s * 1e6));
+        queued_within += usize::from(within(times.time_us, shared));
     }
+    println!(
+        "fused plans as built within 20 % of their measured time: {plain_within} of {n}, on {queues} queues {queued_within} of {n}",
+        n = fused.len()
+    );
     Ok(())
 }
 
@@ -738,6 +757,7 @@ mod tests {
             shrink: 1,
             copy_beside_persistent: None,
             reduce_beside_persistent: None,
+            persistent_f32_over_f16: None,
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
         assert_eq!((p.copy.copy_engine_gbps, p.copy.sm_copy_gbps), (2000.0, 2000.0));
@@ -821,8 +841,17 @@ mod tests {
             shrink: 1,
             copy_beside_persistent: measured.copy_beside_persistent(),
             reduce_beside_persistent: measured.persistent.as_ref().map(PersistentTimes::reduce_beside),
+            persistent_f32_over_f16: Some(330.0 / 290.0),
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
+        let together = |p: &Profile| p.engines.unwrap().hopper_128x256.unwrap();
+        let f32_rate = together(&p).shared_efficiency_f32.unwrap();
+        assert!((f32_rate - together(&profile).shared_efficiency.unwrap() * 290.0 / 330.0).abs() < 1e-12);
+        // The model's f32 kernels then take the measured ratio of its f16 ones.
+        let rows = calibration_rows(&p, &measured, 1).unwrap();
+        let sim = |what: &str| rows.iter().find(|r| r.0 == what).unwrap().2 - p.compute.launch_us;
+        let ratio = sim("the same writing f32") / sim("2 persistent GEMMs at once");
+        assert!((ratio - 330.0 / 290.0).abs() < 0.01, "{ratio}");
         assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (Some(0.2), Some(0.1)));
         let rows = calibration_rows(&p, &measured, 1).unwrap();
         let row = |what: &str| rows.iter().find(|r| r.0 == what).unwrap_or_else(|| panic!("{what}: {rows:?}"));

@@ -1703,6 +1703,20 @@ mod tests {
             profile.compute.concurrent_throughput = [1.0; 4];
             assert!(gained < sim(&plain, &profile).makespan_s);
         }
+        // Kernels writing f32 take the rate measured for them where the profile has one.
+        use cmm_core::engines::{Engine, HopperTile};
+        let flops = 2.0 * 1024.0 * 4096.0 * 4096.0;
+        let work = |p: &Profile, output| {
+            p.fused_gemm_cost_on(Engine::Hopper(HopperTile::Wide), &[1024], 4096, 4096, DType::F16, output, false, true)
+                .work_s
+        };
+        let peak = profile.peak_flops(DType::F16);
+        assert!((work(&profile, DType::F32) / (flops / (peak * together)) - 1.0).abs() < 1e-12);
+        if let Some(rate) = profile.engines.as_mut().and_then(|e| e.hopper_128x256.as_mut()) {
+            rate.shared_efficiency_f32 = Some(0.3);
+        }
+        assert!((work(&profile, DType::F32) / (flops / (peak * 0.3)) - 1.0).abs() < 1e-12);
+        assert!((work(&profile, DType::F16) / (flops / (peak * together)) - 1.0).abs() < 1e-12);
     }
 
     #[test]

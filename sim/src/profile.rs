@@ -297,6 +297,10 @@ pub struct EngineRate {
     /// persistent kernels reach together, one per device at once (absent: `efficiency`).
     #[serde(default)]
     pub shared_efficiency: Option<f64>,
+    /// The same for kernels writing f32 (gemm_rs's partial sums; absent:
+    /// `shared_efficiency`). The bench's calibration times the persistent kernels both ways.
+    #[serde(default)]
+    pub shared_efficiency_f32: Option<f64>,
     /// As the MoE grouped GEMM's mainloop (tiles from the routing's segment offsets, the
     /// experts' B as a 3D tensor), the fraction of peak over rows that TMA loads
     /// (absent: `efficiency`).
@@ -480,6 +484,7 @@ impl Profile {
                 }
                 let fractions = [
                     ("shared_efficiency", r.shared_efficiency),
+                    ("shared_efficiency_f32", r.shared_efficiency_f32),
                     ("grouped_efficiency", r.grouped_efficiency),
                     ("gathered_efficiency", r.gathered_efficiency),
                 ];
@@ -682,6 +687,10 @@ impl Profile {
             + c_passes * (rows * n) as f64 * output.size_bytes() as f64;
         let rated = if engine == cmm_core::engines::Engine::SimtTile { DType::F32 } else { input };
         if let (true, Some(together)) = (shared, rate.shared_efficiency) {
+            let together = match output {
+                DType::F32 => rate.shared_efficiency_f32.unwrap_or(together),
+                _ => together,
+            };
             let flops = 2.0 * rows as f64 * n as f64 * k as f64;
             let compute_s = flops / (self.peak_flops(rated) * together);
             let memory_s = bytes / self.hbm_bps();

@@ -242,6 +242,8 @@ pub struct OneGpuCalibration {
     pub copy_beside_persistent: Option<BesidePersistent>,
     /// The reduce beside persistent kernels (likewise).
     pub reduce_beside_persistent: Option<BesidePersistent>,
+    /// The persistent kernels' time writing f32 over their time writing f16 (likewise).
+    pub persistent_f32_over_f16: Option<f64>,
 }
 
 /// An op of the calibration (a copy, a reduce) beside the persistent kernels of
@@ -297,7 +299,8 @@ fn concurrent_throughput(together: &[(usize, f64)]) -> [f64; 4] {
 /// the remote waits (half a round trip, one signal reaching one wait, less the signal's
 /// latency), the best efficiency scaled so that the local GEMM takes the measured time,
 /// what GEMMs at once gain, and, where measured, the share of its rate a copy and a reduce
-/// keep beside persistent kernels ([`BesidePersistent::share`]).
+/// keep beside persistent kernels ([`BesidePersistent::share`]) and the together-rate of
+/// persistent kernels writing f32.
 pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Profile, ValidationError> {
     let bad = |what: String, value: f64| {
         ValidationError::Calibration(format!("{what} = {value} is not a positive time, rate or ratio"))
@@ -328,6 +331,16 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
     }
     if let Some(share) = c.reduce_beside_persistent.as_ref().and_then(BesidePersistent::share) {
         p.compute.kernel_beside_persistent = Some(share);
+    }
+    // Persistent kernels writing f32 reach the together-rate of those writing f16 over the
+    // measured ratio of their times.
+    if let (Some(ratio), Some(engines)) = (c.persistent_f32_over_f16, p.engines.as_mut()) {
+        if !(ratio.is_finite() && ratio > 0.0) {
+            return Err(bad("persistent_f32_over_f16".into(), ratio));
+        }
+        for rate in [&mut engines.hopper_128x256, &mut engines.hopper_128x128].into_iter().flatten() {
+            rate.shared_efficiency_f32 = rate.shared_efficiency.map(|e| (e / ratio).min(1.0));
+        }
     }
     Ok(p)
 }
@@ -538,12 +551,20 @@ mod tests {
                 beside_us: 100.0,
                 kernel_beside_us: 200.0,
             }),
+            persistent_f32_over_f16: Some(1.25),
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
         assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (Some(0.25), Some(0.1)));
-        (c.copy_beside_persistent, c.reduce_beside_persistent) = (None, None);
+        // Kernels writing f32 took 1.25 × as long: the together-rate of 0.49 becomes 0.392.
+        let wide = |p: &Profile| p.engines.unwrap().hopper_128x256.unwrap();
+        let f32_rate = wide(&p).shared_efficiency_f32.unwrap();
+        assert!((f32_rate - wide(&profile).shared_efficiency.unwrap() / 1.25).abs() < 1e-12, "{f32_rate}");
+        (c.copy_beside_persistent, c.reduce_beside_persistent, c.persistent_f32_over_f16) = (None, None, None);
         let p = calibrated_one_gpu(&profile, &c).unwrap();
         assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (None, None));
+        assert_eq!(wide(&p).shared_efficiency_f32, None);
+        c.persistent_f32_over_f16 = Some(f64::NAN);
+        assert!(calibrated_one_gpu(&profile, &c).unwrap_err().to_string().contains("persistent_f32_over_f16"));
     }
 
     #[test]
