@@ -468,7 +468,7 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
             shrink: file.shrink,
             copy_beside_persistent: c.copy_beside_persistent(),
             reduce_beside_persistent: c.persistent.as_ref().map(PersistentTimes::reduce_beside),
-            persistent_f32_over_f16: c.persistent.as_ref().map(|p| p.kernels_f32_us / p.kernels_us),
+            persistent_kernels_us: c.persistent.as_ref().map(|p| (p.kernels_us, p.kernels_f32_us)),
         },
     )?;
     println!();
@@ -496,14 +496,20 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
                 c.persistent.as_ref().map(PersistentTimes::reduce_beside),
             ),
         ];
-        let wide = |p: &Profile| p.engines.and_then(|e| e.hopper_128x256).and_then(|r| r.shared_efficiency_f32);
-        if let Some(after) = wide(&calibrated) {
-            println!(
-                "  engines.hopper_128x256.shared_efficiency_f32: {} -> {after:.4} (the persistent GEMMs writing f32 {:.1} µs, f16 {:.1} µs)",
-                wide(&profile).map_or("unset".into(), |v| v.to_string()),
-                p.kernels_f32_us,
-                p.kernels_us
-            );
+        let wide = |p: &Profile| p.engines.and_then(|e| e.hopper_128x256);
+        let rates = |p: &Profile| wide(p).map(|r| [r.shared_efficiency, r.shared_efficiency_f32]);
+        if let (Some(before), Some(after)) = (rates(&profile), rates(&calibrated)) {
+            let fields = ["shared_efficiency", "shared_efficiency_f32"];
+            for ((field, before), (after, us)) in
+                fields.iter().zip(before).zip(after.into_iter().zip([p.kernels_us, p.kernels_f32_us]))
+            {
+                let Some(after) = after else { continue };
+                println!(
+                    "  engines.hopper_128x256.{field}: {} -> {after:.4} ({} persistent GEMMs alone {us:.1} µs)",
+                    before.map_or("unset".into(), |v| v.to_string()),
+                    p.devices
+                );
+            }
         }
         for (field, op, before, measured) in shares {
             let Some(m) = measured else { continue };
@@ -757,7 +763,7 @@ mod tests {
             shrink: 1,
             copy_beside_persistent: None,
             reduce_beside_persistent: None,
-            persistent_f32_over_f16: None,
+            persistent_kernels_us: None,
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
         assert_eq!((p.copy.copy_engine_gbps, p.copy.sm_copy_gbps), (2000.0, 2000.0));
@@ -841,17 +847,15 @@ mod tests {
             shrink: 1,
             copy_beside_persistent: measured.copy_beside_persistent(),
             reduce_beside_persistent: measured.persistent.as_ref().map(PersistentTimes::reduce_beside),
-            persistent_f32_over_f16: Some(330.0 / 290.0),
+            persistent_kernels_us: Some((290.0, 330.0)),
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
-        let together = |p: &Profile| p.engines.unwrap().hopper_128x256.unwrap();
-        let f32_rate = together(&p).shared_efficiency_f32.unwrap();
-        assert!((f32_rate - together(&profile).shared_efficiency.unwrap() * 290.0 / 330.0).abs() < 1e-12);
-        // The model's f32 kernels then take the measured ratio of its f16 ones.
+        // The model's persistent kernels alone then take what was measured, f16 and f32.
         let rows = calibration_rows(&p, &measured, 1).unwrap();
-        let sim = |what: &str| rows.iter().find(|r| r.0 == what).unwrap().2 - p.compute.launch_us;
-        let ratio = sim("the same writing f32") / sim("2 persistent GEMMs at once");
-        assert!((ratio - 330.0 / 290.0).abs() < 0.01, "{ratio}");
+        for what in ["2 persistent GEMMs at once", "the same writing f32"] {
+            let (measured, simulated) = rows.iter().find(|r| r.0 == what).map(|r| (r.1, r.2)).unwrap();
+            assert!((simulated - measured).abs() < 1e-6, "{what}: {simulated} vs {measured}");
+        }
         assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (Some(0.2), Some(0.1)));
         let rows = calibration_rows(&p, &measured, 1).unwrap();
         let row = |what: &str| rows.iter().find(|r| r.0 == what).unwrap_or_else(|| panic!("{what}: {rows:?}"));

@@ -242,8 +242,9 @@ pub struct OneGpuCalibration {
     pub copy_beside_persistent: Option<BesidePersistent>,
     /// The reduce beside persistent kernels (likewise).
     pub reduce_beside_persistent: Option<BesidePersistent>,
-    /// The persistent kernels' time writing f32 over their time writing f16 (likewise).
-    pub persistent_f32_over_f16: Option<f64>,
+    /// The calibration's persistent kernels alone (two devices' local GEMMs,
+    /// [`crate::calibration::persistent_plan`]), writing f16 and writing f32, µs (likewise).
+    pub persistent_kernels_us: Option<(f64, f64)>,
 }
 
 /// An op of the calibration (a copy, a reduce) beside the persistent kernels of
@@ -300,7 +301,7 @@ fn concurrent_throughput(together: &[(usize, f64)]) -> [f64; 4] {
 /// latency), the best efficiency scaled so that the local GEMM takes the measured time,
 /// what GEMMs at once gain, and, where measured, the share of its rate a copy and a reduce
 /// keep beside persistent kernels ([`BesidePersistent::share`]) and the together-rate of
-/// persistent kernels writing f32.
+/// persistent kernels (of every Hopper rate that has one) writing f16 and f32.
 pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Profile, ValidationError> {
     let bad = |what: String, value: f64| {
         ValidationError::Calibration(format!("{what} = {value} is not a positive time, rate or ratio"))
@@ -332,14 +333,25 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
     if let Some(share) = c.reduce_beside_persistent.as_ref().and_then(BesidePersistent::share) {
         p.compute.kernel_beside_persistent = Some(share);
     }
-    // Persistent kernels writing f32 reach the together-rate of those writing f16 over the
-    // measured ratio of their times.
-    if let (Some(ratio), Some(engines)) = (c.persistent_f32_over_f16, p.engines.as_mut()) {
-        if !(ratio.is_finite() && ratio > 0.0) {
-            return Err(bad("persistent_f32_over_f16".into(), ratio));
-        }
-        for rate in [&mut engines.hopper_128x256, &mut engines.hopper_128x128].into_iter().flatten() {
-            rate.shared_efficiency_f32 = rate.shared_efficiency.map(|e| (e / ratio).min(1.0));
+    // The together-rate of persistent kernels from the calibration's two alone, as the
+    // GEMM's efficiency from the GEMM alone: their FLOPs over their time less a launch (the
+    // model's price of them), for f16 and f32 results.
+    if let Some((f16_us, f32_us)) = c.persistent_kernels_us {
+        let flops = 2.0 * 2.0 * (1024 / s) as f64 * (4096 / s) as f64 * (4096 / s) as f64;
+        let (launch_us, peak) = (p.compute.launch_us, p.peak_flops(DType::F16));
+        let together = |what: &str, us: f64| {
+            let busy = us - launch_us;
+            if !(us.is_finite() && busy > 0.0) {
+                return Err(bad(format!("persistent kernels writing {what} (µs)"), us));
+            }
+            Ok((flops / (busy * 1e-6) / peak).min(1.0))
+        };
+        let (f16_rate, f32_rate) = (together("f16", f16_us)?, together("f32", f32_us)?);
+        let engines = p.engines.iter_mut().flat_map(|e| [&mut e.hopper_128x256, &mut e.hopper_128x128]);
+        for rate in engines.flatten() {
+            if rate.shared_efficiency.is_some() {
+                (rate.shared_efficiency, rate.shared_efficiency_f32) = (Some(f16_rate), Some(f32_rate));
+            }
         }
     }
     Ok(p)
@@ -551,20 +563,30 @@ mod tests {
                 beside_us: 100.0,
                 kernel_beside_us: 200.0,
             }),
-            persistent_f32_over_f16: Some(1.25),
+            persistent_kernels_us: Some((100.0, 125.0)),
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
         assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (Some(0.25), Some(0.1)));
-        // Kernels writing f32 took 1.25 × as long: the together-rate of 0.49 becomes 0.392.
+        // Two 1024×4096×4096 GEMMs in 100 µs less a 2 µs launch, and in 125 less 2 writing
+        // f32: the together-rates those FLOPs give on this peak.
         let wide = |p: &Profile| p.engines.unwrap().hopper_128x256.unwrap();
-        let f32_rate = wide(&p).shared_efficiency_f32.unwrap();
-        assert!((f32_rate - wide(&profile).shared_efficiency.unwrap() / 1.25).abs() < 1e-12, "{f32_rate}");
-        (c.copy_beside_persistent, c.reduce_beside_persistent, c.persistent_f32_over_f16) = (None, None, None);
+        let rate = |us: f64| 4.0 * 1024.0 * 4096.0 * 4096.0 / ((us - 2.0) * 1e-6) / profile.peak_flops(DType::F16);
+        let (f16_rate, f32_rate) = (wide(&p).shared_efficiency.unwrap(), wide(&p).shared_efficiency_f32.unwrap());
+        assert!(
+            (f16_rate - rate(100.0)).abs() < 1e-12 && (f32_rate - rate(125.0)).abs() < 1e-12,
+            "{f16_rate} {f32_rate}"
+        );
+        // The narrow tile has no together-rate in the profile: none is made up for it.
+        assert_eq!(p.engines.unwrap().hopper_128x128.unwrap().shared_efficiency, None);
+        (c.copy_beside_persistent, c.reduce_beside_persistent, c.persistent_kernels_us) = (None, None, None);
         let p = calibrated_one_gpu(&profile, &c).unwrap();
         assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (None, None));
-        assert_eq!(wide(&p).shared_efficiency_f32, None);
-        c.persistent_f32_over_f16 = Some(f64::NAN);
-        assert!(calibrated_one_gpu(&profile, &c).unwrap_err().to_string().contains("persistent_f32_over_f16"));
+        assert_eq!(
+            (wide(&p).shared_efficiency, wide(&p).shared_efficiency_f32),
+            (wide(&profile).shared_efficiency, None)
+        );
+        c.persistent_kernels_us = Some((1.0, 125.0));
+        assert!(calibrated_one_gpu(&profile, &c).unwrap_err().to_string().contains("persistent kernels writing f16"));
     }
 
     #[test]
