@@ -499,13 +499,12 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
         let wide = |p: &Profile| p.engines.and_then(|e| e.hopper_128x256);
         let rates = |p: &Profile| wide(p).map(|r| [r.shared_efficiency, r.shared_efficiency_f32]);
         if let (Some(before), Some(after)) = (rates(&profile), rates(&calibrated)) {
-            let fields = ["shared_efficiency", "shared_efficiency_f32"];
-            for ((field, before), (after, us)) in
-                fields.iter().zip(before).zip(after.into_iter().zip([p.kernels_us, p.kernels_f32_us]))
-            {
+            let fields =
+                [("shared_efficiency", "f16", p.kernels_us), ("shared_efficiency_f32", "f32", p.kernels_f32_us)];
+            for (((field, out, us), before), after) in fields.into_iter().zip(before).zip(after) {
                 let Some(after) = after else { continue };
                 println!(
-                    "  engines.hopper_128x256.{field}: {} -> {after:.4} ({} persistent GEMMs alone {us:.1} µs)",
+                    "  engines.hopper_128x256.{field}: {} -> {after:.4} ({} persistent GEMMs writing {out} alone {us:.1} µs)",
                     before.map_or("unset".into(), |v| v.to_string()),
                     p.devices
                 );
