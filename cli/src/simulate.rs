@@ -353,7 +353,6 @@ struct LinearRow {
     gemm_engines: String,
 }
 
-/// `--layer`: every linear algorithm simulated, and the verdict.
 /// What the run assumed of the GPU's hardware queues.
 fn queues_line(plan: &Plan, r: &SimReport) -> String {
     let streams = plan.devices * plan.lanes.len();
@@ -372,6 +371,7 @@ fn hardware_queues(args: &Args) -> Option<HardwareQueues> {
     args.hardware_queues.map(|queues| HardwareQueues { queues, offset: args.queue_offset })
 }
 
+/// `--layer`: every linear algorithm simulated, and the verdict.
 fn linear(args: &Args, layer: Layer) -> Result<()> {
     let pa = &args.problem;
     let (Some(d), Some(m), Some(n), Some(k)) = (pa.devices, pa.m, pa.n, pa.k) else {
