@@ -404,7 +404,7 @@ struct Sim<'a> {
     /// Per run, the work of each block: the run's one-kernel cost shared by tiles.
     block_work: Vec<Vec<f64>>,
     /// Per run: priced at the rate its engine's persistent kernels reach together on one
-    /// GPU (set with `block_work`).
+    /// GPU (set once its engine is known, before the run starts).
     run_together: Vec<bool>,
     /// Posted increments not landed yet.
     in_flight: Vec<InFlight>,
@@ -810,8 +810,6 @@ impl<'a> Sim<'a> {
                 let first = index == r.blocks[0];
                 if self.block_work[run].is_empty() {
                     self.block_work[run] = self.run_work(run);
-                    self.run_together[run] =
-                        self.shares_one_gpu() && self.profile.together_efficiency(self.run_engine(run)).is_some();
                 }
                 let work = self.block_work[run][position];
                 let launch = first.then(|| Phase::Fixed(self.profile.launch_s()));
@@ -1171,6 +1169,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
     for run in 0..sim.runs.len() {
         let engine = sim.run_engine(run);
         sim.engines.add(engine);
+        sim.run_together[run] = sim.shares_one_gpu() && profile.together_efficiency(engine).is_some();
     }
     for (site, op) in plan.ops() {
         if matches!(op, Op::Gemm { .. }) && !sim.runs.iter().any(|r| r.holds(site)) {
