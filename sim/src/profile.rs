@@ -582,10 +582,7 @@ impl Profile {
         let c_passes = if accumulate { 2.0 } else { 1.0 };
         let bytes =
             (m * k + k * n) as f64 * input.size_bytes() as f64 + c_passes * (m * n) as f64 * output.size_bytes() as f64;
-        let memory_s = bytes / (self.memory.hbm_gbps * 1e9);
-        let work_s = compute_s.max(memory_s);
-        let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { efficiency };
-        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes }
+        self.roofline(flops, compute_s, bytes, input, efficiency)
     }
 
     /// What this machine offers the engines rule: cuBLAS (its library rate), and the
@@ -649,10 +646,7 @@ impl Profile {
     pub fn scalar_kernel_cost(&self, rate: fn(&EngineRates) -> EngineRate, flops: f64, bytes: f64) -> Option<GemmCost> {
         let r = rate(self.engines.as_ref()?);
         let compute_s = flops / (self.peak_flops(DType::F32) * r.efficiency) + r.kernel_overhead_us * 1e-6;
-        let memory_s = bytes / self.hbm_bps();
-        let work_s = compute_s.max(memory_s);
-        let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(DType::F32) } else { r.efficiency };
-        Some(GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes })
+        Some(self.roofline(flops, compute_s, bytes, DType::F32, r.efficiency))
     }
 
     /// The rate `engine`'s persistent kernels reach together on one GPU shared by virtual
@@ -693,14 +687,7 @@ impl Profile {
             };
             let flops = 2.0 * rows as f64 * n as f64 * k as f64;
             let compute_s = flops / (self.peak_flops(rated) * together);
-            let memory_s = bytes / self.hbm_bps();
-            let work_s = compute_s.max(memory_s);
-            return GemmCost {
-                work_s,
-                efficiency: flops / work_s / self.peak_flops(rated),
-                memory_bound: memory_s > compute_s,
-                bytes,
-            };
+            return self.roofline(flops, compute_s, bytes, rated, together);
         }
         self.rated_cost(rate, tile_m, tile_n, blocks, n, k, rated, bytes)
     }
@@ -735,10 +722,7 @@ impl Profile {
         let tile_flops = 2.0 * (tile_m * tile_n * k) as f64;
         let per_unit = self.peak_flops(input) * rate.efficiency / units as f64;
         let compute_s = waves as f64 * tile_flops / per_unit + rate.kernel_overhead_us * 1e-6;
-        let memory_s = bytes / self.hbm_bps();
-        let work_s = compute_s.max(memory_s);
-        let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { rate.efficiency };
-        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes }
+        self.roofline(flops, compute_s, bytes, input, rate.efficiency)
     }
 
     /// Cost of a grouped GEMM ([`cmm_core::plan::Op::GroupedGemm`]): one kernel over every
@@ -816,10 +800,7 @@ impl Profile {
         let tile_flops = 2.0 * (c.tile_m * c.tile_n * k) as f64;
         let per_unit = self.peak_flops(input) * c.max_efficiency / c.parallel_units.max(1) as f64;
         let compute_s = waves as f64 * tile_flops / per_unit;
-        let memory_s = bytes / self.hbm_bps();
-        let work_s = compute_s.max(memory_s);
-        let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { c.max_efficiency };
-        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes }
+        self.roofline(flops, compute_s, bytes, input, c.max_efficiency)
     }
 
     /// The cost of one attention block ([`cmm_core::plan::Op::Attend`]): `rows` query rows
@@ -842,10 +823,7 @@ impl Profile {
         let compute_s = flops / (self.peak_flops(input) * efficiency);
         let bytes =
             (rows * dh + 2 * kv_elements) as f64 * input.size_bytes() as f64 + 2.0 * (rows * (dh + 2)) as f64 * 4.0;
-        let memory_s = bytes / (self.memory.hbm_gbps * 1e9);
-        let work_s = compute_s.max(memory_s);
-        let reached = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { efficiency };
-        GemmCost { work_s, efficiency: reached, memory_bound: memory_s > compute_s, bytes }
+        self.roofline(flops, compute_s, bytes, input, efficiency)
     }
 
     /// Seconds of one launch overhead.
@@ -861,6 +839,15 @@ impl Profile {
     /// Bytes per second of HBM.
     pub fn hbm_bps(&self) -> f64 {
         self.memory.hbm_gbps * 1e9
+    }
+
+    /// The slower of `compute_s` and `bytes` through the HBM, and the fraction of
+    /// `input`'s peak that `flops` then reach (`idle` where no time passes).
+    fn roofline(&self, flops: f64, compute_s: f64, bytes: f64, input: DType, idle: f64) -> GemmCost {
+        let memory_s = bytes / self.hbm_bps();
+        let work_s = compute_s.max(memory_s);
+        let efficiency = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { idle };
+        GemmCost { work_s, efficiency, memory_bound: memory_s > compute_s, bytes }
     }
 }
 
