@@ -228,6 +228,11 @@ impl BenchCalibration {
     fn copy_beside_persistent(&self) -> Option<BesidePersistent> {
         self.persistent.as_ref().map(|p| p.copy_beside(self.copy_us))
     }
+
+    /// The reduce beside persistent kernels, likewise.
+    fn reduce_beside_persistent(&self) -> Option<BesidePersistent> {
+        self.persistent.as_ref().map(PersistentTimes::reduce_beside)
+    }
 }
 
 /// The calibration's copy asked of the copy engines: alone, and beside the GEMM.
@@ -383,7 +388,6 @@ fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> R
         rows.push(("the GEMM beside it (copy engines)".to_string(), e.gemm_beside_copy_us, took("compute")));
         rows.push(("the copy beside it (copy engines)".to_string(), e.copy_beside_gemm_us, took("comm")));
     }
-    let rounds = run(&calibration::round_trip_plan()?)?;
     if let Some(p) = &c.persistent {
         let alone = run(&calibration::persistent_plan(p.devices, local, Beside::Nothing)?)?;
         rows.push((format!("{} persistent GEMMs at once", p.devices), p.kernels_us, us(alone.makespan_s)));
@@ -406,6 +410,7 @@ fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> R
         rows.push(("a persistent GEMM beside the reduce".to_string(), p.reduce_beside.kernel_us, took("compute")));
         rows.push(("the reduce beside persistent GEMMs".to_string(), p.reduce_beside.op_us, took("comm")));
     }
+    let rounds = run(&calibration::round_trip_plan()?)?;
     rows.push((
         "a signal-wait round trip".to_string(),
         c.round_trip_us,
@@ -467,7 +472,7 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
             together: c.together.iter().map(|t| (t.devices, t.ratio)).collect(),
             shrink: file.shrink,
             copy_beside_persistent: c.copy_beside_persistent(),
-            reduce_beside_persistent: c.persistent.as_ref().map(PersistentTimes::reduce_beside),
+            reduce_beside_persistent: c.reduce_beside_persistent(),
             persistent_kernels_us: c.persistent.as_ref().map(|p| (p.kernels_us, p.kernels_f32_us)),
         },
     )?;
@@ -493,7 +498,7 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
                 "compute.kernel_beside_persistent",
                 "reduce",
                 profile.compute.kernel_beside_persistent,
-                c.persistent.as_ref().map(PersistentTimes::reduce_beside),
+                c.reduce_beside_persistent(),
             ),
         ];
         let wide = |p: &Profile| p.engines.and_then(|e| e.hopper_128x256);
@@ -845,7 +850,7 @@ mod tests {
             together: vec![(2, 0.85)],
             shrink: 1,
             copy_beside_persistent: measured.copy_beside_persistent(),
-            reduce_beside_persistent: measured.persistent.as_ref().map(PersistentTimes::reduce_beside),
+            reduce_beside_persistent: measured.reduce_beside_persistent(),
             persistent_kernels_us: Some((290.0, 330.0)),
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();

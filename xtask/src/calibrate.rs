@@ -106,7 +106,7 @@ pub fn calibrate(
     };
     // The persistent kernels run on the engine the fused plans' GEMMs take.
     let persistent = persistent(backend, CudaRunOptions { gemm: GemmEngine::Auto, ..options }, (m, n, k), reps)
-        .map_err(|e| println!("calibration: the copy beside persistent kernels failed: {e:#}"))
+        .map_err(|e| println!("calibration: the persistent kernels' lines failed: {e:#}"))
         .ok();
     Ok(Calibration {
         copy_bytes,
