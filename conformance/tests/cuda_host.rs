@@ -39,6 +39,22 @@ fn corpus_passes_with_the_hopper_engines_clusters_of_two() {
     assert!(engines.clusters > 100 && engines.clusters < engines.hopper, "{}", engines.describe());
 }
 
+/// The same corpus with every GEMM that the Hopper engine's rules let it take on its
+/// 128×128 ping-pong kernels (the consumer warpgroups on alternate tiles), which only the
+/// GEMM sweep times: plain, fused (blocks released by each warpgroup's own barrier) and
+/// grouped GEMMs, on the twin's three CTAs, so that each CTA's warpgroups share its stages
+/// over many tiles.
+#[test]
+fn corpus_passes_with_the_hopper_engines_ping_pong_kernels() {
+    let mut cuda = host(SyncMode::Kernels);
+    cuda.options.gemm = cmm_cuda::GemmEngine::TileKernel;
+    cuda.options.hopper_tile = Some(cmm_cuda::HopperTile::Narrow);
+    cuda.options.hopper_variant = HopperVariant::PingPong;
+    common::corpus_passes(&cuda);
+    let engines = cuda.engines();
+    assert!(engines.hopper > 1000 && engines.clusters == 0, "{}", engines.describe());
+}
+
 #[test]
 fn corpus_passes_with_stream_memory_ops() {
     common::corpus_passes(&host(SyncMode::StreamMemOps));

@@ -367,6 +367,7 @@ inline void cmm_wgmma_commit() {}
 template <int N>
 inline void cmm_wgmma_wait() {}
 inline void cmm_pin(float&) {}
+inline void cmm_address_here(u64&) {}
 
 inline u32 cmm_pack_f16x2(float lo, float hi) { return cmm_encode(lo, 1u) | (cmm_encode(hi, 1u) << 16); }
 inline u32 cmm_pack_bf16x2(float lo, float hi) { return cmm_encode(lo, 2u) | (cmm_encode(hi, 2u) << 16); }

@@ -57,6 +57,13 @@
 //   them remote (mapa, then mbarrier.arrive.release.cluster). A cluster barrier makes the
 //   barriers' initialisation visible to the peer before any copy or remote arrive, and
 //   another keeps each CTA alive until its peer has made its last one.
+// - Ping-pong (`PINGPONG`; the GEMM sweep's `_pp` kernels, 128×128 tiles): the consumer
+//   warpgroups take the CTA's tiles in turn, each a whole tile (two m64n128 blocks of
+//   rows, 128 accumulators a thread), while the producer loads every tile's stages in
+//   order, as before. A stage has one consumer, so its `empty` barrier counts one arrival,
+//   and a warpgroup lets the other's stages pass it by. The stage ring staggers the two:
+//   the second starts its tile as the first finishes its last stages, so one warpgroup's
+//   epilogue runs beside the other's wgmma rather than with the tensor cores idle.
 //
 // The host twin (cuda/host/hopper.h) runs the same code with its own mbarriers, TMA
 // copies and wgmma, which check what the GPU leaves undefined.
@@ -253,6 +260,10 @@ __device__ __forceinline__ void cmm_wgmma_wait() {
 // accumulators change under a wgmma in flight, which the compiler does not see).
 __device__ __forceinline__ void cmm_pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
+// Keeps the compiler from computing an address early, beside the ones computed before
+// this point (an epilogue with every row's address at once spills accumulators).
+__device__ __forceinline__ void cmm_address_here(u64& x) { asm volatile("" : "+l"(x)::"memory"); }
+
 __device__ __forceinline__ void cmm_mbar_init(u32 bar, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -414,9 +425,13 @@ __device__ __forceinline__ void cmm_mbar_wait(u32 bar, u32 parity, u64 limit_ns)
 // The address bits of a shared-memory matrix descriptor.
 __device__ __forceinline__ u64 cmm_desc_addr(u32 smem) { return (u64)((smem & 0x3FFFFu) >> 4); }
 
-template <u32 BN_, u32 STAGES_, u32 CLUSTER_ = 1u>
+template <u32 BN_, u32 STAGES_, u32 CLUSTER_ = 1u, bool PINGPONG_ = false>
 struct CmmHopperShape {
     static constexpr u32 BN = BN_, STAGES = STAGES_, CLUSTER = CLUSTER_;
+    static constexpr bool PINGPONG = PINGPONG_;
+    // Rows of a tile one consumer warpgroup multiplies, in m64 blocks: half of every
+    // tile, or (PINGPONG) the whole of every other tile of the CTA.
+    static constexpr u32 HALVES = PINGPONG ? 2u : 1u;
     static constexpr u32 B_BYTES = BN * CMM_HOPPER_BK * 2u;
     // Stages, 1024-byte aligned (the swizzle pattern's period), then the barriers: full
     // and empty per stage.
@@ -424,6 +439,7 @@ struct CmmHopperShape {
     static constexpr u32 SMEM_BYTES = 1024u + BARRIERS + 16u * STAGES;
     static_assert(BN == 128 || BN == 256, "wgmma n128 or n256");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "one CTA, or a cluster of two");
+    static_assert(!PINGPONG || (BN == 128 && CLUSTER == 1), "a warpgroup holds 128 accumulators a thread");
 };
 
 // Where the run's tiles are: the block of the latest tile located (grouped: its
@@ -716,15 +732,14 @@ __device__ void cmm_hopper_produce_gathered(const CmmHopperArgs& p, const CmmHop
     }
 }
 
-// Two adjacent elements (i, j) and (i, j + 1) of C, as far as they are inside it.
-__device__ __forceinline__ void cmm_hopper_store(const CmmHopperArgs& p, u64 c, u64 stride, u32 rows, u32 i, u32 j,
-                                                 float v0, float v1) {
-    if (i >= rows || j >= p.n) return;
-    const u64 at = (u64)i * stride + j;
+// Two adjacent elements j and j + 1 of the row of C at byte address `row`, as far as
+// they are inside it.
+__device__ __forceinline__ void cmm_hopper_store(const CmmHopperArgs& p, u64 row, u32 j, float v0, float v1) {
+    if (j >= p.n) return;
     const bool both = j + 1u < p.n;
     const bool paired = both && (p.flags & CMM_HOPPER_PAIRS) != 0u;
     if (p.flags & CMM_HOPPER_ACCUMULATE) {
-        float* out = (float*)c + at;
+        float* out = (float*)row + j;
         if (paired) {
             u64 old = *(const u64*)out;
             float x = __uint_as_float((u32)old) + v0, y = __uint_as_float((u32)(old >> 32)) + v1;
@@ -737,17 +752,18 @@ __device__ __forceinline__ void cmm_hopper_store(const CmmHopperArgs& p, u64 c, 
     }
     if (paired) {
         if (p.c_dtype == 0u) {
-            *(u64*)((float*)c + at) = (u64)__float_as_uint(v0) | ((u64)__float_as_uint(v1) << 32);
+            *(u64*)((float*)row + j) = (u64)__float_as_uint(v0) | ((u64)__float_as_uint(v1) << 32);
         } else {
-            *(u32*)((u16*)c + at) = p.c_dtype == 1u ? cmm_pack_f16x2(v0, v1) : cmm_pack_bf16x2(v0, v1);
+            *(u32*)((u16*)row + j) = p.c_dtype == 1u ? cmm_pack_f16x2(v0, v1) : cmm_pack_bf16x2(v0, v1);
         }
         return;
     }
-    cmm_store_bits(c, at, p.c_dtype, cmm_encode(v0, p.c_dtype));
-    if (both) cmm_store_bits(c, at + 1u, p.c_dtype, cmm_encode(v1, p.c_dtype));
+    cmm_store_bits(row, j, p.c_dtype, cmm_encode(v0, p.c_dtype));
+    if (both) cmm_store_bits(row, j + 1u, p.c_dtype, cmm_encode(v1, p.c_dtype));
 }
 
-// A consumer warpgroup (`wg` 0 or 1: rows 64·wg .. +63 of each tile).
+// A consumer warpgroup (`wg` 0 or 1: rows 64·wg .. +63 of each tile; PINGPONG: every row
+// of the CTA's tiles wg, wg + 2, …).
 template <class S, bool BF16, int TRANS_B>
 __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock* table, u32 smem, u64 limit_ns,
                                    u32 wg) {
@@ -755,9 +771,10 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
     const u32 ktiles = (p.k + CMM_HOPPER_BK - 1u) / CMM_HOPPER_BK;
     const bool leader = threadIdx.x % 128u == 0u;
     const u32 lane = threadIdx.x % 32u, warp = (threadIdx.x % 128u) / 32u;
-    float acc[S::BN / 2u];
+    constexpr u32 ACC = S::BN / 2u;  // accumulators of a thread per m64 block of rows
+    float acc[S::HALVES * ACC];
     #pragma unroll
-    for (u32 i = 0u; i < S::BN / 2u; ++i) acc[i] = 0.0f;
+    for (u32 i = 0u; i < S::HALVES * ACC; ++i) acc[i] = 0.0f;
     const bool gather = (p.flags & CMM_HOPPER_GATHER) != 0u;
     u32 stage = 0u, phase = 0u, m0, n0;
     CmmHopperCursor at = cmm_hopper_start(p, table);
@@ -767,34 +784,47 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
         cmm_mbar_arrive(empty);
         if constexpr (S::CLUSTER == 2u) cmm_mbar_arrive_cluster(empty, cmm_cluster_ctarank() ^ 1u);
     };
-    for (u32 t = cmm_hopper_first<S>(); cmm_hopper_next<S>(p, table, t, at, m0, n0); t += cmm_hopper_step<S>()) {
+    u32 index = 0u;  // of the tile among the CTA's
+    for (u32 t = cmm_hopper_first<S>(); cmm_hopper_next<S>(p, table, t, at, m0, n0);
+         t += cmm_hopper_step<S>(), ++index) {
         u32 previous = 0u;
         // The zero block's tiles: no K step, zeros stored.
         const u32 steps = cmm_hopper_zero_block(p, at) ? 0u : ktiles;
+        if (S::PINGPONG && index % 2u != wg) {
+            // The other warpgroup's tile: its stages pass this one by, so that one
+            // warpgroup's epilogue runs while the other's wgmma keeps the tensor cores.
+            stage += steps;
+            phase ^= (stage / S::STAGES) & 1u;
+            stage %= S::STAGES;
+            continue;
+        }
         if (steps == 0u) {
             #pragma unroll
-            for (u32 i = 0u; i < S::BN / 2u; ++i) acc[i] = 0.0f;
+            for (u32 i = 0u; i < S::HALVES * ACC; ++i) acc[i] = 0.0f;
         }
         for (u32 kt = 0u; kt < steps; ++kt) {
             cmm_mbar_wait(bars + 8u * stage, phase, limit_ns);
             // Gathered rows came through cp.async, the generic proxy; wgmma reads through
             // the async one.
             if (gather) cmm_fence_proxy_async_shared();
-            const u32 sa = smem + stage * CMM_HOPPER_A_BYTES + wg * 64u * 128u;
+            const u32 sa = smem + stage * CMM_HOPPER_A_BYTES + (S::PINGPONG ? 0u : wg * 64u * 128u);
             const u32 sb = smem + S::STAGES * CMM_HOPPER_A_BYTES + stage * S::B_BYTES;
             #pragma unroll
-            for (u32 i = 0u; i < S::BN / 2u; ++i) cmm_pin(acc[i]);
+            for (u32 i = 0u; i < S::HALVES * ACC; ++i) cmm_pin(acc[i]);
             cmm_wgmma_fence();
             #pragma unroll
             for (u32 kk = 0u; kk < CMM_HOPPER_BK / 16u; ++kk) {
                 // K-major: the next 16 elements of a 128-byte row; N-major: 16 rows further.
-                const u64 da = p.desc_a | cmm_desc_addr(sa + 32u * kk);
                 const u64 db = p.desc_b | cmm_desc_addr(TRANS_B ? sb + 2048u * kk : sb + 32u * kk);
                 const u32 accumulate = (kt | kk) != 0u;
-                if constexpr (S::BN == 256u) {
-                    cmm_wgmma_n256<BF16, TRANS_B>(acc, da, db, accumulate);
-                } else {
-                    cmm_wgmma_n128<BF16, TRANS_B>(acc, da, db, accumulate);
+                #pragma unroll
+                for (u32 h = 0u; h < S::HALVES; ++h) {
+                    const u64 da = p.desc_a | cmm_desc_addr(sa + h * 64u * 128u + 32u * kk);
+                    if constexpr (S::BN == 256u) {
+                        cmm_wgmma_n256<BF16, TRANS_B>(acc + h * ACC, da, db, accumulate);
+                    } else {
+                        cmm_wgmma_n128<BF16, TRANS_B>(acc + h * ACC, da, db, accumulate);
+                    }
                 }
             }
             cmm_wgmma_commit();
@@ -809,28 +839,42 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
         }
         cmm_wgmma_wait<0>();
         #pragma unroll
-        for (u32 i = 0u; i < S::BN / 2u; ++i) cmm_pin(acc[i]);
+        for (u32 i = 0u; i < S::HALVES * ACC; ++i) cmm_pin(acc[i]);
         if (leader && steps > 0u) give_back(bars + 8u * (S::STAGES + previous));
         // Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h, column 8j + 2·(lane%4) + e.
         const u32 block = at.block;
         const CmmHopperBlock& blk = table[cmm_hopper_entry(p, at)];
-        const u32 r0 = at.row0 + m0 + 64u * wg + 16u * warp + lane / 4u, c0 = n0 + 2u * (lane % 4u);
-        const u32 rows_end = at.row0 + at.rows;
+        const u32 rows_end = at.row0 + at.rows, c0 = n0 + 2u * (lane % 4u);
+        const u64 row_bytes = blk.c_stride * (p.c_dtype == 0u ? 4ull : 2ull);
         #pragma unroll
-        for (u32 j = 0u; j < S::BN / 8u; ++j) {
+        for (u32 half = 0u; half < S::HALVES; ++half) {
+            const u32 r0 = at.row0 + m0 + 64u * (S::PINGPONG ? half : wg) + 16u * warp + lane / 4u;
+            const float* d = acc + half * ACC;
             #pragma unroll
             for (u32 h = 0u; h < 2u; ++h) {
-                cmm_hopper_store(p, blk.c, blk.c_stride, rows_end, r0 + 8u * h, c0 + 8u * j, acc[4u * j + 2u * h],
-                                 acc[4u * j + 2u * h + 1u]);
+                const u32 i = r0 + 8u * h;
+                u64 row = blk.c + (u64)i * row_bytes;
+                cmm_address_here(row);
+                if (i < rows_end) {
+                    #pragma unroll
+                    for (u32 j = 0u; j < S::BN / 8u; ++j) {
+                        cmm_hopper_store(p, row, c0 + 8u * j, d[4u * j + 2u * h], d[4u * j + 2u * h + 1u]);
+                    }
+                }
             }
         }
         if (p.control != 0ull) {
             // Every consumer's stores of the tile are done: one thread counts the tile,
             // and the thread that counts a block's last tile releases the block once the
-            // blocks before it are released (its release covers the whole CTA's stores:
-            // the barrier, then a system-scope fence and release).
-            cmm_bar_sync(1u, 256u);
-            if (threadIdx.x == 128u) {
+            // blocks before it are released (its release covers the stores of the tile's
+            // warpgroups: the barrier, then a system-scope fence and release). PINGPONG:
+            // the tile is this warpgroup's alone, and so is its barrier.
+            if constexpr (S::PINGPONG) {
+                cmm_bar_sync(1u + wg, 128u);
+            } else {
+                cmm_bar_sync(1u, 256u);
+            }
+            if (threadIdx.x == (S::PINGPONG ? 128u * (1u + wg) : 128u)) {
                 u32* control = (u32*)p.control;
                 const CmmHopperSync* signals = (const CmmHopperSync*)p.signals;
                 const u32 end = block + 1u < p.count ? table[block + 1u].first_tile : p.tiles;
@@ -865,8 +909,9 @@ __device__ void cmm_hopper_gemm(const CmmHopperArgs& p) {
             // The producer's arrive (and its bytes), and with gathered rows one cp.async
             // arrival per producer thread.
             cmm_mbar_init(bars + 8u * s, (p.flags & CMM_HOPPER_GATHER) ? 1u + 128u : 1u);
-            // One arrive per consumer warpgroup of each CTA of the cluster.
-            cmm_mbar_init(bars + 8u * (S::STAGES + s), 2u * S::CLUSTER);
+            // One arrive per consumer warpgroup of each CTA of the cluster (PINGPONG: a
+            // stage has one consumer, the warpgroup whose tile it holds).
+            cmm_mbar_init(bars + 8u * (S::STAGES + s), S::PINGPONG ? 1u : 2u * S::CLUSTER);
         }
         cmm_mbar_init_fence();
     }
@@ -913,6 +958,10 @@ using CmmHopperNarrowShallow = CmmHopperShape<128, 4>;
 // limits the engine.
 using CmmHopperWidePair = CmmHopperShape<256, 4, 2>;
 using CmmHopperNarrowPair = CmmHopperShape<128, 6, 2>;
+// The two consumer warpgroups on alternate 128×128 tiles, each multiplying a whole tile
+// (two m64n128 blocks of rows), also only for the sweep: whether an epilogue that stalls
+// the tensor cores (short K, f32 C) limits the engine.
+using CmmHopperNarrowPingPong = CmmHopperShape<128, 6, 1, true>;
 
 // One entry point per (shape, input dtype). Mirror: `Kernel::Hopper` in cuda/src/launch.rs.
 #define CMM_HOPPER_ENTRY(name, shape, bf16)                                        \
@@ -933,3 +982,5 @@ CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n256_c2, CmmHopperWidePair, false)
 CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n256_c2, CmmHopperWidePair, true)
 CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n128_c2, CmmHopperNarrowPair, false)
 CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n128_c2, CmmHopperNarrowPair, true)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n128_pp, CmmHopperNarrowPingPong, false)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n128_pp, CmmHopperNarrowPingPong, true)

@@ -137,8 +137,9 @@ pub struct CudaRunOptions {
     /// The Hopper engine's tile for every GEMM it runs (`None`: its rule's choice).
     pub hopper_tile: Option<HopperTile>,
     /// Which of the Hopper engine's kernels its GEMMs take: [`HopperVariant::Engine`] but
-    /// in the GEMM sweep. Plain GEMMs take any; fused ones the shallow pipeline but never
-    /// clusters (their blocks wait for their own rows); grouped ones the engine's own.
+    /// in the GEMM sweep. Plain GEMMs take any; fused and grouped ones any but clusters
+    /// (a fused run's blocks wait for their own rows; a grouped GEMM's tiles are no pairs).
+    /// Only the 128×128 tile has ping-pong kernels: GEMMs on the other keep the engine's.
     pub hopper_variant: HopperVariant,
     /// How the plan's copy-engine copies are issued ([`CopyIssue`]).
     pub copies: CopyIssue,

@@ -1057,6 +1057,85 @@ mod tests {
         }
     }
 
+    /// The Hopper engine's ping-pong kernels (the GEMM sweep's `_pp`: the consumer
+    /// warpgroups on alternate 128×128 tiles, each a whole tile) on the twin, as a fused
+    /// run of one block with a satisfied wait: right, and the block released once, with six
+    /// tiles (a column tile past N with one box, K wrapping the six stages) on one CTA
+    /// (three tiles a warpgroup), two, and four (some warpgroups with none). And the twin
+    /// catches a stage's barrier counting both warpgroups' arrivals (a deadlock), a
+    /// warpgroup that does not let the other's stages pass it by, and a tile counted at
+    /// a barrier of both warpgroups, which no longer share a tile (a CTA whose warpgroups
+    /// have unequal numbers of tiles waits there for ever).
+    #[test]
+    fn the_hopper_twin_runs_ping_pong_and_finds_its_stages_and_barriers_wrong() {
+        use crate::lower::{GemmImpl, HopperKernel, HopperTile, HopperVariant};
+        let (m, n, k) = (384usize, 192usize, 448usize);
+        let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
+        let (tile, variant) = (HopperTile::Narrow, HopperVariant::PingPong);
+        let run = |kernels: &HostKernels, ctas: u32| -> Result<bool, CudaError> {
+            let (a, b) = (halves(m * k, 1), halves(k * n, 3));
+            let mut c = vec![f32::NAN; m * n];
+            let sems = [1u32; 1];
+            // Unused, blocks released, failed, the block's tiles done; then the run's counts.
+            let mut control = [0u32; 8];
+            let memory = TestMemory {
+                bases: vec![a.as_ptr() as u64, b.as_ptr() as u64, c.as_mut_ptr() as u64],
+                sems: sems.as_ptr() as u64,
+            };
+            let g = bf16_gemm([m, n, k], false, GemmImpl::Hopper { tile, ctas, variant });
+            let mut args = crate::launch::hopper_args(&memory, &g, tile)?;
+            let waits = [memory.sem(0, 0), 1u64];
+            let mut status = [0u32; 2];
+            let abort = 0u32;
+            args.waits = waits.as_ptr() as u64;
+            args.control = control.as_mut_ptr() as u64;
+            args.status = status.as_mut_ptr() as u64;
+            args.abort = &abort as *const u32 as u64;
+            args.first.waits_end = 1;
+            let cfg = LaunchConfig {
+                grid_dim: (ctas, 1, 1),
+                block_dim: (384, 1, 1),
+                shared_mem_bytes: tile.shared_bytes(variant),
+            };
+            let kernel = crate::launch::hopper_kernel(tile, variant, cmm_core::DType::Bf16);
+            assert_eq!(kernel.entry(), "cmm_hopper_gemm_bf16_n128_pp");
+            kernels.launch(&Launch {
+                kernel,
+                cfg,
+                params: vec![Param::Hopper(Box::new(args))],
+                what: "a test gemm",
+            })?;
+            let want = |i: usize, j: usize| (0..k).map(|p| decode(a[i * k + p]) * decode(b[p * n + j])).sum::<f32>();
+            let right = (0..m).all(|i| (0..n).all(|j| c[i * n + j] == want(i, j)));
+            Ok(right && control[1..4] == [1, 0, 6])
+        };
+        for ctas in [1, 2, 4] {
+            assert!(run(kernels(), ctas).unwrap(), "{ctas} CTAs");
+        }
+        let variant = hopper_variant;
+        let both_arrive = variant(
+            "cmm_mbar_init(bars + 8u * (S::STAGES + s), S::PINGPONG ? 1u : 2u * S::CLUSTER);",
+            "cmm_mbar_init(bars + 8u * (S::STAGES + s), 2u * S::CLUSTER);",
+        );
+        let kernels = load_from(&both_arrive, "cmm-host-pingpong-hazard").unwrap_or_else(|e| panic!("{e}"));
+        let e = run(&kernels, 1).unwrap_err().to_string();
+        assert!(e.contains("deadlock") && e.contains("cmm_hopper_gemm_bf16_n128_pp"), "{e}");
+        let no_pass_by = variant("            stage += steps;\n            phase ^= (stage / S::STAGES) & 1u;\n            stage %= S::STAGES;\n", "");
+        let shared_barrier =
+            variant("                cmm_bar_sync(1u + wg, 128u);", "                cmm_bar_sync(1u, 256u);");
+        for (i, (source, what)) in
+            [(no_pass_by, "stages not passed by"), (shared_barrier, "a barrier of both warpgroups")]
+                .into_iter()
+                .enumerate()
+        {
+            let kernels = load_from(&source, &format!("cmm-host-pingpong-wrong-{i}")).unwrap_or_else(|e| panic!("{e}"));
+            // Two and four CTAs: some CTA's warpgroups have unequal numbers of tiles.
+            for ctas in [2, 4] {
+                assert!(!matches!(run(&kernels, ctas), Ok(true)), "{what} went unnoticed on {ctas} CTAs");
+            }
+        }
+    }
+
     /// The same for a grouped GEMM whose rows are gathered by token (ag_moe's): as
     /// written, two experts' rows in a hand-made routing, with a dropped slot and unrouted
     /// rows zeroed, come out right on both tiles; rows copied without the 128-byte swizzle

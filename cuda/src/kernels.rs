@@ -61,6 +61,8 @@ pub const KERNEL_FILES: [KernelFile; 9] = [
             "cmm_hopper_gemm_bf16_n256_c2",
             "cmm_hopper_gemm_f16_n128_c2",
             "cmm_hopper_gemm_bf16_n128_c2",
+            "cmm_hopper_gemm_f16_n128_pp",
+            "cmm_hopper_gemm_bf16_n128_pp",
         ],
     },
     KernelFile { name: "copy.cu", source: include_str!("../kernels/copy.cu"), entry_points: &["cmm_copy2d"] },

@@ -80,7 +80,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 35] = [
+    pub const ALL: [Kernel; 37] = [
         Kernel::Generate,
         Kernel::Fill,
         Kernel::GemmMmaF16,
@@ -105,6 +105,8 @@ impl Kernel {
         Kernel::Hopper { tile: HopperTile::Wide, bf16: true, variant: HopperVariant::Pair },
         Kernel::Hopper { tile: HopperTile::Narrow, bf16: false, variant: HopperVariant::Pair },
         Kernel::Hopper { tile: HopperTile::Narrow, bf16: true, variant: HopperVariant::Pair },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: false, variant: HopperVariant::PingPong },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: true, variant: HopperVariant::PingPong },
         Kernel::Copy2d,
         Kernel::Reduce,
         Kernel::Pointwise,
@@ -151,6 +153,11 @@ impl Kernel {
                 (HopperTile::Wide, HopperVariant::Pair, true) => "cmm_hopper_gemm_bf16_n256_c2",
                 (HopperTile::Narrow, HopperVariant::Pair, false) => "cmm_hopper_gemm_f16_n128_c2",
                 (HopperTile::Narrow, HopperVariant::Pair, true) => "cmm_hopper_gemm_bf16_n128_c2",
+                (HopperTile::Narrow, HopperVariant::PingPong, false) => "cmm_hopper_gemm_f16_n128_pp",
+                (HopperTile::Narrow, HopperVariant::PingPong, true) => "cmm_hopper_gemm_bf16_n128_pp",
+                // Never made (`hopper_kernel` gives the wide tile the engine's kernel): its name.
+                (HopperTile::Wide, HopperVariant::PingPong, false) => "cmm_hopper_gemm_f16_n256",
+                (HopperTile::Wide, HopperVariant::PingPong, true) => "cmm_hopper_gemm_bf16_n256",
             },
             Kernel::Copy2d => "cmm_copy2d",
             Kernel::Reduce => "cmm_reduce",
@@ -541,9 +548,10 @@ fn hopper_launch(
     Submission::Launch(Launch::new(hopper_kernel(tile, variant, input), cfg, vec![Param::Hopper(Box::new(args))], what))
 }
 
-/// The Hopper-engine kernel of a tile, variant and input dtype (f16 unless bf16).
+/// The Hopper-engine kernel of a tile, variant and input dtype (f16 unless bf16): the
+/// engine's where the tile has no kernel of the variant ([`HopperVariant::on`]).
 pub(crate) fn hopper_kernel(tile: HopperTile, variant: HopperVariant, input: DType) -> Kernel {
-    Kernel::Hopper { tile, bf16: input == DType::Bf16, variant }
+    Kernel::Hopper { tile, bf16: input == DType::Bf16, variant: variant.on(tile) }
 }
 
 /// `CMM_HOPPER_*` flags of hopper.cu.
@@ -1029,7 +1037,7 @@ pub(crate) fn submissions(
             let [(a, a_stride, a_dtype), (b, b_stride, b_dtype), (c, c_stride, c_dtype)] = tensors;
             let [a_rows, rows, n, k] = *shape;
             let [chunks, chunk, group_begin, group_end, experts, slots] = *routing;
-            if let Some((tile, ctas)) = *hopper {
+            if let Some((tile, ctas, variant)) = *hopper {
                 let gathered = gather.map(|base| (perm, base));
                 let args = hopper_grouped_args(at, tensors, seg, gathered, *zero_unrouted, *shape, *routing, tile)?;
                 // At most one CTA per tile: every block (each expert's rows, the zero
@@ -1037,7 +1045,7 @@ pub(crate) fn submissions(
                 let blocks = group_end - group_begin + u32::from(*zero_unrouted);
                 let tiles = (rows.div_ceil(crate::lower::HOPPER_TILE_M as u32) + blocks) * args.tiles_n;
                 return Ok(vec![hopper_launch(
-                    (tile, HopperVariant::Engine),
+                    (tile, variant),
                     *a_dtype,
                     ctas.min(tiles),
                     args,

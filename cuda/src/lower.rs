@@ -32,19 +32,35 @@ pub enum HopperVariant {
     /// multicast B's boxes to both (`CmmHopperWidePair`, `CmmHopperNarrowPair`): plain
     /// GEMMs with B N-major only.
     Pair,
+    /// The engine's stages of the 128×128 tile with the two consumer warpgroups on
+    /// alternate tiles, each a whole tile, so that one's epilogue runs beside the other's
+    /// multiplies (`CmmHopperNarrowPingPong`). The 128×256 tile has no such kernel (a
+    /// warpgroup would hold 256 accumulators a thread): its GEMMs keep the engine's.
+    PingPong,
 }
 
 impl HopperVariant {
     /// Every variant, the engine's first.
-    pub const ALL: [HopperVariant; 3] = [HopperVariant::Engine, HopperVariant::Shallow, HopperVariant::Pair];
+    pub const ALL: [HopperVariant; 4] =
+        [HopperVariant::Engine, HopperVariant::Shallow, HopperVariant::Pair, HopperVariant::PingPong];
 
     /// Its name in options (`conformance --hopper-variant`, a rank worker's options
-    /// line): `engine`, `shallow`, `pair`.
+    /// line): `engine`, `shallow`, `pair`, `pingpong`.
     pub fn key(self) -> &'static str {
         match self {
             HopperVariant::Engine => "engine",
             HopperVariant::Shallow => "shallow",
             HopperVariant::Pair => "pair",
+            HopperVariant::PingPong => "pingpong",
+        }
+    }
+
+    /// The variant a GEMM on `tile` runs when this one is asked for: itself, or the
+    /// engine's kernel where the tile has none of this variant.
+    pub fn on(self, tile: HopperTile) -> HopperVariant {
+        match (self, tile) {
+            (HopperVariant::PingPong, HopperTile::Wide) => HopperVariant::Engine,
+            _ => self,
         }
     }
 
@@ -57,7 +73,7 @@ impl HopperVariant {
     pub fn cluster(self) -> u32 {
         match self {
             HopperVariant::Pair => 2,
-            HopperVariant::Engine | HopperVariant::Shallow => 1,
+            HopperVariant::Engine | HopperVariant::Shallow | HopperVariant::PingPong => 1,
         }
     }
 }
@@ -75,9 +91,10 @@ pub trait HopperKernel {
 impl HopperKernel for HopperTile {
     fn stages(self, variant: HopperVariant) -> u32 {
         match (self, variant) {
-            (HopperTile::Wide, HopperVariant::Engine | HopperVariant::Pair) => 4,
+            // (Wide, PingPong) runs the engine's kernel ([`HopperVariant::on`]).
+            (HopperTile::Wide, HopperVariant::Engine | HopperVariant::Pair | HopperVariant::PingPong) => 4,
             (HopperTile::Wide, HopperVariant::Shallow) => 3,
-            (HopperTile::Narrow, HopperVariant::Engine | HopperVariant::Pair) => 6,
+            (HopperTile::Narrow, HopperVariant::Engine | HopperVariant::Pair | HopperVariant::PingPong) => 6,
             (HopperTile::Narrow, HopperVariant::Shallow) => 4,
         }
     }
@@ -114,7 +131,7 @@ impl HopperTarget {
                 let fit = HopperTile::ALL.iter().position(|&t| t == tile).map_or(0, |i| self.pair_clusters[i]);
                 self.sms.min(fit.saturating_mul(2))
             }
-            HopperVariant::Engine | HopperVariant::Shallow => self.sms.max(1),
+            HopperVariant::Engine | HopperVariant::Shallow | HopperVariant::PingPong => self.sms.max(1),
         }
     }
 }
@@ -232,7 +249,7 @@ impl GemmImpl {
             engines::Engine::Hopper(tile) => GemmImpl::Hopper {
                 tile,
                 ctas: hopper.map_or(1, |t| t.ctas(tile)),
-                variant: hopper.map_or(HopperVariant::Engine, |t| t.variant),
+                variant: hopper.map_or(HopperVariant::Engine, |t| t.variant.on(tile)),
             },
             engines::Engine::TensorTile { wide } => match (input, wide) {
                 (DType::Bf16, false) => GemmImpl::MmaBf16,
@@ -437,9 +454,9 @@ pub enum Command {
         gather: Option<u32>,
         /// Zero the rows past the routed ones.
         zero_unrouted: bool,
-        /// The Hopper engine's tile and the CTAs of its persistent grid; `None`: the
-        /// scalar kernel.
-        hopper: Option<(HopperTile, u32)>,
+        /// The Hopper engine's tile, the CTAs of its persistent grid and its kernels'
+        /// variant; `None`: the scalar kernel.
+        hopper: Option<(HopperTile, u32, HopperVariant)>,
     },
     /// `cmm_combine` (`Op::Combine`).
     Combine {
@@ -1007,7 +1024,14 @@ fn lower_op(
                 routing: [chunks, *chunk, groups.start, groups.end, *experts, tables.inv.cols].map(|x| x as u32),
                 gather: gather.map(|g| g as u32),
                 zero_unrouted: *zero_unrouted,
-                hopper: tile.map(|tile| (tile, options.hopper.map_or(1, |t| t.sms))),
+                hopper: tile.map(|tile| {
+                    // A grouped GEMM's tiles are no pairs of row tiles: no cluster takes them.
+                    let variant = options.hopper.map_or(HopperVariant::Engine, |t| match t.variant {
+                        HopperVariant::Pair => HopperVariant::Engine,
+                        v => v.on(tile),
+                    });
+                    (tile, options.hopper.map_or(1, |t| t.sms), variant)
+                }),
             })
         }
         Op::Combine { rows, weights, inv, out } => {

@@ -123,10 +123,13 @@ pub struct Args {
     /// (default: its rule's choice, 128×128 on the corpus's small shapes).
     #[arg(long, value_enum, value_name = "TILE")]
     pub hopper_tile: Option<HopperTileArg>,
-    /// CUDA and cuda-host only, with --hopper: which of the engine's kernels its plain
-    /// GEMMs take (default: the engine's own). `pair` runs every plain GEMM whose B is
-    /// N-major in clusters of two that multicast B (a transposed B keeps the engine's own);
-    /// fused and grouped GEMMs keep theirs. The run's counts say how many ran in clusters.
+    /// CUDA and cuda-host only, with --hopper: which of the engine's kernels its GEMMs
+    /// take (default: the engine's own). `pair` runs every plain GEMM whose B is N-major in
+    /// clusters of two that multicast B (a transposed B keeps the engine's own; fused and
+    /// grouped GEMMs keep theirs); the run's counts say how many ran in clusters.
+    /// `pingpong` runs every GEMM on the 128×128 tile (plain, fused, grouped) with its
+    /// consumer warpgroups on alternate tiles; with `--hopper-tile narrow`, all of them.
+    /// `shallow`: the engine's tiles with fewer stages.
     #[arg(long, value_name = "KERNELS", value_parser = HopperVariant::parse)]
     pub hopper_variant: Option<HopperVariant>,
     /// CUDA only: how the copy-engine copies are issued: `driver` (default,

@@ -6,8 +6,10 @@
 //! of the same FLOPs, with the engine's plain GEMM on that dense shape beside them (what
 //! the grouping costs, apart from what the shape costs). Each tile is also timed with a
 //! shallower pipeline (3 stages of 128×256, 4 of 128×128, against the engine's 4 and 6):
-//! whether the stages' depth is what the engine lacks; and in clusters of two that
-//! multicast B (whether B's traffic from L2 is).
+//! whether the stages' depth is what the engine lacks; in clusters of two that
+//! multicast B (whether B's traffic from L2 is); and the 128×128 tile with its consumer
+//! warpgroups on alternate tiles (ping-pong: whether an epilogue that idles the tensor
+//! cores is), on the plain and the grouped GEMMs.
 
 use std::fs;
 use std::path::PathBuf;
@@ -37,8 +39,8 @@ pub struct Args {
     pub shrink: usize,
     /// Instead of the sweep, run each of the Hopper engine's kernels of interest a few
     /// times, ungated and untimed, for a profiler to read (`ncu -k regex:cmm_hopper`): the
-    /// 8192³ bf16 GEMM on both tiles, and both MoE grouped GEMMs (bf16) with the engine's
-    /// plain GEMM on their dense shapes.
+    /// 8192³ bf16 GEMM on both tiles and in ping-pong, and both MoE grouped GEMMs (bf16)
+    /// with the engine's plain GEMM on their dense shapes, the same ways.
     #[arg(long)]
     pub profile: bool,
 }
@@ -65,22 +67,34 @@ struct MoeShape {
 type Variant = (HopperTile, HopperVariant);
 
 /// The sweep's Hopper-engine variants: each tile as the engine runs it, then shallower,
-/// then in clusters of two.
-const VARIANTS: [Variant; 6] = [
+/// then in clusters of two, then the 128×128 tile in ping-pong.
+const VARIANTS: [Variant; 7] = [
     (HopperTile::Wide, HopperVariant::Engine),
     (HopperTile::Narrow, HopperVariant::Engine),
     (HopperTile::Wide, HopperVariant::Shallow),
     (HopperTile::Narrow, HopperVariant::Shallow),
     (HopperTile::Wide, HopperVariant::Pair),
     (HopperTile::Narrow, HopperVariant::Pair),
+    (HopperTile::Narrow, HopperVariant::PingPong),
 ];
 
-/// "hopper 128x256", "hopper 128x256 3 stages", "hopper 128x256 cluster 2".
+/// The variants of the grouped GEMMs (and of the engine's plain GEMM on their dense
+/// shapes): each tile as the engine runs it, and the 128×128 tile in ping-pong, whose
+/// epilogue (moe_rs writes f32 rows after 28 steps of K) overlaps the other tile's work.
+const GROUPED_VARIANTS: [Variant; 3] = [
+    (HopperTile::Wide, HopperVariant::Engine),
+    (HopperTile::Narrow, HopperVariant::Engine),
+    (HopperTile::Narrow, HopperVariant::PingPong),
+];
+
+/// "hopper 128x256", "hopper 128x256 3 stages", "hopper 128x256 cluster 2", "hopper
+/// 128x128 pingpong".
 fn variant_name((tile, variant): Variant) -> String {
     match variant {
         HopperVariant::Engine => format!("hopper {}", tile.name()),
         HopperVariant::Shallow => format!("hopper {} {} stages", tile.name(), tile.stages(variant)),
         HopperVariant::Pair => format!("hopper {} cluster {}", tile.name(), variant.cluster()),
+        HopperVariant::PingPong => format!("hopper {} pingpong", tile.name()),
     }
 }
 
@@ -131,7 +145,7 @@ pub fn run(args: &Args) -> Result<()> {
          median of {} runs, operands rotated past the L2; ratios are of rates measured in this run",
         args.reps
     );
-    println!("{:<26} {:<5} {:<24} {:>10} {:>9} {:>9}  check", "M×N×K", "dtype", "engine", "µs", "TFLOP/s", "÷ cuBLAS");
+    println!("{:<26} {:<5} {:<32} {:>10} {:>9} {:>9}  check", "M×N×K", "dtype", "engine", "µs", "TFLOP/s", "÷ cuBLAS");
     let mut report = Report {
         gpu: backend.identity()?,
         commit: std::env::var("CMM_COMMIT").ok(),
@@ -221,7 +235,7 @@ pub fn run(args: &Args) -> Result<()> {
 
 fn print_row(r: &Row) {
     println!(
-        "{:<26} {:<5} {:<24} {:>10} {:>9} {:>9}  {}",
+        "{:<26} {:<5} {:<32} {:>10} {:>9} {:>9}  {}",
         r.shape,
         r.input,
         r.engine,
@@ -247,12 +261,12 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
     let mut rows = vec![row(&shape, input, "cuBLAS dense".into(), Some(cublas), &spec, cublas, "-".into())];
     // The engine's plain GEMM on the same dense shape: what the grouping itself costs,
     // apart from what the shape (moe_rs's short K, ag_moe's narrow N) costs any GEMM.
-    for tile in HopperTile::ALL {
-        let (us, check, _) = checked_time(backend, &spec, (tile, HopperVariant::Engine), reps);
-        rows.push(row(&shape, input, format!("hopper {} dense", tile.name()), us, &spec, cublas, check));
+    for variant in GROUPED_VARIANTS {
+        let (us, check, _) = checked_time(backend, &spec, variant, reps);
+        rows.push(row(&shape, input, format!("{} dense", variant_name(variant)), us, &spec, cublas, check));
     }
-    for tile in HopperTile::ALL {
-        let options = CudaRunOptions { time_ops: true, cold_l2: true, ..grouped_options(tile) };
+    for variant in GROUPED_VARIANTS {
+        let options = CudaRunOptions { time_ops: true, cold_l2: true, ..grouped_options(variant) };
         let mut times = Vec::new();
         let mut failure = None;
         // One untimed run first: module loading and the first touch of the buffers. Each
@@ -277,7 +291,7 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
                 }
             }
         }
-        let name = format!("hopper {} grouped", tile.name());
+        let name = format!("{} grouped", variant_name(variant));
         let us = (failure.is_none() && !times.is_empty()).then(|| crate::timing::median(times));
         let check = failure.unwrap_or_else(|| "checked by the corpus and the device tests".into());
         rows.push(row(&shape, input, name, us, &spec, cublas, check));
@@ -296,11 +310,13 @@ struct Grouped {
     spec: GemmSpec,
 }
 
-/// The run options of a grouped GEMM on the Hopper engine's `tile`, its results not read.
-fn grouped_options(tile: HopperTile) -> CudaRunOptions {
+/// The run options of a grouped GEMM on the Hopper engine's `variant`, its results not
+/// read.
+fn grouped_options((tile, variant): Variant) -> CudaRunOptions {
     CudaRunOptions {
         gemm: GemmEngine::Hopper,
         hopper_tile: Some(tile),
+        hopper_variant: variant,
         read_back: ReadBack::Nothing,
         ..Default::default()
     }
@@ -365,22 +381,22 @@ fn profile(backend: &CudaBackend, shrink: usize) -> Result<()> {
         trans_b: false,
         accumulate: false,
     };
-    let plain = |what: &str, spec: &GemmSpec, tile: HopperTile| -> Result<()> {
-        let choice = hopper_choice((tile, HopperVariant::Engine));
-        backend.time_gemm_as(spec, &choice, 1).with_context(|| format!("{what} on {}", tile.name()))?;
-        println!("profiled: {what} {}x{}x{} bf16 on hopper {}", spec.m, spec.n, spec.k, tile.name());
+    let plain = |what: &str, spec: &GemmSpec, variant: Variant| -> Result<()> {
+        let name = variant_name(variant);
+        backend.time_gemm_as(spec, &hopper_choice(variant), 1).with_context(|| format!("{what} on {name}"))?;
+        println!("profiled: {what} {}x{}x{} bf16 on {name}", spec.m, spec.n, spec.k);
         Ok(())
     };
-    for tile in HopperTile::ALL {
-        plain("plain", &square, tile)?;
+    for variant in GROUPED_VARIANTS {
+        plain("plain", &square, variant)?;
     }
     for op in [MoeOp::AgMoe, MoeOp::MoeRs] {
         let Grouped { plan, spec, .. } = grouped(op, DType::Bf16, shrink)?;
-        for tile in HopperTile::ALL {
-            plain(&format!("{op} dense"), &spec, tile)?;
-            let options = CudaRunOptions { gate: false, ..grouped_options(tile) };
+        for variant in GROUPED_VARIANTS {
+            plain(&format!("{op} dense"), &spec, variant)?;
+            let options = CudaRunOptions { gate: false, ..grouped_options(variant) };
             backend.run(&plan, GROUPED_SEED, Family::Realistic, &options).with_context(|| format!("{op} grouped"))?;
-            println!("profiled: {op} grouped {}x{}x{} bf16 on hopper {}", spec.m, spec.n, spec.k, tile.name());
+            println!("profiled: {op} grouped {}x{}x{} bf16 on {}", spec.m, spec.n, spec.k, variant_name(variant));
         }
     }
     Ok(())

@@ -153,6 +153,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             --copies copy-engines --case-timeout 30 --stamps "$scratch/copy-engines-stamps"
         step rehearsal-conformance-hopper-pair 90 "$x" conformance --backend cuda --sync kernels --hopper \
             --hopper-variant pair --case-timeout 30 --stamps "$scratch/hopper-pair-stamps"
+        step rehearsal-conformance-hopper-pingpong 90 "$x" conformance --backend cuda --sync kernels --hopper \
+            --hopper-tile narrow --hopper-variant pingpong --case-timeout 30 --stamps "$scratch/hopper-pingpong-stamps"
         step rehearsal-conformance-fused-ctas 60 "$x" conformance --backend cuda --sync kernels --no-hopper \
             --filter fused --input f16,bf16 --fused-ctas-per-sm 2 --case-timeout 30 --stamps "$scratch/fused-ctas-stamps"
         step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
@@ -256,6 +258,10 @@ step conformance-hopper-wide 90 "$x" conformance --backend cuda --sync kernels -
 # `cluster 2` rows), which plans never take: right on every shape of the corpus.
 step conformance-hopper-pair 90 "$x" conformance --backend cuda --sync kernels --hopper --hopper-variant pair \
     --case-timeout 30 --stamps "$scratch/hopper-pair-stamps"
+# Every GEMM the engine takes on its 128×128 ping-pong kernels (the sweep's `pingpong`
+# rows; plain, fused and grouped), which plans never take: right on every shape.
+step conformance-hopper-pingpong 90 "$x" conformance --backend cuda --sync kernels --hopper --hopper-tile narrow \
+    --hopper-variant pingpong --case-timeout 30 --stamps "$scratch/hopper-pingpong-stamps"
 # The host-twin tests (host_*) need a C++ compiler, not a GPU: they run in CI.
 step device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
 step conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
@@ -321,12 +327,15 @@ export -f sanitize
 step sanitizer-memcheck 90 bash -c 'sanitize memcheck'
 step sanitizer-racecheck 90 bash -c 'sanitize racecheck'
 step sanitizer-synccheck 90 bash -c 'sanitize synccheck'
-# The Hopper engine's kernels (plain and fused, both tiles) under every tool.
-# (ring_d2_ takes in the MoE ring cases, whose grouped GEMMs run on the engine: moe_rs's
-# A through TMA, ag_moe's gathered rows through cp.async; the wide tile gets them too.)
+# The Hopper engine's kernels (plain and fused, both tiles, and the ping-pong ones) under
+# every tool. (ring_d2_ takes in the MoE ring cases, whose grouped GEMMs run on the engine:
+# moe_rs's A through TMA, ag_moe's gathered rows through cp.async; the wide tile and the
+# ping-pong kernels get them too.)
 step sanitizer-hopper 180 bash -c 'for tool in memcheck racecheck synccheck; do
     sanitize "$tool" ring_d2_,fused_d2_ --hopper || exit $?
-    sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile wide || exit $?; done'
+    sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile wide || exit $?
+    sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile narrow \
+        --hopper-variant pingpong || exit $?; done'
 # Hangs and races that show only under repetition: the 8-device cases (the most streams
 # contending for queues and SMs) five times each, every run's outputs bit-identical.
 # (Its stamps go aside: a filtered run must not stand for the corpus run's.)
