@@ -871,6 +871,41 @@ mod tests {
         }
     }
 
+    /// The words a fused Hopper run of one block reads and writes, gated by one wait that
+    /// is already satisfied (the producer acquires before its first loads); boxed, so that
+    /// the addresses handed to the kernel stay put.
+    struct OneSatisfiedWait {
+        sems: [u32; 1],
+        /// CmmHopperSync: the semaphore's address, then the value 1 (and padding).
+        waits: [u64; 2],
+        status: [u32; 2],
+        abort: u32,
+        /// Unused, blocks released, failed, the block's tiles done; then the run's counts
+        /// (two u64 at the next 8-byte boundary).
+        control: [u32; 8],
+    }
+
+    impl OneSatisfiedWait {
+        fn new() -> Box<Self> {
+            Box::new(OneSatisfiedWait { sems: [1], waits: [0, 1], status: [0; 2], abort: 0, control: [0; 8] })
+        }
+
+        /// The semaphores' base address (`TestMemory::sems`).
+        fn sems(&self) -> u64 {
+            self.sems.as_ptr() as u64
+        }
+
+        /// Makes `args` a fused run of one block gated by the wait.
+        fn gate(&mut self, args: &mut crate::launch::HopperArgs) {
+            self.waits[0] = self.sems();
+            args.waits = self.waits.as_ptr() as u64;
+            args.control = self.control.as_mut_ptr() as u64;
+            args.status = self.status.as_mut_ptr() as u64;
+            args.abort = &self.abort as *const u32 as u64;
+            args.first.waits_end = 1;
+        }
+    }
+
     /// `len` bf16 values from -2 to 2 (products and sums of a few hundred are exact in f32).
     fn halves(len: usize, seed: usize) -> Vec<u16> {
         (0..len).map(|i| cmm_core::DType::Bf16.encode(((i * 7 + seed) % 5) as f32 - 2.0) as u16).collect()
@@ -914,24 +949,14 @@ mod tests {
             let a = halves(m * k, 1);
             let b = halves(k * n, 3);
             let mut c = vec![0f32; m * n];
-            // One wait, already satisfied: the producer acquires before its first loads.
-            let sems = [1u32; 1];
-            let mut control = [0u32; 4];
+            let mut wait = OneSatisfiedWait::new();
             let memory = TestMemory {
                 bases: vec![a.as_ptr() as u64, b.as_ptr() as u64, c.as_mut_ptr() as u64],
-                sems: sems.as_ptr() as u64,
+                sems: wait.sems(),
             };
             let g = bf16_gemm([m, n, k], trans_b, GemmImpl::Hopper { tile, ctas: 1, variant });
             let mut args = crate::launch::hopper_args(&memory, &g, tile).unwrap();
-            // CmmHopperSync: the semaphore's address, then the value 1 (and padding).
-            let waits = [memory.sem(0, 0), 1u64];
-            let mut status = [0u32; 2];
-            let abort = 0u32;
-            args.waits = waits.as_ptr() as u64;
-            args.control = control.as_mut_ptr() as u64;
-            args.status = status.as_mut_ptr() as u64;
-            args.abort = &abort as *const u32 as u64;
-            args.first.waits_end = 1;
+            wait.gate(&mut args);
             tweak(&mut args);
             let shared_mem_bytes = tile.shared_bytes(variant);
             let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes };
@@ -1075,23 +1100,14 @@ mod tests {
         let run = |kernels: &HostKernels, ctas: u32| -> Result<bool, CudaError> {
             let (a, b) = (halves(m * k, 1), halves(k * n, 3));
             let mut c = vec![f32::NAN; m * n];
-            let sems = [1u32; 1];
-            // Unused, blocks released, failed, the block's tiles done; then the run's counts.
-            let mut control = [0u32; 8];
+            let mut wait = OneSatisfiedWait::new();
             let memory = TestMemory {
                 bases: vec![a.as_ptr() as u64, b.as_ptr() as u64, c.as_mut_ptr() as u64],
-                sems: sems.as_ptr() as u64,
+                sems: wait.sems(),
             };
             let g = bf16_gemm([m, n, k], false, GemmImpl::Hopper { tile, ctas, variant });
             let mut args = crate::launch::hopper_args(&memory, &g, tile)?;
-            let waits = [memory.sem(0, 0), 1u64];
-            let mut status = [0u32; 2];
-            let abort = 0u32;
-            args.waits = waits.as_ptr() as u64;
-            args.control = control.as_mut_ptr() as u64;
-            args.status = status.as_mut_ptr() as u64;
-            args.abort = &abort as *const u32 as u64;
-            args.first.waits_end = 1;
+            wait.gate(&mut args);
             let cfg = LaunchConfig {
                 grid_dim: (ctas, 1, 1),
                 block_dim: (384, 1, 1),
@@ -1107,7 +1123,8 @@ mod tests {
             })?;
             let want = |i: usize, j: usize| (0..k).map(|p| decode(a[i * k + p]) * decode(b[p * n + j])).sum::<f32>();
             let right = (0..m).all(|i| (0..n).all(|j| c[i * n + j] == want(i, j)));
-            Ok(right && control[1..4] == [1, 0, 6])
+            // The block released, the run not failed, its six tiles counted.
+            Ok(right && wait.control[1..4] == [1, 0, 6])
         };
         for ctas in [1, 2, 4] {
             assert!(run(kernels(), ctas).unwrap(), "{ctas} CTAs");
