@@ -60,6 +60,17 @@ pub struct Args {
     /// timed regardless. The targets then judge only the plans timed.
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     pub algorithms: Vec<String>,
+    /// CUDA only: the Hopper engine's tile for the fused plans and their twins (default:
+    /// its rule's choice).
+    #[arg(long, value_enum, value_name = "TILE")]
+    pub hopper_tile: Option<crate::conformance::HopperTileArg>,
+    /// CUDA only: which of the Hopper engine's kernels the fused plans and their twins
+    /// take (default: the engine's own); `pingpong` with `--hopper-tile narrow` runs all
+    /// of them on the ping-pong kernels. The plans must have passed conformance that way
+    /// too (`conformance --hopper --hopper-tile narrow --hopper-variant pingpong`); each
+    /// is spot-checked at the bench's shape before it is timed, as always.
+    #[arg(long, value_name = "KERNELS", value_parser = cmm_cuda::HopperVariant::parse)]
+    pub hopper_variant: Option<cmm_cuda::HopperVariant>,
 }
 
 fn parse_shrink(text: &str) -> Result<usize, String> {
@@ -158,6 +169,8 @@ pub fn run(args: &Args) -> Result<()> {
             json: args.json.clone(),
             timelines: args.timelines.clone(),
             algorithms: args.algorithms.clone(),
+            hopper_tile: args.hopper_tile.map(|t| t.tile()),
+            hopper_variant: args.hopper_variant.unwrap_or_default(),
         });
     }
     // The CUDA-only options would be ignored here: refuse them rather than let the table
@@ -169,6 +182,8 @@ pub fn run(args: &Args) -> Result<()> {
         (args.shrink != 1, "--shrink"),
         (args.timelines.is_some(), "--timelines"),
         (!args.algorithms.is_empty(), "--algorithms"),
+        (args.hopper_tile.is_some(), "--hopper-tile"),
+        (args.hopper_variant.is_some(), "--hopper-variant"),
     ];
     if let Some((_, flag)) = cuda_only.iter().find(|(given, _)| *given) {
         bail!("{flag} applies to `bench --backend cuda`, not to the reference's GEMM table");

@@ -529,29 +529,39 @@ pub fn summarise(args: &SummaryArgs) -> Result<()> {
             Err(e) => format!("not readable as a bench report: {e}\n"),
         };
     }
-    // The plans the 8-queue step timed again, beside the bench's own times.
-    if let (Some(Ok(many)), Some(Ok(eight))) =
-        (read(args.out.join("bench-kernels.json")), read(args.logs.join("bench-kernels-8-queues.json")))
-    {
-        md += "\n## The same plans on the bench's hardware queues and on CUDA's default 8\n\n";
-        md += &queues_table(&many, &eight);
+    // The plans that later steps timed again another way, beside the bench's own times.
+    let again = [
+        ("bench-kernels-8-queues.json", "on 8 queues", "on the bench's hardware queues and on CUDA's default 8"),
+        (
+            "bench-kernels-pingpong.json",
+            "ping-pong",
+            "on the Hopper engine's own kernels and on its 128×128 ping-pong kernels (twins too)",
+        ),
+    ];
+    if let Some(Ok(bench)) = read(args.out.join("bench-kernels.json")) {
+        for (name, label, heading) in again {
+            if let Some(Ok(other)) = read(args.logs.join(name)) {
+                md += &format!("\n## The same plans {heading}\n\n");
+                md += &beside_table(&bench, &other, label);
+            }
+        }
     }
     fs::write(args.out.join("summary.md"), md).context("writing summary.md")?;
     Ok(())
 }
 
-/// The rows of `eight` (a bench on 8 hardware queues) beside the same plans' rows of
-/// `many` (the bench's own run, on the queues its header names), with their twins: the
-/// plan's time, and its excess over its twin, on each.
-fn queues_table(many: &BenchReport, eight: &BenchReport) -> String {
+/// The rows of `other` (a later bench of some of the plans, run another way: `label`)
+/// beside the same plans' rows of `bench` (the bundle's own bench), with their twins: the
+/// plan's time, and its excess over its twin, each way.
+fn beside_table(bench: &BenchReport, other: &BenchReport, label: &str) -> String {
     let us = |t: Option<f64>| t.map_or("–".to_string(), |t| format!("{t:.1}"));
-    let mut md = String::from(
-        "| op | D | plan | time µs | on 8 queues µs | 8 ÷ bench | twin µs | twin on 8 µs | ÷ twin | ÷ twin on 8 |\n\
+    let mut md = format!(
+        "| op | D | plan | time µs | {label} µs | {label} ÷ bench | twin µs | twin {label} µs | ÷ twin | ÷ twin {label} |\n\
          |---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for r in &eight.rows {
+    for r in &other.rows {
         let key = (&r.plan.op, r.plan.devices, &r.plan.algorithm);
-        let Some(m) = many.rows.iter().find(|m| (&m.plan.op, m.plan.devices, &m.plan.algorithm) == key) else {
+        let Some(m) = bench.rows.iter().find(|m| (&m.plan.op, m.plan.devices, &m.plan.algorithm) == key) else {
             continue;
         };
         let over = |row: &BenchRow| row.figures.compute_only_us.map(|t| row.plan.time_us / t);
@@ -728,6 +738,10 @@ mod tests {
         let eight =
             report.replace("1010.04", "1262.55").replace("\"compute_only_us\": 980.0", "\"compute_only_us\": 1078.0");
         fs::write(dir.join("bench-kernels-8-queues.json"), eight).unwrap();
+        // The ping-pong step's: the same plan 0.9 times as long, its twin 0.95.
+        let pingpong =
+            report.replace("1010.04", "909.04").replace("\"compute_only_us\": 980.0", "\"compute_only_us\": 931.0");
+        fs::write(dir.join("bench-kernels-pingpong.json"), pingpong).unwrap();
         summarise(&SummaryArgs { logs: dir.clone(), out: dir.clone() }).unwrap();
         let md = fs::read_to_string(dir.join("summary.md")).unwrap();
         assert!(md.contains("| device-tests | passed | 12 |"), "{md}");
@@ -741,6 +755,8 @@ mod tests {
         assert!(md.contains("## bench-memops.json as a table\n\nnot readable as a bench report"), "{md}");
         let row = "| gemm_rs | 4 | ring_push | 1010.0 | 1262.5 | 1.250 | 980.0 | 1078.0 | 1.031 | 1.171 |";
         assert!(md.contains("CUDA's default 8") && md.contains(row), "{md}");
+        let row = "| gemm_rs | 4 | ring_push | 1010.0 | 909.0 | 0.900 | 980.0 | 931.0 | 1.031 | 0.976 |";
+        assert!(md.contains("| ping-pong ÷ bench |") && md.contains(row), "{md}");
         let json: serde_json::Value =
             serde_json::from_str(&fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
         assert_eq!(json["steps"][1]["result"], "FAILED");

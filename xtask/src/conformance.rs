@@ -257,7 +257,7 @@ pub enum HopperTileArg {
 }
 
 impl HopperTileArg {
-    fn tile(self) -> HopperTile {
+    pub(crate) fn tile(self) -> HopperTile {
         match self {
             HopperTileArg::Wide => HopperTile::Wide,
             HopperTileArg::Narrow => HopperTile::Narrow,

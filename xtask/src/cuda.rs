@@ -15,7 +15,9 @@ use cmm_core::plan::Engine;
 use cmm_core::workload::output_tolerance;
 use cmm_core::{build_plan, Algorithm, DType, Family, Op, OpKind, Plan, Problem};
 use cmm_cuda::kernels::{compile_fresh, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
-use cmm_cuda::{CopyIssue, CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, ReadBack};
+use cmm_cuda::{
+    CopyIssue, CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, HopperTile, HopperVariant, ReadBack,
+};
 use cmm_sim::validate::seed000_problem;
 use serde::Serialize;
 
@@ -109,6 +111,28 @@ pub struct BenchSettings {
     /// Time only the plans of these algorithm names (all when empty) and the direct
     /// baseline.
     pub algorithms: Vec<String>,
+    /// The Hopper engine's tile for the fused plans (`None`: its rule's choice).
+    pub hopper_tile: Option<HopperTile>,
+    /// The Hopper engine's kernels for the fused plans.
+    pub hopper_variant: HopperVariant,
+}
+
+impl BenchSettings {
+    /// What the fused plans run on, where the GPU runs the Hopper engine: "Hopper engine
+    /// (persistent)", with the tile and kernels where the flags chose them.
+    fn hopper_engine(&self) -> String {
+        let mut chosen: Vec<String> = Vec::new();
+        if let Some(tile) = self.hopper_tile {
+            chosen.push(tile.name().to_string());
+        }
+        if self.hopper_variant != HopperVariant::Engine {
+            chosen.push(format!("{} kernels", self.hopper_variant.key()));
+        }
+        match chosen.is_empty() {
+            true => "Hopper engine (persistent)".to_string(),
+            false => format!("Hopper engine (persistent, {})", chosen.join(", ")),
+        }
+    }
 }
 
 /// One timed plan.
@@ -597,8 +621,14 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         wait_timeout: Duration::from_secs(30),
         cold_l2: true,
         read_back: ReadBack::Nothing,
+        hopper_tile: settings.hopper_tile,
+        hopper_variant: settings.hopper_variant,
         ..Default::default()
     };
+    let hopper_engine = settings.hopper_engine();
+    if settings.hopper_tile.is_some() || settings.hopper_variant != HopperVariant::Engine {
+        println!("fused plans and their twins on the {hopper_engine} (--hopper-tile, --hopper-variant)");
+    }
     let square = |n: usize| GemmSpec {
         m: n,
         n,
@@ -807,7 +837,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     [times.time_tile_kernel_us, times.time_wide_tiles_us, times.time_two_ctas_per_sm_us]
                         .contains(&Some(best));
                 let engine = if fused && !on_tile_kernel && backend.has_hopper_engine() {
-                    "Hopper engine (persistent)"
+                    hopper_engine.as_str()
                 } else {
                     engine
                 };

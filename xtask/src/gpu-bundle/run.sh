@@ -153,8 +153,10 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             --copies copy-engines --case-timeout 30 --stamps "$scratch/copy-engines-stamps"
         step rehearsal-conformance-hopper-pair 90 "$x" conformance --backend cuda --sync kernels --hopper \
             --hopper-variant pair --case-timeout 30 --stamps "$scratch/hopper-pair-stamps"
+        # (The whole corpus on the ping-pong kernels runs in `cargo test` on the host twin.)
         step rehearsal-conformance-hopper-pingpong 90 "$x" conformance --backend cuda --sync kernels --hopper \
-            --hopper-tile narrow --hopper-variant pingpong --case-timeout 30 --stamps "$scratch/hopper-pingpong-stamps"
+            --hopper-tile narrow --hopper-variant pingpong --filter fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ \
+            --case-timeout 30 --stamps "$scratch/hopper-pingpong-stamps"
         step rehearsal-conformance-fused-ctas 60 "$x" conformance --backend cuda --sync kernels --no-hopper \
             --filter fused --input f16,bf16 --fused-ctas-per-sm 2 --case-timeout 30 --stamps "$scratch/fused-ctas-stamps"
         step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
@@ -162,6 +164,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         step rehearsal-model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-rehearsal.json"
         step rehearsal-bench-8-queues 90 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$x" bench --backend cuda --sync kernels \
             --shrink 64 --reps 3 --algorithms fused,ring --json "$scratch/bench-8-queues.json"
+        step rehearsal-bench-pingpong 90 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
+            --algorithms fused --hopper-tile narrow --hopper-variant pingpong --json "$scratch/bench-pingpong.json"
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
             "$x" conformance --backend cuda --sync memops --case-timeout 30
         step rehearsal-cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
@@ -297,6 +301,12 @@ step model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-kernels.json"
 # travels in logs.tar.gz.
 step bench-kernels-8-queues 150 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$x" bench --backend cuda --sync kernels \
     --algorithms fused,ring --json "$logs/bench-kernels-8-queues.json"
+# The fused plans and their twins again with every GEMM on the engine's 128×128 ping-pong
+# kernels (one consumer warpgroup's epilogue beside the other's wgmma): whether the engine's
+# epilogue is part of the fused plans' excess (gemm_rs's GEMMs write f32). Summarised beside
+# the bench's rows; the JSON travels in logs.tar.gz.
+step bench-kernels-pingpong 150 "$x" bench --backend cuda --sync kernels --algorithms fused \
+    --hopper-tile narrow --hopper-variant pingpong --json "$logs/bench-kernels-pingpong.json"
 # cmm.cuda.run on the machine's PyTorch CUDA tensors through DLPack, in one process and in
 # one process per device as torchrun launches it, with the cmm wheel the bundle carries.
 python_torch() {
