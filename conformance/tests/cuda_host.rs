@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use cmm_conformance::Cuda;
 use cmm_core::verify::queues::{check_enqueue_order, schedule_order, whole_lane_order, EnqueueError, MAX_QUEUES};
-use cmm_cuda::host::HostFeed;
+use cmm_cuda::host::{FiberOrder, HostFeed};
 use cmm_cuda::{CudaError, CudaRunOptions, HopperVariant, HostTwin, SyncMode};
 
 /// How long a run that should hang gets: far more than the corpus plans need (they
@@ -43,10 +43,13 @@ fn corpus_passes_with_the_hopper_engines_clusters_of_two() {
 /// 128×128 ping-pong kernels (the consumer warpgroups on alternate tiles), which only the
 /// GEMM sweep times: plain, fused (blocks released by each warpgroup's own barrier) and
 /// grouped GEMMs, on the twin's three CTAs, so that each CTA's warpgroups share its stages
-/// over many tiles.
+/// over many tiles; each block's threads resumed last to first, so that the consumers look
+/// at their stages before the producer has filled any (the other corpus runs resume them
+/// first to last).
 #[test]
 fn corpus_passes_with_the_hopper_engines_ping_pong_kernels() {
     let mut cuda = host(SyncMode::Kernels);
+    cuda.backend = cuda.backend.with_fiber_order(FiberOrder::LastToFirst);
     cuda.options.gemm = cmm_cuda::GemmEngine::TileKernel;
     cuda.options.hopper_tile = Some(cmm_cuda::HopperTile::Narrow);
     cuda.options.hopper_variant = HopperVariant::PingPong;

@@ -5,7 +5,8 @@
 // - Every thread of a block is a fiber of the OS thread that runs the block (its own
 //   stack; on x86-64 a switch is a few instructions, elsewhere ucontext);
 //   `__syncthreads` switches back to the block's scheduler, which resumes every fiber in
-//   turn, so a barrier is a real rendezvous. A block whose threads reach different
+//   turn (first to last, or with REVERSED_ROUNDS last to first), so a barrier is a real
+//   rendezvous. A block whose threads reach different
 //   barriers, or whose threads exit while others wait, is an error (CUDA leaves it
 //   undefined).
 // - `__shared__` is `static thread_local`: one copy per OS thread, and a block runs on
@@ -399,7 +400,8 @@ inline void fiber_start(Fiber& f, char* stack, FiberContext& scheduler) {
 // OS thread's static `__shared__` variables and its barrier epochs: only the Hopper
 // engine, whose shared memory is all dynamic (host/hopper.h keeps one per CTA), runs in
 // clusters.
-inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, void (*body)(void*), void* closure) {
+inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, bool reversed, void (*body)(void*),
+                               void* closure) {
     static thread_local Block block;
     const u32 fibers = ctas * threads;
     block.fibers.assign(fibers, Fiber{});
@@ -435,7 +437,8 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, void (*body)(v
     for (;;) {
         const u64 before = block.progress;
         bool only_spins = true;
-        for (Fiber& f : block.fibers) {
+        for (u32 i = 0; i < fibers; ++i) {
+            Fiber& f = block.fibers[reversed ? fibers - 1u - i : i];
             if (f.done || !f.runnable) continue;
             f.runnable = false;
             f.waiting = 0;
@@ -576,8 +579,13 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, void (*body)(v
 // persistent kernel whose blocks wait for each other).
 enum Mode { PLAIN = 0, FIBERS = 1, CONCURRENT_BLOCKS = 2 };
 
+// A flag beside the mode: each scheduler round resumes a block's fibers from the last
+// thread to the first (consumers before producers), for the orderings that the first
+// thread's head start would hide.
+constexpr u32 REVERSED_ROUNDS = 0x10u;
+
 inline void run_blocks(const u32* grid, const u32* block, u32 mode, u32 cluster, u64 first, u64 step,
-                       void (*body)(void*), void* closure) {
+                       bool reversed, void (*body)(void*), void* closure) {
     gridDim = dim3{grid[0], grid[1], grid[2]};
     blockDim = dim3{block[0], block[1], block[2]};
     const u64 blocks = (u64)grid[0] * grid[1] * grid[2];
@@ -592,7 +600,7 @@ inline void run_blocks(const u32* grid, const u32* block, u32 mode, u32 cluster,
                 body(closure);
             }
         } else {
-            run_cluster_fibers(cluster, threads, blockIdx, body, closure);
+            run_cluster_fibers(cluster, threads, blockIdx, reversed, body, closure);
         }
     }
 }
@@ -620,7 +628,8 @@ inline int launch(void (*kernel)(P...), const u32* grid, const u32* block, u32 m
     // The launch's cluster size along x rides above the mode (the fake driver's
     // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, the twin executor's kernel).
     const u32 cluster = std::max(mode >> 8, 1u);
-    mode &= 0xffu;
+    const bool reversed = (mode & REVERSED_ROUNDS) != 0u;
+    mode &= 0xfu;
     if (block[0] * block[1] * block[2] == 0 || blocks == 0) {
         why = "an empty grid or block";
     } else if (cluster > MAX_CLUSTER || grid[0] % cluster != 0 || (cluster > 1 && mode == PLAIN)) {
@@ -633,7 +642,7 @@ inline int launch(void (*kernel)(P...), const u32* grid, const u32* block, u32 m
         for (u64 q = 0; q < clusters; ++q) {
             workers.emplace_back([&, q] {
                 thread_error = nullptr;
-                run_blocks(grid, block, FIBERS, cluster, q, clusters, body, &closure);
+                run_blocks(grid, block, FIBERS, cluster, q, clusters, reversed, body, &closure);
                 errors[q] = thread_error;
             });
         }
@@ -641,7 +650,7 @@ inline int launch(void (*kernel)(P...), const u32* grid, const u32* block, u32 m
         for (const char* e : errors) why = why != nullptr ? why : e;
     } else {
         thread_error = nullptr;
-        run_blocks(grid, block, mode == PLAIN ? PLAIN : FIBERS, cluster, 0, 1, body, &closure);
+        run_blocks(grid, block, mode == PLAIN ? PLAIN : FIBERS, cluster, 0, 1, reversed, body, &closure);
         why = thread_error;
     }
     if (why == nullptr) return 0;

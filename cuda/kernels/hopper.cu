@@ -61,9 +61,11 @@
 //   warpgroups take the CTA's tiles in turn, each a whole tile (two m64n128 blocks of
 //   rows, 128 accumulators a thread), while the producer loads every tile's stages in
 //   order, as before. A stage has one consumer, so its `empty` barrier counts one arrival,
-//   and a warpgroup lets the other's stages pass it by. The stage ring staggers the two:
-//   the second starts its tile as the first finishes its last stages, so one warpgroup's
-//   epilogue runs beside the other's wgmma rather than with the tensor cores idle.
+//   and a warpgroup lets the other's stages pass it by. The warpgroups take turns: one
+//   starts waiting for its tile's stages once the other has waited for every stage of the
+//   tile before (a turn mbarrier each), so that one's epilogue runs beside the other's
+//   wgmma rather than with the tensor cores idle, and so that no parity wait is made
+//   for a phase two ahead of the last completed one (which it would take for complete).
 //
 // The host twin (cuda/host/hopper.h) runs the same code with its own mbarriers, TMA
 // copies and wgmma, which check what the GPU leaves undefined.
@@ -434,9 +436,9 @@ struct CmmHopperShape {
     static constexpr u32 HALVES = PINGPONG ? 2u : 1u;
     static constexpr u32 B_BYTES = BN * CMM_HOPPER_BK * 2u;
     // Stages, 1024-byte aligned (the swizzle pattern's period), then the barriers: full
-    // and empty per stage.
+    // and empty per stage, and (PINGPONG) each consumer warpgroup's turn.
     static constexpr u32 BARRIERS = STAGES * (CMM_HOPPER_A_BYTES + B_BYTES);
-    static constexpr u32 SMEM_BYTES = 1024u + BARRIERS + 16u * STAGES;
+    static constexpr u32 SMEM_BYTES = 1024u + BARRIERS + 16u * STAGES + (PINGPONG ? 16u : 0u);
     static_assert(BN == 128 || BN == 256, "wgmma n128 or n256");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "one CTA, or a cluster of two");
     static_assert(!PINGPONG || (BN == 128 && CLUSTER == 1), "a warpgroup holds 128 accumulators a thread");
@@ -784,19 +786,30 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
         cmm_mbar_arrive(empty);
         if constexpr (S::CLUSTER == 2u) cmm_mbar_arrive_cluster(empty, cmm_cluster_ctarank() ^ 1u);
     };
+    // PINGPONG: each warpgroup's turn barrier, which the other's threads arrive on once
+    // they have waited for every stage of their tile.
+    const u32 turns = bars + 16u * S::STAGES;
     u32 index = 0u;  // of the tile among the CTA's
     for (u32 t = cmm_hopper_first<S>(); cmm_hopper_next<S>(p, table, t, at, m0, n0);
          t += cmm_hopper_step<S>(), ++index) {
         u32 previous = 0u;
         // The zero block's tiles: no K step, zeros stored.
         const u32 steps = cmm_hopper_zero_block(p, at) ? 0u : ktiles;
-        if (S::PINGPONG && index % 2u != wg) {
-            // The other warpgroup's tile: its stages pass this one by, so that one
-            // warpgroup's epilogue runs while the other's wgmma keeps the tensor cores.
-            stage += steps;
-            phase ^= (stage / S::STAGES) & 1u;
-            stage %= S::STAGES;
-            continue;
+        if constexpr (S::PINGPONG) {
+            if (index % 2u != wg) {
+                // The other warpgroup's tile: its stages pass this one by, so that one
+                // warpgroup's epilogue runs while the other's wgmma keeps the tensor cores.
+                stage += steps;
+                phase ^= (stage / S::STAGES) & 1u;
+                stage %= S::STAGES;
+                continue;
+            }
+            // A parity wait tells two phases apart, no more: this warpgroup waits for its
+            // tile's stages only once the other has waited for every stage of the tile
+            // before, so that each stage's previous phase has completed and the phase
+            // waited for is the next one (the turns alternate: turn j of a warpgroup is
+            // phase j of its barrier, its tile 2j + wg).
+            if (index > 0u) cmm_mbar_wait(turns + 8u * wg, ((index - 1u) / 2u) & 1u, limit_ns);
         }
         if (steps == 0u) {
             #pragma unroll
@@ -837,6 +850,8 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
                 phase ^= 1u;
             }
         }
+        // The other warpgroup's turn: this one's epilogue runs beside its multiplies.
+        if constexpr (S::PINGPONG) cmm_mbar_arrive(turns + 8u * (wg ^ 1u));
         cmm_wgmma_wait<0>();
         #pragma unroll
         for (u32 i = 0u; i < S::HALVES * ACC; ++i) cmm_pin(acc[i]);
@@ -912,6 +927,11 @@ __device__ void cmm_hopper_gemm(const CmmHopperArgs& p) {
             // One arrive per consumer warpgroup of each CTA of the cluster (PINGPONG: a
             // stage has one consumer, the warpgroup whose tile it holds).
             cmm_mbar_init(bars + 8u * (S::STAGES + s), S::PINGPONG ? 1u : 2u * S::CLUSTER);
+        }
+        // PINGPONG: each warpgroup's turn, given by the other's 128 threads.
+        if constexpr (S::PINGPONG) {
+            cmm_mbar_init(bars + 16u * S::STAGES, 128u);
+            cmm_mbar_init(bars + 16u * S::STAGES + 8u, 128u);
         }
         cmm_mbar_init_fence();
     }

@@ -48,6 +48,9 @@ fn host_hopper(options: &CudaRunOptions) -> Option<crate::lower::HopperTarget> {
     })
 }
 
+/// runtime.h's `REVERSED_ROUNDS`: the mode's flag for [`FiberOrder::LastToFirst`].
+const REVERSED_ROUNDS: u32 = 0x10;
+
 /// `extern "C" int cmm_host_<entry>(grid, block, mode, params, error, error_len)`.
 type Entry = unsafe extern "C" fn(*const u32, *const u32, u32, *mut *mut std::ffi::c_void, *mut u8, u64) -> i32;
 
@@ -106,14 +109,20 @@ impl HostKernels {
     /// Runs `l` to completion on this thread (a persistent kernel's blocks on threads of
     /// their own).
     fn launch(&self, l: &Launch) -> Result<(), CudaError> {
-        self.launch_in(l, Mode::of(l.kernel))
+        self.launch_in(l, Mode::of(l.kernel), FiberOrder::FirstToLast)
     }
 
-    fn launch_in(&self, l: &Launch, mode: Mode) -> Result<(), CudaError> {
+    /// The same, its blocks' fibers resumed in `order`.
+    fn launch_ordered(&self, l: &Launch, order: FiberOrder) -> Result<(), CudaError> {
+        self.launch_in(l, Mode::of(l.kernel), order)
+    }
+
+    fn launch_in(&self, l: &Launch, mode: Mode, order: FiberOrder) -> Result<(), CudaError> {
         let mut params: Vec<*mut std::ffi::c_void> = l.params.iter().map(|p| p.as_ptr()).collect();
         let grid = [l.cfg.grid_dim.0, l.cfg.grid_dim.1, l.cfg.grid_dim.2];
         let block = [l.cfg.block_dim.0, l.cfg.block_dim.1, l.cfg.block_dim.2];
         let mut error = [0u8; 256];
+        let reversed = if order == FiberOrder::LastToFirst { REVERSED_ROUNDS } else { 0 };
         // SAFETY: the launcher reads one parameter per pointer, each pointing at a live
         // value of the kernel's parameter type (`Param` holds the `#[repr(C)]` mirrors);
         // the addresses inside point into the run's host allocations, sized by the plan
@@ -123,8 +132,9 @@ impl HostKernels {
             (self.entries[l.kernel.index()])(
                 grid.as_ptr(),
                 block.as_ptr(),
-                // The cluster size rides above the mode (runtime.h `launch`).
-                mode as u32 | l.kernel.cluster() << 8,
+                // The fiber order rides beside the mode, the cluster size above it
+                // (runtime.h `launch`).
+                mode as u32 | reversed | l.kernel.cluster() << 8,
                 params.as_mut_ptr(),
                 error.as_mut_ptr(),
                 error.len() as u64,
@@ -312,11 +322,24 @@ pub enum HostFeed {
     },
 }
 
+/// The order in which each round of a block's fiber scheduler resumes its threads. Any
+/// order is one a GPU may take; each finds the hazards the other's head starts hide (in
+/// the first, the producer's first thread fills every stage before a consumer looks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FiberOrder {
+    /// Thread 0 first.
+    #[default]
+    FirstToLast,
+    /// The block's last thread first (`REVERSED_ROUNDS` in host/runtime.h).
+    LastToFirst,
+}
+
 /// The CUDA backend's kernels and lowering, run on the CPU.
 #[derive(Clone, Copy)]
 pub struct HostTwin {
     kernels: &'static HostKernels,
     feed: HostFeed,
+    order: FiberOrder,
 }
 
 impl std::fmt::Debug for HostTwin {
@@ -325,6 +348,7 @@ impl std::fmt::Debug for HostTwin {
             .field("compiler", &compiler())
             .field("kernels", &self.kernels.entries.len())
             .field("feed", &self.feed)
+            .field("order", &self.order)
             .finish()
     }
 }
@@ -332,12 +356,17 @@ impl std::fmt::Debug for HostTwin {
 impl HostTwin {
     /// Builds (or finds in the cache) and loads the host kernels.
     pub fn new() -> Result<HostTwin, CudaError> {
-        Ok(HostTwin { kernels: HostKernels::get()?, feed: HostFeed::Streams })
+        Ok(HostTwin { kernels: HostKernels::get()?, feed: HostFeed::Streams, order: FiberOrder::FirstToLast })
     }
 
     /// The same twin, feeding its streams as `feed` says.
     pub fn with_feed(self, feed: HostFeed) -> HostTwin {
         HostTwin { feed, ..self }
+    }
+
+    /// The same twin, its blocks' fibers resumed in `order`.
+    pub fn with_fiber_order(self, order: FiberOrder) -> HostTwin {
+        HostTwin { order, ..self }
     }
 
     /// Runs `plan` enqueued in `order` (every op once, each lane in program order), which
@@ -418,7 +447,14 @@ impl HostTwin {
         let words = control.words(options.wait_timeout);
         // The fused GEMMs' tables live as long as the run.
         let (ordered, tables) = stream_work(lowered, &memory, &words)?;
-        let shared = Shared { kernels: self.kernels, plan, control: &control, options, first_error: Mutex::new(None) };
+        let shared = Shared {
+            kernels: self.kernels,
+            order: self.order,
+            plan,
+            control: &control,
+            options,
+            first_error: Mutex::new(None),
+        };
         let began = Instant::now();
         let (first_error, timed_out) = run_feed(shared, self.feed, &ordered, lowered.streams);
         let elapsed_run = began.elapsed();
@@ -528,6 +564,7 @@ fn stream_work(lowered: &Lowered, memory: &HostMemory, words: &RunWords) -> Resu
 /// wait returns) and the control words.
 struct Shared<'a> {
     kernels: &'a HostKernels,
+    order: FiberOrder,
     plan: &'a Plan,
     control: &'a HostControl,
     options: &'a CudaRunOptions,
@@ -537,7 +574,7 @@ struct Shared<'a> {
 impl Shared<'_> {
     /// Runs one submission; false (after recording the error and aborting) if it failed.
     fn execute(&self, s: &Submission) -> bool {
-        match execute(self.kernels, self.plan, s, self.control, self.options.wait_timeout) {
+        match execute(self.kernels, self.order, self.plan, s, self.control, self.options.wait_timeout) {
             Ok(()) => true,
             Err(e) => {
                 self.first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
@@ -677,13 +714,14 @@ fn run_feed(
 /// Runs one submission on the calling (stream) thread.
 fn execute(
     kernels: &HostKernels,
+    order: FiberOrder,
     plan: &Plan,
     submission: &Submission,
     control: &HostControl,
     wait_timeout: Duration,
 ) -> Result<(), CudaError> {
     match submission {
-        Submission::Launch(l) => kernels.launch(l),
+        Submission::Launch(l) => kernels.launch_ordered(l, order),
         Submission::Cublas { .. } => Err(CudaError::NoCublas),
         Submission::CopyEngine { src, src_pitch, dst, dst_pitch, width, rows } => {
             for r in 0..*rows {
@@ -944,6 +982,7 @@ mod tests {
         let run = |kernels: &HostKernels,
                    (tile, variant): (HopperTile, HopperVariant),
                    trans_b: bool,
+                   order: FiberOrder,
                    tweak: &dyn Fn(&mut crate::launch::HopperArgs)| {
             let n = tile.columns();
             let a = halves(m * k, 1);
@@ -961,23 +1000,23 @@ mod tests {
             let shared_mem_bytes = tile.shared_bytes(variant);
             let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes };
             let kernel = crate::launch::hopper_kernel(tile, variant, cmm_core::DType::Bf16);
-            let launched = kernels.launch(&Launch {
-                kernel,
-                cfg,
-                params: vec![Param::Hopper(Box::new(args))],
-                what: "a test gemm",
-            });
+            let params = vec![Param::Hopper(Box::new(args))];
+            let launched = kernels.launch_ordered(&Launch { kernel, cfg, params, what: "a test gemm" }, order);
             let b_at = |p: usize, j: usize| decode(if trans_b { b[j * k + p] } else { b[p * n + j] });
             let want = |i: usize, j: usize| (0..k).map(|p| decode(a[i * k + p]) * b_at(p, j)).sum::<f32>();
             launched.map(|()| (0..m).all(|i| (0..n).all(|j| c[i * n + j] == want(i, j))))
         };
         let plain: &dyn Fn(&mut crate::launch::HopperArgs) = &|_| {};
-        // The engine's kernels and the sweep's shallow ones (the clusters: the next test).
+        // The engine's kernels and the sweep's shallow ones (the clusters and ping-pong: the
+        // next tests), the block's threads resumed either way.
+        let first = FiberOrder::FirstToLast;
         for tile in HopperTile::ALL {
             for variant in [HopperVariant::Engine, HopperVariant::Shallow] {
                 for trans_b in [false, true] {
-                    let right = run(kernels(), (tile, variant), trans_b, plain).unwrap();
-                    assert!(right, "{tile:?} {variant:?}, B transposed: {trans_b}");
+                    for order in [first, FiberOrder::LastToFirst] {
+                        let right = run(kernels(), (tile, variant), trans_b, order, plain).unwrap();
+                        assert!(right, "{tile:?} {variant:?}, B transposed: {trans_b}, {order:?}");
+                    }
                 }
             }
         }
@@ -992,7 +1031,7 @@ mod tests {
         // copy the thread has not waited for.
         for (what, tweak) in [("a 64-byte swizzle", swizzle_64), ("a 512-byte stride", stride_512)] {
             for trans_b in [false, true] {
-                let outcome = run(kernels(), narrow, trans_b, tweak);
+                let outcome = run(kernels(), narrow, trans_b, first, tweak);
                 assert!(!matches!(outcome, Ok(true)), "{what} went unnoticed (B transposed: {trans_b})");
             }
         }
@@ -1013,7 +1052,7 @@ mod tests {
             ),
         ] {
             let broken = load_from(&source, "cmm-host-hopper-hazard").unwrap_or_else(|e| panic!("{e}"));
-            let e = run(&broken, narrow, false, plain).unwrap_err().to_string();
+            let e = run(&broken, narrow, false, first, plain).unwrap_err().to_string();
             assert!(e.contains(hazard) && e.contains("cmm_hopper_gemm_bf16_n128") && e.contains(&place), "{e}");
         }
     }
@@ -1030,7 +1069,7 @@ mod tests {
         use crate::lower::{GemmImpl, HopperKernel, HopperTile, HopperVariant};
         let (m, k) = (384usize, 448usize);
         let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
-        let run = |kernels: &HostKernels, tile: HopperTile, ctas: u32| -> Result<bool, CudaError> {
+        let run = |kernels: &HostKernels, tile: HopperTile, ctas: u32, order: FiberOrder| -> Result<bool, CudaError> {
             let n = tile.columns() + 64;
             let (a, b) = (halves(m * k, 1), halves(k * n, 3));
             let mut c = vec![f32::NAN; m * n];
@@ -1042,14 +1081,16 @@ mod tests {
             };
             assert_eq!((launch.kernel.cluster(), launch.cfg.grid_dim.0 % 2), (2, 0));
             assert_eq!(launch.cfg.shared_mem_bytes, tile.shared_bytes(HopperVariant::Engine));
-            kernels.launch(&launch)?;
+            kernels.launch_ordered(&launch, order)?;
             let want = |i: usize, j: usize| (0..k).map(|p| decode(a[i * k + p]) * decode(b[p * n + j])).sum::<f32>();
             Ok((0..m).all(|i| (0..n).all(|j| c[i * n + j] == want(i, j))))
         };
         for tile in HopperTile::ALL {
-            // One cluster walks all four pairs; two take two each.
+            // One cluster walks all four pairs; two take two each; threads resumed either way.
             for ctas in [2, 4] {
-                assert!(run(kernels(), tile, ctas).unwrap(), "{tile:?}, {ctas} CTAs");
+                for order in [FiberOrder::FirstToLast, FiberOrder::LastToFirst] {
+                    assert!(run(kernels(), tile, ctas, order).unwrap(), "{tile:?}, {ctas} CTAs, {order:?}");
+                }
             }
         }
         // A transposed B has no boxes to multicast: refused, not run.
@@ -1077,27 +1118,30 @@ mod tests {
         for (i, (line, error)) in broken.into_iter().enumerate() {
             let source = hopper_variant(line, "");
             let kernels = load_from(&source, &format!("cmm-host-cluster-hazard-{i}")).unwrap_or_else(|e| panic!("{e}"));
-            let e = run(&kernels, HopperTile::Narrow, 2).unwrap_err().to_string();
+            let e = run(&kernels, HopperTile::Narrow, 2, FiberOrder::FirstToLast).unwrap_err().to_string();
             assert!(e.contains(error) && e.contains("cmm_hopper_gemm_bf16_n128_c2"), "{e}");
         }
     }
 
     /// The Hopper engine's ping-pong kernels (the GEMM sweep's `_pp`: the consumer
-    /// warpgroups on alternate 128×128 tiles, each a whole tile) on the twin, as a fused
-    /// run of one block with a satisfied wait: right, and the block released once, with six
-    /// tiles (a column tile past N with one box, K wrapping the six stages) on one CTA
-    /// (three tiles a warpgroup), two, and four (some warpgroups with none). And the twin
+    /// warpgroups on alternate 128×128 tiles, each a whole tile, taking turns) on the twin,
+    /// as a fused run of one block with a satisfied wait: right, and the block released
+    /// once, with six tiles (a column tile past N with one box, K wrapping the six stages)
+    /// on one CTA (three tiles a warpgroup), two, and four (some warpgroups with none),
+    /// with the block's threads resumed first to last and last to first. And the twin
     /// catches a stage's barrier counting both warpgroups' arrivals (a deadlock), a
-    /// warpgroup that does not let the other's stages pass it by, and a tile counted at
-    /// a barrier of both warpgroups, which no longer share a tile (a CTA whose warpgroups
-    /// have unequal numbers of tiles waits there for ever).
+    /// warpgroup that does not let the other's stages pass it by, a tile counted at a
+    /// barrier of both warpgroups, which no longer share a tile (a CTA whose warpgroups
+    /// have unequal numbers of tiles waits there for ever), and warpgroups that do not
+    /// take turns: the second's parity waits, two phases ahead of the stages' last
+    /// completed ones, pass at once when its threads run first.
     #[test]
-    fn the_hopper_twin_runs_ping_pong_and_finds_its_stages_and_barriers_wrong() {
+    fn the_hopper_twin_runs_ping_pong_and_finds_its_stages_barriers_and_turns_wrong() {
         use crate::lower::{GemmImpl, HopperKernel, HopperTile, HopperVariant};
         let (m, n, k) = (384usize, 192usize, 448usize);
         let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
         let (tile, variant) = (HopperTile::Narrow, HopperVariant::PingPong);
-        let run = |kernels: &HostKernels, ctas: u32| -> Result<bool, CudaError> {
+        let run = |kernels: &HostKernels, ctas: u32, order: FiberOrder| -> Result<bool, CudaError> {
             let (a, b) = (halves(m * k, 1), halves(k * n, 3));
             let mut c = vec![f32::NAN; m * n];
             let mut wait = OneSatisfiedWait::new();
@@ -1115,19 +1159,18 @@ mod tests {
             };
             let kernel = crate::launch::hopper_kernel(tile, variant, cmm_core::DType::Bf16);
             assert_eq!(kernel.entry(), "cmm_hopper_gemm_bf16_n128_pp");
-            kernels.launch(&Launch {
-                kernel,
-                cfg,
-                params: vec![Param::Hopper(Box::new(args))],
-                what: "a test gemm",
-            })?;
+            let params = vec![Param::Hopper(Box::new(args))];
+            kernels.launch_ordered(&Launch { kernel, cfg, params, what: "a test gemm" }, order)?;
             let want = |i: usize, j: usize| (0..k).map(|p| decode(a[i * k + p]) * decode(b[p * n + j])).sum::<f32>();
             let right = (0..m).all(|i| (0..n).all(|j| c[i * n + j] == want(i, j)));
             // The block released, the run not failed, its six tiles counted.
             Ok(right && wait.control[1..4] == [1, 0, 6])
         };
+        let orders = [FiberOrder::FirstToLast, FiberOrder::LastToFirst];
         for ctas in [1, 2, 4] {
-            assert!(run(kernels(), ctas).unwrap(), "{ctas} CTAs");
+            for order in orders {
+                assert!(run(kernels(), ctas, order).unwrap(), "{ctas} CTAs, {order:?}");
+            }
         }
         let variant = hopper_variant;
         let both_arrive = variant(
@@ -1135,20 +1178,30 @@ mod tests {
             "cmm_mbar_init(bars + 8u * (S::STAGES + s), 2u * S::CLUSTER);",
         );
         let kernels = load_from(&both_arrive, "cmm-host-pingpong-hazard").unwrap_or_else(|e| panic!("{e}"));
-        let e = run(&kernels, 1).unwrap_err().to_string();
+        let e = run(&kernels, 1, FiberOrder::FirstToLast).unwrap_err().to_string();
         assert!(e.contains("deadlock") && e.contains("cmm_hopper_gemm_bf16_n128_pp"), "{e}");
-        let no_pass_by = variant("            stage += steps;\n            phase ^= (stage / S::STAGES) & 1u;\n            stage %= S::STAGES;\n", "");
+        let no_pass_by = variant(
+            "                stage += steps;\n                phase ^= (stage / S::STAGES) & 1u;\n                stage %= S::STAGES;\n",
+            "",
+        );
         let shared_barrier =
             variant("                cmm_bar_sync(1u + wg, 128u);", "                cmm_bar_sync(1u, 256u);");
-        for (i, (source, what)) in
-            [(no_pass_by, "stages not passed by"), (shared_barrier, "a barrier of both warpgroups")]
-                .into_iter()
-                .enumerate()
+        let no_turns = variant(
+            "            if (index > 0u) cmm_mbar_wait(turns + 8u * wg, ((index - 1u) / 2u) & 1u, limit_ns);\n",
+            "",
+        );
+        for (i, (source, what, order)) in [
+            (no_pass_by, "stages not passed by", FiberOrder::FirstToLast),
+            (shared_barrier, "a barrier of both warpgroups", FiberOrder::FirstToLast),
+            (no_turns, "warpgroups that do not take turns", FiberOrder::LastToFirst),
+        ]
+        .into_iter()
+        .enumerate()
         {
             let kernels = load_from(&source, &format!("cmm-host-pingpong-wrong-{i}")).unwrap_or_else(|e| panic!("{e}"));
             // Two and four CTAs: some CTA's warpgroups have unequal numbers of tiles.
             for ctas in [2, 4] {
-                assert!(!matches!(run(&kernels, ctas), Ok(true)), "{what} went unnoticed on {ctas} CTAs");
+                assert!(!matches!(run(&kernels, ctas, order), Ok(true)), "{what} went unnoticed on {ctas} CTAs");
             }
         }
     }
@@ -1297,7 +1350,7 @@ mod tests {
         };
         let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let l = Launch { kernel: Kernel::GemmSimt, cfg, params: vec![Param::Gemm(args)], what: "a test gemm" };
-        let e = kernels().launch_in(&l, Mode::Plain).unwrap_err();
+        let e = kernels().launch_in(&l, Mode::Plain, FiberOrder::FirstToLast).unwrap_err();
         assert!(e.to_string().contains("barrier in a kernel launched without fibers"), "{e}");
         kernels().launch(&l).unwrap();
     }

@@ -83,8 +83,8 @@ pub trait HopperKernel {
     /// Shared-memory stages of the kernel of this tile at `variant`.
     fn stages(self, variant: HopperVariant) -> u32;
     /// Dynamic shared memory of a CTA (`CmmHopperShape::SMEM_BYTES`): 1024 bytes of
-    /// alignment slack, the stages of A (128×64) and B (columns×64, 16-bit), and a full
-    /// and an empty barrier per stage.
+    /// alignment slack, the stages of A (128×64) and B (columns×64, 16-bit), a full and
+    /// an empty barrier per stage, and the ping-pong kernels' two turn barriers.
     fn shared_bytes(self, variant: HopperVariant) -> u32;
 }
 
@@ -101,7 +101,9 @@ impl HopperKernel for HopperTile {
 
     fn shared_bytes(self, variant: HopperVariant) -> u32 {
         let stage = (HOPPER_TILE_M + self.columns()) as u32 * 64 * 2;
-        1024 + self.stages(variant) * stage + 16 * self.stages(variant)
+        // The ping-pong kernels' two turn barriers.
+        let turns = if variant.on(self) == HopperVariant::PingPong { 16 } else { 0 };
+        1024 + self.stages(variant) * stage + 16 * self.stages(variant) + turns
     }
 }
 
