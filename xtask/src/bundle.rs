@@ -347,9 +347,9 @@ fn rehearse(dir: &Path) -> Result<()> {
     let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
     let summary = fs::read_to_string(out.join("summary.md")).unwrap_or_default();
     let rows = summary.lines().filter(|l| l.starts_with("| rehearsal-")).collect::<Vec<_>>();
-    // With NVRTC, the GPU steps on the fake driver (20); without, the host twin's (3).
+    // With NVRTC, the GPU steps on the fake driver (22); without, the host twin's (3).
     let fake = cmm_cuda::nvrtc_available();
-    let expected = if fake { 20 } else { 3 };
+    let expected = if fake { 22 } else { 3 };
     if !output.status.success() || rows.len() != expected || !rows.iter().all(|r| r.contains("| passed |")) {
         bail!("the bundle's rehearsal failed (exit {:?}):\n{text}\n{summary}", output.status.code());
     }
