@@ -239,8 +239,9 @@ fi
 step gemm-sweep 180 "$x" gemm-sweep --json "$out/gemm-sweep.json"
 # The engine's kernels under Nsight Compute where the machine has it: each kernel's speed
 # of light (SM, memory, DRAM and L2 throughput) and occupancy, at 8192³ and on the MoE
-# grouped GEMMs beside the plain GEMM on their dense shapes (`gemm-sweep --profile` runs
-# them ungated: a profiler serialises launches).
+# grouped GEMMs beside the plain GEMM on their dense shapes, on both tiles and the
+# ping-pong kernels (`gemm-sweep --profile` runs them ungated: a profiler serialises
+# launches; 24 launches of cmm_hopper kernels, each plain GEMM's warm-up included).
 ncu_hopper() {
     local ncu
     ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
@@ -249,7 +250,7 @@ ncu_hopper() {
         return 0
     fi
     echo "ncu: $ncu"
-    "$ncu" --clock-control none -k regex:cmm_hopper --launch-count 16 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    "$ncu" --clock-control none -k regex:cmm_hopper --launch-count 24 --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section Occupancy "$x" gemm-sweep --profile
 }
 export -f ncu_hopper
