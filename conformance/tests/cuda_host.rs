@@ -29,10 +29,13 @@ fn corpus_passes() {
 /// The same corpus with every plain GEMM whose B is N-major on the Hopper engine's
 /// clusters of two (multicast B, remote arrives, cluster barriers), which plans never take
 /// but the GEMM sweep times: their results stand on every shape the corpus has (phantom
-/// second tiles, K tails, odd N), not only on the sweep's spot checks.
+/// second tiles, K tails, odd N), not only on the sweep's spot checks. Each block's threads
+/// are resumed last to first, so that the fused and grouped GEMMs on the engine's own
+/// kernels (and every other kernel) also run with their consumers ahead of their producers.
 #[test]
 fn corpus_passes_with_the_hopper_engines_clusters_of_two() {
     let mut cuda = host(SyncMode::Kernels);
+    cuda.backend = cuda.backend.with_fiber_order(FiberOrder::LastToFirst);
     cuda.options.hopper_variant = HopperVariant::Pair;
     common::corpus_passes(&cuda);
     let engines = cuda.engines();
