@@ -32,8 +32,12 @@
 //   and stride byte offsets, and the swizzle mode (none, 32, 64 or 128 bytes), for
 //   K-major and MN-major operands, per CUTLASS's canonical layouts. Products are summed
 //   in k order onto the accumulator.
+// - wgmma groups complete per warpgroup: wgmma.wait_group N returns once every thread of
+//   the caller's warpgroup has committed all but the caller's last N groups (a GPU's
+//   group cannot complete before all four warps have issued it), so that a thread that
+//   runs ahead cannot give back a stage another warp of its warpgroup has yet to read.
 // - Named barriers (bar.sync id, n) are rendezvous of n threads; setmaxnreg, the wgmma
-//   fences and waits, and tensor-map prefetches do nothing here.
+//   fences and tensor-map prefetches do nothing here.
 // - Clusters (the `_c2` kernels): the cluster's CTAs run as fibers of one scheduler
 //   (runtime.h), each with its own shared memory and barriers here. barrier.cluster is a
 //   rendezvous of every thread of the cluster; a remote arrive (mapa, then
@@ -73,6 +77,8 @@ struct HopperBlock {
     std::vector<std::unordered_map<u32, u32>> observed, fenced;
     // Per thread: the chunks its cp.async copies wrote since its last arrive on a barrier.
     std::vector<std::vector<u32>> untracked;
+    // Per thread: the wgmma groups it has committed.
+    std::vector<u32> committed;
     static constexpr u32 UNTRACKED = 0xffffffffu;
 };
 
@@ -93,6 +99,7 @@ inline HopperBlock& hopper_block_at(u32 cta) {
         hb.observed.assign(threads, {});
         hb.fenced.assign(threads, {});
         hb.untracked.assign(threads, {});
+        hb.committed.assign(threads, 0u);
     }
     return hb;
 }
@@ -363,9 +370,27 @@ inline void cmm_setmaxnreg_inc() {}
 inline void cmm_bar_sync(u32 id, u32 threads) { cmm_host::named_barrier(id, threads); }
 
 inline void cmm_wgmma_fence() {}
-inline void cmm_wgmma_commit() {}
+
+inline void cmm_wgmma_commit() {
+    cmm_host::hopper_block().committed[cmm_host::linear_thread()] += 1u;
+    if (cmm_host::running_block != nullptr) cmm_host::running_block->progress += 1;
+}
+
+// Waits until every thread of the caller's warpgroup has committed all but the caller's
+// last N groups.
 template <int N>
-inline void cmm_wgmma_wait() {}
+inline void cmm_wgmma_wait() {
+    const u32 me = cmm_host::linear_thread();
+    for (;;) {
+        const std::vector<u32>& committed = cmm_host::hopper_block().committed;
+        if (committed[me] <= (u32)N) return;
+        const u32 first = me / 128u * 128u, end = std::min<u32>(first + 128u, (u32)committed.size());
+        u32 least = committed[me];
+        for (u32 t = first; t < end; ++t) least = std::min(least, committed[t]);
+        if (least + (u32)N >= committed[me]) return;
+        cmm_host::yield_thread();
+    }
+}
 inline void cmm_pin(float&) {}
 inline void cmm_address_here(u64&) {}
 

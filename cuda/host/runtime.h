@@ -5,8 +5,8 @@
 // - Every thread of a block is a fiber of the OS thread that runs the block (its own
 //   stack; on x86-64 a switch is a few instructions, elsewhere ucontext);
 //   `__syncthreads` switches back to the block's scheduler, which resumes every fiber in
-//   turn (first to last, or with REVERSED_ROUNDS last to first), so a barrier is a real
-//   rendezvous. A block whose threads reach different
+//   turn (first to last, last to first, or shuffled afresh each round from a seed), so a
+//   barrier is a real rendezvous. A block whose threads reach different
 //   barriers, or whose threads exit while others wait, is an error (CUDA leaves it
 //   undefined).
 // - `__shared__` is `static thread_local`: one copy per OS thread, and a block runs on
@@ -229,7 +229,25 @@ struct Block {
     u32 live[MAX_CLUSTER] = {};
     u64 cluster_syncs = 0;
     u32 named_count[MAX_CLUSTER][NAMED_BARRIERS] = {};  // threads a named barrier waits for
+    std::vector<u32> round;  // the fibers in the order of this round (a shuffled order)
 };
+
+// The order in which a scheduler round resumes a block's fibers: first to last, last to
+// first, or (seed ≠ 0) a permutation drawn afresh each round from the seed.
+struct FiberOrder {
+    bool reversed = false;
+    u32 seed = 0;
+};
+
+// Draws the next round's permutation of `order` (Fisher–Yates on a xorshift32 stream).
+inline void shuffle_round(std::vector<u32>& order, u32& state) {
+    for (u32 i = (u32)order.size(); i > 1u; --i) {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        std::swap(order[i - 1u], order[state % i]);
+    }
+}
 
 static thread_local Block* running_block = nullptr;
 // The first error of the launch on this OS thread (a fixed message).
@@ -400,7 +418,7 @@ inline void fiber_start(Fiber& f, char* stack, FiberContext& scheduler) {
 // OS thread's static `__shared__` variables and its barrier epochs: only the Hopper
 // engine, whose shared memory is all dynamic (host/hopper.h keeps one per CTA), runs in
 // clusters.
-inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, bool reversed, void (*body)(void*),
+inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, FiberOrder order, void (*body)(void*),
                                void* closure) {
     static thread_local Block block;
     const u32 fibers = ctas * threads;
@@ -434,11 +452,15 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, bool reversed,
     }
     for (Fiber& f : block.fibers) f.runnable = true;
     bool spun_without_progress = false;  // the last round ran only spins and changed nothing
+    block.round.resize(fibers);
+    for (u32 i = 0; i < fibers; ++i) block.round[i] = order.reversed ? fibers - 1u - i : i;
+    u32 draws = order.seed * 0x9E3779B9u | 1u;  // never 0: xorshift would stay there
     for (;;) {
         const u64 before = block.progress;
         bool only_spins = true;
+        if (order.seed != 0u) shuffle_round(block.round, draws);
         for (u32 i = 0; i < fibers; ++i) {
-            Fiber& f = block.fibers[reversed ? fibers - 1u - i : i];
+            Fiber& f = block.fibers[block.round[i]];
             if (f.done || !f.runnable) continue;
             f.runnable = false;
             f.waiting = 0;
@@ -579,13 +601,13 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, bool reversed,
 // persistent kernel whose blocks wait for each other).
 enum Mode { PLAIN = 0, FIBERS = 1, CONCURRENT_BLOCKS = 2 };
 
-// A flag beside the mode: each scheduler round resumes a block's fibers from the last
-// thread to the first (consumers before producers), for the orderings that the first
-// thread's head start would hide.
+// Beside the mode: each scheduler round resumes a block's fibers from the last thread to
+// the first (consumers before producers), or in an order drawn each round from the seed
+// in the mode's top 16 bits; for the orderings that the first thread's head start hides.
 constexpr u32 REVERSED_ROUNDS = 0x10u;
 
 inline void run_blocks(const u32* grid, const u32* block, u32 mode, u32 cluster, u64 first, u64 step,
-                       bool reversed, void (*body)(void*), void* closure) {
+                       FiberOrder order, void (*body)(void*), void* closure) {
     gridDim = dim3{grid[0], grid[1], grid[2]};
     blockDim = dim3{block[0], block[1], block[2]};
     const u64 blocks = (u64)grid[0] * grid[1] * grid[2];
@@ -600,7 +622,7 @@ inline void run_blocks(const u32* grid, const u32* block, u32 mode, u32 cluster,
                 body(closure);
             }
         } else {
-            run_cluster_fibers(cluster, threads, blockIdx, reversed, body, closure);
+            run_cluster_fibers(cluster, threads, blockIdx, order, body, closure);
         }
     }
 }
@@ -627,8 +649,8 @@ inline int launch(void (*kernel)(P...), const u32* grid, const u32* block, u32 m
     const u64 blocks = (u64)grid[0] * grid[1] * grid[2];
     // The launch's cluster size along x rides above the mode (the fake driver's
     // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, the twin executor's kernel).
-    const u32 cluster = std::max(mode >> 8, 1u);
-    const bool reversed = (mode & REVERSED_ROUNDS) != 0u;
+    const u32 cluster = std::max((mode >> 8) & 0xffu, 1u);
+    const FiberOrder order{(mode & REVERSED_ROUNDS) != 0u, mode >> 16};
     mode &= 0xfu;
     if (block[0] * block[1] * block[2] == 0 || blocks == 0) {
         why = "an empty grid or block";
@@ -642,7 +664,7 @@ inline int launch(void (*kernel)(P...), const u32* grid, const u32* block, u32 m
         for (u64 q = 0; q < clusters; ++q) {
             workers.emplace_back([&, q] {
                 thread_error = nullptr;
-                run_blocks(grid, block, FIBERS, cluster, q, clusters, reversed, body, &closure);
+                run_blocks(grid, block, FIBERS, cluster, q, clusters, order, body, &closure);
                 errors[q] = thread_error;
             });
         }
@@ -650,7 +672,7 @@ inline int launch(void (*kernel)(P...), const u32* grid, const u32* block, u32 m
         for (const char* e : errors) why = why != nullptr ? why : e;
     } else {
         thread_error = nullptr;
-        run_blocks(grid, block, mode == PLAIN ? PLAIN : FIBERS, cluster, 0, 1, reversed, body, &closure);
+        run_blocks(grid, block, mode == PLAIN ? PLAIN : FIBERS, cluster, 0, 1, order, body, &closure);
         why = thread_error;
     }
     if (why == nullptr) return 0;

@@ -122,7 +122,6 @@ impl HostKernels {
         let grid = [l.cfg.grid_dim.0, l.cfg.grid_dim.1, l.cfg.grid_dim.2];
         let block = [l.cfg.block_dim.0, l.cfg.block_dim.1, l.cfg.block_dim.2];
         let mut error = [0u8; 256];
-        let reversed = if order == FiberOrder::LastToFirst { REVERSED_ROUNDS } else { 0 };
         // SAFETY: the launcher reads one parameter per pointer, each pointing at a live
         // value of the kernel's parameter type (`Param` holds the `#[repr(C)]` mirrors);
         // the addresses inside point into the run's host allocations, sized by the plan
@@ -134,7 +133,7 @@ impl HostKernels {
                 block.as_ptr(),
                 // The fiber order rides beside the mode, the cluster size above it
                 // (runtime.h `launch`).
-                mode as u32 | reversed | l.kernel.cluster() << 8,
+                mode as u32 | order.mode_bits() | l.kernel.cluster() << 8,
                 params.as_mut_ptr(),
                 error.as_mut_ptr(),
                 error.len() as u64,
@@ -323,7 +322,7 @@ pub enum HostFeed {
 }
 
 /// The order in which each round of a block's fiber scheduler resumes its threads. Any
-/// order is one a GPU may take; each finds the hazards the other's head starts hide (in
+/// order is one a GPU may take; each finds the hazards the others' head starts hide (in
 /// the first, the producer's first thread fills every stage before a consumer looks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum FiberOrder {
@@ -332,6 +331,21 @@ pub enum FiberOrder {
     FirstToLast,
     /// The block's last thread first (`REVERSED_ROUNDS` in host/runtime.h).
     LastToFirst,
+    /// A permutation drawn afresh each round from this seed (0 is taken as 1): threads
+    /// overtake each other in ways neither fixed order shows.
+    Shuffled(u16),
+}
+
+impl FiberOrder {
+    /// Its bits beside a launch's mode (host/runtime.h `launch`): the reversed flag, and
+    /// a shuffle's seed in the top 16 bits.
+    fn mode_bits(self) -> u32 {
+        match self {
+            FiberOrder::FirstToLast => 0,
+            FiberOrder::LastToFirst => REVERSED_ROUNDS,
+            FiberOrder::Shuffled(seed) => u32::from(seed.max(1)) << 16,
+        }
+    }
 }
 
 /// The CUDA backend's kernels and lowering, run on the CPU.
@@ -883,6 +897,11 @@ mod tests {
         load // 1-based line of the load, less the removed fence line
     }
 
+    /// The fiber orders the Hopper twin tests run their kernels as written in: the two
+    /// fixed ones and two shuffles.
+    const ORDERS: [FiberOrder; 4] =
+        [FiberOrder::FirstToLast, FiberOrder::LastToFirst, FiberOrder::Shuffled(1), FiberOrder::Shuffled(2)];
+
     /// The host twin's kernel source with the first `from` of hopper.cu replaced by `to`.
     fn hopper_variant(from: &str, to: &str) -> String {
         let source = host_source();
@@ -1008,12 +1027,12 @@ mod tests {
         };
         let plain: &dyn Fn(&mut crate::launch::HopperArgs) = &|_| {};
         // The engine's kernels and the sweep's shallow ones (the clusters and ping-pong: the
-        // next tests), the block's threads resumed either way.
+        // next tests), the block's threads resumed in each of the orders.
         let first = FiberOrder::FirstToLast;
         for tile in HopperTile::ALL {
             for variant in [HopperVariant::Engine, HopperVariant::Shallow] {
                 for trans_b in [false, true] {
-                    for order in [first, FiberOrder::LastToFirst] {
+                    for order in ORDERS {
                         let right = run(kernels(), (tile, variant), trans_b, order, plain).unwrap();
                         assert!(right, "{tile:?} {variant:?}, B transposed: {trans_b}, {order:?}");
                     }
@@ -1086,9 +1105,9 @@ mod tests {
             Ok((0..m).all(|i| (0..n).all(|j| c[i * n + j] == want(i, j))))
         };
         for tile in HopperTile::ALL {
-            // One cluster walks all four pairs; two take two each; threads resumed either way.
+            // One cluster walks all four pairs; two take two each; threads in each order.
             for ctas in [2, 4] {
-                for order in [FiberOrder::FirstToLast, FiberOrder::LastToFirst] {
+                for order in ORDERS {
                     assert!(run(kernels(), tile, ctas, order).unwrap(), "{tile:?}, {ctas} CTAs, {order:?}");
                 }
             }
@@ -1128,13 +1147,15 @@ mod tests {
     /// as a fused run of one block with a satisfied wait: right, and the block released
     /// once, with six tiles (a column tile past N with one box, K wrapping the six stages)
     /// on one CTA (three tiles a warpgroup), two, and four (some warpgroups with none),
-    /// with the block's threads resumed first to last and last to first. And the twin
+    /// with the block's threads resumed in fixed and shuffled orders. And the twin
     /// catches a stage's barrier counting both warpgroups' arrivals (a deadlock), a
     /// warpgroup that does not let the other's stages pass it by, a tile counted at a
     /// barrier of both warpgroups, which no longer share a tile (a CTA whose warpgroups
-    /// have unequal numbers of tiles waits there for ever), and warpgroups that do not
-    /// take turns: the second's parity waits, two phases ahead of the stages' last
-    /// completed ones, pass at once when its threads run first.
+    /// have unequal numbers of tiles waits there for ever), warpgroups that do not take
+    /// turns (the second's parity waits, two phases ahead of the stages' last completed
+    /// ones, pass at once when its threads run first), and a stage given back before the
+    /// wgmma group that read it has completed (seen once threads overtake each other: a
+    /// shuffled order).
     #[test]
     fn the_hopper_twin_runs_ping_pong_and_finds_its_stages_barriers_and_turns_wrong() {
         use crate::lower::{GemmImpl, HopperKernel, HopperTile, HopperVariant};
@@ -1166,9 +1187,8 @@ mod tests {
             // The block released, the run not failed, its six tiles counted.
             Ok(right && wait.control[1..4] == [1, 0, 6])
         };
-        let orders = [FiberOrder::FirstToLast, FiberOrder::LastToFirst];
         for ctas in [1, 2, 4] {
-            for order in orders {
+            for order in ORDERS {
                 assert!(run(kernels(), ctas, order).unwrap(), "{ctas} CTAs, {order:?}");
             }
         }
@@ -1190,10 +1210,15 @@ mod tests {
             "            if (index > 0u) cmm_mbar_wait(turns + 8u * wg, ((index - 1u) / 2u) & 1u, limit_ns);\n",
             "",
         );
+        // A stage given back as soon as the wgmma that read it is issued, not once its group
+        // has completed: a warp of the warpgroup still to read it finds the next phase's
+        // data (or waits for a phase it will not see again).
+        let early_give_back = variant("            cmm_wgmma_wait<1>();\n", "");
         for (i, (source, what, order)) in [
             (no_pass_by, "stages not passed by", FiberOrder::FirstToLast),
             (shared_barrier, "a barrier of both warpgroups", FiberOrder::FirstToLast),
             (no_turns, "warpgroups that do not take turns", FiberOrder::LastToFirst),
+            (early_give_back, "a stage given back before its readers' group completed", FiberOrder::Shuffled(1)),
         ]
         .into_iter()
         .enumerate()
