@@ -1233,9 +1233,10 @@ mod tests {
 
     /// The same for a grouped GEMM whose rows are gathered by token (ag_moe's): as
     /// written, two experts' rows in a hand-made routing, with a dropped slot and unrouted
-    /// rows zeroed, come out right on both tiles; rows copied without the 128-byte swizzle
-    /// come out wrong; a copy no `cp.async.mbarrier.arrive` tracks, and a wgmma that reads
-    /// cp.async's rows with no `fence.proxy.async.shared::cta` after its wait, are errors.
+    /// rows zeroed, come out right on both tiles in every fiber order; rows copied without
+    /// the 128-byte swizzle come out wrong; a copy no `cp.async.mbarrier.arrive` tracks,
+    /// and a wgmma that reads cp.async's rows with no `fence.proxy.async.shared::cta` after
+    /// its wait, are errors.
     #[test]
     fn the_hopper_twin_finds_gathered_rows_read_unswizzled_untracked_or_unfenced() {
         use crate::lower::{HopperKernel, HopperTile, HopperVariant};
@@ -1255,7 +1256,7 @@ mod tests {
                 None
             }
         };
-        let run = |kernels: &HostKernels, tile: HopperTile| {
+        let run = |kernels: &HostKernels, tile: HopperTile, order: FiberOrder| {
             let n = tile.columns();
             let a = halves(tokens * k, 1);
             let b = halves(experts * k * n, 3);
@@ -1291,12 +1292,8 @@ mod tests {
             let shared_mem_bytes = tile.shared_bytes(HopperVariant::Engine);
             let cfg = LaunchConfig { grid_dim: (2, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes };
             let kernel = crate::launch::hopper_kernel(tile, HopperVariant::Engine, bf16);
-            let launched = kernels.launch(&Launch {
-                kernel,
-                cfg,
-                params: vec![Param::Hopper(Box::new(args))],
-                what: "a test gemm",
-            });
+            let params = vec![Param::Hopper(Box::new(args))];
+            let launched = kernels.launch_ordered(&Launch { kernel, cfg, params, what: "a test gemm" }, order);
             let want = |r: usize, j: usize| match (expert_of(r), perm[r]) {
                 (Some(e), slot) if slot != NONE => {
                     let t = slot as usize / slots;
@@ -1307,7 +1304,9 @@ mod tests {
             launched.map(|()| (0..rows).all(|r| (0..n).all(|j| c[r * n + j] == want(r, j))))
         };
         for tile in HopperTile::ALL {
-            assert!(run(kernels(), tile).unwrap(), "{tile:?}");
+            for order in ORDERS {
+                assert!(run(kernels(), tile, order).unwrap(), "{tile:?}, {order:?}");
+            }
         }
         let variant = hopper_variant;
         let unswizzled = variant(
@@ -1318,7 +1317,10 @@ mod tests {
         let unshuffled = variant("const u32 source = __shfl_sync(0xffffffffu, mine, r);", "const u32 source = mine;");
         for (source, what) in [(unswizzled, "without the swizzle"), (unshuffled, "from another row's source")] {
             let broken = load_from(&source, "cmm-host-hopper-gather-wrong").unwrap_or_else(|e| panic!("{e}"));
-            assert!(!run(&broken, HopperTile::Narrow).unwrap(), "rows copied {what} went unnoticed");
+            assert!(
+                !run(&broken, HopperTile::Narrow, FiberOrder::FirstToLast).unwrap(),
+                "rows copied {what} went unnoticed"
+            );
         }
         let untracked = variant("            cmm_hopper_cp_async_arrive(full);", "            cmm_mbar_arrive(full);");
         let unfenced = variant("            if (gather) cmm_fence_proxy_async_shared();", "");
@@ -1333,7 +1335,7 @@ mod tests {
             (diverged, "barrier divergence: threads of a warp"),
         ] {
             let broken = load_from(&source, "cmm-host-hopper-gather-hazard").unwrap_or_else(|e| panic!("{e}"));
-            let e = run(&broken, HopperTile::Narrow).unwrap_err().to_string();
+            let e = run(&broken, HopperTile::Narrow, FiberOrder::FirstToLast).unwrap_err().to_string();
             assert!(e.contains(hazard) && e.contains("cmm_hopper_gemm_bf16_n128"), "{e}");
         }
     }
