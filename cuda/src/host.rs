@@ -109,7 +109,7 @@ impl HostKernels {
     /// Runs `l` to completion on this thread (a persistent kernel's blocks on threads of
     /// their own).
     fn launch(&self, l: &Launch) -> Result<(), CudaError> {
-        self.launch_in(l, Mode::of(l.kernel), FiberOrder::FirstToLast)
+        self.launch_ordered(l, FiberOrder::FirstToLast)
     }
 
     /// The same, its blocks' fibers resumed in `order`.

@@ -55,6 +55,16 @@ impl HopperVariant {
         }
     }
 
+    /// The variant of a GEMM whose tiles no cluster can pair (a fused run's blocks wait
+    /// for their own rows; a grouped GEMM's tiles follow its experts): itself, or the
+    /// engine's own kernels for [`HopperVariant::Pair`].
+    pub fn unpaired(self) -> HopperVariant {
+        match self {
+            HopperVariant::Pair => HopperVariant::Engine,
+            other => other,
+        }
+    }
+
     /// The variant a GEMM on `tile` runs when this one is asked for: itself, or the
     /// engine's kernel where the tile has none of this variant.
     pub fn on(self, tile: HopperTile) -> HopperVariant {
@@ -715,9 +725,7 @@ fn lower_fused(
         engines::fused_engine(options.gemm, &options.engine_support(), &blocks, plan.devices).map_err(unsupported)?;
     let on = match engine {
         engines::Engine::Hopper(tile) => {
-            // A fused run's blocks wait for their own rows: no cluster pairs them.
-            let variant = |v| if v == HopperVariant::Pair { HopperVariant::Engine } else { v };
-            let hopper = options.hopper.map(|t| HopperTarget { tile: Some(tile), variant: variant(t.variant), ..t });
+            let hopper = options.hopper.map(|t| HopperTarget { tile: Some(tile), variant: t.variant.unpaired(), ..t });
             LowerOptions { hopper, ..*options }
         }
         _ => LowerOptions { hopper: None, ..*options },
@@ -1027,11 +1035,7 @@ fn lower_op(
                 gather: gather.map(|g| g as u32),
                 zero_unrouted: *zero_unrouted,
                 hopper: tile.map(|tile| {
-                    // A grouped GEMM's tiles are no pairs of row tiles: no cluster takes them.
-                    let variant = options.hopper.map_or(HopperVariant::Engine, |t| match t.variant {
-                        HopperVariant::Pair => HopperVariant::Engine,
-                        v => v.on(tile),
-                    });
+                    let variant = options.hopper.map_or(HopperVariant::Engine, |t| t.variant.unpaired().on(tile));
                     (tile, options.hopper.map_or(1, |t| t.sms), variant)
                 }),
             })

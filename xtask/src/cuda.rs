@@ -118,20 +118,14 @@ pub struct BenchSettings {
 }
 
 impl BenchSettings {
-    /// What the fused plans run on, where the GPU runs the Hopper engine: "Hopper engine
-    /// (persistent)", with the tile and kernels where the flags chose them.
-    fn hopper_engine(&self) -> String {
-        let mut chosen: Vec<String> = Vec::new();
-        if let Some(tile) = self.hopper_tile {
-            chosen.push(tile.name().to_string());
-        }
-        if self.hopper_variant != HopperVariant::Engine {
-            chosen.push(format!("{} kernels", self.hopper_variant.key()));
-        }
-        match chosen.is_empty() {
-            true => "Hopper engine (persistent)".to_string(),
-            false => format!("Hopper engine (persistent, {})", chosen.join(", ")),
-        }
+    /// The Hopper engine's tile and kernels the flags chose for the fused plans, as a
+    /// label ("128x128, pingpong kernels"); `None` where they chose nothing.
+    fn hopper_choice(&self) -> Option<String> {
+        let tile = self.hopper_tile.map(|t| t.name().to_string());
+        let kernels =
+            (self.hopper_variant != HopperVariant::Engine).then(|| format!("{} kernels", self.hopper_variant.key()));
+        let chosen: Vec<String> = tile.into_iter().chain(kernels).collect();
+        (!chosen.is_empty()).then(|| chosen.join(", "))
     }
 }
 
@@ -625,10 +619,14 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         hopper_variant: settings.hopper_variant,
         ..Default::default()
     };
-    let hopper_engine = settings.hopper_engine();
-    if settings.hopper_tile.is_some() || settings.hopper_variant != HopperVariant::Engine {
-        println!("fused plans and their twins on the {hopper_engine} (--hopper-tile, --hopper-variant)");
-    }
+    // What the fused plans run on, where the GPU runs the Hopper engine.
+    let hopper_engine = match settings.hopper_choice() {
+        Some(choice) => {
+            println!("fused plans and their twins on the Hopper engine's {choice} (--hopper-tile, --hopper-variant)");
+            format!("Hopper engine (persistent, {choice})")
+        }
+        None => "Hopper engine (persistent)".to_string(),
+    };
     let square = |n: usize| GemmSpec {
         m: n,
         n,
