@@ -18,8 +18,8 @@
 //   work that still uses it computes NaN. (After a sticky error a GPU kills the
 //   context's kernels; here a running kernel goes on to its own deadline, which is
 //   why freed memory, host memory included, is never handed out again while it might.)
-// - Modules are PTX: cuModuleLoadData records its `.entry` names, and
-//   cuModuleGetFunction finds only those, running the host twin's launcher of that
+// - Modules are PTX or sm_90 cubins: cuModuleLoadData records the PTX's `.entry` names
+//   or the cubin's entry symbols, and cuModuleGetFunction finds only those, running the host twin's launcher of that
 //   name. cuLaunchKernelEx (the backend's only launch call) copies the parameter values
 //   at the call, as the driver does (their sizes come from the kernel's C++ signature),
 //   checks the launch bounds, and takes two launch attributes: a priority within the
@@ -77,6 +77,7 @@ enum : int {
     NOT_INITIALIZED = 3,
     INVALID_DEVICE = 101,
     INVALID_IMAGE = 200,
+    NO_BINARY_FOR_GPU = 209,
     INVALID_CONTEXT = 201,
     INVALID_HANDLE = 400,
     NOT_FOUND = 500,
@@ -416,6 +417,7 @@ CUresult cuGetErrorName(CUresult error, const char** name) {
         case NOT_INITIALIZED: *name = "CUDA_ERROR_NOT_INITIALIZED"; break;
         case INVALID_DEVICE: *name = "CUDA_ERROR_INVALID_DEVICE"; break;
         case INVALID_IMAGE: *name = "CUDA_ERROR_INVALID_IMAGE"; break;
+        case NO_BINARY_FOR_GPU: *name = "CUDA_ERROR_NO_BINARY_FOR_GPU"; break;
         case INVALID_CONTEXT: *name = "CUDA_ERROR_INVALID_CONTEXT"; break;
         case INVALID_HANDLE: *name = "CUDA_ERROR_INVALID_HANDLE"; break;
         case NOT_FOUND: *name = "CUDA_ERROR_NOT_FOUND"; break;
@@ -1124,17 +1126,63 @@ CUresult cuStreamWaitEvent(void* handle, Event* e, unsigned flags) {
     return SUCCESS;
 }
 
+// The kernels of a cubin: an ELF64 image for the CUDA machine (190) whose kernels are
+// global function symbols marked as entries (st_other 0x10), built for the architecture
+// in bits 8-15 of e_flags, which must be this GPU's (sm_90); else the driver's refusal.
+// (The driver gets no size with the image: the section headers say where everything is.)
+CUresult cubin_entries(const unsigned char* elf, std::set<std::string>& entries) {
+    auto read = [elf](u64 at, auto& value) { std::memcpy(&value, elf + at, sizeof value); };
+    uint16_t machine = 0, shentsize = 0, shnum = 0;
+    uint32_t flags = 0;
+    u64 shoff = 0;
+    read(18, machine);
+    read(40, shoff);
+    read(48, flags);
+    read(58, shentsize);
+    read(60, shnum);
+    if (elf[4] != 2 || machine != 190 || shentsize != 64) return INVALID_IMAGE;
+    if (((flags >> 8) & 0xff) != 90) return NO_BINARY_FOR_GPU;
+    for (u64 i = 0; i < shnum; i++) {
+        u64 header = shoff + i * 64;
+        uint32_t type = 0, link = 0;
+        u64 offset = 0, size = 0, strtab = 0;
+        read(header + 4, type);
+        if (type != 2) continue;  // SHT_SYMTAB
+        read(header + 24, offset);
+        read(header + 32, size);
+        read(header + 40, link);
+        read(shoff + u64(link) * 64 + 24, strtab);
+        for (u64 symbol = offset; symbol + 24 <= offset + size; symbol += 24) {
+            uint32_t name = 0;
+            read(symbol, name);
+            bool global_function = elf[symbol + 4] == 0x12;  // STB_GLOBAL, STT_FUNC
+            if (global_function && (elf[symbol + 5] & 0x10) != 0) {
+                entries.insert(reinterpret_cast<const char*>(elf + strtab + name));
+            }
+        }
+    }
+    return SUCCESS;
+}
+
 CUresult cuModuleLoadData(Module** out, const void* image) {
     if (CUresult r = ready(); r != SUCCESS) return r;
+    if (image == nullptr) return INVALID_IMAGE;
+    std::set<std::string> entries;
     const char* ptx = static_cast<const char*>(image);
-    if (ptx == nullptr || std::strstr(ptx, ".version") == nullptr) return INVALID_IMAGE;
+    if (std::memcmp(image, "\x7f" "ELF", 4) == 0) {
+        if (CUresult r = cubin_entries(static_cast<const unsigned char*>(image), entries); r != SUCCESS) return r;
+    } else if (std::strstr(ptx, ".version") == nullptr) {
+        return INVALID_IMAGE;
+    } else {
+        for (const char* at = std::strstr(ptx, ".entry "); at != nullptr; at = std::strstr(at + 1, ".entry ")) {
+            const char* name = at + 7;
+            size_t len = std::strcspn(name, " (\t\n");
+            entries.insert(std::string(name, len));
+        }
+    }
     Module* m = new Module();
     m->ctx = current;
-    for (const char* at = std::strstr(ptx, ".entry "); at != nullptr; at = std::strstr(at + 1, ".entry ")) {
-        const char* name = at + 7;
-        size_t len = std::strcspn(name, " (\t\n");
-        m->entries.insert(std::string(name, len));
-    }
+    m->entries = std::move(entries);
     *out = m;
     return SUCCESS;
 }

@@ -21,6 +21,7 @@
 //! Either way a device reaches its peers only through the table of peer pointers
 //! (`Memory::base`), so the op encoding is one code path.
 
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -33,7 +34,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::error::CudaError;
 use crate::given::{Bound, GivenBuffer};
-use crate::kernels::{compile, nvrtc_available, KERNEL_FILES};
+use crate::kernels::{compile, prebuilt_image, KERNEL_FILES, KERNEL_IMAGES_VAR};
 use crate::launch::{
     buffer_fill, fused_kernel, fused_launch, fused_table, gemm_submission, hopper_kernel, released_waits, submissions,
     timed_out_wait, Addressing, ControlLayout, Fill, FusedLayout, FusedWaits, GemmArgs, Kernel, Launch, Param,
@@ -416,6 +417,63 @@ pub struct CudaBackend {
     /// Why `pair_clusters` is the SM count's half, not the driver's answer: its occupancy
     /// query failed (only the sweep's cluster rows depend on it, so the backend still opens).
     pair_clusters_assumed: Option<String>,
+    /// Where the kernels' code came from.
+    kernel_origin: KernelOrigin,
+}
+
+/// Where a backend's kernel code came from ([`CudaBackend::summary`] says).
+#[derive(Clone, Debug)]
+enum KernelOrigin {
+    /// Every file compiled by NVRTC in this process (or found in its PTX cache).
+    Nvrtc,
+    /// `prebuilt` files (at least one) loaded from images in `dir`, the rest compiled.
+    Images { dir: PathBuf, prebuilt: usize },
+    /// The driver refused the images of `dir` (`why`), and NVRTC compiled every file.
+    Refused { dir: PathBuf, why: String },
+}
+
+impl KernelOrigin {
+    fn describe(&self, arch: &str) -> String {
+        match self {
+            KernelOrigin::Nvrtc => "kernels compiled by NVRTC".into(),
+            KernelOrigin::Images { dir, prebuilt } if *prebuilt == KERNEL_FILES.len() => {
+                format!("kernels from prebuilt {arch} images in {}", dir.display())
+            }
+            KernelOrigin::Images { dir, prebuilt } => format!(
+                "{prebuilt} of {} kernel files from prebuilt {arch} images in {}, the rest compiled by NVRTC",
+                KERNEL_FILES.len(),
+                dir.display()
+            ),
+            KernelOrigin::Refused { dir, why } => {
+                format!(
+                    "kernels compiled by NVRTC (the driver refused the prebuilt images in {}: {why})",
+                    dir.display()
+                )
+            }
+        }
+    }
+}
+
+/// Every kernel file's code for `arch`: its prebuilt image where `images` has one, else
+/// PTX from NVRTC.
+fn kernel_code(arch: &str, images: Option<&Path>) -> Result<(Vec<(String, Ptx)>, KernelOrigin), CudaError> {
+    let mut prebuilt = 0;
+    let mut code = Vec::with_capacity(KERNEL_FILES.len());
+    for kernel in &KERNEL_FILES {
+        let ptx = match images.and_then(|dir| prebuilt_image(dir, kernel, arch)) {
+            Some(image) => {
+                prebuilt += 1;
+                Ptx::from_binary(image)
+            }
+            None => Ptx::from_src(compile(kernel, arch)?),
+        };
+        code.push((kernel.name.to_string(), ptx));
+    }
+    let origin = match images {
+        Some(dir) if prebuilt > 0 => KernelOrigin::Images { dir: dir.to_path_buf(), prebuilt },
+        _ => KernelOrigin::Nvrtc,
+    };
+    Ok((code, origin))
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -631,11 +689,20 @@ fn probe_stream_memops(gpu: &Gpu) -> Result<(), String> {
 impl CudaBackend {
     /// Opens GPU 0 (and, with `gpus > 1`, GPUs 1.. with peer access) and compiles every
     /// kernel for the exact architecture of GPU 0.
+    /// Kernel files with a prebuilt image in the folder that `CMM_KERNEL_IMAGES` names
+    /// ([`crate::kernels::KERNEL_IMAGES_VAR`]) are loaded from it, as [`CudaBackend::with_kernel_images`].
     pub fn new(gpus: usize) -> Result<CudaBackend, CudaError> {
+        let images = std::env::var_os(KERNEL_IMAGES_VAR).filter(|v| !v.is_empty()).map(PathBuf::from);
+        Self::with_kernel_images(gpus, images.as_deref())
+    }
+
+    /// As [`CudaBackend::new`], with the kernel files that have a prebuilt image for the
+    /// GPU's architecture in `images` loaded from it ([`crate::kernels::image_file_name`]; `None`:
+    /// NVRTC compiles every file), so that a fresh machine starts without compiling. If
+    /// the driver refuses an image, every file is compiled with NVRTC instead, and
+    /// [`CudaBackend::summary`] says why.
+    pub fn with_kernel_images(gpus: usize, images: Option<&Path>) -> Result<CudaBackend, CudaError> {
         probe()?;
-        if !nvrtc_available() {
-            return Err(CudaError::NoNvrtc);
-        }
         let count = CudaContext::device_count().map_err(|e| CudaError::driver("counting devices", e))? as usize;
         let ordinals = gpus.max(1);
         if ordinals > count {
@@ -654,11 +721,16 @@ impl CudaBackend {
         let hopper_sms = (major == 9).then_some(sms.max(1) as u32);
         drop(first);
         let eager_loading = module_loading_is_eager()?;
-        let ptx: Vec<(String, Ptx)> = KERNEL_FILES
-            .iter()
-            .map(|k| compile(k, &arch).map(|src| (k.name.to_string(), Ptx::from_src(src))))
-            .collect::<Result<_, _>>()?;
-        let gpus = open_gpus(&ptx, ordinals, hopper_sms.is_some())?;
+        let (mut ptx, mut kernel_origin) = kernel_code(&arch, images)?;
+        let gpus = match (open_gpus(&ptx, ordinals, hopper_sms.is_some()), &kernel_origin) {
+            (Err(refused), KernelOrigin::Images { dir, .. }) => {
+                let dir = dir.clone();
+                (ptx, _) = kernel_code(&arch, None)?;
+                kernel_origin = KernelOrigin::Refused { dir, why: refused.to_string() };
+                open_gpus(&ptx, ordinals, hopper_sms.is_some())?
+            }
+            (opened, _) => opened?,
+        };
         let (pair_clusters, pair_clusters_assumed) = match hopper_sms {
             None => ([0; 2], None),
             Some(sms) => match co_resident_pairs(&gpus[0]) {
@@ -682,7 +754,16 @@ impl CudaBackend {
             hopper_sms,
             pair_clusters,
             pair_clusters_assumed,
+            kernel_origin,
         })
+    }
+
+    /// How many kernel files were loaded from prebuilt images (0: all compiled by NVRTC).
+    pub fn prebuilt_kernel_files(&self) -> usize {
+        match self.kernel_origin {
+            KernelOrigin::Images { prebuilt, .. } => prebuilt,
+            KernelOrigin::Nvrtc | KernelOrigin::Refused { .. } => 0,
+        }
     }
 
     /// Whether runs can hold their lanes behind the gate ([`CudaRunOptions::gate`]).
@@ -733,8 +814,11 @@ impl CudaBackend {
             Err(why) => why.clone(),
         };
         format!(
-            "{} x{} ({}, kernels compiled by NVRTC; {blas}; {hopper}; {priority}; {loading}; {queues}; {copies})",
-            self.name, self.ordinals, self.arch
+            "{} x{} ({}, {}; {blas}; {hopper}; {priority}; {loading}; {queues}; {copies})",
+            self.name,
+            self.ordinals,
+            self.arch,
+            self.kernel_origin.describe(&self.arch)
         )
     }
 

@@ -189,6 +189,27 @@ fn compile_cached_on_disk(kernel: &KernelFile, arch: &str) -> Result<String, Cud
 /// NVRTC's options beside the architecture and the name.
 const OPTIONS: &[&str] = &["--std=c++17"];
 
+/// The environment variable naming a folder of prebuilt kernel images: cubins that
+/// `cargo xtask cuda-check` wrote with ptxas (the GPU bundle carries them), which the
+/// backend loads instead of compiling with NVRTC and having the driver compile the PTX.
+pub const KERNEL_IMAGES_VAR: &str = "CMM_KERNEL_IMAGES";
+
+/// The file name of `kernel`'s prebuilt image for `arch`: keyed by the source NVRTC
+/// compiles, the architecture and NVRTC's options, so an image of any other source is
+/// never found. (The image itself says which ptxas made it; the driver refuses one it
+/// cannot run, and the backend then compiles.)
+pub fn image_file_name(kernel: &KernelFile, arch: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (kernel.full_source(), arch, OPTIONS).hash(&mut hasher);
+    format!("{}-{arch}-{:016x}.cubin", kernel.name.trim_end_matches(".cu"), hasher.finish())
+}
+
+/// `kernel`'s prebuilt image for `arch` in `dir`, if it is there (see [`image_file_name`]).
+pub fn prebuilt_image(dir: &std::path::Path, kernel: &KernelFile, arch: &str) -> Option<Vec<u8>> {
+    std::fs::read(dir.join(image_file_name(kernel, arch))).ok().filter(|bytes| bytes.starts_with(b"\x7fELF"))
+}
+
 /// Compiles `kernel` for `arch` with NVRTC now, whatever any cache holds (the compile
 /// check: `cargo xtask cuda-check`).
 pub fn compile_fresh(kernel: &KernelFile, arch: &str) -> Result<String, CudaError> {

@@ -11,7 +11,9 @@ mod error;
 pub mod kernels;
 
 pub use error::CudaError;
-pub use kernels::{compile, compile_fresh, nvrtc_available, KernelFile, KERNEL_FILES};
+pub use kernels::{
+    compile, compile_fresh, image_file_name, nvrtc_available, KernelFile, KERNEL_FILES, KERNEL_IMAGES_VAR,
+};
 mod backend;
 mod cpp;
 pub mod fake;

@@ -552,3 +552,70 @@ fn copies_asked_of_the_copy_engines_take_the_batched_call_and_stay_right() {
         assert_eq!(cmm_cuda::fake::copy_engine_copies().unwrap(), before, "{}", plan.name);
     }
 }
+
+/// A scratch folder for kernel images, empty.
+fn image_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("cmm-kernel-images-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// ptxas (`CMM_PTXAS`, else on the PATH), or `None` after saying why the test skips (a
+/// failure with `CMM_REQUIRE_NVRTC`: CI installs ptxas beside NVRTC).
+fn ptxas_or_skip() -> Option<std::path::PathBuf> {
+    let ptxas = std::env::var_os("CMM_PTXAS").map(std::path::PathBuf::from).unwrap_or_else(|| "ptxas".into());
+    if std::process::Command::new(&ptxas).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Some(ptxas);
+    }
+    assert!(std::env::var_os("CMM_REQUIRE_NVRTC").is_none(), "CMM_REQUIRE_NVRTC is set but ptxas does not run");
+    eprintln!("SKIPPED (needs ptxas; see `cargo xtask cuda-check`): the images are cubins");
+    None
+}
+
+/// Prebuilt cubins (as `cargo xtask cuda-check` writes them for the GPU bundle) load in
+/// place of NVRTC's PTX: here the small kernel files' images (ptxas takes seconds on
+/// gemm.cu and half a minute on hopper.cu, which NVRTC compiles as before), and every
+/// family's plan is right with them. An image the driver refuses sends every file back
+/// to NVRTC, and the backend says which image and why.
+#[test]
+fn prebuilt_kernel_images_load_in_place_of_nvrtc_and_a_refused_one_falls_back() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    cmm_cuda::fake::install().unwrap();
+    if !fake::nvrtc_or_skip() {
+        return;
+    }
+    let small: Vec<_> = cmm_cuda::KERNEL_FILES.iter().filter(|k| !["gemm.cu", "hopper.cu"].contains(&k.name)).collect();
+    // Refused: a file that starts as an ELF image and is not one.
+    let refused = image_dir("refused");
+    std::fs::write(refused.join(cmm_cuda::image_file_name(small[0], "sm_90a")), b"\x7fELF not a cubin").unwrap();
+    let b = CudaBackend::with_kernel_images(1, Some(&refused)).unwrap();
+    assert_eq!(b.prebuilt_kernel_files(), 0, "{}", b.summary());
+    assert!(b.summary().contains("the driver refused the prebuilt images"), "{}", b.summary());
+    assert!(b.summary().contains("CUDA_ERROR_INVALID_IMAGE"), "{}", b.summary());
+    assert_right(&b, &ring_plan(), &CudaRunOptions::default());
+    drop(b);
+    let Some(ptxas) = ptxas_or_skip() else { return };
+    let images = image_dir("small");
+    for kernel in &small {
+        let ptx = images.join(format!("{}.ptx", kernel.name));
+        std::fs::write(&ptx, cmm_cuda::compile(kernel, "sm_90a").unwrap()).unwrap();
+        let out = std::process::Command::new(&ptxas)
+            .arg("-arch=sm_90a")
+            .arg(&ptx)
+            .arg("-o")
+            .arg(images.join(cmm_cuda::image_file_name(kernel, "sm_90a")))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ptxas on {}: {}", kernel.name, String::from_utf8_lossy(&out.stderr));
+    }
+    let b = CudaBackend::with_kernel_images(1, Some(&images)).unwrap();
+    assert_eq!(b.prebuilt_kernel_files(), small.len(), "{}", b.summary());
+    let said = format!("{} of {} kernel files from prebuilt sm_90a images", small.len(), cmm_cuda::KERNEL_FILES.len());
+    assert!(b.summary().contains(&said), "{}", b.summary());
+    for plan in fake::family_plans() {
+        assert_right(&b, &plan, &CudaRunOptions::default());
+    }
+    let _ = std::fs::remove_dir_all(&refused);
+    let _ = std::fs::remove_dir_all(&images);
+}

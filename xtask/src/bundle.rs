@@ -1,6 +1,7 @@
 //! `cargo xtask gpu-bundle`: everything a GPU machine without a Rust toolchain needs to
 //! run every GPU check in one command — the xtask binary, the CUDA test binaries, the
-//! corpus, the goldens, the Vulkan loader for the reference, and `run.sh` — in one
+//! kernels' cubins, the corpus, the goldens, the Vulkan loader for the reference, and
+//! `run.sh` — in one
 //! folder small enough to carry. `--check` then runs the script here, where it must
 //! fail cleanly for want of a GPU, and its rehearsal (the GPU steps on the fake CUDA
 //! driver, or without NVRTC the kernels on the host twin) from a copy elsewhere, which
@@ -13,6 +14,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use cmm_cli::bench_file::{PlanFigures, PlanTimes};
+use cmm_cuda::{image_file_name, KernelFile, KERNEL_FILES};
 use serde::{Deserialize, Serialize};
 
 /// The script the bundle runs.
@@ -192,9 +194,10 @@ pub fn run(args: &Args) -> Result<()> {
         if args.no_vulkan { "not bundled (--no-vulkan)".to_string() } else { fetch_vulkan(&dir.join("vulkan")) };
     let python =
         if args.no_python { "not bundled (--no-python)".to_string() } else { build_python(&root, &dir.join("python")) };
+    let images = bundle_images(&dir.join("kernels"));
     let bytes = dir_bytes(&dir)?;
     println!(
-        "bundle: {} ({:.1} MiB), commit {commit}; needs glibc >= {}.{}; Vulkan loader: {vulkan}; Python: {python}",
+        "bundle: {} ({:.1} MiB), commit {commit}; needs glibc >= {}.{}; kernels: {images}; Vulkan loader: {vulkan}; Python: {python}",
         dir.display(),
         bytes as f64 / 1048576.0,
         glibc.0,
@@ -209,6 +212,36 @@ pub fn run(args: &Args) -> Result<()> {
         check(&dir)?;
     }
     Ok(())
+}
+
+/// Every kernel file's cubin for the GPUs the bundle is for (sm_90a: H100, H200), as
+/// `cargo xtask cuda-check` checked them (run here first if one is missing), into `dir`;
+/// returns what happened, in words. The GPU then compiles nothing: NVRTC and the driver's
+/// compile of hopper.cu's PTX took most of a minute of a device call's ten. Without NVRTC
+/// or ptxas here, nothing is bundled and the GPU compiles the kernels.
+fn bundle_images(dir: &Path) -> String {
+    let arch = crate::cuda::CHECK_ARCH;
+    let checked = |k: &KernelFile| crate::cuda::images_dir().join(image_file_name(k, arch));
+    if KERNEL_FILES.iter().any(|k| !checked(k).is_file()) {
+        if !cmm_cuda::nvrtc_available() {
+            return "not bundled (no libnvrtc here: the GPU compiles them)".into();
+        }
+        if let Err(e) = crate::cuda::cuda_check(arch) {
+            return format!("not bundled (cargo xtask cuda-check: {e:#}; the GPU compiles them)");
+        }
+    }
+    let copied = fs::create_dir_all(dir).map_err(anyhow::Error::from).and_then(|()| {
+        KERNEL_FILES.iter().try_for_each(|k| {
+            fs::copy(checked(k), dir.join(image_file_name(k, arch))).map(|_| ()).map_err(anyhow::Error::from)
+        })
+    });
+    match copied {
+        Ok(()) => format!("{} cubins for {arch}, as cargo xtask cuda-check checked them", KERNEL_FILES.len()),
+        Err(e) => {
+            let _ = fs::remove_dir_all(dir);
+            format!("not bundled ({e}; the GPU compiles them)")
+        }
+    }
 }
 
 /// The Vulkan loader and the GL vendor-neutral dispatch libraries that NVIDIA's
@@ -347,6 +380,11 @@ fn rehearse(dir: &Path) -> Result<()> {
     let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
     let summary = fs::read_to_string(out.join("summary.md")).unwrap_or_default();
     let rows = summary.lines().filter(|l| l.starts_with("| rehearsal-")).collect::<Vec<_>>();
+    // The fake driver loads the bundled cubins as a GPU would (it reads their entries).
+    let images = moved.join("kernels").is_dir();
+    if cmm_cuda::nvrtc_available() && images && !summary.contains("kernels from prebuilt sm_90a images") {
+        bail!("the bundle carries cubins, but the rehearsal's backend did not load them:\n{summary}");
+    }
     // With NVRTC, the GPU steps on the fake driver (22); without, the host twin's (3).
     let fake = cmm_cuda::nvrtc_available();
     let expected = if fake { 22 } else { 3 };

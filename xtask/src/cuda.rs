@@ -14,7 +14,9 @@ use cmm_core::oracle::spot_check;
 use cmm_core::plan::Engine;
 use cmm_core::workload::output_tolerance;
 use cmm_core::{build_plan, Algorithm, DType, Family, Op, OpKind, Plan, Problem};
-use cmm_cuda::kernels::{compile_fresh, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
+use cmm_cuda::kernels::{
+    compile_fresh, image_file_name, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES,
+};
 use cmm_cuda::{
     CopyIssue, CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, HopperTile, HopperVariant, ReadBack,
 };
@@ -25,6 +27,8 @@ use crate::stamps::{stamped, Sync};
 use crate::timing::time_plan;
 
 /// `cargo xtask cuda-check`: NVRTC to PTX, then `ptxas -v` for `arch`, per kernel file.
+/// The cubins go to [`images_dir`] under their keyed names: the GPU bundle carries them,
+/// so that the kernels a GPU runs are the ones checked here, and it compiles nothing.
 pub fn cuda_check(arch: &str) -> Result<()> {
     if !nvrtc_available() {
         bail!(
@@ -86,8 +90,24 @@ pub fn cuda_check(arch: &str) -> Result<()> {
     if !spilling.is_empty() {
         bail!("registers spill to local memory in {} for {arch}", spilling.join(", "));
     }
-    println!("every kernel compiled for {arch} without spills (PTX and cubins in {})", out_dir.display());
+    // Only cubins of a check that passed whole are kept under their keyed names.
+    fs::create_dir_all(images_dir()).with_context(|| format!("creating {}", images_dir().display()))?;
+    for kernel in KERNEL_FILES {
+        let (from, to) =
+            (out_dir.join(format!("{}.cubin", kernel.name)), images_dir().join(image_file_name(&kernel, arch)));
+        fs::copy(&from, &to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    }
+    println!(
+        "every kernel compiled for {arch} without spills (PTX in {}, cubins in {})",
+        out_dir.display(),
+        images_dir().display()
+    );
     Ok(())
+}
+
+/// Where `cuda-check` leaves the cubins it checked, named by [`image_file_name`].
+pub fn images_dir() -> PathBuf {
+    crate::workspace_root().join("target").join("cuda-check").join("images")
 }
 
 /// The default architecture of `cuda-check`.

@@ -28,6 +28,12 @@ export CUDA_MODULE_LOADING="${CUDA_MODULE_LOADING:-EAGER}"
 export CMM_CASES_DIR="$here/cases" CMM_GOLDEN_DIR="$here/golden" CMM_STAMP_DIR="$scratch/stamps"
 CMM_COMMIT="$(cat "$here/COMMIT" 2>/dev/null || echo unknown)"
 export CMM_COMMIT
+# The kernels' cubins as `cargo xtask cuda-check` checked them: the backend loads them
+# rather than compile (NVRTC and the driver took most of a minute on hopper.cu); a file
+# whose image is missing or refused is compiled, and each `adapter:` line says which.
+if [ -d "$here/kernels" ]; then
+    export CMM_KERNEL_IMAGES="$here/kernels"
+fi
 printf 'step\trc\tseconds\tnote\n' >"$logs/steps.tsv"
 
 finish() {
@@ -218,6 +224,7 @@ export here scratch x
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     echo "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-unset (cmm's binaries set 32)}"
     echo "CUDA_MODULE_LOADING=$CUDA_MODULE_LOADING"
+    echo "CMM_KERNEL_IMAGES=${CMM_KERNEL_IMAGES:-unset (the kernels are compiled here)}"
     echo "commit: $CMM_COMMIT"
     uname -a
     ldd --version 2>&1 | head -n 1
@@ -321,8 +328,6 @@ python_torch() {
 }
 export -f python_torch
 step python-torch 150 bash -c python_torch
-step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case-timeout 30
-step bench-memops 200 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
 step cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
 sanitize() { # corpus cases (the smallest ring ones, and ring_push's GEMMs on a peer's c,
     # unless $2 names others) under one tool; further arguments go to conformance
@@ -335,11 +340,8 @@ sanitize() { # corpus cases (the smallest ring ones, and ring_push's GEMMs on a 
         --stamps "$scratch/sanitizer-stamps" "$@"
 }
 export -f sanitize
-step sanitizer-memcheck 90 bash -c 'sanitize memcheck'
-step sanitizer-racecheck 90 bash -c 'sanitize racecheck'
-step sanitizer-synccheck 90 bash -c 'sanitize synccheck'
 # The Hopper engine's kernels (plain and fused, both tiles, and the ping-pong ones) under
-# every tool. (ring_d2_ takes in the MoE ring cases, whose grouped GEMMs run on the engine:
+# every tool, first: the engine's kernels are the newest. (ring_d2_ takes in the MoE ring cases, whose grouped GEMMs run on the engine:
 # moe_rs's A through TMA, ag_moe's gathered rows through cp.async; the wide tile and the
 # ping-pong kernels get them too.)
 step sanitizer-hopper 180 bash -c 'for tool in memcheck racecheck synccheck; do
@@ -347,11 +349,21 @@ step sanitizer-hopper 180 bash -c 'for tool in memcheck racecheck synccheck; do
     sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile wide || exit $?
     sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile narrow \
         --hopper-variant pingpong || exit $?; done'
+# Then cmm's other kernels (the signals, waits and copies of the smallest ring cases, and
+# ring_push's GEMMs on a peer's c) under every tool.
+step sanitizer-memcheck 90 bash -c 'sanitize memcheck'
+step sanitizer-racecheck 90 bash -c 'sanitize racecheck'
+step sanitizer-synccheck 90 bash -c 'sanitize synccheck'
 # Hangs and races that show only under repetition: the 8-device cases (the most streams
 # contending for queues and SMs) five times each, every run's outputs bit-identical.
 # (Its stamps go aside: a filtered run must not stand for the corpus run's.)
 step conformance-repeated 90 "$x" conformance --backend cuda --sync kernels --filter _d8_ \
     --schedules 5 --case-timeout 30 --stamps "$scratch/repeated-stamps"
+# The corpus and the bench with stream memory operations for signals and waits: the bench
+# was within a few per cent of kernel waits on both GPUs measured, so it comes after the
+# sanitizers, which the new kernels need.
+step conformance-memops 120 "$x" conformance --backend cuda --sync memops --case-timeout 30
+step bench-memops 200 "$x" bench --backend cuda --sync memops --json "$out/bench-memops.json"
 reference_on_vulkan() { # the wgpu reference on this GPU's Vulkan driver
     if { ! ldconfig -p | grep -q libvulkan.so.1 || ! ldconfig -p | grep -q libGLdispatch.so.0; } \
         && compgen -G "$here/vulkan/*.deb" >/dev/null; then
