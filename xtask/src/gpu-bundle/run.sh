@@ -157,26 +157,29 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             --no-hopper --case-timeout 30 --stamps "$scratch/wide-stamps"
         step rehearsal-conformance-copy-engines 90 "$x" conformance --backend cuda --sync kernels \
             --copies copy-engines --case-timeout 30 --stamps "$scratch/copy-engines-stamps"
+        # (The whole corpus on the clusters of two and on the ping-pong kernels runs in
+        # `cargo test` on the host twin: here the commands' paths, on two-device cases.)
         step rehearsal-conformance-hopper-pair 90 "$x" conformance --backend cuda --sync kernels --hopper \
-            --hopper-variant pair --case-timeout 30 --stamps "$scratch/hopper-pair-stamps"
-        # (The whole corpus on the ping-pong kernels runs in `cargo test` on the host twin.)
+            --hopper-variant pair --filter _d2_ --case-timeout 30 --stamps "$scratch/hopper-pair-stamps"
         step rehearsal-conformance-hopper-pingpong 90 "$x" conformance --backend cuda --sync kernels --hopper \
             --hopper-tile narrow --hopper-variant pingpong --filter fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ \
             --case-timeout 30 --stamps "$scratch/hopper-pingpong-stamps"
         step rehearsal-conformance-fused-ctas 60 "$x" conformance --backend cuda --sync kernels --no-hopper \
             --filter fused --input f16,bf16 --fused-ctas-per-sm 2 --case-timeout 30 --stamps "$scratch/fused-ctas-stamps"
-        step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
+        # The benches' paths (the fake driver's times mean nothing): two runs, one for the
+        # variants.
+        step rehearsal-bench 120 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 2 \
             --json "$out/bench-rehearsal.json" --timelines "$scratch/timelines"
         step rehearsal-model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-rehearsal.json"
         step rehearsal-bench-8-queues 90 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$x" bench --backend cuda --sync kernels \
-            --shrink 64 --reps 3 --algorithms fused,ring --json "$scratch/bench-8-queues.json"
-        step rehearsal-bench-pingpong 90 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 3 \
+            --shrink 64 --reps 1 --algorithms fused,ring --json "$scratch/bench-8-queues.json"
+        step rehearsal-bench-pingpong 90 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 1 \
             --algorithms fused --hopper-tile narrow --hopper-variant pingpong --json "$scratch/bench-pingpong.json"
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
             "$x" conformance --backend cuda --sync memops --case-timeout 30
         step rehearsal-cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
         step rehearsal-conformance-repeated 90 "$x" conformance --backend cuda --sync kernels --filter _d8_ \
-            --schedules 5 --case-timeout 30 --stamps "$scratch/repeated-stamps"
+            --schedules 2 --case-timeout 30 --stamps "$scratch/repeated-stamps"
         # The sanitizer steps' command, with every launch blocking as under a tool that
         # serialises GPU work.
         step rehearsal-sanitizer-command 90 env CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 \
