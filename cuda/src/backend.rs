@@ -424,8 +424,9 @@ pub struct CudaBackend {
 /// Where a backend's kernel code came from ([`CudaBackend::summary`] says).
 #[derive(Clone, Debug)]
 enum KernelOrigin {
-    /// Every file compiled by NVRTC in this process (or found in its PTX cache).
-    Nvrtc,
+    /// Every file compiled by NVRTC in this process (or found in its PTX cache); `Some`:
+    /// the folder of images asked for, which had none of these sources.
+    Nvrtc(Option<PathBuf>),
     /// `prebuilt` files (at least one) loaded from images in `dir`, the rest compiled.
     Images { dir: PathBuf, prebuilt: usize },
     /// The driver refused the images of `dir` (`why`), and NVRTC compiled every file.
@@ -435,7 +436,10 @@ enum KernelOrigin {
 impl KernelOrigin {
     fn describe(&self, arch: &str) -> String {
         match self {
-            KernelOrigin::Nvrtc => "kernels compiled by NVRTC".into(),
+            KernelOrigin::Nvrtc(None) => "kernels compiled by NVRTC".into(),
+            KernelOrigin::Nvrtc(Some(dir)) => {
+                format!("kernels compiled by NVRTC (no {arch} image of these sources in {})", dir.display())
+            }
             KernelOrigin::Images { dir, prebuilt } if *prebuilt == KERNEL_FILES.len() => {
                 format!("kernels from prebuilt {arch} images in {}", dir.display())
             }
@@ -471,7 +475,7 @@ fn kernel_code(arch: &str, images: Option<&Path>) -> Result<(Vec<(String, Ptx)>,
     }
     let origin = match images {
         Some(dir) if prebuilt > 0 => KernelOrigin::Images { dir: dir.to_path_buf(), prebuilt },
-        _ => KernelOrigin::Nvrtc,
+        dir => KernelOrigin::Nvrtc(dir.map(Path::to_path_buf)),
     };
     Ok((code, origin))
 }
@@ -762,7 +766,7 @@ impl CudaBackend {
     pub fn prebuilt_kernel_files(&self) -> usize {
         match self.kernel_origin {
             KernelOrigin::Images { prebuilt, .. } => prebuilt,
-            KernelOrigin::Nvrtc | KernelOrigin::Refused { .. } => 0,
+            KernelOrigin::Nvrtc(_) | KernelOrigin::Refused { .. } => 0,
         }
     }
 

@@ -595,6 +595,13 @@ fn prebuilt_kernel_images_load_in_place_of_nvrtc_and_a_refused_one_falls_back() 
     assert!(b.summary().contains("CUDA_ERROR_INVALID_IMAGE"), "{}", b.summary());
     assert_right(&b, &ring_plan(), &CudaRunOptions::default());
     drop(b);
+    // A folder without an image of these sources: compiled, and said so.
+    let empty = image_dir("empty");
+    let b = CudaBackend::with_kernel_images(1, Some(&empty)).unwrap();
+    assert_eq!(b.prebuilt_kernel_files(), 0, "{}", b.summary());
+    assert!(b.summary().contains("kernels compiled by NVRTC (no sm_90a image of these sources in"), "{}", b.summary());
+    drop(b);
+    let _ = std::fs::remove_dir_all(&empty);
     let Some(ptxas) = ptxas_or_skip() else { return };
     let images = image_dir("small");
     for kernel in &small {
