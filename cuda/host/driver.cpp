@@ -1129,7 +1129,8 @@ CUresult cuStreamWaitEvent(void* handle, Event* e, unsigned flags) {
 // The kernels of a cubin: an ELF64 image for the CUDA machine (190) whose kernels are
 // global function symbols marked as entries (st_other 0x10), built for the architecture
 // in bits 8-15 of e_flags, which must be this GPU's (sm_90); else the driver's refusal.
-// (The driver gets no size with the image: the section headers say where everything is.)
+// (The driver gets no size with the image: the section headers say where everything is,
+// and the backend has checked that they and the sections lie within the file.)
 CUresult cubin_entries(const unsigned char* elf, std::set<std::string>& entries) {
     auto read = [elf](u64 at, auto& value) { std::memcpy(&value, elf + at, sizeof value); };
     uint16_t machine = 0, shentsize = 0, shnum = 0;
@@ -1151,6 +1152,7 @@ CUresult cubin_entries(const unsigned char* elf, std::set<std::string>& entries)
         read(header + 24, offset);
         read(header + 32, size);
         read(header + 40, link);
+        if (link >= shnum) return INVALID_IMAGE;
         read(shoff + u64(link) * 64 + 24, strtab);
         for (u64 symbol = offset; symbol + 24 <= offset + size; symbol += 24) {
             uint32_t name = 0;

@@ -429,7 +429,8 @@ enum KernelOrigin {
     Nvrtc(Option<PathBuf>),
     /// `prebuilt` files (at least one) loaded from images in `dir`, the rest compiled.
     Images { dir: PathBuf, prebuilt: usize },
-    /// The driver refused the images of `dir` (`why`), and NVRTC compiled every file.
+    /// The driver (or the check before it) refused the images of `dir` (`why`), and NVRTC
+    /// compiled every file.
     Refused { dir: PathBuf, why: String },
 }
 
@@ -449,22 +450,28 @@ impl KernelOrigin {
                 dir.display()
             ),
             KernelOrigin::Refused { dir, why } => {
-                format!(
-                    "kernels compiled by NVRTC (the driver refused the prebuilt images in {}: {why})",
-                    dir.display()
-                )
+                format!("kernels compiled by NVRTC (the prebuilt images in {} were refused: {why})", dir.display())
             }
         }
     }
 }
 
 /// Every kernel file's code for `arch`: its prebuilt image where `images` has one, else
-/// PTX from NVRTC.
+/// PTX from NVRTC. An image that is not whole is refused as the driver would refuse it:
+/// every file is compiled.
 fn kernel_code(arch: &str, images: Option<&Path>) -> Result<(Vec<(String, Ptx)>, KernelOrigin), CudaError> {
     let mut prebuilt = 0;
     let mut code = Vec::with_capacity(KERNEL_FILES.len());
     for kernel in &KERNEL_FILES {
-        let ptx = match images.and_then(|dir| prebuilt_image(dir, kernel, arch)) {
+        let image = match images.map(|dir| (dir, prebuilt_image(dir, kernel, arch))) {
+            None | Some((_, Ok(None))) => None,
+            Some((_, Ok(Some(image)))) => Some(image),
+            Some((dir, Err(why))) => {
+                let (compiled, _) = kernel_code(arch, None)?;
+                return Ok((compiled, KernelOrigin::Refused { dir: dir.to_path_buf(), why }));
+            }
+        };
+        let ptx = match image {
             Some(image) => {
                 prebuilt += 1;
                 Ptx::from_binary(image)

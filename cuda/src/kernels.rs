@@ -205,9 +205,54 @@ pub fn image_file_name(kernel: &KernelFile, arch: &str) -> String {
     format!("{}-{arch}-{:016x}.cubin", kernel.name.trim_end_matches(".cu"), hasher.finish())
 }
 
-/// `kernel`'s prebuilt image for `arch` in `dir`, if it is there (see [`image_file_name`]).
-pub fn prebuilt_image(dir: &std::path::Path, kernel: &KernelFile, arch: &str) -> Option<Vec<u8>> {
-    std::fs::read(dir.join(image_file_name(kernel, arch))).ok().filter(|bytes| bytes.starts_with(b"\x7fELF"))
+/// `kernel`'s prebuilt image for `arch` in `dir`: `Ok(None)` if there is none (see
+/// [`image_file_name`]), an error naming the file if it is not a whole ELF image.
+pub fn prebuilt_image(dir: &std::path::Path, kernel: &KernelFile, arch: &str) -> Result<Option<Vec<u8>>, String> {
+    let file = dir.join(image_file_name(kernel, arch));
+    let bytes = match std::fs::read(&file) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", file.display())),
+    };
+    elf_whole(&bytes).map_err(|why| format!("{}: {why}", file.display()))?;
+    Ok(Some(bytes))
+}
+
+/// Checks that `bytes` is a little-endian ELF64 image whose program and section headers,
+/// and every section with contents, lie within it. The driver takes an image without its
+/// size and reads where the headers point: a truncated file must be refused here.
+pub fn elf_whole(bytes: &[u8]) -> Result<(), String> {
+    let u16_at = |at: usize| bytes.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as u64);
+    let u32_at = |at: usize| bytes.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as u64);
+    let u64_at = |at: usize| bytes.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+    if bytes.len() < 64 || !bytes.starts_with(b"\x7fELF") || bytes[4] != 2 || bytes[5] != 1 {
+        return Err("not a little-endian ELF64 image".into());
+    }
+    let len = bytes.len() as u64;
+    let within = |what: &str, offset: u64, size: u64| match offset.checked_add(size) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(format!("{what} ends past the file's {len} bytes (truncated?)")),
+    };
+    // (e_phoff, e_phentsize, e_phnum; p_offset, p_filesz) and the same of the sections.
+    let tables = [("the program headers", [32, 54, 56], [8, 32]), ("the section headers", [40, 58, 60], [24, 32])];
+    for (what, [offset_at, entry_at, count_at], [entry_offset, entry_size]) in tables {
+        let (offset, entry, count) = (u64_at(offset_at), u16_at(entry_at), u16_at(count_at));
+        let (offset, entry, count) =
+            (offset.zip(entry).zip(count)).map(|((o, e), c)| (o, e, c)).expect("in the 64 bytes");
+        within(what, offset, entry.saturating_mul(count))?;
+        for i in 0..count {
+            let base = (offset + i * entry) as usize;
+            let (start, size) = (u64_at(base + entry_offset), u64_at(base + entry_size));
+            // Sections without contents in the file (SHT_NOBITS, 8) take no bytes of it.
+            let nobits = what == "the section headers" && u32_at(base + 4) == Some(8);
+            match (start, size) {
+                (Some(_), Some(_)) if nobits => {}
+                (Some(start), Some(size)) => within(&format!("entry {i} of {what}"), start, size)?,
+                _ => return Err(format!("entry {i} of {what} is cut short")),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Compiles `kernel` for `arch` with NVRTC now, whatever any cache holds (the compile
@@ -304,6 +349,33 @@ mod tests {
                 assert!(declared, "{} {e}", k.name);
             }
         }
+    }
+
+    #[test]
+    fn an_image_whose_headers_point_past_its_end_is_not_whole() {
+        let mut elf = vec![0u8; 64 + 64];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        assert_eq!(elf_whole(&elf), Ok(()), "no headers: nothing past the end");
+        // One section header at byte 64, its contents at 100..100+28: within 128 bytes.
+        elf[40..48].copy_from_slice(&64u64.to_le_bytes());
+        elf[58..60].copy_from_slice(&64u16.to_le_bytes());
+        elf[60..62].copy_from_slice(&1u16.to_le_bytes());
+        elf[64 + 24..64 + 32].copy_from_slice(&100u64.to_le_bytes());
+        elf[64 + 32..64 + 40].copy_from_slice(&28u64.to_le_bytes());
+        assert_eq!(elf_whole(&elf), Ok(()));
+        elf[64 + 32..64 + 40].copy_from_slice(&29u64.to_le_bytes());
+        assert!(elf_whole(&elf).unwrap_err().contains("entry 0 of the section headers ends past"));
+        // The same section without contents in the file (SHT_NOBITS) takes none of it.
+        elf[64 + 4..64 + 8].copy_from_slice(&8u32.to_le_bytes());
+        assert_eq!(elf_whole(&elf), Ok(()));
+        // Two headers of 64 bytes from byte 64 need 192 bytes.
+        elf[60..62].copy_from_slice(&2u16.to_le_bytes());
+        assert!(elf_whole(&elf).unwrap_err().contains("the section headers ends past"));
+        // An offset near u64::MAX does not wrap around.
+        elf[60..62].copy_from_slice(&1u16.to_le_bytes());
+        elf[40..48].copy_from_slice(&(u64::MAX - 8).to_le_bytes());
+        assert!(elf_whole(&elf).is_err());
+        assert!(elf_whole(b"\x7fELF").unwrap_err().contains("not a little-endian ELF64"));
     }
 
     #[test]

@@ -586,15 +586,20 @@ fn prebuilt_kernel_images_load_in_place_of_nvrtc_and_a_refused_one_falls_back() 
         return;
     }
     let small: Vec<_> = cmm_cuda::KERNEL_FILES.iter().filter(|k| !["gemm.cu", "hopper.cu"].contains(&k.name)).collect();
-    // Refused: a file that starts as an ELF image and is not one.
+    // Refused, and compiled instead: a whole ELF64 image for no GPU (by the driver), and
+    // a file that only starts as one (before the driver sees it).
     let refused = image_dir("refused");
-    std::fs::write(refused.join(cmm_cuda::image_file_name(small[0], "sm_90a")), b"\x7fELF not a cubin").unwrap();
-    let b = CudaBackend::with_kernel_images(1, Some(&refused)).unwrap();
-    assert_eq!(b.prebuilt_kernel_files(), 0, "{}", b.summary());
-    assert!(b.summary().contains("the driver refused the prebuilt images"), "{}", b.summary());
-    assert!(b.summary().contains("CUDA_ERROR_INVALID_IMAGE"), "{}", b.summary());
-    assert_right(&b, &ring_plan(), &CudaRunOptions::default());
-    drop(b);
+    let mut header = vec![0u8; 64];
+    header[..6].copy_from_slice(b"\x7fELF\x02\x01");
+    for (bytes, why) in
+        [(header, "CUDA_ERROR_INVALID_IMAGE"), (b"\x7fELF not a cubin".to_vec(), "not a little-endian ELF64")]
+    {
+        std::fs::write(refused.join(cmm_cuda::image_file_name(small[0], "sm_90a")), bytes).unwrap();
+        let b = CudaBackend::with_kernel_images(1, Some(&refused)).unwrap();
+        assert_eq!(b.prebuilt_kernel_files(), 0, "{}", b.summary());
+        assert!(b.summary().contains("were refused") && b.summary().contains(why), "{}", b.summary());
+        assert_right(&b, &ring_plan(), &CudaRunOptions::default());
+    }
     // A folder without an image of these sources: compiled, and said so.
     let empty = image_dir("empty");
     let b = CudaBackend::with_kernel_images(1, Some(&empty)).unwrap();
@@ -623,6 +628,14 @@ fn prebuilt_kernel_images_load_in_place_of_nvrtc_and_a_refused_one_falls_back() 
     for plan in fake::family_plans() {
         assert_right(&b, &plan, &CudaRunOptions::default());
     }
+    drop(b);
+    // A truncated image (a copy cut short) is refused before the driver reads past it.
+    let file = images.join(cmm_cuda::image_file_name(small[0], "sm_90a"));
+    let whole = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &whole[..whole.len() / 2]).unwrap();
+    let b = CudaBackend::with_kernel_images(1, Some(&images)).unwrap();
+    assert_eq!(b.prebuilt_kernel_files(), 0, "{}", b.summary());
+    assert!(b.summary().contains("truncated?"), "{}", b.summary());
     let _ = std::fs::remove_dir_all(&refused);
     let _ = std::fs::remove_dir_all(&images);
 }
