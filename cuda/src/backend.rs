@@ -700,8 +700,10 @@ fn probe_stream_memops(gpu: &Gpu) -> Result<(), String> {
 impl CudaBackend {
     /// Opens GPU 0 (and, with `gpus > 1`, GPUs 1.. with peer access) and compiles every
     /// kernel for the exact architecture of GPU 0.
+    ///
     /// Kernel files with a prebuilt image in the folder that `CMM_KERNEL_IMAGES` names
-    /// ([`crate::kernels::KERNEL_IMAGES_VAR`]) are loaded from it, as [`CudaBackend::with_kernel_images`].
+    /// ([`crate::kernels::KERNEL_IMAGES_VAR`]) are loaded from it instead, as
+    /// [`CudaBackend::with_kernel_images`] does.
     pub fn new(gpus: usize) -> Result<CudaBackend, CudaError> {
         let images = std::env::var_os(KERNEL_IMAGES_VAR).filter(|v| !v.is_empty()).map(PathBuf::from);
         Self::with_kernel_images(gpus, images.as_deref())
@@ -710,8 +712,8 @@ impl CudaBackend {
     /// As [`CudaBackend::new`], with the kernel files that have a prebuilt image for the
     /// GPU's architecture in `images` loaded from it ([`crate::kernels::image_file_name`]; `None`:
     /// NVRTC compiles every file), so that a fresh machine starts without compiling. If
-    /// the driver refuses an image, every file is compiled with NVRTC instead, and
-    /// [`CudaBackend::summary`] says why.
+    /// an image is not whole or the driver refuses it, every file is compiled with NVRTC
+    /// instead, and [`CudaBackend::summary`] says why.
     pub fn with_kernel_images(gpus: usize, images: Option<&Path>) -> Result<CudaBackend, CudaError> {
         probe()?;
         let count = CudaContext::device_count().map_err(|e| CudaError::driver("counting devices", e))? as usize;
