@@ -785,7 +785,7 @@ impl CudaBackend {
     /// gate among them, which only the host opens after that launch; the host would sit
     /// there until the gate's deadline. Ungated, every wait enqueued has its signal
     /// enqueued before it (schedule order), so a load's wait ends. (cuBLAS loads its
-    /// kernels per shape in either mode: [`warm_cublas`] meets each shape first.)
+    /// kernels per shape in either mode: `warm_cublas` meets each shape first.)
     /// [`driver_environment_unless_chosen`] makes binaries load eagerly.
     pub fn can_gate(&self) -> bool {
         self.state.lock().is_ok_and(|s| s.eager_loading)

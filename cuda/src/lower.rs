@@ -345,7 +345,7 @@ pub struct FusedGemmCommand {
     pub first_slot: usize,
     /// Tiles of all blocks.
     pub tiles: u32,
-    /// Column tiles of a row of tiles (of the kernel's [`GemmImpl::tile_edge`]).
+    /// Column tiles of a row of tiles (of the kernel's [`GemmImpl::tile_shape`]).
     pub tiles_n: u32,
 }
 
