@@ -234,8 +234,9 @@ pub fn elf_whole(bytes: &[u8]) -> Result<(), String> {
         _ => Err(format!("{what} ends past the file's {len} bytes (truncated?)")),
     };
     // (e_phoff, e_phentsize, e_phnum; p_offset, p_filesz) and the same of the sections.
-    let tables = [("the program headers", [32, 54, 56], [8, 32]), ("the section headers", [40, 58, 60], [24, 32])];
-    for (what, [offset_at, entry_at, count_at], [entry_offset, entry_size]) in tables {
+    let tables =
+        [("the program headers", false, [32, 54, 56], [8, 32]), ("the section headers", true, [40, 58, 60], [24, 32])];
+    for (what, sections, [offset_at, entry_at, count_at], [entry_offset, entry_size]) in tables {
         let (offset, entry, count) = (u64_at(offset_at), u16_at(entry_at), u16_at(count_at));
         let (offset, entry, count) =
             (offset.zip(entry).zip(count)).map(|((o, e), c)| (o, e, c)).expect("in the 64 bytes");
@@ -244,7 +245,7 @@ pub fn elf_whole(bytes: &[u8]) -> Result<(), String> {
             let base = (offset + i * entry) as usize;
             let (start, size) = (u64_at(base + entry_offset), u64_at(base + entry_size));
             // Sections without contents in the file (SHT_NOBITS, 8) take no bytes of it.
-            let nobits = what == "the section headers" && u32_at(base + 4) == Some(8);
+            let nobits = sections && u32_at(base + 4) == Some(8);
             match (start, size) {
                 (Some(_), Some(_)) if nobits => {}
                 (Some(start), Some(size)) => within(&format!("entry {i} of {what}"), start, size)?,
