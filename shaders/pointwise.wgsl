@@ -1,7 +1,7 @@
 // Elementwise functions of `Op::Pointwise` (the MLP block's GeLU and its backward),
 // evaluated in f32 and rounded once to the output dtype. One invocation per element,
 // no loop. CPU twin: `Pointwise::apply` in cmm-core (`core/src/linear/gelu.rs`), whose
-// operation order this follows exactly: clamp, u = c·(x + k·x·x·x), e = exp_cmm(2u),
+// operation order this follows exactly: clamp, u = c·(x + (k·x)·(x·x)), e = exp_cmm(2u),
 // q = 2/(e + 1), t = 1 − q, 1 + t written 2 − q.
 //
 // function 0: out = gelu(in0); function 1: out = in0 · gelu'(in1).
@@ -30,10 +30,11 @@ fn input_value(t: u32, r: u32, c: u32) -> f32 {
     return decode(ld(d.x + r * d.y + c), d.z);
 }
 
-// q = 2/(e + 1) = 1 − tanh(u); 1 + t is written 2 − q, the form Mesa's algebraic
-// rewrites reach anyway, so that this stage and its twin round alike.
+// q = 2/(e + 1) = 1 − tanh(u); 1 + t is written 2 − q and k·x³ as (k·x)·(x·x), the
+// forms Mesa's algebraic rewrites reach anyway (its GL path turns ((k·x)·x)·x into
+// the latter), so that this stage and its twin round alike on every backend.
 fn one_minus_tanh(xc: f32) -> f32 {
-    let inner = GELU_C * (xc + GELU_K * xc * xc * xc);
+    let inner = GELU_C * (xc + (GELU_K * xc) * (xc * xc));
     let e = exp_cmm(2.0 * inner);
     return 2.0 / (e + 1.0);
 }

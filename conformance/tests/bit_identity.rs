@@ -4,14 +4,15 @@
 //! `exp` and `ln` (`cmm_core::numeric`) — on generated cases, not only the corpus.
 //!
 //! Each run draws at least 500 valid cases over every family from a seed that changes
-//! from run to run (set `CMM_PROPERTY_SEED` to replay one; a failure prints it). The
+//! from run to run (set `CMM_PROPERTY_SEED` to replay one; a failure prints it and the
+//! backend), on Vulkan and on GL, each where the machine has it (both under `CI`). The
 //! CUDA executor is not in the claim: its GEMMs sum in another order, and it is judged
 //! within the tolerances (bit for bit only in the exact family).
 
 use cmm_conformance::fuzz::Rng;
 use cmm_conformance::{parse_cases, Backend, CpuTwin};
 use cmm_core::schedule::Order;
-use cmm_reference::Reference;
+use cmm_reference::{Gpu, Reference};
 
 /// Cases each run checks, at least.
 const CASES: usize = 500;
@@ -154,18 +155,34 @@ fn random_case(rng: &mut Rng, family: usize, name: &str) -> String {
 
 #[test]
 fn the_reference_and_its_cpu_twin_agree_bit_for_bit_on_generated_cases() {
-    let reference = match Reference::new() {
-        Ok(r) => r,
-        Err(e) if std::env::var_os("CI").is_some() => panic!("CI is set but no wgpu adapter exists: {e}"),
-        Err(e) => {
-            eprintln!("skipped: no wgpu adapter: {e}");
-            return;
-        }
-    };
     let seed = std::env::var("CMM_PROPERTY_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
     });
     eprintln!("CMM_PROPERTY_SEED={seed}");
+    // Each backend reaches the driver through its own shader compiler (Mesa's GL path
+    // once rewrote k·x·x·x as (k·x)·(x·x), which Vulkan's left alone), so each is held
+    // to the twin's bits on the same cases.
+    let mut checked = 0;
+    for backend in BACKENDS {
+        match Gpu::on_backends(backend) {
+            Ok(gpu) => {
+                agree_on_generated_cases(&Reference::with_gpu(gpu), backend, seed);
+                checked += 1;
+            }
+            Err(e) if std::env::var_os("CI").is_some() => panic!("CI is set but there is no {backend} adapter: {e}"),
+            Err(e) => eprintln!("{backend}: skipped: {e}"),
+        }
+    }
+    if checked == 0 {
+        eprintln!("skipped: no wgpu adapter on any of {BACKENDS:?}");
+    }
+}
+
+/// The backends a machine without a GPU has through Mesa (lavapipe, llvmpipe's GL),
+/// the ones the reference picks first.
+const BACKENDS: [&str; 2] = ["vulkan", "gl"];
+
+fn agree_on_generated_cases(reference: &Reference, backend: &str, seed: u64) {
     let mut rng = Rng(seed);
     let mut checked = [0usize; 5];
     let mut uneven = 0;
@@ -183,7 +200,7 @@ fn the_reference_and_its_cpu_twin_agree_bit_for_bit_on_generated_cases() {
         }
         let (Ok(twin), Ok(wgpu)) = (
             CpuTwin.run(&plan, case.seed, case.family, Order::Default),
-            Backend::run(&reference, &plan, case.seed, case.family, Order::Default),
+            Backend::run(reference, &plan, case.seed, case.family, Order::Default),
         ) else {
             continue;
         };
@@ -194,7 +211,7 @@ fn the_reference_and_its_cpu_twin_agree_bit_for_bit_on_generated_cases() {
                 }
                 if let Some(i) = (0..t[b].len()).find(|&i| t[b][i] != w[b][i]) {
                     panic!(
-                        "seed {seed}: device {d} buffer {} element {i}: twin {:#010x}, reference {:#010x}\n{text}",
+                        "{backend}, seed {seed}: device {d} buffer {} element {i}: twin {:#010x}, reference {:#010x}\n{text}",
                         decl.name, t[b][i], w[b][i]
                     );
                 }
@@ -204,7 +221,7 @@ fn the_reference_and_its_cpu_twin_agree_bit_for_bit_on_generated_cases() {
         // Uneven shards: some buffer's devices hold different rows.
         uneven += usize::from(plan.buffers.iter().any(|b| b.device_rows.is_some()));
     }
-    eprintln!("{checked:?} cases (1D, mesh, linear, attention, MoE) agree bit for bit, {uneven} of them uneven, {attempts} drawn");
+    eprintln!("{backend}: {checked:?} cases (1D, mesh, linear, attention, MoE) agree bit for bit, {uneven} of them uneven, {attempts} drawn");
     assert!(checked.iter().all(|&n| n >= CASES / 20), "a family was barely drawn: {checked:?} (seed {seed})");
     assert!(uneven >= CASES / 50, "only {uneven} cases with uneven shards (seed {seed})");
 }

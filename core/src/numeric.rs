@@ -115,10 +115,11 @@ pub const GELU_K: f32 = 0.044_715;
 pub const GELU_CLAMP: f32 = 30.0;
 
 /// q = 2/(e + 1) = 1 − tanh(u) for the clamped x: t = 1 − q. The formulas below use
-/// `2 − q` for 1 + t, the form a shader compiler's algebraic rewrites reach anyway
-/// (Mesa's folds 1 + (1 − q) into 2 − q), so that every executor rounds alike.
+/// `2 − q` for 1 + t and `(k·x)·(x·x)` for k·x³, the forms a shader compiler's
+/// algebraic rewrites reach anyway (Mesa folds 1 + (1 − q) into 2 − q, and its GL path
+/// turns ((k·x)·x)·x into (k·x)·(x·x)), so that every executor rounds alike.
 fn one_minus_tanh(xc: f32) -> f32 {
-    let inner = GELU_C * (xc + GELU_K * xc * xc * xc);
+    let inner = GELU_C * (xc + (GELU_K * xc) * (xc * xc));
     let e = exp_f32(2.0 * inner);
     2.0 / (e + 1.0)
 }

@@ -1,7 +1,7 @@
 // Elementwise functions of `Op::Pointwise` (the MLP block's GeLU and its backward),
 // evaluated in f32 and rounded once to the output dtype; grid-stride. Twin of
 // shaders/pointwise.wgsl and `Pointwise::apply` (core/src/linear/gelu.rs), whose
-// operation order this follows: clamp, u = c·(x + k·x·x·x), e = expf(2u),
+// operation order this follows: clamp, u = c·(x + (k·x)·(x·x)), e = expf(2u),
 // t = 1 − 2/(e + 1). NVRTC may contract a multiply and an add into an FMA; the
 // oracle's error bound covers that (it only removes roundings).
 //
@@ -18,7 +18,7 @@ struct CmmPointwiseInputs {
 
 // q = 2/(e + 1) = 1 − tanh(u); 1 + t written 2 − q, as the twin and the shader write it.
 __device__ __forceinline__ float cmm_one_minus_tanh(float xc) {
-    float inner = CMM_GELU_C * (xc + CMM_GELU_K * xc * xc * xc);
+    float inner = CMM_GELU_C * (xc + (CMM_GELU_K * xc) * (xc * xc));
     float e = expf(2.0f * inner);
     return 2.0f / (e + 1.0f);
 }

@@ -172,15 +172,46 @@ fn heap_part_words(device: &wgpu::Device) -> u64 {
     (l.max_storage_buffer_binding_size.min(l.max_buffer_size) / 4).min(1 << 30)
 }
 
+/// Names the backends the reference may use, as wgpu's own variable does (`vulkan`,
+/// `gl`, …, comma-separated); unset, it tries Vulkan, then GL, then any.
+pub const BACKEND_VAR: &str = "WGPU_BACKEND";
+
+/// The backends `value` names. Unlike wgpu's `Backends::from_env`, which drops an
+/// unknown name with a log line, a name that is not a backend is an error: a typo must
+/// not quietly run the reference on another backend.
+fn backends_named(value: &str) -> Result<wgpu::Backends, ReferenceError> {
+    let mut backends = wgpu::Backends::empty();
+    for name in value.split(',').map(str::trim) {
+        backends |= match name.to_lowercase().as_str() {
+            "vulkan" | "vk" => wgpu::Backends::VULKAN,
+            "gl" | "gles" | "opengl" => wgpu::Backends::GL,
+            "metal" | "mtl" => wgpu::Backends::METAL,
+            "dx12" | "d3d12" => wgpu::Backends::DX12,
+            _ => return Err(ReferenceError::UnknownBackend { value: value.into(), name: name.into() }),
+        };
+    }
+    Ok(backends)
+}
+
 fn describe(info: &wgpu::AdapterInfo) -> String {
     format!("{} ({:?}, {:?}, driver {} {})", info.name, info.backend, info.device_type, info.driver, info.driver_info)
 }
 
 impl Gpu {
-    /// Finds an adapter (Vulkan first, GL second, then any backend the platform offers)
-    /// and creates a device with the adapter's real limits.
+    /// Finds an adapter (Vulkan first, GL second, then any backend the platform offers;
+    /// only the backends [`BACKEND_VAR`] names where it is set) and creates a device with
+    /// the adapter's real limits.
     pub fn new() -> Result<Gpu, ReferenceError> {
         Gpu::from_adapter(&Gpu::find_adapter()?)
+    }
+
+    /// A device on the first adapter of the backends `names` names (as in
+    /// [`BACKEND_VAR`]: `"vulkan"`, `"gl"`, …), whatever the variable says: tests that
+    /// hold each backend to the twin's bits ask for each by name.
+    pub fn on_backends(names: &str) -> Result<Gpu, ReferenceError> {
+        let adapter = Gpu::adapter_on(names.to_string(), backends_named(names)?)
+            .map_err(|tried| ReferenceError::NoAdapter { tried })?;
+        Gpu::from_adapter(&adapter)
     }
 
     /// [`Gpu::new`] with heap parts of `part_words` words (see [`Gpu::with_heap_parts_of`]).
@@ -190,23 +221,35 @@ impl Gpu {
     }
 
     fn find_adapter() -> Result<wgpu::Adapter, ReferenceError> {
-        let order = [("Vulkan", wgpu::Backends::VULKAN), ("GL", wgpu::Backends::GL), ("any", wgpu::Backends::all())];
+        let order = match std::env::var(BACKEND_VAR) {
+            Ok(value) => vec![(value.clone(), backends_named(&value)?)],
+            Err(_) => vec![
+                ("Vulkan".to_string(), wgpu::Backends::VULKAN),
+                ("GL".to_string(), wgpu::Backends::GL),
+                ("any".to_string(), wgpu::Backends::all()),
+            ],
+        };
         let mut tried = Vec::new();
         for (name, backends) in order {
-            tried.push(name);
-            let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
-                backends,
-                ..wgpu::InstanceDescriptor::new_without_display_handle()
-            });
-            let request = instance.request_adapter(&wgpu::RequestAdapterOptions {
-                power_preference: wgpu::PowerPreference::HighPerformance,
-                ..Default::default()
-            });
-            if let Ok(adapter) = pollster::block_on(request) {
-                return Ok(adapter);
+            match Gpu::adapter_on(name, backends) {
+                Ok(adapter) => return Ok(adapter),
+                Err(name) => tried.push(name),
             }
         }
         Err(ReferenceError::NoAdapter { tried: tried.join(", ") })
+    }
+
+    /// The first adapter of `backends`, or `name` back when there is none.
+    fn adapter_on(name: String, backends: wgpu::Backends) -> Result<wgpu::Adapter, String> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let request = instance.request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        });
+        pollster::block_on(request).map_err(|_| name)
     }
 
     /// Creates a device on a given adapter with the adapter's own limits.
@@ -274,5 +317,23 @@ impl Gpu {
         } else {
             Some(std::mem::take(&mut *v).join("; "))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_names_are_wgpus_and_a_typo_is_an_error() {
+        assert_eq!(backends_named("vulkan").unwrap(), wgpu::Backends::VULKAN);
+        assert_eq!(backends_named(" GL , vk").unwrap(), wgpu::Backends::GL | wgpu::Backends::VULKAN);
+        match backends_named("vulkan,vulcan") {
+            Err(ReferenceError::UnknownBackend { value, name }) => {
+                assert_eq!((value.as_str(), name.as_str()), ("vulkan,vulcan", "vulcan"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(backends_named(""), Err(ReferenceError::UnknownBackend { .. })));
     }
 }

@@ -14,6 +14,14 @@ pub enum ReferenceError {
         /// The backends that were tried.
         tried: String,
     },
+    /// `WGPU_BACKEND` names a backend wgpu does not know.
+    #[error("WGPU_BACKEND={value:?}: {name:?} is not a backend; name one or more of vulkan, gl, metal, dx12 (comma-separated), or unset it to try Vulkan, then GL, then any")]
+    UnknownBackend {
+        /// The variable's value.
+        value: String,
+        /// The name in it that is not a backend.
+        name: String,
+    },
     /// The adapter refused to create a device.
     #[error("adapter {adapter} refused to create a device: {reason}")]
     RequestDevice {

@@ -16,7 +16,7 @@ use cmm_core::generator::Family;
 use cmm_core::plan::{BufferRole, Plan, PlanBuilder};
 use cmm_core::DType;
 
-pub use context::{stage_sources, Gpu};
+pub use context::{stage_sources, Gpu, BACKEND_VAR};
 pub use error::ReferenceError;
 pub use executor::{OpTiming, RunOptions, RunOutput, GEMM_K_PER_DISPATCH};
 

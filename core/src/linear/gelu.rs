@@ -8,7 +8,7 @@
 //!
 //! Every backend evaluates it in f32 with the same operations: x is clamped to ±30
 //! for t and for gelu' (beyond, t is ±1 and 1 − t² is 0 exactly in f32, so the clamp
-//! changes no value and keeps x³ and 3k·x² finite), `u = c·(x + k·x·x·x)`,
+//! changes no value and keeps x³ and 3k·x² finite), `u = c·(x + (k·x)·(x·x))`,
 //! `e = exp(2u)` ([`crate::numeric::exp_f32`]), `q = 2/(e + 1)` (no tanh builtin: WGSL
 //! leaves its accuracy loose), `t = 1 − q`, then the two formulas above with 1 + t
 //! written `2 − q`. The CPU twin is [`gelu`] and [`gelu_grad`]; the shader
