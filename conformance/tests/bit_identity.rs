@@ -166,7 +166,7 @@ fn the_reference_and_its_cpu_twin_agree_bit_for_bit_on_generated_cases() {
     for backend in BACKENDS {
         match Gpu::on_backends(backend) {
             Ok(gpu) => {
-                agree_on_generated_cases(&Reference::with_gpu(gpu), backend, seed);
+                agree_on_generated_cases(&Reference::with_gpu(gpu), seed);
                 checked += 1;
             }
             Err(e) if std::env::var_os("CI").is_some() => panic!("CI is set but there is no {backend} adapter: {e}"),
@@ -182,7 +182,7 @@ fn the_reference_and_its_cpu_twin_agree_bit_for_bit_on_generated_cases() {
 /// the ones the reference picks first.
 const BACKENDS: [&str; 2] = ["vulkan", "gl"];
 
-fn agree_on_generated_cases(reference: &Reference, backend: &str, seed: u64) {
+fn agree_on_generated_cases(reference: &Reference, seed: u64) {
     let mut rng = Rng(seed);
     let mut checked = [0usize; 5];
     let mut uneven = 0;
@@ -211,8 +211,11 @@ fn agree_on_generated_cases(reference: &Reference, backend: &str, seed: u64) {
                 }
                 if let Some(i) = (0..t[b].len()).find(|&i| t[b][i] != w[b][i]) {
                     panic!(
-                        "{backend}, seed {seed}: device {d} buffer {} element {i}: twin {:#010x}, reference {:#010x}\n{text}",
-                        decl.name, t[b][i], w[b][i]
+                        "{}, seed {seed}: device {d} buffer {} element {i}: twin {:#010x}, reference {:#010x}\n{text}",
+                        reference.adapter_summary(),
+                        decl.name,
+                        t[b][i],
+                        w[b][i]
                     );
                 }
             }
@@ -221,7 +224,7 @@ fn agree_on_generated_cases(reference: &Reference, backend: &str, seed: u64) {
         // Uneven shards: some buffer's devices hold different rows.
         uneven += usize::from(plan.buffers.iter().any(|b| b.device_rows.is_some()));
     }
-    eprintln!("{backend}: {checked:?} cases (1D, mesh, linear, attention, MoE) agree bit for bit, {uneven} of them uneven, {attempts} drawn");
+    eprintln!("{}: {checked:?} cases (1D, mesh, linear, attention, MoE) agree bit for bit, {uneven} of them uneven, {attempts} drawn", reference.adapter_summary());
     assert!(checked.iter().all(|&n| n >= CASES / 20), "a family was barely drawn: {checked:?} (seed {seed})");
     assert!(uneven >= CASES / 50, "only {uneven} cases with uneven shards (seed {seed})");
 }
