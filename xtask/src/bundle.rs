@@ -443,7 +443,8 @@ pub fn key_lines(step: &str, log: &str) -> Vec<String> {
             || step == "gemm-sweep"
             || (step == "python-torch"
                 && (["python:", "torch", "ok ", "FAILED "].iter().any(|h| t.starts_with(h)) || t.ends_with(" failed")))
-            || (step.contains("conformance") || step == "reference-vulkan") && t.contains("  FAIL  ");
+            || (step.contains("conformance") || step == "reference-vulkan") && t.contains("  FAIL  ")
+            || step == "reference-vulkan" && t.starts_with("bits: ");
         // The profiler's kernels and their throughputs: every such line.
         if step == "ncu-hopper" {
             let metrics = [
@@ -741,6 +742,8 @@ mod tests {
             key_lines("sanitizer-memcheck", "========= ERROR SUMMARY: 0 errors\n"),
             vec!["========= ERROR SUMMARY: 0 errors"]
         );
+        let vulkan = "VK_DRIVER_FILES=x\nadapter: GPU (Vulkan)\n406 passed, 0 failed\nbits: 1 of 9 exported files differ\nbits: Files a and b differ\n";
+        assert_eq!(key_lines("reference-vulkan", vulkan).len(), 4);
         let model = "as the profile stands (h100-one-gpu):\ncase measured\ngemm_rs D=4 ring 1.0 µs\n";
         assert_eq!(key_lines("model-vs-bench", model).len(), 3);
         let ncu = "ncu: /usr/local/cuda/bin/ncu\n==PROF== Connected to process 7\n  cmm_hopper_gemm_bf16_n256 (132, 1, 1)x(384, 1, 1), Context 1\n    Section: GPU Speed Of Light Throughput\n    ----------------------- ----------- ------------\n    DRAM Frequency                  Ghz         2.62\n    Duration                         ms         1.84\n    Compute (SM) Throughput           %        61.20\nprofiled: plain 8192x8192x8192 bf16 on hopper 128x256\n";

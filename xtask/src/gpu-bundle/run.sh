@@ -382,7 +382,16 @@ reference_on_vulkan() { # the wgpu reference on this GPU's Vulkan driver
     done
     echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-unset}"
     # The loader's errors name the library a driver could not load.
-    VK_LOADER_DEBUG=error "$x" conformance --backend reference
+    VK_LOADER_DEBUG=error WGPU_BACKEND=vulkan "$x" conformance --backend reference --export "$scratch/vulkan-export" || return
+    # Whether this driver gives the CPU twin's bits, as Mesa's do (docs/conformance.md):
+    # a finding either way, not a failure, since a GPU compiler may fuse a·b + c.
+    "$x" conformance --backend cpu --export "$scratch/twin-export" >/dev/null || return
+    local files differ
+    files=$(find "$scratch/twin-export" -type f | wc -l)
+    differ=$(diff -rq "$scratch/twin-export" "$scratch/vulkan-export" | wc -l)
+    echo "bits: $differ of $files exported files (every case's inputs, outputs and index.json) differ from the CPU twin's"
+    diff -rq "$scratch/twin-export" "$scratch/vulkan-export" | head -n 8 | sed "s|$scratch/||g; s/^/bits: /"
+    return 0
 }
 export -f reference_on_vulkan
 step reference-vulkan 120 bash -c reference_on_vulkan
