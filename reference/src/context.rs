@@ -222,7 +222,7 @@ impl Gpu {
 
     fn find_adapter() -> Result<wgpu::Adapter, ReferenceError> {
         let order = match std::env::var(BACKEND_VAR) {
-            Ok(value) => vec![(value.clone(), backends_named(&value)?)],
+            Ok(value) => vec![(format!("{BACKEND_VAR}={value}"), backends_named(&value)?)],
             Err(_) => vec![
                 ("Vulkan".to_string(), wgpu::Backends::VULKAN),
                 ("GL".to_string(), wgpu::Backends::GL),
