@@ -223,7 +223,11 @@ impl Gpu {
     fn find_adapter() -> Result<wgpu::Adapter, ReferenceError> {
         let order = match std::env::var(BACKEND_VAR) {
             Ok(value) => vec![(format!("{BACKEND_VAR}={value}"), backends_named(&value)?)],
-            Err(_) => vec![
+            Err(std::env::VarError::NotUnicode(value)) => {
+                let value = value.to_string_lossy().into_owned();
+                return Err(ReferenceError::UnknownBackend { name: value.clone(), value });
+            }
+            Err(std::env::VarError::NotPresent) => vec![
                 ("Vulkan".to_string(), wgpu::Backends::VULKAN),
                 ("GL".to_string(), wgpu::Backends::GL),
                 ("any".to_string(), wgpu::Backends::all()),
