@@ -302,7 +302,7 @@ impl Gpu {
         describe(&self.info)
     }
 
-    /// The largest heap one run can bind, in bytes: [`HEAP_PARTS`] storage bindings of
+    /// The largest heap one run can bind, in bytes: four storage bindings of
     /// the adapter's largest binding each.
     pub fn max_heap_bytes(&self) -> u64 {
         HEAP_PARTS as u64 * self.heap_part_words() * 4
