@@ -5,14 +5,14 @@
 //!
 //! Each run draws at least 500 valid cases over every family from a seed that changes
 //! from run to run (set `CMM_PROPERTY_SEED` to replay one; a failure prints it and the
-//! backend), on Vulkan and on GL, each where the machine has it (both under `CI`). The
+//! adapter), on Vulkan and on GL, each where the machine has it (both under `CI`). The
 //! CUDA executor is not in the claim: its GEMMs sum in another order, and it is judged
 //! within the tolerances (bit for bit only in the exact family).
 
 use cmm_conformance::fuzz::Rng;
 use cmm_conformance::{parse_cases, Backend, CpuTwin};
 use cmm_core::schedule::Order;
-use cmm_reference::{Gpu, Reference};
+use cmm_reference::{Reference, MESA_BACKENDS};
 
 /// Cases each run checks, at least.
 const CASES: usize = 500;
@@ -162,25 +162,14 @@ fn the_reference_and_its_cpu_twin_agree_bit_for_bit_on_generated_cases() {
     // Each backend reaches the driver through its own shader compiler (Mesa's GL path
     // once rewrote k·x·x·x as (k·x)·(x·x), which Vulkan's left alone), so each is held
     // to the twin's bits on the same cases.
-    let mut checked = 0;
-    for backend in BACKENDS {
-        match Gpu::on_backends(backend) {
-            Ok(gpu) => {
-                agree_on_generated_cases(&Reference::with_gpu(gpu), seed);
-                checked += 1;
-            }
-            Err(e) if std::env::var_os("CI").is_some() => panic!("CI is set but there is no {backend} adapter: {e}"),
-            Err(e) => eprintln!("{backend}: skipped: {e}"),
-        }
+    let references = Reference::on_each_backend(&MESA_BACKENDS).expect("CI is set but a Mesa backend is missing");
+    if references.is_empty() {
+        eprintln!("skipped: no wgpu adapter on any of {MESA_BACKENDS:?}");
     }
-    if checked == 0 {
-        eprintln!("skipped: no wgpu adapter on any of {BACKENDS:?}");
+    for reference in &references {
+        agree_on_generated_cases(reference, seed);
     }
 }
-
-/// The backends a machine without a GPU has through Mesa (lavapipe, llvmpipe's GL),
-/// the ones the reference picks first.
-const BACKENDS: [&str; 2] = ["vulkan", "gl"];
 
 fn agree_on_generated_cases(reference: &Reference, seed: u64) {
     let mut rng = Rng(seed);

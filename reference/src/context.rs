@@ -176,6 +176,10 @@ fn heap_part_words(device: &wgpu::Device) -> u64 {
 /// `gl`, …, comma-separated); unset, it tries Vulkan, then GL, then any.
 pub const BACKEND_VAR: &str = "WGPU_BACKEND";
 
+/// The backends Mesa gives a machine without a GPU (lavapipe's Vulkan, llvmpipe's GL),
+/// the two the reference tries first.
+pub const MESA_BACKENDS: [&str; 2] = ["vulkan", "gl"];
+
 /// The backends `value` names. Unlike wgpu's `Backends::from_env`, which drops an
 /// unknown name with a log line, a name that is not a backend is an error: a typo must
 /// not quietly run the reference on another backend.

@@ -16,7 +16,7 @@ use cmm_core::generator::Family;
 use cmm_core::plan::{BufferRole, Plan, PlanBuilder};
 use cmm_core::DType;
 
-pub use context::{stage_sources, Gpu, BACKEND_VAR};
+pub use context::{stage_sources, Gpu, BACKEND_VAR, MESA_BACKENDS};
 pub use error::ReferenceError;
 pub use executor::{OpTiming, RunOptions, RunOutput, GEMM_K_PER_DISPATCH};
 
@@ -30,6 +30,23 @@ impl Reference {
     /// Selects an adapter (Vulkan, then GL, then any) and builds the pipelines.
     pub fn new() -> Result<Reference, ReferenceError> {
         Ok(Reference { gpu: Gpu::new()? })
+    }
+
+    /// A reference on each of the backends in `names` (as [`BACKEND_VAR`] names them)
+    /// that this machine has, for tests that hold every backend to one claim (each
+    /// reaches the driver through its own shader compiler). A missing one is skipped
+    /// with a line on stderr, unless `CI` is set: CI installs Mesa's Vulkan and GL
+    /// drivers, so there a missing one is the error.
+    pub fn on_each_backend(names: &[&str]) -> Result<Vec<Reference>, ReferenceError> {
+        let mut found = Vec::new();
+        for name in names {
+            match Gpu::on_backends(name) {
+                Ok(gpu) => found.push(Reference { gpu }),
+                Err(e) if std::env::var_os("CI").is_some() => return Err(e),
+                Err(e) => eprintln!("{name}: skipped: {e}"),
+            }
+        }
+        Ok(found)
     }
 
     /// Uses a device the caller already has.

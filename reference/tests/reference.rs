@@ -6,7 +6,7 @@ use cmm_core::generator::{element_bits, Family};
 use cmm_core::oracle::expected_outputs;
 use cmm_core::plan::{BufferRole, Op, PlanBuilder};
 use cmm_core::{cpu, DType, OpKind, Problem};
-use cmm_reference::{Reference, ReferenceError, GEMM_K_PER_DISPATCH};
+use cmm_reference::{Reference, ReferenceError, GEMM_K_PER_DISPATCH, MESA_BACKENDS};
 
 fn reference() -> Option<Reference> {
     match Reference::new() {
@@ -253,32 +253,24 @@ fn gelu_and_its_gradient_give_the_twins_bits_on_every_backend() {
     b.push(0, lane, Op::Pointwise { function: Pointwise::Gelu, inputs: vec![xr], output: yr });
     b.push(0, lane, Op::Pointwise { function: Pointwise::GeluGrad, inputs: vec![dyr, xr], output: dxr });
     let plan = b.finish().unwrap();
-    let mut checked = 0;
-    for backend in ["vulkan", "gl"] {
-        let gpu = match cmm_reference::Gpu::on_backends(backend) {
-            Ok(gpu) => gpu,
-            Err(e) if std::env::var_os("CI").is_some() => panic!("CI is set but there is no {backend} adapter: {e}"),
-            Err(e) => {
-                eprintln!("{backend}: skipped: {e}");
-                continue;
-            }
-        };
-        let r = cmm_reference::Reference::with_gpu(gpu);
+    let references = Reference::on_each_backend(&MESA_BACKENDS).expect("CI is set but a Mesa backend is missing");
+    if references.is_empty() {
+        eprintln!("skipped: neither a Vulkan nor a GL adapter");
+    }
+    for r in &references {
         for seed in 0..2 {
             let got = r.run(&plan, seed, Family::Realistic).unwrap().buffers.remove(0);
             let want = cpu::run(&plan, seed, Family::Realistic).unwrap().remove(0);
             for buf in [y, dx] {
                 let differ = (0..rows * cols).filter(|&i| got[buf.0][i] != want[buf.0][i]).count();
                 assert_eq!(
-                    differ, 0,
-                    "{backend}, seed {seed}: {differ} elements of {} differ from the twin's",
+                    differ,
+                    0,
+                    "{}, seed {seed}: {differ} elements of {} differ from the twin's",
+                    r.adapter_summary(),
                     plan.buffers[buf.0].name
                 );
             }
         }
-        checked += 1;
-    }
-    if checked == 0 {
-        eprintln!("skipped: neither a Vulkan nor a GL adapter");
     }
 }

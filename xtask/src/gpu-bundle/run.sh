@@ -388,9 +388,9 @@ reference_on_vulkan() { # the wgpu reference on this GPU's Vulkan driver
     "$x" conformance --backend cpu --export "$scratch/twin-export" >/dev/null || return
     local files differ
     files=$(find "$scratch/twin-export" -type f | wc -l)
-    differ=$(diff -rq "$scratch/twin-export" "$scratch/vulkan-export" | wc -l)
-    echo "bits: $differ of $files exported files (every case's inputs, outputs and index.json) differ from the CPU twin's"
-    diff -rq "$scratch/twin-export" "$scratch/vulkan-export" | head -n 8 | sed "s|$scratch/||g; s/^/bits: /"
+    differ=$(diff -rq "$scratch/twin-export" "$scratch/vulkan-export" | sed "s|$scratch/||g")
+    echo "bits: $(grep -c . <<<"$differ") of $files exported files (every case's inputs, outputs and index.json) differ from the CPU twin's"
+    head -n 8 <<<"$differ" | sed '/^$/d; s/^/bits: /'
     return 0
 }
 export -f reference_on_vulkan
