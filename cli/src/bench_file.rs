@@ -433,9 +433,42 @@ pub fn validate_bench(path: &Path) -> Result<()> {
     validate_bench_text(&text, &path.display().to_string())
 }
 
+/// The most a report's time (µs), rate (GB/s, TFLOP/s) or ratio may be: about eleven days
+/// in µs, far past any bench's.
+const MAX_FIGURE: f64 = 1e12;
+
+/// The first of a report's measured figures, wherever it stands, that no measurement can
+/// give: a time, rate or ratio (a key ending in `_us`, `_gbps`, `tflops`, or `ratio`) that
+/// is not above 0 and below [`MAX_FIGURE`]. Its path (`rows[3].time_us`) and value.
+fn impossible_figure(value: &serde_json::Value, path: &str) -> Option<(String, f64)> {
+    use serde_json::Value;
+    match value {
+        Value::Object(fields) => fields.iter().find_map(|(key, v)| {
+            let at = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+            let measured = key.ends_with("_us") || key.ends_with("_gbps") || key.ends_with("tflops") || key == "ratio";
+            match v.as_f64() {
+                Some(x) if measured && !(x > 0.0 && x < MAX_FIGURE) => Some((at, x)),
+                _ => impossible_figure(v, &at),
+            }
+        }),
+        Value::Array(items) => {
+            items.iter().enumerate().find_map(|(i, v)| impossible_figure(v, &format!("{path}[{i}]")))
+        }
+        _ => None,
+    }
+}
+
 /// `--validate-bench` on the text of a report named `name`.
 pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
-    let file: BenchFile = serde_json::from_str(text).with_context(|| format!("{name}: not a CUDA bench report"))?;
+    let value: serde_json::Value =
+        serde_json::from_str(text).with_context(|| format!("{name}: not a CUDA bench report"))?;
+    if let Some((at, x)) = impossible_figure(&value, "") {
+        bail!("{name}: `{at}` = {x:?}: a measured time, rate or ratio is above 0 and below 10^12");
+    }
+    let file: BenchFile = serde_json::from_value(value).with_context(|| format!("{name}: not a CUDA bench report"))?;
+    if file.shrink == 0 {
+        bail!("{name}: `shrink` = 0: the bench divides every dimension by it (1: the full shapes)");
+    }
     let (times, fused) = parse_rows(&file).with_context(|| format!("{name}: a row"))?;
     if times.is_empty() {
         bail!("{name}: no row the simulator models (only fused plans, or none)");
@@ -738,6 +771,31 @@ mod tests {
             assert!((same.time.published_us - row.time.published_us).abs() < 0.1, "{same:?} {row:?}");
             assert_eq!(same.time.simulated_us, row.time.simulated_us);
         }
+    }
+
+    /// A report with a figure no GPU measures is refused, naming where it stands, before any
+    /// row is set against it; so is a calibration that would make an absurd profile.
+    #[test]
+    fn a_report_with_an_impossible_figure_is_refused_by_its_path() {
+        let (_, file, text) = crate::simulate::BENCHES[0];
+        validate_bench_text(text, file).unwrap();
+        let edited = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
+            edit(&mut v);
+            validate_bench_text(&v.to_string(), "r.json").unwrap_err().to_string()
+        };
+        let e = edited(&|v| v["rows"][3]["time_us"] = (-5.0).into());
+        assert!(e.contains("`rows[3].time_us` = -5.0"), "{e}");
+        let e = edited(&|v| v["rows"][0]["compute_only_us"] = 1e300.into());
+        assert!(e.contains("`rows[0].compute_only_us` = 1e300"), "{e}");
+        let e = edited(&|v| v["calibration"]["together"][0]["ratio"] = 0.0.into());
+        assert!(e.contains("`calibration.together[0].ratio` = 0.0"), "{e}");
+        let e = edited(&|v| v["shrink"] = 0.into());
+        assert!(e.contains("`shrink` = 0"), "{e}");
+        // Each figure possible, but a local GEMM of a week: the calibrated efficiency
+        // would price every plan at years.
+        let e = edited(&|v| v["calibration"]["gemm_us"] = 6e11.into());
+        assert!(e.contains("calibration") && e.contains("compute.max_efficiency"), "{e}");
     }
 
     /// Issue 32's bound on the plans that copy: every plan on cuBLAS of the two benches of

@@ -325,6 +325,35 @@ impl EngineRate {
 }
 
 /// The profiles shipped in `sim/profiles/`, by name.
+/// The least and most TFLOP/s or GB/s a profile may give: a millionth of a chip's or a
+/// link's rate today, and a thousand times it.
+const MIN_RATE: f64 = 1e-3;
+const MAX_RATE: f64 = 1e6;
+const PEAK_RANGE: &str = "is in TFLOP/s, 0.001 to 10^6 (a larger value reads like FLOP/s)";
+const RATE_RANGE: &str = "is in GB/s, 0.001 to 10^6 (a larger value reads like bytes/s)";
+/// The most µs a latency or fixed cost may be: a second.
+const MAX_TIME_US: f64 = 1e6;
+const TIME_RANGE: &str = "is in µs, at most 10^6 (a second; a larger value reads like ns or ps)";
+/// The least fraction of a rate (an efficiency, a share beside other work) a profile may
+/// give: far below any measured (a copy beside persistent kernels can keep a few per cent),
+/// far above what would overflow a time.
+const MIN_FRACTION: f64 = 1e-6;
+/// The most a throughput of several ops at once may be relative to one alone.
+const MAX_GAIN: f64 = 1e3;
+/// The most compute units (SMs, cores) and the widest tile a profile may give.
+const MAX_UNITS: usize = 1_000_000;
+const MAX_TILE: usize = 1 << 16;
+
+/// A profile's number as its error shows it: plainly (`-1`, `3350`), or in exponent form
+/// where the plain form would run to dozens of digits (`1e308`, `1e-300`).
+fn shown(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-4..1e9).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        v.to_string()
+    }
+}
+
 const BUILTIN: [(&str, &str); 8] = [
     ("h100-nvlink", include_str!("../profiles/h100-nvlink.toml")),
     ("h800-nvlink", include_str!("../profiles/h800-nvlink.toml")),
@@ -390,7 +419,9 @@ impl Profile {
         Ok(profile)
     }
 
-    fn check(&self, file: &str) -> Result<(), ProfileError> {
+    /// Checks every number against what hardware can have (`file` names the profile in
+    /// errors).
+    pub(crate) fn check(&self, file: &str) -> Result<(), ProfileError> {
         let invalid = |field: &'static str, value: String, reason: &'static str| ProfileError::Invalid {
             file: file.to_string(),
             field,
@@ -410,15 +441,38 @@ impl Profile {
         ];
         for (field, v) in positive {
             if !(v.is_finite() && v > 0.0) {
-                return Err(invalid(field, v.to_string(), "must be a finite number above 0"));
+                return Err(invalid(field, shown(v), "must be a finite number above 0"));
+            }
+        }
+        // Finite is not enough: a rate in bytes/s where GB/s is meant, or a latency in ns
+        // where µs is, gives finite inputs whose simulated times overflow to infinity or
+        // come out absurd, and `tune` would rank those. Each kind of number has a range
+        // wider than any hardware's.
+        let mut rates: Vec<(&'static str, f64, &'static str)> =
+            positive[..3].iter().map(|&(field, v)| (field, v, PEAK_RANGE)).collect();
+        rates.extend(positive[4..8].iter().map(|&(field, v)| (field, v, RATE_RANGE)));
+        rates.extend(self.network.iter().map(|n| ("network.nic_gbps", n.nic_gbps, RATE_RANGE)));
+        for (field, v, range) in rates {
+            if !(MIN_RATE..=MAX_RATE).contains(&v) {
+                return Err(invalid(field, shown(v), range));
+            }
+        }
+        let counts = [
+            ("compute.parallel_units", self.compute.parallel_units, MAX_UNITS),
+            ("compute.tile_m", self.compute.tile_m, MAX_TILE),
+            ("compute.tile_n", self.compute.tile_n, MAX_TILE),
+        ];
+        for (field, v, max) in counts {
+            if v > max {
+                return Err(invalid(field, v.to_string(), "is above any chip's (at most 10^6 units, tiles of 2^16)"));
             }
         }
         let gains = self.compute.concurrent_throughput;
-        if gains[0] != 1.0 || gains.iter().any(|g| !(g.is_finite() && *g > 0.0)) {
+        if gains[0] != 1.0 || gains.iter().any(|g| !(MIN_FRACTION..=MAX_GAIN).contains(g)) {
             return Err(invalid(
                 "compute.concurrent_throughput",
                 format!("{gains:?}"),
-                "is 1, then the finite positive throughputs of 2, 3 and 4 ops at once relative to one",
+                "is 1, then the throughputs of 2, 3 and 4 ops at once relative to one (10^-6 to 1000)",
             ));
         }
         let contention = [
@@ -432,15 +486,15 @@ impl Profile {
         ];
         let persistent = persistent.into_iter().filter_map(|(field, v)| Some((field, v?)));
         for (field, v) in contention.into_iter().chain(persistent) {
-            if !(v.is_finite() && v > 0.0 && v <= 1.0) {
-                return Err(invalid(field, v.to_string(), "is a fraction above 0 and at most 1"));
+            if !(MIN_FRACTION..=1.0).contains(&v) {
+                return Err(invalid(field, shown(v), "is a fraction, at least 10^-6 and at most 1"));
             }
         }
-        if self.compute.max_efficiency > 1.0 {
+        if !(MIN_FRACTION..=1.0).contains(&self.compute.max_efficiency) {
             return Err(invalid(
                 "compute.max_efficiency",
-                self.compute.max_efficiency.to_string(),
-                "is a fraction of peak, at most 1",
+                shown(self.compute.max_efficiency),
+                "is a fraction of peak, at least 10^-6 and at most 1",
             ));
         }
         let non_negative: [(&'static str, f64); 5] = [
@@ -452,7 +506,10 @@ impl Profile {
         ];
         for (field, v) in non_negative {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(invalid(field, v.to_string(), "must be a finite number, 0 or more"));
+                return Err(invalid(field, shown(v), "must be a finite number, 0 or more"));
+            }
+            if v > MAX_TIME_US {
+                return Err(invalid(field, shown(v), TIME_RANGE));
             }
         }
         let counts: [(&'static str, usize); 5] = [
@@ -479,8 +536,12 @@ impl Profile {
             ];
             for (field, rate) in rates {
                 let Some(r) = rate else { continue };
-                if !(r.efficiency.is_finite() && r.efficiency > 0.0 && r.efficiency <= 1.0) {
-                    return Err(invalid(field, r.efficiency.to_string(), "efficiency is a fraction of peak above 0"));
+                if !(MIN_FRACTION..=1.0).contains(&r.efficiency) {
+                    return Err(invalid(
+                        field,
+                        shown(r.efficiency),
+                        "efficiency is a fraction of peak, at least 10^-6 and at most 1",
+                    ));
                 }
                 let fractions = [
                     ("shared_efficiency", r.shared_efficiency),
@@ -489,16 +550,16 @@ impl Profile {
                     ("gathered_efficiency", r.gathered_efficiency),
                 ];
                 for (name, fraction) in fractions {
-                    if fraction.is_some_and(|e| !(e.is_finite() && e > 0.0 && e <= 1.0)) {
+                    if fraction.is_some_and(|e| !(MIN_FRACTION..=1.0).contains(&e)) {
                         return Err(invalid(
                             field,
                             format!("{name} = {fraction:?}"),
-                            "is a fraction of peak above 0 and at most 1",
+                            "is a fraction of peak, at least 10^-6 and at most 1",
                         ));
                     }
                 }
-                if !(r.kernel_overhead_us.is_finite() && r.kernel_overhead_us >= 0.0) {
-                    return Err(invalid(field, r.kernel_overhead_us.to_string(), "kernel_overhead_us is 0 or more"));
+                if !(0.0..=MAX_TIME_US).contains(&r.kernel_overhead_us) {
+                    return Err(invalid(field, shown(r.kernel_overhead_us), "kernel_overhead_us is 0 to 10^6 µs"));
                 }
             }
             if e.hopper_128x256.is_some() != e.hopper_128x128.is_some() {
@@ -510,14 +571,13 @@ impl Profile {
                 return Err(invalid("network.devices_per_node", "0".into(), "must be at least 1"));
             }
             if !(n.nic_gbps.is_finite() && n.nic_gbps > 0.0) {
-                return Err(invalid("network.nic_gbps", n.nic_gbps.to_string(), "must be a finite number above 0"));
+                return Err(invalid("network.nic_gbps", shown(n.nic_gbps), "must be a finite number above 0"));
             }
             if !(n.latency_us.is_finite() && n.latency_us >= 0.0) {
-                return Err(invalid(
-                    "network.latency_us",
-                    n.latency_us.to_string(),
-                    "must be a finite number, 0 or more",
-                ));
+                return Err(invalid("network.latency_us", shown(n.latency_us), "must be a finite number, 0 or more"));
+            }
+            if n.latency_us > MAX_TIME_US {
+                return Err(invalid("network.latency_us", shown(n.latency_us), TIME_RANGE));
             }
             if self.interconnect.topology != TopologyKind::Switch {
                 return Err(invalid(
@@ -871,6 +931,56 @@ mod tests {
         let mut builtin: Vec<String> = Profile::builtin_names().into_iter().map(String::from).collect();
         builtin.sort();
         assert_eq!(on_disk, builtin);
+    }
+
+    #[test]
+    fn a_number_in_other_units_is_refused_with_the_unit() {
+        let base = include_str!("../profiles/h100-nvlink.toml");
+        let cases = [
+            ("hbm_gbps = 3350.0", "hbm_gbps = 3.35e12", "memory.hbm_gbps", "3.35e12", "bytes/s"),
+            ("link_gbps = 450.0", "link_gbps = 1e-300", "interconnect.link_gbps", "1e-300", "GB/s"),
+            ("launch_us = 2.0", "launch_us = 2e9", "compute.launch_us", "2e9", "ns"),
+            ("f16 = 989.4", "f16 = 9.894e14", "compute.peak_tflops.f16", "9.894e14", "FLOP/s"),
+            ("max_efficiency = 0.834", "max_efficiency = 1e-9", "compute.max_efficiency", "1e-9", "at least 10^-6"),
+            ("parallel_units = 132", "parallel_units = 4294967296", "compute.parallel_units", "4294967296", "10^6"),
+            (
+                "launch_us = 2.0",
+                "launch_us = 2.0\nconcurrent_throughput = [1.0, 1e-9, 1.0, 1.0]",
+                "compute.concurrent_throughput",
+                "1e-9",
+                "10^-6",
+            ),
+        ];
+        for (from, to, field, value, unit) in cases {
+            let text = base.replacen(from, to, 1);
+            assert_ne!(text, base, "{from} is not in the profile");
+            let e = Profile::parse(&text, "u.toml").unwrap_err();
+            let ProfileError::Invalid { field: named, value: shown, reason, .. } = &e else { panic!("{e}") };
+            assert_eq!(*named, field, "{e}");
+            assert!(shown.contains(value) && reason.contains(unit), "{e}");
+        }
+    }
+
+    /// At the edges of every range a plan's simulated time stays finite: slow links, a
+    /// low efficiency, long latencies and many units on the largest square GEMM a problem
+    /// allows (each operand just under 2^32 elements).
+    #[test]
+    fn the_ranges_keep_simulated_times_finite() {
+        let text = include_str!("../profiles/h100-nvlink.toml")
+            .replacen("link_gbps = 450.0", &format!("link_gbps = {MIN_RATE}"), 1)
+            .replacen("hbm_gbps = 3350.0", &format!("hbm_gbps = {MIN_RATE}"), 1)
+            .replace("_gbps = 370.0", &format!("_gbps = {MIN_RATE}"))
+            .replacen("f16 = 989.4", &format!("f16 = {MIN_RATE}"), 1)
+            .replacen("max_efficiency = 0.834", &format!("max_efficiency = {MIN_FRACTION}"), 1)
+            .replacen("launch_us = 2.0", &format!("launch_us = {MAX_TIME_US}"), 1)
+            .replacen("remote_round_us = 6.0", &format!("remote_round_us = {MAX_TIME_US}"), 1)
+            .replacen("parallel_units = 132", &format!("parallel_units = {MAX_UNITS}"), 1);
+        let profile = Profile::parse(&text, "edges.toml").unwrap();
+        let problem =
+            cmm_core::Problem::new(cmm_core::OpKind::AgGemm, 8, 65528, 65528, 65528, DType::F16, DType::F16).unwrap();
+        let plan = cmm_core::build_plan(&problem, cmm_core::Algorithm::Ring).unwrap();
+        let report = crate::simulate(&plan, &profile, &crate::SimOptions::default()).unwrap();
+        assert!(report.makespan_s.is_finite() && report.makespan_s > 1e6, "{}", report.makespan_s);
     }
 
     #[test]

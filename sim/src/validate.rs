@@ -354,6 +354,9 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
             }
         }
     }
+    // What holds a profile file holds the calibrated profile: a bench whose figures are
+    // positive but absurd (a copy of hours) must not price plans at infinity.
+    p.check("calibrated from the bench").map_err(|e| ValidationError::Calibration(e.to_string()))?;
     Ok(p)
 }
 
