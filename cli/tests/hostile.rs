@@ -193,6 +193,30 @@ fn flags_are_named_as_given_and_zero_schedules_is_refused() {
     assert!(!o.status.success() && text(&o).contains("0 is not in 1.."), "{}", text(&o));
 }
 
+/// Numbers that once came out as `inf µs` or as a ranking of wrapped counts: a profile
+/// in other units, a latency of 10^308 µs, a 2D GEMM whose matrices no buffer holds, and
+/// a batch whose tokens overflow. Each is refused with what is wrong, and nothing ranked.
+#[test]
+fn a_prediction_from_numbers_no_hardware_has_is_refused_not_ranked() {
+    let s = Scratch::new("units");
+    let profile = include_str!("../../sim/profiles/h100-nvlink.toml");
+    let tune = ["tune", "--op", "ag_gemm", "-d", "4", "-m", "4096", "-n", "4096", "-k", "4096", "--profile"];
+    for (from, to, said) in [
+        ("hbm_gbps = 3350.0", "hbm_gbps = 3.35e12", "`memory.hbm_gbps` = 3.35e12: is in GB/s"),
+        ("launch_us = 2.0", "launch_us = 1e308", "`compute.launch_us` = 1e308: is in µs"),
+    ] {
+        std::fs::write(s.0.join("p.toml"), profile.replacen(from, to, 1)).unwrap();
+        let o = cmm(&s.0, &[&tune[..], &["p.toml"]].concat());
+        assert!(!o.status.success() && text(&o).contains(said), "{}", text(&o));
+        assert!(!text(&o).contains("winner") && !text(&o).contains("inf"), "{}", text(&o));
+    }
+    let mesh = ["tune", "--profile", "tpuv4-torus", "--chips", "256"];
+    let o = cmm(&s.0, &[&mesh[..], &["-m", "1099511627776", "-n", "4096", "-k", "1099511627776"]].concat());
+    assert!(!o.status.success() && text(&o).contains("A is 1099511627776×1099511627776"), "{}", text(&o));
+    let o = cmm(&s.0, &[&mesh[..], &["--llm", "gpt3-175b", "--batch", "18446744073709551615"]].concat());
+    assert!(!o.status.success() && text(&o).contains("overflow a count of tokens"), "{}", text(&o));
+}
+
 /// An OS error is said once, and a headless run of the reference prints no Wayland
 /// complaint.
 #[test]

@@ -22,8 +22,12 @@ use crate::schedule::{schedule, Deadlock};
 /// every device has a GEMM ready the GPU serves them in device order rather than all at
 /// once, and one device's copy runs under the next devices' GEMMs. The CUDA executor
 /// offsets these by its greatest free priority; the simulator takes them as they are.
+/// Levels past `devices` order the devices no differently (each has its own level either
+/// way), so they count as `devices`: a `--stagger` of 10^18 neither overflows nor
+/// reorders them.
 pub fn staggered_priorities(devices: usize, levels: usize) -> Vec<i32> {
-    (0..devices).map(|d| (d * levels.max(1) / devices.max(1)) as i32).collect()
+    let levels = levels.clamp(1, devices.max(1));
+    (0..devices).map(|d| i32::try_from(d * levels / devices).unwrap_or(i32::MAX)).collect()
 }
 
 /// The semaphore [`offset_starts`] adds.
@@ -182,6 +186,8 @@ mod tests {
         assert_eq!(staggered_priorities(4, 5), vec![0, 1, 2, 3]);
         assert_eq!(staggered_priorities(8, 5), vec![0, 0, 1, 1, 2, 3, 3, 4]);
         assert_eq!(staggered_priorities(3, 1), vec![0, 0, 0]);
+        // More levels than devices: each device its own, in order, however many.
+        assert_eq!(staggered_priorities(3, usize::MAX), vec![0, 1, 2]);
     }
 
     #[test]

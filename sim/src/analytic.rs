@@ -462,6 +462,31 @@ pub enum MeshModelError {
     /// Zero slices.
     #[error("the slice count must be at least 1")]
     ZeroSlices,
+    /// A matrix has a zero dimension or more elements than a buffer may have.
+    #[error("{matrix} is {rows}×{cols}: a matrix has 1 to {} elements", cmm_core::plan::MAX_BUFFER_ELEMENTS)]
+    Size {
+        /// `A`, `B` or `C` of C = A·B.
+        matrix: &'static str,
+        /// Its rows.
+        rows: usize,
+        /// Its columns.
+        cols: usize,
+    },
+}
+
+impl MeshGemm {
+    /// Checks that A (M×K), B (K×N) and C (M×N) each have 1 to
+    /// [`cmm_core::plan::MAX_BUFFER_ELEMENTS`] elements, so that no element or byte count
+    /// of the model overflows (a GPT-3 layer's activations at batch 128 have 1.3·10^10).
+    pub fn check_size(&self) -> Result<(), MeshModelError> {
+        for (matrix, rows, cols) in [("A", self.m, self.k), ("B", self.k, self.n), ("C", self.m, self.n)] {
+            let elements = rows as u128 * cols as u128;
+            if elements == 0 || elements > cmm_core::plan::MAX_BUFFER_ELEMENTS as u128 {
+                return Err(MeshModelError::Size { matrix, rows, cols });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Block size of MeshSlice's slicing (seed 002 uses B = 8 on TPU).
@@ -508,6 +533,7 @@ struct Layout {
 }
 
 fn layout(g: &MeshGemm, s: MeshShape) -> Result<Layout, MeshModelError> {
+    g.check_size()?;
     for (dim, size) in [("M", g.m), ("N", g.n), ("K", g.k)] {
         if size % s.rows != 0 || size % s.cols != 0 {
             return Err(MeshModelError::Indivisible { dim, size, shape: s });

@@ -48,6 +48,14 @@ pub enum TuneError {
         /// Chips.
         chips: usize,
     },
+    /// A GEMM to tune cannot be modelled at all (before any mesh is tried).
+    #[error("{what}: {source}")]
+    Gemm {
+        /// The GEMM or layer.
+        what: String,
+        /// Why.
+        source: crate::analytic::MeshModelError,
+    },
     /// No mesh shape and slice count fits the problem.
     #[error("no 2D configuration fits {what} on {chips} chips")]
     NoMeshConfiguration {
@@ -61,6 +69,20 @@ pub enum TuneError {
 /// The tuner's chips are a problem's devices: at most [`cmm_core::plan::MAX_DEVICES`].
 fn check_chips(chips: usize) -> Result<(), TuneError> {
     cmm_core::plan::check_device_count(chips as u128).map_err(|_| TuneError::Chips { chips })
+}
+
+/// Every GEMM of every layer of `llm` can be modelled: checked on the layers' sizes before
+/// the products of [`choose_dataflows`] are taken, so that none overflows.
+fn check_llm(llm: &LlmConfig) -> Result<(), TuneError> {
+    for layer in &llm.layers {
+        let (t, i, o) = (llm.tokens, layer.in_features, layer.out_features);
+        let gemm = MeshGemm { m: t, n: o, k: i, dataflow: Dataflow::Os, dtype: llm.dtype };
+        gemm.check_size().map_err(|source| TuneError::Gemm {
+            what: format!("{} layer {} ({t} tokens, {i} → {o} features)", llm.name, layer.name),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// Chunk counts tried for `ring_chunked`.
@@ -328,7 +350,8 @@ impl LlmConfig {
         let h = 12_288;
         LlmConfig {
             name: "GPT-3 175B",
-            tokens: batch * 2048,
+            // Saturating: a batch past what fits is refused by the tuner's size check.
+            tokens: batch.saturating_mul(2048),
             layers: vec![
                 FcLayer { name: "qkv", in_features: h, out_features: 3 * h },
                 FcLayer { name: "attn_out", in_features: h, out_features: h },
@@ -495,6 +518,7 @@ pub fn tune_llm(
     planner: &dyn MeshPlanner,
 ) -> Result<Vec<MeshConfig>, TuneError> {
     check_chips(chips)?;
+    check_llm(llm)?;
     let flows = choose_dataflows(llm);
     let mut configs = Vec::new();
     for shape in MeshShape::all(chips) {
@@ -572,6 +596,10 @@ pub fn tune_mesh_gemm(
     planner: &dyn MeshPlanner,
 ) -> Result<Vec<(MeshFamily, MeshShape, usize, MeshEvaluation)>, TuneError> {
     check_chips(chips)?;
+    gemm.check_size().map_err(|source| TuneError::Gemm {
+        what: format!("{} GEMM M={} N={} K={}", gemm.dataflow, gemm.m, gemm.n, gemm.k),
+        source,
+    })?;
     let mut out = Vec::new();
     for shape in MeshShape::all(chips) {
         for algorithm in MeshFamily::ALL {
@@ -693,6 +721,28 @@ mod tests {
         // A tiny-batch layer with a huge weight keeps W stationary via the transposed row.
         let small = LlmConfig { tokens: 16, ..LlmConfig::gpt3_175b(1) };
         assert!(choose_dataflows(&small).iter().all(|f| f.stationary == Stationary::Weight && f.transposed));
+    }
+
+    /// A GEMM whose matrices no buffer holds (their element counts would wrap) or that has
+    /// no elements is refused before any mesh is priced, naming the matrix.
+    #[test]
+    fn the_2d_tuner_refuses_matrices_past_a_buffers_size() {
+        let profile = Profile::load("tpuv4-torus").unwrap();
+        let gemm = |m: usize, n: usize, k: usize| MeshGemm { m, n, k, dataflow: Dataflow::Os, dtype: DType::Bf16 };
+        let e = tune_mesh_gemm(&gemm(1 << 40, 4096, 1 << 40), 256, &profile, &NoMeshPlans).unwrap_err();
+        assert!(
+            matches!(e, TuneError::Gemm { .. }) && e.to_string().contains("A is 1099511627776×1099511627776"),
+            "{e}"
+        );
+        let e = tune_mesh_gemm(&gemm(4096, 0, 4096), 256, &profile, &NoMeshPlans).unwrap_err();
+        assert!(e.to_string().contains("B is 4096×0"), "{e}");
+        // At batch 0 a layer has no tokens; at 2^40 sequences its activations no buffer holds.
+        for batch in [0, 1 << 40] {
+            let e = tune_llm(&LlmConfig::gpt3_175b(batch), 256, &profile, &NoMeshPlans).unwrap_err();
+            assert!(e.to_string().contains("layer qkv") && e.to_string().contains("A is"), "{e}");
+        }
+        // GPT-3's activations at batch 128 (1.3·10^10 elements, past a 1D problem's 2^32) fit.
+        assert!(tune_llm(&LlmConfig::gpt3_175b(128), 256, &profile, &NoMeshPlans).is_ok());
     }
 }
 
