@@ -370,7 +370,8 @@ impl QueueSlots {
             if runs.iter().any(|r| r.holds(site) && site.index != r.blocks[0]) {
                 continue;
             }
-            let q = (cmm_core::verify::queues::stream_of(plan, site) + hw.offset) % queues;
+            // Each term reduced first: an offset near 2^64 (`--queue-offset`) must not wrap.
+            let q = (cmm_core::verify::queues::stream_of(plan, site) % queues + hw.offset % queues) % queues;
             slots[site.device][site.lane][site.index] = Some((q, per_queue[q].len()));
             per_queue[q].push(site);
         }
@@ -1479,6 +1480,12 @@ mod tests {
         for queues in [0, 33] {
             assert_eq!(on_queues(&plan, &one, queues, 0).unwrap_err(), SimError::HardwareQueues { queues });
         }
+        // An offset is taken modulo the queues, however large: usize::MAX on 3 queues is 0
+        // (2^64 − 1 is a multiple of 3), where a sum that wrapped would give 2.
+        let runs = plan.fused_runs().unwrap();
+        let slots = |offset| QueueSlots::new(&plan, &runs, HardwareQueues { queues: 3, offset }).unwrap().order;
+        assert_eq!(slots(usize::MAX), slots(0));
+        assert_ne!(slots(2), slots(0));
     }
 
     /// The one-GPU profile with no launch cost and no signal latency, so that a test's
