@@ -94,8 +94,8 @@ enum Command {
     Verify {
         /// The plan file.
         plan: PathBuf,
-        /// Interleavings to replay (the default order first), at least 1.
-        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+        /// Interleavings to replay (the default order first), 1 to 100000.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=cmm_cli::verify::MAX_SCHEDULES as i64))]
         schedules: u32,
         /// Also write a report, one test case per interleaving: JSON for .json, JUnit XML
         /// for .xml.

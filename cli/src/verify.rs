@@ -19,8 +19,17 @@ pub struct Verification {
     pub records: Vec<CaseRecord>,
 }
 
-/// Verifies `plan` under `schedules` interleavings (the default order first).
+/// The most interleavings one verification replays: each is the whole plan again, with a
+/// line of its own in the output and the report, so that a count of 10^9 would run for
+/// hours and hold gigabytes before saying anything.
+pub const MAX_SCHEDULES: usize = 100_000;
+
+/// Verifies `plan` under `schedules` interleavings (the default order first), 1 to
+/// [`MAX_SCHEDULES`].
 pub fn verify_plan(plan: &Plan, schedules: usize) -> Result<Verification> {
+    if !(1..=MAX_SCHEDULES).contains(&schedules) {
+        bail!("{schedules} interleavings: verify replays 1 to {MAX_SCHEDULES}");
+    }
     let cells = Cells::of(plan);
     let mut lines = vec![format!(
         "plan {}: {} devices, {} lanes, {} ops; its {} buffer elements shadowed in {} cells",

@@ -332,8 +332,9 @@ fn corpus() -> PyResult<Vec<PyCase>> {
 /// prints, the findings in words).
 #[pyfunction]
 fn verify(py: Python<'_>, plan_json: &str, schedules: usize) -> PyResult<(Vec<String>, Vec<String>)> {
-    if schedules == 0 {
-        return Err(value_error("schedules: at least 1"));
+    let limit = cmm_cli::verify::MAX_SCHEDULES;
+    if !(1..=limit).contains(&schedules) {
+        return Err(value_error(format!("schedules: 1 to {limit}, not {schedules}")));
     }
     let plan = Plan::from_file_json(plan_json).map_err(value_error)?;
     let v = py.detach(|| cmm_cli::verify::verify_plan(&plan, schedules)).map_err(value_error)?;

@@ -132,6 +132,8 @@ def test_bad_arguments_raise_the_right_exception():
         case.golden("gpu")
     with pytest.raises(ValueError, match="schedules"):
         cmm.verify(case.plan(), schedules=0)
+    with pytest.raises(ValueError, match="schedules: 1 to 100000"):
+        cmm.verify(case.plan(), schedules=10**9)
     with pytest.raises(ValueError, match="--op"):
         cmm.simulate(op="nope", devices=2, m=8, n=8, k=8)
 
