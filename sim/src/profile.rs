@@ -335,9 +335,10 @@ const RATE_RANGE: &str = "is in GB/s, 0.001 to 10^6 (a larger value reads like b
 const MAX_TIME_US: f64 = 1e6;
 const TIME_RANGE: &str = "is in µs, at most 10^6 (a second; a larger value reads like ns or ps)";
 /// The least fraction of a rate (an efficiency, a share beside other work) a profile may
-/// give: far below any measured (a copy beside persistent kernels can keep a few per cent),
-/// far above what would overflow a time.
-const MIN_FRACTION: f64 = 1e-6;
+/// give: below any measured, the fake CUDA driver's included (its CPU twin of the GPU,
+/// calibrated by `--validate-bench`, runs at about 4·10^-8 of an H100's peak), and far
+/// above what would overflow a time.
+const MIN_FRACTION: f64 = 1e-12;
 /// The most a throughput of several ops at once may be relative to one alone.
 const MAX_GAIN: f64 = 1e3;
 /// The most compute units (SMs, cores) and the widest tile a profile may give.
@@ -472,7 +473,7 @@ impl Profile {
             return Err(invalid(
                 "compute.concurrent_throughput",
                 format!("{gains:?}"),
-                "is 1, then the throughputs of 2, 3 and 4 ops at once relative to one (10^-6 to 1000)",
+                "is 1, then the throughputs of 2, 3 and 4 ops at once relative to one (10^-12 to 1000)",
             ));
         }
         let contention = [
@@ -487,14 +488,14 @@ impl Profile {
         let persistent = persistent.into_iter().filter_map(|(field, v)| Some((field, v?)));
         for (field, v) in contention.into_iter().chain(persistent) {
             if !(MIN_FRACTION..=1.0).contains(&v) {
-                return Err(invalid(field, shown(v), "is a fraction, at least 10^-6 and at most 1"));
+                return Err(invalid(field, shown(v), "is a fraction, at least 10^-12 and at most 1"));
             }
         }
         if !(MIN_FRACTION..=1.0).contains(&self.compute.max_efficiency) {
             return Err(invalid(
                 "compute.max_efficiency",
                 shown(self.compute.max_efficiency),
-                "is a fraction of peak, at least 10^-6 and at most 1",
+                "is a fraction of peak, at least 10^-12 and at most 1",
             ));
         }
         let non_negative: [(&'static str, f64); 5] = [
@@ -540,7 +541,7 @@ impl Profile {
                     return Err(invalid(
                         field,
                         shown(r.efficiency),
-                        "efficiency is a fraction of peak, at least 10^-6 and at most 1",
+                        "efficiency is a fraction of peak, at least 10^-12 and at most 1",
                     ));
                 }
                 let fractions = [
@@ -554,7 +555,7 @@ impl Profile {
                         return Err(invalid(
                             field,
                             format!("{name} = {fraction:?}"),
-                            "is a fraction of peak, at least 10^-6 and at most 1",
+                            "is a fraction of peak, at least 10^-12 and at most 1",
                         ));
                     }
                 }
@@ -941,14 +942,14 @@ mod tests {
             ("link_gbps = 450.0", "link_gbps = 1e-300", "interconnect.link_gbps", "1e-300", "GB/s"),
             ("launch_us = 2.0", "launch_us = 2e9", "compute.launch_us", "2e9", "ns"),
             ("f16 = 989.4", "f16 = 9.894e14", "compute.peak_tflops.f16", "9.894e14", "FLOP/s"),
-            ("max_efficiency = 0.834", "max_efficiency = 1e-9", "compute.max_efficiency", "1e-9", "at least 10^-6"),
+            ("max_efficiency = 0.834", "max_efficiency = 1e-15", "compute.max_efficiency", "1e-15", "at least 10^-12"),
             ("parallel_units = 132", "parallel_units = 4294967296", "compute.parallel_units", "4294967296", "10^6"),
             (
                 "launch_us = 2.0",
-                "launch_us = 2.0\nconcurrent_throughput = [1.0, 1e-9, 1.0, 1.0]",
+                "launch_us = 2.0\nconcurrent_throughput = [1.0, 1e-15, 1.0, 1.0]",
                 "compute.concurrent_throughput",
-                "1e-9",
-                "10^-6",
+                "1e-15",
+                "10^-12",
             ),
         ];
         for (from, to, field, value, unit) in cases {
