@@ -3,6 +3,7 @@
 //! or a plan file on a hardware profile) and `tune` (rank the candidate plans).
 
 pub mod bench_file;
+pub mod fuzz;
 pub mod output;
 pub mod problem_args;
 pub mod simulate;

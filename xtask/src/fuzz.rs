@@ -1,6 +1,7 @@
-//! `cargo xtask fuzz`: the parsers users feed (`cmm_conformance::fuzz`'s targets) on
-//! mutated corpus inputs for a bounded time, on stable Rust. Seeds are the corpus's case
-//! files, the plan files of small corpus cases and `.npy` files of every dtype; each
+//! `cargo xtask fuzz`: the parsers users feed (`cmm_conformance::fuzz`'s targets, and
+//! `cmm_cli::fuzz`'s hardware profiles) on mutated inputs for a bounded time, on stable
+//! Rust. Seeds are the corpus's case files, the plan files of small corpus cases, `.npy`
+//! files of every dtype and the built-in profiles; each
 //! input gets a few byte-level and token-level mutations (flips, splices, extreme
 //! numbers). A panic, or an input that runs past the time limit, fails the command and
 //! leaves the input in `target/fuzz-findings/`.
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use cmm_conformance::fuzz::{Rng, TARGETS};
+use cmm_conformance::fuzz::{Rng, Target};
 use cmm_core::DType;
 
 /// Arguments of `cargo xtask fuzz`.
@@ -20,7 +21,7 @@ pub struct Args {
     /// Seconds to spend on each target.
     #[arg(long, default_value_t = 20)]
     pub seconds: u64,
-    /// Only the target with this name (case_file, plan_file or npy).
+    /// Only the target with this name (case_file, plan_file, npy or profile).
     #[arg(long)]
     pub target: Option<String>,
     /// The random seed (default: from the clock; printed, so a run can be replayed).
@@ -34,9 +35,14 @@ static IN_TARGET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 /// One input may take this long before it counts as a hang.
 const HANG_AFTER: Duration = Duration::from_secs(20);
 
+/// Every target: the files of cases, plans and outputs, then hardware profiles.
+fn targets() -> impl Iterator<Item = Target> {
+    cmm_conformance::fuzz::TARGETS.into_iter().chain(cmm_cli::fuzz::TARGETS)
+}
+
 /// Tokens spliced into text inputs: numbers at every limit and the punctuation that
 /// decides structure.
-const TOKENS: [&str; 22] = [
+const TOKENS: [&str; 27] = [
     "0",
     "-1",
     "1",
@@ -59,6 +65,11 @@ const TOKENS: [&str; 22] = [
     "\"bf16\"",
     "\"ring_chunked\"",
     "\"attention\"",
+    "1e308",
+    "1e-300",
+    "\"torus\"",
+    "\"one_gpu\"",
+    "[compute]",
 ];
 
 /// The seed inputs of `target`.
@@ -82,6 +93,14 @@ fn seeds(target: &str) -> Result<Vec<Vec<u8>>> {
             .step_by(7)
             .map(|p| p.to_file_json().into_bytes())
             .collect(),
+        "profile" => {
+            let dir = crate::workspace_root().join("sim").join("profiles");
+            let mut seeds = Vec::new();
+            for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+                seeds.push(std::fs::read(entry?.path())?);
+            }
+            seeds
+        }
         _ => {
             let words: Vec<u32> = (0..6).map(|i| DType::F16.encode(i as f32 - 2.5)).collect();
             let mut seeds = Vec::new();
@@ -144,10 +163,10 @@ pub fn run(args: &Args) -> Result<()> {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
     });
     let findings = crate::workspace_root().join("target").join("fuzz-findings");
-    let targets: Vec<_> =
-        TARGETS.iter().filter(|(name, _)| args.target.as_deref().is_none_or(|t| t == *name)).collect();
+    let targets: Vec<_> = targets().filter(|(name, _)| args.target.as_deref().is_none_or(|t| t == *name)).collect();
     if targets.is_empty() {
-        bail!("no fuzz target `{}` (case_file, plan_file, npy)", args.target.as_deref().unwrap_or(""));
+        let names: Vec<_> = self::targets().map(|(name, _)| name).collect();
+        bail!("no fuzz target `{}` ({})", args.target.as_deref().unwrap_or(""), names.join(", "));
     }
     // The input in flight, for the watchdog: when it started (ms since `epoch`, 0 = none).
     let epoch = Instant::now();
@@ -213,4 +232,28 @@ fn save(dir: &std::path::Path, name: &str, kind: &str, input: &[u8]) -> PathBuf 
     let path = dir.join(format!("{name}-{kind}-{:016x}", cmm_conformance::golden::fnv1a64(input)));
     let _ = std::fs::write(&path, input);
     path
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every target `cargo xtask fuzz` drives has its cargo-fuzz twin in `fuzz/`, calling
+    /// the same function, and every twin a target.
+    #[test]
+    fn every_target_has_its_libfuzzer_twin() {
+        let fuzz = crate::workspace_root().join("fuzz");
+        let manifest = std::fs::read_to_string(fuzz.join("Cargo.toml")).unwrap();
+        let mut twins: Vec<String> = std::fs::read_dir(fuzz.join("fuzz_targets"))
+            .unwrap()
+            .map(|e| e.unwrap().path().file_stem().unwrap().to_string_lossy().into_owned())
+            .collect();
+        twins.sort();
+        let mut names: Vec<String> = super::targets().map(|(name, _)| name.to_string()).collect();
+        names.sort();
+        assert_eq!(twins, names);
+        for name in names {
+            let source = std::fs::read_to_string(fuzz.join("fuzz_targets").join(format!("{name}.rs"))).unwrap();
+            assert!(source.contains(&format!("::fuzz::{name}(data)")), "fuzz/fuzz_targets/{name}.rs");
+            assert!(manifest.contains(&format!("name = \"{name}\"\npath = \"fuzz_targets/{name}.rs\"")), "{name}");
+        }
+    }
 }
