@@ -23,6 +23,25 @@ pub type Target = (&'static str, fn(&[u8]));
 /// Every target, by name.
 pub const TARGETS: [Target; 3] = [("case_file", case_file), ("plan_file", plan_file), ("npy", npy)];
 
+/// Runs every regression input kept under `root/<target>/` (inputs the fuzzer once found
+/// a panic or a hang on) through its target; returns how many ran, or the first that
+/// panics (its target and file).
+pub fn replay_regressions(root: &Path, targets: &[Target]) -> Result<usize, String> {
+    let mut inputs = 0;
+    for (name, target) in targets {
+        let Ok(entries) = std::fs::read_dir(root.join(name)) else { continue };
+        for entry in entries {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            if std::panic::catch_unwind(|| target(&bytes)).is_err() {
+                return Err(format!("{name}: {} panics", path.display()));
+            }
+            inputs += 1;
+        }
+    }
+    Ok(inputs)
+}
+
 /// A case file: parsed, and each small valid case planned and run on the CPU twin.
 pub fn case_file(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
