@@ -792,10 +792,10 @@ mod tests {
         assert!(e.contains("`calibration.together[0].ratio` = 0.0"), "{e}");
         let e = edited(&|v| v["shrink"] = 0.into());
         assert!(e.contains("`shrink` = 0"), "{e}");
-        // Each figure possible, but a local GEMM of a week: the calibrated efficiency
-        // would price every plan at years.
-        let e = edited(&|v| v["calibration"]["gemm_us"] = 6e11.into());
-        assert!(e.contains("calibration") && e.contains("compute.max_efficiency"), "{e}");
+        // Each figure possible, but a signal round trip of ten days: the calibrated wait
+        // would price every plan at weeks.
+        let e = edited(&|v| v["calibration"]["round_trip_us"] = 9e11.into());
+        assert!(e.contains("calibration") && e.contains("`sync.") && e.contains("at most 10^6"), "{e}");
     }
 
     /// Issue 32's bound on the plans that copy: every plan on cuBLAS of the two benches of
