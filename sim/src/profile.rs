@@ -324,9 +324,8 @@ impl EngineRate {
     }
 }
 
-/// The profiles shipped in `sim/profiles/`, by name.
-/// The least and most TFLOP/s or GB/s a profile may give: a millionth of a chip's or a
-/// link's rate today, and a thousand times it.
+/// The least and most TFLOP/s or GB/s a profile may give: about a millionth of a chip's
+/// or a link's rate today, and hundreds of times it.
 const MIN_RATE: f64 = 1e-3;
 const MAX_RATE: f64 = 1e6;
 const PEAK_RANGE: &str = "is in TFLOP/s, 0.001 to 10^6 (a larger value reads like FLOP/s)";
@@ -355,6 +354,7 @@ fn shown(v: f64) -> String {
     }
 }
 
+/// The profiles shipped in `sim/profiles/`, by name.
 const BUILTIN: [(&str, &str); 8] = [
     ("h100-nvlink", include_str!("../profiles/h100-nvlink.toml")),
     ("h800-nvlink", include_str!("../profiles/h800-nvlink.toml")),
