@@ -4,6 +4,7 @@
 //! assumptions. So a GPU session reads its measured times against the model in one
 //! command, without editing the profile or the validation table by hand.
 
+use std::io::Write;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -294,8 +295,9 @@ fn time(us: Option<f64>) -> String {
     us.map_or("-".into(), |us| format!("{us:.1} µs"))
 }
 
-fn print_rows(rows: &[OneGpuRow]) {
-    println!(
+fn print_rows(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
+    writeln!(
+        out,
         "{:<34} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8} {:>11}",
         "case",
         "measured",
@@ -308,10 +310,11 @@ fn print_rows(rows: &[OneGpuRow]) {
         "simulated",
         "error",
         "Σ compute"
-    );
+    )?;
     for row in rows {
         let t = &row.time;
-        println!(
+        writeln!(
+            out,
             "{:<34} {:>8.1} µs {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8} {:>8.1} µs",
             t.case,
             t.published_us,
@@ -324,8 +327,9 @@ fn print_rows(rows: &[OneGpuRow]) {
             row.offset_us,
             error(row.measured_offset_us, row.offset_us),
             row.compute_floor_us
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// The profile's constants a calibration replaces, as they are and as measured.
@@ -419,10 +423,10 @@ fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> R
     Ok(rows)
 }
 
-fn print_calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> Result<()> {
-    println!("{:<34} {:>11} {:>11} {:>8}", "calibration plan", "measured", "simulated", "error");
+fn print_calibration_rows(out: &mut dyn Write, profile: &Profile, c: &BenchCalibration, shrink: usize) -> Result<()> {
+    writeln!(out, "{:<34} {:>11} {:>11} {:>8}", "calibration plan", "measured", "simulated", "error")?;
     for (what, measured, simulated) in calibration_rows(profile, c, shrink)? {
-        println!("{what:<34} {measured:>8.1} µs {simulated:>8.1} µs {:>8}", error(Some(measured), simulated));
+        writeln!(out, "{what:<34} {measured:>8.1} µs {simulated:>8.1} µs {:>8}", error(Some(measured), simulated))?;
     }
     Ok(())
 }
@@ -458,8 +462,13 @@ fn impossible_figure(value: &serde_json::Value, path: &str) -> Option<(String, f
     }
 }
 
-/// `--validate-bench` on the text of a report named `name`.
+/// `--validate-bench` on the text of a report named `name`, printed.
 pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
+    validate_bench_to(&mut std::io::stdout().lock(), text, name)
+}
+
+/// `--validate-bench` on the text of a report named `name`, written to `out`.
+pub fn validate_bench_to(out: &mut dyn Write, text: &str, name: &str) -> Result<()> {
     let value: serde_json::Value =
         serde_json::from_str(text).with_context(|| format!("{name}: not a CUDA bench report"))?;
     if let Some((at, x)) = impossible_figure(&value, "") {
@@ -474,7 +483,8 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
         bail!("{name}: no row the simulator models (only fused plans, or none)");
     }
     let profile = Profile::load(one_gpu_profile(&file.gpu))?;
-    println!(
+    writeln!(
+        out,
         "{}: {} modelled rows of a bench on {} (commit {}, sync {}{})",
         name,
         times.len(),
@@ -482,19 +492,23 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
         file.commit.as_deref().unwrap_or("unknown"),
         file.sync,
         if file.shrink > 1 { format!(", every dimension ÷ {}", file.shrink) } else { String::new() }
-    );
+    )?;
     if !fused.is_empty() {
-        println!("the {} fused plans (cmm's own tile kernel) come last, at the tile's measured pace", fused.len());
+        writeln!(
+            out,
+            "the {} fused plans (cmm's own tile kernel) come last, at the tile's measured pace",
+            fused.len()
+        )?;
     }
     let (levels, whose) = file.compute_levels();
-    println!("staggered predictions over {levels} compute priorities, {whose}");
-    println!();
-    println!("as the profile stands ({}):", profile.name);
-    print_rows(&one_gpu_rows(&profile, &times, file.shrink, levels)?);
+    writeln!(out, "staggered predictions over {levels} compute priorities, {whose}")?;
+    writeln!(out)?;
+    writeln!(out, "as the profile stands ({}):", profile.name)?;
+    print_rows(out, &one_gpu_rows(&profile, &times, file.shrink, levels)?)?;
     let Some(c) = &file.calibration else {
-        println!();
-        println!("no `calibration` in this report (a bench before a28955f): the profile's assumptions stand");
-        return print_fused(&profile, &file, &fused);
+        writeln!(out)?;
+        writeln!(out, "no `calibration` in this report (a bench before a28955f): the profile's assumptions stand")?;
+        return print_fused(out, &profile, &file, &fused);
     };
     let calibrated = calibrated_one_gpu(
         &profile,
@@ -509,8 +523,9 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
             persistent_kernels_us: c.persistent.as_ref().map(|p| (p.kernels_us, p.kernels_f32_us)),
         },
     )?;
-    println!();
-    println!(
+    writeln!(out)?;
+    writeln!(
+ out,
         "calibrated with the bench's own figures (a copy alone {:.1} µs, {:.0} GB/s; a signal-wait round trip {:.1} µs; \
          the local GEMM alone {:.1} µs{}; beside each other, the GEMM {:.1} µs and the copy {:.1} µs):",
         c.copy_us,
@@ -520,9 +535,9 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
         c.together.iter().map(|t| format!(", {} at once {:.3}× their time alone", t.devices, t.ratio)).collect::<String>(),
         c.gemm_beside_copy_us,
         c.copy_beside_gemm_us
-    );
+    )?;
     for (field, before, after) in changes(&profile, &calibrated) {
-        println!("  {field}: {before} -> {after:.4}");
+        writeln!(out, "  {field}: {before} -> {after:.4}")?;
     }
     if let Some(p) = &c.persistent {
         let shares = [
@@ -539,18 +554,20 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
         if let (Some(before), Some(after)) = (rates(&profile), rates(&calibrated)) {
             let fields =
                 [("shared_efficiency", "f16", p.kernels_us), ("shared_efficiency_f32", "f32", p.kernels_f32_us)];
-            for (((field, out, us), before), after) in fields.into_iter().zip(before).zip(after) {
+            for (((field, written, us), before), after) in fields.into_iter().zip(before).zip(after) {
                 let Some(after) = after else { continue };
-                println!(
-                    "  engines.hopper_128x256.{field}: {} -> {after:.4} ({} persistent GEMMs writing {out} alone {us:.1} µs)",
+                writeln!(
+ out,
+                    "  engines.hopper_128x256.{field}: {} -> {after:.4} ({} persistent GEMMs writing {written} alone {us:.1} µs)",
                     before.map_or("unset".into(), |v| v.to_string()),
                     p.devices
-                );
+                )?;
             }
         }
         for (field, op, before, measured) in shares {
             let Some(m) = measured else { continue };
-            println!(
+            writeln!(
+ out,
                 "  {field}: {} -> {} (the {op} {:.1} µs beside {} persistent GEMMs on {}, device 0's {:.1} µs; alone {:.1} µs)",
                 before.map_or("unset".into(), |v| v.to_string()),
                 m.share().map_or(format!("unset: the {op} waited for the kernels' end, no rate to take"), |v| format!("{v:.4}")),
@@ -559,25 +576,26 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
                 p.gemm_engine,
                 m.kernel_beside_us,
                 m.alone_us
-            );
+            )?;
         }
     }
-    print_rows(&one_gpu_rows(&calibrated, &times, file.shrink, levels)?);
+    print_rows(out, &one_gpu_rows(&calibrated, &times, file.shrink, levels)?)?;
     // The calibration's own plans: the copy alone, the GEMMs at once and the round trip
     // check the substitution; the GEMM and the copy beside each other test the model's
     // sharing of the HBM, which no constant was set from.
     for (name, p) in [("as the profile stands", &profile), ("calibrated", &calibrated)] {
-        println!();
-        println!("the calibration's plans, {name}:");
-        print_calibration_rows(p, c, file.shrink)?;
+        writeln!(out)?;
+        writeln!(out, "the calibration's plans, {name}:")?;
+        print_calibration_rows(out, p, c, file.shrink)?;
     }
-    println!();
-    println!(
+    writeln!(out)?;
+    writeln!(
+        out,
         "to keep them: put the calibrated values in sim/profiles/{}.toml with their source, and run \
          `cargo xtask simulate --validate`",
         profile.name
-    );
-    print_fused(&calibrated, &file, &fused)
+    )?;
+    print_fused(out, &calibrated, &file, &fused)
 }
 
 /// The fused plans against the model with their GEMMs at the tile kernel's measured pace
@@ -585,8 +603,8 @@ pub fn validate_bench_text(text: &str, name: &str) -> Result<()> {
 /// what the persistent kernel would take if its tile alone set its speed. A measured time
 /// well above it is the persistent kernel's own cost (one CTA per SM, the per-tile
 /// synchronisation), not the tile's.
-fn print_fused(profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Result<()> {
-    print_fused_as_built(profile, file, fused)?;
+fn print_fused(out: &mut dyn Write, profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Result<()> {
+    print_fused_as_built(out, profile, file, fused)?;
     let (Some(cublas), Some(tile)) = (file.local_cublas_us, file.local_tile_us) else {
         return Ok(());
     };
@@ -597,16 +615,18 @@ fn print_fused(profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Resul
     };
     let narrow = at_pace(tile);
     let wide = file.local_wide_tile_us.map(at_pace);
-    println!();
-    println!(
+    writeln!(out)?;
+    writeln!(
+        out,
         "the fused plans with their GEMMs at the tile kernel's pace (the local GEMM: cuBLAS {cublas:.1} µs, \
          64×64 tiles {tile:.1} µs{}):",
         file.local_wide_tile_us.map_or(String::new(), |w| format!(", 128×128 tiles {w:.1} µs"))
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "{:<34} {:>11} {:>11} {:>9} {:>11} {:>9} {:>11} {:>11} {:>9}",
         "case", "measured", "at pace", "÷", "2 CTAs/SM", "÷", "wide", "at pace", "÷"
-    );
+    )?;
     for FusedRow { op, algorithm, times, .. } in fused {
         let plan = build_plan(&seed000_problem(*op, times.devices, file.shrink)?, *algorithm)?;
         let simulated = |p: &Profile| simulate(&plan, p, &SimOptions::default()).map(|r| r.makespan_s * 1e6);
@@ -616,7 +636,8 @@ fn print_fused(profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Resul
             (Some(m), Some(p)) => format!("{:.2}×", m / p),
             _ => "-".into(),
         };
-        println!(
+        writeln!(
+            out,
             "{:<34} {:>8.1} µs {:>8.1} µs {:>9} {:>11} {:>9} {:>11} {:>11} {:>9}",
             format!("{} D={} {}", times.op, times.devices, times.algorithm),
             times.time_us,
@@ -627,10 +648,10 @@ fn print_fused(profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Resul
             time(times.time_wide_tiles_us),
             time(wide_paced),
             ratio(times.time_wide_tiles_us, wide_paced)
-        );
+        )?;
     }
     if fused.is_empty() {
-        println!("(no fused plan in this report)");
+        writeln!(out, "(no fused plan in this report)")?;
     }
     Ok(())
 }
@@ -640,14 +661,15 @@ fn print_fused(profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Resul
 /// (the report says which ran), and the compute-only twin measured beside simulated.
 /// Nothing of these rows is fitted: the profile's engine rates come from single GEMMs and
 /// the twins, never from the fused plans' own times.
-fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Result<()> {
+fn print_fused_as_built(out: &mut dyn Write, profile: &Profile, file: &BenchFile, fused: &[FusedRow]) -> Result<()> {
     if fused.is_empty() {
         return Ok(());
     }
-    println!();
-    println!("the fused plans as built ({}: every GEMM on the engine cmm runs it on):", profile.name);
+    writeln!(out)?;
+    writeln!(out, "the fused plans as built ({}: every GEMM on the engine cmm runs it on):", profile.name)?;
     let queues = file.hardware_queues;
-    println!(
+    writeln!(
+        out,
         "{:<26} {:<28} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8} {:>11} {:>8}",
         "case",
         "GEMMs on (measured)",
@@ -662,7 +684,7 @@ fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow])
         "error",
         format!("{queues} queues"),
         "error"
-    );
+    )?;
     let levels = file.compute_levels().0;
     // Rows within the issue's 20 %: as simulated plainly, and on the report's queues.
     let within = |measured: f64, simulated: f64| ((simulated - measured) / measured).abs() <= 0.20;
@@ -686,7 +708,8 @@ fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow])
                 SimOptions { hardware_queues: Some(HardwareQueues { queues, offset }), ..SimOptions::default() };
             shared += simulate(&plan, profile, &options)?.makespan_s * 1e6 / offsets as f64;
         }
-        println!(
+        writeln!(
+ out,
             "{:<26} {:<28} {:>8.1} µs {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8} {:>11} {:>8.1} µs {:>8} {:>8.1} µs {:>8}",
             format!("{} D={} {}", times.op, times.devices, times.algorithm),
             row.gemm_engine.as_deref().unwrap_or("(not in the report)"),
@@ -701,15 +724,16 @@ fn print_fused_as_built(profile: &Profile, file: &BenchFile, fused: &[FusedRow])
             error(row.compute_only_us, twin),
             shared,
             error(Some(times.time_us), shared)
-        );
-        println!("{:<26} simulated on {}", "", plain.engines.describe());
+        )?;
+        writeln!(out, "{:<26} simulated on {}", "", plain.engines.describe())?;
         plain_within += usize::from(within(times.time_us, plain.makespan_s * 1e6));
         queued_within += usize::from(within(times.time_us, shared));
     }
-    println!(
+    writeln!(
+ out,
         "fused plans as built within 20 % of their measured time: {plain_within} of {n}, on {queues} queues {queued_within} of {n}",
         n = fused.len()
-    );
+    )?;
     Ok(())
 }
 

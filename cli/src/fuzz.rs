@@ -1,7 +1,8 @@
-//! Fuzz entry points for a file users write for the simulator: a hardware profile (TOML,
-//! `--profile FILE`). As `cmm_conformance::fuzz`'s targets: any bytes in, an error or a
-//! result out, never a panic or a hang; and a profile that passes its checks predicts a
-//! finite time for every plan it can simulate. `cargo xtask fuzz` drives it beside those.
+//! Fuzz entry points for the files users hand the simulator: a hardware profile (TOML,
+//! `--profile FILE`) and a CUDA bench report (JSON, `--validate-bench FILE`). As
+//! `cmm_conformance::fuzz`'s targets: any bytes in, an error or a result out, never a
+//! panic or a hang; and a profile that passes its checks predicts a finite time for every
+//! plan it can simulate. `cargo xtask fuzz` drives them beside those.
 
 use std::sync::OnceLock;
 
@@ -10,7 +11,11 @@ use cmm_core::{build_plan, Algorithm, DType, OpKind, Plan, Problem};
 use cmm_sim::{simulate, Profile, SimOptions};
 
 /// Every target of this crate, by name.
-pub const TARGETS: [Target; 1] = [("profile", profile)];
+pub const TARGETS: [Target; 2] = [("profile", profile), ("bench_report", bench_report)];
+
+/// Bench rows past this many devices are read but not simulated: their plans (D² ops for
+/// a ring) are bounded work, only slower, and a fuzzer wants many inputs a second.
+const MAX_SIMULATED_DEVICES: u64 = 16;
 
 /// Small plans of the kinds a profile prices differently: a ring of cuBLAS GEMMs and
 /// copies, a ring that accumulates reduced partials, and a fused plan on the Hopper
@@ -43,6 +48,18 @@ pub fn profile(data: &[u8]) {
             assert!(time.is_finite() && time >= 0.0, "{}: {time} s on a profile that passed its checks", plan.name);
         }
     }
+}
+
+/// A bench report: read, checked, set against the one-GPU profile as it stands and as
+/// the report's calibration sets it, its tables written nowhere.
+pub fn bench_report(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else { return };
+    let rows = value.get("rows").and_then(|r| r.as_array()).map_or(&[][..], |r| r.as_slice());
+    if rows.iter().any(|row| row.get("devices").and_then(|d| d.as_u64()).is_some_and(|d| d > MAX_SIMULATED_DEVICES)) {
+        return;
+    }
+    let _ = crate::bench_file::validate_bench_to(&mut std::io::sink(), text, "fuzz.json");
 }
 
 #[cfg(test)]

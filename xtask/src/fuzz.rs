@@ -1,7 +1,8 @@
 //! `cargo xtask fuzz`: the parsers users feed (`cmm_conformance::fuzz`'s targets, and
-//! `cmm_cli::fuzz`'s hardware profiles) on mutated inputs for a bounded time, on stable
-//! Rust. Seeds are the corpus's case files, the plan files of small corpus cases, `.npy`
-//! files of every dtype and the built-in profiles; each
+//! `cmm_cli::fuzz`'s hardware profiles and bench reports) on mutated inputs for a bounded
+//! time, on stable Rust. Seeds are the corpus's case files, the plan files of small corpus
+//! cases, `.npy` files of every dtype, the built-in profiles and the GPU runs' bench
+//! reports; each
 //! input gets a few byte-level and token-level mutations (flips, splices, extreme
 //! numbers). A panic, or an input that runs past the time limit, fails the command and
 //! leaves the input in `target/fuzz-findings/`.
@@ -21,7 +22,7 @@ pub struct Args {
     /// Seconds to spend on each target.
     #[arg(long, default_value_t = 20)]
     pub seconds: u64,
-    /// Only the target with this name (case_file, plan_file, npy or profile).
+    /// Only the target with this name (case_file, plan_file, npy, profile or bench_report).
     #[arg(long)]
     pub target: Option<String>,
     /// The random seed (default: from the clock; printed, so a run can be replayed).
@@ -93,11 +94,17 @@ fn seeds(target: &str) -> Result<Vec<Vec<u8>>> {
             .step_by(7)
             .map(|p| p.to_file_json().into_bytes())
             .collect(),
-        "profile" => {
-            let dir = crate::workspace_root().join("sim").join("profiles");
-            let mut seeds = Vec::new();
-            for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
-                seeds.push(std::fs::read(entry?.path())?);
+        "profile" => files_in(&crate::workspace_root().join("sim").join("profiles"), ".toml")?,
+        // The GPU runs' bench reports, and the fake driver's (whose calibration has the
+        // persistent kernels' lines, which no GPU run has yet).
+        "bench_report" => {
+            let runs = crate::workspace_root().join("docs").join("gpu-runs");
+            let mut seeds = files_in(&crate::workspace_root().join("cli").join("fuzz").join("bench_report"), ".json")?;
+            for run in std::fs::read_dir(&runs).with_context(|| format!("reading {}", runs.display()))? {
+                let run = run?.path();
+                if run.is_dir() {
+                    seeds.extend(files_in(&run, "-bench-kernels.json")?);
+                }
             }
             seeds
         }
@@ -110,6 +117,18 @@ fn seeds(target: &str) -> Result<Vec<Vec<u8>>> {
             seeds
         }
     })
+}
+
+/// The contents of every file in `dir` whose name ends in `suffix`.
+fn files_in(dir: &std::path::Path, suffix: &str) -> Result<Vec<Vec<u8>>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.to_string_lossy().ends_with(suffix) {
+            files.push(std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
+        }
+    }
+    Ok(files)
 }
 
 /// A mutated copy of `input`, with a few changes and sometimes a splice of `other`.
