@@ -429,41 +429,46 @@ impl Profile {
             value,
             reason,
         };
-        let positive: [(&'static str, f64); 9] = [
+        // Finite and above 0, then within a range wider than any hardware's: a rate in
+        // bytes/s where GB/s is meant is finite, but its simulated times come out absurd or
+        // overflow to infinity, and `tune` would rank them.
+        let peaks = [
             ("compute.peak_tflops.f16", self.compute.peak_tflops.f16),
             ("compute.peak_tflops.bf16", self.compute.peak_tflops.bf16),
             ("compute.peak_tflops.f32", self.compute.peak_tflops.f32),
-            ("compute.max_efficiency", self.compute.max_efficiency),
+        ];
+        let mut rates = vec![
             ("memory.hbm_gbps", self.memory.hbm_gbps),
             ("interconnect.link_gbps", self.interconnect.link_gbps),
             ("copy.copy_engine_gbps", self.copy.copy_engine_gbps),
             ("copy.sm_copy_gbps", self.copy.sm_copy_gbps),
-            ("compute.parallel_units", self.compute.parallel_units as f64),
         ];
-        for (field, v) in positive {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(invalid(field, shown(v), "must be a finite number above 0"));
+        rates.extend(self.network.iter().map(|n| ("network.nic_gbps", n.nic_gbps)));
+        for (fields, range) in [(&peaks[..], PEAK_RANGE), (&rates[..], RATE_RANGE)] {
+            for &(field, v) in fields {
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(invalid(field, shown(v), "must be a finite number above 0"));
+                }
+                if !(MIN_RATE..=MAX_RATE).contains(&v) {
+                    return Err(invalid(field, shown(v), range));
+                }
             }
         }
-        // Finite is not enough: a rate in bytes/s where GB/s is meant, or a latency in ns
-        // where µs is, gives finite inputs whose simulated times overflow to infinity or
-        // come out absurd, and `tune` would rank those. Each kind of number has a range
-        // wider than any hardware's.
-        let mut rates: Vec<(&'static str, f64, &'static str)> =
-            positive[..3].iter().map(|&(field, v)| (field, v, PEAK_RANGE)).collect();
-        rates.extend(positive[4..8].iter().map(|&(field, v)| (field, v, RATE_RANGE)));
-        rates.extend(self.network.iter().map(|n| ("network.nic_gbps", n.nic_gbps, RATE_RANGE)));
-        for (field, v, range) in rates {
-            if !(MIN_RATE..=MAX_RATE).contains(&v) {
-                return Err(invalid(field, shown(v), range));
-            }
-        }
-        let counts = [
+        // At least 1; the units and tiles also at most any chip's (the ring's directions
+        // have their own bound below).
+        let mut counts = vec![
+            ("max_devices", self.max_devices, usize::MAX),
             ("compute.parallel_units", self.compute.parallel_units, MAX_UNITS),
             ("compute.tile_m", self.compute.tile_m, MAX_TILE),
             ("compute.tile_n", self.compute.tile_n, MAX_TILE),
+            ("compute.max_split_k", self.compute.max_split_k, usize::MAX),
+            ("interconnect.collective_directions", self.interconnect.collective_directions, usize::MAX),
         ];
+        counts.extend(self.network.iter().map(|n| ("network.devices_per_node", n.devices_per_node, usize::MAX)));
         for (field, v, max) in counts {
+            if v == 0 {
+                return Err(invalid(field, v.to_string(), "must be at least 1"));
+            }
             if v > max {
                 return Err(invalid(field, v.to_string(), "is above any chip's (at most 10^6 units, tiles of 2^16)"));
             }
@@ -476,7 +481,8 @@ impl Profile {
                 "is 1, then the throughputs of 2, 3 and 4 ops at once relative to one (10^-12 to 1000)",
             ));
         }
-        let contention = [
+        let fractions = [
+            ("compute.max_efficiency", self.compute.max_efficiency),
             ("copy.rate_beside_compute", self.copy.rate_beside_compute),
             ("copy.compute_beside_copy", self.copy.compute_beside_copy),
             ("compute.split_k_efficiency", self.compute.split_k_efficiency),
@@ -486,43 +492,25 @@ impl Profile {
             ("compute.kernel_beside_persistent", self.compute.kernel_beside_persistent),
         ];
         let persistent = persistent.into_iter().filter_map(|(field, v)| Some((field, v?)));
-        for (field, v) in contention.into_iter().chain(persistent) {
+        for (field, v) in fractions.into_iter().chain(persistent) {
             if !(MIN_FRACTION..=1.0).contains(&v) {
                 return Err(invalid(field, shown(v), "is a fraction, at least 10^-12 and at most 1"));
             }
         }
-        if !(MIN_FRACTION..=1.0).contains(&self.compute.max_efficiency) {
-            return Err(invalid(
-                "compute.max_efficiency",
-                shown(self.compute.max_efficiency),
-                "is a fraction of peak, at least 10^-12 and at most 1",
-            ));
-        }
-        let non_negative: [(&'static str, f64); 5] = [
+        let mut non_negative = vec![
             ("sync.dma_wait_us", self.sync.dma_wait_us),
             ("compute.launch_us", self.compute.launch_us),
             ("interconnect.link_latency_us", self.interconnect.link_latency_us),
             ("sync.remote_round_us", self.sync.remote_round_us),
             ("sync.local_wait_us", self.sync.local_wait_us),
         ];
+        non_negative.extend(self.network.iter().map(|n| ("network.latency_us", n.latency_us)));
         for (field, v) in non_negative {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(invalid(field, shown(v), "must be a finite number, 0 or more"));
             }
             if v > MAX_TIME_US {
                 return Err(invalid(field, shown(v), TIME_RANGE));
-            }
-        }
-        let counts: [(&'static str, usize); 5] = [
-            ("max_devices", self.max_devices),
-            ("compute.tile_m", self.compute.tile_m),
-            ("compute.tile_n", self.compute.tile_n),
-            ("compute.max_split_k", self.compute.max_split_k),
-            ("interconnect.collective_directions", self.interconnect.collective_directions),
-        ];
-        for (field, v) in counts {
-            if v == 0 {
-                return Err(invalid(field, v.to_string(), "must be at least 1"));
             }
         }
         if let Some(e) = &self.engines {
@@ -567,26 +555,12 @@ impl Profile {
                 return Err(invalid("engines", "one Hopper tile".into(), "gives both Hopper tiles or neither"));
             }
         }
-        if let Some(n) = &self.network {
-            if n.devices_per_node == 0 {
-                return Err(invalid("network.devices_per_node", "0".into(), "must be at least 1"));
-            }
-            if !(n.nic_gbps.is_finite() && n.nic_gbps > 0.0) {
-                return Err(invalid("network.nic_gbps", shown(n.nic_gbps), "must be a finite number above 0"));
-            }
-            if !(n.latency_us.is_finite() && n.latency_us >= 0.0) {
-                return Err(invalid("network.latency_us", shown(n.latency_us), "must be a finite number, 0 or more"));
-            }
-            if n.latency_us > MAX_TIME_US {
-                return Err(invalid("network.latency_us", shown(n.latency_us), TIME_RANGE));
-            }
-            if self.interconnect.topology != TopologyKind::Switch {
-                return Err(invalid(
-                    "network",
-                    self.interconnect.topology.to_string(),
-                    "joins nodes whose devices share a switch (interconnect.topology = \"switch\")",
-                ));
-            }
+        if self.network.is_some() && self.interconnect.topology != TopologyKind::Switch {
+            return Err(invalid(
+                "network",
+                self.interconnect.topology.to_string(),
+                "joins nodes whose devices share a switch (interconnect.topology = \"switch\")",
+            ));
         }
         if self.interconnect.collective_directions > 2 {
             return Err(invalid(
