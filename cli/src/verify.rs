@@ -28,7 +28,7 @@ pub const MAX_SCHEDULES: usize = 100_000;
 /// [`MAX_SCHEDULES`].
 pub fn verify_plan(plan: &Plan, schedules: usize) -> Result<Verification> {
     if !(1..=MAX_SCHEDULES).contains(&schedules) {
-        bail!("{schedules} interleavings: verify replays 1 to {MAX_SCHEDULES}");
+        bail!("schedules: 1 to {MAX_SCHEDULES}, not {schedules} (the interleavings verify replays)");
     }
     let cells = Cells::of(plan);
     let mut lines = vec![format!(
