@@ -69,9 +69,12 @@ struct HopperBlock {
     std::unordered_map<u32, MBarrier> bars;
     // Per 16-byte chunk: 1 + the barrier offset whose phase publishes it (0: never
     // written by TMA or cp.async; UNTRACKED: a cp.async no mbarrier tracks yet), that
-    // phase's index, and whether cp.async (the generic proxy) wrote it.
-    std::vector<u32> chunk_bar, chunk_phase;
-    std::vector<unsigned char> chunk_generic;
+    // phase's index, and whether cp.async (the generic proxy) wrote it; side by side, as
+    // a wgmma's check reads all three.
+    struct Chunk {
+        u32 bar = 0, phase = 0, generic = 0;
+    };
+    std::vector<Chunk> chunks;
     // Per thread: barrier → phases it has seen complete, and as of its last
     // fence.proxy.async.shared::cta.
     std::vector<std::unordered_map<u32, u32>> observed, fenced;
@@ -92,9 +95,7 @@ inline HopperBlock& hopper_block_at(u32 cta) {
         hb.serial = serial;
         if (!hb.smem) hb.smem.reset(new unsigned char[HOPPER_SMEM_BYTES]);
         hb.bars.clear();
-        hb.chunk_bar.assign(HOPPER_SMEM_BYTES / 16u, 0u);
-        hb.chunk_phase.assign(HOPPER_SMEM_BYTES / 16u, 0u);
-        hb.chunk_generic.assign(HOPPER_SMEM_BYTES / 16u, 0u);
+        hb.chunks.assign(HOPPER_SMEM_BYTES / 16u, HopperBlock::Chunk{});
         const size_t threads = block != nullptr ? block->cta_threads : 1;
         hb.observed.assign(threads, {});
         hb.fenced.assign(threads, {});
@@ -288,9 +289,7 @@ inline void cmm_tma_load_at(const char* file, int line, u32 rank, u32 dst, const
                 u32 addr = dst + r * 128u + c * 2u;
                 addr ^= ((addr >> 7) & 7u) << 4;
                 std::memcpy(hb.smem.get() + addr, &v, 2);
-                hb.chunk_bar[addr / 16u] = bar + 1u;
-                hb.chunk_phase[addr / 16u] = b->completed;
-                hb.chunk_generic[addr / 16u] = 0u;
+                hb.chunks[addr / 16u] = HopperBlock::Chunk{bar + 1u, b->completed, 0u};
             }
         }
         running_block->progress += 1;
@@ -319,8 +318,8 @@ inline void cmm_hopper_cp_async16(u32 dst, u64 src, u32 src_bytes) {
     unsigned char* to = hb.smem.get() + dst;
     std::memset(to, 0, 16);
     if (src_bytes != 0u) std::memcpy(to, (const void*)src, src_bytes);
-    hb.chunk_bar[dst / 16u] = HopperBlock::UNTRACKED;
-    hb.chunk_generic[dst / 16u] = 1u;
+    hb.chunks[dst / 16u].bar = HopperBlock::UNTRACKED;
+    hb.chunks[dst / 16u].generic = 1u;
     hb.untracked[linear_thread()].push_back(dst / 16u);
     running_block->progress += 1;
 }
@@ -332,9 +331,9 @@ inline void cmm_hopper_cp_async_arrive(u32 bar) {
     HopperBlock& hb = hopper_block();
     std::vector<u32>& mine = hb.untracked[linear_thread()];
     for (u32 chunk : mine) {
-        if (hb.chunk_bar[chunk] == HopperBlock::UNTRACKED) {
-            hb.chunk_bar[chunk] = bar + 1u;
-            hb.chunk_phase[chunk] = b->completed;
+        if (hb.chunks[chunk].bar == HopperBlock::UNTRACKED) {
+            hb.chunks[chunk].bar = bar + 1u;
+            hb.chunks[chunk].phase = b->completed;
         }
     }
     mine.clear();
@@ -434,24 +433,29 @@ struct OperandLayout {
           span_shift(mode == 1u ? 7u : mode == 2u ? 6u : mode == 3u ? 5u : 4u),
           mn_major(mn_major_) {}
 
-    // The byte offset of element (mn, k).
-    u32 offset(u32 mn, u32 k) const {
-        u32 off;
-        if (!mn_major) {
-            // ((8, m), (T, 2k)): eight rows of `span` bytes, groups of eight SBO apart; K
-            // runs along the row (without swizzle: 16-byte units LBO apart).
-            off = ((mn & 7u) << span_shift) + (mn >> 3) * sbo;
-            off += mode == 0u ? (k & 7u) * 2u + (k >> 3) * lbo : k * 2u;
-        } else if (mode == 0u) {
-            off = (mn & 7u) * 2u + (mn >> 3) * sbo + (k & 7u) * 16u + (k >> 3) * lbo;
-        } else {
-            // ((T, span/16, m), (8, k)): `span` bytes of M or N contiguous, the next span
-            // LBO on; K rows `span` bytes apart, groups of eight SBO.
-            const u32 per_shift = span_shift - 1u;  // log2 of the elements of a row
-            off = (mn & ((1u << per_shift) - 1u)) * 2u + (mn >> per_shift) * lbo + ((k & 7u) << span_shift) +
-                  (k >> 3) * sbo;
-        }
-        u32 addr = start + off;
+    // The byte offset of element (mn, k): the start, a part from mn and a part from k
+    // (they add), then the swizzle of the whole address.
+    u32 offset(u32 mn, u32 k) const { return swizzle(start + mn_part(mn) + k_part(k)); }
+
+    u32 mn_part(u32 mn) const {
+        // K-major: ((8, m), (T, 2k)), eight rows of `span` bytes, groups of eight SBO apart.
+        if (!mn_major) return ((mn & 7u) << span_shift) + (mn >> 3) * sbo;
+        if (mode == 0u) return (mn & 7u) * 2u + (mn >> 3) * sbo;
+        // MN-major, swizzled: ((T, span/16, m), (8, k)), `span` bytes of M or N contiguous,
+        // the next span LBO on.
+        const u32 per_shift = span_shift - 1u;  // log2 of the elements of a row
+        return (mn & ((1u << per_shift) - 1u)) * 2u + (mn >> per_shift) * lbo;
+    }
+
+    u32 k_part(u32 k) const {
+        // K-major: along the row (without swizzle: 16-byte units LBO apart).
+        if (!mn_major) return mode == 0u ? (k & 7u) * 2u + (k >> 3) * lbo : k * 2u;
+        if (mode == 0u) return (k & 7u) * 16u + (k >> 3) * lbo;
+        // MN-major, swizzled: K rows `span` bytes apart, groups of eight SBO.
+        return ((k & 7u) << span_shift) + (k >> 3) * sbo;
+    }
+
+    u32 swizzle(u32 addr) const {
         if (mode == 1u) addr ^= ((addr >> 7) & 7u) << 4;
         if (mode == 2u) addr ^= ((addr >> 7) & 3u) << 4;
         if (mode == 3u) addr ^= ((addr >> 7) & 1u) << 4;
@@ -463,6 +467,12 @@ struct OperandLayout {
 // and, if a TMA copy or cp.async wrote them, published to the thread by a phase it has
 // waited for (and, for cp.async, fenced). A wgmma runs without yielding, so a chunk
 // checked once stays good for the rest of the call.
+//
+// The elements a thread needs come in runs that share one 16-byte unit: eight along K of
+// a K-major row (k = 0..7 or 8..15), two along MN of an MN-major one (an even column and
+// the next). Every layout offset is a multiple of 16 bytes apart from those runs, and the
+// swizzles permute whole 16-byte units, so a run is contiguous after the swizzle too. One
+// offset, one check and one copy serve the run.
 struct OperandReader {
     HopperBlock& hb;
     const std::unordered_map<u32, u32>& seen;    // the thread's barrier → phases seen
@@ -472,23 +482,45 @@ struct OperandReader {
     u32 last_bar = 0, last_seen = 0, last_fenced = 0;  // the last barrier looked up (1 + offset; 0: none)
     u32 good_chunk = ~0u;                              // the last chunk that passed the checks
 
-    __attribute__((always_inline)) float at(const OperandLayout& layout, u32 mn, u32 k) {
-        const u32 addr = layout.offset(mn, k);
-        if (addr + 2u > HOPPER_SMEM_BYTES) {
+    // Elements (mn, k) … (mn, k + count - 1) of a K-major operand, or (mn, k) … (mn + count
+    // - 1, k) of an MN-major one, into `out`; a run stays inside one 16-byte unit.
+    template <u32 count>
+    __attribute__((always_inline)) void run(const OperandLayout& layout, u32 mn, u32 k, float* out) {
+        run_at<count>(layout.offset(mn, k), out);
+    }
+
+    // The same, from the run's (swizzled) address.
+    template <u32 count>
+    __attribute__((always_inline)) void run_at(u32 addr, float* out) {
+        if (addr + 2u * count > HOPPER_SMEM_BYTES) {
             fail("a wgmma descriptor reaches past shared memory");
             ok = false;
-            return 0.0f;
+            return;
         }
         const u32 chunk = addr / 16u;
-        if (chunk != good_chunk && !check(chunk)) return 0.0f;
+        if (chunk != good_chunk && !published(chunk)) return;
         good_chunk = chunk;
-        u16 bits;
-        std::memcpy(&bits, hb.smem.get() + addr, 2);
-        return cmm_decode(bits, dtype);
+        u16 bits[count];
+        std::memcpy(bits, hb.smem.get() + addr, sizeof bits);
+        for (u32 i = 0; i < count; ++i) out[i] = cmm_decode(bits[i], dtype);
+    }
+
+    // Whether the thread may read `chunk`: at once where it was never copied into, or where
+    // the barrier last looked up published it to this thread (and fenced it, for
+    // cp.async); else the full check.
+    __attribute__((always_inline)) bool published(u32 chunk) {
+        const HopperBlock::Chunk& c = hb.chunks[chunk];
+        if (c.bar == 0u) return true;
+        if (c.bar == last_bar) {
+            const u32 needed = c.phase + 1u;
+            if (last_seen >= needed && (c.generic == 0u || last_fenced >= needed)) return true;
+        }
+        return check(chunk);
     }
 
     __attribute__((noinline)) bool check(u32 chunk) {
-        const u32 bar = hb.chunk_bar[chunk];
+        const HopperBlock::Chunk& c = hb.chunks[chunk];
+        const u32 bar = c.bar;
         if (bar == HopperBlock::UNTRACKED) {
             fail("wgmma reads shared memory a cp.async wrote that no mbarrier tracks (a missing "
                  "cp.async.mbarrier.arrive)");
@@ -503,14 +535,14 @@ struct OperandReader {
                 last_seen = it == seen.end() ? 0u : it->second;
                 last_fenced = fit == fenced.end() ? 0u : fit->second;
             }
-            if (last_seen < hb.chunk_phase[chunk] + 1u) {
+            if (last_seen < c.phase + 1u) {
                 fail("wgmma reads shared memory a TMA copy or cp.async wrote, before its thread waited for the "
                      "mbarrier phase that publishes the copy (a missing or short expect-tx or arrive, or a "
                      "skipped wait)");
                 ok = false;
                 return false;
             }
-            if (hb.chunk_generic[chunk] != 0u && last_fenced < hb.chunk_phase[chunk] + 1u) {
+            if (c.generic != 0u && last_fenced < c.phase + 1u) {
                 fail("wgmma (the async proxy) reads shared memory a cp.async (the generic proxy) wrote, with no "
                      "fence.proxy.async.shared::cta by the reading thread after its wait");
                 ok = false;
@@ -521,35 +553,53 @@ struct OperandReader {
     }
 };
 
+// Four floats in one vector register (GCC and Clang): the twin's wgmma sums four
+// accumulators at once, with the same roundings as one at a time.
+typedef float Float4 __attribute__((vector_size(16)));
+
 template <u32 N, bool BF16, int TRANS_B>
 inline void wgmma(float* d, u64 desc_a, u64 desc_b, u32 accumulate) {
     const u32 t = linear_thread() % 128u, warp = t / 32u, lane = t % 32u;
     HopperBlock& hb = hopper_block();
     OperandReader read{hb, hb.observed[linear_thread()], hb.fenced[linear_thread()], BF16 ? 2u : 1u};
     const OperandLayout la(desc_a, false), lb(desc_b, TRANS_B != 0);
+    // B's K offsets, the same for every column.
+    u32 b_rows[16];
+    for (u32 k = 0; k < 16u; ++k) b_rows[k] = lb.k_part(k);
     float a[2][16];
     for (u32 h = 0; h < 2u && read.ok; ++h) {
-        for (u32 k = 0; k < 16u && read.ok; ++k) a[h][k] = read.at(la, 16u * warp + lane / 4u + 8u * h, k);
+        const u32 row = 16u * warp + lane / 4u + 8u * h;
+        read.run<8>(la, row, 0u, a[h]);
+        if (read.ok) read.run<8>(la, row, 8u, a[h] + 8);
     }
     // Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h, column 8j + 2·(lane%4) + e. B's
     // 16 rows of the thread's two columns of group j are read once for both rows.
     for (u32 j = 0; j < N / 8u && read.ok; ++j) {
         const u32 col = 8u * j + 2u * (lane % 4u);
         float b0[16], b1[16];
-        for (u32 k = 0; k < 16u && read.ok; ++k) {
-            b0[k] = read.at(lb, col, k);
-            b1[k] = read.at(lb, col + 1u, k);
-        }
-        for (u32 h = 0; h < 2u; ++h) {
-            const u32 i = 4u * j + 2u * h;
-            float s0 = accumulate != 0u ? d[i] : 0.0f, s1 = accumulate != 0u ? d[i + 1u] : 0.0f;
-            for (u32 k = 0; k < 16u; ++k) {
-                s0 += a[h][k] * b0[k];
-                s1 += a[h][k] * b1[k];
+        if (TRANS_B != 0) {
+            const u32 column = lb.start + lb.mn_part(col);
+            for (u32 k = 0; k < 16u && read.ok; ++k) {
+                float pair[2];
+                read.run_at<2>(lb.swizzle(column + b_rows[k]), pair);
+                b0[k] = pair[0];
+                b1[k] = pair[1];
             }
-            d[i] = s0;
-            d[i + 1u] = s1;
+        } else {
+            read.run<8>(lb, col, 0u, b0);
+            if (read.ok) read.run<8>(lb, col, 8u, b0 + 8);
+            if (read.ok) read.run<8>(lb, col + 1u, 0u, b1);
+            if (read.ok) read.run<8>(lb, col + 1u, 8u, b1 + 8);
         }
+        if (!read.ok) break;
+        // Accumulators 4j … 4j + 3 as one vector: (h, e) = (0, 0), (0, 1), (1, 0), (1, 1).
+        // Each still takes its products in k order, a multiply and an add apiece.
+        Float4 sum = accumulate != 0u ? Float4{d[4u * j], d[4u * j + 1u], d[4u * j + 2u], d[4u * j + 3u]}
+                                      : Float4{0.0f, 0.0f, 0.0f, 0.0f};
+        for (u32 k = 0; k < 16u; ++k) {
+            sum += Float4{a[0][k], a[0][k], a[1][k], a[1][k]} * Float4{b0[k], b1[k], b0[k], b1[k]};
+        }
+        for (u32 e = 0; e < 4u; ++e) d[4u * j + e] = sum[e];
     }
 }
 
