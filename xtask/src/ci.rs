@@ -129,3 +129,45 @@ impl StepClock {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::process::Command;
+
+    /// Each package `cargo tree` lists, with its features: `serde v1.0.228` → `derive,std`.
+    fn features(selection: &[&str], kinds: &str) -> BTreeMap<String, String> {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let output = Command::new(cargo)
+            .current_dir(crate::workspace_root())
+            .args(["tree", "--quiet", "--offline", "--prefix", "none", "--no-dedupe", "--format", "{p}|{f}", "-e"])
+            .arg(kinds)
+            .args(selection)
+            .output()
+            .expect("cargo tree runs");
+        assert!(output.status.success(), "cargo tree failed: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| line.trim_end_matches(" (*)").split_once('|'))
+            .map(|(package, features)| (package.to_string(), features.to_string()))
+            .collect()
+    }
+
+    /// `cargo xtask` builds its dependencies with the features `cargo test --workspace`
+    /// gives them, so CI's test build reuses what building xtask compiled (a fresh clone
+    /// once compiled serde, naga, wgpu and cmm's crates twice). If this fails, give xtask's
+    /// Cargo.toml the features the workspace adds (the package named here).
+    #[test]
+    fn xtask_builds_its_dependencies_as_the_workspace_tests_do() {
+        let alone = features(&["--package", "xtask"], "normal,build");
+        let workspace = features(&["--workspace"], "normal,build,dev");
+        assert!(alone.len() > 50, "cargo tree listed only {} packages for xtask", alone.len());
+        for (package, features) in &alone {
+            let unified = workspace.get(package).unwrap_or_else(|| panic!("{package} is not in the workspace's tree"));
+            assert_eq!(
+                features, unified,
+                "{package}: built for xtask with [{features}], for the tests with [{unified}]"
+            );
+        }
+    }
+}
