@@ -80,6 +80,45 @@ fn a_faulting_kernel_loses_the_context_and_the_next_run_is_right() {
     }
 }
 
+/// A store past the end of a device allocation (made here by the host: the fake GPU's
+/// memory is this process's) breaks the allocation's guard. The next free names it as a
+/// sticky `CUDA_ERROR_ILLEGAL_ADDRESS`, as a GPU reports a stray store, and the backend's
+/// next run loses the context and the one after is right. A store inside the allocation
+/// breaks nothing.
+#[test]
+fn a_store_past_an_allocation_is_an_illegal_address() {
+    use cudarc::driver::{result, sys};
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    let plan = ring_plan();
+    assert_right(&b, &plan, &CudaRunOptions::default());
+    let bytes = 1000;
+    // SAFETY: the fake driver is installed (fake_backend), so these are its calls, on its
+    // device 0's primary context; its device pointers are host addresses of blocks with
+    // 256 guard bytes on each side, so both stores land in memory the driver owns.
+    #[allow(unsafe_code)]
+    let freed = unsafe {
+        let device = result::device::get(0).unwrap();
+        result::ctx::set_current(result::primary_ctx::retain(device).unwrap()).unwrap();
+        let inside = result::malloc_sync(bytes).unwrap();
+        *((inside + bytes as u64 - 1) as *mut u8) = 7;
+        result::free_sync(inside).unwrap();
+        let past = result::malloc_sync(bytes).unwrap();
+        *((past + bytes as u64 + 3) as *mut u8) = 7;
+        let freed = result::free_sync(past);
+        result::primary_ctx::release(device).unwrap();
+        freed
+    };
+    assert_eq!(freed.map_err(|e| e.0), Err(sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS));
+    match b.run(&plan, 5, Family::Exact, &CudaRunOptions::default()) {
+        Err(CudaError::ContextLost { message, .. }) => {
+            assert!(message.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{message}")
+        }
+        other => panic!("the run after a broken guard must lose the context, got {}", fake::outcome(&other)),
+    }
+    assert_right(&b, &plan, &CudaRunOptions::default());
+}
+
 /// A fault on one GPU context does not leak into the next backend's results: every run
 /// after recovery matches the twin, in both sync modes, many times over.
 #[test]
