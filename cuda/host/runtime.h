@@ -36,8 +36,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -634,6 +637,121 @@ inline void call(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
     kernel(*static_cast<std::remove_cv_t<P>*>(args[I])...);
 }
 
+// OS threads for the blocks of a launch that must all run at once, kept between launches:
+// each keeps its thread-local block (the fibers' stacks, the Hopper engine's shared
+// memory) mapped and touched, where a fresh thread per block and launch spent a fifth of
+// a run on the fake driver in page faults. Up to IDLE threads wait for the next launch;
+// more exit.
+//
+// A process may load several builds of this runtime (the host twin, the fake driver, the
+// tests' variants), and unload some: each has its own pool (internal linkage; an inline
+// function's static would be one object for them all), and its threads are stopped and
+// joined when the library is unloaded, before its code goes.
+namespace {
+class BlockThreads {
+  public:
+    // Runs task(0) … task(count − 1), each on its own thread, and returns when all have.
+    void run(u64 count, const std::function<void(u64)>& task) {
+        std::vector<Worker*> mine;
+        {
+            std::lock_guard<std::mutex> g(lock);
+            while (mine.size() < count && !idle.empty()) {
+                mine.push_back(idle.back());
+                idle.pop_back();
+            }
+        }
+        while (mine.size() < count) mine.push_back(new Worker());
+        Latch done{count};
+        for (u64 i = 0; i < count; ++i) {
+            mine[i]->give([&task, &done, i] {
+                task(i);
+                done.count_down();
+            });
+        }
+        done.wait();
+        std::vector<Worker*> surplus;
+        {
+            std::lock_guard<std::mutex> g(lock);
+            for (Worker* w : mine) (closed || idle.size() >= IDLE ? surplus : idle).push_back(w);
+        }
+        for (Worker* w : surplus) w->stop();
+    }
+
+    // Stops and joins the waiting threads; threads of a launch still running stop when it
+    // returns.
+    void close() {
+        std::vector<Worker*> waiting;
+        {
+            std::lock_guard<std::mutex> g(lock);
+            closed = true;
+            waiting.swap(idle);
+        }
+        for (Worker* w : waiting) w->stop();
+    }
+
+  private:
+    static constexpr size_t IDLE = 32;
+
+    struct Latch {
+        u64 left;
+        std::mutex m;
+        std::condition_variable cv;
+        void count_down() {
+            std::lock_guard<std::mutex> g(m);
+            if (--left == 0) cv.notify_all();
+        }
+        void wait() {
+            std::unique_lock<std::mutex> g(m);
+            cv.wait(g, [&] { return left == 0; });
+        }
+    };
+
+    struct Worker {
+        std::mutex m;
+        std::condition_variable cv;
+        std::function<void()> task;
+        bool given = false;
+        std::thread thread{[this] { serve(); }};
+
+        // A task to run; an empty one ends the thread.
+        void give(std::function<void()> next) {
+            std::lock_guard<std::mutex> g(m);
+            task = std::move(next);
+            given = true;
+            cv.notify_one();
+        }
+        // Ends the thread, waits for it, and frees the worker.
+        void stop() {
+            give(nullptr);
+            thread.join();
+            delete this;
+        }
+        void serve() {
+            for (;;) {
+                std::function<void()> next;
+                {
+                    std::unique_lock<std::mutex> g(m);
+                    cv.wait(g, [&] { return given; });
+                    given = false;
+                    next = std::move(task);
+                }
+                if (!next) return;
+                next();
+            }
+        }
+    };
+
+    std::mutex lock;
+    std::vector<Worker*> idle;
+    bool closed = false;
+};
+
+// This library's pool; never destroyed (a hung launch's threads may still return to it
+// at exit), only closed when the library is unloaded or the process exits.
+BlockThreads* const block_threads = new BlockThreads();
+__attribute__((destructor)) void close_block_threads() { block_threads->close(); }
+}  // namespace
+
 template <class... P>
 inline int launch(void (*kernel)(P...), const u32* grid, const u32* block, u32 mode, void** args, char* error,
                   u64 error_len) {
@@ -660,15 +778,11 @@ inline int launch(void (*kernel)(P...), const u32* grid, const u32* block, u32 m
         // Every cluster (every block, without clusters) on its own OS thread.
         const u64 clusters = blocks / cluster;
         std::vector<const char*> errors(clusters, nullptr);
-        std::vector<std::thread> workers;
-        for (u64 q = 0; q < clusters; ++q) {
-            workers.emplace_back([&, q] {
-                thread_error = nullptr;
-                run_blocks(grid, block, FIBERS, cluster, q, clusters, order, body, &closure);
-                errors[q] = thread_error;
-            });
-        }
-        for (auto& w : workers) w.join();
+        block_threads->run(clusters, [&](u64 q) {
+            thread_error = nullptr;
+            run_blocks(grid, block, FIBERS, cluster, q, clusters, order, body, &closure);
+            errors[q] = thread_error;
+        });
         for (const char* e : errors) why = why != nullptr ? why : e;
     } else {
         thread_error = nullptr;
