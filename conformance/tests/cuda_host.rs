@@ -166,31 +166,41 @@ fn orders_the_check_accepts_do_not_hang_on_emulated_queues() {
 /// whose whole-lane order the check rejects at 8 queues (and accepts at 32, so that it can
 /// be lowered), the emulation at the offset the check names does not finish within 2 s
 /// (the plans are tiny: they finish in milliseconds), while the schedule order of the same
-/// plan on the same queues does.
+/// plan on the same queues does. The cases run at once: a hung emulation mostly sleeps
+/// until its deadline.
 #[test]
 fn orders_the_check_rejects_hang_on_emulated_queues() {
     let twin = HostTwin::new().unwrap();
     let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..Default::default() };
     let hurried = CudaRunOptions { run_timeout: HANG_LIMIT, wait_timeout: HANG_LIMIT, ..options };
-    let mut tried = 0;
-    let rejected = common::corpus().into_iter().filter_map(|case| {
-        let plan = case.plan().unwrap();
-        let order = whole_lane_order(&plan);
-        let Err(EnqueueError::Hang(hang)) = check_enqueue_order(&plan, &order, 8) else { return None };
-        check_enqueue_order(&plan, &order, MAX_QUEUES).ok()?;
-        Some((case, plan, order, hang.offset))
-    });
-    for (case, plan, order, offset) in rejected.step_by(16) {
-        tried += 1;
-        let queued = twin.with_feed(HostFeed::Queues { queues: 8, offset });
-        match queued.run_in_order(&plan, &order, MAX_QUEUES, case.seed, case.family, &hurried) {
-            Err(CudaError::RunTimeout { .. }) => {}
-            other => panic!("{}: the check predicts a hang at offset {offset}, the run gave {other:?}", case.name),
+    let rejected: Vec<_> = common::corpus()
+        .into_iter()
+        .filter_map(|case| {
+            let plan = case.plan().unwrap();
+            let order = whole_lane_order(&plan);
+            let Err(EnqueueError::Hang(hang)) = check_enqueue_order(&plan, &order, 8) else { return None };
+            check_enqueue_order(&plan, &order, MAX_QUEUES).ok()?;
+            Some((case, plan, order, hang.offset))
+        })
+        .step_by(16)
+        .collect();
+    assert!(rejected.len() >= 5, "only {} rejected cases tried", rejected.len());
+    std::thread::scope(|scope| {
+        for (case, plan, order, offset) in &rejected {
+            let (twin, options, hurried) = (&twin, &options, &hurried);
+            scope.spawn(move || {
+                let queued = twin.with_feed(HostFeed::Queues { queues: 8, offset: *offset });
+                match queued.run_in_order(plan, order, MAX_QUEUES, case.seed, case.family, hurried) {
+                    Err(CudaError::RunTimeout { .. }) => {}
+                    other => {
+                        panic!("{}: the check predicts a hang at offset {offset}, the run gave {other:?}", case.name)
+                    }
+                }
+                let scheduled = schedule_order(plan).unwrap();
+                queued
+                    .run_in_order(plan, &scheduled, 8, case.seed, case.family, options)
+                    .unwrap_or_else(|e| panic!("{}: the schedule order on the same queues: {e}", case.name));
+            });
         }
-        let scheduled = schedule_order(&plan).unwrap();
-        queued
-            .run_in_order(&plan, &scheduled, 8, case.seed, case.family, &options)
-            .unwrap_or_else(|e| panic!("{}: the schedule order on the same queues: {e}", case.name));
-    }
-    assert!(tried >= 5, "only {tried} rejected cases tried");
+    });
 }
