@@ -30,8 +30,19 @@ pub struct Args {
     pub seed: Option<u64>,
 }
 
-/// Whether a target is running (its panics are reported by the loop, not the hook).
-static IN_TARGET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+thread_local! {
+    /// Whether this thread is running a target (its panics are reported by the loop, not
+    /// the hook).
+    static IN_TARGET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A fuzzing thread's input in flight, for the watchdog: when it started (ms since the
+/// run's epoch, 0 = none), and the target and input.
+#[derive(Default)]
+struct InFlight {
+    started: AtomicU64,
+    input: std::sync::Mutex<(String, Vec<u8>)>,
+}
 
 /// One input may take this long before it counts as a hang.
 const HANG_AFTER: Duration = Duration::from_secs(20);
@@ -176,7 +187,8 @@ fn mutate(rng: &mut Rng, input: &[u8], other: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Runs the fuzz targets; fails on the first panic or hang.
+/// Runs the fuzz targets, as many at once as there are cores (each target still gets its
+/// seconds on a core of its own); fails on the first panic or hang.
 pub fn run(args: &Args) -> Result<()> {
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
@@ -187,59 +199,103 @@ pub fn run(args: &Args) -> Result<()> {
         let names: Vec<_> = self::targets().map(|(name, _)| name).collect();
         bail!("no fuzz target `{}` ({})", args.target.as_deref().unwrap_or(""), names.join(", "));
     }
-    // The input in flight, for the watchdog: when it started (ms since `epoch`, 0 = none).
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(targets.len());
     let epoch = Instant::now();
-    let started = Arc::new(AtomicU64::new(0));
-    let current: Arc<std::sync::Mutex<(String, Vec<u8>)>> = Arc::default();
+    let in_flight: Arc<Vec<InFlight>> = Arc::new((0..threads).map(|_| InFlight::default()).collect());
     {
-        let (started, current, findings) = (started.clone(), current.clone(), findings.clone());
+        let (in_flight, findings) = (in_flight.clone(), findings.clone());
         std::thread::spawn(move || loop {
             std::thread::sleep(Duration::from_millis(500));
-            let at = started.load(Ordering::Relaxed);
-            if at > 0 && epoch.elapsed().as_millis() as u64 > at + HANG_AFTER.as_millis() as u64 {
-                let (name, input) = current.lock().map(|c| c.clone()).unwrap_or_default();
-                let path = save(&findings, &name, "hang", &input);
-                eprintln!("fuzz: {name}: an input ran past {HANG_AFTER:?}: {}", path.display());
-                std::process::exit(1);
+            for slot in in_flight.iter() {
+                let at = slot.started.load(Ordering::Relaxed);
+                if at > 0 && epoch.elapsed().as_millis() as u64 > at + HANG_AFTER.as_millis() as u64 {
+                    let (name, input) = slot.input.lock().map(|c| c.clone()).unwrap_or_default();
+                    let path = save(&findings, &name, "hang", &input);
+                    eprintln!("fuzz: {name}: an input ran past {HANG_AFTER:?}: {}", path.display());
+                    std::process::exit(1);
+                }
             }
         });
     }
-    // A target's panic is reported once, by the loop below, with its input; any other
-    // panic is this driver's own and keeps the default report.
+    // A target's panic is reported once, by its loop, with its input; any other panic is
+    // this driver's own and keeps the default report.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        if !IN_TARGET.load(Ordering::Relaxed) {
+        if !IN_TARGET.with(|t| t.get()) {
             default_hook(info);
         }
     }));
-    println!("fuzz: seed {seed} (replay with --seed {seed}), {} s per target", args.seconds);
-    for (name, target) in targets {
-        let seeds = seeds(name)?;
-        let mut rng = Rng(seed ^ name.len() as u64);
-        let deadline = Instant::now() + Duration::from_secs(args.seconds);
-        let mut inputs = 0u64;
-        while Instant::now() < deadline {
-            let (a, b) = (&seeds[rng.below(seeds.len())], &seeds[rng.below(seeds.len())]);
-            let input = mutate(&mut rng, a, b);
-            if let Ok(mut c) = current.lock() {
-                *c = (name.to_string(), input.clone());
-            }
-            started.store(epoch.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
-            IN_TARGET.store(true, Ordering::Relaxed);
-            let outcome = std::panic::catch_unwind(|| target(&input));
-            IN_TARGET.store(false, Ordering::Relaxed);
-            started.store(0, Ordering::Relaxed);
-            if let Err(panic) = outcome {
-                let message = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                let path = save(&findings, name, "panic", &input);
-                bail!("fuzz: {name}: a panic ({message}) on the input saved in {}", path.display());
-            }
-            inputs += 1;
+    println!("fuzz: seed {seed} (replay with --seed {seed}), {} s per target, {threads} at once", args.seconds);
+    let queue = std::sync::Mutex::new(targets.into_iter());
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let outcomes: Vec<Result<()>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = in_flight
+            .iter()
+            .map(|slot| {
+                let (queue, failed, findings) = (&queue, &failed, &findings);
+                scope.spawn(move || -> Result<()> {
+                    loop {
+                        let Some((name, target)) = queue.lock().ok().and_then(|mut q| q.next()) else { return Ok(()) };
+                        if failed.load(Ordering::Relaxed) {
+                            return Ok(());
+                        }
+                        let outcome = fuzz_target(name, target, seed, args.seconds, slot, epoch, findings, failed);
+                        if outcome.is_err() {
+                            failed.store(true, Ordering::Relaxed);
+                            return outcome;
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a fuzzing thread panicked"))))
+            .collect()
+    });
+    outcomes.into_iter().collect()
+}
+
+/// Fuzzes one target for `seconds` (or until another target fails), with `slot` telling
+/// the watchdog its input in flight.
+#[allow(clippy::too_many_arguments)]
+fn fuzz_target(
+    name: &str,
+    target: fn(&[u8]),
+    seed: u64,
+    seconds: u64,
+    slot: &InFlight,
+    epoch: Instant,
+    findings: &std::path::Path,
+    failed: &std::sync::atomic::AtomicBool,
+) -> Result<()> {
+    let seeds = seeds(name)?;
+    let mut rng = Rng(seed ^ name.len() as u64);
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let mut inputs = 0u64;
+    while Instant::now() < deadline && !failed.load(Ordering::Relaxed) {
+        let (a, b) = (&seeds[rng.below(seeds.len())], &seeds[rng.below(seeds.len())]);
+        let input = mutate(&mut rng, a, b);
+        if let Ok(mut c) = slot.input.lock() {
+            *c = (name.to_string(), input.clone());
         }
+        slot.started.store(epoch.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+        IN_TARGET.with(|t| t.set(true));
+        let outcome = std::panic::catch_unwind(|| target(&input));
+        IN_TARGET.with(|t| t.set(false));
+        slot.started.store(0, Ordering::Relaxed);
+        if let Err(panic) = outcome {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            let path = save(findings, name, "panic", &input);
+            bail!("fuzz: {name}: a panic ({message}) on the input saved in {}", path.display());
+        }
+        inputs += 1;
+    }
+    if !failed.load(Ordering::Relaxed) {
         println!("fuzz: {name}: {inputs} inputs from {} seeds, no panic, no hang", seeds.len());
     }
     Ok(())
