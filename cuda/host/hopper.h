@@ -470,7 +470,7 @@ struct OperandLayout {
 //
 // The elements a thread needs come in runs that share one 16-byte unit: eight along K of
 // a K-major row (k = 0..7 or 8..15), two along MN of an MN-major one (an even column and
-// the next). Every layout offset is a multiple of 16 bytes apart from those runs, and the
+// the next). Every other term of a layout offset is a multiple of 16 bytes, and the
 // swizzles permute whole 16-byte units, so a run is contiguous after the swizzle too. One
 // offset, one check and one copy serve the run.
 struct OperandReader {
