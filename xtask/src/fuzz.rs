@@ -8,7 +8,7 @@
 //! leaves the input in `target/fuzz-findings/`.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -227,21 +227,21 @@ pub fn run(args: &Args) -> Result<()> {
     }));
     println!("fuzz: seed {seed} (replay with --seed {seed}), {} s per target, {threads} at once", args.seconds);
     let queue = std::sync::Mutex::new(targets.into_iter());
-    let failed = std::sync::atomic::AtomicBool::new(false);
+    let session = Session { seed, seconds: args.seconds, epoch, findings, failed: AtomicBool::new(false) };
     let outcomes: Vec<Result<()>> = std::thread::scope(|scope| {
         let workers: Vec<_> = in_flight
             .iter()
             .map(|slot| {
-                let (queue, failed, findings) = (&queue, &failed, &findings);
+                let (queue, session) = (&queue, &session);
                 scope.spawn(move || -> Result<()> {
                     loop {
                         let Some((name, target)) = queue.lock().ok().and_then(|mut q| q.next()) else { return Ok(()) };
-                        if failed.load(Ordering::Relaxed) {
+                        if session.failed.load(Ordering::Relaxed) {
                             return Ok(());
                         }
-                        let outcome = fuzz_target(name, target, seed, args.seconds, slot, epoch, findings, failed);
+                        let outcome = session.fuzz(name, target, slot);
                         if outcome.is_err() {
-                            failed.store(true, Ordering::Relaxed);
+                            session.failed.store(true, Ordering::Relaxed);
                             return outcome;
                         }
                     }
@@ -256,49 +256,54 @@ pub fn run(args: &Args) -> Result<()> {
     outcomes.into_iter().collect()
 }
 
-/// Fuzzes one target for `seconds` (or until another target fails), with `slot` telling
-/// the watchdog its input in flight.
-#[allow(clippy::too_many_arguments)]
-fn fuzz_target(
-    name: &str,
-    target: fn(&[u8]),
+/// What every fuzzing thread of a run shares.
+struct Session {
     seed: u64,
+    /// Seconds per target.
     seconds: u64,
-    slot: &InFlight,
+    /// The watchdog's clock.
     epoch: Instant,
-    findings: &std::path::Path,
-    failed: &std::sync::atomic::AtomicBool,
-) -> Result<()> {
-    let seeds = seeds(name)?;
-    let mut rng = Rng(seed ^ name.len() as u64);
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    let mut inputs = 0u64;
-    while Instant::now() < deadline && !failed.load(Ordering::Relaxed) {
-        let (a, b) = (&seeds[rng.below(seeds.len())], &seeds[rng.below(seeds.len())]);
-        let input = mutate(&mut rng, a, b);
-        if let Ok(mut c) = slot.input.lock() {
-            *c = (name.to_string(), input.clone());
+    /// Where a finding's input is saved.
+    findings: PathBuf,
+    /// Whether a target failed: the others stop.
+    failed: AtomicBool,
+}
+
+impl Session {
+    /// Fuzzes one target for its seconds (or until another target fails), with `slot`
+    /// telling the watchdog its input in flight.
+    fn fuzz(&self, name: &str, target: fn(&[u8]), slot: &InFlight) -> Result<()> {
+        let seeds = seeds(name)?;
+        let mut rng = Rng(self.seed ^ name.len() as u64);
+        let deadline = Instant::now() + Duration::from_secs(self.seconds);
+        let mut inputs = 0u64;
+        while Instant::now() < deadline && !self.failed.load(Ordering::Relaxed) {
+            let (a, b) = (&seeds[rng.below(seeds.len())], &seeds[rng.below(seeds.len())]);
+            let input = mutate(&mut rng, a, b);
+            if let Ok(mut c) = slot.input.lock() {
+                *c = (name.to_string(), input.clone());
+            }
+            slot.started.store(self.epoch.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+            IN_TARGET.with(|t| t.set(true));
+            let outcome = std::panic::catch_unwind(|| target(&input));
+            IN_TARGET.with(|t| t.set(false));
+            slot.started.store(0, Ordering::Relaxed);
+            if let Err(panic) = outcome {
+                let message = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                let path = save(&self.findings, name, "panic", &input);
+                bail!("fuzz: {name}: a panic ({message}) on the input saved in {}", path.display());
+            }
+            inputs += 1;
         }
-        slot.started.store(epoch.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
-        IN_TARGET.with(|t| t.set(true));
-        let outcome = std::panic::catch_unwind(|| target(&input));
-        IN_TARGET.with(|t| t.set(false));
-        slot.started.store(0, Ordering::Relaxed);
-        if let Err(panic) = outcome {
-            let message = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            let path = save(findings, name, "panic", &input);
-            bail!("fuzz: {name}: a panic ({message}) on the input saved in {}", path.display());
+        if !self.failed.load(Ordering::Relaxed) {
+            println!("fuzz: {name}: {inputs} inputs from {} seeds, no panic, no hang", seeds.len());
         }
-        inputs += 1;
+        Ok(())
     }
-    if !failed.load(Ordering::Relaxed) {
-        println!("fuzz: {name}: {inputs} inputs from {} seeds, no panic, no hang", seeds.len());
-    }
-    Ok(())
 }
 
 /// Writes a finding's input under `dir` and returns its path.
