@@ -154,6 +154,9 @@ pub fn run(args: &Args) -> Result<()> {
         if name != "gpt3-175b" {
             bail!("unknown model `{name}` (known: gpt3-175b)");
         }
+        if args.batch == 0 {
+            bail!("--batch 0: a step needs at least one sequence of 2048 tokens");
+        }
         if args.batch.checked_mul(2048).is_none() {
             bail!("--batch {}: its sequences of 2048 tokens overflow a count of tokens", args.batch);
         }

@@ -197,8 +197,9 @@ fn flags_are_named_as_given_and_zero_schedules_is_refused() {
 }
 
 /// Numbers that once came out as `inf µs` or as a ranking of wrapped counts: a profile
-/// in other units, a latency of 10^308 µs, a 2D GEMM whose matrices no buffer holds, and
-/// a batch whose tokens overflow. Each is refused with what is wrong, and nothing ranked.
+/// in other units, a latency of 10^308 µs, a 2D GEMM whose matrices no buffer holds, a
+/// batch whose tokens overflow, and a batch of none. Each is refused with what is wrong,
+/// and nothing ranked.
 #[test]
 fn a_prediction_from_numbers_no_hardware_has_is_refused_not_ranked() {
     let s = Scratch::new("units");
@@ -218,6 +219,10 @@ fn a_prediction_from_numbers_no_hardware_has_is_refused_not_ranked() {
     assert!(!o.status.success() && text(&o).contains("A is 1099511627776×1099511627776"), "{}", text(&o));
     let o = cmm(&s.0, &[&mesh[..], &["--llm", "gpt3-175b", "--batch", "18446744073709551615"]].concat());
     assert!(!o.status.success() && text(&o).contains("overflow a count of tokens"), "{}", text(&o));
+    // No tokens at all: refused before any phase is printed.
+    let o = cmm(&s.0, &[&mesh[..], &["--llm", "gpt3-175b", "--batch", "0"]].concat());
+    assert!(!o.status.success() && text(&o).contains("--batch 0: a step needs at least one sequence"), "{}", text(&o));
+    assert!(!text(&o).contains("phase 1"), "{}", text(&o));
 }
 
 /// An OS error is said once, and a headless run of the reference prints no Wayland

@@ -360,10 +360,35 @@ fn captured_json(py: Python<'_>, f: impl FnOnce() -> anyhow::Result<()> + Send) 
     }
 }
 
-/// The command `name`'s arguments parsed from `argv` as the CLI parses them; a bad flag is
-/// a `ValueError` with clap's message.
+/// The command `name`'s arguments parsed from `argv` as the CLI parses them (the keywords
+/// of `cmm.simulate` and `cmm.tune` as `--keyword=value`); a bad one is a `ValueError`
+/// in the caller's words ([`keyword_words`]).
 fn parse_command<C: Parser>(name: &str, argv: Vec<String>) -> PyResult<C> {
-    C::try_parse_from(std::iter::once(name.to_string()).chain(argv)).map_err(|e| value_error(e.to_string().trim_end()))
+    C::try_parse_from(std::iter::once(name.to_string()).chain(argv)).map_err(|e| value_error(keyword_words(name, &e)))
+}
+
+/// clap's message for a bad flag, said of the keyword a Python caller passed: its first
+/// line, each `'--flag-name <VALUE>'` as `` `flag_name` ``, without the usage line and the
+/// pointer to `--help`, which belong to the command line.
+fn keyword_words(command: &str, error: &clap::Error) -> String {
+    let text = error.to_string();
+    let first = text.lines().next().unwrap_or_default().trim_start_matches("error: ");
+    let (mut said, mut names) = (String::new(), Vec::new());
+    let mut rest = first;
+    while let Some(at) = rest.find("'--") {
+        said.push_str(&rest[..at]);
+        let flag = &rest[at + 3..];
+        let end = flag.find('\'').unwrap_or(flag.len());
+        let name = flag[..end].split([' ', '=']).next().unwrap_or_default().replace('-', "_");
+        said.push_str(&format!("`{name}`"));
+        names.push(name);
+        rest = flag.get(end + 1..).unwrap_or_default();
+    }
+    said.push_str(rest);
+    match (error.kind(), names.as_slice()) {
+        (clap::error::ErrorKind::UnknownArgument, [name]) => format!("{command} takes no keyword `{name}`"),
+        _ => format!("{command}: {said}"),
+    }
 }
 
 /// `cmm simulate … --json` with these arguments (flags as the command takes them).

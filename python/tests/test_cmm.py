@@ -134,8 +134,18 @@ def test_bad_arguments_raise_the_right_exception():
         cmm.verify(case.plan(), schedules=0)
     with pytest.raises(ValueError, match="schedules: 1 to 100000"):
         cmm.verify(case.plan(), schedules=10**9)
-    with pytest.raises(ValueError, match="--op"):
+    # The command's options as keywords, and their errors in those words.
+    with pytest.raises(ValueError, match="simulate: invalid value 'nope' for `op`: unknown op `nope`"):
         cmm.simulate(op="nope", devices=2, m=8, n=8, k=8)
+    with pytest.raises(ValueError, match="tune: invalid value '-1' for `m`") as raised:
+        cmm.tune(op="ag_gemm", devices=2, m=-1, n=8, k=8)
+    assert "--help" not in str(raised.value) and "Usage" not in str(raised.value)
+    with pytest.raises(ValueError, match="tune takes no keyword `foo`"):
+        cmm.tune(op="ag_gemm", devices=2, m=8, n=8, k=8, foo=3)
+    with pytest.raises(ValueError, match="tune: invalid value 'x' for `devices`"):
+        cmm.tune(op="ag_gemm", devices="x", m=8, n=8, k=8)
+    with pytest.raises(ValueError, match="--batch 0: a step needs at least one sequence"):
+        cmm.tune(llm="gpt3-175b", chips=256, batch=0)
 
 
 def test_the_corpus_and_case_files_load():

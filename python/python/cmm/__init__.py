@@ -261,7 +261,8 @@ def _argv(options: Dict[str, Any]) -> List[str]:
         elif value is False or value is None:
             continue
         else:
-            argv += [flag, str(value)]
+            # One word, so that a value that starts with `-` stays the flag's value.
+            argv.append(f"{flag}={value}")
     return argv + ["--json"]
 
 
