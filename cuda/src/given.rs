@@ -1,6 +1,6 @@
 //! Runs on the caller's buffers ([`crate::CudaBackend::run_given`]): a plan's inputs,
 //! outputs, accumulators and routing tables bound by name to device pointers the caller
-//! allocated (a torch tensor's `data_ptr()`, a [`DeviceBuffer`]), checked against the
+//! allocated (a torch tensor's `data_ptr()`, a [`crate::DeviceBuffer`]), checked against the
 //! plan and the driver before anything runs. cmm allocates only the plan's working
 //! memory (its scratch buffers) and semaphores. The generated path
 //! ([`crate::CudaExecutor::run`]) is the same run with cmm's own buffers bound.

@@ -22,7 +22,7 @@ use cmm_core::generator::Family;
 use cmm_core::plan::OpSite;
 use cmm_core::Plan;
 
-use crate::backend::{prepare, prepare_in_order, CudaRunOptions, CudaRunOutput};
+use crate::backend::{prepare, prepare_in_order};
 use crate::cpp::{build, cache_dir, compiler, host_source, Mode};
 use crate::error::CudaError;
 use crate::launch::{
@@ -30,6 +30,7 @@ use crate::launch::{
     ControlLayout, Fill, Kernel, Launch, RunWords, Submission, TensorMap, TensorMapSpec,
 };
 use crate::lower::{Command, Loc, Lowered};
+use crate::options::{CudaRunOptions, CudaRunOutput};
 use crate::CudaExecutor;
 
 /// Blocks of a tile-granular GEMM on the host: several, so that the tile scheduler, the

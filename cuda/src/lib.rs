@@ -21,20 +21,21 @@ mod given;
 pub mod host;
 mod launch;
 pub mod lower;
+mod memory;
+mod options;
 mod pool;
 mod rank;
 
 pub use host::HostTwin;
 pub use launch::{FusedWaits, Kernel};
 
-pub use backend::{
-    cublas_present, driver_environment_unless_chosen, gemm_plan, probe, CopyIssue, CudaBackend, CudaRunOptions,
-    CudaRunOutput, DeviceBuffer, GemmChoice, GemmSpec, OpTimes, Placement, ReadBack,
-};
+pub use backend::{cublas_present, driver_environment_unless_chosen, gemm_plan, probe, CudaBackend, GemmChoice};
 pub use given::{GivenBuffer, GIVEN_ALIGNMENT};
 pub use lower::{
     hopper_rule, GemmCounts, GemmEngine, GemmFacts, GemmImpl, HopperKernel, HopperTile, HopperVariant, SyncMode,
 };
+pub use memory::DeviceBuffer;
+pub use options::{CopyIssue, CudaRunOptions, CudaRunOutput, GemmSpec, OpTimes, Placement, ReadBack};
 pub use pool::{serve_rank_worker, RankPool, WorkerCommand};
 pub use rank::{Rendezvous, MAX_RANKS, RENDEZVOUS_VAR};
 

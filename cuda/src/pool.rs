@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 use cmm_core::generator::Family;
 use cmm_core::plan::Plan;
 
-use crate::backend::{prepare, CopyIssue, CudaBackend, CudaRunOptions, CudaRunOutput, ReadBack};
+use crate::backend::{prepare, CudaBackend};
 use crate::error::CudaError;
 use crate::lower::{GemmCounts, GemmEngine, HopperTile, HopperVariant, SyncMode};
+use crate::options::{CopyIssue, CudaRunOptions, CudaRunOutput, ReadBack};
 use crate::rank::Rendezvous;
 use crate::CudaExecutor;
 
