@@ -1,10 +1,10 @@
 //! `cargo xtask gpu-bundle`: everything a GPU machine without a Rust toolchain needs to
 //! run every GPU check in one command — the xtask binary, the CUDA test binaries, the
 //! kernels' cubins, the corpus, the goldens, the Vulkan loader for the reference, and
-//! `run.sh` — in one folder small enough to carry. `--check` then runs the script here, where it must
-//! fail cleanly for want of a GPU, and its rehearsal (the GPU steps on the fake CUDA
-//! driver, or without NVRTC the kernels on the host twin) from a copy elsewhere, which
-//! must pass. `gpu-bundle-summary` (called by the script) turns the
+//! `run.sh` — in one folder small enough to carry. `--check` then checks the script here:
+//! it must parse, fail cleanly for want of a GPU, walk its GPU path dry (each step's program
+//! present, each of its scripts parsing), and pass its rehearsal (the GPU steps on the fake
+//! CUDA driver, or without NVRTC the kernels on the host twin) from a copy elsewhere. `gpu-bundle-summary` (called by the script) turns the
 //! step table and logs into `summary.md` and `summary.json`.
 
 use std::fs;
@@ -35,8 +35,9 @@ pub struct Args {
     /// `maturin` on the PATH) for the step that runs torch's tensors through it.
     #[arg(long)]
     pub no_python: bool,
-    /// After building, run the script here and require its "no GPU" exit (status 3), then
-    /// its rehearsal from a copy elsewhere, which must pass.
+    /// After building, check the script here: it parses (`bash -n`), exits 3 for want of a
+    /// GPU, walks its GPU path dry (`CMM_BUNDLE_DRY_RUN=1`), and its rehearsal passes from
+    /// a copy elsewhere.
     #[arg(long)]
     pub check: bool,
 }
@@ -304,8 +305,11 @@ fn dir_bytes(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
-/// Runs the bundle here, where there is no GPU: it must exit 3 and say so.
+/// Runs the bundle here, where there is no GPU: the whole script must parse, it must exit 3
+/// and say so, stop at a binary that cannot start, walk its GPU path dry, and pass its
+/// rehearsal.
 fn check(dir: &Path) -> Result<()> {
+    check_parses(dir)?;
     let out = std::env::temp_dir().join(format!("cmm-gpu-bundle-check-{}", std::process::id()));
     let _ = fs::remove_dir_all(&out);
     let output = Command::new("bash").arg(dir.join("run.sh")).arg(&out).output().context("running run.sh")?;
@@ -329,7 +333,71 @@ fn check(dir: &Path) -> Result<()> {
     let _ = fs::remove_dir_all(&out);
     println!("check: without a GPU the bundle exits 3 with `no GPU` and still writes its summary");
     check_unstartable(dir)?;
+    check_dry_run(dir)?;
     rehearse(dir)
+}
+
+/// `bash -n`: the whole script parses. Bash reads a script as it runs it, so a syntax error
+/// in the GPU path would otherwise show only on a GPU machine, and end the run there with
+/// no summary.
+fn check_parses(dir: &Path) -> Result<()> {
+    let output = Command::new("bash").arg("-n").arg(dir.join("run.sh")).output().context("running bash -n")?;
+    if !output.status.success() {
+        bail!("run.sh does not parse (bash -n):\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+    println!("check: run.sh parses (bash -n)");
+    Ok(())
+}
+
+/// The GPU steps of the script, in its order: the `step NAME …` lines at the start of a line
+/// (the rehearsal's are indented inside its branch).
+fn gpu_steps(script: &str) -> Vec<&str> {
+    script.lines().filter_map(|l| l.strip_prefix("step ")).filter_map(|rest| rest.split_whitespace().next()).collect()
+}
+
+/// The GPU path walked dry (`CMM_BUNDLE_DRY_RUN=1`): past the GPU check, every top-level
+/// command of the path run, and each step's program found and its `bash -c` script parsed
+/// rather than run. It must exit 0 with every GPU step of the script listed, in order, as
+/// not executed, and the summary written.
+fn check_dry_run(dir: &Path) -> Result<()> {
+    let out = std::env::temp_dir().join(format!("cmm-gpu-bundle-dry-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&out);
+    let output = Command::new("bash")
+        .arg(dir.join("run.sh"))
+        .arg(&out)
+        .env("CMM_BUNDLE_DRY_RUN", "1")
+        .env_remove("CMM_BUNDLE_STEPS")
+        .output()
+        .context("running run.sh dry")?;
+    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+    let written = fs::read_to_string(out.join("summary.json")).ok();
+    let Some(summary) = written.and_then(|t| serde_json::from_str::<Summary>(&t).ok()) else {
+        bail!("run.sh's dry run wrote no summary.json (exit {:?}):\n{text}", output.status.code());
+    };
+    // Each step's note (a dry run's verdict) is the first of its details.
+    let rows: Vec<(String, String)> =
+        summary.steps.into_iter().map(|s| (s.name, s.details.into_iter().next().unwrap_or_default())).collect();
+    let expected = gpu_steps(RUN_SH);
+    let walked: Vec<&str> = rows.iter().map(|(name, _)| name.as_str()).collect();
+    let findings: Vec<String> = rows
+        .iter()
+        .filter(|(_, note)| note != "dry run: not executed")
+        .map(|(name, note)| format!("{name}: {note}"))
+        .collect();
+    if !output.status.success() || walked != expected || !findings.is_empty() {
+        bail!(
+            "run.sh's GPU path, walked dry, should reach each of its {} steps and run none (exit {:?}); it reached {walked:?}\n{}\n{text}",
+            expected.len(),
+            output.status.code(),
+            findings.join("\n")
+        );
+    }
+    let _ = fs::remove_dir_all(&out);
+    println!(
+        "check: the GPU path, walked dry, reaches its {} steps, each program there and each script parsing",
+        walked.len()
+    );
+    Ok(())
 }
 
 /// A copy of the bundle whose test binary cannot start (as one built against a newer glibc
@@ -400,7 +468,7 @@ fn crate_has_gpu() -> bool {
 }
 
 /// One step of a bundle run, as summarised.
-#[derive(Debug, Serialize, PartialEq)]
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
 pub struct StepSummary {
     /// Step name.
     pub name: String,
@@ -415,7 +483,7 @@ pub struct StepSummary {
 }
 
 /// The whole summary.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Summary {
     commit: Option<String>,
     environment: Vec<String>,
@@ -697,6 +765,34 @@ impl BenchReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The script as shipped parses, and the check refuses one that does not: the
+    /// apostrophe inside `${…:-…}` in double quotes that once made bash read the rest of
+    /// the file as a quoted string, which only a GPU machine reached.
+    #[test]
+    fn the_parse_check_refuses_a_script_bash_cannot_read() {
+        let dir = std::env::temp_dir().join(format!("cmm-bundle-parse-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("run.sh"), RUN_SH).unwrap();
+        check_parses(&dir).unwrap();
+        let broken = RUN_SH.replacen("unset (the binaries of cmm set 32)", "unset (cmm's binaries set 32)", 1);
+        assert_ne!(broken, RUN_SH);
+        fs::write(dir.join("run.sh"), broken).unwrap();
+        let error = check_parses(&dir).unwrap_err().to_string();
+        assert!(error.contains("run.sh does not parse") && error.contains(": line "), "{error}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The dry run is checked against the GPU steps as the script lists them: the top-level
+    /// `step` lines, none of the rehearsal's.
+    #[test]
+    fn the_gpu_steps_are_the_scripts_top_level_steps() {
+        let steps = gpu_steps(RUN_SH);
+        assert!(steps.len() >= 20, "{steps:?}");
+        assert_eq!(steps[..2], ["gate-probe", "gemm-sweep"]);
+        assert!(steps.contains(&"bench-kernels") && steps.contains(&"sanitizer-fused"), "{steps:?}");
+        assert!(steps.iter().all(|s| !s.starts_with("rehearsal-")), "{steps:?}");
+    }
 
     #[test]
     fn the_glibc_needed_comes_from_the_version_table_not_from_any_string() {

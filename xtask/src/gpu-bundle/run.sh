@@ -10,6 +10,9 @@
 # and logs.tar.gz. Steps run in order of importance under one time budget
 # (CMM_BUNDLE_BUDGET seconds, default 560: a device call may last 600); a step that no
 # longer fits is skipped and says so. CMM_BUNDLE_STEPS="a b …" runs only the named steps.
+# CMM_BUNDLE_DRY_RUN=1 walks the GPU path without a GPU and runs none of its steps: each
+# step's program must exist and its `bash -c` script parse (`cargo xtask gpu-bundle
+# --check` does this, so that a shell error in the GPU path shows here, not on the GPU).
 # Exit status: 0 when every step passed, 1 when one failed or was skipped, 3 without a GPU.
 set -uo pipefail
 
@@ -17,6 +20,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${1:-${OUT:-$here/out}}"
 budget="${CMM_BUNDLE_BUDGET:-560}"
 wanted="${CMM_BUNDLE_STEPS:-all}"
+dry="${CMM_BUNDLE_DRY_RUN:-0}"
 mkdir -p "$out"
 scratch="$(mktemp -d)"
 logs="$scratch/logs"
@@ -116,6 +120,10 @@ step() { # step NAME LIMIT_SECONDS COMMAND...
         return
     fi
     [ "$limit" -gt "$left" ] && limit=$left
+    if [ "$dry" = 1 ]; then
+        dry_step "$name" "$@"
+        return
+    fi
     echo "bundle: $name (limit ${limit} s)"
     local t0=$SECONDS rc
     timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
@@ -131,6 +139,28 @@ step() { # step NAME LIMIT_SECONDS COMMAND...
     [ "$rc" -eq 0 ] || failed=1
 }
 x="$here/bin/xtask"
+dry_step() { # dry_step NAME COMMAND...: what `step` would run exists, and a script parses
+    local name="$1" program
+    shift
+    program="$1"
+    if [ "$program" = env ]; then
+        shift
+        while [[ "${1:-}" == *=* ]]; do shift; done
+        program="${1:-}"
+    fi
+    local problem=""
+    if ! command -v "$program" >/dev/null 2>&1; then
+        problem="dry run: no program \`$program\`"
+    elif [ "$program" = bash ] && [ "${2:-}" = -c ] && ! bash -n -c "$3" >"$logs/$name.log" 2>&1; then
+        problem="dry run: its script does not parse: $(head -n 1 "$logs/$name.log" | tr '\t' ' ')"
+    fi
+    if [ -n "$problem" ]; then
+        printf '%s\t2\t0\t%s\n' "$name" "$problem" >>"$logs/steps.tsv"
+        failed=1
+    else
+        printf '%s\t-\t0\tdry run: not executed\n' "$name" >>"$logs/steps.tsv"
+    fi
+}
 
 # --- rehearsal: the folder's own binaries and data, without a GPU -----------------------
 # With NVRTC at hand, the GPU steps themselves run on the fake CUDA driver (cmm-cuda
@@ -212,7 +242,9 @@ fi
 # --- no GPU: say so and stop -----------------------------------------------------------
 # Only a rehearsal may put the fake driver in place of the real one.
 unset CMM_FAKE_CUDA
-if ! nvidia-smi -L >"$logs/env.log" 2>&1 || ! grep -q "libcuda.so.1: /" "$logs/libraries.log"; then
+if [ "$dry" = 1 ]; then
+    echo "dry run: no GPU used, no step run; the GPU path walked as a GPU machine would" >"$logs/env.log"
+elif ! nvidia-smi -L >"$logs/env.log" 2>&1 || ! grep -q "libcuda.so.1: /" "$logs/libraries.log"; then
     {
         echo "no GPU: this machine has no working NVIDIA driver (nvidia-smi -L and libcuda.so.1 are needed)."
         echo "Run this bundle on a GPU machine; see docs/cuda.md."
@@ -225,7 +257,9 @@ fi
 export here scratch x
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-    echo "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-unset (cmm's binaries set 32)}"
+    # (No apostrophe inside ${…:-…}: within double quotes bash reads it as opening a
+    # single-quoted string, and the whole script then fails to parse.)
+    echo "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-unset (the binaries of cmm set 32)}"
     echo "CUDA_MODULE_LOADING=$CUDA_MODULE_LOADING"
     echo "CMM_KERNEL_IMAGES=${CMM_KERNEL_IMAGES:-unset (the kernels are compiled here)}"
     echo "commit: $CMM_COMMIT"
@@ -247,24 +281,6 @@ fi
 # plans' shapes, every variant spot-checked before it is timed; then the corpus with every
 # GEMM on cmm's own kernels and the Hopper engine wherever it applies, on each tile.
 step gemm-sweep 180 "$x" gemm-sweep --json "$out/gemm-sweep.json"
-# The engine's kernels under Nsight Compute where the machine has it: each kernel's speed
-# of light (SM, memory, DRAM and L2 throughput) and occupancy, at 8192³ and on the MoE
-# grouped GEMMs beside the plain GEMM on their dense shapes, on both tiles and the
-# ping-pong kernels (`gemm-sweep --profile` runs them ungated: a profiler serialises
-# launches; 24 launches of cmm_hopper kernels, each plain GEMM's warm-up included).
-ncu_hopper() {
-    local ncu
-    ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
-    if [ -z "$ncu" ]; then
-        echo "ncu: not on this machine; nothing profiled"
-        return 0
-    fi
-    echo "ncu: $ncu"
-    "$ncu" --clock-control none -k regex:cmm_hopper --launch-count 24 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        --section Occupancy "$x" gemm-sweep --profile
-}
-export -f ncu_hopper
-step ncu-hopper 120 bash -c ncu_hopper
 step conformance-hopper 90 "$x" conformance --backend cuda --sync kernels --hopper --case-timeout 30 \
     --stamps "$scratch/hopper-stamps"
 step conformance-hopper-wide 90 "$x" conformance --backend cuda --sync kernels --hopper --hopper-tile wide \
@@ -352,6 +368,26 @@ step sanitizer-hopper 180 bash -c 'for tool in memcheck racecheck synccheck; do
     sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile wide || exit $?
     sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile narrow \
         --hopper-variant pingpong || exit $?; done'
+# The engine's kernels under Nsight Compute where the machine has it (after the steps that
+# decide the engine's targets and its correctness, which a slow profiler must not starve):
+# each kernel's speed
+# of light (SM, memory, DRAM and L2 throughput) and occupancy, at 8192³ and on the MoE
+# grouped GEMMs beside the plain GEMM on their dense shapes, on both tiles and the
+# ping-pong kernels (`gemm-sweep --profile` runs them ungated: a profiler serialises
+# launches; 24 launches of cmm_hopper kernels, each plain GEMM's warm-up included).
+ncu_hopper() {
+    local ncu
+    ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
+    if [ -z "$ncu" ]; then
+        echo "ncu: not on this machine; nothing profiled"
+        return 0
+    fi
+    echo "ncu: $ncu"
+    "$ncu" --clock-control none -k regex:cmm_hopper --launch-count 24 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy "$x" gemm-sweep --profile
+}
+export -f ncu_hopper
+step ncu-hopper 120 bash -c ncu_hopper
 # Then cmm's other kernels (the signals, waits and copies of the smallest ring cases, and
 # ring_push's GEMMs on a peer's c) under every tool.
 step sanitizer-memcheck 90 bash -c 'sanitize memcheck'
