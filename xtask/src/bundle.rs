@@ -783,6 +783,18 @@ mod tests {
         fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A device call brings back at most 8 files from `$OUT`: every file the script (and
+    /// the summary it calls) may write there must fit, the rest travel in logs.tar.gz.
+    #[test]
+    fn what_the_script_writes_under_out_fits_what_a_device_call_returns() {
+        let mut files: std::collections::BTreeSet<&str> =
+            RUN_SH.split("\"$out/").skip(1).filter_map(|rest| rest.split('"').next()).collect();
+        files.insert("summary.json");
+        assert!(files.contains("bench-kernels.json") && files.contains("logs.tar.gz"), "{files:?}");
+        assert!(files.iter().all(|f| !f.contains('/')), "{files:?}");
+        assert!(files.len() <= 8, "{} files under $OUT, a device call returns 8: {files:?}", files.len());
+    }
+
     /// The dry run is checked against the GPU steps as the script lists them: the top-level
     /// `step` lines, none of the rehearsal's.
     #[test]
