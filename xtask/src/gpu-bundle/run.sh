@@ -370,13 +370,13 @@ step sanitizer-hopper 180 bash -c 'for tool in memcheck racecheck synccheck; do
     sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile wide || exit $?
     sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile narrow \
         --hopper-variant pingpong || exit $?; done'
-# The engine's kernels under Nsight Compute where the machine has it (after the steps that
-# decide the engine's targets and its correctness, which a slow profiler must not starve):
-# each kernel's speed
+# The engine's kernels under Nsight Compute where the machine has it: each kernel's speed
 # of light (SM, memory, DRAM and L2 throughput) and occupancy, at 8192³ and on the MoE
 # grouped GEMMs beside the plain GEMM on their dense shapes, on both tiles and the
 # ping-pong kernels (`gemm-sweep --profile` runs them ungated: a profiler serialises
-# launches; 24 launches of cmm_hopper kernels, each plain GEMM's warm-up included).
+# launches; 24 launches of cmm_hopper kernels, each plain GEMM's warm-up included). It
+# comes after the steps that decide the engine's targets and its correctness, so that a
+# slow profiler cannot starve them.
 ncu_hopper() {
     local ncu
     ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
@@ -390,8 +390,8 @@ ncu_hopper() {
 }
 export -f ncu_hopper
 step ncu-hopper 120 bash -c ncu_hopper
-# Then cmm's other kernels (the signals, waits and copies of the smallest ring cases, and
-# ring_push's GEMMs on a peer's c) under every tool.
+# The sanitizers on cmm's other kernels (the signals, waits and copies of the smallest ring
+# cases, and ring_push's GEMMs on a peer's c), under every tool.
 step sanitizer-memcheck 90 bash -c 'sanitize memcheck'
 step sanitizer-racecheck 90 bash -c 'sanitize racecheck'
 step sanitizer-synccheck 90 bash -c 'sanitize synccheck'
