@@ -4,8 +4,9 @@
 //! `run.sh` — in one folder small enough to carry. `--check` then checks the script here:
 //! it must parse, fail cleanly for want of a GPU, walk its GPU path dry (each step's program
 //! present, each of its scripts parsing), and pass its rehearsal (the GPU steps on the fake
-//! CUDA driver, or without NVRTC the kernels on the host twin) from a copy elsewhere. `gpu-bundle-summary` (called by the script) turns the
-//! step table and logs into `summary.md` and `summary.json`.
+//! CUDA driver, or without NVRTC the kernels on the host twin) from a copy elsewhere.
+//! `gpu-bundle-summary` (called by the script) turns the step table and logs into
+//! `summary.md` and `summary.json`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
