@@ -822,6 +822,28 @@ mod tests {
         assert!(files.len() <= 8, "{} files under $OUT, a device call returns 8: {files:?}", files.len());
     }
 
+    /// docs/howto.md's table of the bundle's steps names every GPU step of the script, in
+    /// its order (a row may name several: `` `sanitizer-memcheck`, `-racecheck` ``).
+    #[test]
+    fn the_howto_lists_the_gpu_steps_in_the_scripts_order() {
+        let howto = include_str!("../../docs/howto.md");
+        let table = howto.split("| step | what |").nth(1).expect("howto.md has the bundle's step table");
+        let mut listed = Vec::new();
+        for row in table.lines().skip(2).take_while(|l| l.starts_with("| `")) {
+            let names = row.trim_start_matches("| ").split(" |").next().unwrap_or_default();
+            let mut stem = "";
+            for name in names.split(", ").map(|n| n.trim_matches('`')) {
+                if let Some(suffix) = name.strip_prefix('-') {
+                    listed.push(format!("{stem}-{suffix}"));
+                } else {
+                    stem = name.split('-').next().unwrap_or_default();
+                    listed.push(name.to_string());
+                }
+            }
+        }
+        assert_eq!(listed, gpu_steps(RUN_SH), "docs/howto.md's step table against run.sh");
+    }
+
     /// The dry run is checked against the GPU steps as the script lists them: the top-level
     /// `step` lines, none of the rehearsal's.
     #[test]
