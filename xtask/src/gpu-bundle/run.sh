@@ -156,8 +156,15 @@ dry_step() { # dry_step NAME COMMAND...: what `step` would run exists, and a scr
     local problem=""
     if ! command -v "$program" >/dev/null 2>&1; then
         problem="dry run: no program \`$program\`"
-    elif [ "$program" = bash ] && [ "${2:-}" = -c ] && ! bash -n -c "$3" >"$logs/$name.log" 2>&1; then
-        problem="dry run: its script does not parse: $(head -n 1 "$logs/$name.log" | tr '\t' ' ')"
+    elif [ "$program" = bash ] && [ "${2:-}" = -c ]; then
+        # The script parses, and its first word means something to the bash that runs it:
+        # a keyword, a command, or a function this script exported.
+        local first="${3%%[[:space:];]*}"
+        if ! bash -n -c "$3" >"$logs/$name.log" 2>&1; then
+            problem="dry run: its script does not parse: $(head -n 1 "$logs/$name.log" | tr '\t' ' ')"
+        elif [ -z "$(bash -c "type -t '$first'" 2>/dev/null)" ]; then
+            problem="dry run: its script starts with \`$first\`, neither a command nor an exported function"
+        fi
     fi
     if [ -n "$problem" ]; then
         printf '%s\t2\t0\t%s\n' "$name" "$problem" >>"$logs/steps.tsv"
