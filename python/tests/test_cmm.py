@@ -105,6 +105,23 @@ def test_simulate_and_tune_equal_the_commands_json(cmm_bin):
     assert simulated["plan"] == plan["plan"]["name"] and simulated["makespan_us"] > 0
 
 
+def test_a_vector_stands_for_a_one_column_or_one_row_output():
+    # ag_moe's `perm` is a column per device; a decode step's attention output one row.
+    moe = cmm.Case(op="ag_moe", devices=2, algorithm="ring", experts=4, topk=2, routing="uniform",
+                   m=32, n=32, k=32, input="f32", output="f32", family="exact", seed=5)
+    golden = moe.golden("cpu")
+    assert golden["perm"][0].shape[1] == 1
+    vectors = {**golden, "perm": [a.reshape(-1) for a in golden["perm"]]}
+    assert cmm.check(moe, vectors).ok
+    short = {**golden, "perm": [a.reshape(-1)[:-1] for a in golden["perm"]]}
+    with pytest.raises(ValueError, match=r"output `perm` of device 0 has shape \(\d+,\); the case's is \(\d+, 1\)"):
+        cmm.check(moe, short)
+    decode = cmm.Case(**{**ATTN, "op": "attention", "m": 1, "devices": 1, "causal": False, "layout": "contiguous"})
+    rows = decode.golden("cpu")
+    assert rows["O"][0].shape[0] == 1
+    assert cmm.check(decode, {**rows, "O": [a.reshape(-1) for a in rows["O"]]}).ok
+
+
 def test_bad_arguments_raise_the_right_exception():
     with pytest.raises(TypeError, match="unknown field"):
         cmm.Case(opp="ag_gemm")

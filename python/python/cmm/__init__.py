@@ -197,6 +197,7 @@ def _outputs(case: Case, outputs: Any) -> Dict[str, List[tuple]]:
         given = {names[0]: outputs}
     else:
         raise TypeError(f"case `{case.name}` has several outputs ({', '.join(names)}): pass a dict of them")
+    declared = {o.buffer: o for o in case.outputs}
     packed = {}
     for name, arrays in given.items():
         if isinstance(arrays, (str, bytes)) or not isinstance(arrays, Sequence):
@@ -204,8 +205,13 @@ def _outputs(case: Case, outputs: Any) -> Dict[str, List[tuple]]:
         per_device = []
         for device, a in enumerate(arrays):
             a = _host_array(a)
-            if a.ndim == 1:
-                a = a.reshape(1, -1)
+            if a.ndim == 1 and name in declared and device < case.devices:
+                # A vector stands for the output's one row or one column (ag_moe's `perm` is
+                # a column, a decode step's attention output a row), whichever it declares.
+                want = (declared[name].rows_on(device), declared[name].cols)
+                if 1 not in want or a.size != want[0] * want[1]:
+                    raise ValueError(f"output `{name}` of device {device} has shape {a.shape}; the case's is {want}")
+                a = a.reshape(want)
             if a.ndim != 2:
                 raise ValueError(f"output `{name}` of device {device} has shape {a.shape}; expected a matrix")
             dtype = str(a.dtype)
