@@ -332,6 +332,17 @@ fn dir_bytes(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
+/// Runs a bundle's `run.sh` with `out` as its output folder, `how` adding its environment;
+/// returns its exit code and its stdout and stderr together.
+fn run_script(bundle: &Path, out: &Path, how: impl FnOnce(&mut Command)) -> Result<(Option<i32>, String)> {
+    let mut command = Command::new("bash");
+    command.arg(bundle.join("run.sh")).arg(out);
+    how(&mut command);
+    let output = command.output().with_context(|| format!("running {}", bundle.join("run.sh").display()))?;
+    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+    Ok((output.status.code(), text))
+}
+
 /// Runs the bundle here, where there is no GPU: the whole script must parse, it must exit 3
 /// and say so, stop at a binary that cannot start, walk its GPU path dry, and pass its
 /// rehearsal.
@@ -339,14 +350,13 @@ fn check(dir: &Path) -> Result<()> {
     check_parses(dir)?;
     let out = std::env::temp_dir().join(format!("cmm-gpu-bundle-check-{}", std::process::id()));
     let _ = fs::remove_dir_all(&out);
-    let output = Command::new("bash").arg(dir.join("run.sh")).arg(&out).output().context("running run.sh")?;
-    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+    let (code, text) = run_script(dir, &out, |_| ())?;
     if crate_has_gpu() {
         println!("check: this machine has a GPU; the no-GPU exit cannot be checked here");
         return Ok(());
     }
-    if output.status.code() != Some(3) || !text.contains("no GPU") {
-        bail!("run.sh without a GPU should exit 3 saying `no GPU`; it exited {:?}:\n{text}", output.status.code());
+    if code != Some(3) || !text.contains("no GPU") {
+        bail!("run.sh without a GPU should exit 3 saying `no GPU`; it exited {code:?}:\n{text}");
     }
     for file in ["summary.md", "summary.json", "logs.tar.gz"] {
         if !out.join(file).is_file() {
@@ -389,17 +399,12 @@ fn gpu_steps(script: &str) -> Vec<&str> {
 fn check_dry_run(dir: &Path) -> Result<()> {
     let out = std::env::temp_dir().join(format!("cmm-gpu-bundle-dry-{}", std::process::id()));
     let _ = fs::remove_dir_all(&out);
-    let output = Command::new("bash")
-        .arg(dir.join("run.sh"))
-        .arg(&out)
-        .env("CMM_BUNDLE_DRY_RUN", "1")
-        .env_remove("CMM_BUNDLE_STEPS")
-        .output()
-        .context("running run.sh dry")?;
-    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+    let (code, text) = run_script(dir, &out, |c| {
+        c.env("CMM_BUNDLE_DRY_RUN", "1").env_remove("CMM_BUNDLE_STEPS");
+    })?;
     let written = fs::read_to_string(out.join("summary.json")).ok();
     let Some(summary) = written.and_then(|t| serde_json::from_str::<Summary>(&t).ok()) else {
-        bail!("run.sh's dry run wrote no summary.json (exit {:?}):\n{text}", output.status.code());
+        bail!("run.sh's dry run wrote no summary.json (exit {code:?}):\n{text}");
     };
     // Each step's note (a dry run's verdict) is the first of its details.
     let rows: Vec<(String, String)> =
@@ -411,11 +416,10 @@ fn check_dry_run(dir: &Path) -> Result<()> {
         .filter(|(_, note)| note != "dry run: not executed")
         .map(|(name, note)| format!("{name}: {note}"))
         .collect();
-    if !output.status.success() || walked != expected || !findings.is_empty() {
+    if code != Some(0) || walked != expected || !findings.is_empty() {
         bail!(
-            "run.sh's GPU path, walked dry, should reach each of its {} steps and run none (exit {:?}); it reached {walked:?}\n{}\n{text}",
+            "run.sh's GPU path, walked dry, should reach each of its {} steps and run none (exit {code:?}); it reached {walked:?}\n{}\n{text}",
             expected.len(),
-            output.status.code(),
             findings.join("\n")
         );
     }
@@ -437,15 +441,14 @@ fn check_unstartable(dir: &Path) -> Result<()> {
     let loader = "libc.so.6: version GLIBC_9.99 not found (required by conformance-cuda-tests)";
     fs::write(moved.join("bin").join("conformance-cuda-tests"), format!("#!/bin/sh\necho \"{loader}\" >&2\nexit 1\n"))
         .context("writing a binary that cannot start")?;
-    let output = Command::new("bash").arg(moved.join("run.sh")).arg(&out).output().context("running run.sh")?;
-    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+    let (code, text) = run_script(&moved, &out, |_| ())?;
     let steps = fs::read_to_string(out.join("steps.tsv")).unwrap_or_default();
-    if output.status.code() != Some(1)
+    if code != Some(1)
         || !text.contains("bin/conformance-cuda-tests does not start")
         || !text.contains(loader)
         || !steps.contains("start-conformance-cuda-tests\t1")
     {
-        bail!("a bundle whose binary cannot start should stop at once, exit 1 and say why; it exited {:?}:\n{text}\n{steps}", output.status.code());
+        bail!("a bundle whose binary cannot start should stop at once, exit 1 and say why; it exited {code:?}:\n{text}\n{steps}");
     }
     let _ = fs::remove_dir_all(&scratch);
     println!("check: a bundle whose binary cannot start stops before any step and says why");
@@ -461,17 +464,13 @@ fn rehearse(dir: &Path) -> Result<()> {
     let _ = fs::remove_dir_all(&scratch);
     let (moved, out) = (scratch.join("elsewhere"), scratch.join("out"));
     copy_tree(dir, &moved).context("copying the bundle for its rehearsal")?;
-    let output = Command::new("bash")
-        .arg(moved.join("run.sh"))
-        .arg(&out)
-        .env("CMM_BUNDLE_REHEARSAL", "1")
+    let (code, text) = run_script(&moved, &out, |c| {
         // The copy must not lean on this tree's corpus.
-        .env_remove("CMM_CASES_DIR")
-        .env_remove("CMM_GOLDEN_DIR")
-        .current_dir(&scratch)
-        .output()
-        .context("running the rehearsal")?;
-    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+        c.env("CMM_BUNDLE_REHEARSAL", "1")
+            .env_remove("CMM_CASES_DIR")
+            .env_remove("CMM_GOLDEN_DIR")
+            .current_dir(&scratch);
+    })?;
     let summary = fs::read_to_string(out.join("summary.md")).unwrap_or_default();
     let rows = summary.lines().filter(|l| l.starts_with("| rehearsal-")).collect::<Vec<_>>();
     // With NVRTC, the GPU steps on the fake driver (22); without, the host twin's (3).
@@ -481,8 +480,8 @@ fn rehearse(dir: &Path) -> Result<()> {
         bail!("the bundle carries cubins, but the rehearsal's backend did not load them:\n{summary}");
     }
     let expected = if fake { 22 } else { 3 };
-    if !output.status.success() || rows.len() != expected || !rows.iter().all(|r| r.contains("| passed |")) {
-        bail!("the bundle's rehearsal failed (exit {:?}):\n{text}\n{summary}", output.status.code());
+    if code != Some(0) || rows.len() != expected || !rows.iter().all(|r| r.contains("| passed |")) {
+        bail!("the bundle's rehearsal failed (exit {code:?}):\n{text}\n{summary}");
     }
     let _ = fs::remove_dir_all(&scratch);
     let on = if fake { "the fake CUDA driver" } else { "the host twin (no libnvrtc here)" };
