@@ -83,6 +83,36 @@ struct HopperBlock {
     // Per thread: the wgmma groups it has committed.
     std::vector<u32> committed;
     static constexpr u32 UNTRACKED = 0xffffffffu;
+
+    // A wgmma's B operand, decoded once for the 128 threads that read all of it (each
+    // thread of a warpgroup reads every 16-byte chunk of B, for its own columns): kept
+    // with the shared memory and chunk records it came from, and reused only while both
+    // are byte for byte the same. What it spares is the decoding and the per-chunk walk,
+    // not the checks: a thread uses it only if it has waited for (and, after cp.async,
+    // fenced) every phase the operand's chunks need; else it reads B the checked way,
+    // which names its error as before.
+    struct DecodedOperand {
+        bool valid = false;
+        u64 desc = 0;
+        u32 n = 0, dtype = 0;
+        bool mn_major = false;
+        // The chunks it was read from, as runs of consecutive chunks [first, end), and
+        // their bytes and records as decoded, run after run.
+        std::vector<std::pair<u32, u32>> runs;
+        std::vector<unsigned char> bytes;
+        std::vector<Chunk> records;
+        std::vector<float> values;         // element (column, k) at 16 · column + k
+        // A thread may use it once it has seen phase `seen` of barrier `bar` complete, and
+        // (where cp.async wrote) fenced as of phase `fenced`; bar UNTRACKED: no thread may.
+        struct Need {
+            u32 bar, seen, fenced;
+        };
+        std::vector<Need> needs;
+    };
+    // A thread issues a stage's four k-steps before it yields, and the ping-pong kernels'
+    // two warpgroups read two stages: eight operands in use at once.
+    DecodedOperand decoded_b[8];
+    u32 decoded_next = 0;
 };
 
 // The state of the running cluster's CTA of rank `cta`.
@@ -101,6 +131,7 @@ inline HopperBlock& hopper_block_at(u32 cta) {
         hb.fenced.assign(threads, {});
         hb.untracked.assign(threads, {});
         hb.committed.assign(threads, 0u);
+        for (auto& d : hb.decoded_b) d.valid = false;
     }
     return hb;
 }
@@ -553,6 +584,99 @@ struct OperandReader {
     }
 };
 
+// Decodes every element of a wgmma's B operand (N columns, 16 along K) into `d`, with the
+// bytes and chunk records it came from and the phases its chunks need; false where an
+// element lies past shared memory (the checked path reports that).
+template <u32 N>
+bool decode_operand(const HopperBlock& hb, const OperandLayout& lb, u32 dtype, HopperBlock::DecodedOperand& d) {
+    // One bit per chunk of shared memory: the chunks read, in address order.
+    u64 read[HOPPER_SMEM_BYTES / 16u / 64u + 1u] = {};
+    u32 first = ~0u, last = 0u;
+    d.values.resize(16u * N);
+    d.needs.clear();
+    for (u32 col = 0; col < N; ++col) {
+        for (u32 k = 0; k < 16u; ++k) {
+            const u32 addr = lb.offset(col, k);
+            if (addr + 2u > HOPPER_SMEM_BYTES) return false;
+            u16 bits;
+            std::memcpy(&bits, hb.smem.get() + addr, sizeof bits);
+            d.values[16u * col + k] = cmm_decode(bits, dtype);
+            const u32 chunk = addr / 16u;
+            read[chunk / 64u] |= 1ull << (chunk % 64u);
+            first = std::min(first, chunk);
+            last = std::max(last, chunk);
+        }
+    }
+    d.runs.clear();
+    d.bytes.clear();
+    d.records.clear();
+    for (u32 chunk = first; chunk <= last; ++chunk) {
+        if ((read[chunk / 64u] >> (chunk % 64u) & 1u) == 0u) continue;
+        if (d.runs.empty() || d.runs.back().second != chunk) d.runs.emplace_back(chunk, chunk);
+        ++d.runs.back().second;
+        const HopperBlock::Chunk& c = hb.chunks[chunk];
+        d.bytes.insert(d.bytes.end(), hb.smem.get() + 16u * chunk, hb.smem.get() + 16u * (chunk + 1u));
+        d.records.push_back(c);
+        if (c.bar == 0u) continue;
+        auto need = std::find_if(d.needs.begin(), d.needs.end(), [&](const auto& n) { return n.bar == c.bar; });
+        if (need == d.needs.end()) need = d.needs.insert(d.needs.end(), {c.bar, 0u, 0u});
+        need->seen = std::max(need->seen, c.phase + 1u);
+        if (c.generic != 0u) need->fenced = std::max(need->fenced, c.phase + 1u);
+    }
+    return true;
+}
+
+// Whether shared memory and its chunk records are still, on every chunk `d` was read
+// from, what they were when it was decoded.
+inline bool still_as_decoded(const HopperBlock& hb, const HopperBlock::DecodedOperand& d) {
+    u32 at = 0;
+    for (const auto& [first, end] : d.runs) {
+        const u32 count = end - first;
+        if (std::memcmp(d.bytes.data() + 16u * at, hb.smem.get() + 16u * first, 16u * count) != 0 ||
+            std::memcmp(d.records.data() + at, hb.chunks.data() + first, count * sizeof(HopperBlock::Chunk)) != 0) {
+            return false;
+        }
+        at += count;
+    }
+    return true;
+}
+
+// B's decoded elements for the calling thread, or nullptr where it must read B the
+// checked way: no decoding applies, or the thread has not waited for (or fenced) a phase
+// that publishes one of B's chunks.
+template <u32 N>
+const float* decoded_b(HopperBlock& hb, u64 desc, const OperandLayout& lb, u32 dtype,
+                       const std::unordered_map<u32, u32>& seen, const std::unordered_map<u32, u32>& fenced) {
+    HopperBlock::DecodedOperand* hit = nullptr;
+    for (auto& d : hb.decoded_b) {
+        if (d.valid && d.desc == desc && d.n == N && d.dtype == dtype && d.mn_major == lb.mn_major &&
+            still_as_decoded(hb, d)) {
+            hit = &d;
+            break;
+        }
+    }
+    if (hit == nullptr) {
+        hit = &hb.decoded_b[hb.decoded_next];
+        hb.decoded_next = (hb.decoded_next + 1u) % (u32)std::size(hb.decoded_b);
+        hit->valid = decode_operand<N>(hb, lb, dtype, *hit);
+        if (!hit->valid) return nullptr;
+        hit->desc = desc;
+        hit->n = N;
+        hit->dtype = dtype;
+        hit->mn_major = lb.mn_major;
+    }
+    for (const auto& need : hit->needs) {
+        if (need.bar == HopperBlock::UNTRACKED) return nullptr;
+        auto s = seen.find(need.bar - 1u);
+        if (s == seen.end() || s->second < need.seen) return nullptr;
+        if (need.fenced != 0u) {
+            auto f = fenced.find(need.bar - 1u);
+            if (f == fenced.end() || f->second < need.fenced) return nullptr;
+        }
+    }
+    return hit->values.data();
+}
+
 // Four floats in one vector register (GCC and Clang): the twin's wgmma sums four
 // accumulators at once, with the same roundings as one at a time.
 typedef float Float4 __attribute__((vector_size(16)));
@@ -574,22 +698,28 @@ inline void wgmma(float* d, u64 desc_a, u64 desc_b, u32 accumulate) {
     }
     // Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h, column 8j + 2·(lane%4) + e. B's
     // 16 rows of the thread's two columns of group j are read once for both rows.
+    const float* decoded = read.ok ? decoded_b<N>(hb, desc_b, lb, read.dtype, read.seen, read.fenced) : nullptr;
     for (u32 j = 0; j < N / 8u && read.ok; ++j) {
         const u32 col = 8u * j + 2u * (lane % 4u);
-        float b0[16], b1[16];
-        if (TRANS_B != 0) {
+        float b0_read[16], b1_read[16];
+        const float* b0 = b0_read;
+        const float* b1 = b1_read;
+        if (decoded != nullptr) {
+            b0 = decoded + 16u * col;
+            b1 = decoded + 16u * (col + 1u);
+        } else if (TRANS_B != 0) {
             const u32 column = lb.start + lb.mn_part(col);
             for (u32 k = 0; k < 16u && read.ok; ++k) {
                 float pair[2];
                 read.run_at<2>(lb.swizzle(column + b_rows[k]), pair);
-                b0[k] = pair[0];
-                b1[k] = pair[1];
+                b0_read[k] = pair[0];
+                b1_read[k] = pair[1];
             }
         } else {
-            read.run<8>(lb, col, 0u, b0);
-            if (read.ok) read.run<8>(lb, col, 8u, b0 + 8);
-            if (read.ok) read.run<8>(lb, col + 1u, 0u, b1);
-            if (read.ok) read.run<8>(lb, col + 1u, 8u, b1 + 8);
+            read.run<8>(lb, col, 0u, b0_read);
+            if (read.ok) read.run<8>(lb, col, 8u, b0_read + 8);
+            if (read.ok) read.run<8>(lb, col + 1u, 0u, b1_read);
+            if (read.ok) read.run<8>(lb, col + 1u, 8u, b1_read + 8);
         }
         if (!read.ok) break;
         // Accumulators 4j … 4j + 3 as one vector: (h, e) = (0, 0), (0, 1), (1, 0), (1, 1).

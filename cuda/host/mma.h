@@ -30,26 +30,46 @@ inline bool cmm_host_warp_lane(u32& warp, u32& lane) {
     return false;
 }
 
+// The warp's A (16×16) and B (16×8, as [col][k]) as floats: decoded once per mma by the
+// first lane past the staging barrier, not once per lane.
+struct CmmHostWarpOperands {
+    bool decoded;
+    float a[16][16];
+    float b[8][16];
+};
+
 template <bool BF16>
 inline void cmm_mma16816(float* d, const u32* a, const u32* b) {
     static thread_local CmmHostWarpFragments staged[32][32];  // [warp][lane]
+    static thread_local CmmHostWarpOperands operands[32];    // [warp]
     u32 warp, lane;
     if (!cmm_host_warp_lane(warp, lane)) return;
     for (int j = 0; j < 4; ++j) staged[warp][lane].a[j] = a[j];
     for (int j = 0; j < 2; ++j) staged[warp][lane].b[j] = b[j];
+    // Every lane stages before any passes the barrier, and every lane reads before any
+    // restages (the second barrier): the first lane through decodes for all.
+    operands[warp].decoded = false;
     cmm_host::barrier(cmm_host::WARP_COLLECTIVE);
     const CmmHostWarpFragments* w = staged[warp];
+    CmmHostWarpOperands& ops = operands[warp];
+    if (!ops.decoded) {
+        for (u32 k = 0; k < 16u; ++k) {
+            // A(row, k) lives in lane (row % 8)·4 + (k % 8)/2, register (row / 8) + 2·(k / 8).
+            for (u32 row = 0; row < 16u; ++row) {
+                ops.a[row][k] = cmm_host_half<BF16>(w, (row % 8u) * 4u + (k % 8u) / 2u, row / 8u + 2u * (k / 8u), k & 1u, true);
+            }
+            // B(k, col) lives in lane col·4 + (k % 8)/2, register k / 8.
+            for (u32 col = 0; col < 8u; ++col) {
+                ops.b[col][k] = cmm_host_half<BF16>(w, col * 4u + (k % 8u) / 2u, k / 8u, k & 1u, false);
+            }
+        }
+        ops.decoded = true;
+    }
     const u32 g = lane / 4u, t = lane % 4u;
     for (u32 e = 0; e < 4u; ++e) {
         const u32 row = g + 8u * (e >> 1), col = 2u * t + (e & 1u);
         float sum = d[e];
-        for (u32 k = 0; k < 16u; ++k) {
-            // A(row, k) lives in lane (row % 8)·4 + (k % 8)/2, register (row / 8) + 2·(k / 8).
-            const float x = cmm_host_half<BF16>(w, (row % 8u) * 4u + (k % 8u) / 2u, row / 8u + 2u * (k / 8u), k & 1u, true);
-            // B(k, col) lives in lane col·4 + (k % 8)/2, register k / 8.
-            const float y = cmm_host_half<BF16>(w, col * 4u + (k % 8u) / 2u, k / 8u, k & 1u, false);
-            sum += x * y;
-        }
+        for (u32 k = 0; k < 16u; ++k) sum += ops.a[row][k] * ops.b[col][k];
         d[e] = sum;
     }
     // Nobody restages before every lane has read.

@@ -63,13 +63,13 @@ struct HostKernels {
 }
 
 fn load() -> Result<HostKernels, CudaError> {
-    load_from(&host_source(), "cmm-host")
+    load_from(&host_source(), "cmm-host", &[])
 }
 
 /// Builds `source` (a [`host_source`], or a variant of it in tests) as `<stem>-<key>.so`
 /// in the cache and loads its launchers.
-fn load_from(source: &str, stem: &str) -> Result<HostKernels, CudaError> {
-    let path = build(&compiler(), source, &cache_dir(), stem, &[])?;
+fn load_from(source: &str, stem: &str, extra: &[&str]) -> Result<HostKernels, CudaError> {
+    let path = build(&compiler(), source, &cache_dir(), stem, extra)?;
     let fail = |message: String| CudaError::HostBuild { compiler: compiler(), message, log: String::new() };
     // SAFETY: the library is the one just built from the project's own sources; loading
     // it runs only the C++ runtime's static initialisers.
@@ -882,7 +882,7 @@ mod tests {
             (&copies_first, false, true, overwritten),
             (&staged_reads, true, false, "a thread overwrites a shared element another thread read"),
         ] {
-            let broken = load_from(variant, "cmm-host-hazard").unwrap_or_else(|e| panic!("{e}"));
+            let broken = load_variant(variant, "cmm-host-hazard").unwrap_or_else(|e| panic!("{e}"));
             let e = broken.launch(&launch(trans_b, wide, &mut c)).unwrap_err();
             assert!(e.to_string().contains(hazard), "wide tiles: {wide}: {e}");
         }
@@ -904,6 +904,14 @@ mod tests {
         [FiberOrder::FirstToLast, FiberOrder::LastToFirst, FiberOrder::Shuffled(1), FiberOrder::Shuffled(2)];
 
     /// The host twin's kernel source with the first `from` of hopper.cu replaced by `to`.
+    /// A variant of the host source with a planted bug, built without optimisation
+    /// (`-O0` after the flags' `-O2`): each is compiled afresh whenever the sources change
+    /// and runs a few small launches, so its compile is most of its cost, and `-O0` halves
+    /// it. The roundings are the same: no contraction either way, and SSE arithmetic.
+    fn load_variant(source: &str, stem: &str) -> Result<HostKernels, CudaError> {
+        load_from(source, stem, &["-O0"])
+    }
+
     fn hopper_variant(from: &str, to: &str) -> String {
         let source = host_source();
         assert!(source.contains(from), "hopper.cu has changed: {from}");
@@ -991,8 +999,9 @@ mod tests {
     /// as written computes the product (B N-major and K-major, both tiles); a descriptor
     /// with the wrong swizzle mode or the wrong stride byte offset computes something
     /// else; a stage announced without its bytes (no expect-tx) is read before its copy is
-    /// published, and a TMA load after an acquire without `fence.proxy.async` is refused,
-    /// each an error naming what went wrong.
+    /// published, as is a B operand one thread of a warpgroup reads without its wait
+    /// (its 127 peers waited), and a TMA load after an acquire without `fence.proxy.async` is
+    /// refused, each an error naming what went wrong.
     #[test]
     fn the_hopper_twin_finds_wrong_descriptors_missing_expect_tx_and_missing_proxy_fences() {
         use crate::lower::{GemmImpl, HopperKernel, HopperTile, HopperVariant};
@@ -1061,17 +1070,30 @@ mod tests {
             "cmm_mbar_arrive(full);",
         );
         let no_fence = variant("                cmm_fence_proxy_async_global();\n", "");
+        // One thread of each consumer warpgroup reads B unwaited, beside 127 that wait (A
+        // from shared memory no copy wrote, so that only B can tell): the twin decodes a B
+        // operand once for the warpgroup, and must still hold each thread to its own waits.
+        let one_unwaited = variant(
+            "            cmm_mbar_wait(bars + 8u * stage, phase, limit_ns);",
+            "            if (threadIdx.x % 128u != 77u) cmm_mbar_wait(bars + 8u * stage, phase, limit_ns);",
+        )
+        .replacen(
+            "const u32 sa = smem + stage * CMM_HOPPER_A_BYTES + (S::PINGPONG ? 0u : wg * 64u * 128u);",
+            "const u32 sa = smem + 200u * 1024u;",
+            1,
+        );
         // The fence's absence is named by the kernel file's line of the TMA load.
         let load_line = hopper_source_line("cmm_tma_load_2d(sa, amap, k0, a_row, full);");
         for (source, hazard, place) in [
             (no_expect_tx, "before its thread waited for the mbarrier phase that publishes the copy", String::new()),
+            (one_unwaited, "before its thread waited for the mbarrier phase that publishes the copy", String::new()),
             (
                 no_fence,
                 "a TMA copy issued after an acquire with no fence.proxy.async",
                 format!("hopper.cu:{load_line}:"),
             ),
         ] {
-            let broken = load_from(&source, "cmm-host-hopper-hazard").unwrap_or_else(|e| panic!("{e}"));
+            let broken = load_variant(&source, "cmm-host-hopper-hazard").unwrap_or_else(|e| panic!("{e}"));
             let e = run(&broken, narrow, false, first, plain).unwrap_err().to_string();
             assert!(e.contains(hazard) && e.contains("cmm_hopper_gemm_bf16_n128") && e.contains(&place), "{e}");
         }
@@ -1137,7 +1159,8 @@ mod tests {
         ];
         for (i, (line, error)) in broken.into_iter().enumerate() {
             let source = hopper_variant(line, "");
-            let kernels = load_from(&source, &format!("cmm-host-cluster-hazard-{i}")).unwrap_or_else(|e| panic!("{e}"));
+            let kernels =
+                load_variant(&source, &format!("cmm-host-cluster-hazard-{i}")).unwrap_or_else(|e| panic!("{e}"));
             let e = run(&kernels, HopperTile::Narrow, 2, FiberOrder::FirstToLast).unwrap_err().to_string();
             assert!(e.contains(error) && e.contains("cmm_hopper_gemm_bf16_n128_c2"), "{e}");
         }
@@ -1198,7 +1221,7 @@ mod tests {
             "cmm_mbar_init(bars + 8u * (S::STAGES + s), S::PINGPONG ? 1u : 2u * S::CLUSTER);",
             "cmm_mbar_init(bars + 8u * (S::STAGES + s), 2u * S::CLUSTER);",
         );
-        let kernels = load_from(&both_arrive, "cmm-host-pingpong-hazard").unwrap_or_else(|e| panic!("{e}"));
+        let kernels = load_variant(&both_arrive, "cmm-host-pingpong-hazard").unwrap_or_else(|e| panic!("{e}"));
         let e = run(&kernels, 1, FiberOrder::FirstToLast).unwrap_err().to_string();
         assert!(e.contains("deadlock") && e.contains("cmm_hopper_gemm_bf16_n128_pp"), "{e}");
         let no_pass_by = variant(
@@ -1224,7 +1247,8 @@ mod tests {
         .into_iter()
         .enumerate()
         {
-            let kernels = load_from(&source, &format!("cmm-host-pingpong-wrong-{i}")).unwrap_or_else(|e| panic!("{e}"));
+            let kernels =
+                load_variant(&source, &format!("cmm-host-pingpong-wrong-{i}")).unwrap_or_else(|e| panic!("{e}"));
             // Two and four CTAs: some CTA's warpgroups have unequal numbers of tiles.
             for ctas in [2, 4] {
                 assert!(!matches!(run(&kernels, ctas, order), Ok(true)), "{what} went unnoticed on {ctas} CTAs");
@@ -1317,7 +1341,7 @@ mod tests {
         // Each lane copying from its own row's source, not the one the row's lane found.
         let unshuffled = variant("const u32 source = __shfl_sync(0xffffffffu, mine, r);", "const u32 source = mine;");
         for (source, what) in [(unswizzled, "without the swizzle"), (unshuffled, "from another row's source")] {
-            let broken = load_from(&source, "cmm-host-hopper-gather-wrong").unwrap_or_else(|e| panic!("{e}"));
+            let broken = load_variant(&source, "cmm-host-hopper-gather-wrong").unwrap_or_else(|e| panic!("{e}"));
             assert!(
                 !run(&broken, HopperTile::Narrow, FiberOrder::FirstToLast).unwrap(),
                 "rows copied {what} went unnoticed"
@@ -1335,7 +1359,7 @@ mod tests {
             (unfenced, "with no fence.proxy.async.shared::cta by the reading thread after its wait"),
             (diverged, "barrier divergence: threads of a warp"),
         ] {
-            let broken = load_from(&source, "cmm-host-hopper-gather-hazard").unwrap_or_else(|e| panic!("{e}"));
+            let broken = load_variant(&source, "cmm-host-hopper-gather-hazard").unwrap_or_else(|e| panic!("{e}"));
             let e = run(&broken, HopperTile::Narrow, FiberOrder::FirstToLast).unwrap_err().to_string();
             assert!(e.contains(hazard) && e.contains("cmm_hopper_gemm_bf16_n128"), "{e}");
         }
