@@ -47,22 +47,24 @@ pub fn cuda_check(arch: &str) -> Result<()> {
     );
     let mut spilling = Vec::new();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for kernel in KERNEL_FILES {
-        let ptx = compile_fresh(&kernel, arch).with_context(|| format!("NVRTC on {}", kernel.name))?;
-        let ptx_path = out_dir.join(format!("{}.ptx", kernel.name));
-        fs::write(&ptx_path, ptx).with_context(|| format!("writing {}", ptx_path.display()))?;
-        let output = Command::new(&ptxas)
-            .arg(format!("-arch={arch}"))
-            .arg("-v")
-            // Entry points compile in parallel (hopper.cu's fourteen take most of the
-            // check); the code is the same as one at a time, only the toolkit note differs.
-            .arg("--split-compile")
-            .arg(threads.to_string())
-            .arg(&ptx_path)
-            .arg("-o")
-            .arg(out_dir.join(format!("{}.cubin", kernel.name)))
-            .output()
-            .with_context(|| format!("running {} (set CMM_PTXAS or put ptxas on PATH)", ptxas.display()))?;
+    // Every file's NVRTC and ptxas on its own worker, the longest (by source size) first,
+    // so that the other files compile beside hopper.cu (most of the check); reported in file order.
+    let mut order: Vec<usize> = (0..KERNEL_FILES.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(KERNEL_FILES[i].source.len()));
+    let next = std::sync::Mutex::new(order.into_iter());
+    let mut results: Vec<Option<Result<std::process::Output>>> = (0..KERNEL_FILES.len()).map(|_| None).collect();
+    let finished = std::sync::Mutex::new(&mut results);
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(KERNEL_FILES.len()) {
+            scope.spawn(|| loop {
+                let Some(i) = next.lock().expect("a worker panicked").next() else { break };
+                let outcome = compile_and_assemble(&KERNEL_FILES[i], arch, &ptxas, &out_dir, threads);
+                finished.lock().expect("a worker panicked")[i] = Some(outcome);
+            });
+        }
+    });
+    for (kernel, outcome) in KERNEL_FILES.iter().zip(results) {
+        let output = outcome.context("a compile worker stopped early")??;
         let log = String::from_utf8_lossy(&output.stderr);
         if !output.status.success() {
             bail!("ptxas failed on {} for {arch}:\n{log}", kernel.name);
@@ -108,6 +110,31 @@ pub fn cuda_check(arch: &str) -> Result<()> {
         images_dir().display()
     );
     Ok(())
+}
+
+/// NVRTC on `kernel` to PTX in `out_dir`, then `ptxas -v` on it to a cubin there.
+fn compile_and_assemble(
+    kernel: &cmm_cuda::kernels::KernelFile,
+    arch: &str,
+    ptxas: &Path,
+    out_dir: &Path,
+    threads: usize,
+) -> Result<std::process::Output> {
+    let ptx = compile_fresh(kernel, arch).with_context(|| format!("NVRTC on {}", kernel.name))?;
+    let ptx_path = out_dir.join(format!("{}.ptx", kernel.name));
+    fs::write(&ptx_path, ptx).with_context(|| format!("writing {}", ptx_path.display()))?;
+    Command::new(ptxas)
+        .arg(format!("-arch={arch}"))
+        .arg("-v")
+        // Entry points compile in parallel (hopper.cu's take most of the check); the
+        // code is the same as one at a time, only the toolkit note differs.
+        .arg("--split-compile")
+        .arg(threads.to_string())
+        .arg(&ptx_path)
+        .arg("-o")
+        .arg(out_dir.join(format!("{}.cubin", kernel.name)))
+        .output()
+        .with_context(|| format!("running {} (set CMM_PTXAS or put ptxas on PATH)", ptxas.display()))
 }
 
 /// Where `cuda-check` leaves the cubins it checked, named by [`image_file_name`].
