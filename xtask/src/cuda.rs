@@ -14,9 +14,7 @@ use cmm_core::oracle::spot_check;
 use cmm_core::plan::Engine;
 use cmm_core::workload::output_tolerance;
 use cmm_core::{build_plan, Algorithm, DType, Family, Op, OpKind, Plan, Problem};
-use cmm_cuda::kernels::{
-    compile_fresh, image_file_name, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES,
-};
+use cmm_cuda::kernels::{compile, image_file_name, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
 use cmm_cuda::{
     CopyIssue, CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, HopperTile, HopperVariant, ReadBack,
 };
@@ -112,7 +110,10 @@ pub fn cuda_check(arch: &str) -> Result<()> {
     Ok(())
 }
 
-/// NVRTC on `kernel` to PTX in `out_dir`, then `ptxas -v` on it to a cubin there.
+/// NVRTC on `kernel` to PTX in `out_dir`, then `ptxas -v` on it to a cubin there. The PTX
+/// comes from the backend's disk cache where NVRTC already made it (keyed by the source,
+/// architecture, options and NVRTC's version: the tests compile every file first);
+/// `CMM_PTX_CACHE=0` compiles afresh. ptxas always runs.
 fn compile_and_assemble(
     kernel: &cmm_cuda::kernels::KernelFile,
     arch: &str,
@@ -120,7 +121,7 @@ fn compile_and_assemble(
     out_dir: &Path,
     threads: usize,
 ) -> Result<std::process::Output> {
-    let ptx = compile_fresh(kernel, arch).with_context(|| format!("NVRTC on {}", kernel.name))?;
+    let ptx = compile(kernel, arch).with_context(|| format!("NVRTC on {}", kernel.name))?;
     let ptx_path = out_dir.join(format!("{}.ptx", kernel.name));
     fs::write(&ptx_path, ptx).with_context(|| format!("writing {}", ptx_path.display()))?;
     Command::new(ptxas)
