@@ -681,9 +681,10 @@ CUresult cuPointerGetAttribute(void* data, int attribute, u64 ptr) {
 // memfd there still inaccessible, and cuMemSetAccess makes it readable and writable, as
 // the driver requires. A mapping is an allocation of the context that mapped it, without
 // guard bytes (a write past its end lands in the reservation's inaccessible pages and
-// kills the process). cuMemUnmap leaves private poison in its place, and
-// cuMemAddressFree keeps the pages of a lost context, for the kernels that may still run. Processes that map the same memfd share its memory, semaphores
-// and atomics included.
+// kills the process). cuMemUnmap leaves inaccessible pages in its place, or in a lost
+// context private poison, which cuMemAddressFree then keeps, for the kernels that may
+// still run. Processes that map the same memfd share its memory, semaphores and atomics
+// included.
 struct MemProp {  // mirror of CUmemAllocationProp
     int type;
     int handle_types;
@@ -823,11 +824,16 @@ CUresult cuMemUnmap(u64 ptr, size_t bytes) {
     std::lock_guard<std::mutex> g(lock);
     if (!reserved(ptr, bytes)) return INVALID_VALUE;
     allocations.erase(ptr);
-    // Off the shared memory, onto private poison (0xff, NaN to a reader): a kernel of a
-    // lost context that still runs neither faults nor reaches the peers' memory.
-    void* p = mmap((void*)ptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    // Off the shared memory. In a lost context, onto private poison (0xff, NaN to a
+    // reader): a kernel that still runs neither faults nor reaches the peers' memory.
+    // Otherwise every stream has drained (the backend's promise) and nothing may touch
+    // the range again: it becomes inaccessible, as unmapped device memory is, and costs
+    // no page (poisoning it wrote every page of every peer's part, on every run).
+    const bool lost = current != nullptr && (current->sticky.load() != 0 || current->dead.load());
+    const int prot = lost ? PROT_READ | PROT_WRITE : PROT_NONE;
+    void* p = mmap((void*)ptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | (lost ? 0 : MAP_NORESERVE), -1, 0);
     if (p == MAP_FAILED) return INVALID_VALUE;
-    std::memset(p, 0xff, bytes);
+    if (lost) std::memset(p, 0xff, bytes);
     return SUCCESS;
 }
 
