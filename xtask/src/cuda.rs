@@ -51,14 +51,22 @@ pub fn cuda_check(arch: &str) -> Result<()> {
     order.sort_by_key(|&i| std::cmp::Reverse(KERNEL_FILES[i].source.len()));
     let next = std::sync::Mutex::new(order.into_iter());
     let mut results: Vec<Option<Result<std::process::Output>>> = (0..KERNEL_FILES.len()).map(|_| None).collect();
-    let finished = std::sync::Mutex::new(&mut results);
     std::thread::scope(|scope| {
-        for _ in 0..threads.min(KERNEL_FILES.len()) {
-            scope.spawn(|| loop {
-                let Some(i) = next.lock().expect("a worker panicked").next() else { break };
-                let outcome = compile_and_assemble(&KERNEL_FILES[i], arch, &ptxas, &out_dir, threads);
-                finished.lock().expect("a worker panicked")[i] = Some(outcome);
-            });
+        let workers: Vec<_> = (0..threads.min(KERNEL_FILES.len()))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    while let Some(i) = next.lock().expect("a worker panicked").next() {
+                        done.push((i, compile_and_assemble(&KERNEL_FILES[i], arch, &ptxas, &out_dir, threads)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        for worker in workers {
+            for (i, outcome) in worker.join().expect("a compile worker panicked") {
+                results[i] = Some(outcome);
+            }
         }
     });
     for (kernel, outcome) in KERNEL_FILES.iter().zip(results) {
