@@ -59,9 +59,11 @@ fn print_json(value: serde_json::Value) -> Result<()> {
 /// plans' waits inside their persistent kernels cost nothing beyond the data's arrival.
 fn caveat(winner: cmm_core::Algorithm) -> Option<&'static str> {
     matches!(winner, cmm_core::Algorithm::Fused { .. }).then_some(
-        "the fused plans have run only as virtual devices sharing one GPU (an H100 and an H200, 2026-11-26, \
-         docs/perf.md), where they took 1.14 to 2.53 times their compute-only twins and lost to the ring plans; \
-         this prediction assumes their waits cost nothing beyond the data's arrival, which no run has shown",
+        "the fused plans have run only as virtual devices sharing one GPU (an H100 and two H200s, 2026-11-26 \
+         and 27, docs/perf.md): with the driver's copies they took 1.14 to 2.53 times their compute-only twins; \
+         with their copies asked of the copy engines, as cmm asks them by default since, 1.00 to 1.08 times \
+         (gemm_rs at D = 4 and 8 not measured so), and they still lost to the ring plans; this prediction \
+         assumes their waits cost nothing beyond the data's arrival, which no run across GPUs has shown",
     )
 }
 

@@ -132,6 +132,7 @@ impl<E: cmm_cuda::CudaExecutor> Backend for Cuda<E> {
         };
         let copies = match self.options.copies {
             cmm_cuda::CopyIssue::PreferCopyEngines => "; copies asked of the copy engines",
+            cmm_cuda::CopyIssue::Driver => "; copies left to the driver",
             _ => "",
         };
         format!("{}; sync: {sync}{copies}", self.backend.describe())

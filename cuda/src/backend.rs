@@ -44,7 +44,7 @@ use crate::launch::{
 };
 use crate::lower::{
     hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmEngine, GemmImpl, HopperKernel, HopperTarget,
-    HopperTile, HopperVariant, LowerOptions, Lowered, SyncMode,
+    HopperTile, HopperVariant, LowerOptions, Lowered, Step, SyncMode,
 };
 use crate::memory::{DeviceAlloc, DeviceBuffer, HostControl, Memory};
 use crate::options::{CopyIssue, CudaRunOptions, CudaRunOutput, GemmSpec, OpTimes, Placement, ReadBack};
@@ -939,6 +939,7 @@ impl CudaBackend {
 
     fn run_from(&self, plan: &Plan, source: Source<'_>, options: &CudaRunOptions) -> Result<CudaRunOutput, CudaError> {
         let start = Instant::now();
+        let options = &CudaRunOptions { copies: options.copies.on_driver(self.batch_copies.is_ok()), ..*options };
         let offset = emulated(plan, options)?;
         let plan = offset.as_ref().unwrap_or(plan);
         self.check_driver_calls(plan, options)?;
@@ -1397,9 +1398,21 @@ fn copy_device(ctx: &Arc<CudaContext>, copies: &[DeviceCopy]) -> Result<(), Cuda
 const MEETING_READY: u8 = 1;
 const MEETING_DONE: u8 = 2;
 
-/// Plans with more ops per stream than this run ungated: a held stream whose launch
-/// queue fills would block the host before it opens the gate.
+/// Plans with more driver calls on one stream than this run ungated: a held stream whose
+/// launch queue fills would block the host before it opens the gate.
 const GATE_MAX_OPS_PER_STREAM: usize = 256;
+
+/// The driver calls that enqueue `step` as `copies` issues copies: a strided copy asked of
+/// the copy engines is one a row. (On an H200 a lane with 1,280 such copies behind the
+/// gate held the host until the gate's deadline; one with 768 did not, 2026-11-27.)
+fn enqueued_calls(step: &Step, copies: CopyIssue) -> usize {
+    match &step.command {
+        Some(Command::CopyEngine { src_pitch, dst_pitch, width, rows, .. }) => {
+            copies.batch_entries(*width, *rows, *src_pitch, *dst_pitch).unwrap_or(1)
+        }
+        _ => 1,
+    }
+}
 
 /// `CMM_CUDA_GATE=0` makes [`CudaRunOptions::default`] hold no lanes behind the gate.
 pub const GATE_VAR: &str = "CMM_CUDA_GATE";
@@ -1459,8 +1472,12 @@ impl Run<'_> {
     fn go(&mut self, lowered: &Lowered, memory: &Memory) -> Result<(f64, bool, OpTimes), CudaError> {
         let gpu0 = &self.state.gpus[0];
         let setup = gpu0.ctx.default_stream();
-        let per_stream =
-            (0..lowered.streams).map(|s| lowered.steps.iter().filter(|st| st.stream == s).count()).max().unwrap_or(0);
+        let per_stream = (0..lowered.streams)
+            .map(|s| {
+                lowered.steps.iter().filter(|st| st.stream == s).map(|st| enqueued_calls(st, self.options.copies)).sum()
+            })
+            .max()
+            .unwrap_or(0);
         let gated =
             self.options.gate && self.state.eager_loading && !launches_block() && per_stream <= GATE_MAX_OPS_PER_STREAM;
         if !gated {
@@ -1516,7 +1533,10 @@ impl Run<'_> {
             return Err(CudaError::RunTimeout {
                 plan: self.plan.name.clone(),
                 limit_ms: timeout_ns / 1_000_000,
-                pending: "the gate was never opened".into(),
+                pending: format!(
+                    "the gate was never opened: the host was held enqueueing the plan's work behind it (at most \
+                     {per_stream} driver calls on one lane); {GATE_VAR}=0 runs without the gate"
+                ),
             });
         }
         if let Some(e) = timed_out_wait(self.plan, lowered, |slot| self.control.status(slot), self.options.wait_timeout)
@@ -1709,12 +1729,12 @@ fn submit(
             let handle = blas.expect("lanes running cuBLAS GEMMs have handles");
             cublas_gemm(handle, args, *dtypes)
         }
-        Submission::CopyEngine { src, src_pitch, dst, dst_pitch, width, rows } => match copies {
-            CopyIssue::Driver => copy_engine_2d(stream, *src, *src_pitch, *dst, *dst_pitch, *width, *rows),
-            CopyIssue::PreferCopyEngines => {
-                copy_engine_batch(stream, [*src, *dst], [*src_pitch, *dst_pitch], *width, *rows)
+        Submission::CopyEngine { src, src_pitch, dst, dst_pitch, width, rows } => {
+            match copies.batch_entries(*width, *rows, *src_pitch, *dst_pitch) {
+                None => copy_engine_2d(stream, *src, *src_pitch, *dst, *dst_pitch, *width, *rows),
+                Some(_) => copy_engine_batch(stream, [*src, *dst], [*src_pitch, *dst_pitch], *width, *rows),
             }
-        },
+        }
         Submission::StreamWrite { addr, value } => {
             // SAFETY: the address is a semaphore word of a live allocation of this
             // run; flag 0 keeps the memory barrier before the write (release).

@@ -546,9 +546,11 @@ fn timed_ops_cover_every_op_in_lane_order_inside_the_run() {
 
 /// The copies a plan asks of the copy engines under [`CopyIssue::PreferCopyEngines`]:
 /// one batched copy per copy whose two sides are contiguous, one a row otherwise.
-fn copy_engine_pieces(plan: &Plan) -> (u64, bool) {
+/// And how many of those copies are contiguous.
+fn copy_engine_pieces(plan: &Plan) -> (u64, bool, u64) {
     let mut pieces = 0;
     let mut strided = false;
+    let mut contiguous = 0;
     for (_, op) in plan.ops() {
         let cmm_core::plan::Op::Copy { src, dst, engine: cmm_core::plan::Engine::CopyEngine, .. } = op else {
             continue;
@@ -558,9 +560,10 @@ fn copy_engine_pieces(plan: &Plan) -> (u64, bool) {
         }
         let whole = src.rows == 1 || (src.stride == src.cols && dst.stride == dst.cols);
         strided |= !whole;
+        contiguous += u64::from(whole);
         pieces += if whole { 1 } else { src.rows as u64 };
     }
-    (pieces, strided)
+    (pieces, strided, contiguous)
 }
 
 #[test]
@@ -577,18 +580,65 @@ fn copies_asked_of_the_copy_engines_take_the_batched_call_and_stay_right() {
             .unwrap();
     let plans = [ring_plan(), meshslice];
     assert!(plans.iter().any(|p| copy_engine_pieces(p).1), "one plan copies strided regions");
-    let engines = CudaRunOptions { copies: CopyIssue::PreferCopyEngines, ..Default::default() };
+    let asked_with = |plan: &Plan, copies: CopyIssue| {
+        let before = cmm_cuda::fake::copy_engine_copies().unwrap();
+        assert_right(&b, plan, &CudaRunOptions { copies, ..Default::default() });
+        cmm_cuda::fake::copy_engine_copies().unwrap() - before
+    };
     for plan in &plans {
-        let (pieces, _) = copy_engine_pieces(plan);
-        assert!(pieces > 0, "{} copies through the copy engines", plan.name);
-        let before = cmm_cuda::fake::copy_engine_copies().unwrap();
-        assert_right(&b, plan, &engines);
-        let asked = cmm_cuda::fake::copy_engine_copies().unwrap() - before;
-        assert_eq!(asked, pieces, "{}: copies asked of the copy engines", plan.name);
-        // The driver's own choice stays the default, and asks nothing of the engines.
-        let before = cmm_cuda::fake::copy_engine_copies().unwrap();
-        assert_right(&b, plan, &CudaRunOptions::default());
-        assert_eq!(cmm_cuda::fake::copy_engine_copies().unwrap(), before, "{}", plan.name);
+        let (pieces, _, contiguous) = copy_engine_pieces(plan);
+        assert!(pieces > 0 && contiguous > 0, "{} copies through the copy engines", plan.name);
+        assert_eq!(asked_with(plan, CopyIssue::PreferCopyEngines), pieces, "{}: every copy, a row each", plan.name);
+        // The default asks the engines for the contiguous copies only; strided ones are
+        // the driver's 2D copies, as every copy is when left to the driver.
+        assert_eq!(CudaRunOptions::default().copies, CopyIssue::Auto);
+        assert_eq!(asked_with(plan, CopyIssue::Auto), contiguous, "{}: the contiguous copies", plan.name);
+        assert_eq!(asked_with(plan, CopyIssue::Driver), 0, "{}: none", plan.name);
+    }
+}
+
+/// A held lane whose queue fills blocks the host before it opens the gate (an H200 held
+/// it until the gate's deadline with 1,280 row copies on one lane behind it, 2026-11-27).
+/// A strided copy asked of the copy engines is one driver call a row, and counts as that
+/// many toward the gate's limit: that plan runs ungated, right; by default (one 2D copy
+/// each) it runs gated.
+#[test]
+fn strided_copies_asked_of_the_copy_engines_count_a_call_a_row_toward_the_gate() {
+    use cmm_cuda::lower::{lower, Command, LowerOptions};
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((b, _restore)) = fake_backend_loading(true) else { return };
+    let mesh = cmm_core::mesh::MeshProblem::new(1, 4, cmm_core::mesh::Dataflow::Rs, 32, 48, 64, DType::F16, DType::F16)
+        .unwrap();
+    let plan = cmm_core::mesh::build_mesh_plan(&mesh, cmm_core::mesh::MeshAlgorithm::MeshSlice { slices: 4, block: 1 })
+        .unwrap();
+    let options = LowerOptions {
+        gemm: GemmEngine::Auto,
+        sync: SyncMode::Kernels,
+        cublas_present: true,
+        queues: 32,
+        wide_tiles: false,
+        hopper: None,
+    };
+    let lowered = lower(&plan, &options).unwrap();
+    let most_calls = |copies: CopyIssue| {
+        let mut calls = vec![0; lowered.streams];
+        for step in &lowered.steps {
+            calls[step.stream] += match &step.command {
+                Some(Command::CopyEngine { src_pitch, dst_pitch, width, rows, .. }) => {
+                    copies.batch_entries(*width, *rows, *src_pitch, *dst_pitch).unwrap_or(1)
+                }
+                _ => 1,
+            };
+        }
+        calls.into_iter().max().unwrap()
+    };
+    assert!(most_calls(CopyIssue::PreferCopyEngines) > 256, "{}", most_calls(CopyIssue::PreferCopyEngines));
+    assert!(most_calls(CopyIssue::Auto) <= 256, "{}", most_calls(CopyIssue::Auto));
+    for (copies, gated) in [(CopyIssue::PreferCopyEngines, false), (CopyIssue::Auto, true)] {
+        let options = CudaRunOptions { copies, ..Default::default() };
+        let out = b.run(&plan, 5, Family::Exact, &options).unwrap();
+        assert_eq!(out.gated, gated, "{}", copies.key());
+        assert_right(&b, &plan, &options);
     }
 }
 

@@ -149,7 +149,7 @@ def test_copies_asked_of_the_copy_engines_conform_and_a_bad_name_is_refused():
     cmm.cuda.run(case, tensors, copies="copy-engines")
     result = cmm.check(case, [t["C"].numpy() for t in tensors])
     assert result.ok, result.reason
-    with pytest.raises(ValueError, match="copies `engines` is not one of driver, copy-engines"):
+    with pytest.raises(ValueError, match="copies `engines` is not one of driver, copy-engines, auto"):
         cmm.cuda.run(case, _device_tensors(case), copies="engines")
 
 

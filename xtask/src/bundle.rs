@@ -752,15 +752,15 @@ impl BenchReport {
         if let Some(peak) = self.peak_cublas_tflops {
             md += &format!("cuBLAS's 8192³ f16 in this run: {peak:.0} TFLOP/s (`÷ 8192³`: a plan's rate over it)\n\n");
         }
-        md += "| op | D | plan | time µs | staggered µs | offsets µs | tile kernel µs | 128×128 µs | 2 CTAs/SM µs | more SMs free µs | SM copies µs | copy engines µs | Σ GEMMs µs | best ÷ Σ | twin µs | best ÷ twin | baseline µs | speedup | TFLOP/s | ÷ 8192³ | GEMMs on |\n";
+        md += "| op | D | plan | time µs | staggered µs | offsets µs | tile kernel µs | 128×128 µs | 2 CTAs/SM µs | more SMs free µs | SM copies µs | copy engines µs | driver copies µs | Σ GEMMs µs | best ÷ Σ | twin µs | best ÷ twin | baseline µs | speedup | TFLOP/s | ÷ 8192³ | GEMMs on |\n";
         md +=
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
         for r in &self.rows {
             let (p, f) = (&r.plan, &r.figures);
             let over_twin = f.compute_only_us.map(|t| p.fastest_us() / t);
             let of_peak = self.peak_cublas_tflops.filter(|&peak| peak > 0.0).map(|peak| f.tflops / peak);
             md += &format!(
-                "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {} | {} | {:.1} | {:.2}× | {:.0} | {} | {} |\n",
+                "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {} | {} | {:.1} | {:.2}× | {:.0} | {} | {} |\n",
                 p.op,
                 p.devices,
                 p.algorithm,
@@ -773,6 +773,7 @@ impl BenchReport {
                 us(p.time_free_sms_us),
                 us(p.time_sm_copies_us),
                 us(p.time_copy_engines_us),
+                us(p.time_driver_copies_us),
                 f.gemm_sum_us,
                 f.time_over_gemm_sum,
                 us(f.compute_only_us),
@@ -922,7 +923,7 @@ mod tests {
         let row = r#"{"op": "gemm_rs", "devices": 4, "algorithm": "ring_push", "time_us": 1010.04,
             "time_staggered_us": null, "time_offset_us": 1003.0, "gemm_sum_us": 1000.0, "time_over_gemm_sum": 1.003,
             "baseline_us": 1150.0, "speedup_over_baseline": 1.1466, "tflops": 545.2, "gemm_engine": "cuBLAS",
-            "compute_only_us": 980.0, "time_copy_engines_us": 1005.0,
+            "compute_only_us": 980.0, "time_copy_engines_us": 1005.0, "time_driver_copies_us": 1020.0,
             "gated": true, "spot_check_worst": 0.5, "variant_failures": []}"#;
         let report = format!(
             r#"{{"gpu": "H100", "sync": "kernels", "commit": "abc", "complete": true, "peak_cublas_tflops": 727.0, "rows": [{row}]}}"#
@@ -944,7 +945,7 @@ mod tests {
         assert!(md.contains("| bench-kernels | skipped | 0 |") && md.contains("time budget is spent"), "{md}");
         // The bench reports as tables: every time taken, `–` for the others.
         let row =
-            "| gemm_rs | 4 | ring_push | 1010.0 | – | 1003.0 | – | – | – | – | – | 1005.0 | 1000.0 | 1.003 | 980.0 | 1.023 | 1150.0 | \
+            "| gemm_rs | 4 | ring_push | 1010.0 | – | 1003.0 | – | – | – | – | – | 1005.0 | 1020.0 | 1000.0 | 1.003 | 980.0 | 1.023 | 1150.0 | \
                    1.15× | 545 | 0.75 | cuBLAS |";
         assert!(md.contains("## bench-kernels.json as a table") && md.contains(row), "{md}");
         assert!(md.contains("## bench-memops.json as a table\n\nnot readable as a bench report"), "{md}");

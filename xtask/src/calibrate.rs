@@ -79,7 +79,9 @@ pub fn calibrate(
     (m, n, k): (usize, usize, usize),
     reps: usize,
 ) -> Result<Calibration> {
-    let options = CudaRunOptions { gemm: GemmEngine::Cublas, ..*options };
+    // The copies' first lines are the driver's, whatever the bench's default: the report's
+    // `copies` says which the plans took, and `copy_engines` holds the other way.
+    let options = CudaRunOptions { gemm: GemmEngine::Cublas, copies: CopyIssue::Driver, ..*options };
     let spec =
         GemmSpec { m, n, k, input: DType::F16, output: DType::F16, trans_a: false, trans_b: false, accumulate: false };
     let gemm_us = backend.time_gemm(&spec, GemmEngine::Cublas, reps).context("timing the local GEMM")?;

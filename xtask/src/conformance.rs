@@ -132,9 +132,12 @@ pub struct Args {
     /// `shallow`: the engine's tiles with fewer stages.
     #[arg(long, value_name = "KERNELS", value_parser = HopperVariant::parse)]
     pub hopper_variant: Option<HopperVariant>,
-    /// CUDA only: how the copy-engine copies are issued: `driver` (default,
-    /// `cuMemcpy2DAsync`: the driver picks the hardware, within one GPU possibly its SMs) or
-    /// `copy-engines` (`cuMemcpyBatchAsync` asking the driver to keep them off the SMs).
+    /// CUDA only: how the copy-engine copies are issued: `auto` (default: contiguous ones
+    /// through `cuMemcpyBatchAsync` asking the driver to keep them off the SMs, strided ones
+    /// as `driver`; all as `driver` where the call is missing), `driver`
+    /// (`cuMemcpy2DAsync`: the driver picks the hardware, within one GPU possibly its SMs)
+    /// or `copy-engines` (every copy through `cuMemcpyBatchAsync`, a strided one a row at a
+    /// time).
     #[arg(long, value_name = "HOW", value_parser = CopyIssue::parse)]
     pub copies: Option<CopyIssue>,
     /// CUDA only: run each device of each case in a process of its own (rank workers,

@@ -11,7 +11,6 @@ use anyhow::{bail, Context, Result};
 use cmm_cli::bench_file::{PlanFigures, PlanTimes};
 use cmm_conformance::golden::fnv1a64;
 use cmm_core::oracle::spot_check;
-use cmm_core::plan::Engine;
 use cmm_core::workload::output_tolerance;
 use cmm_core::{build_plan, Algorithm, DType, Family, Op, OpKind, Plan, Problem};
 use cmm_cuda::kernels::{compile, image_file_name, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
@@ -233,6 +232,7 @@ struct Variants {
     free_sms: Option<f64>,
     sm_copies: Option<f64>,
     copy_engines: Option<f64>,
+    driver_copies: Option<f64>,
     /// One line per variant whose run failed (its time is then missing).
     failed: Vec<String>,
 }
@@ -249,6 +249,7 @@ impl Variants {
             time_free_sms_us: self.free_sms,
             time_sm_copies_us: self.sm_copies,
             time_copy_engines_us: self.copy_engines,
+            time_driver_copies_us: self.driver_copies,
             ..plain
         };
         (times, self.failed)
@@ -432,6 +433,9 @@ struct Report {
     comm_priority: String,
     /// The hardware queues the lanes' streams shared (`CUDA_DEVICE_MAX_CONNECTIONS`).
     hardware_queues: usize,
+    /// How the plain runs issued copy-engine copies (`CopyIssue::key` of what the
+    /// default came to on this driver: `auto` or `driver`).
+    copies: &'static str,
     local_gemm: String,
     local_cublas_us: f64,
     local_tile_us: f64,
@@ -556,18 +560,75 @@ fn variants(
     let more_free = CudaRunOptions { fused_free_sms: Some(FREE_SMS), ..*options };
     let free_sms = time(fused, &format!("{FREE_SMS} SMs free"), more_free, true);
     // Whether the driver's own copies within one GPU take SMs: the same copies asked of
-    // the copy engines, which leave the SMs to the GEMMs.
-    let engine_copies = plan.ops().any(|(_, op)| matches!(op, Op::Copy { engine: Engine::CopyEngine, .. }));
+    // the copy engines, which leave the SMs to the GEMMs, and left to the driver. Each
+    // where it issues some copy otherwise than the plain run did.
+    let batch = backend.batch_copies().is_ok();
+    let plain_copies = options.copies.on_driver(batch);
     let copy_engines = time(
-        engine_copies && backend.batch_copies().is_ok(),
+        batch && copies_differ(plan, plain_copies, CopyIssue::PreferCopyEngines),
         "copy engines",
         CudaRunOptions { copies: CopyIssue::PreferCopyEngines, ..*options },
+        true,
+    );
+    let driver_copies = time(
+        copies_differ(plan, plain_copies, CopyIssue::Driver),
+        "driver copies",
+        CudaRunOptions { copies: CopyIssue::Driver, ..*options },
         true,
     );
     // The same plan with its copies made by cmm's kernels on the free SMs, against the
     // driver's copies (which within one GPU may be SM kernels of its own).
     let sm_copies = time_plan_as(&cmm_core::emulate::sm_copies(plan), fused, "SM copies", *options, true);
-    Variants { staggered, offset, wide_tiles, two_ctas_per_sm, tile_kernel, free_sms, sm_copies, copy_engines, failed }
+    Variants {
+        staggered,
+        offset,
+        wide_tiles,
+        two_ctas_per_sm,
+        tile_kernel,
+        free_sms,
+        sm_copies,
+        copy_engines,
+        driver_copies,
+        failed,
+    }
+}
+
+/// How the plain runs issue copy-engine copies, in words.
+fn copies_line(copies: CopyIssue) -> &'static str {
+    match copies {
+        CopyIssue::Driver => "copies: every copy-engine copy left to the driver (cuMemcpy2DAsync)",
+        CopyIssue::PreferCopyEngines => {
+            "copies: every copy-engine copy asked of the copy engines, strided ones a row at a time"
+        }
+        _ => {
+            "copies: contiguous copies asked of the copy engines (cuMemcpyBatchAsync), strided ones left to the driver"
+        }
+    }
+}
+
+/// Whether `a` and `b` issue some copy-engine copy of `plan` differently (through the
+/// batched call or not, or as more of its copies).
+fn copies_differ(plan: &Plan, a: CopyIssue, b: CopyIssue) -> bool {
+    use cmm_cuda::lower::{lower, Command, LowerOptions};
+    let options = LowerOptions {
+        gemm: GemmEngine::Auto,
+        sync: cmm_cuda::SyncMode::Kernels,
+        cublas_present: true,
+        queues: cmm_core::verify::queues::MAX_QUEUES,
+        wide_tiles: false,
+        hopper: None,
+    };
+    // A plan that does not lower fails its plain run first; where it does, every copy
+    // command is the same whatever the GEMMs' options.
+    lower(plan, &options).is_ok_and(|lowered| {
+        lowered.steps.iter().any(|step| match &step.command {
+            Some(Command::CopyEngine { src_pitch, dst_pitch, width, rows, .. }) => {
+                a.batch_entries(*width, *rows, *src_pitch, *dst_pitch)
+                    != b.batch_entries(*width, *rows, *src_pitch, *dst_pitch)
+            }
+            _ => false,
+        })
+    })
 }
 
 /// Σ over the plan's GEMM ops of the cuBLAS time of the same GEMM alone (memoised per
@@ -728,6 +789,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
          corners, 16 spread rows, then anywhere)",
         settings.sync.name()
     );
+    println!("{}", copies_line(options.copies.on_driver(backend.batch_copies().is_ok())));
     // Whether the no-prio column can differ from the plan's own time.
     let (comm_priority, compare_priority) = match backend.comm_priority() {
         Ok(p) => {
@@ -751,8 +813,9 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
     println!(
         "`offsets` times each plan again with device d's first GEMM after device d − 1's, and each fused plan \
          runs again on the tile kernel's 128×128 tiles, with 2 CTAs per SM, with {FREE_SMS} SMs left free and \
-         with its copies made by SM kernels; ÷ Σ, speedup and TFLOP/s take the fastest of a plan's times, and \
-         the baseline is the fastest of its own"
+         with its copies made by SM kernels; plans whose copies the copy engines make run again with each copy \
+         issued otherwise (asked of the copy engines, or left to the driver); ÷ Σ, speedup and TFLOP/s take the \
+         fastest of a plan's times, and the baseline is the fastest of its own"
     );
     println!(
         "{:<8} {:>2} {:<20} {:>10} {:>12} {:>10} {:>12} {:>8} {:>10} {:>7} {:>12} {:>8} {:>8} {:>12}",
@@ -780,6 +843,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         peak_cublas_tflops: peak_tflops,
         comm_priority,
         hardware_queues: cmm_cuda::lower::hardware_queues()?,
+        copies: options.copies.on_driver(backend.batch_copies().is_ok()).key(),
         local_gemm: local_name,
         local_cublas_us,
         local_tile_us,
@@ -952,18 +1016,24 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     if gated { "" } else { "  (ungated: includes enqueueing)" },
                     if fused {
                         format!(
-                            "  ({engine}, not cuBLAS; tile kernel: {}; 128×128 tiles: {}; 2 CTAs per SM: {}; {FREE_SMS} SMs free: {}; SM copies: {}; copy engines: {})",
+                            "  ({engine}, not cuBLAS; tile kernel: {}; 128×128 tiles: {}; 2 CTAs per SM: {}; {FREE_SMS} SMs free: {}; SM copies: {}; copy engines: {}; driver copies: {})",
                             times.time_tile_kernel_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_wide_tiles_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_two_ctas_per_sm_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_free_sms_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_sm_copies_us.map_or("-".into(), |w| format!("{w:.1} µs")),
-                            times.time_copy_engines_us.map_or("-".into(), |w| format!("{w:.1} µs"))
+                            times.time_copy_engines_us.map_or("-".into(), |w| format!("{w:.1} µs")),
+                            times.time_driver_copies_us.map_or("-".into(), |w| format!("{w:.1} µs"))
                         )
                     } else {
-                        times
-                            .time_copy_engines_us
-                            .map_or(String::new(), |w| format!("  (copies asked of the copy engines: {w:.1} µs)"))
+                        let copies = [
+                            ("copies asked of the copy engines", times.time_copy_engines_us),
+                            ("copies left to the driver", times.time_driver_copies_us),
+                        ];
+                        copies
+                            .iter()
+                            .filter_map(|(what, us)| us.map(|us| format!("  ({what}: {us:.1} µs)")))
+                            .collect::<String>()
                     }
                 );
                 if let Some(share) = fused_wait_share {
@@ -1096,7 +1166,8 @@ fn write_timelines(
     }
     // The fused plans at D = 4: how long their copies and signals take under the persistent
     // kernels, in words (the kernel is one span; its waits are inside it); again with the
-    // copies made by cmm's SM kernels, and with the copies asked of the copy engines.
+    // copies made by cmm's SM kernels, and with the copies left to the driver where the
+    // plain run asked the copy engines.
     for op in [OpKind::AgGemm, OpKind::GemmRs] {
         let algorithm = Algorithm::Fused { chunks: 1 };
         if !stamp.contains(&format!("{op} {}", algorithm.name())) {
@@ -1105,13 +1176,13 @@ fn write_timelines(
         let fused = build_plan(&seed000_problem(op, 4, shrink)?, algorithm)?;
         // cuBLAS cannot run a fused GEMM: the engine rule picks cmm's kernel.
         let fused_options = CudaRunOptions { gemm: GemmEngine::Auto, ..modes[0].1 };
-        let engines = CudaRunOptions { copies: CopyIssue::PreferCopyEngines, ..fused_options };
+        let driver = CudaRunOptions { copies: CopyIssue::Driver, ..fused_options };
         let mut variants = vec![
             ("plain", fused.clone(), fused_options),
             ("sm-copies", cmm_core::emulate::sm_copies(&fused), fused_options),
         ];
-        if backend.batch_copies().is_ok() {
-            variants.push(("copy-engines", fused.clone(), engines));
+        if copies_differ(&fused, fused_options.copies.on_driver(backend.batch_copies().is_ok()), CopyIssue::Driver) {
+            variants.push(("driver-copies", fused.clone(), driver));
         }
         for (variant, plan, fused_options) in variants {
             let out = match backend.run(&plan, 1, Family::Realistic, &fused_options) {

@@ -68,7 +68,7 @@ def run(
     timeout: float = 60.0,
     sync: str = "kernels",
     wait_timeout: float = 10.0,
-    copies: str = "driver",
+    copies: str = "auto",
 ) -> None:
     """Runs `plan` (a cmm.Case, a plan file dict or its JSON) on CUDA tensors.
 
@@ -76,8 +76,10 @@ def run(
     mapping for this rank's device (one process per device: `rank` and `world` given, or
     RANK and WORLD_SIZE in the environment). `timeout` bounds each meeting of the ranks,
     `wait_timeout` each wait of the plan; `sync` is "kernels" or "memops". `copies` is
-    "driver" (the driver picks the hardware; within one GPU it may copy on the SMs) or
-    "copy-engines" (each copy asked of the copy engines, leaving the SMs to the GEMMs)."""
+    "auto" (contiguous copies asked of the copy engines where the driver can be asked,
+    strided ones left to it), "driver" (the driver picks the hardware; within one GPU it
+    may copy on the SMs) or "copy-engines" (every copy asked of the copy engines, a strided
+    one a row at a time)."""
     plan_json = _plan_json(plan)
     if isinstance(tensors, Mapping):
         if rank is not None:

@@ -199,6 +199,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             --no-hopper --case-timeout 30 --stamps "$scratch/wide-stamps"
         step rehearsal-conformance-copy-engines 90 "$x" conformance --backend cuda --sync kernels \
             --copies copy-engines --case-timeout 30 --stamps "$scratch/copy-engines-stamps"
+        step rehearsal-conformance-driver-copies 90 "$x" conformance --backend cuda --sync kernels \
+            --copies driver --case-timeout 30 --stamps "$scratch/driver-copies-stamps"
         # (The whole corpus on the clusters of two and on the ping-pong kernels runs in
         # `cargo test` on the host twin: here the commands' paths, on two-device cases.)
         step rehearsal-conformance-hopper-pair 90 "$x" conformance --backend cuda --sync kernels --hopper \
@@ -308,11 +310,14 @@ step conformance-hopper-pingpong 90 "$x" conformance --backend cuda --sync kerne
 # The host-twin tests (host_*) need a C++ compiler, not a GPU: they run in CI.
 step device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
 step conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
-# The corpus with every copy-engine copy asked of the copy engines (cuMemcpyBatchAsync,
-# the bench's `copy engines` column): within one GPU the driver's own copies may run on
-# the SMs, which the persistent kernels hold.
+# The corpus with every copy-engine copy asked of the copy engines, strided ones a row at
+# a time (the default asks only the contiguous ones, one call each), and with every copy
+# left to the driver (cuMemcpy2DAsync, the default before 2026-11-27 and where the driver
+# lacks cuMemcpyBatchAsync; the bench's `driver copies` column).
 step conformance-copy-engines 90 "$x" conformance --backend cuda --sync kernels --copies copy-engines \
     --case-timeout 30 --stamps "$scratch/copy-engines-stamps"
+step conformance-driver-copies 60 "$x" conformance --backend cuda --sync kernels --copies driver \
+    --case-timeout 30 --stamps "$scratch/driver-copies-stamps"
 # The same corpus with each virtual device's lanes at its staggered priority, and with the
 # devices' starts offset (the bench's `staggered` and `offsets` columns): only priorities
 # change, or waits are added, so results must not.
@@ -329,23 +334,11 @@ step conformance-wide-tiles 60 "$x" conformance --backend cuda --sync kernels --
 step conformance-fused-ctas 45 "$x" conformance --backend cuda --sync kernels --no-hopper --filter fused --input f16,bf16 \
     --fused-ctas-per-sm 2 --case-timeout 30 --stamps "$scratch/fused-ctas-stamps"
 # Its timelines (dozens of files) travel in logs.tar.gz: a device call returns 8 files.
-step bench-kernels 240 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json" \
+step bench-kernels 300 "$x" bench --backend cuda --sync kernels --json "$out/bench-kernels.json" \
     --timelines "$logs/timelines"
 # The bench's times beside the one-GPU simulator profile, as it stands and calibrated by the
 # bench's own figures (CPU only, seconds).
 step model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-kernels.json"
-# The fused and ring plans again on the 8 hardware queues CUDA gives unasked (cmm's
-# binaries ask for 32, since 2026-11-26's last runs): how much of the fused plans' excess
-# over their twins was lanes queued behind other devices' spinning waits. The JSON
-# travels in logs.tar.gz.
-step bench-kernels-8-queues 150 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$x" bench --backend cuda --sync kernels \
-    --algorithms fused,ring --json "$logs/bench-kernels-8-queues.json"
-# The fused plans and their twins again with every GEMM on the engine's 128×128 ping-pong
-# kernels (one consumer warpgroup's epilogue beside the other's wgmma): whether the engine's
-# epilogue is part of the fused plans' excess (gemm_rs's GEMMs write f32). Summarised beside
-# the bench's rows; the JSON travels in logs.tar.gz.
-step bench-kernels-pingpong 150 "$x" bench --backend cuda --sync kernels --algorithms fused \
-    --hopper-tile narrow --hopper-variant pingpong --json "$logs/bench-kernels-pingpong.json"
 # cmm.cuda.run on the machine's PyTorch CUDA tensors through DLPack, in one process and in
 # one process per device as torchrun launches it, with the cmm wheel the bundle carries.
 python_torch() {
@@ -410,6 +403,19 @@ step sanitizer-synccheck 90 bash -c 'sanitize synccheck'
 # (Its stamps go aside: a filtered run must not stand for the corpus run's.)
 step conformance-repeated 90 "$x" conformance --backend cuda --sync kernels --filter _d8_ \
     --schedules 5 --case-timeout 30 --stamps "$scratch/repeated-stamps"
+# The fused and ring plans again on the 8 hardware queues CUDA gives unasked (cmm's
+# binaries ask for 32, since 2026-11-26's last runs): how much of the fused plans' excess
+# over their twins was lanes queued behind other devices' spinning waits. The JSON
+# travels in logs.tar.gz. This and the next come after the sanitizers since 2026-11-27,
+# when, with the bench before them, the sanitizers did not fit the budget.
+step bench-kernels-8-queues 150 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$x" bench --backend cuda --sync kernels \
+    --algorithms fused,ring --json "$logs/bench-kernels-8-queues.json"
+# The fused plans and their twins again with every GEMM on the engine's 128×128 ping-pong
+# kernels (one consumer warpgroup's epilogue beside the other's wgmma): whether the engine's
+# epilogue is part of the fused plans' excess (gemm_rs's GEMMs write f32). Summarised beside
+# the bench's rows; the JSON travels in logs.tar.gz.
+step bench-kernels-pingpong 150 "$x" bench --backend cuda --sync kernels --algorithms fused \
+    --hopper-tile narrow --hopper-variant pingpong --json "$logs/bench-kernels-pingpong.json"
 # The corpus and the bench with stream memory operations for signals and waits: the bench
 # was within a few per cent of kernel waits on both GPUs measured, so it comes after the
 # sanitizers, which the new kernels need.
