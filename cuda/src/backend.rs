@@ -833,8 +833,12 @@ impl CudaBackend {
             });
         }
         self.check_driver_calls(plan, options)?;
-        let options =
-            &CudaRunOptions { placement: Placement::Virtual, stagger: false, offset_starts: false, ..*options };
+        let options = &CudaRunOptions {
+            placement: Placement::Virtual,
+            stagger: false,
+            offset_starts: false,
+            ..self.copies_resolved(options)
+        };
         let hopper = self.hopper_for(options);
         let (seed, family, bound) = match source {
             Source::Generated { seed, family } => (Some(seed), family, None),
@@ -931,6 +935,12 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `options` with [`CopyIssue::Auto`] made what it is on this driver (every run takes
+    /// its copies' way from here: `submit` asks the batched call only where it is).
+    fn copies_resolved(&self, options: &CudaRunOptions) -> CudaRunOptions {
+        CudaRunOptions { copies: options.copies.on_driver(self.batch_copies.is_ok()), ..*options }
+    }
+
     /// Whether copies can be asked of the copy engines ([`CopyIssue::PreferCopyEngines`]):
     /// the driver has `cuMemcpyBatchAsync`, or why not.
     pub fn batch_copies(&self) -> Result<(), String> {
@@ -939,7 +949,7 @@ impl CudaBackend {
 
     fn run_from(&self, plan: &Plan, source: Source<'_>, options: &CudaRunOptions) -> Result<CudaRunOutput, CudaError> {
         let start = Instant::now();
-        let options = &CudaRunOptions { copies: options.copies.on_driver(self.batch_copies.is_ok()), ..*options };
+        let options = &self.copies_resolved(options);
         let offset = emulated(plan, options)?;
         let plan = offset.as_ref().unwrap_or(plan);
         self.check_driver_calls(plan, options)?;
