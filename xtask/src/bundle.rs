@@ -473,13 +473,13 @@ fn rehearse(dir: &Path) -> Result<()> {
     })?;
     let summary = fs::read_to_string(out.join("summary.md")).unwrap_or_default();
     let rows = summary.lines().filter(|l| l.starts_with("| rehearsal-")).collect::<Vec<_>>();
-    // With NVRTC, the GPU steps on the fake driver (22); without, the host twin's (3).
+    // With NVRTC, the GPU steps on the fake driver (23); without, the host twin's (3).
     let fake = cmm_cuda::nvrtc_available();
     // The fake driver loads the bundled cubins as a GPU would (it reads their entries).
     if fake && moved.join("kernels").is_dir() && !summary.contains("kernels from prebuilt sm_90a images") {
         bail!("the bundle carries cubins, but the rehearsal's backend did not load them:\n{summary}");
     }
-    let expected = if fake { 22 } else { 3 };
+    let expected = if fake { 23 } else { 3 };
     if code != Some(0) || rows.len() != expected || !rows.iter().all(|r| r.contains("| passed |")) {
         bail!("the bundle's rehearsal failed (exit {code:?}):\n{text}\n{summary}");
     }
