@@ -571,7 +571,7 @@ pub fn validate_bench_to(out: &mut dyn Write, text: &str, name: &str) -> Result<
     if !fused.is_empty() {
         writeln!(
             out,
-            "the {} fused plans (cmm's own tile kernel) come last, at the tile's measured pace",
+            "the {} fused plans come last: as built (their GEMMs on the engine the CUDA backend runs them on), then at the tile kernels' measured pace",
             fused.len()
         )?;
     }
