@@ -44,7 +44,7 @@ use crate::launch::{
 };
 use crate::lower::{
     hardware_queues, lower, Command, FusedGemmCommand, GemmCommand, GemmEngine, GemmImpl, HopperKernel, HopperTarget,
-    HopperTile, HopperVariant, LowerOptions, Lowered, Step, SyncMode,
+    HopperTile, HopperVariant, LowerOptions, Lowered, SyncMode,
 };
 use crate::memory::{DeviceAlloc, DeviceBuffer, HostControl, Memory};
 use crate::options::{CopyIssue, CudaRunOptions, CudaRunOutput, GemmSpec, OpTimes, Placement, ReadBack};
@@ -1412,18 +1412,6 @@ const MEETING_DONE: u8 = 2;
 /// launch queue fills would block the host before it opens the gate.
 const GATE_MAX_OPS_PER_STREAM: usize = 256;
 
-/// The driver calls that enqueue `step` as `copies` issues copies: a strided copy asked of
-/// the copy engines is one a row. (On an H200 a lane with 1,280 such copies behind the
-/// gate held the host until the gate's deadline; one with 768 did not, 2026-11-27.)
-fn enqueued_calls(step: &Step, copies: CopyIssue) -> usize {
-    match &step.command {
-        Some(Command::CopyEngine { src_pitch, dst_pitch, width, rows, .. }) => {
-            copies.batch_entries(*width, *rows, *src_pitch, *dst_pitch).unwrap_or(1)
-        }
-        _ => 1,
-    }
-}
-
 /// `CMM_CUDA_GATE=0` makes [`CudaRunOptions::default`] hold no lanes behind the gate.
 pub const GATE_VAR: &str = "CMM_CUDA_GATE";
 
@@ -1482,12 +1470,7 @@ impl Run<'_> {
     fn go(&mut self, lowered: &Lowered, memory: &Memory) -> Result<(f64, bool, OpTimes), CudaError> {
         let gpu0 = &self.state.gpus[0];
         let setup = gpu0.ctx.default_stream();
-        let per_stream = (0..lowered.streams)
-            .map(|s| {
-                lowered.steps.iter().filter(|st| st.stream == s).map(|st| enqueued_calls(st, self.options.copies)).sum()
-            })
-            .max()
-            .unwrap_or(0);
+        let per_stream = lowered.most_calls_on_a_stream(self.options.copies);
         let gated =
             self.options.gate && self.state.eager_loading && !launches_block() && per_stream <= GATE_MAX_OPS_PER_STREAM;
         if !gated {
@@ -1910,7 +1893,7 @@ fn copy_engine_batch(
     if rows == 0 || width_bytes == 0 {
         return Ok(());
     }
-    let whole = rows == 1 || (src_pitch == width_bytes && dst_pitch == width_bytes);
+    let whole = crate::options::contiguous_copy(width_bytes, rows, src_pitch, dst_pitch);
     let (mut srcs, mut dsts, mut sizes): (Vec<u64>, Vec<u64>, Vec<usize>) = if whole {
         (vec![src], vec![dst], vec![width_bytes * rows])
     } else {

@@ -573,6 +573,23 @@ impl Lowered {
             _ => None,
         })
     }
+
+    /// The most driver calls that enqueue one stream's steps when `copies` issues the
+    /// copies: a strided copy asked of the copy engines is one a row, every other step one.
+    /// (On an H200 a lane with 1,280 such copies behind the gate held the host until the
+    /// gate's deadline; one with 768 did not, 2026-11-27.)
+    pub fn most_calls_on_a_stream(&self, copies: crate::CopyIssue) -> usize {
+        let mut calls = vec![0; self.streams];
+        for step in &self.steps {
+            calls[step.stream] += match &step.command {
+                Some(Command::CopyEngine { src_pitch, dst_pitch, width, rows, .. }) => {
+                    copies.batch_entries(*width, *rows, *src_pitch, *dst_pitch).unwrap_or(1)
+                }
+                _ => 1,
+            };
+        }
+        calls.into_iter().max().unwrap_or(0)
+    }
 }
 
 /// What lowering may use.

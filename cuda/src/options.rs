@@ -161,7 +161,7 @@ impl CopyIssue {
     /// the batched call, and as how many of its copies (one a row where either side is
     /// strided), or `None` where it is the driver's one 2D copy.
     pub fn batch_entries(self, width: usize, rows: usize, src_pitch: usize, dst_pitch: usize) -> Option<usize> {
-        let contiguous = rows <= 1 || (src_pitch == width && dst_pitch == width);
+        let contiguous = contiguous_copy(width, rows, src_pitch, dst_pitch);
         match self {
             CopyIssue::Driver => None,
             CopyIssue::Auto if !contiguous => None,
@@ -174,6 +174,12 @@ impl CopyIssue {
     pub fn parse(key: &str) -> Result<CopyIssue, String> {
         crate::lower::by_key(key, &CopyIssue::ALL, CopyIssue::key)
     }
+}
+
+/// Whether a copy of `rows` rows of `width` bytes between these pitches is one run of
+/// bytes on both sides.
+pub(crate) fn contiguous_copy(width: usize, rows: usize, src_pitch: usize, dst_pitch: usize) -> bool {
+    rows <= 1 || (src_pitch == width && dst_pitch == width)
 }
 
 /// Which buffers a run copies back to the host.

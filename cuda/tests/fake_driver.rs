@@ -580,6 +580,7 @@ fn copies_asked_of_the_copy_engines_take_the_batched_call_and_stay_right() {
             .unwrap();
     let plans = [ring_plan(), meshslice];
     assert!(plans.iter().any(|p| copy_engine_pieces(p).1), "one plan copies strided regions");
+    assert_eq!(CudaRunOptions::default().copies, CopyIssue::Auto, "the default");
     let asked_with = |plan: &Plan, copies: CopyIssue| {
         let before = cmm_cuda::fake::copy_engine_copies().unwrap();
         assert_right(&b, plan, &CudaRunOptions { copies, ..Default::default() });
@@ -591,7 +592,6 @@ fn copies_asked_of_the_copy_engines_take_the_batched_call_and_stay_right() {
         assert_eq!(asked_with(plan, CopyIssue::PreferCopyEngines), pieces, "{}: every copy, a row each", plan.name);
         // The default asks the engines for the contiguous copies only; strided ones are
         // the driver's 2D copies, as every copy is when left to the driver.
-        assert_eq!(CudaRunOptions::default().copies, CopyIssue::Auto);
         assert_eq!(asked_with(plan, CopyIssue::Auto), contiguous, "{}: the contiguous copies", plan.name);
         assert_eq!(asked_with(plan, CopyIssue::Driver), 0, "{}: none", plan.name);
     }
@@ -604,7 +604,7 @@ fn copies_asked_of_the_copy_engines_take_the_batched_call_and_stay_right() {
 /// each) it runs gated.
 #[test]
 fn strided_copies_asked_of_the_copy_engines_count_a_call_a_row_toward_the_gate() {
-    use cmm_cuda::lower::{lower, Command, LowerOptions};
+    use cmm_cuda::lower::{lower, LowerOptions};
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let Some((b, _restore)) = fake_backend_loading(true) else { return };
     let mesh = cmm_core::mesh::MeshProblem::new(1, 4, cmm_core::mesh::Dataflow::Rs, 32, 48, 64, DType::F16, DType::F16)
@@ -620,18 +620,7 @@ fn strided_copies_asked_of_the_copy_engines_count_a_call_a_row_toward_the_gate()
         hopper: None,
     };
     let lowered = lower(&plan, &options).unwrap();
-    let most_calls = |copies: CopyIssue| {
-        let mut calls = vec![0; lowered.streams];
-        for step in &lowered.steps {
-            calls[step.stream] += match &step.command {
-                Some(Command::CopyEngine { src_pitch, dst_pitch, width, rows, .. }) => {
-                    copies.batch_entries(*width, *rows, *src_pitch, *dst_pitch).unwrap_or(1)
-                }
-                _ => 1,
-            };
-        }
-        calls.into_iter().max().unwrap()
-    };
+    let most_calls = |copies: CopyIssue| lowered.most_calls_on_a_stream(copies);
     assert!(most_calls(CopyIssue::PreferCopyEngines) > 256, "{}", most_calls(CopyIssue::PreferCopyEngines));
     assert!(most_calls(CopyIssue::Auto) <= 256, "{}", most_calls(CopyIssue::Auto));
     for (copies, gated) in [(CopyIssue::PreferCopyEngines, false), (CopyIssue::Auto, true)] {
