@@ -20,12 +20,20 @@
 //   error naming the kernel's line: the async proxy need not see what the acquire made
 //   visible to the generic one.
 // - cp.async of 16 bytes into the Hopper engine's shared memory (gathered rows): the copy
-//   lands at once but publishes nothing until its thread's cp.async.mbarrier.arrive.noinc,
-//   which publishes the thread's copies so far by the barrier's current phase and arrives
-//   once. A wgmma that reads a chunk no such arrive has tracked, or one a cp.async wrote
-//   (the generic proxy) without a fence.proxy.async.shared::cta by the reading thread
-//   after it saw the publishing phase, is an error: the GPU's wgmma reads through the
-//   async proxy.
+//   is written at once but publishes nothing until its thread either
+//   - makes a cp.async.mbarrier.arrive.noinc, which publishes the thread's copies so far
+//     by the barrier's current phase and arrives once; or
+//   - makes a plain mbarrier arrive (a release) once cp.async.wait_group has seen the
+//     copy's group land: the arrive publishes the landed copies alone (commit_group closes
+//     a group; a copy in no closed group, or in one not waited for, stays unpublished).
+//   A copy counts as published by the first such arrive of its thread alone, though on
+//   the GPU every later release of the thread covers it too: a reader that waited only for
+//   a later one is reported. cmm's kernels hand each stage over by its own arrive.
+//   A wgmma that reads a chunk no arrive has published is an error. So is one that reads
+//   a chunk a cp.async wrote (the generic proxy) unless a fence.proxy.async.shared::cta
+//   came between: by the writing thread after the copy landed and before the arrive that
+//   published it, or by the reading thread after it saw the publishing phase. The GPU's
+//   wgmma reads through the async proxy.
 // - wgmma (m64nNk16, f32 accumulate): each thread computes its own accumulators, laid out
 //   as the PTX ISA specifies (row 16·warp + lane/4 + 8·((i/2)%2), column 8·(i/4) +
 //   2·(lane%4) + i%2), from shared memory as the descriptors say: start address, leading
@@ -78,8 +86,15 @@ struct HopperBlock {
     // Per thread: barrier → phases it has seen complete, and as of its last
     // fence.proxy.async.shared::cta.
     std::vector<std::unordered_map<u32, u32>> observed, fenced;
-    // Per thread: the chunks its cp.async copies wrote since its last arrive on a barrier.
-    std::vector<std::vector<u32>> untracked;
+    // Per thread: its cp.async copies no arrive has published yet, each as its chunk and
+    // its group (the count of the thread's commit_groups before the copy).
+    struct Copy {
+        u32 chunk, group;
+    };
+    std::vector<std::vector<Copy>> untracked;
+    // Per thread: groups closed (commit_group), and landed (every group below it has,
+    // as a wait_group has seen).
+    std::vector<u32> groups_closed, groups_landed;
     // Per thread: the wgmma groups it has committed.
     std::vector<u32> committed;
     static constexpr u32 UNTRACKED = 0xffffffffu;
@@ -130,6 +145,8 @@ inline HopperBlock& hopper_block_at(u32 cta) {
         hb.observed.assign(threads, {});
         hb.fenced.assign(threads, {});
         hb.untracked.assign(threads, {});
+        hb.groups_closed.assign(threads, 0u);
+        hb.groups_landed.assign(threads, 0u);
         hb.committed.assign(threads, 0u);
         for (auto& d : hb.decoded_b) d.valid = false;
     }
@@ -222,6 +239,30 @@ inline void mbarrier_arrive_at(u32 cta, u32 bar, long long bytes) {
 
 inline void mbarrier_arrive(u32 bar, long long bytes) { mbarrier_arrive_at(current_cta(), bar, bytes); }
 
+// An arrive on `bar` that publishes the running thread's cp.async copies by the barrier's
+// current phase: every one (`all`: cp.async.mbarrier.arrive, which tracks them until they
+// land), or those whose group a wait_group has seen land (a plain arrive's release).
+inline void arrive_publishing(u32 bar, bool all) {
+    MBarrier* b = mbarrier(bar);
+    if (b == nullptr) return;
+    HopperBlock& hb = hopper_block();
+    const u32 me = linear_thread();
+    std::vector<HopperBlock::Copy>& mine = hb.untracked[me];
+    const u32 landed = hb.groups_landed[me];
+    size_t kept = 0;
+    for (const HopperBlock::Copy& copy : mine) {
+        HopperBlock::Chunk& c = hb.chunks[copy.chunk];
+        if (!all && copy.group >= landed) {
+            mine[kept++] = copy;
+        } else if (c.bar == HopperBlock::UNTRACKED) {
+            c.bar = bar + 1u;
+            c.phase = b->completed;
+        }
+    }
+    mine.resize(kept);
+    mbarrier_arrive(bar, 0);
+}
+
 }  // namespace cmm_host
 
 inline void cmm_mbar_init(u32 bar, u32 count) {
@@ -237,7 +278,8 @@ inline void cmm_mbar_init_fence() {}
 
 inline void cmm_mbar_arrive_expect_tx(u32 bar, u32 bytes) { cmm_host::mbarrier_arrive(bar, (long long)bytes); }
 
-inline void cmm_mbar_arrive(u32 bar) { cmm_host::mbarrier_arrive(bar, 0); }
+// A plain arrive is a release: it publishes the thread's cp.async copies that have landed.
+inline void cmm_mbar_arrive(u32 bar) { cmm_host::arrive_publishing(bar, false); }
 
 inline u32 cmm_cluster_ctarank() { return cmm_host::current_cta(); }
 
@@ -351,30 +393,38 @@ inline void cmm_hopper_cp_async16(u32 dst, u64 src, u32 src_bytes) {
     if (src_bytes != 0u) std::memcpy(to, (const void*)src, src_bytes);
     hb.chunks[dst / 16u].bar = HopperBlock::UNTRACKED;
     hb.chunks[dst / 16u].generic = 1u;
-    hb.untracked[linear_thread()].push_back(dst / 16u);
+    const u32 me = linear_thread();
+    hb.untracked[me].push_back(HopperBlock::Copy{dst / 16u, hb.groups_closed[me]});
     running_block->progress += 1;
 }
 
-inline void cmm_hopper_cp_async_arrive(u32 bar) {
-    using namespace cmm_host;
-    MBarrier* b = mbarrier(bar);
-    if (b == nullptr) return;
-    HopperBlock& hb = hopper_block();
-    std::vector<u32>& mine = hb.untracked[linear_thread()];
-    for (u32 chunk : mine) {
-        if (hb.chunks[chunk].bar == HopperBlock::UNTRACKED) {
-            hb.chunks[chunk].bar = bar + 1u;
-            hb.chunks[chunk].phase = b->completed;
-        }
-    }
-    mine.clear();
-    mbarrier_arrive(bar, 0);
+inline void cmm_hopper_cp_async_commit() {
+    cmm_host::HopperBlock& hb = cmm_host::hopper_block();
+    hb.groups_closed[cmm_host::linear_thread()] += 1u;
 }
+
+// The copies land at once here: waiting marks every group but the latest N landed.
+template <u32 N>
+inline void cmm_hopper_cp_async_wait() {
+    cmm_host::HopperBlock& hb = cmm_host::hopper_block();
+    const u32 me = cmm_host::linear_thread();
+    const u32 closed = hb.groups_closed[me];
+    hb.groups_landed[me] = std::max(hb.groups_landed[me], closed - std::min(N, closed));
+}
+
+inline void cmm_hopper_cp_async_arrive(u32 bar) { cmm_host::arrive_publishing(bar, true); }
 
 inline void cmm_fence_proxy_async_shared() {
     cmm_host::HopperBlock& hb = cmm_host::hopper_block();
     const u32 me = cmm_host::linear_thread();
+    // As a reader: the phases it has seen. As a writer: its landed copies, not yet
+    // published, are visible to the async proxy once an arrive publishes them.
     hb.fenced[me] = hb.observed[me];
+    const u32 landed = hb.groups_landed[me];
+    for (const cmm_host::HopperBlock::Copy& copy : hb.untracked[me]) {
+        cmm_host::HopperBlock::Chunk& c = hb.chunks[copy.chunk];
+        if (copy.group < landed && c.bar == cmm_host::HopperBlock::UNTRACKED) c.generic = 0u;
+    }
 }
 
 inline void cmm_fence_proxy_async_global() {
@@ -554,7 +604,7 @@ struct OperandReader {
         const u32 bar = c.bar;
         if (bar == HopperBlock::UNTRACKED) {
             fail("wgmma reads shared memory a cp.async wrote that no mbarrier tracks (a missing "
-                 "cp.async.mbarrier.arrive)");
+                 "cp.async.mbarrier.arrive, or a plain arrive before cp.async.wait_group saw the copy land)");
             ok = false;
             return false;
         }
@@ -575,7 +625,8 @@ struct OperandReader {
             }
             if (c.generic != 0u && last_fenced < c.phase + 1u) {
                 fail("wgmma (the async proxy) reads shared memory a cp.async (the generic proxy) wrote, with no "
-                     "fence.proxy.async.shared::cta by the reading thread after its wait");
+                     "fence.proxy.async.shared::cta by the reading thread after its wait, nor by the writing "
+                     "thread between the copy's landing and its arrive");
                 ok = false;
                 return false;
             }

@@ -32,9 +32,16 @@
 //   threads a row of the tile (a warp's copy reads four whole rows), with 16-byte cp.async
 //   copies into the 128-byte-swizzled layout TMA would have written, tracked by the
 //   stage's `full` mbarrier
-//   (cp.async.mbarrier.arrive.noinc: the barrier expects one arrival per producer thread
-//   besides the first thread's expect-tx); the consumers make those generic-proxy writes
-//   visible to wgmma's async proxy with fence.proxy.async.shared::cta after their wait.
+//   (the barrier expects one arrival per producer thread besides the first thread's
+//   expect-tx). Each producer thread commits a stage's copies as one cp.async group and
+//   hands the stage over STAGES − 2 stages later: cp.async.wait_group (its copies have
+//   landed), fence.proxy.async.shared::cta (its generic-proxy writes made visible to
+//   wgmma's async proxy), then a plain arrive, whose release the consumers' wait
+//   acquires. So the proxy fence is the producer's, off the tensor cores' path.
+//   `CMM_HOPPER_READER_FENCE` (the GEMM sweep's `reader-fence` variant, the engine's way
+//   until 2026-11-28) instead tracks the copies with cp.async.mbarrier.arrive.noinc and
+//   has every consumer thread fence after each stage's wait, with one wgmma group of the
+//   stage before in flight.
 //   With `CMM_HOPPER_ZERO_UNROUTED` the tiles after the last expert's store zeros over
 //   C's rows past the routed ones, with no load and no wgmma.
 // - A tile-granular (fused) run: the producer performs the waits of a block before the
@@ -142,6 +149,7 @@ struct CmmHopperSync {
 #define CMM_HOPPER_GROUPED 16u    // a grouped GEMM: `first` holds A and C of every row, B is 3D
 #define CMM_HOPPER_GATHER 32u     // grouped, a's rows gathered by token through perm (cp.async)
 #define CMM_HOPPER_ZERO_UNROUTED 64u  // grouped: zero C's rows past the routed ones
+#define CMM_HOPPER_READER_FENCE 128u  // gather: the consumers fence, the copies tracked by noinc arrives
 #define CMM_HOPPER_NONE 0xffffffffu   // a permutation entry of no (token, slot)
 
 #define CMM_HOPPER_BM 128u
@@ -355,8 +363,18 @@ __device__ __forceinline__ void cmm_hopper_cp_async_arrive(u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 
-// Orders the shared memory this thread has seen written through the generic proxy
-// (cp.async) before its later async-proxy reads of it (wgmma).
+// Closes this thread's cp.async copies issued so far into one group.
+__device__ __forceinline__ void cmm_hopper_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits until at most the N latest groups of this thread's cp.async copies are in flight.
+template <u32 N>
+__device__ __forceinline__ void cmm_hopper_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Orders the shared memory this thread has written or seen written through the generic
+// proxy (cp.async) before later async-proxy reads of it (wgmma), its own or, through a
+// release it makes after, another thread's.
 __device__ __forceinline__ void cmm_fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -682,12 +700,33 @@ __device__ void cmm_hopper_produce(const CmmHopperArgs& p, const CmmHopperBlock*
     }
 }
 
+// Hands over the `held` stages before `stage` (held ≤ BACK) that a gathered producer
+// thread still holds at its end, oldest first, each by its own arrive once its own copies
+// have landed: the stage BACK before `stage` is the BACK-th latest cp.async group.
+template <class S, u32 BACK>
+__device__ __forceinline__ void cmm_hopper_hand_over_held(u32 bars, u32 stage, u32 held) {
+    if constexpr (BACK > 0u) {
+        if (held >= BACK) {
+            cmm_hopper_cp_async_wait<BACK - 1u>();
+            cmm_fence_proxy_async_shared();
+            cmm_mbar_arrive(bars + 8u * ((stage + S::STAGES - BACK) % S::STAGES));
+        }
+        cmm_hopper_hand_over_held<S, BACK - 1u>(bars, stage, held);
+    }
+}
+
 // The producer warpgroup of a grouped run whose rows are gathered: each warp loads 32 rows
 // of every A tile with cp.async, eight lanes a row, so that one copy instruction reads
 // four whole 128-byte rows (a lane a row would read 32 rows' half-sectors at once, each
 // sector from L2 twice, since cp.async.cg passes L1 by). Lane l finds the source of row
 // 32·warp + l once a tile and hands it to the lanes that copy that row. Thread 0 also
 // issues B's TMA copies. (A grouped run makes no waits.)
+//
+// A stage's copies are handed over LAG stages after they were issued (see the file's
+// head), so that LAG stages of copies are in flight while the consumers multiply. LAG
+// is at most STAGES − 2: the stage handed over when the producer takes stage i is
+// i − LAG, and the consumers, who have just given stage i − STAGES back, need stage
+// i − STAGES + 2 next.
 template <class S>
 __device__ void cmm_hopper_produce_gathered(const CmmHopperArgs& p, const CmmHopperBlock* table, u32 smem,
                                             u64 limit_ns, u32 thread) {
@@ -695,10 +734,12 @@ __device__ void cmm_hopper_produce_gathered(const CmmHopperArgs& p, const CmmHop
     constexpr u32 ROWS_A_COPY = 32u / CHUNKS;          // rows of one copy instruction of a warp
     const u32 bars = smem + S::BARRIERS;
     const u32 ktiles = (p.k + CMM_HOPPER_BK - 1u) / CMM_HOPPER_BK;
+    constexpr u32 LAG = S::STAGES - 2u;
     const u32 lane = thread % 32u, rows = thread - lane;  // the warp's first row
     const u32 chunk = lane % CHUNKS;
+    const bool reader_fence = (p.flags & CMM_HOPPER_READER_FENCE) != 0u;
     if (thread == 0u) cmm_tma_prefetch(&p.b);
-    u32 stage = 0u, phase = 0u, m0, n0;
+    u32 stage = 0u, phase = 0u, issued = 0u, m0, n0;
     CmmHopperCursor at = cmm_hopper_start(p, table);
     for (u32 t = blockIdx.x; cmm_hopper_locate<S::BN>(p, table, t, at, m0, n0); t += gridDim.x) {
         if (cmm_hopper_zero_block(p, at)) continue;
@@ -725,13 +766,23 @@ __device__ void cmm_hopper_produce_gathered(const CmmHopperArgs& p, const CmmHop
                 // Chunk c of row r where the 128-byte swizzle puts it: at c ^ (r mod 8).
                 cmm_hopper_cp_async16(a + row * 128u + ((chunk ^ (row & 7u)) << 4), src, bytes);
             }
-            cmm_hopper_cp_async_arrive(full);
+            if (reader_fence) {
+                cmm_hopper_cp_async_arrive(full);
+            } else {
+                cmm_hopper_cp_async_commit();
+                if (++issued > LAG) {
+                    cmm_hopper_cp_async_wait<LAG>();
+                    cmm_fence_proxy_async_shared();
+                    cmm_mbar_arrive(bars + 8u * ((stage + S::STAGES - LAG) % S::STAGES));
+                }
+            }
             if (++stage == S::STAGES) {
                 stage = 0u;
                 phase ^= 1u;
             }
         }
     }
+    if (!reader_fence) cmm_hopper_hand_over_held<S, LAG>(bars, stage, min(issued, LAG));
 }
 
 // Two adjacent elements j and j + 1 of the row of C at byte address `row`, as far as
@@ -777,7 +828,8 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
     float acc[S::HALVES * ACC];
     #pragma unroll
     for (u32 i = 0u; i < S::HALVES * ACC; ++i) acc[i] = 0.0f;
-    const bool gather = (p.flags & CMM_HOPPER_GATHER) != 0u;
+    const bool reader_fence = (p.flags & (CMM_HOPPER_GATHER | CMM_HOPPER_READER_FENCE)) ==
+                              (CMM_HOPPER_GATHER | CMM_HOPPER_READER_FENCE);
     u32 stage = 0u, phase = 0u, m0, n0;
     CmmHopperCursor at = cmm_hopper_start(p, table);
     // A stage goes back to this CTA's producer and, in a cluster, to its peer's, which
@@ -818,8 +870,8 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
         for (u32 kt = 0u; kt < steps; ++kt) {
             cmm_mbar_wait(bars + 8u * stage, phase, limit_ns);
             // Gathered rows came through cp.async, the generic proxy; wgmma reads through
-            // the async one.
-            if (gather) cmm_fence_proxy_async_shared();
+            // the async one (the producer threads fence, unless the reader-fence variant).
+            if (reader_fence) cmm_fence_proxy_async_shared();
             const u32 sa = smem + stage * CMM_HOPPER_A_BYTES + (S::PINGPONG ? 0u : wg * 64u * 128u);
             const u32 sb = smem + S::STAGES * CMM_HOPPER_A_BYTES + stage * S::B_BYTES;
             #pragma unroll
@@ -921,8 +973,8 @@ __device__ void cmm_hopper_gemm(const CmmHopperArgs& p) {
     const u64 limit_ns = 2ull * p.timeout_ns + 1000000000ull;
     if (threadIdx.x == 0u) {
         for (u32 s = 0u; s < S::STAGES; ++s) {
-            // The producer's arrive (and its bytes), and with gathered rows one cp.async
-            // arrival per producer thread.
+            // The producer's arrive (and its bytes), and with gathered rows one arrival
+            // per producer thread.
             cmm_mbar_init(bars + 8u * s, (p.flags & CMM_HOPPER_GATHER) ? 1u + 128u : 1u);
             // One arrive per consumer warpgroup of each CTA of the cluster (PINGPONG: a
             // stage has one consumer, the warpgroup whose tile it holds).

@@ -1258,15 +1258,21 @@ mod tests {
 
     /// The same for a grouped GEMM whose rows are gathered by token (ag_moe's): as
     /// written, two experts' rows in a hand-made routing, with a dropped slot and unrouted
-    /// rows zeroed, come out right on both tiles in every fiber order; rows copied without
-    /// the 128-byte swizzle come out wrong; a copy no `cp.async.mbarrier.arrive` tracks,
-    /// and a wgmma that reads cp.async's rows with no `fence.proxy.async.shared::cta` after
-    /// its wait, are errors.
+    /// rows zeroed, come out right on both tiles in every fiber order, with the proxy fence
+    /// made by the producer threads (the engine's and the ping-pong kernels, whose
+    /// warpgroups each wait for alternate tiles' stages alone) or by the consumers (the
+    /// reader-fence variant); rows copied without the 128-byte swizzle come out wrong. Errors: on the
+    /// engine's kernels, a stage handed over with no producer fence, with the fence made
+    /// before its copies landed, or before `cp.async.wait_group` saw them land; on the
+    /// reader-fence variant, a copy no `cp.async.mbarrier.arrive` tracks, and a wgmma that
+    /// reads cp.async's rows with no `fence.proxy.async.shared::cta` after its wait.
     #[test]
     fn the_hopper_twin_finds_gathered_rows_read_unswizzled_untracked_or_unfenced() {
         use crate::lower::{HopperKernel, HopperTile, HopperVariant};
         const NONE: u32 = u32::MAX;
-        let (tokens, slots, experts, k, rows) = (4usize, 2usize, 2usize, 72usize, 8usize);
+        // K of 9 steps (the last partial): more stages than the producer keeps in flight,
+        // so that stages are handed over inside its loop, not only after it.
+        let (tokens, slots, experts, k, rows) = (4usize, 2usize, 2usize, 520usize, 8usize);
         let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
         // Expert 0 takes rows 0..3, expert 1 rows 3..6 (one of its slots dropped: row 5
         // has no token); rows 6 and 7 are past the routed ones.
@@ -1281,7 +1287,7 @@ mod tests {
                 None
             }
         };
-        let run = |kernels: &HostKernels, tile: HopperTile, order: FiberOrder| {
+        let run = |kernels: &HostKernels, (tile, variant): (HopperTile, HopperVariant), order: FiberOrder| {
             let n = tile.columns();
             let a = halves(tokens * k, 1);
             let b = halves(experts * k * n, 3);
@@ -1311,12 +1317,12 @@ mod tests {
                 true,
                 shape,
                 routing,
-                tile,
+                (tile, variant),
             )
             .unwrap();
-            let shared_mem_bytes = tile.shared_bytes(HopperVariant::Engine);
+            let shared_mem_bytes = tile.shared_bytes(variant);
             let cfg = LaunchConfig { grid_dim: (2, 1, 1), block_dim: (384, 1, 1), shared_mem_bytes };
-            let kernel = crate::launch::hopper_kernel(tile, HopperVariant::Engine, bf16);
+            let kernel = crate::launch::hopper_kernel(tile, variant, bf16);
             let params = vec![Param::Hopper(Box::new(args))];
             let launched = kernels.launch_ordered(&Launch { kernel, cfg, params, what: "a test gemm" }, order);
             let want = |r: usize, j: usize| match (expert_of(r), perm[r]) {
@@ -1328,9 +1334,13 @@ mod tests {
             };
             launched.map(|()| (0..rows).all(|r| (0..n).all(|j| c[r * n + j] == want(r, j))))
         };
+        let engine = (HopperTile::Narrow, HopperVariant::Engine);
+        let reader_fence = (HopperTile::Narrow, HopperVariant::ReaderFence);
         for tile in HopperTile::ALL {
-            for order in ORDERS {
-                assert!(run(kernels(), tile, order).unwrap(), "{tile:?}, {order:?}");
+            for fence in [HopperVariant::Engine, HopperVariant::PingPong, HopperVariant::ReaderFence] {
+                for order in ORDERS {
+                    assert!(run(kernels(), (tile, fence), order).unwrap(), "{tile:?}, {fence:?}, {order:?}");
+                }
             }
         }
         let variant = hopper_variant;
@@ -1342,26 +1352,34 @@ mod tests {
         let unshuffled = variant("const u32 source = __shfl_sync(0xffffffffu, mine, r);", "const u32 source = mine;");
         for (source, what) in [(unswizzled, "without the swizzle"), (unshuffled, "from another row's source")] {
             let broken = load_variant(&source, "cmm-host-hopper-gather-wrong").unwrap_or_else(|e| panic!("{e}"));
-            assert!(
-                !run(&broken, HopperTile::Narrow, FiberOrder::FirstToLast).unwrap(),
-                "rows copied {what} went unnoticed"
-            );
+            assert!(!run(&broken, engine, FiberOrder::FirstToLast).unwrap(), "rows copied {what} went unnoticed");
         }
-        let untracked = variant("            cmm_hopper_cp_async_arrive(full);", "            cmm_mbar_arrive(full);");
-        let unfenced = variant("            if (gather) cmm_fence_proxy_async_shared();", "");
+        let (landed, fence) = ("cmm_hopper_cp_async_wait<LAG>();\n", "cmm_fence_proxy_async_shared();\n");
+        let handed_over = format!("                    {landed}                    {fence}");
+        let unfenced_writer = variant(&handed_over, &format!("                    {landed}"));
+        let fenced_early = variant(&handed_over, &format!("                    {fence}                    {landed}"));
+        let unlanded = variant(&handed_over, &format!("                    {fence}"));
+        let untracked =
+            variant("                cmm_hopper_cp_async_arrive(full);", "                cmm_mbar_arrive(full);");
+        let unfenced_reader = variant("            if (reader_fence) cmm_fence_proxy_async_shared();", "");
         // Half a warp at the hand-off, the other half gone on to the stage's barrier.
         let diverged = variant(
             "const u32 source = __shfl_sync(0xffffffffu, mine, r);",
             "const u32 source = lane % 2u == 0u ? __shfl_sync(0xffffffffu, mine, r) : mine;",
         );
-        for (source, hazard) in [
-            (untracked, "a cp.async wrote that no mbarrier tracks"),
-            (unfenced, "with no fence.proxy.async.shared::cta by the reading thread after its wait"),
-            (diverged, "barrier divergence: threads of a warp"),
+        let unfenced = "with no fence.proxy.async.shared::cta by the reading thread after its wait, nor by the writing";
+        let untracked_hazard = "a cp.async wrote that no mbarrier tracks";
+        for (source, kernels, hazard) in [
+            (unfenced_writer, engine, unfenced),
+            (fenced_early, engine, unfenced),
+            (unlanded, engine, untracked_hazard),
+            (untracked, reader_fence, untracked_hazard),
+            (unfenced_reader, reader_fence, unfenced),
+            (diverged, engine, "barrier divergence: threads of a warp"),
         ] {
             let broken = load_variant(&source, "cmm-host-hopper-gather-hazard").unwrap_or_else(|e| panic!("{e}"));
-            let e = run(&broken, HopperTile::Narrow, FiberOrder::FirstToLast).unwrap_err().to_string();
-            assert!(e.contains(hazard) && e.contains("cmm_hopper_gemm_bf16_n128"), "{e}");
+            let e = run(&broken, kernels, FiberOrder::FirstToLast).unwrap_err().to_string();
+            assert!(e.contains(hazard) && e.contains("cmm_hopper_gemm_bf16_n128"), "{kernels:?}: {e}");
         }
     }
 

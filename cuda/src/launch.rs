@@ -155,9 +155,16 @@ impl Kernel {
                 (HopperTile::Narrow, HopperVariant::Pair, true) => "cmm_hopper_gemm_bf16_n128_c2",
                 (HopperTile::Narrow, HopperVariant::PingPong, false) => "cmm_hopper_gemm_f16_n128_pp",
                 (HopperTile::Narrow, HopperVariant::PingPong, true) => "cmm_hopper_gemm_bf16_n128_pp",
-                // Never made (`hopper_kernel` gives the wide tile the engine's kernel): its name.
-                (HopperTile::Wide, HopperVariant::PingPong, false) => "cmm_hopper_gemm_f16_n256",
-                (HopperTile::Wide, HopperVariant::PingPong, true) => "cmm_hopper_gemm_bf16_n256",
+                // Never made (`hopper_kernel` gives the wide tile's ping-pong and either
+                // tile's reader fence the engine's kernel): its name.
+                (HopperTile::Wide, HopperVariant::PingPong | HopperVariant::ReaderFence, false) => {
+                    "cmm_hopper_gemm_f16_n256"
+                }
+                (HopperTile::Wide, HopperVariant::PingPong | HopperVariant::ReaderFence, true) => {
+                    "cmm_hopper_gemm_bf16_n256"
+                }
+                (HopperTile::Narrow, HopperVariant::ReaderFence, false) => "cmm_hopper_gemm_f16_n128",
+                (HopperTile::Narrow, HopperVariant::ReaderFence, true) => "cmm_hopper_gemm_bf16_n128",
             },
             Kernel::Copy2d => "cmm_copy2d",
             Kernel::Reduce => "cmm_reduce",
@@ -551,7 +558,7 @@ fn hopper_launch(
 /// The Hopper-engine kernel of a tile, variant and input dtype (f16 unless bf16): the
 /// engine's where the tile has no kernel of the variant ([`HopperVariant::on`]).
 pub(crate) fn hopper_kernel(tile: HopperTile, variant: HopperVariant, input: DType) -> Kernel {
-    Kernel::Hopper { tile, bf16: input == DType::Bf16, variant: variant.on(tile) }
+    Kernel::Hopper { tile, bf16: input == DType::Bf16, variant: variant.on(tile).kernels() }
 }
 
 /// `CMM_HOPPER_*` flags of hopper.cu.
@@ -561,6 +568,7 @@ const HOPPER_PAIRS: u32 = 8;
 const HOPPER_GROUPED: u32 = 16;
 const HOPPER_GATHER: u32 = 32;
 const HOPPER_ZERO_UNROUTED: u32 = 64;
+const HOPPER_READER_FENCE: u32 = 128;
 
 /// The bits of a wgmma shared-memory descriptor besides the start address: the leading
 /// and stride byte offsets (in 16-byte units) and the 128-byte swizzle (1 in bits 62–63).
@@ -661,7 +669,7 @@ pub(crate) fn hopper_args(at: &impl Addressing, g: &GemmCommand, tile: HopperTil
 /// `gathered`, the permutation and the shard's first token: the shard's address for the
 /// producer's cp.async copies) and C of every row in `first`, B as a 3D map of the
 /// experts' K×N matrices, the tiles left to the kernel, which reads them from the segment
-/// offsets.
+/// offsets; with the reader-fence variant's flag where `variant` is it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn hopper_grouped_args(
     at: &impl Addressing,
@@ -671,7 +679,7 @@ pub(crate) fn hopper_grouped_args(
     zero_unrouted: bool,
     [a_rows, rows, n, k]: [u32; 4],
     [chunks, chunk, group_begin, group_end, experts, slots]: [u32; 6],
-    tile: HopperTile,
+    (tile, variant): (HopperTile, HopperVariant),
 ) -> Result<HopperArgs, CudaError> {
     let [(a, a_stride, input), (b, b_stride, _), (c, c_stride, output)] = *tensors;
     let b_map = TensorMapSpec {
@@ -688,7 +696,8 @@ pub(crate) fn hopper_grouped_args(
         | HOPPER_GROUPED
         | if pairs { HOPPER_PAIRS } else { 0 }
         | if gathered.is_some() { HOPPER_GATHER } else { 0 }
-        | if zero_unrouted { HOPPER_ZERO_UNROUTED } else { 0 };
+        | if zero_unrouted { HOPPER_ZERO_UNROUTED } else { 0 }
+        | if variant == HopperVariant::ReaderFence { HOPPER_READER_FENCE } else { 0 };
     let ((perm, perm_stride), gather_base) = gathered.map_or(((0, 0), 0), |(p, base)| ((at.addr(&p.0), p.1), base));
     Ok(HopperArgs {
         b: at.tensor_map(&b_map)?,
@@ -1039,7 +1048,8 @@ pub(crate) fn submissions(
             let [chunks, chunk, group_begin, group_end, experts, slots] = *routing;
             if let Some((tile, ctas, variant)) = *hopper {
                 let gathered = gather.map(|base| (perm, base));
-                let args = hopper_grouped_args(at, tensors, seg, gathered, *zero_unrouted, *shape, *routing, tile)?;
+                let args =
+                    hopper_grouped_args(at, tensors, seg, gathered, *zero_unrouted, *shape, *routing, (tile, variant))?;
                 // At most one CTA per tile: every block (each expert's rows, the zero
                 // block's) may end in a partial row of tiles.
                 let blocks = group_end - group_begin + u32::from(*zero_unrouted);

@@ -37,21 +37,43 @@ pub enum HopperVariant {
     /// multiplies (`CmmHopperNarrowPingPong`). The 128×256 tile has no such kernel (a
     /// warpgroup would hold 256 accumulators a thread): its GEMMs keep the engine's.
     PingPong,
+    /// The engine's kernels, with a grouped GEMM's gathered rows (ag_moe's, copied by
+    /// `cp.async`) made visible to wgmma as the engine did until 2026-11-28: every
+    /// consumer thread makes the proxy fence after each stage's wait, rather than each
+    /// producer thread once its copies have landed (`CMM_HOPPER_READER_FENCE`). Whether
+    /// that fence, one wgmma group in flight, is what stalls the tensor cores. Other GEMMs
+    /// run as on the engine's kernels.
+    ReaderFence,
 }
 
 impl HopperVariant {
     /// Every variant, the engine's first.
-    pub const ALL: [HopperVariant; 4] =
-        [HopperVariant::Engine, HopperVariant::Shallow, HopperVariant::Pair, HopperVariant::PingPong];
+    pub const ALL: [HopperVariant; 5] = [
+        HopperVariant::Engine,
+        HopperVariant::Shallow,
+        HopperVariant::Pair,
+        HopperVariant::PingPong,
+        HopperVariant::ReaderFence,
+    ];
 
     /// Its name in options (`conformance --hopper-variant`, a rank worker's options
-    /// line): `engine`, `shallow`, `pair`, `pingpong`.
+    /// line): `engine`, `shallow`, `pair`, `pingpong`, `reader-fence`.
     pub fn key(self) -> &'static str {
         match self {
             HopperVariant::Engine => "engine",
             HopperVariant::Shallow => "shallow",
             HopperVariant::Pair => "pair",
             HopperVariant::PingPong => "pingpong",
+            HopperVariant::ReaderFence => "reader-fence",
+        }
+    }
+
+    /// The variant whose kernels this one launches: itself, or the engine's for
+    /// [`HopperVariant::ReaderFence`], a flag of the engine's kernels.
+    pub fn kernels(self) -> HopperVariant {
+        match self {
+            HopperVariant::ReaderFence => HopperVariant::Engine,
+            other => other,
         }
     }
 
@@ -83,7 +105,7 @@ impl HopperVariant {
     pub fn cluster(self) -> u32 {
         match self {
             HopperVariant::Pair => 2,
-            HopperVariant::Engine | HopperVariant::Shallow | HopperVariant::PingPong => 1,
+            HopperVariant::Engine | HopperVariant::Shallow | HopperVariant::PingPong | HopperVariant::ReaderFence => 1,
         }
     }
 }
@@ -100,12 +122,13 @@ pub trait HopperKernel {
 
 impl HopperKernel for HopperTile {
     fn stages(self, variant: HopperVariant) -> u32 {
-        match (self, variant) {
-            // (Wide, PingPong) runs the engine's kernel ([`HopperVariant::on`]).
-            (HopperTile::Wide, HopperVariant::Engine | HopperVariant::Pair | HopperVariant::PingPong) => 4,
+        match (self, variant.kernels()) {
             (HopperTile::Wide, HopperVariant::Shallow) => 3,
-            (HopperTile::Narrow, HopperVariant::Engine | HopperVariant::Pair | HopperVariant::PingPong) => 6,
             (HopperTile::Narrow, HopperVariant::Shallow) => 4,
+            // The engine's stages (its kernels, the clusters' and the ping-pong ones;
+            // (Wide, PingPong) runs the engine's kernel, [`HopperVariant::on`]).
+            (HopperTile::Wide, _) => 4,
+            (HopperTile::Narrow, _) => 6,
         }
     }
 
@@ -143,7 +166,9 @@ impl HopperTarget {
                 let fit = HopperTile::ALL.iter().position(|&t| t == tile).map_or(0, |i| self.pair_clusters[i]);
                 self.sms.min(fit.saturating_mul(2))
             }
-            HopperVariant::Engine | HopperVariant::Shallow | HopperVariant::PingPong => self.sms.max(1),
+            HopperVariant::Engine | HopperVariant::Shallow | HopperVariant::PingPong | HopperVariant::ReaderFence => {
+                self.sms.max(1)
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use cmm_cuda::{
     gpu_or_skip as backend, probe, CudaBackend, CudaError, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec,
-    HostTwin, ReadBack, SyncMode,
+    HopperVariant, HostTwin, ReadBack, SyncMode,
 };
 
 fn host() -> HostTwin {
@@ -297,7 +297,10 @@ fn host_grouped_gemms_on_the_hopper_engine_match_the_cpu_twin() {
 /// partial second column of wide tiles) and an expert's K = F/D = 72 rows (not a multiple
 /// of the 64-row step: the 3D map's zero fill, not the next expert's rows), and ag_moe's
 /// (rows gathered by token with cp.async, the rows past the routed ones zeroed) with
-/// K = H = 72 and 80 (K steps past K: zero-filled chunks); experts with no token (`Empty`), dropped
+/// K = H = 72, 80 and 456 (K steps past K: zero-filled chunks; 456 has more steps than
+/// the producer keeps in flight, so stages are handed over inside its loop), with the
+/// gathered rows' proxy fence in the producer (the engine's) and in the consumers (the
+/// `reader-fence` variant); experts with no token (`Empty`), dropped
 /// slots, chunks, uneven token splits. f32 inputs stay on the scalar kernel, and asking
 /// for the engine on every GEMM then is a typed error naming why.
 fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
@@ -309,16 +312,27 @@ fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
         (MoeOp::MoeRs, 3, 70, 320, 216, Routing::Skewed, Algorithm::Ring, DType::Bf16, DType::Bf16),
         (MoeOp::AgMoe, 2, 64, 72, 320, Routing::Empty, Algorithm::Baseline, DType::Bf16, DType::F32),
         (MoeOp::AgMoe, 3, 70, 80, 96, Routing::Drop, Algorithm::RingChunked { chunks: 2 }, DType::F16, DType::F16),
-        (MoeOp::AgMoe, 2, 50, 64, 272, Routing::Skewed, Algorithm::Ring, DType::Bf16, DType::Bf16),
+        (MoeOp::AgMoe, 2, 50, 456, 272, Routing::Skewed, Algorithm::Ring, DType::Bf16, DType::Bf16),
     ];
     for (op, devices, tokens, hidden, ffn, routing, algorithm, input, output) in problems {
         let p = MoeProblem::new(op, devices, tokens, hidden, ffn, 6, 2, routing, input, output).unwrap();
         let plan = build_moe_plan(&p, algorithm).unwrap();
         let grouped = plan.ops().filter(|(_, op)| matches!(op, cmm_core::Op::GroupedGemm { .. })).count();
+        let fences: &[HopperVariant] = match op {
+            MoeOp::AgMoe => &[HopperVariant::Engine, HopperVariant::ReaderFence],
+            MoeOp::MoeRs => &[HopperVariant::Engine],
+        };
         for tile in HopperTile::ALL {
-            let options = CudaRunOptions { gemm: GemmEngine::Hopper, hopper_tile: Some(tile), ..Default::default() };
-            let out = assert_matches_twin(b, &plan, &options);
-            assert_eq!(out.gemms.hopper, grouped, "{} on {tile:?} tiles", plan.name);
+            for &hopper_variant in fences {
+                let options = CudaRunOptions {
+                    gemm: GemmEngine::Hopper,
+                    hopper_tile: Some(tile),
+                    hopper_variant,
+                    ..Default::default()
+                };
+                let out = assert_matches_twin(b, &plan, &options);
+                assert_eq!(out.gemms.hopper, grouped, "{} on {tile:?} tiles, {hopper_variant:?}", plan.name);
+            }
         }
     }
     let f32s = MoeProblem::new(MoeOp::AgMoe, 2, 32, 64, 64, 4, 2, Routing::Uniform, DType::F32, DType::F32);

@@ -129,7 +129,8 @@ pub struct Args {
     /// grouped GEMMs keep theirs); the run's counts say how many ran in clusters.
     /// `pingpong` runs every GEMM on the 128×128 tile (plain, fused, grouped) with its
     /// consumer warpgroups on alternate tiles; with `--hopper-tile narrow`, all of them.
-    /// `shallow`: the engine's tiles with fewer stages.
+    /// `shallow`: the engine's tiles with fewer stages. `reader-fence`: the engine's
+    /// kernels, ag_moe's gathered rows fenced by the consumers, as before 2026-11-28.
     #[arg(long, value_name = "KERNELS", value_parser = HopperVariant::parse)]
     pub hopper_variant: Option<HopperVariant>,
     /// CUDA only: how the copy-engine copies are issued: `auto` (default: contiguous ones

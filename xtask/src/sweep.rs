@@ -9,7 +9,9 @@
 //! whether the stages' depth is what the engine lacks; in clusters of two that
 //! multicast B (whether B's traffic from L2 is); and the 128×128 tile with its consumer
 //! warpgroups on alternate tiles (ping-pong: whether an epilogue that idles the tensor
-//! cores is), on the plain and the grouped GEMMs.
+//! cores is), on the plain and the grouped GEMMs; and ag_moe's gathered rows with their
+//! proxy fence in the consumers, as the engine had it before (whether that fence is what
+//! stalls the tensor cores).
 
 use std::fs;
 use std::path::PathBuf;
@@ -87,6 +89,12 @@ const GROUPED_VARIANTS: [Variant; 3] = [
     (HopperTile::Narrow, HopperVariant::PingPong),
 ];
 
+/// The variants only ag_moe's grouped GEMM (the gathered one) also takes: each tile with
+/// the proxy fence of its gathered rows in the consumers, as the engine had it until
+/// 2026-11-28, beside the engine's producer fence.
+const GATHERED_VARIANTS: [Variant; 2] =
+    [(HopperTile::Wide, HopperVariant::ReaderFence), (HopperTile::Narrow, HopperVariant::ReaderFence)];
+
 /// "hopper 128x256", "hopper 128x256 3 stages", "hopper 128x256 cluster 2", "hopper
 /// 128x128 pingpong".
 fn variant_name((tile, variant): Variant) -> String {
@@ -95,6 +103,7 @@ fn variant_name((tile, variant): Variant) -> String {
         HopperVariant::Shallow => format!("hopper {} {} stages", tile.name(), tile.stages(variant)),
         HopperVariant::Pair => format!("hopper {} cluster {}", tile.name(), variant.cluster()),
         HopperVariant::PingPong => format!("hopper {} pingpong", tile.name()),
+        HopperVariant::ReaderFence => format!("hopper {} reader fence", tile.name()),
     }
 }
 
@@ -265,7 +274,8 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
         let (us, check, _) = checked_time(backend, &spec, variant, reps);
         rows.push(row(&shape, input, format!("{} dense", variant_name(variant)), us, &spec, cublas, check));
     }
-    for variant in GROUPED_VARIANTS {
+    let gathered = if op == MoeOp::AgMoe { &GATHERED_VARIANTS[..] } else { &[] };
+    for &variant in GROUPED_VARIANTS.iter().chain(gathered) {
         let options = CudaRunOptions { time_ops: true, cold_l2: true, ..grouped_options(variant) };
         let mut times = Vec::new();
         let mut failure = None;
