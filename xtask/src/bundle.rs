@@ -550,10 +550,14 @@ pub fn key_lines(step: &str, log: &str) -> Vec<String> {
                 "L1/TEX Cache Throughput",
                 "Achieved Occupancy",
                 "Registers Per Thread",
+                "Warp Cycles Per Issued Instruction",
             ];
             let trimmed = t.trim_start();
             let heads = ["cmm_hopper", "profiled:", "ncu:", "==PROF==", "==ERROR==", "==WARNING=="];
-            if heads.iter().any(|h| trimmed.starts_with(h)) || metrics.iter().any(|m| trimmed.starts_with(m)) {
+            // WarpStateStats' rule says where the warps wait most (a fence, a barrier).
+            let stalls = trimmed.contains("cycles being stalled");
+            if heads.iter().any(|h| trimmed.starts_with(h)) || metrics.iter().any(|m| trimmed.starts_with(m)) || stalls
+            {
                 out.push(t.to_string());
             }
             continue;
@@ -903,9 +907,9 @@ mod tests {
         assert_eq!(key_lines("reference-vulkan", vulkan).len(), 4);
         let model = "as the profile stands (h100-one-gpu):\ncase measured\ngemm_rs D=4 ring 1.0 µs\n";
         assert_eq!(key_lines("model-vs-bench", model).len(), 3);
-        let ncu = "ncu: /usr/local/cuda/bin/ncu\n==PROF== Connected to process 7\n  cmm_hopper_gemm_bf16_n256 (132, 1, 1)x(384, 1, 1), Context 1\n    Section: GPU Speed Of Light Throughput\n    ----------------------- ----------- ------------\n    DRAM Frequency                  Ghz         2.62\n    Duration                         ms         1.84\n    Compute (SM) Throughput           %        61.20\nprofiled: plain 8192x8192x8192 bf16 on hopper 128x256\n";
+        let ncu = "ncu: /usr/local/cuda/bin/ncu\n==PROF== Connected to process 7\n  cmm_hopper_gemm_bf16_n256 (132, 1, 1)x(384, 1, 1), Context 1\n    Section: GPU Speed Of Light Throughput\n    ----------------------- ----------- ------------\n    DRAM Frequency                  Ghz         2.62\n    Duration                         ms         1.84\n    Compute (SM) Throughput           %        61.20\n    Section: Warp State Statistics\n    Warp Cycles Per Issued Instruction  cycle  28.41\n    Warp Cycles Per Executed Instruction  cycle  28.42\n    OPT   Est. Speedup: 40%\n          On average, each warp of this kernel spends 12.3 cycles being stalled waiting for a memory barrier.\nprofiled: plain 8192x8192x8192 bf16 on hopper 128x256\n";
         let lines = key_lines("ncu-hopper", ncu);
-        assert_eq!(lines.len(), 6, "{lines:?}");
+        assert_eq!(lines.len(), 8, "{lines:?}");
         assert!(lines[2].contains("cmm_hopper_gemm_bf16_n256") && lines[3].contains("Duration"), "{lines:?}");
     }
 

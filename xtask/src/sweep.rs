@@ -42,7 +42,8 @@ pub struct Args {
     /// Instead of the sweep, run each of the Hopper engine's kernels of interest a few
     /// times, ungated and untimed, for a profiler to read (`ncu -k regex:cmm_hopper`): the
     /// 8192³ bf16 GEMM on both tiles and in ping-pong, and both MoE grouped GEMMs (bf16)
-    /// with the engine's plain GEMM on their dense shapes, the same ways.
+    /// with the engine's plain GEMM on their dense shapes, the same ways, and ag_moe's
+    /// also with the reader-fence variant.
     #[arg(long)]
     pub profile: bool,
 }
@@ -402,8 +403,11 @@ fn profile(backend: &CudaBackend, shrink: usize) -> Result<()> {
     }
     for op in [MoeOp::AgMoe, MoeOp::MoeRs] {
         let Grouped { plan, spec, .. } = grouped(op, DType::Bf16, shrink)?;
-        for variant in GROUPED_VARIANTS {
-            plain(&format!("{op} dense"), &spec, variant)?;
+        let gathered = if op == MoeOp::AgMoe { &GATHERED_VARIANTS[..] } else { &[] };
+        for &variant in GROUPED_VARIANTS.iter().chain(gathered) {
+            if variant.1 != HopperVariant::ReaderFence {
+                plain(&format!("{op} dense"), &spec, variant)?;
+            }
             let options = CudaRunOptions { gate: false, ..grouped_options(variant) };
             backend.run(&plan, GROUPED_SEED, Family::Realistic, &options).with_context(|| format!("{op} grouped"))?;
             println!("profiled: {op} grouped {}x{}x{} bf16 on {}", spec.m, spec.n, spec.k, variant_name(variant));

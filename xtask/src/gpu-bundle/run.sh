@@ -389,7 +389,7 @@ ncu_hopper() {
     fi
     echo "ncu: $ncu"
     "$ncu" --clock-control none -k regex:cmm_hopper --launch-count 24 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        --section Occupancy "$x" gemm-sweep --profile
+        --section Occupancy --section WarpStateStats "$x" gemm-sweep --profile
 }
 export -f ncu_hopper
 step ncu-hopper 120 bash -c ncu_hopper
