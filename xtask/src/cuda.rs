@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use cmm_cli::bench_file::{PlanFigures, PlanTimes};
 use cmm_conformance::golden::fnv1a64;
 use cmm_core::oracle::spot_check;
+use cmm_core::plan::OpSite;
 use cmm_core::workload::output_tolerance;
 use cmm_core::{build_plan, Algorithm, DType, Family, Op, OpKind, Plan, Problem};
 use cmm_cuda::kernels::{compile, image_file_name, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
@@ -1164,16 +1165,19 @@ fn write_timelines(
             }
         }
     }
-    // The fused plans at D = 4: how long their copies and signals take under the persistent
-    // kernels, in words (the kernel is one span; its waits are inside it); again with the
-    // copies made by cmm's SM kernels, and with the copies left to the driver where the
-    // plain run asked the copy engines.
-    for op in [OpKind::AgGemm, OpKind::GemmRs] {
+    // The fused plans at D = 4 and 8: how long their copies, signals, waits and (gemm_rs)
+    // reductions take under the persistent kernels, and how long the run goes on after
+    // its last GEMM span ends, in words (the kernel is one span; its waits are inside it);
+    // again with the copies made by cmm's SM kernels, and with the copies left to the
+    // driver where the plain run asked the copy engines. (gemm_rs's fused plans take 1.26
+    // and 1.65 times their twins at D = 4 and 8 with nothing in their kernels waiting:
+    // whether the reductions beside the kernels, or after them, are where that goes.)
+    for (op, d) in [(OpKind::AgGemm, 4), (OpKind::GemmRs, 4), (OpKind::GemmRs, 8)] {
         let algorithm = Algorithm::Fused { chunks: 1 };
         if !stamp.contains(&format!("{op} {}", algorithm.name())) {
             continue;
         }
-        let fused = build_plan(&seed000_problem(op, 4, shrink)?, algorithm)?;
+        let fused = build_plan(&seed000_problem(op, d, shrink)?, algorithm)?;
         // cuBLAS cannot run a fused GEMM: the engine rule picks cmm's kernel.
         let fused_options = CudaRunOptions { gemm: GemmEngine::Auto, ..modes[0].1 };
         let driver = CudaRunOptions { copies: CopyIssue::Driver, ..fused_options };
@@ -1201,6 +1205,8 @@ fn write_timelines(
             };
             let copies = span(&|op| matches!(op, Op::Copy { .. }));
             let signals = span(&|op| matches!(op, Op::Signal { .. }));
+            let waits = span(&|op| matches!(op, Op::Wait { .. }));
+            let reduces = span(&|op| matches!(op, Op::Reduce { .. }));
             let gemms = span(&|op| matches!(op, Op::Gemm { .. }));
             let stats = |xs: &[f64]| {
                 let mean = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
@@ -1209,13 +1215,17 @@ fn write_timelines(
             };
             let took = out.gpu_time.as_secs_f64() * 1e6;
             println!(
-                "timeline: {} {variant}, {took:.1} µs with an event around every op: copies {}; signals {}; GEMM spans {}",
+                "timeline: {} {variant}, {took:.1} µs with an event around every op: copies {}; signals {}; waits {}; \
+                 reductions {}; GEMM spans {}; after the last GEMM span {}",
                 plan.name,
                 stats(&copies),
                 stats(&signals),
-                stats(&gemms)
+                stats(&waits),
+                stats(&reduces),
+                stats(&gemms),
+                after_last_gemm(&plan, &out.op_times).map_or("-".into(), |us| format!("{us:.1} µs")),
             );
-            let stem = format!("{op}-fused-d4-{variant}");
+            let stem = format!("{op}-fused-d{d}-{variant}");
             let title = format!("{} {variant}: {took:.1} µs with an event around every op", plan.name);
             let timeline = cmm_sim::timeline::Timeline::from_measured(&plan, title, &out.op_times);
             fs::write(dir.join(format!("{stem}.svg")), timeline.svg())?;
@@ -1224,9 +1234,39 @@ fn write_timelines(
     Ok(())
 }
 
+/// How long a run's ops go on after its last GEMM op ends (µs, by the ops' own events),
+/// or `None` where no GEMM op was timed.
+fn after_last_gemm(plan: &Plan, op_times: &[(OpSite, f64, f64)]) -> Option<f64> {
+    let end = |gemm: bool| {
+        op_times
+            .iter()
+            .filter(|(site, _, _)| {
+                gemm == matches!(plan.programs[site.device].lanes[site.lane][site.index], Op::Gemm { .. })
+            })
+            .map(|(_, start, duration)| start + duration)
+            .fold(None, |latest: Option<f64>, e| Some(latest.map_or(e, |l| l.max(e))))
+    };
+    let gemms = end(true)?;
+    Some((end(false).unwrap_or(gemms) - gemms).max(0.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_time_after_the_last_gemm_counts_the_ops_that_end_later() {
+        let p = Problem::new(OpKind::GemmRs, 2, 64, 64, 64, DType::F32, DType::F32).unwrap();
+        let plan = build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap();
+        let sites: Vec<(OpSite, bool)> = plan.ops().map(|(site, op)| (site, matches!(op, Op::Gemm { .. }))).collect();
+        let (gemm, other) = (sites.iter().find(|s| s.1).unwrap().0, sites.iter().find(|s| !s.1).unwrap().0);
+        // A GEMM from 10 to 110 µs, another op from 50 to 175: 65 µs after.
+        let times = vec![(gemm, 10.0, 100.0), (other, 50.0, 125.0)];
+        assert_eq!(after_last_gemm(&plan, &times), Some(65.0));
+        // Nothing after the GEMMs, and no GEMM timed.
+        assert_eq!(after_last_gemm(&plan, &times[..1]), Some(0.0));
+        assert_eq!(after_last_gemm(&plan, &times[1..]), None);
+    }
 
     fn row(op: &str, devices: usize, algorithm: &str, time_us: f64, gemm_sum_us: f64, baseline_us: f64) -> Row {
         row_of(op, devices, algorithm, time_us, gemm_sum_us, baseline_us, Vec::new())
