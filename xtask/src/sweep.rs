@@ -4,8 +4,10 @@
 //! it is timed, then timed as the bench times a GEMM (events, median, operands rotated
 //! past the L2). Then the MoE grouped GEMM on the engine against cuBLAS on a dense GEMM
 //! of the same FLOPs, with the engine's plain GEMM on that dense shape beside them (what
-//! the grouping costs, apart from what the shape costs). Each tile is also timed with a
-//! shallower pipeline (3 stages of 128×256, 4 of 128×128, against the engine's 4 and 6):
+//! the grouping costs, apart from what the shape costs), and for moe_rs, whose rows are
+//! f32, the dense GEMM again writing bf16 or f16 (what the f32 stores cost). Each tile is
+//! also timed with a shallower pipeline (3 stages of 128×256, 4 of 128×128, against the
+//! engine's 4 and 6):
 //! whether the stages' depth is what the engine lacks; in clusters of two that
 //! multicast B (whether B's traffic from L2 is); and the 128×128 tile with its consumer
 //! warpgroups on alternate tiles (ping-pong: whether an epilogue that idles the tensor
@@ -274,6 +276,21 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
     for variant in GROUPED_VARIANTS {
         let (us, check, _) = checked_time(backend, &spec, variant, reps);
         rows.push(row(&shape, input, format!("{} dense", variant_name(variant)), us, &spec, cublas, check));
+    }
+    if spec.output != input {
+        // moe_rs's rows are f32: the same dense GEMM writing the input's dtype, on cuBLAS
+        // and on the engine's tiles, says what the f32 stores cost each (the engine stores
+        // from its registers, with the tensor cores idle meanwhile).
+        let narrow = GemmSpec { output: input, ..spec };
+        let shape = format!("{op} {}x{}x{} E{}", spec.m, spec.n, spec.k, GROUPED.experts);
+        let cublas = backend
+            .time_gemm(&narrow, GemmEngine::Cublas, reps)
+            .with_context(|| format!("timing cuBLAS on the dense {}x{}x{} →{input}", spec.m, spec.n, spec.k))?;
+        rows.push(row(&shape, input, "cuBLAS dense".into(), Some(cublas), &narrow, cublas, "-".into()));
+        for variant in &GROUPED_VARIANTS[..2] {
+            let (us, check, _) = checked_time(backend, &narrow, *variant, reps);
+            rows.push(row(&shape, input, format!("{} dense", variant_name(*variant)), us, &narrow, cublas, check));
+        }
     }
     let gathered = if op == MoeOp::AgMoe { &GATHERED_VARIANTS[..] } else { &[] };
     for &variant in GROUPED_VARIANTS.iter().chain(gathered) {
