@@ -1356,7 +1356,8 @@ struct LaunchConfig {
 // refuses the others (this driver does not model them).
 // A TMA tensor map in the host twin's encoding (cmm-cuda launch.rs `host_tensor_map`,
 // read by host/hopper.h), for what the Hopper engine asks: two dimensions (or three,
-// read a layer at a time) of f16 or bf16 (CU_TENSOR_MAP_DATA_TYPE_FLOAT16 6, BFLOAT16 9), the 128-byte swizzle (3), no
+// read a layer at a time) of f16, bf16 or (C's map for TMA stores) f32
+// (CU_TENSOR_MAP_DATA_TYPE_FLOAT16 6, BFLOAT16 9, FLOAT32 7), the 128-byte swizzle (3), no
 // interleave, element strides 1, zeros past the edges; the driver's own checks of those
 // (16-byte aligned base and stride, boxes of at most 256 with a first dimension of at
 // most the swizzle span) are made, and the tensor must lie in one allocation.
@@ -1369,7 +1370,8 @@ CUresult cuTensorMapEncodeTiled(u64* map, int dtype, u32 rank, void* base, const
         element_strides == nullptr) {
         return INVALID_VALUE;
     }
-    if ((rank != 2 && rank != 3) || (dtype != 6 && dtype != 9) || interleave != 0 || swizzle != 3 || fill != 0) {
+    if ((rank != 2 && rank != 3) || (dtype != 6 && dtype != 9 && dtype != 7) || interleave != 0 || swizzle != 3 ||
+        fill != 0) {
         return NOT_SUPPORTED;
     }
     const u64 at = (u64)base;
@@ -1381,10 +1383,11 @@ CUresult cuTensorMapEncodeTiled(u64* map, int dtype, u32 rank, void* base, const
             return INVALID_VALUE;
         }
     }
-    if (at % 16 != 0 || box[0] * 2 > 128) return INVALID_VALUE;
+    const u64 size = dtype == 7 ? 4 : 2;
+    if (at % 16 != 0 || box[0] * size > 128) return INVALID_VALUE;
     // The Hopper engine's 3D maps are read a layer at a time.
     if (rank == 3 && box[2] != 1) return NOT_SUPPORTED;
-    u64 extent = (dims[1] - 1) * strides[0] + dims[0] * 2;
+    u64 extent = (dims[1] - 1) * strides[0] + dims[0] * size;
     if (rank == 3) extent += (dims[2] - 1) * strides[1];
     if (!inside(at, extent)) return INVALID_VALUE;
     for (int i = 0; i < 16; ++i) map[i] = 0;
@@ -1393,7 +1396,7 @@ CUresult cuTensorMapEncodeTiled(u64* map, int dtype, u32 rank, void* base, const
     map[2] = dims[1];
     map[3] = strides[0];
     map[4] = (u64)box[0] | ((u64)box[1] << 32);
-    map[5] = dtype == 6 ? 1 : 2;
+    map[5] = dtype == 6 ? 1 : dtype == 9 ? 2 : 0;
     map[6] = 128;
     if (rank == 3) {
         map[7] = dims[2];

@@ -34,6 +34,13 @@
 //   came between: by the writing thread after the copy landed and before the arrive that
 //   published it, or by the reading thread after it saw the publishing phase. The GPU's
 //   wgmma reads through the async proxy.
+// - TMA stores (cp.async.bulk.tensor.2d.global.shared::cta, the TMA_STORE kernels'
+//   epilogue): the box is copied out at once, un-swizzled, clipped at the tensor's edges.
+//   The staging they read is written with st.shared (the generic proxy). Errors: a store
+//   that reads a chunk whose writer made no fence.proxy.async.shared::cta since, or one no
+//   thread wrote since the last store from it (stale staging: a store past what the tile
+//   wrote); and a write to a chunk a store has been issued from, until its issuing
+//   thread's cp.async.bulk.wait_group(.read) (the GPU may still be reading it).
 // - wgmma (m64nNk16, f32 accumulate): each thread computes its own accumulators, laid out
 //   as the PTX ISA specifies (row 16·warp + lane/4 + 8·((i/2)%2), column 8·(i/4) +
 //   2·(lane%4) + i%2), from shared memory as the descriptors say: start address, leading
@@ -97,6 +104,15 @@ struct HopperBlock {
     std::vector<u32> groups_closed, groups_landed;
     // Per thread: the wgmma groups it has committed.
     std::vector<u32> committed;
+    // Per 16-byte chunk, for the TMA stores' staging: written through the generic proxy
+    // by a thread that has not fenced since, 1 + the thread whose TMA store may still read
+    // it (0: none), and written since a store last read it. Per thread: the chunks it
+    // wrote since its last fence, and those its stores read since its last bulk wait.
+    struct Staged {
+        u32 unfenced = 0, reader = 0, fresh = 0;
+    };
+    std::vector<Staged> staged;
+    std::vector<std::vector<u32>> staged_writes, store_reads;
     static constexpr u32 UNTRACKED = 0xffffffffu;
 
     // A wgmma's B operand, decoded once for the 128 threads that read all of it (each
@@ -148,6 +164,9 @@ inline HopperBlock& hopper_block_at(u32 cta) {
         hb.groups_closed.assign(threads, 0u);
         hb.groups_landed.assign(threads, 0u);
         hb.committed.assign(threads, 0u);
+        hb.staged.assign(HOPPER_SMEM_BYTES / 16u, HopperBlock::Staged{});
+        hb.staged_writes.assign(threads, {});
+        hb.store_reads.assign(threads, {});
         for (auto& d : hb.decoded_b) d.valid = false;
     }
     return hb;
@@ -417,6 +436,9 @@ inline void cmm_hopper_cp_async_arrive(u32 bar) { cmm_host::arrive_publishing(ba
 inline void cmm_fence_proxy_async_shared() {
     cmm_host::HopperBlock& hb = cmm_host::hopper_block();
     const u32 me = cmm_host::linear_thread();
+    // As a writer of a TMA store's staging: its writes are visible to the async proxy.
+    for (u32 chunk : hb.staged_writes[me]) hb.staged[chunk].unfenced = 0u;
+    hb.staged_writes[me].clear();
     // As a reader: the phases it has seen. As a writer: its landed copies, not yet
     // published, are visible to the async proxy once an arrive publishes them.
     hb.fenced[me] = hb.observed[me];
@@ -426,6 +448,100 @@ inline void cmm_fence_proxy_async_shared() {
         if (copy.group < landed && c.bar == cmm_host::HopperBlock::UNTRACKED) c.generic = 0u;
     }
 }
+
+namespace cmm_host {
+
+// A generic-proxy store of `bytes` bytes to the staging at `addr` (within one chunk).
+inline void stage(u32 addr, const void* bits, u32 bytes) {
+    if (addr % bytes != 0u || addr / 16u != (addr + bytes - 1u) / 16u) {
+        fail("a staging store not aligned to its size");
+        return;
+    }
+    if (!smem_range(addr, bytes)) return;
+    HopperBlock& hb = hopper_block();
+    const u32 me = linear_thread(), chunk = addr / 16u;
+    if (hb.staged[chunk].reader != 0u) {
+        fail("a store to shared memory a TMA store was issued from, before its issuing thread's "
+             "cp.async.bulk.wait_group.read: the store may still be reading it");
+        return;
+    }
+    std::memcpy(hb.smem.get() + addr, bits, bytes);
+    if (hb.staged[chunk].unfenced == 0u) hb.staged_writes[me].push_back(chunk);
+    hb.staged[chunk].unfenced = 1u;
+    hb.staged[chunk].fresh = 1u;
+    running_block->progress += 1;
+}
+
+// The running thread's TMA stores have read their staging (`read`) or completed: both
+// here, where a store is made at once.
+inline void bulk_wait() {
+    HopperBlock& hb = hopper_block();
+    const u32 me = linear_thread();
+    for (u32 chunk : hb.store_reads[me]) hb.staged[chunk].reader = 0u;
+    hb.store_reads[me].clear();
+}
+
+}  // namespace cmm_host
+
+inline void cmm_hopper_stage_f32x2(u32 addr, float v0, float v1) {
+    const float both[2] = {v0, v1};
+    cmm_host::stage(addr, both, 8u);
+}
+
+inline void cmm_hopper_stage_b32(u32 addr, u32 bits) { cmm_host::stage(addr, &bits, 4u); }
+
+#define cmm_tma_store_2d(map, src, x, y) cmm_tma_store_at(__FILE__, __LINE__, map, src, x, y)
+
+// A TMA store of the box at (x, y) of `map` from the staging at `src`.
+inline void cmm_tma_store_at(const char* file, int line, const CmmTensorMap* map, u32 src, u32 x, u32 y) {
+    using namespace cmm_host;
+    const CmmHostTensorMap* m = reinterpret_cast<const CmmHostTensorMap*>(map);
+    if (m->tag != 0x636d6d5f746d6170ull || m->dim2 != 0u) {
+        fail(at_line(file, line, "a TMA store through a tensor map the host twin did not encode, or not 2D"));
+        return;
+    }
+    const u32 size = m->dtype == 0u ? 4u : 2u;
+    const u32 box0 = (u32)(m->box & 0xffffffffu), box1 = (u32)(m->box >> 32);
+    if (m->swizzle != 128u || box0 * size != 128u || src % 1024u != 0u || box1 == 0u || box1 > 256u) {
+        fail(at_line(file, line, "a TMA store the Hopper engine does not make: 128-byte swizzle, 128-byte box rows, up "
+                           "to 256 rows, from 1024-byte aligned shared memory"));
+        return;
+    }
+    if (!smem_range(src, box0 * box1 * size)) return;
+    HopperBlock& hb = hopper_block();
+    const u32 me = linear_thread();
+    for (u32 chunk = src / 16u; chunk < (src + box0 * box1 * size) / 16u; ++chunk) {
+        if (hb.staged[chunk].unfenced != 0u) {
+            fail(at_line(file, line, "a TMA store (the async proxy) reads shared memory written through the generic "
+                               "proxy, with no fence.proxy.async.shared::cta by its writer since"));
+            return;
+        }
+        if (hb.staged[chunk].fresh == 0u) {
+            fail(at_line(file, line, "a TMA store reads shared memory no thread wrote since the last store from it "
+                               "(stale staging)"));
+            return;
+        }
+    }
+    for (u32 chunk = src / 16u; chunk < (src + box0 * box1 * size) / 16u; ++chunk) {
+        if (hb.staged[chunk].reader == 0u) hb.store_reads[me].push_back(chunk);
+        hb.staged[chunk].reader = me + 1u;
+        hb.staged[chunk].fresh = 0u;
+    }
+    for (u32 r = 0; r < box1; ++r) {
+        for (u32 c = 0; c < box0; ++c) {
+            const u64 gx = (u64)x + c, gy = (u64)y + r;
+            if (gx >= m->dim0 || gy >= m->dim1) continue;
+            u32 addr = src + r * 128u + c * size;
+            addr ^= ((addr >> 7) & 7u) << 4;
+            std::memcpy((void*)(m->base + gy * m->stride + gx * size), hb.smem.get() + addr, size);
+        }
+    }
+    running_block->progress += 1;
+}
+
+inline void cmm_bulk_commit() {}
+inline void cmm_bulk_wait_read() { cmm_host::bulk_wait(); }
+inline void cmm_bulk_wait() { cmm_host::bulk_wait(); }
 
 inline void cmm_fence_proxy_async_global() {
     if (cmm_host::Fiber* me = cmm_host::current_fiber()) me->acquired = false;

@@ -74,6 +74,17 @@
 //   wgmma rather than with the tensor cores idle, and so that no parity wait is made
 //   for a phase two ahead of the last completed one (which it would take for complete).
 //
+// - TMA stores (`TMA_STORE`; the GEMM sweep's `_ts` kernels, one stage fewer of 128×256,
+//   one fewer of 128×128): each consumer warpgroup rounds its 64 rows of a tile into its
+//   own 32 KiB staging in shared memory, laid out as the 128-byte swizzle lays a box out,
+//   makes fence.proxy.async.shared::cta (generic writes, read by TMA's async proxy), meets
+//   its warpgroup at a named barrier, and one thread stores the boxes by TMA
+//   (cp.async.bulk.tensor, columns past N clipped) while the warpgroup goes on to its next
+//   tile; the staging is written again only after that thread's
+//   cp.async.bulk.wait_group.read, and the CTA leaves only after its stores completed.
+//   For tiles wholly inside their block's rows, of runs that are not fused and do not add
+//   onto C (`CMM_HOPPER_STORE_TMA`); the others store from registers as above.
+//
 // The host twin (cuda/host/hopper.h) runs the same code with its own mbarriers, TMA
 // copies and wgmma, which check what the GPU leaves undefined.
 
@@ -132,9 +143,10 @@ struct __align__(64) CmmHopperArgs {
     u32 gather_base;
     u32 a_rows;
     u32 pad[5];
+    CmmTensorMap c_map;    // TMA_STORE kernels: C of every row (boxes of 128 bytes × 64 rows)
 };
 
-static_assert(sizeof(CmmHopperBlock) == 192 && sizeof(CmmHopperArgs) == 512, "the mirrors' sizes");
+static_assert(sizeof(CmmHopperBlock) == 192 && sizeof(CmmHopperArgs) == 640, "the mirrors' sizes");
 
 // One wait or signal of a fused run. Mirror: `FusedSyncArgs`.
 struct CmmHopperSync {
@@ -150,6 +162,7 @@ struct CmmHopperSync {
 #define CMM_HOPPER_GATHER 32u     // grouped, a's rows gathered by token through perm (cp.async)
 #define CMM_HOPPER_ZERO_UNROUTED 64u  // grouped: zero C's rows past the routed ones
 #define CMM_HOPPER_READER_FENCE 128u  // gather: the consumers fence, the copies tracked by noinc arrives
+#define CMM_HOPPER_STORE_TMA 256u     // TMA_STORE kernels: `c_map` is encoded, full tiles leave through it
 #define CMM_HOPPER_NONE 0xffffffffu   // a permutation entry of no (token, slot)
 
 #define CMM_HOPPER_BM 128u
@@ -159,6 +172,8 @@ struct CmmHopperSync {
 
 // Shared memory of one stage of A (128 rows of 128 bytes) and of B (BN × 128 bytes).
 #define CMM_HOPPER_A_BYTES (CMM_HOPPER_BM * CMM_HOPPER_BK * 2u)
+// A consumer warpgroup's staging of C (TMA_STORE kernels): 64 rows of 512 bytes.
+#define CMM_HOPPER_STAGING_BYTES 32768u
 
 #define CMM_ACC8(d, i) \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
@@ -379,6 +394,34 @@ __device__ __forceinline__ void cmm_fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// Stores to the staging of C in shared memory (TMA_STORE kernels), through the generic
+// proxy: two f32 values, or one word of two 16-bit ones.
+__device__ __forceinline__ void cmm_hopper_stage_f32x2(u32 addr, float v0, float v1) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
+}
+
+__device__ __forceinline__ void cmm_hopper_stage_b32(u32 addr, u32 bits) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(bits) : "memory");
+}
+
+// A TMA store of the box at (x, y) of `map` from the shared memory at `src` (128-byte
+// swizzle, clipped at the tensor's edges), in this thread's current bulk group.
+__device__ __forceinline__ void cmm_tma_store_2d(const CmmTensorMap* map, u32 src, u32 x, u32 y) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"((u64)map),
+                 "r"(src), "r"(x), "r"(y)
+                 : "memory");
+}
+
+// Closes this thread's bulk copies (TMA stores) issued so far into one group.
+__device__ __forceinline__ void cmm_bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Waits until this thread's TMA stores have read their shared memory (it may be
+// written again).
+__device__ __forceinline__ void cmm_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+
+// Waits until this thread's TMA stores have completed.
+__device__ __forceinline__ void cmm_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
 __device__ __forceinline__ void cmm_tma_prefetch(const CmmTensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"((u64)map) : "memory");
 }
@@ -445,21 +488,26 @@ __device__ __forceinline__ void cmm_mbar_wait(u32 bar, u32 parity, u64 limit_ns)
 // The address bits of a shared-memory matrix descriptor.
 __device__ __forceinline__ u64 cmm_desc_addr(u32 smem) { return (u64)((smem & 0x3FFFFu) >> 4); }
 
-template <u32 BN_, u32 STAGES_, u32 CLUSTER_ = 1u, bool PINGPONG_ = false>
+template <u32 BN_, u32 STAGES_, u32 CLUSTER_ = 1u, bool PINGPONG_ = false, bool TMA_STORE_ = false>
 struct CmmHopperShape {
     static constexpr u32 BN = BN_, STAGES = STAGES_, CLUSTER = CLUSTER_;
-    static constexpr bool PINGPONG = PINGPONG_;
+    static constexpr bool PINGPONG = PINGPONG_, TMA_STORE = TMA_STORE_;
     // Rows of a tile one consumer warpgroup multiplies, in m64 blocks: half of every
     // tile, or (PINGPONG) the whole of every other tile of the CTA.
     static constexpr u32 HALVES = PINGPONG ? 2u : 1u;
     static constexpr u32 B_BYTES = BN * CMM_HOPPER_BK * 2u;
     // Stages, 1024-byte aligned (the swizzle pattern's period), then the barriers: full
     // and empty per stage, and (PINGPONG) each consumer warpgroup's turn.
-    static constexpr u32 BARRIERS = STAGES * (CMM_HOPPER_A_BYTES + B_BYTES);
+    // (TMA_STORE) After the stages, each consumer warpgroup's staging of C: its 64 rows,
+    // 32 KiB, in boxes of 128 bytes × 64 rows as the 128-byte swizzle lays them out.
+    static constexpr u32 STAGING = STAGES * (CMM_HOPPER_A_BYTES + B_BYTES);
+    static constexpr u32 BARRIERS = STAGING + (TMA_STORE ? 2u * CMM_HOPPER_STAGING_BYTES : 0u);
     static constexpr u32 SMEM_BYTES = 1024u + BARRIERS + 16u * STAGES + (PINGPONG ? 16u : 0u);
     static_assert(BN == 128 || BN == 256, "wgmma n128 or n256");
     static_assert(CLUSTER == 1 || CLUSTER == 2, "one CTA, or a cluster of two");
     static_assert(!PINGPONG || (BN == 128 && CLUSTER == 1), "a warpgroup holds 128 accumulators a thread");
+    static_assert(!TMA_STORE || (CLUSTER == 1 && !PINGPONG), "the staged epilogue has one warpgroup per half tile");
+    static_assert(SMEM_BYTES <= 232448u, "an sm_90 CTA's dynamic shared memory");
 };
 
 // Where the run's tiles are: the block of the latest tile located (grouped: its
@@ -815,6 +863,67 @@ __device__ __forceinline__ void cmm_hopper_store(const CmmHopperArgs& p, u64 row
     if (both) cmm_store_bits(row, j + 1u, p.c_dtype, cmm_encode(v1, p.c_dtype));
 }
 
+// Whether a tile's C leaves through the staging and TMA stores (TMA_STORE kernels): C's
+// map is encoded (the host does so only where C is not added onto and TMA's rules hold),
+// the run is not fused (its releases count stores made from registers), and the tile is
+// wholly inside its block's rows (a grouped run's map spans every segment, so no edge
+// would clip a tile that crosses into the next one).
+__device__ __forceinline__ bool cmm_hopper_staged(const CmmHopperArgs& p, const CmmHopperCursor& at, u32 m0) {
+    return (p.flags & CMM_HOPPER_STORE_TMA) != 0u && (p.flags & CMM_HOPPER_ACCUMULATE) == 0u && p.control == 0ull &&
+           m0 + CMM_HOPPER_BM <= at.rows;
+}
+
+// A consumer warpgroup's epilogue through its staging (TMA_STORE kernels): its 64 rows
+// of the tile from `row0`, columns from `n0`, rounded once to C's dtype into the staging
+// as the 128-byte swizzle lays a box out, then stored by TMA box by box (columns past N
+// clipped), in passes of as many of the tile's columns as 32 KiB hold (f32: 128, 16-bit:
+// 256). The
+// stores complete while the warpgroup goes on to its next tile; the staging is written
+// again only once they have read it. Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h,
+// column 8j + 2·(lane%4) + e.
+template <class S>
+__device__ __forceinline__ void cmm_hopper_store_staged(const CmmHopperArgs& p, u32 smem, const float* acc, u32 wg,
+                                                        u32 row0, u32 n0) {
+    const u32 lane = threadIdx.x % 32u, warp = (threadIdx.x % 128u) / 32u;
+    const bool issuer = threadIdx.x % 128u == 0u;
+    const u32 staging = smem + S::STAGING + wg * CMM_HOPPER_STAGING_BYTES;
+    const u32 size = p.c_dtype == 0u ? 4u : 2u;
+    const u32 box_cols = 128u / size;
+    const u32 pass_cols = min(CMM_HOPPER_STAGING_BYTES / (64u * size), S::BN);
+    for (u32 c0 = 0u; c0 < S::BN; c0 += pass_cols) {
+        if (issuer) cmm_bulk_wait_read();
+        cmm_bar_sync(3u + wg, 128u);
+        #pragma unroll
+        for (u32 j = 0u; j < S::BN / 8u; ++j) {
+            const u32 col = 8u * j + 2u * (lane % 4u);
+            if (col < c0 || col >= c0 + pass_cols) continue;
+            const u32 box = (col - c0) / box_cols, in_box = (col - c0) % box_cols;
+            #pragma unroll
+            for (u32 h = 0u; h < 2u; ++h) {
+                const u32 row = 16u * warp + lane / 4u + 8u * h;
+                // Chunk c of row r where the 128-byte swizzle puts it: at c ^ (r mod 8).
+                const u32 to = staging + box * 64u * 128u + row * 128u + ((in_box * size) ^ ((row & 7u) << 4));
+                const float v0 = acc[4u * j + 2u * h], v1 = acc[4u * j + 2u * h + 1u];
+                if (size == 4u) {
+                    cmm_hopper_stage_f32x2(to, v0, v1);
+                } else {
+                    cmm_hopper_stage_b32(to, p.c_dtype == 1u ? cmm_pack_f16x2(v0, v1) : cmm_pack_bf16x2(v0, v1));
+                }
+            }
+        }
+        // Written through the generic proxy, read by TMA through the async one.
+        cmm_fence_proxy_async_shared();
+        cmm_bar_sync(3u + wg, 128u);
+        if (issuer) {
+            for (u32 b = 0u; b < pass_cols / box_cols; ++b) {
+                const u32 x = n0 + c0 + b * box_cols;
+                if (x < p.n) cmm_tma_store_2d(&p.c_map, staging + b * 64u * 128u, x, row0);
+            }
+            cmm_bulk_commit();
+        }
+    }
+}
+
 // A consumer warpgroup (`wg` 0 or 1: rows 64·wg .. +63 of each tile; PINGPONG: every row
 // of the CTA's tiles wg, wg + 2, …).
 template <class S, bool BF16, int TRANS_B>
@@ -908,6 +1017,12 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
         #pragma unroll
         for (u32 i = 0u; i < S::HALVES * ACC; ++i) cmm_pin(acc[i]);
         if (leader && steps > 0u) give_back(bars + 8u * (S::STAGES + previous));
+        if constexpr (S::TMA_STORE) {
+            if (cmm_hopper_staged(p, at, m0)) {
+                cmm_hopper_store_staged<S>(p, smem, acc, wg, at.row0 + m0 + 64u * wg, n0);
+                continue;
+            }
+        }
         // Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h, column 8j + 2·(lane%4) + e.
         const u32 block = at.block;
         const CmmHopperBlock& blk = table[cmm_hopper_entry(p, at)];
@@ -960,6 +1075,10 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
                 }
             }
         }
+    }
+    // The staging stays the CTA's until the stores from it have completed.
+    if constexpr (S::TMA_STORE) {
+        if (threadIdx.x % 128u == 0u) cmm_bulk_wait();
     }
 }
 
@@ -1034,6 +1153,12 @@ using CmmHopperNarrowPair = CmmHopperShape<128, 6, 2>;
 // (two m64n128 blocks of rows), also only for the sweep: whether an epilogue that stalls
 // the tensor cores (short K, f32 C) limits the engine.
 using CmmHopperNarrowPingPong = CmmHopperShape<128, 6, 1, true>;
+// Each tile's C staged in shared memory and stored by TMA while the next tile's multiplies
+// go on, also only for the sweep: whether an epilogue from registers, with the tensor
+// cores idle, limits the engine where C is large against K (f32 rows, short K). The
+// staging (64 KiB) takes a stage of 128×256 (3 stages) and one of 128×128 (5).
+using CmmHopperWideStore = CmmHopperShape<256, 3, 1, false, true>;
+using CmmHopperNarrowStore = CmmHopperShape<128, 5, 1, false, true>;
 
 // One entry point per (shape, input dtype). Mirror: `Kernel::Hopper` in cuda/src/launch.rs.
 #define CMM_HOPPER_ENTRY(name, shape, bf16)                                        \
@@ -1056,3 +1181,7 @@ CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n128_c2, CmmHopperNarrowPair, false)
 CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n128_c2, CmmHopperNarrowPair, true)
 CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n128_pp, CmmHopperNarrowPingPong, false)
 CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n128_pp, CmmHopperNarrowPingPong, true)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n256_ts, CmmHopperWideStore, false)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n256_ts, CmmHopperWideStore, true)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_f16_n128_ts, CmmHopperNarrowStore, false)
+CMM_HOPPER_ENTRY(cmm_hopper_gemm_bf16_n128_ts, CmmHopperNarrowStore, true)

@@ -1023,7 +1023,7 @@ mod tests {
                 sems: wait.sems(),
             };
             let g = bf16_gemm([m, n, k], trans_b, GemmImpl::Hopper { tile, ctas: 1, variant });
-            let mut args = crate::launch::hopper_args(&memory, &g, tile).unwrap();
+            let mut args = crate::launch::hopper_args(&memory, &g, (tile, variant)).unwrap();
             wait.gate(&mut args);
             tweak(&mut args);
             let shared_mem_bytes = tile.shared_bytes(variant);
@@ -1195,7 +1195,7 @@ mod tests {
                 sems: wait.sems(),
             };
             let g = bf16_gemm([m, n, k], false, GemmImpl::Hopper { tile, ctas, variant });
-            let mut args = crate::launch::hopper_args(&memory, &g, tile)?;
+            let mut args = crate::launch::hopper_args(&memory, &g, (tile, variant))?;
             wait.gate(&mut args);
             let cfg = LaunchConfig {
                 grid_dim: (ctas, 1, 1),
@@ -1253,6 +1253,86 @@ mod tests {
             for ctas in [2, 4] {
                 assert!(!matches!(run(&kernels, ctas, order), Ok(true)), "{what} went unnoticed on {ctas} CTAs");
             }
+        }
+    }
+
+    /// The TMA-store kernels' epilogue: on both tiles, f32 and bf16 C, M past two whole
+    /// tiles (the partial row of tiles leaves from registers) and N past a whole tile (the
+    /// TMA stores clip the columns past N), two CTAs taking several tiles each (the staging
+    /// reused), every fiber order: C comes out right, bit for bit, and no element past C
+    /// is written. Planted bugs: a staging written with another swizzle comes out wrong;
+    /// no writer fence before the stores, a staging written again with no wait for the
+    /// stores before, and stores of boxes past the tile's columns (stale staging, which
+    /// the next tile's stores may or may not overwrite: the order decides) are errors
+    /// naming the kernel.
+    #[test]
+    fn the_hopper_twin_finds_tma_stores_from_unfenced_or_reused_staging() {
+        use crate::lower::{GemmImpl, HopperKernel, HopperTile, HopperVariant};
+        const GUARD: usize = 64;
+        let k = 448usize;
+        let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
+        let run = |kernels: &HostKernels, tile: HopperTile, output: cmm_core::DType, order: FiberOrder| {
+            let (m, n) = (300usize, tile.columns() + 40);
+            let a = halves(m * k, 1);
+            let b = halves(k * n, 3);
+            // C and a guard after it, in 32-bit words (bf16 C: two elements a word).
+            let words = if output == cmm_core::DType::F32 { m * n } else { (m * n).div_ceil(2) };
+            let mut c = vec![0x7fc0_0000u32; words + GUARD];
+            let memory =
+                TestMemory { bases: vec![a.as_ptr() as u64, b.as_ptr() as u64, c.as_mut_ptr() as u64], sems: 0 };
+            let variant = HopperVariant::TmaStore;
+            let mut g = bf16_gemm([m, n, k], false, GemmImpl::Hopper { tile, ctas: 2, variant });
+            g.dtypes[2] = output;
+            let args = crate::launch::hopper_args(&memory, &g, (tile, variant)).unwrap();
+            assert_ne!(args.flags & 256, 0, "C's map is encoded");
+            let cfg = LaunchConfig {
+                grid_dim: (2, 1, 1),
+                block_dim: (384, 1, 1),
+                shared_mem_bytes: tile.shared_bytes(variant),
+            };
+            let kernel = crate::launch::hopper_kernel(tile, variant, cmm_core::DType::Bf16);
+            let params = vec![Param::Hopper(Box::new(args))];
+            let launched = kernels.launch_ordered(&Launch { kernel, cfg, params, what: "a test gemm" }, order);
+            let want = |i: usize, j: usize| {
+                let sum = (0..k).map(|p| decode(a[i * k + p]) * decode(b[p * n + j])).sum::<f32>();
+                output.decode(output.encode(sum))
+            };
+            let got = |i: usize, j: usize| match output {
+                cmm_core::DType::F32 => f32::from_bits(c[i * n + j]),
+                _ => output.decode((c[(i * n + j) / 2] >> (16 * ((i * n + j) % 2))) & 0xffff),
+            };
+            launched.map(|()| {
+                (0..m).all(|i| (0..n).all(|j| got(i, j) == want(i, j))) && c[words..].iter().all(|&w| w == 0x7fc0_0000)
+            })
+        };
+        for tile in HopperTile::ALL {
+            for output in [cmm_core::DType::F32, cmm_core::DType::Bf16] {
+                for order in ORDERS {
+                    assert!(run(kernels(), tile, output, order).unwrap(), "{tile:?}, {output}, {order:?}");
+                }
+            }
+        }
+        let variant = hopper_variant;
+        let swizzle = "((in_box * size) ^ ((row & 7u) << 4))";
+        let unswizzled = variant(swizzle, "(in_box * size)");
+        let broken = load_variant(&unswizzled, "cmm-host-hopper-store-wrong").unwrap_or_else(|e| panic!("{e}"));
+        let wrong = run(&broken, HopperTile::Narrow, cmm_core::DType::F32, FiberOrder::FirstToLast).unwrap();
+        assert!(!wrong, "a staging written unswizzled went unnoticed");
+        let unfenced = variant(
+            "        // Written through the generic proxy, read by TMA through the async one.\n        cmm_fence_proxy_async_shared();\n",
+            "",
+        );
+        let unwaited = variant("        if (issuer) cmm_bulk_wait_read();\n", "");
+        let past_the_tile =
+            variant("min(CMM_HOPPER_STAGING_BYTES / (64u * size), S::BN)", "CMM_HOPPER_STAGING_BYTES / (64u * size)");
+        for (source, output, hazard) in [
+            (unfenced, cmm_core::DType::F32, "with no fence.proxy.async.shared::cta by its writer"),
+            (unwaited, cmm_core::DType::F32, "before its issuing thread's cp.async.bulk.wait_group.read"),
+            (past_the_tile, cmm_core::DType::Bf16, "(stale staging)"),
+        ] {
+            let broken = load_variant(&source, "cmm-host-hopper-store-hazard").unwrap_or_else(|e| panic!("{e}"));
+            let e = run(&broken, HopperTile::Narrow, output, FiberOrder::FirstToLast).unwrap_err().to_string();
+            assert!(e.contains(hazard) && e.contains("cmm_hopper_gemm_bf16_n128_ts"), "{e}");
         }
     }
 

@@ -80,7 +80,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 37] = [
+    pub const ALL: [Kernel; 41] = [
         Kernel::Generate,
         Kernel::Fill,
         Kernel::GemmMmaF16,
@@ -107,6 +107,10 @@ impl Kernel {
         Kernel::Hopper { tile: HopperTile::Narrow, bf16: true, variant: HopperVariant::Pair },
         Kernel::Hopper { tile: HopperTile::Narrow, bf16: false, variant: HopperVariant::PingPong },
         Kernel::Hopper { tile: HopperTile::Narrow, bf16: true, variant: HopperVariant::PingPong },
+        Kernel::Hopper { tile: HopperTile::Wide, bf16: false, variant: HopperVariant::TmaStore },
+        Kernel::Hopper { tile: HopperTile::Wide, bf16: true, variant: HopperVariant::TmaStore },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: false, variant: HopperVariant::TmaStore },
+        Kernel::Hopper { tile: HopperTile::Narrow, bf16: true, variant: HopperVariant::TmaStore },
         Kernel::Copy2d,
         Kernel::Reduce,
         Kernel::Pointwise,
@@ -155,6 +159,10 @@ impl Kernel {
                 (HopperTile::Narrow, HopperVariant::Pair, true) => "cmm_hopper_gemm_bf16_n128_c2",
                 (HopperTile::Narrow, HopperVariant::PingPong, false) => "cmm_hopper_gemm_f16_n128_pp",
                 (HopperTile::Narrow, HopperVariant::PingPong, true) => "cmm_hopper_gemm_bf16_n128_pp",
+                (HopperTile::Wide, HopperVariant::TmaStore, false) => "cmm_hopper_gemm_f16_n256_ts",
+                (HopperTile::Wide, HopperVariant::TmaStore, true) => "cmm_hopper_gemm_bf16_n256_ts",
+                (HopperTile::Narrow, HopperVariant::TmaStore, false) => "cmm_hopper_gemm_f16_n128_ts",
+                (HopperTile::Narrow, HopperVariant::TmaStore, true) => "cmm_hopper_gemm_bf16_n128_ts",
                 // Never made (`hopper_kernel` gives the wide tile's ping-pong and either
                 // tile's reader fence the engine's kernel): its name.
                 (HopperTile::Wide, HopperVariant::PingPong | HopperVariant::ReaderFence, false) => {
@@ -485,7 +493,7 @@ pub(crate) fn gemm_submission(at: &impl Addressing, g: &GemmCommand) -> Result<S
     let (kernel, threads) = match g.imp {
         GemmImpl::Cublas => return Ok(Submission::Cublas { args, dtypes: g.dtypes }),
         GemmImpl::Hopper { tile, ctas, variant: HopperVariant::Pair } => {
-            let hopper = hopper_args(at, g, tile)?;
+            let hopper = hopper_args(at, g, (tile, HopperVariant::Pair))?;
             if hopper.flags & HOPPER_B_N_MAJOR == 0 {
                 return Err(CudaError::Unsupported {
                     plan: String::new(),
@@ -516,7 +524,7 @@ pub(crate) fn gemm_submission(at: &impl Addressing, g: &GemmCommand) -> Result<S
             return Ok(hopper_launch((tile, HopperVariant::Pair), g.dtypes[0], grid, hopper, "a hopper gemm"));
         }
         GemmImpl::Hopper { tile, ctas, variant } => {
-            let hopper = hopper_args(at, g, tile)?;
+            let hopper = hopper_args(at, g, (tile, variant))?;
             return Ok(hopper_launch((tile, variant), g.dtypes[0], ctas.min(hopper.tiles), hopper, "a hopper gemm"));
         }
         GemmImpl::MmaF16 => (Kernel::GemmMmaF16, 128),
@@ -569,6 +577,7 @@ const HOPPER_GROUPED: u32 = 16;
 const HOPPER_GATHER: u32 = 32;
 const HOPPER_ZERO_UNROUTED: u32 = 64;
 const HOPPER_READER_FENCE: u32 = 128;
+const HOPPER_STORE_TMA: u32 = 256;
 
 /// The bits of a wgmma shared-memory descriptor besides the start address: the leading
 /// and stride byte offsets (in 16-byte units) and the 128-byte swizzle (1 in bits 62–63).
@@ -613,8 +622,40 @@ fn hopper_a_map(
     })
 }
 
-/// The Hopper engine's arguments for a GEMM command run alone (one block).
-pub(crate) fn hopper_args(at: &impl Addressing, g: &GemmCommand, tile: HopperTile) -> Result<HopperArgs, CudaError> {
+/// C's tensor map for the TMA-store kernels' epilogue (boxes of 128 bytes × 64 rows: one
+/// consumer warpgroup's rows) and its flag, where `variant` is theirs, C is not added onto
+/// and TMA's rules allow C (16-byte aligned base and row pitch); else none, and the kernel
+/// stores from registers.
+fn c_store_map(
+    at: &impl Addressing,
+    variant: HopperVariant,
+    accumulate: bool,
+    (c, stride, dtype): (&Loc, u64, DType),
+    [rows, n]: [u32; 2],
+) -> Result<(TensorMap, u32), CudaError> {
+    let size = dtype.size_bytes() as u64;
+    let base = at.addr(c);
+    if variant != HopperVariant::TmaStore || accumulate || base % 16 != 0 || (stride * size) % 16 != 0 || rows == 0 {
+        return Ok((TensorMap::default(), 0));
+    }
+    let map = at.tensor_map(&TensorMapSpec {
+        base,
+        dtype,
+        dims: [u64::from(n), u64::from(rows)],
+        stride: stride * size,
+        boxed: [128 / size as u32, 64],
+        layers: None,
+    })?;
+    Ok((map, HOPPER_STORE_TMA))
+}
+
+/// The Hopper engine's arguments for a GEMM command run alone (one block), on `variant`'s
+/// kernels.
+pub(crate) fn hopper_args(
+    at: &impl Addressing,
+    g: &GemmCommand,
+    (tile, variant): (HopperTile, HopperVariant),
+) -> Result<HopperArgs, CudaError> {
     let [m, n, k] = g.mnk;
     let b_map = if g.trans_b {
         TensorMapSpec {
@@ -642,6 +683,7 @@ pub(crate) fn hopper_args(at: &impl Addressing, g: &GemmCommand, tile: HopperTil
         | if pairs { HOPPER_PAIRS } else { 0 };
     let tiles_n = n.div_ceil(tile.columns() as u32);
     let tiles = m.div_ceil(crate::lower::HOPPER_TILE_M as u32) * tiles_n;
+    let (c_map, store) = c_store_map(at, variant, g.accumulate, (&g.c, g.strides[2], g.dtypes[2]), [m, n])?;
     Ok(HopperArgs {
         b: at.tensor_map(&b_map)?,
         first: HopperBlockArgs {
@@ -657,10 +699,11 @@ pub(crate) fn hopper_args(at: &impl Addressing, g: &GemmCommand, tile: HopperTil
         n,
         k,
         c_dtype: dtype_code(g.dtypes[2]),
-        flags,
+        flags: flags | store,
         count: 1,
         tiles,
         tiles_n,
+        c_map,
         ..HopperArgs::default()
     })
 }
@@ -699,6 +742,7 @@ pub(crate) fn hopper_grouped_args(
         | if zero_unrouted { HOPPER_ZERO_UNROUTED } else { 0 }
         | if variant == HopperVariant::ReaderFence { HOPPER_READER_FENCE } else { 0 };
     let ((perm, perm_stride), gather_base) = gathered.map_or(((0, 0), 0), |(p, base)| ((at.addr(&p.0), p.1), base));
+    let (c_map, store) = c_store_map(at, variant, false, (&c, c_stride, output), [rows, n])?;
     Ok(HopperArgs {
         b: at.tensor_map(&b_map)?,
         first: HopperBlockArgs {
@@ -723,8 +767,9 @@ pub(crate) fn hopper_grouped_args(
         n,
         k,
         c_dtype: dtype_code(output),
-        flags,
+        flags: flags | store,
         count: 1,
+        c_map,
         tiles_n: n.div_ceil(tile.columns() as u32),
         chunks,
         chunk,
@@ -884,7 +929,8 @@ pub(crate) fn fused_launch(
     let (kernel, threads) = fused_kernel(f);
     let grid_dim = (ctas.max(1).min(f.tiles.max(1)), 1, 1);
     if let GemmImpl::Hopper { tile, variant, .. } = f.gemm.imp {
-        let mut args = hopper_args(at, &f.gemm, tile)?;
+        // A fused run stores from registers (its releases count those stores).
+        let mut args = hopper_args(at, &f.gemm, (tile, HopperVariant::Engine))?;
         args.first = hopper_block(at, f, &f.blocks[0])?;
         args.blocks = table;
         args.waits = table + layout.waits;
@@ -1340,6 +1386,7 @@ pub(crate) struct HopperArgs {
     pub(crate) gather_base: u32,
     pub(crate) a_rows: u32,
     pub(crate) pad: [u32; 5],
+    pub(crate) c_map: TensorMap,
 }
 
 /// Mirror of `CmmTensor` in `cuda/kernels/common.cuh`: a strided tensor of any dtype.
@@ -1520,11 +1567,11 @@ mod tests {
 
     #[test]
     fn hopper_mirrors_have_the_kernel_sizes() {
-        // CmmTensorMap 128, CmmHopperBlock 192, CmmHopperArgs 512 (its fields fill it),
+        // CmmTensorMap 128, CmmHopperBlock 192, CmmHopperArgs 640 (its fields, then C's map),
         // as hopper.cu lays them out (and asserts).
         assert_eq!((std::mem::size_of::<TensorMap>(), std::mem::align_of::<TensorMap>()), (128, 64));
         assert_eq!(std::mem::size_of::<HopperBlockArgs>(), 192);
-        assert_eq!(std::mem::size_of::<HopperArgs>(), 512);
+        assert_eq!(std::mem::size_of::<HopperArgs>(), 640);
         assert_eq!(std::mem::offset_of!(HopperArgs, blocks), 320);
         assert_eq!(std::mem::offset_of!(HopperArgs, seg), 392);
         assert_eq!(std::mem::offset_of!(HopperArgs, n), 432);

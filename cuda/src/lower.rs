@@ -44,20 +44,28 @@ pub enum HopperVariant {
     /// that fence, one wgmma group in flight, is what stalls the tensor cores. Other GEMMs
     /// run as on the engine's kernels.
     ReaderFence,
+    /// Each tile's C staged in shared memory and stored by TMA while the warpgroups go on
+    /// to the next tile (`CmmHopperWideStore`, `CmmHopperNarrowStore`): the staging, 64 KiB,
+    /// takes one stage of each tile (3 of 128×256, 5 of 128×128). For plain and grouped
+    /// GEMMs not added onto C, whose C meets TMA's rules, on tiles wholly inside their
+    /// block's rows; the others store from registers as the engine does. Whether an
+    /// epilogue with the tensor cores idle limits the engine where C is large against K.
+    TmaStore,
 }
 
 impl HopperVariant {
     /// Every variant, the engine's first.
-    pub const ALL: [HopperVariant; 5] = [
+    pub const ALL: [HopperVariant; 6] = [
         HopperVariant::Engine,
         HopperVariant::Shallow,
         HopperVariant::Pair,
         HopperVariant::PingPong,
         HopperVariant::ReaderFence,
+        HopperVariant::TmaStore,
     ];
 
     /// Its name in options (`conformance --hopper-variant`, a rank worker's options
-    /// line): `engine`, `shallow`, `pair`, `pingpong`, `reader-fence`.
+    /// line): `engine`, `shallow`, `pair`, `pingpong`, `reader-fence`, `tma-store`.
     pub fn key(self) -> &'static str {
         match self {
             HopperVariant::Engine => "engine",
@@ -65,6 +73,7 @@ impl HopperVariant {
             HopperVariant::Pair => "pair",
             HopperVariant::PingPong => "pingpong",
             HopperVariant::ReaderFence => "reader-fence",
+            HopperVariant::TmaStore => "tma-store",
         }
     }
 
@@ -105,7 +114,11 @@ impl HopperVariant {
     pub fn cluster(self) -> u32 {
         match self {
             HopperVariant::Pair => 2,
-            HopperVariant::Engine | HopperVariant::Shallow | HopperVariant::PingPong | HopperVariant::ReaderFence => 1,
+            HopperVariant::Engine
+            | HopperVariant::Shallow
+            | HopperVariant::PingPong
+            | HopperVariant::ReaderFence
+            | HopperVariant::TmaStore => 1,
         }
     }
 }
@@ -123,8 +136,9 @@ pub trait HopperKernel {
 impl HopperKernel for HopperTile {
     fn stages(self, variant: HopperVariant) -> u32 {
         match (self, variant.kernels()) {
-            (HopperTile::Wide, HopperVariant::Shallow) => 3,
+            (HopperTile::Wide, HopperVariant::Shallow | HopperVariant::TmaStore) => 3,
             (HopperTile::Narrow, HopperVariant::Shallow) => 4,
+            (HopperTile::Narrow, HopperVariant::TmaStore) => 5,
             // The engine's stages (its kernels, the clusters' and the ping-pong ones;
             // (Wide, PingPong) runs the engine's kernel, [`HopperVariant::on`]).
             (HopperTile::Wide, _) => 4,
@@ -136,7 +150,9 @@ impl HopperKernel for HopperTile {
         let stage = (HOPPER_TILE_M + self.columns()) as u32 * 64 * 2;
         // The ping-pong kernels' two turn barriers.
         let turns = if variant.on(self) == HopperVariant::PingPong { 16 } else { 0 };
-        1024 + self.stages(variant) * stage + 16 * self.stages(variant) + turns
+        // The TMA-store kernels' staging of C: 32 KiB per consumer warpgroup.
+        let staging = if variant == HopperVariant::TmaStore { 2 * 32768 } else { 0 };
+        1024 + self.stages(variant) * stage + staging + 16 * self.stages(variant) + turns
     }
 }
 
@@ -166,9 +182,11 @@ impl HopperTarget {
                 let fit = HopperTile::ALL.iter().position(|&t| t == tile).map_or(0, |i| self.pair_clusters[i]);
                 self.sms.min(fit.saturating_mul(2))
             }
-            HopperVariant::Engine | HopperVariant::Shallow | HopperVariant::PingPong | HopperVariant::ReaderFence => {
-                self.sms.max(1)
-            }
+            HopperVariant::Engine
+            | HopperVariant::Shallow
+            | HopperVariant::PingPong
+            | HopperVariant::ReaderFence
+            | HopperVariant::TmaStore => self.sms.max(1),
         }
     }
 }

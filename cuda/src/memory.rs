@@ -229,10 +229,12 @@ fn encode_tensor_map(spec: &TensorMapSpec) -> Result<TensorMap, CudaError> {
     let dtype = match spec.dtype {
         DType::F16 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::Bf16 => T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        // C's map of the TMA-store kernels.
+        DType::F32 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
         other => {
             return Err(CudaError::Unsupported {
                 plan: String::new(),
-                what: format!("a {other} tensor map (the Hopper engine loads f16 and bf16)"),
+                what: format!("a {other} tensor map (the Hopper engine loads f16 and bf16, and stores f32 too)"),
             })
         }
     };

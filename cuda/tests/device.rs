@@ -304,7 +304,6 @@ fn host_grouped_gemms_on_the_hopper_engine_match_the_cpu_twin() {
 /// slots, chunks, uneven token splits. f32 inputs stay on the scalar kernel, and asking
 /// for the engine on every GEMM then is a typed error naming why.
 fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
-    use cmm_core::engines::HopperTile;
     use cmm_core::{moe::build_moe_plan, MoeOp, MoeProblem, Routing};
     let problems = [
         (MoeOp::MoeRs, 2, 64, 320, 144, Routing::Empty, Algorithm::Baseline, DType::Bf16, DType::F32),
@@ -322,17 +321,8 @@ fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
             MoeOp::AgMoe => &[HopperVariant::Engine, HopperVariant::ReaderFence],
             MoeOp::MoeRs => &[HopperVariant::Engine],
         };
-        for tile in HopperTile::ALL {
-            for &hopper_variant in fences {
-                let options = CudaRunOptions {
-                    gemm: GemmEngine::Hopper,
-                    hopper_tile: Some(tile),
-                    hopper_variant,
-                    ..Default::default()
-                };
-                let out = assert_matches_twin(b, &plan, &options);
-                assert_eq!(out.gemms.hopper, grouped, "{} on {tile:?} tiles, {hopper_variant:?}", plan.name);
-            }
+        for &variant in fences {
+            on_each_hopper_tile(b, &plan, variant, grouped);
         }
     }
     let f32s = MoeProblem::new(MoeOp::AgMoe, 2, 32, 64, 64, 4, 2, Routing::Uniform, DType::F32, DType::F32);
@@ -344,6 +334,55 @@ fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
     }
     let out = assert_matches_twin(b, &plan, &CudaRunOptions::default());
     assert_eq!(out.gemms.hopper, 0, "{}", plan.name);
+}
+
+#[test]
+fn tma_stores_on_the_hopper_engine_match_the_cpu_twin() {
+    on_a_hopper_gpu(tma_stores_on_the_hopper_engine);
+}
+
+#[test]
+fn host_tma_stores_on_the_hopper_engine_match_the_cpu_twin() {
+    tma_stores_on_the_hopper_engine(&host());
+}
+
+/// The engine's TMA-store kernels on both tiles, bit for bit with the CPU twin on the
+/// exact family, where their tiles are whole (the corpus's are mostly partial and leave
+/// from registers): ag_gemm's ring, plain GEMMs of 256 rows with 320 columns (a partial
+/// column of tiles, clipped by TMA), bf16 and f32 C; moe_rs's and ag_moe's grouped GEMMs
+/// with 256 rows per expert (whole tiles of each segment, f32 and bf16 rows, ag_moe's
+/// gathered).
+fn tma_stores_on_the_hopper_engine(b: &impl CudaExecutor) {
+    use cmm_core::{moe::build_moe_plan, MoeOp, MoeProblem, Routing};
+    let mut plans = Vec::new();
+    for output in [DType::Bf16, DType::F32] {
+        let p = Problem::new(OpKind::AgGemm, 2, 512, 640, 128, DType::Bf16, output).unwrap();
+        plans.push(build_plan(&p, Algorithm::Ring).unwrap());
+    }
+    for (op, output) in [(MoeOp::MoeRs, DType::F32), (MoeOp::AgMoe, DType::Bf16)] {
+        let p = MoeProblem::new(op, 2, 512, 128, 256, 2, 1, Routing::Uniform, DType::Bf16, output).unwrap();
+        plans.push(build_moe_plan(&p, Algorithm::Baseline).unwrap());
+    }
+    for plan in &plans {
+        let gemms =
+            plan.ops().filter(|(_, op)| matches!(op, cmm_core::Op::Gemm { .. } | cmm_core::Op::GroupedGemm { .. }));
+        on_each_hopper_tile(b, plan, HopperVariant::TmaStore, gemms.count());
+    }
+}
+
+/// Runs `plan` with every GEMM on the Hopper engine's `variant` of each tile, bit for bit
+/// with the CPU twin, and checks that `gemms` GEMMs ran on the engine.
+fn on_each_hopper_tile(b: &impl CudaExecutor, plan: &cmm_core::Plan, variant: HopperVariant, gemms: usize) {
+    for tile in cmm_core::engines::HopperTile::ALL {
+        let options = CudaRunOptions {
+            gemm: GemmEngine::Hopper,
+            hopper_tile: Some(tile),
+            hopper_variant: variant,
+            ..Default::default()
+        };
+        let out = assert_matches_twin(b, plan, &options);
+        assert_eq!(out.gemms.hopper, gemms, "{} on {tile:?} tiles, {variant:?}", plan.name);
+    }
 }
 
 #[test]

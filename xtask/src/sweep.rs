@@ -5,15 +5,18 @@
 //! past the L2). Then the MoE grouped GEMM on the engine against cuBLAS on a dense GEMM
 //! of the same FLOPs, with the engine's plain GEMM on that dense shape beside them (what
 //! the grouping costs, apart from what the shape costs), and for moe_rs, whose rows are
-//! f32, the dense GEMM again writing bf16 or f16 (what the f32 stores cost). Each tile is
-//! also timed with a shallower pipeline (3 stages of 128×256, 4 of 128×128, against the
-//! engine's 4 and 6):
-//! whether the stages' depth is what the engine lacks; in clusters of two that
-//! multicast B (whether B's traffic from L2 is); and the 128×128 tile with its consumer
-//! warpgroups on alternate tiles (ping-pong: whether an epilogue that idles the tensor
-//! cores is), on the plain and the grouped GEMMs; and ag_moe's gathered rows with their
-//! proxy fence in the consumers, as the engine had it before (whether that fence is what
-//! stalls the tensor cores).
+//! f32, the dense GEMM again writing bf16 or f16 (what the f32 stores cost).
+//!
+//! Each tile is also timed, on the plain and the grouped GEMMs, as variants that each
+//! answer one question of what the engine lacks:
+//! - a shallower pipeline (3 stages of 128×256, 4 of 128×128, against the engine's 4 and
+//!   6): the stages' depth;
+//! - clusters of two that multicast B: B's traffic from L2;
+//! - the 128×128 tile with its consumer warpgroups on alternate tiles (ping-pong), and
+//!   each tile with its epilogue staged in shared memory and stored by TMA while the next
+//!   tile multiplies: an epilogue that idles the tensor cores;
+//! - ag_moe's gathered rows with their proxy fence in the consumers, as the engine had it
+//!   before: whether that fence stalls the tensor cores.
 
 use std::fs;
 use std::path::PathBuf;
@@ -72,8 +75,9 @@ struct MoeShape {
 type Variant = (HopperTile, HopperVariant);
 
 /// The sweep's Hopper-engine variants: each tile as the engine runs it, then shallower,
-/// then in clusters of two, then the 128×128 tile in ping-pong.
-const VARIANTS: [Variant; 7] = [
+/// then in clusters of two, then the 128×128 tile in ping-pong, then each tile with its
+/// epilogue through TMA stores.
+const VARIANTS: [Variant; 9] = [
     (HopperTile::Wide, HopperVariant::Engine),
     (HopperTile::Narrow, HopperVariant::Engine),
     (HopperTile::Wide, HopperVariant::Shallow),
@@ -81,15 +85,20 @@ const VARIANTS: [Variant; 7] = [
     (HopperTile::Wide, HopperVariant::Pair),
     (HopperTile::Narrow, HopperVariant::Pair),
     (HopperTile::Narrow, HopperVariant::PingPong),
+    (HopperTile::Wide, HopperVariant::TmaStore),
+    (HopperTile::Narrow, HopperVariant::TmaStore),
 ];
 
 /// The variants of the grouped GEMMs (and of the engine's plain GEMM on their dense
-/// shapes): each tile as the engine runs it, and the 128×128 tile in ping-pong, whose
-/// epilogue (moe_rs writes f32 rows after 28 steps of K) overlaps the other tile's work.
-const GROUPED_VARIANTS: [Variant; 3] = [
+/// shapes): each tile as the engine runs it, the 128×128 tile in ping-pong, whose
+/// epilogue (moe_rs writes f32 rows after 28 steps of K) overlaps the other tile's work,
+/// and each tile with its epilogue through TMA stores, which overlap the next tile's.
+const GROUPED_VARIANTS: [Variant; 5] = [
     (HopperTile::Wide, HopperVariant::Engine),
     (HopperTile::Narrow, HopperVariant::Engine),
     (HopperTile::Narrow, HopperVariant::PingPong),
+    (HopperTile::Wide, HopperVariant::TmaStore),
+    (HopperTile::Narrow, HopperVariant::TmaStore),
 ];
 
 /// The variants only ag_moe's grouped GEMM (the gathered one) also takes: each tile with
@@ -107,6 +116,7 @@ fn variant_name((tile, variant): Variant) -> String {
         HopperVariant::Pair => format!("hopper {} cluster {}", tile.name(), variant.cluster()),
         HopperVariant::PingPong => format!("hopper {} pingpong", tile.name()),
         HopperVariant::ReaderFence => format!("hopper {} reader fence", tile.name()),
+        HopperVariant::TmaStore => format!("hopper {} tma store", tile.name()),
     }
 }
 
@@ -287,7 +297,7 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
             .time_gemm(&narrow, GemmEngine::Cublas, reps)
             .with_context(|| format!("timing cuBLAS on the dense {}x{}x{} →{input}", spec.m, spec.n, spec.k))?;
         rows.push(row(&shape, input, "cuBLAS dense".into(), Some(cublas), &narrow, cublas, "-".into()));
-        for variant in &GROUPED_VARIANTS[..2] {
+        for variant in GROUPED_VARIANTS.iter().filter(|v| v.1 != HopperVariant::PingPong) {
             let (us, check, _) = checked_time(backend, &narrow, *variant, reps);
             rows.push(row(&shape, input, format!("{} dense", variant_name(*variant)), us, &narrow, cublas, check));
         }

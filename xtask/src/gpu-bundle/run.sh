@@ -307,6 +307,11 @@ step conformance-hopper-pair 90 "$x" conformance --backend cuda --sync kernels -
 # rows; plain, fused and grouped), which plans never take: right on every shape.
 step conformance-hopper-pingpong 90 "$x" conformance --backend cuda --sync kernels --hopper --hopper-tile narrow \
     --hopper-variant pingpong --case-timeout 30 --stamps "$scratch/hopper-pingpong-stamps"
+# Every GEMM the engine takes on its TMA-store kernels (the sweep's `tma store` rows),
+# which plans never take: right on every shape (the corpus's tiles are mostly partial and
+# leave from registers; the device tests' TMA-store case has whole ones).
+step conformance-hopper-tma-store 90 "$x" conformance --backend cuda --sync kernels --hopper \
+    --hopper-variant tma-store --case-timeout 30 --stamps "$scratch/hopper-tma-store-stamps"
 # The host-twin tests (host_*) need a C++ compiler, not a GPU: they run in CI.
 step device-tests 150 "$here/bin/cuda-device-tests" --test-threads=1 --skip host_
 step conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
@@ -388,7 +393,7 @@ ncu_hopper() {
         return 0
     fi
     echo "ncu: $ncu"
-    "$ncu" --clock-control none -k regex:cmm_hopper --launch-count 24 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    "$ncu" --clock-control none -k regex:cmm_hopper --launch-count 32 --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section Occupancy --section WarpStateStats "$x" gemm-sweep --profile
 }
 export -f ncu_hopper
