@@ -39,8 +39,11 @@
 //   The staging they read is written with st.shared (the generic proxy). Errors: a store
 //   that reads a chunk whose writer made no fence.proxy.async.shared::cta since, or one no
 //   thread wrote since the last store from it (stale staging: a store past what the tile
-//   wrote); and a write to a chunk a store has been issued from, until its issuing
-//   thread's cp.async.bulk.wait_group(.read) (the GPU may still be reading it).
+//   wrote); a write to a chunk a store has been issued from, until its issuing thread's
+//   cp.async.bulk.wait_group(.read) (the GPU may still be reading it); and a fused run's
+//   release fence (fence.acq_rel.sys) while a TMA store of the CTA has not been waited for
+//   to completion (cp.async.bulk.wait_group, not .read), naming the kernel's line: the
+//   release would announce rows that may not have landed.
 // - wgmma (m64nNk16, f32 accumulate): each thread computes its own accumulators, laid out
 //   as the PTX ISA specifies (row 16·warp + lane/4 + 8·((i/2)%2), column 8·(i/4) +
 //   2·(lane%4) + i%2), from shared memory as the descriptors say: start address, leading
@@ -113,6 +116,9 @@ struct HopperBlock {
     };
     std::vector<Staged> staged;
     std::vector<std::vector<u32>> staged_writes, store_reads;
+    // TMA stores issued and not yet waited for to completion: the CTA's, and per thread.
+    u32 stores_incomplete = 0;
+    std::vector<u32> thread_stores_incomplete;
     static constexpr u32 UNTRACKED = 0xffffffffu;
 
     // A wgmma's B operand, decoded once for the 128 threads that read all of it (each
@@ -167,6 +173,8 @@ inline HopperBlock& hopper_block_at(u32 cta) {
         hb.staged.assign(HOPPER_SMEM_BYTES / 16u, HopperBlock::Staged{});
         hb.staged_writes.assign(threads, {});
         hb.store_reads.assign(threads, {});
+        hb.stores_incomplete = 0;
+        hb.thread_stores_incomplete.assign(threads, 0u);
         for (auto& d : hb.decoded_b) d.valid = false;
     }
     return hb;
@@ -472,13 +480,17 @@ inline void stage(u32 addr, const void* bits, u32 bytes) {
     running_block->progress += 1;
 }
 
-// The running thread's TMA stores have read their staging (`read`) or completed: both
-// here, where a store is made at once.
-inline void bulk_wait() {
+// The running thread's TMA stores have read their staging, and with `complete` have
+// completed (here a store is made at once; the order of the waits is what is checked).
+inline void bulk_wait(bool complete) {
     HopperBlock& hb = hopper_block();
     const u32 me = linear_thread();
     for (u32 chunk : hb.store_reads[me]) hb.staged[chunk].reader = 0u;
     hb.store_reads[me].clear();
+    if (complete) {
+        hb.stores_incomplete -= hb.thread_stores_incomplete[me];
+        hb.thread_stores_incomplete[me] = 0u;
+    }
 }
 
 }  // namespace cmm_host
@@ -527,6 +539,8 @@ inline void cmm_tma_store_at(const char* file, int line, const CmmTensorMap* map
         hb.staged[chunk].reader = me + 1u;
         hb.staged[chunk].fresh = 0u;
     }
+    hb.stores_incomplete += 1u;
+    hb.thread_stores_incomplete[me] += 1u;
     for (u32 r = 0; r < box1; ++r) {
         for (u32 c = 0; c < box0; ++c) {
             const u64 gx = (u64)x + c, gy = (u64)y + r;
@@ -540,14 +554,23 @@ inline void cmm_tma_store_at(const char* file, int line, const CmmTensorMap* map
 }
 
 inline void cmm_bulk_commit() {}
-inline void cmm_bulk_wait_read() { cmm_host::bulk_wait(); }
-inline void cmm_bulk_wait() { cmm_host::bulk_wait(); }
+inline void cmm_bulk_wait_read() { cmm_host::bulk_wait(false); }
+inline void cmm_bulk_wait() { cmm_host::bulk_wait(true); }
 
 inline void cmm_fence_proxy_async_global() {
     if (cmm_host::Fiber* me = cmm_host::current_fiber()) me->acquired = false;
 }
 
-inline void cmm_fence_acq_rel_sys() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+#define cmm_fence_acq_rel_sys() cmm_fence_acq_rel_sys_at(__FILE__, __LINE__)
+
+inline void cmm_fence_acq_rel_sys_at(const char* file, int line) {
+    if (cmm_host::hopper_block().stores_incomplete != 0u) {
+        cmm_host::fail(cmm_host::at_line(file, line, "a release fence while TMA stores of the CTA have not completed "
+                                                     "(no cp.async.bulk.wait_group by their issuer before it)"));
+        return;
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 
 inline u32 cmm_load_relaxed(u64 addr) { return __atomic_load_n((const u32*)addr, __ATOMIC_RELAXED); }
 

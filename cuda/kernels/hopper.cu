@@ -82,8 +82,11 @@
 //   (cp.async.bulk.tensor, columns past N clipped) while the warpgroup goes on to its next
 //   tile; the staging is written again only after that thread's
 //   cp.async.bulk.wait_group.read, and the CTA leaves only after its stores completed.
-//   For tiles wholly inside their block's rows, of runs that are not fused and do not add
-//   onto C (`CMM_HOPPER_STORE_TMA`); the others store from registers as above.
+//   For tiles wholly inside their block's rows, of runs that do not add onto C and whose
+//   blocks' C maps the host encoded (`CMM_HOPPER_STORE_TMA`); the others store from
+//   registers as above. In a fused run a block is released only once its stores are
+//   complete: each issuing thread waits for them (cp.async.bulk.wait_group 0) and makes
+//   fence.proxy.async.global before the tile is counted.
 //
 // The host twin (cuda/host/hopper.h) runs the same code with its own mbarriers, TMA
 // copies and wgmma, which check what the GPU leaves undefined.
@@ -106,6 +109,7 @@ struct __align__(64) CmmHopperBlock {
     u32 signals_begin;  // signals [signals_begin, signals_end) release it
     u32 signals_end;
     u32 pad[7];
+    CmmTensorMap c_map;  // TMA_STORE kernels with CMM_HOPPER_STORE_TMA: C (boxes of 128 bytes × 64 rows)
 };
 
 // Mirror: `HopperArgs` in cuda/src/launch.rs.
@@ -143,10 +147,9 @@ struct __align__(64) CmmHopperArgs {
     u32 gather_base;
     u32 a_rows;
     u32 pad[5];
-    CmmTensorMap c_map;    // TMA_STORE kernels: C of every row (boxes of 128 bytes × 64 rows)
 };
 
-static_assert(sizeof(CmmHopperBlock) == 192 && sizeof(CmmHopperArgs) == 640, "the mirrors' sizes");
+static_assert(sizeof(CmmHopperBlock) == 320 && sizeof(CmmHopperArgs) == 640, "the mirrors' sizes");
 
 // One wait or signal of a fused run. Mirror: `FusedSyncArgs`.
 struct CmmHopperSync {
@@ -162,7 +165,7 @@ struct CmmHopperSync {
 #define CMM_HOPPER_GATHER 32u     // grouped, a's rows gathered by token through perm (cp.async)
 #define CMM_HOPPER_ZERO_UNROUTED 64u  // grouped: zero C's rows past the routed ones
 #define CMM_HOPPER_READER_FENCE 128u  // gather: the consumers fence, the copies tracked by noinc arrives
-#define CMM_HOPPER_STORE_TMA 256u     // TMA_STORE kernels: `c_map` is encoded, full tiles leave through it
+#define CMM_HOPPER_STORE_TMA 256u     // TMA_STORE kernels: every block's `c_map` is encoded, whole tiles leave through it
 #define CMM_HOPPER_NONE 0xffffffffu   // a permutation entry of no (token, slot)
 
 #define CMM_HOPPER_BM 128u
@@ -863,14 +866,18 @@ __device__ __forceinline__ void cmm_hopper_store(const CmmHopperArgs& p, u64 row
     if (both) cmm_store_bits(row, j + 1u, p.c_dtype, cmm_encode(v1, p.c_dtype));
 }
 
-// Whether a tile's C leaves through the staging and TMA stores (TMA_STORE kernels): C's
-// map is encoded (the host does so only where C is not added onto and TMA's rules hold),
-// the run is not fused (its releases count stores made from registers), and the tile is
-// wholly inside its block's rows (a grouped run's map spans every segment, so no edge
-// would clip a tile that crosses into the next one).
+// Whether a tile's C leaves through the staging and TMA stores (TMA_STORE kernels): the
+// blocks' C maps are encoded (the host does so only where C is not added onto and TMA's
+// rules hold) and the tile is wholly inside its block's rows (a grouped run's map spans
+// every segment, so no edge would clip a tile that crosses into the next one).
+template <class S>
 __device__ __forceinline__ bool cmm_hopper_staged(const CmmHopperArgs& p, const CmmHopperCursor& at, u32 m0) {
-    return (p.flags & CMM_HOPPER_STORE_TMA) != 0u && (p.flags & CMM_HOPPER_ACCUMULATE) == 0u && p.control == 0ull &&
-           m0 + CMM_HOPPER_BM <= at.rows;
+    if constexpr (!S::TMA_STORE) {
+        return false;
+    } else {
+        return (p.flags & CMM_HOPPER_STORE_TMA) != 0u && (p.flags & CMM_HOPPER_ACCUMULATE) == 0u &&
+               m0 + CMM_HOPPER_BM <= at.rows;
+    }
 }
 
 // A consumer warpgroup's epilogue through its staging (TMA_STORE kernels): its 64 rows
@@ -882,8 +889,8 @@ __device__ __forceinline__ bool cmm_hopper_staged(const CmmHopperArgs& p, const 
 // again only once they have read it. Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h,
 // column 8j + 2·(lane%4) + e.
 template <class S>
-__device__ __forceinline__ void cmm_hopper_store_staged(const CmmHopperArgs& p, u32 smem, const float* acc, u32 wg,
-                                                        u32 row0, u32 n0) {
+__device__ __forceinline__ void cmm_hopper_store_staged(const CmmHopperArgs& p, const CmmTensorMap* c_map, u32 smem,
+                                                        const float* acc, u32 wg, u32 row0, u32 n0) {
     const u32 lane = threadIdx.x % 32u, warp = (threadIdx.x % 128u) / 32u;
     const bool issuer = threadIdx.x % 128u == 0u;
     const u32 staging = smem + S::STAGING + wg * CMM_HOPPER_STAGING_BYTES;
@@ -917,7 +924,7 @@ __device__ __forceinline__ void cmm_hopper_store_staged(const CmmHopperArgs& p, 
         if (issuer) {
             for (u32 b = 0u; b < pass_cols / box_cols; ++b) {
                 const u32 x = n0 + c0 + b * box_cols;
-                if (x < p.n) cmm_tma_store_2d(&p.c_map, staging + b * 64u * 128u, x, row0);
+                if (x < p.n) cmm_tma_store_2d(c_map, staging + b * 64u * 128u, x, row0);
             }
             cmm_bulk_commit();
         }
@@ -1017,30 +1024,36 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
         #pragma unroll
         for (u32 i = 0u; i < S::HALVES * ACC; ++i) cmm_pin(acc[i]);
         if (leader && steps > 0u) give_back(bars + 8u * (S::STAGES + previous));
-        if constexpr (S::TMA_STORE) {
-            if (cmm_hopper_staged(p, at, m0)) {
-                cmm_hopper_store_staged<S>(p, smem, acc, wg, at.row0 + m0 + 64u * wg, n0);
-                continue;
-            }
-        }
-        // Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h, column 8j + 2·(lane%4) + e.
         const u32 block = at.block;
         const CmmHopperBlock& blk = table[cmm_hopper_entry(p, at)];
-        const u32 rows_end = at.row0 + at.rows, c0 = n0 + 2u * (lane % 4u);
-        const u64 row_bytes = blk.c_stride * (p.c_dtype == 0u ? 4ull : 2ull);
-        #pragma unroll
-        for (u32 half = 0u; half < S::HALVES; ++half) {
-            const u32 r0 = at.row0 + m0 + 64u * (S::PINGPONG ? half : wg) + 16u * warp + lane / 4u;
-            const float* d = acc + half * ACC;
+        const bool staged = cmm_hopper_staged<S>(p, at, m0);
+        if (staged) {
+            cmm_hopper_store_staged<S>(p, &blk.c_map, smem, acc, wg, at.row0 + m0 + 64u * wg, n0);
+            // A fused run releases what it has stored: the stores must have completed, and
+            // their writes (the async proxy's) be ordered before the generic release.
+            if (p.control != 0ull && threadIdx.x % 128u == 0u) {
+                cmm_bulk_wait();
+                cmm_fence_proxy_async_global();
+            }
+        }
+        if (!staged) {
+            // Accumulator 4j + 2h + e: row 16·warp + lane/4 + 8h, column 8j + 2·(lane%4) + e.
+            const u32 rows_end = at.row0 + at.rows, c0 = n0 + 2u * (lane % 4u);
+            const u64 row_bytes = blk.c_stride * (p.c_dtype == 0u ? 4ull : 2ull);
             #pragma unroll
-            for (u32 h = 0u; h < 2u; ++h) {
-                const u32 i = r0 + 8u * h;
-                u64 row = blk.c + (u64)i * row_bytes;
-                cmm_address_here(row);
-                if (i < rows_end) {
-                    #pragma unroll
-                    for (u32 j = 0u; j < S::BN / 8u; ++j) {
-                        cmm_hopper_store(p, row, c0 + 8u * j, d[4u * j + 2u * h], d[4u * j + 2u * h + 1u]);
+            for (u32 half = 0u; half < S::HALVES; ++half) {
+                const u32 r0 = at.row0 + m0 + 64u * (S::PINGPONG ? half : wg) + 16u * warp + lane / 4u;
+                const float* d = acc + half * ACC;
+                #pragma unroll
+                for (u32 h = 0u; h < 2u; ++h) {
+                    const u32 i = r0 + 8u * h;
+                    u64 row = blk.c + (u64)i * row_bytes;
+                    cmm_address_here(row);
+                    if (i < rows_end) {
+                        #pragma unroll
+                        for (u32 j = 0u; j < S::BN / 8u; ++j) {
+                            cmm_hopper_store(p, row, c0 + 8u * j, d[4u * j + 2u * h], d[4u * j + 2u * h + 1u]);
+                        }
                     }
                 }
             }
@@ -1049,8 +1062,9 @@ __device__ void cmm_hopper_consume(const CmmHopperArgs& p, const CmmHopperBlock*
             // Every consumer's stores of the tile are done: one thread counts the tile,
             // and the thread that counts a block's last tile releases the block once the
             // blocks before it are released (its release covers the stores of the tile's
-            // warpgroups: the barrier, then a system-scope fence and release). PINGPONG:
-            // the tile is this warpgroup's alone, and so is its barrier.
+            // warpgroups: the barrier, then a system-scope fence and release; TMA stores
+            // completed before the barrier, by their issuers' wait). PINGPONG: the tile is
+            // this warpgroup's alone, and so is its barrier.
             if constexpr (S::PINGPONG) {
                 cmm_bar_sync(1u + wg, 128u);
             } else {

@@ -1260,31 +1260,41 @@ mod tests {
     /// tiles (the partial row of tiles leaves from registers) and N past a whole tile (the
     /// TMA stores clip the columns past N), two CTAs taking several tiles each (the staging
     /// reused), every fiber order: C comes out right, bit for bit, and no element past C
-    /// is written. Planted bugs: a staging written with another swizzle comes out wrong;
-    /// no writer fence before the stores, a staging written again with no wait for the
-    /// stores before, and stores of boxes past the tile's columns (stale staging, which
-    /// the next tile's stores may or may not overwrite: the order decides) are errors
-    /// naming the kernel.
+    /// is written, as a plain GEMM and as a fused run of one block (gated by a satisfied
+    /// wait, its tiles counted and the block released). Planted bugs: a staging written
+    /// with another swizzle comes out wrong; no writer fence before the stores, a staging
+    /// written again with no wait for the stores before, stores of boxes past the tile's
+    /// columns (stale staging, which the next tile's stores may or may not overwrite: the
+    /// order decides), and a fused run's release with its stores not waited for to
+    /// completion are errors naming the kernel.
     #[test]
     fn the_hopper_twin_finds_tma_stores_from_unfenced_or_reused_staging() {
         use crate::lower::{GemmImpl, HopperKernel, HopperTile, HopperVariant};
         const GUARD: usize = 64;
         let k = 448usize;
         let decode = |h: u16| cmm_core::DType::Bf16.decode(h as u32);
-        let run = |kernels: &HostKernels, tile: HopperTile, output: cmm_core::DType, order: FiberOrder| {
+        // `fused`: a fused run of one block, gated by a satisfied wait, whose release
+        // must follow the completion of the block's stores.
+        let run = |kernels: &HostKernels, tile: HopperTile, output: cmm_core::DType, fused: bool, order: FiberOrder| {
             let (m, n) = (300usize, tile.columns() + 40);
             let a = halves(m * k, 1);
             let b = halves(k * n, 3);
             // C and a guard after it, in 32-bit words (bf16 C: two elements a word).
             let words = if output == cmm_core::DType::F32 { m * n } else { (m * n).div_ceil(2) };
             let mut c = vec![0x7fc0_0000u32; words + GUARD];
-            let memory =
-                TestMemory { bases: vec![a.as_ptr() as u64, b.as_ptr() as u64, c.as_mut_ptr() as u64], sems: 0 };
+            let mut wait = OneSatisfiedWait::new();
+            let memory = TestMemory {
+                bases: vec![a.as_ptr() as u64, b.as_ptr() as u64, c.as_mut_ptr() as u64],
+                sems: wait.sems(),
+            };
             let variant = HopperVariant::TmaStore;
             let mut g = bf16_gemm([m, n, k], false, GemmImpl::Hopper { tile, ctas: 2, variant });
             g.dtypes[2] = output;
-            let args = crate::launch::hopper_args(&memory, &g, (tile, variant)).unwrap();
+            let mut args = crate::launch::hopper_args(&memory, &g, (tile, variant)).unwrap();
             assert_ne!(args.flags & 256, 0, "C's map is encoded");
+            if fused {
+                wait.gate(&mut args);
+            }
             let cfg = LaunchConfig {
                 grid_dim: (2, 1, 1),
                 block_dim: (384, 1, 1),
@@ -1307,8 +1317,11 @@ mod tests {
         };
         for tile in HopperTile::ALL {
             for output in [cmm_core::DType::F32, cmm_core::DType::Bf16] {
-                for order in ORDERS {
-                    assert!(run(kernels(), tile, output, order).unwrap(), "{tile:?}, {output}, {order:?}");
+                for fused in [false, true] {
+                    for order in ORDERS {
+                        let right = run(kernels(), tile, output, fused, order).unwrap();
+                        assert!(right, "{tile:?}, {output}, fused: {fused}, {order:?}");
+                    }
                 }
             }
         }
@@ -1316,7 +1329,7 @@ mod tests {
         let swizzle = "((in_box * size) ^ ((row & 7u) << 4))";
         let unswizzled = variant(swizzle, "(in_box * size)");
         let broken = load_variant(&unswizzled, "cmm-host-hopper-store-wrong").unwrap_or_else(|e| panic!("{e}"));
-        let wrong = run(&broken, HopperTile::Narrow, cmm_core::DType::F32, FiberOrder::FirstToLast).unwrap();
+        let wrong = run(&broken, HopperTile::Narrow, cmm_core::DType::F32, false, FiberOrder::FirstToLast).unwrap();
         assert!(!wrong, "a staging written unswizzled went unnoticed");
         let unfenced = variant(
             "        // Written through the generic proxy, read by TMA through the async one.\n        cmm_fence_proxy_async_shared();\n",
@@ -1325,13 +1338,24 @@ mod tests {
         let unwaited = variant("        if (issuer) cmm_bulk_wait_read();\n", "");
         let past_the_tile =
             variant("min(CMM_HOPPER_STAGING_BYTES / (64u * size), S::BN)", "CMM_HOPPER_STAGING_BYTES / (64u * size)");
-        for (source, output, hazard) in [
-            (unfenced, cmm_core::DType::F32, "with no fence.proxy.async.shared::cta by its writer"),
-            (unwaited, cmm_core::DType::F32, "before its issuing thread's cp.async.bulk.wait_group.read"),
-            (past_the_tile, cmm_core::DType::Bf16, "(stale staging)"),
+        // A fused run's release before its block's stores have completed.
+        let released_early = variant(
+            "                cmm_bulk_wait();\n                cmm_fence_proxy_async_global();\n",
+            "                cmm_fence_proxy_async_global();\n",
+        );
+        for (source, output, fused, hazard) in [
+            (unfenced, cmm_core::DType::F32, false, "with no fence.proxy.async.shared::cta by its writer"),
+            (unwaited, cmm_core::DType::F32, false, "before its issuing thread's cp.async.bulk.wait_group.read"),
+            (past_the_tile, cmm_core::DType::Bf16, false, "(stale staging)"),
+            (
+                released_early,
+                cmm_core::DType::F32,
+                true,
+                "a release fence while TMA stores of the CTA have not completed",
+            ),
         ] {
             let broken = load_variant(&source, "cmm-host-hopper-store-hazard").unwrap_or_else(|e| panic!("{e}"));
-            let e = run(&broken, HopperTile::Narrow, output, FiberOrder::FirstToLast).unwrap_err().to_string();
+            let e = run(&broken, HopperTile::Narrow, output, fused, FiberOrder::FirstToLast).unwrap_err().to_string();
             assert!(e.contains(hazard) && e.contains("cmm_hopper_gemm_bf16_n128_ts"), "{e}");
         }
     }

@@ -691,6 +691,7 @@ pub(crate) fn hopper_args(
             c: at.addr(&g.c),
             c_stride: g.strides[2],
             rows: m,
+            c_map,
             ..HopperBlockArgs::default()
         },
         timeout_ns: HOPPER_PLAIN_TIMEOUT_NS,
@@ -703,7 +704,6 @@ pub(crate) fn hopper_args(
         count: 1,
         tiles,
         tiles_n,
-        c_map,
         ..HopperArgs::default()
     })
 }
@@ -754,6 +754,7 @@ pub(crate) fn hopper_grouped_args(
             c: at.addr(&c),
             c_stride,
             rows,
+            c_map,
             ..HopperBlockArgs::default()
         },
         timeout_ns: HOPPER_PLAIN_TIMEOUT_NS,
@@ -769,7 +770,6 @@ pub(crate) fn hopper_grouped_args(
         c_dtype: dtype_code(output),
         flags: flags | store,
         count: 1,
-        c_map,
         tiles_n: n.div_ceil(tile.columns() as u32),
         chunks,
         chunk,
@@ -854,7 +854,7 @@ pub(crate) fn fused_table(at: &impl Addressing, f: &FusedGemmCommand) -> Result<
     let hopper = matches!(f.gemm.imp, GemmImpl::Hopper { .. });
     for b in &f.blocks {
         if hopper {
-            let block = hopper_block(at, f, b)?;
+            let (block, _) = hopper_block(at, f, b)?;
             bytes.extend_from_slice(bytemuck_bytes(&block));
             continue;
         }
@@ -875,9 +875,20 @@ pub(crate) fn fused_table(at: &impl Addressing, f: &FusedGemmCommand) -> Result<
     Ok(bytes)
 }
 
-/// One block of a fused run on the Hopper engine, its A's tensor map encoded.
-fn hopper_block(at: &impl Addressing, f: &FusedGemmCommand, b: &FusedBlock) -> Result<HopperBlockArgs, CudaError> {
-    Ok(HopperBlockArgs {
+/// One block of a fused run on the Hopper engine, its A's tensor map encoded, and its C's
+/// on the TMA-store kernels where C allows ([`c_store_map`]), with the flag that says so.
+fn hopper_block(
+    at: &impl Addressing,
+    f: &FusedGemmCommand,
+    b: &FusedBlock,
+) -> Result<(HopperBlockArgs, u32), CudaError> {
+    let variant = match f.gemm.imp {
+        GemmImpl::Hopper { variant, .. } => variant,
+        _ => HopperVariant::Engine,
+    };
+    let c = (&b.c.0, b.c.1, f.gemm.dtypes[2]);
+    let (c_map, store) = c_store_map(at, variant, f.gemm.accumulate, c, [b.rows, f.gemm.mnk[1]])?;
+    let block = HopperBlockArgs {
         a: hopper_a_map(at, &b.a.0, b.a.1, [b.rows, f.gemm.mnk[2]], f.gemm.dtypes[0])?,
         c: at.addr(&b.c.0),
         c_stride: b.c.1,
@@ -887,13 +898,15 @@ fn hopper_block(at: &impl Addressing, f: &FusedGemmCommand, b: &FusedBlock) -> R
         signals_begin: b.signals.0,
         signals_end: b.signals.1,
         pad: [0; 7],
-    })
+        c_map,
+    };
+    Ok((block, store))
 }
 
 /// The bytes of a `#[repr(C)]` mirror without padding holes.
 fn bytemuck_bytes(block: &HopperBlockArgs) -> &[u8] {
     // SAFETY: `HopperBlockArgs` is `#[repr(C, align(64))]` with fields that fill its
-    // 192 bytes exactly (checked by `hopper_mirrors_have_the_kernel_sizes`), so every byte
+    // 320 bytes exactly (checked by `hopper_mirrors_have_the_kernel_sizes`), so every byte
     // is initialised; the slice borrows `block` for its lifetime.
     #[allow(unsafe_code)]
     unsafe {
@@ -929,9 +942,15 @@ pub(crate) fn fused_launch(
     let (kernel, threads) = fused_kernel(f);
     let grid_dim = (ctas.max(1).min(f.tiles.max(1)), 1, 1);
     if let GemmImpl::Hopper { tile, variant, .. } = f.gemm.imp {
-        // A fused run stores from registers (its releases count those stores).
+        // The blocks' C maps, not the run's (whose C is only the first block's start).
         let mut args = hopper_args(at, &f.gemm, (tile, HopperVariant::Engine))?;
-        args.first = hopper_block(at, f, &f.blocks[0])?;
+        // TMA stores where every block's C allows them (the table's blocks hold the maps).
+        let mut stores = HOPPER_STORE_TMA;
+        for b in &f.blocks {
+            stores &= hopper_block(at, f, b)?.1;
+        }
+        args.flags |= stores;
+        args.first = hopper_block(at, f, &f.blocks[0])?.0;
         args.blocks = table;
         args.waits = table + layout.waits;
         args.signals = table + layout.signals;
@@ -1347,6 +1366,7 @@ pub(crate) struct HopperBlockArgs {
     pub(crate) signals_begin: u32,
     pub(crate) signals_end: u32,
     pub(crate) pad: [u32; 7],
+    pub(crate) c_map: TensorMap,
 }
 
 /// Mirror of `CmmHopperArgs` in `cuda/kernels/hopper.cu`, passed as a
@@ -1386,7 +1406,6 @@ pub(crate) struct HopperArgs {
     pub(crate) gather_base: u32,
     pub(crate) a_rows: u32,
     pub(crate) pad: [u32; 5],
-    pub(crate) c_map: TensorMap,
 }
 
 /// Mirror of `CmmTensor` in `cuda/kernels/common.cuh`: a strided tensor of any dtype.
@@ -1567,10 +1586,10 @@ mod tests {
 
     #[test]
     fn hopper_mirrors_have_the_kernel_sizes() {
-        // CmmTensorMap 128, CmmHopperBlock 192, CmmHopperArgs 640 (its fields, then C's map),
+        // CmmTensorMap 128, CmmHopperBlock 320 (its fields, then C's map), CmmHopperArgs 640,
         // as hopper.cu lays them out (and asserts).
         assert_eq!((std::mem::size_of::<TensorMap>(), std::mem::align_of::<TensorMap>()), (128, 64));
-        assert_eq!(std::mem::size_of::<HopperBlockArgs>(), 192);
+        assert_eq!(std::mem::size_of::<HopperBlockArgs>(), 320);
         assert_eq!(std::mem::size_of::<HopperArgs>(), 640);
         assert_eq!(std::mem::offset_of!(HopperArgs, blocks), 320);
         assert_eq!(std::mem::offset_of!(HopperArgs, seg), 392);

@@ -46,10 +46,11 @@ pub enum HopperVariant {
     ReaderFence,
     /// Each tile's C staged in shared memory and stored by TMA while the warpgroups go on
     /// to the next tile (`CmmHopperWideStore`, `CmmHopperNarrowStore`): the staging, 64 KiB,
-    /// takes one stage of each tile (3 of 128×256, 5 of 128×128). For plain and grouped
-    /// GEMMs not added onto C, whose C meets TMA's rules, on tiles wholly inside their
-    /// block's rows; the others store from registers as the engine does. Whether an
-    /// epilogue with the tensor cores idle limits the engine where C is large against K.
+    /// takes one stage of each tile (3 of 128×256, 5 of 128×128). For GEMMs not added onto
+    /// C, whose C meets TMA's rules, on tiles wholly inside their block's rows (a fused
+    /// block released once its stores have completed); the others store from registers as
+    /// the engine does. Whether an epilogue with the tensor cores idle limits the engine
+    /// where C is large against K.
     TmaStore,
 }
 

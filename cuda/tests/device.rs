@@ -349,7 +349,8 @@ fn host_tma_stores_on_the_hopper_engine_match_the_cpu_twin() {
 /// The engine's TMA-store kernels on both tiles, bit for bit with the CPU twin on the
 /// exact family, where their tiles are whole (the corpus's are mostly partial and leave
 /// from registers): ag_gemm's ring, plain GEMMs of 256 rows with 320 columns (a partial
-/// column of tiles, clipped by TMA), bf16 and f32 C; moe_rs's and ag_moe's grouped GEMMs
+/// column of tiles, clipped by TMA), bf16 and f32 C; the fused plans of ag_gemm and
+/// gemm_rs (f32 partials), each block released once its stores have completed; moe_rs's and ag_moe's grouped GEMMs
 /// with 256 rows per expert (whole tiles of each segment, f32 and bf16 rows, ag_moe's
 /// gathered).
 fn tma_stores_on_the_hopper_engine(b: &impl CudaExecutor) {
@@ -359,14 +360,22 @@ fn tma_stores_on_the_hopper_engine(b: &impl CudaExecutor) {
         let p = Problem::new(OpKind::AgGemm, 2, 512, 640, 128, DType::Bf16, output).unwrap();
         plans.push(build_plan(&p, Algorithm::Ring).unwrap());
     }
+    // Fused runs, whose blocks are released only once their stores have completed.
+    for op in [OpKind::AgGemm, OpKind::GemmRs] {
+        let p = Problem::new(op, 2, 512, 640, 256, DType::Bf16, DType::F32).unwrap();
+        plans.push(build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap());
+    }
     for (op, output) in [(MoeOp::MoeRs, DType::F32), (MoeOp::AgMoe, DType::Bf16)] {
         let p = MoeProblem::new(op, 2, 512, 128, 256, 2, 1, Routing::Uniform, DType::Bf16, output).unwrap();
         plans.push(build_moe_plan(&p, Algorithm::Baseline).unwrap());
     }
     for plan in &plans {
-        let gemms =
-            plan.ops().filter(|(_, op)| matches!(op, cmm_core::Op::Gemm { .. } | cmm_core::Op::GroupedGemm { .. }));
-        on_each_hopper_tile(b, plan, HopperVariant::TmaStore, gemms.count());
+        // A fused run is one kernel, each other GEMM one.
+        let alone = plan
+            .ops()
+            .filter(|(_, op)| matches!(op, cmm_core::Op::Gemm { fused: None, .. } | cmm_core::Op::GroupedGemm { .. }));
+        let kernels = alone.count() + plan.fused_runs().unwrap().len();
+        on_each_hopper_tile(b, plan, HopperVariant::TmaStore, kernels);
     }
 }
 

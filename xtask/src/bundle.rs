@@ -672,6 +672,11 @@ pub fn summarise(args: &SummaryArgs) -> Result<()> {
             "ping-pong",
             "on the Hopper engine's own kernels and on its 128×128 ping-pong kernels (twins too)",
         ),
+        (
+            "bench-kernels-tma-store.json",
+            "TMA stores",
+            "on the Hopper engine's own kernels and on its TMA-store kernels (twins too)",
+        ),
     ];
     if let Some(Ok(bench)) = read(args.out.join("bench-kernels.json")) {
         for (name, label, heading) in again {

@@ -132,7 +132,7 @@ pub struct Args {
     /// `shallow`: the engine's tiles with fewer stages. `reader-fence`: the engine's
     /// kernels, ag_moe's gathered rows fenced by the consumers, as before 2026-11-28.
     /// `tma-store`: C staged in shared memory and stored by TMA (whole tiles of GEMMs
-    /// that are neither fused nor accumulating; the others from registers).
+    /// that do not accumulate; the others from registers).
     #[arg(long, value_name = "KERNELS", value_parser = HopperVariant::parse)]
     pub hopper_variant: Option<HopperVariant>,
     /// CUDA only: how the copy-engine copies are issued: `auto` (default: contiguous ones

@@ -421,6 +421,11 @@ step bench-kernels-8-queues 150 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$x" bench --b
 # the bench's rows; the JSON travels in logs.tar.gz.
 step bench-kernels-pingpong 150 "$x" bench --backend cuda --sync kernels --algorithms fused \
     --hopper-tile narrow --hopper-variant pingpong --json "$logs/bench-kernels-pingpong.json"
+# The same on the TMA-store kernels (C staged in shared memory and stored by TMA, a fused
+# block released once its stores have completed): whether the epilogue is part of the
+# fused plans' excess, the other way round.
+step bench-kernels-tma-store 150 "$x" bench --backend cuda --sync kernels --algorithms fused \
+    --hopper-variant tma-store --json "$logs/bench-kernels-tma-store.json"
 # The corpus and the bench with stream memory operations for signals and waits: the bench
 # was within a few per cent of kernel waits on both GPUs measured, so it comes after the
 # sanitizers, which the new kernels need.
