@@ -1591,10 +1591,11 @@ mod tests {
         assert_eq!((std::mem::size_of::<TensorMap>(), std::mem::align_of::<TensorMap>()), (128, 64));
         assert_eq!(std::mem::size_of::<HopperBlockArgs>(), 320);
         assert_eq!(std::mem::size_of::<HopperArgs>(), 640);
-        assert_eq!(std::mem::offset_of!(HopperArgs, blocks), 320);
-        assert_eq!(std::mem::offset_of!(HopperArgs, seg), 392);
-        assert_eq!(std::mem::offset_of!(HopperArgs, n), 432);
-        assert_eq!(std::mem::offset_of!(HopperArgs, pad), 492);
+        assert_eq!(std::mem::offset_of!(HopperBlockArgs, c_map), 192);
+        assert_eq!(std::mem::offset_of!(HopperArgs, blocks), 448);
+        assert_eq!(std::mem::offset_of!(HopperArgs, seg), 520);
+        assert_eq!(std::mem::offset_of!(HopperArgs, n), 560);
+        assert_eq!(std::mem::offset_of!(HopperArgs, pad), 620);
     }
 
     #[test]
