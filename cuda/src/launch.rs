@@ -622,10 +622,22 @@ fn hopper_a_map(
     })
 }
 
+/// Whether C leaves a Hopper GEMM through TMA stores: on `variant`'s kernels where they
+/// are the TMA-store ones, C is not added onto and TMA's rules allow C (a 16-byte aligned
+/// base and row pitch, some rows); else the kernel stores from registers.
+fn stores_by_tma(
+    at: &impl Addressing,
+    variant: HopperVariant,
+    accumulate: bool,
+    (c, stride, dtype): (&Loc, u64, DType),
+    rows: u32,
+) -> bool {
+    let size = dtype.size_bytes() as u64;
+    variant == HopperVariant::TmaStore && !accumulate && at.addr(c) % 16 == 0 && (stride * size) % 16 == 0 && rows > 0
+}
+
 /// C's tensor map for the TMA-store kernels' epilogue (boxes of 128 bytes × 64 rows: one
-/// consumer warpgroup's rows) and its flag, where `variant` is theirs, C is not added onto
-/// and TMA's rules allow C (16-byte aligned base and row pitch); else none, and the kernel
-/// stores from registers.
+/// consumer warpgroup's rows) and its flag where [`stores_by_tma`]; else none.
 fn c_store_map(
     at: &impl Addressing,
     variant: HopperVariant,
@@ -633,11 +645,10 @@ fn c_store_map(
     (c, stride, dtype): (&Loc, u64, DType),
     [rows, n]: [u32; 2],
 ) -> Result<(TensorMap, u32), CudaError> {
-    let size = dtype.size_bytes() as u64;
-    let base = at.addr(c);
-    if variant != HopperVariant::TmaStore || accumulate || base % 16 != 0 || (stride * size) % 16 != 0 || rows == 0 {
+    if !stores_by_tma(at, variant, accumulate, (c, stride, dtype), rows) {
         return Ok((TensorMap::default(), 0));
     }
+    let (size, base) = (dtype.size_bytes() as u64, at.addr(c));
     let map = at.tensor_map(&TensorMapSpec {
         base,
         dtype,
@@ -854,7 +865,7 @@ pub(crate) fn fused_table(at: &impl Addressing, f: &FusedGemmCommand) -> Result<
     let hopper = matches!(f.gemm.imp, GemmImpl::Hopper { .. });
     for b in &f.blocks {
         if hopper {
-            let (block, _) = hopper_block(at, f, b)?;
+            let block = hopper_block(at, f, b)?;
             bytes.extend_from_slice(bytemuck_bytes(&block));
             continue;
         }
@@ -876,19 +887,15 @@ pub(crate) fn fused_table(at: &impl Addressing, f: &FusedGemmCommand) -> Result<
 }
 
 /// One block of a fused run on the Hopper engine, its A's tensor map encoded, and its C's
-/// on the TMA-store kernels where C allows ([`c_store_map`]), with the flag that says so.
-fn hopper_block(
-    at: &impl Addressing,
-    f: &FusedGemmCommand,
-    b: &FusedBlock,
-) -> Result<(HopperBlockArgs, u32), CudaError> {
+/// on the TMA-store kernels where C allows ([`c_store_map`]).
+fn hopper_block(at: &impl Addressing, f: &FusedGemmCommand, b: &FusedBlock) -> Result<HopperBlockArgs, CudaError> {
     let variant = match f.gemm.imp {
         GemmImpl::Hopper { variant, .. } => variant,
         _ => HopperVariant::Engine,
     };
     let c = (&b.c.0, b.c.1, f.gemm.dtypes[2]);
-    let (c_map, store) = c_store_map(at, variant, f.gemm.accumulate, c, [b.rows, f.gemm.mnk[1]])?;
-    let block = HopperBlockArgs {
+    let (c_map, _) = c_store_map(at, variant, f.gemm.accumulate, c, [b.rows, f.gemm.mnk[1]])?;
+    Ok(HopperBlockArgs {
         a: hopper_a_map(at, &b.a.0, b.a.1, [b.rows, f.gemm.mnk[2]], f.gemm.dtypes[0])?,
         c: at.addr(&b.c.0),
         c_stride: b.c.1,
@@ -899,8 +906,7 @@ fn hopper_block(
         signals_end: b.signals.1,
         pad: [0; 7],
         c_map,
-    };
-    Ok((block, store))
+    })
 }
 
 /// The bytes of a `#[repr(C)]` mirror without padding holes.
@@ -945,12 +951,11 @@ pub(crate) fn fused_launch(
         // The blocks' C maps, not the run's (whose C is only the first block's start).
         let mut args = hopper_args(at, &f.gemm, (tile, HopperVariant::Engine))?;
         // TMA stores where every block's C allows them (the table's blocks hold the maps).
-        let mut stores = HOPPER_STORE_TMA;
-        for b in &f.blocks {
-            stores &= hopper_block(at, f, b)?.1;
+        let (accumulate, output) = (f.gemm.accumulate, f.gemm.dtypes[2]);
+        if f.blocks.iter().all(|b| stores_by_tma(at, variant, accumulate, (&b.c.0, b.c.1, output), b.rows)) {
+            args.flags |= HOPPER_STORE_TMA;
         }
-        args.flags |= stores;
-        args.first = hopper_block(at, f, &f.blocks[0])?.0;
+        args.first = hopper_block(at, f, &f.blocks[0])?;
         args.blocks = table;
         args.waits = table + layout.waits;
         args.signals = table + layout.signals;
