@@ -354,6 +354,13 @@ fn shown(v: f64) -> String {
     }
 }
 
+/// The HBM bytes of an `m × n × k` GEMM read and written once: a and b, and C (read too
+/// when `accumulate`).
+fn gemm_bytes(m: usize, n: usize, k: usize, input: DType, output: DType, accumulate: bool) -> f64 {
+    let c_passes = if accumulate { 2.0 } else { 1.0 };
+    (m * k + k * n) as f64 * input.size_bytes() as f64 + c_passes * (m * n) as f64 * output.size_bytes() as f64
+}
+
 /// The profiles shipped in `sim/profiles/`, by name.
 const BUILTIN: [(&str, &str); 8] = [
     ("h100-nvlink", include_str!("../profiles/h100-nvlink.toml")),
@@ -614,9 +621,7 @@ impl Profile {
         let split = if self.split_k(m, n, k) > 1 { self.compute.split_k_efficiency } else { 1.0 };
         let efficiency = self.compute.max_efficiency * self.tile_utilisation(m, n, k) * split;
         let compute_s = flops / (self.peak_flops(input) * efficiency);
-        let c_passes = if accumulate { 2.0 } else { 1.0 };
-        let bytes =
-            (m * k + k * n) as f64 * input.size_bytes() as f64 + c_passes * (m * n) as f64 * output.size_bytes() as f64;
+        let bytes = gemm_bytes(m, n, k, input, output, accumulate);
         self.roofline(flops, compute_s, bytes, input, efficiency)
     }
 
@@ -666,9 +671,7 @@ impl Profile {
         let Some((rate, tile_m, tile_n)) = self.engine_rate(engine) else {
             return self.gemm_cost(m, n, k, input, output, accumulate);
         };
-        let c_passes = if accumulate { 2.0 } else { 1.0 };
-        let bytes =
-            (m * k + k * n) as f64 * input.size_bytes() as f64 + c_passes * (m * n) as f64 * output.size_bytes() as f64;
+        let bytes = gemm_bytes(m, n, k, input, output, accumulate);
         // The SIMT tile multiplies on the CUDA cores, whatever its inputs.
         let rated = if engine == cmm_core::engines::Engine::SimtTile { DType::F32 } else { input };
         self.rated_cost(rate, tile_m, tile_n, &[m], n, k, rated, bytes)
@@ -711,9 +714,7 @@ impl Profile {
             return self.fused_gemm_cost(blocks, n, k, input, output, accumulate);
         };
         let rows: usize = blocks.iter().sum();
-        let c_passes = if accumulate { 2.0 } else { 1.0 };
-        let bytes = (rows * k + k * n) as f64 * input.size_bytes() as f64
-            + c_passes * (rows * n) as f64 * output.size_bytes() as f64;
+        let bytes = gemm_bytes(rows, n, k, input, output, accumulate);
         let rated = if engine == cmm_core::engines::Engine::SimtTile { DType::F32 } else { input };
         if let (true, Some(together)) = (shared, rate.shared_efficiency) {
             let together = match output {
@@ -814,9 +815,7 @@ impl Profile {
         accumulate: bool,
     ) -> GemmCost {
         let rows: usize = blocks.iter().sum();
-        let c_passes = if accumulate { 2.0 } else { 1.0 };
-        let bytes = (rows * k + k * n) as f64 * input.size_bytes() as f64
-            + c_passes * (rows * n) as f64 * output.size_bytes() as f64;
+        let bytes = gemm_bytes(rows, n, k, input, output, accumulate);
         self.tiled_cost(blocks, n, k, input, bytes)
     }
 
