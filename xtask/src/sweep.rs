@@ -425,7 +425,10 @@ fn profile(backend: &CudaBackend, shrink: usize) -> Result<()> {
         println!("profiled: {what} {}x{}x{} bf16 on {name}", spec.m, spec.n, spec.k);
         Ok(())
     };
-    for variant in GROUPED_VARIANTS {
+    // The clusters of two as well: where their kernels stall, since they ran at 0.49–0.71
+    // of cuBLAS on an H200 (2026-11-27) against the single CTAs' 0.72–0.86.
+    let pairs = [(HopperTile::Wide, HopperVariant::Pair), (HopperTile::Narrow, HopperVariant::Pair)];
+    for variant in GROUPED_VARIANTS.into_iter().chain(pairs) {
         plain("plain", &square, variant)?;
     }
     for op in [MoeOp::AgMoe, MoeOp::MoeRs] {
