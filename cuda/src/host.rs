@@ -1487,6 +1487,122 @@ mod tests {
         }
     }
 
+    /// The output bits `cmm_reduce` writes for `count` inputs (f32, f32, bf16, f16: the
+    /// first `count`) into an `out_dtype` output, each region `rows × cols` at element
+    /// `offset` of its buffer, rows `stride` apart; and the bits expected there: the
+    /// left-to-right f32 sum rounded once, and the buffer's fill everywhere else.
+    fn reduced(
+        kernels: &HostKernels,
+        (rows, cols, stride, offset): (usize, usize, usize, usize),
+        count: usize,
+        out_dtype: cmm_core::DType,
+    ) -> (Vec<u32>, Vec<u32>) {
+        use crate::lower::{Command, Elementwise};
+        use cmm_core::DType;
+        const FILL: u32 = 0xabcd;
+        let dtypes = [DType::F32, DType::F32, DType::Bf16, DType::F16];
+        let len = offset + rows * stride;
+        // Values with bits below any 16-bit rounding, so the sums round.
+        let value = |i: usize, j: usize| ((i * 37 + j * 11) % 97) as f32 / 13.0 - 3.7 + j as f32 * 0.001;
+        let elements: Vec<Vec<u32>> = (0..=count)
+            .map(|j| {
+                let dtype = if j == count { out_dtype } else { dtypes[j] };
+                (0..len).map(|i| if j == count { FILL } else { dtype.encode(value(i, j)) }).collect()
+            })
+            .collect();
+        // Each buffer 16-byte aligned, its elements packed as the dtype lays them out.
+        let mut buffers: Vec<Vec<u128>> = elements
+            .iter()
+            .enumerate()
+            .map(|(j, e)| {
+                let dtype = if j == count { out_dtype } else { dtypes[j] };
+                let mut bytes: Vec<u8> = Vec::new();
+                for &bits in e {
+                    bytes.extend_from_slice(&bits.to_le_bytes()[..dtype.size_bytes()]);
+                }
+                bytes.resize(bytes.len().next_multiple_of(16), 0);
+                bytes.chunks(16).map(|c| u128::from_le_bytes(c.try_into().unwrap())).collect()
+            })
+            .collect();
+        let memory = TestMemory { bases: buffers.iter_mut().map(|b| b.as_mut_ptr() as u64).collect(), sems: 0 };
+        let at = |j: usize, dtype: DType| {
+            (Loc { device: 0, buffer: j, offset: (offset * dtype.size_bytes()) as u64 }, stride as u64, dtype)
+        };
+        let (out, _, _) = at(count, out_dtype);
+        let e = Elementwise {
+            out,
+            out_stride: stride as u64,
+            out_dtype,
+            rows: rows as u32,
+            cols: cols as u32,
+            inputs: (0..count).map(|j| at(j, dtypes[j])).collect(),
+        };
+        let control = [0u32; 8];
+        let words = crate::launch::RunWords::at(control.as_ptr() as u64, Duration::from_secs(1));
+        for submission in crate::launch::submissions(&Command::Reduce(e), &memory, &words).unwrap() {
+            let Submission::Launch(launch) = submission else { panic!("a reduce launches a kernel") };
+            kernels.launch(&launch).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let size = out_dtype.size_bytes();
+        let bytes: Vec<u8> = buffers[count].iter().flat_map(|w| w.to_le_bytes()).collect();
+        let got = (0..len)
+            .map(|i| {
+                let mut word = [0u8; 4];
+                word[..size].copy_from_slice(&bytes[i * size..(i + 1) * size]);
+                u32::from_le_bytes(word)
+            })
+            .collect();
+        let expected = (0..len)
+            .map(|i| {
+                let (r, c) = ((i - offset.min(i)) / stride, (i - offset.min(i)) % stride);
+                if i < offset || r >= rows || c >= cols {
+                    return FILL;
+                }
+                let sum =
+                    (1..count).fold(dtypes[0].decode(elements[0][i]), |acc, j| acc + dtypes[j].decode(elements[j][i]));
+                out_dtype.encode(sum)
+            })
+            .collect();
+        (got, expected)
+    }
+
+    /// `cmm_reduce` sums four elements a thread where every region is aligned for it (base
+    /// and stride on four elements, columns a multiple of four) and one a thread otherwise;
+    /// both give the left-to-right f32 sum rounded once, bit for bit, and write nothing
+    /// outside the output. A variant whose four-element path leaves out its last input gets
+    /// the aligned layouts wrong and the others right: the layouts run the paths they name.
+    #[test]
+    fn the_reduce_sums_four_elements_a_thread_or_one_bit_for_bit() {
+        use cmm_core::DType;
+        // (rows, cols, stride, offset): aligned; the regions one element off; an odd width.
+        let aligned = (9, 40, 44, 4);
+        let unaligned = [(9, 40, 44, 1), (5, 42, 46, 0)];
+        let source = host_source();
+        let from = "if (j < count) {\n                    const CmmQuad x";
+        assert!(source.contains(from), "reduce.cu has changed");
+        let broken = load_variant(
+            &source.replacen(from, "if (j + 1u < count) {\n                    const CmmQuad x", 1),
+            "cmm-host-reduce",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        for out_dtype in [DType::F32, DType::Bf16, DType::F16] {
+            for count in 1..=4 {
+                let (got, expected) = reduced(kernels(), aligned, count, out_dtype);
+                assert!(got == expected, "aligned, {count} inputs into {out_dtype}");
+                for layout in unaligned {
+                    let (got, expected) = reduced(kernels(), layout, count, out_dtype);
+                    assert!(got == expected, "{layout:?}, {count} inputs into {out_dtype}");
+                    let (got, expected) = reduced(&broken, layout, count, out_dtype);
+                    assert!(got == expected, "{layout:?} on the variant, {count} inputs into {out_dtype}");
+                }
+                if count > 1 {
+                    let (got, expected) = reduced(&broken, aligned, count, out_dtype);
+                    assert!(got != expected, "the variant's quads, {count} inputs into {out_dtype}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_missing_compiler_is_a_typed_error() {
         let dir = std::env::temp_dir().join("cmm-host-test-missing");

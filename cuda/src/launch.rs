@@ -1030,7 +1030,10 @@ pub(crate) fn submissions(
         }
         Command::Reduce(e) | Command::Pointwise { target: e, .. } => {
             let packed: Vec<TensorArg> = e.inputs.iter().map(|t| tensor(at, t)).collect();
-            let cfg = elementwise(e.rows as usize * e.cols as usize);
+            let elements = e.rows as usize * e.cols as usize;
+            // cmm_reduce sums four elements a thread where its regions allow it.
+            let per_thread = if matches!(command, Command::Reduce(_)) { 4 } else { 1 };
+            let cfg = elementwise(elements.div_ceil(per_thread));
             let head = [Param::U64(at.addr(&e.out)), Param::U64(e.out_stride), Param::U32(dtype_code(e.out_dtype))];
             let shape = [Param::U32(e.rows), Param::U32(e.cols)];
             if let Command::Pointwise { function, .. } = command {
