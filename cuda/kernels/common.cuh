@@ -90,6 +90,27 @@ __device__ __forceinline__ float cmm_load(u64 base, u64 index, u32 dtype) {
     return cmm_decode(cmm_load_bits(base, index, dtype), dtype);
 }
 
+// Sixteen or eight bytes as one aligned access (the wide paths of cmm_reduce and cmm_copy2d).
+struct __align__(16) CmmBits128 {
+    u32 w[4];
+};
+struct __align__(8) CmmBits64 {
+    u32 w[2];
+};
+
+// Row and column of item `i` of `total` in rows of `cols` items (elements, or groups of them) for a
+// grid-stride loop over a 2D region: 32-bit division wherever the count allows.
+__device__ __forceinline__ void cmm_row_col(u64 i, u64 total, u32 cols, u64& r, u64& c) {
+    if (total <= 0xffffffffull) {
+        const u32 r32 = (u32)i / cols;
+        r = r32;
+        c = (u32)i - r32 * cols;
+    } else {
+        r = i / cols;
+        c = i % cols;
+    }
+}
+
 // A strided 2D tensor of any dtype: element (r, c) at element index r·stride + c from
 // base. Mirror: `TensorArg` in cuda/src/launch.rs (the inputs of cmm_reduce and
 // cmm_pointwise, and the tensors of the attention kernels).

@@ -18,13 +18,6 @@ struct CmmQuad {
     float v[4];
 };
 
-// The bits of four f32 (or of four 16-bit elements, in the first two words), as one aligned access.
-struct __align__(16) CmmBits128 {
-    u32 w[4];
-};
-struct __align__(8) CmmBits64 {
-    u32 w[2];
-};
 
 // Whether a region's rows can be read four elements at a time from `base`, `stride` elements apart.
 __device__ __forceinline__ bool cmm_quad_aligned(u64 base, u64 stride, u32 dtype) {
@@ -59,18 +52,6 @@ __device__ __forceinline__ void cmm_store_quad(u64 base, u64 index, u32 dtype, c
 #pragma unroll
         for (u32 h = 0u; h < 2u; ++h) bits.w[h] = (cmm_encode(q.v[2u * h], dtype) & 0xffffu) | (cmm_encode(q.v[2u * h + 1u], dtype) << 16);
         *(CmmBits64*)(base + 2ull * index) = bits;
-    }
-}
-
-// Row and column of element (or quad) `i` of rows `cols` wide: 32-bit division wherever the count allows.
-__device__ __forceinline__ void cmm_row_col(u64 i, u64 total, u32 cols, u64& r, u64& c) {
-    if (total <= 0xffffffffull) {
-        const u32 r32 = (u32)i / cols;
-        r = r32;
-        c = (u32)i - r32 * cols;
-    } else {
-        r = i / cols;
-        c = i % cols;
     }
 }
 

@@ -1603,6 +1603,92 @@ mod tests {
         }
     }
 
+    /// The elements `cmm_copy2d` leaves in its destination, copying `rows × cols` elements
+    /// of `elem_bytes` from element `offset` of one buffer (rows `src_stride` apart) to
+    /// element `offset` of another (rows `dst_stride` apart); and the elements expected
+    /// there: the source's in the region, the buffer's fill everywhere else.
+    fn copied(
+        kernels: &HostKernels,
+        (rows, cols, src_stride, dst_stride, offset): (usize, usize, usize, usize, usize),
+        elem_bytes: usize,
+    ) -> (Vec<u32>, Vec<u32>) {
+        use crate::lower::Command;
+        const FILL: u32 = 0xabcd;
+        let len = |stride: usize| offset + rows * stride;
+        let mask = if elem_bytes == 4 { u32::MAX } else { 0xffff };
+        let source: Vec<u32> = (0..len(src_stride)).map(|i| (i as u32).wrapping_mul(2_654_435_761) & mask).collect();
+        let pack = |elements: &[u32]| -> Vec<u128> {
+            let mut bytes: Vec<u8> = elements.iter().flat_map(|e| e.to_le_bytes()[..elem_bytes].to_vec()).collect();
+            bytes.resize(bytes.len().next_multiple_of(16), 0);
+            bytes.chunks(16).map(|c| u128::from_le_bytes(c.try_into().unwrap())).collect()
+        };
+        let mut buffers = [pack(&source), pack(&vec![FILL; len(dst_stride)])];
+        let memory = TestMemory { bases: buffers.iter_mut().map(|b| b.as_mut_ptr() as u64).collect(), sems: 0 };
+        let loc = |buffer| Loc { device: 0, buffer, offset: (offset * elem_bytes) as u64 };
+        let command = Command::SmCopy {
+            src: loc(0),
+            src_stride: src_stride as u64,
+            dst: loc(1),
+            dst_stride: dst_stride as u64,
+            rows: rows as u32,
+            cols: cols as u32,
+            elem_bytes: elem_bytes as u32,
+        };
+        let control = [0u32; 8];
+        let words = crate::launch::RunWords::at(control.as_ptr() as u64, Duration::from_secs(1));
+        for submission in crate::launch::submissions(&command, &memory, &words).unwrap() {
+            let Submission::Launch(launch) = submission else { panic!("an SM copy launches a kernel") };
+            kernels.launch(&launch).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let bytes: Vec<u8> = buffers[1].iter().flat_map(|w| w.to_le_bytes()).collect();
+        let got = (0..len(dst_stride))
+            .map(|i| {
+                let mut word = [0u8; 4];
+                word[..elem_bytes].copy_from_slice(&bytes[i * elem_bytes..(i + 1) * elem_bytes]);
+                u32::from_le_bytes(word)
+            })
+            .collect();
+        let expected = (0..len(dst_stride))
+            .map(|i| {
+                let (r, c) = ((i - offset.min(i)) / dst_stride, (i - offset.min(i)) % dst_stride);
+                if i < offset || r >= rows || c >= cols {
+                    FILL
+                } else {
+                    source[offset + r * src_stride + c]
+                }
+            })
+            .collect();
+        (got, expected)
+    }
+
+    /// `cmm_copy2d` copies 16 bytes a thread where both regions are aligned for it and one
+    /// element a thread otherwise, both exactly and nothing outside the destination. A
+    /// variant whose 16-byte path leaves each row's last 16 bytes out gets the aligned
+    /// layouts wrong and the others right: the layouts run the paths they name.
+    #[test]
+    fn the_sm_copy_moves_sixteen_bytes_a_thread_or_one_element() {
+        // (rows, cols, source stride, destination stride, offset)
+        let aligned = (9, 40, 48, 56, 8);
+        let unaligned = [(9, 40, 48, 56, 1), (5, 42, 46, 50, 0)];
+        let source = host_source();
+        let from = "const u32 chunks = (u32)(row_bytes / 16ull);";
+        assert!(source.contains(from), "copy.cu has changed");
+        let variant = source.replacen(from, "const u32 chunks = (u32)(row_bytes / 16ull) - 1u;", 1);
+        let broken = load_variant(&variant, "cmm-host-copy").unwrap_or_else(|e| panic!("{e}"));
+        for elem_bytes in [2, 4] {
+            let (got, expected) = copied(kernels(), aligned, elem_bytes);
+            assert!(got == expected, "aligned, {elem_bytes}-byte elements");
+            let (got, expected) = copied(&broken, aligned, elem_bytes);
+            assert!(got != expected, "the variant's 16-byte path, {elem_bytes}-byte elements");
+            for layout in unaligned {
+                for kernels in [kernels(), &broken] {
+                    let (got, expected) = copied(kernels, layout, elem_bytes);
+                    assert!(got == expected, "{layout:?}, {elem_bytes}-byte elements");
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_missing_compiler_is_a_typed_error() {
         let dir = std::env::temp_dir().join("cmm-host-test-missing");

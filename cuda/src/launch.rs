@@ -1026,7 +1026,9 @@ pub(crate) fn submissions(
                 Param::U32(*cols),
                 Param::U32(*elem_bytes),
             ];
-            launch(Kernel::Copy2d, elementwise(*rows as usize * *cols as usize), params, "an SM copy")
+            // cmm_copy2d copies 16 bytes a thread where its regions allow it.
+            let bytes = *rows as usize * *cols as usize * *elem_bytes as usize;
+            launch(Kernel::Copy2d, elementwise(bytes.div_ceil(16)), params, "an SM copy")
         }
         Command::Reduce(e) | Command::Pointwise { target: e, .. } => {
             let packed: Vec<TensorArg> = e.inputs.iter().map(|t| tensor(at, t)).collect();
