@@ -18,7 +18,6 @@ struct CmmQuad {
     float v[4];
 };
 
-
 // Whether a region's rows can be read four elements at a time from `base`, `stride` elements apart.
 __device__ __forceinline__ bool cmm_quad_aligned(u64 base, u64 stride, u32 dtype) {
     const u64 bytes = dtype == 0u ? 16ull : 8ull;
@@ -50,7 +49,9 @@ __device__ __forceinline__ void cmm_store_quad(u64 base, u64 index, u32 dtype, c
     } else {
         CmmBits64 bits;
 #pragma unroll
-        for (u32 h = 0u; h < 2u; ++h) bits.w[h] = (cmm_encode(q.v[2u * h], dtype) & 0xffffu) | (cmm_encode(q.v[2u * h + 1u], dtype) << 16);
+        for (u32 h = 0u; h < 2u; ++h) {
+            bits.w[h] = (cmm_encode(q.v[2u * h], dtype) & 0xffffu) | (cmm_encode(q.v[2u * h + 1u], dtype) << 16);
+        }
         *(CmmBits64*)(base + 2ull * index) = bits;
     }
 }
