@@ -1046,6 +1046,8 @@ mod tests {
             copy_engines: Some(PairTimes { kernel_us: 295.0, op_us: 18.0 }),
             reduce_us: 15.0,
             reduce_beside: PairTimes { kernel_us: 310.0, op_us: 150.0 },
+            sm_copy_us: None,
+            sm_copy_beside: None,
         };
         let measured = BenchCalibration {
             together: vec![Together { devices: 2, together_us: 100.0, ratio: 0.85 }],

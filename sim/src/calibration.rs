@@ -139,6 +139,12 @@ pub struct PersistentTimes {
     /// ([`Beside::Reduce`]).
     pub reduce_us: f64,
     pub reduce_beside: PairTimes,
+    /// The copy made by `cmm_copy2d` on the SMs (the bench's `sm copies` variant) alone,
+    /// µs, and beside the kernels; null in reports from before 2026-11-28's second session.
+    #[serde(default)]
+    pub sm_copy_us: Option<f64>,
+    #[serde(default)]
+    pub sm_copy_beside: Option<PairTimes>,
 }
 
 /// A persistent kernel and an op beside it started together, each one's time, µs.

@@ -9,6 +9,7 @@
 //! any other (gated, cold L2, median of the bench's repetitions).
 
 use anyhow::{Context, Result};
+use cmm_core::emulate::sm_copies;
 use cmm_core::plan::Op;
 use cmm_core::{DType, Family, Plan};
 use cmm_cuda::{CopyIssue, CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec};
@@ -139,6 +140,9 @@ fn persistent(
         time_plan(backend, &calibration::persistent_f32_plan(devices, shape)?, &options, reps, true)?.0;
     let plan = calibration::persistent_plan(devices, shape, calibration::Beside::Copy)?;
     let ((kernel_beside_copy_us, copy_beside_kernel_us), gemm_engine) = beside(backend, &plan, &options, reps)?;
+    // The same copy made by cmm_copy2d on the SMs, alone and beside the kernels.
+    let sm_copy_us = time(backend, &sm_copies(&calibration::gemms_plan(2, shape, false, true)?), &options, reps)?;
+    let (sm_copy_beside, _) = beside(backend, &sm_copies(&plan), &options, reps)?;
     let copy_engines = match backend.batch_copies() {
         Ok(()) => {
             let engines = CudaRunOptions { copies: CopyIssue::PreferCopyEngines, ..options };
@@ -160,6 +164,8 @@ fn persistent(
         copy_engines,
         reduce_us,
         reduce_beside: PairTimes { kernel_us, op_us },
+        sm_copy_us: Some(sm_copy_us),
+        sm_copy_beside: Some(PairTimes { kernel_us: sm_copy_beside.0, op_us: sm_copy_beside.1 }),
     })
 }
 
@@ -236,6 +242,12 @@ impl Calibration {
                 p.reduce_beside.kernel_us,
                 p.reduce_beside.op_us
             ));
+            if let (Some(alone), Some(pair)) = (p.sm_copy_us, p.sm_copy_beside) {
+                lines.push(format!(
+                    "calibration: the copy made on the SMs (cmm_copy2d) alone {alone:.1} µs; started together with the {} persistent GEMMs, device 0's took {:.1} µs and the copy {:.1} µs",
+                    p.devices, pair.kernel_us, pair.op_us
+                ));
+            }
         }
         lines
     }
