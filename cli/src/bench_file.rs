@@ -9,6 +9,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use cmm_core::algorithms::{build_plan, Algorithm};
+use cmm_core::emulate::sm_copies;
 use cmm_core::plan::OpSite;
 use cmm_core::OpKind;
 use cmm_sim::calibration::{self, Beside, PersistentTimes};
@@ -488,6 +489,16 @@ fn calibration_rows(profile: &Profile, c: &BenchCalibration, shrink: usize) -> R
         let took = |lane: &str| us(first_op_time(&plan, &beside, lane));
         rows.push(("a persistent GEMM beside the reduce".to_string(), p.reduce_beside.kernel_us, took("compute")));
         rows.push(("the reduce beside persistent GEMMs".to_string(), p.reduce_beside.op_us, took("comm")));
+        // The copy made on the SMs, where the report has it: priced at the profile's SM-copy rate.
+        if let (Some(alone_us), Some(pair)) = (p.sm_copy_us, p.sm_copy_beside) {
+            let sm_copy = run(&sm_copies(&calibration::gemms_plan(2, local, false, true)?))?;
+            rows.push(("the copy alone (SM copy)".to_string(), alone_us, us(sm_copy.makespan_s)));
+            let plan = sm_copies(&calibration::persistent_plan(p.devices, local, Beside::Copy)?);
+            let beside = run(&plan)?;
+            let took = |lane: &str| us(first_op_time(&plan, &beside, lane));
+            rows.push(("a persistent GEMM beside the SM copy".to_string(), pair.kernel_us, took("compute")));
+            rows.push(("the SM copy beside persistent GEMMs".to_string(), pair.op_us, took("comm")));
+        }
     }
     let rounds = run(&calibration::round_trip_plan()?)?;
     rows.push((
@@ -1046,8 +1057,8 @@ mod tests {
             copy_engines: Some(PairTimes { kernel_us: 295.0, op_us: 18.0 }),
             reduce_us: 15.0,
             reduce_beside: PairTimes { kernel_us: 310.0, op_us: 150.0 },
-            sm_copy_us: None,
-            sm_copy_beside: None,
+            sm_copy_us: Some(12.0),
+            sm_copy_beside: Some(PairTimes { kernel_us: 305.0, op_us: 60.0 }),
         };
         let measured = BenchCalibration {
             together: vec![Together { devices: 2, together_us: 100.0, ratio: 0.85 }],
@@ -1090,9 +1101,15 @@ mod tests {
             ("the reduce alone", 15.0),
             ("a persistent GEMM beside the reduce", 310.0),
             ("the reduce beside persistent GEMMs", 150.0),
+            ("the copy alone (SM copy)", 12.0),
+            ("a persistent GEMM beside the SM copy", 305.0),
+            ("the SM copy beside persistent GEMMs", 60.0),
         ] {
             assert_eq!(row(what).1, measured);
         }
+        // The model's SM copy takes time, and no less beside the kernels than alone.
+        let (sm_alone, sm_beside) = (row("the copy alone (SM copy)").2, row("the SM copy beside persistent GEMMs").2);
+        assert!(sm_alone > 0.0 && sm_beside >= sm_alone * 0.999, "{sm_alone} µs alone, {sm_beside} µs beside");
         // The model's kernels outlast its copy, so the copy takes what was measured (its
         // launch and latency aside), where without the share it kept the compute's 0.30.
         let beside = row("the copy beside persistent GEMMs").2;
