@@ -1487,6 +1487,42 @@ mod tests {
         }
     }
 
+    /// `elements` of `size` bytes each, packed little-endian into 16-byte-aligned words.
+    fn packed(elements: &[u32], size: usize) -> Vec<u128> {
+        let mut bytes: Vec<u8> = elements.iter().flat_map(|e| e.to_le_bytes()[..size].to_vec()).collect();
+        bytes.resize(bytes.len().next_multiple_of(16), 0);
+        bytes.chunks(16).map(|c| u128::from_le_bytes(c.try_into().unwrap())).collect()
+    }
+
+    /// The first `len` elements of `size` bytes of a [`packed`] buffer.
+    fn unpacked(buffer: &[u128], size: usize, len: usize) -> Vec<u32> {
+        let bytes: Vec<u8> = buffer.iter().flat_map(|w| w.to_le_bytes()).collect();
+        (0..len)
+            .map(|i| {
+                let mut word = [0u8; 4];
+                word[..size].copy_from_slice(&bytes[i * size..(i + 1) * size]);
+                u32::from_le_bytes(word)
+            })
+            .collect()
+    }
+
+    /// Runs an elementwise command's launches on `kernels`, at `memory`'s addresses.
+    fn run_command(kernels: &HostKernels, memory: &TestMemory, command: &crate::lower::Command) {
+        let control = [0u32; 8];
+        let words = crate::launch::RunWords::at(control.as_ptr() as u64, Duration::from_secs(1));
+        for submission in crate::launch::submissions(command, memory, &words).unwrap() {
+            let Submission::Launch(launch) = submission else { panic!("{command:?} launches no kernel") };
+            kernels.launch(&launch).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    /// Element `i` of a buffer whose `rows × cols` region starts at element `offset`, rows
+    /// `stride` apart: its row and column in the region, or `None` outside it.
+    fn in_region(i: usize, (rows, cols, stride, offset): (usize, usize, usize, usize)) -> Option<(usize, usize)> {
+        let (r, c) = (i.checked_sub(offset)? / stride, (i - offset) % stride);
+        (r < rows && c < cols).then_some((r, c))
+    }
+
     /// The output bits `cmm_reduce` writes for `count` inputs (f32, f32, bf16, f16: the
     /// first `count`) into an `out_dtype` output, each region `rows × cols` at element
     /// `offset` of its buffer, rows `stride` apart; and the bits expected there: the
@@ -1514,15 +1550,7 @@ mod tests {
         let mut buffers: Vec<Vec<u128>> = elements
             .iter()
             .enumerate()
-            .map(|(j, e)| {
-                let dtype = if j == count { out_dtype } else { dtypes[j] };
-                let mut bytes: Vec<u8> = Vec::new();
-                for &bits in e {
-                    bytes.extend_from_slice(&bits.to_le_bytes()[..dtype.size_bytes()]);
-                }
-                bytes.resize(bytes.len().next_multiple_of(16), 0);
-                bytes.chunks(16).map(|c| u128::from_le_bytes(c.try_into().unwrap())).collect()
-            })
+            .map(|(j, e)| packed(e, if j == count { out_dtype } else { dtypes[j] }.size_bytes()))
             .collect();
         let memory = TestMemory { bases: buffers.iter_mut().map(|b| b.as_mut_ptr() as u64).collect(), sems: 0 };
         let at = |j: usize, dtype: DType| {
@@ -1537,30 +1565,14 @@ mod tests {
             cols: cols as u32,
             inputs: (0..count).map(|j| at(j, dtypes[j])).collect(),
         };
-        let control = [0u32; 8];
-        let words = crate::launch::RunWords::at(control.as_ptr() as u64, Duration::from_secs(1));
-        for submission in crate::launch::submissions(&Command::Reduce(e), &memory, &words).unwrap() {
-            let Submission::Launch(launch) = submission else { panic!("a reduce launches a kernel") };
-            kernels.launch(&launch).unwrap_or_else(|e| panic!("{e}"));
-        }
-        let size = out_dtype.size_bytes();
-        let bytes: Vec<u8> = buffers[count].iter().flat_map(|w| w.to_le_bytes()).collect();
-        let got = (0..len)
-            .map(|i| {
-                let mut word = [0u8; 4];
-                word[..size].copy_from_slice(&bytes[i * size..(i + 1) * size]);
-                u32::from_le_bytes(word)
-            })
-            .collect();
+        run_command(kernels, &memory, &Command::Reduce(e));
+        let got = unpacked(&buffers[count], out_dtype.size_bytes(), len);
         let expected = (0..len)
-            .map(|i| {
-                let (r, c) = ((i - offset.min(i)) / stride, (i - offset.min(i)) % stride);
-                if i < offset || r >= rows || c >= cols {
-                    return FILL;
-                }
-                let sum =
-                    (1..count).fold(dtypes[0].decode(elements[0][i]), |acc, j| acc + dtypes[j].decode(elements[j][i]));
-                out_dtype.encode(sum)
+            .map(|i| match in_region(i, (rows, cols, stride, offset)) {
+                None => FILL,
+                Some(_) => out_dtype.encode(
+                    (1..count).fold(dtypes[0].decode(elements[0][i]), |acc, j| acc + dtypes[j].decode(elements[j][i])),
+                ),
             })
             .collect();
         (got, expected)
@@ -1617,12 +1629,7 @@ mod tests {
         let len = |stride: usize| offset + rows * stride;
         let mask = if elem_bytes == 4 { u32::MAX } else { 0xffff };
         let source: Vec<u32> = (0..len(src_stride)).map(|i| (i as u32).wrapping_mul(2_654_435_761) & mask).collect();
-        let pack = |elements: &[u32]| -> Vec<u128> {
-            let mut bytes: Vec<u8> = elements.iter().flat_map(|e| e.to_le_bytes()[..elem_bytes].to_vec()).collect();
-            bytes.resize(bytes.len().next_multiple_of(16), 0);
-            bytes.chunks(16).map(|c| u128::from_le_bytes(c.try_into().unwrap())).collect()
-        };
-        let mut buffers = [pack(&source), pack(&vec![FILL; len(dst_stride)])];
+        let mut buffers = [packed(&source, elem_bytes), packed(&vec![FILL; len(dst_stride)], elem_bytes)];
         let memory = TestMemory { bases: buffers.iter_mut().map(|b| b.as_mut_ptr() as u64).collect(), sems: 0 };
         let loc = |buffer| Loc { device: 0, buffer, offset: (offset * elem_bytes) as u64 };
         let command = Command::SmCopy {
@@ -1634,28 +1641,12 @@ mod tests {
             cols: cols as u32,
             elem_bytes: elem_bytes as u32,
         };
-        let control = [0u32; 8];
-        let words = crate::launch::RunWords::at(control.as_ptr() as u64, Duration::from_secs(1));
-        for submission in crate::launch::submissions(&command, &memory, &words).unwrap() {
-            let Submission::Launch(launch) = submission else { panic!("an SM copy launches a kernel") };
-            kernels.launch(&launch).unwrap_or_else(|e| panic!("{e}"));
-        }
-        let bytes: Vec<u8> = buffers[1].iter().flat_map(|w| w.to_le_bytes()).collect();
-        let got = (0..len(dst_stride))
-            .map(|i| {
-                let mut word = [0u8; 4];
-                word[..elem_bytes].copy_from_slice(&bytes[i * elem_bytes..(i + 1) * elem_bytes]);
-                u32::from_le_bytes(word)
-            })
-            .collect();
+        run_command(kernels, &memory, &command);
+        let got = unpacked(&buffers[1], elem_bytes, len(dst_stride));
         let expected = (0..len(dst_stride))
-            .map(|i| {
-                let (r, c) = ((i - offset.min(i)) / dst_stride, (i - offset.min(i)) % dst_stride);
-                if i < offset || r >= rows || c >= cols {
-                    FILL
-                } else {
-                    source[offset + r * src_stride + c]
-                }
+            .map(|i| match in_region(i, (rows, cols, dst_stride, offset)) {
+                None => FILL,
+                Some((r, c)) => source[offset + r * src_stride + c],
             })
             .collect();
         (got, expected)
