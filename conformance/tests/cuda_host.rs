@@ -63,12 +63,17 @@ fn corpus_passes_with_the_hopper_engines_ping_pong_kernels() {
 
 /// The corpus with stream memory ops, each block's threads resumed in an order shuffled
 /// afresh each round, so that threads overtake each other in every kernel (the other
-/// corpus runs resume them first to last or last to first).
+/// corpus runs resume them first to last or last to first), and every ag_moe grouped
+/// GEMM on the Hopper engine with its gathered rows staged first (`cmm_gather_rows`, then
+/// TMA), which the engine does only from 512 columns, more than the corpus's have.
 #[test]
 fn corpus_passes_with_stream_memory_ops() {
     let mut cuda = host(SyncMode::StreamMemOps);
     cuda.backend = cuda.backend.with_fiber_order(FiberOrder::Shuffled(7));
+    cuda.options.hopper_variant = HopperVariant::StagedGather;
     common::corpus_passes(&cuda);
+    let engines = cuda.engines();
+    assert!(engines.staged > 100, "{}", engines.describe());
 }
 
 #[test]

@@ -210,6 +210,28 @@ impl GroupedFacts {
     }
 }
 
+/// The fewest columns (N) of a grouped GEMM over rows gathered by token for which the
+/// Hopper engine stages the rows in order first (one pass that reads each routed row from
+/// its token and writes it, then TMA loads as for rows that are not gathered) rather than
+/// have its producer warpgroup copy them into each tile with `cp.async`.
+///
+/// Why a column count: staging adds 2·K bytes a row through HBM, once, and the GEMM does
+/// 2·N·K FLOPs a row, so its share of the GEMM's time falls as 1/N. At the H100's peak
+/// and HBM rate and the engine's grouped rate of 0.4 of peak, it is about 240/N of the
+/// GEMM: 13 % at Mixtral's N = 1792 per device at D = 8, but more than the GEMM itself at
+/// Qwen-MoE's N = 176. Copying in the kernel cost the engine 1.15–1.95× its grouped rate
+/// over TMA-loaded rows on an H100 (2026-11-26) and about 1.6× on an H200 (2026-11-27):
+/// staging pays from N of about 240/0.5, and 512 is that, rounded up to a power of two.
+/// An assumption until a GPU times both ways on shapes on each side of it (the GEMM
+/// sweep times both at N = 1792).
+pub const STAGED_GATHER_MIN_COLUMNS: usize = 512;
+
+/// Whether the Hopper engine stages a grouped GEMM's gathered rows first
+/// ([`STAGED_GATHER_MIN_COLUMNS`]), for a GEMM of `columns` columns.
+pub fn stages_gathered_rows(columns: usize) -> bool {
+    columns >= STAGED_GATHER_MIN_COLUMNS
+}
+
 /// The engine of a grouped GEMM: `Some(tile)`, the Hopper engine, which schedules its
 /// tiles on the GPU from the segment offsets the route op wrote (an empty expert has no
 /// tile), where [`hopper_rule`] holds of the GEMM over all of c's rows (f16/bf16, 16-byte

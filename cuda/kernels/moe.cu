@@ -122,6 +122,30 @@ __device__ __forceinline__ u32 cmm_seg(const CmmGroupedGemmArgs& a, u32 i) {
     return v < a.rows ? v : a.rows;
 }
 
+// The expert of row r among this chunk's segments (the last group whose segment starts
+// at or before r, by binary search), or CMM_NONE for a row in none of them.
+__device__ __forceinline__ u32 cmm_grouped_expert(const CmmGroupedGemmArgs& a, u32 r) {
+    u32 lo = a.group_begin, hi = a.group_end;
+    for (u32 step = 0u; step < 32u && lo < hi; ++step) {
+        u32 mid = lo + (hi - lo) / 2u;
+        if (cmm_seg(a, mid * a.chunks + a.chunk) <= r) lo = mid + 1u; else hi = mid;
+    }
+    if (lo > a.group_begin && r < cmm_seg(a, (lo - 1u) * a.chunks + a.chunk + 1u)) return lo - 1u;
+    return CMM_NONE;
+}
+
+// The row of a that row r of C multiplies: r itself, or with `gather` the token-shard
+// row of the token perm gives r, CMM_NONE (zeros) for an unrouted slot or a token
+// outside the shard.
+__device__ __forceinline__ u32 cmm_grouped_source(const CmmGroupedGemmArgs& a, u32 r) {
+    if (a.gather == 0u) return r;
+    u32 slot = ((const u32*)a.perm)[(u64)r * a.perm_stride];
+    if (slot == CMM_NONE || a.slots == 0u) return CMM_NONE;
+    u32 token = slot / a.slots;
+    if (token >= a.gather_base && token - a.gather_base < a.a_rows) return token - a.gather_base;
+    return CMM_NONE;
+}
+
 // One thread per (row, column) of C: find the row's expert among this chunk's
 // segments, gather its A row, accumulate over k in order.
 extern "C" __global__ void cmm_grouped_gemm(CmmGroupedGemmArgs a) {
@@ -129,14 +153,7 @@ extern "C" __global__ void cmm_grouped_gemm(CmmGroupedGemmArgs a) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         u32 r = (u32)(i / a.n);
         u32 j = (u32)(i % a.n);
-        // The last group whose segment starts at or before r, by binary search.
-        u32 lo = a.group_begin, hi = a.group_end;
-        for (u32 step = 0u; step < 32u && lo < hi; ++step) {
-            u32 mid = lo + (hi - lo) / 2u;
-            if (cmm_seg(a, mid * a.chunks + a.chunk) <= r) lo = mid + 1u; else hi = mid;
-        }
-        u32 expert = CMM_NONE;
-        if (lo > a.group_begin && r < cmm_seg(a, (lo - 1u) * a.chunks + a.chunk + 1u)) expert = lo - 1u;
+        u32 expert = cmm_grouped_expert(a, r);
         u64 out = (u64)r * a.c_stride + j;
         if (expert == CMM_NONE) {
             if (a.zero_unrouted != 0u && r >= cmm_seg(a, a.experts * a.chunks)) {
@@ -144,15 +161,7 @@ extern "C" __global__ void cmm_grouped_gemm(CmmGroupedGemmArgs a) {
             }
             continue;
         }
-        u32 src = r;
-        if (a.gather != 0u) {
-            u32 slot = ((const u32*)a.perm)[(u64)r * a.perm_stride];
-            src = CMM_NONE;
-            if (slot != CMM_NONE) {
-                u32 token = slot / a.slots;
-                if (token >= a.gather_base && token - a.gather_base < a.a_rows) src = token - a.gather_base;
-            }
-        }
+        u32 src = cmm_grouped_source(a, r);
         float acc = 0.0f;
         if (src != CMM_NONE) {
             u64 b0 = (u64)expert * a.k * a.b_stride + j;
@@ -163,6 +172,35 @@ extern "C" __global__ void cmm_grouped_gemm(CmmGroupedGemmArgs a) {
             }
         }
         cmm_store_bits(a.c, out, a.c_dtype, cmm_encode(acc, a.c_dtype));
+    }
+}
+
+// A grouped GEMM's gathered rows staged for the Hopper engine, whose TMA loads boxes of
+// consecutive rows: for every row r of this chunk's segments, c[r] = a[source(r)] (k
+// elements of a's dtype, zeros where r has no source); the other rows of c are left as
+// they are (the engine loads them with a tile but never stores their results). One warp
+// a row, 16 bytes a lane, then the row's last elements one a lane: the host launches it
+// where a's and c's bases and row strides are multiples of 16 bytes
+// (`gather_rows_launch` in cuda/src/launch.rs); n is unused.
+extern "C" __global__ void cmm_gather_rows(CmmGroupedGemmArgs a) {
+    const u32 lane = threadIdx.x % 32u;
+    const u64 warps = (u64)gridDim.x * (blockDim.x / 32u);
+    const u32 bytes = a.a_dtype == 0u ? 4u : 2u;
+    const u32 pieces = a.k * bytes / 16u;   // whole 16-byte pieces of a row
+    const u32 tail = pieces * 16u / bytes;  // the first element after them
+    for (u64 r = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32u; r < a.rows; r += warps) {
+        if (cmm_grouped_expert(a, (u32)r) == CMM_NONE) continue;
+        const u32 src = cmm_grouped_source(a, (u32)r);
+        const u64 from = a.a + (u64)bytes * (src == CMM_NONE ? 0u : src) * a.a_stride;
+        const u64 to = a.c + (u64)bytes * r * a.c_stride;
+        for (u32 j = lane; j < pieces; j += 32u) {
+            CmmBits128 v = {{0u, 0u, 0u, 0u}};
+            if (src != CMM_NONE) v = ((const CmmBits128*)from)[j];
+            ((CmmBits128*)to)[j] = v;
+        }
+        for (u32 j = tail + lane; j < a.k; j += 32u) {
+            cmm_store_bits(to, j, a.a_dtype, src != CMM_NONE ? cmm_load_bits(from, j, a.a_dtype) : 0u);
+        }
     }
 }
 

@@ -773,7 +773,8 @@ impl CudaBackend {
         if let (Source::Given(given), Some(bound)) = (source, bound) {
             crate::given::check_with_driver(plan, given, bound, |d| state.gpus[on(d)].ctx.clone())?;
         }
-        let memory = Memory::allocate(&state.gpus, plan, bound, on)?;
+        let mut memory = Memory::allocate(&state.gpus, plan, bound, on)?;
+        memory.stage(plan, lowered, |d| state.gpus[on(d)].ctx.clone())?;
         // The caller's buffers hold what they hold; cmm's own are generated or poisoned.
         let (seed, family) = match source {
             Source::Generated { seed, family } => (seed, family),
@@ -849,12 +850,14 @@ impl CudaBackend {
         // its own steps, in the schedule's order.
         let lanes = plan.lanes.len().max(1);
         lowered.steps.retain(|step| step.stream / lanes == rank);
+        lowered.gemms = crate::lower::GemmCounts::of(&lowered.steps);
         let mut state = self.ready()?;
         let ctx = state.gpus[0].ctx.clone();
         if let (Source::Given(given), Some(bound)) = (source, &bound) {
             crate::given::check_with_driver(plan, given, bound, |_| ctx.clone())?;
         }
-        let (memory, meeting) = Memory::symmetric(&ctx, plan, rendezvous)?;
+        let (mut memory, meeting) = Memory::symmetric(&ctx, plan, rendezvous)?;
+        memory.stage(plan, &lowered, |_| ctx.clone())?;
         // The caller's buffers and their places in the heap: inputs in, results out.
         let mut copy_in = Vec::new();
         let mut copy_out = Vec::new();

@@ -164,8 +164,11 @@ struct HostMemory {
     base: Vec<Vec<u64>>,
     /// Per device, the heap's first (256-aligned) byte.
     start: Vec<u64>,
-    /// Per buffer, its offset; then the heap's length.
+    /// Per region (the plan's buffers, then the lowering's staging), its offset; then the
+    /// heap's length.
     offsets: Vec<usize>,
+    /// Per region, its name in errors and its bytes.
+    regions: Vec<(String, usize)>,
 }
 
 /// Bytes of canary before each buffer and after the last.
@@ -193,14 +196,19 @@ fn zeroed_words<T: Default>(count: usize) -> Box<[T]> {
 }
 
 impl HostMemory {
-    fn allocate(plan: &Plan) -> HostMemory {
+    /// Every device's heap: the plan's buffers, then the lowering's staging regions
+    /// (`staging`, [`Lowered::staging`], each in every device's heap), each behind a guard.
+    fn allocate(plan: &Plan, staging: &[crate::lower::Staging]) -> HostMemory {
         let align = |x: usize| x.div_ceil(256) * 256;
-        let mut offsets = Vec::with_capacity(plan.buffers.len() + 1);
+        let buffers = plan.buffers.iter().map(|b| (b.name.clone(), b.len() * b.dtype.size_bytes()));
+        let staging = staging.iter().map(|s| (format!("the staging of stream {}", s.stream), s.bytes as usize));
+        let regions: Vec<(String, usize)> = buffers.chain(staging).collect();
+        let mut offsets = Vec::with_capacity(regions.len() + 1);
         let mut total = 0usize;
-        for b in &plan.buffers {
+        for (_, bytes) in &regions {
             total += GUARD;
             offsets.push(total);
-            total += align(b.len() * b.dtype.size_bytes());
+            total += align(*bytes);
         }
         total += GUARD;
         offsets.push(total);
@@ -210,17 +218,17 @@ impl HostMemory {
             let heap: Box<[AtomicU64]> =
                 (0..total / 8 + 32).map(|_| AtomicU64::new(u64::from_ne_bytes([CANARY_BYTE; 8]))).collect();
             let first = (heap.as_ptr() as u64).div_ceil(256) * 256;
-            base.push(offsets[..plan.buffers.len()].iter().map(|&o| first + o as u64).collect());
+            base.push(offsets[..regions.len()].iter().map(|&o| first + o as u64).collect());
             start.push(first);
             heaps.push(heap);
             // Semaphores as u32 words, two per u64.
             semaphores.push(zeroed_words(plan.semaphores.len().div_ceil(2).max(1)));
         }
-        HostMemory { heaps, semaphores, base, start, offsets }
+        HostMemory { heaps, semaphores, base, start, offsets, regions }
     }
 
-    /// The first buffer whose guard a kernel overwrote: the bytes after it up to the next
-    /// buffer (or the heap's end), and before buffer 0.
+    /// The first region (buffer or staging) whose guard a kernel overwrote: the bytes
+    /// after it up to the next region (or the heap's end), and before buffer 0.
     fn check_guards(&self, plan: &Plan) -> Result<(), CudaError> {
         let total = *self.offsets.last().expect("the heap's length");
         for (d, first) in self.start.iter().enumerate() {
@@ -230,13 +238,18 @@ impl HostMemory {
             #[allow(unsafe_code)]
             let heap = unsafe { std::slice::from_raw_parts(*first as *const u8, total) };
             let spoiled = |range: std::ops::Range<usize>| heap[range.clone()].iter().position(|&b| b != CANARY_BYTE);
+            let out_of_bounds = |region: usize, detail: String| CudaError::OutOfBounds {
+                plan: plan.name.clone(),
+                device: d,
+                buffer: self.regions[region].0.clone(),
+                detail,
+            };
             if let Some(at) = spoiled(0..self.offsets[0]) {
-                return Err(out_of_bounds(plan, d, 0, format!("{} bytes before its start", self.offsets[0] - at)));
+                return Err(out_of_bounds(0, format!("{} bytes before its start", self.offsets[0] - at)));
             }
-            for (i, b) in plan.buffers.iter().enumerate() {
-                let end = self.offsets[i] + b.len() * b.dtype.size_bytes();
-                if let Some(at) = spoiled(end..self.offsets[i + 1]) {
-                    return Err(out_of_bounds(plan, d, i, format!("at byte {at} after its end")));
+            for (i, (_, bytes)) in self.regions.iter().enumerate() {
+                if let Some(at) = spoiled(self.offsets[i] + bytes..self.offsets[i + 1]) {
+                    return Err(out_of_bounds(i, format!("at byte {at} after its end")));
                 }
             }
         }
@@ -295,10 +308,6 @@ impl HostControl {
         let w = ControlLayout::status(slot);
         (self.words[w].load(Ordering::SeqCst), self.words[w + 1].load(Ordering::SeqCst))
     }
-}
-
-fn out_of_bounds(plan: &Plan, device: usize, buffer: usize, detail: String) -> CudaError {
-    CudaError::OutOfBounds { plan: plan.name.clone(), device, buffer: plan.buffers[buffer].name.clone(), detail }
 }
 
 /// How the host twin feeds its streams.
@@ -456,7 +465,7 @@ impl HostTwin {
         options: &CudaRunOptions,
     ) -> Result<CudaRunOutput, CudaError> {
         let start = Instant::now();
-        let memory = HostMemory::allocate(plan);
+        let memory = HostMemory::allocate(plan, &lowered.staging);
         fill_inputs(self.kernels, plan, &memory, seed, family)?;
         let control = HostControl::new(lowered.wait_slots.len());
         let words = control.words(options.wait_timeout);
@@ -523,7 +532,7 @@ fn fill_inputs(
     family: Family,
 ) -> Result<(), CudaError> {
     for d in 0..plan.devices {
-        for (i, base) in memory.base[d].iter().enumerate() {
+        for (i, base) in memory.base[d].iter().enumerate().take(plan.buffers.len()) {
             for fill in buffer_fill(plan, d, i, *base, seed, family) {
                 match fill {
                     Fill::Launch(l) => kernels.launch(&l)?,
@@ -1680,6 +1689,87 @@ mod tests {
         }
     }
 
+    /// The rows `cmm_gather_rows` stages for a grouped GEMM of 3 experts over 2 token
+    /// chunks whose rows are gathered from a shard of 6 tokens starting at token 3 (K = 20
+    /// bf16: two 16-byte pieces and four last elements), chunk 1 computed; and the rows
+    /// expected: each of chunk 1's segments' rows its token's row, zeros for an unrouted
+    /// slot and for a token outside the shard, and the staging's fill everywhere else (the
+    /// other chunk's rows, the rows past the routed ones, each row past K).
+    fn gathered(kernels: &HostKernels) -> (Vec<u32>, Vec<u32>) {
+        const FILL: u32 = 0xabcd;
+        const NONE: u32 = u32::MAX;
+        let (tokens, a_stride, k, rows, stride) = (6usize, 24usize, 20usize, 12usize, 24usize);
+        let a: Vec<u32> = (0..tokens * a_stride).map(|i| (i as u32).wrapping_mul(2_654_435_761) & 0xffff).collect();
+        // Segments (expert, chunk): e0 [0,2) [2,4), e1 [4,5) [5,8), e2 [8,8) [8,10).
+        let seg = [0u32, 2, 4, 5, 8, 8, 10];
+        // Each row's token·2 + slot; chunk 1's rows hold tokens 3..9: row 6 an unrouted
+        // slot, row 9 token 9, past the shard's six.
+        let perm = [0u32, 2, 6, 9, 1, 7, NONE, 11, 12, 18, NONE, NONE];
+        let mut buffers = [packed(&a, 2), packed(&seg, 4), packed(&perm, 4), packed(&vec![FILL; rows * stride], 2)];
+        let [a_at, seg_at, perm_at, to] = [0, 1, 2, 3].map(|i| buffers[i].as_mut_ptr() as u64);
+        let args = crate::launch::GroupedGemmArgs {
+            a: a_at,
+            a_stride: a_stride as u64,
+            seg: seg_at,
+            perm: perm_at,
+            perm_stride: 1,
+            a_dtype: 2,
+            a_rows: tokens as u32,
+            rows: rows as u32,
+            k: k as u32,
+            chunks: 2,
+            chunk: 1,
+            group_begin: 0,
+            group_end: 3,
+            experts: 3,
+            slots: 2,
+            gather: 1,
+            gather_base: 3,
+            ..Default::default()
+        };
+        let Submission::Launch(launch) = crate::launch::gather_rows_launch(&args, to, stride as u64).unwrap() else {
+            panic!("a launch")
+        };
+        kernels.launch(&launch).unwrap_or_else(|e| panic!("{e}"));
+        let got = unpacked(&buffers[3], 2, rows * stride);
+        let source = |r: usize| match perm[r] {
+            NONE => None,
+            slot => (slot as usize / 2).checked_sub(3).filter(|&t| t < tokens),
+        };
+        let expected = (0..rows * stride)
+            .map(|i| {
+                let (r, c) = (i / stride, i % stride);
+                let staged = [2..4, 5..8, 8..10].iter().any(|s| s.contains(&r));
+                match (staged && c < k, source(r)) {
+                    (false, _) => FILL,
+                    (true, None) => 0,
+                    (true, Some(t)) => a[t * a_stride + c],
+                }
+            })
+            .collect();
+        (got, expected)
+    }
+
+    /// `cmm_gather_rows` stages exactly chunk 1's rows, 16 bytes a lane and then each row's
+    /// last elements (a variant that leaves those out gets them wrong), and refuses a
+    /// source whose rows are not 16-byte aligned.
+    #[test]
+    fn staged_gathered_rows_are_the_chunks_rows_in_order() {
+        let (got, expected) = gathered(kernels());
+        assert_eq!(got, expected);
+        let source = host_source();
+        let from = "for (u32 j = tail + lane; j < a.k; j += 32u)";
+        assert!(source.contains(from), "moe.cu has changed");
+        let variant = source.replacen(from, "for (u32 j = tail + lane; j < tail; j += 32u)", 1);
+        let broken = load_variant(&variant, "cmm-host-gather").unwrap_or_else(|e| panic!("{e}"));
+        let (got, expected) = gathered(&broken);
+        assert_ne!(got, expected, "the variant without the last elements");
+        let unaligned =
+            crate::launch::GroupedGemmArgs { a: 256, a_stride: 20, a_dtype: 2, rows: 4, ..Default::default() };
+        let e = crate::launch::gather_rows_launch(&unaligned, 512, 24).map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains("16-byte bases and row strides"), "{e}");
+    }
+
     #[test]
     fn a_missing_compiler_is_a_typed_error() {
         let dir = std::env::temp_dir().join("cmm-host-test-missing");
@@ -1735,7 +1825,7 @@ mod tests {
             accumulate: false,
         };
         let plan = crate::backend::gemm_plan(&spec).unwrap();
-        let memory = HostMemory::allocate(&plan);
+        let memory = HostMemory::allocate(&plan, &[]);
         memory.check_guards(&plan).unwrap();
         let c = plan.buffers.iter().position(|b| b.name == "C").unwrap();
         let fill = |count: u64| Launch {

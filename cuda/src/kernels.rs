@@ -84,7 +84,7 @@ pub const KERNEL_FILES: [KernelFile; 9] = [
     KernelFile {
         name: "moe.cu",
         source: include_str!("../kernels/moe.cu"),
-        entry_points: &["cmm_route", "cmm_grouped_gemm", "cmm_combine"],
+        entry_points: &["cmm_route", "cmm_grouped_gemm", "cmm_gather_rows", "cmm_combine"],
     },
     KernelFile {
         name: "sync.cu",

@@ -68,6 +68,8 @@ pub enum Kernel {
     Route,
     /// `cmm_grouped_gemm`.
     GroupedGemm,
+    /// `cmm_gather_rows`.
+    GatherRows,
     /// `cmm_combine`.
     Combine,
     /// `cmm_signal`.
@@ -80,7 +82,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 41] = [
+    pub const ALL: [Kernel; 42] = [
         Kernel::Generate,
         Kernel::Fill,
         Kernel::GemmMmaF16,
@@ -118,6 +120,7 @@ impl Kernel {
         Kernel::AttnState,
         Kernel::Route,
         Kernel::GroupedGemm,
+        Kernel::GatherRows,
         Kernel::Combine,
         Kernel::Signal,
         Kernel::Wait,
@@ -165,14 +168,32 @@ impl Kernel {
                 (HopperTile::Narrow, HopperVariant::TmaStore, true) => "cmm_hopper_gemm_bf16_n128_ts",
                 // Never made (`hopper_kernel` gives the wide tile's ping-pong and either
                 // tile's reader fence the engine's kernel): its name.
-                (HopperTile::Wide, HopperVariant::PingPong | HopperVariant::ReaderFence, false) => {
-                    "cmm_hopper_gemm_f16_n256"
-                }
-                (HopperTile::Wide, HopperVariant::PingPong | HopperVariant::ReaderFence, true) => {
-                    "cmm_hopper_gemm_bf16_n256"
-                }
-                (HopperTile::Narrow, HopperVariant::ReaderFence, false) => "cmm_hopper_gemm_f16_n128",
-                (HopperTile::Narrow, HopperVariant::ReaderFence, true) => "cmm_hopper_gemm_bf16_n128",
+                (
+                    HopperTile::Wide,
+                    HopperVariant::PingPong
+                    | HopperVariant::StagedGather
+                    | HopperVariant::InKernelGather
+                    | HopperVariant::ReaderFence,
+                    false,
+                ) => "cmm_hopper_gemm_f16_n256",
+                (
+                    HopperTile::Wide,
+                    HopperVariant::PingPong
+                    | HopperVariant::StagedGather
+                    | HopperVariant::InKernelGather
+                    | HopperVariant::ReaderFence,
+                    true,
+                ) => "cmm_hopper_gemm_bf16_n256",
+                (
+                    HopperTile::Narrow,
+                    HopperVariant::StagedGather | HopperVariant::InKernelGather | HopperVariant::ReaderFence,
+                    false,
+                ) => "cmm_hopper_gemm_f16_n128",
+                (
+                    HopperTile::Narrow,
+                    HopperVariant::StagedGather | HopperVariant::InKernelGather | HopperVariant::ReaderFence,
+                    true,
+                ) => "cmm_hopper_gemm_bf16_n128",
             },
             Kernel::Copy2d => "cmm_copy2d",
             Kernel::Reduce => "cmm_reduce",
@@ -181,6 +202,7 @@ impl Kernel {
             Kernel::AttnState => "cmm_attn_state",
             Kernel::Route => "cmm_route",
             Kernel::GroupedGemm => "cmm_grouped_gemm",
+            Kernel::GatherRows => "cmm_gather_rows",
             Kernel::Combine => "cmm_combine",
             Kernel::Signal => "cmm_signal",
             Kernel::Wait => "cmm_wait",
@@ -561,6 +583,38 @@ fn hopper_launch(
         shared_mem_bytes: tile.shared_bytes(variant),
     };
     Submission::Launch(Launch::new(hopper_kernel(tile, variant, input), cfg, vec![Param::Hopper(Box::new(args))], what))
+}
+
+/// Elements of a row of staged gathered rows: K rounded up to 16 bytes of 16-bit
+/// elements, the row stride TMA needs.
+pub(crate) fn staged_row_elements(k: u32) -> u32 {
+    k.next_multiple_of(8)
+}
+
+/// `cmm_gather_rows` copying the rows of `grouped` (a grouped GEMM's arguments, its rows
+/// gathered) in order to `to`, rows `stride` elements apart: one warp a row. An error
+/// where a's or the staging's base or row stride is not a multiple of 16 bytes (the
+/// engine's rule asks the same of a: TMA's and `cp.async`'s alignment).
+pub(crate) fn gather_rows_launch(grouped: &GroupedGemmArgs, to: u64, stride: u64) -> Result<Submission, CudaError> {
+    let bytes = if grouped.a_dtype == 0 { 4 } else { 2 };
+    if [grouped.a, grouped.a_stride * bytes, to, stride * bytes].iter().any(|x| x % 16 != 0) {
+        return Err(CudaError::Unsupported {
+            plan: String::new(),
+            what: format!(
+                "staging gathered rows from {:#x} (row stride {} elements) to {to:#x} (row stride {stride}): \
+                 both need 16-byte bases and row strides",
+                grouped.a, grouped.a_stride
+            ),
+        });
+    }
+    let args = GroupedGemmArgs { c: to, c_stride: stride, ..*grouped };
+    let cfg = elementwise(32 * grouped.rows as usize).expect("a grouped GEMM with rows");
+    Ok(Submission::Launch(Launch::new(
+        Kernel::GatherRows,
+        cfg,
+        vec![Param::GroupedGemm(args)],
+        "staging gathered rows",
+    )))
 }
 
 /// The Hopper-engine kernel of a tile, variant and input dtype (f16 unless bf16): the
@@ -1117,26 +1171,10 @@ pub(crate) fn submissions(
                 })
                 .collect()
         }
-        Command::GroupedGemm { tensors, seg, perm, shape, routing, gather, zero_unrouted, hopper } => {
+        Command::GroupedGemm { tensors, seg, perm, shape, routing, gather, zero_unrouted, hopper, staged } => {
             let [(a, a_stride, a_dtype), (b, b_stride, b_dtype), (c, c_stride, c_dtype)] = tensors;
             let [a_rows, rows, n, k] = *shape;
             let [chunks, chunk, group_begin, group_end, experts, slots] = *routing;
-            if let Some((tile, ctas, variant)) = *hopper {
-                let gathered = gather.map(|base| (perm, base));
-                let args =
-                    hopper_grouped_args(at, tensors, seg, gathered, *zero_unrouted, *shape, *routing, (tile, variant))?;
-                // At most one CTA per tile: every block (each expert's rows, the zero
-                // block's) may end in a partial row of tiles.
-                let blocks = group_end - group_begin + u32::from(*zero_unrouted);
-                let tiles = (rows.div_ceil(crate::lower::HOPPER_TILE_M as u32) + blocks) * args.tiles_n;
-                return Ok(vec![hopper_launch(
-                    (tile, variant),
-                    *a_dtype,
-                    ctas.min(tiles),
-                    args,
-                    "a grouped hopper gemm",
-                )]);
-            }
             let args = GroupedGemmArgs {
                 a: at.addr(a),
                 a_stride: *a_stride,
@@ -1164,6 +1202,27 @@ pub(crate) fn submissions(
                 gather_base: gather.unwrap_or(0),
                 zero_unrouted: *zero_unrouted as u32,
             };
+            if let Some((tile, ctas, variant)) = *hopper {
+                let mut launches = Vec::new();
+                // Staged rows are c's rows in order: the engine loads them as it loads
+                // rows that are not gathered.
+                let (tensors, shape, gathered) = match staged {
+                    Some(to) => {
+                        let staging = (*to, u64::from(staged_row_elements(k)), *a_dtype);
+                        launches.push(gather_rows_launch(&args, at.addr(to), staging.1)?);
+                        ([staging, tensors[1], tensors[2]], [rows, rows, n, k], None)
+                    }
+                    None => (*tensors, *shape, gather.map(|base| (perm, base))),
+                };
+                let args =
+                    hopper_grouped_args(at, &tensors, seg, gathered, *zero_unrouted, shape, *routing, (tile, variant))?;
+                // At most one CTA per tile: every block (each expert's rows, the zero
+                // block's) may end in a partial row of tiles.
+                let blocks = group_end - group_begin + u32::from(*zero_unrouted);
+                let tiles = (rows.div_ceil(crate::lower::HOPPER_TILE_M as u32) + blocks) * args.tiles_n;
+                launches.push(hopper_launch((tile, variant), *a_dtype, ctas.min(tiles), args, "a grouped hopper gemm"));
+                return Ok(launches);
+            }
             let cfg = elementwise(rows as usize * n as usize);
             launch(Kernel::GroupedGemm, cfg, vec![Param::GroupedGemm(args)], "a grouped gemm")
         }

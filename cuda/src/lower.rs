@@ -37,12 +37,22 @@ pub enum HopperVariant {
     /// multiplies (`CmmHopperNarrowPingPong`). The 128×256 tile has no such kernel (a
     /// warpgroup would hold 256 accumulators a thread): its GEMMs keep the engine's.
     PingPong,
-    /// The engine's kernels, with a grouped GEMM's gathered rows (ag_moe's, copied by
-    /// `cp.async`) made visible to wgmma as the engine did until 2026-11-28: every
-    /// consumer thread makes the proxy fence after each stage's wait, rather than each
-    /// producer thread once its copies have landed (`CMM_HOPPER_READER_FENCE`). Whether
-    /// that fence, one wgmma group in flight, is what stalls the tensor cores. Other GEMMs
-    /// run as on the engine's kernels.
+    /// The engine's kernels, with a grouped GEMM's gathered rows (ag_moe's) staged in
+    /// order by `cmm_gather_rows` and loaded by TMA whatever the GEMM's columns (the engine
+    /// stages them from [`engines::STAGED_GATHER_MIN_COLUMNS`]): the staged path on the
+    /// corpus's small shapes. Other GEMMs run as on the engine's kernels.
+    StagedGather,
+    /// The engine's kernels, with a grouped GEMM's gathered rows (ag_moe's) copied into
+    /// shared memory by the producer warpgroup's `cp.async` inside the kernel whatever the
+    /// GEMM's columns, as the engine did on every shape until 2026-11-29. Whether staging
+    /// them is what the engine's gathered GEMM lacked. Other GEMMs run as on the engine's
+    /// kernels.
+    InKernelGather,
+    /// [`HopperVariant::InKernelGather`] with the gathered rows made visible to wgmma as
+    /// the engine did until 2026-11-28: every consumer thread makes the proxy fence after
+    /// each stage's wait, rather than each producer thread once its copies have landed
+    /// (`CMM_HOPPER_READER_FENCE`). Whether that fence, one wgmma group in flight, is what
+    /// stalls the tensor cores. Other GEMMs run as on the engine's kernels.
     ReaderFence,
     /// Each tile's C staged in shared memory and stored by TMA while the warpgroups go on
     /// to the next tile (`CmmHopperWideStore`, `CmmHopperNarrowStore`): the staging, 64 KiB,
@@ -56,34 +66,54 @@ pub enum HopperVariant {
 
 impl HopperVariant {
     /// Every variant, the engine's first.
-    pub const ALL: [HopperVariant; 6] = [
+    pub const ALL: [HopperVariant; 8] = [
         HopperVariant::Engine,
         HopperVariant::Shallow,
         HopperVariant::Pair,
         HopperVariant::PingPong,
+        HopperVariant::StagedGather,
+        HopperVariant::InKernelGather,
         HopperVariant::ReaderFence,
         HopperVariant::TmaStore,
     ];
 
     /// Its name in options (`conformance --hopper-variant`, a rank worker's options
-    /// line): `engine`, `shallow`, `pair`, `pingpong`, `reader-fence`, `tma-store`.
+    /// line): `engine`, `shallow`, `pair`, `pingpong`, `staged-gather`, `in-kernel-gather`,
+    /// `reader-fence`, `tma-store`.
     pub fn key(self) -> &'static str {
         match self {
             HopperVariant::Engine => "engine",
             HopperVariant::Shallow => "shallow",
             HopperVariant::Pair => "pair",
             HopperVariant::PingPong => "pingpong",
+            HopperVariant::StagedGather => "staged-gather",
+            HopperVariant::InKernelGather => "in-kernel-gather",
             HopperVariant::ReaderFence => "reader-fence",
             HopperVariant::TmaStore => "tma-store",
         }
     }
 
-    /// The variant whose kernels this one launches: itself, or the engine's for
-    /// [`HopperVariant::ReaderFence`], a flag of the engine's kernels.
+    /// The variant whose kernels this one launches: itself, or the engine's for the
+    /// variants of how gathered rows arrive, which are flags and launches around the
+    /// engine's kernels.
     pub fn kernels(self) -> HopperVariant {
         match self {
-            HopperVariant::ReaderFence => HopperVariant::Engine,
+            HopperVariant::StagedGather | HopperVariant::InKernelGather | HopperVariant::ReaderFence => {
+                HopperVariant::Engine
+            }
             other => other,
+        }
+    }
+
+    /// Whether a grouped GEMM of `columns` columns over gathered rows has them staged in
+    /// order (`cmm_gather_rows`) before the kernel, which loads them by TMA, or copied by
+    /// its producer warpgroup: the engine's rule ([`engines::stages_gathered_rows`]) but
+    /// where this variant fixes the way.
+    pub fn stages_gathered_rows(self, columns: usize) -> bool {
+        match self {
+            HopperVariant::StagedGather => true,
+            HopperVariant::InKernelGather | HopperVariant::ReaderFence => false,
+            _ => engines::stages_gathered_rows(columns),
         }
     }
 
@@ -118,6 +148,8 @@ impl HopperVariant {
             HopperVariant::Engine
             | HopperVariant::Shallow
             | HopperVariant::PingPong
+            | HopperVariant::StagedGather
+            | HopperVariant::InKernelGather
             | HopperVariant::ReaderFence
             | HopperVariant::TmaStore => 1,
         }
@@ -186,6 +218,8 @@ impl HopperTarget {
             HopperVariant::Engine
             | HopperVariant::Shallow
             | HopperVariant::PingPong
+            | HopperVariant::StagedGather
+            | HopperVariant::InKernelGather
             | HopperVariant::ReaderFence
             | HopperVariant::TmaStore => self.sms.max(1),
         }
@@ -218,15 +252,47 @@ pub struct GemmCounts {
     pub hopper: usize,
     /// Of the Hopper-engine launches, those in clusters of two ([`HopperVariant::Pair`]).
     pub clusters: usize,
+    /// Of the Hopper engine's grouped GEMMs, those whose gathered rows `cmm_gather_rows`
+    /// staged in order first ([`HopperVariant::stages_gathered_rows`]).
+    pub staged: usize,
 }
 
 impl GemmCounts {
+    /// The GEMMs of `steps` on each engine (a fused run is one kernel, however many blocks
+    /// it has).
+    pub fn of(steps: &[Step]) -> GemmCounts {
+        let mut counts = GemmCounts::default();
+        for step in steps {
+            match &step.command {
+                Some(Command::Gemm(g)) if g.imp == GemmImpl::Cublas => counts.cublas += 1,
+                Some(Command::Gemm(GemmCommand { imp: GemmImpl::Hopper { variant, .. }, .. })) => {
+                    counts.hopper += 1;
+                    counts.clusters += usize::from(*variant == HopperVariant::Pair);
+                }
+                Some(Command::FusedGemm(f)) if matches!(f.gemm.imp, GemmImpl::Hopper { .. }) => counts.hopper += 1,
+                Some(Command::GroupedGemm { hopper: Some(_), staged, .. }) => {
+                    counts.hopper += 1;
+                    counts.staged += usize::from(staged.is_some());
+                }
+                Some(Command::Gemm(_) | Command::FusedGemm(_)) => counts.tile += 1,
+                _ => {}
+            }
+        }
+        counts
+    }
+
     /// The engines that ran, e.g. "cuBLAS", "Hopper engine ×2, tile kernels ×1", "Hopper
-    /// engine (clusters of two ×1)"; "none" without GEMMs.
+    /// engine (clusters of two ×1)", "Hopper engine (gathered rows staged ×2)"; "none"
+    /// without GEMMs.
     pub fn describe(&self) -> String {
-        let hopper = match self.clusters {
-            0 => "Hopper engine".to_string(),
-            n => format!("Hopper engine (clusters of two ×{n})"),
+        let notes: Vec<String> = [("clusters of two", self.clusters), ("gathered rows staged", self.staged)]
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(what, n)| format!("{what} ×{n}"))
+            .collect();
+        let hopper = match notes.as_slice() {
+            [] => "Hopper engine".to_string(),
+            notes => format!("Hopper engine ({})", notes.join(", ")),
         };
         let parts: Vec<(&str, usize)> =
             [("cuBLAS", self.cublas), (hopper.as_str(), self.hopper), ("tile kernels", self.tile)]
@@ -247,6 +313,7 @@ impl std::ops::AddAssign for GemmCounts {
         self.tile += other.tile;
         self.hopper += other.hopper;
         self.clusters += other.clusters;
+        self.staged += other.staged;
     }
 }
 
@@ -513,6 +580,9 @@ pub enum Command {
         /// The Hopper engine's tile, the CTAs of its persistent grid and its kernels'
         /// variant; `None`: the scalar kernel.
         hopper: Option<(HopperTile, u32, HopperVariant)>,
+        /// Where gathered rows are staged in order for the Hopper engine's TMA loads (c's
+        /// rows × K in a's dtype, the lane's [`Lowered::staging`] region), or `None`.
+        staged: Option<Loc>,
     },
     /// `cmm_combine` (`Op::Combine`).
     Combine {
@@ -607,9 +677,31 @@ pub struct Lowered {
     pub gemms: GemmCounts,
     /// The hardware queue count the order was proven safe for.
     pub queues: usize,
+    /// Device memory that the executor owns beside the plan's buffers: per stream that
+    /// stages a grouped GEMM's gathered rows, its device and the bytes of its largest
+    /// staging. One region serves every grouped GEMM of its stream, which runs them one
+    /// after another. A [`Loc`] names region j as buffer `plan.buffers.len() + j`.
+    pub staging: Vec<Staging>,
+}
+
+/// A staging region of [`Lowered::staging`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Staging {
+    /// The stream whose grouped GEMMs it serves.
+    pub stream: usize,
+    /// Its device.
+    pub device: usize,
+    /// Its size.
+    pub bytes: u64,
 }
 
 impl Lowered {
+    /// Per device, the bytes of each staging region, in [`Lowered::staging`]'s order (0
+    /// for another device's): the sizes to allocate after the plan's `buffers`.
+    pub fn staging_bytes(&self, device: usize) -> impl Iterator<Item = u64> + '_ {
+        self.staging.iter().map(move |s| if s.device == device { s.bytes } else { 0 })
+    }
+
     /// The fused GEMMs, in step order (the order of their tables).
     pub(crate) fn fused_gemms(&self) -> impl Iterator<Item = &FusedGemmCommand> {
         self.steps.iter().filter_map(|step| match &step.command {
@@ -712,6 +804,7 @@ pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> 
         wait_slots: Vec::new(),
         gemms: GemmCounts::default(),
         queues: options.queues,
+        staging: Vec::new(),
     };
     for site in order {
         let op = &plan.programs[site.device].lanes[site.lane][site.index];
@@ -721,22 +814,16 @@ pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> 
             }
             // Inside the kernel.
             Some(_) => None,
-            None => lower_op(plan, *site, op, options, &writes, &mut lowered)?,
+            None => stage_gathered_rows(
+                plan,
+                *site,
+                lower_op(plan, *site, op, options, &writes, &mut lowered)?,
+                &mut lowered,
+            ),
         };
-        // A fused run is one tile kernel, however many blocks it has.
-        match &command {
-            Some(Command::Gemm(g)) if g.imp == GemmImpl::Cublas => lowered.gemms.cublas += 1,
-            Some(Command::Gemm(GemmCommand { imp: GemmImpl::Hopper { variant, .. }, .. })) => {
-                lowered.gemms.hopper += 1;
-                lowered.gemms.clusters += usize::from(*variant == HopperVariant::Pair);
-            }
-            Some(Command::FusedGemm(f)) if matches!(f.gemm.imp, GemmImpl::Hopper { .. }) => lowered.gemms.hopper += 1,
-            Some(Command::GroupedGemm { hopper: Some(_), .. }) => lowered.gemms.hopper += 1,
-            Some(Command::Gemm(_) | Command::FusedGemm(_)) => lowered.gemms.tile += 1,
-            _ => {}
-        }
         lowered.steps.push(Step { site: *site, stream: stream_of(plan, *site), command });
     }
+    lowered.gemms = GemmCounts::of(&lowered.steps);
     Ok(lowered)
 }
 
@@ -769,6 +856,35 @@ fn signal_writes(plan: &Plan, sync: SyncMode) -> Result<Vec<(OpSite, u32)>, Cuda
         }
     }
     Ok(writes)
+}
+
+/// A grouped GEMM whose gathered rows the Hopper engine loads by TMA
+/// ([`HopperVariant::stages_gathered_rows`]) staged in its stream's region, which grows to
+/// its rows × K (rounded up to 16 bytes); any other command as it is.
+fn stage_gathered_rows(
+    plan: &Plan,
+    site: OpSite,
+    mut command: Option<Command>,
+    lowered: &mut Lowered,
+) -> Option<Command> {
+    if let Some(Command::GroupedGemm {
+        tensors, shape, gather: Some(_), hopper: Some((_, _, variant)), staged, ..
+    }) = &mut command
+    {
+        let [_, rows, columns, k] = shape.map(u64::from);
+        if variant.stages_gathered_rows(columns as usize) {
+            let bytes =
+                rows * u64::from(crate::launch::staged_row_elements(k as u32)) * tensors[0].2.size_bytes() as u64;
+            let stream = stream_of(plan, site);
+            let index = lowered.staging.iter().position(|s| s.stream == stream).unwrap_or_else(|| {
+                lowered.staging.push(Staging { stream, device: site.device, bytes: 0 });
+                lowered.staging.len() - 1
+            });
+            lowered.staging[index].bytes = lowered.staging[index].bytes.max(bytes);
+            *staged = Some(Loc { device: site.device, buffer: plan.buffers.len() + index, offset: 0 });
+        }
+    }
+    command
 }
 
 /// The persistent kernel of a fused run, on the engine the engines rule gives the run
@@ -1099,6 +1215,7 @@ fn lower_op(
                     let variant = options.hopper.map_or(HopperVariant::Engine, |t| t.variant.unpaired().on(tile));
                     (tile, options.hopper.map_or(1, |t| t.sms), variant)
                 }),
+                staged: None,
             })
         }
         Op::Combine { rows, weights, inv, out } => {
@@ -1166,7 +1283,7 @@ mod tests {
                 - lowered.steps.iter().filter(|s| matches!(s.command, Some(Command::WaitKernel { .. }))).count(),
             12
         );
-        assert_eq!(lowered.gemms, GemmCounts { cublas: 0, tile: 3, hopper: 0, clusters: 0 });
+        assert_eq!(lowered.gemms, GemmCounts { cublas: 0, tile: 3, hopper: 0, clusters: 0, staged: 0 });
         // GEMM+RS: each block released by the signal after it.
         let rs = plan(OpKind::GemmRs, Algorithm::Fused { chunks: 1 }, 2, DType::F32);
         let lowered = lower(&rs, &options(GemmEngine::TileKernel, SyncMode::Kernels, false)).unwrap();
@@ -1233,7 +1350,7 @@ mod tests {
         let waits = plan.ops().filter(|(_, op)| matches!(op, Op::Wait { .. })).count();
         assert_eq!(l.wait_slots.len(), waits);
         let gemms = plan.ops().filter(|(_, op)| matches!(op, Op::Gemm { .. })).count();
-        assert_eq!(l.gemms, GemmCounts { cublas: gemms, tile: 0, hopper: 0, clusters: 0 });
+        assert_eq!(l.gemms, GemmCounts { cublas: gemms, tile: 0, hopper: 0, clusters: 0, staged: 0 });
     }
 
     #[test]
@@ -1273,7 +1390,7 @@ mod tests {
         let err = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap_err();
         assert!(err.to_string().contains("A f16 and B f32 cannot run on cuBLAS"), "{err}");
         let auto = lower(&plan, &options(GemmEngine::Auto, SyncMode::Kernels, true)).unwrap();
-        assert_eq!(auto.gemms, GemmCounts { cublas: 0, tile: 1, hopper: 0, clusters: 0 });
+        assert_eq!(auto.gemms, GemmCounts { cublas: 0, tile: 1, hopper: 0, clusters: 0, staged: 0 });
         let Some(Command::Gemm(g)) = &auto.steps[0].command else { panic!() };
         assert_eq!(g.imp, GemmImpl::Simt);
     }
@@ -1353,6 +1470,49 @@ mod tests {
             let err = parse_queues(Some(bad)).unwrap_err();
             assert!(err.to_string().contains(&format!("CUDA_DEVICE_MAX_CONNECTIONS={bad}")), "{err}");
         }
+    }
+
+    /// ag_moe's gathered grouped GEMMs on the Hopper engine: from 512 columns their rows
+    /// are staged in one region per stream (the largest step's rows × K), named after the
+    /// plan's buffers; below it, or on the in-kernel variants,
+    /// the producer copies them; the staged variant stages them at any width.
+    #[test]
+    fn gathered_rows_are_staged_per_stream_from_512_columns() {
+        use cmm_core::moe::{build_moe_plan, MoeOp, MoeProblem, Routing};
+        let lowered = |ffn: usize, variant: HopperVariant| {
+            let p = MoeProblem::new(MoeOp::AgMoe, 2, 64, 40, ffn, 4, 2, Routing::Uniform, DType::Bf16, DType::Bf16);
+            let plan = build_moe_plan(&p.unwrap(), Algorithm::Ring).unwrap();
+            let hopper = HopperTarget { sms: 132, pair_clusters: [0; 2], tile: None, variant };
+            let options = LowerOptions { hopper: Some(hopper), ..options(GemmEngine::Auto, SyncMode::Kernels, true) };
+            let l = lower(&plan, &options).unwrap();
+            let staged: Vec<(usize, Option<Loc>)> = l
+                .steps
+                .iter()
+                .filter_map(|s| match &s.command {
+                    Some(Command::GroupedGemm { staged, gather: Some(_), .. }) => Some((s.stream, *staged)),
+                    _ => None,
+                })
+                .collect();
+            (plan.buffers.len(), l, staged)
+        };
+        // F = 1024 on 2 devices: 512 columns each.
+        let (buffers, l, staged) = lowered(1024, HopperVariant::Engine);
+        assert_eq!(staged.len(), 4, "two ring steps on each of two devices");
+        assert_eq!(l.staging.len(), 2, "one region per stream that stages");
+        for (stream, at) in staged {
+            let j = l.staging.iter().position(|s| s.stream == stream).unwrap();
+            assert_eq!(at, Some(Loc { device: l.staging[j].device, buffer: buffers + j, offset: 0 }));
+            // 128 rows (T·k) of K = H = 40 bf16.
+            assert_eq!(l.staging[j].bytes, 128 * 40 * 2);
+        }
+        assert_eq!((l.gemms.hopper, l.gemms.staged), (4, 4));
+        for (ffn, variant) in [(1008, HopperVariant::Engine), (1024, HopperVariant::InKernelGather)] {
+            let (_, l, staged) = lowered(ffn, variant);
+            assert!(staged.iter().all(|(_, at)| at.is_none()) && l.staging.is_empty(), "{ffn} columns, {variant:?}");
+            assert_eq!(l.gemms.staged, 0);
+        }
+        let (_, l, staged) = lowered(64, HopperVariant::StagedGather);
+        assert!(staged.iter().all(|(_, at)| at.is_some()) && l.gemms.staged == 4);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::backend::{launch_on, Gpu};
 use crate::error::CudaError;
 use crate::given::Bound;
 use crate::launch::{buffer_fill, Addressing, ControlLayout, Fill, TensorMap, TensorMapSpec};
-use crate::lower::Loc;
+use crate::lower::{Loc, Lowered};
 use crate::options::ReadBack;
 use crate::rank::{Meeting, Rendezvous, SymmetricHeap};
 
@@ -339,6 +339,36 @@ impl Memory {
             owned.push(semaphores);
         }
         Ok(Memory { owned, symmetric: None, base, sems, local: 0..plan.devices })
+    }
+
+    /// Allocates the lowering's staging regions ([`Lowered::staging`]) on the devices this
+    /// process runs (`ctx_of` their contexts), each after the plan's buffers in `base`: a
+    /// [`Loc`] names region j as buffer `plan.buffers.len() + j` (0 on another process's
+    /// device, whose steps this process never issues). Kernels write them before they
+    /// read them.
+    pub(crate) fn stage(
+        &mut self,
+        plan: &Plan,
+        lowered: &Lowered,
+        ctx_of: impl Fn(usize) -> Arc<CudaContext>,
+    ) -> Result<(), CudaError> {
+        for d in 0..self.base.len() {
+            debug_assert_eq!(self.base[d].len(), plan.buffers.len());
+            for bytes in lowered.staging_bytes(d) {
+                let ptr = if bytes > 0 && self.local.contains(&d) {
+                    let ctx = ctx_of(d);
+                    check_free(&ctx, plan, bytes as usize)?;
+                    let alloc = DeviceAlloc::uninit(&ctx, bytes as usize)?;
+                    let ptr = alloc.ptr;
+                    self.owned.push(alloc);
+                    ptr
+                } else {
+                    0
+                };
+                self.base[d].push(ptr);
+            }
+        }
+        Ok(())
     }
 
     /// Rank mode: this rank's part of the symmetric heap (every buffer, then the

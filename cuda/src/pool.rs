@@ -327,7 +327,7 @@ impl CudaExecutor for RankPool {
                 Ok(_) => {
                     let fields: Vec<&str> = line.trim_end_matches('\n').split('\t').collect();
                     match fields.as_slice() {
-                        ["ok", nanos, gated, cublas, tile, hopper, clusters] => {
+                        ["ok", nanos, gated, cublas, tile, hopper, clusters, staged] => {
                             let number = |w: &str| w.parse::<u64>().unwrap_or(0);
                             output.gpu_time = output.gpu_time.max(Duration::from_nanos(number(nanos)));
                             output.gated &= *gated == "1";
@@ -336,6 +336,7 @@ impl CudaExecutor for RankPool {
                                 tile: number(tile) as usize,
                                 hopper: number(hopper) as usize,
                                 clusters: number(clusters) as usize,
+                                staged: number(staged) as usize,
                             };
                             match read_buffers(&out_of(rank), plan) {
                                 Ok(buffers) => output.buffers[rank] = buffers,
@@ -439,13 +440,14 @@ fn serve_one(backend: &Result<CudaBackend, CudaError>, line: &str) -> Result<Str
     let run = backend.run_rank(&plan, &rendezvous, seed, family, &options).map_err(|e| e.to_string())?;
     write_buffers(Path::new(out), &run.buffers[rendezvous.rank]).map_err(|e| format!("writing {out}: {e}"))?;
     Ok(format!(
-        "ok\t{}\t{}\t{}\t{}\t{}\t{}",
+        "ok\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
         run.gpu_time.as_nanos(),
         u8::from(run.gated),
         run.gemms.cublas,
         run.gemms.tile,
         run.gemms.hopper,
-        run.gemms.clusters
+        run.gemms.clusters,
+        run.gemms.staged
     ))
 }
 

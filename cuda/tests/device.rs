@@ -296,11 +296,13 @@ fn host_grouped_gemms_on_the_hopper_engine_match_the_cpu_twin() {
 /// twin on the exact family: moe_rs's (a's rows are c's: TMA) with H = 320 columns (a
 /// partial second column of wide tiles) and an expert's K = F/D = 72 rows (not a multiple
 /// of the 64-row step: the 3D map's zero fill, not the next expert's rows), and ag_moe's
-/// (rows gathered by token with cp.async, the rows past the routed ones zeroed) with
-/// K = H = 72, 80 and 456 (K steps past K: zero-filled chunks; 456 has more steps than
-/// the producer keeps in flight, so stages are handed over inside its loop), with the
-/// gathered rows' proxy fence in the producer (the engine's) and in the consumers (the
-/// `reader-fence` variant); experts with no token (`Empty`), dropped
+/// (rows gathered by token, the rows past the routed ones zeroed) with K = H = 72, 80 and
+/// 456 (K steps past K: zero-filled chunks; 456 has more steps than the producer keeps
+/// in flight, so stages are handed over inside its loop), its rows staged in order by
+/// `cmm_gather_rows` and loaded by TMA (`staged-gather`: the engine stages them from 512
+/// columns, more than these have), or copied by the producer's cp.async with their proxy
+/// fence in the producer (`in-kernel-gather`, the engine's way here) or in the consumers
+/// (`reader-fence`); experts with no token (`Empty`), dropped
 /// slots, chunks, uneven token splits. f32 inputs stay on the scalar kernel, and asking
 /// for the engine on every GEMM then is a typed error naming why.
 fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
@@ -318,7 +320,7 @@ fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
         let plan = build_moe_plan(&p, algorithm).unwrap();
         let grouped = plan.ops().filter(|(_, op)| matches!(op, cmm_core::Op::GroupedGemm { .. })).count();
         let fences: &[HopperVariant] = match op {
-            MoeOp::AgMoe => &[HopperVariant::Engine, HopperVariant::ReaderFence],
+            MoeOp::AgMoe => &[HopperVariant::StagedGather, HopperVariant::InKernelGather, HopperVariant::ReaderFence],
             MoeOp::MoeRs => &[HopperVariant::Engine],
         };
         for &variant in fences {
@@ -380,8 +382,18 @@ fn tma_stores_on_the_hopper_engine(b: &impl CudaExecutor) {
 }
 
 /// Runs `plan` with every GEMM on the Hopper engine's `variant` of each tile, bit for bit
-/// with the CPU twin, and checks that `gemms` GEMMs ran on the engine.
+/// with the CPU twin, and checks that `gemms` GEMMs ran on the engine, every gathered grouped
+/// GEMM with its rows staged first where the variant stages them.
 fn on_each_hopper_tile(b: &impl CudaExecutor, plan: &cmm_core::Plan, variant: HopperVariant, gemms: usize) {
+    // ag_moe's grouped GEMMs, whose rows are gathered: staged first where the variant
+    // (or for the engine, the GEMM's columns) says so.
+    let staged = plan
+        .ops()
+        .filter(|(_, op)| match op {
+            cmm_core::Op::GroupedGemm { c, gather: Some(_), .. } => variant.stages_gathered_rows(c.cols),
+            _ => false,
+        })
+        .count();
     for tile in cmm_core::engines::HopperTile::ALL {
         let options = CudaRunOptions {
             gemm: GemmEngine::Hopper,
@@ -391,6 +403,7 @@ fn on_each_hopper_tile(b: &impl CudaExecutor, plan: &cmm_core::Plan, variant: Ho
         };
         let out = assert_matches_twin(b, plan, &options);
         assert_eq!(out.gemms.hopper, gemms, "{} on {tile:?} tiles, {variant:?}", plan.name);
+        assert_eq!(out.gemms.staged, staged, "{} on {tile:?} tiles, {variant:?}: rows staged", plan.name);
     }
 }
 

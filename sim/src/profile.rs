@@ -303,20 +303,23 @@ pub struct EngineRate {
     pub shared_efficiency_f32: Option<f64>,
     /// As the MoE grouped GEMM's mainloop (tiles from the routing's segment offsets, the
     /// experts' B as a 3D tensor), the fraction of peak over rows that TMA loads
-    /// (absent: `efficiency`).
+    /// (absent: `efficiency`); rows gathered by token that the engine stages first are
+    /// loaded so too ([`Profile::grouped_gemm_cost_on`]).
     #[serde(default)]
     pub grouped_efficiency: Option<f64>,
-    /// The same over rows gathered by token (`cp.async` by the producer threads, which no
-    /// TMA box can load) (absent: `grouped_efficiency`).
+    /// The same over rows gathered by token that the producer threads copy into each tile
+    /// (`cp.async`, which no TMA box can load), as the engine does below
+    /// [`cmm_core::engines::STAGED_GATHER_MIN_COLUMNS`] (absent: `grouped_efficiency`).
     #[serde(default)]
     pub gathered_efficiency: Option<f64>,
 }
 
 impl EngineRate {
-    /// The fraction of peak this engine reaches as a grouped GEMM, over gathered rows or not.
-    pub fn grouped(&self, gathered: bool) -> f64 {
+    /// The fraction of peak this engine reaches as a grouped GEMM, over rows its producer
+    /// gathers by token or over rows TMA loads.
+    pub fn grouped(&self, gathered_in_kernel: bool) -> f64 {
         let grouped = self.grouped_efficiency.unwrap_or(self.efficiency);
-        if gathered {
+        if gathered_in_kernel {
             self.gathered_efficiency.unwrap_or(grouped)
         } else {
             grouped
@@ -777,8 +780,12 @@ impl Profile {
     }
 
     /// [`Self::grouped_gemm_cost`] on one of cmm's tiled engines (the Hopper engine): its
-    /// grouped rate ([`EngineRate::grouped`], `gathered`: rows gathered by token) on whole
-    /// waves of its own tiles over every group, plus its fixed cost.
+    /// grouped rate ([`EngineRate::grouped_efficiency`]) on whole waves of its own tiles
+    /// over every group, plus its fixed cost. Rows `gathered` by token: where the engine
+    /// stages them ([`cmm_core::engines::stages_gathered_rows`] of `n`), first that staging
+    /// (every routed row read from its token's and written once, at the HBM rate, before
+    /// the GEMM starts), then the GEMM over them as over any other rows; elsewhere the GEMM
+    /// at its rate over rows its producer copies ([`EngineRate::gathered_efficiency`]).
     #[allow(clippy::too_many_arguments)]
     pub fn grouped_gemm_cost_on(
         &self,
@@ -793,8 +800,18 @@ impl Profile {
         let cost = self.grouped_gemm_cost(groups, n, k, input, output);
         match self.engine_rate(engine) {
             Some((rate, tile_m, tile_n)) => {
-                let rate = EngineRate { efficiency: rate.grouped(gathered), ..rate };
-                self.rated_cost(rate, tile_m, tile_n, groups, n, k, input, cost.bytes)
+                let staged = gathered && cmm_core::engines::stages_gathered_rows(n);
+                let rate = EngineRate { efficiency: rate.grouped(gathered && !staged), ..rate };
+                let gemm = self.rated_cost(rate, tile_m, tile_n, groups, n, k, input, cost.bytes);
+                if !staged {
+                    return gemm;
+                }
+                let rows: usize = groups.iter().sum();
+                let staging_bytes = 2.0 * (rows * k) as f64 * input.size_bytes() as f64;
+                let work_s = gemm.work_s + staging_bytes / self.hbm_bps();
+                let flops = 2.0 * (rows * n * k) as f64;
+                let efficiency = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { gemm.efficiency };
+                GemmCost { work_s, efficiency, bytes: gemm.bytes + staging_bytes, ..gemm }
             }
             None => cost,
         }

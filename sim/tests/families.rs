@@ -54,7 +54,8 @@ fn grouped_gemms_are_priced_on_the_engine_the_backend_runs_them_on() {
         let f32s = run(op, DType::F32, Engines::AsBuilt);
         assert!(f32s.engines.describe().starts_with("scalar grouped kernel"), "{op}: {}", f32s.engines.describe());
     }
-    // ag_moe's rows, gathered by token, load slower than moe_rs's TMA boxes.
+    // ag_moe's rows, gathered by token (1792 columns: staged first), cost their staging
+    // on top of the GEMM.
     assert!(as_built_over_potential[1] > as_built_over_potential[0], "{as_built_over_potential:?}");
     let hopper = cmm_core::engines::Engine::Hopper(cmm_core::engines::HopperTile::Wide);
     let cost = |groups: &[usize], gathered| {
@@ -66,7 +67,21 @@ fn grouped_gemms_are_priced_on_the_engine_the_backend_runs_them_on() {
     // The grouped rates are the profile's own, below the plain GEMM's on the same tiles.
     let plain = profile.gemm_cost_on(hopper, 8192, 4096, 1792, DType::Bf16, DType::Bf16, false);
     assert!(dense.work_s > 1.5 * plain.work_s, "{} vs {}", dense.work_s, plain.work_s);
-    assert!(cost(&[1024; 8], true).work_s > dense.work_s);
+    // Staged rows: each routed row read and written once more, at the HBM rate.
+    let staged = cost(&[1024; 8], true);
+    let staging_s = 2.0 * (8192 * 1792 * 2) as f64 / profile.hbm_bps();
+    assert!(
+        (staged.work_s - dense.work_s - staging_s).abs() < 1e-3 * staging_s,
+        "{} vs {}",
+        staged.work_s,
+        dense.work_s
+    );
+    // Below 512 columns the producer copies them into each tile: no staging, but the
+    // engine's slower rate over such rows.
+    let narrow =
+        |gathered| profile.grouped_gemm_cost_on(hopper, &[1024; 8], 256, 1792, DType::Bf16, DType::Bf16, gathered);
+    let (copied, loaded) = (narrow(true), narrow(false));
+    assert!(copied.work_s > 1.1 * loaded.work_s && copied.bytes == loaded.bytes, "{copied:?} vs {loaded:?}");
 }
 
 #[test]

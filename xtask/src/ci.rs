@@ -61,21 +61,30 @@ pub fn run(quick: bool, fuzz: Option<u64>) -> Result<()> {
     // One process per device, on the fake CUDA driver (NVRTC compiles the kernels; the
     // host twin runs them): the whole corpus with stream memory ops. (With kernel waits
     // the bundle's rehearsal above ran it, from the bundle's own binaries.)
-    let shown = "CMM_FAKE_CUDA=1 cargo xtask conformance --backend cuda --processes --sync memops";
-    step(shown);
-    if cmm_cuda::nvrtc_available() || std::env::var_os("CMM_REQUIRE_NVRTC").is_some() {
-        let exe = std::env::current_exe().context("finding this program")?;
-        let status = std::process::Command::new(exe)
-            .args(["conformance", "--backend", "cuda", "--processes", "--sync", "memops"])
-            .env(cmm_cuda::fake::FAKE_CUDA_VAR, "1")
-            .current_dir(&root)
-            .status()
-            .with_context(|| format!("cannot start `{shown}`"))?;
-        if !status.success() {
-            bail!("ci step `{shown}` failed ({status})");
+    // Then ag_moe's cases with their gathered rows staged in each process's own device
+    // memory (`Memory::stage`), which the corpus's narrow GEMMs do not ask for by default.
+    let fake_runs: [&[&str]; 2] = [
+        &["--processes", "--sync", "memops"],
+        &["--processes", "--hopper", "--hopper-variant", "staged-gather", "--filter", "moe_ag"],
+    ];
+    for extra in fake_runs {
+        let shown = format!("CMM_FAKE_CUDA=1 cargo xtask conformance --backend cuda {}", extra.join(" "));
+        step(&shown);
+        if cmm_cuda::nvrtc_available() || std::env::var_os("CMM_REQUIRE_NVRTC").is_some() {
+            let exe = std::env::current_exe().context("finding this program")?;
+            let status = std::process::Command::new(exe)
+                .args(["conformance", "--backend", "cuda"])
+                .args(extra)
+                .env(cmm_cuda::fake::FAKE_CUDA_VAR, "1")
+                .current_dir(&root)
+                .status()
+                .with_context(|| format!("cannot start `{shown}`"))?;
+            if !status.success() {
+                bail!("ci step `{shown}` failed ({status})");
+            }
+        } else {
+            println!("skipped: libnvrtc is not installed here (.ci/run installs it)");
         }
-    } else {
-        println!("skipped: libnvrtc is not installed here (.ci/run installs it)");
     }
     let fuzz_seconds = fuzz.unwrap_or(FUZZ_SECONDS);
     step(&format!("cargo xtask fuzz --seconds {fuzz_seconds}"));

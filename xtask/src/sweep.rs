@@ -15,8 +15,11 @@
 //! - the 128×128 tile with its consumer warpgroups on alternate tiles (ping-pong), and
 //!   each tile with its epilogue staged in shared memory and stored by TMA while the next
 //!   tile multiplies: an epilogue that idles the tensor cores;
-//! - ag_moe's gathered rows with their proxy fence in the consumers, as the engine had it
-//!   before: whether that fence stalls the tensor cores.
+//! - ag_moe's gathered rows copied into shared memory by the kernel's producer warpgroup
+//!   (`cp.async`), as the engine had them until 2026-11-29, rather than staged in order
+//!   first and loaded by TMA: what the gather costs inside the kernel against before it;
+//!   and copied so with their proxy fence in the consumers, as before 2026-11-28: whether
+//!   that fence stalls the tensor cores.
 
 use std::fs;
 use std::path::PathBuf;
@@ -102,10 +105,15 @@ const GROUPED_VARIANTS: [Variant; 5] = [
 ];
 
 /// The variants only ag_moe's grouped GEMM (the gathered one) also takes: each tile with
-/// the proxy fence of its gathered rows in the consumers, as the engine had it until
-/// 2026-11-28, beside the engine's producer fence.
-const GATHERED_VARIANTS: [Variant; 2] =
-    [(HopperTile::Wide, HopperVariant::ReaderFence), (HopperTile::Narrow, HopperVariant::ReaderFence)];
+/// its gathered rows copied by the kernel's producer warpgroup (the engine's way until
+/// 2026-11-29), beside the engine's rows staged first; and so with their proxy fence in
+/// the consumers (until 2026-11-28). Neither changes a GEMM that gathers nothing.
+const GATHERED_VARIANTS: [Variant; 4] = [
+    (HopperTile::Wide, HopperVariant::InKernelGather),
+    (HopperTile::Narrow, HopperVariant::InKernelGather),
+    (HopperTile::Wide, HopperVariant::ReaderFence),
+    (HopperTile::Narrow, HopperVariant::ReaderFence),
+];
 
 /// "hopper 128x256", "hopper 128x256 3 stages", "hopper 128x256 cluster 2", "hopper
 /// 128x128 pingpong".
@@ -115,6 +123,8 @@ fn variant_name((tile, variant): Variant) -> String {
         HopperVariant::Shallow => format!("hopper {} {} stages", tile.name(), tile.stages(variant)),
         HopperVariant::Pair => format!("hopper {} cluster {}", tile.name(), variant.cluster()),
         HopperVariant::PingPong => format!("hopper {} pingpong", tile.name()),
+        HopperVariant::StagedGather => format!("hopper {} staged gather", tile.name()),
+        HopperVariant::InKernelGather => format!("hopper {} in-kernel gather", tile.name()),
         HopperVariant::ReaderFence => format!("hopper {} reader fence", tile.name()),
         HopperVariant::TmaStore => format!("hopper {} tma store", tile.name()),
     }
@@ -307,6 +317,7 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
         let options = CudaRunOptions { time_ops: true, cold_l2: true, ..grouped_options(variant) };
         let mut times = Vec::new();
         let mut failure = None;
+        let mut staged = false;
         // One untimed run first: module loading and the first touch of the buffers. Each
         // run regenerates the inputs and cools the L2, so at most 10 are timed.
         for rep in 0..=reps.clamp(1, 10) {
@@ -316,7 +327,10 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
                     break;
                 }
                 Ok(out) if rep > 0 => match out.op_times.iter().find(|(s, _, _)| *s == site) {
-                    Some(&(_, _, us)) => times.push(us),
+                    Some(&(_, _, us)) => {
+                        times.push(us);
+                        staged = out.gemms.staged > 0;
+                    }
                     None => {
                         failure = Some("the run timed no grouped GEMM".into());
                         break;
@@ -331,7 +345,9 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
         }
         let name = format!("{} grouped", variant_name(variant));
         let us = (failure.is_none() && !times.is_empty()).then(|| crate::timing::median(times));
-        let check = failure.unwrap_or_else(|| "checked by the corpus and the device tests".into());
+        // The engine stages gathered rows from 512 columns: say which way this row ran.
+        let how = if staged { "; gathered rows staged first (its time includes theirs)" } else { "" };
+        let check = failure.unwrap_or_else(|| format!("checked by the corpus and the device tests{how}"));
         rows.push(row(&shape, input, name, us, &spec, cublas, check));
     }
     Ok(rows)
@@ -435,7 +451,7 @@ fn profile(backend: &CudaBackend, shrink: usize) -> Result<()> {
         let Grouped { plan, spec, .. } = grouped(op, DType::Bf16, shrink)?;
         let gathered = if op == MoeOp::AgMoe { &GATHERED_VARIANTS[..] } else { &[] };
         for &variant in GROUPED_VARIANTS.iter().chain(gathered) {
-            if variant.1 != HopperVariant::ReaderFence {
+            if !GATHERED_VARIANTS.contains(&variant) {
                 plain(&format!("{op} dense"), &spec, variant)?;
             }
             let options = CudaRunOptions { gate: false, ..grouped_options(variant) };
