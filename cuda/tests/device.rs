@@ -299,10 +299,11 @@ fn host_grouped_gemms_on_the_hopper_engine_match_the_cpu_twin() {
 /// (rows gathered by token, the rows past the routed ones zeroed) with K = H = 72, 80 and
 /// 456 (K steps past K: zero-filled chunks; 456 has more steps than the producer keeps
 /// in flight, so stages are handed over inside its loop), its rows staged in order by
-/// `cmm_gather_rows` and loaded by TMA (`staged-gather`: the engine stages them from 512
-/// columns, more than these have), or copied by the producer's cp.async with their proxy
-/// fence in the producer (`in-kernel-gather`, the engine's way here) or in the consumers
-/// (`reader-fence`); experts with no token (`Empty`), dropped
+/// `cmm_gather_rows` and loaded by TMA (`staged-gather`; the engine's own way from 512
+/// columns, which the last case, of 520, runs on the engine's and the ping-pong kernels),
+/// or copied by the producer's cp.async with their proxy fence in the producer
+/// (`in-kernel-gather`, the engine's way below 512) or in the consumers (`reader-fence`);
+/// experts with no token (`Empty`), dropped
 /// slots, chunks, uneven token splits. f32 inputs stay on the scalar kernel, and asking
 /// for the engine on every GEMM then is a typed error naming why.
 fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
@@ -314,12 +315,18 @@ fn grouped_gemms_on_the_hopper_engine(b: &impl CudaExecutor) {
         (MoeOp::AgMoe, 2, 64, 72, 320, Routing::Empty, Algorithm::Baseline, DType::Bf16, DType::F32),
         (MoeOp::AgMoe, 3, 70, 80, 96, Routing::Drop, Algorithm::RingChunked { chunks: 2 }, DType::F16, DType::F16),
         (MoeOp::AgMoe, 2, 50, 456, 272, Routing::Skewed, Algorithm::Ring, DType::Bf16, DType::Bf16),
+        (MoeOp::AgMoe, 2, 40, 64, 1040, Routing::Drop, Algorithm::Ring, DType::F16, DType::F16),
     ];
     for (op, devices, tokens, hidden, ffn, routing, algorithm, input, output) in problems {
         let p = MoeProblem::new(op, devices, tokens, hidden, ffn, 6, 2, routing, input, output).unwrap();
         let plan = build_moe_plan(&p, algorithm).unwrap();
         let grouped = plan.ops().filter(|(_, op)| matches!(op, cmm_core::Op::GroupedGemm { .. })).count();
         let fences: &[HopperVariant] = match op {
+            // From 512 columns the engine's own kernels stage the rows, the ping-pong ones
+            // too (the sweep times both so).
+            MoeOp::AgMoe if ffn / devices >= 512 => {
+                &[HopperVariant::Engine, HopperVariant::PingPong, HopperVariant::InKernelGather]
+            }
             MoeOp::AgMoe => &[HopperVariant::StagedGather, HopperVariant::InKernelGather, HopperVariant::ReaderFence],
             MoeOp::MoeRs => &[HopperVariant::Engine],
         };
@@ -354,7 +361,7 @@ fn host_tma_stores_on_the_hopper_engine_match_the_cpu_twin() {
 /// column of tiles, clipped by TMA), bf16 and f32 C; the fused plans of ag_gemm and
 /// gemm_rs (f32 partials), each block released once its stores have completed; moe_rs's and ag_moe's grouped GEMMs
 /// with 256 rows per expert (whole tiles of each segment, f32 and bf16 rows, ag_moe's
-/// gathered).
+/// gathered: copied in the kernel at 128 columns, staged first at 512).
 fn tma_stores_on_the_hopper_engine(b: &impl CudaExecutor) {
     use cmm_core::{moe::build_moe_plan, MoeOp, MoeProblem, Routing};
     let mut plans = Vec::new();
@@ -367,8 +374,11 @@ fn tma_stores_on_the_hopper_engine(b: &impl CudaExecutor) {
         let p = Problem::new(op, 2, 512, 640, 256, DType::Bf16, DType::F32).unwrap();
         plans.push(build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap());
     }
-    for (op, output) in [(MoeOp::MoeRs, DType::F32), (MoeOp::AgMoe, DType::Bf16)] {
-        let p = MoeProblem::new(op, 2, 512, 128, 256, 2, 1, Routing::Uniform, DType::Bf16, output).unwrap();
+    // ag_moe's rows copied in the kernel (128 columns) and staged first (512).
+    for (op, ffn, output) in
+        [(MoeOp::MoeRs, 256, DType::F32), (MoeOp::AgMoe, 256, DType::Bf16), (MoeOp::AgMoe, 1024, DType::Bf16)]
+    {
+        let p = MoeProblem::new(op, 2, 512, 128, ffn, 2, 1, Routing::Uniform, DType::Bf16, output).unwrap();
         plans.push(build_moe_plan(&p, Algorithm::Baseline).unwrap());
     }
     for plan in &plans {
