@@ -745,7 +745,8 @@ enum Source<'a> {
 impl CudaBackend {
     /// Runs `plan` on the caller's device buffers: every input, output, accumulator and
     /// routing table of every device bound by name ([`GivenBuffer`]); cmm allocates only
-    /// the plan's scratch buffers and semaphores. The buffers are checked before anything
+    /// the plan's scratch buffers, semaphores and the Hopper engine's staging of gathered
+    /// rows ([`crate::lower::Lowered::staging`]). The buffers are checked before anything
     /// runs: names, shapes and dtypes against the plan, alignment
     /// ([`crate::GIVEN_ALIGNMENT`]), no two overlapping, and with the driver that each is
     /// device memory of the GPU that runs its device, whole inside one allocation; given

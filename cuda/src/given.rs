@@ -2,7 +2,7 @@
 //! outputs, accumulators and routing tables bound by name to device pointers the caller
 //! allocated (a torch tensor's `data_ptr()`, a [`crate::DeviceBuffer`]), checked against the
 //! plan and the driver before anything runs. cmm allocates only the plan's working
-//! memory (its scratch buffers) and semaphores. The generated path
+//! memory (its scratch buffers), semaphores and the lowering's staging regions. The generated path
 //! ([`crate::CudaExecutor::run`]) is the same run with cmm's own buffers bound.
 //!
 //! Also here: what a multi-GPU run asks of the hardware. Every pair of GPUs a plan
