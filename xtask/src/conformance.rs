@@ -129,8 +129,12 @@ pub struct Args {
     /// grouped GEMMs keep theirs); the run's counts say how many ran in clusters.
     /// `pingpong` runs every GEMM on the 128×128 tile (plain, fused, grouped) with its
     /// consumer warpgroups on alternate tiles; with `--hopper-tile narrow`, all of them.
-    /// `shallow`: the engine's tiles with fewer stages. `reader-fence`: the engine's
-    /// kernels, ag_moe's gathered rows fenced by the consumers, as before 2026-11-28.
+    /// `shallow`: the engine's tiles with fewer stages. `staged-gather`: the engine's
+    /// kernels, ag_moe's gathered rows staged in order first and loaded by TMA on every
+    /// shape (the engine does so from 512 columns). `in-kernel-gather`: the engine's
+    /// kernels, ag_moe's gathered rows copied by the producer warpgroup on every shape.
+    /// `reader-fence`: as `in-kernel-gather`, the rows fenced by the consumers, as before
+    /// 2026-11-28.
     /// `tma-store`: C staged in shared memory and stored by TMA (whole tiles of GEMMs
     /// that do not accumulate; the others from registers).
     #[arg(long, value_name = "KERNELS", value_parser = HopperVariant::parse)]
