@@ -1689,6 +1689,39 @@ mod tests {
         }
     }
 
+    /// Every command of an ag_moe ring plan with its rows staged (routing tables, staged
+    /// grouped GEMMs, copies, signals and waits) enqueues as many driver calls as
+    /// `Command::driver_calls` counts toward the gate's limit of calls a lane (a strided
+    /// copy asked of the copy engines, one a row, is counted by the fake-driver tests).
+    #[test]
+    fn each_command_enqueues_the_driver_calls_the_gate_counts() {
+        use cmm_core::moe::{build_moe_plan, MoeOp, MoeProblem, Routing};
+        use cmm_core::DType;
+        let p = MoeProblem::new(MoeOp::AgMoe, 3, 48, 64, 96, 4, 2, Routing::Skewed, DType::Bf16, DType::Bf16);
+        let plan = build_moe_plan(&p.unwrap(), cmm_core::Algorithm::Ring).unwrap();
+        let options = CudaRunOptions {
+            gemm: crate::GemmEngine::Hopper,
+            hopper_variant: crate::HopperVariant::StagedGather,
+            ..Default::default()
+        };
+        let lowered = crate::backend::prepare(&plan, 1, &options, false, host_hopper(&options)).unwrap();
+        let memory = HostMemory::allocate(&plan, &lowered.staging);
+        let control = [0u32; 8];
+        let words = crate::launch::RunWords::at(control.as_ptr() as u64, Duration::from_secs(1));
+        let mut kinds = std::collections::BTreeSet::new();
+        for command in lowered.steps.iter().filter_map(|s| s.command.as_ref()) {
+            let calls = crate::launch::submissions(command, &memory, &words).unwrap().len();
+            assert_eq!(calls, command.driver_calls(crate::CopyIssue::Auto), "{command:?}");
+            kinds.insert(format!("{:?}", std::mem::discriminant(command)));
+        }
+        assert!(
+            lowered.gemms.staged == 3 * 3 && kinds.len() >= 5,
+            "{} kinds, {}",
+            kinds.len(),
+            lowered.gemms.describe()
+        );
+    }
+
     /// The rows `cmm_gather_rows` stages for a grouped GEMM of 3 experts over 2 token
     /// chunks whose rows are gathered from a shard of 6 tokens starting at token 3 (K = 20
     /// bf16: two 16-byte pieces and four last elements), chunk 1 computed; and the rows
