@@ -190,22 +190,25 @@ impl GemmFacts {
 
 /// What the engines need to know of a grouped GEMM ([`Op::GroupedGemm`]): the facts of
 /// its GEMM (m: c's rows, the capacity; k: one expert's rows of the stacked B; A's row
-/// layout, whether its rows are c's or gathered by token) and the experts.
+/// layout), whether its rows are gathered by token, and the experts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupedFacts {
     /// The GEMM of every row at once (A and C of `m` rows, one expert's K×N of B).
     pub gemm: GemmFacts,
     /// Experts stacked in B.
     pub experts: usize,
+    /// a's rows are gathered by token (ag_moe's), not c's own.
+    pub gathered: bool,
 }
 
 impl GroupedFacts {
     /// The facts of a plan's `GroupedGemm` op (`None` for other ops).
     pub fn of(plan: &Plan, op: &Op) -> Option<GroupedFacts> {
-        let Op::GroupedGemm { a, b, c, experts, .. } = op else { return None };
+        let Op::GroupedGemm { a, b, c, experts, gather, .. } = op else { return None };
         Some(GroupedFacts {
             gemm: GemmFacts::laid_out(plan, [a, b, c], [c.rows, c.cols, b.rows / (*experts).max(1)]),
             experts: *experts,
+            gathered: gather.is_some(),
         })
     }
 }
@@ -254,7 +257,14 @@ pub fn grouped_engine(
             format!("{} experts of {k}x{n} past TMA's strides", g.experts)
         }
         Some(sms) => match hopper_rule(&g.gemm, sms) {
-            Ok(tile) => return Ok(Some(support.hopper_tile.unwrap_or(tile))),
+            Ok(tile) => {
+                // Rows the producer copies into each tile ran faster on 128×256 whatever
+                // K (0.38–0.42× cuBLAS against 0.30–0.32 on 128×128, on an H100 and an
+                // H200 at K = 4096): the tile count decides there, not K.
+                let copied = g.gathered && !stages_gathered_rows(n);
+                let tile = if copied && wide_tiles_fill(m, n, sms) { HopperTile::Wide } else { tile };
+                return Ok(Some(support.hopper_tile.unwrap_or(tile)));
+            }
             Err(why) => why,
         },
     };
@@ -267,9 +277,25 @@ pub fn grouped_engine(
     Ok(None)
 }
 
+/// The shortest K on which [`hopper_rule`] takes the 128×256 tile. Measured with both
+/// tiles in one run, wherever 128×256 tiles filled the SMs: at K ≤ 4096 the 128×128 tile
+/// was faster every time (1024×4096×4096 on an H100 and an H200, 0.72–0.81× cuBLAS against
+/// 0.68–0.76; ag_moe's dense 8192×1792×4096 on the H200, 0.80 against 0.71; moe_rs's
+/// 8192×4096×1792 with f32 rows, dense 0.69 against 0.53 and grouped 0.64 against 0.49 on
+/// the H200, 0.53 against 0.48 grouped on the H100), and at K ≥ 8192 the 128×256 tile
+/// (8192³ and 4096×6144×12288 on both GPUs, 0.76–0.86 against 0.68–0.73). Between 4096
+/// and 8192 no shape has been timed.
+pub const HOPPER_WIDE_MIN_K: usize = 8192;
+
+/// Whether 128×256 tiles of an m × n GEMM have N over 128 and fill every SM once.
+fn wide_tiles_fill(m: usize, n: usize, sms: u32) -> bool {
+    n > HopperTile::Narrow.columns()
+        && m.div_ceil(HOPPER_TILE_M) * n.div_ceil(HopperTile::Wide.columns()) >= sms as usize
+}
+
 /// Whether the Hopper engine can run `g`, and on which tile: 128×256 where N is over
-/// 128 and such tiles still fill every SM once, else 128×128. `Err` says what it lacks
-/// (TMA's alignment and stride rules, wgmma's dtypes).
+/// 128, such tiles still fill every SM once and K is at least [`HOPPER_WIDE_MIN_K`], else
+/// 128×128. `Err` says what it lacks (TMA's alignment and stride rules, wgmma's dtypes).
 pub fn hopper_rule(g: &GemmFacts, sms: u32) -> Result<HopperTile, String> {
     let [m, n, k] = g.mnk;
     let [a, b, c] = g.dtypes;
@@ -296,12 +322,7 @@ pub fn hopper_rule(g: &GemmFacts, sms: u32) -> Result<HopperTile, String> {
     if ![m, n, k].iter().all(|&x| fits(x)) || ab_strides.iter().any(|&s| s * 2 >= 1u64 << 40) {
         return Err(format!("a GEMM {m}x{n}x{k} past TMA's coordinates"));
     }
-    let wide_tiles = m.div_ceil(HOPPER_TILE_M) * n.div_ceil(HopperTile::Wide.columns());
-    Ok(if n > HopperTile::Narrow.columns() && wide_tiles >= sms as usize {
-        HopperTile::Wide
-    } else {
-        HopperTile::Narrow
-    })
+    Ok(if wide_tiles_fill(m, n, sms) && k >= HOPPER_WIDE_MIN_K { HopperTile::Wide } else { HopperTile::Narrow })
 }
 
 /// The engine of a GEMM run alone (not a block of a fused run), or why `policy` allows
@@ -407,6 +428,9 @@ mod tests {
         assert_eq!(plain_engine(GemmEngine::TileKernel, &gpu, &big), Ok(Engine::Hopper(HopperTile::Narrow)));
         let wide = facts(8192, 8192, 8192, DType::Bf16);
         assert_eq!(plain_engine(GemmEngine::Hopper, &gpu, &wide), Ok(Engine::Hopper(HopperTile::Wide)));
+        // As many tiles, but K = 4096: the 128×128 tile.
+        let short = facts(8192, 8192, 4096, DType::Bf16);
+        assert_eq!(plain_engine(GemmEngine::Hopper, &gpu, &short), Ok(Engine::Hopper(HopperTile::Narrow)));
         // A row stride of 60 halves is not a multiple of 16 bytes: the tile kernels.
         let odd = GemmFacts { strides: [4096, 60, 60], mnk: [1024, 60, 4096], ..big };
         assert_eq!(plain_engine(GemmEngine::TileKernel, &gpu, &odd), Ok(Engine::TensorTile { wide: false }));
@@ -424,14 +448,23 @@ mod tests {
     fn a_grouped_gemm_takes_the_hopper_engine_where_tma_can_load_its_rows() {
         let gpu = EngineSupport { cublas: true, hopper_sms: Some(132), ..Default::default() };
         // moe_rs on one device of Mixtral at D = 8: 8192 rows, H = 4096, F/D = 1792.
-        let rs = GroupedFacts { gemm: facts(8192, 4096, 1792, DType::Bf16), experts: 8 };
+        // Its K of 1792 takes the 128×128 tile, however many tiles it has.
+        let rs = GroupedFacts { gemm: facts(8192, 4096, 1792, DType::Bf16), experts: 8, gathered: false };
         for policy in [GemmEngine::Auto, GemmEngine::Cublas, GemmEngine::TileKernel, GemmEngine::Hopper] {
-            assert_eq!(grouped_engine(policy, &gpu, &rs), Ok(Some(HopperTile::Wide)), "{policy:?}");
+            assert_eq!(grouped_engine(policy, &gpu, &rs), Ok(Some(HopperTile::Narrow)), "{policy:?}");
         }
+        let long = GroupedFacts { gemm: facts(8192, 4096, 8192, DType::Bf16), ..rs };
+        assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &long), Ok(Some(HopperTile::Wide)));
+        // ag_moe's on Mixtral (8192 rows, F/D = 1792, H = 4096): staged, so K decides; on
+        // Qwen-MoE (131072 rows, 176 columns, H = 2048) copied in the kernel, so the tiles do.
+        let staged = GroupedFacts { gemm: facts(8192, 1792, 4096, DType::Bf16), gathered: true, ..rs };
+        assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &staged), Ok(Some(HopperTile::Narrow)));
+        let copied = GroupedFacts { gemm: facts(131072, 176, 2048, DType::Bf16), gathered: true, ..rs };
+        assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &copied), Ok(Some(HopperTile::Wide)));
         let narrow = GroupedFacts { gemm: facts(256, 128, 64, DType::F16), ..rs };
         assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &narrow), Ok(Some(HopperTile::Narrow)));
-        let forced = EngineSupport { hopper_tile: Some(HopperTile::Narrow), ..gpu };
-        assert_eq!(grouped_engine(GemmEngine::Auto, &forced, &rs), Ok(Some(HopperTile::Narrow)));
+        let forced = EngineSupport { hopper_tile: Some(HopperTile::Wide), ..gpu };
+        assert_eq!(grouped_engine(GemmEngine::Auto, &forced, &rs), Ok(Some(HopperTile::Wide)));
         // ag_moe's, from its plan: rows gathered by token (cp.async), the unrouted ones zeroed.
         let p = crate::MoeProblem::new(
             crate::MoeOp::AgMoe,
