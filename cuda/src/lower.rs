@@ -650,6 +650,22 @@ pub struct Elementwise {
     pub inputs: Vec<(Loc, u64, DType)>,
 }
 
+impl Command {
+    /// The driver calls that enqueue it when `copies` issues the copies: a strided copy
+    /// asked of the copy engines one a row, the routing tables three launches, a grouped
+    /// GEMM with staged rows two, any other one ([`crate::launch::submissions`]' count).
+    pub fn driver_calls(&self, copies: crate::CopyIssue) -> usize {
+        match self {
+            Command::CopyEngine { src_pitch, dst_pitch, width, rows, .. } => {
+                copies.batch_entries(*width, *rows, *src_pitch, *dst_pitch).unwrap_or(1)
+            }
+            Command::Route { .. } => 3,
+            Command::GroupedGemm { staged: Some(_), hopper: Some(_), .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
 /// The most inputs `cmm_reduce` sums in one launch: the plan model's limit.
 pub use cmm_core::plan::MAX_REDUCE_INPUTS;
 
@@ -684,22 +700,6 @@ pub struct Lowered {
     pub staging: Vec<Staging>,
 }
 
-impl Command {
-    /// The driver calls that enqueue it when `copies` issues the copies: a strided copy
-    /// asked of the copy engines one a row, the routing tables three launches, a grouped
-    /// GEMM with staged rows two, any other one ([`crate::launch::submissions`]' count).
-    pub fn driver_calls(&self, copies: crate::CopyIssue) -> usize {
-        match self {
-            Command::CopyEngine { src_pitch, dst_pitch, width, rows, .. } => {
-                copies.batch_entries(*width, *rows, *src_pitch, *dst_pitch).unwrap_or(1)
-            }
-            Command::Route { .. } => 3,
-            Command::GroupedGemm { staged: Some(_), hopper: Some(_), .. } => 2,
-            _ => 1,
-        }
-    }
-}
-
 /// A staging region of [`Lowered::staging`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Staging {
@@ -727,10 +727,9 @@ impl Lowered {
     }
 
     /// The most driver calls that enqueue one stream's steps when `copies` issues the
-    /// copies: a strided copy asked of the copy engines is one a row, the routing tables
-    /// three launches, a grouped GEMM with staged rows two, every other step one. (On an
-    /// H200 a lane with 1,280 such copies behind the gate held the host until the gate's
-    /// deadline; one with 768 did not, 2026-11-27.)
+    /// copies ([`Command::driver_calls`]). (On an H200 a lane with 1,280 strided copies
+    /// asked of the copy engines, one call a row, held the host behind the gate until the
+    /// gate's deadline; one with 768 did not, 2026-11-27.)
     pub fn most_calls_on_a_stream(&self, copies: crate::CopyIssue) -> usize {
         let mut calls = vec![0; self.streams];
         for step in &self.steps {
