@@ -344,8 +344,9 @@ impl Memory {
     /// Allocates the lowering's staging regions ([`Lowered::staging`]) on the devices this
     /// process runs (`ctx_of` their contexts), each after the plan's buffers in `base`: a
     /// [`Loc`] names region j as buffer `plan.buffers.len() + j` (0 on another process's
-    /// device, whose steps this process never issues). Kernels write them before they
-    /// read them.
+    /// device, whose steps this process never issues). Left uninitialised: `cmm_gather_rows`
+    /// writes every row whose result a GEMM stores before that GEMM reads it; the rows a
+    /// tile loads past its segment are never stored, so what they hold does not matter.
     pub(crate) fn stage(
         &mut self,
         plan: &Plan,
