@@ -179,7 +179,7 @@ extern "C" __global__ void cmm_grouped_gemm(CmmGroupedGemmArgs a) {
 // consecutive rows: for every row r of this chunk's segments, c[r] = a[source(r)] (k
 // elements of a's dtype, zeros where r has no source); the other rows of c are left as
 // they are (the engine loads them with a tile but never stores their results). One warp
-// a row, 16 bytes a lane, then the row's last elements one a lane: the host launches it
+// a row, 16 bytes a lane four at a time, then the row's last elements one a lane: the host launches it
 // where a's and c's bases and row strides are multiples of 16 bytes
 // (`gather_rows_launch` in cuda/src/launch.rs); n is unused.
 extern "C" __global__ void cmm_gather_rows(CmmGroupedGemmArgs a) {
@@ -193,10 +193,21 @@ extern "C" __global__ void cmm_gather_rows(CmmGroupedGemmArgs a) {
         const u32 src = cmm_grouped_source(a, (u32)r);
         const u64 from = a.a + (u64)bytes * (src == CMM_NONE ? 0u : src) * a.a_stride;
         const u64 to = a.c + (u64)bytes * r * a.c_stride;
-        for (u32 j = lane; j < pieces; j += 32u) {
-            CmmBits128 v = {{0u, 0u, 0u, 0u}};
-            if (src != CMM_NONE) v = ((const CmmBits128*)from)[j];
-            ((CmmBits128*)to)[j] = v;
+        // Four loads of a lane in flight before its stores: a warp keeps 2 KiB of the
+        // row on its way from HBM, as the copy's rate needs.
+        for (u32 j = lane; j < pieces; j += 4u * 32u) {
+            CmmBits128 v[4];
+            #pragma unroll
+            for (u32 u = 0u; u < 4u; ++u) {
+                const u32 i = j + 32u * u;
+                v[u] = CmmBits128{{0u, 0u, 0u, 0u}};
+                if (src != CMM_NONE && i < pieces) v[u] = ((const CmmBits128*)from)[i];
+            }
+            #pragma unroll
+            for (u32 u = 0u; u < 4u; ++u) {
+                const u32 i = j + 32u * u;
+                if (i < pieces) ((CmmBits128*)to)[i] = v[u];
+            }
         }
         for (u32 j = tail + lane; j < a.k; j += 32u) {
             cmm_store_bits(to, j, a.a_dtype, src != CMM_NONE ? cmm_load_bits(from, j, a.a_dtype) : 0u);
