@@ -1723,15 +1723,16 @@ mod tests {
     }
 
     /// The rows `cmm_gather_rows` stages for a grouped GEMM of 3 experts over 2 token
-    /// chunks whose rows are gathered from a shard of 6 tokens starting at token 3 (K = 20
-    /// bf16: two 16-byte pieces and four last elements), chunk 1 computed; and the rows
-    /// expected: each of chunk 1's segments' rows its token's row, zeros for an unrouted
-    /// slot and for a token outside the shard, and the staging's fill everywhere else (the
-    /// other chunk's rows, the rows past the routed ones, each row past K).
-    fn gathered(kernels: &HostKernels) -> (Vec<u32>, Vec<u32>) {
+    /// chunks whose rows are gathered from a shard of 6 tokens starting at token 3 (K
+    /// bf16: K·2/16 whole 16-byte pieces, then the last elements), chunk 1 computed; and
+    /// the rows expected: each of chunk 1's segments' rows its token's row, zeros for an
+    /// unrouted slot and for a token outside the shard, and the staging's fill everywhere
+    /// else (the other chunk's rows, the rows past the routed ones, each row past K).
+    fn gathered(kernels: &HostKernels, k: usize) -> (Vec<u32>, Vec<u32>) {
         const FILL: u32 = 0xabcd;
         const NONE: u32 = u32::MAX;
-        let (tokens, a_stride, k, rows, stride) = (6usize, 24usize, 20usize, 12usize, 24usize);
+        let stride = k.next_multiple_of(8);
+        let (tokens, a_stride, rows) = (6usize, stride + 8, 12usize);
         let a: Vec<u32> = (0..tokens * a_stride).map(|i| (i as u32).wrapping_mul(2_654_435_761) & 0xffff).collect();
         // Segments (expert, chunk): e0 [0,2) [2,4), e1 [4,5) [5,8), e2 [8,8) [8,10).
         let seg = [0u32, 2, 4, 5, 8, 8, 10];
@@ -1784,18 +1785,21 @@ mod tests {
     }
 
     /// `cmm_gather_rows` stages exactly chunk 1's rows, 16 bytes a lane and then each row's
-    /// last elements (a variant that leaves those out gets them wrong), and refuses a
-    /// source whose rows are not 16-byte aligned.
+    /// last elements (a variant that leaves those out gets them wrong), at K = 20 (two
+    /// pieces a row) and K = 1100 (137 pieces: past one round of a warp's four loads a
+    /// lane), and refuses a source whose rows are not 16-byte aligned.
     #[test]
     fn staged_gathered_rows_are_the_chunks_rows_in_order() {
-        let (got, expected) = gathered(kernels());
-        assert_eq!(got, expected);
+        for k in [20, 1100] {
+            let (got, expected) = gathered(kernels(), k);
+            assert!(got == expected, "K = {k}");
+        }
         let source = host_source();
         let from = "for (u32 j = tail + lane; j < a.k; j += 32u)";
         assert!(source.contains(from), "moe.cu has changed");
         let variant = source.replacen(from, "for (u32 j = tail + lane; j < tail; j += 32u)", 1);
         let broken = load_variant(&variant, "cmm-host-gather").unwrap_or_else(|e| panic!("{e}"));
-        let (got, expected) = gathered(&broken);
+        let (got, expected) = gathered(&broken, 20);
         assert_ne!(got, expected, "the variant without the last elements");
         let unaligned =
             crate::launch::GroupedGemmArgs { a: 256, a_stride: 20, a_dtype: 2, rows: 4, ..Default::default() };
