@@ -56,9 +56,12 @@ pub struct Args {
     pub profile: bool,
 }
 
-/// The sweep's shapes: the bench's local GEMM (seed 000, D = 4), Flux's per-device
-/// AG+GEMM shape and the square one cuBLAS is usually quoted at.
-const SHAPES: [(usize, usize, usize); 3] = [(1024, 4096, 4096), (4096, 6144, 12288), (8192, 8192, 8192)];
+/// The sweep's shapes: the bench's local GEMM (seed 000, D = 4), one with K = 6144 between
+/// the K's at which each of the engine's tiles was measured faster (the tile rule's
+/// `HOPPER_WIDE_MIN_K`), Flux's per-device AG+GEMM shape and the square one cuBLAS is
+/// usually quoted at.
+const SHAPES: [(usize, usize, usize); 4] =
+    [(1024, 4096, 4096), (4096, 4096, 6144), (4096, 6144, 12288), (8192, 8192, 8192)];
 
 /// The grouped GEMMs the sweep times: ag_moe's (rows gathered by token, × W1) and
 /// moe_rs's (× W2) on one device of a Mixtral-sized layer at D = 8 (T = 4096 tokens, top-2
