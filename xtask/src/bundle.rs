@@ -553,7 +553,7 @@ pub fn key_lines(step: &str, log: &str) -> Vec<String> {
                 "Warp Cycles Per Issued Instruction",
             ];
             let trimmed = t.trim_start();
-            let heads = ["cmm_hopper", "profiled:", "ncu:", "==PROF==", "==ERROR==", "==WARNING=="];
+            let heads = ["cmm_hopper", "cmm_gather_rows", "profiled:", "ncu:", "==PROF==", "==ERROR==", "==WARNING=="];
             // WarpStateStats' rule says where the warps wait most (a fence, a barrier).
             let stalls = trimmed.contains("cycles being stalled");
             if heads.iter().any(|h| trimmed.starts_with(h)) || metrics.iter().any(|m| trimmed.starts_with(m)) || stalls

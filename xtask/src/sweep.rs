@@ -50,8 +50,9 @@ pub struct Args {
     /// Instead of the sweep, run each of the Hopper engine's kernels of interest a few
     /// times, ungated and untimed, for a profiler to read (`ncu -k regex:cmm_hopper`): the
     /// 8192³ bf16 GEMM on both tiles and in ping-pong, and both MoE grouped GEMMs (bf16)
-    /// with the engine's plain GEMM on their dense shapes, the same ways, and ag_moe's
-    /// also with the reader-fence variant.
+    /// with the engine's plain GEMM on their dense shapes, the same ways (ag_moe's rows
+    /// staged first by `cmm_gather_rows`), and ag_moe's also with its rows copied in the
+    /// kernel (the in-kernel-gather and reader-fence variants).
     #[arg(long)]
     pub profile: bool,
 }

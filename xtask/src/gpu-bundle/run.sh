@@ -386,9 +386,10 @@ step sanitizer-hopper 180 bash -c 'for tool in memcheck racecheck synccheck; do
 # of light (SM, memory, DRAM and L2 throughput) and occupancy, at 8192³ and on the MoE
 # grouped GEMMs beside the plain GEMM on their dense shapes, on both tiles and the
 # ping-pong kernels (`gemm-sweep --profile` runs them ungated: a profiler serialises
-# launches; 24 launches of cmm_hopper kernels, each plain GEMM's warm-up included). It
-# comes after the steps that decide the engine's targets and its correctness, so that a
-# slow profiler cannot starve them.
+# launches; 31 launches of cmm_hopper kernels, each plain GEMM's warm-up included, and the
+# 5 of cmm_gather_rows that stage ag_moe's rows on the engine's own variants: what the
+# staging costs, and at what DRAM throughput). It comes after the steps that decide the
+# engine's targets and its correctness, so that a slow profiler cannot starve them.
 ncu_hopper() {
     local ncu
     ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
@@ -397,7 +398,7 @@ ncu_hopper() {
         return 0
     fi
     echo "ncu: $ncu"
-    "$ncu" --clock-control none -k regex:cmm_hopper --launch-count 32 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    "$ncu" --clock-control none -k 'regex:cmm_hopper|cmm_gather_rows' --launch-count 36 --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section Occupancy --section WarpStateStats "$x" gemm-sweep --profile
 }
 export -f ncu_hopper
