@@ -833,6 +833,19 @@ mod tests {
 
     /// docs/howto.md's table of the bundle's steps names every GPU step of the script, in
     /// its order (a row may name several: `` `sanitizer-memcheck`, `-racecheck` ``).
+    /// `ncu-hopper` profiles as many launches as the sweep's profile mode makes of its
+    /// kernels (fewer, and the last runs would go unprofiled).
+    #[test]
+    fn the_profilers_launch_count_is_the_profile_modes() {
+        let count = RUN_SH
+            .split("--launch-count ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .expect("run.sh's ncu-hopper step gives --launch-count");
+        assert_eq!(count, crate::sweep::profiled_launches());
+    }
+
     #[test]
     fn the_howto_lists_the_gpu_steps_in_the_scripts_order() {
         let howto = include_str!("../../docs/howto.md");

@@ -424,6 +424,58 @@ fn grouped(op: MoeOp, input: DType, shrink: usize) -> Result<Grouped> {
     Ok(Grouped { plan, site, spec })
 }
 
+/// The clusters of two that the profile mode also runs on 8192³: where their kernels
+/// stall, since they ran at 0.49–0.71 of cuBLAS on an H200 (2026-11-27) against the single
+/// CTAs' 0.72–0.86.
+const PROFILED_PAIRS: [Variant; 2] =
+    [(HopperTile::Wide, HopperVariant::Pair), (HopperTile::Narrow, HopperVariant::Pair)];
+
+/// One run of the profile mode ([`Args::profile`]).
+#[derive(Clone, Copy, Debug)]
+enum Profiled {
+    /// The 8192³ bf16 GEMM.
+    Square(Variant),
+    /// The engine's plain GEMM on `op`'s dense shape.
+    Dense(MoeOp, Variant),
+    /// `op`'s grouped GEMM, inside its plan's run.
+    Grouped(MoeOp, Variant),
+}
+
+impl Profiled {
+    /// Every run of the profile mode, in its order.
+    fn all() -> Vec<Profiled> {
+        let mut runs: Vec<Profiled> =
+            GROUPED_VARIANTS.into_iter().chain(PROFILED_PAIRS).map(Profiled::Square).collect();
+        for op in [MoeOp::AgMoe, MoeOp::MoeRs] {
+            let gathered = if op == MoeOp::AgMoe { &GATHERED_VARIANTS[..] } else { &[] };
+            for &variant in GROUPED_VARIANTS.iter().chain(gathered) {
+                if !GATHERED_VARIANTS.contains(&variant) {
+                    runs.push(Profiled::Dense(op, variant));
+                }
+                runs.push(Profiled::Grouped(op, variant));
+            }
+        }
+        runs
+    }
+
+    /// The launches of the engine's kernels and of `cmm_gather_rows` it makes at the
+    /// sweep's own shapes (what the bundle's `ncu-hopper` step counts): a plain GEMM's
+    /// warm-up and its run; a grouped GEMM's kernel, and where it stages ag_moe's rows
+    /// the staging's.
+    fn launches(self) -> usize {
+        match self {
+            Profiled::Square(_) | Profiled::Dense(..) => 2,
+            Profiled::Grouped(MoeOp::AgMoe, (_, variant)) if variant.stages_gathered_rows(GROUPED.ffn) => 2,
+            Profiled::Grouped(..) => 1,
+        }
+    }
+}
+
+/// The launches the profile mode makes of the kernels `ncu-hopper` profiles.
+pub(crate) fn profiled_launches() -> usize {
+    Profiled::all().into_iter().map(Profiled::launches).sum()
+}
+
 /// The profiler's runs ([`Args::profile`]): each kernel of interest a few times, ungated
 /// (a profiler serialises launches, and the gate would hold them), nothing timed or
 /// checked here.
@@ -445,22 +497,23 @@ fn profile(backend: &CudaBackend, shrink: usize) -> Result<()> {
         println!("profiled: {what} {}x{}x{} bf16 on {name}", spec.m, spec.n, spec.k);
         Ok(())
     };
-    // The clusters of two as well: where their kernels stall, since they ran at 0.49–0.71
-    // of cuBLAS on an H200 (2026-11-27) against the single CTAs' 0.72–0.86.
-    let pairs = [(HopperTile::Wide, HopperVariant::Pair), (HopperTile::Narrow, HopperVariant::Pair)];
-    for variant in GROUPED_VARIANTS.into_iter().chain(pairs) {
-        plain("plain", &square, variant)?;
+    let (ag_moe, moe_rs) = (grouped(MoeOp::AgMoe, DType::Bf16, shrink)?, grouped(MoeOp::MoeRs, DType::Bf16, shrink)?);
+    let of = |op| if op == MoeOp::AgMoe { &ag_moe } else { &moe_rs };
+    if shrink == 1 {
+        println!("profiled: {} launches of cmm_hopper and cmm_gather_rows kernels to come", profiled_launches());
     }
-    for op in [MoeOp::AgMoe, MoeOp::MoeRs] {
-        let Grouped { plan, spec, .. } = grouped(op, DType::Bf16, shrink)?;
-        let gathered = if op == MoeOp::AgMoe { &GATHERED_VARIANTS[..] } else { &[] };
-        for &variant in GROUPED_VARIANTS.iter().chain(gathered) {
-            if !GATHERED_VARIANTS.contains(&variant) {
-                plain(&format!("{op} dense"), &spec, variant)?;
+    for run in Profiled::all() {
+        match run {
+            Profiled::Square(variant) => plain("plain", &square, variant)?,
+            Profiled::Dense(op, variant) => plain(&format!("{op} dense"), &of(op).spec, variant)?,
+            Profiled::Grouped(op, variant) => {
+                let Grouped { plan, spec, .. } = of(op);
+                let options = CudaRunOptions { gate: false, ..grouped_options(variant) };
+                backend
+                    .run(plan, GROUPED_SEED, Family::Realistic, &options)
+                    .with_context(|| format!("{op} grouped"))?;
+                println!("profiled: {op} grouped {}x{}x{} bf16 on {}", spec.m, spec.n, spec.k, variant_name(variant));
             }
-            let options = CudaRunOptions { gate: false, ..grouped_options(variant) };
-            backend.run(&plan, GROUPED_SEED, Family::Realistic, &options).with_context(|| format!("{op} grouped"))?;
-            println!("profiled: {op} grouped {}x{}x{} bf16 on {}", spec.m, spec.n, spec.k, variant_name(variant));
         }
     }
     Ok(())

@@ -386,9 +386,13 @@ step sanitizer-hopper 180 bash -c 'for tool in memcheck racecheck synccheck; do
 # of light (SM, memory, DRAM and L2 throughput) and occupancy, at 8192³ and on the MoE
 # grouped GEMMs beside the plain GEMM on their dense shapes, on both tiles and the
 # ping-pong kernels (`gemm-sweep --profile` runs them ungated: a profiler serialises
-# launches; 31 launches of cmm_hopper kernels, each plain GEMM's warm-up included, and the
-# 5 of cmm_gather_rows that stage ag_moe's rows on the engine's own variants: what the
-# staging costs, and at what DRAM throughput). It comes after the steps that decide the
+# launches): 53 launches, every one the profile mode makes of these kernels (the sweep's
+# `profiled_launches`, which a test holds this count to, and which it prints). 48 of
+# cmm_hopper kernels: each of the 17 plain and dense GEMMs twice (its warm-up, then its
+# run), each of the 14 grouped ones once. 5 of cmm_gather_rows, which stage ag_moe's rows
+# on the engine's own variants: what the staging costs, and at what DRAM throughput.
+# Until 2026-11-29 the count was 32, under the 46 launches then made, so the last runs
+# (moe_rs's) would have gone unprofiled. It comes after the steps that decide the
 # engine's targets and its correctness, so that a slow profiler cannot starve them.
 ncu_hopper() {
     local ncu
@@ -398,7 +402,7 @@ ncu_hopper() {
         return 0
     fi
     echo "ncu: $ncu"
-    "$ncu" --clock-control none -k 'regex:cmm_hopper|cmm_gather_rows' --launch-count 36 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    "$ncu" --clock-control none -k 'regex:cmm_hopper|cmm_gather_rows' --launch-count 53 --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section Occupancy --section WarpStateStats "$x" gemm-sweep --profile
 }
 export -f ncu_hopper
