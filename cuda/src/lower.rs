@@ -44,7 +44,8 @@ pub enum HopperVariant {
     StagedGather,
     /// The engine's kernels, with a grouped GEMM's gathered rows (ag_moe's) copied into
     /// shared memory by the producer warpgroup's `cp.async` inside the kernel whatever the
-    /// GEMM's columns, as the engine did on every shape until 2026-11-29. Whether staging
+    /// GEMM's columns, as the engine did on every shape before it staged them (2026-11-28,
+    /// after the fence had moved to the producer the same day). Whether staging
     /// them is what the engine's gathered GEMM lacked. Other GEMMs run as on the engine's
     /// kernels.
     InKernelGather,

@@ -16,9 +16,10 @@
 //!   each tile with its epilogue staged in shared memory and stored by TMA while the next
 //!   tile multiplies: an epilogue that idles the tensor cores;
 //! - ag_moe's gathered rows copied into shared memory by the kernel's producer warpgroup
-//!   (`cp.async`), as the engine had them until 2026-11-29, rather than staged in order
-//!   first and loaded by TMA: what the gather costs inside the kernel against before it;
-//!   and copied so with their proxy fence in the consumers, as before 2026-11-28: whether
+//!   (`cp.async`), as the engine had them before it staged them (2026-11-28), rather than
+//!   staged in order first and loaded by TMA: what the gather costs inside the kernel
+//!   against before it; and copied so with their proxy fence in the consumers, where the
+//!   engine had it before it moved the fence to the producer (earlier that day): whether
 //!   that fence stalls the tensor cores.
 
 use std::fs;
@@ -109,9 +110,9 @@ const GROUPED_VARIANTS: [Variant; 5] = [
 ];
 
 /// The variants only ag_moe's grouped GEMM (the gathered one) also takes: each tile with
-/// its gathered rows copied by the kernel's producer warpgroup (the engine's way until
-/// 2026-11-29), beside the engine's rows staged first; and so with their proxy fence in
-/// the consumers (until 2026-11-28). Neither changes a GEMM that gathers nothing.
+/// its gathered rows copied by the kernel's producer warpgroup (the engine's way before it
+/// staged them), beside the engine's rows staged first; and so with their proxy fence in
+/// the consumers (the way before that). Neither changes a GEMM that gathers nothing.
 const GATHERED_VARIANTS: [Variant; 4] = [
     (HopperTile::Wide, HopperVariant::InKernelGather),
     (HopperTile::Narrow, HopperVariant::InKernelGather),

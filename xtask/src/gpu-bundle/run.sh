@@ -391,7 +391,7 @@ step sanitizer-hopper 180 bash -c 'for tool in memcheck racecheck synccheck; do
 # cmm_hopper kernels: each of the 17 plain and dense GEMMs twice (its warm-up, then its
 # run), each of the 14 grouped ones once. 5 of cmm_gather_rows, which stage ag_moe's rows
 # on the engine's own variants: what the staging costs, and at what DRAM throughput.
-# Until 2026-11-29 the count was 32, under the 46 launches then made, so the last runs
+# Until 2026-11-28 the count was 32, under the 46 launches then made, so the last runs
 # (moe_rs's) would have gone unprofiled. It comes after the steps that decide the
 # engine's targets and its correctness, so that a slow profiler cannot starve them.
 ncu_hopper() {
