@@ -147,7 +147,7 @@ impl Kernel {
             Kernel::FusedMmaWideF16 => "cmm_fused_gemm_mma_wide_f16",
             Kernel::FusedMmaWideBf16 => "cmm_fused_gemm_mma_wide_bf16",
             Kernel::FusedSimt => "cmm_fused_gemm_simt",
-            Kernel::Hopper { tile, bf16, variant } => match (tile, variant, bf16) {
+            Kernel::Hopper { tile, bf16, variant } => match (tile, variant.on(tile).kernels(), bf16) {
                 (HopperTile::Wide, HopperVariant::Engine, false) => "cmm_hopper_gemm_f16_n256",
                 (HopperTile::Wide, HopperVariant::Engine, true) => "cmm_hopper_gemm_bf16_n256",
                 (HopperTile::Narrow, HopperVariant::Engine, false) => "cmm_hopper_gemm_f16_n128",
@@ -166,34 +166,9 @@ impl Kernel {
                 (HopperTile::Wide, HopperVariant::TmaStore, true) => "cmm_hopper_gemm_bf16_n256_ts",
                 (HopperTile::Narrow, HopperVariant::TmaStore, false) => "cmm_hopper_gemm_f16_n128_ts",
                 (HopperTile::Narrow, HopperVariant::TmaStore, true) => "cmm_hopper_gemm_bf16_n128_ts",
-                // Never made (`hopper_kernel` gives the wide tile's ping-pong and either
-                // tile's reader fence the engine's kernel): its name.
-                (
-                    HopperTile::Wide,
-                    HopperVariant::PingPong
-                    | HopperVariant::StagedGather
-                    | HopperVariant::InKernelGather
-                    | HopperVariant::ReaderFence,
-                    false,
-                ) => "cmm_hopper_gemm_f16_n256",
-                (
-                    HopperTile::Wide,
-                    HopperVariant::PingPong
-                    | HopperVariant::StagedGather
-                    | HopperVariant::InKernelGather
-                    | HopperVariant::ReaderFence,
-                    true,
-                ) => "cmm_hopper_gemm_bf16_n256",
-                (
-                    HopperTile::Narrow,
-                    HopperVariant::StagedGather | HopperVariant::InKernelGather | HopperVariant::ReaderFence,
-                    false,
-                ) => "cmm_hopper_gemm_f16_n128",
-                (
-                    HopperTile::Narrow,
-                    HopperVariant::StagedGather | HopperVariant::InKernelGather | HopperVariant::ReaderFence,
-                    true,
-                ) => "cmm_hopper_gemm_bf16_n128",
+                // `on` and `kernels` give these the engine's kernel.
+                (_, HopperVariant::StagedGather | HopperVariant::InKernelGather | HopperVariant::ReaderFence, _)
+                | (HopperTile::Wide, HopperVariant::PingPong, _) => unreachable!("{tile:?} {variant:?}: normalised"),
             },
             Kernel::Copy2d => "cmm_copy2d",
             Kernel::Reduce => "cmm_reduce",
