@@ -88,7 +88,7 @@ fn every_corpus_plan_lowers_for_the_cuda_executor() {
                     let lowered = lower(&plan, &options).unwrap_or_else(|e| panic!("{}: {e}", case.name));
                     assert_eq!(lowered.steps.len(), plan.op_count(), "{}", case.name);
                     if !cublas_present || gemm == GemmEngine::TileKernel {
-                        assert_eq!(lowered.gemms.cublas, 0, "{}", case.name);
+                        assert_eq!(lowered.gemms().cublas, 0, "{}", case.name);
                     }
                     memops_writes +=
                         lowered.steps.iter().filter(|s| matches!(s.command, Some(Command::SignalWrite { .. }))).count();
@@ -134,7 +134,7 @@ fn a_fused_gemm_lowers_to_one_persistent_kernel_enqueued_after_what_it_waits_for
             // No op of a run is issued on its own: the kernel waits and signals inside.
             let inside = lowered.steps.iter().filter(|s| runs.iter().any(|r| r.inside(s.site)));
             assert!(inside.clone().all(|s| s.command.is_none()), "{}", case.name);
-            assert_eq!(lowered.gemms.cublas, 0, "{}: cuBLAS cannot wait inside a GEMM", case.name);
+            assert_eq!(lowered.gemms().cublas, 0, "{}: cuBLAS cannot wait inside a GEMM", case.name);
             kernels += fused.len();
         }
     }

@@ -851,7 +851,6 @@ impl CudaBackend {
         // its own steps, in the schedule's order.
         let lanes = plan.lanes.len().max(1);
         lowered.steps.retain(|step| step.stream / lanes == rank);
-        lowered.gemms = crate::lower::GemmCounts::of(&lowered.steps);
         let mut state = self.ready()?;
         let ctx = state.gpus[0].ctx.clone();
         if let (Source::Given(given), Some(bound)) = (source, &bound) {
@@ -1263,7 +1262,7 @@ fn execute(
             }
         })
         .collect();
-    let blas = lowered.gemms.cublas > 0;
+    let blas = lowered.gemms().cublas > 0;
     for g in 0..state.gpus.len() {
         let count = streams.iter().filter(|(gpu, _)| *gpu == g).map(|(_, slot)| slot + 1).max().unwrap_or(0);
         ensure_lanes(state, g, count, blas)?;
@@ -1314,7 +1313,7 @@ fn execute(
         buffers,
         gpu_time: Duration::from_secs_f64(gpu_ms / 1e3),
         gated,
-        gemms: lowered.gemms,
+        gemms: lowered.gemms(),
         comm_priority: comm_priority(options, &state.gpus[0]),
         staggered,
         offset_starts: false,

@@ -511,7 +511,7 @@ impl HostTwin {
             buffers: memory.read_back(plan, options.read_back),
             gpu_time: elapsed_run,
             gated: false,
-            gemms: lowered.gemms,
+            gemms: lowered.gemms(),
             comm_priority: None,
             staggered: Vec::new(),
             offset_starts: false,
@@ -1715,10 +1715,10 @@ mod tests {
             kinds.insert(format!("{:?}", std::mem::discriminant(command)));
         }
         assert!(
-            lowered.gemms.staged == 3 * 3 && kinds.len() >= 5,
+            lowered.gemms().staged == 3 * 3 && kinds.len() >= 5,
             "{} kinds, {}",
             kinds.len(),
-            lowered.gemms.describe()
+            lowered.gemms().describe()
         );
     }
 

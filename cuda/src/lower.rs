@@ -690,8 +690,6 @@ pub struct Lowered {
     pub streams: usize,
     /// The wait of each status slot (kernel waits only).
     pub wait_slots: Vec<OpSite>,
-    /// Which engine runs the GEMMs.
-    pub gemms: GemmCounts,
     /// The hardware queue count the order was proven safe for.
     pub queues: usize,
     /// Device memory that the executor owns beside the plan's buffers: per stream that
@@ -713,6 +711,11 @@ pub struct Staging {
 }
 
 impl Lowered {
+    /// Which engine runs the GEMMs of its steps.
+    pub fn gemms(&self) -> GemmCounts {
+        GemmCounts::of(&self.steps)
+    }
+
     /// Per device, the bytes of each staging region, in [`Lowered::staging`]'s order (0
     /// for another device's): the sizes to allocate after the plan's `buffers`.
     pub fn staging_bytes(&self, device: usize) -> impl Iterator<Item = u64> + '_ {
@@ -814,7 +817,6 @@ pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> 
         steps: Vec::with_capacity(order.len()),
         streams: plan.devices * plan.lanes.len(),
         wait_slots: Vec::new(),
-        gemms: GemmCounts::default(),
         queues: options.queues,
         staging: Vec::new(),
     };
@@ -835,7 +837,6 @@ pub fn lower_in_order(plan: &Plan, order: &[OpSite], options: &LowerOptions) -> 
         };
         lowered.steps.push(Step { site: *site, stream: stream_of(plan, *site), command });
     }
-    lowered.gemms = GemmCounts::of(&lowered.steps);
     Ok(lowered)
 }
 
@@ -1295,7 +1296,7 @@ mod tests {
                 - lowered.steps.iter().filter(|s| matches!(s.command, Some(Command::WaitKernel { .. }))).count(),
             12
         );
-        assert_eq!(lowered.gemms, GemmCounts { cublas: 0, tile: 3, hopper: 0, clusters: 0, staged: 0 });
+        assert_eq!(lowered.gemms(), GemmCounts { cublas: 0, tile: 3, hopper: 0, clusters: 0, staged: 0 });
         // GEMM+RS: each block released by the signal after it.
         let rs = plan(OpKind::GemmRs, Algorithm::Fused { chunks: 1 }, 2, DType::F32);
         let lowered = lower(&rs, &options(GemmEngine::TileKernel, SyncMode::Kernels, false)).unwrap();
@@ -1362,7 +1363,7 @@ mod tests {
         let waits = plan.ops().filter(|(_, op)| matches!(op, Op::Wait { .. })).count();
         assert_eq!(l.wait_slots.len(), waits);
         let gemms = plan.ops().filter(|(_, op)| matches!(op, Op::Gemm { .. })).count();
-        assert_eq!(l.gemms, GemmCounts { cublas: gemms, tile: 0, hopper: 0, clusters: 0, staged: 0 });
+        assert_eq!(l.gemms(), GemmCounts { cublas: gemms, tile: 0, hopper: 0, clusters: 0, staged: 0 });
     }
 
     #[test]
@@ -1378,15 +1379,15 @@ mod tests {
     fn the_gemm_engine_is_explicit() {
         let plan = plan(OpKind::AgGemm, Algorithm::Ring, 2, DType::Bf16);
         let tile = lower(&plan, &options(GemmEngine::Auto, SyncMode::Kernels, false)).unwrap();
-        assert_eq!(tile.gemms.cublas, 0);
-        assert!(tile.gemms.tile > 0);
-        assert_eq!(tile.gemms.describe(), "tile kernels");
+        assert_eq!(tile.gemms().cublas, 0);
+        assert!(tile.gemms().tile > 0);
+        assert_eq!(tile.gemms().describe(), "tile kernels");
         let err = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, false)).unwrap_err();
         assert!(matches!(err, CudaError::NoCublas), "{err}");
         let blas = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap();
-        assert_eq!((blas.gemms.tile, blas.gemms.describe().as_str()), (0, "cuBLAS"));
+        assert_eq!((blas.gemms().tile, blas.gemms().describe().as_str()), (0, "cuBLAS"));
         let never = lower(&plan, &options(GemmEngine::TileKernel, SyncMode::Kernels, true)).unwrap();
-        assert_eq!(never.gemms.cublas, 0);
+        assert_eq!(never.gemms().cublas, 0);
     }
 
     #[test]
@@ -1402,7 +1403,7 @@ mod tests {
         let err = lower(&plan, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap_err();
         assert!(err.to_string().contains("A f16 and B f32 cannot run on cuBLAS"), "{err}");
         let auto = lower(&plan, &options(GemmEngine::Auto, SyncMode::Kernels, true)).unwrap();
-        assert_eq!(auto.gemms, GemmCounts { cublas: 0, tile: 1, hopper: 0, clusters: 0, staged: 0 });
+        assert_eq!(auto.gemms(), GemmCounts { cublas: 0, tile: 1, hopper: 0, clusters: 0, staged: 0 });
         let Some(Command::Gemm(g)) = &auto.steps[0].command else { panic!() };
         assert_eq!(g.imp, GemmImpl::Simt);
     }
@@ -1517,14 +1518,14 @@ mod tests {
             // 128 rows (T·k) of K = H = 40 bf16.
             assert_eq!(l.staging[j].bytes, 128 * 40 * 2);
         }
-        assert_eq!((l.gemms.hopper, l.gemms.staged), (4, 4));
+        assert_eq!((l.gemms().hopper, l.gemms().staged), (4, 4));
         for (ffn, variant) in [(1008, HopperVariant::Engine), (1024, HopperVariant::InKernelGather)] {
             let (_, l, staged) = lowered(ffn, variant);
             assert!(staged.iter().all(|(_, at)| at.is_none()) && l.staging.is_empty(), "{ffn} columns, {variant:?}");
-            assert_eq!(l.gemms.staged, 0);
+            assert_eq!(l.gemms().staged, 0);
         }
         let (_, l, staged) = lowered(64, HopperVariant::StagedGather);
-        assert!(staged.iter().all(|(_, at)| at.is_some()) && l.gemms.staged == 4);
+        assert!(staged.iter().all(|(_, at)| at.is_some()) && l.gemms().staged == 4);
     }
 
     #[test]
