@@ -190,7 +190,7 @@ impl GemmFacts {
 
 /// What the engines need to know of a grouped GEMM ([`Op::GroupedGemm`]): the facts of
 /// its GEMM (m: c's rows, the capacity; k: one expert's rows of the stacked B; A's row
-/// layout), whether its rows are gathered by token, and the experts.
+/// layout), whether its rows are gathered by token and staged first, and the experts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupedFacts {
     /// The GEMM of every row at once (A and C of `m` rows, one expert's K×N of B).
@@ -199,6 +199,10 @@ pub struct GroupedFacts {
     pub experts: usize,
     /// a's rows are gathered by token (ag_moe's), not c's own.
     pub gathered: bool,
+    /// Gathered rows are staged in order before the kernel, which loads them by TMA
+    /// ([`stages_gathered_rows`] unless a variant of the engine fixes the way); false
+    /// where its producer copies them, and where they are not gathered.
+    pub staged: bool,
 }
 
 impl GroupedFacts {
@@ -209,6 +213,7 @@ impl GroupedFacts {
             gemm: GemmFacts::laid_out(plan, [a, b, c], [c.rows, c.cols, b.rows / (*experts).max(1)]),
             experts: *experts,
             gathered: gather.is_some(),
+            staged: gather.is_some() && stages_gathered_rows(c.cols),
         })
     }
 }
@@ -261,7 +266,7 @@ pub fn grouped_engine(
                 // Rows the producer copies into each tile ran faster on 128×256 whatever
                 // K (0.38–0.42× cuBLAS against 0.30–0.32 on 128×128, on an H100 and an
                 // H200 at K = 4096): the tile count decides there, not K.
-                let copied = g.gathered && !stages_gathered_rows(n);
+                let copied = g.gathered && !g.staged;
                 let tile = if copied && wide_tiles_fill(m, n, sms) { HopperTile::Wide } else { tile };
                 return Ok(Some(support.hopper_tile.unwrap_or(tile)));
             }
@@ -449,7 +454,8 @@ mod tests {
         let gpu = EngineSupport { cublas: true, hopper_sms: Some(132), ..Default::default() };
         // moe_rs on one device of Mixtral at D = 8: 8192 rows, H = 4096, F/D = 1792.
         // Its K of 1792 takes the 128×128 tile, however many tiles it has.
-        let rs = GroupedFacts { gemm: facts(8192, 4096, 1792, DType::Bf16), experts: 8, gathered: false };
+        let rs =
+            GroupedFacts { gemm: facts(8192, 4096, 1792, DType::Bf16), experts: 8, gathered: false, staged: false };
         for policy in [GemmEngine::Auto, GemmEngine::Cublas, GemmEngine::TileKernel, GemmEngine::Hopper] {
             assert_eq!(grouped_engine(policy, &gpu, &rs), Ok(Some(HopperTile::Narrow)), "{policy:?}");
         }
@@ -457,10 +463,14 @@ mod tests {
         assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &long), Ok(Some(HopperTile::Wide)));
         // ag_moe's on Mixtral (8192 rows, F/D = 1792, H = 4096): staged, so K decides; on
         // Qwen-MoE (131072 rows, 176 columns, H = 2048) copied in the kernel, so the tiles do.
-        let staged = GroupedFacts { gemm: facts(8192, 1792, 4096, DType::Bf16), gathered: true, ..rs };
+        let staged = GroupedFacts { gemm: facts(8192, 1792, 4096, DType::Bf16), gathered: true, staged: true, ..rs };
         assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &staged), Ok(Some(HopperTile::Narrow)));
         let copied = GroupedFacts { gemm: facts(131072, 176, 2048, DType::Bf16), gathered: true, ..rs };
         assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &copied), Ok(Some(HopperTile::Wide)));
+        // Mixtral's shape with its rows copied in the kernel (a variant that fixes the way)
+        // takes the tile measured faster for copied rows.
+        let in_kernel = GroupedFacts { staged: false, ..staged };
+        assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &in_kernel), Ok(Some(HopperTile::Wide)));
         let narrow = GroupedFacts { gemm: facts(256, 128, 64, DType::F16), ..rs };
         assert_eq!(grouped_engine(GemmEngine::Auto, &gpu, &narrow), Ok(Some(HopperTile::Narrow)));
         let forced = EngineSupport { hopper_tile: Some(HopperTile::Wide), ..gpu };
@@ -483,6 +493,7 @@ mod tests {
         let (_, op) = plan.ops().find(|(_, op)| matches!(op, Op::GroupedGemm { gather: Some(_), .. })).unwrap();
         let gathered = GroupedFacts::of(&plan, op).unwrap();
         assert_eq!((gathered.gemm.mnk, gathered.experts), ([128, 64, 64], 4), "T·k rows × F/D × H");
+        assert!(gathered.gathered && !gathered.staged, "64 columns: copied in the kernel");
         assert_eq!(grouped_engine(GemmEngine::Hopper, &gpu, &gathered), Ok(Some(HopperTile::Narrow)));
         // What the engine cannot load falls back to the scalar kernel, or is an error under Hopper.
         let f32s = GroupedFacts { gemm: facts(8192, 4096, 1792, DType::F32), ..rs };

@@ -1213,7 +1213,11 @@ fn lower_op(
             if c.is_empty() {
                 return Ok(None);
             }
-            let facts = GroupedFacts::of(plan, op).expect("a grouped gemm");
+            let mut facts = GroupedFacts::of(plan, op).expect("a grouped gemm");
+            // A variant that fixes how gathered rows arrive fixes the tile the rule gives
+            // rows arriving so, as `stage_gathered_rows` below follows it.
+            let asked = options.hopper.map_or(HopperVariant::Engine, |t| t.variant);
+            facts.staged = facts.gathered && asked.stages_gathered_rows(c.cols);
             let tile = engines::grouped_engine(options.gemm, &options.engine_support(), &facts).map_err(unsupported)?;
             let t = |r: &Region| (loc(d, r), ld(r), dt(r));
             Some(Command::GroupedGemm {
@@ -1526,6 +1530,39 @@ mod tests {
         }
         let (_, l, staged) = lowered(64, HopperVariant::StagedGather);
         assert!(staged.iter().all(|(_, at)| at.is_some()) && l.gemms().staged == 4);
+    }
+
+    #[test]
+    fn a_variant_that_fixes_how_gathered_rows_arrive_fixes_their_tile() {
+        use cmm_core::moe::{build_moe_plan, MoeOp, MoeProblem, Routing};
+        // 128 rows (T·k) × 512 columns a device: two 128×256 tiles, which fill 2 SMs.
+        let p = MoeProblem::new(MoeOp::AgMoe, 2, 64, 40, 1024, 4, 2, Routing::Uniform, DType::Bf16, DType::Bf16);
+        let plan = build_moe_plan(&p.unwrap(), Algorithm::Ring).unwrap();
+        let tiles = |variant: HopperVariant| {
+            let hopper = HopperTarget { sms: 2, pair_clusters: [0; 2], tile: None, variant };
+            let options = LowerOptions { hopper: Some(hopper), ..options(GemmEngine::Auto, SyncMode::Kernels, true) };
+            let l = lower(&plan, &options).unwrap();
+            let tiles: Vec<(HopperTile, bool)> = l
+                .steps
+                .iter()
+                .filter_map(|s| match &s.command {
+                    Some(Command::GroupedGemm { hopper: Some((tile, ..)), staged, gather: Some(_), .. }) => {
+                        Some((*tile, staged.is_some()))
+                    }
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(tiles.len(), 4, "{variant:?}");
+            tiles
+        };
+        // Staged, K = 40 < 8192 decides: 128×128. Copied in the kernel, the tile count
+        // does: 128×256, as the rule gives rows copied so.
+        let staged = [(HopperTile::Narrow, true); 4];
+        let copied = [(HopperTile::Wide, false); 4];
+        assert_eq!(tiles(HopperVariant::Engine), staged);
+        assert_eq!(tiles(HopperVariant::StagedGather), staged);
+        assert_eq!(tiles(HopperVariant::InKernelGather), copied);
+        assert_eq!(tiles(HopperVariant::ReaderFence), copied);
     }
 
     #[test]
