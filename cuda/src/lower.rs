@@ -209,21 +209,14 @@ pub struct HopperTarget {
 
 impl HopperTarget {
     /// CTAs of a plain GEMM's persistent grid on `tile` before the tiles bound it: one
-    /// per SM, or two per co-resident cluster of two (0 where none fits).
+    /// per SM, or a cluster's CTAs per co-resident cluster (0 where none fits).
     pub fn ctas(&self, tile: HopperTile) -> u32 {
-        match self.variant {
-            HopperVariant::Pair => {
-                let fit = HopperTile::ALL.iter().position(|&t| t == tile).map_or(0, |i| self.pair_clusters[i]);
-                self.sms.min(fit.saturating_mul(2))
-            }
-            HopperVariant::Engine
-            | HopperVariant::Shallow
-            | HopperVariant::PingPong
-            | HopperVariant::StagedGather
-            | HopperVariant::InKernelGather
-            | HopperVariant::ReaderFence
-            | HopperVariant::TmaStore => self.sms.max(1),
+        let cluster = self.variant.cluster();
+        if cluster == 1 {
+            return self.sms.max(1);
         }
+        let fit = HopperTile::ALL.iter().position(|&t| t == tile).map_or(0, |i| self.pair_clusters[i]);
+        self.sms.min(fit.saturating_mul(cluster))
     }
 }
 
@@ -1314,6 +1307,19 @@ mod tests {
         // cuBLAS cannot wait inside a GEMM: asking for it everywhere is an error.
         let err = lower(&ag, &options(GemmEngine::Cublas, SyncMode::Kernels, true)).unwrap_err();
         assert!(err.to_string().contains("cuBLAS cannot"), "{err}");
+    }
+
+    #[test]
+    fn a_persistent_grid_is_one_cta_per_sm_or_two_per_resident_cluster() {
+        let target = |variant| HopperTarget { sms: 132, pair_clusters: [50, 70], tile: None, variant };
+        for variant in HopperVariant::ALL.into_iter().filter(|&v| v != HopperVariant::Pair) {
+            assert_eq!(target(variant).ctas(HopperTile::Wide), 132, "{variant:?}");
+        }
+        let pair = target(HopperVariant::Pair);
+        // 50 clusters of 128×256 CTAs fit (100 CTAs); 70 of 128×128 would be 140, past the SMs.
+        assert_eq!((pair.ctas(HopperTile::Wide), pair.ctas(HopperTile::Narrow)), (100, 132));
+        assert_eq!(HopperTarget { pair_clusters: [0, 0], ..pair }.ctas(HopperTile::Wide), 0, "no cluster fits");
+        assert_eq!(HopperTarget { sms: 0, ..target(HopperVariant::Engine) }.ctas(HopperTile::Wide), 1);
     }
 
     #[test]
