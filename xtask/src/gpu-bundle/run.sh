@@ -233,6 +233,12 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         step rehearsal-sanitizer-hopper-command 90 env CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 \
             "$x" conformance --backend cuda --filter ring_d2_,fused_d2_ --hopper --case-timeout 60 --ungated \
             --stamps "$scratch/sanitizer-stamps"
+        step rehearsal-sanitizer-hopper-staged-command 90 env CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 \
+            "$x" conformance --backend cuda --filter moe_ag_ring_d2_ --hopper --hopper-variant staged-gather \
+            --case-timeout 60 --ungated --stamps "$scratch/sanitizer-stamps"
+        step rehearsal-sanitizer-hopper-tma-store-command 90 env CMM_FAKE_CUDA_BLOCKING_LAUNCHES=1 \
+            "$x" conformance --backend cuda --filter fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper \
+            --hopper-variant tma-store --case-timeout 60 --ungated --stamps "$scratch/sanitizer-stamps"
         # The GEMM sweep's path (its spot checks included) on shapes 32 times smaller: the
         # fake driver's times mean nothing.
         step rehearsal-gemm-sweep 120 "$x" gemm-sweep --shrink 32 --reps 2 --json "$scratch/gemm-sweep.json"
@@ -376,12 +382,15 @@ export -f sanitize
 # The Hopper engine's kernels (plain and fused, both tiles, and the ping-pong ones) under
 # every tool, first: the engine's kernels are the newest. (ring_d2_ takes in the MoE ring cases, whose grouped GEMMs run on the engine:
 # moe_rs's A through TMA, ag_moe's gathered rows through cp.async; the wide tile and the
-# ping-pong kernels get them too.)
-step sanitizer-hopper 180 bash -c 'for tool in memcheck racecheck synccheck; do
+# ping-pong kernels get them too.) Then the kernels no GPU tool has yet seen (2026-11-28):
+# ag_moe's rows staged by cmm_gather_rows and loaded by TMA, and the TMA-store kernels.
+step sanitizer-hopper 240 bash -c 'for tool in memcheck racecheck synccheck; do
     sanitize "$tool" ring_d2_,fused_d2_ --hopper || exit $?
     sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile wide || exit $?
     sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile narrow \
-        --hopper-variant pingpong || exit $?; done'
+        --hopper-variant pingpong || exit $?
+    sanitize "$tool" moe_ag_ring_d2_ --hopper --hopper-variant staged-gather || exit $?
+    sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-variant tma-store || exit $?; done'
 # The engine's kernels under Nsight Compute where the machine has it: each kernel's speed
 # of light (SM, memory, DRAM and L2 throughput) and occupancy, at 8192³ and on the MoE
 # grouped GEMMs beside the plain GEMM on their dense shapes, on both tiles and the
