@@ -566,6 +566,12 @@ impl CudaBackend {
         )
     }
 
+    /// The SMs the Hopper engine's persistent grids span on GPU 0 (`None`: the GPU does
+    /// not run the engine): what its tile rule is asked with.
+    pub fn hopper_sms(&self) -> Option<u32> {
+        self.hopper_sms
+    }
+
     /// Whether libcublas was found when the backend started.
     pub fn has_cublas(&self) -> bool {
         self.cublas

@@ -22,10 +22,13 @@
 //!   engine had it before it moved the fence to the producer (earlier that day): whether
 //!   that fence stalls the tensor cores.
 
+mod rules;
+
 use std::fs;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use cmm_core::engines::GroupedFacts;
 use cmm_core::moe::build_moe_plan;
 use cmm_core::oracle::spot_check;
 use cmm_core::workload::output_tolerance;
@@ -34,6 +37,7 @@ use cmm_cuda::{
     CudaBackend, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec, HopperKernel, HopperTile,
     HopperVariant, ReadBack,
 };
+use rules::Asked;
 use serde::Serialize;
 
 /// Arguments of `cargo xtask gemm-sweep`.
@@ -161,6 +165,8 @@ struct Report {
     reps: usize,
     shrink: usize,
     rows: Vec<Row>,
+    /// The engine's rules set against the rows ([`rules::verdicts`]).
+    verdicts: Vec<rules::Verdict>,
 }
 
 /// Runs the sweep.
@@ -189,7 +195,11 @@ pub fn run(args: &Args) -> Result<()> {
         reps: args.reps,
         shrink,
         rows: Vec::new(),
+        verdicts: Vec::new(),
     };
+    let sms = backend.hopper_sms().context("the Hopper engine's SMs")?;
+    // Where the sweep asks the engine's rules, for the verdicts at its end.
+    let mut asked: Vec<Asked> = Vec::new();
     // A variant whose run failed (a trap, a lost context) is not tried again at the
     // larger shapes: each failure can cost its barrier waits' deadline.
     let mut failing: Vec<Variant> = Vec::new();
@@ -206,6 +216,7 @@ pub fn run(args: &Args) -> Result<()> {
                 accumulate: false,
             };
             let shape = format!("{}x{}x{}", spec.m, spec.n, spec.k);
+            asked.push(Asked::plain(&shape, &spec, "", sms));
             let cublas = backend
                 .time_gemm(&spec, GemmEngine::Cublas, args.reps)
                 .with_context(|| format!("timing cuBLAS on {shape}"))?;
@@ -252,7 +263,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     for input in [DType::Bf16, DType::F16] {
         for op in [MoeOp::AgMoe, MoeOp::MoeRs] {
-            for r in grouped_rows(&backend, op, input, shrink, args.reps)? {
+            for r in grouped_rows(&backend, op, input, shrink, args.reps, &mut asked)? {
                 print_row(&r);
                 report.rows.push(r);
             }
@@ -261,6 +272,14 @@ pub fn run(args: &Args) -> Result<()> {
             let json = serde_json::to_string_pretty(&report).context("encoding the sweep")?;
             fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
         }
+    }
+    report.verdicts = rules::verdicts(&report.rows, &asked);
+    for line in rules::lines(&report.verdicts) {
+        println!("{line}");
+    }
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report).context("encoding the sweep")?;
+        fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     let wrong =
         report.rows.iter().filter(|r| r.check.starts_with("WRONG") || r.check.starts_with("run failed")).count();
@@ -288,10 +307,24 @@ fn print_row(r: &Row) {
 /// events around its op (median of `reps` runs, at most 10), beside cuBLAS on the dense GEMM of the same FLOPs (the routed
 /// rows × H × F/D). Its results are checked by the corpus and the device tests (the
 /// grouped GEMMs there run on the engine), not here.
-fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, reps: usize) -> Result<Vec<Row>> {
+fn grouped_rows(
+    backend: &CudaBackend,
+    op: MoeOp,
+    input: DType,
+    shrink: usize,
+    reps: usize,
+    asked: &mut Vec<Asked>,
+) -> Result<Vec<Row>> {
     let Grouped { plan, site, spec } = grouped(op, input, shrink)?;
     let out = if spec.output == input { String::new() } else { format!(" →{}", spec.output) };
     let shape = format!("{op} {}x{}x{} E{}{out}", spec.m, spec.n, spec.k, GROUPED.experts);
+    let sms = backend.hopper_sms().context("the Hopper engine's SMs")?;
+    asked.push(Asked::plain(&shape, &spec, " dense", sms));
+    let facts = plan
+        .ops()
+        .find_map(|(at, op)| (at == site).then(|| GroupedFacts::of(&plan, op)).flatten())
+        .context("the plan's grouped GEMM")?;
+    asked.push(Asked::grouped(&shape, input, &facts, sms));
     let cublas = backend
         .time_gemm(&spec, GemmEngine::Cublas, reps)
         .with_context(|| format!("timing cuBLAS on the dense {}x{}x{}", spec.m, spec.n, spec.k))?;
@@ -308,6 +341,7 @@ fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, r
         // from its registers, with the tensor cores idle meanwhile).
         let narrow = GemmSpec { output: input, ..spec };
         let shape = format!("{op} {}x{}x{} E{}", spec.m, spec.n, spec.k, GROUPED.experts);
+        asked.push(Asked::plain(&shape, &narrow, " dense", sms));
         let cublas = backend
             .time_gemm(&narrow, GemmEngine::Cublas, reps)
             .with_context(|| format!("timing cuBLAS on the dense {}x{}x{} →{input}", spec.m, spec.n, spec.k))?;
