@@ -392,6 +392,29 @@ fn gpu_steps(script: &str) -> Vec<&str> {
     script.lines().filter_map(|l| l.strip_prefix("step ")).filter_map(|rest| rest.split_whitespace().next()).collect()
 }
 
+/// The rehearsal's steps in the script's order, on the fake driver and on the host twin:
+/// the `step` lines of the two branches of its `CMM_BUNDLE_REHEARSAL` block.
+fn rehearsal_steps(script: &str) -> (Vec<&str>, Vec<&str>) {
+    let (mut fake, mut host, mut on_host) = (Vec::new(), Vec::new(), false);
+    for line in script.lines().skip_while(|l| !l.starts_with("if [ \"${CMM_BUNDLE_REHEARSAL")) {
+        match line {
+            "    else" => on_host = true,
+            "    fi" => break,
+            _ => {
+                let name = line.trim_start().strip_prefix("step ").and_then(|rest| rest.split_whitespace().next());
+                if let Some(name) = name {
+                    if on_host {
+                        host.push(name)
+                    } else {
+                        fake.push(name)
+                    }
+                }
+            }
+        }
+    }
+    (fake, host)
+}
+
 /// The GPU path walked dry (`CMM_BUNDLE_DRY_RUN=1`): past the GPU check, every top-level
 /// command of the path run, and each step's program found and its `bash -c` script parsed
 /// rather than run. It must exit 0 with every GPU step of the script listed, in order, as
@@ -473,14 +496,16 @@ fn rehearse(dir: &Path) -> Result<()> {
     })?;
     let summary = fs::read_to_string(out.join("summary.md")).unwrap_or_default();
     let rows = summary.lines().filter(|l| l.starts_with("| rehearsal-")).collect::<Vec<_>>();
-    // With NVRTC, the GPU steps on the fake driver (23); without, the host twin's (3).
+    // With NVRTC, the GPU steps on the fake driver; without, the host twin's.
     let fake = cmm_cuda::nvrtc_available();
     // The fake driver loads the bundled cubins as a GPU would (it reads their entries).
     if fake && moved.join("kernels").is_dir() && !summary.contains("kernels from prebuilt sm_90a images") {
         bail!("the bundle carries cubins, but the rehearsal's backend did not load them:\n{summary}");
     }
-    let expected = if fake { 23 } else { 3 };
-    if code != Some(0) || rows.len() != expected || !rows.iter().all(|r| r.contains("| passed |")) {
+    let (on_fake, on_host) = rehearsal_steps(RUN_SH);
+    let expected = if fake { on_fake } else { on_host };
+    let ran: Vec<&str> = rows.iter().filter_map(|r| r.split('|').nth(1)).map(str::trim).collect();
+    if code != Some(0) || ran != expected || !rows.iter().all(|r| r.contains("| passed |")) {
         bail!("the bundle's rehearsal failed (exit {code:?}):\n{text}\n{summary}");
     }
     let _ = fs::remove_dir_all(&scratch);
@@ -875,6 +900,16 @@ mod tests {
         assert_eq!(steps[..2], ["gate-probe", "gemm-sweep"]);
         assert!(steps.contains(&"bench-kernels") && steps.contains(&"sanitizer-fused"), "{steps:?}");
         assert!(steps.iter().all(|s| !s.starts_with("rehearsal-")), "{steps:?}");
+    }
+
+    #[test]
+    fn the_rehearsal_is_held_to_the_steps_of_its_two_branches() {
+        let (fake, host) = rehearsal_steps(RUN_SH);
+        assert!(fake.len() >= 20 && fake.iter().all(|s| s.starts_with("rehearsal-")), "{fake:?}");
+        assert_eq!(fake.first(), Some(&"rehearsal-device-tests"));
+        assert_eq!(fake.last(), Some(&"rehearsal-gemm-sweep-profile"));
+        assert!(fake.contains(&"rehearsal-sanitizer-hopper-staged-command"), "{fake:?}");
+        assert_eq!(host, ["rehearsal-device-tests", "rehearsal-conformance-kernels", "rehearsal-conformance-memops"]);
     }
 
     #[test]
