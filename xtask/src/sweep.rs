@@ -169,6 +169,16 @@ struct Report {
     verdicts: Vec<rules::Verdict>,
 }
 
+impl Report {
+    /// Writes the report as JSON to `path`, where one was asked for: after each shape, so
+    /// that a run cut short keeps what it measured.
+    fn save(&self, path: Option<&std::path::Path>) -> Result<()> {
+        let Some(path) = path else { return Ok(()) };
+        let json = serde_json::to_string_pretty(self).context("encoding the sweep")?;
+        fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))
+    }
+}
+
 /// Runs the sweep.
 pub fn run(args: &Args) -> Result<()> {
     let backend = CudaBackend::new(1).context("cannot start the CUDA backend")?;
@@ -255,10 +265,7 @@ pub fn run(args: &Args) -> Result<()> {
                 print_row(&r);
                 report.rows.push(r);
             }
-            if let Some(path) = &args.json {
-                let json = serde_json::to_string_pretty(&report).context("encoding the sweep")?;
-                fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
-            }
+            report.save(args.json.as_deref())?;
         }
     }
     for input in [DType::Bf16, DType::F16] {
@@ -268,19 +275,13 @@ pub fn run(args: &Args) -> Result<()> {
                 report.rows.push(r);
             }
         }
-        if let Some(path) = &args.json {
-            let json = serde_json::to_string_pretty(&report).context("encoding the sweep")?;
-            fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
-        }
+        report.save(args.json.as_deref())?;
     }
     report.verdicts = rules::verdicts(&report.rows, &asked);
     for line in rules::lines(&report.verdicts) {
         println!("{line}");
     }
-    if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&report).context("encoding the sweep")?;
-        fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
-    }
+    report.save(args.json.as_deref())?;
     let wrong =
         report.rows.iter().filter(|r| r.check.starts_with("WRONG") || r.check.starts_with("run failed")).count();
     if wrong > 0 {
