@@ -691,17 +691,17 @@ pub fn summarise(args: &SummaryArgs) -> Result<()> {
     }
     // The plans that later steps timed again another way, beside the bench's own times.
     let again = [
-        ("bench-kernels-8-queues.json", "on 8 queues", "on the bench's hardware queues and on CUDA's default 8"),
         (
-            "bench-kernels-pingpong.json",
-            "ping-pong",
-            "on the Hopper engine's own kernels and on its 128×128 ping-pong kernels (twins too)",
+            "bench-kernels-narrow.json",
+            "128×128",
+            "on the Hopper engine's tile by the fused rule and on its own 128×128 kernels (twins too)",
         ),
         (
             "bench-kernels-tma-store.json",
             "TMA stores",
             "on the Hopper engine's own kernels and on its TMA-store kernels (twins too)",
         ),
+        ("bench-kernels-8-queues.json", "on 8 queues", "on the bench's hardware queues and on CUDA's default 8"),
     ];
     if let Some(Ok(bench)) = read(args.out.join("bench-kernels.json")) {
         for (name, label, heading) in again {
@@ -991,10 +991,10 @@ mod tests {
         let eight =
             report.replace("1010.04", "1262.55").replace("\"compute_only_us\": 980.0", "\"compute_only_us\": 1078.0");
         fs::write(dir.join("bench-kernels-8-queues.json"), eight).unwrap();
-        // The ping-pong step's: the same plan 0.9 times as long, its twin 0.95.
-        let pingpong =
+        // The 128×128 step's: the same plan 0.9 times as long, its twin 0.95.
+        let narrow =
             report.replace("1010.04", "909.04").replace("\"compute_only_us\": 980.0", "\"compute_only_us\": 931.0");
-        fs::write(dir.join("bench-kernels-pingpong.json"), pingpong).unwrap();
+        fs::write(dir.join("bench-kernels-narrow.json"), narrow).unwrap();
         summarise(&SummaryArgs { logs: dir.clone(), out: dir.clone() }).unwrap();
         let md = fs::read_to_string(dir.join("summary.md")).unwrap();
         assert!(md.contains("| device-tests | passed | 12 |"), "{md}");
@@ -1009,7 +1009,7 @@ mod tests {
         let row = "| gemm_rs | 4 | ring_push | 1010.0 | 1262.5 | 1.250 | 980.0 | 1078.0 | 1.031 | 1.171 |";
         assert!(md.contains("CUDA's default 8") && md.contains(row), "{md}");
         let row = "| gemm_rs | 4 | ring_push | 1010.0 | 909.0 | 0.900 | 980.0 | 931.0 | 1.031 | 0.976 |";
-        assert!(md.contains("| ping-pong ÷ bench |") && md.contains(row), "{md}");
+        assert!(md.contains("| 128×128 ÷ bench |") && md.contains(row), "{md}");
         let json: serde_json::Value =
             serde_json::from_str(&fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
         assert_eq!(json["steps"][1]["result"], "FAILED");

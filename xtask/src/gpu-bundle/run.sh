@@ -217,8 +217,8 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         step rehearsal-model-vs-bench 30 "$x" simulate --validate-bench "$out/bench-rehearsal.json"
         step rehearsal-bench-8-queues 90 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$x" bench --backend cuda --sync kernels \
             --shrink 64 --reps 1 --algorithms fused,ring --json "$scratch/bench-8-queues.json"
-        step rehearsal-bench-pingpong 90 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 1 \
-            --algorithms fused --hopper-tile narrow --hopper-variant pingpong --json "$scratch/bench-pingpong.json"
+        step rehearsal-bench-narrow 90 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 1 \
+            --algorithms fused --hopper-tile narrow --json "$scratch/bench-narrow.json"
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
             "$x" conformance --backend cuda --sync memops --case-timeout 30
         step rehearsal-cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
@@ -426,24 +426,30 @@ step sanitizer-synccheck 90 bash -c 'sanitize synccheck'
 # (Its stamps go aside: a filtered run must not stand for the corpus run's.)
 step conformance-repeated 90 "$x" conformance --backend cuda --sync kernels --filter _d8_ \
     --schedules 5 --case-timeout 30 --stamps "$scratch/repeated-stamps"
-# The fused and ring plans again on the 8 hardware queues CUDA gives unasked (cmm's
-# binaries ask for 32, since 2026-11-26's last runs): how much of the fused plans' excess
-# over their twins was lanes queued behind other devices' spinning waits. The JSON
-# travels in logs.tar.gz. This and the next come after the sanitizers since 2026-11-27,
-# when, with the bench before them, the sanitizers did not fit the budget.
-step bench-kernels-8-queues 150 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$x" bench --backend cuda --sync kernels \
-    --algorithms fused,ring --json "$logs/bench-kernels-8-queues.json"
-# The fused plans and their twins again with every GEMM on the engine's 128×128 ping-pong
-# kernels (one consumer warpgroup's epilogue beside the other's wgmma): whether the engine's
-# epilogue is part of the fused plans' excess (gemm_rs's GEMMs write f32). Summarised beside
-# the bench's rows; the JSON travels in logs.tar.gz.
-step bench-kernels-pingpong 150 "$x" bench --backend cuda --sync kernels --algorithms fused \
-    --hopper-tile narrow --hopper-variant pingpong --json "$logs/bench-kernels-pingpong.json"
+# The fused plans and their twins again with every GEMM on the engine's own 128×128 kernels
+# (`--hopper-tile narrow`), which the tile rule gives every plain GEMM with K under 8192 but
+# the fused rule does not (128×256 wherever those tiles fill a device's SMs): the fused
+# plans' GEMMs have K = 4096 (gemm_rs's write f32 partial sums), where plain GEMMs ran
+# faster on 128×128 (0.80 against 0.71–0.76 of cuBLAS; 0.69 against 0.53 on moe_rs's f32
+# rows). Only the ping-pong 128×128 kernels had been timed in fused plans (2026-11-27, 12 %
+# slower than the engine's own 128×128 at 1024×4096×4096); that step, measured, gave way to
+# this one. Summarised beside the bench's rows; the JSON travels in logs.tar.gz. This and
+# the next two come after the sanitizers since 2026-11-27, when, with the bench before
+# them, the sanitizers did not fit the budget.
+step bench-kernels-narrow 150 "$x" bench --backend cuda --sync kernels --algorithms fused \
+    --hopper-tile narrow --json "$logs/bench-kernels-narrow.json"
 # The same on the TMA-store kernels (C staged in shared memory and stored by TMA, a fused
 # block released once its stores have completed): whether the epilogue is part of the
-# fused plans' excess, the other way round.
+# fused plans' excess.
 step bench-kernels-tma-store 150 "$x" bench --backend cuda --sync kernels --algorithms fused \
     --hopper-variant tma-store --json "$logs/bench-kernels-tma-store.json"
+# The fused and ring plans again on the 8 hardware queues CUDA gives unasked (cmm's
+# binaries ask for 32, since 2026-11-26's last runs): how much of the fused plans' excess
+# over their twins was lanes queued behind other devices' spinning waits (measured
+# 2026-11-27, with the driver's copies: the ring plans within 0.5 % of the bench's times,
+# the fused ones 0.41 to 1.08 of them). The JSON travels in logs.tar.gz.
+step bench-kernels-8-queues 150 env CUDA_DEVICE_MAX_CONNECTIONS=8 "$x" bench --backend cuda --sync kernels \
+    --algorithms fused,ring --json "$logs/bench-kernels-8-queues.json"
 # The corpus and the bench with stream memory operations for signals and waits: the bench
 # was within a few per cent of kernel waits on both GPUs measured, so it comes after the
 # sanitizers, which the new kernels need.
