@@ -183,6 +183,11 @@ mod tests {
         }
     }
 
+    /// Rows of one shape, each an engine and its rate of cuBLAS's.
+    fn rows_of(shape: &str, rates: &[(&str, f64)]) -> Vec<Row> {
+        rates.iter().map(|&(engine, rate)| row(shape, engine, Some(rate))).collect()
+    }
+
     fn asked(
         shape: &str,
         suffix: &'static str,
@@ -229,12 +234,15 @@ mod tests {
     #[test]
     fn staging_is_judged_against_the_other_way_on_the_tile_the_rule_gives_that_way() {
         let shape = "ag_moe 8192x1792x4096 E8";
-        let rows = [
-            row(shape, "hopper 128x128 grouped", Some(0.61)),
-            row(shape, "hopper 128x256 grouped", Some(0.55)),
-            row(shape, "hopper 128x256 in-kernel gather grouped", Some(0.42)),
-            row(shape, "hopper 128x128 in-kernel gather grouped", Some(0.66)),
-        ];
+        let rows = rows_of(
+            shape,
+            &[
+                ("hopper 128x128 grouped", 0.61),
+                ("hopper 128x256 grouped", 0.55),
+                ("hopper 128x256 in-kernel gather grouped", 0.42),
+                ("hopper 128x128 in-kernel gather grouped", 0.66),
+            ],
+        );
         // Staged on 128×128 (K decides); copied rows would take 128×256: 0.61 against 0.42.
         let v = verdicts(&rows, &[asked(shape, " grouped", HopperTile::Narrow, Some((true, Some(HopperTile::Wide))))]);
         let staging: Vec<&Verdict> = v.iter().filter(|v| v.rule == "staging").collect();
@@ -244,10 +252,7 @@ mod tests {
             .finding
             .contains("the rule's hopper 128x128 grouped 0.61 against hopper 128x256 in-kernel gather grouped 0.42"));
         // Below the threshold the engine copies, and the staged rows are the variant's.
-        let rows = [
-            row(shape, "hopper 128x256 grouped", Some(0.40)),
-            row(shape, "hopper 128x128 staged gather grouped", Some(0.50)),
-        ];
+        let rows = rows_of(shape, &[("hopper 128x256 grouped", 0.40), ("hopper 128x128 staged gather grouped", 0.50)]);
         let v = verdicts(&rows, &[asked(shape, " grouped", HopperTile::Wide, Some((false, Some(HopperTile::Narrow))))]);
         let staging = v.iter().find(|v| v.rule == "staging").unwrap();
         assert_eq!(staging.holds, Some(false), "{staging:?}");
@@ -256,12 +261,13 @@ mod tests {
     #[test]
     fn tma_stores_are_reported_where_they_beat_the_register_epilogue() {
         let shape = "8192x8192x8192";
-        let rows = [
-            row(shape, "hopper 128x256", Some(0.81)),
-            row(shape, "hopper 128x256 tma store", Some(0.86)),
-            row(shape, "hopper 128x128", Some(0.72)),
-            row(shape, "hopper 128x128 tma store", Some(0.71)),
-        ];
+        // Each tile's rate from registers, then by TMA stores.
+        let rows: Vec<Row> = [("128x256", 0.81, 0.86), ("128x128", 0.72, 0.71)]
+            .iter()
+            .flat_map(|&(tile, plain, stored)| {
+                rows_of(shape, &[(&format!("hopper {tile}"), plain), (&format!("hopper {tile} tma store"), stored)])
+            })
+            .collect();
         let v = verdicts(&rows, &[asked(shape, "", HopperTile::Wide, None)]);
         let stores: Vec<Option<bool>> = v.iter().filter(|v| v.rule == "tma-store").map(|v| v.holds).collect();
         assert_eq!(stores, [Some(false), Some(true)], "128×256: +6 %; 128×128: a tie");
