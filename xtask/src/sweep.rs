@@ -28,7 +28,6 @@ use std::fs;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use cmm_core::engines::GroupedFacts;
 use cmm_core::moe::build_moe_plan;
 use cmm_core::oracle::spot_check;
 use cmm_core::workload::output_tolerance;
@@ -37,8 +36,7 @@ use cmm_cuda::{
     CudaBackend, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec, HopperKernel, HopperTile,
     HopperVariant, ReadBack,
 };
-use rules::Asked;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Arguments of `cargo xtask gemm-sweep`.
 #[derive(Debug, clap::Args)]
@@ -60,6 +58,10 @@ pub struct Args {
     /// kernel (the in-kernel-gather and reader-fence variants).
     #[arg(long)]
     pub profile: bool,
+    /// Instead of the sweep, set the engine's rules as they are now against the rows of a
+    /// recorded sweep (its `gemm-sweep.json`, e.g. under docs/gpu-runs/): no GPU needed.
+    #[arg(long, value_name = "FILE", conflicts_with = "profile")]
+    pub judge: Option<PathBuf>,
 }
 
 /// The sweep's shapes: the bench's local GEMM (seed 000, D = 4), one with K = 6144 between
@@ -142,7 +144,7 @@ fn variant_name((tile, variant): Variant) -> String {
 /// Output elements the sweep checks against the oracle per variant.
 const SPOT_CHECKS: usize = 64;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Row {
     shape: String,
     input: String,
@@ -158,14 +160,20 @@ struct Row {
     check: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Report {
     gpu: String,
     commit: Option<String>,
     reps: usize,
     shrink: usize,
+    /// The SMs the engine's grids spanned, which its tile rule is asked with (absent from
+    /// the sweeps recorded before 2026-11-28, all on GPUs of 132 SMs).
+    #[serde(default)]
+    sms: Option<u32>,
     rows: Vec<Row>,
-    /// The engine's rules set against the rows ([`rules::verdicts`]).
+    /// The engine's rules set against the rows ([`rules::verdicts`]); a recorded sweep's
+    /// are made again from its rows, by the rules as they are now.
+    #[serde(skip_deserializing)]
     verdicts: Vec<rules::Verdict>,
 }
 
@@ -181,6 +189,12 @@ impl Report {
 
 /// Runs the sweep.
 pub fn run(args: &Args) -> Result<()> {
+    if let Some(path) = &args.judge {
+        for line in judge(path)? {
+            println!("{line}");
+        }
+        return Ok(());
+    }
     let backend = CudaBackend::new(1).context("cannot start the CUDA backend")?;
     println!("gpu: {}", backend.summary());
     if !backend.has_hopper_engine() {
@@ -204,12 +218,12 @@ pub fn run(args: &Args) -> Result<()> {
         commit: std::env::var("CMM_COMMIT").ok(),
         reps: args.reps,
         shrink,
+        sms: None,
         rows: Vec::new(),
         verdicts: Vec::new(),
     };
     let sms = backend.hopper_sms().context("the Hopper engine's SMs")?;
-    // Where the sweep asks the engine's rules, for the verdicts at its end.
-    let mut asked: Vec<Asked> = Vec::new();
+    report.sms = Some(sms);
     // A variant whose run failed (a trap, a lost context) is not tried again at the
     // larger shapes: each failure can cost its barrier waits' deadline.
     let mut failing: Vec<Variant> = Vec::new();
@@ -226,7 +240,6 @@ pub fn run(args: &Args) -> Result<()> {
                 accumulate: false,
             };
             let shape = format!("{}x{}x{}", spec.m, spec.n, spec.k);
-            asked.push(Asked::plain(&shape, &spec, "", sms));
             let cublas = backend
                 .time_gemm(&spec, GemmEngine::Cublas, args.reps)
                 .with_context(|| format!("timing cuBLAS on {shape}"))?;
@@ -270,14 +283,14 @@ pub fn run(args: &Args) -> Result<()> {
     }
     for input in [DType::Bf16, DType::F16] {
         for op in [MoeOp::AgMoe, MoeOp::MoeRs] {
-            for r in grouped_rows(&backend, op, input, shrink, args.reps, &mut asked)? {
+            for r in grouped_rows(&backend, op, input, shrink, args.reps)? {
                 print_row(&r);
                 report.rows.push(r);
             }
         }
         report.save(args.json.as_deref())?;
     }
-    report.verdicts = rules::verdicts(&report.rows, &asked);
+    report.verdicts = rules::verdicts(&report.rows, &rules::asked_of(&report.rows, shrink, sms)?);
     for line in rules::lines(&report.verdicts) {
         println!("{line}");
     }
@@ -288,6 +301,27 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("{wrong} variant(s) wrong or failed");
     }
     Ok(())
+}
+
+/// The SMs of every GPU the sweeps recorded before they said (H100 SXM, H200).
+const RECORDED_SMS: u32 = 132;
+
+/// The lines of [`rules::lines`] for a recorded sweep, judged by the rules as they are now.
+fn judge(path: &std::path::Path) -> Result<Vec<String>> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let report: Report =
+        serde_json::from_str(&text).with_context(|| format!("{} is not a gemm-sweep report", path.display()))?;
+    let sms = report.sms.unwrap_or(RECORDED_SMS);
+    let verdicts = rules::verdicts(&report.rows, &rules::asked_of(&report.rows, report.shrink, sms)?);
+    let mut out = vec![format!(
+        "{}: {} at {}, {sms} SMs{}",
+        path.display(),
+        report.gpu,
+        report.commit.as_deref().map_or("an unrecorded commit", |c| &c[..c.len().min(7)]),
+        if report.sms.is_some() { "" } else { " (not recorded: the GPUs of those runs had 132)" }
+    )];
+    out.extend(rules::lines(&verdicts));
+    Ok(out)
 }
 
 fn print_row(r: &Row) {
@@ -308,24 +342,10 @@ fn print_row(r: &Row) {
 /// events around its op (median of `reps` runs, at most 10), beside cuBLAS on the dense GEMM of the same FLOPs (the routed
 /// rows × H × F/D). Its results are checked by the corpus and the device tests (the
 /// grouped GEMMs there run on the engine), not here.
-fn grouped_rows(
-    backend: &CudaBackend,
-    op: MoeOp,
-    input: DType,
-    shrink: usize,
-    reps: usize,
-    asked: &mut Vec<Asked>,
-) -> Result<Vec<Row>> {
+fn grouped_rows(backend: &CudaBackend, op: MoeOp, input: DType, shrink: usize, reps: usize) -> Result<Vec<Row>> {
     let Grouped { plan, site, spec } = grouped(op, input, shrink)?;
     let out = if spec.output == input { String::new() } else { format!(" →{}", spec.output) };
     let shape = format!("{op} {}x{}x{} E{}{out}", spec.m, spec.n, spec.k, GROUPED.experts);
-    let sms = backend.hopper_sms().context("the Hopper engine's SMs")?;
-    asked.push(Asked::plain(&shape, &spec, " dense", sms));
-    let facts = plan
-        .ops()
-        .find_map(|(at, op)| (at == site).then(|| GroupedFacts::of(&plan, op)).flatten())
-        .context("the plan's grouped GEMM")?;
-    asked.push(Asked::grouped(&shape, input, &facts, sms));
     let cublas = backend
         .time_gemm(&spec, GemmEngine::Cublas, reps)
         .with_context(|| format!("timing cuBLAS on the dense {}x{}x{}", spec.m, spec.n, spec.k))?;
@@ -342,7 +362,6 @@ fn grouped_rows(
         // from its registers, with the tensor cores idle meanwhile).
         let narrow = GemmSpec { output: input, ..spec };
         let shape = format!("{op} {}x{}x{} E{}", spec.m, spec.n, spec.k, GROUPED.experts);
-        asked.push(Asked::plain(&shape, &narrow, " dense", sms));
         let cublas = backend
             .time_gemm(&narrow, GemmEngine::Cublas, reps)
             .with_context(|| format!("timing cuBLAS on the dense {}x{}x{} →{input}", spec.m, spec.n, spec.k))?;
@@ -386,12 +405,16 @@ fn grouped_rows(
         let name = format!("{} grouped", variant_name(variant));
         let us = (failure.is_none() && !times.is_empty()).then(|| crate::timing::median(times));
         // The engine stages gathered rows from 512 columns: say which way this row ran.
-        let how = if staged { "; gathered rows staged first (its time includes theirs)" } else { "" };
+        let how = if staged { format!("; {STAGED_MARK}") } else { String::new() };
         let check = failure.unwrap_or_else(|| format!("checked by the corpus and the device tests{how}"));
         rows.push(row(&shape, input, name, us, &spec, cublas, check));
     }
     Ok(rows)
 }
+
+/// What a grouped row's check says where its gathered rows were staged first: how the
+/// rules tell, in a recorded sweep too, which way the engine's rows ran.
+const STAGED_MARK: &str = "gathered rows staged first (its time includes theirs)";
 
 /// The seed of the grouped GEMMs' routing and inputs.
 const GROUPED_SEED: u32 = 17;

@@ -10,7 +10,10 @@ use cmm_core::DType;
 use cmm_cuda::{GemmSpec, HopperTile, HopperVariant};
 use serde::Serialize;
 
-use super::{variant_name, Row};
+use anyhow::{Context, Result};
+use cmm_core::MoeOp;
+
+use super::{grouped, variant_name, Grouped, Row, STAGED_MARK};
 
 /// Two rates of one run closer than this share count as a tie: the sweep's medians of
 /// 20 runs differ by a few tenths of a per cent between kernels that differ only in a
@@ -60,6 +63,60 @@ impl Asked {
     }
 }
 
+/// Where the sweep's rows ask the rules, from the rows alone (so that a recorded sweep is
+/// judged as the live one is): each plain shape (`MxNxK`) as a dense GEMM writing its
+/// input's dtype; each MoE shape (`op MxNxK E<experts>`, `→dtype` where the rows are
+/// written in another) as the sweep's grouped GEMM of that op ([`super::GROUPED`] divided
+/// by `shrink`): its dense rows, and its grouped rows with the engine's way with gathered
+/// rows. A shape the sweep's constants no longer make is left out.
+pub(super) fn asked_of(rows: &[Row], shrink: usize, sms: u32) -> Result<Vec<Asked>> {
+    let mut out: Vec<Asked> = Vec::new();
+    for r in rows {
+        if out.iter().any(|a| a.shape == r.shape && a.input == r.input) {
+            continue;
+        }
+        let input: DType = r.input.parse().map_err(anyhow::Error::msg).context("a row's dtype")?;
+        let mut words = r.shape.split_whitespace();
+        let (first, second) = (words.next().unwrap_or_default(), words.next());
+        if let Some([m, n, k]) = mnk(first) {
+            let spec = GemmSpec { m, n, k, input, output: input, trans_a: false, trans_b: false, accumulate: false };
+            out.push(Asked::plain(&r.shape, &spec, "", sms));
+            continue;
+        }
+        let op = match first {
+            "ag_moe" => MoeOp::AgMoe,
+            "moe_rs" => MoeOp::MoeRs,
+            _ => continue,
+        };
+        let Grouped { plan, site, spec } = grouped(op, input, shrink)?;
+        if second.and_then(mnk) != Some([spec.m, spec.n, spec.k]) {
+            continue;
+        }
+        let output = match r.shape.split_once('→') {
+            Some((_, dtype)) => dtype.trim().parse().map_err(anyhow::Error::msg).context("a row's output dtype")?,
+            None => input,
+        };
+        out.push(Asked::plain(&r.shape, &GemmSpec { output, ..spec }, " dense", sms));
+        let mut facts = plan
+            .ops()
+            .find_map(|(at, op)| (at == site).then(|| GroupedFacts::of(&plan, op)).flatten())
+            .context("the sweep's MoE plan has a grouped GEMM")?;
+        // The way the engine's own rows ran, as their checks say, not the way it would run
+        // them now: the tile rule is judged against what was timed.
+        facts.staged = facts.gathered
+            && rows.iter().any(|x| x.shape == r.shape && x.input == r.input && x.check.contains(STAGED_MARK));
+        out.push(Asked::grouped(&r.shape, input, &facts, sms));
+    }
+    Ok(out)
+}
+
+/// `MxNxK` as its three numbers.
+fn mnk(text: &str) -> Option<[usize; 3]> {
+    let mut parts = text.split('x').map(|p| p.parse::<usize>().ok());
+    let dims = [parts.next()??, parts.next()??, parts.next()??];
+    parts.next().is_none().then_some(dims)
+}
+
 /// What the run says of one rule at one shape.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub(super) struct Verdict {
@@ -86,9 +143,15 @@ pub(super) fn verdicts(rows: &[Row], asked: &[Asked]) -> Vec<Verdict> {
             let (finding, holds) = compare(whose, (&chosen, rate(&chosen)), (&other, rate(&other)));
             Verdict { rule, shape: a.shape.clone(), input: a.input.clone(), finding, holds }
         };
+        // A comparison none of whose rows the sweep made (a recorded sweep's shape that had
+        // no such rows) says nothing; one whose rows failed says so.
+        let made = |a: &str, b: &str| row(a).is_some() || row(b).is_some();
         if let Some(tile) = a.tile {
             let other = HopperTile::ALL.into_iter().find(|&t| t != tile).unwrap_or(tile);
-            out.push(verdict("tile", name(tile, HopperVariant::Engine), name(other, HopperVariant::Engine)));
+            let (chosen, other) = (name(tile, HopperVariant::Engine), name(other, HopperVariant::Engine));
+            if made(&chosen, &other) {
+                out.push(verdict("tile", chosen, other));
+            }
         }
         if let (Some(tile), Some((staged, other_tile))) = (a.tile, a.gathered) {
             // The engine's way on its tile against the other way on the tile the rule
@@ -101,7 +164,11 @@ pub(super) fn verdicts(rows: &[Row], asked: &[Asked]) -> Vec<Verdict> {
             };
             if let (Some(staged_row), Some(copied_row)) = (staged_row, copied_row) {
                 let (chosen, other) = if staged { (staged_row, copied_row) } else { (copied_row, staged_row) };
-                out.push(verdict("staging", chosen, other));
+                // The engine's own grouped rows are a recorded sweep's whatever way they
+                // ran then: judged only beside rows of the other way.
+                if row(&other).is_some() {
+                    out.push(verdict("staging", chosen, other));
+                }
             }
         }
         for tile in HopperTile::ALL {
@@ -146,7 +213,7 @@ pub(super) fn lines(verdicts: &[Verdict]) -> Vec<String> {
     let mut out =
         vec![format!("the engine's rules against this run (rates of cuBLAS's; within {:.0} % is a tie):", 100.0 * TIE)];
     for v in verdicts.iter().filter(|v| v.rule != "tma-store" || v.holds == Some(false)) {
-        out.push(format!("{:<9} {:<26} {:<5} {}", v.rule, v.shape, v.input, v.finding));
+        out.push(format!("{:<9} {:<30} {:<5} {}", v.rule, v.shape, v.input, v.finding));
     }
     for rule in ["tile", "staging", "tma-store"] {
         let of: Vec<&Verdict> = verdicts.iter().filter(|v| v.rule == rule).collect();
@@ -206,11 +273,16 @@ mod tests {
             row("4096x4096x6144", "hopper 128x128", Some(0.78)),
             row("8192x8192x8192", "hopper 128x256", Some(0.81)),
             row("8192x8192x8192", "hopper 128x128", Some(0.80)),
+            // Its rows made but failed: not judged.
+            row("512x512x512", "hopper 128x256", None),
+            row("512x512x512", "hopper 128x128", None),
         ];
         let asked = [
             asked("1024x4096x4096", "", HopperTile::Narrow, None),
             asked("4096x4096x6144", "", HopperTile::Narrow, None),
             asked("8192x8192x8192", "", HopperTile::Wide, None),
+            asked("512x512x512", "", HopperTile::Wide, None),
+            // No rows of this shape at all: no verdict.
             asked("missing", "", HopperTile::Wide, None),
         ];
         let v = verdicts(&rows, &asked);
@@ -229,6 +301,36 @@ mod tests {
         assert!(printed
             .iter()
             .any(|l| l.contains("the tile rule") && l.contains("holds on 2 of 4, against on 1, not judged on 1")));
+    }
+
+    /// Every sweep recorded under docs/gpu-runs, judged by the tile rule as it is now: the
+    /// rule must hold (or tie) wherever both tiles were timed, so that its constants
+    /// (`HOPPER_WIDE_MIN_K`, the gathered rows' exception) move only with measurements.
+    #[test]
+    fn the_tile_rule_holds_on_every_recorded_sweep() {
+        let runs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/gpu-runs");
+        let mut judged = 0;
+        for day in std::fs::read_dir(&runs).unwrap() {
+            let day = day.unwrap().path();
+            if !day.is_dir() {
+                continue;
+            }
+            for file in std::fs::read_dir(day).unwrap() {
+                let path = file.unwrap().path();
+                if !path.to_string_lossy().ends_with("gemm-sweep.json") {
+                    continue;
+                }
+                let report: super::super::Report =
+                    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                let asked = asked_of(&report.rows, report.shrink, report.sms.unwrap_or(super::super::RECORDED_SMS));
+                for v in verdicts(&report.rows, &asked.unwrap()).iter().filter(|v| v.rule == "tile") {
+                    assert_eq!(v.holds, Some(true), "{}: {} {} {}", path.display(), v.shape, v.input, v.finding);
+                    judged += 1;
+                }
+            }
+        }
+        // Five sweeps (an H100's, four H200's) with both tiles on 42 shapes and dtypes.
+        assert!(judged >= 42, "{judged} tile verdicts");
     }
 
     #[test]
