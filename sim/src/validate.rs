@@ -58,6 +58,29 @@ impl TimeRow {
     }
 }
 
+/// The GEMM sweeps recorded under docs/gpu-runs (`cargo xtask gemm-sweep --json`, kept
+/// beside each GPU run's summary) as (path, text), in path order: what the tests that
+/// hold the engine's rules and the profiles' rates to measurements read.
+pub fn recorded_gemm_sweeps() -> std::io::Result<Vec<(std::path::PathBuf, String)>> {
+    let runs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/gpu-runs");
+    let mut out = Vec::new();
+    for day in std::fs::read_dir(&runs)? {
+        let day = day?.path();
+        if !day.is_dir() {
+            continue;
+        }
+        for file in std::fs::read_dir(day)? {
+            let path = file?.path();
+            if path.to_string_lossy().ends_with("gemm-sweep.json") {
+                let text = std::fs::read_to_string(&path)?;
+                out.push((path, text));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// The seed-000 problem (f16, per-shard M=1024, K=N=4096) of `op` at `devices` devices:
 /// every ring step is one 1024×4096×4096 GEMM per device (ag_gemm gathers M; gemm_rs and
 /// gemm_ar split K). With `shrink` > 1, every dimension divided by it.

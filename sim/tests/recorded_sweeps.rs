@@ -38,48 +38,37 @@ fn profiles_of(gpu: &str) -> Option<&'static [&'static str]> {
 /// (file, profile, model ÷ measured − 1) of every engine row of every recorded sweep, on
 /// every profile of the GPU that timed it.
 fn errors() -> Vec<(String, &'static str, f64)> {
-    let runs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/gpu-runs");
     let mut out = Vec::new();
-    for day in std::fs::read_dir(&runs).unwrap() {
-        let day = day.unwrap().path();
-        if !day.is_dir() {
-            continue;
-        }
-        for file in std::fs::read_dir(day).unwrap() {
-            let path = file.unwrap().path();
-            if !path.to_string_lossy().ends_with("gemm-sweep.json") {
-                continue;
-            }
-            let sweep: Sweep = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-            let names =
-                profiles_of(&sweep.gpu).unwrap_or_else(|| panic!("{}: no profile for {}", path.display(), sweep.gpu));
-            let profiles: Vec<(&str, cmm_sim::Profile)> =
-                names.iter().map(|&n| (n, cmm_sim::Profile::load(n).unwrap())).collect();
-            for ((name, profile), r) in profiles.iter().flat_map(|p| sweep.rows.iter().map(move |r| (p, r))) {
-                let (tile, grouped) = match r.engine.as_str() {
-                    "hopper 128x256" => (HopperTile::Wide, false),
-                    "hopper 128x128" => (HopperTile::Narrow, false),
-                    // moe_rs's grouped GEMM: 8 experts of 1024 rows each (uniform routing),
-                    // loaded by TMA, written in f32. (ag_moe's rows were copied in the kernel
-                    // in every recorded sweep, a way the engine no longer takes at its 1792
-                    // columns, so the model of today does not price them.)
-                    "hopper 128x256 grouped" if r.shape.starts_with("moe_rs ") => (HopperTile::Wide, true),
-                    "hopper 128x128 grouped" if r.shape.starts_with("moe_rs ") => (HopperTile::Narrow, true),
-                    _ => continue,
-                };
-                let mnk = if grouped { r.shape.split_whitespace().nth(1).unwrap() } else { r.shape.as_str() };
-                let dims: Vec<usize> = mnk.split('x').map(|d| d.parse().unwrap()).collect();
-                let (Some(us), &[m, n, k]) = (r.us, &dims[..]) else { continue };
-                let input: DType = r.input.parse().unwrap();
-                let engine = Engine::Hopper(tile);
-                let cost = if grouped {
-                    profile.grouped_gemm_cost_on(engine, &[m / 8; 8], n, k, input, DType::F32, false)
-                } else {
-                    profile.gemm_cost_on(engine, m, n, k, input, input, false)
-                };
-                let at = format!("{}: {} {} {}", path.display(), r.shape, r.input, r.engine);
-                out.push((at, *name, cost.work_s * 1e6 / us - 1.0));
-            }
+    for (path, text) in cmm_sim::validate::recorded_gemm_sweeps().unwrap() {
+        let sweep: Sweep = serde_json::from_str(&text).unwrap();
+        let names =
+            profiles_of(&sweep.gpu).unwrap_or_else(|| panic!("{}: no profile for {}", path.display(), sweep.gpu));
+        let profiles: Vec<(&str, cmm_sim::Profile)> =
+            names.iter().map(|&n| (n, cmm_sim::Profile::load(n).unwrap())).collect();
+        for ((name, profile), r) in profiles.iter().flat_map(|p| sweep.rows.iter().map(move |r| (p, r))) {
+            let (tile, grouped) = match r.engine.as_str() {
+                "hopper 128x256" => (HopperTile::Wide, false),
+                "hopper 128x128" => (HopperTile::Narrow, false),
+                // moe_rs's grouped GEMM: 8 experts of 1024 rows each (uniform routing),
+                // loaded by TMA, written in f32. (ag_moe's rows were copied in the kernel
+                // in every recorded sweep, a way the engine no longer takes at its 1792
+                // columns, so the model of today does not price them.)
+                "hopper 128x256 grouped" if r.shape.starts_with("moe_rs ") => (HopperTile::Wide, true),
+                "hopper 128x128 grouped" if r.shape.starts_with("moe_rs ") => (HopperTile::Narrow, true),
+                _ => continue,
+            };
+            let mnk = if grouped { r.shape.split_whitespace().nth(1).unwrap() } else { r.shape.as_str() };
+            let dims: Vec<usize> = mnk.split('x').map(|d| d.parse().unwrap()).collect();
+            let (Some(us), &[m, n, k]) = (r.us, &dims[..]) else { continue };
+            let input: DType = r.input.parse().unwrap();
+            let engine = Engine::Hopper(tile);
+            let cost = if grouped {
+                profile.grouped_gemm_cost_on(engine, &[m / 8; 8], n, k, input, DType::F32, false)
+            } else {
+                profile.gemm_cost_on(engine, m, n, k, input, input, false)
+            };
+            let at = format!("{}: {} {} {}", path.display(), r.shape, r.input, r.engine);
+            out.push((at, *name, cost.work_s * 1e6 / us - 1.0));
         }
     }
     out

@@ -178,6 +178,13 @@ struct Report {
 }
 
 impl Report {
+    /// The engine's rules as they are now set against the rows ([`rules::verdicts`]), on
+    /// the SMs the report names ([`RECORDED_SMS`] where it names none).
+    fn judged(&self) -> Result<Vec<rules::Verdict>> {
+        let sms = self.sms.unwrap_or(RECORDED_SMS);
+        Ok(rules::verdicts(&self.rows, &rules::asked_of(&self.rows, self.shrink, sms)?))
+    }
+
     /// Writes the report as JSON to `path`, where one was asked for: after each shape, so
     /// that a run cut short keeps what it measured.
     fn save(&self, path: Option<&std::path::Path>) -> Result<()> {
@@ -290,7 +297,7 @@ pub fn run(args: &Args) -> Result<()> {
         }
         report.save(args.json.as_deref())?;
     }
-    report.verdicts = rules::verdicts(&report.rows, &rules::asked_of(&report.rows, shrink, sms)?);
+    report.verdicts = report.judged()?;
     for line in rules::lines(&report.verdicts) {
         println!("{line}");
     }
@@ -312,7 +319,7 @@ fn judge(path: &std::path::Path) -> Result<Vec<String>> {
     let report: Report =
         serde_json::from_str(&text).with_context(|| format!("{} is not a gemm-sweep report", path.display()))?;
     let sms = report.sms.unwrap_or(RECORDED_SMS);
-    let verdicts = rules::verdicts(&report.rows, &rules::asked_of(&report.rows, report.shrink, sms)?);
+    let verdicts = report.judged()?;
     let mut out = vec![format!(
         "{}: {} at {}, {sms} SMs{}",
         path.display(),

@@ -5,13 +5,11 @@
 //! from earlier runs or from arithmetic; these lines say, after a run, which of them the
 //! run supports and which it argues against, so that a rule moves with its evidence.
 
+use anyhow::{Context, Result};
 use cmm_core::engines::{grouped_engine, hopper_rule, EngineSupport, GemmEngine, GemmFacts, GroupedFacts};
-use cmm_core::DType;
+use cmm_core::{DType, MoeOp};
 use cmm_cuda::{GemmSpec, HopperTile, HopperVariant};
 use serde::Serialize;
-
-use anyhow::{Context, Result};
-use cmm_core::MoeOp;
 
 use super::{grouped, variant_name, Grouped, Row, STAGED_MARK};
 
@@ -145,7 +143,7 @@ pub(super) fn verdicts(rows: &[Row], asked: &[Asked]) -> Vec<Verdict> {
         };
         // A comparison none of whose rows the sweep made (a recorded sweep's shape that had
         // no such rows) says nothing; one whose rows failed says so.
-        let made = |a: &str, b: &str| row(a).is_some() || row(b).is_some();
+        let made = |x: &str, y: &str| row(x).is_some() || row(y).is_some();
         if let Some(tile) = a.tile {
             let other = HopperTile::ALL.into_iter().find(|&t| t != tile).unwrap_or(tile);
             let (chosen, other) = (name(tile, HopperVariant::Engine), name(other, HopperVariant::Engine));
@@ -153,22 +151,15 @@ pub(super) fn verdicts(rows: &[Row], asked: &[Asked]) -> Vec<Verdict> {
                 out.push(verdict("tile", chosen, other));
             }
         }
-        if let (Some(tile), Some((staged, other_tile))) = (a.tile, a.gathered) {
-            // The engine's way on its tile against the other way on the tile the rule
-            // gives that way; the engine's own rows are staged wherever it stages.
-            let other_way = other_tile.map(|t| name(t, HopperVariant::InKernelGather));
-            let (staged_row, copied_row) = if staged {
-                (Some(name(tile, HopperVariant::Engine)), other_way)
-            } else {
-                (other_tile.map(|t| name(t, HopperVariant::StagedGather)), Some(name(tile, HopperVariant::Engine)))
-            };
-            if let (Some(staged_row), Some(copied_row)) = (staged_row, copied_row) {
-                let (chosen, other) = if staged { (staged_row, copied_row) } else { (copied_row, staged_row) };
-                // The engine's own grouped rows are a recorded sweep's whatever way they
-                // ran then: judged only beside rows of the other way.
-                if row(&other).is_some() {
-                    out.push(verdict("staging", chosen, other));
-                }
+        if let (Some(tile), Some((staged, Some(other_tile)))) = (a.tile, a.gathered) {
+            // The engine's own rows (its way, on its tile) against the variant that takes
+            // the other way, on the tile the rule gives that way: judged only where the
+            // sweep timed that variant (a recorded sweep's own rows ran whichever way
+            // they ran then).
+            let other_way = if staged { HopperVariant::InKernelGather } else { HopperVariant::StagedGather };
+            let (chosen, other) = (name(tile, HopperVariant::Engine), name(other_tile, other_way));
+            if row(&other).is_some() {
+                out.push(verdict("staging", chosen, other));
             }
         }
         for tile in HopperTile::ALL {
@@ -308,25 +299,12 @@ mod tests {
     /// (`HOPPER_WIDE_MIN_K`, the gathered rows' exception) move only with measurements.
     #[test]
     fn the_tile_rule_holds_on_every_recorded_sweep() {
-        let runs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/gpu-runs");
         let mut judged = 0;
-        for day in std::fs::read_dir(&runs).unwrap() {
-            let day = day.unwrap().path();
-            if !day.is_dir() {
-                continue;
-            }
-            for file in std::fs::read_dir(day).unwrap() {
-                let path = file.unwrap().path();
-                if !path.to_string_lossy().ends_with("gemm-sweep.json") {
-                    continue;
-                }
-                let report: super::super::Report =
-                    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-                let asked = asked_of(&report.rows, report.shrink, report.sms.unwrap_or(super::super::RECORDED_SMS));
-                for v in verdicts(&report.rows, &asked.unwrap()).iter().filter(|v| v.rule == "tile") {
-                    assert_eq!(v.holds, Some(true), "{}: {} {} {}", path.display(), v.shape, v.input, v.finding);
-                    judged += 1;
-                }
+        for (path, text) in cmm_sim::validate::recorded_gemm_sweeps().unwrap() {
+            let report: super::super::Report = serde_json::from_str(&text).unwrap();
+            for v in report.judged().unwrap().iter().filter(|v| v.rule == "tile") {
+                assert_eq!(v.holds, Some(true), "{}: {} {} {}", path.display(), v.shape, v.input, v.finding);
+                judged += 1;
             }
         }
         // Five sweeps (an H100's, four H200's) with both tiles on 42 shapes and dtypes.
