@@ -133,6 +133,12 @@ pub struct OneGpuRow {
     pub measured_staggered_us: Option<f64>,
     /// The measured time with offset starts, where the bench took it, µs.
     pub measured_offset_us: Option<f64>,
+    /// The simulated compute-only twin ([`cmm_core::emulate::compute_only`]: the same
+    /// GEMMs and reduces, no copy, wait or signal), µs: the part of the plan's time that
+    /// no communication term of the profile touches.
+    pub twin_us: f64,
+    /// The twin as the bench measured it, where it did, µs.
+    pub measured_twin_us: Option<f64>,
 }
 
 /// The priority levels an H100 leaves for compute when communication takes the greatest
@@ -155,6 +161,8 @@ pub struct BenchTime {
     pub staggered_us: Option<f64>,
     /// With the devices' starts offset.
     pub offset_us: Option<f64>,
+    /// Its compute-only twin ([`cmm_core::emulate::compute_only`]), where timed.
+    pub compute_only_us: Option<f64>,
 }
 
 /// The CUDA bench on one H100 (f16, per-shard M=1024, K=N=4096, D virtual devices,
@@ -190,6 +198,7 @@ pub fn one_gpu_bench(profile: &Profile) -> Result<Vec<OneGpuRow>, ValidationErro
         plain_us,
         staggered_us: None,
         offset_us: None,
+        compute_only_us: None,
     });
     one_gpu_rows(profile, &times, 1, H100_COMPUTE_LEVELS)
 }
@@ -204,6 +213,7 @@ pub fn one_gpu_predictions(profile: &Profile) -> Result<Vec<OneGpuRow>, Validati
         plain_us: f64::NAN,
         staggered_us: None,
         offset_us: None,
+        compute_only_us: None,
     });
     one_gpu_rows(profile, &times, 1, H100_COMPUTE_LEVELS)
 }
@@ -241,6 +251,9 @@ pub fn one_gpu_rows(
                 * 1e6,
             measured_staggered_us: t.staggered_us,
             measured_offset_us: t.offset_us,
+            twin_us: simulate(&cmm_core::emulate::compute_only(&plan), profile, &SimOptions::default())?.makespan_s
+                * 1e6,
+            measured_twin_us: t.compute_only_us,
         });
     }
     Ok(rows)
