@@ -76,6 +76,8 @@ fn one_gpu_share(profile: &Profile, devices: usize) -> Profile {
     for peak in [&mut p.compute.peak_tflops.f16, &mut p.compute.peak_tflops.bf16, &mut p.compute.peak_tflops.f32] {
         *peak /= share;
     }
+    // A GEMM's fixed cost is work on the shared compute too: D of them take D times it.
+    p.compute.gemm_overhead_us *= share;
     p.memory.hbm_gbps /= share;
     p.copy.copy_engine_gbps /= share;
     p.copy.sm_copy_gbps /= share;

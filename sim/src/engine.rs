@@ -1488,13 +1488,30 @@ mod tests {
         assert_ne!(slots(2), slots(0));
     }
 
-    /// The one-GPU profile with no launch cost and no signal latency, so that a test's
-    /// times are its flows' alone.
+    /// The one-GPU profile with no launch cost, no library GEMM's fixed cost (which has a
+    /// test of its own) and no signal latency, so that a test's times are its flows' alone.
     fn instant_one_gpu() -> Profile {
         let mut profile = Profile::load("h100-one-gpu").unwrap();
         profile.compute.launch_us = 0.0;
+        profile.compute.gemm_overhead_us = 0.0;
         profile.interconnect.link_latency_us = 0.0;
         profile
+    }
+
+    /// A library GEMM's fixed cost (its fill and last epilogue) is part of its work: two
+    /// GEMMs at once on one GPU take both GEMMs' time, fixed costs included (what
+    /// concurrent GEMMs gain is `concurrent_throughput`, measured apart).
+    #[test]
+    fn on_one_gpu_a_gemms_fixed_cost_is_part_of_its_shared_work() {
+        let mut profile = instant_one_gpu();
+        (profile.copy.rate_beside_compute, profile.copy.compute_beside_copy) = (1.0, 1.0);
+        let rate_part = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false).work_s;
+        profile.compute.gemm_overhead_us = 12.0;
+        let gemm = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false).work_s;
+        assert!((gemm - rate_part - 12e-6).abs() < 1e-12, "{gemm} {rate_part}");
+        let r = sim(&one_gpu_plan(), &profile);
+        assert!((r.makespan_s - 2.0 * gemm).abs() < 1e-9, "{}", r.makespan_s);
+        assert!((r.compute_floor_s - 2.0 * gemm).abs() < 1e-12);
     }
 
     /// The one-GPU profile file with `line` replaced is refused, naming `field`.
@@ -1730,7 +1747,7 @@ mod tests {
         let mut profile = Profile::load("h100-one-gpu").unwrap();
         // Compute alone (the copy beside it has a test of its own).
         (profile.copy.rate_beside_compute, profile.copy.compute_beside_copy) = (1.0, 1.0);
-        profile.compute.launch_us = 0.0;
+        (profile.compute.launch_us, profile.compute.gemm_overhead_us) = (0.0, 0.0);
         let plan = one_gpu_plan();
         let gemm = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false).work_s;
         let end = |priorities: Vec<i32>, device| {
@@ -1759,7 +1776,7 @@ mod tests {
         let mut profile = Profile::load("h100-one-gpu").unwrap();
         // Compute alone (the copy beside it has a test of its own).
         (profile.copy.rate_beside_compute, profile.copy.compute_beside_copy) = (1.0, 1.0);
-        profile.compute.launch_us = 0.0;
+        (profile.compute.launch_us, profile.compute.gemm_overhead_us) = (0.0, 0.0);
         profile.compute.concurrent_throughput = [1.0, 1.25, 1.25, 1.25];
         let plan = one_gpu_plan();
         let gemm = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false).work_s;

@@ -1,6 +1,7 @@
-//! The one-GPU profiles' Hopper-engine rates against every GEMM sweep recorded under
+//! The Hopper profiles' GEMM rates against every GEMM sweep recorded under
 //! docs/gpu-runs: each plain GEMM the engine timed on either tile, and moe_rs's grouped
-//! GEMM, priced by the profile of the GPU that timed it. The rates were fitted to some of these rows and must keep
+//! GEMM, priced by the profile of the GPU that timed it, and (on the one-GPU profiles)
+//! cuBLAS's rows. The rates were fitted to some of these rows and must keep
 //! predicting all of them, so that a profile's constants move only with measurements (the
 //! H100 profiles carried the H200's rates until 2026-11-28, and ran 6 % fast on average
 //! against the H100's own sweep).
@@ -95,5 +96,37 @@ fn every_hopper_profile_prices_its_gpus_recorded_engine_gemms_within_12_percent_
         }
         let mean = of.iter().map(|e| e.2).sum::<f64>() / of.len() as f64;
         assert!(mean.abs() <= 0.03, "{name}: the model is {:+.1} % off on average", 100.0 * mean);
+    }
+}
+
+/// The one-GPU profiles' cuBLAS (its rate on full waves and its fixed cost a GEMM, which
+/// price every GEMM of the bench's plans on cuBLAS) against the cuBLAS rows of their GPU's
+/// recorded sweeps, with the launch the simulator adds to every op. With a rate alone, set
+/// from the one-wave GEMM (0.60 of peak, these profiles' value until 2026-11-28), 8192³
+/// was priced 31–33 % slow.
+#[test]
+fn the_one_gpu_profiles_price_their_gpus_recorded_cublas_gemms_within_9_percent_and_unbiased() {
+    for (name, gpu, rows) in [("h100-one-gpu", "H100", 6), ("h200-one-gpu", "H200", 24)] {
+        let profile = cmm_sim::Profile::load(name).unwrap();
+        let mut errors = Vec::new();
+        for (path, text) in cmm_sim::validate::recorded_gemm_sweeps().unwrap() {
+            let sweep: Sweep = serde_json::from_str(&text).unwrap();
+            if !sweep.gpu.contains(gpu) {
+                continue;
+            }
+            for r in sweep.rows.iter().filter(|r| r.engine == "cuBLAS") {
+                let dims: Vec<usize> = r.shape.split('x').map(|d| d.parse().unwrap()).collect();
+                let (Some(us), &[m, n, k]) = (r.us, &dims[..]) else { continue };
+                let input: DType = r.input.parse().unwrap();
+                let model = profile.gemm_cost(m, n, k, input, input, false).work_s * 1e6 + profile.compute.launch_us;
+                errors.push((format!("{}: {} {}", path.display(), r.shape, r.input), model / us - 1.0));
+            }
+        }
+        assert!(errors.len() >= rows, "{name}: {} rows", errors.len());
+        for (at, e) in &errors {
+            assert!(e.abs() <= 0.09, "{name} {at}: model {:+.1} %", 100.0 * e);
+        }
+        let mean = errors.iter().map(|e| e.1).sum::<f64>() / errors.len() as f64;
+        assert!(mean.abs() <= 0.02, "{name}: the model is {:+.1} % off on average", 100.0 * mean);
     }
 }
