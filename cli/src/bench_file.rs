@@ -664,6 +664,14 @@ pub fn validate_bench_to(out: &mut dyn Write, text: &str, name: &str) -> Result<
                 )?;
             }
         }
+        if let Some(after) = calibrated.memory.reduce_gbps {
+            writeln!(
+                out,
+                "  memory.reduce_gbps: {} -> {after:.0} (the reduce alone {:.1} µs)",
+                profile.memory.reduce_gbps.map_or("unset".into(), |v| v.to_string()),
+                p.reduce_us
+            )?;
+        }
         for (field, op, before, measured) in shares {
             let Some(m) = measured else { continue };
             writeln!(
@@ -946,53 +954,60 @@ mod tests {
         assert!(e.contains("calibration") && e.contains("`sync.") && e.contains("at most 10^6"), "{e}");
     }
 
-    /// Whether a bench row's plan has reduce kernels of its own (gemm_rs's ring, ring_bidir
-    /// and baselines): the op whose rate on one GPU no bench has timed alone.
-    fn reduces(op: OpKind, devices: usize, algorithm: Algorithm, shrink: usize) -> bool {
-        let plan = build_plan(&seed000_problem(op, devices, shrink).unwrap(), algorithm).unwrap();
-        let found = plan.ops().any(|(_, op)| matches!(op, cmm_core::plan::Op::Reduce { .. }));
-        found
-    }
-
-    /// Issue 32's bound on the plans that copy, and what the twin columns say of its misses
-    /// (docs/simulator.md), on the cuBLAS plans of the three H100 and H200 benches, all
-    /// devices starting together, against the profile as it stands:
-    /// - every plan without reduce kernels of its own within 20 %;
-    /// - every plan priced more than 20 % fast has them, and its compute-only twin is priced
-    ///   fast too: the reduces, in the twin, are where the model is fast;
-    /// - no twin of a plan without them is priced more than 4 % fast (what the model misses
-    ///   there is the gain of concurrent GEMMs, which makes it slow).
+    /// Issue 32's bound on the plans that copy, and what the twin columns say of the rest of
+    /// the error (docs/simulator.md), on the cuBLAS plans of the three H100 and H200 benches,
+    /// all devices starting together, against the profiles as they stand: every plan within
+    /// 15 %; no compute-only twin priced more than 2 % fast (what the model misses there is
+    /// the gain of concurrent GEMMs, which makes it slow), nor slower than its plan.
     #[test]
-    fn the_cublas_plans_come_within_a_fifth_but_where_reduce_kernels_miss() {
-        let mut beyond = Vec::new();
+    fn the_cublas_plans_come_within_15_percent_and_no_twin_is_priced_fast() {
+        let mut rows_seen = 0;
         for (_, file, text) in crate::simulate::BENCHES {
             let bench: BenchFile = serde_json::from_str(text).unwrap();
             let (times, _) = parse_rows(&bench).unwrap();
             let profile = Profile::load(one_gpu_profile(&bench.gpu)).unwrap();
-            let rows = one_gpu_rows(&profile, &times, bench.shrink, bench.compute_levels().0).unwrap();
-            assert_eq!(rows.len(), times.len());
-            for (t, row) in times.iter().zip(&rows) {
+            for row in one_gpu_rows(&profile, &times, bench.shrink, bench.compute_levels().0).unwrap() {
                 let case = &row.time.case;
-                // The twin is part of the plan: never priced slower than it.
+                let error = row.time.relative_error();
+                assert!(error.abs() < 0.15, "{file}: {case}: {error}");
                 assert!(row.twin_us <= row.time.simulated_us * (1.0 + 1e-9), "{file}: {case}: {row:?}");
                 let measured = row.measured_twin_us.unwrap_or_else(|| panic!("{file}: {case}: no twin timed"));
                 let twin_error = row.twin_us / measured - 1.0;
-                let error = row.time.relative_error();
-                if reduces(t.op, t.devices, t.algorithm, bench.shrink) {
-                    assert!(error.abs() < 0.30, "{file}: {case}: {error}");
-                    if error < -0.20 {
-                        assert!(twin_error < -0.03, "{file}: {case}: plan {error}, twin {twin_error}");
-                        beyond.push(format!("{file}: {case}"));
-                    }
-                } else {
-                    assert!(error.abs() < 0.20, "{file}: {case}: {error}");
-                    assert!(twin_error > -0.04, "{file}: {case}: twin {twin_error}");
-                }
+                assert!(twin_error > -0.02, "{file}: {case}: twin {:+.1} %", 100.0 * twin_error);
+                rows_seen += 1;
             }
         }
-        // gemm_rs's ring and baselines at D = 4 and 8 (six rows on the H200 of 2026-11-26,
-        // two on the H100).
-        assert!(!beyond.is_empty() && beyond.len() <= 8, "{beyond:#?}");
+        assert_eq!(rows_seen, 33 + 33 + 19);
+    }
+
+    /// The H200 profile's reduce rate is the one the H200's benches timed (the reduce alone
+    /// in the persistent calibration lines of e806307's two reports that have them), as
+    /// `--validate-bench` derives it; the H100's carries it over.
+    #[test]
+    fn the_one_gpu_profiles_reduce_at_the_rate_the_h200_timed() {
+        let h200 = Profile::load("h200-one-gpu").unwrap();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/gpu-runs/2026-11-27-h200");
+        let mut rates = Vec::new();
+        for name in ["1-e806307-bench-kernels-pingpong.json", "1-e806307-bench-kernels-8-queues.json"] {
+            let bench: BenchFile = serde_json::from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap();
+            let reduce = bench.calibration.unwrap().reduce_beside_persistent().unwrap();
+            let c = OneGpuCalibration {
+                copy_gbps: 1000.0,
+                round_trip_us: 10.0,
+                gemm_us: 60.0,
+                together: vec![],
+                shrink: bench.shrink,
+                copy_beside_persistent: None,
+                reduce_beside_persistent: Some(reduce),
+                persistent_kernels_us: None,
+            };
+            rates.push(calibrated_one_gpu(&h200, &c).unwrap().memory.reduce_gbps.unwrap());
+        }
+        let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+        let profile = h200.memory.reduce_gbps.unwrap();
+        assert!((profile / mean - 1.0).abs() < 0.01, "{profile} against {rates:?}");
+        assert!(h200.reduce_bps() < 0.5 * h200.hbm_bps());
+        assert_eq!(Profile::load("h100-one-gpu").unwrap().memory.reduce_gbps, Some(profile));
     }
 
     /// Issue 32's bound on the fused plans, as cmm runs them: on the H200 bench of

@@ -79,6 +79,7 @@ fn one_gpu_share(profile: &Profile, devices: usize) -> Profile {
     // A GEMM's fixed cost is work on the shared compute too: D of them take D times it.
     p.compute.gemm_overhead_us *= share;
     p.memory.hbm_gbps /= share;
+    p.memory.reduce_gbps = p.memory.reduce_gbps.map(|r| r / share);
     p.copy.copy_engine_gbps /= share;
     p.copy.sm_copy_gbps /= share;
     p.interconnect.link_gbps = profile.memory.hbm_gbps / 2.0 / share;
@@ -206,7 +207,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
         }
         OpKind::GemmRs | OpKind::GemmAr => {
             let block = (ms * n * problem.wire.size_bytes()) as f64;
-            let reduce = launch + 3.0 * block / profile.hbm_bps();
+            let reduce = launch + 3.0 * block / profile.reduce_bps();
             let ag = if problem.op == OpKind::GemmAr {
                 steps * (send((ms * n * output.size_bytes()) as f64, copy_bw) + sync)
             } else {
@@ -226,7 +227,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 }
                 Algorithm::BaselineDirect => {
                     let comm = send(block, copy_bw);
-                    let sum = launch + (d + 1) as f64 * block / profile.hbm_bps();
+                    let sum = launch + (d + 1) as f64 * block / profile.reduce_bps();
                     let ag = if problem.op == OpKind::GemmAr {
                         steps * send((ms * n * output.size_bytes()) as f64, copy_bw) + sync
                     } else {
@@ -247,7 +248,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 Algorithm::RingChunked { chunks } => {
                     let c = chunks.max(1) as f64;
                     let chunk_gemm = gemm_op_s(profile, ms.div_ceil(chunks.max(1)), n, k / d, input, DType::F32);
-                    let chunk_reduce = launch + 3.0 * block / c / profile.hbm_bps();
+                    let chunk_reduce = launch + 3.0 * block / c / profile.reduce_bps();
                     let comm = send(block / c, copy_bw);
                     // c chunk rings interleaved: each chunk's sum travels while the next is computed.
                     let per_step = (c * (chunk_gemm + chunk_reduce + sync)).max(c * comm + sync);
@@ -265,7 +266,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     // Steps 1..D−2 add onto the received sum in the GEMM (C read and written).
                     let chunk_gemm =
                         profile.launch_s() + profile.gemm_cost(rows, n, k / d, input, problem.wire, true).work_s;
-                    let chunk_reduce = launch + 3.0 * block / c / profile.hbm_bps();
+                    let chunk_reduce = launch + 3.0 * block / c / profile.reduce_bps();
                     let comm = send(block / c, copy_bw);
                     // Steps 1..D−2: a chunk's GEMM waits for its sum; with c ≥ 2 the other
                     // chunks' GEMMs run while it travels, with one chunk every hop is
@@ -301,13 +302,13 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 Algorithm::Fused { chunks } => {
                     let c = chunks.max(1);
                     let g = fused_gemm_s(profile, &vec![ms.div_ceil(c); d * c], n, k / d, input, problem.wire);
-                    let chunk_reduce = launch + 3.0 * block / c as f64 / profile.hbm_bps();
+                    let chunk_reduce = launch + 3.0 * block / c as f64 / profile.reduce_bps();
                     let comm = send(block / c as f64, copy_bw);
                     // The own block is computed last; its running sum arrives after D−1
                     // hops of (send, reduce), the first starting once the first chunk is out.
                     let chain = g / (d * c) as f64 + steps * (comm + chunk_reduce + sync);
                     // The reduces share the device's compute with the kernel.
-                    let busy = g + steps * 3.0 * block / profile.hbm_bps();
+                    let busy = g + steps * 3.0 * block / profile.reduce_bps();
                     RingEstimate {
                         total_s: launch + busy.max(chain) + chunk_reduce + sync + ag,
                         gemm_step_s: g / d as f64,

@@ -533,7 +533,8 @@ impl<'a> Sim<'a> {
                     }
                     _ => accesses(device, op).iter().map(|a| size(&a.region)).sum(),
                 };
-                let work = bytes / p.hbm_bps();
+                let rate = if matches!(op, Op::Reduce { .. }) { p.reduce_bps() } else { p.hbm_bps() };
+                let work = bytes / rate;
                 (self.compute_phases(device, work, bytes), bytes, 0.0, work)
             }
             Op::Copy { src, dst_device, engine, .. } => {
@@ -1633,8 +1634,8 @@ mod tests {
             let reduce = r.record(OpSite { device: 0, lane: 1, index: 0 });
             reduce.end_s - reduce.start_s
         };
-        // Alone: its three 64 MiB blocks through the HBM once.
-        let alone = 3.0 * 8192.0 * 4096.0 * 2.0 / profile.hbm_bps();
+        // Alone: its three 64 MiB blocks at the reduce kernel's rate.
+        let alone = 3.0 * 8192.0 * 4096.0 * 2.0 / profile.reduce_bps();
         let unset = reduce_time(&profile);
         assert!(unset < 2.0 * alone, "{unset} vs {alone}");
         // Set, it keeps that share from start to end, the kernel beside it computing or waiting.

@@ -158,6 +158,10 @@ impl ComputeProfile {
 pub struct MemoryProfile {
     /// HBM bandwidth, GB/s.
     pub hbm_gbps: f64,
+    /// The rate cmm's reduce kernel moves bytes alone (each byte read or written counted
+    /// once), GB/s, where it is below the HBM's; unset: the HBM's rate (an assumption).
+    #[serde(default)]
+    pub reduce_gbps: Option<f64>,
 }
 
 /// The interconnect.
@@ -459,6 +463,7 @@ impl Profile {
             ("copy.sm_copy_gbps", self.copy.sm_copy_gbps),
         ];
         rates.extend(self.network.iter().map(|n| ("network.nic_gbps", n.nic_gbps)));
+        rates.extend(self.memory.reduce_gbps.map(|v| ("memory.reduce_gbps", v)));
         for (fields, range) in [(&peaks[..], PEAK_RANGE), (&rates[..], RATE_RANGE)] {
             for &(field, v) in fields {
                 if !(v.is_finite() && v > 0.0) {
@@ -904,6 +909,12 @@ impl Profile {
         self.memory.hbm_gbps * 1e9
     }
 
+    /// Bytes/s that a reduce moves alone: cmm's reduce kernel's measured rate where the
+    /// profile gives one, else the HBM's.
+    pub fn reduce_bps(&self) -> f64 {
+        self.memory.reduce_gbps.map_or(self.hbm_bps(), |r| (r * 1e9).min(self.hbm_bps()))
+    }
+
     /// The slower of `compute_s` and `bytes` through the HBM, and the fraction of
     /// `input`'s peak that `flops` then reach (`idle` where no time passes).
     fn roofline(&self, flops: f64, compute_s: f64, bytes: f64, input: DType, idle: f64) -> GemmCost {
@@ -1076,6 +1087,9 @@ mod tests {
             .replace("split_k_efficiency = 1.0", "split_k_efficiency = 1.2");
         let e = Profile::parse(&text, "z.toml").unwrap_err();
         assert!(matches!(e, ProfileError::Invalid { field: "compute.split_k_efficiency", .. }), "{e}");
+        let text = include_str!("../profiles/h100-one-gpu.toml").replace("reduce_gbps = 1826.0", "reduce_gbps = 0");
+        let e = Profile::parse(&text, "z.toml").unwrap_err();
+        assert!(matches!(e, ProfileError::Invalid { field: "memory.reduce_gbps", .. }), "{e}");
         let text =
             include_str!("../profiles/h100-one-gpu.toml").replace("gemm_overhead_us = 12.0", "gemm_overhead_us = -1");
         let e = Profile::parse(&text, "z.toml").unwrap_err();

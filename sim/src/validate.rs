@@ -378,6 +378,16 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
     if let Some(share) = c.reduce_beside_persistent.as_ref().and_then(BesidePersistent::share) {
         p.compute.kernel_beside_persistent = Some(share);
     }
+    // The reduce alone ([`crate::calibration::reduce_plan`]: two f32 blocks of the local
+    // GEMM's output summed into a third) less its launch: the reduce kernel's own rate.
+    if let Some(alone_us) = c.reduce_beside_persistent.as_ref().map(|r| r.alone_us) {
+        let busy_us = alone_us - p.compute.launch_us;
+        if !(alone_us.is_finite() && busy_us > 0.0) {
+            return Err(bad("the reduce alone (µs)".into(), alone_us));
+        }
+        let bytes = 3.0 * (1024 / s) as f64 * (4096 / s) as f64 * 4.0;
+        p.memory.reduce_gbps = Some(bytes / busy_us / 1e3);
+    }
     // The together-rate of persistent kernels from the calibration's two alone, as the
     // GEMM's efficiency from the GEMM alone: their FLOPs over their time less a launch (the
     // model's price of them), for f16 and f32 results.
@@ -615,6 +625,13 @@ mod tests {
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
         assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (Some(0.25), Some(0.1)));
+        // The reduce alone, 10 µs less a 2 µs launch for two f32 1024×4096 blocks read and
+        // one written: the reduce kernel's rate, which prices every reduce (below the HBM's).
+        let reduce_gbps = 3.0 * 1024.0 * 4096.0 * 4.0 / 8.0 / 1e3;
+        assert!((p.memory.reduce_gbps.unwrap() - reduce_gbps).abs() < 1e-9, "{:?}", p.memory.reduce_gbps);
+        // Faster than this HBM carries: the HBM's rate prices it.
+        assert!(reduce_gbps * 1e9 > p.hbm_bps());
+        assert_eq!(p.reduce_bps(), p.hbm_bps());
         // Two 1024×4096×4096 GEMMs in 100 µs less a 2 µs launch, and in 125 less 2 writing
         // f32: the together-rates those FLOPs give on this peak.
         let wide = |p: &Profile| p.engines.unwrap().hopper_128x256.unwrap();
@@ -629,6 +646,7 @@ mod tests {
         (c.copy_beside_persistent, c.reduce_beside_persistent, c.persistent_kernels_us) = (None, None, None);
         let p = calibrated_one_gpu(&profile, &c).unwrap();
         assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (None, None));
+        assert_eq!(p.memory.reduce_gbps, profile.memory.reduce_gbps);
         assert_eq!(
             (wide(&p).shared_efficiency, wide(&p).shared_efficiency_f32),
             (wide(&profile).shared_efficiency, None)
@@ -661,18 +679,18 @@ mod tests {
         assert_eq!(rows.len(), 18);
         for row in &rows {
             let t = &row.time;
-            // Within issue 32's bound, but for the plans with reduce kernels of their own
-            // (gemm_rs's ring and direct baseline), which the model prices at the HBM's
-            // rate and no GPU has timed alone: within a quarter (docs/simulator.md names
-            // every gap).
-            let reduces = t.case.starts_with("gemm_rs") && (t.case.ends_with(" ring") || t.case.contains("baseline"));
-            assert!(t.relative_error().abs() < if reduces { 0.25 } else { 0.20 }, "{t:?}");
-            // The exposed copies the model does price: adding in the GEMM, within 13 %.
+            // Within issue 32's bound and closer; every gap is named in docs/simulator.md:
+            // concurrent GEMMs fill the GPU better than one alone (ag_gemm's rings), the
+            // copies are dearer on the GPU (the baselines, gemm_rs's rings).
+            assert!(t.relative_error().abs() < 0.15, "{t:?}");
+            // The exposed copies the model does price: adding in the GEMM, within 8 %.
             if t.case.starts_with("gemm_rs") && t.case.ends_with("ring_accumulate") {
-                assert!(t.relative_error().abs() < 0.13, "{t:?}");
+                assert!(t.relative_error().abs() < 0.08, "{t:?}");
             }
-            // The closed forms read one GPU as D devices in lockstep, each with 1/D of it.
-            assert!((t.analytic_us - t.simulated_us).abs() < 0.03 * t.simulated_us, "{t:?}");
+            // The closed forms read one GPU as D devices in lockstep, each with 1/D of it
+            // (a reduce too, which the simulator runs at the kernel's whole rate beside the
+            // others' work: the direct baseline's differ most).
+            assert!((t.analytic_us - t.simulated_us).abs() < 0.05 * t.simulated_us, "{t:?}");
             // Staggering can expose a copy the plain run hid under a GEMM (a copy beside
             // compute is slowed, docs/simulator.md): by a few per cent at most, as in the
             // bench (up to 3.5 % on the H100, 2026-11-26); and no plan beats its compute.
