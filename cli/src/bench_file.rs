@@ -415,6 +415,45 @@ fn print_rows(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
     Ok(())
 }
 
+/// Whether the model names each op and D's fastest plan as the bench measured it: what
+/// `cmm tune` would pick on this GPU. Printed after each table, with every group where it
+/// does not.
+fn print_fastest(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
+    let mut groups: Vec<(&str, Vec<&OneGpuRow>)> = Vec::new();
+    for row in rows {
+        let case = row.time.case.as_str();
+        let group = case.match_indices(' ').nth(1).map_or(case, |(at, _)| &case[..at]);
+        match groups.iter_mut().find(|(g, _)| *g == group) {
+            Some((_, members)) => members.push(row),
+            None => groups.push((group, vec![row])),
+        }
+    }
+    let plan = |row: &OneGpuRow, group: &str| row.time.case[group.len()..].trim().to_string();
+    let mut missed = Vec::new();
+    for (group, members) in &groups {
+        let by = |key: fn(&OneGpuRow) -> f64| {
+            *members.iter().min_by(|a, b| key(a).total_cmp(&key(b))).expect("a group has a row")
+        };
+        let (measured, simulated) = (by(|r| r.time.published_us), by(|r| r.time.simulated_us));
+        if !std::ptr::eq(measured, simulated) {
+            missed.push(format!(
+                "{group}: {} measured, {} simulated ({:.1} % faster on the GPU)",
+                plan(measured, group),
+                plan(simulated, group),
+                100.0 * (1.0 - measured.time.published_us / simulated.time.published_us)
+            ));
+        }
+    }
+    writeln!(
+        out,
+        "the fastest plan of each op and D, measured and simulated: the same in {} of {}{}",
+        groups.len() - missed.len(),
+        groups.len(),
+        if missed.is_empty() { String::new() } else { format!("; not in {}", missed.join("; ")) }
+    )?;
+    Ok(())
+}
+
 /// The profile's constants a calibration replaces, as they are and as measured.
 fn changes(before: &Profile, after: &Profile) -> Vec<(&'static str, f64, f64)> {
     vec![
@@ -597,7 +636,9 @@ pub fn validate_bench_to(out: &mut dyn Write, text: &str, name: &str) -> Result<
     writeln!(out, "staggered predictions over {levels} compute priorities, {whose}")?;
     writeln!(out)?;
     writeln!(out, "as the profile stands ({}):", profile.name)?;
-    print_rows(out, &one_gpu_rows(&profile, &times, file.shrink, levels)?)?;
+    let rows = one_gpu_rows(&profile, &times, file.shrink, levels)?;
+    print_rows(out, &rows)?;
+    print_fastest(out, &rows)?;
     let Some(c) = &file.calibration else {
         writeln!(out)?;
         let why = if file.complete == Some(false) {
@@ -687,7 +728,9 @@ pub fn validate_bench_to(out: &mut dyn Write, text: &str, name: &str) -> Result<
             )?;
         }
     }
-    print_rows(out, &one_gpu_rows(&calibrated, &times, file.shrink, levels)?)?;
+    let rows = one_gpu_rows(&calibrated, &times, file.shrink, levels)?;
+    print_rows(out, &rows)?;
+    print_fastest(out, &rows)?;
     // The calibration's own plans: the copy alone, the GEMMs at once and the round trip
     // check the substitution; the GEMM and the copy beside each other test the model's
     // sharing of the HBM, which no constant was set from.
@@ -1008,6 +1051,23 @@ mod tests {
         assert!((profile / mean - 1.0).abs() < 0.01, "{profile} against {rates:?}");
         assert!(h200.reduce_bps() < 0.5 * h200.hbm_bps());
         assert_eq!(Profile::load("h100-one-gpu").unwrap().memory.reduce_gbps, Some(profile));
+    }
+
+    /// `--validate-bench` says where the model picks another plan than the GPU did: on the
+    /// H200 of 2026-11-26, the baselines where the rings were 5 to 12 % faster (docs/simulator.md).
+    #[test]
+    fn validate_bench_names_where_the_model_picks_another_plan_than_the_gpu() {
+        let (_, file, text) = crate::simulate::BENCHES[0];
+        assert!(file.contains("501302d"), "{file}");
+        let mut out = Vec::new();
+        validate_bench_to(&mut out, text, file).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        let line = out.lines().find(|l| l.starts_with("the fastest plan of each op and D")).unwrap();
+        assert!(line.contains("the same in 2 of 6"), "{line}");
+        assert!(
+            line.contains("ag_gemm D=4: ring measured, baseline_direct simulated (7.4 % faster on the GPU)"),
+            "{line}"
+        );
     }
 
     /// Issue 32's bound on the fused plans, as cmm runs them: on the H200 bench of

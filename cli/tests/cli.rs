@@ -302,8 +302,8 @@ fn the_readme_loop_works_as_written() {
 }
 
 /// A fused winner comes with what its prediction assumes (its waits cost nothing past the
-/// data's arrival, which only one-GPU runs have tested, and there they lost); another
-/// winner does not.
+/// data's arrival, which only one-GPU runs have tested, and there they lost); on one GPU a
+/// narrow lead is called a tie.
 #[test]
 fn tune_says_what_a_fused_winner_assumes() {
     const FLUX: &[&str] = &[
@@ -349,9 +349,12 @@ fn tune_says_what_a_fused_winner_assumes() {
     let flux = json(FLUX);
     assert_eq!(flux["winner"], "fused", "{flux}");
     assert!(flux["caveat"].as_str().unwrap().contains("1.00 to 1.08 times"), "{flux}");
+    // On one GPU no fused plan wins; the baseline's lead over the ring is within what the
+    // one-GPU model got wrong against the benches (which measured the ring faster): a tie.
     let one_gpu = json(SEED000);
     assert_ne!(one_gpu["winner"], "fused", "{one_gpu}");
-    assert!(one_gpu["caveat"].is_null(), "{one_gpu}");
+    let caveat = one_gpu["caveat"].as_str().unwrap();
+    assert!(caveat.starts_with("it leads by ") && caveat.ends_with("read this as a tie"), "{one_gpu}");
     let text_out = text(&tune(&[], FLUX));
     assert!(text_out.contains("\ncaveat: the fused plans have run only as virtual devices"), "{text_out}");
 }
