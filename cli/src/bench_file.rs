@@ -359,6 +359,7 @@ fn parse_rows(file: &BenchFile) -> Result<(Vec<BenchTime>, Vec<FusedRow<'_>>)> {
             staggered_us: row.time_staggered_us,
             offset_us: row.time_offset_us,
             compute_only_us: bench_row.compute_only_us,
+            copy_engines_us: if file.default_copies() { None } else { row.time_copy_engines_us },
         });
     }
     Ok((times, fused))
@@ -419,8 +420,21 @@ fn print_rows(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
 /// `cmm tune` would pick on this GPU. Printed after each table, with every group where it
 /// does not.
 fn print_fastest(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
+    print_fastest_by(out, rows, "the fastest plan of each op and D, measured and simulated", |r| {
+        Some(r.time.published_us)
+    })
+}
+
+/// [`print_fastest`] against the times `measured` gives (the rows without one left out).
+fn print_fastest_by(
+    out: &mut dyn Write,
+    rows: &[OneGpuRow],
+    what: &str,
+    measured: fn(&OneGpuRow) -> Option<f64>,
+) -> Result<()> {
+    let rows: Vec<&OneGpuRow> = rows.iter().filter(|r| measured(r).is_some()).collect();
     let mut groups: Vec<(&str, Vec<&OneGpuRow>)> = Vec::new();
-    for row in rows {
+    for &row in &rows {
         let case = row.time.case.as_str();
         let group = case.match_indices(' ').nth(1).map_or(case, |(at, _)| &case[..at]);
         match groups.iter_mut().find(|(g, _)| *g == group) {
@@ -431,27 +445,50 @@ fn print_fastest(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
     let plan = |row: &OneGpuRow, group: &str| row.time.case[group.len()..].trim().to_string();
     let mut missed = Vec::new();
     for (group, members) in &groups {
-        let by = |key: fn(&OneGpuRow) -> f64| {
+        let by = |key: &dyn Fn(&OneGpuRow) -> f64| {
             *members.iter().min_by(|a, b| key(a).total_cmp(&key(b))).expect("a group has a row")
         };
-        let (measured, simulated) = (by(|r| r.time.published_us), by(|r| r.time.simulated_us));
-        if !std::ptr::eq(measured, simulated) {
+        let time = |r: &OneGpuRow| measured(r).unwrap_or(f64::INFINITY);
+        let (fastest, simulated) = (by(&time), by(&|r: &OneGpuRow| r.time.simulated_us));
+        if !std::ptr::eq(fastest, simulated) {
             missed.push(format!(
                 "{group}: {} measured, {} simulated ({:.1} % faster on the GPU)",
-                plan(measured, group),
+                plan(fastest, group),
                 plan(simulated, group),
-                100.0 * (1.0 - measured.time.published_us / simulated.time.published_us)
+                100.0 * (1.0 - time(fastest) / time(simulated))
             ));
         }
     }
     writeln!(
         out,
-        "the fastest plan of each op and D, measured and simulated: the same in {} of {}{}",
+        "{what}: the same in {} of {}{}",
         groups.len() - missed.len(),
         groups.len(),
         if missed.is_empty() { String::new() } else { format!("; not in {}", missed.join("; ")) }
     )?;
     Ok(())
+}
+
+/// Where the bench also timed the plans with their copies asked of the copy engines (cmm's
+/// default since e806307) apart from its plain runs: each plan's model against that time,
+/// and the fastest plan by it. The profiles' copies are the copy engines'.
+fn print_copy_engines(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
+    let errors: Vec<f64> =
+        rows.iter().filter_map(|r| r.measured_copy_engines_us.map(|m| r.time.simulated_us / m - 1.0)).collect();
+    if errors.is_empty() {
+        return Ok(());
+    }
+    let (low, high) = errors.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &e| (l.min(e), h.max(e)));
+    writeln!(
+        out,
+        "with copies as cmm issues them by default (the copy engines' column, {} plans): simulated {:+.1} to {:+.1} % of it",
+        errors.len(),
+        100.0 * low,
+        100.0 * high
+    )?;
+    print_fastest_by(out, rows, "the fastest plan by that column, measured and simulated", |r| {
+        r.measured_copy_engines_us
+    })
 }
 
 /// The profile's constants a calibration replaces, as they are and as measured.
@@ -639,6 +676,7 @@ pub fn validate_bench_to(out: &mut dyn Write, text: &str, name: &str) -> Result<
     let rows = one_gpu_rows(&profile, &times, file.shrink, levels)?;
     print_rows(out, &rows)?;
     print_fastest(out, &rows)?;
+    print_copy_engines(out, &rows)?;
     let Some(c) = &file.calibration else {
         writeln!(out)?;
         let why = if file.complete == Some(false) {
@@ -731,6 +769,7 @@ pub fn validate_bench_to(out: &mut dyn Write, text: &str, name: &str) -> Result<
     let rows = one_gpu_rows(&calibrated, &times, file.shrink, levels)?;
     print_rows(out, &rows)?;
     print_fastest(out, &rows)?;
+    print_copy_engines(out, &rows)?;
     // The calibration's own plans: the copy alone, the GEMMs at once and the round trip
     // check the substitution; the GEMM and the copy beside each other test the model's
     // sharing of the HBM, which no constant was set from.
@@ -997,14 +1036,17 @@ mod tests {
         assert!(e.contains("calibration") && e.contains("`sync.") && e.contains("at most 10^6"), "{e}");
     }
 
-    /// Issue 32's bound on the plans that copy, and what the twin columns say of the rest of
-    /// the error (docs/simulator.md), on the cuBLAS plans of the three H100 and H200 benches,
-    /// all devices starting together, against the profiles as they stand: every plan within
-    /// 15 %; no compute-only twin priced more than 2 % fast (what the model misses there is
-    /// the gain of concurrent GEMMs, which makes it slow), nor slower than its plan.
+    /// Issue 32's bound on the plans that copy, on the cuBLAS plans of the three H100 and H200
+    /// benches against the profiles as they stand (docs/simulator.md):
+    /// - with copies as cmm issues them by default (the copy engines' column of e806307's
+    ///   report, 17 plans), every plan within 8 %;
+    /// - with the driver's copies (the plain times), none priced more than 5 % slow or 36 %
+    ///   fast: the driver's copies beside GEMMs cost more than the copy engines' the profiles
+    ///   price;
+    /// - every compute-only twin within 20 %, and never priced slower than its plan.
     #[test]
-    fn the_cublas_plans_come_within_15_percent_and_no_twin_is_priced_fast() {
-        let mut rows_seen = 0;
+    fn the_cublas_plans_come_within_8_percent_with_cmms_copies() {
+        let (mut engines, mut plain) = (0, 0);
         for (_, file, text) in crate::simulate::BENCHES {
             let bench: BenchFile = serde_json::from_str(text).unwrap();
             let (times, _) = parse_rows(&bench).unwrap();
@@ -1012,15 +1054,20 @@ mod tests {
             for row in one_gpu_rows(&profile, &times, bench.shrink, bench.compute_levels().0).unwrap() {
                 let case = &row.time.case;
                 let error = row.time.relative_error();
-                assert!(error.abs() < 0.15, "{file}: {case}: {error}");
+                assert!((-0.36..0.05).contains(&error), "{file}: {case}: {error}");
+                plain += 1;
+                if let Some(measured) = row.measured_copy_engines_us {
+                    let error = row.time.simulated_us / measured - 1.0;
+                    assert!(error.abs() < 0.08, "{file}: {case}: copy engines {error}");
+                    engines += 1;
+                }
                 assert!(row.twin_us <= row.time.simulated_us * (1.0 + 1e-9), "{file}: {case}: {row:?}");
                 let measured = row.measured_twin_us.unwrap_or_else(|| panic!("{file}: {case}: no twin timed"));
                 let twin_error = row.twin_us / measured - 1.0;
-                assert!(twin_error > -0.02, "{file}: {case}: twin {:+.1} %", 100.0 * twin_error);
-                rows_seen += 1;
+                assert!(twin_error.abs() < 0.20, "{file}: {case}: twin {:+.1} %", 100.0 * twin_error);
             }
         }
-        assert_eq!(rows_seen, 33 + 33 + 19);
+        assert_eq!((plain, engines), (33 + 33 + 19, 17));
     }
 
     /// The H200 profile's reduce rate is the one the H200's benches timed (the reduce alone
@@ -1054,7 +1101,8 @@ mod tests {
     }
 
     /// `--validate-bench` says where the model picks another plan than the GPU did: on the
-    /// H200 of 2026-11-26, the baselines where the rings were 5 to 12 % faster (docs/simulator.md).
+    /// H200 of 2026-11-26, ring for ring_bidir at D = 2 (1.4 % apart on the GPU); with the
+    /// copy engines' times of 2026-11-27, ring for gemm_rs's baseline at D = 2 (1.8 %).
     #[test]
     fn validate_bench_names_where_the_model_picks_another_plan_than_the_gpu() {
         let (_, file, text) = crate::simulate::BENCHES[0];
@@ -1063,11 +1111,15 @@ mod tests {
         validate_bench_to(&mut out, text, file).unwrap();
         let out = String::from_utf8(out).unwrap();
         let line = out.lines().find(|l| l.starts_with("the fastest plan of each op and D")).unwrap();
-        assert!(line.contains("the same in 2 of 6"), "{line}");
-        assert!(
-            line.contains("ag_gemm D=4: ring measured, baseline_direct simulated (7.4 % faster on the GPU)"),
-            "{line}"
-        );
+        assert!(line.contains("the same in 5 of 6"), "{line}");
+        assert!(line.contains("ag_gemm D=2: ring_bidir measured, ring simulated (1.4 % faster on the GPU)"), "{line}");
+        // e806307 also timed the plans with the copies asked of the copy engines.
+        let (_, file, text) = crate::simulate::BENCHES[2];
+        let mut out = Vec::new();
+        validate_bench_to(&mut out, text, file).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        let line = out.lines().find(|l| l.starts_with("the fastest plan by that column")).unwrap();
+        assert!(line.contains("the same in 3 of 4") && line.contains("gemm_rs D=2: baseline measured"), "{line}");
     }
 
     /// Issue 32's bound on the fused plans, as cmm runs them: on the H200 bench of
@@ -1144,9 +1196,11 @@ mod tests {
         let without = BenchCalibration { copy_engines: None, ..measured };
         assert_eq!(without.copy_as_run(true).gbps, 2000.0, "the driver's, where the engines' was not timed");
         assert_eq!(calibration_rows(&p, &without, 1).unwrap().len(), rows.len() - 3);
-        // 2 GEMMs of 80 µs at 1.25 × one's rate, and a launch.
-        let launch = p.compute.launch_us;
-        assert!((simulated("2 local GEMMs at once") - (128.0 + launch)).abs() < 1e-6, "{rows:?}");
+        // 2 GEMMs of 80 µs at 1.25 × one's rate, but for their fixed costs, which overlap,
+        // and a launch.
+        let (launch, fixed) = (p.compute.launch_us, p.compute.gemm_overhead_us);
+        let together = 2.0 * (80.0 - fixed) / 1.25 + fixed + launch;
+        assert!((simulated("2 local GEMMs at once") - together).abs() < 1e-6, "{rows:?}");
         let gemm = p.gemm_cost(1024, 4096, 4096, cmm_core::DType::F16, cmm_core::DType::F16, false).work_s * 1e6;
         assert!((gemm - 80.0).abs() < 1e-6, "{gemm}");
         // 2 at once in 0.8 of their time alone: 1.25 × the throughput; 4 in 0.5: 2 ×; 3 between.

@@ -76,8 +76,6 @@ fn one_gpu_share(profile: &Profile, devices: usize) -> Profile {
     for peak in [&mut p.compute.peak_tflops.f16, &mut p.compute.peak_tflops.bf16, &mut p.compute.peak_tflops.f32] {
         *peak /= share;
     }
-    // A GEMM's fixed cost is work on the shared compute too: D of them take D times it.
-    p.compute.gemm_overhead_us *= share;
     p.memory.hbm_gbps /= share;
     p.memory.reduce_gbps = p.memory.reduce_gbps.map(|r| r / share);
     p.copy.copy_engine_gbps /= share;

@@ -401,6 +401,10 @@ pub struct GemmCost {
     pub memory_bound: bool,
     /// Bytes it moves through HBM (operands once, the result once, twice when added onto).
     pub bytes: f64,
+    /// Of `work_s`, the library GEMM's fixed cost ([`ComputeProfile::gemm_overhead_us`]):
+    /// its pipeline's fill and last epilogue, latency that on a shared GPU overlaps the
+    /// other kernels' work rather than taking the compute from them.
+    pub fixed_s: f64,
 }
 
 impl Profile {
@@ -638,7 +642,8 @@ impl Profile {
         let compute_s = flops / (self.peak_flops(input) * efficiency);
         let bytes = gemm_bytes(m, n, k, input, output, accumulate);
         let mut cost = self.roofline(flops, compute_s, bytes, input, efficiency);
-        cost.work_s += self.compute.gemm_overhead_us * 1e-6;
+        cost.fixed_s = self.compute.gemm_overhead_us * 1e-6;
+        cost.work_s += cost.fixed_s;
         if cost.work_s > 0.0 {
             cost.efficiency = flops / cost.work_s / self.peak_flops(input);
         }
@@ -921,7 +926,7 @@ impl Profile {
         let memory_s = bytes / self.hbm_bps();
         let work_s = compute_s.max(memory_s);
         let efficiency = if work_s > 0.0 { flops / work_s / self.peak_flops(input) } else { idle };
-        GemmCost { work_s, efficiency, memory_bound: memory_s > compute_s, bytes }
+        GemmCost { work_s, efficiency, memory_bound: memory_s > compute_s, bytes, fixed_s: 0.0 }
     }
 }
 
