@@ -481,7 +481,7 @@ fn print_copy_engines(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
     let (low, high) = errors.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &e| (l.min(e), h.max(e)));
     writeln!(
         out,
-        "with copies as cmm issues them by default (the copy engines' column, {} plans): simulated {:+.1} to {:+.1} % of it",
+        "with copies as cmm issues them by default (the copy engines' column, {} plans): the model {:+.1} to {:+.1} % off it",
         errors.len(),
         100.0 * low,
         100.0 * high
