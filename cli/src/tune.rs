@@ -81,8 +81,9 @@ fn caveat(winner: cmm_core::Algorithm, profile: &cmm_sim::Profile, lead: Option<
     if let Some(lead) = lead.filter(|&l| one_gpu && l < ONE_GPU_TIE) {
         caveats.push(format!(
             "it leads by {:.1} %: on one GPU the model prices a copy beside GEMMs cheap (the benches' copy beside a \
-             GEMM took 4 to 10 times its price), and against the recorded benches it named another plan than the \
-             fastest where plans came within 2 % of each other (`cmm simulate --validate`); read this as a tie",
+             GEMM took 2 to 10 times its price over ten runs), and against the recorded benches it named another \
+             plan than the fastest where plans came within 2 % of each other (`cmm simulate --validate`); read \
+             this as a tie",
             100.0 * lead
         ));
     }
