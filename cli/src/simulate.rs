@@ -10,13 +10,14 @@ use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use cmm_core::algorithms::build_plan;
 use cmm_core::emulate::staggered_priorities;
+use cmm_core::engines::CopyIssue;
 use cmm_core::generator::Family;
 use cmm_core::mesh::build_mesh_plan;
 use cmm_core::plan::Plan;
 use cmm_core::{AttentionProblem, Layer, Layout, LinearProblem, MoeOp, MoeProblem, Pass, Routing};
 use cmm_core::{Dataflow, MeshAlgorithm, MeshProblem};
 use cmm_reference::{Reference, RunOptions};
-use cmm_sim::analytic::ring_1d;
+use cmm_sim::analytic::{copied_by, ring_1d};
 use cmm_sim::analytic::{estimate_mesh, mesh_family, MeshGemm, MeshShape};
 use cmm_sim::timeline::Timeline;
 use cmm_sim::tune::candidates_1d;
@@ -76,6 +77,13 @@ pub struct Args {
     /// start, which the host does not know).
     #[arg(long, value_name = "K", default_value_t = 0, requires = "hardware_queues")]
     pub queue_offset: usize,
+    /// How the plan's copy-engine copies are issued, as the CUDA executor's `--copies`:
+    /// auto (contiguous ones asked of the copy engines, strided ones left to the driver),
+    /// copy-engines, or driver. On a one-GPU profile the copies the driver makes share its
+    /// `copy.driver_gbps`. A plan or 1D op only.
+    #[arg(long, value_name = "HOW", default_value = "auto", value_parser = CopyIssue::parse,
+          conflicts_with_all = ["compare", "validate", "validate_bench", "layer", "attention", "moe", "mesh"])]
+    pub copies: CopyIssue,
     /// Price every GEMM at the profile's cuBLAS rate instead of on the engine cmm runs it
     /// on (a potential: what the plan would take if cmm's kernels were as fast as cuBLAS;
     /// with --compare, a second column beside the as-built one).
@@ -249,9 +257,10 @@ pub fn run(args: &Args) -> Result<()> {
                 compute_priority,
                 engines: pricing(args),
                 hardware_queues: hardware_queues(args),
+                copies: args.copies,
             };
             let report = simulate(&plan, &profile, &options)?;
-            let analytic = ring_1d(&problem, alg, &profile);
+            let analytic = ring_1d(&problem, alg, &copied_by(&profile, args.copies));
             if args.json {
                 crate::output::emit_json(json(&plan, &report, Some(analytic.total_s)))?;
             } else {
@@ -366,6 +375,23 @@ fn queues_line(plan: &Plan, r: &SimReport) -> String {
     }
 }
 
+/// How a one-GPU run's copies were priced: which the driver made, at what shared rate.
+fn copies_line(profile: &Profile, r: &SimReport) -> String {
+    match profile.copy.driver_gbps {
+        Some(gbps) => format!(
+            "--copies {}: {} between virtual devices made by the driver, sharing its {gbps} GB/s; the others at the copy engines' {} GB/s each",
+            r.copies.key(),
+            r.driver_copies,
+            profile.copy.copy_engine_gbps
+        ),
+        None => format!(
+            "--copies {}: every copy at the copy engines' {} GB/s (the profile gives no driver rate)",
+            r.copies.key(),
+            profile.copy.copy_engine_gbps
+        ),
+    }
+}
+
 /// `--hardware-queues` and `--queue-offset`, as the simulator takes them.
 fn hardware_queues(args: &Args) -> Option<HardwareQueues> {
     args.hardware_queues.map(|queues| HardwareQueues { queues, offset: args.queue_offset })
@@ -408,6 +434,7 @@ pub fn plan_text(args: &Args, text: &str, origin: &str) -> Result<()> {
         &SimOptions {
             torus_dims: torus_dims(&args.torus)?,
             hardware_queues: hardware_queues(args),
+            copies: args.copies,
             ..SimOptions::default()
         },
     )?;
@@ -617,6 +644,9 @@ fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic: Option<
     println!("GEMMs on:      {}", engines_line(profile, r));
     println!("queues:        {}", queues_line(plan, r));
     let one_gpu = profile.interconnect.topology == TopologyKind::OneGpu;
+    if one_gpu {
+        println!("copies:        {}", copies_line(profile, r));
+    }
     let over = if one_gpu { "sum over the GPU's devices" } else { "max over devices" };
     println!("compute floor: {} ({over} of GEMM/reduce work)", us(r.compute_floor_s));
     println!(
@@ -707,6 +737,8 @@ fn json(plan: &Plan, r: &SimReport, analytic_s: Option<f64>) -> serde_json::Valu
         "gemm_engines": r.engines.0.iter().map(|(e, n)| serde_json::json!({"engine": e.name(), "gemms": n})).collect::<Vec<_>>(),
         "gemm_pricing": match r.pricing { Engines::AsBuilt => "as built", Engines::CublasSpeed => "cuBLAS speed (potential)" },
         "hardware_queues": r.hardware_queues.map(|hw| serde_json::json!({"queues": hw.queues, "offset": hw.offset})),
+        "copies": r.copies.key(),
+        "driver_copies": r.driver_copies,
         "lane_busy_us": busy,
         "critical_path": path,
     })

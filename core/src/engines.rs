@@ -417,9 +417,117 @@ impl EngineCounts {
     }
 }
 
+/// How a plan's copy-engine copies (`Engine::CopyEngine` ops) reach the GPU: the CUDA
+/// executor's `--copies`, and what the simulator prices a copy between virtual devices of
+/// one GPU as ([`CopyIssue::driver_makes`]), so that both follow one rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CopyIssue {
+    /// `cuMemcpy2DAsync`: the driver picks the hardware. Between GPUs that is a copy
+    /// engine; within one GPU (D virtual devices) the driver may copy with a kernel of its
+    /// own on the SMs, which then waits for SMs beside the plan's kernels as theirs do.
+    Driver,
+    /// `cuMemcpyBatchAsync` with `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`: the driver
+    /// is asked to keep the copy off the SMs, as a copy between GPUs is (one copy, or one
+    /// a row where either side is strided). CUDA 13.1's release notes say the flag selects
+    /// the copy engines; what an older driver does with it, a bench shows. The CUDA
+    /// executor refuses it where the driver lacks the call in its CUDA 13 form.
+    PreferCopyEngines,
+    /// The default: each contiguous copy ([`contiguous_copy`]) as
+    /// [`Self::PreferCopyEngines`] issues it, each strided one as [`Self::Driver`] does
+    /// (one 2D copy, not one copy a row); every copy as [`Self::Driver`] where the driver
+    /// lacks the batched call. On an H200 (2026-11-27, docs/perf.md) every plan timed both
+    /// ways ran faster with its copies asked of the copy engines: the rings 7 to 14 %, the
+    /// fused ag_gemm plans 1.9 to 2.7 times, as the driver's own copies within one GPU
+    /// waited for SMs that the persistent kernels held.
+    #[default]
+    Auto,
+}
+
+impl CopyIssue {
+    /// Every way, in the order of their keys.
+    pub const ALL: [CopyIssue; 3] = [CopyIssue::Driver, CopyIssue::PreferCopyEngines, CopyIssue::Auto];
+
+    /// Its name in options (a rank worker's options line, `--copies`).
+    pub fn key(self) -> &'static str {
+        match self {
+            CopyIssue::Driver => "driver",
+            CopyIssue::PreferCopyEngines => "copy-engines",
+            CopyIssue::Auto => "auto",
+        }
+    }
+
+    /// What this asks of a driver that has the batched copy call (`batch_copies`) or not:
+    /// [`Self::Auto`] without it is [`Self::Driver`].
+    pub fn on_driver(self, batch_copies: bool) -> CopyIssue {
+        match self {
+            CopyIssue::Auto if !batch_copies => CopyIssue::Driver,
+            other => other,
+        }
+    }
+
+    /// Whether a copy of `rows` rows of `width` bytes between these pitches goes through
+    /// the batched call, and as how many of its copies (one a row where either side is
+    /// strided), or `None` where it is the driver's one 2D copy.
+    pub fn batch_entries(self, width: usize, rows: usize, src_pitch: usize, dst_pitch: usize) -> Option<usize> {
+        let contiguous = contiguous_copy(width, rows, src_pitch, dst_pitch);
+        match self {
+            CopyIssue::Driver => None,
+            CopyIssue::Auto if !contiguous => None,
+            CopyIssue::Auto => Some(1),
+            CopyIssue::PreferCopyEngines => Some(if contiguous { 1 } else { rows }),
+        }
+    }
+
+    /// Whether the driver makes this copy its own way (its one 2D copy), rather than being
+    /// asked for the copy engines, on a driver that has the batched call.
+    pub fn driver_makes(self, width: usize, rows: usize, src_pitch: usize, dst_pitch: usize) -> bool {
+        self.batch_entries(width, rows, src_pitch, dst_pitch).is_none()
+    }
+
+    /// The way [`Self::key`] names, or an error listing the keys.
+    pub fn parse(key: &str) -> Result<CopyIssue, String> {
+        CopyIssue::ALL.into_iter().find(|c| c.key() == key).ok_or_else(|| {
+            let keys: Vec<&str> = CopyIssue::ALL.iter().map(|c| c.key()).collect();
+            format!("`{key}` is not one of {}", keys.join(", "))
+        })
+    }
+}
+
+/// Whether a copy of `rows` rows of `width` bytes between these pitches is one run of
+/// bytes on both sides.
+pub fn contiguous_copy(width: usize, rows: usize, src_pitch: usize, dst_pitch: usize) -> bool {
+    rows <= 1 || (src_pitch == width && dst_pitch == width)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The driver makes a copy its own way under `driver`, and under `auto` where a side
+    /// is strided; asked of the copy engines, a strided copy becomes one copy a row.
+    #[test]
+    fn the_driver_makes_what_the_copy_engines_are_not_asked_for() {
+        let (row, rows) = (4096, 64);
+        let contiguous = (row, rows, row, row);
+        let strided = (row, rows, 2 * row, row);
+        let single_row = (row, 1, 2 * row, 3 * row);
+        let makes = |issue: CopyIssue, (w, r, s, d): (usize, usize, usize, usize)| issue.driver_makes(w, r, s, d);
+        for shape in [contiguous, strided, single_row] {
+            assert!(makes(CopyIssue::Driver, shape));
+            assert!(!makes(CopyIssue::PreferCopyEngines, shape));
+        }
+        assert!(!makes(CopyIssue::Auto, contiguous) && !makes(CopyIssue::Auto, single_row));
+        assert!(makes(CopyIssue::Auto, strided));
+        assert_eq!(CopyIssue::PreferCopyEngines.batch_entries(row, rows, 2 * row, row), Some(rows));
+        assert_eq!(CopyIssue::Auto.on_driver(false), CopyIssue::Driver);
+        assert_eq!(CopyIssue::Auto.on_driver(true), CopyIssue::Auto);
+        for issue in CopyIssue::ALL {
+            assert_eq!(CopyIssue::parse(issue.key()), Ok(issue));
+        }
+        let e = CopyIssue::parse("dma").unwrap_err();
+        assert!(e.contains("`dma`") && e.contains("driver, copy-engines, auto"), "{e}");
+    }
 
     fn facts(m: usize, n: usize, k: usize, input: DType) -> GemmFacts {
         GemmFacts::dense(m, n, k, input, input)

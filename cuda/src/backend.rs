@@ -1902,7 +1902,7 @@ fn copy_engine_batch(
     if rows == 0 || width_bytes == 0 {
         return Ok(());
     }
-    let whole = crate::options::contiguous_copy(width_bytes, rows, src_pitch, dst_pitch);
+    let whole = cmm_core::engines::contiguous_copy(width_bytes, rows, src_pitch, dst_pitch);
     let (mut srcs, mut dsts, mut sizes): (Vec<u64>, Vec<u64>, Vec<usize>) = if whole {
         (vec![src], vec![dst], vec![width_bytes * rows])
     } else {

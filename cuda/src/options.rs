@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+pub use cmm_core::engines::CopyIssue;
 use cmm_core::plan::{Op, OpSite, Plan};
 use cmm_core::DType;
 
@@ -108,78 +109,6 @@ pub struct CudaRunOptions {
     pub hopper_variant: HopperVariant,
     /// How the plan's copy-engine copies are issued ([`CopyIssue`]).
     pub copies: CopyIssue,
-}
-
-/// How a plan's copy-engine copies (`Engine::CopyEngine`) reach the GPU.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum CopyIssue {
-    /// `cuMemcpy2DAsync`: the driver picks the hardware. Between GPUs that is a copy
-    /// engine; within one GPU (D virtual devices) the driver may copy with a kernel of its
-    /// own on the SMs, which then waits for SMs beside the plan's kernels as theirs do.
-    Driver,
-    /// `cuMemcpyBatchAsync` with `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`: the driver
-    /// is asked to keep the copy off the SMs, as a copy between GPUs is (one copy, or one
-    /// a row where either side is strided). CUDA 13.1's release notes say the flag selects
-    /// the copy engines; what an older driver does with it, a bench shows. Refused where
-    /// the driver lacks the call in its CUDA 13 form ([`crate::CudaBackend::batch_copies`]).
-    PreferCopyEngines,
-    /// The default: each contiguous copy as [`Self::PreferCopyEngines`] issues it, each
-    /// strided one as [`Self::Driver`] does (one 2D copy, not one copy a row); every copy
-    /// as [`Self::Driver`] where the driver lacks the batched call. On an H200
-    /// (2026-11-27, docs/perf.md) every plan timed both ways ran faster with its copies
-    /// asked of the copy engines: the rings 7 to 14 %, the fused ag_gemm plans 1.9 to 2.7
-    /// times, as the driver's own copies within one GPU waited for SMs that the persistent
-    /// kernels held.
-    #[default]
-    Auto,
-}
-
-impl CopyIssue {
-    /// Every way, in the order of their keys.
-    pub const ALL: [CopyIssue; 3] = [CopyIssue::Driver, CopyIssue::PreferCopyEngines, CopyIssue::Auto];
-
-    /// Its name in options (a rank worker's options line, `--copies`).
-    pub fn key(self) -> &'static str {
-        match self {
-            CopyIssue::Driver => "driver",
-            CopyIssue::PreferCopyEngines => "copy-engines",
-            CopyIssue::Auto => "auto",
-        }
-    }
-
-    /// What this asks of a driver that has the batched copy call (`batch_copies`) or not:
-    /// [`Self::Auto`] without it is [`Self::Driver`].
-    pub fn on_driver(self, batch_copies: bool) -> CopyIssue {
-        match self {
-            CopyIssue::Auto if !batch_copies => CopyIssue::Driver,
-            other => other,
-        }
-    }
-
-    /// Whether a copy of `rows` rows of `width` bytes between these pitches goes through
-    /// the batched call, and as how many of its copies (one a row where either side is
-    /// strided), or `None` where it is the driver's one 2D copy.
-    pub fn batch_entries(self, width: usize, rows: usize, src_pitch: usize, dst_pitch: usize) -> Option<usize> {
-        let contiguous = contiguous_copy(width, rows, src_pitch, dst_pitch);
-        match self {
-            CopyIssue::Driver => None,
-            CopyIssue::Auto if !contiguous => None,
-            CopyIssue::Auto => Some(1),
-            CopyIssue::PreferCopyEngines => Some(if contiguous { 1 } else { rows }),
-        }
-    }
-
-    /// The way [`Self::key`] names, or an error listing the keys.
-    pub fn parse(key: &str) -> Result<CopyIssue, String> {
-        crate::lower::by_key(key, &CopyIssue::ALL, CopyIssue::key)
-    }
-}
-
-/// Whether a copy of `rows` rows of `width` bytes between these pitches is one run of
-/// bytes on both sides.
-pub(crate) fn contiguous_copy(width: usize, rows: usize, src_pitch: usize, dst_pitch: usize) -> bool {
-    rows <= 1 || (src_pitch == width && dst_pitch == width)
 }
 
 /// Which buffers a run copies back to the host.

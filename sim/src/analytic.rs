@@ -15,6 +15,7 @@ use thiserror::Error;
 use super::profile::{Profile, TopologyKind};
 use cmm_core::algorithms::Algorithm;
 use cmm_core::dtype::DType;
+use cmm_core::engines::CopyIssue;
 use cmm_core::problem::{OpKind, Problem};
 
 /// Seconds of a ring collective (AllGather or ReduceScatter) over `chips` chips whose
@@ -82,6 +83,18 @@ fn one_gpu_share(profile: &Profile, devices: usize) -> Profile {
     p.copy.sm_copy_gbps /= share;
     p.interconnect.link_gbps = profile.memory.hbm_gbps / 2.0 / share;
     p.interconnect.topology = TopologyKind::Switch;
+    p
+}
+
+/// `profile` for the closed forms of a 1D plan whose copies are issued as `copies`: its
+/// copies at the driver's shared rate where the driver makes every one (on one GPU the
+/// closed forms then give each device 1/D of it, as the simulator shares it). All of a 1D
+/// plan's copies are contiguous, so under `auto` the driver makes none.
+pub fn copied_by(profile: &Profile, copies: CopyIssue) -> Profile {
+    let mut p = profile.clone();
+    if let (CopyIssue::Driver, Some(gbps)) = (copies, p.copy.driver_gbps) {
+        p.copy.copy_engine_gbps = gbps;
+    }
     p
 }
 

@@ -26,6 +26,7 @@ use thiserror::Error;
 use super::profile::Profile;
 use super::topology::{ResId, ResourceKind, Topology};
 use cmm_core::dtype::DType;
+use cmm_core::engines::CopyIssue;
 use cmm_core::plan::{Engine, FusedRun, Op, OpSite, Plan, PlanError, SemId};
 use cmm_core::schedule::BlockedLane;
 use cmm_core::verify::accesses;
@@ -49,6 +50,11 @@ pub struct SimOptions {
     /// xtask` asks for 32); `Some`, the lanes' ops share FIFO queues in the backend's
     /// enqueue order ([`HardwareQueues`]).
     pub hardware_queues: Option<HardwareQueues>,
+    /// How the CUDA backend issues the plan's copy-engine copies (its `--copies`), on a
+    /// driver that has the batched copy call: on one GPU, those the driver makes its own
+    /// way share the profile's `copy.driver_gbps` ([`CopyIssue::driver_makes`]; default
+    /// [`CopyIssue::Auto`], as cmm issues them). Elsewhere it changes nothing.
+    pub copies: CopyIssue,
 }
 
 /// FIFO hardware queues shared by a plan's streams, as `cmm_core::verify::queues` models
@@ -210,6 +216,11 @@ pub struct SimReport {
     pub pricing: Engines,
     /// The hardware queues the lanes shared, where modelled ([`SimOptions::hardware_queues`]).
     pub hardware_queues: Option<HardwareQueues>,
+    /// How the copy-engine copies were issued ([`SimOptions::copies`]).
+    pub copies: CopyIssue,
+    /// On one GPU with the profile's `copy.driver_gbps`: the copies between virtual
+    /// devices priced as the driver's own, counted once each.
+    pub driver_copies: usize,
 }
 
 impl SimReport {
@@ -415,6 +426,10 @@ struct Sim<'a> {
     /// The hardware queues the lanes share, if modelled, and each op's place in them.
     hardware_queues: Option<HardwareQueues>,
     queues: Option<QueueSlots>,
+    /// How the copy-engine copies are issued ([`SimOptions::copies`]), and how many
+    /// between virtual devices the driver made its own way.
+    copies: CopyIssue,
+    driver_copies: usize,
 }
 
 /// The seed whose routing the simulator prices grouped GEMMs with (the router's
@@ -553,18 +568,23 @@ impl<'a> Sim<'a> {
                 if *dst_device == device || self.topo.one_gpu() {
                     // Through one HBM, each byte read and written once: a local copy at
                     // whatever rate the HBM gives it, a copy between virtual devices of one
-                    // GPU at most at the engine's, then the signal latency.
-                    let cap = if *dst_device == device { f64::INFINITY } else { 2.0 * rate };
+                    // GPU at most at the engine's, then the signal latency. A copy the
+                    // driver makes its own way queues with the others it makes for one
+                    // copy's rate.
+                    let mut resources = vec![self.topo.hbm(device)];
+                    let mut cap = if *dst_device == device { f64::INFINITY } else { 2.0 * rate };
+                    if let (Some(pipe), Some(gbps)) = (self.topo.driver_copies(), p.copy.driver_gbps) {
+                        if *dst_device != device && *engine == Engine::CopyEngine && self.driver_makes(op) {
+                            resources.push(pipe);
+                            cap = 2e9 * gbps;
+                            self.driver_copies += 1;
+                        }
+                    }
                     let latency = self.topo.latency_s(device, *dst_device);
                     (
                         vec![
                             Phase::Fixed(launch),
-                            Phase::Fluid {
-                                amount: 2.0 * bytes,
-                                cap,
-                                resources: vec![self.topo.hbm(device)],
-                                hbm_bytes: 0.0,
-                            },
+                            Phase::Fluid { amount: 2.0 * bytes, cap, resources, hbm_bytes: 0.0 },
                             Phase::Fixed(latency),
                         ],
                         bytes,
@@ -876,6 +896,14 @@ impl<'a> Sim<'a> {
             .unwrap_or_else(|_| blocks.first().map_or(Engine::SimtTile, |b| b.tile_engine(false)))
     }
 
+    /// Whether the driver makes this copy its own way under [`SimOptions::copies`], by
+    /// its shape in bytes as the CUDA lowering hands it over.
+    fn driver_makes(&self, op: &Op) -> bool {
+        let Op::Copy { src, dst, .. } = op else { return false };
+        let es = dtype_of(self.plan, src.buf).size_bytes();
+        self.copies.driver_makes(src.cols * es, src.rows, src.stride * es, dst.stride * es)
+    }
+
     /// Whether the plan's devices are virtual devices of one GPU, more than one.
     fn shares_one_gpu(&self) -> bool {
         self.topo.one_gpu() && self.plan.devices > 1
@@ -1169,6 +1197,8 @@ pub fn simulate(plan: &Plan, profile: &Profile, options: &SimOptions) -> Result<
         engines: Default::default(),
         hardware_queues: options.hardware_queues,
         queues: None,
+        copies: options.copies,
+        driver_copies: 0,
     };
     if let Some(hw) = options.hardware_queues {
         sim.queues = Some(QueueSlots::new(plan, &sim.runs, hw)?);
@@ -1264,6 +1294,8 @@ fn report(sim: Sim<'_>) -> SimReport {
         engines: sim.engines,
         pricing: sim.pricing,
         hardware_queues: sim.hardware_queues,
+        copies: sim.copies,
+        driver_copies: sim.driver_copies,
     }
 }
 
@@ -1633,6 +1665,75 @@ mod tests {
         b.push(0, comm, op);
         b.push(0, comm, Op::Signal { device: 1, sem: ready, add: 1 });
         b.finish().unwrap()
+    }
+
+    /// Every device copies 16 MiB to the next, all at once: rows of a whole buffer, or
+    /// (`strided`) the left half of a buffer twice as wide.
+    fn copies_at_once(devices: usize, strided: bool) -> Plan {
+        use cmm_core::plan::{BufferRole, PlanBuilder};
+        let mut b = PlanBuilder::new("copies at once", devices);
+        let cols = if strided { 8192 } else { 4096 };
+        let x = b.buffer("X", DType::F32, 1024, cols, BufferRole::Scratch);
+        let comm = b.lane("comm");
+        for d in 0..devices {
+            let region = b.window(x, 0, 0, 1024, 4096);
+            b.push(
+                d,
+                comm,
+                Op::Copy { src: region, dst_device: (d + 1) % devices, dst: region, engine: Engine::CopyEngine },
+            );
+        }
+        b.finish().unwrap()
+    }
+
+    /// On one GPU the copies the driver makes its own way share one copy's rate
+    /// (`copy.driver_gbps`): D of them at once take D times one; asked of the copy engines
+    /// they share only the HBM. Under `auto` only the strided ones are the driver's.
+    #[test]
+    fn on_one_gpu_the_drivers_copies_share_one_copys_rate() {
+        let mut profile = instant_one_gpu();
+        let driver_gbps = profile.copy.driver_gbps.expect("the one-GPU profiles give the driver's rate");
+        let bytes = 1024.0 * 4096.0 * 4.0;
+        let with = |plan: &Plan, copies: CopyIssue, profile: &Profile| {
+            simulate(plan, profile, &SimOptions { copies, ..SimOptions::default() }).unwrap()
+        };
+        for devices in [2, 4, 8] {
+            let plan = copies_at_once(devices, false);
+            let devices = devices as f64;
+            let driver = with(&plan, CopyIssue::Driver, &profile);
+            let alone = bytes / (driver_gbps * 1e9);
+            assert!(
+                (driver.makespan_s - devices * alone).abs() < 1e-12,
+                "{} vs {devices} × {alone}",
+                driver.makespan_s
+            );
+            assert_eq!(driver.driver_copies, plan.devices);
+            // The copy engines' each at its rate, the HBM shared (each byte read and written).
+            let engines = with(&plan, CopyIssue::Auto, &profile);
+            let rate = (profile.copy.copy_engine_gbps * 1e9).min(profile.hbm_bps() / 2.0 / devices);
+            assert!((engines.makespan_s - bytes / rate).abs() < 1e-12, "{}", engines.makespan_s);
+            assert_eq!(engines.driver_copies, 0);
+        }
+        let strided = copies_at_once(4, true);
+        let auto = with(&strided, CopyIssue::Auto, &profile);
+        assert_eq!(auto.driver_copies, 4);
+        assert_eq!(auto.makespan_s, with(&strided, CopyIssue::Driver, &profile).makespan_s);
+        assert_eq!(with(&strided, CopyIssue::PreferCopyEngines, &profile).driver_copies, 0);
+        // A profile without the driver's rate prices them as the copy engines'.
+        profile.copy.driver_gbps = None;
+        let plan = copies_at_once(4, false);
+        assert_eq!(
+            with(&plan, CopyIssue::Driver, &profile).makespan_s,
+            with(&plan, CopyIssue::Auto, &profile).makespan_s
+        );
+        // Across GPUs the driver's copies are the copy engines' (no shared rate).
+        let nvlink = Profile::load("h100-nvlink").unwrap();
+        assert_eq!(
+            with(&plan, CopyIssue::Driver, &nvlink).makespan_s,
+            with(&plan, CopyIssue::Auto, &nvlink).makespan_s
+        );
+        // A rate of 0 is refused, naming it.
+        assert_refused(("driver_gbps = 782.0", "driver_gbps = 0"), "copy.driver_gbps");
     }
 
     #[test]

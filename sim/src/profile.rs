@@ -215,6 +215,12 @@ pub struct CopyProfile {
     /// (`cmm_sim::calibration::persistent_plan`); no profile sets it until a GPU has.
     #[serde(default)]
     pub rate_beside_persistent: Option<f64>,
+    /// On one GPU, the rate, GB/s, that every copy the driver makes its own way
+    /// ([`cmm_core::engines::CopyIssue::driver_makes`]) between virtual devices shares
+    /// with the others in flight: they queue for one copy's rate rather than each taking
+    /// the copy engine's. Unset: they are priced as the copy engines' copies.
+    #[serde(default)]
+    pub driver_gbps: Option<f64>,
 }
 
 fn uncontended() -> f64 {
@@ -468,6 +474,7 @@ impl Profile {
         ];
         rates.extend(self.network.iter().map(|n| ("network.nic_gbps", n.nic_gbps)));
         rates.extend(self.memory.reduce_gbps.map(|v| ("memory.reduce_gbps", v)));
+        rates.extend(self.copy.driver_gbps.map(|v| ("copy.driver_gbps", v)));
         for (fields, range) in [(&peaks[..], PEAK_RANGE), (&rates[..], RATE_RANGE)] {
             for &(field, v) in fields {
                 if !(v.is_finite() && v > 0.0) {

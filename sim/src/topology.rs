@@ -4,7 +4,8 @@
 //! (bytes/s); per directed link or switch port its bandwidth (bytes/s). A copy to a peer
 //! uses the resources of its route; concurrent users of one resource share it fairly.
 //! On one GPU (`one_gpu`) every device shares one compute and one HBM, and there are no
-//! links.
+//! links; where the profile gives the driver's copy rate, the copies the driver makes its
+//! own way share that too.
 
 use super::profile::{Profile, TopologyKind};
 
@@ -20,6 +21,9 @@ pub enum ResourceKind {
     Hbm,
     /// A directed link or switch port: counts towards the communication floor.
     Link,
+    /// On one GPU, the rate the driver's own copies between virtual devices share
+    /// (`copy.driver_gbps`, as bytes read and written).
+    DriverCopies,
 }
 
 /// One shared resource.
@@ -59,6 +63,10 @@ impl Topology {
         if profile.interconnect.topology == TopologyKind::OneGpu {
             resources.push(Resource { name: "gpu compute".into(), capacity: 1.0, kind: ResourceKind::Compute });
             resources.push(Resource { name: "gpu hbm".into(), capacity: profile.hbm_bps(), kind: ResourceKind::Hbm });
+            if let Some(gbps) = profile.copy.driver_gbps {
+                let capacity = 2e9 * gbps;
+                resources.push(Resource { name: "driver copies".into(), capacity, kind: ResourceKind::DriverCopies });
+            }
             let links_base = resources.len();
             let kind = TopologyKind::OneGpu;
             return Topology { kind, devices, dims, resources, links_base, nodes: None, latency_s };
@@ -134,6 +142,11 @@ impl Topology {
         } else {
             device
         }
+    }
+
+    /// On one GPU, the rate the driver's own copies share, where the profile gives it.
+    pub fn driver_copies(&self) -> Option<ResId> {
+        self.resources.iter().position(|r| r.kind == ResourceKind::DriverCopies)
     }
 
     /// The HBM resource of a device.

@@ -11,6 +11,7 @@ use super::tune::{
 };
 use cmm_core::algorithms::{build_plan, Algorithm, AlgorithmError};
 use cmm_core::dtype::DType;
+use cmm_core::engines::CopyIssue;
 use cmm_core::problem::{OpKind, Problem, ProblemError};
 use thiserror::Error;
 
@@ -120,7 +121,14 @@ pub fn seed000(profile: &Profile) -> Result<Vec<TimeRow>, ValidationError> {
 /// H100 run was) and with staggered priorities (a prediction: nothing measured yet).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OneGpuRow {
-    /// Simulated, analytic and measured times.
+    /// The operation.
+    pub op: OpKind,
+    /// Virtual devices.
+    pub devices: usize,
+    /// The plan.
+    pub algorithm: Algorithm,
+    /// Simulated, analytic and measured times (the plain run's, with its copies issued
+    /// as the bench's plain runs issued them).
     pub time: TimeRow,
     /// The simulator's Σ of the plan's compute work (GEMMs and reduces, each alone, less
     /// the GEMMs' fixed costs, which overlap other work), µs.
@@ -142,6 +150,12 @@ pub struct OneGpuRow {
     pub measured_twin_us: Option<f64>,
     /// The plan with the copies asked of the copy engines, where the bench timed it apart, µs.
     pub measured_copy_engines_us: Option<f64>,
+    /// The simulated time with every copy asked of the copy engines, µs.
+    pub copy_engines_us: f64,
+    /// The plan with every copy left to the driver, where the bench timed it apart, µs.
+    pub measured_driver_copies_us: Option<f64>,
+    /// The simulated time with every copy left to the driver, µs.
+    pub driver_copies_us: f64,
 }
 
 /// The priority levels an H100 leaves for compute when communication takes the greatest
@@ -169,6 +183,12 @@ pub struct BenchTime {
     /// Its time with the copies asked of the copy engines, as cmm issues them by default,
     /// where the plain runs did not and the bench timed it apart.
     pub copy_engines_us: Option<f64>,
+    /// Its time with every copy left to the driver, where the plain runs did not and the
+    /// bench timed it apart.
+    pub driver_copies_us: Option<f64>,
+    /// How the plain, staggered and offset runs issued their copies: the driver's way in
+    /// every bench before cmm asked for the copy engines by default.
+    pub copies: CopyIssue,
 }
 
 /// The CUDA bench on one H100 (f16, per-shard M=1024, K=N=4096, D virtual devices,
@@ -206,6 +226,8 @@ pub fn one_gpu_bench(profile: &Profile) -> Result<Vec<OneGpuRow>, ValidationErro
         offset_us: None,
         compute_only_us: None,
         copy_engines_us: None,
+        driver_copies_us: None,
+        copies: CopyIssue::Driver,
     });
     one_gpu_rows(profile, &times, 1, H100_COMPUTE_LEVELS)
 }
@@ -222,6 +244,8 @@ pub fn one_gpu_predictions(profile: &Profile) -> Result<Vec<OneGpuRow>, Validati
         offset_us: None,
         compute_only_us: None,
         copy_engines_us: None,
+        driver_copies_us: None,
+        copies: CopyIssue::Auto,
     });
     one_gpu_rows(profile, &times, 1, H100_COMPUTE_LEVELS)
 }
@@ -241,28 +265,34 @@ pub fn one_gpu_rows(
         let (op, d, algorithm) = (t.op, t.devices, t.algorithm);
         let p = seed000_problem(op, d, shrink)?;
         let plan = build_plan(&p, algorithm)?;
-        let together = simulate(&plan, profile, &SimOptions::default())?;
-        let staggered = SimOptions {
-            compute_priority: cmm_core::emulate::staggered_priorities(d, levels),
-            ..SimOptions::default()
-        };
+        let as_run = SimOptions { copies: t.copies, ..SimOptions::default() };
+        let together = simulate(&plan, profile, &as_run)?;
+        let staggered =
+            SimOptions { compute_priority: cmm_core::emulate::staggered_priorities(d, levels), ..as_run.clone() };
+        let engines = SimOptions { copies: CopyIssue::PreferCopyEngines, ..SimOptions::default() };
+        let driver = SimOptions { copies: CopyIssue::Driver, ..SimOptions::default() };
         rows.push(OneGpuRow {
+            op,
+            devices: d,
+            algorithm,
             time: TimeRow {
                 case: format!("{op} D={d} {algorithm}"),
                 simulated_us: together.makespan_s * 1e6,
-                analytic_us: ring_1d(&p, algorithm, profile).total_s * 1e6,
+                analytic_us: ring_1d(&p, algorithm, &super::analytic::copied_by(profile, t.copies)).total_s * 1e6,
                 published_us: t.plain_us,
             },
             compute_floor_us: together.compute_floor_s * 1e6,
             staggered_us: simulate(&plan, profile, &staggered)?.makespan_s * 1e6,
-            offset_us: simulate(&cmm_core::emulate::offset_starts(&plan)?, profile, &SimOptions::default())?.makespan_s
-                * 1e6,
+            offset_us: simulate(&cmm_core::emulate::offset_starts(&plan)?, profile, &as_run)?.makespan_s * 1e6,
             measured_staggered_us: t.staggered_us,
             measured_offset_us: t.offset_us,
             twin_us: simulate(&cmm_core::emulate::compute_only(&plan), profile, &SimOptions::default())?.makespan_s
                 * 1e6,
             measured_twin_us: t.compute_only_us,
             measured_copy_engines_us: t.copy_engines_us,
+            copy_engines_us: simulate(&plan, profile, &engines)?.makespan_s * 1e6,
+            measured_driver_copies_us: t.driver_copies_us,
+            driver_copies_us: simulate(&plan, profile, &driver)?.makespan_s * 1e6,
         });
     }
     Ok(rows)
@@ -273,8 +303,12 @@ pub fn one_gpu_rows(
 /// and the local GEMM (1024×4096×4096 f16 at the bench's shape) alone.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OneGpuCalibration {
-    /// GB/s copied (each byte read and written once).
+    /// GB/s copied (each byte read and written once), by the copy as the bench's plans
+    /// made theirs.
     pub copy_gbps: f64,
+    /// GB/s of the driver's own copy alone (`cuMemcpy2DAsync` within the GPU) once
+    /// started ([`copy_rate_gbps`]), where timed.
+    pub driver_copy_gbps: Option<f64>,
     /// µs for a signal to travel to the other device and back.
     pub round_trip_us: f64,
     /// µs of the local GEMM alone (cuBLAS).
@@ -305,19 +339,30 @@ pub struct BesidePersistent {
 }
 
 impl BesidePersistent {
-    /// The fraction of its rate the op kept while the kernels ran, if it kept any: started
-    /// together, it ran at that fraction while the kernel ran and at its own rate after,
-    /// so `share × min(op, kernel) + max(0, op − kernel) = alone`. `None` when the op
-    /// outlasted the kernel by its own time or more (it waited for the kernel's end: no
-    /// rate to take), or a figure is not a positive time.
-    pub fn share(&self) -> Option<f64> {
+    /// The fraction of its rate the op kept while the kernels ran, if it kept any, where
+    /// `fixed_us` of its time alone is fixed cost (its launch, a copy's signal latency) that
+    /// no share slows: started together, it ran at that fraction while the kernel ran and
+    /// at its own rate after, so `share × (min(op, kernel) − fixed) + max(0, op − kernel) =
+    /// alone − fixed`. `None` when the op outlasted the kernel by its own time or more (it
+    /// waited for the kernel's end: no rate to take), or a figure is not a positive time.
+    pub fn share(&self, fixed_us: f64) -> Option<f64> {
         let (alone, beside, kernel) = (self.alone_us, self.beside_us, self.kernel_beside_us);
         if ![alone, beside, kernel].iter().all(|v| v.is_finite() && *v > 0.0) {
             return None;
         }
-        let share = (alone - (beside - kernel).max(0.0)) / beside.min(kernel);
+        let (busy, during) = (alone - fixed_us, beside.min(kernel) - fixed_us);
+        if !(busy > 0.0 && during > 0.0) {
+            return None;
+        }
+        let share = (busy - (beside - kernel).max(0.0)) / during;
         (share > 0.0).then_some(share.min(1.0))
     }
+}
+
+/// The fixed part of a copy between virtual devices as `profile` prices it: its launch,
+/// then the signal's latency.
+pub fn copy_fixed_us(profile: &Profile) -> f64 {
+    profile.compute.launch_us + profile.interconnect.link_latency_us
 }
 
 /// The throughputs of 1 to 4 ops at once from measured (n, ratio) points: 1/ratio at each
@@ -341,6 +386,19 @@ fn concurrent_throughput(together: &[(usize, f64)]) -> [f64; 4] {
     })
 }
 
+/// The rate, GB/s, at which a copy of `bytes` that took `us` alone moved them once
+/// started, as `profile` prices a copy between virtual devices: a launch, the bytes at
+/// that rate, then a signal's latency. An error where `us` is not above those two.
+pub fn copy_rate_gbps(profile: &Profile, bytes: f64, us: f64) -> Result<f64, ValidationError> {
+    let busy_us = us - copy_fixed_us(profile);
+    if !(bytes.is_finite() && bytes > 0.0 && busy_us.is_finite() && busy_us > 0.0) {
+        return Err(ValidationError::Calibration(format!(
+            "a copy of {bytes} bytes in {us} µs is not above the profile's launch and signal latency"
+        )));
+    }
+    Ok(bytes / busy_us / 1e3)
+}
+
 /// `profile` with the calibration's figures in place of its assumptions: both copy rates,
 /// the remote waits (half a round trip, one signal reaching one wait, less the signal's
 /// latency), the best efficiency scaled so that the local GEMM takes the measured time,
@@ -352,7 +410,8 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
         ValidationError::Calibration(format!("{what} = {value} is not a positive time, rate or ratio"))
     };
     let ratios = c.together.iter().map(|&(n, r)| (format!("together ratio of {n}"), r));
-    let figures = [("copy_gbps", c.copy_gbps), ("round_trip_us", c.round_trip_us), ("gemm_us", c.gemm_us)];
+    let mut figures = vec![("copy_gbps", c.copy_gbps), ("round_trip_us", c.round_trip_us), ("gemm_us", c.gemm_us)];
+    figures.extend(c.driver_copy_gbps.map(|v| ("driver_copy_gbps", v)));
     for (what, value) in figures.into_iter().map(|(w, v)| (w.to_string(), v)).chain(ratios) {
         if !(value.is_finite() && value > 0.0) {
             return Err(bad(what, value));
@@ -362,6 +421,7 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
     let mut p = profile.clone();
     p.copy.copy_engine_gbps = c.copy_gbps;
     p.copy.sm_copy_gbps = c.copy_gbps;
+    p.copy.driver_gbps = c.driver_copy_gbps.or(p.copy.driver_gbps);
     // A hop of the round trip is a signal's latency, then the wait's cost before the next
     // kernel: keep the profile's latency (if the hop allows it) and give the rest to the
     // waits, before SM work or not (on the GPU both are a kernel boundary).
@@ -381,10 +441,10 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
     let modelled_us = p.gemm_cost(1024 / s, 4096 / s, 4096 / s, DType::F16, DType::F16, false).work_s * 1e6;
     p.compute.max_efficiency = (p.compute.max_efficiency * (modelled_us - fixed_us) / (c.gemm_us - fixed_us)).min(1.0);
     p.compute.concurrent_throughput = concurrent_throughput(&c.together);
-    if let Some(share) = c.copy_beside_persistent.as_ref().and_then(BesidePersistent::share) {
+    if let Some(share) = c.copy_beside_persistent.and_then(|b| b.share(copy_fixed_us(&p))) {
         p.copy.rate_beside_persistent = Some(share);
     }
-    if let Some(share) = c.reduce_beside_persistent.as_ref().and_then(BesidePersistent::share) {
+    if let Some(share) = c.reduce_beside_persistent.and_then(|b| b.share(p.compute.launch_us)) {
         p.compute.kernel_beside_persistent = Some(share);
     }
     // The reduce alone ([`crate::calibration::reduce_plan`]: two f32 blocks of the local
@@ -604,7 +664,7 @@ mod tests {
     #[test]
     fn the_share_an_op_keeps_beside_persistent_kernels_is_read_from_its_times() {
         let share =
-            |beside_us, kernel_beside_us| BesidePersistent { alone_us: 20.0, beside_us, kernel_beside_us }.share();
+            |beside_us, kernel_beside_us| BesidePersistent { alone_us: 20.0, beside_us, kernel_beside_us }.share(0.0);
         // Ended under the kernel: alone ÷ beside.
         assert_eq!(share(80.0, 200.0), Some(0.25));
         // Outlasted it by 10 µs of its 20: the other 10 µs of work took the kernel's 200.
@@ -616,10 +676,16 @@ mod tests {
         assert_eq!(share(15.0, 200.0), Some(1.0));
         assert_eq!(share(f64::NAN, 200.0), None);
         assert_eq!(share(80.0, 0.0), None);
+        // A fixed cost of 4 µs is no part of the share: 16 µs of work in the kernel's first
+        // 64 µs after it, a quarter; all of it fixed, no rate to take.
+        let pair = BesidePersistent { alone_us: 20.0, beside_us: 68.0, kernel_beside_us: 200.0 };
+        assert_eq!(pair.share(4.0), Some(0.25));
+        assert_eq!(pair.share(20.0), None);
         // The calibrated profile takes it; with none measured it keeps the profile's.
         let profile = Profile::load("h100-one-gpu").unwrap();
         let mut c = OneGpuCalibration {
             copy_gbps: 700.0,
+            driver_copy_gbps: None,
             round_trip_us: 10.0,
             gemm_us: 60.0,
             together: vec![(2, 0.9)],
@@ -633,7 +699,10 @@ mod tests {
             persistent_kernels_us: Some((100.0, 125.0)),
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
-        assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (Some(0.25), Some(0.1)));
+        // Their fixed costs aside: the copy's 2 µs launch and 1 µs latency (17 µs of work in
+        // 77), the reduce's 2 µs launch (8 in 98).
+        let shares = (p.copy.rate_beside_persistent.unwrap(), p.compute.kernel_beside_persistent.unwrap());
+        assert!((shares.0 - 17.0 / 77.0).abs() < 1e-12 && (shares.1 - 8.0 / 98.0).abs() < 1e-12, "{shares:?}");
         // The reduce alone, 10 µs less a 2 µs launch for two f32 1024×4096 blocks read and
         // one written: the reduce kernel's rate, which prices every reduce (below the HBM's).
         let reduce_gbps = 3.0 * 1024.0 * 4096.0 * 4.0 / 8.0 / 1e3;
@@ -688,15 +757,24 @@ mod tests {
         assert_eq!(rows.len(), 18);
         for row in &rows {
             let t = &row.time;
-            // The driver's copies, which this bench made, cost more beside GEMMs than the
-            // copy engines' the profile prices (docs/simulator.md): no row slow by more than
-            // 5 %, none fast by more than 36 % (ring_accumulate(c=2) at D = 8, whose
-            // 512-row GEMMs also overlap less than the model lets them).
-            assert!((-0.36..0.05).contains(&t.relative_error()), "{t:?}");
+            // This bench left its copies to the driver, which the model prices at the
+            // driver's shared rate: the baselines, whose copies follow their GEMMs, within
+            // 5 % (5 to 15 % fast before the rate was shared); the rings no row slow by more
+            // than 5 %, none fast by more than 35 % (ring_accumulate(c=2) at D = 8, whose
+            // 512-row GEMMs also overlap less than the model lets them): beside GEMMs the
+            // driver's copies hide less than the calibration pair's median share
+            // (docs/simulator.md).
+            let bound = if matches!(row.algorithm, Algorithm::Baseline | Algorithm::BaselineDirect) {
+                -0.05..0.05
+            } else {
+                -0.35..0.05
+            };
+            assert!(bound.contains(&t.relative_error()), "{t:?}");
             // The closed forms read one GPU as D devices in lockstep, each with 1/D of it
             // (a reduce too, which the simulator runs at the kernel's whole rate beside the
-            // others' work: the direct baseline's differ most).
-            assert!((t.analytic_us - t.simulated_us).abs() < 0.05 * t.simulated_us, "{t:?}");
+            // others' work; and the direct baseline's last copies beside its reduces, which
+            // slow each other in the simulator alone: it differs most).
+            assert!((t.analytic_us - t.simulated_us).abs() < 0.06 * t.simulated_us, "{t:?}");
             // Staggering can expose a copy the plain run hid under a GEMM (a copy beside
             // compute is slowed, docs/simulator.md): by a few per cent at most, as in the
             // bench (up to 3.5 % on the H100, 2026-11-26); and no plan beats its compute.
