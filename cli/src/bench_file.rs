@@ -1092,9 +1092,9 @@ mod tests {
     /// - with copies as cmm issues them by default (the copy engines' column of e806307's
     ///   report, 17 plans), every plan within 8 %;
     /// - with the driver's copies (the plain times), the baselines, whose copies follow their
-    ///   GEMMs, within 5 % at the driver's shared rate; the other plans none priced more than
-    ///   5 % slow or 35 % fast: the driver's copies beside GEMMs hide less than the model
-    ///   lets them;
+    ///   GEMMs, within 5 % at the driver's shared rate; the other plans, whose copies share
+    ///   it beside GEMMs, none priced more than 5 % slow or 30 % fast (the worst are
+    ///   `ring_accumulate(c=2)`'s, whose twins are up to 20 % fast too);
     /// - every compute-only twin within 20 %, and never priced slower than its plan.
     #[test]
     fn the_cublas_plans_come_within_8_percent_with_cmms_copies() {
@@ -1108,7 +1108,7 @@ mod tests {
                 let error = row.time.relative_error();
                 let bound = match row.algorithm {
                     Algorithm::Baseline | Algorithm::BaselineDirect => -0.05..0.05,
-                    _ => -0.35..0.05,
+                    _ => -0.30..0.05,
                 };
                 assert!(bound.contains(&error), "{file}: {case}: {error}");
                 plain += 1;

@@ -974,6 +974,11 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let caps: Vec<f64> = self.flows.iter().map(|f| if f.computes { f.cap } else { f.cap * copy_share }).collect();
+        // The driver's copies beside compute keep the same share of the rate they share as
+        // each keeps of its own: one pipe, slowed as a copy is.
+        if let Some(pipe) = self.topo.driver_copies() {
+            left[pipe] *= copy_share;
+        }
         // On one GPU, ops computing at once fill the chip better than one alone; persistent
         // kernels priced at the rate they reach together already have that gain.
         if self.topo.one_gpu() {
@@ -1668,13 +1673,20 @@ mod tests {
     }
 
     /// Every device copies 16 MiB to the next, all at once: rows of a whole buffer, or
-    /// (`strided`) the left half of a buffer twice as wide.
-    fn copies_at_once(devices: usize, strided: bool) -> Plan {
+    /// (`strided`) the left half of a buffer twice as wide; with `gemm`, device 0 also runs
+    /// a GEMM of 8192×8192×8192 beside them.
+    fn copies_at_once(devices: usize, strided: bool, gemm: bool) -> Plan {
         use cmm_core::plan::{BufferRole, PlanBuilder};
         let mut b = PlanBuilder::new("copies at once", devices);
         let cols = if strided { 8192 } else { 4096 };
         let x = b.buffer("X", DType::F32, 1024, cols, BufferRole::Scratch);
         let comm = b.lane("comm");
+        if gemm {
+            let a = b.buffer("A", DType::F16, 8192, 8192, BufferRole::Scratch);
+            let c = b.buffer("C", DType::F16, 8192, 8192, BufferRole::Scratch);
+            let compute = b.lane("compute");
+            b.push(0, compute, Op::gemm(b.whole(a), b.whole(a), b.whole(c)));
+        }
         for d in 0..devices {
             let region = b.window(x, 0, 0, 1024, 4096);
             b.push(
@@ -1698,7 +1710,7 @@ mod tests {
             simulate(plan, profile, &SimOptions { copies, ..SimOptions::default() }).unwrap()
         };
         for devices in [2, 4, 8] {
-            let plan = copies_at_once(devices, false);
+            let plan = copies_at_once(devices, false, false);
             let devices = devices as f64;
             let driver = with(&plan, CopyIssue::Driver, &profile);
             let alone = bytes / (driver_gbps * 1e9);
@@ -1714,14 +1726,24 @@ mod tests {
             assert!((engines.makespan_s - bytes / rate).abs() < 1e-12, "{}", engines.makespan_s);
             assert_eq!(engines.driver_copies, 0);
         }
-        let strided = copies_at_once(4, true);
+        // Beside compute they keep the profile's share of that one rate together (on the
+        // H100 timeline of 6581ea8 the driver's copies beside GEMMs moved 0.29 of it:
+        // tests/recorded_timelines.rs), not each of its own.
+        let share = profile.copy.rate_beside_compute;
+        let beside = with(&copies_at_once(4, false, true), CopyIssue::Driver, &profile);
+        let copies_end =
+            (0..4).map(|d| beside.record(OpSite { device: d, lane: 0, index: 0 }).end_s).fold(0.0, f64::max);
+        let expected = 4.0 * bytes / (driver_gbps * 1e9) / share;
+        assert!((copies_end - expected).abs() < 1e-9, "{copies_end} vs {expected}");
+        assert!(beside.makespan_s > copies_end, "the GEMM outlasts them");
+        let strided = copies_at_once(4, true, false);
         let auto = with(&strided, CopyIssue::Auto, &profile);
         assert_eq!(auto.driver_copies, 4);
         assert_eq!(auto.makespan_s, with(&strided, CopyIssue::Driver, &profile).makespan_s);
         assert_eq!(with(&strided, CopyIssue::PreferCopyEngines, &profile).driver_copies, 0);
         // A profile without the driver's rate prices them as the copy engines'.
         profile.copy.driver_gbps = None;
-        let plan = copies_at_once(4, false);
+        let plan = copies_at_once(4, false, false);
         assert_eq!(
             with(&plan, CopyIssue::Driver, &profile).makespan_s,
             with(&plan, CopyIssue::Auto, &profile).makespan_s

@@ -758,23 +758,27 @@ mod tests {
         for row in &rows {
             let t = &row.time;
             // This bench left its copies to the driver, which the model prices at the
-            // driver's shared rate: the baselines, whose copies follow their GEMMs, within
-            // 5 % (5 to 15 % fast before the rate was shared); the rings no row slow by more
-            // than 5 %, none fast by more than 35 % (ring_accumulate(c=2) at D = 8, whose
-            // 512-row GEMMs also overlap less than the model lets them): beside GEMMs the
-            // driver's copies hide less than the calibration pair's median share
-            // (docs/simulator.md).
+            // driver's shared rate, beside compute at the calibration pair's share of it:
+            // the baselines, whose copies follow their GEMMs, within 5 % (5 to 15 % fast
+            // before the rate was shared); the other plans no row slow by more than 5 %,
+            // none fast by more than 30 % (ring_accumulate(c=2) at D = 4 and 8, whose
+            // 512-row GEMMs also overlap less than the model lets them: docs/simulator.md).
             let bound = if matches!(row.algorithm, Algorithm::Baseline | Algorithm::BaselineDirect) {
                 -0.05..0.05
             } else {
-                -0.35..0.05
+                -0.30..0.05
             };
             assert!(bound.contains(&t.relative_error()), "{t:?}");
             // The closed forms read one GPU as D devices in lockstep, each with 1/D of it
             // (a reduce too, which the simulator runs at the kernel's whole rate beside the
             // others' work; and the direct baseline's last copies beside its reduces, which
-            // slow each other in the simulator alone: it differs most).
-            assert!((t.analytic_us - t.simulated_us).abs() < 0.06 * t.simulated_us, "{t:?}");
+            // slow each other in the simulator alone: it differs most). With the copy
+            // engines' copies they follow the simulator within 6 %; with the driver's they
+            // leave out its contention beside compute, so they are never slower than it.
+            let closed = ring_1d(&seed000_problem(row.op, row.devices, 1).unwrap(), row.algorithm, &profile);
+            let closed_us = closed.total_s * 1e6;
+            assert!((closed_us - row.copy_engines_us).abs() < 0.06 * row.copy_engines_us, "{row:?}");
+            assert!(t.analytic_us < t.simulated_us * 1.06, "{t:?}");
             // Staggering can expose a copy the plain run hid under a GEMM (a copy beside
             // compute is slowed, docs/simulator.md): by a few per cent at most, as in the
             // bench (up to 3.5 % on the H100, 2026-11-26); and no plan beats its compute.
