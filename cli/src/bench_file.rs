@@ -1094,7 +1094,7 @@ mod tests {
     /// - with the driver's copies (the plain times), the baselines, whose copies follow their
     ///   GEMMs, within 5 % at the driver's shared rate; the other plans, whose copies share
     ///   it beside GEMMs, none priced more than 5 % slow or 30 % fast (the worst are
-    ///   `ring_accumulate(c=2)`'s, whose twins are up to 20 % fast too);
+    ///   `ring_accumulate(c=2)`'s, whose twins are up to 13 % fast too);
     /// - every compute-only twin within 20 %, and never priced slower than its plan.
     #[test]
     fn the_cublas_plans_come_within_8_percent_with_cmms_copies() {

@@ -274,9 +274,12 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 Algorithm::RingAccumulate { chunks } => {
                     let c = chunks.max(1) as f64;
                     let rows = ms.div_ceil(chunks.max(1));
-                    // Steps 1..D−2 add onto the received sum in the GEMM (C read and written).
-                    let chunk_gemm =
-                        profile.launch_s() + profile.gemm_cost(rows, n, k / d, input, problem.wire, true).work_s;
+                    // Steps 1..D−2 add onto the received sum in the GEMM (C read and written);
+                    // the first and the last write theirs fresh.
+                    let gemm = |added| {
+                        profile.launch_s() + profile.gemm_cost(rows, n, k / d, input, problem.wire, added).work_s
+                    };
+                    let (chunk_gemm, fresh_gemm) = (gemm(true), gemm(false));
                     let chunk_reduce = launch + 3.0 * block / c / profile.reduce_bps();
                     let comm = send(block / c, copy_bw);
                     // Steps 1..D−2: a chunk's GEMM waits for its sum; with c ≥ 2 the other
@@ -285,24 +288,27 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     // last hop overlaps them, and its reduces follow.
                     let per_step = (c * (chunk_gemm + sync)).max(chunk_gemm + comm + 2.0 * sync);
                     let last =
-                        if d > 1 { (c * (chunk_gemm + sync)).max(comm + 2.0 * sync) + c * chunk_reduce } else { 0.0 };
+                        if d > 1 { (c * (fresh_gemm + sync)).max(comm + 2.0 * sync) + c * chunk_reduce } else { 0.0 };
                     RingEstimate {
-                        total_s: c * chunk_gemm + (steps - 1.0).max(0.0) * per_step + last + ag,
+                        total_s: c * fresh_gemm + (steps - 1.0).max(0.0) * per_step + last + ag,
                         gemm_step_s: c * chunk_gemm,
                         comm_step_s: c * comm,
                         formula: "GEMM + (D−2)·max(c·(GEMM/c + L_sync), GEMM/c + block/c/BW + 2·L_sync) + max(GEMM, block/c/BW) + reduce [+ AG for AR]",
                     }
                 }
                 Algorithm::RingPush => {
-                    let step = profile.launch_s() + profile.gemm_cost(ms, n, k / d, input, problem.wire, true).work_s;
+                    // From step 1 the GEMMs add onto the block; the first writes it fresh.
+                    let gemm =
+                        |added| profile.launch_s() + profile.gemm_cost(ms, n, k / d, input, problem.wire, added).work_s;
+                    let (step, fresh) = (gemm(true), gemm(false));
                     // Each GEMM's epilogue writes its block on the owner and, from step 1,
                     // first reads it from there: over the links, unless the devices share
                     // memory. A device's port then carries its own writes and the reads of
                     // the device adding into its block, each way: two blocks a step.
                     let rate = profile.copy.sm_copy_gbps.min(link_gbps) * 1e9;
                     let remote = |blocks: f64| if one_memory { 0.0 } else { blocks * block / rate + 2.0 * latency };
-                    let first = if d > 1 { step + remote(1.0) + sync } else { 0.0 };
-                    let last = if d > 1 { step + reduce } else { step };
+                    let first = if d > 1 { fresh + remote(1.0) + sync } else { 0.0 };
+                    let last = if d > 1 { step + reduce } else { fresh };
                     RingEstimate {
                         total_s: first + (steps - 1.0).max(0.0) * (step + remote(2.0) + sync) + last + ag,
                         gemm_step_s: step,

@@ -640,8 +640,9 @@ impl Profile {
 
     /// Cost of `c (m×n) = a (m×k) · b (k×n)` with `input` operands and an `output` result:
     /// FLOPs at peak × max efficiency × tile utilisation (× the split-K efficiency where K
-    /// is split), or HBM traffic at the HBM rate, whichever is slower (a roofline), then
-    /// the library's fixed cost of a GEMM.
+    /// is split), or HBM traffic at the HBM rate, whichever is slower (a roofline); with
+    /// `accumulate` (β = 1), the epilogue's read of C at the HBM rate after that; then the
+    /// library's fixed cost of a GEMM.
     pub fn gemm_cost(&self, m: usize, n: usize, k: usize, input: DType, output: DType, accumulate: bool) -> GemmCost {
         let flops = 2.0 * m as f64 * n as f64 * k as f64;
         let split = if self.split_k(m, n, k) > 1 { self.compute.split_k_efficiency } else { 1.0 };
@@ -649,6 +650,13 @@ impl Profile {
         let compute_s = flops / (self.peak_flops(input) * efficiency);
         let bytes = gemm_bytes(m, n, k, input, output, accumulate);
         let mut cost = self.roofline(flops, compute_s, bytes, input, efficiency);
+        // cuBLAS reads C in its epilogue, after the mainloop, and nothing hides it: alone
+        // (the benches' Σ-GEMMs bound) a β = 1 GEMM took its β = 0 twin's time plus C's
+        // bytes at the HBM rate (1024×4096 f32 on an H100: 61.7 µs against 56.8, 5.0 µs of
+        // HBM; on an H200 58.4 against 56.3, 3.5).
+        if accumulate {
+            cost.work_s += (m * n) as f64 * output.size_bytes() as f64 / self.hbm_bps();
+        }
         cost.fixed_s = self.compute.gemm_overhead_us * 1e-6;
         cost.work_s += cost.fixed_s;
         if cost.work_s > 0.0 {
@@ -1070,6 +1078,26 @@ mod tests {
         // Tiny GEMMs are memory or tile bound and slower per FLOP.
         let tiny = p.gemm_cost(64, 64, 64, DType::F16, DType::F16, false);
         assert!(tiny.efficiency < 0.1, "{}", tiny.efficiency);
+    }
+
+    /// A β = 1 GEMM reads C in its epilogue, unhidden: the benches' Σ-GEMMs bound timed
+    /// gemm_rs's 1024×4096×4096 GEMMs alone, f32 written fresh (`ring`) and added onto
+    /// (`ring_accumulate`), per GEMM: 56.8 and 61.7 µs on the H100 (6581ea8), 56.3 and 58.4
+    /// on the H200 (501302d). The model, with its launch, within 3 % of each; without the
+    /// read of C, the added ones 8 % (H100) fast.
+    #[test]
+    fn a_gemm_adding_onto_c_pays_for_reading_it() {
+        for (name, fresh, added) in [("h100-one-gpu", 56.8, 61.7), ("h200-one-gpu", 56.3, 58.4)] {
+            let p = Profile::load(name).unwrap();
+            let time = |accumulate| {
+                (p.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, accumulate).work_s + p.launch_s()) * 1e6
+            };
+            for (model, measured) in [(time(false), fresh), (time(true), added)] {
+                assert!((model / measured - 1.0).abs() < 0.03, "{name}: {model} against {measured}");
+            }
+            let c_read_us = 1024.0 * 4096.0 * 4.0 / p.hbm_bps() * 1e6;
+            assert!((time(true) - time(false) - c_read_us).abs() < 1e-6, "{name}");
+        }
     }
 
     /// A GEMM whose 64 tiles leave the 132 SMs half idle is split along K in two: a full
