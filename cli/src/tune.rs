@@ -80,8 +80,9 @@ fn caveat(winner: cmm_core::Algorithm, profile: &cmm_sim::Profile, lead: Option<
     let one_gpu = profile.interconnect.topology == cmm_sim::TopologyKind::OneGpu;
     if let Some(lead) = lead.filter(|&l| one_gpu && l < ONE_GPU_TIE) {
         caveats.push(format!(
-            "it leads by {:.1} %: on one GPU the model prices a copy beside GEMMs cheap (the benches' copy beside a \
-             GEMM took 2 to 10 times its price over ten runs), and against the recorded benches it named another \
+            "it leads by {:.1} %: on one GPU the model prices a copy beside GEMMs cheap (the calibration's copy \
+             beside two GEMMs took 5 to 9 times its price asked of the copy engines, two runs, and up to 2.2 times \
+             left to the driver, ten runs), and against the recorded benches it named another \
              plan than the fastest where plans came within 2 % of each other (`cmm simulate --validate`); read \
              this as a tie",
             100.0 * lead
