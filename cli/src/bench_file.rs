@@ -479,7 +479,7 @@ fn print_fastest_by(
 /// plain runs (asked of the copy engines, cmm's default since e806307, or left to the
 /// driver): each plan's model, its copies issued that way, against that time, and the
 /// fastest plan by it.
-fn print_copy_engines(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
+fn print_copy_columns(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
     print_column(
         out,
         rows,
@@ -496,7 +496,7 @@ fn print_copy_engines(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
     )
 }
 
-/// One column of [`print_copy_engines`]: the model's range of errors against it, then its picks.
+/// One column of [`print_copy_columns`]: the model's range of errors against it, then its picks.
 fn print_column(
     out: &mut dyn Write,
     rows: &[OneGpuRow],
@@ -524,7 +524,6 @@ fn changes(before: &Profile, after: &Profile) -> Vec<(&'static str, f64, f64)> {
     let mut changes = vec![
         ("copy.copy_engine_gbps", before.copy.copy_engine_gbps, after.copy.copy_engine_gbps),
         ("copy.sm_copy_gbps", before.copy.sm_copy_gbps, after.copy.sm_copy_gbps),
-        ("copy.driver_gbps", before.copy.driver_gbps.unwrap_or(f64::NAN), after.copy.driver_gbps.unwrap_or(f64::NAN)),
         ("interconnect.link_latency_us", before.interconnect.link_latency_us, after.interconnect.link_latency_us),
         ("sync.remote_round_us", before.sync.remote_round_us, after.sync.remote_round_us),
         ("sync.dma_wait_us", before.sync.dma_wait_us, after.sync.dma_wait_us),
@@ -545,8 +544,10 @@ fn changes(before: &Profile, after: &Profile) -> Vec<(&'static str, f64, f64)> {
             after.compute.throughput_with(4),
         ),
     ];
-    // A rate the profile leaves unset (the driver's) is left out.
-    changes.retain(|(_, before, after)| !(before.is_nan() || after.is_nan()));
+    // The driver's rate where both profiles give it.
+    if let (Some(before), Some(after)) = (before.copy.driver_gbps, after.copy.driver_gbps) {
+        changes.insert(2, ("copy.driver_gbps", before, after));
+    }
     changes
 }
 
@@ -716,7 +717,7 @@ pub fn validate_bench_to(out: &mut dyn Write, text: &str, name: &str) -> Result<
     let rows = one_gpu_rows(&profile, &times, file.shrink, levels)?;
     print_rows(out, &rows)?;
     print_fastest(out, &rows)?;
-    print_copy_engines(out, &rows)?;
+    print_copy_columns(out, &rows)?;
     let Some(c) = &file.calibration else {
         writeln!(out)?;
         let why = if file.complete == Some(false) {
@@ -818,7 +819,7 @@ pub fn validate_bench_to(out: &mut dyn Write, text: &str, name: &str) -> Result<
     let rows = one_gpu_rows(&calibrated, &times, file.shrink, levels)?;
     print_rows(out, &rows)?;
     print_fastest(out, &rows)?;
-    print_copy_engines(out, &rows)?;
+    print_copy_columns(out, &rows)?;
     // The calibration's own plans: the copy alone, the GEMMs at once and the round trip
     // check the substitution; the GEMM and the copy beside each other test the model's
     // sharing of the HBM, which no constant was set from.
@@ -936,7 +937,10 @@ fn print_fused_as_built(out: &mut dyn Write, profile: &Profile, file: &BenchFile
         let as_run = SimOptions { copies: file.plain_copies(), ..SimOptions::default() };
         let plain = simulate(&plan, profile, &as_run)?;
         let auto = file.default_copies_us(times);
-        let auto_us = simulate(&plan, profile, &SimOptions::default())?.makespan_s * 1e6;
+        let auto_us = match file.plain_copies() {
+            CopyIssue::Auto => plain.makespan_s * 1e6,
+            _ => simulate(&plan, profile, &SimOptions::default())?.makespan_s * 1e6,
+        };
         let staggered = SimOptions {
             compute_priority: cmm_core::emulate::staggered_priorities(times.devices, levels),
             ..as_run.clone()

@@ -30,7 +30,12 @@ pub fn ring_collective_s(profile: &Profile, chips: usize, shard_bytes: f64) -> f
 
 /// A GEMM op: launch plus its work.
 fn gemm_op_s(profile: &Profile, m: usize, n: usize, k: usize, input: DType, output: DType) -> f64 {
-    profile.launch_s() + profile.gemm_cost(m, n, k, input, output, false).work_s
+    gemm_step_s(profile, m, n, k, input, output, false)
+}
+
+/// A GEMM op that writes C fresh or, `added`, adds onto it (β = 1): launch plus its work.
+fn gemm_step_s(profile: &Profile, m: usize, n: usize, k: usize, input: DType, output: DType, added: bool) -> f64 {
+    profile.launch_s() + profile.gemm_cost(m, n, k, input, output, added).work_s
 }
 
 /// One tile-granular GEMM over blocks of these rows (its work, no launch), on the engine
@@ -276,9 +281,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     let rows = ms.div_ceil(chunks.max(1));
                     // Steps 1..D−2 add onto the received sum in the GEMM (C read and written);
                     // the first and the last write theirs fresh.
-                    let gemm = |added| {
-                        profile.launch_s() + profile.gemm_cost(rows, n, k / d, input, problem.wire, added).work_s
-                    };
+                    let gemm = |added| gemm_step_s(profile, rows, n, k / d, input, problem.wire, added);
                     let (chunk_gemm, fresh_gemm) = (gemm(true), gemm(false));
                     let chunk_reduce = launch + 3.0 * block / c / profile.reduce_bps();
                     let comm = send(block / c, copy_bw);
@@ -298,8 +301,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 }
                 Algorithm::RingPush => {
                     // From step 1 the GEMMs add onto the block; the first writes it fresh.
-                    let gemm =
-                        |added| profile.launch_s() + profile.gemm_cost(ms, n, k / d, input, problem.wire, added).work_s;
+                    let gemm = |added| gemm_step_s(profile, ms, n, k / d, input, problem.wire, added);
                     let (step, fresh) = (gemm(true), gemm(false));
                     // Each GEMM's epilogue writes its block on the owner and, from step 1,
                     // first reads it from there: over the links, unless the devices share
