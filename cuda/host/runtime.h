@@ -116,10 +116,11 @@ namespace cmm_host {
 
 // What a fiber waits for: a block-wide __syncthreads, a warp collective (released once
 // every live thread of its warp waits at one), nothing but its turn (YIELD: a spin on an
-// mbarrier, host/hopper.h), a cluster barrier (every thread of every CTA of the cluster),
-// or named barrier `NAMED + id` (bar.sync id, count: released once `count` threads of the
-// block wait at it).
-enum Barrier { SYNCTHREADS = 1, WARP_COLLECTIVE = 2, YIELD = 3, CLUSTER_SYNC = 4, NAMED = 16 };
+// mbarrier, host/hopper.h, which only the block's threads can complete; SLEEP: a spin on
+// global memory, `__nanosleep`, which other launches may complete), a cluster barrier
+// (every thread of every CTA of the cluster), or named barrier `NAMED + id` (bar.sync id,
+// count: released once `count` threads of the block wait at it).
+enum Barrier { SYNCTHREADS = 1, WARP_COLLECTIVE = 2, YIELD = 3, CLUSTER_SYNC = 4, SLEEP = 5, NAMED = 16 };
 constexpr u32 NAMED_BARRIERS = 16;
 // The most CTAs of a cluster the twin runs (the Hopper engine's pairs).
 constexpr u32 MAX_CLUSTER = 2;
@@ -355,6 +356,19 @@ inline void yield_thread() {
     fiber_switch(me->context, block->scheduler);
 }
 
+// Lets the block's other threads run while this one spins on global memory: on a GPU
+// its warp sleeps and the others issue (a persistent kernel's producer waiting for a
+// peer's release must not hold back its consumers, whose release the peer may await).
+// Outside fibers the OS thread sleeps instead (`__nanosleep`).
+inline bool sleep_thread() {
+    Block* block = running_block;
+    if (block == nullptr || block->current == nullptr) return false;
+    Fiber* me = block->current;
+    me->waiting = SLEEP;
+    fiber_switch(me->context, block->scheduler);
+    return true;
+}
+
 // bar.sync id, threads: waits until `threads` threads of the block wait at barrier `id`.
 inline void named_barrier(u32 id, u32 threads) {
     Block* block = running_block;
@@ -471,6 +485,7 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, FiberOrder ord
             blockIdx = f.block;
             block.current = &f;
             fiber_switch(block.scheduler, f.context);
+            // A sleep may end by another launch's write: not a spin that nothing can end.
             if (f.done || f.waiting != YIELD) only_spins = false;
         }
         if (thread_error != nullptr) break;
@@ -492,7 +507,7 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, FiberOrder ord
             }
             live[f.cta] += 1;
             warp_live[f.cta][warp] += 1;
-            if (f.waiting == YIELD) spinning[f.cta] += 1;
+            if (f.waiting == YIELD || f.waiting == SLEEP) spinning[f.cta] += 1;
             if (f.waiting == WARP_COLLECTIVE) warp_at[f.cta][warp] += 1;
             if (f.waiting > 0 && f.waiting < NAMED + (int)NAMED_BARRIERS) at[f.cta][f.waiting] += 1;
         }
@@ -505,8 +520,15 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, FiberOrder ord
             any_done = any_done || some_done[c];
         }
         if (all_live == 0) break;
+        bool only_sleeps = all_live > 0;
         for (Fiber& f : block.fibers) {
-            if (!f.done && f.waiting == YIELD) f.runnable = true;
+            if (!f.done && (f.waiting == YIELD || f.waiting == SLEEP)) f.runnable = true;
+            if (!f.done && f.waiting != SLEEP) only_sleeps = false;
+        }
+        // Every live thread waits on other launches: give them the core for a moment.
+        if (only_sleeps) {
+            timespec t{0, 200};
+            nanosleep(&t, nullptr);
         }
         bool released = false;
         for (u32 c = 0; c < ctas && thread_error == nullptr; ++c) {
@@ -816,6 +838,7 @@ inline void note_acquire() {
 }  // namespace cmm_host
 
 inline void __nanosleep(u32 ns) {
+    if (cmm_host::sleep_thread()) return;
     timespec t{0, (long)ns};
     nanosleep(&t, nullptr);
 }

@@ -448,7 +448,16 @@ impl CudaExecutor for HostTwin {
         }
         let offset = crate::backend::emulated(plan, options)?;
         let plan = offset.as_ref().unwrap_or(plan);
-        let lowered = prepare(plan, seed, options, false, host_hopper(options))?;
+        let lowered = match self.feed {
+            // Emulated queues: the hang check proves the order for as many as it emulates
+            // (a plan whose persistent kernels wait for each other needs one a stream).
+            HostFeed::Queues { queues, .. } => {
+                let order = cmm_core::schedule::schedule(plan)?.order;
+                let hopper = host_hopper(options);
+                crate::backend::prepare_in_order(plan, Some(seed), options, false, hopper, Some((&order, queues)))?
+            }
+            _ => prepare(plan, seed, options, false, host_hopper(options))?,
+        };
         let mut out = self.run_lowered(plan, &lowered, seed, family, options)?;
         out.offset_starts = offset.is_some();
         Ok(out)
