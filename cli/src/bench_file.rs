@@ -354,7 +354,7 @@ fn parse_rows(file: &BenchFile) -> Result<(Vec<BenchTime>, Vec<FusedRow<'_>>)> {
         let row = &bench_row.times;
         let algorithm = parse_algorithm(&row.algorithm)?;
         let op: OpKind = row.op.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
-        if matches!(algorithm, Algorithm::Fused { .. }) {
+        if algorithm.is_fused() {
             fused.push(FusedRow { op, algorithm, times: row, row: bench_row });
             continue;
         }

@@ -48,11 +48,11 @@ pub struct Args {
     #[command(flatten)]
     pub problem: ProblemArgs,
     /// Algorithm: baseline, baseline_direct, ring, ring_bidir, ring_chunked, fused, or for
-    /// gemm_rs and gemm_ar ring_accumulate and ring_push.
+    /// gemm_rs and gemm_ar ring_accumulate, ring_push and fused_push.
     #[arg(long, default_value = "ring")]
     pub algorithm: String,
-    /// Chunks per shard or block (ring_chunked, required; ring_accumulate and fused,
-    /// default 1).
+    /// Chunks per shard or block (ring_chunked, required; ring_accumulate, fused and
+    /// fused_push, default 1).
     #[arg(long)]
     pub chunks: Option<usize>,
     /// Torus shape for torus profiles, e.g. 4x4 (default: a ring of D devices).

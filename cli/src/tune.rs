@@ -77,6 +77,12 @@ fn caveat(winner: cmm_core::Algorithm, profile: &cmm_sim::Profile, lead: Option<
                 .to_string(),
         );
     }
+    if matches!(winner, cmm_core::Algorithm::FusedPush { .. }) {
+        caveats.push(
+            "fused_push has not run on any GPU yet: its persistent kernels' waits and their epilogues adding into              the peers' sums are priced by the model alone"
+                .to_string(),
+        );
+    }
     let one_gpu = profile.interconnect.topology == cmm_sim::TopologyKind::OneGpu;
     if let Some(lead) = lead.filter(|&l| one_gpu && l < ONE_GPU_TIE) {
         caveats.push(format!(

@@ -10,7 +10,7 @@ use std::time::Duration;
 use cmm_conformance::Cuda;
 use cmm_core::verify::queues::{check_enqueue_order, schedule_order, whole_lane_order, EnqueueError, MAX_QUEUES};
 use cmm_cuda::host::{FiberOrder, HostFeed};
-use cmm_cuda::{CudaError, CudaRunOptions, HopperVariant, HostTwin, SyncMode};
+use cmm_cuda::{CudaError, CudaExecutor, CudaRunOptions, HopperVariant, HostTwin, SyncMode};
 
 /// How long a run that should hang gets: far more than the corpus plans need (they
 /// finish in milliseconds), so that a timeout is a hang and not a slow machine.
@@ -104,12 +104,26 @@ fn mutants_of_a_ring_plan_are_caught() {
 /// The execution side of the hang check (`cmm_core::verify::queues`): the corpus, in the
 /// schedule order the check proves safe, runs to the end on emulated FIFO hardware queues,
 /// with stream-memory-op waits holding their queue (one queue: the strictest case); and
-/// with kernel waits on 8 queues, the cases whose streams share them.
+/// with kernel waits on 8 queues, the cases whose streams share them. On one queue the
+/// plans whose persistent kernels wait for each other (fused_push from D = 3) are refused
+/// by the check before anything runs, naming the hang.
 #[test]
 fn corpus_passes_on_emulated_hardware_queues() {
     let mut memops = host(SyncMode::StreamMemOps);
     memops.backend = memops.backend.with_feed(HostFeed::Queues { queues: 1, offset: 0 });
-    common::corpus_passes(&memops);
+    let concurrent = |case: &cmm_conformance::Case| case.algorithm == "fused_push" && case.devices() >= 3;
+    common::cases_pass(&memops, |case| !concurrent(case));
+    let refused = common::corpus().into_iter().filter(concurrent).collect::<Vec<_>>();
+    assert!(!refused.is_empty());
+    for case in refused {
+        let plan = case.plan().unwrap();
+        let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..Default::default() };
+        let one = HostTwin::new().unwrap().with_feed(HostFeed::Queues { queues: 1, offset: 0 });
+        match one.run(&plan, case.seed, case.family, &options) {
+            Err(CudaError::Enqueue(EnqueueError::Hang(_))) => {}
+            other => panic!("{}: expected the hang check's refusal, got {:?}", case.name, other.map(|o| o.elapsed)),
+        }
+    }
     let mut kernels = host(SyncMode::Kernels);
     kernels.backend = kernels.backend.with_feed(HostFeed::Queues { queues: 8, offset: 3 });
     common::cases_pass(&kernels, |case| case.plan().is_ok_and(|p| p.devices * p.lanes.len() > 8));

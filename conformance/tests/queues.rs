@@ -101,23 +101,14 @@ fn every_corpus_plan_lowers_for_the_cuda_executor() {
 
 #[test]
 fn a_fused_gemm_lowers_to_one_persistent_kernel_enqueued_after_what_it_waits_for() {
-    use cmm_cuda::lower::{lower, Command, LowerOptions};
-    use cmm_cuda::{GemmEngine, SyncMode};
+    use cmm_cuda::lower::{lower, Command};
     let mut kernels = 0;
     for case in common::corpus().into_iter().filter(|c| c.algorithm == "fused") {
         let plan = case.plan().unwrap();
         let runs = plan.fused_runs().unwrap();
         // One queue is the strongest: the kernel's waits never stand in front of their signals.
         for queues in [1, DEFAULT_QUEUES] {
-            let options = LowerOptions {
-                gemm: GemmEngine::Auto,
-                sync: SyncMode::Kernels,
-                cublas_present: true,
-                queues,
-                wide_tiles: false,
-                hopper: None,
-            };
-            let lowered = lower(&plan, &options).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            let lowered = lower(&plan, &kernel_waits(queues)).unwrap_or_else(|e| panic!("{}: {e}", case.name));
             let fused: Vec<_> = lowered
                 .steps
                 .iter()
@@ -139,4 +130,41 @@ fn a_fused_gemm_lowers_to_one_persistent_kernel_enqueued_after_what_it_waits_for
         }
     }
     assert!(kernels > 0);
+}
+
+/// fused_push's persistent kernels wait for each other's releases (device d's block s for
+/// device d+1's block s−1): from D = 3 they form a cycle that only kernels running at
+/// once can close. On queues enough for a stream each they lower; on one queue the
+/// lowering refuses them with the hang it found, rather than launching a run that spins
+/// to its timeout. At D = 2 the one wait is for a GEMM of its own, before the kernel.
+#[test]
+fn fused_push_kernels_need_a_queue_each_from_three_devices() {
+    use cmm_cuda::lower::lower;
+    use cmm_cuda::CudaError;
+    let cases: Vec<_> = common::corpus().into_iter().filter(|c| c.algorithm == "fused_push").collect();
+    assert!(cases.len() >= 10, "{} fused_push cases", cases.len());
+    for case in cases {
+        let plan = case.plan().unwrap();
+        lower(&plan, &kernel_waits(MAX_QUEUES)).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        match lower(&plan, &kernel_waits(1)) {
+            Ok(_) => assert!(plan.devices <= 2, "{}: lowered on one queue", case.name),
+            Err(CudaError::Enqueue(EnqueueError::Hang(hang))) => {
+                assert!(plan.devices >= 3, "{}: {hang}", case.name);
+                assert!(hang.to_string().contains("wait added"), "{}: {hang}", case.name);
+            }
+            Err(e) => panic!("{}: {e}", case.name),
+        }
+    }
+}
+
+/// Lowering options with kernel waits, `Auto` GEMMs and `queues` hardware queues.
+fn kernel_waits(queues: usize) -> cmm_cuda::lower::LowerOptions {
+    cmm_cuda::lower::LowerOptions {
+        gemm: cmm_cuda::GemmEngine::Auto,
+        sync: cmm_cuda::SyncMode::Kernels,
+        cublas_present: true,
+        queues,
+        wide_tiles: false,
+        hopper: None,
+    }
 }

@@ -612,13 +612,22 @@ mod tests {
 
     #[test]
     fn fused_gemm_blocks_without_their_wait_or_released_early_are_caught_statically() {
-        for op in [OpKind::AgGemm, OpKind::GemmRs] {
+        for (op, algorithm) in [
+            (OpKind::AgGemm, Algorithm::Fused { chunks: 2 }),
+            (OpKind::GemmRs, Algorithm::Fused { chunks: 2 }),
+            (OpKind::GemmRs, Algorithm::FusedPush { chunks: 2 }),
+        ] {
             let p = Problem::new(op, 3, 12, 6, 6, DType::F32, DType::F32).unwrap();
-            let plan = build_plan(&p, Algorithm::Fused { chunks: 2 }).unwrap();
+            let plan = build_plan(&p, algorithm).unwrap();
             let ms = mutants(&plan, &[0, 2]);
-            // AG+GEMM's blocks wait for shards; GEMM+RS's blocks release partials.
-            let kinds = if op == OpKind::AgGemm { [MutationKind::UngatedBlock] } else { [MutationKind::EarlyRelease] };
-            for kind in kinds {
+            // AG+GEMM's blocks wait for shards; GEMM+RS's blocks release partials;
+            // fused_push's blocks wait for the previous contributor and release the next.
+            let kinds: &[MutationKind] = match (op, algorithm) {
+                (OpKind::AgGemm, _) => &[MutationKind::UngatedBlock],
+                (_, Algorithm::FusedPush { .. }) => &[MutationKind::UngatedBlock, MutationKind::EarlyRelease],
+                _ => &[MutationKind::EarlyRelease],
+            };
+            for &kind in kinds {
                 let of_kind: Vec<&Mutant> = ms.iter().filter(|m| m.kind == kind).collect();
                 assert!(!of_kind.is_empty(), "{op}: no {kind} mutant");
                 for m in of_kind {

@@ -40,15 +40,24 @@ fn gemm_step_s(profile: &Profile, m: usize, n: usize, k: usize, input: DType, ou
 
 /// One tile-granular GEMM over blocks of these rows (its work, no launch), on the engine
 /// cmm runs it on (blocks taken as TMA-aligned, as the ring plans' row blocks of dims that
-/// are multiples of 8 are), shared with the other devices' on one GPU.
-fn fused_gemm_s(profile: &Profile, blocks: &[usize], n: usize, k: usize, input: DType, output: DType) -> f64 {
+/// are multiples of 8 are), shared with the other devices' on one GPU; its blocks add onto c
+/// (`accumulate`) or write it fresh.
+fn fused_gemm_s(
+    profile: &Profile,
+    blocks: &[usize],
+    n: usize,
+    k: usize,
+    input: DType,
+    output: DType,
+    accumulate: bool,
+) -> f64 {
     use cmm_core::engines::{fused_engine, GemmEngine, GemmFacts};
     let facts: Vec<GemmFacts> = blocks.iter().map(|&m| GemmFacts::dense(m, n, k, input, output)).collect();
     let devices = blocks.len().max(1);
     let engine = fused_engine(GemmEngine::Auto, &profile.engine_support(), &facts, devices)
         .unwrap_or(cmm_core::engines::Engine::Cublas);
     let shared = profile.interconnect.topology == super::TopologyKind::OneGpu && devices > 1;
-    profile.fused_gemm_cost_on(engine, blocks, n, k, input, output, false, shared).work_s
+    profile.fused_gemm_cost_on(engine, blocks, n, k, input, output, accumulate, shared).work_s
 }
 
 /// A software-pipelined loop of `iterations` whose iterations each run `pre` (communication
@@ -198,7 +207,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 }
                 Algorithm::Fused { chunks } => {
                     let c = chunks.max(1);
-                    let g = fused_gemm_s(profile, &vec![ms.div_ceil(c); d * c], n / d, k, input, output);
+                    let g = fused_gemm_s(profile, &vec![ms.div_ceil(c); d * c], n / d, k, input, output, false);
                     let comm = send(shard / c as f64, copy_bw);
                     // The last chunk arrives after (D−1)·c sends and is then computed; the
                     // kernel waits only when the data is late.
@@ -318,9 +327,33 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                         formula: "GEMM + block/BW + L_sync + (D−2)·(GEMM + 2·block/BW + L_sync) + GEMM + reduce [+ AG for AR]",
                     }
                 }
+                Algorithm::FusedPush { chunks } => {
+                    let c = chunks.max(1);
+                    // As ring_push: the first GEMM writes its block on the owner fresh; then
+                    // one kernel over the D−1 later steps' chunks, each adding onto its
+                    // owner's sum (read and written over the links unless the memory is
+                    // one), and a conversion of the own sum into C.
+                    let fresh = gemm_step_s(profile, ms, n, k / d, input, problem.wire, false);
+                    let rate = profile.copy.sm_copy_gbps.min(link_gbps) * 1e9;
+                    let remote = |blocks: f64| if one_memory { 0.0 } else { blocks * block / rate + 2.0 * latency };
+                    let g =
+                        fused_gemm_s(profile, &vec![ms.div_ceil(c); (d - 1) * c], n, k / d, input, problem.wire, true);
+                    let convert = launch + 2.0 * block / profile.reduce_bps();
+                    let total_s = if d > 1 {
+                        fresh + remote(1.0) + sync + launch + g + steps * (remote(2.0) + sync / c as f64) + convert
+                    } else {
+                        launch + fused_gemm_s(profile, &vec![ms.div_ceil(c); c], n, k, input, output, false)
+                    };
+                    RingEstimate {
+                        total_s: total_s + ag,
+                        gemm_step_s: if d > 1 { g / steps } else { total_s },
+                        comm_step_s: remote(2.0),
+                        formula: "GEMM + block/BW + L_sync + launch + G + (D−1)·(2·block/BW + L_sync/c) + convert [+ AG for AR]  (G: one kernel over the later steps' blocks)",
+                    }
+                }
                 Algorithm::Fused { chunks } => {
                     let c = chunks.max(1);
-                    let g = fused_gemm_s(profile, &vec![ms.div_ceil(c); d * c], n, k / d, input, problem.wire);
+                    let g = fused_gemm_s(profile, &vec![ms.div_ceil(c); d * c], n, k / d, input, problem.wire, false);
                     let chunk_reduce = launch + 3.0 * block / c as f64 / profile.reduce_bps();
                     let comm = send(block / c as f64, copy_bw);
                     // The own block is computed last; its running sum arrives after D−1

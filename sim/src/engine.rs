@@ -27,7 +27,7 @@ use super::profile::Profile;
 use super::topology::{ResId, ResourceKind, Topology};
 use cmm_core::dtype::DType;
 use cmm_core::engines::CopyIssue;
-use cmm_core::plan::{Engine, FusedRun, Op, OpSite, Plan, PlanError, SemId};
+use cmm_core::plan::{Engine, FusedRun, Op, OpSite, Plan, PlanError, Region, SemId};
 use cmm_core::schedule::BlockedLane;
 use cmm_core::verify::accesses;
 
@@ -477,26 +477,8 @@ impl<'a> Sim<'a> {
                     *launch += cost.fixed_s;
                     *amount -= cost.fixed_s;
                 }
-                let mut moved = 0.0;
-                // A peer's c across a link: the epilogue writes it there (and first reads
-                // it back when accumulating, over the other direction at the same time).
-                // Charged after the compute, not under it: cuBLAS writes c tile by tile as
-                // tiles finish, most of it in the last wave. Communication, so not in the
-                // op's standalone (compute) work.
-                if let Some(owner) = c_device.filter(|&owner| owner != device && !self.topo.one_gpu()) {
-                    moved = c.len() as f64 * dtype_of(self.plan, c.buf).size_bytes() as f64;
-                    let mut route = self.topo.route(device, owner);
-                    if *accumulate {
-                        route.extend(self.topo.route(owner, device));
-                    }
-                    for &r in &route {
-                        self.link_bytes[r] += moved;
-                    }
-                    let rate = 1e9 * p.copy.sm_copy_gbps;
-                    phases.push(Phase::ComputeDone);
-                    phases.push(Phase::Fluid { amount: moved, cap: rate, resources: route, hbm_bytes: 0.0 });
-                    phases.push(Phase::Fixed(self.topo.latency_s(device, owner)));
-                }
+                let (epilogue, moved) = self.peer_epilogue(device, *c_device, c, *accumulate);
+                phases.extend(epilogue);
                 (phases, moved, flops, cost.work_s - cost.fixed_s)
             }
             // Two GEMMs over the visible score tiles (Q·Kᵀ and P·V), see
@@ -824,6 +806,51 @@ impl<'a> Sim<'a> {
         self.landed[device][sem.0].push(Landed { value_after, from });
     }
 
+    /// A GEMM's c on a peer across a link (`c_device`): the epilogue writes it there (and
+    /// first reads it back when accumulating, over the other direction at the same time),
+    /// as phases after the compute and the bytes moved. Charged after the compute, not
+    /// under it: a kernel writes c tile by tile as tiles finish, most of it in the last
+    /// wave. Communication, so not in the op's standalone (compute) work. Nothing where
+    /// c is the device's own or the devices share one GPU's memory.
+    fn peer_epilogue(
+        &mut self,
+        device: usize,
+        c_device: Option<usize>,
+        c: &Region,
+        accumulate: bool,
+    ) -> (Vec<Phase>, f64) {
+        let (phases, moved, route) = self.peer_epilogue_phases(device, c_device, c, accumulate);
+        for &r in &route {
+            self.link_bytes[r] += moved;
+        }
+        (phases, moved)
+    }
+
+    /// [`Sim::peer_epilogue`]'s phases, bytes and route, its bytes not yet counted.
+    fn peer_epilogue_phases(
+        &self,
+        device: usize,
+        c_device: Option<usize>,
+        c: &Region,
+        accumulate: bool,
+    ) -> (Vec<Phase>, f64, Vec<ResId>) {
+        let Some(owner) = c_device.filter(|&owner| owner != device && !self.topo.one_gpu()) else {
+            return (Vec::new(), 0.0, Vec::new());
+        };
+        let moved = c.len() as f64 * dtype_of(self.plan, c.buf).size_bytes() as f64;
+        let mut route = self.topo.route(device, owner);
+        if accumulate {
+            route.extend(self.topo.route(owner, device));
+        }
+        let rate = 1e9 * self.profile.copy.sm_copy_gbps;
+        let phases = vec![
+            Phase::ComputeDone,
+            Phase::Fluid { amount: moved, cap: rate, resources: route.clone(), hbm_bytes: 0.0 },
+            Phase::Fixed(self.topo.latency_s(device, owner)),
+        ];
+        (phases, moved, route)
+    }
+
     /// The phases and work of an op of a tile-granular GEMM, `None` for an op outside
     /// every run: the first block launches the kernel, each block computes its tiles'
     /// share of the one kernel's work, the Waits between blocks gate and the Signals
@@ -833,7 +860,7 @@ impl<'a> Sim<'a> {
         let run = self.runs.iter().position(|r| r.holds(site))?;
         let r = &self.runs[run];
         match op {
-            Op::Gemm { .. } => {
+            Op::Gemm { c, accumulate, c_device, .. } => {
                 let position = r.blocks.iter().position(|&b| b == index)?;
                 let first = index == r.blocks[0];
                 if self.block_work[run].is_empty() {
@@ -843,7 +870,10 @@ impl<'a> Sim<'a> {
                 let launch = first.then(|| Phase::Fixed(self.profile.launch_s()));
                 let compute =
                     Phase::Fluid { amount: work, cap: 1.0, resources: vec![self.topo.compute(device)], hbm_bytes: 0.0 };
-                Some((launch.into_iter().chain([compute]).collect(), work, run))
+                // A block adding into a peer's c (fused_push) moves it over the link after
+                // its tiles, as a GEMM of its own does (its bytes counted by `phases`).
+                let (epilogue, ..) = self.peer_epilogue_phases(device, *c_device, c, *accumulate);
+                Some((launch.into_iter().chain([compute]).chain(epilogue).collect(), work, run))
             }
             Op::Wait { sem, value } if r.inside(site) => {
                 Some((vec![Phase::Gate { sem: *sem, value: *value }], 0.0, run))

@@ -892,7 +892,7 @@ mod tests {
                 let position = |wanted: &dyn Fn(Algorithm) -> bool| {
                     ranking.ranked.iter().position(|c| wanted(c.algorithm)).unwrap()
                 };
-                let fused = position(&|a| matches!(a, Algorithm::Fused { .. }));
+                let fused = position(&|a| a.is_fused());
                 let measured_faster = if op == OpKind::AgGemm { Algorithm::Ring } else { Algorithm::RingPush };
                 let winner = ranking.winner().algorithm;
                 assert!(position(&|a| a == measured_faster) < fused, "{name} {op} D={d}: {winner:?}");

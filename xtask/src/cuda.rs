@@ -893,7 +893,13 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     Algorithm::RingPush,
                 ]);
             }
-            algorithms.extend([Algorithm::Fused { chunks: 1 }, Algorithm::Baseline, Algorithm::BaselineDirect]);
+            algorithms.push(Algorithm::Fused { chunks: 1 });
+            if op == OpKind::GemmRs {
+                // ring_push's later steps as one persistent kernel: no reduce or copy
+                // beside it.
+                algorithms.push(Algorithm::FusedPush { chunks: 1 });
+            }
+            algorithms.extend([Algorithm::Baseline, Algorithm::BaselineDirect]);
             algorithms.retain(|&a| timed(a));
             for algorithm in algorithms {
                 let key = format!("{op} {}", algorithm.name());
@@ -904,7 +910,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 let plan = build_plan(&problem, algorithm)?;
                 // cuBLAS cannot wait inside a GEMM: the fused plan runs the persistent tile
                 // kernel, and its row says so.
-                let fused = matches!(algorithm, Algorithm::Fused { .. });
+                let fused = algorithm.is_fused();
                 let engine = if fused { "persistent tile kernel" } else { "cuBLAS" };
                 let run_options =
                     CudaRunOptions { gemm: if fused { GemmEngine::Auto } else { GemmEngine::Cublas }, ..options };

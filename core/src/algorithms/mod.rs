@@ -59,6 +59,15 @@ pub enum Algorithm {
         /// Chunks per shard.
         chunks: usize,
     },
+    /// GEMM+RS and GEMM+AR only: `ring_push` with its GEMMs after the first fused into one
+    /// tile-granular GEMM: each block (in `chunks` row chunks) waits inside the kernel for
+    /// the previous contributor to its owner's sum, adds its partial there (a peer's c,
+    /// β = 1) and releases the next one. No copy and no reduce beside the persistent
+    /// kernels; the first contribution, which overwrites, is a GEMM of its own before them.
+    FusedPush {
+        /// Chunks per block.
+        chunks: usize,
+    },
 }
 
 impl Algorithm {
@@ -73,7 +82,13 @@ impl Algorithm {
             Algorithm::RingAccumulate { .. } => "ring_accumulate",
             Algorithm::RingPush => "ring_push",
             Algorithm::Fused { .. } => "fused",
+            Algorithm::FusedPush { .. } => "fused_push",
         }
+    }
+
+    /// Whether its plans run GEMMs as tile-granular persistent kernels (waits inside).
+    pub fn is_fused(self) -> bool {
+        matches!(self, Algorithm::Fused { .. } | Algorithm::FusedPush { .. })
     }
 
     /// Parses a case file's algorithm name and optional chunk count.
@@ -91,12 +106,16 @@ impl Algorithm {
             "ring_accumulate" => Algorithm::RingAccumulate { chunks: chunks.unwrap_or(1) },
             "ring_push" => Algorithm::RingPush,
             "fused" => Algorithm::Fused { chunks: chunks.unwrap_or(1) },
+            "fused_push" => Algorithm::FusedPush { chunks: chunks.unwrap_or(1) },
             other => return Err(AlgorithmError::Unknown { name: other.to_string() }),
         };
         if chunks.is_some()
             && !matches!(
                 algorithm,
-                Algorithm::RingChunked { .. } | Algorithm::RingAccumulate { .. } | Algorithm::Fused { .. }
+                Algorithm::RingChunked { .. }
+                    | Algorithm::RingAccumulate { .. }
+                    | Algorithm::Fused { .. }
+                    | Algorithm::FusedPush { .. }
             )
         {
             return Err(AlgorithmError::UnexpectedParameter { algorithm: algorithm.name(), parameter: "chunks" });
@@ -113,6 +132,8 @@ impl fmt::Display for Algorithm {
             Algorithm::RingAccumulate { chunks } => write!(f, "ring_accumulate(c={chunks})"),
             Algorithm::Fused { chunks: 1 } => f.write_str("fused"),
             Algorithm::Fused { chunks } => write!(f, "fused(c={chunks})"),
+            Algorithm::FusedPush { chunks: 1 } => f.write_str("fused_push"),
+            Algorithm::FusedPush { chunks } => write!(f, "fused_push(c={chunks})"),
             other => f.write_str(other.name()),
         }
     }
@@ -124,7 +145,7 @@ impl fmt::Display for Algorithm {
 pub enum AlgorithmError {
     /// The algorithm name is not known.
     #[error(
-        "unknown algorithm `{name}` (expected baseline, baseline_direct, ring, ring_bidir, ring_chunked, ring_accumulate, ring_push or fused)"
+        "unknown algorithm `{name}` (expected baseline, baseline_direct, ring, ring_bidir, ring_chunked, ring_accumulate, ring_push, fused or fused_push)"
     )]
     Unknown {
         /// The name given.
@@ -195,7 +216,7 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
             ring::ag_gemm_ring(problem, algorithm, chunks)
         }
         (OpKind::AgGemm, Algorithm::RingBidir) => ring::ag_gemm_bidir(problem),
-        (OpKind::AgGemm, Algorithm::RingAccumulate { .. } | Algorithm::RingPush) => {
+        (OpKind::AgGemm, Algorithm::RingAccumulate { .. } | Algorithm::RingPush | Algorithm::FusedPush { .. }) => {
             Err(AlgorithmError::NotDefined { algorithm, op: problem.op.name() })
         }
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::RingPush) => ring::gemm_reduce_push(problem),
@@ -205,6 +226,9 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
             Algorithm::Ring | Algorithm::RingBidir | Algorithm::RingChunked { .. } | Algorithm::RingAccumulate { .. },
         ) => ring::gemm_reduce_ring(problem, algorithm),
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Fused { chunks }) => ring::gemm_reduce_fused(problem, chunks),
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::FusedPush { chunks }) => {
+            ring::gemm_reduce_fused_push(problem, chunks)
+        }
     }
 }
 
@@ -214,16 +238,17 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
 pub(crate) fn min_ops(p: &Problem, algorithm: Algorithm) -> u128 {
     let d = p.devices as u128;
     let chunks = match algorithm {
-        Algorithm::RingChunked { chunks } | Algorithm::Fused { chunks } | Algorithm::RingAccumulate { chunks } => {
-            chunks as u128
-        }
+        Algorithm::RingChunked { chunks }
+        | Algorithm::Fused { chunks }
+        | Algorithm::RingAccumulate { chunks }
+        | Algorithm::FusedPush { chunks } => chunks as u128,
         _ => 1,
     };
     d * (d - 1) * chunks
 }
 
 /// Every algorithm variant defined for `op` (with a representative chunk count): seven
-/// for every 1D op, and the three that add in the GEMM for GEMM+RS and GEMM+AR.
+/// for every 1D op, and the five that add in the GEMM for GEMM+RS and GEMM+AR.
 pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
     let mut all = vec![
         Algorithm::Baseline,
@@ -239,6 +264,8 @@ pub fn algorithms_for(op: OpKind) -> Vec<Algorithm> {
             Algorithm::RingAccumulate { chunks: 1 },
             Algorithm::RingAccumulate { chunks: 2 },
             Algorithm::RingPush,
+            Algorithm::FusedPush { chunks: 1 },
+            Algorithm::FusedPush { chunks: 2 },
         ]);
     }
     all

@@ -18,6 +18,12 @@ pub(crate) fn gemm_block(a: Region, b: Region, c: Region, id: u32) -> Op {
     Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate: false, fused: Some(id), c_device: None }
 }
 
+/// A GEMM adding into (`accumulate`) or writing c on device `owner` (`None`: its own),
+/// alone or as a block of tile-granular GEMM `fused`.
+fn gemm_into(a: Region, b: Region, c: Region, owner: Option<usize>, accumulate: bool, fused: Option<u32>) -> Op {
+    Op::Gemm { a, b, c, trans_a: false, trans_b: false, accumulate, fused, c_device: owner }
+}
+
 pub(crate) fn copy(src: Region, dst_device: usize, dst: Region) -> Op {
     Op::Copy { src, dst_device, dst, engine: Engine::CopyEngine }
 }
@@ -783,17 +789,8 @@ pub(super) fn gemm_reduce_push(p: &Problem) -> Result<Plan, AlgorithmError> {
             if s > 0 {
                 b.push(d, compute, wait(added, s as u32));
             }
-            let gemm = Op::Gemm {
-                a: b.rows(a, rows.start(blk), rows.len(blk)),
-                b: whole_b,
-                c: b.rows(sum, 0, rows.len(blk)),
-                trans_a: false,
-                trans_b: false,
-                accumulate: s > 0,
-                fused: None,
-                c_device: Some(blk),
-            };
-            b.push(d, compute, gemm);
+            let (a_rows, s_rows) = (b.rows(a, rows.start(blk), rows.len(blk)), b.rows(sum, 0, rows.len(blk)));
+            b.push(d, compute, gemm_into(a_rows, whole_b, s_rows, Some(blk), s > 0, None));
             b.push(d, compute, signal(left(d, n), added));
         }
         // Step D−1, the own block: its partial needs no one; the peers' sum does.
@@ -808,6 +805,77 @@ pub(super) fn gemm_reduce_push(p: &Problem) -> Result<Plan, AlgorithmError> {
         if let (Some(lane), Some(done), Some(ag)) = (comm, done, ag) {
             b.push(d, compute, signal(d, done));
             gather_reduced_blocks(&mut b, d, lane, done, ag, &blocks);
+        }
+    }
+    Ok(b.finish()?)
+}
+
+/// GEMM+RS (and GEMM+AR), `ring_push` fused: the same contributors in the same order,
+/// adding into the same sums on the blocks' owners, with every GEMM after the first a
+/// block of one tile-granular GEMM (in `chunks` row chunks). At step 0 device d's own
+/// GEMM writes block (d+1)%D fresh into S there and releases its left neighbour for
+/// every chunk at once. At step 1 ≤ s ≤ D−2 chunk j of block (d+s+1)%D waits inside the
+/// kernel until the right neighbour has added its chunk j of step s−1 (at step 1, one
+/// wait for the whole first GEMM), adds onto S on
+/// the owner and releases the left neighbour. At s = D−1 each chunk of the own block
+/// waits for the right neighbour's last addition and adds onto its own S, which a
+/// conversion writes to C. The persistent kernels run beside nothing: no copy, no
+/// reduce but the last conversion. The chunk sums equal `ring_push`'s up to the order
+/// of the own block's last addition.
+pub(super) fn gemm_reduce_fused_push(p: &Problem, chunks: usize) -> Result<Plan, AlgorithmError> {
+    let algorithm = Algorithm::FusedPush { chunks };
+    if p.wire != DType::F32 {
+        return Err(AlgorithmError::NeedsF32Wire { algorithm, wire: p.wire });
+    }
+    let (n, rows) = (p.devices, p.row_split());
+    check_chunks(algorithm, "the smallest block's rows", rows.min(), chunks)?;
+    let (mut b, a, bm, c) = start_plan(p, algorithm);
+    let sum = b.buffer("S", p.wire, rows.max(), p.n, BufferRole::Scratch);
+    // Incremented by the right neighbour once per chunk it has added (step 0: all at once).
+    let added = b.semaphore("added");
+    let compute = b.lane("compute");
+    // GEMM+AR gathers the reduced blocks on the same lane, after the kernel: one stream a
+    // device, so D kernels that wait for each other need only D hardware queues.
+    let all_reduce = p.op == OpKind::GemmAr;
+    let ag = (all_reduce && n > 1).then(|| b.semaphore("ag"));
+    // The count `added` reaches with chunk j of step s.
+    let count = |s: usize, j: usize| (s * chunks + j + 1) as u32;
+    let blocks = c_blocks(&b, c, rows);
+    for d in 0..n {
+        let whole_b = b.whole(bm);
+        let out = if all_reduce { blocks[d] } else { b.rows(c, 0, rows.len(d)) };
+        if n == 1 {
+            for j in 0..chunks {
+                let (start, len) = rows.piece(0, chunks, j);
+                let (a_rows, c_rows) = (b.rows(a, start, len), b.rows(c, start, len));
+                b.push(d, compute, gemm_block(a_rows, whole_b, c_rows, 0));
+            }
+            continue;
+        }
+        let first = (d + 1) % n;
+        let (a_rows, s_rows) = (b.rows(a, rows.start(first), rows.len(first)), b.rows(sum, 0, rows.len(first)));
+        b.push(d, compute, gemm_into(a_rows, whole_b, s_rows, Some(first), false, None));
+        b.push(d, compute, Op::Signal { device: left(d, n), sem: added, add: chunks as u32 });
+        for s in 1..n {
+            let blk = (d + s + 1) % n;
+            for j in 0..chunks {
+                let (start, len) = rows.piece(blk, chunks, j);
+                // Step 0 released every chunk at once: step 1 waits once.
+                if s > 1 || j == 0 {
+                    b.push(d, compute, wait(added, count(s - 1, if s == 1 { chunks - 1 } else { j })));
+                }
+                let (a_rows, s_rows) = (b.rows(a, rows.start(blk) + start, len), b.rows(sum, start, len));
+                b.push(d, compute, gemm_into(a_rows, whole_b, s_rows, (blk != d).then_some(blk), true, Some(0)));
+                if s < n - 1 {
+                    b.push(d, compute, signal(left(d, n), added));
+                }
+            }
+        }
+        let own_sum = b.rows(sum, 0, rows.len(d));
+        b.push(d, compute, Op::Reduce { inputs: vec![own_sum], output: out });
+        if let Some(ag) = ag {
+            ring_all_gather(&mut b, &Ring::all(n, d), compute, ag, 0, blocks[d], &blocks);
+            b.push(d, compute, wait(ag, (n - 1) as u32));
         }
     }
     Ok(b.finish()?)

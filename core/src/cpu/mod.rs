@@ -581,6 +581,32 @@ mod tests {
         }
     }
 
+    /// `fused_push` adds ring_push's partials on the same owners in the same order, but its
+    /// own block's last partial is added in the GEMM rather than by a reduce: bit for bit
+    /// ring_push's where sums are exact, within the oracle's bound where they round, with
+    /// 1, 2 and 3 chunks.
+    #[test]
+    fn fused_push_sums_as_ring_push() {
+        for op in [OpKind::GemmRs, OpKind::GemmAr] {
+            for d in [1, 2, 3, 4] {
+                let p = Problem::new(op, d, 12 * d, 24, 16 * d, DType::F16, DType::F16).unwrap();
+                let output = |alg, family| {
+                    let plan = build_plan(&p, alg).unwrap();
+                    let out = plan.output().unwrap();
+                    run(&plan, 5, family).unwrap().into_iter().map(|mem| mem[out.0].clone()).collect::<Vec<_>>()
+                };
+                let push = output(Algorithm::RingPush, Family::Exact);
+                assert!(push.iter().flatten().any(|&w| w != 0), "{op} D={d}: all zeros");
+                for chunks in [1, 2, 3] {
+                    let fused = Algorithm::FusedPush { chunks };
+                    assert_eq!(output(fused, Family::Exact), push, "{op} D={d} {fused}");
+                    let plan = build_plan(&p, fused).unwrap();
+                    crate::testing::assert_matches_oracle(&plan, &p, 5, Family::Realistic);
+                }
+            }
+        }
+    }
+
     /// Partial sums in bf16: every GEMM+RS/AR algorithm stays within the derived bound in
     /// the realistic family, and its partial buffers really are bf16.
     #[test]
@@ -593,7 +619,7 @@ mod tests {
                     .unwrap();
                 assert!(p.unsupported_family(Family::Exact).is_some());
                 for alg in algorithms_for(op) {
-                    if let Algorithm::RingAccumulate { .. } | Algorithm::RingPush = alg {
+                    if let Algorithm::RingAccumulate { .. } | Algorithm::RingPush | Algorithm::FusedPush { .. } = alg {
                         // Adding in the GEMM would round into bf16 twice: refused.
                         let refused = build_plan(&p, alg);
                         assert!(

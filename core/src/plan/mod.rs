@@ -1201,8 +1201,8 @@ mod tests {
         assert_eq!(copy(2, 1, 4, 4), "copy X[2 + 4·r + 0..4, r < 1] -> dev0:X[2 + 4·r + 0..4, r < 1] (ce)");
     }
 
-    /// A GEMM's c on a peer: named in its text, refused on a device that does not exist
-    /// and in a block of a persistent kernel, kept through a plan file.
+    /// A GEMM's c on a peer: named in its text, refused on a device that does not exist,
+    /// kept through a plan file.
     #[test]
     fn a_gemm_on_a_peers_c_is_checked_and_round_trips() {
         let p = Problem::new(OpKind::GemmRs, 2, 16, 8, 16, DType::F16, DType::F16).unwrap();
@@ -1225,12 +1225,40 @@ mod tests {
             }
         });
         assert!(e.contains("device 2 does not exist (D=2)"), "{e}");
-        let e = with(&|op| {
-            if let Op::Gemm { fused, .. } = op {
-                *fused = Some(0);
-            }
-        });
-        assert!(e.contains("block of fused gemm 0 writes c on device 1"), "{e}");
+        // A block of a persistent kernel may add into a peer's c too (fused_push's blocks).
+        let mut fused = plan.clone();
+        if let Op::Gemm { fused, .. } = &mut fused.programs[site.device].lanes[site.lane][site.index] {
+            *fused = Some(0);
+        }
+        fused.validate().unwrap();
+    }
+
+    /// Two blocks of one persistent kernel clash only where they touch the same elements
+    /// of the same device: fused_push's blocks write the same rows of S on different
+    /// owners, and one pointed at another's owner is refused.
+    #[test]
+    fn fused_blocks_clash_only_on_the_same_device() {
+        let p = Problem::new(OpKind::GemmRs, 4, 32, 8, 16, DType::F16, DType::F16).unwrap();
+        let plan = build_plan(&p, Algorithm::FusedPush { chunks: 1 }).unwrap();
+        let runs = plan.fused_runs().unwrap();
+        assert_eq!(runs.len(), 4, "one persistent kernel a device");
+        let run = &runs[0];
+        let owners: Vec<Option<usize>> = run
+            .blocks
+            .iter()
+            .map(|&i| match &plan.programs[0].lanes[run.lane][i] {
+                Op::Gemm { c_device, accumulate: true, .. } => *c_device,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // Steps 1 and 2 add into devices 2 and 3, step 3 into device 0's own sum.
+        assert_eq!(owners, [Some(2), Some(3), None]);
+        let mut clash = plan.clone();
+        if let Op::Gemm { c_device, .. } = &mut clash.programs[0].lanes[run.lane][run.blocks[1]] {
+            *c_device = Some(2);
+        }
+        let e = clash.validate().unwrap_err().to_string();
+        assert!(e.contains("blocks 0 and 1 of fused gemm 0 touch the same elements"), "{e}");
     }
 
     #[test]

@@ -7,27 +7,39 @@ impl Plan {
     fn check_fused_run(&self, run: &FusedRun) -> Result<(), PlanError> {
         let ops = &self.programs[run.device].lanes[run.lane];
         let block = |i: usize| match &ops[run.blocks[i]] {
-            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, .. } => (a, b, c, (*trans_a, *trans_b, *accumulate)),
+            Op::Gemm { a, b, c, trans_a, trans_b, accumulate, c_device, .. } => {
+                (a, b, c, (*trans_a, *trans_b, *accumulate), c_device.unwrap_or(run.device))
+            }
             _ => unreachable!("run blocks are gemms"),
         };
-        let (a0, b0, c0, flags0) = block(0);
+        let (a0, b0, c0, flags0, _) = block(0);
         let dtypes = |a: &Region, c: &Region| (self.buffer(a.buf).dtype, self.buffer(c.buf).dtype);
         for i in 0..run.blocks.len() {
             let site = OpSite { device: run.device, lane: run.lane, index: run.blocks[i] };
             let mismatch = |detail: String| OpCheck { plan: self, site }.mismatch(detail);
-            let (a, b, c, flags) = block(i);
+            let (a, b, c, flags, owner) = block(i);
             if b != b0 || flags != flags0 || dtypes(a, c) != dtypes(a0, c0) || c.cols != c0.cols {
                 return Err(mismatch(format!(
                     "block {i} of fused gemm {} differs from block 0 in b, transposes, accumulation, dtypes or columns; the blocks of one kernel share all of them",
                     run.id
                 )));
             }
+            // Where each block's operands lie: a and b on the run's device, c on its owner.
+            let local = run.device;
             for j in 0..i {
-                let (other_a, _, other_c, _) = block(j);
-                let clash =
-                    [(c, other_c), (c, other_a), (a, other_c)].iter().any(|(x, y)| x.buf == y.buf && x.overlaps(y))
-                        || (flags.2 && c.buf == other_c.buf && c.overlaps(other_c));
-                if clash || b.buf == other_c.buf && b.overlaps(other_c) || b.buf == c.buf && b.overlaps(c) {
+                let (other_a, _, other_c, _, other_owner) = block(j);
+                let meet =
+                    |(x, xd): (&Region, usize), (y, yd): (&Region, usize)| xd == yd && x.buf == y.buf && x.overlaps(y);
+                let clash = [
+                    ((c, owner), (other_c, other_owner)),
+                    ((c, owner), (other_a, local)),
+                    ((a, local), (other_c, other_owner)),
+                    ((b, local), (other_c, other_owner)),
+                    ((b, local), (c, owner)),
+                ]
+                .into_iter()
+                .any(|(x, y)| meet(x, y));
+                if clash {
                     return Err(mismatch(format!(
                         "blocks {j} and {i} of fused gemm {} touch the same elements and one of them writes them; the kernel computes ready blocks concurrently",
                         run.id
@@ -343,9 +355,9 @@ impl<'p> OpCheck<'p> {
         Ok(())
     }
 
-    /// A GEMM: operands exist and fit, op(a)·op(b) fits c, a peer's c only outside a fused run, accumulation in f32.
+    /// A GEMM: operands exist and fit, op(a)·op(b) fits c, a peer's c on a device that exists, accumulation in f32.
     fn gemm(&self, op: &Op) -> Result<(), PlanError> {
-        let Op::Gemm { a, b, c, trans_a, trans_b, accumulate, fused, c_device } = op else {
+        let Op::Gemm { a, b, c, trans_a, trans_b, accumulate, c_device, .. } = op else {
             unreachable!("dispatched on its variant")
         };
         self.region(a)?;
@@ -353,11 +365,6 @@ impl<'p> OpCheck<'p> {
         let cb = self.region(c)?;
         if let Some(peer) = c_device {
             self.device(*peer)?;
-            if let Some(id) = fused {
-                return Err(self.mismatch(format!(
-                    "block of fused gemm {id} writes c on device {peer}; a persistent kernel's blocks write their own device's c"
-                )));
-            }
         }
         let (m, ka) = if *trans_a { (a.cols, a.rows) } else { (a.rows, a.cols) };
         let (kb, n) = if *trans_b { (b.cols, b.rows) } else { (b.rows, b.cols) };

@@ -384,8 +384,9 @@ export -f sanitize
 # moe_rs's A through TMA, ag_moe's gathered rows through cp.async; the wide tile and the
 # ping-pong kernels get them too.) Then the kernels no GPU tool has yet seen (2026-11-28):
 # ag_moe's rows staged by cmm_gather_rows and loaded by TMA, and the TMA-store kernels.
+# fused_push_d2_ (since 2026-11-29): persistent kernels adding into a peer's c.
 step sanitizer-hopper 240 bash -c 'for tool in memcheck racecheck synccheck; do
-    sanitize "$tool" ring_d2_,fused_d2_ --hopper || exit $?
+    sanitize "$tool" ring_d2_,fused_d2_,fused_push_d2_ --hopper || exit $?
     sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile wide || exit $?
     sanitize "$tool" fused_d2_,moe_ag_ring_d2_,moe_rs_ring_d2_ --hopper --hopper-tile narrow \
         --hopper-variant pingpong || exit $?
