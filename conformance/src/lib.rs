@@ -37,7 +37,7 @@ pub use report::{check_report_path, write_report, CaseRecord, ReportError};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Options {
     /// Run only cases whose name contains this substring, or one of several separated
-    /// by commas ([`name_matches`]).
+    /// by commas, and none written `!part` ([`name_matches`]).
     pub filter: Option<String>,
     /// Run only the cases whose input dtype is one of these (all when empty).
     pub inputs: Vec<DType>,
@@ -124,9 +124,13 @@ pub fn run_corpus(backend: &dyn Backend, options: &Options) -> Result<Summary, C
 }
 
 /// Whether a case name matches a filter: it contains the filter, or one of its
-/// comma-separated parts (case names have no commas), e.g. `ring_d2_,ring_push_d2_`.
+/// comma-separated parts (case names have no commas), e.g. `ring_d2_,ring_push_d2_`, and
+/// none of the parts written `!part`; a filter of exclusions alone keeps every other case
+/// (`!fused_push`).
 pub fn name_matches(filter: &str, name: &str) -> bool {
-    filter.split(',').any(|part| name.contains(part))
+    let (excluded, included): (Vec<&str>, Vec<&str>) = filter.split(',').partition(|part| part.starts_with('!'));
+    let kept = included.is_empty() || included.iter().any(|part| name.contains(part));
+    kept && !excluded.iter().any(|part| name.contains(&part[1..]))
 }
 
 fn inputs_note(inputs: &[DType]) -> String {

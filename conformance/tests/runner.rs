@@ -52,6 +52,12 @@ fn a_filter_of_comma_separated_parts_runs_the_cases_of_each() {
     assert_eq!((summary.passed, summary.failed), (selected, 0));
     assert!(text.contains("gemm_rs_ring_push_d2_") && text.contains("ag_gemm_ring_d2_"), "{text}");
     assert!(!cmm_conformance::name_matches("ring_d3_,ring_push_d3_", "ag_gemm_ring_d2_f16_f16_exact"));
+    // `!part` leaves out what it names, from the parts or (alone) from the whole corpus.
+    let matches = cmm_conformance::name_matches;
+    assert!(matches("ring_push,!_d3_", "gemm_rs_ring_push_d2_bf16_bf16_realistic"));
+    assert!(!matches("ring_push,!_d3_", "gemm_rs_ring_push_d3_f32_f32_exact"));
+    assert!(matches("!fused_push", "ag_gemm_ring_d2_f16_f16_exact"));
+    assert!(!matches("!fused_push", "gemm_rs_fused_push_d3_f32_f32_exact"));
 }
 
 #[test]

@@ -51,7 +51,8 @@ pub struct Args {
     #[arg(long)]
     pub bless: bool,
     /// Run only the cases whose name contains this substring (or one of several,
-    /// separated by commas: `ring_d2_,ring_push_d2_`).
+    /// separated by commas: `ring_d2_,ring_push_d2_`), and none written `!part`
+    /// (`!fused_push`: every case but those).
     #[arg(long, value_name = "P")]
     pub filter: Option<String>,
     /// Run only the cases whose input dtype is one of these (comma-separated:

@@ -219,8 +219,10 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
             --shrink 64 --reps 1 --algorithms fused,ring --json "$scratch/bench-8-queues.json"
         step rehearsal-bench-narrow 90 "$x" bench --backend cuda --sync kernels --shrink 64 --reps 1 \
             --algorithms fused --hopper-tile narrow --json "$scratch/bench-narrow.json"
+        # fused_push's persistent kernels wait for each other: one queue cannot hold them,
+        # and the lowering refuses them there (conformance/tests/queues.rs).
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
-            "$x" conformance --backend cuda --sync memops --case-timeout 30
+            "$x" conformance --backend cuda --sync memops --case-timeout 30 --filter '!fused_push'
         step rehearsal-cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
         step rehearsal-conformance-repeated 90 "$x" conformance --backend cuda --sync kernels --filter _d8_ \
             --schedules 2 --case-timeout 30 --stamps "$scratch/repeated-stamps"
