@@ -1961,6 +1961,28 @@ mod tests {
         );
     }
 
+    /// fused_push's blocks add into the owners' sums as ring_push's GEMMs do: across GPUs
+    /// the same bytes cross the same links (counted once, not again for the kernel), the
+    /// link time lengthening the run; on one GPU nothing crosses a link.
+    #[test]
+    fn fused_blocks_on_a_peers_c_cross_the_link_as_ring_push_s_gemms_do() {
+        let p = Problem::new(OpKind::GemmRs, 4, 4 * 1024, 4096, 4 * 4096, DType::F16, DType::F16).unwrap();
+        let (push, fused) =
+            (build_plan(&p, Algorithm::RingPush).unwrap(), build_plan(&p, Algorithm::FusedPush { chunks: 1 }).unwrap());
+        let nvlink = Profile::load("h100-nvlink").unwrap();
+        let (a, b) = (sim(&push, &nvlink), sim(&fused, &nvlink));
+        assert!(a.comm_floor_s > 0.0);
+        assert!(
+            (a.comm_floor_s - b.comm_floor_s).abs() <= 1e-9 * a.comm_floor_s,
+            "{} {}",
+            a.comm_floor_s,
+            b.comm_floor_s
+        );
+        assert!(b.makespan_s >= b.comm_floor_s);
+        let one = Profile::load("h100-one-gpu").unwrap();
+        assert_eq!(sim(&fused, &one).comm_floor_s, 0.0);
+    }
+
     #[test]
     fn a_fused_gemm_waits_inside_only_for_late_data() {
         // The kernel's mechanics, whatever its engine's rate: GEMMs at cuBLAS's.

@@ -816,8 +816,8 @@ pub(super) fn gemm_reduce_push(p: &Problem) -> Result<Plan, AlgorithmError> {
 /// GEMM writes block (d+1)%D fresh into S there and releases its left neighbour for
 /// every chunk at once. At step 1 ≤ s ≤ D−2 chunk j of block (d+s+1)%D waits inside the
 /// kernel until the right neighbour has added its chunk j of step s−1 (at step 1, one
-/// wait for the whole first GEMM), adds onto S on
-/// the owner and releases the left neighbour. At s = D−1 each chunk of the own block
+/// wait for the whole first GEMM), adds onto S on the owner and releases the left
+/// neighbour. At s = D−1 each chunk of the own block
 /// waits for the right neighbour's last addition and adds onto its own S, which a
 /// conversion writes to C. The persistent kernels run beside nothing: no copy, no
 /// reduce but the last conversion. The chunk sums equal `ring_push`'s up to the order
