@@ -548,18 +548,23 @@ fn variants(
             })
             .ok()
     };
+    // The diagnostics of a fused plan's excess over its twin (other kernels, more SMs
+    // free, SM copies) are for plans with copies beside their persistent kernels; one
+    // without (fused_push) is timed plain, staggered and as its twin, which keeps the
+    // bench inside its step's time.
+    let diagnosed = fused && plan.ops().any(|(_, op)| matches!(op, cmm_core::plan::Op::Copy { .. }));
     let mut time = |wanted, what: &str, changed, check| time_plan_as(plan, wanted, what, changed, check);
     let staggered = time(stagger, "staggered", CudaRunOptions { stagger: true, ..*options }, false);
     let offset = time(!fused, "offsets", CudaRunOptions { offset_starts: true, ..*options }, false);
     // The tile kernels' variants run with the Hopper engine off (it would take their GEMMs).
     let tiles = CudaRunOptions { hopper: false, ..*options };
-    let wide_tiles = time(fused, "wide tiles", CudaRunOptions { wide_tiles: true, ..tiles }, true);
-    let two_ctas_per_sm = time(fused, "2 CTAs per SM", CudaRunOptions { fused_ctas_per_sm: 2, ..tiles }, true);
-    let tile_kernel = time(fused && options.hopper && backend.has_hopper_engine(), "tile kernel", tiles, true);
+    let wide_tiles = time(diagnosed, "wide tiles", CudaRunOptions { wide_tiles: true, ..tiles }, true);
+    let two_ctas_per_sm = time(diagnosed, "2 CTAs per SM", CudaRunOptions { fused_ctas_per_sm: 2, ..tiles }, true);
+    let tile_kernel = time(diagnosed && options.hopper && backend.has_hopper_engine(), "tile kernel", tiles, true);
     // Whether the persistent kernels starve the kernels their waits depend on (signals,
     // waits, copies on SMs): the same engines with more SMs left to those.
     let more_free = CudaRunOptions { fused_free_sms: Some(FREE_SMS), ..*options };
-    let free_sms = time(fused, &format!("{FREE_SMS} SMs free"), more_free, true);
+    let free_sms = time(diagnosed, &format!("{FREE_SMS} SMs free"), more_free, true);
     // Whether the driver's own copies within one GPU take SMs: the same copies asked of
     // the copy engines, which leave the SMs to the GEMMs, and left to the driver. Each
     // where it issues some copy otherwise than the plain run did.
@@ -579,7 +584,7 @@ fn variants(
     );
     // The same plan with its copies made by cmm's kernels on the free SMs, against the
     // driver's copies (which within one GPU may be SM kernels of its own).
-    let sm_copies = time_plan_as(&cmm_core::emulate::sm_copies(plan), fused, "SM copies", *options, true);
+    let sm_copies = time_plan_as(&cmm_core::emulate::sm_copies(plan), diagnosed, "SM copies", *options, true);
     Variants {
         staggered,
         offset,
@@ -1022,8 +1027,11 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     without.map_or("-".to_string(), |w| format!("{w:.1}")),
                     if gated { "" } else { "  (ungated: includes enqueueing)" },
                     if fused {
+                        // fused_push's first GEMM is one of its own, on cuBLAS.
+                        let own = plan.ops().any(|(_, op)| matches!(op, cmm_core::plan::Op::Gemm { fused: None, .. }));
+                        let blas = if own { "its GEMMs of their own on cuBLAS" } else { "not cuBLAS" };
                         format!(
-                            "  ({engine}, not cuBLAS; tile kernel: {}; 128×128 tiles: {}; 2 CTAs per SM: {}; {FREE_SMS} SMs free: {}; SM copies: {}; copy engines: {}; driver copies: {})",
+                            "  ({engine}, {blas}; tile kernel: {}; 128×128 tiles: {}; 2 CTAs per SM: {}; {FREE_SMS} SMs free: {}; SM copies: {}; copy engines: {}; driver copies: {})",
                             times.time_tile_kernel_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_wide_tiles_us.map_or("-".into(), |w| format!("{w:.1} µs")),
                             times.time_two_ctas_per_sm_us.map_or("-".into(), |w| format!("{w:.1} µs")),
