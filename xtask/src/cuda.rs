@@ -818,8 +818,8 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
     }
     println!(
         "`offsets` times each plan again with device d's first GEMM after device d − 1's, and each fused plan \
-         runs again on the tile kernel's 128×128 tiles, with 2 CTAs per SM, with {FREE_SMS} SMs left free and \
-         with its copies made by SM kernels; plans whose copies the copy engines make run again with each copy \
+         with copies runs again on the tile kernel's 128×128 tiles, with 2 CTAs per SM, with {FREE_SMS} SMs left \
+         free and with its copies made by SM kernels; plans whose copies the copy engines make run again with each copy \
          issued otherwise (asked of the copy engines, or left to the driver); ÷ Σ, speedup and TFLOP/s take the \
          fastest of a plan's times, and the baseline is the fastest of its own"
     );
