@@ -306,6 +306,22 @@ fn start_cuda(args: &Args) -> Result<Cuda> {
     Ok(cuda)
 }
 
+/// Comma-separated name parts of cases to leave out of every run (`fused_push`): the GPU
+/// bundle sets it when a probe finds a family that cannot finish on the machine, so that
+/// later steps do not spend their time limits on it (the run says so).
+pub const EXCLUDE_VAR: &str = "CMM_CONFORMANCE_EXCLUDE";
+
+/// `filter` with each part of `excluded` (comma-separated) left out, as `!part`.
+fn with_exclusions(filter: Option<String>, excluded: Option<&str>) -> Option<String> {
+    let parts: Vec<String> =
+        excluded.into_iter().flat_map(|e| e.split(',')).filter(|p| !p.is_empty()).map(|p| format!("!{p}")).collect();
+    if parts.is_empty() {
+        return filter;
+    }
+    println!("cases left out ({EXCLUDE_VAR}): {}", parts.join(","));
+    Some(filter.into_iter().chain(parts).collect::<Vec<_>>().join(","))
+}
+
 /// Runs the corpus; fails when any case fails.
 pub fn run(args: &Args) -> Result<()> {
     let (cases_dir, golden_dir) = (args.cases_dir(), args.goldens.clone().unwrap_or_else(Goldens::default_dir));
@@ -323,7 +339,7 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     let options = Options {
-        filter: args.filter.clone(),
+        filter: with_exclusions(args.filter.clone(), std::env::var(EXCLUDE_VAR).ok().as_deref()),
         inputs: args.inputs.clone(),
         bless: args.bless,
         export: args.export.clone(),
@@ -402,6 +418,18 @@ fn finish(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn excluded_parts_join_the_filter_as_exclusions() {
+        assert_eq!(with_exclusions(None, None), None);
+        assert_eq!(with_exclusions(Some("ring".into()), Some("")), Some("ring".into()));
+        assert_eq!(with_exclusions(None, Some("fused_push")), Some("!fused_push".into()));
+        let both = with_exclusions(Some("gemm_rs".into()), Some("fused_push,_d8_")).unwrap();
+        assert_eq!(both, "gemm_rs,!fused_push,!_d8_");
+        assert!(cmm_conformance::name_matches(&both, "gemm_rs_ring_d4_bf16_bf16_realistic"));
+        assert!(!cmm_conformance::name_matches(&both, "gemm_rs_fused_push_d4_f16_f16_realistic"));
+    }
+
     use super::*;
 
     #[test]

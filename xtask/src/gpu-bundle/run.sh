@@ -299,6 +299,17 @@ if [ "$(tail -n 1 "$logs/steps.tsv" | cut -f 1)" = gate-probe ] && [ "$(tail -n 
     export CMM_CUDA_GATE=0
     echo "gate-probe failed: every later step runs ungated (CMM_CUDA_GATE=0)" >>"$logs/env.log"
 fi
+# fused_push's persistent kernels wait for each other round the ring (from D = 3): they
+# must all run at once on the one GPU, which no GPU has shown yet. Two such cases first,
+# briefly; if they do not pass, every later corpus step leaves fused_push out
+# (CMM_CONFORMANCE_EXCLUDE), so that a hang does not spend their time limits, and env.log
+# says so. The bench then refuses its rows for want of a stamp.
+step fused-push-probe 40 "$x" conformance --backend cuda --sync kernels \
+    --filter gemm_rs_fused_push_d4_,gemm_rs_fused_push_d8_ --case-timeout 10 --stamps "$scratch/probe-stamps"
+if [ "$(tail -n 1 "$logs/steps.tsv" | cut -f 1)" = fused-push-probe ] && [ "$(tail -n 1 "$logs/steps.tsv" | cut -f 2)" != 0 ]; then
+    export CMM_CONFORMANCE_EXCLUDE=fused_push
+    echo "fused-push-probe failed: every later corpus step leaves fused_push out (CMM_CONFORMANCE_EXCLUDE)" >>"$logs/env.log"
+fi
 # The Hopper engine (hopper.cu) first: its local GEMM against cuBLAS on the overlapped
 # plans' shapes, every variant spot-checked before it is timed; then the corpus with every
 # GEMM on cmm's own kernels and the Hopper engine wherever it applies, on each tile.
