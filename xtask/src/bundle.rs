@@ -897,7 +897,7 @@ mod tests {
     fn the_gpu_steps_are_the_scripts_top_level_steps() {
         let steps = gpu_steps(RUN_SH);
         assert!(steps.len() >= 20, "{steps:?}");
-        assert_eq!(steps[..2], ["gate-probe", "gemm-sweep"]);
+        assert_eq!(steps[..3], ["gate-probe", "fused-push-probe", "gemm-sweep"]);
         assert!(steps.contains(&"bench-kernels") && steps.contains(&"sanitizer-fused"), "{steps:?}");
         assert!(steps.iter().all(|s| !s.starts_with("rehearsal-")), "{steps:?}");
     }
