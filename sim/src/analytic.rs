@@ -40,18 +40,17 @@ fn gemm_step_s(profile: &Profile, m: usize, n: usize, k: usize, input: DType, ou
 
 /// One tile-granular GEMM over blocks of these rows (its work, no launch), on the engine
 /// cmm runs it on (blocks taken as TMA-aligned, as the ring plans' row blocks of dims that
-/// are multiples of 8 are), shared with the other devices' on one GPU; its blocks add onto c
-/// (`accumulate`) or write it fresh.
+/// are multiples of 8 are), shared with the other devices' on one GPU: blocks of n columns
+/// and depth k, input and output `dtypes`, adding onto c (`accumulate`) or writing it fresh.
 fn fused_gemm_s(
     profile: &Profile,
     blocks: &[usize],
-    n: usize,
-    k: usize,
-    input: DType,
-    output: DType,
+    (n, k): (usize, usize),
+    dtypes: [DType; 2],
     accumulate: bool,
 ) -> f64 {
     use cmm_core::engines::{fused_engine, GemmEngine, GemmFacts};
+    let [input, output] = dtypes;
     let facts: Vec<GemmFacts> = blocks.iter().map(|&m| GemmFacts::dense(m, n, k, input, output)).collect();
     let devices = blocks.len().max(1);
     let engine = fused_engine(GemmEngine::Auto, &profile.engine_support(), &facts, devices)
@@ -207,7 +206,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 }
                 Algorithm::Fused { chunks } => {
                     let c = chunks.max(1);
-                    let g = fused_gemm_s(profile, &vec![ms.div_ceil(c); d * c], n / d, k, input, output, false);
+                    let g = fused_gemm_s(profile, &vec![ms.div_ceil(c); d * c], (n / d, k), [input, output], false);
                     let comm = send(shard / c as f64, copy_bw);
                     // The last chunk arrives after (D−1)·c sends and is then computed; the
                     // kernel waits only when the data is late.
@@ -336,13 +335,18 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     let fresh = gemm_step_s(profile, ms, n, k / d, input, problem.wire, false);
                     let rate = profile.copy.sm_copy_gbps.min(link_gbps) * 1e9;
                     let remote = |blocks: f64| if one_memory { 0.0 } else { blocks * block / rate + 2.0 * latency };
-                    let g =
-                        fused_gemm_s(profile, &vec![ms.div_ceil(c); (d - 1) * c], n, k / d, input, problem.wire, true);
+                    let g = fused_gemm_s(
+                        profile,
+                        &vec![ms.div_ceil(c); (d - 1) * c],
+                        (n, k / d),
+                        [input, problem.wire],
+                        true,
+                    );
                     let convert = launch + 2.0 * block / profile.reduce_bps();
                     let total_s = if d > 1 {
                         fresh + remote(1.0) + sync + launch + g + steps * (remote(2.0) + sync / c as f64) + convert
                     } else {
-                        launch + fused_gemm_s(profile, &vec![ms.div_ceil(c); c], n, k, input, output, false)
+                        launch + fused_gemm_s(profile, &vec![ms.div_ceil(c); c], (n, k), [input, output], false)
                     };
                     RingEstimate {
                         total_s: total_s + ag,
@@ -353,7 +357,8 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 }
                 Algorithm::Fused { chunks } => {
                     let c = chunks.max(1);
-                    let g = fused_gemm_s(profile, &vec![ms.div_ceil(c); d * c], n, k / d, input, problem.wire, false);
+                    let g =
+                        fused_gemm_s(profile, &vec![ms.div_ceil(c); d * c], (n, k / d), [input, problem.wire], false);
                     let chunk_reduce = launch + 3.0 * block / c as f64 / profile.reduce_bps();
                     let comm = send(block / c as f64, copy_bw);
                     // The own block is computed last; its running sum arrives after D−1
