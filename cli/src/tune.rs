@@ -79,7 +79,8 @@ fn caveat(winner: cmm_core::Algorithm, profile: &cmm_sim::Profile, lead: Option<
     }
     if matches!(winner, cmm_core::Algorithm::FusedPush { .. }) {
         caveats.push(
-            "fused_push has not run on any GPU yet: its persistent kernels' waits and their epilogues adding into              the peers' sums are priced by the model alone"
+            "fused_push has not run on any GPU yet: its persistent kernels' waits and their epilogues adding into the peers' \
+             sums are priced by the model alone"
                 .to_string(),
         );
     }

@@ -477,7 +477,10 @@ impl<'a> Sim<'a> {
                     *launch += cost.fixed_s;
                     *amount -= cost.fixed_s;
                 }
-                let (epilogue, moved) = self.peer_epilogue(device, *c_device, c, *accumulate);
+                let (epilogue, moved, route) = self.peer_epilogue(device, *c_device, c, *accumulate);
+                for &r in &route {
+                    self.link_bytes[r] += moved;
+                }
                 phases.extend(epilogue);
                 (phases, moved, flops, cost.work_s - cost.fixed_s)
             }
@@ -808,26 +811,12 @@ impl<'a> Sim<'a> {
 
     /// A GEMM's c on a peer across a link (`c_device`): the epilogue writes it there (and
     /// first reads it back when accumulating, over the other direction at the same time),
-    /// as phases after the compute and the bytes moved. Charged after the compute, not
-    /// under it: a kernel writes c tile by tile as tiles finish, most of it in the last
-    /// wave. Communication, so not in the op's standalone (compute) work. Nothing where
-    /// c is the device's own or the devices share one GPU's memory.
+    /// as phases after the compute, the bytes moved and their route (for the caller to count
+    /// once). Charged after the compute, not under it: a kernel writes c tile by tile as
+    /// tiles finish, most of it in the last wave. Communication, so not in the op's
+    /// standalone (compute) work. Nothing where c is the device's own or the devices share
+    /// one GPU's memory.
     fn peer_epilogue(
-        &mut self,
-        device: usize,
-        c_device: Option<usize>,
-        c: &Region,
-        accumulate: bool,
-    ) -> (Vec<Phase>, f64) {
-        let (phases, moved, route) = self.peer_epilogue_phases(device, c_device, c, accumulate);
-        for &r in &route {
-            self.link_bytes[r] += moved;
-        }
-        (phases, moved)
-    }
-
-    /// [`Sim::peer_epilogue`]'s phases, bytes and route, its bytes not yet counted.
-    fn peer_epilogue_phases(
         &self,
         device: usize,
         c_device: Option<usize>,
@@ -872,7 +861,7 @@ impl<'a> Sim<'a> {
                     Phase::Fluid { amount: work, cap: 1.0, resources: vec![self.topo.compute(device)], hbm_bytes: 0.0 };
                 // A block adding into a peer's c (fused_push) moves it over the link after
                 // its tiles, as a GEMM of its own does (its bytes counted by `phases`).
-                let (epilogue, ..) = self.peer_epilogue_phases(device, *c_device, c, *accumulate);
+                let (epilogue, ..) = self.peer_epilogue(device, *c_device, c, *accumulate);
                 Some((launch.into_iter().chain([compute]).chain(epilogue).collect(), work, run))
             }
             Op::Wait { sem, value } if r.inside(site) => {

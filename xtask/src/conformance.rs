@@ -418,6 +418,7 @@ fn finish(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn excluded_parts_join_the_filter_as_exclusions() {
@@ -429,8 +430,6 @@ mod tests {
         assert!(cmm_conformance::name_matches(&both, "gemm_rs_ring_d4_bf16_bf16_realistic"));
         assert!(!cmm_conformance::name_matches(&both, "gemm_rs_fused_push_d4_f16_f16_realistic"));
     }
-
-    use super::*;
 
     #[test]
     fn cuda_only_options_are_refused_where_they_would_be_ignored() {

@@ -1028,7 +1028,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     if gated { "" } else { "  (ungated: includes enqueueing)" },
                     if fused {
                         // fused_push's first GEMM is one of its own, on cuBLAS.
-                        let own = plan.ops().any(|(_, op)| matches!(op, cmm_core::plan::Op::Gemm { fused: None, .. }));
+                        let own = crate::timing::own_gemms(&plan) > 0;
                         let blas = if own { "its GEMMs of their own on cuBLAS" } else { "not cuBLAS" };
                         format!(
                             "  ({engine}, {blas}; tile kernel: {}; 128×128 tiles: {}; 2 CTAs per SM: {}; {FREE_SMS} SMs free: {}; SM copies: {}; copy engines: {}; driver copies: {})",

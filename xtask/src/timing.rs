@@ -16,6 +16,11 @@ pub(crate) fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
+/// The GEMMs of `plan` that are not blocks of a tile-granular GEMM (fused_push's first).
+pub(crate) fn own_gemms(plan: &Plan) -> usize {
+    plan.ops().filter(|(_, op)| matches!(op, cmm_core::plan::Op::Gemm { fused: None, .. })).count()
+}
+
 /// Median GPU time in µs of `reps` runs of `plan` (fresh inputs per run, a new seed, then
 /// the L2 overwritten: `options.cold_l2`),
 /// after one warm-up; fails unless every GEMM ran on cuBLAS, or with `fused` every fused
@@ -31,8 +36,10 @@ pub(crate) fn time_plan(
 ) -> Result<(f64, bool)> {
     let warm = backend.run(plan, 1, Family::Realistic, options).with_context(|| format!("warm-up of {}", plan.name))?;
     let (expected, other) = if fused {
-        let own = plan.ops().filter(|(_, op)| matches!(op, cmm_core::plan::Op::Gemm { fused: None, .. })).count();
-        ("cmm's persistent kernels (and cuBLAS for GEMMs of their own)", warm.gemms.cublas.saturating_sub(own))
+        (
+            "cmm's persistent kernels (and cuBLAS for GEMMs of their own)",
+            warm.gemms.cublas.saturating_sub(own_gemms(plan)),
+        )
     } else {
         ("cuBLAS", warm.gemms.tile + warm.gemms.hopper)
     };
