@@ -193,6 +193,9 @@ struct Fiber {
     int waiting;  // 0: running or runnable, else the Barrier it waits at
     bool done;
     bool runnable;  // resumed in the scheduler's next round
+    // The block's progress when this thread last spun (YIELD): until progress moves on,
+    // its next try can only fail again, so the scheduler passes it over.
+    u64 spun_at;
     // An acquire load since this thread's last fence.proxy.async (host/hopper.h: a TMA
     // copy must not follow one unfenced).
     bool acquired;
@@ -353,6 +356,7 @@ inline void yield_thread() {
     }
     Fiber* me = block->current;
     me->waiting = YIELD;
+    me->spun_at = block->progress;
     fiber_switch(me->context, block->scheduler);
 }
 
@@ -479,6 +483,10 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, FiberOrder ord
         for (u32 i = 0; i < fibers; ++i) {
             Fiber& f = block.fibers[block.round[i]];
             if (f.done || !f.runnable) continue;
+            // A spin on an mbarrier or a wgmma group ends only by a change that bumps
+            // `progress`: resuming it before one would repeat a failed try (and its clock
+            // read). Skipping it changes no order of the block's effects.
+            if (f.waiting == YIELD && f.spun_at == block.progress) continue;
             f.runnable = false;
             f.waiting = 0;
             threadIdx = f.thread;
@@ -520,15 +528,8 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, FiberOrder ord
             any_done = any_done || some_done[c];
         }
         if (all_live == 0) break;
-        bool only_sleeps = all_live > 0;
         for (Fiber& f : block.fibers) {
             if (!f.done && (f.waiting == YIELD || f.waiting == SLEEP)) f.runnable = true;
-            if (!f.done && f.waiting != SLEEP) only_sleeps = false;
-        }
-        // Every live thread waits on other launches: give them the core for a moment.
-        if (only_sleeps) {
-            timespec t{0, 200};
-            nanosleep(&t, nullptr);
         }
         bool released = false;
         for (u32 c = 0; c < ctas && thread_error == nullptr; ++c) {
@@ -617,6 +618,19 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, FiberOrder ord
             break;
         }
         spun_without_progress = stalled;
+        // Nothing for the next round but sleeps (spins on global memory) and spins that
+        // nothing has changed for: the block waits on other launches. Give them the core
+        // for a moment rather than spin on it.
+        bool local_work = false, some_sleep = false;
+        for (const Fiber& f : block.fibers) {
+            if (f.done || !f.runnable) continue;
+            some_sleep = some_sleep || f.waiting == SLEEP;
+            if (f.waiting != SLEEP && !(f.waiting == YIELD && f.spun_at == block.progress)) local_work = true;
+        }
+        if (some_sleep && !local_work) {
+            timespec t{0, 200};
+            nanosleep(&t, nullptr);
+        }
     }
     running_block = nullptr;
 }
