@@ -912,6 +912,24 @@ mod tests {
         assert_eq!(host, ["rehearsal-device-tests", "rehearsal-conformance-kernels", "rehearsal-conformance-memops"]);
     }
 
+    /// The rehearsal runs the lowering's variants on `$sample`: it must hold at least one
+    /// case of every op/algorithm pair of the corpus, or a variant's path for a new plan
+    /// would go unrun here until a GPU runs it.
+    #[test]
+    fn the_rehearsal_sample_holds_every_op_algorithm_pair() {
+        let sample = RUN_SH.lines().find_map(|l| l.trim().strip_prefix("sample=")).expect("run.sh sets sample=");
+        let corpus = cmm_conformance::load_corpus(&cmm_conformance::cases_dir()).unwrap();
+        let pair = |c: &cmm_conformance::Case| (c.op_name(), c.algorithm.clone());
+        let all: std::collections::BTreeSet<_> = corpus.iter().map(pair).collect();
+        let sampled: Vec<_> = corpus.iter().filter(|c| cmm_conformance::name_matches(sample, &c.name)).collect();
+        let held: std::collections::BTreeSet<_> = sampled.iter().map(|c| pair(c)).collect();
+        let missing: Vec<_> = all.difference(&held).collect();
+        assert!(missing.is_empty(), "the rehearsal's sample {sample} misses {missing:?}");
+        assert!(sampled.len() * 2 < corpus.len(), "{} of {} cases: not a sample", sampled.len(), corpus.len());
+        let users = RUN_SH.lines().filter(|l| l.contains("--filter \"$sample\"")).count();
+        assert_eq!(users, 5, "the variant steps that run on the sample");
+    }
+
     #[test]
     fn the_glibc_needed_comes_from_the_version_table_not_from_any_string() {
         // This test binary holds the stand-in loader message of `check_unstartable`,

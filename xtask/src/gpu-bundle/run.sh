@@ -191,16 +191,20 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         step rehearsal-device-tests 150 "$here/bin/cuda-device-tests" --skip host_
         step rehearsal-conformance-kernels 150 "$x" conformance --backend cuda --sync kernels --case-timeout 30
         step rehearsal-conformance-processes 150 "$x" conformance --backend cuda --sync kernels --processes --case-timeout 30
-        step rehearsal-conformance-staggered 150 "$x" conformance --backend cuda --sync kernels --stagger \
-            --case-timeout 30 --stamps "$scratch/staggered-stamps"
-        step rehearsal-conformance-offsets 150 "$x" conformance --backend cuda --sync kernels --offset-starts \
-            --case-timeout 30 --stamps "$scratch/offset-stamps"
-        step rehearsal-conformance-wide-tiles 150 "$x" conformance --backend cuda --sync kernels --wide-tiles \
-            --no-hopper --case-timeout 30 --stamps "$scratch/wide-stamps"
+        # The lowering's variants on a sample that holds every op/algorithm pair of the
+        # corpus at its smallest D (a third of the cases: the GPU steps run them all;
+        # xtask's test `the_rehearsal_sample_holds_every_op_algorithm_pair` keeps it so).
+        sample=_d2_,_d3_,2x2,megatron_d4
+        step rehearsal-conformance-staggered 90 "$x" conformance --backend cuda --sync kernels --stagger \
+            --filter "$sample" --case-timeout 30 --stamps "$scratch/staggered-stamps"
+        step rehearsal-conformance-offsets 90 "$x" conformance --backend cuda --sync kernels --offset-starts \
+            --filter "$sample" --case-timeout 30 --stamps "$scratch/offset-stamps"
+        step rehearsal-conformance-wide-tiles 90 "$x" conformance --backend cuda --sync kernels --wide-tiles \
+            --no-hopper --filter "$sample" --case-timeout 30 --stamps "$scratch/wide-stamps"
         step rehearsal-conformance-copy-engines 90 "$x" conformance --backend cuda --sync kernels \
-            --copies copy-engines --case-timeout 30 --stamps "$scratch/copy-engines-stamps"
+            --copies copy-engines --filter "$sample" --case-timeout 30 --stamps "$scratch/copy-engines-stamps"
         step rehearsal-conformance-driver-copies 90 "$x" conformance --backend cuda --sync kernels \
-            --copies driver --case-timeout 30 --stamps "$scratch/driver-copies-stamps"
+            --copies driver --filter "$sample" --case-timeout 30 --stamps "$scratch/driver-copies-stamps"
         # (The whole corpus on the clusters of two and on the ping-pong kernels runs in
         # `cargo test` on the host twin: here the commands' paths, on two-device cases.)
         step rehearsal-conformance-hopper-pair 90 "$x" conformance --backend cuda --sync kernels --hopper \
