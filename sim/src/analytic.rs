@@ -41,10 +41,12 @@ fn gemm_step_s(profile: &Profile, m: usize, n: usize, k: usize, input: DType, ou
 /// One tile-granular GEMM over blocks of these rows (its work, no launch), on the engine
 /// cmm runs it on (blocks taken as TMA-aligned, as the ring plans' row blocks of dims that
 /// are multiples of 8 are), shared with the other devices' on one GPU: blocks of n columns
-/// and depth k, input and output `dtypes`, adding onto c (`accumulate`) or writing it fresh.
+/// and depth k on each of `devices`, input and output `dtypes`, adding onto c
+/// (`accumulate`) or writing it fresh.
 fn fused_gemm_s(
     profile: &Profile,
     blocks: &[usize],
+    devices: usize,
     (n, k): (usize, usize),
     dtypes: [DType; 2],
     accumulate: bool,
@@ -52,7 +54,7 @@ fn fused_gemm_s(
     use cmm_core::engines::{fused_engine, GemmEngine, GemmFacts};
     let [input, output] = dtypes;
     let facts: Vec<GemmFacts> = blocks.iter().map(|&m| GemmFacts::dense(m, n, k, input, output)).collect();
-    let devices = blocks.len().max(1);
+    let devices = devices.max(1);
     let engine = fused_engine(GemmEngine::Auto, &profile.engine_support(), &facts, devices)
         .unwrap_or(cmm_core::engines::Engine::Cublas);
     let shared = profile.interconnect.topology == super::TopologyKind::OneGpu && devices > 1;
@@ -206,7 +208,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 }
                 Algorithm::Fused { chunks } => {
                     let c = chunks.max(1);
-                    let g = fused_gemm_s(profile, &vec![ms.div_ceil(c); d * c], (n / d, k), [input, output], false);
+                    let g = fused_gemm_s(profile, &vec![ms.div_ceil(c); d * c], d, (n / d, k), [input, output], false);
                     let comm = send(shard / c as f64, copy_bw);
                     // The last chunk arrives after (D−1)·c sends and is then computed; the
                     // kernel waits only when the data is late.
@@ -338,6 +340,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     let g = fused_gemm_s(
                         profile,
                         &vec![ms.div_ceil(c); (d - 1) * c],
+                        d,
                         (n, k / d),
                         [input, problem.wire],
                         true,
@@ -346,7 +349,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     let total_s = if d > 1 {
                         fresh + remote(1.0) + sync + launch + g + steps * (remote(2.0) + sync / c as f64) + convert
                     } else {
-                        launch + fused_gemm_s(profile, &vec![ms.div_ceil(c); c], (n, k), [input, output], false)
+                        launch + fused_gemm_s(profile, &vec![ms.div_ceil(c); c], 1, (n, k), [input, output], false)
                     };
                     RingEstimate {
                         total_s: total_s + ag,
@@ -357,8 +360,14 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 }
                 Algorithm::Fused { chunks } => {
                     let c = chunks.max(1);
-                    let g =
-                        fused_gemm_s(profile, &vec![ms.div_ceil(c); d * c], (n, k / d), [input, problem.wire], false);
+                    let g = fused_gemm_s(
+                        profile,
+                        &vec![ms.div_ceil(c); d * c],
+                        d,
+                        (n, k / d),
+                        [input, problem.wire],
+                        false,
+                    );
                     let chunk_reduce = launch + 3.0 * block / c as f64 / profile.reduce_bps();
                     let comm = send(block / c as f64, copy_bw);
                     // The own block is computed last; its running sum arrives after D−1
@@ -842,6 +851,33 @@ mod tests {
                     assert!(
                         error.abs() < 0.10,
                         "{op} D={d} {algorithm:?}: analytic {analytic} vs simulated {simulated}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A fused plan on one device is one kernel over its chunks: the closed form picks its
+    /// engine and tile for one device, as the lowering does, and prices it unshared, so it
+    /// gives the replay's time on every profile (it once took the chunks for devices, which
+    /// on one GPU priced the kernel as shared with others).
+    #[test]
+    fn one_device_fused_plans_are_priced_as_the_replay_prices_them() {
+        for name in ["h200-one-gpu", "h100-one-gpu", "h100-nvlink"] {
+            let profile = Profile::load(name).unwrap();
+            for op in [OpKind::AgGemm, OpKind::GemmRs] {
+                let p = Problem::new(op, 1, 1024, 4096, 4096, DType::Bf16, DType::Bf16).unwrap();
+                for algorithm in [Algorithm::Fused { chunks: 2 }, Algorithm::FusedPush { chunks: 2 }] {
+                    let Ok(plan) = cmm_core::build_plan(&p, algorithm) else { continue };
+                    let simulated =
+                        crate::engine::simulate(&plan, &profile, &crate::SimOptions::default()).unwrap().makespan_s;
+                    let analytic = ring_1d(&p, algorithm, &profile).total_s;
+                    // gemm_rs's fused plan adds a reduce the replay runs as its own op.
+                    let bound =
+                        if op == OpKind::GemmRs && matches!(algorithm, Algorithm::Fused { .. }) { 0.1 } else { 0.001 };
+                    assert!(
+                        (analytic / simulated - 1.0).abs() < bound,
+                        "{name} {op} {algorithm:?}: analytic {analytic} vs simulated {simulated}"
                     );
                 }
             }
