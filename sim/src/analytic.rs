@@ -875,31 +875,47 @@ mod tests {
         }
     }
 
-    /// A fused plan on one device is one kernel over its chunks: the closed form picks its
-    /// engine and tile for one device, as the lowering does, and prices it unshared, so it
-    /// gives the replay's time on every profile (it once took the chunks for devices, which
-    /// on one GPU priced the kernel as shared with others).
-    #[test]
-    fn one_device_fused_plans_are_priced_as_the_replay_prices_them() {
-        for name in ["h200-one-gpu", "h100-one-gpu", "h100-nvlink"] {
+    /// The closed form's error against the replay of the real plan, closed form / replay − 1.
+    fn off_the_replay(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> f64 {
+        let plan = cmm_core::build_plan(problem, algorithm).unwrap();
+        let simulated = crate::engine::simulate(&plan, profile, &crate::SimOptions::default()).unwrap().makespan_s;
+        ring_1d(problem, algorithm, profile).total_s / simulated - 1.0
+    }
+
+    /// The bench's shapes (1024 rows and 4096 columns a device, K = 4096 a device for the
+    /// reductions) of `ops` at each of `devices`, every algorithm on every profile named,
+    /// within `bound` of the replay.
+    fn closed_forms_hold(profiles: &[&str], devices: &[usize], ops: &[OpKind], algorithms: &[Algorithm], bound: f64) {
+        for name in profiles {
             let profile = Profile::load(name).unwrap();
-            for op in [OpKind::AgGemm, OpKind::GemmRs] {
-                let p = Problem::new(op, 1, 1024, 4096, 4096, DType::Bf16, DType::Bf16).unwrap();
-                for algorithm in [Algorithm::Fused { chunks: 2 }, Algorithm::FusedPush { chunks: 2 }] {
-                    let Ok(plan) = cmm_core::build_plan(&p, algorithm) else { continue };
-                    let simulated =
-                        crate::engine::simulate(&plan, &profile, &crate::SimOptions::default()).unwrap().makespan_s;
-                    let analytic = ring_1d(&p, algorithm, &profile).total_s;
-                    // gemm_rs's fused plan adds a reduce the replay runs as its own op.
-                    let bound =
-                        if op == OpKind::GemmRs && matches!(algorithm, Algorithm::Fused { .. }) { 0.1 } else { 0.001 };
-                    assert!(
-                        (analytic / simulated - 1.0).abs() < bound,
-                        "{name} {op} {algorithm:?}: analytic {analytic} vs simulated {simulated}"
-                    );
+            for &d in devices {
+                for &op in ops {
+                    let k = if op == OpKind::AgGemm { 4096 } else { 4096 * d };
+                    let p = Problem::new(op, d, 1024 * d, 4096, k, DType::Bf16, DType::Bf16).unwrap();
+                    for &algorithm in algorithms {
+                        let off = off_the_replay(&p, algorithm, &profile);
+                        assert!(
+                            off.abs() < bound,
+                            "{name} {op} D={d} {algorithm:?}: {:+.1} % off the replay",
+                            off * 100.0
+                        );
+                    }
                 }
             }
         }
+    }
+
+    /// A fused plan on one device is one kernel over its chunks: the closed form picks its
+    /// engine and tile for one device, as the lowering does, so it gives the replay's time
+    /// on every profile (it once took the chunks for devices, and chose the tile for half
+    /// the SMs). gemm_rs's fused plan also reduces, which the replay runs as its own op.
+    #[test]
+    fn one_device_fused_plans_are_priced_as_the_replay_prices_them() {
+        let profiles = ["h200-one-gpu", "h100-one-gpu", "h100-nvlink"];
+        let fused = [Algorithm::Fused { chunks: 2 }];
+        closed_forms_hold(&profiles, &[1], &[OpKind::AgGemm], &fused, 0.001);
+        closed_forms_hold(&profiles, &[1], &[OpKind::GemmRs], &[Algorithm::FusedPush { chunks: 2 }], 0.001);
+        closed_forms_hold(&profiles, &[1], &[OpKind::GemmRs], &fused, 0.1);
     }
 
     /// The push plans' closed forms against the replay over NVLink: the own block, added
@@ -907,24 +923,8 @@ mod tests {
     /// D = 2 and 4), and each form stays within 20 % of the replay at D = 2, 4 and 8.
     #[test]
     fn push_plans_agree_with_the_simulation_over_nvlink() {
-        for name in ["h100-nvlink", "h800-nvlink"] {
-            let profile = Profile::load(name).unwrap();
-            for d in [2, 4, 8] {
-                for op in [OpKind::GemmRs, OpKind::GemmAr] {
-                    let p = Problem::new(op, d, 1024 * d, 4096, 4096 * d, DType::Bf16, DType::Bf16).unwrap();
-                    for algorithm in [Algorithm::RingPush, Algorithm::FusedPush { chunks: 2 }] {
-                        let plan = cmm_core::build_plan(&p, algorithm).unwrap();
-                        let simulated =
-                            crate::engine::simulate(&plan, &profile, &crate::SimOptions::default()).unwrap().makespan_s;
-                        let analytic = ring_1d(&p, algorithm, &profile).total_s;
-                        assert!(
-                            (analytic / simulated - 1.0).abs() < 0.2,
-                            "{name} {op} D={d} {algorithm:?}: analytic {analytic} vs simulated {simulated}"
-                        );
-                    }
-                }
-            }
-        }
+        let push = [Algorithm::RingPush, Algorithm::FusedPush { chunks: 2 }];
+        closed_forms_hold(&["h100-nvlink", "h800-nvlink"], &[2, 4, 8], &[OpKind::GemmRs, OpKind::GemmAr], &push, 0.2);
     }
 
     /// On one GPU the fused plans' D persistent kernels run at the rate measured for them
@@ -933,28 +933,11 @@ mod tests {
     /// 13 to 26 % fast).
     #[test]
     fn fused_plans_on_one_gpu_agree_with_the_simulation() {
-        for name in ["h100-one-gpu", "h200-one-gpu"] {
-            let profile = Profile::load(name).unwrap();
-            for d in [4, 8] {
-                for (op, m, n, k) in [
-                    (OpKind::AgGemm, 1024 * d, 4096, 4096),
-                    (OpKind::GemmRs, 1024 * d, 4096, 4096 * d),
-                    (OpKind::GemmAr, 1024 * d, 4096, 4096 * d),
-                ] {
-                    let p = Problem::new(op, d, m, n, k, DType::Bf16, DType::Bf16).unwrap();
-                    for algorithm in [Algorithm::Fused { chunks: 2 }, Algorithm::FusedPush { chunks: 2 }] {
-                        let Ok(plan) = cmm_core::build_plan(&p, algorithm) else { continue };
-                        let simulated =
-                            crate::engine::simulate(&plan, &profile, &crate::SimOptions::default()).unwrap().makespan_s;
-                        let analytic = ring_1d(&p, algorithm, &profile).total_s;
-                        assert!(
-                            (analytic / simulated - 1.0).abs() < 0.1,
-                            "{name} {op} D={d} {algorithm:?}: analytic {analytic} vs simulated {simulated}"
-                        );
-                    }
-                }
-            }
-        }
+        let profiles = ["h100-one-gpu", "h200-one-gpu"];
+        closed_forms_hold(&profiles, &[4, 8], &[OpKind::AgGemm], &[Algorithm::Fused { chunks: 2 }], 0.1);
+        let reductions = [OpKind::GemmRs, OpKind::GemmAr];
+        let fused = [Algorithm::Fused { chunks: 2 }, Algorithm::FusedPush { chunks: 2 }];
+        closed_forms_hold(&profiles, &[4, 8], &reductions, &fused, 0.1);
     }
 
     /// The closed form prices every ring step at the largest shard: M = 8185 on 8 devices
