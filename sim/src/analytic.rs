@@ -134,6 +134,8 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
     let ms = problem.row_split().max();
     let (input, output) = (problem.input, problem.output);
     let sync = profile.sync.remote_round_us * 1e-6;
+    // A copy engine's wait for a flag before its copy.
+    let dma = profile.sync.dma_wait_us * 1e-6;
     let launch = profile.launch_s();
     // A ring that spans nodes moves every step at the pace of its hop between nodes.
     let network = profile.network.filter(|net| d > net.devices_per_node);
@@ -147,10 +149,30 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
     let bidir_bw = match (network, profile.interconnect.topology) {
         (Some(net), _) if net.devices_per_node >= 2 => copy_bw,
         (_, TopologyKind::Switch) => copy_bw.min(link_gbps * 1e9 / 2.0),
+        // Two chips of a torus ring are each other's neighbours both ways, and the replay
+        // routes both the + way (ties do), over one link.
+        (_, TopologyKind::Torus) if d == 2 => copy_bw.min(link_gbps * 1e9 / 2.0),
         (_, TopologyKind::Torus | TopologyKind::OneGpu) => copy_bw,
     };
     let send = |bytes: f64, bw: f64| launch + bytes / bw + 2.0 * latency;
     let steps = (d - 1) as f64;
+    // On a torus ring a copy to the peer f places on goes the shorter way round (ties the +
+    // way) over min(f, D−f) links, and every device copies at the same distance at once, so
+    // each link carries that many copies; a switch gives every copy a port of its own.
+    let torus_ring = profile.interconnect.topology == TopologyKind::Torus && network.is_none();
+    let copies_a_link = |f: usize| if torus_ring { f.min(d - f) as f64 } else { 1.0 };
+    // The direct plans copy to their peers in the order d+1, d+2, …, each copy waiting
+    // for the one before on the device's lane.
+    let direct_sends = |bytes: f64| (1..d).map(|f| send(copies_a_link(f) * bytes, copy_bw)).sum::<f64>();
+    // How many push epilogues share a link when every device adds into the block f places
+    // on: each writes the block there and reads it back. On a switch a device's port
+    // carries its own and those of the device adding into its block, each way; on a torus
+    // the two go opposite ways round, but at half the ring both take the + way.
+    let push_sharers = |f: usize| match (torus_ring, 2 * f == d) {
+        (false, _) => 2.0,
+        (true, false) => copies_a_link(f),
+        (true, true) => 2.0 * copies_a_link(f),
+    };
     match problem.op {
         OpKind::AgGemm => {
             let shard = (ms * k * input.size_bytes()) as f64;
@@ -159,7 +181,6 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 Algorithm::Baseline => {
                     let comm = send(shard, copy_bw);
                     let local_copy = launch + 2.0 * shard / profile.hbm_bps();
-                    let dma = profile.sync.dma_wait_us * 1e-6;
                     let last_wait = if d > 1 { sync - dma } else { 0.0 };
                     RingEstimate {
                         total_s: local_copy
@@ -176,36 +197,48 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     let local_copy = launch + 2.0 * shard / profile.hbm_bps();
                     RingEstimate {
                         total_s: local_copy
-                            + steps * comm
+                            + direct_sends(shard)
                             + if d > 1 { sync } else { 0.0 }
                             + gemm_op_s(profile, m, n / d, k, input, output),
                         gemm_step_s: step,
                         comm_step_s: comm,
-                        formula: "AG: (D−1) direct sends of shard/BW, L_sync, then one GEMM",
+                        formula: "AG: (D−1) direct sends of shard/BW (each ×min(f, D−f) on a torus ring), L_sync, then one GEMM",
                     }
                 }
                 Algorithm::RingBidir => {
-                    let rounds = d / 2;
+                    // One direction forwards ⌈(D−1)/2⌉ shards back to back from the start,
+                    // the other one fewer, each copy after the first waiting for the shard it
+                    // forwards; the last goes alone, at the one direction's rate. The GEMMs
+                    // start at the first arrival, each after a synchronisation, or follow
+                    // the last arrival.
                     let comm = send(shard, bidir_bw);
-                    let per_round = (2.0 * step).max(comm + sync) + sync;
+                    let first = if d > 2 { comm } else { send(shard, copy_bw) };
+                    let compute = step.max(first) + steps * (step + sync);
+                    let arrivals = (d / 2 - 1) as f64 * (comm + dma) + send(shard, copy_bw) + dma + sync + step;
                     RingEstimate {
-                        total_s: step + rounds as f64 * per_round - if (d - 1) % 2 == 1 { step } else { 0.0 },
+                        total_s: compute.max(arrivals),
                         gemm_step_s: step,
                         comm_step_s: comm,
-                        formula: "GEMM + ⌈(D−1)/2⌉·(max(2·GEMM, shard/BW_dir) + L_sync)",
+                        formula: "max(max(GEMM, shard/BW_dir) + (D−1)·(GEMM + L_sync), (⌈(D−1)/2⌉−1)·(shard/BW_dir + DMA wait) + shard/BW + DMA wait + L_sync + GEMM)",
                     }
                 }
                 Algorithm::RingChunked { chunks } => {
                     let c = chunks.max(1);
                     let chunk_gemm = gemm_op_s(profile, ms.div_ceil(c), n / d, k, input, output);
                     let comm = send(shard / c as f64, copy_bw);
-                    // c chunks pipelined per step: each pays a sync on the compute lane.
-                    let per_step = (c as f64 * (chunk_gemm + sync)).max(c as f64 * comm + sync);
+                    // The comm lane sends the chunks back to back from the start, each copy
+                    // after the first step's waiting for the chunk it forwards; each chunk's
+                    // GEMM waits for its chunk (a synchronisation). The later GEMMs pace the
+                    // ring, or the last chunk's arrival does.
+                    let c = c as f64;
+                    let compute = step + steps * c * (chunk_gemm + sync);
+                    let arrivals = steps * c * (comm + dma) + sync + chunk_gemm;
                     RingEstimate {
-                        total_s: step + steps * per_step,
-                        gemm_step_s: c as f64 * chunk_gemm,
-                        comm_step_s: c as f64 * comm,
-                        formula: "GEMM + (D−1)·max(c·(GEMM/c + L_sync), c·(shard/c)/BW + L_sync)",
+                        total_s: compute.max(arrivals),
+                        gemm_step_s: c * chunk_gemm,
+                        comm_step_s: c * comm,
+                        formula:
+                            "max(GEMM + (D−1)·c·(GEMM/c + L_sync), (D−1)·c·(shard/c/BW + DMA wait) + L_sync + GEMM/c)",
                     }
                 }
                 Algorithm::Fused { chunks } => {
@@ -231,11 +264,13 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 }
                 _ => {
                     let comm = send(shard, copy_bw);
+                    // Each later GEMM waits for its shard (a synchronisation); each copy after
+                    // the first waits for the shard it forwards, a wait of the copy engine's.
                     RingEstimate {
-                        total_s: step + steps * (step.max(comm + sync) + sync),
+                        total_s: step + steps * (step + sync).max(comm + dma),
                         gemm_step_s: step,
                         comm_step_s: comm,
-                        formula: "GEMM + (D−1)·(max(GEMM, shard/BW + L_sync) + L_sync)  [BRIEF §7 lower bound form]",
+                        formula: "GEMM + (D−1)·max(GEMM + L_sync, shard/BW + DMA wait)",
                     }
                 }
             }
@@ -243,6 +278,17 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
         OpKind::GemmRs | OpKind::GemmAr => {
             let block = (ms * n * problem.wire.size_bytes()) as f64;
             let reduce = launch + 3.0 * block / profile.reduce_bps();
+            // The push plans' GEMM epilogues write (and, adding, first read) a block on its
+            // owner, at the SMs' peer rate or the link's share, whichever is less; nothing
+            // crosses a link where the devices share one memory.
+            let push_s = |sharers: f64| {
+                let rate = profile.copy.sm_copy_gbps.min(link_gbps / sharers) * 1e9;
+                if one_memory {
+                    0.0
+                } else {
+                    block / rate + 2.0 * latency
+                }
+            };
             let ag = if problem.op == OpKind::GemmAr {
                 steps * (send((ms * n * output.size_bytes()) as f64, copy_bw) + sync)
             } else {
@@ -264,20 +310,20 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     let comm = send(block, copy_bw);
                     let sum = launch + (d + 1) as f64 * block / profile.reduce_bps();
                     let ag = if problem.op == OpKind::GemmAr {
-                        steps * send((ms * n * output.size_bytes()) as f64, copy_bw) + sync
+                        direct_sends((ms * n * output.size_bytes()) as f64) + sync
                     } else {
                         0.0
                     };
                     RingEstimate {
                         total_s: gemm_op_s(profile, m, n, k / d, input, DType::F32)
-                            + steps * comm
+                            + direct_sends(block)
                             + if d > 1 { sync } else { 0.0 }
                             + sum
                             + ag,
                         gemm_step_s: 0.0,
                         comm_step_s: comm,
                         formula:
-                            "one GEMM, then (D−1) direct sends of block/BW, L_sync, one D-way sum [+ direct AG for AR]",
+                            "one GEMM, then (D−1) direct sends of block/BW (each ×min(f, D−f) on a torus ring), L_sync, one D-way sum [+ direct AG for AR]",
                     }
                 }
                 Algorithm::RingChunked { chunks } => {
@@ -311,30 +357,29 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     let per_step = (c * (chunk_gemm + sync)).max(chunk_gemm + comm + 2.0 * sync);
                     let last =
                         if d > 1 { (c * (fresh_gemm + sync)).max(comm + 2.0 * sync) + c * chunk_reduce } else { 0.0 };
+                    // The comm lane sends every chunk of every hop in turn: where the links
+                    // are slower than the GEMMs, its backlog paces the last chunk's sum.
+                    let lane = fresh_gemm + steps * (c * comm + sync) + chunk_reduce;
                     RingEstimate {
-                        total_s: c * fresh_gemm + (steps - 1.0).max(0.0) * per_step + last + ag,
+                        total_s: (c * fresh_gemm + (steps - 1.0).max(0.0) * per_step + last).max(lane) + ag,
                         gemm_step_s: c * chunk_gemm,
                         comm_step_s: c * comm,
-                        formula: "GEMM + (D−2)·max(c·(GEMM/c + L_sync), GEMM/c + block/c/BW + 2·L_sync) + max(GEMM, block/c/BW) + reduce [+ AG for AR]",
+                        formula: "max(GEMM + (D−2)·max(c·(GEMM/c + L_sync), GEMM/c + block/c/BW + 2·L_sync) + max(GEMM, block/c/BW) + reduce, GEMM/c + (D−1)·(c·block/c/BW + L_sync) + reduce/c) [+ AG for AR]",
                     }
                 }
                 Algorithm::RingPush => {
                     // From step 1 the GEMMs add onto the block; the first writes it fresh.
                     let gemm = |added| gemm_step_s(profile, ms, n, k / d, input, problem.wire, added);
                     let (step, fresh) = (gemm(true), gemm(false));
-                    // Each GEMM's epilogue writes its block on the owner and, from step 1,
-                    // first reads it from there: over the links, unless the devices share
-                    // memory. A device's port then carries its own writes and the reads of
-                    // the device adding into its block, each way: two blocks a step.
-                    let rate = profile.copy.sm_copy_gbps.min(link_gbps) * 1e9;
-                    let remote = |blocks: f64| if one_memory { 0.0 } else { blocks * block / rate + 2.0 * latency };
-                    let first = if d > 1 { fresh + remote(1.0) + sync } else { 0.0 };
+                    let first = if d > 1 { fresh + push_s(1.0) + sync } else { 0.0 };
                     let last = if d > 1 { step + reduce } else { fresh };
+                    // Step s adds into the block s + 1 places on.
+                    let middle = (2..d).map(|f| step + push_s(push_sharers(f)) + sync).sum::<f64>();
                     RingEstimate {
-                        total_s: first + (steps - 1.0).max(0.0) * (step + remote(2.0) + sync) + last + ag,
+                        total_s: first + middle + last + ag,
                         gemm_step_s: step,
-                        comm_step_s: remote(2.0),
-                        formula: "GEMM + block/BW + L_sync + (D−2)·(GEMM + 2·block/BW + L_sync) + GEMM + reduce [+ AG for AR]",
+                        comm_step_s: push_s(2.0),
+                        formula: "GEMM + block/BW + L_sync + (D−2)·(GEMM + block/BW_push + L_sync) + GEMM + reduce [+ AG for AR]  (BW_push: the SMs' peer rate, or the link's over the epilogues sharing it)",
                     }
                 }
                 Algorithm::FusedPush { chunks } => {
@@ -345,8 +390,6 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     // one) but the last step's, the own block, added locally; and a
                     // conversion of the own sum into C.
                     let fresh = gemm_step_s(profile, ms, n, k / d, input, problem.wire, false);
-                    let rate = profile.copy.sm_copy_gbps.min(link_gbps) * 1e9;
-                    let remote = |blocks: f64| if one_memory { 0.0 } else { blocks * block / rate + 2.0 * latency };
                     let g = fused_gemm_s(
                         profile,
                         &vec![ms.div_ceil(c); (d - 1) * c],
@@ -357,7 +400,8 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     );
                     let convert = launch + 2.0 * block / profile.reduce_bps();
                     let total_s = if d > 1 {
-                        fresh + remote(1.0) + sync + launch + g + (steps - 1.0) * (remote(2.0) + sync) + convert
+                        let middle = (2..d).map(|f| push_s(push_sharers(f)) + sync).sum::<f64>();
+                        fresh + push_s(1.0) + sync + launch + g + middle + convert
                     } else {
                         launch
                             + fused_gemm_s(
@@ -372,8 +416,8 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     RingEstimate {
                         total_s: total_s + ag,
                         gemm_step_s: if d > 1 { g / steps } else { total_s },
-                        comm_step_s: remote(2.0),
-                        formula: "GEMM + block/BW + L_sync + launch + G + (D−2)·(2·block/BW + L_sync) + convert [+ AG for AR]  (G: one kernel over the later steps' blocks)",
+                        comm_step_s: push_s(2.0),
+                        formula: "GEMM + block/BW + L_sync + launch + G + (D−2)·(block/BW_push + L_sync) + convert [+ AG for AR]  (G: one kernel over the later steps' blocks; BW_push as ring_push's)",
                     }
                 }
                 Algorithm::Fused { chunks } => {
@@ -391,8 +435,9 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     // The own block is computed last; its running sum arrives after D−1
                     // hops of (send, reduce), the first starting once the first chunk is out.
                     let chain = g / (d * c) as f64 + steps * (comm + chunk_reduce + sync);
-                    // The reduces share the device's compute with the kernel.
-                    let busy = g + steps * 3.0 * block / profile.reduce_bps();
+                    // The reduces share the device's compute with the kernel, but for the
+                    // last chunk's, which follows it.
+                    let busy = g + (steps - 1.0 / c as f64).max(0.0) * 3.0 * block / profile.reduce_bps();
                     // The comm lane sends every chunk of every step, one after another: where
                     // the links are slower than the GEMM, its backlog paces the last chunk.
                     let lane = g / (d * c) as f64 + steps * c as f64 * comm;
@@ -401,7 +446,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                         gemm_step_s: g / d as f64,
                         comm_step_s: c as f64 * comm,
                         formula:
-                            "launch + max(G + (D−1)·reduce, G/(D·c) + (D−1)·(block/c/BW + reduce/c + L_sync), G/(D·c) + (D−1)·block/BW) + reduce/c [+ AG for AR]",
+                            "launch + max(G + (D−1−1/c)·reduce, G/(D·c) + (D−1)·(block/c/BW + reduce/c + L_sync), G/(D·c) + (D−1)·block/BW) + reduce/c [+ AG for AR]",
                     }
                 }
                 _ => {
@@ -417,11 +462,21 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                         (gemm_op_s(profile, ms, n, k / d, input, DType::F32), reduce)
                     };
                     let comm = send(block, bw);
+                    // Where the links pace the ring, each hop's copy waits for the sum it
+                    // sends (a wait of the copy engine's), and the receiver reduces it before
+                    // the next hop can start. A bidirectional ring's two directions take
+                    // turns on the port more than they share it, which the form's shared
+                    // rate already overcharges: its hop is the copy alone.
+                    let hop = if bidir { comm + sync } else { dma + comm + sync + reduce };
                     RingEstimate {
-                        total_s: step + steps * ((step + reduce + sync).max(comm + sync)) + ag,
+                        total_s: step + steps * (step + reduce + sync).max(hop) + ag,
                         gemm_step_s: step,
                         comm_step_s: comm,
-                        formula: "GEMM + (D−1)·max(GEMM + reduce + L_sync, block/BW + L_sync) [+ AG for AR]",
+                        formula: if bidir {
+                            "2·GEMM/2 + (D−1)·max(2·GEMM/2 + 2·reduce/2 + L_sync, block/BW_both + L_sync) [+ AG for AR]  (GEMM/2: half the block's columns)"
+                        } else {
+                            "GEMM + (D−1)·max(GEMM + reduce + L_sync, DMA wait + block/BW + L_sync + reduce) [+ AG for AR]"
+                        },
                     }
                 }
             }
@@ -890,6 +945,7 @@ mod tests {
     /// reductions) of `ops` at each of `devices`, every algorithm on every profile named,
     /// within `bound` of the replay.
     fn closed_forms_hold(profiles: &[&str], devices: &[usize], ops: &[OpKind], algorithms: &[Algorithm], bound: f64) {
+        let mut misses = Vec::new();
         for name in profiles {
             let profile = Profile::load(name).unwrap();
             for &d in devices {
@@ -898,15 +954,14 @@ mod tests {
                     let p = Problem::new(op, d, 1024 * d, 4096, k, DType::Bf16, DType::Bf16).unwrap();
                     for &algorithm in algorithms {
                         let off = off_the_replay(&p, algorithm, &profile);
-                        assert!(
-                            off.abs() < bound,
-                            "{name} {op} D={d} {algorithm:?}: {:+.1} % off the replay",
-                            off * 100.0
-                        );
+                        if off.abs() >= bound {
+                            misses.push(format!("{name} {op} D={d} {algorithm:?}: {:+.1} %", off * 100.0));
+                        }
                     }
                 }
             }
         }
+        assert!(misses.is_empty(), "off the replay by {:.0} % or more:\n{}", bound * 100.0, misses.join("\n"));
     }
 
     /// A fused plan on one device is one kernel over its chunks: the closed form picks its
@@ -920,6 +975,21 @@ mod tests {
         closed_forms_hold(&profiles, &[1], &[OpKind::AgGemm], &fused, 0.001);
         closed_forms_hold(&profiles, &[1], &[OpKind::GemmRs], &[Algorithm::FusedPush { chunks: 2 }], 0.001);
         closed_forms_hold(&profiles, &[1], &[OpKind::GemmRs], &fused, 0.1);
+    }
+
+    /// Every 1D plan's closed form on every built-in profile, at D = 2, 4 and 8, within 15 %
+    /// of the replay. Until 2026-11-29 (second session) they were up to 52 % off: the direct
+    /// plans on a torus charged each copy one link (a copy f places on crosses min(f, D−f),
+    /// each shared by as many), the push plans charged two blocks a port at the SMs' rate
+    /// (the link's share is the cap), ring_accumulate left out its comm lane's backlog, the
+    /// AG+GEMM rings charged each step two synchronisations (a copy waits as the copy engine
+    /// does) and the GEMM+RS ring left the reduce off its chain of hops.
+    #[test]
+    fn every_closed_form_holds_on_every_profile() {
+        let profiles = Profile::builtin_names();
+        for op in [OpKind::AgGemm, OpKind::GemmRs, OpKind::GemmAr] {
+            closed_forms_hold(&profiles, &[2, 4, 8], &[op], &cmm_core::algorithms::algorithms_for(op), 0.15);
+        }
     }
 
     /// The push plans' closed forms against the replay over NVLink: the own block, added
