@@ -237,7 +237,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     // ring, or the last chunk's arrival does.
                     let c = c as f64;
                     let compute = step + steps * c * (chunk_gemm + sync);
-                    let arrivals = steps * c * (comm + dma) + sync + chunk_gemm;
+                    let arrivals = if d > 1 { steps * c * (comm + dma) + sync + chunk_gemm } else { 0.0 };
                     RingEstimate {
                         total_s: compute.max(arrivals),
                         gemm_step_s: c * chunk_gemm,
@@ -259,7 +259,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     let comm = send(shard / c as f64, copy_bw);
                     // The last chunk arrives after (D−1)·c sends and is then computed; the
                     // kernel waits only when the data is late.
-                    let last = steps * c as f64 * comm + sync + g / (d * c) as f64;
+                    let last = if d > 1 { steps * c as f64 * comm + sync + g / (d * c) as f64 } else { 0.0 };
                     RingEstimate {
                         total_s: launch + g.max(last),
                         gemm_step_s: g / d as f64,
@@ -297,7 +297,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 }
             };
             let ag = if problem.op == OpKind::GemmAr {
-                steps * (send((ms * n * output.size_bytes()) as f64, copy_bw) + sync)
+                steps * (send((ms * n * output.size_bytes()) as f64, copy_bw) + dma)
             } else {
                 0.0
             };
@@ -450,14 +450,20 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     // The comm lane sends every chunk of every step, one after another: where
                     // the links are slower than the GEMM, its backlog paces the last chunk.
                     let lane = g / (d * c) as f64 + steps * c as f64 * comm;
-                    // On one device the last chunk's partial is converted after a local wait.
-                    let last = if d > 1 {
-                        chunk_reduce + sync
+                    // The reduce lane takes every chunk of every hop in turn, each after a
+                    // local wait for its partial and a wait for its sum (on one device, a
+                    // conversion after the local wait): where the chunks are small its
+                    // launches and waits pace the plan; else the last follows the kernel.
+                    let local = profile.sync.local_wait_us * 1e-6;
+                    let (last, reduce_lane) = if d > 1 {
+                        let lane = g / (d * c) as f64 + comm + steps * c as f64 * (local + sync + chunk_reduce);
+                        (chunk_reduce + sync, lane)
                     } else {
-                        launch + 2.0 * block / c as f64 / profile.reduce_bps() + profile.sync.local_wait_us * 1e-6
+                        let one = launch + 2.0 * block / c as f64 / profile.reduce_bps() + local;
+                        (one, g / c as f64 + c as f64 * one)
                     };
                     RingEstimate {
-                        total_s: launch + busy.max(chain).max(lane) + last + ag,
+                        total_s: launch + (busy.max(chain).max(lane) + last).max(reduce_lane) + ag,
                         gemm_step_s: g / d as f64,
                         comm_step_s: c as f64 * comm,
                         formula:
