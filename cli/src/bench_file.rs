@@ -975,7 +975,7 @@ fn print_fused_as_built(out: &mut dyn Write, profile: &Profile, file: &BenchFile
             shared,
             error(Some(times.time_us), shared)
         )?;
-        writeln!(out, "{:<26} simulated on {}", "", plain.engines.describe())?;
+        writeln!(out, "{:<26} simulated on {}", "", plain.gemm_engines())?;
         plain_within += usize::from(within(times.time_us, plain.makespan_s * 1e6));
         queued_within += usize::from(within(times.time_us, shared));
         if let Some(auto) = auto {

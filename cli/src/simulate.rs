@@ -523,13 +523,13 @@ fn print_ranking(
             .map(|(name, r)| LinearRow {
                 algorithm: name.clone(),
                 timing: Timing::of(r),
-                gemm_engines: engines_line(profile, r),
+                gemm_engines: engines_line(r),
             })
             .collect();
         return print_ranking_json(problem, profile, rows, overlap_pays, reason);
     }
     println!("{header}");
-    let best = ranked.first().map(|(name, r)| format!("GEMMs of {name}: {}", engines_line(profile, r)));
+    let best = ranked.first().map(|(name, r)| format!("GEMMs of {name}: {}", engines_line(r)));
     print_ranked(ranked.into_iter());
     if let Some(line) = best {
         println!("{line}");
@@ -641,7 +641,7 @@ fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic: Option<
     println!("plan:          {}", plan.name);
     println!("profile:       {} ({})", profile.name, profile.description);
     println!("makespan:      {}", us(r.makespan_s));
-    println!("GEMMs on:      {}", engines_line(profile, r));
+    println!("GEMMs on:      {}", engines_line(r));
     println!("queues:        {}", queues_line(plan, r));
     let one_gpu = profile.interconnect.topology == TopologyKind::OneGpu;
     if one_gpu {
@@ -693,7 +693,7 @@ fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic: Option<
 
 /// What priced the GEMMs of a simulation, in words: the engines cmm runs them on, or
 /// cuBLAS's rate as a potential.
-pub fn engines_line(profile: &Profile, r: &SimReport) -> String {
+pub fn engines_line(r: &SimReport) -> String {
     match r.pricing {
         Engines::CublasSpeed => {
             format!(
@@ -701,10 +701,8 @@ pub fn engines_line(profile: &Profile, r: &SimReport) -> String {
                 r.engines.0.iter().map(|(_, n)| n).sum::<usize>()
             )
         }
-        Engines::AsBuilt if profile.engines.is_none() => {
-            format!("{} (the profile's GEMM rate: it gives no rates of cmm's own kernels)", r.engines.describe())
-        }
-        Engines::AsBuilt => format!("{} (as cmm runs them)", r.engines.describe()),
+        Engines::AsBuilt if r.one_rate => format!("{} (it gives no rates of cmm's own kernels)", r.gemm_engines()),
+        Engines::AsBuilt => format!("{} (as cmm runs them)", r.gemm_engines()),
     }
 }
 
@@ -766,7 +764,7 @@ fn compare(problem: &cmm_core::Problem, profile: &Profile, potential: bool, json
                     "simulated_us": r.makespan_s * 1e6,
                     "at_cublas_us": at_cublas_s.map(|s| s * 1e6),
                     "analytic_us": a.total_s * 1e6,
-                    "gemm_engines": r.engines.describe(),
+                    "gemm_engines": r.gemm_engines(),
                     "formula": a.formula,
                 })
             })
@@ -792,7 +790,7 @@ fn compare(problem: &cmm_core::Problem, profile: &Profile, potential: bool, json
             us(r.makespan_s),
             us(a.total_s),
             100.0 * (a.total_s - r.makespan_s) / r.makespan_s,
-            r.engines.describe(),
+            r.gemm_engines(),
             a.formula
         );
     }

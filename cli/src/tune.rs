@@ -121,7 +121,7 @@ pub fn run(args: &Args) -> Result<()> {
                         "makespan_us": c.report.makespan_s * 1e6,
                         "exposed_comm_us": c.report.max_exposed_comm_s() * 1e6,
                         "speedup_vs_baseline": base.map(|b| b.report.makespan_s / c.report.makespan_s),
-                        "gemm_engines": c.report.engines.describe(),
+                        "gemm_engines": c.report.gemm_engines(),
                         "potential_at_cublas_us": args.potential.then(|| potential_us(&problem, &profile, c.algorithm)).flatten(),
                     })
                 })
@@ -143,7 +143,12 @@ pub fn run(args: &Args) -> Result<()> {
                 "caveat": caveat(ranking.winner().algorithm, &profile, lead(&ranking)),
             }));
         }
-        println!("{} on {} (simulated, each GEMM on the engine cmm runs it on)", problem.describe(), profile.name);
+        let pricing = if profile.engines.is_none() {
+            "every GEMM at the profile's one rate"
+        } else {
+            "each GEMM on the engine cmm runs it on"
+        };
+        println!("{} on {} (simulated, {pricing})", problem.describe(), profile.name);
         let extra = if args.potential { format!(" {:>16}", "at cuBLAS rate") } else { String::new() };
         println!(
             "{:<4} {:<20} {:>12} {:>14} {:>14}{extra}  GEMMs on",
@@ -166,7 +171,7 @@ pub fn run(args: &Args) -> Result<()> {
                 us(c.report.makespan_s),
                 us(c.report.max_exposed_comm_s()),
                 speed,
-                c.report.engines.describe()
+                c.report.gemm_engines()
             );
         }
         for (alg, why) in &ranking.skipped {
@@ -179,7 +184,7 @@ pub fn run(args: &Args) -> Result<()> {
             );
         }
         let winner = ranking.winner();
-        println!("winner: {} on {} — {}", winner.algorithm, winner.report.engines.describe(), ranking.reason);
+        println!("winner: {} on {} — {}", winner.algorithm, winner.report.gemm_engines(), ranking.reason);
         if let Some(caveat) = caveat(winner.algorithm, &profile, lead(&ranking)) {
             println!("caveat: {caveat}");
         }

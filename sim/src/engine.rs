@@ -214,6 +214,9 @@ pub struct SimReport {
     pub engines: cmm_core::engines::EngineCounts,
     /// How GEMMs were priced.
     pub pricing: Engines,
+    /// The profile gives one GEMM rate and none of cmm's kernels (the TPU's): `engines`
+    /// then names what the CUDA backend would pick, each priced at that one rate.
+    pub one_rate: bool,
     /// The hardware queues the lanes shared, where modelled ([`SimOptions::hardware_queues`]).
     pub hardware_queues: Option<HardwareQueues>,
     /// How the copy-engine copies were issued ([`SimOptions::copies`]).
@@ -232,6 +235,17 @@ impl SimReport {
     /// The record of one op.
     pub fn record(&self, site: OpSite) -> &OpRecord {
         &self.records[site.device][site.lane][site.index]
+    }
+
+    /// What priced the GEMMs, in words: "cuBLAS ×12, Hopper engine 128x256 ×1", or on a
+    /// profile with one GEMM rate (which has no cuBLAS to name) "16 GEMM(s) at the
+    /// profile's rate".
+    pub fn gemm_engines(&self) -> String {
+        if self.one_rate {
+            format!("{} GEMM(s) at the profile's rate", self.engines.0.iter().map(|(_, n)| n).sum::<usize>())
+        } else {
+            self.engines.describe()
+        }
     }
 
     /// Largest exposed communication over devices, seconds.
@@ -1317,6 +1331,7 @@ fn report(sim: Sim<'_>) -> SimReport {
         records,
         engines: sim.engines,
         pricing: sim.pricing,
+        one_rate: sim.profile.engines.is_none(),
         hardware_queues: sim.hardware_queues,
         copies: sim.copies,
         driver_copies: sim.driver_copies,
@@ -2021,6 +2036,9 @@ mod tests {
         let r = simulate(&ring, &tpu, &SimOptions::default()).unwrap();
         let at = simulate(&ring, &tpu, &potential).unwrap();
         assert_eq!(r.makespan_s, at.makespan_s);
+        // It has no cuBLAS to name: its GEMMs are told by their rate.
+        assert_eq!(r.gemm_engines(), "16 GEMM(s) at the profile's rate");
+        assert_eq!(sim(&ring, &h100).gemm_engines(), "cuBLAS ×16");
     }
 
     #[test]
