@@ -344,14 +344,17 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     let chunk_gemm = gemm_op_s(profile, ms.div_ceil(chunks.max(1)), n, k / d, input, DType::F32);
                     let chunk_reduce = launch + 3.0 * block / c / profile.reduce_bps();
                     let comm = send(block / c, copy_bw);
-                    // c chunk rings interleaved: each chunk's sum travels while the next is computed.
-                    let per_step = (c * (chunk_gemm + chunk_reduce + sync)).max(c * comm + sync);
+                    // c chunk rings interleaved: each chunk's sum travels while the next is
+                    // computed. The GEMMs and reduces pace the ring, or the comm lane, which
+                    // sends from the first chunk on, each copy after a copy engine's wait.
+                    let compute = c * chunk_gemm + steps * c * (chunk_gemm + chunk_reduce + sync);
+                    let lane = if d > 1 { chunk_gemm + steps * c * (comm + dma) + sync + chunk_reduce } else { 0.0 };
                     RingEstimate {
-                        total_s: c * chunk_gemm + steps * per_step + ag,
+                        total_s: compute.max(lane) + ag,
                         gemm_step_s: c * chunk_gemm,
                         comm_step_s: c * comm,
                         formula:
-                            "GEMM + (D−1)·max(c·(GEMM/c + reduce/c + L_sync), c·(block/c)/BW + L_sync) [+ AG for AR]",
+                            "max(GEMM + (D−1)·c·(GEMM/c + reduce/c + L_sync), GEMM/c + (D−1)·c·(block/c/BW + DMA wait) + L_sync + reduce/c) [+ AG for AR]",
                     }
                 }
                 Algorithm::RingAccumulate { chunks } => {
