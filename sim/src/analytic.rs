@@ -168,10 +168,18 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
     // on: each writes the block there and reads it back. On a switch a device's port
     // carries its own and those of the device adding into its block, each way; on a torus
     // the two go opposite ways round, but at half the ring both take the + way.
-    let push_sharers = |f: usize| match (torus_ring, 2 * f == d) {
-        (false, _) => 2.0,
-        (true, false) => copies_a_link(f),
-        (true, true) => 2.0 * copies_a_link(f),
+    // Across nodes only the epilogues that cross between nodes share a NIC: a device's
+    // carries its own write when its owner is in another node, and the read of its block
+    // when the device adding into it is.
+    let push_sharers = |f: usize| match (network, torus_ring, 2 * f == d) {
+        (Some(net), ..) => {
+            let crosses = |x: usize| x / net.devices_per_node != (x + f) % d / net.devices_per_node;
+            let on_nic = |x: usize| usize::from(crosses(x)) + usize::from(crosses((x + d - f) % d));
+            (0..d).map(on_nic).max().unwrap_or(1).max(1) as f64
+        }
+        (None, false, _) => 2.0,
+        (None, true, false) => copies_a_link(f),
+        (None, true, true) => 2.0 * copies_a_link(f),
     };
     match problem.op {
         OpKind::AgGemm => {
@@ -944,6 +952,8 @@ mod tests {
     /// Across nodes a ring is paced by its hops between nodes, and a bidirectional ring
     /// sends one way over each boundary GPU's NIC: the closed forms agree with the replay
     /// of the real plans (seed 000's shape, weak scaling, 16 and 64 GPUs on `h100-ib`).
+    /// So do the push plans', whose epilogues share a NIC only where they cross between
+    /// nodes (they were charged two on every NIC: 8 to 30 % over at D = 16 and 32).
     #[test]
     fn rings_across_nodes_agree_with_the_simulation() {
         let profile = Profile::load("h100-ib").unwrap();
@@ -953,7 +963,12 @@ mod tests {
             {
                 // Simulated only: past the input generator's range, as `cmm simulate` allows.
                 let p = Problem { op, devices: d, m, n, k, input: DType::F16, output: DType::F16, wire: DType::F32 };
-                for algorithm in [Algorithm::Ring, Algorithm::RingBidir] {
+                let push: &[Algorithm] = if op == OpKind::GemmRs {
+                    &[Algorithm::RingPush, Algorithm::FusedPush { chunks: 1 }, Algorithm::FusedPush { chunks: 2 }]
+                } else {
+                    &[]
+                };
+                for &algorithm in [Algorithm::Ring, Algorithm::RingBidir].iter().chain(push) {
                     let off = off_the_replay(&p, algorithm, &profile);
                     assert!(off.abs() < 0.10, "{op} D={d} {algorithm:?}: {:+.1} % off the replay", off * 100.0);
                 }
