@@ -105,8 +105,9 @@ enum Command {
     /// Simulate a plan file, or a problem's plan (1D op, mesh GEMM, linear layer,
     /// attention, MoE op), on a hardware profile; --json for one JSON object.
     Simulate(Box<cmm_cli::simulate::Args>),
-    /// Rank the candidate plans of a problem by simulated time (or 2D configurations by
-    /// seed 002's model) and say why the winner wins.
+    /// Rank the candidate plans of a problem by simulated time (2D: seed 002's closed form
+    /// over every configuration, then cmm's plans for its leaders simulated) and say why the
+    /// winner wins.
     Tune(Box<cmm_cli::tune::Args>),
 }
 

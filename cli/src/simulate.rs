@@ -20,9 +20,7 @@ use cmm_reference::{Reference, RunOptions};
 use cmm_sim::analytic::{copied_by, ring_1d};
 use cmm_sim::analytic::{estimate_mesh, mesh_family, MeshGemm, MeshShape};
 use cmm_sim::timeline::Timeline;
-use cmm_sim::tune::candidates_1d;
-use cmm_sim::tune::tune_moe;
-use cmm_sim::tune::{tune_attention, tune_linear};
+use cmm_sim::tune::{candidates_1d, tune_attention, tune_linear, tune_moe, REPLAY_SLICES};
 use cmm_sim::validate::{flux, one_gpu_bench, seed000, seed002, seed002_simulated};
 use cmm_sim::TopologyKind;
 use cmm_sim::{simulate, Engines, HardwareQueues, OpClass, Profile, SimOptions, SimReport};
@@ -914,18 +912,18 @@ fn validate() -> Result<()> {
     println!(
         "seed 002 cross-check: MeshSlice plans from the mesh module simulated on the {} torus, \
          the analytic tuner's 3 best meshes, S in {:?}",
-        tpu.name, CROSS_CHECK_SLICES
+        tpu.name, REPLAY_SLICES
     );
-    let (tuner, simulated) = seed002_simulated(&tpu, 3, &CROSS_CHECK_SLICES)?;
+    let (tuner, simulated) = seed002_simulated(&tpu, 3, &REPLAY_SLICES)?;
     let tuner_s: Vec<String> = tuner.layers.iter().map(|l| format!("{}:S={}", l.layer, l.slices)).collect();
     println!("tuner (analytic): {} {} -> {:.2} ms", tuner.shape, tuner_s.join(" "), tuner.total_s * 1e3);
     for c in &simulated {
-        let s: Vec<String> = c.layers.iter().map(|(l, s, _)| format!("{l}:S={s}")).collect();
+        let s: Vec<String> = c.layers.iter().map(|l| format!("{}:S={}", l.layer, l.slices)).collect();
         println!("simulated:        {} {} -> {:.2} ms", c.shape, s.join(" "), c.total_s * 1e3);
     }
     if let Some(best) = simulated.first() {
         let same_mesh = best.shape == tuner.shape;
-        let same_s = best.layers.iter().zip(&tuner.layers).all(|((_, s, _), t)| *s == t.slices);
+        let same_s = best.layers.iter().zip(&tuner.layers).all(|(s, t)| s.slices == t.slices);
         println!(
             "[{}] the tuner's mesh matches the simulator's best ({} vs {})",
             if same_mesh { "holds" } else { "FAILS" },
@@ -939,9 +937,6 @@ fn validate() -> Result<()> {
     }
     Ok(())
 }
-
-/// Slice counts the simulated cross-check tries (each a plan of up to ~10^6 ops).
-const CROSS_CHECK_SLICES: [usize; 8] = [1, 2, 4, 8, 12, 16, 24, 32];
 
 #[cfg(test)]
 mod tests {

@@ -1,11 +1,12 @@
 //! `cmm tune` (also `cargo xtask tune`): rank the candidate plans of a 1D problem by simulated time, or the
-//! 2D configurations (algorithm, dataflow, mesh shape, S) of a GEMM or an LLM's FC layers by
-//! seed 002's analytic model.
+//! 2D configurations (algorithm, dataflow, mesh shape, S) of a GEMM or an LLM's FC layers:
+//! seed 002's closed form over them all, then cmm's own plans for its leaders simulated.
 
 use anyhow::{bail, Result};
 use cmm_sim::analytic::{Dataflow, MeshGemm};
 use cmm_sim::tune::{
-    best_per_algorithm, choose_dataflows, tune_1d, tune_llm, tune_mesh_gemm, LlmConfig, MeshEvaluation, NoMeshPlans,
+    best_per_algorithm, choose_dataflows, replay_llm, tune_1d, tune_llm, tune_mesh_gemm, LlmConfig, MeshConfig,
+    REPLAY_SLICES,
 };
 use serde_json::json;
 
@@ -31,6 +32,11 @@ pub struct Args {
     /// Rows of the 2D ranking to print.
     #[arg(long, default_value_t = 12)]
     pub top: usize,
+    /// 2D mode: how many of the candidates seed 002's closed form ranks highest (with --llm:
+    /// of the algorithms' best configurations) are replayed as cmm builds them, simulated,
+    /// and ranked by that; 0: the closed form alone.
+    #[arg(long, default_value_t = 5)]
+    pub replay: usize,
     /// 1D mode: also rank each plan as if its GEMMs ran at cuBLAS's rate, fused ones
     /// included (a potential column, clearly labelled: not what cmm runs).
     #[arg(long)]
@@ -205,33 +211,39 @@ pub fn run(args: &Args) -> Result<()> {
             bail!("--batch {}: its sequences of 2048 tokens overflow a count of tokens", args.batch);
         }
         let llm = LlmConfig::gpt3_175b(args.batch);
+        let configs = tune_llm(&llm, chips, &profile)?;
+        let best = best_per_algorithm(&configs);
+        let mut replayed = Vec::new();
+        for c in best.iter().take(args.replay) {
+            replayed.extend(replay_llm(&llm, c.algorithm, c.shape, &profile, &REPLAY_SLICES)?);
+        }
+        replayed.sort_by(|a, b| a.total_s.total_cmp(&b.total_s));
+        let config_json = |c: &MeshConfig| {
+            json!({
+                "algorithm": cli_name(c.algorithm),
+                "mesh": c.shape.to_string(),
+                "time_ms": c.total_s * 1e3,
+                "gemm_share": c.compute_s / c.total_s,
+                "slices": c.layers.iter().map(|l| json!({ "layer": l.layer, "slices": l.slices })).collect::<Vec<_>>(),
+            })
+        };
+        let winner = replayed.first().unwrap_or(&configs[0]);
         if args.json {
-            let configs = tune_llm(&llm, chips, &profile, &NoMeshPlans)?;
-            let best: Vec<_> = best_per_algorithm(&configs)
-                .into_iter()
-                .map(|c| {
-                    json!({
-                        "algorithm": c.algorithm.name(),
-                        "mesh": c.shape.to_string(),
-                        "time_ms": c.total_s * 1e3,
-                        "gemm_share": c.compute_s / c.total_s,
-                        "slices": c.layers.iter().map(|l| json!({ "layer": l.layer, "slices": l.slices })).collect::<Vec<_>>(),
-                    })
-                })
-                .collect();
             return print_json(json!({
                 "mode": "llm",
                 "model": llm.name,
                 "chips": chips,
                 "profile": profile.name,
-                "best_per_algorithm": best,
-                "winner": { "algorithm": configs[0].algorithm.name(), "mesh": configs[0].shape.to_string() },
+                "best_per_algorithm": best.iter().map(|c| config_json(c)).collect::<Vec<_>>(),
+                "replayed": replayed.iter().map(config_json).collect::<Vec<_>>(),
+                "winner": {
+                    "algorithm": cli_name(winner.algorithm),
+                    "mesh": winner.shape.to_string(),
+                    "by": if replayed.is_empty() { "closed form" } else { "simulated" },
+                },
             }));
         }
-        println!(
-            "{} on {chips} chips of {}: {} tokens per step, {} (seed 002's analytic model; `cmm simulate --mesh` simulates one configuration's plan)",
-            llm.name, profile.name, llm.tokens, llm.dtype
-        );
+        println!("{} on {chips} chips of {}: {} tokens per step, {}", llm.name, profile.name, llm.tokens, llm.dtype);
         println!();
         println!("phase 1: dataflows (the largest matrix stays stationary in all three passes)");
         for lf in choose_dataflows(&llm) {
@@ -244,26 +256,59 @@ pub fn run(args: &Args) -> Result<()> {
                 lf.stored_transposed
             );
         }
-        let configs = tune_llm(&llm, chips, &profile, &NoMeshPlans)?;
-        println!();
-        println!("phase 2: mesh shape and slices — best configuration of each algorithm (one block, fwd + bwd)");
-        println!("{:<12} {:>8} {:>12} {:>10}  slices per layer", "algorithm", "mesh", "time", "GEMM share");
-        for c in best_per_algorithm(&configs) {
-            println!(
-                "{:<12} {:>8} {:>9.2} ms {:>9.0}%  {}",
-                c.algorithm.name(),
-                c.shape.to_string(),
-                c.total_s * 1e3,
-                100.0 * c.compute_s / c.total_s,
-                if c.algorithm == cmm_sim::analytic::MeshFamily::MeshSlice {
-                    c.layers.iter().map(|l| format!("{}={}", l.layer, l.slices)).collect::<Vec<_>>().join(" ")
-                } else {
-                    "-".to_string()
-                }
+        let table = |title: &str, rows: &[&MeshConfig]| {
+            println!();
+            println!("{title}");
+            println!("{:<12} {:>8} {:>12} {:>10}  slices per layer", "algorithm", "mesh", "time", "GEMM share");
+            for c in rows {
+                println!(
+                    "{:<12} {:>8} {:>9.2} ms {:>9.0}%  {}",
+                    c.algorithm.name(),
+                    c.shape.to_string(),
+                    c.total_s * 1e3,
+                    100.0 * c.compute_s / c.total_s,
+                    if c.algorithm == cmm_sim::analytic::MeshFamily::MeshSlice {
+                        c.layers.iter().map(|l| format!("{}={}", l.layer, l.slices)).collect::<Vec<_>>().join(" ")
+                    } else {
+                        "-".to_string()
+                    }
+                );
+            }
+        };
+        table(
+            "phase 2: mesh shape and slices by seed 002's closed form — best configuration of each algorithm (one block, fwd + bwd)",
+            &best,
+        );
+        if !replayed.is_empty() {
+            table(
+                &format!(
+                    "phase 3: cmm's own plans for the first {} of those, simulated (each layer at its best S of {:?}; GEMM share: the plans' compute floors)",
+                    replayed.len(),
+                    REPLAY_SLICES
+                ),
+                &replayed.iter().collect::<Vec<_>>(),
             );
         }
         let w = &configs[0];
-        println!("winner: {} on a {} mesh ({:.2} ms per block)", w.algorithm, w.shape, w.total_s * 1e3);
+        println!(
+            "by seed 002's closed form: {} on a {} mesh ({:.2} ms per block)",
+            w.algorithm,
+            w.shape,
+            w.total_s * 1e3
+        );
+        if let Some(r) = replayed.first() {
+            println!(
+                "winner as cmm builds it: {} on a {} mesh ({:.2} ms per block, simulated)",
+                r.algorithm,
+                r.shape,
+                r.total_s * 1e3
+            );
+        }
+        let pairs: Vec<(f64, f64)> = replayed
+            .iter()
+            .filter_map(|r| best.iter().find(|c| c.algorithm == r.algorithm).map(|c| (r.total_s, c.total_s)))
+            .collect();
+        print_form_note(&pairs);
         return Ok(());
     }
     let (Some(m), Some(n), Some(k)) = (args.problem.m, args.problem.n, args.problem.k) else {
@@ -276,21 +321,21 @@ pub fn run(args: &Args) -> Result<()> {
         other => bail!("unknown dataflow `{other}` (os, ls or rs)"),
     };
     let gemm = MeshGemm { m, n, k, dataflow, dtype: args.problem.input };
-    let ranked = tune_mesh_gemm(&gemm, chips, &profile, &NoMeshPlans)?;
+    let ranked = tune_mesh_gemm(&gemm, chips, &profile, args.replay)?;
     if args.json {
         let rows: Vec<_> = ranked
             .iter()
             .take(args.top)
-            .map(|(alg, shape, s, e)| {
+            .map(|c| {
                 json!({
-                    "algorithm": alg.name(),
-                    "mesh": shape.to_string(),
-                    "slices": s,
-                    "time_us": e.total_s() * 1e6,
-                    "how": match e {
-                        MeshEvaluation::Analytic(_) => "analytic",
-                        MeshEvaluation::Simulated(_) => "simulated",
-                    },
+                    "algorithm": cli_name(c.algorithm),
+                    "mesh": c.shape.to_string(),
+                    "slices": c.slices(),
+                    "time_us": c.time_s() * 1e6,
+                    "how": if c.replayed.is_some() { "simulated" } else { "closed form" },
+                    "simulated_us": c.replayed.as_ref().map(|(_, r)| r.makespan_s * 1e6),
+                    "closed_form_us": c.analytic.total_s * 1e6,
+                    "closed_form_slices": c.analytic_slices,
                 })
             })
             .collect();
@@ -305,15 +350,67 @@ pub fn run(args: &Args) -> Result<()> {
         }));
     }
     println!("{dataflow} GEMM M={m} N={n} K={k} {} on {chips} chips of {}", gemm.dtype, profile.name);
-    println!("{:<4} {:<12} {:>8} {:>5} {:>12}  how", "rank", "algorithm", "mesh", "S", "time");
-    for (i, (alg, shape, s, e)) in ranked.iter().take(args.top).enumerate() {
-        let how = match e {
-            MeshEvaluation::Analytic(a) => format!("analytic: {}", a.detail),
-            MeshEvaluation::Simulated(_) => "simulated mesh plan".to_string(),
-        };
-        println!("{:<4} {:<12} {:>8} {:>5} {:>12}  {how}", i + 1, alg.name(), shape.to_string(), s, us(e.total_s()));
+    match args.replay.min(ranked.len()) {
+        0 => println!("ranked by seed 002's closed form alone (--replay 0: no plan simulated)"),
+        n => println!(
+            "the {n} candidates seed 002's closed form ranks highest, replayed as cmm builds them (simulated at every S \
+             that builds) and ranked by that; then the rest by the form"
+        ),
     }
+    println!(
+        "{:<4} {:<12} {:>8} {:>5} {:>12}  {:>12} {:>5}  closed form's terms",
+        "rank", "algorithm", "mesh", "S", "simulated", "closed form", "S"
+    );
+    for (i, c) in ranked.iter().take(args.top).enumerate() {
+        if i > 0 && c.replayed.is_none() && ranked[..i].iter().all(|r| r.replayed.is_some()) {
+            println!("not replayed, by seed 002's closed form alone:");
+        }
+        let simulated = c.replayed.as_ref().map_or("-".to_string(), |(_, r)| us(r.makespan_s));
+        println!(
+            "{:<4} {:<12} {:>8} {:>5} {:>12}  {:>12} {:>5}  {}",
+            i + 1,
+            c.algorithm.name(),
+            c.shape.to_string(),
+            c.replayed.as_ref().map_or("-".to_string(), |(s, _)| s.to_string()),
+            simulated,
+            us(c.analytic.total_s),
+            c.analytic_slices,
+            c.analytic.detail
+        );
+    }
+    let w = &ranked[0];
+    println!(
+        "winner: {} on a {} mesh, S = {} ({}, {})",
+        w.algorithm,
+        w.shape,
+        w.slices(),
+        us(w.time_s()),
+        if w.replayed.is_some() { "cmm's plan simulated" } else { "seed 002's closed form: nothing replayed" }
+    );
+    let pairs: Vec<(f64, f64)> =
+        ranked.iter().filter_map(|c| c.replayed.as_ref().map(|(_, r)| (r.makespan_s, c.analytic.total_s))).collect();
+    print_form_note(&pairs);
     Ok(())
+}
+
+/// A 2D algorithm as `cmm simulate --mesh --algorithm` spells it, so JSON reads back.
+fn cli_name(algorithm: cmm_sim::analytic::MeshFamily) -> String {
+    algorithm.name().to_ascii_lowercase()
+}
+
+/// Where seed 002's closed form and cmm's mesh plans part, with the spread of the replayed
+/// candidates' simulated time over the form's (`pairs`: simulated and closed-form seconds).
+fn print_form_note(pairs: &[(f64, f64)]) {
+    let ratios = pairs.iter().map(|(simulated, form)| simulated / form);
+    let (low, high) = ratios.fold((f64::INFINITY, 0.0_f64), |(l, h), r| (l.min(r), h.max(r)));
+    if pairs.is_empty() {
+        return;
+    }
+    println!(
+        "note: seed 002's closed form streams each collective both ways round a torus and each SUMMA broadcast in \
+         packets; cmm's mesh plans send one way round, a whole block or panel a hop (a copy and a signal each): \
+         here the simulated plans take {low:.2} to {high:.2} times the form's time"
+    );
 }
 
 #[cfg(test)]

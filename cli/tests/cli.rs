@@ -359,6 +359,56 @@ fn tune_says_what_a_fused_winner_assumes() {
     assert!(text_out.contains("\ncaveat: the fused plans have run only as virtual devices"), "{text_out}");
 }
 
+/// The 2D tuner's times are cmm's own plans simulated where it replayed them, the closed
+/// form's beside them, and its winner says which of the two it was ranked by.
+#[test]
+fn the_2d_tuner_prints_cmms_plans_simulated_beside_seed_002s_form() {
+    let s = Scratch::new("tune-2d");
+    let gemm = ["tune", "--chips", "16", "-m", "8192", "-n", "8192", "-k", "8192", "--input", "bf16"];
+    let torus = [&gemm[..], &["--profile", "tpuv4-torus", "--top", "6"]].concat();
+    let o = cmm(&s.0, &[&torus[..], &["--json"]].concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = v["ranked"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{v}");
+    for (i, row) in rows.iter().enumerate() {
+        let simulated = row["simulated_us"].as_f64();
+        assert_eq!(simulated.is_some(), i < 5, "the default replays five: {row}");
+        assert_eq!(row["how"], if i < 5 { "simulated" } else { "closed form" }, "{row}");
+        let time = row["time_us"].as_f64().unwrap();
+        assert_eq!(time, simulated.unwrap_or(row["closed_form_us"].as_f64().unwrap()), "{row}");
+    }
+    // The plan `cmm simulate --mesh` simulates for the winner takes the winner's time.
+    let w = &rows[0];
+    let mesh = w["mesh"].as_str().unwrap();
+    let slices = w["slices"].to_string();
+    let mut one = vec!["simulate", "--mesh", mesh, "-m", "8192", "-n", "8192", "-k", "8192", "--input", "bf16"];
+    one.extend(["--profile", "tpuv4-torus", "--algorithm", w["algorithm"].as_str().unwrap(), "--json"]);
+    if w["algorithm"] == "meshslice" {
+        one.extend(["--slices", &slices]);
+    }
+    let o = cmm(&s.0, &one);
+    assert!(o.status.success(), "{}", text(&o));
+    let sim: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let makespan_us = sim["makespan_us"].as_f64().unwrap();
+    assert!((makespan_us - w["time_us"].as_f64().unwrap()).abs() < 1e-6 * makespan_us, "{sim} against {w}");
+    let out = text(&cmm(&s.0, &torus));
+    assert!(
+        out.contains("cmm's plan simulated)") && out.contains("\nnot replayed, by seed 002's closed form alone:"),
+        "{out}"
+    );
+    assert!(out.contains("here the simulated plans take "), "{out}");
+    let out = text(&cmm(&s.0, &[&torus[..], &["--replay", "0"]].concat()));
+    assert!(out.contains("seed 002's closed form: nothing replayed)") && !out.contains("note:"), "{out}");
+    // Sixteen chips on a profile of eight: refused, not priced on links it does not have.
+    let o = cmm(&s.0, &[&gemm[..], &["--profile", "h100-nvlink"]].concat());
+    assert!(
+        !o.status.success() && text(&o).contains("profile h100-nvlink describes at most 8 devices"),
+        "{}",
+        text(&o)
+    );
+}
+
 /// docs/simulator.md shows `cmm simulate --validate`'s output "unedited": at least its
 /// bench sections, which the one-GPU model changes most, must be. (The whole command takes
 /// over a minute, most of it in seed 002's cross-check; each bench section is

@@ -7,9 +7,11 @@
 //! Linear layers: the baseline, Megatron's order and the ring decomposition of a
 //! [`LinearProblem`] simulated side by side, with the overlap verdict ([`tune_linear`]).
 //!
-//! 2D: (algorithm, dataflow, mesh shape, S) ranked by the analytic model of seed 002 today.
-//! Candidates go through [`MeshPlanner`]: when the mesh module can build a plan for a
-//! candidate, the tuner simulates that plan instead of using the formula.
+//! 2D: (algorithm, dataflow, mesh shape, S) priced by seed 002's closed form, which is fast
+//! over the whole space; the candidates it ranks highest are then replayed as cmm builds
+//! them ([`mesh_plan`], simulated on the profile) and ranked by that ([`tune_mesh_gemm`],
+//! [`replay_llm`]). The two differ: the closed form streams each collective both ways round
+//! a torus, while cmm's mesh plans gather and reduce one way, a copy and a signal a hop.
 
 use std::fmt;
 
@@ -48,6 +50,16 @@ pub enum TuneError {
         /// Chips.
         chips: usize,
     },
+    /// More chips than the profile's system has.
+    #[error("{chips} chips: profile {profile} describes at most {max} devices (a multi-node profile such as h100-ib, or tpuv4-torus, describes more)")]
+    ProfileChips {
+        /// Chips.
+        chips: usize,
+        /// Profile name.
+        profile: String,
+        /// The most devices it describes.
+        max: usize,
+    },
     /// A GEMM to tune cannot be modelled at all (before any mesh is tried).
     #[error("{what}: {source}")]
     Gemm {
@@ -69,6 +81,15 @@ pub enum TuneError {
 /// The tuner's chips are a problem's devices: at most [`cmm_core::plan::MAX_DEVICES`].
 fn check_chips(chips: usize) -> Result<(), TuneError> {
     cmm_core::plan::check_device_count(chips as u128).map_err(|_| TuneError::Chips { chips })
+}
+
+/// The profile's system has the chips: a 2D candidate on more devices than it describes
+/// would be priced on links it does not have.
+fn check_profile_chips(chips: usize, profile: &Profile) -> Result<(), TuneError> {
+    if chips > profile.max_devices {
+        return Err(TuneError::ProfileChips { chips, profile: profile.name.clone(), max: profile.max_devices });
+    }
+    Ok(())
 }
 
 /// Every GEMM of every layer of `llm` can be modelled: checked on the layers' sizes before
@@ -235,90 +256,48 @@ pub fn tune_1d(problem: &Problem, profile: &Profile) -> Result<Ranking1d, TuneEr
     Ok(Ranking1d { ranked, skipped, reason })
 }
 
-/// Builds plans for 2D candidates. The mesh module implements it when it lands; until then
-/// [`NoMeshPlans`] makes the tuner fall back to the analytic model.
-pub trait MeshPlanner {
-    /// A plan for `algorithm` on `shape` with `slices`, or `None` when this planner has none.
-    fn plan(&self, gemm: &MeshGemm, algorithm: MeshFamily, shape: MeshShape, slices: usize) -> Option<Plan>;
+/// cmm's own plan for a 2D candidate, as the reference checks it and the CUDA backend runs
+/// it, or `None` where the mesh module builds none (S not dividing the sliced extents, a
+/// dimension the mesh does not divide). MeshSlice's block size B is the largest that lets
+/// S·B divide both sliced extents (seed 002: S·B | K/Nr and S·B | K/Nc for OS).
+pub fn mesh_plan(gemm: &MeshGemm, family: MeshFamily, shape: MeshShape, slices: usize) -> Option<Plan> {
+    let (rows, cols) = (shape.rows, shape.cols);
+    let problem =
+        MeshProblem::for_simulation(rows, cols, gemm.dataflow, gemm.m, gemm.n, gemm.k, gemm.dtype, gemm.dtype).ok()?;
+    let algorithm = match family {
+        MeshFamily::Collective => MeshAlgorithm::Collective,
+        MeshFamily::Summa => MeshAlgorithm::Summa,
+        MeshFamily::Cannon => MeshAlgorithm::Cannon,
+        MeshFamily::Wang => MeshAlgorithm::Wang,
+        MeshFamily::MeshSlice => MeshAlgorithm::MeshSlice { slices, block: problem.largest_block(slices)? },
+    };
+    build_mesh_plan(&problem, algorithm).ok()
 }
 
-/// The planner with no mesh plans: the tuner uses the analytic model alone (fast enough
-/// for the whole search space at hundreds of chips).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoMeshPlans;
-
-impl MeshPlanner for NoMeshPlans {
-    fn plan(&self, _: &MeshGemm, _: MeshFamily, _: MeshShape, _: usize) -> Option<Plan> {
-        None
-    }
-}
-
-/// The planner backed by the mesh module: the tuner simulates the real plans that the
-/// reference checks. MeshSlice's block size B is the largest that lets S·B divide both
-/// sliced extents (seed 002: S·B | K/Nr and S·B | K/Nc for OS).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MeshPlans;
-
-impl MeshPlanner for MeshPlans {
-    fn plan(&self, gemm: &MeshGemm, family: MeshFamily, shape: MeshShape, slices: usize) -> Option<Plan> {
-        let (rows, cols) = (shape.rows, shape.cols);
-        let problem =
-            MeshProblem::for_simulation(rows, cols, gemm.dataflow, gemm.m, gemm.n, gemm.k, gemm.dtype, gemm.dtype)
-                .ok()?;
-        let algorithm = match family {
-            MeshFamily::Collective => MeshAlgorithm::Collective,
-            MeshFamily::Summa => MeshAlgorithm::Summa,
-            MeshFamily::Cannon => MeshAlgorithm::Cannon,
-            MeshFamily::Wang => MeshAlgorithm::Wang,
-            MeshFamily::MeshSlice => MeshAlgorithm::MeshSlice { slices, block: problem.largest_block(slices)? },
-        };
-        build_mesh_plan(&problem, algorithm).ok()
-    }
-}
-
-/// How a 2D candidate's time was obtained.
-#[derive(Clone, Debug)]
-pub enum MeshEvaluation {
-    /// Seed 002's closed form.
-    Analytic(MeshEstimate),
-    /// A simulated mesh plan.
-    Simulated(Box<SimReport>),
-}
-
-impl MeshEvaluation {
-    /// Seconds.
-    pub fn total_s(&self) -> f64 {
-        match self {
-            MeshEvaluation::Analytic(e) => e.total_s,
-            MeshEvaluation::Simulated(r) => r.makespan_s,
-        }
-    }
-}
-
-/// Evaluates one 2D candidate: simulates the planner's plan when there is one, else the
-/// analytic model.
-pub fn evaluate_mesh(
+/// [`mesh_plan`] simulated on `profile`, the mesh laid on the profile's torus as
+/// `shape` (a torus profile; other topologies ignore it). `None` where no plan builds.
+pub fn replay_mesh(
     gemm: &MeshGemm,
-    algorithm: MeshFamily,
+    family: MeshFamily,
     shape: MeshShape,
     slices: usize,
     profile: &Profile,
-    planner: &dyn MeshPlanner,
-) -> Option<MeshEvaluation> {
-    let analytic = estimate_mesh(algorithm, gemm, shape, slices, profile).ok()?;
-    match planner.plan(gemm, algorithm, shape, slices) {
-        Some(plan) => {
-            let options = SimOptions { torus_dims: Some(vec![shape.rows, shape.cols]), ..SimOptions::default() };
-            simulate(&plan, profile, &options).ok().map(|r| MeshEvaluation::Simulated(Box::new(r)))
-        }
-        None => Some(MeshEvaluation::Analytic(analytic)),
-    }
+) -> Result<Option<SimReport>, TuneError> {
+    let Some(plan) = mesh_plan(gemm, family, shape, slices) else {
+        return Ok(None);
+    };
+    let options = SimOptions { torus_dims: Some(vec![shape.rows, shape.cols]), ..SimOptions::default() };
+    Ok(Some(simulate(&plan, profile, &options)?))
 }
 
 /// Slice counts tried for MeshSlice.
 pub fn slice_candidates() -> Vec<usize> {
     (1..=64).collect()
 }
+
+/// Slice counts a model's layers are replayed at ([`replay_llm`]): a layer's plans at
+/// hundreds of chips hold up to ~10^6 ops each, too many to simulate at every S.
+pub const REPLAY_SLICES: [usize; 8] = [1, 2, 4, 8, 12, 16, 24, 32];
 
 /// A linear (fully connected) layer: `Y = X·W`, X is tokens × in, W is in × out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -509,65 +488,23 @@ pub struct MeshConfig {
     pub compute_s: f64,
 }
 
-/// MeshSlice phase 2 and the same search for every other algorithm: for each mesh shape,
-/// each layer's best S (MeshSlice; one S per layer, shared by its three GEMMs), summed.
-/// Returns every feasible (algorithm, shape), fastest first.
-pub fn tune_llm(
-    llm: &LlmConfig,
-    chips: usize,
-    profile: &Profile,
-    planner: &dyn MeshPlanner,
-) -> Result<Vec<MeshConfig>, TuneError> {
+/// MeshSlice phase 2 and the same search for every other algorithm, by seed 002's closed
+/// form: for each mesh shape, each layer's best S (MeshSlice; one S per layer, shared by its
+/// three GEMMs), summed. Returns every feasible (algorithm, shape), fastest first.
+pub fn tune_llm(llm: &LlmConfig, chips: usize, profile: &Profile) -> Result<Vec<MeshConfig>, TuneError> {
     check_chips(chips)?;
+    check_profile_chips(chips, profile)?;
     check_llm(llm)?;
     let flows = choose_dataflows(llm);
     let mut configs = Vec::new();
     for shape in MeshShape::all(chips) {
         for algorithm in MeshFamily::ALL {
             let slices = if algorithm == MeshFamily::MeshSlice { slice_candidates() } else { vec![1] };
-            let mut layers = Vec::new();
-            let mut compute_s = 0.0;
-            let mut feasible = true;
-            for lf in &flows {
-                // Transposed dataflows swap the mesh directions.
-                let s = if lf.transposed { shape.transposed() } else { shape };
-                let mut best: Option<(usize, f64, f64)> = None;
-                for &sl in &slices {
-                    let mut time = 0.0;
-                    let mut comp = 0.0;
-                    let mut ok = true;
-                    for p in &lf.passes {
-                        match evaluate_mesh(&p.gemm, algorithm, s, sl, profile, planner) {
-                            Some(e) => {
-                                time += e.total_s();
-                                if let MeshEvaluation::Analytic(a) = &e {
-                                    comp += a.compute_s;
-                                }
-                            }
-                            None => {
-                                ok = false;
-                                break;
-                            }
-                        }
-                    }
-                    if ok && best.is_none_or(|b| time < b.1) {
-                        best = Some((sl, time, comp));
-                    }
-                }
-                match best {
-                    Some((sl, time, comp)) => {
-                        compute_s += comp;
-                        layers.push(LayerChoice { layer: lf.layer.name, slices: sl, time_s: time });
-                    }
-                    None => {
-                        feasible = false;
-                        break;
-                    }
-                }
-            }
-            if feasible {
-                let total_s = layers.iter().map(|l| l.time_s).sum();
-                configs.push(MeshConfig { algorithm, shape, layers, total_s, compute_s });
+            let form = |gemm: &MeshGemm, shape: MeshShape, s: usize| {
+                estimate_mesh(algorithm, gemm, shape, s, profile).ok().map(|e| (e.total_s, e.compute_s))
+            };
+            if let Some(config) = best_layers(&flows, algorithm, shape, &slices, form) {
+                configs.push(config);
             }
         }
     }
@@ -576,6 +513,64 @@ pub fn tune_llm(
     }
     configs.sort_by(|a, b| a.total_s.total_cmp(&b.total_s));
     Ok(configs)
+}
+
+/// cmm's own plans for `algorithm` on `shape` simulated for every pass of every layer of
+/// `llm`: per layer the best S among `slices` (MeshSlice; the other algorithms take 1), its
+/// compute the plans' compute floors. `None` where some layer builds no plan at any of them.
+pub fn replay_llm(
+    llm: &LlmConfig,
+    algorithm: MeshFamily,
+    shape: MeshShape,
+    profile: &Profile,
+    slices: &[usize],
+) -> Result<Option<MeshConfig>, TuneError> {
+    check_chips(shape.chips())?;
+    check_profile_chips(shape.chips(), profile)?;
+    let flows = choose_dataflows(llm);
+    let slices = if algorithm == MeshFamily::MeshSlice { slices.to_vec() } else { vec![1] };
+    let mut failed = None;
+    let replay = |gemm: &MeshGemm, shape: MeshShape, s: usize| match replay_mesh(gemm, algorithm, shape, s, profile) {
+        Ok(report) => report.map(|r| (r.makespan_s, r.compute_floor_s)),
+        Err(e) => {
+            failed.get_or_insert(e);
+            None
+        }
+    };
+    let config = best_layers(&flows, algorithm, shape, &slices, replay);
+    failed.map_or(Ok(config), Err)
+}
+
+/// Each layer's best S on `shape` by `time` (seconds and compute seconds of one GEMM on a
+/// mesh with S slices, `None` where it has none), summed over the layer's passes.
+fn best_layers(
+    flows: &[LayerDataflows],
+    algorithm: MeshFamily,
+    shape: MeshShape,
+    slices: &[usize],
+    mut time: impl FnMut(&MeshGemm, MeshShape, usize) -> Option<(f64, f64)>,
+) -> Option<MeshConfig> {
+    let mut layers = Vec::new();
+    let mut compute_s = 0.0;
+    for lf in flows {
+        // Transposed dataflows swap the mesh directions.
+        let on = if lf.transposed { shape.transposed() } else { shape };
+        let mut best: Option<(usize, f64, f64)> = None;
+        for &s in slices {
+            let passes: Option<Vec<(f64, f64)>> = lf.passes.iter().map(|p| time(&p.gemm, on, s)).collect();
+            if let Some(passes) = passes {
+                let (t, c) = passes.iter().fold((0.0, 0.0), |acc, p| (acc.0 + p.0, acc.1 + p.1));
+                if best.is_none_or(|b| t < b.1) {
+                    best = Some((s, t, c));
+                }
+            }
+        }
+        let (s, t, c) = best?;
+        compute_s += c;
+        layers.push(LayerChoice { layer: lf.layer.name, slices: s, time_s: t });
+    }
+    let total_s = layers.iter().map(|l| l.time_s).sum();
+    Some(MeshConfig { algorithm, shape, layers, total_s, compute_s })
 }
 
 /// The fastest configuration of each algorithm, fastest first.
@@ -589,28 +584,61 @@ pub fn best_per_algorithm(configs: &[MeshConfig]) -> Vec<&MeshConfig> {
     best
 }
 
-/// Ranks (algorithm, mesh, S) for one 2D GEMM with a given dataflow, fastest first.
+/// One 2D candidate for a GEMM: seed 002's closed form at the S it finds best, and, where
+/// the tuner replayed it, cmm's own plan simulated at the S the replay finds best.
+#[derive(Clone, Debug)]
+pub struct MeshCandidate {
+    /// Algorithm.
+    pub algorithm: MeshFamily,
+    /// Mesh.
+    pub shape: MeshShape,
+    /// Seed 002's closed form at `analytic_slices`.
+    pub analytic: MeshEstimate,
+    /// The closed form's best S (MeshSlice; 1 for the others).
+    pub analytic_slices: usize,
+    /// cmm's plan simulated: its best S over [`slice_candidates`] (1 for the algorithms
+    /// without slices) and the report; `None` where not replayed or no plan builds.
+    pub replayed: Option<(usize, Box<SimReport>)>,
+}
+
+impl MeshCandidate {
+    /// The time it ranks by: the replay's where there is one, else the closed form's.
+    pub fn time_s(&self) -> f64 {
+        self.replayed.as_ref().map_or(self.analytic.total_s, |(_, r)| r.makespan_s)
+    }
+
+    /// The S of [`Self::time_s`].
+    pub fn slices(&self) -> usize {
+        self.replayed.as_ref().map_or(self.analytic_slices, |(s, _)| *s)
+    }
+}
+
+/// Ranks (algorithm, mesh) for one 2D GEMM with a given dataflow. Seed 002's closed form
+/// prices every candidate (fast at hundreds of chips); then cmm's own plans for the
+/// `replay` candidates it ranks highest are simulated at every S that builds. Those come
+/// first, fastest replay first, then the rest by the closed form.
 pub fn tune_mesh_gemm(
     gemm: &MeshGemm,
     chips: usize,
     profile: &Profile,
-    planner: &dyn MeshPlanner,
-) -> Result<Vec<(MeshFamily, MeshShape, usize, MeshEvaluation)>, TuneError> {
+    replay: usize,
+) -> Result<Vec<MeshCandidate>, TuneError> {
     check_chips(chips)?;
+    check_profile_chips(chips, profile)?;
     gemm.check_size().map_err(|source| TuneError::Gemm {
         what: format!("{} GEMM M={} N={} K={}", gemm.dataflow, gemm.m, gemm.n, gemm.k),
         source,
     })?;
+    let slices_of = |algorithm| if algorithm == MeshFamily::MeshSlice { slice_candidates() } else { vec![1] };
     let mut out = Vec::new();
     for shape in MeshShape::all(chips) {
         for algorithm in MeshFamily::ALL {
-            let slices = if algorithm == MeshFamily::MeshSlice { slice_candidates() } else { vec![1] };
-            let best = slices
+            let best = slices_of(algorithm)
                 .into_iter()
-                .filter_map(|s| evaluate_mesh(gemm, algorithm, shape, s, profile, planner).map(|e| (s, e)))
-                .min_by(|a, b| a.1.total_s().total_cmp(&b.1.total_s()));
-            if let Some((s, e)) = best {
-                out.push((algorithm, shape, s, e));
+                .filter_map(|s| estimate_mesh(algorithm, gemm, shape, s, profile).ok().map(|e| (s, e)))
+                .min_by(|a, b| a.1.total_s.total_cmp(&b.1.total_s));
+            if let Some((analytic_slices, analytic)) = best {
+                out.push(MeshCandidate { algorithm, shape, analytic, analytic_slices, replayed: None });
             }
         }
     }
@@ -620,7 +648,17 @@ pub fn tune_mesh_gemm(
             chips,
         });
     }
-    out.sort_by(|a, b| a.3.total_s().total_cmp(&b.3.total_s()));
+    out.sort_by(|a, b| a.analytic.total_s.total_cmp(&b.analytic.total_s));
+    for candidate in out.iter_mut().take(replay) {
+        for s in slices_of(candidate.algorithm) {
+            if let Some(report) = replay_mesh(gemm, candidate.algorithm, candidate.shape, s, profile)? {
+                if candidate.replayed.as_ref().is_none_or(|(_, r)| report.makespan_s < r.makespan_s) {
+                    candidate.replayed = Some((s, Box::new(report)));
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| a.replayed.is_none().cmp(&b.replayed.is_none()).then(a.time_s().total_cmp(&b.time_s())));
     Ok(out)
 }
 
@@ -727,26 +765,95 @@ mod tests {
         assert!(choose_dataflows(&small).iter().all(|f| f.stationary == Stationary::Weight && f.transposed));
     }
 
+    /// The 2D tuner ranks the candidates it replays by cmm's own plans simulated, each at
+    /// the S that simulates fastest, ahead of the rest, which keep the closed form's order.
+    #[test]
+    fn the_2d_tuner_ranks_the_leaders_by_cmms_own_plans_simulated() {
+        let profile = Profile::load("tpuv4-torus").unwrap();
+        let gemm = MeshGemm { m: 8192, n: 8192, k: 8192, dataflow: Dataflow::Os, dtype: DType::Bf16 };
+        let ranked = tune_mesh_gemm(&gemm, 16, &profile, 4).unwrap();
+        let (replayed, rest) = ranked.split_at(4);
+        assert!(replayed.iter().all(|c| c.replayed.is_some()) && rest.iter().all(|c| c.replayed.is_none()));
+        assert!(replayed.windows(2).all(|w| w[0].time_s() <= w[1].time_s()));
+        assert!(rest.windows(2).all(|w| w[0].analytic.total_s <= w[1].analytic.total_s));
+        // The replayed are the closed form's first four, and none of the rest beats them by it.
+        let worst_replayed_form = replayed.iter().map(|c| c.analytic.total_s).fold(0.0, f64::max);
+        assert!(rest.iter().all(|c| c.analytic.total_s >= worst_replayed_form));
+        for c in replayed {
+            let (s, report) = c.replayed.as_ref().unwrap();
+            let again = replay_mesh(&gemm, c.algorithm, c.shape, *s, &profile).unwrap().unwrap();
+            assert_eq!(again.makespan_s, report.makespan_s, "{} {}", c.algorithm, c.shape);
+            // No S that builds simulates faster.
+            for other in slice_candidates() {
+                if let Some(r) = replay_mesh(&gemm, c.algorithm, c.shape, other, &profile).unwrap() {
+                    assert!(r.makespan_s >= report.makespan_s, "{} {} S={other}", c.algorithm, c.shape);
+                }
+            }
+            let form = estimate_mesh(c.algorithm, &gemm, c.shape, c.analytic_slices, &profile).unwrap();
+            assert_eq!(form.total_s, c.analytic.total_s);
+        }
+        // Nothing replayed: the closed form's order alone.
+        let form_only = tune_mesh_gemm(&gemm, 16, &profile, 0).unwrap();
+        assert!(form_only.iter().all(|c| c.replayed.is_none() && c.time_s() == c.analytic.total_s));
+        assert!(form_only.windows(2).all(|w| w[0].time_s() <= w[1].time_s()));
+    }
+
+    /// A model's layers replayed: each layer's time is its passes' plans simulated at the S
+    /// it reports, and no S of the set is faster.
+    #[test]
+    fn a_models_layers_are_replayed_at_their_fastest_slice_count() {
+        let profile = Profile::load("tpuv4-torus").unwrap();
+        let llm = LlmConfig {
+            name: "small",
+            tokens: 8192,
+            layers: vec![
+                FcLayer { name: "up", in_features: 1024, out_features: 4096 },
+                FcLayer { name: "down", in_features: 4096, out_features: 1024 },
+            ],
+            dtype: DType::Bf16,
+        };
+        let shape = MeshShape { rows: 4, cols: 4 };
+        let slices = [1, 2, 4, 8];
+        let config = replay_llm(&llm, MeshFamily::MeshSlice, shape, &profile, &slices).unwrap().unwrap();
+        let flows = choose_dataflows(&llm);
+        assert_eq!(config.layers.len(), 2);
+        let layer_s = |lf: &LayerDataflows, s: usize| -> Option<f64> {
+            let on = if lf.transposed { shape.transposed() } else { shape };
+            lf.passes
+                .iter()
+                .map(|p| replay_mesh(&p.gemm, MeshFamily::MeshSlice, on, s, &profile).unwrap().map(|r| r.makespan_s))
+                .sum()
+        };
+        for (choice, lf) in config.layers.iter().zip(&flows) {
+            assert_eq!(layer_s(lf, choice.slices), Some(choice.time_s), "{}", choice.layer);
+            assert!(slices.iter().filter_map(|&s| layer_s(lf, s)).all(|t| t >= choice.time_s), "{}", choice.layer);
+        }
+        assert_eq!(config.total_s, config.layers.iter().map(|l| l.time_s).sum::<f64>());
+        // The algorithms without slices run once, at 1, whatever the set.
+        let wang = replay_llm(&llm, MeshFamily::Wang, shape, &profile, &slices).unwrap().unwrap();
+        assert!(wang.layers.iter().all(|l| l.slices == 1));
+    }
+
     /// A GEMM whose matrices no buffer holds (their element counts would wrap) or that has
     /// no elements is refused before any mesh is priced, naming the matrix.
     #[test]
     fn the_2d_tuner_refuses_matrices_past_a_buffers_size() {
         let profile = Profile::load("tpuv4-torus").unwrap();
         let gemm = |m: usize, n: usize, k: usize| MeshGemm { m, n, k, dataflow: Dataflow::Os, dtype: DType::Bf16 };
-        let e = tune_mesh_gemm(&gemm(1 << 40, 4096, 1 << 40), 256, &profile, &NoMeshPlans).unwrap_err();
+        let e = tune_mesh_gemm(&gemm(1 << 40, 4096, 1 << 40), 256, &profile, 0).unwrap_err();
         assert!(
             matches!(e, TuneError::Gemm { .. }) && e.to_string().contains("A is 1099511627776×1099511627776"),
             "{e}"
         );
-        let e = tune_mesh_gemm(&gemm(4096, 0, 4096), 256, &profile, &NoMeshPlans).unwrap_err();
+        let e = tune_mesh_gemm(&gemm(4096, 0, 4096), 256, &profile, 0).unwrap_err();
         assert!(e.to_string().contains("B is 4096×0"), "{e}");
         // At batch 0 a layer has no tokens; at 2^40 sequences its activations no buffer holds.
         for batch in [0, 1 << 40] {
-            let e = tune_llm(&LlmConfig::gpt3_175b(batch), 256, &profile, &NoMeshPlans).unwrap_err();
+            let e = tune_llm(&LlmConfig::gpt3_175b(batch), 256, &profile).unwrap_err();
             assert!(e.to_string().contains("layer qkv") && e.to_string().contains("A is"), "{e}");
         }
         // GPT-3's activations at batch 128 (1.3·10^10 elements, past a 1D problem's 2^32) fit.
-        assert!(tune_llm(&LlmConfig::gpt3_175b(128), 256, &profile, &NoMeshPlans).is_ok());
+        assert!(tune_llm(&LlmConfig::gpt3_175b(128), 256, &profile).is_ok());
     }
 }
 

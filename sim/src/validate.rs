@@ -5,10 +5,7 @@
 use super::analytic::{ring_1d, MeshFamily, MeshShape};
 use super::engine::{simulate, SimError, SimOptions};
 use super::profile::Profile;
-use super::tune::{
-    best_per_algorithm, choose_dataflows, tune_llm, LlmConfig, MeshConfig, MeshPlanner, MeshPlans, NoMeshPlans,
-    TuneError,
-};
+use super::tune::{best_per_algorithm, replay_llm, tune_llm, LlmConfig, MeshConfig, TuneError};
 use cmm_core::algorithms::{build_plan, Algorithm, AlgorithmError};
 use cmm_core::dtype::DType;
 use cmm_core::engines::CopyIssue;
@@ -558,7 +555,7 @@ pub type Seed002 = (Vec<ClaimRow>, Vec<(String, String, f64)>);
 /// algorithms at each one's best mesh, MeshSlice's speed-up over Wang, and the mesh shape.
 pub fn seed002(profile: &Profile) -> Result<Seed002, ValidationError> {
     let llm = LlmConfig::gpt3_175b(128);
-    let configs = tune_llm(&llm, 256, profile, &NoMeshPlans)?;
+    let configs = tune_llm(&llm, 256, profile)?;
     let best = best_per_algorithm(&configs);
     let time = |name: &str| best.iter().find(|c| c.algorithm.name() == name).map(|c| c.total_s);
     let order: Vec<&str> = best.iter().map(|c| c.algorithm.name()).collect();
@@ -599,64 +596,25 @@ pub fn seed002(profile: &Profile) -> Result<Seed002, ValidationError> {
     Ok((rows, per_algorithm))
 }
 
-/// The simulator's choice for one mesh: per layer the best S and its forward + backward
-/// time from simulating the mesh module's real MeshSlice plans.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SimulatedChoice {
-    /// The mesh.
-    pub shape: MeshShape,
-    /// Per layer: name, best S, seconds.
-    pub layers: Vec<(&'static str, usize, f64)>,
-    /// Sum over layers, seconds.
-    pub total_s: f64,
-}
-
 /// The cross-check of seed 002's autotuner: the analytic tuner's MeshSlice choice
-/// (mesh and S per layer) beside the simulator's best over the `top` meshes the tuner
-/// ranks highest and the slice counts `slices`, each candidate a real plan simulated on
-/// the torus. Returns (the tuner's choice, the simulator's choices, fastest first).
+/// (mesh and S per layer) beside cmm's own MeshSlice plans replayed on the `top` meshes the
+/// tuner ranks highest, each layer at its best S of `slices` ([`replay_llm`]). Returns (the
+/// tuner's choice, the replays, fastest first).
 pub fn seed002_simulated(
     profile: &Profile,
     top: usize,
     slices: &[usize],
-) -> Result<(MeshConfig, Vec<SimulatedChoice>), ValidationError> {
+) -> Result<(MeshConfig, Vec<MeshConfig>), ValidationError> {
     let llm = LlmConfig::gpt3_175b(128);
-    let configs = tune_llm(&llm, 256, profile, &NoMeshPlans)?;
+    let configs = tune_llm(&llm, 256, profile)?;
     let meshslice: Vec<&MeshConfig> = configs.iter().filter(|c| c.algorithm == MeshFamily::MeshSlice).collect();
     let tuner = meshslice
         .first()
         .map(|c| (*c).clone())
         .ok_or(TuneError::NoMeshConfiguration { what: "GPT-3 175B with MeshSlice".into(), chips: 256 })?;
-    let flows = choose_dataflows(&llm);
     let mut choices = Vec::new();
     for config in meshslice.iter().take(top) {
-        let mut layers = Vec::new();
-        for flow in &flows {
-            let shape = if flow.transposed { config.shape.transposed() } else { config.shape };
-            let options = SimOptions { torus_dims: Some(vec![shape.rows, shape.cols]), ..SimOptions::default() };
-            let mut best: Option<(usize, f64)> = None;
-            for &s in slices {
-                let mut total = 0.0;
-                let mut feasible = true;
-                for pass in &flow.passes {
-                    match MeshPlans.plan(&pass.gemm, MeshFamily::MeshSlice, shape, s) {
-                        Some(plan) => total += simulate(&plan, profile, &options)?.makespan_s,
-                        None => {
-                            feasible = false;
-                            break;
-                        }
-                    }
-                }
-                if feasible && best.is_none_or(|(_, t)| total < t) {
-                    best = Some((s, total));
-                }
-            }
-            if let Some((s, t)) = best {
-                layers.push((flow.layer.name, s, t));
-            }
-        }
-        let total_s = layers.iter().map(|l| l.2).sum();
-        choices.push(SimulatedChoice { shape: config.shape, layers, total_s });
+        choices.extend(replay_llm(&llm, MeshFamily::MeshSlice, config.shape, profile, slices)?);
     }
     choices.sort_by(|a, b| a.total_s.total_cmp(&b.total_s));
     Ok((tuner, choices))

@@ -88,8 +88,22 @@ fn grouped_gemms_are_priced_on_the_engine_the_backend_runs_them_on() {
 fn the_tuner_bounds_its_chip_count_as_a_problem_bounds_devices() {
     let profile = cmm_sim::Profile::load("tpuv4-torus").unwrap();
     let llm = cmm_sim::tune::LlmConfig::gpt3_175b(128);
-    let e = cmm_sim::tune::tune_llm(&llm, MAX_DEVICES + 1, &profile, &cmm_sim::tune::NoMeshPlans).unwrap_err();
+    let e = cmm_sim::tune::tune_llm(&llm, MAX_DEVICES + 1, &profile).unwrap_err();
     assert!(e.to_string().contains("65537 chips: more than the 65536"), "{e}");
+    // Within a problem's bound but past the profile's system: refused, not priced on links
+    // the profile does not have.
+    let nvlink = cmm_sim::Profile::load("h100-nvlink").unwrap();
+    let gemm = cmm_sim::analytic::MeshGemm {
+        m: 8192,
+        n: 8192,
+        k: 8192,
+        dataflow: cmm_sim::analytic::Dataflow::Os,
+        dtype: cmm_core::DType::Bf16,
+    };
+    let e = cmm_sim::tune::tune_mesh_gemm(&gemm, 16, &nvlink, 0).unwrap_err();
+    assert!(e.to_string().contains("16 chips: profile h100-nvlink describes at most 8 devices"), "{e}");
+    let e = cmm_sim::tune::tune_llm(&llm, 16, &nvlink).unwrap_err();
+    assert!(matches!(e, cmm_sim::tune::TuneError::ProfileChips { chips: 16, max: 8, .. }), "{e}");
 }
 
 /// Uneven shards (M = 8191 rows on 8 devices: seven of 1024, one of 1023) simulate like

@@ -51,7 +51,7 @@ enum Command {
     /// Simulate a plan on a hardware profile (or time it on the reference); --validate
     /// prints the validation table.
     Simulate(Box<simulate::Args>),
-    /// Rank candidate plans (1D, simulated) or 2D configurations (analytic model).
+    /// Rank candidate plans (1D, simulated) or 2D configurations (closed form, leaders simulated).
     Tune(Box<tune::Args>),
     /// Build the folder a GPU machine runs every CUDA check from (binaries, corpus,
     /// goldens, run.sh); see docs/cuda.md.
