@@ -69,12 +69,14 @@ pub enum TuneError {
         source: crate::analytic::MeshModelError,
     },
     /// No mesh shape and slice count fits the problem.
-    #[error("no 2D configuration fits {what} on {chips} chips")]
+    #[error("no 2D configuration fits {what} on {chips} chips{why}")]
     NoMeshConfiguration {
         /// What was tuned.
         what: String,
         /// Chips.
         chips: usize,
+        /// Why each mesh refused it, after a colon (empty where not known).
+        why: String,
     },
 }
 
@@ -509,7 +511,17 @@ pub fn tune_llm(llm: &LlmConfig, chips: usize, profile: &Profile) -> Result<Vec<
         }
     }
     if configs.is_empty() {
-        return Err(TuneError::NoMeshConfiguration { what: llm.name.to_string(), chips });
+        let gemms: Vec<(String, MeshGemm, bool)> = flows
+            .iter()
+            .flat_map(|lf| {
+                lf.passes.iter().map(move |p| (format!("{} {}", lf.layer.name, p.pass), p.gemm, lf.transposed))
+            })
+            .collect();
+        return Err(TuneError::NoMeshConfiguration {
+            what: llm.name.to_string(),
+            chips,
+            why: why_no_mesh(&gemms, chips, profile),
+        });
     }
     configs.sort_by(|a, b| a.total_s.total_cmp(&b.total_s));
     Ok(configs)
@@ -571,6 +583,30 @@ fn best_layers(
     }
     let total_s = layers.iter().map(|l| l.time_s).sum();
     Some(MeshConfig { algorithm, shape, layers, total_s, compute_s })
+}
+
+/// Why no mesh of `chips` takes `gemms` (each named, or unnamed where there is one, and
+/// whether it runs on the transposed mesh): per mesh, the first GEMM the collective
+/// algorithm cannot lay out on it. Every algorithm needs that layout, so it is the reason
+/// when none fits.
+fn why_no_mesh(gemms: &[(String, MeshGemm, bool)], chips: usize, profile: &Profile) -> String {
+    let reasons: Vec<String> = MeshShape::all(chips)
+        .into_iter()
+        .filter_map(|shape| {
+            gemms.iter().find_map(|(name, g, transposed)| {
+                let on = if *transposed { shape.transposed() } else { shape };
+                estimate_mesh(MeshFamily::Collective, g, on, 1, profile).err().map(|e| match name.as_str() {
+                    "" => format!("{e}"),
+                    _ => format!("{name}: {e}"),
+                })
+            })
+        })
+        .collect();
+    if reasons.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", reasons.join("; "))
+    }
 }
 
 /// The fastest configuration of each algorithm, fastest first.
@@ -646,6 +682,7 @@ pub fn tune_mesh_gemm(
         return Err(TuneError::NoMeshConfiguration {
             what: format!("{} GEMM M={} N={} K={}", gemm.dataflow, gemm.m, gemm.n, gemm.k),
             chips,
+            why: why_no_mesh(&[(String::new(), *gemm, false)], chips, profile),
         });
     }
     out.sort_by(|a, b| a.analytic.total_s.total_cmp(&b.analytic.total_s));
@@ -847,6 +884,14 @@ mod tests {
         );
         let e = tune_mesh_gemm(&gemm(4096, 0, 4096), 256, &profile, 0).unwrap_err();
         assert!(e.to_string().contains("B is 4096×0"), "{e}");
+        // No mesh lays it out: each mesh says why.
+        let e = tune_mesh_gemm(&gemm(2752, 768, 3904), 3, &profile, 0).unwrap_err().to_string();
+        assert!(
+            e.contains("on 3 chips: M=2752 does not split over the 1x3 mesh; M=2752 does not split over the 3x1"),
+            "{e}"
+        );
+        let e = tune_llm(&LlmConfig::gpt3_175b(1), 7, &profile).unwrap_err().to_string();
+        assert!(e.contains("qkv forward: M=2048 does not split over the 7x1 mesh"), "{e}");
         // At batch 0 a layer has no tokens; at 2^40 sequences its activations no buffer holds.
         for batch in [0, 1 << 40] {
             let e = tune_llm(&LlmConfig::gpt3_175b(batch), 256, &profile).unwrap_err();

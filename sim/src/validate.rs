@@ -608,10 +608,11 @@ pub fn seed002_simulated(
     let llm = LlmConfig::gpt3_175b(128);
     let configs = tune_llm(&llm, 256, profile)?;
     let meshslice: Vec<&MeshConfig> = configs.iter().filter(|c| c.algorithm == MeshFamily::MeshSlice).collect();
-    let tuner = meshslice
-        .first()
-        .map(|c| (*c).clone())
-        .ok_or(TuneError::NoMeshConfiguration { what: "GPT-3 175B with MeshSlice".into(), chips: 256 })?;
+    let tuner = meshslice.first().map(|c| (*c).clone()).ok_or(TuneError::NoMeshConfiguration {
+        what: "GPT-3 175B with MeshSlice".into(),
+        chips: 256,
+        why: String::new(),
+    })?;
     let mut choices = Vec::new();
     for config in meshslice.iter().take(top) {
         choices.extend(replay_llm(&llm, MeshFamily::MeshSlice, config.shape, profile, slices)?);
