@@ -13,7 +13,10 @@
 //! [`replay_llm`]). The two differ: the closed form streams each collective both ways round
 //! a torus, while cmm's mesh plans gather and reduce one way, a copy and a signal a hop.
 
+use std::collections::HashMap;
 use std::fmt;
+
+use rayon::prelude::*;
 
 use thiserror::Error;
 
@@ -541,16 +544,20 @@ pub fn replay_llm(
     check_profile_chips(shape.chips(), profile)?;
     let flows = choose_dataflows(llm);
     let slices = if algorithm == MeshFamily::MeshSlice { slices.to_vec() } else { vec![1] };
-    let mut failed = None;
-    let replay = |gemm: &MeshGemm, shape: MeshShape, s: usize| match replay_mesh(gemm, algorithm, shape, s, profile) {
-        Ok(report) => report.map(|r| (r.makespan_s, r.compute_floor_s)),
-        Err(e) => {
-            failed.get_or_insert(e);
-            None
-        }
-    };
-    let config = best_layers(&flows, algorithm, shape, &slices, replay);
-    failed.map_or(Ok(config), Err)
+    // Every pass of every layer at every S, one simulation a core; then each layer's best.
+    let mut jobs: Vec<(MeshGemm, MeshShape, usize)> = Vec::new();
+    for lf in &flows {
+        let on = if lf.transposed { shape.transposed() } else { shape };
+        jobs.extend(lf.passes.iter().flat_map(|p| slices.iter().map(move |&s| (p.gemm, on, s))));
+    }
+    let times = jobs
+        .par_iter()
+        .map(|&(gemm, on, s)| {
+            let report = replay_mesh(&gemm, algorithm, on, s, profile)?;
+            Ok(((gemm, on, s), report.map(|r| (r.makespan_s, r.compute_floor_s))))
+        })
+        .collect::<Result<HashMap<_, _>, TuneError>>()?;
+    Ok(best_layers(&flows, algorithm, shape, &slices, |gemm, on, s| times.get(&(*gemm, on, s)).copied().flatten()))
 }
 
 /// Each layer's best S on `shape` by `time` (seconds and compute seconds of one GEMM on a
@@ -686,14 +693,36 @@ pub fn tune_mesh_gemm(
         });
     }
     out.sort_by(|a, b| a.analytic.total_s.total_cmp(&b.analytic.total_s));
-    for candidate in out.iter_mut().take(replay) {
-        for s in slices_of(candidate.algorithm) {
-            if let Some(report) = replay_mesh(gemm, candidate.algorithm, candidate.shape, s, profile)? {
-                if candidate.replayed.as_ref().is_none_or(|(_, r)| report.makespan_s < r.makespan_s) {
-                    candidate.replayed = Some((s, Box::new(report)));
-                }
+    // The leaders at every S, one simulation a core, keeping times only (a report at
+    // hundreds of chips holds every op's record); then each leader's fastest S again,
+    // for its report.
+    let leaders = replay.min(out.len());
+    let jobs: Vec<(usize, usize)> =
+        (0..leaders).flat_map(|i| slices_of(out[i].algorithm).into_iter().map(move |s| (i, s))).collect();
+    let times = jobs
+        .par_iter()
+        .map(|&(i, s)| Ok(replay_mesh(gemm, out[i].algorithm, out[i].shape, s, profile)?.map(|r| r.makespan_s)))
+        .collect::<Result<Vec<Option<f64>>, TuneError>>()?;
+    let mut fastest: Vec<Option<(usize, f64)>> = vec![None; leaders];
+    for (&(i, s), time) in jobs.iter().zip(times) {
+        if let Some(t) = time {
+            if fastest[i].is_none_or(|(_, best)| t < best) {
+                fastest[i] = Some((s, t));
             }
         }
+    }
+    let reports = fastest
+        .par_iter()
+        .enumerate()
+        .map(|(i, best)| match best {
+            Some((s, _)) => {
+                Ok(replay_mesh(gemm, out[i].algorithm, out[i].shape, *s, profile)?.map(|r| (*s, Box::new(r))))
+            }
+            None => Ok(None),
+        })
+        .collect::<Result<Vec<_>, TuneError>>()?;
+    for (candidate, replayed) in out.iter_mut().zip(reports) {
+        candidate.replayed = replayed;
     }
     out.sort_by(|a, b| a.replayed.is_none().cmp(&b.replayed.is_none()).then(a.time_s().total_cmp(&b.time_s())));
     Ok(out)
