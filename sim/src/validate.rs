@@ -556,7 +556,27 @@ pub type Seed002 = (Vec<ClaimRow>, Vec<(String, String, f64)>);
 pub fn seed002(profile: &Profile) -> Result<Seed002, ValidationError> {
     let llm = LlmConfig::gpt3_175b(128);
     let configs = tune_llm(&llm, 256, profile)?;
-    let best = best_per_algorithm(&configs);
+    Ok(seed002_claims(&best_per_algorithm(&configs), true))
+}
+
+/// Seed 002's claims against cmm's own plans: each algorithm's best configuration by the
+/// closed form ([`seed002`]), its mesh kept, replayed as cmm builds it ([`replay_llm`], each
+/// layer at its best S of `slices`). The mesh shape the closed form picked is not a claim
+/// here (the replay keeps it).
+pub fn seed002_as_built(profile: &Profile, slices: &[usize]) -> Result<Seed002, ValidationError> {
+    let llm = LlmConfig::gpt3_175b(128);
+    let configs = tune_llm(&llm, 256, profile)?;
+    let mut replayed = Vec::new();
+    for c in best_per_algorithm(&configs) {
+        replayed.extend(replay_llm(&llm, c.algorithm, c.shape, profile, slices)?);
+    }
+    replayed.sort_by(|a, b| a.total_s.total_cmp(&b.total_s));
+    Ok(seed002_claims(&replayed.iter().collect::<Vec<_>>(), false))
+}
+
+/// Seed 002's claims checked on `best` (each algorithm's configuration, fastest first),
+/// with its autotuner's mesh among them where `with_mesh`.
+fn seed002_claims(best: &[&MeshConfig], with_mesh: bool) -> Seed002 {
     let time = |name: &str| best.iter().find(|c| c.algorithm.name() == name).map(|c| c.total_s);
     let order: Vec<&str> = best.iter().map(|c| c.algorithm.name()).collect();
     let position = |name: &str| order.iter().position(|n| *n == name).unwrap_or(usize::MAX);
@@ -582,7 +602,7 @@ pub fn seed002(profile: &Profile) -> Result<Seed002, ValidationError> {
             holds: speedup > 0.0,
         });
     }
-    if let Some(winner) = best.first() {
+    if let (true, Some(winner)) = (with_mesh, best.first()) {
         let slices: Vec<String> = winner.layers.iter().map(|l| format!("{}:S={}", l.layer, l.slices)).collect();
         rows.push(ClaimRow {
             claim: "autotuner's mesh shape and S".into(),
@@ -593,7 +613,7 @@ pub fn seed002(profile: &Profile) -> Result<Seed002, ValidationError> {
     }
     let per_algorithm =
         best.iter().map(|c| (c.algorithm.name().to_string(), c.shape.to_string(), c.total_s * 1e3)).collect();
-    Ok((rows, per_algorithm))
+    (rows, per_algorithm)
 }
 
 /// The cross-check of seed 002's autotuner: the analytic tuner's MeshSlice choice
@@ -624,6 +644,34 @@ pub fn seed002_simulated(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Seed 002's claims read the order and times they are given: the published order
+    /// holds or fails by position, and the autotuner's mesh is a claim only where asked.
+    #[test]
+    fn seed_002s_claims_follow_the_configurations_given() {
+        let config = |algorithm, ms: f64| MeshConfig {
+            algorithm,
+            shape: MeshShape { rows: 32, cols: 8 },
+            layers: Vec::new(),
+            total_s: ms * 1e-3,
+            compute_s: 0.0,
+        };
+        let published = [
+            config(MeshFamily::MeshSlice, 100.0),
+            config(MeshFamily::Wang, 125.0),
+            config(MeshFamily::Collective, 130.0),
+            config(MeshFamily::Cannon, 200.0),
+            config(MeshFamily::Summa, 300.0),
+        ];
+        let (rows, per_algorithm) = seed002_claims(&published.iter().collect::<Vec<_>>(), false);
+        assert!(rows.iter().all(|r| r.holds) && rows.len() == 3, "{rows:?}");
+        assert_eq!(rows[2].predicted, "25.0 %");
+        assert_eq!(per_algorithm[4], ("SUMMA".to_string(), "32x8".to_string(), 300.0));
+        let swapped = [&published[1], &published[0], &published[2], &published[4], &published[3]];
+        let (rows, _) = seed002_claims(&swapped, true);
+        assert!(!rows[0].holds && !rows[1].holds && rows[2].holds && rows.len() == 4, "{rows:?}");
+        assert!(rows[3].holds && rows[3].predicted.starts_with("Wang 32x8"), "{rows:?}");
+    }
 
     #[test]
     fn the_share_an_op_keeps_beside_persistent_kernels_is_read_from_its_times() {
