@@ -408,8 +408,9 @@ fn print_form_note(pairs: &[(f64, f64)]) {
     }
     println!(
         "note: seed 002's closed form streams each collective both ways round a torus and each SUMMA broadcast in \
-         packets; cmm's mesh plans send one way round, a whole block or panel a hop (a copy and a signal each): \
-         here the simulated plans take {low:.2} to {high:.2} times the form's time"
+         packets; cmm's mesh plans gather both ways but reduce-scatter one way round (each sum keeps its order), \
+         a whole block or panel a hop (a copy and a signal each, in every slice): here the simulated plans take \
+         {low:.2} to {high:.2} times the form's time"
     );
 }
 

@@ -10,8 +10,9 @@
 //! 2D: (algorithm, dataflow, mesh shape, S) priced by seed 002's closed form, which is fast
 //! over the whole space; the candidates it ranks highest are then replayed as cmm builds
 //! them ([`mesh_plan`], simulated on the profile) and ranked by that ([`tune_mesh_gemm`],
-//! [`replay_llm`]). The two differ: the closed form streams each collective both ways round
-//! a torus, while cmm's mesh plans gather and reduce one way, a copy and a signal a hop.
+//! [`replay_llm`]). The two differ: the closed form streams each collective, while cmm's
+//! mesh plans move a whole block a hop, a copy and a signal each, and reduce-scatter one
+//! way round (they gather both ways, as the form does).
 
 use std::collections::HashMap;
 use std::fmt;

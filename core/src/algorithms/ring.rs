@@ -72,6 +72,11 @@ impl Ring {
     pub fn left(&self) -> usize {
         self.at(self.len() - 1)
     }
+
+    /// The right neighbour (the next member), where messages going the other way go.
+    pub fn right(&self) -> usize {
+        self.at(1)
+    }
 }
 
 /// `slot` cut to the rows and columns of `data`, from its first element: a slot sized
@@ -177,6 +182,54 @@ pub(crate) fn ring_all_gather(
         };
         b.push(me, lane, copy(src, to, blocks[blk]));
         b.push(me, lane, signal(to, sem));
+    }
+}
+
+/// The two halves of a region: its top and bottom rows, or, for one row, its left and
+/// right columns. A single element has no second half (`None`).
+pub(crate) fn halves(r: Region) -> (Region, Option<Region>) {
+    if r.rows >= 2 {
+        let top = r.rows / 2;
+        let bottom = Region { offset: r.offset + top * r.stride, rows: r.rows - top, ..r };
+        (Region { rows: top, ..r }, Some(bottom))
+    } else if r.cols >= 2 {
+        let left = r.cols / 2;
+        let right = Region { offset: r.offset + left, cols: r.cols - left, ..r };
+        (Region { cols: left, ..r }, Some(right))
+    } else {
+        (r, None)
+    }
+}
+
+/// [`ring_all_gather`] both ways round the ring (BRIEF §4's bidirectional ring, here for
+/// a collective): the first [`halves`] half of every block goes round to the left on
+/// `lanes[0]`, counted on `sems[0]`, the second to the right on `lanes[1]`, counted on
+/// `sems[1]`, each a ring AllGather of its halves, so each semaphore reaches
+/// `base + n − 1`. On a torus the two ways are links of their own, and the gather takes
+/// half the time of one way; through a switch they share the chip's port. Blocks of one
+/// element go the first way whole, and the second way's count still reaches its value.
+pub(crate) fn ring_all_gather_both_ways(
+    b: &mut PlanBuilder,
+    ring: &Ring,
+    lanes: [LaneId; 2],
+    sems: [SemId; 2],
+    base: u32,
+    own: Region,
+    blocks: &[Region],
+) {
+    let first = |r: Region| halves(r).0;
+    let firsts: Vec<Region> = blocks.iter().map(|&r| first(r)).collect();
+    ring_all_gather(b, ring, lanes[0], sems[0], base, first(own), &firsts);
+    let (n, me, to) = (ring.len(), ring.me(), ring.right());
+    for i in 0..n - 1 {
+        let blk = (ring.pos + n - i) % n;
+        if i > 0 {
+            b.push(me, lanes[1], wait(sems[1], base + i as u32));
+        }
+        if let (Some(src), Some(dst)) = (halves(if i == 0 { own } else { blocks[blk] }).1, halves(blocks[blk]).1) {
+            b.push(me, lanes[1], copy(src, to, dst));
+        }
+        b.push(me, lanes[1], signal(to, sems[1]));
     }
 }
 

@@ -15,8 +15,8 @@
 
 use super::{Dataflow, MeshAlgorithm, MeshError, MeshProblem};
 use crate::algorithms::ring::{
-    copy, merge_pieces, ring_all_gather, ring_broadcast, ring_reduce_scatter, ring_reduce_to, signal, wait,
-    OverlappedReduce, Ring,
+    copy, merge_pieces, ring_all_gather, ring_all_gather_both_ways, ring_broadcast, ring_reduce_scatter,
+    ring_reduce_to, signal, wait, OverlappedReduce, Ring,
 };
 use crate::algorithms::{input_buffer, output_buffer};
 use crate::dtype::DType;
@@ -257,6 +257,10 @@ fn os_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Mesh
     let target = OsTarget::new(&mut b, p, c, slices);
     let a_packed = b.semaphore("a_packed");
     let b_packed = b.semaphore("b_packed");
+    // Each gather goes both ways round its ring, the second way on a lane and a count of
+    // its own.
+    let (row_back, col_back) = (b.lane("row_back"), b.lane("col_back"));
+    let (row_back_recv, col_back_recv) = (b.semaphore("row_back_recv"), b.semaphore("col_back_recv"));
     for d in 0..p.devices() {
         let (row, col) = (Axis::Row.ring(p, d), Axis::Col.ring(p, d));
         let (i, j) = p.chip(d);
@@ -275,7 +279,11 @@ fn os_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Mesh
                 .collect();
             push_copies(&mut b, d, row_lane, pieces);
             b.push(d, row_lane, signal(d, a_packed));
-            ring_all_gather(&mut b, &row, row_lane, row_recv, (s * (nc - 1)) as u32, a_slots[j], &a_slots);
+            if nc > 1 {
+                b.push(d, row_back, wait(a_packed, (s + 1) as u32));
+            }
+            let (lanes, sems) = ([row_lane, row_back], [row_recv, row_back_recv]);
+            ring_all_gather_both_ways(&mut b, &row, lanes, sems, (s * (nc - 1)) as u32, a_slots[j], &a_slots);
 
             let b_slots: Vec<Region> = (0..nr).map(|x| b.rows(gb, s * ks + x * kr / slices, kr / slices)).collect();
             let pieces = (0..sl.blocks(kr))
@@ -288,15 +296,21 @@ fn os_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Mesh
                 .collect();
             push_copies(&mut b, d, col_lane, pieces);
             b.push(d, col_lane, signal(d, b_packed));
-            ring_all_gather(&mut b, &col, col_lane, col_recv, (s * (nr - 1)) as u32, b_slots[i], &b_slots);
+            if nr > 1 {
+                b.push(d, col_back, wait(b_packed, (s + 1) as u32));
+            }
+            let (lanes, sems) = ([col_lane, col_back], [col_recv, col_back_recv]);
+            ring_all_gather_both_ways(&mut b, &col, lanes, sems, (s * (nr - 1)) as u32, b_slots[i], &b_slots);
 
             b.push(d, compute, wait(a_packed, (s + 1) as u32));
             if nc > 1 {
                 b.push(d, compute, wait(row_recv, ((s + 1) * (nc - 1)) as u32));
+                b.push(d, compute, wait(row_back_recv, ((s + 1) * (nc - 1)) as u32));
             }
             b.push(d, compute, wait(b_packed, (s + 1) as u32));
             if nr > 1 {
                 b.push(d, compute, wait(col_recv, ((s + 1) * (nr - 1)) as u32));
+                b.push(d, compute, wait(col_back_recv, ((s + 1) * (nr - 1)) as u32));
             }
             let (ga_s, gb_s) = (b.window(ga, 0, s * ks, mb, ks), b.rows(gb, s * ks, ks));
             let op = target.gemm(&b, s, ga_s, gb_s);
@@ -493,6 +507,9 @@ fn os_wang(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
     let Gathered { ga, gb, row_recv, col_recv } = Gathered::declare(&mut b, p);
     let target = OsTarget::new(&mut b, p, c, nc);
     let b_ready = b.semaphore("b_ready");
+    // B's collective goes both ways round the column, the second way on a lane and a
+    // count of its own; A's ring is the decomposed direction, consumed in its order.
+    let (col_back, col_back_recv) = (b.lane("col_back"), b.semaphore("col_back_recv"));
     let a_blocks: Vec<Region> = (0..nc).map(|x| b.window(ga, 0, x * kc, mb, kc)).collect();
     let b_blocks: Vec<Region> = (0..nr).map(|x| b.rows(gb, x * kr, kr)).collect();
     for d in 0..p.devices() {
@@ -503,9 +520,10 @@ fn os_wang(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
 
         let own_b = b.whole(bm);
         b.push(d, col_lane, copy(own_b, d, b_blocks[i]));
-        ring_all_gather(&mut b, &col, col_lane, col_recv, 0, b_blocks[i], &b_blocks);
+        ring_all_gather_both_ways(&mut b, &col, [col_lane, col_back], [col_recv, col_back_recv], 0, own_b, &b_blocks);
         if nr > 1 {
             b.push(d, col_lane, wait(col_recv, (nr - 1) as u32));
+            b.push(d, col_lane, wait(col_back_recv, (nr - 1) as u32));
         }
         b.push(d, col_lane, signal(d, b_ready));
 
@@ -682,6 +700,10 @@ fn flow_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Me
     let p_ready = b.semaphore("p_ready");
     let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
     let (gather_lane, compute, reduce_lane) = f.lanes(&mut b);
+    // The gather goes both ways round its ring, the second way on a lane and a count of
+    // its own; the sums go one way, so each keeps its order.
+    let gather_back = b.lane(&format!("{}_back", f.gather.name()));
+    let g_back_recv = b.semaphore(&format!("{}_back_recv", f.gather.name()));
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
         for s in 0..slices {
@@ -696,11 +718,16 @@ fn flow_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Me
                 .collect();
             push_copies(&mut b, d, gather_lane, pieces);
             b.push(d, gather_lane, signal(d, packed));
-            ring_all_gather(&mut b, &gring, gather_lane, g_recv, (s * (ng - 1)) as u32, slots[gring.pos], &slots);
+            if ng > 1 {
+                b.push(d, gather_back, wait(packed, (s + 1) as u32));
+            }
+            let (lanes, sems) = ([gather_lane, gather_back], [g_recv, g_back_recv]);
+            ring_all_gather_both_ways(&mut b, &gring, lanes, sems, (s * (ng - 1)) as u32, slots[gring.pos], &slots);
 
             b.push(d, compute, wait(packed, (s + 1) as u32));
             if ng > 1 {
                 b.push(d, compute, wait(g_recv, ((s + 1) * (ng - 1)) as u32));
+                b.push(d, compute, wait(g_back_recv, ((s + 1) * (ng - 1)) as u32));
             }
             let (st, gm_s, p_s) =
                 (b.whole(bufs.stationary), f.win(&b, gm, s * gs, 0, gs, f.q), f.win(&b, part, 0, s * gs, f.p, gs));
@@ -939,13 +966,18 @@ fn flow_wang_decomposed_reduce(p: &MeshProblem, name: String) -> Result<Plan, Me
     let part = f.scratch(&mut b, "P", DType::F32, f.p, f.cb);
     let gm_ready = b.semaphore("gathered");
     let ready = b.semaphore("ready");
+    // The gather, a collective here, goes both ways round its ring.
+    let gather_back = b.lane(&format!("{}_back", f.gather.name()));
+    let g_back_recv = b.semaphore(&format!("{}_back_recv", f.gather.name()));
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
         let own = b.whole(bufs.moving);
         b.push(d, gather_lane, copy(own, d, blocks[gring.pos]));
-        ring_all_gather(&mut b, &gring, gather_lane, g_recv, 0, blocks[gring.pos], &blocks);
+        let (lanes, sems) = ([gather_lane, gather_back], [g_recv, g_back_recv]);
+        ring_all_gather_both_ways(&mut b, &gring, lanes, sems, 0, own, &blocks);
         if ng > 1 {
             b.push(d, gather_lane, wait(g_recv, (ng - 1) as u32));
+            b.push(d, gather_lane, wait(g_back_recv, (ng - 1) as u32));
         }
         b.push(d, gather_lane, signal(d, gm_ready));
 
