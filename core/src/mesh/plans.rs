@@ -1,7 +1,8 @@
 //! The five 2D algorithms of seed 002 for the three dataflows, as plans.
 //!
 //! Every plan has one lane per mesh direction plus a compute lane, so the two directions
-//! communicate concurrently; row and column sub-rings have their own semaphores, each
+//! communicate concurrently, and a second lane for each collective AllGather, which goes
+//! both ways round its ring; row and column sub-rings have their own semaphores, each
 //! signalled by exactly one lane of one peer (so a wait for value v always acquires the
 //! same v signals, whatever the interleaving). Scratch slots are never reused, so no
 //! plan needs back-pressure. The ring collectives are the 1D helpers of
@@ -205,11 +206,6 @@ impl OsTarget {
     }
 }
 
-/// OS MeshSlice (and, with one slice, OS Collective): for each slice s, the row lane
-/// packs slice s of A_ij (columns u·S·B + s·B …) into this chip's slot of slice s of GA
-/// and all-gathers it over the mesh row; the column lane does the same for the rows of
-/// B_ij over the mesh column; the compute lane adds GA_s · GB_s into C as soon as both
-/// slices have arrived, while the lanes already move slice s+1.
 /// What every OS plan declares: its operands A, B and C, and the row, column and compute
 /// lanes.
 struct Os {
@@ -247,6 +243,12 @@ impl Gathered {
     }
 }
 
+/// OS MeshSlice (and, with one slice, OS Collective): for each slice s, the row lane
+/// packs slice s of A_ij (columns u·S·B + s·B …) into this chip's slot of slice s of GA
+/// and all-gathers it over the mesh row, both ways round (the second way on the
+/// `row_back` lane); the column lane does the same for the rows of B_ij over the mesh
+/// column; the compute lane adds GA_s · GB_s into C as soon as both slices have arrived,
+/// while the lanes already move slice s+1.
 fn os_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, MeshError> {
     let (nr, nc, k) = (p.nr, p.nc, p.k);
     let (mb, kc, kr) = (p.m / nr, k / nc, k / nr);
