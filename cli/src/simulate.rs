@@ -694,10 +694,7 @@ fn print_report(plan: &Plan, profile: &Profile, r: &SimReport, analytic: Option<
 pub fn engines_line(r: &SimReport) -> String {
     match r.pricing {
         Engines::CublasSpeed => {
-            format!(
-                "{} GEMM(s) at cuBLAS's rate: a potential, not what cmm runs",
-                r.engines.0.iter().map(|(_, n)| n).sum::<usize>()
-            )
+            format!("{} GEMM(s) at cuBLAS's rate: a potential, not what cmm runs", r.gemm_count())
         }
         Engines::AsBuilt if r.one_rate => format!("{} (it gives no rates of cmm's own kernels)", r.gemm_engines()),
         Engines::AsBuilt => format!("{} (as cmm runs them)", r.gemm_engines()),

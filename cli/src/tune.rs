@@ -401,11 +401,11 @@ fn cli_name(algorithm: cmm_sim::analytic::MeshFamily) -> String {
 /// Where seed 002's closed form and cmm's mesh plans part, with the spread of the replayed
 /// candidates' simulated time over the form's (`pairs`: simulated and closed-form seconds).
 fn print_form_note(pairs: &[(f64, f64)]) {
-    let ratios = pairs.iter().map(|(simulated, form)| simulated / form);
-    let (low, high) = ratios.fold((f64::INFINITY, 0.0_f64), |(l, h), r| (l.min(r), h.max(r)));
     if pairs.is_empty() {
         return;
     }
+    let ratios = pairs.iter().map(|(simulated, form)| simulated / form);
+    let (low, high) = ratios.fold((f64::INFINITY, 0.0_f64), |(l, h), r| (l.min(r), h.max(r)));
     println!(
         "note: seed 002's closed form streams each collective both ways round a torus and each SUMMA broadcast in \
          packets; cmm's mesh plans gather both ways but reduce-scatter one way round (each sum keeps its order), \

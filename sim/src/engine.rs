@@ -242,10 +242,15 @@ impl SimReport {
     /// profile's rate".
     pub fn gemm_engines(&self) -> String {
         if self.one_rate {
-            format!("{} GEMM(s) at the profile's rate", self.engines.0.iter().map(|(_, n)| n).sum::<usize>())
+            format!("{} GEMM(s) at the profile's rate", self.gemm_count())
         } else {
             self.engines.describe()
         }
+    }
+
+    /// The GEMMs the plan ran, on every engine.
+    pub fn gemm_count(&self) -> usize {
+        self.engines.0.iter().map(|(_, n)| n).sum()
     }
 
     /// Largest exposed communication over devices, seconds.

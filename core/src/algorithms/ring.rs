@@ -171,16 +171,51 @@ pub(crate) fn ring_all_gather(
     own: Region,
     blocks: &[Region],
 ) {
-    let (n, me, to) = (ring.len(), ring.me(), ring.left());
+    gather_one_way(b, ring, lane, sem, base, own, blocks, Way::Left, Some);
+}
+
+/// Which way round a ring a gather's messages go.
+#[derive(Clone, Copy)]
+enum Way {
+    /// To the previous member: block (pos + i) % n at iteration i.
+    Left,
+    /// To the next member: block (pos − i) % n at iteration i.
+    Right,
+}
+
+/// [`ring_all_gather`] one `way` round, moving `part` of every block (`None`: nothing of
+/// it, the signal alone).
+#[allow(clippy::too_many_arguments)]
+fn gather_one_way(
+    b: &mut PlanBuilder,
+    ring: &Ring,
+    lane: LaneId,
+    sem: SemId,
+    base: u32,
+    own: Region,
+    blocks: &[Region],
+    way: Way,
+    part: impl Fn(Region) -> Option<Region>,
+) {
+    let (n, me) = (ring.len(), ring.me());
+    let to = match way {
+        Way::Left => ring.left(),
+        Way::Right => ring.right(),
+    };
     for i in 0..n - 1 {
-        let blk = (ring.pos + i) % n;
+        let blk = match way {
+            Way::Left => (ring.pos + i) % n,
+            Way::Right => (ring.pos + n - i) % n,
+        };
         let src = if i == 0 {
             own
         } else {
             b.push(me, lane, wait(sem, base + i as u32));
             blocks[blk]
         };
-        b.push(me, lane, copy(src, to, blocks[blk]));
+        if let (Some(src), Some(dst)) = (part(src), part(blocks[blk])) {
+            b.push(me, lane, copy(src, to, dst));
+        }
         b.push(me, lane, signal(to, sem));
     }
 }
@@ -217,20 +252,8 @@ pub(crate) fn ring_all_gather_both_ways(
     own: Region,
     blocks: &[Region],
 ) {
-    let first = |r: Region| halves(r).0;
-    let firsts: Vec<Region> = blocks.iter().map(|&r| first(r)).collect();
-    ring_all_gather(b, ring, lanes[0], sems[0], base, first(own), &firsts);
-    let (n, me, to) = (ring.len(), ring.me(), ring.right());
-    for i in 0..n - 1 {
-        let blk = (ring.pos + n - i) % n;
-        if i > 0 {
-            b.push(me, lanes[1], wait(sems[1], base + i as u32));
-        }
-        if let (Some(src), Some(dst)) = (halves(if i == 0 { own } else { blocks[blk] }).1, halves(blocks[blk]).1) {
-            b.push(me, lanes[1], copy(src, to, dst));
-        }
-        b.push(me, lanes[1], signal(to, sems[1]));
-    }
+    gather_one_way(b, ring, lanes[0], sems[0], base, own, blocks, Way::Left, |r| Some(halves(r).0));
+    gather_one_way(b, ring, lanes[1], sems[1], base, own, blocks, Way::Right, |r| halves(r).1);
 }
 
 /// Where a ring ReduceScatter finishes: each piece is a window of the member's block
