@@ -28,7 +28,7 @@ pub struct ProblemArgs {
     /// Output dtype (default: the input dtype).
     #[arg(long, value_parser = parse_dtype)]
     pub output: Option<DType>,
-    /// The dtype partial sums travel in (gemm_rs, gemm_ar; default f32).
+    /// The dtype partial sums travel in (gemm_rs, gemm_ar, and 2D LS/RS GEMMs; default f32).
     #[arg(long, value_parser = parse_dtype)]
     pub wire: Option<DType>,
     /// Hardware profile: a built-in name (h100-nvlink, h100-ib, h200-nvlink, h800-nvlink,

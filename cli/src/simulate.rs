@@ -455,6 +455,10 @@ fn mesh_gemm(args: &Args, mesh: &str) -> Result<()> {
     let dataflow: Dataflow = args.dataflow.parse().map_err(anyhow::Error::msg)?;
     let output = pa.output.unwrap_or(pa.input);
     let problem = MeshProblem::for_simulation(nr, nc, dataflow, m, n, k, pa.input, output)?;
+    let problem = match pa.wire {
+        Some(wire) => problem.with_wire(wire)?,
+        None => problem,
+    };
     // MeshSlice's block defaults to the largest B with S·B dividing both sliced extents.
     let block = args.block.or_else(|| problem.largest_block(args.slices?).filter(|_| args.algorithm == "meshslice"));
     let algorithm = MeshAlgorithm::parse(&args.algorithm, args.slices, block)?;
@@ -464,7 +468,7 @@ fn mesh_gemm(args: &Args, mesh: &str) -> Result<()> {
     let report =
         simulate(&plan, &profile, &SimOptions { torus_dims: torus.then(|| vec![nr, nc]), ..SimOptions::default() })?;
     let (family, slices) = mesh_family(algorithm);
-    let gemm = MeshGemm { m, n, k, dataflow, dtype: pa.input };
+    let gemm = MeshGemm { m, n, k, dataflow, dtype: pa.input, wire: problem.wire };
     let analytic = estimate_mesh(family, &gemm, MeshShape { rows: nr, cols: nc }, slices, &profile)?;
     if args.json {
         crate::output::emit_json(json(&plan, &report, Some(analytic.total_s)))?;

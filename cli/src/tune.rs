@@ -3,6 +3,7 @@
 //! seed 002's closed form over them all, then cmm's own plans for its leaders simulated.
 
 use anyhow::{bail, Result};
+use cmm_core::DType;
 use cmm_sim::analytic::{Dataflow, MeshGemm};
 use cmm_sim::tune::{
     best_per_algorithm, choose_dataflows, replay_llm, tune_1d, tune_llm, tune_mesh_gemm, LlmConfig, MeshConfig,
@@ -200,6 +201,8 @@ pub fn run(args: &Args) -> Result<()> {
     if args.problem.op.is_some() || args.problem.devices.is_some() {
         bail!("--chips selects 2D mode, which tries every Nr x Nc = {chips} mesh: drop --op and -d (or drop --chips to rank 1D plans)");
     }
+    // The dtype cmm's LS/RS plans send partial sums in.
+    let wire = args.problem.wire.unwrap_or(DType::F32);
     if let Some(name) = &args.llm {
         if name != "gpt3-175b" {
             bail!("unknown model `{name}` (known: gpt3-175b)");
@@ -210,7 +213,7 @@ pub fn run(args: &Args) -> Result<()> {
         if args.batch.checked_mul(2048).is_none() {
             bail!("--batch {}: its sequences of 2048 tokens overflow a count of tokens", args.batch);
         }
-        let llm = LlmConfig::gpt3_175b(args.batch);
+        let llm = LlmConfig { wire, ..LlmConfig::gpt3_175b(args.batch) };
         let configs = tune_llm(&llm, chips, &profile)?;
         let best = best_per_algorithm(&configs);
         let mut replayed = Vec::new();
@@ -243,7 +246,10 @@ pub fn run(args: &Args) -> Result<()> {
                 },
             }));
         }
-        println!("{} on {chips} chips of {}: {} tokens per step, {}", llm.name, profile.name, llm.tokens, llm.dtype);
+        println!(
+            "{} on {chips} chips of {}: {} tokens per step, {}, partial sums in {wire}",
+            llm.name, profile.name, llm.tokens, llm.dtype
+        );
         println!();
         println!("phase 1: dataflows (the largest matrix stays stationary in all three passes)");
         for lf in choose_dataflows(&llm) {
@@ -308,7 +314,7 @@ pub fn run(args: &Args) -> Result<()> {
             .iter()
             .filter_map(|r| best.iter().find(|c| c.algorithm == r.algorithm).map(|c| (r.total_s, c.total_s)))
             .collect();
-        print_form_note(&pairs);
+        print_form_note(&pairs, Some(wire));
         return Ok(());
     }
     let (Some(m), Some(n), Some(k)) = (args.problem.m, args.problem.n, args.problem.k) else {
@@ -320,7 +326,10 @@ pub fn run(args: &Args) -> Result<()> {
         "rs" => Dataflow::Rs,
         other => bail!("unknown dataflow `{other}` (os, ls or rs)"),
     };
-    let gemm = MeshGemm { m, n, k, dataflow, dtype: args.problem.input };
+    if dataflow == Dataflow::Os && wire != DType::F32 {
+        return Err(cmm_core::MeshError::Wire { dataflow, wire }.into());
+    }
+    let gemm = MeshGemm { m, n, k, dataflow, dtype: args.problem.input, wire };
     let ranked = tune_mesh_gemm(&gemm, chips, &profile, args.replay)?;
     if args.json {
         let rows: Vec<_> = ranked
@@ -344,12 +353,15 @@ pub fn run(args: &Args) -> Result<()> {
             "dataflow": dataflow.to_string(),
             "m": m, "n": n, "k": k,
             "dtype": gemm.dtype.to_string(),
+            "wire": wire.to_string(),
             "chips": chips,
             "profile": profile.name,
             "ranked": rows,
         }));
     }
-    println!("{dataflow} GEMM M={m} N={n} K={k} {} on {chips} chips of {}", gemm.dtype, profile.name);
+    let sums = (dataflow != Dataflow::Os).then_some(wire);
+    let wire_note = sums.map_or(String::new(), |w| format!(", partial sums in {w}"));
+    println!("{dataflow} GEMM M={m} N={n} K={k} {}{wire_note} on {chips} chips of {}", gemm.dtype, profile.name);
     match args.replay.min(ranked.len()) {
         0 => println!("ranked by seed 002's closed form alone (--replay 0: no plan simulated)"),
         n => println!(
@@ -389,7 +401,7 @@ pub fn run(args: &Args) -> Result<()> {
     );
     let pairs: Vec<(f64, f64)> =
         ranked.iter().filter_map(|c| c.replayed.as_ref().map(|(_, r)| (r.makespan_s, c.analytic.total_s))).collect();
-    print_form_note(&pairs);
+    print_form_note(&pairs, sums);
     Ok(())
 }
 
@@ -399,18 +411,24 @@ fn cli_name(algorithm: cmm_sim::analytic::MeshFamily) -> String {
 }
 
 /// Where seed 002's closed form and cmm's mesh plans part, with the spread of the replayed
-/// candidates' simulated time over the form's (`pairs`: simulated and closed-form seconds).
-fn print_form_note(pairs: &[(f64, f64)]) {
+/// candidates' simulated time over the form's (`pairs`: simulated and closed-form seconds;
+/// `sums`: the dtype the plans' partial sums travel in, where there are any).
+fn print_form_note(pairs: &[(f64, f64)], sums: Option<DType>) {
     if pairs.is_empty() {
         return;
     }
     let ratios = pairs.iter().map(|(simulated, form)| simulated / form);
     let (low, high) = ratios.fold((f64::INFINITY, 0.0_f64), |(l, h), r| (l.min(r), h.max(r)));
+    let sums = match sums {
+        None => String::new(),
+        Some(DType::F32) => ", send partial sums as f32 (`--wire bf16` halves them)".to_string(),
+        Some(wire) => format!(", send partial sums as {wire}"),
+    };
     println!(
         "note: seed 002's closed form streams each collective both ways round a torus and each SUMMA broadcast in \
-         packets; cmm's mesh plans gather both ways but reduce-scatter one way round (each sum keeps its order), \
-         a whole block or panel a hop (a copy and a signal each, in every slice): here the simulated plans take \
-         {low:.2} to {high:.2} times the form's time"
+         packets, and prices partial sums in the input dtype; cmm's mesh plans gather and reduce-scatter both \
+         ways round{sums}, and move a whole block or panel a hop (a copy and a signal each, in every slice): here \
+         the simulated plans take {low:.2} to {high:.2} times the form's time"
     );
 }
 

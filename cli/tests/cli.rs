@@ -409,6 +409,51 @@ fn the_2d_tuner_prints_cmms_plans_simulated_beside_seed_002s_form() {
     );
 }
 
+/// `--wire bf16` sends the LS plans' partial sums in bf16: the replayed leaders (the same
+/// ones, since seed 002's form prices partial sums in the input dtype either way) get
+/// faster, the winner's time is `simulate --mesh --wire bf16` of its plan, and an OS GEMM,
+/// which has no partial sums, refuses a narrower wire.
+#[test]
+fn the_2d_tuner_replays_ls_plans_with_partial_sums_on_a_narrow_wire() {
+    let s = Scratch::new("tune-2d-wire");
+    let dims = ["-m", "4096", "-n", "4096", "-k", "4096", "--input", "bf16", "--profile", "tpuv4-torus"];
+    let ls = [&["tune", "--chips", "16", "--dataflow", "ls", "--json"][..], &dims[..]].concat();
+    let ranked = |args: &[&str]| {
+        let o = cmm(&s.0, args);
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (v["wire"].as_str().unwrap().to_string(), v["ranked"].as_array().unwrap()[..5].to_vec())
+    };
+    let (f32_wire, wide) = ranked(&ls);
+    let (bf16_wire, narrow) = ranked(&[&ls[..], &["--wire", "bf16"]].concat());
+    assert_eq!((f32_wire.as_str(), bf16_wire.as_str()), ("f32", "bf16"));
+    let time = |rows: &[serde_json::Value], row: &serde_json::Value| {
+        let same = |r: &&serde_json::Value| r["algorithm"] == row["algorithm"] && r["mesh"] == row["mesh"];
+        rows.iter().find(same).map(|r| r["simulated_us"].as_f64().unwrap())
+    };
+    for row in &narrow {
+        let (bf16, f32) = (row["simulated_us"].as_f64().unwrap(), time(&wide, row).unwrap());
+        assert!(bf16 < f32, "{row}: {bf16} µs with bf16 sums, {f32} µs with f32 ones");
+    }
+    let w = &narrow[0];
+    let mut one = vec!["simulate", "--mesh", w["mesh"].as_str().unwrap(), "--dataflow", "ls", "--wire", "bf16"];
+    one.extend(dims);
+    one.extend(["--algorithm", w["algorithm"].as_str().unwrap(), "--json"]);
+    let slices = w["slices"].to_string();
+    if w["algorithm"] == "meshslice" {
+        one.extend(["--slices", &slices]);
+    }
+    let o = cmm(&s.0, &one);
+    assert!(o.status.success(), "{}", text(&o));
+    let sim: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let makespan_us = sim["makespan_us"].as_f64().unwrap();
+    assert!((makespan_us - w["time_us"].as_f64().unwrap()).abs() < 1e-6 * makespan_us, "{sim} against {w}");
+    assert!(sim["plan"].as_str().unwrap().ends_with(" wire=bf16"), "{sim}");
+    let os = [&["tune", "--chips", "16", "--dataflow", "os", "--wire", "bf16"][..], &dims[..]].concat();
+    let o = cmm(&s.0, &os);
+    assert!(!o.status.success() && text(&o).contains("only the LS and RS dataflows send partial sums"), "{}", text(&o));
+}
+
 /// docs/simulator.md shows `cmm simulate --validate`'s output "unedited": at least its
 /// bench sections, which the one-GPU model changes most, must be. (The whole command takes
 /// over a minute, most of it in seed 002's cross-check; each bench section is

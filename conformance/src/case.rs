@@ -95,6 +95,8 @@ pub enum Topology {
         nc: usize,
         /// The dataflow.
         dataflow: Dataflow,
+        /// The dtype LS/RS partial sums travel in (`None`: f32).
+        wire: Option<DType>,
     },
     /// A tensor-parallel linear layer (`op = "linear"`, [`cmm_core::linear`]).
     Linear {
@@ -301,12 +303,13 @@ impl CaseTable {
                 queries: self.queries,
             }
         } else if self.op == MESH_GEMM {
-            reject(&[&devices_field, &ring_fields, &wire_fields, &linear_fields, &attention_fields, &moe_fields]);
+            reject(&[&devices_field, &ring_fields, &linear_fields, &attention_fields, &moe_fields]);
             let missing = |field: &str| format!("{MESH_GEMM} needs the field `{field}`");
             Topology::Mesh {
                 nr: self.nr.ok_or_else(|| missing("nr"))?,
                 nc: self.nc.ok_or_else(|| missing("nc"))?,
                 dataflow: self.dataflow.ok_or_else(|| missing("dataflow"))?,
+                wire: self.wire,
             }
         } else if self.op == LINEAR {
             reject(&[&ring_fields, &wire_fields, &mesh_fields, &attention_fields, &moe_fields]);
@@ -485,6 +488,7 @@ impl Case {
         match self.topology {
             Topology::Ring { op, wire: Some(wire), .. } => format!("{op} wire={wire}"),
             Topology::Ring { op, .. } => op.to_string(),
+            Topology::Mesh { dataflow, wire: Some(wire), .. } => format!("{MESH_GEMM} {dataflow} wire={wire}"),
             Topology::Mesh { dataflow, .. } => format!("{MESH_GEMM} {dataflow}"),
             Topology::Linear { layer, pass, sp, .. } => {
                 let pass = match pass {
@@ -527,8 +531,12 @@ impl Case {
                     None => p,
                 })
             }
-            Topology::Mesh { nr, nc, dataflow } => {
-                CaseProblem::Mesh(MeshProblem::new(nr, nc, dataflow, m, n, k, input, output)?)
+            Topology::Mesh { nr, nc, dataflow, wire } => {
+                let p = MeshProblem::new(nr, nc, dataflow, m, n, k, input, output)?;
+                CaseProblem::Mesh(match wire {
+                    Some(wire) => p.with_wire(wire)?,
+                    None => p,
+                })
             }
             Topology::Linear { layer, pass, sp, devices, microbatches } => {
                 CaseProblem::Linear(LinearProblem::new(layer, pass, sp, devices, microbatches, m, k, n, input)?)
@@ -809,7 +817,7 @@ seed = 3
     fn parses_a_mesh_case() {
         let cases = parse_cases(MESH, Path::new("x.toml")).unwrap();
         let c = &cases[0];
-        assert_eq!(c.topology, Topology::Mesh { nr: 2, nc: 4, dataflow: Dataflow::Ls });
+        assert_eq!(c.topology, Topology::Mesh { nr: 2, nc: 4, dataflow: Dataflow::Ls, wire: None });
         assert_eq!((c.devices(), c.devices_label(), c.op_label()), (8, "2x4".to_string(), "mesh_gemm ls".to_string()));
         assert_eq!(c.algorithm_label(), "meshslice(S=2,B=1)");
         let problem = c.problem().unwrap();

@@ -187,8 +187,9 @@ impl Exporter {
             Topology::Linear { layer, pass, sp, microbatches, .. } => json!({
                 "layer": layer.name(), "pass": pass.name(), "sp": sp, "microbatches": microbatches,
             }),
-            Topology::Mesh { nr, nc, dataflow } => json!({
+            Topology::Mesh { nr, nc, dataflow, wire } => json!({
                 "dataflow": dataflow.to_string(), "nr": nr, "nc": nc, "slices": case.slices, "block": case.block,
+                "wire": wire.unwrap_or(DType::F32).name(),
             }),
             Topology::Attention { kv_heads, causal, layout, queries, .. } => json!({
                 "heads": case.n, "kv_heads": kv_heads, "head_dim": case.k, "causal": causal,

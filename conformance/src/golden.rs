@@ -127,8 +127,9 @@ fn fields(case: &Case, outputs: &[OutputShape]) -> Vec<(&'static str, String)> {
     let mut fields =
         vec![("case", case.name.clone()), ("op", case.op_name().to_string()), ("devices", case.devices().to_string())];
     match case.topology {
-        Topology::Mesh { nr, nc, dataflow } => {
-            fields.extend([("nr", nr.to_string()), ("nc", nc.to_string()), ("dataflow", dataflow.to_string())])
+        Topology::Mesh { nr, nc, dataflow, wire } => {
+            fields.extend([("nr", nr.to_string()), ("nc", nc.to_string()), ("dataflow", dataflow.to_string())]);
+            fields.extend(wire.map(|wire| ("wire", wire.to_string())));
         }
         Topology::Linear { layer, pass, sp, microbatches, .. } => fields.extend([
             ("layer", layer.to_string()),
@@ -290,7 +291,7 @@ mod tests {
     #[test]
     fn mesh_headers_name_the_mesh_and_the_dataflow() {
         let mut mesh = case();
-        mesh.topology = Topology::Mesh { nr: 1, nc: 2, dataflow: Dataflow::Rs };
+        mesh.topology = Topology::Mesh { nr: 1, nc: 2, dataflow: Dataflow::Rs, wire: None };
         let payload: Vec<u8> = (0..24).collect();
         let bytes = encode(&mesh, &shape(2, 3), &payload);
         let text = String::from_utf8_lossy(&bytes);
@@ -300,7 +301,7 @@ mod tests {
         );
         assert_eq!(decode(&bytes, &mesh, &shape(2, 3)).unwrap(), &payload[..]);
         let mut other = mesh.clone();
-        other.topology = Topology::Mesh { nr: 2, nc: 1, dataflow: Dataflow::Rs };
+        other.topology = Topology::Mesh { nr: 2, nc: 1, dataflow: Dataflow::Rs, wire: None };
         assert_eq!(
             decode(&bytes, &other, &shape(2, 3)),
             Err(GoldenError::Stale { key: "nr", golden: "1".into(), case: "2".into() })

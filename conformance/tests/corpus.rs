@@ -129,7 +129,7 @@ fn every_valid_mesh_algorithm_dataflow_and_mesh_combination_runs() {
     let present: HashSet<(String, Dataflow, (usize, usize))> = mesh_cases()
         .iter()
         .filter_map(|c| match c.topology {
-            Topology::Mesh { nr, nc, dataflow } => Some((c.algorithm.clone(), dataflow, (nr, nc))),
+            Topology::Mesh { nr, nc, dataflow, .. } => Some((c.algorithm.clone(), dataflow, (nr, nc))),
             _ => None,
         })
         .collect();
@@ -171,6 +171,16 @@ fn mesh_cases_cover_families_dtypes_slicings_and_non_square_shapes() {
             _ => None,
         })
         .collect();
+    // Every LS and RS algorithm once with its partial sums on a narrow wire.
+    for dataflow in [Dataflow::Ls, Dataflow::Rs] {
+        for algorithm in MeshAlgorithm::NAMES {
+            let narrow = |c: &&Case| {
+                c.algorithm == algorithm
+                    && matches!(c.topology, Topology::Mesh { dataflow: d, wire: Some(w), .. } if d == dataflow && w != DType::F32)
+            };
+            assert!(cases.iter().any(|c| narrow(&c)), "{algorithm} {dataflow}: no case with a narrow wire");
+        }
+    }
     assert!(slicings.len() >= 5, "only the slicings {slicings:?}");
     assert!(slicings.iter().any(|&(s, _)| s >= 3), "no MeshSlice with S >= 3: {slicings:?}");
     assert!(slicings.iter().any(|&(_, b)| b >= 2), "no MeshSlice with B >= 2: {slicings:?}");

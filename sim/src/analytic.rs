@@ -618,8 +618,11 @@ pub struct MeshGemm {
     pub k: usize,
     /// Dataflow.
     pub dataflow: Dataflow,
-    /// Element type of every matrix and transfer.
+    /// Element type of every matrix and transfer in seed 002's form.
     pub dtype: DType,
+    /// The dtype LS/RS partial sums travel in in cmm's plans (f32 unless a narrower one is
+    /// asked for; OS has none). The closed form prices them in `dtype` whatever this is.
+    pub wire: DType,
 }
 
 /// Why a 2D configuration cannot run.
@@ -1162,7 +1165,8 @@ mod tests {
     #[test]
     fn meshslice_with_one_slice_is_collective_and_slicing_hides_communication() {
         let p = tpu();
-        let g = MeshGemm { m: 262_144, n: 49_152, k: 12_288, dataflow: Dataflow::Os, dtype: DType::Bf16 };
+        let g =
+            MeshGemm { m: 262_144, n: 49_152, k: 12_288, dataflow: Dataflow::Os, dtype: DType::Bf16, wire: DType::F32 };
         let shape = MeshShape { rows: 32, cols: 8 };
         let coll = estimate_mesh(MeshFamily::Collective, &g, shape, 1, &p).unwrap();
         let one = estimate_mesh(MeshFamily::MeshSlice, &g, shape, 1, &p).unwrap();
@@ -1175,7 +1179,7 @@ mod tests {
     #[test]
     fn bad_configurations_are_typed_errors() {
         let p = tpu();
-        let g = MeshGemm { m: 1024, n: 1024, k: 1024, dataflow: Dataflow::Os, dtype: DType::Bf16 };
+        let g = MeshGemm { m: 1024, n: 1024, k: 1024, dataflow: Dataflow::Os, dtype: DType::Bf16, wire: DType::F32 };
         let rect = MeshShape { rows: 2, cols: 8 };
         assert!(matches!(estimate_mesh(MeshFamily::Cannon, &g, rect, 1, &p), Err(MeshModelError::NotSquare { .. })));
         assert!(matches!(

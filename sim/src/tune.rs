@@ -103,7 +103,7 @@ fn check_profile_chips(chips: usize, profile: &Profile) -> Result<(), TuneError>
 fn check_llm(llm: &LlmConfig) -> Result<(), TuneError> {
     for layer in &llm.layers {
         let (t, i, o) = (llm.tokens, layer.in_features, layer.out_features);
-        let gemm = MeshGemm { m: t, n: o, k: i, dataflow: Dataflow::Os, dtype: llm.dtype };
+        let gemm = MeshGemm { m: t, n: o, k: i, dataflow: Dataflow::Os, dtype: llm.dtype, wire: llm.wire };
         gemm.check_size().map_err(|source| TuneError::Gemm {
             what: format!("{} layer {} ({t} tokens, {i} → {o} features)", llm.name, layer.name),
             source,
@@ -270,6 +270,8 @@ pub fn mesh_plan(gemm: &MeshGemm, family: MeshFamily, shape: MeshShape, slices: 
     let (rows, cols) = (shape.rows, shape.cols);
     let problem =
         MeshProblem::for_simulation(rows, cols, gemm.dataflow, gemm.m, gemm.n, gemm.k, gemm.dtype, gemm.dtype).ok()?;
+    // OS sends no partial sums: a model's OS passes keep f32 (there is nothing to narrow).
+    let problem = if gemm.dataflow == Dataflow::Os { problem } else { problem.with_wire(gemm.wire).ok()? };
     let algorithm = match family {
         MeshFamily::Collective => MeshAlgorithm::Collective,
         MeshFamily::Summa => MeshAlgorithm::Summa,
@@ -327,6 +329,8 @@ pub struct LlmConfig {
     pub layers: Vec<FcLayer>,
     /// Element type.
     pub dtype: DType,
+    /// The dtype the LS/RS passes' partial sums travel in in cmm's plans ([`MeshGemm::wire`]).
+    pub wire: DType,
 }
 
 impl LlmConfig {
@@ -345,6 +349,7 @@ impl LlmConfig {
                 FcLayer { name: "mlp_down", in_features: 4 * h, out_features: h },
             ],
             dtype: DType::Bf16,
+            wire: DType::F32,
         }
     }
 }
@@ -405,7 +410,8 @@ pub struct LayerDataflows {
 pub fn choose_dataflows(llm: &LlmConfig) -> Vec<LayerDataflows> {
     let t = llm.tokens;
     let dt = llm.dtype;
-    let g = |m: usize, n: usize, k: usize, dataflow: Dataflow| MeshGemm { m, n, k, dataflow, dtype: dt };
+    let g =
+        |m: usize, n: usize, k: usize, dataflow: Dataflow| MeshGemm { m, n, k, dataflow, dtype: dt, wire: llm.wire };
     llm.layers
         .iter()
         .map(|layer| {
@@ -837,7 +843,7 @@ mod tests {
     #[test]
     fn the_2d_tuner_ranks_the_leaders_by_cmms_own_plans_simulated() {
         let profile = Profile::load("tpuv4-torus").unwrap();
-        let gemm = MeshGemm { m: 8192, n: 8192, k: 8192, dataflow: Dataflow::Os, dtype: DType::Bf16 };
+        let gemm = MeshGemm { m: 8192, n: 8192, k: 8192, dataflow: Dataflow::Os, dtype: DType::Bf16, wire: DType::F32 };
         let ranked = tune_mesh_gemm(&gemm, 16, &profile, 4).unwrap();
         let (replayed, rest) = ranked.split_at(4);
         assert!(replayed.iter().all(|c| c.replayed.is_some()) && rest.iter().all(|c| c.replayed.is_none()));
@@ -878,6 +884,7 @@ mod tests {
                 FcLayer { name: "down", in_features: 4096, out_features: 1024 },
             ],
             dtype: DType::Bf16,
+            wire: DType::F32,
         };
         let shape = MeshShape { rows: 4, cols: 4 };
         let slices = [1, 2, 4, 8];
@@ -906,7 +913,14 @@ mod tests {
     #[test]
     fn the_2d_tuner_refuses_matrices_past_a_buffers_size() {
         let profile = Profile::load("tpuv4-torus").unwrap();
-        let gemm = |m: usize, n: usize, k: usize| MeshGemm { m, n, k, dataflow: Dataflow::Os, dtype: DType::Bf16 };
+        let gemm = |m: usize, n: usize, k: usize| MeshGemm {
+            m,
+            n,
+            k,
+            dataflow: Dataflow::Os,
+            dtype: DType::Bf16,
+            wire: DType::F32,
+        };
         let e = tune_mesh_gemm(&gemm(1 << 40, 4096, 1 << 40), 256, &profile, 0).unwrap_err();
         assert!(
             matches!(e, TuneError::Gemm { .. }) && e.to_string().contains("A is 1099511627776×1099511627776"),

@@ -174,13 +174,32 @@ pub(crate) fn ring_all_gather(
     gather_one_way(b, ring, lane, sem, base, own, blocks, Way::Left, Some);
 }
 
-/// Which way round a ring a gather's messages go.
+/// Which way round a ring a collective's messages go.
 #[derive(Clone, Copy)]
 enum Way {
     /// To the previous member: block (pos + i) % n at iteration i.
     Left,
     /// To the next member: block (pos − i) % n at iteration i.
     Right,
+}
+
+impl Way {
+    /// The member messages go to.
+    fn to(self, ring: &Ring) -> usize {
+        match self {
+            Way::Left => ring.left(),
+            Way::Right => ring.right(),
+        }
+    }
+
+    /// The block `i` places from this member's own, this way round.
+    fn block(self, ring: &Ring, i: usize) -> usize {
+        let n = ring.len();
+        match self {
+            Way::Left => (ring.pos + i) % n,
+            Way::Right => (ring.pos + n - i % n) % n,
+        }
+    }
 }
 
 /// [`ring_all_gather`] one `way` round, moving `part` of every block (`None`: nothing of
@@ -197,16 +216,9 @@ fn gather_one_way(
     way: Way,
     part: impl Fn(Region) -> Option<Region>,
 ) {
-    let (n, me) = (ring.len(), ring.me());
-    let to = match way {
-        Way::Left => ring.left(),
-        Way::Right => ring.right(),
-    };
+    let (n, me, to) = (ring.len(), ring.me(), way.to(ring));
     for i in 0..n - 1 {
-        let blk = match way {
-            Way::Left => (ring.pos + i) % n,
-            Way::Right => (ring.pos + n - i) % n,
-        };
+        let blk = way.block(ring, i);
         let src = if i == 0 {
             own
         } else {
@@ -223,16 +235,21 @@ fn gather_one_way(
 /// The two halves of a region: its top and bottom rows, or, for one row, its left and
 /// right columns. A single element has no second half (`None`).
 pub(crate) fn halves(r: Region) -> (Region, Option<Region>) {
+    let (first, second) = half_windows(r);
+    (sub(r, first), second.map(|w| sub(r, w)))
+}
+
+/// The windows of [`halves`], relative to the region's element (0, 0).
+fn half_windows(r: Region) -> (Window, Option<Window>) {
+    let whole = Window { row0: 0, col0: 0, rows: r.rows, cols: r.cols };
     if r.rows >= 2 {
         let top = r.rows / 2;
-        let bottom = Region { offset: r.offset + top * r.stride, rows: r.rows - top, ..r };
-        (Region { rows: top, ..r }, Some(bottom))
+        (Window { rows: top, ..whole }, Some(Window { row0: top, rows: r.rows - top, ..whole }))
     } else if r.cols >= 2 {
         let left = r.cols / 2;
-        let right = Region { offset: r.offset + left, cols: r.cols - left, ..r };
-        (Region { cols: left, ..r }, Some(right))
+        (Window { cols: left, ..whole }, Some(Window { col0: left, cols: r.cols - left, ..whole }))
     } else {
-        (r, None)
+        (whole, None)
     }
 }
 
@@ -281,28 +298,114 @@ pub(crate) fn ring_reduce_scatter(
     send: &[Region],
     out: &FinalPieces,
 ) {
-    let (n, me, to) = (ring.len(), ring.me(), ring.left());
+    let slots = SumSlots { recv, send };
+    reduce_one_way(b, ring, lane, sem, base, parts, slots, out, Way::Left, whole_window);
+}
+
+/// All of a region, as a window of it.
+fn whole_window(r: Region) -> Option<Window> {
+    Some(Window { row0: 0, col0: 0, rows: r.rows, cols: r.cols })
+}
+
+/// A ring ReduceScatter's slots for the sums: received (`recv[s]`, written by the
+/// neighbour at step s) and in flight (`send[s]`).
+#[derive(Clone, Copy)]
+pub(crate) struct SumSlots<'a> {
+    pub recv: &'a [Region],
+    pub send: &'a [Region],
+}
+
+/// [`ring_reduce_scatter`] both ways round the ring: the first [`halves`] half of every
+/// block is summed going round to the left on `lanes[0]`, counted on `sems[0]`, the
+/// second going round to the right on `lanes[1]`, counted on `sems[1]`, in the same
+/// slots (each way its half of them). Each element's sum is still added up in one fixed
+/// order, its way's; on a torus the two ways are links of their own, and the sums take
+/// half the time of one way. Blocks of one element go the first way whole; the second
+/// way then only counts, so both semaphores reach their values.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ring_reduce_scatter_both_ways(
+    b: &mut PlanBuilder,
+    ring: &Ring,
+    lanes: [LaneId; 2],
+    sems: [SemId; 2],
+    base: u32,
+    parts: &[Region],
+    slots: SumSlots,
+    out: &FinalPieces,
+) {
+    if ring.len() == 1 {
+        return reduce_one_way(b, ring, lanes[0], sems[0], base, parts, slots, out, Way::Left, whole_window);
+    }
+    let first = |r: Region| Some(half_windows(r).0);
+    reduce_one_way(b, ring, lanes[0], sems[0], base, parts, slots, out, Way::Left, first);
+    reduce_one_way(b, ring, lanes[1], sems[1], base, parts, slots, out, Way::Right, |r| half_windows(r).1);
+}
+
+/// The final pieces of `out` that fall in `part` (a window of the block), relative to it.
+fn pieces_in(out: &FinalPieces, part: Window) -> Vec<(Window, Region)> {
+    out.iter()
+        .filter_map(|&(w, dst)| {
+            let (row0, col0) = (w.row0.max(part.row0), w.col0.max(part.col0));
+            let row1 = (w.row0 + w.rows).min(part.row0 + part.rows);
+            let col1 = (w.col0 + w.cols).min(part.col0 + part.cols);
+            (row0 < row1 && col0 < col1).then(|| {
+                let rows = row1 - row0;
+                let cols = col1 - col0;
+                let in_dst = Window { row0: row0 - w.row0, col0: col0 - w.col0, rows, cols };
+                let in_part = Window { row0: row0 - part.row0, col0: col0 - part.col0, rows, cols };
+                (in_part, sub(dst, in_dst))
+            })
+        })
+        .collect()
+}
+
+/// [`ring_reduce_scatter`] one `way` round, summing the `part` of every block (a window
+/// of it; `None`: nothing of it, the signals alone).
+#[allow(clippy::too_many_arguments)]
+fn reduce_one_way(
+    b: &mut PlanBuilder,
+    ring: &Ring,
+    lane: LaneId,
+    sem: SemId,
+    base: u32,
+    parts: &[Region],
+    slots: SumSlots,
+    out: &FinalPieces,
+    way: Way,
+    part: impl Fn(Region) -> Option<Window>,
+) {
+    let (n, me, to) = (ring.len(), ring.me(), way.to(ring));
+    // `region`'s share of block `mine`'s part, when it has one.
+    let share = |region: Region, mine: Region| part(mine).map(|w| sub(fit(region, mine), w));
     if n == 1 {
-        reduce_pieces(b, me, lane, parts[0], None, out);
+        if let Some(w) = part(parts[0]) {
+            reduce_pieces(b, me, lane, sub(parts[0], w), None, &pieces_in(out, w));
+        }
         return;
     }
     for s in 0..n {
-        let blk = (ring.pos + s + 1) % n;
-        let mine = parts[blk];
+        let block = parts[way.block(ring, s + 1)];
+        let mine = share(block, block);
         let sum = if s == 0 {
             mine
         } else {
             b.push(me, lane, wait(sem, base + s as u32));
-            let got = fit(recv[s - 1], mine);
+            let got = share(slots.recv[s - 1], block);
             if s == n - 1 {
-                reduce_pieces(b, me, lane, mine, Some(got), out);
+                if let (Some(mine), Some(w)) = (mine, part(block)) {
+                    reduce_pieces(b, me, lane, mine, got, &pieces_in(out, w));
+                }
                 break;
             }
-            let sum = fit(send[s], mine);
-            b.push(me, lane, Op::Reduce { inputs: vec![mine, got], output: sum });
+            let sum = share(slots.send[s], block);
+            if let (Some(mine), Some(got), Some(sum)) = (mine, got, sum) {
+                b.push(me, lane, Op::Reduce { inputs: vec![mine, got], output: sum });
+            }
             sum
         };
-        b.push(me, lane, copy(sum, to, fit(recv[s], mine)));
+        if let (Some(sum), Some(dst)) = (sum, share(slots.recv[s], block)) {
+            b.push(me, lane, copy(sum, to, dst));
+        }
         b.push(me, lane, signal(to, sem));
     }
 }

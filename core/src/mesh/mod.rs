@@ -177,6 +177,14 @@ pub enum MeshError {
         /// Requested output dtype.
         output: DType,
     },
+    /// A narrower wire dtype for OS (no partial sums travel), or one that is not a float type.
+    #[error("mesh_gemm {dataflow}: partial sums travel as f32, f16 or bf16, and only the LS and RS dataflows send partial sums (got wire dtype {wire})")]
+    Wire {
+        /// The dataflow.
+        dataflow: Dataflow,
+        /// The requested wire dtype.
+        wire: DType,
+    },
     /// A tensor has more elements than the generator can index (2^32).
     #[error("mesh_gemm: tensor {tensor} has {elements} elements, more than the 2^32 the input generator indexes")]
     TooLarge {
@@ -283,9 +291,22 @@ pub struct MeshProblem {
     pub input: DType,
     /// Output dtype of C.
     pub output: DType,
+    /// The dtype LS/RS partial sums are stored and travel in (f32 unless
+    /// [`MeshProblem::with_wire`] asks for a narrower one; OS has no partial sums).
+    pub wire: DType,
 }
 
 impl MeshProblem {
+    /// The same problem with LS/RS partial sums in `wire`: each chip's partial is rounded
+    /// to it, and so is every running sum a hop adds up, halving the bytes the
+    /// ReduceScatters move at f16 or bf16 (as seed 002's TPU runs send them).
+    pub fn with_wire(self, wire: DType) -> Result<MeshProblem, MeshError> {
+        if self.dataflow == Dataflow::Os && wire != DType::F32 || !wire.is_float() {
+            return Err(MeshError::Wire { dataflow: self.dataflow, wire });
+        }
+        Ok(MeshProblem { wire, ..self })
+    }
+
     /// Validates and builds a problem.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -333,7 +354,7 @@ impl MeshProblem {
                 return Err(MeshError::TooLarge { tensor, elements });
             }
         }
-        Ok(MeshProblem { nr, nc, dataflow, m, n, k, input, output })
+        Ok(MeshProblem { nr, nc, dataflow, m, n, k, input, output, wire: DType::F32 })
     }
 
     /// Like [`MeshProblem::new`] without the input generator's 2^32-element limit: for
@@ -354,7 +375,9 @@ impl MeshProblem {
         // `new` checks the generator's range last, so any other error (an empty mesh, a
         // zero or indivisible dimension, a dtype pair) still comes back as itself.
         match MeshProblem::new(nr, nc, dataflow, m, n, k, input, output) {
-            Err(MeshError::TooLarge { .. }) => Ok(MeshProblem { nr, nc, dataflow, m, n, k, input, output }),
+            Err(MeshError::TooLarge { .. }) => {
+                Ok(MeshProblem { nr, nc, dataflow, m, n, k, input, output, wire: DType::F32 })
+            }
             other => other,
         }
     }
@@ -418,9 +441,9 @@ impl MeshProblem {
     /// The bytes each device sends by the traffic cost of seed 002 §2.3.1: within its
     /// mesh row (Nc−1)·size(M_c)/(Nr·Nc), within its mesh column (Nr−1)·size(M_r)/(Nr·Nc),
     /// where M_c and M_r are the matrices flowing horizontally and vertically (inputs in
-    /// the input dtype, C partial sums in f32), as `(row, column)`.
+    /// the input dtype, C partial sums in the wire dtype), as `(row, column)`.
     pub fn analytic_traffic(&self) -> (u64, u64) {
-        let (input, partial) = (self.input.size_bytes() as u64, DType::F32.size_bytes() as u64);
+        let (input, partial) = (self.input.size_bytes() as u64, self.wire.size_bytes() as u64);
         let (a, b, c) =
             ((self.m * self.k) as u64 * input, (self.k * self.n) as u64 * input, (self.m * self.n) as u64 * partial);
         let (horizontal, vertical) = match self.dataflow {
@@ -439,7 +462,18 @@ impl MeshProblem {
 
     /// A short shape string, e.g. `2x4 os M=64 N=32 K=96`.
     pub fn shape_string(&self) -> String {
-        format!("{}x{} {} M={} N={} K={}", self.nr, self.nc, self.dataflow, self.m, self.n, self.k)
+        let wire = if self.wire == DType::F32 { String::new() } else { format!(" wire={}", self.wire) };
+        format!("{}x{} {} M={} N={} K={}{wire}", self.nr, self.nc, self.dataflow, self.m, self.n, self.k)
+    }
+
+    /// Chips along the axis the partial sums are reduced over: Nc for LS (a mesh row),
+    /// Nr for RS (a mesh column), none for OS.
+    fn reduce_ring(&self) -> usize {
+        match self.dataflow {
+            Dataflow::Os => 0,
+            Dataflow::Ls => self.nc,
+            Dataflow::Rs => self.nr,
+        }
     }
 }
 
@@ -466,6 +500,12 @@ impl ShardedGemm for MeshProblem {
 
     fn output_window_of(&self, device: usize) -> Window {
         self.output_window(device)
+    }
+
+    /// Each chip's partial is rounded to the wire dtype once, then once more at each of
+    /// the Nc − 1 (LS) or Nr − 1 (RS) hops whose sum is stored before it travels on.
+    fn partial_rounding(&self) -> Option<(DType, usize)> {
+        (self.wire != DType::F32).then_some((self.wire, self.reduce_ring()))
     }
 }
 

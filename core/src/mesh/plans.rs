@@ -16,8 +16,8 @@
 
 use super::{Dataflow, MeshAlgorithm, MeshError, MeshProblem};
 use crate::algorithms::ring::{
-    copy, merge_pieces, ring_all_gather, ring_all_gather_both_ways, ring_broadcast, ring_reduce_scatter,
-    ring_reduce_to, signal, wait, OverlappedReduce, Ring,
+    copy, merge_pieces, ring_all_gather, ring_all_gather_both_ways, ring_broadcast, ring_reduce_scatter_both_ways,
+    ring_reduce_to, signal, wait, OverlappedReduce, Ring, SumSlots,
 };
 use crate::algorithms::{input_buffer, output_buffer};
 use crate::dtype::DType;
@@ -593,6 +593,12 @@ impl Flow {
         (b.lane(self.gather.name()), b.lane("compute"), b.lane(self.reduce.name()))
     }
 
+    /// The lane and the count of the sums going the second way round the reduce ring.
+    fn reduce_back(&self, b: &mut PlanBuilder) -> (LaneId, SemId) {
+        let name = format!("{}_back", self.reduce.name());
+        (b.lane(&name), b.semaphore(&format!("{name}_reduce")))
+    }
+
     /// A logical window as stored.
     fn stored(&self, w: Window) -> Window {
         if self.transposed {
@@ -694,18 +700,19 @@ fn flow_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Me
     let mut b = PlanBuilder::new(name, p.devices());
     let bufs = flow_buffers(&mut b, p, &f);
     let gm = f.scratch(&mut b, "GM", p.input, f.big_g, f.q);
-    let part = f.scratch(&mut b, "P", DType::F32, f.p, f.big_g);
-    let recv_slots = f.slots(&mut b, "recv", DType::F32, slices * (nrd - 1), f.p, cw);
-    let send_slots = f.slots(&mut b, "send", DType::F32, slices * (nrd - 1), f.p, cw);
+    let part = f.scratch(&mut b, "P", p.wire, f.p, f.big_g);
+    let recv_slots = f.slots(&mut b, "recv", p.wire, slices * (nrd - 1), f.p, cw);
+    let send_slots = f.slots(&mut b, "send", p.wire, slices * (nrd - 1), f.p, cw);
     let g_recv = b.semaphore(&format!("{}_recv", f.gather.name()));
     let packed = b.semaphore("packed");
     let p_ready = b.semaphore("p_ready");
     let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
     let (gather_lane, compute, reduce_lane) = f.lanes(&mut b);
-    // The gather goes both ways round its ring, the second way on a lane and a count of
-    // its own; the sums go one way, so each keeps its order.
+    // The gather and the sums go both ways round their rings, each second way on a lane
+    // and a count of its own.
     let gather_back = b.lane(&format!("{}_back", f.gather.name()));
     let g_back_recv = b.semaphore(&format!("{}_back_recv", f.gather.name()));
+    let (reduce_back, r_back_recv) = f.reduce_back(&mut b);
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
         for s in 0..slices {
@@ -737,6 +744,9 @@ fn flow_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Me
             b.push(d, compute, signal(d, p_ready));
 
             b.push(d, reduce_lane, wait(p_ready, (s + 1) as u32));
+            if nrd > 1 {
+                b.push(d, reduce_back, wait(p_ready, (s + 1) as u32));
+            }
             let parts: Vec<Region> = (0..nrd).map(|x| f.win(&b, part, 0, s * gs + x * cw, f.p, cw)).collect();
             let out: Vec<(Window, Region)> = (0..sl.blocks(f.cb))
                 .map(|u| {
@@ -745,17 +755,9 @@ fn flow_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Me
                 })
                 .collect();
             let range = s * (nrd - 1)..(s + 1) * (nrd - 1);
-            ring_reduce_scatter(
-                &mut b,
-                &rring,
-                reduce_lane,
-                r_recv,
-                range.start as u32,
-                &parts,
-                &recv_slots[range.clone()],
-                &send_slots[range],
-                &out,
-            );
+            let slots = SumSlots { recv: &recv_slots[range.clone()], send: &send_slots[range.clone()] };
+            let (lanes, sems) = ([reduce_lane, reduce_back], [r_recv, r_back_recv]);
+            ring_reduce_scatter_both_ways(&mut b, &rring, lanes, sems, range.start as u32, &parts, slots, &out);
         }
     }
     Ok(b.finish()?)
@@ -773,9 +775,9 @@ fn flow_summa(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
     let mut b = PlanBuilder::new(name, p.devices());
     let bufs = flow_buffers(&mut b, p, &f);
     let gm = f.scratch(&mut b, "GM", p.input, f.big_g, f.q);
-    let part = f.scratch(&mut b, "P", DType::F32, f.p, f.big_g);
-    let recv = f.scratch(&mut b, "recv", DType::F32, f.p, f.big_g);
-    let send = f.scratch(&mut b, "send", DType::F32, f.p, f.big_g);
+    let part = f.scratch(&mut b, "P", p.wire, f.p, f.big_g);
+    let recv = f.scratch(&mut b, "recv", p.wire, f.p, f.big_g);
+    let send = f.scratch(&mut b, "send", p.wire, f.p, f.big_g);
     let g_recv = b.semaphore(&format!("{}_recv", f.gather.name()));
     let p_ready = b.semaphore("p_ready");
     let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
@@ -829,9 +831,9 @@ fn flow_cannon(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
     let mut b = PlanBuilder::new(name, p.devices());
     let bufs = flow_buffers(&mut b, p, &f);
     let moving_slots = f.slots(&mut b, "MS", p.input, n, f.g, f.q);
-    let part = f.scratch(&mut b, "P", DType::F32, f.p, f.cb);
-    let send = f.slots(&mut b, "send", DType::F32, n - 1, f.p, f.cb);
-    let recv = f.slots(&mut b, "recv", DType::F32, n - 1, f.p, f.cb);
+    let part = f.scratch(&mut b, "P", p.wire, f.p, f.cb);
+    let send = f.slots(&mut b, "send", p.wire, n - 1, f.p, f.cb);
+    let recv = f.slots(&mut b, "recv", p.wire, n - 1, f.p, f.cb);
     let stage = f.scratch(&mut b, "stage", p.output, f.p, f.cb);
     let skew = b.semaphore("skew");
     let shift = b.semaphore("shift");
@@ -903,8 +905,8 @@ impl Wang {
         let (ng, nrd) = (f.gather.len(p), f.reduce.len(p));
         let bufs = flow_buffers(b, p, &f);
         let gm = f.scratch(b, "GM", p.input, f.big_g, f.q);
-        let send = f.slots(b, "send", DType::F32, nrd - 1, f.p, f.cb);
-        let recv = f.slots(b, "recv", DType::F32, nrd - 1, f.p, f.cb);
+        let send = f.slots(b, "send", p.wire, nrd - 1, f.p, f.cb);
+        let recv = f.slots(b, "recv", p.wire, nrd - 1, f.p, f.cb);
         let g_recv = b.semaphore(&format!("{}_recv", f.gather.name()));
         let r_recv = b.semaphore(&format!("{}_reduce", f.reduce.name()));
         let (gather_lane, compute, reduce_lane) = f.lanes(b);
@@ -934,8 +936,10 @@ fn flow_wang_decomposed_gather(p: &MeshProblem, name: String) -> Result<Plan, Me
         reduce_lane,
         ..
     } = Wang::declare(&mut b, p);
-    let part = f.scratch(&mut b, "P", DType::F32, f.p, f.big_g);
+    let part = f.scratch(&mut b, "P", p.wire, f.p, f.big_g);
     let p_ready = b.semaphore("p_ready");
+    // The reduce-scatter, a collective here, goes both ways round its ring.
+    let (reduce_back, r_back_recv) = f.reduce_back(&mut b);
     let parts: Vec<Region> = (0..nrd).map(|x| f.win(&b, part, 0, x * f.cb, f.p, f.cb)).collect();
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
@@ -951,8 +955,13 @@ fn flow_wang_decomposed_gather(p: &MeshProblem, name: String) -> Result<Plan, Me
         }
         b.push(d, compute, signal(d, p_ready));
         b.push(d, reduce_lane, wait(p_ready, 1));
+        if nrd > 1 {
+            b.push(d, reduce_back, wait(p_ready, 1));
+        }
         let out = f.whole_block(b.whole(bufs.c), f.cb);
-        ring_reduce_scatter(&mut b, &rring, reduce_lane, r_recv, 0, &parts, &recv_slots, &send_slots, &out);
+        let slots = SumSlots { recv: &recv_slots, send: &send_slots };
+        let (lanes, sems) = ([reduce_lane, reduce_back], [r_recv, r_back_recv]);
+        ring_reduce_scatter_both_ways(&mut b, &rring, lanes, sems, 0, &parts, slots, &out);
     }
     Ok(b.finish()?)
 }
@@ -965,7 +974,7 @@ fn flow_wang_decomposed_reduce(p: &MeshProblem, name: String) -> Result<Plan, Me
     let mut b = PlanBuilder::new(name, p.devices());
     let Wang { f, ng, nrd, bufs, gm, blocks, send, recv, g_recv, r_recv, gather_lane, compute, reduce_lane } =
         Wang::declare(&mut b, p);
-    let part = f.scratch(&mut b, "P", DType::F32, f.p, f.cb);
+    let part = f.scratch(&mut b, "P", p.wire, f.p, f.cb);
     let gm_ready = b.semaphore("gathered");
     let ready = b.semaphore("ready");
     // The gather, a collective here, goes both ways round its ring.

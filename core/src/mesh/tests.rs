@@ -99,6 +99,40 @@ fn collective_and_meshslice_traffic_is_the_seed_formula() {
     assert_eq!(p.analytic_traffic(), (768, 3 * 48 * 32 * 2 / 8));
 }
 
+/// Every collective of the collective and MeshSlice plans goes both ways round its ring:
+/// on a 4 × 4 mesh each chip sends its left and its right neighbour, along both axes, the
+/// same bytes (the halves of every block or sum). A ring run one way (as the gathers and
+/// sums once were) sends nothing to the right.
+#[test]
+fn collectives_send_half_of_every_block_each_way_round() {
+    for dataflow in Dataflow::ALL {
+        let p = MeshProblem::new(4, 4, dataflow, 32, 48, 64, Bf16, Bf16).unwrap();
+        for alg in [MeshAlgorithm::Collective, MeshAlgorithm::MeshSlice { slices: 2, block: 2 }] {
+            let plan = build_mesh_plan(&p, alg).unwrap();
+            let mut sent = std::collections::HashMap::new();
+            for (site, op) in plan.ops() {
+                if let crate::plan::Op::Copy { src, dst_device, .. } = op {
+                    let bytes = src.len() * plan.buffer(src.buf).dtype.size_bytes();
+                    *sent.entry((site.device, *dst_device)).or_insert(0) += bytes;
+                }
+            }
+            for d in 0..p.devices() {
+                let (i, j) = p.chip(d);
+                let bytes = |to: usize| sent.get(&(d, to)).copied().unwrap_or(0);
+                let along_row = (bytes(p.device(i, (j + 3) % 4)), bytes(p.device(i, (j + 1) % 4)));
+                let along_col = (bytes(p.device((i + 3) % 4, j)), bytes(p.device((i + 1) % 4, j)));
+                for (axis, (left, right)) in [("row", along_row), ("column", along_col)] {
+                    assert!(
+                        left > 0 && left == right,
+                        "{} device {d} along its {axis}: {left} B left, {right} B right",
+                        plan.name
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn other_algorithms_stay_on_mesh_links_and_cannon_pays_for_its_skew() {
     for dataflow in Dataflow::ALL {
@@ -116,6 +150,50 @@ fn other_algorithms_stay_on_mesh_links_and_cannon_pays_for_its_skew() {
         assert_eq!(total(MeshAlgorithm::Wang), collective, "{dataflow}");
         assert!(total(MeshAlgorithm::Cannon) > collective, "{dataflow}");
     }
+}
+
+/// Partial sums in bf16 on every LS/RS plan: within the oracle's tolerance widened by
+/// the wire's roundings, at half the sums' bytes; OS and integer wires are refused, and
+/// so is the exact family (rounded sums have no exact answer).
+#[test]
+fn partial_sums_on_a_narrow_wire_match_the_oracle_at_half_the_bytes() {
+    use crate::testing::{assert_matches_oracle, assert_sound};
+    use crate::workload::Workload;
+    for (nr, nc) in MESHES {
+        for dataflow in [Dataflow::Ls, Dataflow::Rs] {
+            let wide = problem(nr, nc, dataflow, Bf16, Bf16);
+            let p = wide.with_wire(Bf16).unwrap();
+            assert!(p.shape_string().ends_with(" wire=bf16"), "{}", p.shape_string());
+            assert!(p.unsupported_family(Family::Exact).is_some());
+            for alg in algorithms(&p) {
+                let plan = build_mesh_plan(&p, alg).unwrap_or_else(|e| panic!("{alg} {}: {e}", p.shape_string()));
+                assert_sound(&plan);
+                assert_matches_oracle(&plan, &p, 5, Family::Realistic);
+                // The bytes of the partial sums a plan sends (from P or a sum in flight).
+                let sums = |plan: &crate::plan::Plan| -> usize {
+                    plan.ops()
+                        .filter_map(|(site, op)| match op {
+                            crate::plan::Op::Copy { src, dst_device, .. } if *dst_device != site.device => {
+                                let buf = plan.buffer(src.buf);
+                                ["P", "send"].contains(&buf.name.as_str()).then(|| src.len() * buf.dtype.size_bytes())
+                            }
+                            _ => None,
+                        })
+                        .sum()
+                };
+                let wide_plan = build_mesh_plan(&wide, alg).unwrap();
+                assert_eq!(2 * sums(&plan), sums(&wide_plan), "{}", plan.name);
+                assert!(sums(&plan) > 0 || p.reduce_ring() == 1, "{}", plan.name);
+            }
+        }
+    }
+    let os = problem(2, 2, Dataflow::Os, Bf16, Bf16);
+    let e = os.with_wire(Bf16).unwrap_err();
+    assert_eq!(e, MeshError::Wire { dataflow: Dataflow::Os, wire: Bf16 });
+    assert!(e.to_string().contains("only the LS and RS dataflows send partial sums"), "{e}");
+    assert!(os.with_wire(F32).is_ok());
+    let ls = problem(2, 2, Dataflow::Ls, Bf16, Bf16);
+    assert!(matches!(ls.with_wire(DType::U32), Err(MeshError::Wire { .. })));
 }
 
 #[test]
