@@ -18,7 +18,7 @@ use cmm_core::{AttentionProblem, Layer, Layout, LinearProblem, MoeOp, MoeProblem
 use cmm_core::{Dataflow, MeshAlgorithm, MeshProblem};
 use cmm_reference::{Reference, RunOptions};
 use cmm_sim::analytic::{copied_by, ring_1d};
-use cmm_sim::analytic::{estimate_mesh, mesh_family, MeshGemm, MeshShape};
+use cmm_sim::analytic::{estimate_mesh_algorithm, MeshGemm, MeshShape};
 use cmm_sim::timeline::Timeline;
 use cmm_sim::tune::{candidates_1d, tune_attention, tune_linear, tune_moe, REPLAY_SLICES};
 use cmm_sim::validate::{flux, one_gpu_bench, seed000, seed002, seed002_as_built, seed002_simulated};
@@ -153,8 +153,8 @@ pub struct Args {
     #[arg(long, default_value = "uniform", value_parser = parse_routing, requires = "moe")]
     pub routing: Routing,
     /// A 2D GEMM on an Nr×Nc mesh instead of a 1D op (with -m -n -k, --dataflow and
-    /// --algorithm collective, summa, cannon, wang or meshslice): the mesh plan itself is
-    /// simulated, beside seed 002's analytic model.
+    /// --algorithm collective, summa, cannon, wang, wang_bidir, wang_columns, wang_columns_bidir
+    /// or meshslice): the mesh plan itself is simulated, beside seed 002's analytic model.
     #[arg(long, value_name = "NRxNC", conflicts_with_all = ["op", "chunks", "torus", "compare", "layer", "attention", "moe", "executor", "validate"])]
     pub mesh: Option<String>,
     /// The mesh dataflow: os, ls or rs.
@@ -467,9 +467,8 @@ fn mesh_gemm(args: &Args, mesh: &str) -> Result<()> {
     let torus = profile.interconnect.topology == TopologyKind::Torus;
     let report =
         simulate(&plan, &profile, &SimOptions { torus_dims: torus.then(|| vec![nr, nc]), ..SimOptions::default() })?;
-    let (family, slices) = mesh_family(algorithm);
     let gemm = MeshGemm { m, n, k, dataflow, dtype: pa.input, wire: problem.wire };
-    let analytic = estimate_mesh(family, &gemm, MeshShape { rows: nr, cols: nc }, slices, &profile)?;
+    let analytic = estimate_mesh_algorithm(algorithm, &gemm, MeshShape { rows: nr, cols: nc }, &profile)?;
     if args.json {
         crate::output::emit_json(json(&plan, &report, Some(analytic.total_s)))?;
     } else {

@@ -6,8 +6,8 @@ use anyhow::{bail, Result};
 use cmm_core::DType;
 use cmm_sim::analytic::{Dataflow, MeshGemm};
 use cmm_sim::tune::{
-    best_per_algorithm, choose_dataflows, replay_llm, tune_1d, tune_llm, tune_mesh_gemm, LlmConfig, MeshConfig,
-    REPLAY_SLICES,
+    best_per_algorithm, choose_dataflows, replay_llm, tune_1d, tune_llm, tune_mesh_gemm, LlmConfig, MeshCandidate,
+    MeshConfig, REPLAY_SLICES,
 };
 use serde_json::json;
 
@@ -337,12 +337,13 @@ pub fn run(args: &Args) -> Result<()> {
             .take(args.top)
             .map(|c| {
                 json!({
-                    "algorithm": cli_name(c.algorithm),
+                    "algorithm": c.replayed.as_ref().map_or(cli_name(c.algorithm), |r| r.algorithm.name().to_string()),
+                    "family": cli_name(c.algorithm),
                     "mesh": c.shape.to_string(),
                     "slices": c.slices(),
                     "time_us": c.time_s() * 1e6,
                     "how": if c.replayed.is_some() { "simulated" } else { "closed form" },
-                    "simulated_us": c.replayed.as_ref().map(|(_, r)| r.makespan_s * 1e6),
+                    "simulated_us": c.replayed.as_ref().map(|r| r.report.makespan_s * 1e6),
                     "closed_form_us": c.analytic.total_s * 1e6,
                     "closed_form_slices": c.analytic_slices,
                 })
@@ -370,20 +371,20 @@ pub fn run(args: &Args) -> Result<()> {
         ),
     }
     println!(
-        "{:<4} {:<12} {:>8} {:>5} {:>12}  {:>12} {:>5}  closed form's terms",
+        "{:<4} {:<18} {:>8} {:>5} {:>12}  {:>12} {:>5}  closed form's terms",
         "rank", "algorithm", "mesh", "S", "simulated", "closed form", "S"
     );
     for (i, c) in ranked.iter().take(args.top).enumerate() {
         if i > 0 && c.replayed.is_none() && ranked[..i].iter().all(|r| r.replayed.is_some()) {
             println!("not replayed, by seed 002's closed form alone:");
         }
-        let simulated = c.replayed.as_ref().map_or("-".to_string(), |(_, r)| us(r.makespan_s));
+        let simulated = c.replayed.as_ref().map_or("-".to_string(), |r| us(r.report.makespan_s));
         println!(
-            "{:<4} {:<12} {:>8} {:>5} {:>12}  {:>12} {:>5}  {}",
+            "{:<4} {:<18} {:>8} {:>5} {:>12}  {:>12} {:>5}  {}",
             i + 1,
-            c.algorithm.name(),
+            label(c),
             c.shape.to_string(),
-            c.replayed.as_ref().map_or("-".to_string(), |(s, _)| s.to_string()),
+            c.replayed.as_ref().map_or("-".to_string(), |r| r.slices.to_string()),
             simulated,
             us(c.analytic.total_s),
             c.analytic_slices,
@@ -393,16 +394,25 @@ pub fn run(args: &Args) -> Result<()> {
     let w = &ranked[0];
     println!(
         "winner: {} on a {} mesh, S = {} ({}, {})",
-        w.algorithm,
+        label(w),
         w.shape,
         w.slices(),
         us(w.time_s()),
         if w.replayed.is_some() { "cmm's plan simulated" } else { "seed 002's closed form: nothing replayed" }
     );
     let pairs: Vec<(f64, f64)> =
-        ranked.iter().filter_map(|c| c.replayed.as_ref().map(|(_, r)| (r.makespan_s, c.analytic.total_s))).collect();
+        ranked.iter().filter_map(|c| c.replayed.as_ref().map(|r| (r.report.makespan_s, c.analytic.total_s))).collect();
     print_form_note(&pairs, sums);
     Ok(())
+}
+
+/// A candidate's algorithm as the table shows it: a replayed Wang names the variant that
+/// simulated fastest (its direction and ways round), as `cmm simulate --mesh` takes it.
+fn label(c: &MeshCandidate) -> String {
+    match c.replayed.as_ref().map(|r| r.algorithm) {
+        Some(wang @ cmm_core::mesh::MeshAlgorithm::Wang { .. }) => wang.name().to_string(),
+        _ => c.algorithm.name().to_string(),
+    }
 }
 
 /// A 2D algorithm as `cmm simulate --mesh --algorithm` spells it, so JSON reads back.

@@ -428,7 +428,7 @@ fn the_2d_tuner_replays_ls_plans_with_partial_sums_on_a_narrow_wire() {
     let (bf16_wire, narrow) = ranked(&[&ls[..], &["--wire", "bf16"]].concat());
     assert_eq!((f32_wire.as_str(), bf16_wire.as_str()), ("f32", "bf16"));
     let time = |rows: &[serde_json::Value], row: &serde_json::Value| {
-        let same = |r: &&serde_json::Value| r["algorithm"] == row["algorithm"] && r["mesh"] == row["mesh"];
+        let same = |r: &&serde_json::Value| r["family"] == row["family"] && r["mesh"] == row["mesh"];
         rows.iter().find(same).map(|r| r["simulated_us"].as_f64().unwrap())
     };
     for row in &narrow {

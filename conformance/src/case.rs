@@ -21,7 +21,7 @@
 //! dataflow = "os"           # os (C = A·B) | ls (C = A·Bᵀ) | rs (C = Aᵀ·B)
 //! nr = 2                    # mesh rows and columns (instead of `devices`)
 //! nc = 4
-//! algorithm = "meshslice"   # collective | summa | cannon | wang | meshslice
+//! algorithm = "meshslice"   # collective | summa | cannon | wang[_columns][_bidir] | meshslice
 //! slices = 2                # only with meshslice: S
 //! block = 4                 # only with meshslice: B
 //! m = 32

@@ -530,19 +530,27 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
 }
 
 use cmm_core::mesh::lcm;
-pub use cmm_core::mesh::Dataflow;
+pub use cmm_core::mesh::{Dataflow, WangRing};
 
-/// The analytic model's family of a mesh plan's algorithm, with its slice count (1 for
-/// the algorithms that do not slice).
-pub fn mesh_family(algorithm: cmm_core::mesh::MeshAlgorithm) -> (MeshFamily, usize) {
+/// Seed 002's closed form of the configuration a mesh plan's `algorithm` runs: its family
+/// at its slice count, and for Wang the direction the plan decomposes and the ways round
+/// its ring goes (where [`estimate_mesh`] takes the faster direction, both ways round a
+/// torus, as the seed does).
+pub fn estimate_mesh_algorithm(
+    algorithm: cmm_core::mesh::MeshAlgorithm,
+    g: &MeshGemm,
+    shape: MeshShape,
+    profile: &Profile,
+) -> Result<MeshEstimate, MeshModelError> {
     use cmm_core::mesh::MeshAlgorithm;
-    match algorithm {
+    let (family, slices) = match algorithm {
         MeshAlgorithm::Collective => (MeshFamily::Collective, 1),
         MeshAlgorithm::Summa => (MeshFamily::Summa, 1),
         MeshAlgorithm::Cannon => (MeshFamily::Cannon, 1),
-        MeshAlgorithm::Wang => (MeshFamily::Wang, 1),
+        MeshAlgorithm::Wang { ring, bidir } => return estimate_wang(g, shape, Some((ring, bidir)), profile),
         MeshAlgorithm::MeshSlice { slices, .. } => (MeshFamily::MeshSlice, slices),
-    }
+    };
+    estimate_mesh(family, g, shape, slices, profile)
 }
 
 /// The 2D algorithms of seed 002, without their parameters (the plan-level
@@ -796,13 +804,37 @@ fn ring_broadcast_s(profile: &Profile, chips: usize, bytes: f64) -> f64 {
 }
 
 /// The analytic time of one 2D GEMM: `algorithm` on `shape` with `slices` (MeshSlice only;
-/// other algorithms ignore it).
+/// other algorithms ignore it). Wang decomposes whichever direction is faster.
 pub fn estimate_mesh(
     algorithm: MeshFamily,
     g: &MeshGemm,
     shape: MeshShape,
     slices: usize,
     profile: &Profile,
+) -> Result<MeshEstimate, MeshModelError> {
+    estimate(algorithm, g, shape, slices, profile, None)
+}
+
+/// Wang's algorithm by the closed form, decomposing `ring`'s direction one way round or
+/// both (`true`; `None`: the faster direction, both ways round a torus as seed 002 has
+/// it). A mesh one chip wide along the ring has nothing to decompose: the collective's
+/// form.
+pub fn estimate_wang(
+    g: &MeshGemm,
+    shape: MeshShape,
+    ring: Option<(WangRing, bool)>,
+    profile: &Profile,
+) -> Result<MeshEstimate, MeshModelError> {
+    estimate(MeshFamily::Wang, g, shape, 1, profile, ring)
+}
+
+fn estimate(
+    algorithm: MeshFamily,
+    g: &MeshGemm,
+    shape: MeshShape,
+    slices: usize,
+    profile: &Profile,
+    wang: Option<(WangRing, bool)>,
 ) -> Result<MeshEstimate, MeshModelError> {
     let lay = layout(g, shape)?;
     let chips = shape.chips() as f64;
@@ -862,15 +894,21 @@ pub fn estimate_mesh(
         }
         MeshFamily::Wang => {
             // Decompose one direction into a ring of send/recv steps overlapped with partial
-            // GEMMs; the other stays one collective. Take the better choice.
+            // GEMMs; the other stays one collective. Take the better choice (or the one asked).
             let mut best: Option<MeshEstimate> = None;
-            for (ring_mv, ring_n, other, other_n, name) in
-                [(h, shape.cols, v, shape.rows, "rows"), (v, shape.rows, h, shape.cols, "columns")]
-            {
-                if ring_n < 2 {
+            let directions = [
+                (WangRing::Rows, h, shape.cols, v, shape.rows, "rows"),
+                (WangRing::Columns, v, shape.rows, h, shape.cols, "columns"),
+            ];
+            for (direction, ring_mv, ring_n, other, other_n, name) in directions {
+                if ring_n < 2 || wang.is_some_and(|(w, _)| w != direction) {
                     continue;
                 }
-                let bw = profile.link_bps() * profile.interconnect.collective_directions as f64;
+                let ways = match wang {
+                    Some((_, false)) => 1,
+                    _ => profile.interconnect.collective_directions,
+                };
+                let bw = profile.link_bps() * ways as f64;
                 let step_comm = launch + sync + shard(&ring_mv) / bw;
                 let step_gemm = gemm(ring_n);
                 let ring = step_gemm + (ring_n - 1) as f64 * step_gemm.max(step_comm);

@@ -28,7 +28,7 @@ use cmm_core::algorithms::{build_plan, Algorithm};
 use cmm_core::attention::{build_attention_plan, AttentionAlgorithm, AttentionProblem, Layout};
 use cmm_core::dtype::DType;
 use cmm_core::linear::{build_linear_plan, LinearAlgorithm, LinearProblem};
-use cmm_core::mesh::{build_mesh_plan, MeshAlgorithm, MeshProblem};
+use cmm_core::mesh::{build_mesh_plan, MeshAlgorithm, MeshProblem, WangRing};
 use cmm_core::moe::{build_moe_plan, MoeProblem};
 use cmm_core::plan::Plan;
 use cmm_core::problem::{OpKind, Problem};
@@ -262,40 +262,72 @@ pub fn tune_1d(problem: &Problem, profile: &Profile) -> Result<Ranking1d, TuneEr
     Ok(Ranking1d { ranked, skipped, reason })
 }
 
-/// cmm's own plan for a 2D candidate, as the reference checks it and the CUDA backend runs
-/// it, or `None` where the mesh module builds none (S not dividing the sliced extents, a
-/// dimension the mesh does not divide). MeshSlice's block size B is the largest that lets
-/// S·B divide both sliced extents (seed 002: S·B | K/Nr and S·B | K/Nc for OS).
-pub fn mesh_plan(gemm: &MeshGemm, family: MeshFamily, shape: MeshShape, slices: usize) -> Option<Plan> {
+/// cmm's own plans for a 2D candidate, as the reference checks them and the CUDA backend
+/// runs them: one, or for Wang one per direction it can decompose (`wang` and
+/// `wang_columns`); none where the mesh module builds none (S not dividing the sliced
+/// extents, a dimension the mesh does not divide). MeshSlice's block size B is the largest
+/// that lets S·B divide both sliced extents (seed 002: S·B | K/Nr and S·B | K/Nc for OS).
+pub fn mesh_plans(gemm: &MeshGemm, family: MeshFamily, shape: MeshShape, slices: usize) -> Vec<(MeshAlgorithm, Plan)> {
     let (rows, cols) = (shape.rows, shape.cols);
-    let problem =
-        MeshProblem::for_simulation(rows, cols, gemm.dataflow, gemm.m, gemm.n, gemm.k, gemm.dtype, gemm.dtype).ok()?;
-    // OS sends no partial sums: a model's OS passes keep f32 (there is nothing to narrow).
-    let problem = if gemm.dataflow == Dataflow::Os { problem } else { problem.with_wire(gemm.wire).ok()? };
-    let algorithm = match family {
-        MeshFamily::Collective => MeshAlgorithm::Collective,
-        MeshFamily::Summa => MeshAlgorithm::Summa,
-        MeshFamily::Cannon => MeshAlgorithm::Cannon,
-        MeshFamily::Wang => MeshAlgorithm::Wang,
-        MeshFamily::MeshSlice => MeshAlgorithm::MeshSlice { slices, block: problem.largest_block(slices)? },
+    let Ok(problem) =
+        MeshProblem::for_simulation(rows, cols, gemm.dataflow, gemm.m, gemm.n, gemm.k, gemm.dtype, gemm.dtype)
+    else {
+        return Vec::new();
     };
-    build_mesh_plan(&problem, algorithm).ok()
+    // OS sends no partial sums: a model's OS passes keep f32 (there is nothing to narrow).
+    let problem = match gemm.dataflow {
+        Dataflow::Os => problem,
+        _ => match problem.with_wire(gemm.wire) {
+            Ok(p) => p,
+            Err(_) => return Vec::new(),
+        },
+    };
+    let algorithms = match family {
+        MeshFamily::Collective => vec![MeshAlgorithm::Collective],
+        MeshFamily::Summa => vec![MeshAlgorithm::Summa],
+        MeshFamily::Cannon => vec![MeshAlgorithm::Cannon],
+        MeshFamily::Wang => {
+            // A direction one chip wide has no ring to decompose (a 1 × 1 mesh has no ring
+            // at all: one plan).
+            let ring_of = |ring| if ring == WangRing::Rows { cols } else { rows };
+            let variants: Vec<MeshAlgorithm> = MeshAlgorithm::WANG
+                .into_iter()
+                .filter(|a| matches!(*a, MeshAlgorithm::Wang { ring, .. } if ring_of(ring) > 1))
+                .collect();
+            if variants.is_empty() {
+                vec![MeshAlgorithm::WANG[0]]
+            } else {
+                variants
+            }
+        }
+        MeshFamily::MeshSlice => match problem.largest_block(slices) {
+            Some(block) => vec![MeshAlgorithm::MeshSlice { slices, block }],
+            None => Vec::new(),
+        },
+    };
+    algorithms.into_iter().filter_map(|a| build_mesh_plan(&problem, a).ok().map(|plan| (a, plan))).collect()
 }
 
-/// [`mesh_plan`] simulated on `profile`, the mesh laid on the profile's torus as
-/// `shape` (a torus profile; other topologies ignore it). `None` where no plan builds.
+/// [`mesh_plans`] simulated on `profile`, the mesh laid on the profile's torus as
+/// `shape` (a torus profile; other topologies ignore it): the fastest plan's algorithm and
+/// report (for Wang, the faster direction, as seed 002's form takes it). `None` where no
+/// plan builds.
 pub fn replay_mesh(
     gemm: &MeshGemm,
     family: MeshFamily,
     shape: MeshShape,
     slices: usize,
     profile: &Profile,
-) -> Result<Option<SimReport>, TuneError> {
-    let Some(plan) = mesh_plan(gemm, family, shape, slices) else {
-        return Ok(None);
-    };
+) -> Result<Option<(MeshAlgorithm, SimReport)>, TuneError> {
     let options = SimOptions { torus_dims: Some(vec![shape.rows, shape.cols]), ..SimOptions::default() };
-    Ok(Some(simulate(&plan, profile, &options)?))
+    let mut best: Option<(MeshAlgorithm, SimReport)> = None;
+    for (algorithm, plan) in mesh_plans(gemm, family, shape, slices) {
+        let report = simulate(&plan, profile, &options)?;
+        if best.as_ref().is_none_or(|(_, b)| report.makespan_s < b.makespan_s) {
+            best = Some((algorithm, report));
+        }
+    }
+    Ok(best)
 }
 
 /// Slice counts tried for MeshSlice.
@@ -561,7 +593,7 @@ pub fn replay_llm(
         .par_iter()
         .map(|&(gemm, on, s)| {
             let report = replay_mesh(&gemm, algorithm, on, s, profile)?;
-            Ok(((gemm, on, s), report.map(|r| (r.makespan_s, r.compute_floor_s))))
+            Ok(((gemm, on, s), report.map(|(_, r)| (r.makespan_s, r.compute_floor_s))))
         })
         .collect::<Result<HashMap<_, _>, TuneError>>()?;
     Ok(best_layers(&flows, algorithm, shape, &slices, |gemm, on, s| times.get(&(*gemm, on, s)).copied().flatten()))
@@ -646,20 +678,30 @@ pub struct MeshCandidate {
     pub analytic: MeshEstimate,
     /// The closed form's best S (MeshSlice; 1 for the others).
     pub analytic_slices: usize,
-    /// cmm's plan simulated: its best S over [`slice_candidates`] (1 for the algorithms
-    /// without slices) and the report; `None` where not replayed or no plan builds.
-    pub replayed: Option<(usize, Box<SimReport>)>,
+    /// cmm's plan simulated at its best S; `None` where not replayed or no plan builds.
+    pub replayed: Option<MeshReplay>,
+}
+
+/// cmm's own plan for a 2D candidate, simulated.
+#[derive(Clone, Debug)]
+pub struct MeshReplay {
+    /// The plan's algorithm with its parameters (for Wang, the direction it decomposes).
+    pub algorithm: MeshAlgorithm,
+    /// Its best S over [`slice_candidates`] (1 for the algorithms without slices).
+    pub slices: usize,
+    /// The simulation.
+    pub report: Box<SimReport>,
 }
 
 impl MeshCandidate {
     /// The time it ranks by: the replay's where there is one, else the closed form's.
     pub fn time_s(&self) -> f64 {
-        self.replayed.as_ref().map_or(self.analytic.total_s, |(_, r)| r.makespan_s)
+        self.replayed.as_ref().map_or(self.analytic.total_s, |r| r.report.makespan_s)
     }
 
     /// The S of [`Self::time_s`].
     pub fn slices(&self) -> usize {
-        self.replayed.as_ref().map_or(self.analytic_slices, |(s, _)| *s)
+        self.replayed.as_ref().map_or(self.analytic_slices, |r| r.slices)
     }
 }
 
@@ -708,7 +750,7 @@ pub fn tune_mesh_gemm(
         (0..leaders).flat_map(|i| slices_of(out[i].algorithm).into_iter().map(move |s| (i, s))).collect();
     let times = jobs
         .par_iter()
-        .map(|&(i, s)| Ok(replay_mesh(gemm, out[i].algorithm, out[i].shape, s, profile)?.map(|r| r.makespan_s)))
+        .map(|&(i, s)| Ok(replay_mesh(gemm, out[i].algorithm, out[i].shape, s, profile)?.map(|(_, r)| r.makespan_s)))
         .collect::<Result<Vec<Option<f64>>, TuneError>>()?;
     let mut fastest: Vec<Option<(usize, f64)>> = vec![None; leaders];
     for (&(i, s), time) in jobs.iter().zip(times) {
@@ -722,9 +764,8 @@ pub fn tune_mesh_gemm(
         .par_iter()
         .enumerate()
         .map(|(i, best)| match best {
-            Some((s, _)) => {
-                Ok(replay_mesh(gemm, out[i].algorithm, out[i].shape, *s, profile)?.map(|r| (*s, Box::new(r))))
-            }
+            Some((s, _)) => Ok(replay_mesh(gemm, out[i].algorithm, out[i].shape, *s, profile)?
+                .map(|(algorithm, r)| MeshReplay { algorithm, slices: *s, report: Box::new(r) })),
             None => Ok(None),
         })
         .collect::<Result<Vec<_>, TuneError>>()?;
@@ -853,12 +894,13 @@ mod tests {
         let worst_replayed_form = replayed.iter().map(|c| c.analytic.total_s).fold(0.0, f64::max);
         assert!(rest.iter().all(|c| c.analytic.total_s >= worst_replayed_form));
         for c in replayed {
-            let (s, report) = c.replayed.as_ref().unwrap();
-            let again = replay_mesh(&gemm, c.algorithm, c.shape, *s, &profile).unwrap().unwrap();
+            let MeshReplay { slices: s, report, algorithm } = c.replayed.as_ref().unwrap();
+            let (again_algorithm, again) = replay_mesh(&gemm, c.algorithm, c.shape, *s, &profile).unwrap().unwrap();
             assert_eq!(again.makespan_s, report.makespan_s, "{} {}", c.algorithm, c.shape);
+            assert_eq!(&again_algorithm, algorithm);
             // No S that builds simulates faster.
             for other in slice_candidates() {
-                if let Some(r) = replay_mesh(&gemm, c.algorithm, c.shape, other, &profile).unwrap() {
+                if let Some((_, r)) = replay_mesh(&gemm, c.algorithm, c.shape, other, &profile).unwrap() {
                     assert!(r.makespan_s >= report.makespan_s, "{} {} S={other}", c.algorithm, c.shape);
                 }
             }
@@ -895,7 +937,9 @@ mod tests {
             let on = if lf.transposed { shape.transposed() } else { shape };
             lf.passes
                 .iter()
-                .map(|p| replay_mesh(&p.gemm, MeshFamily::MeshSlice, on, s, &profile).unwrap().map(|r| r.makespan_s))
+                .map(|p| {
+                    replay_mesh(&p.gemm, MeshFamily::MeshSlice, on, s, &profile).unwrap().map(|(_, r)| r.makespan_s)
+                })
                 .sum()
         };
         for (choice, lf) in config.layers.iter().zip(&flows) {

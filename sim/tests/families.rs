@@ -141,7 +141,7 @@ fn summa_plans_keep_pace_with_seed_002s_streamed_broadcasts() {
         for dataflow in [Dataflow::Os, Dataflow::Ls, Dataflow::Rs] {
             let gemm = MeshGemm { m: 4096, n: 4096, k: 4096, dataflow, dtype: DType::Bf16, wire: DType::F32 };
             let form = estimate_mesh(MeshFamily::Summa, &gemm, shape, 1, &profile).unwrap().total_s;
-            let plan = cmm_sim::tune::replay_mesh(&gemm, MeshFamily::Summa, shape, 1, &profile).unwrap().unwrap();
+            let plan = cmm_sim::tune::replay_mesh(&gemm, MeshFamily::Summa, shape, 1, &profile).unwrap().unwrap().1;
             let ratio = plan.makespan_s / form;
             assert!(ratio < 1.25, "{dataflow} SUMMA on {shape}: {ratio:.2} times the form");
         }
@@ -160,7 +160,7 @@ fn mesh_gathers_use_both_ways_round_the_torus() {
     let shape = MeshShape { rows: 4, cols: 4 };
     for (family, slices) in [(MeshFamily::Collective, 1), (MeshFamily::MeshSlice, 4), (MeshFamily::Wang, 1)] {
         let form = estimate_mesh(family, &gemm, shape, slices, &profile).unwrap().total_s;
-        let plan = cmm_sim::tune::replay_mesh(&gemm, family, shape, slices, &profile).unwrap().unwrap();
+        let plan = cmm_sim::tune::replay_mesh(&gemm, family, shape, slices, &profile).unwrap().unwrap().1;
         let ratio = plan.makespan_s / form;
         assert!(ratio < 1.4, "{family} S={slices}: {ratio:.2} times the form");
     }
@@ -179,9 +179,45 @@ fn mesh_reduce_scatters_use_both_ways_round_the_torus() {
         let gemm = MeshGemm { m: 8192, n: 8192, k: 8192, dataflow, dtype: DType::Bf16, wire: DType::Bf16 };
         for (family, slices, bound) in [(MeshFamily::Collective, 1, 1.25), (MeshFamily::MeshSlice, 4, 1.5)] {
             let form = estimate_mesh(family, &gemm, shape, slices, &profile).unwrap().total_s;
-            let plan = cmm_sim::tune::replay_mesh(&gemm, family, shape, slices, &profile).unwrap().unwrap();
+            let plan = cmm_sim::tune::replay_mesh(&gemm, family, shape, slices, &profile).unwrap().unwrap().1;
             let ratio = plan.makespan_s / form;
             assert!(ratio < bound, "{dataflow} {family} S={slices}: {ratio:.2} times the form");
         }
+    }
+}
+
+/// Wang's replay takes the fastest of its four plans (each direction, one way and both
+/// ways round): on a TPU v4 torus, whose two ways are links of their own, a ring both
+/// ways round (an LS GEMM on 4 × 4: 1103 µs against 1689 one way); through h100-nvlink's
+/// switch, whose ways share the chip's port, the one-way ring (an OS GEMM on 2 × 4:
+/// 313.8 µs against 334.4 both ways round).
+#[test]
+fn wang_replays_take_the_fastest_of_its_four_plans() {
+    use cmm_core::mesh::MeshAlgorithm;
+    use cmm_sim::analytic::{Dataflow, MeshFamily, MeshGemm, MeshShape};
+    use cmm_sim::{simulate, SimOptions};
+    for (profile, dataflow, shape, bidir) in [
+        ("tpuv4-torus", Dataflow::Ls, MeshShape { rows: 4, cols: 4 }, true),
+        ("h100-nvlink", Dataflow::Os, MeshShape { rows: 2, cols: 4 }, false),
+    ] {
+        let profile = cmm_sim::Profile::load(profile).unwrap();
+        let gemm = MeshGemm { m: 8192, n: 8192, k: 8192, dataflow, dtype: DType::Bf16, wire: DType::F32 };
+        let plans = cmm_sim::tune::mesh_plans(&gemm, MeshFamily::Wang, shape, 1);
+        assert_eq!(plans.len(), 4, "{}", profile.name);
+        let options = SimOptions { torus_dims: Some(vec![shape.rows, shape.cols]), ..SimOptions::default() };
+        let times: Vec<(MeshAlgorithm, f64)> =
+            plans.iter().map(|(a, plan)| (*a, simulate(plan, &profile, &options).unwrap().makespan_s)).collect();
+        let (algorithm, report) =
+            cmm_sim::tune::replay_mesh(&gemm, MeshFamily::Wang, shape, 1, &profile).unwrap().unwrap();
+        assert!(times.iter().all(|(_, t)| report.makespan_s <= *t), "{}: {times:?}", profile.name);
+        assert!(
+            matches!(algorithm, MeshAlgorithm::Wang { bidir: b, .. } if b == bidir),
+            "{}: {algorithm}",
+            profile.name
+        );
+        // And it beats the other way round along the same direction.
+        let MeshAlgorithm::Wang { ring, .. } = algorithm else { unreachable!() };
+        let other = times.iter().find(|(a, _)| *a == MeshAlgorithm::Wang { ring, bidir: !bidir }).unwrap().1;
+        assert!(report.makespan_s < other, "{}: {algorithm} against {other}", profile.name);
     }
 }

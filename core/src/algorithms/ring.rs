@@ -171,7 +171,7 @@ pub(crate) fn ring_all_gather(
     own: Region,
     blocks: &[Region],
 ) {
-    gather_one_way(b, ring, lane, sem, base, own, blocks, Way::Left, Some);
+    gather_one_way(b, ring, lane, sem, base, own, blocks, Way::Left, ring.len().saturating_sub(1), Some);
 }
 
 /// Which way round a ring a collective's messages go.
@@ -202,8 +202,8 @@ impl Way {
     }
 }
 
-/// [`ring_all_gather`] one `way` round, moving `part` of every block (`None`: nothing of
-/// it, the signal alone).
+/// [`ring_all_gather`] one `way` round for `count` iterations (n − 1 for a whole
+/// gather), moving `part` of every block (`None`: nothing of it, the signal alone).
 #[allow(clippy::too_many_arguments)]
 fn gather_one_way(
     b: &mut PlanBuilder,
@@ -214,10 +214,11 @@ fn gather_one_way(
     own: Region,
     blocks: &[Region],
     way: Way,
+    count: usize,
     part: impl Fn(Region) -> Option<Region>,
 ) {
-    let (n, me, to) = (ring.len(), ring.me(), way.to(ring));
-    for i in 0..n - 1 {
+    let (me, to) = (ring.me(), way.to(ring));
+    for i in 0..count {
         let blk = way.block(ring, i);
         let src = if i == 0 {
             own
@@ -269,8 +270,46 @@ pub(crate) fn ring_all_gather_both_ways(
     own: Region,
     blocks: &[Region],
 ) {
-    gather_one_way(b, ring, lanes[0], sems[0], base, own, blocks, Way::Left, |r| Some(halves(r).0));
-    gather_one_way(b, ring, lanes[1], sems[1], base, own, blocks, Way::Right, |r| halves(r).1);
+    let n = ring.len().saturating_sub(1);
+    gather_one_way(b, ring, lanes[0], sems[0], base, own, blocks, Way::Left, n, |r| Some(halves(r).0));
+    gather_one_way(b, ring, lanes[1], sems[1], base, own, blocks, Way::Right, n, |r| halves(r).1);
+}
+
+/// A ring AllGather whose blocks a consumer takes one by one as they come (the AG+GEMM
+/// ring of BRIEF §4 over any ring): one way round on `lanes[0]`, counted on `sems[0]`
+/// ([`ring_all_gather`]), or both ways round (`bidir`, the bidirectional ring): the blocks
+/// of the ⌈(n−1)/2⌉ members to the right go round to the left on `lanes[0]`, those of the
+/// ⌊(n−1)/2⌋ to the left go right on `lanes[1]` (counted on `sems[1]`), so they arrive in
+/// ⌈(n−1)/2⌉ rounds (the second lane and count are unused one way round). Returns the
+/// blocks in the order they arrive, each with the wait that guards it: the member's own
+/// first (none), then one way round the block t members to the right (`sems[0]` at t), or
+/// both ways round, round by round, the block r members to the right (`sems[0]` at r) and
+/// the one r to the left (`sems[1]` at r).
+pub(crate) fn ring_gather_stepwise(
+    b: &mut PlanBuilder,
+    ring: &Ring,
+    lanes: [LaneId; 2],
+    sems: [SemId; 2],
+    own: Region,
+    blocks: &[Region],
+    bidir: bool,
+) -> Vec<(usize, Option<(SemId, u32)>)> {
+    let n = ring.len();
+    let mut order = vec![(ring.pos, None)];
+    if bidir {
+        gather_one_way(b, ring, lanes[0], sems[0], 0, own, blocks, Way::Left, n / 2, Some);
+        gather_one_way(b, ring, lanes[1], sems[1], 0, own, blocks, Way::Right, (n - 1) / 2, Some);
+        for r in 1..=n / 2 {
+            order.push((Way::Left.block(ring, r), Some((sems[0], r as u32))));
+            if r <= (n - 1) / 2 {
+                order.push((Way::Right.block(ring, r), Some((sems[1], r as u32))));
+            }
+        }
+    } else {
+        ring_all_gather(b, ring, lanes[0], sems[0], 0, own, blocks);
+        order.extend((1..n).map(|t| (Way::Left.block(ring, t), Some((sems[0], t as u32)))));
+    }
+    order
 }
 
 /// Where a ring ReduceScatter finishes: each piece is a window of the member's block

@@ -54,9 +54,16 @@ pub enum MeshAlgorithm {
     Summa,
     /// Square meshes only: skew the moving operand(s), then shift by one chip per step.
     Cannon,
-    /// The mesh-row direction as a ring of send/recv overlapped with partial GEMMs, the
-    /// mesh-column direction as one collective.
-    Wang,
+    /// One mesh direction (`ring`) as a ring of send/recv overlapped with partial GEMMs,
+    /// the other direction as one collective.
+    Wang {
+        /// The direction decomposed into the ring.
+        ring: WangRing,
+        /// Whether the ring runs both ways round (BRIEF §4's bidirectional ring: two links
+        /// of their own on a torus, half the ring's time) or one way (through a switch,
+        /// where both ways share the chip's port, the first block arrives sooner).
+        bidir: bool,
+    },
     /// S slices of block size B, each a partial AllGather / ReduceScatter in both
     /// directions, software-pipelined with the partial GEMMs.
     MeshSlice {
@@ -67,9 +74,27 @@ pub enum MeshAlgorithm {
     },
 }
 
+/// The mesh direction Wang's algorithm decomposes into a ring of sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WangRing {
+    /// Within each mesh row, over Nc chips.
+    Rows,
+    /// Within each mesh column, over Nr chips.
+    Columns,
+}
+
 impl MeshAlgorithm {
     /// Algorithm names as used in case files.
-    pub const NAMES: [&'static str; 5] = ["collective", "summa", "cannon", "wang", "meshslice"];
+    pub const NAMES: [&'static str; 8] =
+        ["collective", "summa", "cannon", "wang", "wang_bidir", "wang_columns", "wang_columns_bidir", "meshslice"];
+
+    /// Wang's four variants: each direction as the ring, one way and both ways round.
+    pub const WANG: [MeshAlgorithm; 4] = [
+        MeshAlgorithm::Wang { ring: WangRing::Rows, bidir: false },
+        MeshAlgorithm::Wang { ring: WangRing::Rows, bidir: true },
+        MeshAlgorithm::Wang { ring: WangRing::Columns, bidir: false },
+        MeshAlgorithm::Wang { ring: WangRing::Columns, bidir: true },
+    ];
 
     /// Name as used in case files (without parameters).
     pub fn name(self) -> &'static str {
@@ -77,7 +102,10 @@ impl MeshAlgorithm {
             MeshAlgorithm::Collective => "collective",
             MeshAlgorithm::Summa => "summa",
             MeshAlgorithm::Cannon => "cannon",
-            MeshAlgorithm::Wang => "wang",
+            MeshAlgorithm::Wang { ring: WangRing::Rows, bidir: false } => "wang",
+            MeshAlgorithm::Wang { ring: WangRing::Rows, bidir: true } => "wang_bidir",
+            MeshAlgorithm::Wang { ring: WangRing::Columns, bidir: false } => "wang_columns",
+            MeshAlgorithm::Wang { ring: WangRing::Columns, bidir: true } => "wang_columns_bidir",
             MeshAlgorithm::MeshSlice { .. } => "meshslice",
         }
     }
@@ -88,7 +116,6 @@ impl MeshAlgorithm {
             "collective" => MeshAlgorithm::Collective,
             "summa" => MeshAlgorithm::Summa,
             "cannon" => MeshAlgorithm::Cannon,
-            "wang" => MeshAlgorithm::Wang,
             "meshslice" => {
                 let missing = |parameter| MeshError::MissingParameter { algorithm: "meshslice", parameter };
                 MeshAlgorithm::MeshSlice {
@@ -96,7 +123,10 @@ impl MeshAlgorithm {
                     block: block.ok_or(missing("block"))?,
                 }
             }
-            other => return Err(MeshError::UnknownAlgorithm { name: other.to_string() }),
+            other => match MeshAlgorithm::WANG.into_iter().find(|a| a.name() == other) {
+                Some(wang) => wang,
+                None => return Err(MeshError::UnknownAlgorithm { name: other.to_string() }),
+            },
         };
         if !matches!(algorithm, MeshAlgorithm::MeshSlice { .. }) {
             for (given, parameter) in [(slices, "slices"), (block, "block")] {
@@ -194,7 +224,7 @@ pub enum MeshError {
         elements: u128,
     },
     /// The algorithm name is not known.
-    #[error("unknown mesh algorithm `{name}` (expected collective, summa, cannon, wang or meshslice)")]
+    #[error("unknown mesh algorithm `{name}` (expected collective, summa, cannon, wang, wang_bidir, wang_columns, wang_columns_bidir or meshslice)")]
     UnknownAlgorithm {
         /// The name given.
         name: String,

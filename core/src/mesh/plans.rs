@@ -14,10 +14,10 @@
 //! (p×G/n). LS (C = A·Bᵀ) stores those matrices as they are; RS (C = Aᵀ·B, i.e.
 //! Cᵀ = Bᵀ·(Aᵀ)ᵀ) is the same computation with every matrix stored transposed.
 
-use super::{Dataflow, MeshAlgorithm, MeshError, MeshProblem};
+use super::{Dataflow, MeshAlgorithm, MeshError, MeshProblem, WangRing};
 use crate::algorithms::ring::{
-    copy, merge_pieces, ring_all_gather, ring_all_gather_both_ways, ring_broadcast, ring_reduce_scatter_both_ways,
-    ring_reduce_to, signal, wait, OverlappedReduce, Ring, SumSlots,
+    copy, merge_pieces, ring_all_gather_both_ways, ring_broadcast, ring_gather_stepwise, ring_reduce_scatter_both_ways,
+    ring_reduce_to, signal, sub, wait, OverlappedReduce, Ring, SumSlots,
 };
 use crate::algorithms::{input_buffer, output_buffer};
 use crate::dtype::DType;
@@ -73,14 +73,20 @@ pub fn build_mesh_plan(problem: &MeshProblem, algorithm: MeshAlgorithm) -> Resul
                 flow_cannon(p, name)?
             }
         }
-        MeshAlgorithm::Wang if os => os_wang(p, name)?,
-        // Wang decomposes the mesh-row direction: the ReduceScatter of C for LS, the
-        // AllGather of A for RS; the mesh-column direction is one collective.
-        MeshAlgorithm::Wang => {
-            if Flow::of(p).reduce == Axis::Row {
-                flow_wang_decomposed_reduce(p, name)?
+        // Wang decomposes one direction (for LS the mesh row carries the ReduceScatter of
+        // C and the column the AllGather of B; for RS the row the AllGather of A and the
+        // column the ReduceScatter of C); the other direction is one collective.
+        MeshAlgorithm::Wang { ring, bidir } => {
+            let ring = match ring {
+                WangRing::Rows => Axis::Row,
+                WangRing::Columns => Axis::Col,
+            };
+            if os {
+                os_wang(p, name, ring, bidir)?
+            } else if Flow::of(p).reduce == ring {
+                flow_wang_decomposed_reduce(p, name, bidir)?
             } else {
-                flow_wang_decomposed_gather(p, name)?
+                flow_wang_decomposed_gather(p, name, bidir)?
             }
         }
     };
@@ -132,6 +138,14 @@ impl Axis {
         match self {
             Axis::Row => "row",
             Axis::Col => "col",
+        }
+    }
+
+    /// The other direction.
+    fn other(self) -> Axis {
+        match self {
+            Axis::Row => Axis::Col,
+            Axis::Col => Axis::Row,
         }
     }
 }
@@ -499,42 +513,61 @@ fn os_cannon(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
     Ok(b.finish()?)
 }
 
-/// OS Wang: B is all-gathered over the mesh column first (one collective), while A
-/// travels around the mesh row one shard per step, each step's GEMM overlapping the
-/// next shard's transfer (the 1D AG+GEMM ring).
-fn os_wang(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
+/// OS Wang with the `ring` direction decomposed. Rows: B is all-gathered over the mesh
+/// column first (one collective, both ways round), while A travels around the mesh row
+/// shard by shard (the 1D AG+GEMM ring; both ways round when `bidir`), each arrival's
+/// GEMM overlapping the next shards' transfers. Columns: the same with the roles of A
+/// (gathered over the row) and B (travelling around the column) swapped.
+fn os_wang(p: &MeshProblem, name: String, ring: Axis, bidir: bool) -> Result<Plan, MeshError> {
     let (nr, nc, k) = (p.nr, p.nc, p.k);
     let (mb, kc, kr) = (p.m / nr, k / nc, k / nr);
     let (mut b, Os { a, bm, c, row_lane, col_lane, compute }) = Os::start(p, name);
     let Gathered { ga, gb, row_recv, col_recv } = Gathered::declare(&mut b, p);
-    let target = OsTarget::new(&mut b, p, c, nc);
-    let b_ready = b.semaphore("b_ready");
-    // B's collective goes both ways round the column, the second way on a lane and a
-    // count of its own; A's ring is the decomposed direction, consumed in its order.
-    let (col_back, col_back_recv) = (b.lane("col_back"), b.semaphore("col_back_recv"));
+    let target = OsTarget::new(&mut b, p, c, ring.len(p));
+    let ready = b.semaphore(if ring == Axis::Row { "b_ready" } else { "a_ready" });
+    // The collective goes both ways round its ring, and so does the ring when `bidir`,
+    // each second way on a lane and a count of its own.
+    let mut back = |axis: Axis, lane: LaneId, sem: SemId| {
+        if axis == ring && !bidir {
+            (lane, sem)
+        } else {
+            (b.lane(&format!("{}_back", axis.name())), b.semaphore(&format!("{}_back_recv", axis.name())))
+        }
+    };
+    let (col_back, col_back_recv) = back(Axis::Col, col_lane, col_recv);
+    let (row_back, row_back_recv) = back(Axis::Row, row_lane, row_recv);
     let a_blocks: Vec<Region> = (0..nc).map(|x| b.window(ga, 0, x * kc, mb, kc)).collect();
     let b_blocks: Vec<Region> = (0..nr).map(|x| b.rows(gb, x * kr, kr)).collect();
+    // Per direction: its lanes, its counts, the operand moving along it and its blocks.
+    let row_side = ([row_lane, row_back], [row_recv, row_back_recv], a, &a_blocks);
+    let col_side = ([col_lane, col_back], [col_recv, col_back_recv], bm, &b_blocks);
+    let (ring_side, collective_side) = if ring == Axis::Row { (row_side, col_side) } else { (col_side, row_side) };
+    let (ring_lanes, ring_sems, ring_operand, ring_blocks) = ring_side;
+    let (lanes, sems, operand, blocks) = collective_side;
     for d in 0..p.devices() {
-        let (row, col) = (Axis::Row.ring(p, d), Axis::Col.ring(p, d));
-        let (i, j) = p.chip(d);
-        let own_a = b.whole(a);
-        ring_all_gather(&mut b, &row, row_lane, row_recv, 0, own_a, &a_blocks);
+        let (ring_of_d, other) = (ring.ring(p, d), ring.other().ring(p, d));
+        let own = b.whole(ring_operand);
+        let arrivals = ring_gather_stepwise(&mut b, &ring_of_d, ring_lanes, ring_sems, own, ring_blocks, bidir);
 
-        let own_b = b.whole(bm);
-        b.push(d, col_lane, copy(own_b, d, b_blocks[i]));
-        ring_all_gather_both_ways(&mut b, &col, [col_lane, col_back], [col_recv, col_back_recv], 0, own_b, &b_blocks);
-        if nr > 1 {
-            b.push(d, col_lane, wait(col_recv, (nr - 1) as u32));
-            b.push(d, col_lane, wait(col_back_recv, (nr - 1) as u32));
+        let own_other = b.whole(operand);
+        b.push(d, lanes[0], copy(own_other, d, blocks[other.pos]));
+        ring_all_gather_both_ways(&mut b, &other, lanes, sems, 0, own_other, blocks);
+        if other.len() > 1 {
+            for sem in sems {
+                b.push(d, lanes[0], wait(sem, (other.len() - 1) as u32));
+            }
         }
-        b.push(d, col_lane, signal(d, b_ready));
+        b.push(d, lanes[0], signal(d, ready));
 
-        b.push(d, compute, wait(b_ready, 1));
-        for t in 0..nc {
-            let x = (j + t) % nc;
-            let guard = (t > 0).then_some((row_recv, t as u32));
-            let a_t = received(&mut b, d, compute, guard, if t == 0 { own_a } else { a_blocks[x] });
-            let b_t = b.rows(gb, x * kc, kc);
+        b.push(d, compute, wait(ready, 1));
+        for (t, (x, guard)) in arrivals.into_iter().enumerate() {
+            let moving = received(&mut b, d, compute, guard, if t == 0 { own } else { ring_blocks[x] });
+            // Step t multiplies K block x of the ring's operand by the same K block of the
+            // gathered one: columns of GA (K/Nr wide) or rows of GB (K/Nc tall).
+            let (a_t, b_t) = match ring {
+                Axis::Row => (moving, b.rows(gb, x * kc, kc)),
+                Axis::Col => (b.window(ga, 0, x * kr, mb, kr), moving),
+            };
             let op = target.gemm(&b, t, a_t, b_t);
             b.push(d, compute, op);
         }
@@ -591,6 +624,17 @@ impl Flow {
     /// reduce.
     fn lanes(&self, b: &mut PlanBuilder) -> (LaneId, LaneId, LaneId) {
         (b.lane(self.gather.name()), b.lane("compute"), b.lane(self.reduce.name()))
+    }
+
+    /// The lane and the count of the blocks going the second way round the gather ring.
+    fn gather_back(&self, b: &mut PlanBuilder) -> (LaneId, SemId) {
+        let name = format!("{}_back", self.gather.name());
+        (b.lane(&name), b.semaphore(&format!("{name}_recv")))
+    }
+
+    /// A logical window of columns `col0..col0 + cols` of a region p logical rows tall.
+    fn cols(&self, r: Region, col0: usize, cols: usize) -> Region {
+        sub(r, self.stored(Window { row0: 0, col0, rows: self.p, cols }))
     }
 
     /// The lane and the count of the sums going the second way round the reduce ring.
@@ -710,8 +754,7 @@ fn flow_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Me
     let (gather_lane, compute, reduce_lane) = f.lanes(&mut b);
     // The gather and the sums go both ways round their rings, each second way on a lane
     // and a count of its own.
-    let gather_back = b.lane(&format!("{}_back", f.gather.name()));
-    let g_back_recv = b.semaphore(&format!("{}_back_recv", f.gather.name()));
+    let (gather_back, g_back_recv) = f.gather_back(&mut b);
     let (reduce_back, r_back_recv) = f.reduce_back(&mut b);
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
@@ -916,14 +959,13 @@ impl Wang {
 }
 
 /// LS/RS Wang with the gather direction decomposed (RS: A along the mesh row): the
-/// moving shards travel around the gather ring one per step, each multiplied into its
-/// columns of P as it arrives; then P is reduce-scattered along the reduce axis as one
-/// collective.
-fn flow_wang_decomposed_gather(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
+/// moving shards travel around the gather ring (both ways round when `bidir`), each
+/// multiplied into its columns of P as it arrives; then P is reduce-scattered along the
+/// reduce axis as one collective, both ways round.
+fn flow_wang_decomposed_gather(p: &MeshProblem, name: String, bidir: bool) -> Result<Plan, MeshError> {
     let mut b = PlanBuilder::new(name, p.devices());
     let Wang {
         f,
-        ng,
         nrd,
         bufs,
         blocks,
@@ -938,17 +980,16 @@ fn flow_wang_decomposed_gather(p: &MeshProblem, name: String) -> Result<Plan, Me
     } = Wang::declare(&mut b, p);
     let part = f.scratch(&mut b, "P", p.wire, f.p, f.big_g);
     let p_ready = b.semaphore("p_ready");
-    // The reduce-scatter, a collective here, goes both ways round its ring.
+    let (gather_back, g_back_recv) = if bidir { f.gather_back(&mut b) } else { (gather_lane, g_recv) };
     let (reduce_back, r_back_recv) = f.reduce_back(&mut b);
     let parts: Vec<Region> = (0..nrd).map(|x| f.win(&b, part, 0, x * f.cb, f.p, f.cb)).collect();
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
         let own = b.whole(bufs.moving);
-        ring_all_gather(&mut b, &gring, gather_lane, g_recv, 0, own, &blocks);
+        let (lanes, sems) = ([gather_lane, gather_back], [g_recv, g_back_recv]);
+        let arrivals = ring_gather_stepwise(&mut b, &gring, lanes, sems, own, &blocks, bidir);
         let st = b.whole(bufs.stationary);
-        for t in 0..ng {
-            let x = (gring.pos + t) % ng;
-            let guard = (t > 0).then_some((g_recv, t as u32));
+        for (t, (x, guard)) in arrivals.into_iter().enumerate() {
             let moving = received(&mut b, d, compute, guard, if t == 0 { own } else { blocks[x] });
             let p_x = f.win(&b, part, 0, x * f.g, f.p, f.g);
             b.push(d, compute, f.gemm(st, moving, p_x));
@@ -967,19 +1008,32 @@ fn flow_wang_decomposed_gather(p: &MeshProblem, name: String) -> Result<Plan, Me
 }
 
 /// LS/RS Wang with the reduce direction decomposed (LS: C along the mesh row): the
-/// moving operand is all-gathered along the gather axis first (one collective), then the
-/// overlapped GEMM+RS ring computes at step s the partial of C block (y+s+1) mod n,
-/// adds the running sum from the right and passes it left.
-fn flow_wang_decomposed_reduce(p: &MeshProblem, name: String) -> Result<Plan, MeshError> {
+/// moving operand is all-gathered along the gather axis first (one collective, both ways
+/// round), then the overlapped GEMM+RS ring computes at step s the partial of C block
+/// (y+s+1) mod n, adds the running sum from the right and passes it left. When `bidir`
+/// that is the left half of the columns; the right half goes the other way round (the 1D
+/// bidirectional GEMM+RS ring): block (y−s−1) mod n, the sum from the left, passed right.
+fn flow_wang_decomposed_reduce(p: &MeshProblem, name: String, bidir: bool) -> Result<Plan, MeshError> {
     let mut b = PlanBuilder::new(name, p.devices());
     let Wang { f, ng, nrd, bufs, gm, blocks, send, recv, g_recv, r_recv, gather_lane, compute, reduce_lane } =
         Wang::declare(&mut b, p);
     let part = f.scratch(&mut b, "P", p.wire, f.p, f.cb);
     let gm_ready = b.semaphore("gathered");
     let ready = b.semaphore("ready");
-    // The gather, a collective here, goes both ways round its ring.
-    let gather_back = b.lane(&format!("{}_back", f.gather.name()));
-    let g_back_recv = b.semaphore(&format!("{}_back_recv", f.gather.name()));
+    let (gather_back, g_back_recv) = f.gather_back(&mut b);
+    // The columns of every block: with `bidir` one half summed each way round (one ring
+    // without peers).
+    let two_ways = bidir && nrd > 1;
+    let (ready_back, reduce_back, r_back_recv) = if two_ways {
+        let ready_back = b.semaphore("ready_back");
+        let (lane, sem) = f.reduce_back(&mut b);
+        (ready_back, lane, sem)
+    } else {
+        (ready, reduce_lane, r_recv)
+    };
+    let left = if two_ways { f.cb.div_ceil(2) } else { f.cb };
+    let halves: Vec<(usize, usize, bool)> =
+        [(0, left, true), (left, f.cb - left, false)].into_iter().filter(|h| h.1 > 0).collect();
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
         let own = b.whole(bufs.moving);
@@ -992,25 +1046,37 @@ fn flow_wang_decomposed_reduce(p: &MeshProblem, name: String) -> Result<Plan, Me
         }
         b.push(d, gather_lane, signal(d, gm_ready));
 
-        let ring = OverlappedReduce {
-            me: d,
-            peer: rring.left(),
-            n: nrd,
-            ready,
-            recv: r_recv,
-            comm: reduce_lane,
-            part: b.whole(part),
-            send: send.clone(),
-            recv_slots: recv.clone(),
-        };
+        let rings: Vec<(OverlappedReduce, usize, usize, bool)> = halves
+            .iter()
+            .map(|&(col0, cols, leftwards)| {
+                let cut = |r: &Region| f.cols(*r, col0, cols);
+                let ring = OverlappedReduce {
+                    me: d,
+                    peer: if leftwards { rring.left() } else { rring.right() },
+                    n: nrd,
+                    ready: if leftwards { ready } else { ready_back },
+                    recv: if leftwards { r_recv } else { r_back_recv },
+                    comm: if leftwards { reduce_lane } else { reduce_back },
+                    part: cut(&b.whole(part)),
+                    send: send.iter().map(cut).collect(),
+                    recv_slots: recv.iter().map(cut).collect(),
+                };
+                (ring, col0, cols, leftwards)
+            })
+            .collect();
         b.push(d, compute, wait(gm_ready, 1));
-        let (st, out) = (b.whole(bufs.stationary), b.whole(bufs.c));
+        let (st, c) = (b.whole(bufs.stationary), b.whole(bufs.c));
         for s in 0..nrd {
-            let x = (rring.pos + s + 1) % nrd;
-            let gm_x = f.win(&b, gm, x * f.cb, 0, f.cb, f.q);
-            ring.compute_step(&mut b, compute, s, out, &mut |b, dst| b.push(d, compute, f.gemm(st, gm_x, dst)));
+            for (ring, col0, cols, leftwards) in &rings {
+                let x = if *leftwards { (rring.pos + s + 1) % nrd } else { (rring.pos + 2 * nrd - s - 1) % nrd };
+                let gm_x = f.win(&b, gm, x * f.cb + col0, 0, *cols, f.q);
+                let out = f.cols(c, *col0, *cols);
+                ring.compute_step(&mut b, compute, s, out, &mut |b, dst| b.push(d, compute, f.gemm(st, gm_x, dst)));
+            }
         }
-        ring.comm(&mut b);
+        for (ring, ..) in &rings {
+            ring.comm(&mut b);
+        }
     }
     Ok(b.finish()?)
 }
