@@ -154,7 +154,8 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
         (_, TopologyKind::Torus) if d == 2 => copy_bw.min(link_gbps * 1e9 / 2.0),
         (_, TopologyKind::Torus | TopologyKind::OneGpu) => copy_bw,
     };
-    let send = |bytes: f64, bw: f64| launch + bytes / bw + 2.0 * latency;
+    let send_over = |bytes: f64, bw: f64, latency: f64| launch + bytes / bw + 2.0 * latency;
+    let send = |bytes: f64, bw: f64| send_over(bytes, bw, latency);
     let steps = (d - 1) as f64;
     // On a torus ring a copy to the peer f places on goes the shorter way round (ties the +
     // way) over min(f, D−f) links, and every device copies at the same distance at once, so
@@ -385,8 +386,7 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                     let middle = match network {
                         Some(net) => {
                             let inside = profile.copy.copy_engine_gbps.min(profile.interconnect.link_gbps) * 1e9;
-                            let inside =
-                                launch + block / c / inside + 2.0 * profile.interconnect.link_latency_us * 1e-6;
+                            let inside = send_over(block / c, inside, profile.interconnect.link_latency_us * 1e-6);
                             let nic_hops = ((d / net.devices_per_node) as f64).min(middle_hops);
                             nic_hops * per_step(comm) + (middle_hops - nic_hops) * per_step(inside)
                         }
