@@ -344,6 +344,23 @@ fn algorithm_names_parse_with_their_parameters() {
         Err(MeshError::UnexpectedParameter { algorithm: "cannon", parameter: "block" })
     );
     assert!(matches!(MeshAlgorithm::parse("fox", None, None), Err(MeshError::UnknownAlgorithm { .. })));
+    // Wang's four variants: each (direction, ways round) once, by name.
+    assert_eq!(
+        MeshAlgorithm::parse("wang_columns_bidir", None, None),
+        Ok(MeshAlgorithm::Wang { ring: WangRing::Columns, bidir: true })
+    );
+    assert_eq!(
+        MeshAlgorithm::parse("wang", None, None),
+        Ok(MeshAlgorithm::Wang { ring: WangRing::Rows, bidir: false })
+    );
+    assert_eq!(
+        MeshAlgorithm::parse("wang_bidir", Some(2), None),
+        Err(MeshError::UnexpectedParameter { algorithm: "wang_bidir", parameter: "slices" })
+    );
+    let e = MeshAlgorithm::parse("wang_rows", None, None).unwrap_err();
+    assert!(e.to_string().contains("wang, wang_bidir, wang_columns, wang_columns_bidir"), "{e}");
+    let variants: std::collections::HashSet<MeshAlgorithm> = MeshAlgorithm::WANG.into_iter().collect();
+    assert_eq!(variants.len(), 4);
     for name in MeshAlgorithm::NAMES {
         let parsed = MeshAlgorithm::parse(name, (name == "meshslice").then_some(1), (name == "meshslice").then_some(1));
         assert_eq!(parsed.map(MeshAlgorithm::name), Ok(name));
