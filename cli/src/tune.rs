@@ -326,9 +326,7 @@ pub fn run(args: &Args) -> Result<()> {
         "rs" => Dataflow::Rs,
         other => bail!("unknown dataflow `{other}` (os, ls or rs)"),
     };
-    if dataflow == Dataflow::Os && wire != DType::F32 {
-        return Err(cmm_core::MeshError::Wire { dataflow, wire }.into());
-    }
+    cmm_core::mesh::check_wire(dataflow, wire)?;
     let gemm = MeshGemm { m, n, k, dataflow, dtype: args.problem.input, wire };
     let ranked = tune_mesh_gemm(&gemm, chips, &profile, args.replay)?;
     if args.json {

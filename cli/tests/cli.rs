@@ -359,6 +359,24 @@ fn tune_says_what_a_fused_winner_assumes() {
     assert!(text_out.contains("\ncaveat: the fused plans have run only as virtual devices"), "{text_out}");
 }
 
+/// `cmm simulate --mesh` of the plan a 2D tuner's JSON `row` names, for the GEMM `problem`
+/// gives: it takes the row's time. Returns the simulation's JSON.
+fn simulate_tuned_row(dir: &Path, row: &serde_json::Value, problem: &[&str]) -> serde_json::Value {
+    let slices = row["slices"].to_string();
+    let mut args = vec!["simulate", "--mesh", row["mesh"].as_str().unwrap(), "--json"];
+    args.extend(["--algorithm", row["algorithm"].as_str().unwrap()]);
+    args.extend(problem);
+    if row["algorithm"] == "meshslice" {
+        args.extend(["--slices", &slices]);
+    }
+    let o = cmm(dir, &args);
+    assert!(o.status.success(), "{}", text(&o));
+    let sim: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let makespan_us = sim["makespan_us"].as_f64().unwrap();
+    assert!((makespan_us - row["time_us"].as_f64().unwrap()).abs() < 1e-6 * makespan_us, "{sim} against {row}");
+    sim
+}
+
 /// The 2D tuner's times are cmm's own plans simulated where it replayed them, the closed
 /// form's beside them, and its winner says which of the two it was ranked by.
 #[test]
@@ -379,19 +397,11 @@ fn the_2d_tuner_prints_cmms_plans_simulated_beside_seed_002s_form() {
         assert_eq!(time, simulated.unwrap_or(row["closed_form_us"].as_f64().unwrap()), "{row}");
     }
     // The plan `cmm simulate --mesh` simulates for the winner takes the winner's time.
-    let w = &rows[0];
-    let mesh = w["mesh"].as_str().unwrap();
-    let slices = w["slices"].to_string();
-    let mut one = vec!["simulate", "--mesh", mesh, "-m", "8192", "-n", "8192", "-k", "8192", "--input", "bf16"];
-    one.extend(["--profile", "tpuv4-torus", "--algorithm", w["algorithm"].as_str().unwrap(), "--json"]);
-    if w["algorithm"] == "meshslice" {
-        one.extend(["--slices", &slices]);
-    }
-    let o = cmm(&s.0, &one);
-    assert!(o.status.success(), "{}", text(&o));
-    let sim: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let makespan_us = sim["makespan_us"].as_f64().unwrap();
-    assert!((makespan_us - w["time_us"].as_f64().unwrap()).abs() < 1e-6 * makespan_us, "{sim} against {w}");
+    simulate_tuned_row(
+        &s.0,
+        &rows[0],
+        &["-m", "8192", "-n", "8192", "-k", "8192", "--input", "bf16", "--profile", "tpuv4-torus"],
+    );
     let out = text(&cmm(&s.0, &torus));
     assert!(
         out.contains("cmm's plan simulated)") && out.contains("\nnot replayed, by seed 002's closed form alone:"),
@@ -435,19 +445,7 @@ fn the_2d_tuner_replays_ls_plans_with_partial_sums_on_a_narrow_wire() {
         let (bf16, f32) = (row["simulated_us"].as_f64().unwrap(), time(&wide, row).unwrap());
         assert!(bf16 < f32, "{row}: {bf16} µs with bf16 sums, {f32} µs with f32 ones");
     }
-    let w = &narrow[0];
-    let mut one = vec!["simulate", "--mesh", w["mesh"].as_str().unwrap(), "--dataflow", "ls", "--wire", "bf16"];
-    one.extend(dims);
-    one.extend(["--algorithm", w["algorithm"].as_str().unwrap(), "--json"]);
-    let slices = w["slices"].to_string();
-    if w["algorithm"] == "meshslice" {
-        one.extend(["--slices", &slices]);
-    }
-    let o = cmm(&s.0, &one);
-    assert!(o.status.success(), "{}", text(&o));
-    let sim: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let makespan_us = sim["makespan_us"].as_f64().unwrap();
-    assert!((makespan_us - w["time_us"].as_f64().unwrap()).abs() < 1e-6 * makespan_us, "{sim} against {w}");
+    let sim = simulate_tuned_row(&s.0, &narrow[0], &[&["--dataflow", "ls", "--wire", "bf16"][..], &dims[..]].concat());
     assert!(sim["plan"].as_str().unwrap().ends_with(" wire=bf16"), "{sim}");
     let os = [&["tune", "--chips", "16", "--dataflow", "os", "--wire", "bf16"][..], &dims[..]].concat();
     let o = cmm(&s.0, &os);

@@ -671,6 +671,12 @@ pub enum MeshModelError {
     /// Zero slices.
     #[error("the slice count must be at least 1")]
     ZeroSlices,
+    /// Partial sums asked to travel in a dtype that is not a float type.
+    #[error("partial sums travel as f32, f16 or bf16 (got wire dtype {wire})")]
+    Wire {
+        /// The wire dtype asked for.
+        wire: DType,
+    },
     /// A matrix has a zero dimension or more elements than a buffer may have.
     #[error("{matrix} is {rows}×{cols}: a matrix has 1 to {} elements", cmm_core::plan::MAX_BUFFER_ELEMENTS)]
     Size {
@@ -686,8 +692,13 @@ pub enum MeshModelError {
 impl MeshGemm {
     /// Checks that A (M×K), B (K×N) and C (M×N) each have 1 to
     /// [`cmm_core::plan::MAX_BUFFER_ELEMENTS`] elements, so that no element or byte count
-    /// of the model overflows (a GPT-3 layer's activations at batch 128 have 1.3·10^10).
+    /// of the model overflows (a GPT-3 layer's activations at batch 128 have 1.3·10^10),
+    /// and that the wire is a float type (else no plan would build, and a replay would
+    /// find nothing to simulate).
     pub fn check_size(&self) -> Result<(), MeshModelError> {
+        if !self.wire.is_float() {
+            return Err(MeshModelError::Wire { wire: self.wire });
+        }
         for (matrix, rows, cols) in [("A", self.m, self.k), ("B", self.k, self.n), ("C", self.m, self.n)] {
             let elements = rows as u128 * cols as u128;
             if elements == 0 || elements > cmm_core::plan::MAX_BUFFER_ELEMENTS as u128 {

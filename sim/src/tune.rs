@@ -581,6 +581,7 @@ pub fn replay_llm(
 ) -> Result<Option<MeshConfig>, TuneError> {
     check_chips(shape.chips())?;
     check_profile_chips(shape.chips(), profile)?;
+    check_llm(llm)?;
     let flows = choose_dataflows(llm);
     let slices = if algorithm == MeshFamily::MeshSlice { slices.to_vec() } else { vec![1] };
     // Every pass of every layer at every S, one simulation a core; then each layer's best.
@@ -972,6 +973,14 @@ mod tests {
         );
         let e = tune_mesh_gemm(&gemm(4096, 0, 4096), 256, &profile, 0).unwrap_err();
         assert!(e.to_string().contains("B is 4096×0"), "{e}");
+        // Partial sums in an integer type: refused, not replayed into an empty ranking.
+        let ls = MeshGemm { dataflow: Dataflow::Ls, wire: DType::U32, ..gemm(4096, 4096, 4096) };
+        let e = tune_mesh_gemm(&ls, 16, &profile, 1).unwrap_err();
+        assert!(e.to_string().contains("partial sums travel as f32, f16 or bf16 (got wire dtype u32)"), "{e}");
+        let llm = LlmConfig { wire: DType::U32, ..LlmConfig::gpt3_175b(1) };
+        let shape = MeshShape { rows: 16, cols: 16 };
+        let e = replay_llm(&llm, MeshFamily::MeshSlice, shape, &profile, &[1]).unwrap_err();
+        assert!(e.to_string().contains("got wire dtype u32"), "{e}");
         // No mesh lays it out: each mesh says why.
         let e = tune_mesh_gemm(&gemm(2752, 768, 3904), 3, &profile, 0).unwrap_err().to_string();
         assert!(

@@ -74,6 +74,15 @@ pub enum MeshAlgorithm {
     },
 }
 
+/// Whether `dataflow`'s partial sums can travel in `wire`: a float type, and f32 for OS,
+/// which sends none.
+pub fn check_wire(dataflow: Dataflow, wire: DType) -> Result<(), MeshError> {
+    if dataflow == Dataflow::Os && wire != DType::F32 || !wire.is_float() {
+        return Err(MeshError::Wire { dataflow, wire });
+    }
+    Ok(())
+}
+
 /// The mesh direction Wang's algorithm decomposes into a ring of sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WangRing {
@@ -331,9 +340,7 @@ impl MeshProblem {
     /// to it, and so is every running sum a hop adds up, halving the bytes the
     /// ReduceScatters move at f16 or bf16 (as seed 002's TPU runs send them).
     pub fn with_wire(self, wire: DType) -> Result<MeshProblem, MeshError> {
-        if self.dataflow == Dataflow::Os && wire != DType::F32 || !wire.is_float() {
-            return Err(MeshError::Wire { dataflow: self.dataflow, wire });
-        }
+        check_wire(self.dataflow, wire)?;
         Ok(MeshProblem { wire, ..self })
     }
 
