@@ -13,10 +13,25 @@ use crate::problem::{OpKind, Problem};
 
 use crate::plan::MAX_REDUCE_INPUTS as REDUCE_FAN_IN;
 
-/// The peers of `d` in the order it sends to them: d+1, d+2, … (mod D), so that no two
-/// devices start with the same destination.
+/// The peer device `d` sends to at `step` (1 ≤ step < D) of a direct plan. At every step
+/// the D devices send to D distinct peers, and every aligned group of 2^j devices that
+/// divides D (a node of a multi-node machine) keeps its copies inside for its first
+/// 2^j − 1 steps and sends every later one out, all at the same step, each to a different
+/// receiver. With 2^a the largest power of two dividing D, device d is place d mod 2^a of
+/// block d / 2^a, and step s goes s / 2^a blocks on (mod D / 2^a) to place
+/// (d mod 2^a) ⊕ (s mod 2^a): pairwise exchange where D is a power of two, d + s (mod D)
+/// where D is odd. Under d + s alone, the senders of one node, each after its own number
+/// of fast copies inside it, reach the same remote receiver within a few copies of one
+/// another and share its NIC.
+pub fn direct_peer(d: usize, step: usize, devices: usize) -> usize {
+    let block = 1 << devices.trailing_zeros();
+    let blocks = devices / block;
+    (d / block + step / block) % blocks * block + ((d % block) ^ (step % block))
+}
+
+/// The peers of `d` in the order it sends to them ([`direct_peer`]).
 fn peers(d: usize, n: usize) -> impl Iterator<Item = usize> {
-    (1..n).map(move |k| (d + k) % n)
+    (1..n).map(move |step| direct_peer(d, step, n))
 }
 
 /// Sends `src` to every peer's `dst` (the same region there), each copy followed by a
@@ -121,6 +136,36 @@ mod tests {
         Problem::new(op, d, 4 * d, 4 * d, 4 * d, input, output).unwrap()
     }
 
+    /// Every step is a permutation without fixed points, each device meets every peer
+    /// once, and every aligned power-of-two group dividing D (a node) sends inside itself
+    /// for exactly its first size − 1 steps, all devices alike.
+    #[test]
+    fn direct_peers_exchange_in_pairs_inside_every_aligned_group() {
+        for n in 1..=48usize {
+            for step in 1..n {
+                let mut seen = vec![false; n];
+                for d in 0..n {
+                    let e = direct_peer(d, step, n);
+                    assert!(e < n && e != d && !seen[e], "D={n} step {step}: device {d} sends to {e}");
+                    seen[e] = true;
+                }
+            }
+            for d in 0..n {
+                let mut met: Vec<usize> = peers(d, n).collect();
+                met.sort_unstable();
+                assert_eq!(met, (0..n).filter(|&e| e != d).collect::<Vec<_>>(), "D={n} device {d}");
+            }
+            let groups = (1..=n.trailing_zeros()).map(|j| 1usize << j);
+            for g in groups {
+                for step in 1..n {
+                    let inside = (0..n).filter(|&d| d / g == direct_peer(d, step, n) / g).count();
+                    let expected = if step < g { n } else { 0 };
+                    assert_eq!(inside, expected, "D={n}, groups of {g}, step {step}: copies inside a group");
+                }
+            }
+        }
+    }
+
     #[test]
     fn direct_baselines_equal_the_ring_baselines_bit_for_bit_on_exact_inputs() {
         for op in [OpKind::AgGemm, OpKind::GemmRs, OpKind::GemmAr] {
@@ -151,11 +196,5 @@ mod tests {
         }
         let acc = plan.buffer_id("acc").unwrap();
         assert_eq!(plan.buffer(acc).dtype, DType::F32);
-    }
-
-    #[test]
-    fn each_device_sends_its_first_message_to_a_different_peer() {
-        let firsts: Vec<usize> = (0..4).map(|d| peers(d, 4).next().unwrap()).collect();
-        assert_eq!(firsts, vec![1, 2, 3, 0]);
     }
 }

@@ -10,6 +10,7 @@ use crate::plan::{BufId, BufferRole, Plan, PlanBuilder, PlanError};
 use crate::problem::{OpKind, Problem, ShardedGemm, Window};
 
 mod direct;
+pub use direct::direct_peer;
 pub(crate) mod ring;
 
 /// A 1D algorithm with its parameters.
