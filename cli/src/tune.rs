@@ -118,7 +118,7 @@ pub fn run(args: &Args) -> Result<()> {
         let problem = args.problem.problem()?;
         let ranking = tune_1d(&problem, &profile)?;
         if args.json {
-            let base = ranking.ranked.iter().find(|c| c.algorithm == cmm_core::Algorithm::Baseline);
+            let base = ranking.baseline();
             let rows: Vec<_> = ranking
                 .ranked
                 .iter()
@@ -145,6 +145,7 @@ pub fn run(args: &Args) -> Result<()> {
                 "profile": profile.name,
                 "ranked": rows,
                 "skipped": skipped,
+                "baseline": base.map(|b| b.algorithm.to_string()),
                 "winner": ranking.winner().algorithm.to_string(),
                 "reason": ranking.reason,
                 "caveat": caveat(ranking.winner().algorithm, &profile, lead(&ranking)),
@@ -161,8 +162,8 @@ pub fn run(args: &Args) -> Result<()> {
             "{:<4} {:<20} {:>12} {:>14} {:>14}{extra}  GEMMs on",
             "rank", "algorithm", "simulated", "exposed comm", "vs baseline"
         );
-        let base =
-            ranking.ranked.iter().find(|c| c.algorithm == cmm_core::Algorithm::Baseline).map(|c| c.report.makespan_s);
+        // Speeds are against the faster of the two baselines.
+        let base = ranking.baseline().map(|c| c.report.makespan_s);
         for (i, c) in ranking.ranked.iter().enumerate() {
             let speed = base.map(|b| format!("{:.2}x", b / c.report.makespan_s)).unwrap_or_default();
             let potential = if args.potential {

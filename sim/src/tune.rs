@@ -1,8 +1,8 @@
 //! The autotuner.
 //!
-//! 1D: every candidate plan (baseline, ring, ring_bidir, ring_chunked with several chunk
-//! counts) is built with [`build_plan`] and simulated; the ranking is by simulated time and
-//! the baseline wins every tie, so overlap is never chosen when it does not pay.
+//! 1D: every candidate plan (the two baselines, ring, ring_bidir, ring_chunked with several
+//! chunk counts, …) is built with [`build_plan`] and simulated; the ranking is by simulated
+//! time and a baseline wins every tie, so overlap is never chosen when it does not pay.
 //!
 //! Linear layers: the baseline, Megatron's order and the ring decomposition of a
 //! [`LinearProblem`] simulated side by side, with the overlap verdict ([`tune_linear`]).
@@ -117,7 +117,7 @@ pub const CHUNK_CANDIDATES: [usize; 4] = [2, 4, 8, 16];
 
 /// The 1D candidates for an operation.
 pub fn candidates_1d(op: OpKind) -> Vec<Algorithm> {
-    let mut v = vec![Algorithm::Baseline, Algorithm::Ring, Algorithm::RingBidir];
+    let mut v = vec![Algorithm::Baseline, Algorithm::BaselineDirect, Algorithm::Ring, Algorithm::RingBidir];
     v.extend(CHUNK_CANDIDATES.iter().map(|&chunks| Algorithm::RingChunked { chunks }));
     if matches!(op, OpKind::GemmRs | OpKind::GemmAr) {
         v.extend([1, 2, 4].map(|chunks| Algorithm::RingAccumulate { chunks }));
@@ -153,6 +153,11 @@ impl Ranking1d {
     pub fn winner(&self) -> &Ranked1d {
         &self.ranked[0]
     }
+
+    /// The faster of the baselines ([`is_baseline`]): what an overlapped plan has to beat.
+    pub fn baseline(&self) -> Option<&Ranked1d> {
+        self.ranked.iter().find(|c| is_baseline(c.algorithm))
+    }
 }
 
 fn us(s: f64) -> String {
@@ -170,24 +175,31 @@ fn first_wait_s(r: &SimReport) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The plans that overlap nothing: the whole collective, then the GEMM (or the reverse).
+pub fn is_baseline(algorithm: Algorithm) -> bool {
+    matches!(algorithm, Algorithm::Baseline | Algorithm::BaselineDirect)
+}
+
 fn explain(ranked: &[Ranked1d]) -> String {
     let win = &ranked[0];
     let r = &win.report;
-    let Some(base) = ranked.iter().find(|c| c.algorithm == Algorithm::Baseline) else {
+    // The faster baseline (the ranking is fastest first): what overlap has to beat.
+    let Some(base) = ranked.iter().find(|c| is_baseline(c.algorithm)) else {
         return format!("{} is fastest at {}", win.algorithm, us(r.makespan_s));
     };
-    if win.algorithm == Algorithm::Baseline {
-        let best_overlap = ranked.iter().find(|c| c.algorithm != Algorithm::Baseline);
+    if is_baseline(win.algorithm) {
+        let best_overlap = ranked.iter().find(|c| !is_baseline(c.algorithm));
         return match best_overlap {
             Some(o) => format!(
-                "the baseline wins: it exposes {} of communication, but the best overlapped plan ({}) is {} slower — \
+                "the baseline ({}) wins: it exposes {} of communication, but the best overlapped plan ({}) is {} slower — \
                  its {} GEMM launches and per-step synchronisations cost more than the communication it hides",
+                base.algorithm,
                 us(base.report.max_exposed_comm_s()),
                 o.algorithm,
                 us(o.report.makespan_s - base.report.makespan_s),
                 o.report.ops().filter(|x| x.class == OpClass::Gemm && x.site.device == 0).count()
             ),
-            None => "the baseline is the only candidate".to_string(),
+            None => format!("the baseline ({}) is the only candidate", base.algorithm),
         };
     }
     let gemm = r.mean_duration_s(OpClass::Gemm);
@@ -195,25 +207,28 @@ fn explain(ranked: &[Ranked1d]) -> String {
     let saved = base.report.makespan_s - r.makespan_s;
     let mut text = if matches!(win.algorithm, Algorithm::RingPush | Algorithm::FusedPush { .. }) {
         format!(
-            "the reduction copies nothing: each GEMM adds its partial into the block's owner ({} GEMM per step, its traffic to the owner included); {} faster than the baseline, which exposes {}",
+            "the reduction copies nothing: each GEMM adds its partial into the block's owner ({} GEMM per step, its traffic to the owner included); {} faster than the baseline ({}), which exposes {}",
             us(gemm),
             us(saved),
+            base.algorithm,
             us(base.report.max_exposed_comm_s())
         )
     } else if copy <= gemm {
         format!(
-            "communication {} per step hidden under {} GEMM per step; {} faster than the baseline, which exposes {}",
+            "communication {} per step hidden under {} GEMM per step; {} faster than the baseline ({}), which exposes {}",
             us(copy),
             us(gemm),
             us(saved),
+            base.algorithm,
             us(base.report.max_exposed_comm_s())
         )
     } else {
         format!(
-            "communication {} per step is longer than the {} GEMM per step, so only part of it hides; still {} faster than the baseline",
+            "communication {} per step is longer than the {} GEMM per step, so only part of it hides; still {} faster than the baseline ({})",
             us(copy),
             us(gemm),
-            us(saved)
+            us(saved),
+            base.algorithm
         )
     };
     if let Algorithm::RingChunked { chunks } = win.algorithm {
@@ -251,12 +266,12 @@ pub fn tune_1d(problem: &Problem, profile: &Profile) -> Result<Ranking1d, TuneEr
             reasons: skipped.iter().map(|(a, r)| format!("{a}: {r}")).collect::<Vec<_>>().join("; "),
         });
     }
-    // Stable sort with the baseline first: a tie never picks overlap.
+    // Stable sort with the baselines first: a tie never picks overlap.
     ranked.sort_by(|a, b| {
         a.report
             .makespan_s
             .total_cmp(&b.report.makespan_s)
-            .then((a.algorithm != Algorithm::Baseline).cmp(&(b.algorithm != Algorithm::Baseline)))
+            .then((!is_baseline(a.algorithm)).cmp(&!is_baseline(b.algorithm)))
     });
     let reason = explain(&ranked);
     Ok(Ranking1d { ranked, skipped, reason })
@@ -818,25 +833,29 @@ mod tests {
         let profile = Profile::load("h100-nvlink").unwrap();
         let p = Problem::new(OpKind::AgGemm, 4, 64, 64, 64, DType::F16, DType::F16).unwrap();
         let r = tune_1d(&p, &profile).unwrap();
-        // Per-step GEMMs pay a launch and a synchronisation round per step: they lose. Only
-        // the fused kernel (one launch, waits inside) beats the baseline at this size.
+        // Per-step GEMMs pay a launch and a synchronisation round per step: they lose. The
+        // fused kernel (one launch, waits inside) beats the ring baseline, but not the
+        // direct one, whose copies all start at once and end in one wait.
         let time = |a: Algorithm| r.ranked.iter().find(|c| c.algorithm == a).unwrap().report.makespan_s;
         for a in [Algorithm::Ring, Algorithm::RingBidir, Algorithm::RingChunked { chunks: 2 }] {
             assert!(time(a) > time(Algorithm::Baseline), "{a}");
         }
-        assert_eq!(r.winner().algorithm, Algorithm::Fused { chunks: 1 }, "{}", r.reason);
-        // GEMM+RS and GEMM+AR: of the plans with copies, none beats the baseline; the
+        assert!(time(Algorithm::Fused { chunks: 1 }) < time(Algorithm::Baseline));
+        assert_eq!(r.winner().algorithm, Algorithm::BaselineDirect, "{}", r.reason);
+        assert!(r.reason.starts_with("the baseline (baseline_direct) wins"), "{}", r.reason);
+        // GEMM+RS and GEMM+AR: of the plans with copies, none beats the ring baseline; the
         // plans whose GEMMs add into the owners' sums (no copy launches, one reduce) do,
-        // ring_push among them.
+        // ring_push among them, and the direct baseline beats them all.
         for op in [OpKind::GemmRs, OpKind::GemmAr] {
             let p = Problem::new(op, 4, 64, 64, 64, DType::F16, DType::F16).unwrap();
             let r = tune_1d(&p, &profile).unwrap();
             let ranked: Vec<Algorithm> = r.ranked.iter().map(|c| c.algorithm).collect();
             let baseline = ranked.iter().position(|&a| a == Algorithm::Baseline).unwrap();
             let push = |a: Algorithm| matches!(a, Algorithm::RingPush | Algorithm::FusedPush { .. });
-            assert!(baseline > 0 && ranked[..baseline].iter().all(|&a| push(a)), "{op}: {ranked:?}");
+            assert_eq!(ranked[0], Algorithm::BaselineDirect, "{op}: {ranked:?}");
+            assert!(baseline > 1 && ranked[1..baseline].iter().all(|&a| push(a)), "{op}: {ranked:?}");
             assert!(ranked[..baseline].contains(&Algorithm::RingPush), "{op}: {ranked:?}");
-            assert!(r.reason.starts_with("the reduction copies nothing"), "{}", r.reason);
+            assert!(r.reason.starts_with("the baseline (baseline_direct) wins"), "{}", r.reason);
         }
     }
 
