@@ -186,6 +186,35 @@ fn mesh_reduce_scatters_use_both_ways_round_the_torus() {
     }
 }
 
+/// A mesh ReduceScatter adds its running sums up on a lane of its own, a piece at a time,
+/// so one piece's sum runs while the piece before it is copied on: on every chip of an
+/// LS MeshSlice plan, each way's sums overlap that way's copies. With the sums on the
+/// copy lane, none did, and the plan took 1052.3 µs against 945.1 µs now (tpuv4-torus,
+/// 4 × 4, S = 4, 8192³ bf16 with f32 sums).
+#[test]
+fn mesh_reduce_scatters_add_up_beside_their_copies() {
+    use cmm_core::mesh::{MeshAlgorithm, MeshProblem};
+    use cmm_sim::{simulate, OpClass, SimOptions};
+    let profile = cmm_sim::Profile::load("tpuv4-torus").unwrap();
+    let p = MeshProblem::new(4, 4, cmm_core::mesh::Dataflow::Ls, 8192, 8192, 8192, DType::Bf16, DType::Bf16).unwrap();
+    let plan = cmm_core::mesh::build_mesh_plan(&p, MeshAlgorithm::MeshSlice { slices: 4, block: 512 }).unwrap();
+    let options = SimOptions { torus_dims: Some(vec![4, 4]), ..SimOptions::default() };
+    let report = simulate(&plan, &profile, &options).unwrap();
+    let lane = |name: &str| report.lanes.iter().position(|l| l == name).unwrap_or_else(|| panic!("no lane {name}"));
+    for (copies, sums) in [("row", "row_sum"), ("row_back", "row_back_sum")] {
+        let (copies, sums) = (lane(copies), lane(sums));
+        for (d, lanes) in report.records.iter().enumerate() {
+            let of = |l: usize, class: OpClass| lanes[l].iter().filter(move |r| r.class == class);
+            let overlapped = of(sums, OpClass::Reduce)
+                .filter(|s| of(copies, OpClass::RemoteCopy).any(|c| c.start_s < s.end_s && s.start_s < c.end_s))
+                .count();
+            assert!(overlapped * 2 >= of(sums, OpClass::Reduce).count(), "device {d}: {overlapped} sums beside a copy");
+            assert_eq!(of(copies, OpClass::Reduce).count(), 0, "device {d}: a sum on the copy lane");
+        }
+    }
+    assert!(report.makespan_s < 1000e-6, "{:.1} µs", report.makespan_s * 1e6);
+}
+
 /// Wang's replay takes the fastest of its four plans (each direction, one way and both
 /// ways round): on a TPU v4 torus, whose two ways are links of their own, a ring both
 /// ways round (an LS GEMM on 4 × 4: 1103 µs against 1689 one way); through h100-nvlink's

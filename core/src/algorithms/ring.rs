@@ -354,6 +354,37 @@ pub(crate) struct SumSlots<'a> {
     pub send: &'a [Region],
 }
 
+/// The lane a ring ReduceScatter adds its running sums up on, beside the lane that copies
+/// them, [`SUM_PIECES`] pieces of each block in turn, and the member's count of the
+/// pieces summed, which the copy lane waits for: a piece's sum overlaps the copy of the
+/// piece before it, where adding up on the copy lane would idle the link. The lane must
+/// be ordered after the partial is ready, as the copy lane is.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SumLane {
+    pub lane: LaneId,
+    pub summed: SemId,
+}
+
+/// The pieces a ReduceScatter with a [`SumLane`] cuts each block's share into.
+pub(crate) const SUM_PIECES: usize = 2;
+
+/// Piece `j` of `pieces` of a window: its rows cut into near-equal runs (its columns
+/// where it has fewer rows than pieces); `None` where the piece is empty.
+fn piece_of(w: Window, j: usize, pieces: usize) -> Option<Window> {
+    let cut = |len: usize| {
+        let (base, extra) = (len / pieces, len % pieces);
+        (j * base + j.min(extra), base + usize::from(j < extra))
+    };
+    let piece = if w.rows >= pieces {
+        let (at, rows) = cut(w.rows);
+        Window { row0: w.row0 + at, rows, ..w }
+    } else {
+        let (at, cols) = cut(w.cols);
+        Window { col0: w.col0 + at, cols, ..w }
+    };
+    (piece.rows > 0 && piece.cols > 0).then_some(piece)
+}
+
 /// [`ring_reduce_scatter`] both ways round the ring: the first [`halves`] half of every
 /// block is summed going round to the left on `lanes[0]`, counted on `sems[0]`, the
 /// second going round to the right on `lanes[1]`, counted on `sems[1]`, in the same
@@ -371,13 +402,16 @@ pub(crate) fn ring_reduce_scatter_both_ways(
     parts: &[Region],
     slots: SumSlots,
     out: &FinalPieces,
+    sum_lanes: [SumLane; 2],
 ) {
     if ring.len() == 1 {
         return reduce_one_way(b, ring, lanes[0], sems[0], base, parts, slots, out, Way::Left, whole_window);
     }
-    let first = |r: Region| Some(half_windows(r).0);
-    reduce_one_way(b, ring, lanes[0], sems[0], base, parts, slots, out, Way::Left, first);
-    reduce_one_way(b, ring, lanes[1], sems[1], base, parts, slots, out, Way::Right, |r| half_windows(r).1);
+    let one_way = |b: &mut PlanBuilder, i: usize, way: Way, part: &dyn Fn(Region) -> Option<Window>| {
+        reduce_one_way_pipelined(b, ring, (lanes[i], sems[i]), sum_lanes[i], base, parts, slots, out, way, part)
+    };
+    one_way(b, 0, Way::Left, &|r| Some(half_windows(r).0));
+    one_way(b, 1, Way::Right, &|r| half_windows(r).1);
 }
 
 /// The final pieces of `out` that fall in `part` (a window of the block), relative to it.
@@ -446,6 +480,63 @@ fn reduce_one_way(
             b.push(me, lane, copy(sum, to, dst));
         }
         b.push(me, lane, signal(to, sem));
+    }
+}
+
+/// [`reduce_one_way`] with the sums on a lane of their own ([`SumLane`]): the copy lane
+/// sends piece j of each hop's running sum once the sum lane has added it up (counted
+/// on its semaphore), and signals each piece on the copy
+/// semaphore, [`SUM_PIECES`] a hop (awaited at `SUM_PIECES · base` onwards). Each
+/// element is added in the same order as on the copy lane, so the sums keep their bits.
+/// `base` counts the hops of earlier calls on these semaphores, n − 1 a call.
+#[allow(clippy::too_many_arguments)]
+fn reduce_one_way_pipelined(
+    b: &mut PlanBuilder,
+    ring: &Ring,
+    (lane, sem): (LaneId, SemId),
+    SumLane { lane: sum_lane, summed }: SumLane,
+    base: u32,
+    parts: &[Region],
+    slots: SumSlots,
+    out: &FinalPieces,
+    way: Way,
+    part: &dyn Fn(Region) -> Option<Window>,
+) {
+    let (n, me, to, c) = (ring.len(), ring.me(), way.to(ring), SUM_PIECES);
+    debug_assert!(n >= 2 && base as usize % (n - 1) == 0, "a pipelined ring of {n} at base {base}");
+    let (arrived, mut sums) = (base * c as u32, (base as usize / (n - 1) * (n - 2) * c) as u32);
+    // Piece j of block `mine`'s part, and `region`'s share of it.
+    let piece = |mine: Region, j: usize| part(mine).and_then(|w| piece_of(w, j, c));
+    let share = |region: Region, mine: Region, j: usize| piece(mine, j).map(|w| sub(fit(region, mine), w));
+    for s in 0..n {
+        let block = parts[way.block(ring, s + 1)];
+        for j in 0..c {
+            let mine = share(block, block, j);
+            let sum = if s == 0 {
+                mine
+            } else {
+                b.push(me, sum_lane, wait(sem, arrived + ((s - 1) * c + j + 1) as u32));
+                let got = share(slots.recv[s - 1], block, j);
+                if s == n - 1 {
+                    if let (Some(mine), Some(w)) = (mine, piece(block, j)) {
+                        reduce_pieces(b, me, sum_lane, mine, got, &pieces_in(out, w));
+                    }
+                    continue;
+                }
+                let sum = share(slots.send[s], block, j);
+                if let (Some(mine), Some(got), Some(sum)) = (mine, got, sum) {
+                    b.push(me, sum_lane, Op::Reduce { inputs: vec![mine, got], output: sum });
+                }
+                b.push(me, sum_lane, signal(me, summed));
+                sums += 1;
+                b.push(me, lane, wait(summed, sums));
+                sum
+            };
+            if let (Some(sum), Some(dst)) = (sum, share(slots.recv[s], block, j)) {
+                b.push(me, lane, copy(sum, to, dst));
+            }
+            b.push(me, lane, signal(to, sem));
+        }
     }
 }
 

@@ -17,7 +17,7 @@
 use super::{Dataflow, MeshAlgorithm, MeshError, MeshProblem, WangRing};
 use crate::algorithms::ring::{
     copy, merge_pieces, ring_all_gather_both_ways, ring_broadcast, ring_gather_stepwise, ring_reduce_scatter_both_ways,
-    ring_reduce_to, signal, sub, wait, OverlappedReduce, Ring, SumSlots,
+    ring_reduce_to, signal, sub, wait, OverlappedReduce, Ring, SumLane, SumSlots,
 };
 use crate::algorithms::{input_buffer, output_buffer};
 use crate::dtype::DType;
@@ -599,6 +599,15 @@ struct Flow {
     stationary: u32,
 }
 
+/// The lanes of a reduce ring that read the partial, so each waits for it: the copy lane
+/// alone on a ring of one, else both ways' copy lanes and their sum lanes.
+fn reduce_lanes(reduce: LaneId, back: LaneId, sum_lanes: [SumLane; 2], ring: usize) -> Vec<LaneId> {
+    if ring == 1 {
+        return vec![reduce];
+    }
+    vec![reduce, back, sum_lanes[0].lane, sum_lanes[1].lane]
+}
+
 impl Flow {
     fn of(p: &MeshProblem) -> Flow {
         // RS is LS of the transposed problem: M and N trade places, and so do the mesh
@@ -641,6 +650,13 @@ impl Flow {
     fn reduce_back(&self, b: &mut PlanBuilder) -> (LaneId, SemId) {
         let name = format!("{}_back", self.reduce.name());
         (b.lane(&name), b.semaphore(&format!("{name}_reduce")))
+    }
+
+    /// The lanes each way's sums are added up on, beside the lanes that copy them
+    /// ([`SumLane`]): `[reduce way, second way]`.
+    fn sum_lanes(&self, b: &mut PlanBuilder) -> [SumLane; 2] {
+        let ways = [self.reduce.name().to_string(), format!("{}_back", self.reduce.name())];
+        ways.map(|way| SumLane { lane: b.lane(&format!("{way}_sum")), summed: b.semaphore(&format!("{way}_summed")) })
     }
 
     /// A logical window as stored.
@@ -756,6 +772,7 @@ fn flow_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Me
     // and a count of its own.
     let (gather_back, g_back_recv) = f.gather_back(&mut b);
     let (reduce_back, r_back_recv) = f.reduce_back(&mut b);
+    let sum_lanes = f.sum_lanes(&mut b);
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
         for s in 0..slices {
@@ -786,9 +803,8 @@ fn flow_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Me
             b.push(d, compute, f.gemm(st, gm_s, p_s));
             b.push(d, compute, signal(d, p_ready));
 
-            b.push(d, reduce_lane, wait(p_ready, (s + 1) as u32));
-            if nrd > 1 {
-                b.push(d, reduce_back, wait(p_ready, (s + 1) as u32));
+            for lane in reduce_lanes(reduce_lane, reduce_back, sum_lanes, nrd) {
+                b.push(d, lane, wait(p_ready, (s + 1) as u32));
             }
             let parts: Vec<Region> = (0..nrd).map(|x| f.win(&b, part, 0, s * gs + x * cw, f.p, cw)).collect();
             let out: Vec<(Window, Region)> = (0..sl.blocks(f.cb))
@@ -800,7 +816,17 @@ fn flow_meshslice(p: &MeshProblem, name: String, sl: Slicing) -> Result<Plan, Me
             let range = s * (nrd - 1)..(s + 1) * (nrd - 1);
             let slots = SumSlots { recv: &recv_slots[range.clone()], send: &send_slots[range.clone()] };
             let (lanes, sems) = ([reduce_lane, reduce_back], [r_recv, r_back_recv]);
-            ring_reduce_scatter_both_ways(&mut b, &rring, lanes, sems, range.start as u32, &parts, slots, &out);
+            ring_reduce_scatter_both_ways(
+                &mut b,
+                &rring,
+                lanes,
+                sems,
+                range.start as u32,
+                &parts,
+                slots,
+                &out,
+                sum_lanes,
+            );
         }
     }
     Ok(b.finish()?)
@@ -982,6 +1008,7 @@ fn flow_wang_decomposed_gather(p: &MeshProblem, name: String, bidir: bool) -> Re
     let p_ready = b.semaphore("p_ready");
     let (gather_back, g_back_recv) = if bidir { f.gather_back(&mut b) } else { (gather_lane, g_recv) };
     let (reduce_back, r_back_recv) = f.reduce_back(&mut b);
+    let sum_lanes = f.sum_lanes(&mut b);
     let parts: Vec<Region> = (0..nrd).map(|x| f.win(&b, part, 0, x * f.cb, f.p, f.cb)).collect();
     for d in 0..p.devices() {
         let (gring, rring) = (f.gather.ring(p, d), f.reduce.ring(p, d));
@@ -995,14 +1022,13 @@ fn flow_wang_decomposed_gather(p: &MeshProblem, name: String, bidir: bool) -> Re
             b.push(d, compute, f.gemm(st, moving, p_x));
         }
         b.push(d, compute, signal(d, p_ready));
-        b.push(d, reduce_lane, wait(p_ready, 1));
-        if nrd > 1 {
-            b.push(d, reduce_back, wait(p_ready, 1));
+        for lane in reduce_lanes(reduce_lane, reduce_back, sum_lanes, nrd) {
+            b.push(d, lane, wait(p_ready, 1));
         }
         let out = f.whole_block(b.whole(bufs.c), f.cb);
         let slots = SumSlots { recv: &recv_slots, send: &send_slots };
         let (lanes, sems) = ([reduce_lane, reduce_back], [r_recv, r_back_recv]);
-        ring_reduce_scatter_both_ways(&mut b, &rring, lanes, sems, 0, &parts, slots, &out);
+        ring_reduce_scatter_both_ways(&mut b, &rring, lanes, sems, 0, &parts, slots, &out, sum_lanes);
     }
     Ok(b.finish()?)
 }
