@@ -185,6 +185,9 @@ pub fn run(args: &Args) -> Result<()> {
         for (alg, why) in &ranking.skipped {
             println!("     {alg}: skipped ({why})");
         }
+        if let Some(base) = ranking.baseline().filter(|c| c.algorithm != cmm_core::Algorithm::Baseline) {
+            println!("`vs baseline`: against {}, the faster of the two baselines", base.algorithm);
+        }
         if args.potential {
             println!(
                 "`at cuBLAS rate`: the same plan with every GEMM, fused ones included, at cuBLAS's rate — a potential \

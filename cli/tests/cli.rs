@@ -359,6 +359,30 @@ fn tune_says_what_a_fused_winner_assumes() {
     assert!(text_out.contains("\ncaveat: the fused plans have run only as virtual devices"), "{text_out}");
 }
 
+/// The 1D tuner ranks both baselines and measures overlap against the faster one, and says
+/// which: on a tiny problem the direct baseline wins outright.
+#[test]
+fn tune_judges_overlap_against_the_faster_baseline() {
+    let s = Scratch::new("tune-baselines");
+    let tiny = ["tune", "--op", "ag_gemm", "-d", "4", "-m", "64", "-n", "64", "-k", "64"];
+    let o = cmm(&s.0, &[&tiny[..], &["--json"]].concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(json["winner"], "baseline_direct", "{json}");
+    assert_eq!(json["baseline"], "baseline_direct", "{json}");
+    let ranked = json["ranked"].as_array().unwrap();
+    let speedup = |name: &str| {
+        let row = ranked.iter().find(|r| r["algorithm"] == name).unwrap_or_else(|| panic!("no {name}: {json}"));
+        row["speedup_vs_baseline"].as_f64().unwrap()
+    };
+    assert_eq!(speedup("baseline_direct"), 1.0);
+    assert!(speedup("baseline") < 1.0 && speedup("ring") < 1.0, "{json}");
+    let o = cmm(&s.0, &tiny);
+    let out = text(&o);
+    assert!(out.contains("\n`vs baseline`: against baseline_direct, the faster of the two baselines"), "{out}");
+    assert!(out.contains("the baseline (baseline_direct) wins"), "{out}");
+}
+
 /// `cmm simulate --mesh` of the plan a 2D tuner's JSON `row` names, for the GEMM `problem`
 /// gives: it takes the row's time. Returns the simulation's JSON.
 fn simulate_tuned_row(dir: &Path, row: &serde_json::Value, problem: &[&str]) -> serde_json::Value {

@@ -24,6 +24,10 @@ use crate::plan::MAX_REDUCE_INPUTS as REDUCE_FAN_IN;
 /// of fast copies inside it, reach the same remote receiver within a few copies of one
 /// another and share its NIC.
 pub fn direct_peer(d: usize, step: usize, devices: usize) -> usize {
+    // One device (or none) has no peer to send to.
+    if devices < 2 {
+        return d;
+    }
     let block = 1 << devices.trailing_zeros();
     let blocks = devices / block;
     (d / block + step / block) % blocks * block + ((d % block) ^ (step % block))
