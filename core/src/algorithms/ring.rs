@@ -338,7 +338,7 @@ pub(crate) fn ring_reduce_scatter(
     out: &FinalPieces,
 ) {
     let slots = SumSlots { recv, send };
-    reduce_one_way(b, ring, lane, sem, base, parts, slots, out, Way::Left, whole_window);
+    reduce_one_way(b, ring, lane, sem, base, parts, slots, out, Way::Left, &whole_window, None);
 }
 
 /// All of a region, as a window of it.
@@ -405,10 +405,10 @@ pub(crate) fn ring_reduce_scatter_both_ways(
     sum_lanes: [SumLane; 2],
 ) {
     if ring.len() == 1 {
-        return reduce_one_way(b, ring, lanes[0], sems[0], base, parts, slots, out, Way::Left, whole_window);
+        return reduce_one_way(b, ring, lanes[0], sems[0], base, parts, slots, out, Way::Left, &whole_window, None);
     }
     let one_way = |b: &mut PlanBuilder, i: usize, way: Way, part: &dyn Fn(Region) -> Option<Window>| {
-        reduce_one_way_pipelined(b, ring, (lanes[i], sems[i]), sum_lanes[i], base, parts, slots, out, way, part)
+        reduce_one_way(b, ring, lanes[i], sems[i], base, parts, slots, out, way, part, Some(sum_lanes[i]))
     };
     one_way(b, 0, Way::Left, &|r| Some(half_windows(r).0));
     one_way(b, 1, Way::Right, &|r| half_windows(r).1);
@@ -433,7 +433,13 @@ fn pieces_in(out: &FinalPieces, part: Window) -> Vec<(Window, Region)> {
 }
 
 /// [`ring_reduce_scatter`] one `way` round, summing the `part` of every block (a window
-/// of it; `None`: nothing of it, the signals alone).
+/// of it; `None`: nothing of it, the signals alone). Without `sums` each hop's running sum
+/// is added up on the copy lane, between the copy that brought it and the one that sends
+/// it on. With a [`SumLane`] the sums run there instead, [`SUM_PIECES`] pieces a block:
+/// the copy lane sends piece j on once the sum lane has counted it, and signals each
+/// piece, so the copy semaphore counts `SUM_PIECES` a hop (awaited from
+/// `SUM_PIECES · base` on; `base` counts the hops of earlier calls, n − 1 a call). Each
+/// element is added in the same order either way, so the sums keep their bits.
 #[allow(clippy::too_many_arguments)]
 fn reduce_one_way(
     b: &mut PlanBuilder,
@@ -445,66 +451,19 @@ fn reduce_one_way(
     slots: SumSlots,
     out: &FinalPieces,
     way: Way,
-    part: impl Fn(Region) -> Option<Window>,
+    part: &dyn Fn(Region) -> Option<Window>,
+    sums: Option<SumLane>,
 ) {
     let (n, me, to) = (ring.len(), ring.me(), way.to(ring));
-    // `region`'s share of block `mine`'s part, when it has one.
-    let share = |region: Region, mine: Region| part(mine).map(|w| sub(fit(region, mine), w));
     if n == 1 {
         if let Some(w) = part(parts[0]) {
             reduce_pieces(b, me, lane, sub(parts[0], w), None, &pieces_in(out, w));
         }
         return;
     }
-    for s in 0..n {
-        let block = parts[way.block(ring, s + 1)];
-        let mine = share(block, block);
-        let sum = if s == 0 {
-            mine
-        } else {
-            b.push(me, lane, wait(sem, base + s as u32));
-            let got = share(slots.recv[s - 1], block);
-            if s == n - 1 {
-                if let (Some(mine), Some(w)) = (mine, part(block)) {
-                    reduce_pieces(b, me, lane, mine, got, &pieces_in(out, w));
-                }
-                break;
-            }
-            let sum = share(slots.send[s], block);
-            if let (Some(mine), Some(got), Some(sum)) = (mine, got, sum) {
-                b.push(me, lane, Op::Reduce { inputs: vec![mine, got], output: sum });
-            }
-            sum
-        };
-        if let (Some(sum), Some(dst)) = (sum, share(slots.recv[s], block)) {
-            b.push(me, lane, copy(sum, to, dst));
-        }
-        b.push(me, lane, signal(to, sem));
-    }
-}
-
-/// [`reduce_one_way`] with the sums on a lane of their own ([`SumLane`]): the copy lane
-/// sends piece j of each hop's running sum once the sum lane has added it up (counted
-/// on its semaphore), and signals each piece on the copy
-/// semaphore, [`SUM_PIECES`] a hop (awaited at `SUM_PIECES · base` onwards). Each
-/// element is added in the same order as on the copy lane, so the sums keep their bits.
-/// `base` counts the hops of earlier calls on these semaphores, n − 1 a call.
-#[allow(clippy::too_many_arguments)]
-fn reduce_one_way_pipelined(
-    b: &mut PlanBuilder,
-    ring: &Ring,
-    (lane, sem): (LaneId, SemId),
-    SumLane { lane: sum_lane, summed }: SumLane,
-    base: u32,
-    parts: &[Region],
-    slots: SumSlots,
-    out: &FinalPieces,
-    way: Way,
-    part: &dyn Fn(Region) -> Option<Window>,
-) {
-    let (n, me, to, c) = (ring.len(), ring.me(), way.to(ring), SUM_PIECES);
-    debug_assert!(n >= 2 && base as usize % (n - 1) == 0, "a pipelined ring of {n} at base {base}");
-    let (arrived, mut sums) = (base * c as u32, (base as usize / (n - 1) * (n - 2) * c) as u32);
+    let (c, sum_lane) = sums.map_or((1, lane), |s| (SUM_PIECES, s.lane));
+    debug_assert!(sums.is_none() || base as usize % (n - 1) == 0, "a pipelined ring of {n} at base {base}");
+    let (arrived, mut summed) = (base * c as u32, (base as usize / (n - 1) * (n - 2) * c) as u32);
     // Piece j of block `mine`'s part, and `region`'s share of it.
     let piece = |mine: Region, j: usize| part(mine).and_then(|w| piece_of(w, j, c));
     let share = |region: Region, mine: Region, j: usize| piece(mine, j).map(|w| sub(fit(region, mine), w));
@@ -527,9 +486,11 @@ fn reduce_one_way_pipelined(
                 if let (Some(mine), Some(got), Some(sum)) = (mine, got, sum) {
                     b.push(me, sum_lane, Op::Reduce { inputs: vec![mine, got], output: sum });
                 }
-                b.push(me, sum_lane, signal(me, summed));
-                sums += 1;
-                b.push(me, lane, wait(summed, sums));
+                if let Some(SumLane { summed: counted, .. }) = sums {
+                    b.push(me, sum_lane, signal(me, counted));
+                    summed += 1;
+                    b.push(me, lane, wait(counted, summed));
+                }
                 sum
             };
             if let (Some(sum), Some(dst)) = (sum, share(slots.recv[s], block, j)) {
