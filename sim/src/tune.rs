@@ -180,6 +180,15 @@ pub fn is_baseline(algorithm: Algorithm) -> bool {
     matches!(algorithm, Algorithm::Baseline | Algorithm::BaselineDirect)
 }
 
+/// How a verdict names a baseline.
+fn baseline_words(algorithm: Algorithm) -> &'static str {
+    if algorithm == Algorithm::BaselineDirect {
+        "the direct baseline"
+    } else {
+        "the baseline"
+    }
+}
+
 fn explain(ranked: &[Ranked1d]) -> String {
     let win = &ranked[0];
     let r = &win.report;
@@ -191,15 +200,15 @@ fn explain(ranked: &[Ranked1d]) -> String {
         let best_overlap = ranked.iter().find(|c| !is_baseline(c.algorithm));
         return match best_overlap {
             Some(o) => format!(
-                "the baseline ({}) wins: it exposes {} of communication, but the best overlapped plan ({}) is {} slower — \
+                "{} wins: it exposes {} of communication, but the best overlapped plan ({}) is {} slower — \
                  its {} GEMM launches and per-step synchronisations cost more than the communication it hides",
-                base.algorithm,
+                baseline_words(base.algorithm),
                 us(base.report.max_exposed_comm_s()),
                 o.algorithm,
                 us(o.report.makespan_s - base.report.makespan_s),
                 o.report.ops().filter(|x| x.class == OpClass::Gemm && x.site.device == 0).count()
             ),
-            None => format!("the baseline ({}) is the only candidate", base.algorithm),
+            None => format!("{} is the only candidate", baseline_words(base.algorithm)),
         };
     }
     let gemm = r.mean_duration_s(OpClass::Gemm);
@@ -207,28 +216,28 @@ fn explain(ranked: &[Ranked1d]) -> String {
     let saved = base.report.makespan_s - r.makespan_s;
     let mut text = if matches!(win.algorithm, Algorithm::RingPush | Algorithm::FusedPush { .. }) {
         format!(
-            "the reduction copies nothing: each GEMM adds its partial into the block's owner ({} GEMM per step, its traffic to the owner included); {} faster than the baseline ({}), which exposes {}",
+            "the reduction copies nothing: each GEMM adds its partial into the block's owner ({} GEMM per step, its traffic to the owner included); {} faster than {}, which exposes {}",
             us(gemm),
             us(saved),
-            base.algorithm,
+            baseline_words(base.algorithm),
             us(base.report.max_exposed_comm_s())
         )
     } else if copy <= gemm {
         format!(
-            "communication {} per step hidden under {} GEMM per step; {} faster than the baseline ({}), which exposes {}",
+            "communication {} per step hidden under {} GEMM per step; {} faster than {}, which exposes {}",
             us(copy),
             us(gemm),
             us(saved),
-            base.algorithm,
+            baseline_words(base.algorithm),
             us(base.report.max_exposed_comm_s())
         )
     } else {
         format!(
-            "communication {} per step is longer than the {} GEMM per step, so only part of it hides; still {} faster than the baseline ({})",
+            "communication {} per step is longer than the {} GEMM per step, so only part of it hides; still {} faster than {}",
             us(copy),
             us(gemm),
             us(saved),
-            base.algorithm
+            baseline_words(base.algorithm)
         )
     };
     if let Algorithm::RingChunked { chunks } = win.algorithm {
@@ -842,7 +851,7 @@ mod tests {
         }
         assert!(time(Algorithm::Fused { chunks: 1 }) < time(Algorithm::Baseline));
         assert_eq!(r.winner().algorithm, Algorithm::BaselineDirect, "{}", r.reason);
-        assert!(r.reason.starts_with("the baseline (baseline_direct) wins"), "{}", r.reason);
+        assert!(r.reason.starts_with("the direct baseline wins"), "{}", r.reason);
         // GEMM+RS and GEMM+AR: of the plans with copies, none beats the ring baseline; the
         // plans whose GEMMs add into the owners' sums (no copy launches, one reduce) do,
         // ring_push among them, and the direct baseline beats them all.
@@ -855,7 +864,7 @@ mod tests {
             assert_eq!(ranked[0], Algorithm::BaselineDirect, "{op}: {ranked:?}");
             assert!(baseline > 1 && ranked[1..baseline].iter().all(|&a| push(a)), "{op}: {ranked:?}");
             assert!(ranked[..baseline].contains(&Algorithm::RingPush), "{op}: {ranked:?}");
-            assert!(r.reason.starts_with("the baseline (baseline_direct) wins"), "{}", r.reason);
+            assert!(r.reason.starts_with("the direct baseline wins"), "{}", r.reason);
         }
     }
 
