@@ -13,6 +13,7 @@ use std::fmt;
 use thiserror::Error;
 
 use super::profile::{Profile, TopologyKind};
+use super::topology::Topology;
 use cmm_core::algorithms::{direct_peer, Algorithm};
 use cmm_core::dtype::DType;
 use cmm_core::engines::CopyIssue;
@@ -124,18 +125,14 @@ pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> Ri
     ring_1d_on(problem, algorithm, profile, false)
 }
 
-/// The copies the busiest directed link carries at `step` of a direct plan when D chips
-/// form a torus ring, each copy routed the shorter way round (ties the + way) as the
-/// simulator routes it.
-fn direct_step_ring_load(d: usize, step: usize) -> usize {
-    let mut load = vec![0usize; 2 * d];
+/// The copies the busiest link carries at `step` of a direct plan on `profile`'s torus
+/// ring of D chips, each copy routed as the simulator routes it.
+fn direct_step_ring_load(profile: &Profile, d: usize, step: usize) -> usize {
+    let ring = Topology::new(profile, d, vec![d]);
+    let mut load = vec![0usize; ring.resources.len()];
     for x in 0..d {
-        let forward = (direct_peer(x, step, d) + d - x) % d;
-        let positive = forward <= d - forward;
-        let hops = if positive { forward } else { d - forward };
-        for h in 0..hops {
-            let at = if positive { (x + h) % d } else { (x + d - h) % d };
-            load[2 * at + usize::from(!positive)] += 1;
+        for link in ring.route(x, direct_peer(x, step, d)) {
+            load[link] += 1;
         }
     }
     load.into_iter().max().unwrap_or(0).max(1)
@@ -193,7 +190,9 @@ fn ring_1d_on(problem: &Problem, algorithm: Algorithm, profile: &Profile, one_me
                 });
                 match (crosses, torus_ring) {
                     (true, _) => send(bytes, copy_bw),
-                    (false, true) => send_over(direct_step_ring_load(d, f) as f64 * bytes, intra_bw, intra_latency),
+                    (false, true) => {
+                        send_over(direct_step_ring_load(profile, d, f) as f64 * bytes, intra_bw, intra_latency)
+                    }
                     (false, false) => send_over(bytes, intra_bw, intra_latency),
                 }
             })
