@@ -9,10 +9,10 @@
 //!
 //! 2D: (algorithm, dataflow, mesh shape, S) priced by seed 002's closed form, which is fast
 //! over the whole space; the candidates it ranks highest are then replayed as cmm builds
-//! them ([`mesh_plan`], simulated on the profile) and ranked by that ([`tune_mesh_gemm`],
+//! them ([`mesh_plans`], simulated on the profile) and ranked by that ([`tune_mesh_gemm`],
 //! [`replay_llm`]). The two differ: the closed form streams each collective, while cmm's
-//! mesh plans move a whole block a hop, a copy and a signal each, and reduce-scatter one
-//! way round (they gather both ways, as the form does).
+//! mesh plans move a whole block a hop, a copy and a signal each (they gather and
+//! reduce-scatter both ways round, as the form does).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -287,8 +287,8 @@ pub fn tune_1d(problem: &Problem, profile: &Profile) -> Result<Ranking1d, TuneEr
 }
 
 /// cmm's own plans for a 2D candidate, as the reference checks them and the CUDA backend
-/// runs them: one, or for Wang one per direction it can decompose (`wang` and
-/// `wang_columns`); none where the mesh module builds none (S not dividing the sliced
+/// runs them: one, or for Wang each of its four plans (`MeshAlgorithm::WANG`) whose ring
+/// has more than one chip; none where the mesh module builds none (S not dividing the sliced
 /// extents, a dimension the mesh does not divide). MeshSlice's block size B is the largest
 /// that lets S·B divide both sliced extents (seed 002: S·B | K/Nr and S·B | K/Nc for OS).
 pub fn mesh_plans(gemm: &MeshGemm, family: MeshFamily, shape: MeshShape, slices: usize) -> Vec<(MeshAlgorithm, Plan)> {
@@ -334,7 +334,8 @@ pub fn mesh_plans(gemm: &MeshGemm, family: MeshFamily, shape: MeshShape, slices:
 
 /// [`mesh_plans`] simulated on `profile`, the mesh laid on the profile's torus as
 /// `shape` (a torus profile; other topologies ignore it): the fastest plan's algorithm and
-/// report (for Wang, the faster direction, as seed 002's form takes it). `None` where no
+/// report (for Wang, the fastest of its plans, as seed 002's form takes the faster
+/// direction). `None` where no
 /// plan builds.
 pub fn replay_mesh(
     gemm: &MeshGemm,
