@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use cmm_core::algorithms::{build_plan, Algorithm};
+use cmm_core::algorithms::{build_plan, Algorithm, RingSums};
 use cmm_core::emulate::sm_copies;
 use cmm_core::engines::CopyIssue;
 use cmm_core::plan::OpSite;
@@ -53,6 +53,10 @@ struct BenchFile {
     /// How the plain runs issued copy-engine copies (`auto`, `driver`); reports from
     /// before the key left them all to the driver.
     copies: Option<String>,
+    /// Where the GEMM+RS / GEMM+AR baseline's ring ReduceScatter added its sums up
+    /// (`by_block_size` as cmm builds it, `beside`, `in_series`); reports before the key
+    /// timed them in series.
+    ring_sums: Option<String>,
     /// Whether the bench reached its end (reports before the key did).
     complete: Option<bool>,
     calibration: Option<BenchCalibration>,
@@ -67,6 +71,16 @@ fn one() -> usize {
 }
 
 impl BenchFile {
+    /// The baseline's ring sums as the report timed them.
+    fn ring_sums(&self) -> Result<RingSums> {
+        match self.ring_sums.as_deref() {
+            None | Some("in_series") => Ok(RingSums::InSeries),
+            Some("beside") => Ok(RingSums::Beside),
+            Some("by_block_size") => Ok(RingSums::BySize),
+            Some(other) => bail!("`ring_sums` = {other:?}: expected \"by_block_size\", \"beside\" or \"in_series\""),
+        }
+    }
+
     /// A plan's time with its copies issued as cmm issues them by default (`auto`:
     /// contiguous copies asked of the copy engines): the plain time where the report's
     /// plain runs did so, else its copy-engine column (the same for plans whose copies are
@@ -350,6 +364,7 @@ struct FusedRow<'a> {
 fn parse_rows(file: &BenchFile) -> Result<(Vec<BenchTime>, Vec<FusedRow<'_>>)> {
     let mut times = Vec::new();
     let mut fused = Vec::new();
+    let ring_sums = file.ring_sums()?;
     for bench_row in &file.rows {
         let row = &bench_row.times;
         let algorithm = parse_algorithm(&row.algorithm)?;
@@ -369,6 +384,7 @@ fn parse_rows(file: &BenchFile) -> Result<(Vec<BenchTime>, Vec<FusedRow<'_>>)> {
             copy_engines_us: if file.default_copies() { None } else { row.time_copy_engines_us },
             driver_copies_us: if file.default_copies() { row.time_driver_copies_us } else { None },
             copies: file.plain_copies(),
+            ring_sums,
         });
     }
     Ok((times, fused))
@@ -1089,6 +1105,42 @@ mod tests {
         // would price every plan at weeks.
         let e = edited(&|v| v["calibration"]["round_trip_us"] = 9e11.into());
         assert!(e.contains("calibration") && e.contains("`sync.") && e.contains("at most 10^6"), "{e}");
+    }
+
+    /// A report names the baseline it timed: before the key, the sums in series on the
+    /// copy lane, and its rows replay that plan; a report that timed them beside, or by
+    /// block size as cmm builds them, replays that; any other value is refused.
+    #[test]
+    fn a_report_replays_the_baseline_sums_it_timed() {
+        let (_, file, text) = crate::simulate::BENCHES[1];
+        let with = |sums: Option<&str>| {
+            let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
+            if let Some(sums) = sums {
+                v["ring_sums"] = sums.into();
+            }
+            v
+        };
+        let baselines = |v: serde_json::Value| {
+            let bench: BenchFile = serde_json::from_value(v).unwrap();
+            let (times, _) = parse_rows(&bench).unwrap();
+            let profile = Profile::load(one_gpu_profile(&bench.gpu)).unwrap();
+            let rows = one_gpu_rows(&profile, &times, bench.shrink, bench.compute_levels().0).unwrap();
+            let rows = rows.into_iter().filter(|r| r.algorithm == Algorithm::Baseline && r.op != OpKind::AgGemm);
+            rows.map(|r| (r.time.case, r.time.simulated_us)).collect::<Vec<_>>()
+        };
+        let (old, beside) = (baselines(with(None)), baselines(with(Some("beside"))));
+        assert_eq!(old, baselines(with(Some("in_series"))), "{file}");
+        // The bench's blocks (1024 × 4096 f16, 8 MiB) are over cmm's threshold.
+        assert_eq!(beside, baselines(with(Some("by_block_size"))), "{file}");
+        assert!(old.len() >= 3, "{file}: {old:?}");
+        for ((case, in_series), (_, beside)) in old.iter().zip(&beside) {
+            // D = 2 has one hop: a sum of nothing to overlap, split in pieces.
+            if !case.contains("D=2") {
+                assert!(beside < in_series, "{file}: {case}: beside {beside} µs, in series {in_series} µs");
+            }
+        }
+        let e = validate_bench_to(&mut Vec::new(), &with(Some("sideways")).to_string(), "r.json").unwrap_err();
+        assert!(format!("{e:#}").contains("`ring_sums` = \"sideways\""), "{e:#}");
     }
 
     /// Issue 32's bound on the plans that copy, on the cuBLAS plans of the three H100 and H200

@@ -6,7 +6,7 @@ use super::analytic::{ring_1d, MeshFamily, MeshShape};
 use super::engine::{simulate, SimError, SimOptions};
 use super::profile::Profile;
 use super::tune::{best_per_algorithm, replay_llm, tune_llm, LlmConfig, MeshConfig, TuneError};
-use cmm_core::algorithms::{build_plan, Algorithm, AlgorithmError};
+use cmm_core::algorithms::{build_plan, build_plan_with, Algorithm, AlgorithmError, RingSums};
 use cmm_core::dtype::DType;
 use cmm_core::engines::CopyIssue;
 use cmm_core::problem::{OpKind, Problem, ProblemError};
@@ -186,6 +186,10 @@ pub struct BenchTime {
     /// How the plain, staggered and offset runs issued their copies: the driver's way in
     /// every bench before cmm asked for the copy engines by default.
     pub copies: CopyIssue,
+    /// Where the GEMM+RS / GEMM+AR baseline the bench timed added its sums up: in series
+    /// on its copy lane in every bench before the sum lane (`BySize`: as cmm builds it).
+    /// The row replays that plan.
+    pub ring_sums: RingSums,
 }
 
 /// The CUDA bench on one H100 (f16, per-shard M=1024, K=N=4096, D virtual devices,
@@ -225,6 +229,7 @@ pub fn one_gpu_bench(profile: &Profile) -> Result<Vec<OneGpuRow>, ValidationErro
         copy_engines_us: None,
         driver_copies_us: None,
         copies: CopyIssue::Driver,
+        ring_sums: RingSums::InSeries,
     });
     one_gpu_rows(profile, &times, 1, H100_COMPUTE_LEVELS)
 }
@@ -243,6 +248,7 @@ pub fn one_gpu_predictions(profile: &Profile) -> Result<Vec<OneGpuRow>, Validati
         copy_engines_us: None,
         driver_copies_us: None,
         copies: CopyIssue::Auto,
+        ring_sums: RingSums::BySize,
     });
     one_gpu_rows(profile, &times, 1, H100_COMPUTE_LEVELS)
 }
@@ -261,7 +267,7 @@ pub fn one_gpu_rows(
     for t in times {
         let (op, d, algorithm) = (t.op, t.devices, t.algorithm);
         let p = seed000_problem(op, d, shrink)?;
-        let plan = build_plan(&p, algorithm)?;
+        let plan = build_plan_with(&p, algorithm, t.ring_sums)?;
         let as_run = SimOptions { copies: t.copies, ..SimOptions::default() };
         let together = simulate(&plan, profile, &as_run)?;
         let staggered =

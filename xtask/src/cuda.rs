@@ -437,6 +437,10 @@ struct Report {
     /// How the plain runs issued copy-engine copies (`CopyIssue::key` of what the
     /// default came to on this driver: `auto` or `driver`).
     copies: &'static str,
+    /// Where the GEMM+RS / GEMM+AR baseline's ring ReduceScatter adds its sums up: as
+    /// `cmm_core::algorithms::RingSums::BySize` says (reports without the key timed them
+    /// in series).
+    ring_sums: &'static str,
     local_gemm: String,
     local_cublas_us: f64,
     local_tile_us: f64,
@@ -850,6 +854,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         comm_priority,
         hardware_queues: cmm_cuda::lower::hardware_queues()?,
         copies: options.copies.on_driver(backend.batch_copies().is_ok()).key(),
+        ring_sums: "by_block_size",
         local_gemm: local_name,
         local_cublas_us,
         local_tile_us,

@@ -206,6 +206,48 @@ pub enum AlgorithmError {
 
 /// Builds the plan of `algorithm` for `problem`.
 pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, AlgorithmError> {
+    build_plan_with(problem, algorithm, RingSums::BySize)
+}
+
+/// Where a whole ring ReduceScatter (the GEMM+RS / GEMM+AR baseline's, the MoE and
+/// linear baselines') adds its running sums up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RingSums {
+    /// On the copy lane, between the copy that brings a running sum and the one that
+    /// sends it on: the link idles while each sum runs. The plan every bench before the
+    /// sum lane timed.
+    InSeries,
+    /// On a lane of their own, in pieces, a piece's sum beside the copy of the piece
+    /// before, as a collective library pipelines them. Each piece costs a copy launch
+    /// and a signal of its own.
+    Beside,
+    /// Beside where a device's block of the partial is at least
+    /// [`SUMS_BESIDE_FROM_BYTES`], in series below it (cmm's plans).
+    #[default]
+    BySize,
+}
+
+/// The block size from which a whole ring ReduceScatter sums beside its copies. Below
+/// it a piece's extra launch and signal cost more than the overlap saves: simulated
+/// (`gemm_rs` baseline, bf16, D = 8; D = 16 across nodes), beside ÷ in series is 1.13 at
+/// 512 KiB blocks and 0.85 at 2 MiB on h100-nvlink, 0.94 and 0.87 on h100-one-gpu,
+/// 1.13 and 1.03 on h100-ib, and 0.83–0.97 everywhere from 4 MiB up (h100-ib 1.00).
+pub const SUMS_BESIDE_FROM_BYTES: usize = 2 << 20;
+
+impl RingSums {
+    /// Whether a ReduceScatter of `block_bytes` blocks (a device's share of the partial,
+    /// in the dtype that travels) sums beside its copies.
+    pub fn beside(self, block_bytes: usize) -> bool {
+        match self {
+            RingSums::InSeries => false,
+            RingSums::Beside => true,
+            RingSums::BySize => block_bytes >= SUMS_BESIDE_FROM_BYTES,
+        }
+    }
+}
+
+/// [`build_plan`], with the baseline's sums where `sums` says (other plans have one form).
+pub fn build_plan_with(problem: &Problem, algorithm: Algorithm, sums: RingSums) -> Result<Plan, AlgorithmError> {
     let name = || format!("{}/{algorithm} D={}", problem.op, problem.devices);
     crate::plan::check_op_bound(name, min_ops(problem, algorithm))?;
     match (problem.op, algorithm) {
@@ -221,7 +263,7 @@ pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, Algor
             Err(AlgorithmError::NotDefined { algorithm, op: problem.op.name() })
         }
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::RingPush) => ring::gemm_reduce_push(problem),
-        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Baseline) => ring::gemm_reduce_baseline(problem),
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Baseline) => ring::gemm_reduce_baseline(problem, sums),
         (
             OpKind::GemmRs | OpKind::GemmAr,
             Algorithm::Ring | Algorithm::RingBidir | Algorithm::RingChunked { .. } | Algorithm::RingAccumulate { .. },
@@ -317,6 +359,7 @@ pub(crate) fn output_buffer(b: &mut PlanBuilder, p: &impl ShardedGemm) -> BufId 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generator::Family;
     use crate::plan::Op;
 
     /// The bound that refuses a plan before planning it never exceeds the plan's ops, so
@@ -343,6 +386,38 @@ mod tests {
             matches!(refused, Err(AlgorithmError::Plan(PlanError::TooManyOps { at_least: true, .. }))),
             "{refused:?}"
         );
+    }
+
+    /// The GEMM+RS / GEMM+AR baseline adds its running sums up beside its copies, on a
+    /// lane of their own, from [`SUMS_BESIDE_FROM_BYTES`] blocks up, and on its copy lane
+    /// below. Either way it gives the oracle's bits and verifies clean.
+    #[test]
+    fn the_reduce_baseline_sums_beside_its_copies_on_large_blocks() {
+        let reduces_on = |plan: &Plan, name: &str| {
+            let Some(lane) = plan.lanes.iter().position(|l| l == name) else { return false };
+            plan.programs.iter().all(|p| p.lanes[lane].iter().any(|op| matches!(op, Op::Reduce { .. })))
+        };
+        // D = 4 and f32 partials: 512 rows of 1024 columns make a 2 MiB block.
+        for (n, beside) in [(1024, true), (1016, false)] {
+            let p = Problem::new(OpKind::GemmAr, 4, 2048, n, 16, DType::F32, DType::F32).unwrap();
+            let plan = build_plan(&p, Algorithm::Baseline).unwrap();
+            assert_eq!((reduces_on(&plan, "sum"), reduces_on(&plan, "main")), (beside, !beside), "N = {n}");
+        }
+        let seed = 4242;
+        for op in [OpKind::GemmRs, OpKind::GemmAr] {
+            for d in 1..=5 {
+                for dtype in [DType::F32, DType::F16, DType::Bf16] {
+                    // Uneven rows: the last device's block is the short one.
+                    let p = Problem::new(op, d, 6 * d + 1, 12, 4 * d, dtype, dtype).unwrap();
+                    for sums in [RingSums::InSeries, RingSums::Beside] {
+                        let plan = build_plan_with(&p, Algorithm::Baseline, sums).unwrap();
+                        assert_eq!(reduces_on(&plan, "sum"), d > 1 && sums == RingSums::Beside, "{}", plan.name);
+                        crate::testing::assert_matches_oracle(&plan, &p, seed, Family::Exact);
+                        crate::testing::assert_sound(&plan);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

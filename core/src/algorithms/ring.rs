@@ -1,6 +1,6 @@
 //! The 1D ring family (BRIEF §4) and the non-overlapped baselines.
 
-use super::{check_chunks, start_plan, Algorithm, AlgorithmError};
+use super::{check_chunks, start_plan, Algorithm, AlgorithmError, RingSums};
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, Engine, LaneId, Op, Plan, PlanBuilder, Region, SemId};
 use crate::problem::{OpKind, Problem, Split, Window};
@@ -324,7 +324,8 @@ pub(crate) type FinalPieces = [(Window, Region)];
 /// its own and the sum lands in `out`. Received sums are awaited at `base + s`. `send[s]`
 /// (1 ≤ s < n−1) holds the sums in flight; no slot is reused, so no back-pressure. Slots
 /// may be larger than a block (uneven shards): each use takes the block's shape from
-/// the slot's first element.
+/// the slot's first element. With a [`SumLane`] the sums run there, beside the copies,
+/// as a collective library pipelines them; the last one, into `out`, is on that lane too.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn ring_reduce_scatter(
     b: &mut PlanBuilder,
@@ -333,12 +334,11 @@ pub(crate) fn ring_reduce_scatter(
     sem: SemId,
     base: u32,
     parts: &[Region],
-    recv: &[Region],
-    send: &[Region],
+    slots: SumSlots,
     out: &FinalPieces,
+    sums: Option<SumLane>,
 ) {
-    let slots = SumSlots { recv, send };
-    reduce_one_way(b, ring, lane, sem, base, parts, slots, out, Way::Left, &whole_window, None);
+    reduce_one_way(b, ring, lane, sem, base, parts, slots, out, Way::Left, &whole_window, sums);
 }
 
 /// All of a region, as a window of it.
@@ -363,6 +363,42 @@ pub(crate) struct SumSlots<'a> {
 pub(crate) struct SumLane {
     pub lane: LaneId,
     pub summed: SemId,
+}
+
+/// A [`SumLane`] for a whole ring ReduceScatter, with the semaphores that start the
+/// sums once `main` (the lane making the partial) has it (`ready`) and end the
+/// collective on the lane that copies with its last sum (`reduced`), as a collective
+/// call returns on its stream.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SummingBeside {
+    pub lane: SumLane,
+    ready: SemId,
+    reduced: SemId,
+}
+
+impl SummingBeside {
+    /// Declares the sum lane and its semaphores, once a plan (they are symmetric).
+    pub(crate) fn declare(b: &mut PlanBuilder) -> SummingBeside {
+        let lane = SumLane { lane: b.lane("sum"), summed: b.semaphore("summed") };
+        SummingBeside { lane, ready: b.semaphore("partial_ready"), reduced: b.semaphore("reduced") }
+    }
+
+    /// One of several a plan has, on lanes and semaphores declared by the caller.
+    pub(crate) fn new(lane: SumLane, ready: SemId, reduced: SemId) -> SummingBeside {
+        SummingBeside { lane, ready, reduced }
+    }
+
+    /// Device d's sums start once `main` gets here, the partial made.
+    pub(crate) fn start(&self, b: &mut PlanBuilder, d: usize, main: LaneId) {
+        b.push(d, main, signal(d, self.ready));
+        b.push(d, self.lane.lane, wait(self.ready, 1));
+    }
+
+    /// The copy lane `comm` goes on once device d's last sum, into its block, is done.
+    pub(crate) fn finish(&self, b: &mut PlanBuilder, d: usize, comm: LaneId) {
+        b.push(d, self.lane.lane, signal(d, self.reduced));
+        b.push(d, comm, wait(self.reduced, 1));
+    }
 }
 
 /// The pieces a ReduceScatter with a [`SumLane`] cuts each block's share into.
@@ -1247,8 +1283,13 @@ pub(super) fn gemm_reduce_fused(p: &Problem, chunks: usize) -> Result<Plan, Algo
 }
 
 /// GEMM+RS / GEMM+AR baseline: the whole partial product first, then a ring
-/// ReduceScatter (and for AR a ring AllGather), all in one lane with no overlap.
-pub(super) fn gemm_reduce_baseline(p: &Problem) -> Result<Plan, AlgorithmError> {
+/// ReduceScatter (and for AR a ring AllGather), with no overlap of GEMM and
+/// communication. The ReduceScatter copies on `main` and adds its running sums up on a
+/// lane of their own ([`SumLane`]), a piece's sum beside the copy of the one before, as
+/// a collective library does: summing between the copies would idle the link and make
+/// the baseline slower than the collective it stands for. On small blocks the sums stay
+/// on `main` ([`RingSums`]: pieces cost launches).
+pub(super) fn gemm_reduce_baseline(p: &Problem, sums: RingSums) -> Result<Plan, AlgorithmError> {
     let (n, rows) = (p.devices, p.row_split());
     let mb = rows.max();
     let (mut b, a, bm, c) = start_plan(p, Algorithm::Baseline);
@@ -1261,24 +1302,25 @@ pub(super) fn gemm_reduce_baseline(p: &Problem) -> Result<Plan, AlgorithmError> 
     let parts: Vec<Region> = (0..n).map(|r| b.rows(partial, rows.start(r), rows.len(r))).collect();
     let send_slots: Vec<Region> = (0..n - 1).map(|s| b.rows(send, s * mb, mb)).collect();
     let recv_slots: Vec<Region> = (0..n - 1).map(|s| b.rows(recv_buf, s * mb, mb)).collect();
+    let slots = SumSlots { recv: &recv_slots, send: &send_slots };
     let blocks = c_blocks(&b, c, rows);
+    // A ring of one has nothing to pass: its sum is the conversion on `main`.
+    let block_bytes = mb * p.n * p.wire.size_bytes();
+    let sums = (n > 1 && sums.beside(block_bytes)).then(|| SummingBeside::declare(&mut b));
     for d in 0..n {
         let (wa, wb, wp) = (b.whole(a), b.whole(bm), b.whole(partial));
         b.push(d, main, Op::gemm(wa, wb, wp));
         let final_out = if all_reduce { blocks[d] } else { b.rows(c, 0, rows.len(d)) };
         let whole_block = Window { row0: 0, col0: 0, rows: rows.len(d), cols: p.n };
         let ring = Ring::all(n, d);
-        ring_reduce_scatter(
-            &mut b,
-            &ring,
-            main,
-            recv,
-            0,
-            &parts,
-            &recv_slots,
-            &send_slots,
-            &[(whole_block, final_out)],
-        );
+        if let Some(sums) = sums {
+            sums.start(&mut b, d, main);
+        }
+        let sum_lane = sums.map(|s| s.lane);
+        ring_reduce_scatter(&mut b, &ring, main, recv, 0, &parts, slots, &[(whole_block, final_out)], sum_lane);
+        if let Some(sums) = sums {
+            sums.finish(&mut b, d, main);
+        }
         if all_reduce && n > 1 {
             ring_all_gather(&mut b, &ring, main, ag, 0, blocks[d], &blocks);
             b.push(d, main, wait(ag, (n - 1) as u32));

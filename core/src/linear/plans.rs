@@ -7,14 +7,17 @@
 //!
 //! | algorithm | lanes | collectives |
 //! |---|---|---|
-//! | baseline | main | each AllGather, ReduceScatter or AllReduce whole, then the GEMMs that need it; no overlap |
-//! | megatron | compute, comm | on the comm lane; the AllGather of X (in the backward, again) starts before the dgrad GEMM, and the dgrad ReduceScatter/AllReduce runs while the wgrad GEMM does; the forward as the baseline |
+//! | baseline | main (+ sum) | each AllGather, ReduceScatter or AllReduce whole, then the GEMMs that need it; no overlap of GEMM and communication (a ReduceScatter's sums on the `sum` lane, beside its copies, on blocks from 2 MiB: [`RingSums`]) |
+//! | megatron | compute, comm (+ sum) | on the comm lane (sums as the baseline's); the AllGather of X (in the backward, again) starts before the dgrad GEMM, and the dgrad ReduceScatter/AllReduce runs while the wgrad GEMM does; the forward as the baseline |
 //! | ring | compute, comm, comm_rs | AllGathers overlapped block by block with the GEMMs of arrived blocks (AG+GEMM), ReduceScatters step by step with the GEMM of the next block (GEMM+RS) |
 
 use std::collections::HashMap;
 
 use super::{Layer, LinearAlgorithm, LinearProblem, Pass, Tensor};
-use crate::algorithms::ring::{copy, ring_all_gather, ring_reduce_scatter, signal, wait, OverlappedReduce, Ring};
+use crate::algorithms::ring::{
+    copy, ring_all_gather, ring_reduce_scatter, signal, wait, OverlappedReduce, Ring, SumLane, SumSlots, SummingBeside,
+};
+use crate::algorithms::RingSums;
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, PlanError, Pointwise, Region, SemId};
 use crate::problem::Window;
@@ -46,6 +49,8 @@ struct Reduction {
     ready: SemId,
     /// The AllGather semaphore completing an AllReduce.
     ar: Option<SemId>,
+    /// `{name}.{j}`, naming the reduction's other semaphores.
+    key: String,
 }
 
 struct Builder<'p> {
@@ -56,6 +61,8 @@ struct Builder<'p> {
     compute: LaneId,
     comm: LaneId,
     comm_rs: LaneId,
+    /// The lane of the whole ReduceScatters' sums, once one needs it.
+    sum: Option<LaneId>,
     /// Scratch buffers and semaphores by name: symmetric, so the first device to ask
     /// declares them and the others reuse them.
     buffers: HashMap<String, BufId>,
@@ -165,10 +172,11 @@ impl Builder<'_> {
         let slot = |r: Region, s: usize| Region { offset: r.offset + s * sb * r.stride, rows: sb, ..r };
         let recv = (0..n - 1).map(|s| slot(recv_buf, s)).collect();
         let send = (0..n - 1).map(|s| slot(send_buf, s)).collect();
-        let sem = self.semaphore(&format!("rs_{name}.{j}"));
-        let ready = self.semaphore(&format!("ready_{name}.{j}"));
-        let ar = all_reduce.then(|| self.semaphore(&format!("ar_{name}.{j}")));
-        Reduction { part, recv, send, sem, ready, ar }
+        let key = format!("{name}.{j}");
+        let sem = self.semaphore(&format!("rs_{key}"));
+        let ready = self.semaphore(&format!("ready_{key}"));
+        let ar = all_reduce.then(|| self.semaphore(&format!("ar_{key}")));
+        Reduction { part, recv, send, sem, ready, ar, key }
     }
 
     /// Where device d's reduced block lands: `out` itself (ReduceScatter) or its block d
@@ -194,17 +202,30 @@ impl Builder<'_> {
     }
 
     /// Device d's whole ReduceScatter (AllReduce) of the partial `r.part`, written by
-    /// the compute lane before, into `out`, on `comm` (released by the compute lane when
-    /// `comm` is another lane).
+    /// the compute lane before, into `out`: the copies on `comm` (released by the compute
+    /// lane when `comm` is another lane), and on large blocks the sums beside them on the
+    /// `sum` lane, as a collective library pipelines them ([`RingSums`]).
     fn reduce_whole(&mut self, d: usize, comm: LaneId, out: Region, r: &Reduction) {
         let (n, s) = (self.n, self.p.tokens);
-        if comm != self.compute {
-            self.push(d, self.compute, signal(d, r.ready));
+        let block_bytes = s / n * out.cols * DType::F32.size_bytes();
+        let sums = (n > 1 && RingSums::BySize.beside(block_bytes)).then(|| {
+            let lane = SumLane { lane: self.sum_lane(), summed: self.semaphore(&format!("summed_{}", r.key)) };
+            SummingBeside::new(lane, r.ready, self.semaphore(&format!("reduced_{}", r.key)))
+        });
+        let compute = self.compute;
+        match sums {
+            Some(sums) => sums.start(&mut self.b, d, compute),
+            None if comm != compute => self.push(d, compute, signal(d, r.ready)),
+            None => {}
+        }
+        if comm != compute {
             self.push(d, comm, wait(r.ready, 1));
         }
         let parts: Vec<Region> = (0..n).map(|i| block(r.part, i, n)).collect();
         let window = Window { row0: 0, col0: 0, rows: s / n, cols: out.cols };
         let landing = self.landing(out, r, d);
+        let slots = SumSlots { recv: &r.recv, send: &r.send };
+        let sum_lane = sums.map(|s| s.lane);
         ring_reduce_scatter(
             &mut self.b,
             &Ring::all(n, d),
@@ -212,11 +233,19 @@ impl Builder<'_> {
             r.sem,
             0,
             &parts,
-            &r.recv,
-            &r.send,
+            slots,
             &[(window, landing)],
+            sum_lane,
         );
+        if let Some(sums) = sums {
+            sums.finish(&mut self.b, d, comm);
+        }
         self.finish_all_reduce(d, comm, out, r);
+    }
+
+    /// The lane the whole ReduceScatters add up on, declared at its first use.
+    fn sum_lane(&mut self) -> LaneId {
+        *self.sum.get_or_insert_with(|| self.b.lane("sum"))
     }
 
     /// Device d's ReduceScatter (AllReduce) overlapped step by step (the GEMM+RS ring):
@@ -303,7 +332,18 @@ pub fn build_linear_plan(p: &LinearProblem, alg: LinearAlgorithm) -> Result<Plan
         }
         LinearAlgorithm::Ring => (b.lane("compute"), b.lane("comm"), b.lane("comm_rs")),
     };
-    let mut lb = Builder { p, alg, b, n, compute, comm, comm_rs, buffers: HashMap::new(), semaphores: HashMap::new() };
+    let mut lb = Builder {
+        p,
+        alg,
+        b,
+        n,
+        compute,
+        comm,
+        comm_rs,
+        sum: None,
+        buffers: HashMap::new(),
+        semaphores: HashMap::new(),
+    };
     let mb = p.microbatches;
     let w1 = lb.input(Tensor::W1);
     let w2 = (p.layer == Layer::Mlp).then(|| lb.input(Tensor::W2));

@@ -87,3 +87,34 @@ fn megatron_overlaps_the_dgrad_reduce_scatter_with_the_wgrad_gemm() {
     let comm = &plan.programs[0].lanes[1];
     assert!(comm.iter().any(|op| matches!(op, Op::Reduce { .. })), "the ReduceScatter runs on the comm lane");
 }
+
+/// From [`crate::algorithms::SUMS_BESIDE_FROM_BYTES`] blocks up (2 MiB of f32 here) the
+/// whole ReduceScatters of the baseline and Megatron plans add up on the `sum` lane,
+/// beside their copies; below it (every problem of [`problems`]) there is no such lane.
+#[test]
+fn whole_reductions_sum_beside_their_copies_on_large_blocks() {
+    let sums = |plan: &crate::plan::Plan| {
+        let lane = plan.lanes.iter().position(|l| l == "sum")?;
+        Some(
+            plan.programs
+                .iter()
+                .map(|p| p.lanes[lane].iter().filter(|op| matches!(op, Op::Reduce { .. })).count())
+                .min(),
+        )
+    };
+    for p in problems() {
+        for alg in [LinearAlgorithm::Baseline, LinearAlgorithm::Megatron] {
+            assert_eq!(sums(&build_linear_plan(&p, alg).unwrap()), None, "{} {alg}", p.describe());
+        }
+    }
+    for sp in [true, false] {
+        let p = LinearProblem::new(Layer::Column, Pass::Backward, sp, 4, 1, 2048, 1024, 8, DType::F32).unwrap();
+        for alg in [LinearAlgorithm::Baseline, LinearAlgorithm::Megatron] {
+            let plan = build_linear_plan(&p, alg).unwrap();
+            // Two hops of running sums and the final sum, each in two pieces.
+            assert_eq!(sums(&plan), Some(Some(6)), "{}", plan.name);
+            crate::testing::assert_sound(&plan);
+            crate::testing::assert_matches_oracle(&plan, &p, 9, Family::Realistic);
+        }
+    }
+}

@@ -15,9 +15,10 @@
 
 use super::{MoeError, MoeOp, MoeProblem, RouterPart, TENSOR_H, TENSOR_W1, TENSOR_W2, TENSOR_X};
 use crate::algorithms::ring::{
-    copy, ring_all_gather, ring_reduce_scatter, slot_chunk, wait, ChunkedRing, OverlappedReduce, Ring,
+    copy, ring_all_gather, ring_reduce_scatter, slot_chunk, wait, ChunkedRing, OverlappedReduce, Ring, SumSlots,
+    SummingBeside,
 };
-use crate::algorithms::Algorithm;
+use crate::algorithms::{Algorithm, RingSums};
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, RouteTables};
 use crate::problem::Window;
@@ -212,7 +213,8 @@ fn ag_moe_ring(b: &mut PlanBuilder, p: &MoeProblem, io: &Io, c: usize) {
     }
 }
 
-/// Route, grouped GEMM over every row, combine every token, then a ring ReduceScatter.
+/// Route, grouped GEMM over every row, combine every token, then a ring ReduceScatter
+/// (its sums beside its copies on large blocks, as the 1D baseline's: [`RingSums`]).
 fn moe_rs_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
     let (n, tokens) = (p.devices, p.token_split());
     let td = tokens.max();
@@ -226,6 +228,8 @@ fn moe_rs_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
     let parts: Vec<_> = (0..n).map(|r| b.rows(partial, tokens.start(r), tokens.len(r))).collect();
     let send_slots: Vec<_> = (0..n - 1).map(|s| b.rows(send, s * td, td)).collect();
     let recv_slots: Vec<_> = (0..n - 1).map(|s| b.rows(recv_buf, s * td, td)).collect();
+    let block_bytes = td * p.hidden * DType::F32.size_bytes();
+    let sums = (n > 1 && RingSums::BySize.beside(block_bytes)).then(|| SummingBeside::declare(b));
     for d in 0..n {
         io.route(b, p, d, main);
         let (h, pr) = (b.whole(io.a), b.whole(rows));
@@ -234,7 +238,14 @@ fn moe_rs_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
         b.push(d, main, Op::Combine { rows: pr, weights: w, inv: io.tables.inv, out });
         let whole = Window { row0: 0, col0: 0, rows: tokens.len(d), cols: p.hidden };
         let c = b.rows(io.out, 0, tokens.len(d));
-        ring_reduce_scatter(b, &Ring::all(n, d), main, recv, 0, &parts, &recv_slots, &send_slots, &[(whole, c)]);
+        if let Some(sums) = sums {
+            sums.start(b, d, main);
+        }
+        let slots = SumSlots { recv: &recv_slots, send: &send_slots };
+        ring_reduce_scatter(b, &Ring::all(n, d), main, recv, 0, &parts, slots, &[(whole, c)], sums.map(|s| s.lane));
+        if let Some(sums) = sums {
+            sums.finish(b, d, main);
+        }
     }
 }
 

@@ -156,3 +156,23 @@ fn the_routed_rows_are_in_expert_token_slot_order() {
         assert_eq!(table_inv, inv, "{}", p.describe());
     }
 }
+
+/// The moe_rs baseline's ReduceScatter adds up beside its copies from
+/// [`crate::algorithms::SUMS_BESIDE_FROM_BYTES`] blocks up (512 tokens of 1024 f32
+/// columns here), and on its one lane below it (every problem of [`problems`]).
+#[test]
+fn the_moe_rs_baseline_sums_beside_its_copies_on_large_blocks() {
+    for p in problems().iter().filter(|p| p.op == MoeOp::MoeRs) {
+        let plan = build_moe_plan(p, Algorithm::Baseline).unwrap();
+        assert!(!plan.lanes.iter().any(|l| l == "sum"), "{}", plan.name);
+    }
+    let p = problem(MoeOp::MoeRs, 2, 1024, 1024, 4, 4, 2, Routing::Uniform, DType::F32);
+    let plan = build_moe_plan(&p, Algorithm::Baseline).unwrap();
+    let sum = plan.lanes.iter().position(|l| l == "sum").expect("a sum lane");
+    for program in &plan.programs {
+        assert!(program.lanes[sum].iter().any(|op| matches!(op, Op::Reduce { .. })), "{}", plan.name);
+        assert!(!program.lanes[0].iter().any(|op| matches!(op, Op::Reduce { .. })), "{}", plan.name);
+    }
+    assert_sound(&plan);
+    assert_matches_oracle(&plan, &p, 3, Family::Realistic);
+}
