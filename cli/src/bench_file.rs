@@ -121,6 +121,10 @@ struct BenchRow {
     gemm_engine: Option<String>,
     #[serde(default)]
     compute_only_us: Option<f64>,
+    /// The GEMM+RS / GEMM+AR baseline again with its sums between its copies, in the same
+    /// run (reports since the sum lane; null for the other plans).
+    #[serde(default)]
+    time_sums_in_series_us: Option<f64>,
 }
 
 impl BenchFile {
@@ -512,6 +516,41 @@ fn print_copy_columns(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
     )
 }
 
+/// The GEMM+RS / GEMM+AR baselines the report timed both ways, its sums beside its copies
+/// (as cmm builds it) and between them: the measured and the simulated ratio of the two.
+fn print_ring_sums(out: &mut dyn Write, profile: &Profile, file: &BenchFile) -> Result<()> {
+    let timed: Vec<_> = file.rows.iter().filter_map(|r| r.time_sums_in_series_us.map(|us| (&r.times, us))).collect();
+    if timed.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "the baseline's ring sums beside its copies (as cmm builds it) ÷ between them, measured and simulated:"
+    )?;
+    let as_run = SimOptions { copies: file.plain_copies(), ..SimOptions::default() };
+    for (times, in_series_us) in timed {
+        let op: OpKind = times.op.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let problem = seed000_problem(op, times.devices, file.shrink)?;
+        let simulated = |sums| -> Result<f64> {
+            let plan = cmm_core::algorithms::build_plan_with(&problem, Algorithm::Baseline, sums)?;
+            Ok(simulate(&plan, profile, &as_run)?.makespan_s)
+        };
+        let ratio = simulated(file.ring_sums()?)? / simulated(RingSums::InSeries)?;
+        writeln!(
+            out,
+            "{} D={} baseline: {:.1} ÷ {:.1} µs = {:.3} measured, {:.3} simulated",
+            times.op,
+            times.devices,
+            times.time_us,
+            in_series_us,
+            times.time_us / in_series_us,
+            ratio
+        )?;
+    }
+    Ok(())
+}
+
 /// One column of [`print_copy_columns`]: the model's range of errors against it, then its picks.
 fn print_column(
     out: &mut dyn Write,
@@ -734,6 +773,7 @@ pub fn validate_bench_to(out: &mut dyn Write, text: &str, name: &str) -> Result<
     print_rows(out, &rows)?;
     print_fastest(out, &rows)?;
     print_copy_columns(out, &rows)?;
+    print_ring_sums(out, &profile, &file)?;
     let Some(c) = &file.calibration else {
         writeln!(out)?;
         let why = if file.complete == Some(false) {
@@ -1141,6 +1181,26 @@ mod tests {
         }
         let e = validate_bench_to(&mut Vec::new(), &with(Some("sideways")).to_string(), "r.json").unwrap_err();
         assert!(format!("{e:#}").contains("`ring_sums` = \"sideways\""), "{e:#}");
+        // A report since the sum lane times the old plan beside the new one, and the
+        // validation sets the measured ratio beside the simulated one.
+        let mut v = with(Some("by_block_size"));
+        for row in v["rows"].as_array_mut().unwrap() {
+            if row["algorithm"] == "baseline" && row["op"] == "gemm_rs" {
+                row["time_sums_in_series_us"] = (row["time_us"].as_f64().unwrap() * 1.25).into();
+            }
+        }
+        let mut out = Vec::new();
+        validate_bench_to(&mut out, &v.to_string(), "r.json").unwrap();
+        let out = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("the baseline's ring sums beside")).collect();
+        assert!(lines.len() > 3, "{out}");
+        for d in [2, 4, 8] {
+            let line = lines.iter().find(|l| l.starts_with(&format!("gemm_rs D={d} baseline: "))).unwrap();
+            let simulated: f64 = line.split(", ").nth(1).unwrap().trim_end_matches(" simulated").parse().unwrap();
+            assert!(line.contains("= 0.800 measured"), "{line}");
+            // The simulator prices the sums beside the copies faster from D = 4 on.
+            assert!(if d == 2 { simulated < 1.01 } else { simulated < 0.97 }, "{line}");
+        }
     }
 
     /// Issue 32's bound on the plans that copy, on the cuBLAS plans of the three H100 and H200

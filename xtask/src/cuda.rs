@@ -13,7 +13,7 @@ use cmm_conformance::golden::fnv1a64;
 use cmm_core::oracle::spot_check;
 use cmm_core::plan::OpSite;
 use cmm_core::workload::output_tolerance;
-use cmm_core::{build_plan, Algorithm, DType, Family, Op, OpKind, Plan, Problem};
+use cmm_core::{build_plan, build_plan_with, Algorithm, DType, Family, Op, OpKind, Plan, Problem, RingSums};
 use cmm_cuda::kernels::{compile, image_file_name, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
 use cmm_cuda::{
     CopyIssue, CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, HopperTile, HopperVariant, ReadBack,
@@ -207,12 +207,17 @@ struct Row {
     /// The largest error of the spot-checked output elements, as a fraction of what the
     /// tolerance allows (≤ 1: right at this shape).
     spot_check_worst: f64,
-    /// The variants (staggered, offsets, wide tiles, 2 CTAs per SM, free SMs, SM copies, copy engines, no prio)
+    /// The variants (staggered, offsets, wide tiles, 2 CTAs per SM, free SMs, SM copies, copy engines, no prio,
+    /// the baseline's sums in series)
     /// whose run failed, each with its error; their times are null.
     variant_failures: Vec<String>,
     /// A fused plan on the Hopper engine: the share of its persistent kernels' CTA time
     /// spent in their blocks' waits, from one more plain run (null for the other plans).
     fused_wait_share: Option<f64>,
+    /// The GEMM+RS / GEMM+AR baseline again with its ring sums between its copies
+    /// (`RingSums::InSeries`, the plan before the sum lane), in the same run: what adding
+    /// them up beside the copies saved (null for the other plans).
+    time_sums_in_series_us: Option<f64>,
     /// The GEMM shapes `gemm_sum_us` sums, one per GEMM op.
     #[serde(skip)]
     gemm_specs: Vec<GemmSpec>,
@@ -1010,6 +1015,25 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 } else {
                     None
                 };
+                // The baseline as it was before its sums went beside its copies, side by
+                // side with today's (the simulator's `ring_sums` replay of older reports).
+                let sums_in_series = if algorithm == Algorithm::Baseline && op != OpKind::AgGemm {
+                    let series = build_plan_with(&problem, algorithm, RingSums::InSeries)?;
+                    match time_plan(&backend, &series, &run_options, reps, false) {
+                        Ok((us, _)) => {
+                            println!("sums: {} D={d} baseline, its sums between its copies: {us:.1} µs", op.name());
+                            Some(us)
+                        }
+                        Err(e) => {
+                            let line = format!("variant failed: {} with its sums in series: {e:#}", plan.name);
+                            println!("{line}");
+                            failed.push(line);
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
                 failed.extend(without_failed);
                 let specs = gemm_specs(&plan);
                 let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;
@@ -1080,6 +1104,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     spot_check_worst: worst,
                     variant_failures: failed,
                     fused_wait_share,
+                    time_sums_in_series_us: sums_in_series,
                     gemm_specs: specs,
                     copies: plan
                         .ops()
@@ -1317,6 +1342,7 @@ mod tests {
             spot_check_worst: 0.0,
             variant_failures: Vec::new(),
             fused_wait_share: None,
+            time_sums_in_series_us: None,
             gemm_specs,
             copies: algorithm != "ring_push",
         }
