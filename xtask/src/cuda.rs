@@ -190,6 +190,20 @@ impl BenchSettings {
     }
 }
 
+/// A variant's result, or `None` and a `variant failed: {what}: …` line, printed and kept
+/// in `failed` (the row's `variant_failures`), so one failed run costs only its column.
+fn or_failed<T, E: std::fmt::Display>(result: Result<T, E>, what: String, failed: &mut Vec<String>) -> Option<T> {
+    match result {
+        Ok(t) => Some(t),
+        Err(e) => {
+            let line = format!("variant failed: {what}: {e:#}");
+            println!("{line}");
+            failed.push(line);
+            None
+        }
+    }
+}
+
 /// One timed plan.
 #[derive(Debug, Serialize)]
 struct Row {
@@ -549,13 +563,7 @@ fn variants(
         } else {
             time_plan(backend, plan, &changed, reps, fused).map(|(us, _)| us).map_err(|e| format!("{e:#}"))
         };
-        timed
-            .map_err(|why| {
-                let line = format!("variant failed: {} {what}: {why}", plan.name);
-                println!("{line}");
-                failed.push(line);
-            })
-            .ok()
+        or_failed(timed, format!("{} {what}", plan.name), &mut failed)
     };
     // The diagnostics of a fused plan's excess over its twin (other kernels, more SMs
     // free, SM copies) are for plans with copies beside their persistent kernels; one
@@ -950,18 +958,11 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     }
                 };
                 // Side by side, in the same run: the plan without the priority.
-                let mut without_failed = None;
+                let mut without_failed = Vec::new();
                 let without = if compare_priority && algorithm != Algorithm::BaselineDirect {
                     let options = CudaRunOptions { comm_priority: false, ..run_options };
-                    match time_plan(&backend, &plan, &options, reps, fused) {
-                        Ok((us, _)) => Some(us),
-                        Err(e) => {
-                            let line = format!("variant failed: {} without priority: {e:#}", plan.name);
-                            println!("{line}");
-                            without_failed = Some(line);
-                            None
-                        }
-                    }
+                    let timed = time_plan(&backend, &plan, &options, reps, fused).map(|(us, _)| us);
+                    or_failed(timed, format!("{} without priority", plan.name), &mut without_failed)
                 } else {
                     None
                 };
@@ -989,29 +990,16 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 // Every plan beside its compute-only twin: the same GEMMs (and reduces) on
                 // the same engines, nothing to copy or wait for, in this run. Its floor on
                 // one GPU, where the devices' GEMMs share the chip.
-                let compute_only = {
-                    let twin = cmm_core::emulate::compute_only(&plan);
-                    match time_plan(&backend, &twin, &run_options, reps, fused) {
-                        Ok((us, _)) => Some(us),
-                        Err(e) => {
-                            let line = format!("variant failed: {} compute only: {e:#}", plan.name);
-                            println!("{line}");
-                            failed.push(line);
-                            None
-                        }
-                    }
-                };
+                let twin = cmm_core::emulate::compute_only(&plan);
+                let compute_only = or_failed(
+                    time_plan(&backend, &twin, &run_options, reps, fused).map(|(us, _)| us),
+                    format!("{} compute only", plan.name),
+                    &mut failed,
+                );
                 // Where a fused plan's time goes: its CTAs' time in their blocks' waits.
                 let fused_wait_share = if fused {
-                    match backend.run(&plan, 1, Family::Realistic, &run_options) {
-                        Ok(out) => wait_share(&out),
-                        Err(e) => {
-                            let line = format!("variant failed: {} waits counted: {e}", plan.name);
-                            println!("{line}");
-                            failed.push(line);
-                            None
-                        }
-                    }
+                    let run = backend.run(&plan, 1, Family::Realistic, &run_options);
+                    or_failed(run, format!("{} waits counted", plan.name), &mut failed).and_then(|out| wait_share(&out))
                 } else {
                     None
                 };
@@ -1019,18 +1007,12 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 // side with today's (the simulator's `ring_sums` replay of older reports).
                 let sums_in_series = if algorithm == Algorithm::Baseline && op != OpKind::AgGemm {
                     let series = build_plan_with(&problem, algorithm, RingSums::InSeries)?;
-                    match time_plan(&backend, &series, &run_options, reps, false) {
-                        Ok((us, _)) => {
-                            println!("sums: {} D={d} baseline, its sums between its copies: {us:.1} µs", op.name());
-                            Some(us)
-                        }
-                        Err(e) => {
-                            let line = format!("variant failed: {} with its sums in series: {e:#}", plan.name);
-                            println!("{line}");
-                            failed.push(line);
-                            None
-                        }
+                    let timed = time_plan(&backend, &series, &run_options, reps, false).map(|(us, _)| us);
+                    let us = or_failed(timed, format!("{} with its sums in series", plan.name), &mut failed);
+                    if let Some(us) = us {
+                        println!("sums: {} D={d} baseline, its sums between its copies: {us:.1} µs", op.name());
                     }
+                    us
                 } else {
                     None
                 };
