@@ -235,14 +235,16 @@ pub enum RingSums {
 pub const SUMS_BESIDE_FROM_BYTES: usize = 2 << 20;
 
 impl RingSums {
-    /// Whether a ReduceScatter of `block_bytes` blocks (a device's share of the partial,
-    /// in the dtype that travels) sums beside its copies.
-    pub fn beside(self, block_bytes: usize) -> bool {
-        match self {
-            RingSums::InSeries => false,
-            RingSums::Beside => true,
-            RingSums::BySize => block_bytes >= SUMS_BESIDE_FROM_BYTES,
-        }
+    /// Whether a ReduceScatter over `devices` of `block_bytes` blocks (a device's share
+    /// of the partial, in the dtype that travels) sums beside its copies. A ring of one
+    /// passes nothing: its one sum is a conversion, in series.
+    pub fn beside(self, devices: usize, block_bytes: usize) -> bool {
+        devices > 1
+            && match self {
+                RingSums::InSeries => false,
+                RingSums::Beside => true,
+                RingSums::BySize => block_bytes >= SUMS_BESIDE_FROM_BYTES,
+            }
     }
 }
 

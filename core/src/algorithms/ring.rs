@@ -317,28 +317,41 @@ pub(crate) fn ring_gather_stepwise(
 /// dtype). One piece covering the whole block is the common case.
 pub(crate) type FinalPieces = [(Window, Region)];
 
-/// One member's part of a non-overlapped ring ReduceScatter (BRIEF §4): `parts[r]` is
-/// this member's partial of member r's block. At step s it adds block (pos+s+1)%n of its
-/// partial to the running sum received from its right neighbour (none at s = 0) and
-/// sends the sum left into `recv[s]` there, signalling `sem`; at s = n−1 the block is
-/// its own and the sum lands in `out`. Received sums are awaited at `base + s`. `send[s]`
+/// One member's part of a non-overlapped ring ReduceScatter (BRIEF §4) of a partial
+/// that lane `made_on` writes before: `parts[r]` is this member's partial of member r's
+/// block. At step s it adds block (pos+s+1)%n of its partial to the running sum received
+/// from its right neighbour (none at s = 0) and sends the sum left into `recv[s]` there,
+/// signalling `sem`; at s = n−1 the block is its own and the sum lands in `out`. `send[s]`
 /// (1 ≤ s < n−1) holds the sums in flight; no slot is reused, so no back-pressure. Slots
 /// may be larger than a block (uneven shards): each use takes the block's shape from
-/// the slot's first element. With a [`SumLane`] the sums run there, beside the copies,
-/// as a collective library pipelines them; the last one, into `out`, is on that lane too.
+/// the slot's first element. The copies run on `comm`, which the caller orders after
+/// `made_on` where they differ. Without `sums` the sums run between the copies on
+/// `comm`; with a [`SummingBeside`] they run on its lane, beside the copies, as a
+/// collective library pipelines them, started by `made_on` and ending the collective
+/// on `comm` with the last one (into `out`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn ring_reduce_scatter(
     b: &mut PlanBuilder,
     ring: &Ring,
-    lane: LaneId,
+    made_on: LaneId,
+    comm: LaneId,
     sem: SemId,
-    base: u32,
     parts: &[Region],
     slots: SumSlots,
     out: &FinalPieces,
-    sums: Option<SumLane>,
+    sums: Option<SummingBeside>,
 ) {
-    reduce_one_way(b, ring, lane, sem, base, parts, slots, out, Way::Left, &whole_window, sums);
+    let me = ring.me();
+    if let Some(sums) = sums {
+        b.push(me, made_on, signal(me, sums.ready));
+        b.push(me, sums.lane.lane, wait(sums.ready, 1));
+    }
+    let sum_lane = sums.map(|s| s.lane);
+    reduce_one_way(b, ring, comm, sem, 0, parts, slots, out, Way::Left, &whole_window, sum_lane);
+    if let Some(sums) = sums {
+        b.push(me, sums.lane.lane, signal(me, sums.reduced));
+        b.push(me, comm, wait(sums.reduced, 1));
+    }
 }
 
 /// All of a region, as a window of it.
@@ -365,13 +378,13 @@ pub(crate) struct SumLane {
     pub summed: SemId,
 }
 
-/// A [`SumLane`] for a whole ring ReduceScatter, with the semaphores that start the
-/// sums once `main` (the lane making the partial) has it (`ready`) and end the
-/// collective on the lane that copies with its last sum (`reduced`), as a collective
-/// call returns on its stream.
+/// A [`SumLane`] for a whole [`ring_reduce_scatter`], with the semaphores that start the
+/// sums once the lane making the partial has it (`ready`) and end the collective on the
+/// lane that copies with its last sum (`reduced`), as a collective call returns on its
+/// stream.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SummingBeside {
-    pub lane: SumLane,
+    lane: SumLane,
     ready: SemId,
     reduced: SemId,
 }
@@ -386,18 +399,6 @@ impl SummingBeside {
     /// One of several a plan has, on lanes and semaphores declared by the caller.
     pub(crate) fn new(lane: SumLane, ready: SemId, reduced: SemId) -> SummingBeside {
         SummingBeside { lane, ready, reduced }
-    }
-
-    /// Device d's sums start once `main` gets here, the partial made.
-    pub(crate) fn start(&self, b: &mut PlanBuilder, d: usize, main: LaneId) {
-        b.push(d, main, signal(d, self.ready));
-        b.push(d, self.lane.lane, wait(self.ready, 1));
-    }
-
-    /// The copy lane `comm` goes on once device d's last sum, into its block, is done.
-    pub(crate) fn finish(&self, b: &mut PlanBuilder, d: usize, comm: LaneId) {
-        b.push(d, self.lane.lane, signal(d, self.reduced));
-        b.push(d, comm, wait(self.reduced, 1));
     }
 }
 
@@ -1304,23 +1305,14 @@ pub(super) fn gemm_reduce_baseline(p: &Problem, sums: RingSums) -> Result<Plan, 
     let recv_slots: Vec<Region> = (0..n - 1).map(|s| b.rows(recv_buf, s * mb, mb)).collect();
     let slots = SumSlots { recv: &recv_slots, send: &send_slots };
     let blocks = c_blocks(&b, c, rows);
-    // A ring of one has nothing to pass: its sum is the conversion on `main`.
-    let block_bytes = mb * p.n * p.wire.size_bytes();
-    let sums = (n > 1 && sums.beside(block_bytes)).then(|| SummingBeside::declare(&mut b));
+    let sums = sums.beside(n, mb * p.n * p.wire.size_bytes()).then(|| SummingBeside::declare(&mut b));
     for d in 0..n {
         let (wa, wb, wp) = (b.whole(a), b.whole(bm), b.whole(partial));
         b.push(d, main, Op::gemm(wa, wb, wp));
         let final_out = if all_reduce { blocks[d] } else { b.rows(c, 0, rows.len(d)) };
         let whole_block = Window { row0: 0, col0: 0, rows: rows.len(d), cols: p.n };
         let ring = Ring::all(n, d);
-        if let Some(sums) = sums {
-            sums.start(&mut b, d, main);
-        }
-        let sum_lane = sums.map(|s| s.lane);
-        ring_reduce_scatter(&mut b, &ring, main, recv, 0, &parts, slots, &[(whole_block, final_out)], sum_lane);
-        if let Some(sums) = sums {
-            sums.finish(&mut b, d, main);
-        }
+        ring_reduce_scatter(&mut b, &ring, main, main, recv, &parts, slots, &[(whole_block, final_out)], sums);
         if all_reduce && n > 1 {
             ring_all_gather(&mut b, &ring, main, ag, 0, blocks[d], &blocks);
             b.push(d, main, wait(ag, (n - 1) as u32));

@@ -207,39 +207,24 @@ impl Builder<'_> {
     /// `sum` lane, as a collective library pipelines them ([`RingSums`]).
     fn reduce_whole(&mut self, d: usize, comm: LaneId, out: Region, r: &Reduction) {
         let (n, s) = (self.n, self.p.tokens);
-        let block_bytes = s / n * out.cols * DType::F32.size_bytes();
-        let sums = (n > 1 && RingSums::BySize.beside(block_bytes)).then(|| {
+        let sums = RingSums::BySize.beside(n, s / n * out.cols * DType::F32.size_bytes()).then(|| {
             let lane = SumLane { lane: self.sum_lane(), summed: self.semaphore(&format!("summed_{}", r.key)) };
             SummingBeside::new(lane, r.ready, self.semaphore(&format!("reduced_{}", r.key)))
         });
         let compute = self.compute;
-        match sums {
-            Some(sums) => sums.start(&mut self.b, d, compute),
-            None if comm != compute => self.push(d, compute, signal(d, r.ready)),
-            None => {}
-        }
         if comm != compute {
+            // With sums beside, the ReduceScatter signals `ready` itself.
+            if sums.is_none() {
+                self.push(d, compute, signal(d, r.ready));
+            }
             self.push(d, comm, wait(r.ready, 1));
         }
         let parts: Vec<Region> = (0..n).map(|i| block(r.part, i, n)).collect();
         let window = Window { row0: 0, col0: 0, rows: s / n, cols: out.cols };
         let landing = self.landing(out, r, d);
         let slots = SumSlots { recv: &r.recv, send: &r.send };
-        let sum_lane = sums.map(|s| s.lane);
-        ring_reduce_scatter(
-            &mut self.b,
-            &Ring::all(n, d),
-            comm,
-            r.sem,
-            0,
-            &parts,
-            slots,
-            &[(window, landing)],
-            sum_lane,
-        );
-        if let Some(sums) = sums {
-            sums.finish(&mut self.b, d, comm);
-        }
+        let ring = Ring::all(n, d);
+        ring_reduce_scatter(&mut self.b, &ring, compute, comm, r.sem, &parts, slots, &[(window, landing)], sums);
         self.finish_all_reduce(d, comm, out, r);
     }
 

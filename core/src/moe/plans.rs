@@ -228,8 +228,8 @@ fn moe_rs_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
     let parts: Vec<_> = (0..n).map(|r| b.rows(partial, tokens.start(r), tokens.len(r))).collect();
     let send_slots: Vec<_> = (0..n - 1).map(|s| b.rows(send, s * td, td)).collect();
     let recv_slots: Vec<_> = (0..n - 1).map(|s| b.rows(recv_buf, s * td, td)).collect();
-    let block_bytes = td * p.hidden * DType::F32.size_bytes();
-    let sums = (n > 1 && RingSums::BySize.beside(block_bytes)).then(|| SummingBeside::declare(b));
+    let sums = RingSums::BySize.beside(n, td * p.hidden * DType::F32.size_bytes()).then(|| SummingBeside::declare(b));
+    let slots = SumSlots { recv: &recv_slots, send: &send_slots };
     for d in 0..n {
         io.route(b, p, d, main);
         let (h, pr) = (b.whole(io.a), b.whole(rows));
@@ -238,14 +238,7 @@ fn moe_rs_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
         b.push(d, main, Op::Combine { rows: pr, weights: w, inv: io.tables.inv, out });
         let whole = Window { row0: 0, col0: 0, rows: tokens.len(d), cols: p.hidden };
         let c = b.rows(io.out, 0, tokens.len(d));
-        if let Some(sums) = sums {
-            sums.start(b, d, main);
-        }
-        let slots = SumSlots { recv: &recv_slots, send: &send_slots };
-        ring_reduce_scatter(b, &Ring::all(n, d), main, recv, 0, &parts, slots, &[(whole, c)], sums.map(|s| s.lane));
-        if let Some(sums) = sums {
-            sums.finish(b, d, main);
-        }
+        ring_reduce_scatter(b, &Ring::all(n, d), main, main, recv, &parts, slots, &[(whole, c)], sums);
     }
 }
 
