@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use cmm_core::algorithms::{build_plan, Algorithm, RingSums};
+use cmm_core::algorithms::{build_plan, build_plan_with, Algorithm, RingSums};
 use cmm_core::emulate::sm_copies;
 use cmm_core::engines::CopyIssue;
 use cmm_core::plan::OpSite;
@@ -73,11 +73,10 @@ fn one() -> usize {
 impl BenchFile {
     /// The baseline's ring sums as the report timed them.
     fn ring_sums(&self) -> Result<RingSums> {
-        match self.ring_sums.as_deref() {
-            None | Some("in_series") => Ok(RingSums::InSeries),
-            Some("beside") => Ok(RingSums::Beside),
-            Some("by_block_size") => Ok(RingSums::BySize),
-            Some(other) => bail!("`ring_sums` = {other:?}: expected \"by_block_size\", \"beside\" or \"in_series\""),
+        let Some(key) = self.ring_sums.as_deref() else { return Ok(RingSums::InSeries) };
+        match RingSums::from_key(key) {
+            Some(sums) => Ok(sums),
+            None => bail!("`ring_sums` = {key:?}: expected \"by_block_size\", \"beside\" or \"in_series\""),
         }
     }
 
@@ -533,7 +532,7 @@ fn print_ring_sums(out: &mut dyn Write, profile: &Profile, file: &BenchFile) -> 
         let op: OpKind = times.op.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
         let problem = seed000_problem(op, times.devices, file.shrink)?;
         let simulated = |sums| -> Result<f64> {
-            let plan = cmm_core::algorithms::build_plan_with(&problem, Algorithm::Baseline, sums)?;
+            let plan = build_plan_with(&problem, Algorithm::Baseline, sums)?;
             Ok(simulate(&plan, profile, &as_run)?.makespan_s)
         };
         let ratio = simulated(file.ring_sums()?)? / simulated(RingSums::InSeries)?;

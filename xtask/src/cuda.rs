@@ -867,7 +867,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         comm_priority,
         hardware_queues: cmm_cuda::lower::hardware_queues()?,
         copies: options.copies.on_driver(backend.batch_copies().is_ok()).key(),
-        ring_sums: "by_block_size",
+        ring_sums: RingSums::BySize.key(),
         local_gemm: local_name,
         local_cublas_us,
         local_tile_us,

@@ -235,6 +235,20 @@ pub enum RingSums {
 pub const SUMS_BESIDE_FROM_BYTES: usize = 2 << 20;
 
 impl RingSums {
+    /// The name a bench report gives it (`ring_sums`).
+    pub fn key(self) -> &'static str {
+        match self {
+            RingSums::InSeries => "in_series",
+            RingSums::Beside => "beside",
+            RingSums::BySize => "by_block_size",
+        }
+    }
+
+    /// The form a report's `ring_sums` names, if any.
+    pub fn from_key(key: &str) -> Option<RingSums> {
+        [RingSums::InSeries, RingSums::Beside, RingSums::BySize].into_iter().find(|s| s.key() == key)
+    }
+
     /// Whether a ReduceScatter over `devices` of `block_bytes` blocks (a device's share
     /// of the partial, in the dtype that travels) sums beside its copies. A ring of one
     /// passes nothing: its one sum is a conversion, in series.
