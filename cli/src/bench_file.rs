@@ -120,8 +120,8 @@ struct BenchRow {
     gemm_engine: Option<String>,
     #[serde(default)]
     compute_only_us: Option<f64>,
-    /// The GEMM+RS / GEMM+AR baseline again with its sums between its copies, in the same
-    /// run (reports since the sum lane; null for the other plans).
+    /// A GEMM+RS / GEMM+AR baseline again with its sums in series, in the same run
+    /// (reports since the sum lane; null for the other plans).
     #[serde(default)]
     time_sums_in_series_us: Option<f64>,
 }
@@ -515,32 +515,32 @@ fn print_copy_columns(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
     )
 }
 
-/// The GEMM+RS / GEMM+AR baselines the report timed both ways, its sums beside its copies
-/// (as cmm builds it) and between them: the measured and the simulated ratio of the two.
+/// The GEMM+RS / GEMM+AR baselines the report timed both ways, their sums beside their
+/// copies (as cmm builds them) and in series: the measured and the simulated ratio of the
+/// two.
 fn print_ring_sums(out: &mut dyn Write, profile: &Profile, file: &BenchFile) -> Result<()> {
     let timed: Vec<_> = file.rows.iter().filter_map(|r| r.time_sums_in_series_us.map(|us| (&r.times, us))).collect();
     if timed.is_empty() {
         return Ok(());
     }
     writeln!(out)?;
-    writeln!(
-        out,
-        "the baseline's ring sums beside its copies (as cmm builds it) ÷ between them, measured and simulated:"
-    )?;
+    writeln!(out, "the baselines' sums beside their copies (as cmm builds them) ÷ in series, measured and simulated:")?;
     let as_run = SimOptions { copies: file.plain_copies(), ..SimOptions::default() };
     for (times, in_series_us) in timed {
         let op: OpKind = times.op.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let algorithm = Algorithm::parse(&times.algorithm, None).map_err(|e| anyhow::anyhow!("{e}"))?;
         let problem = seed000_problem(op, times.devices, file.shrink)?;
         let simulated = |sums| -> Result<f64> {
-            let plan = build_plan_with(&problem, Algorithm::Baseline, sums)?;
+            let plan = build_plan_with(&problem, algorithm, sums)?;
             Ok(simulate(&plan, profile, &as_run)?.makespan_s)
         };
         let ratio = simulated(file.ring_sums()?)? / simulated(RingSums::InSeries)?;
         writeln!(
             out,
-            "{} D={} baseline: {:.1} ÷ {:.1} µs = {:.3} measured, {:.3} simulated",
+            "{} D={} {}: {:.1} ÷ {:.1} µs = {:.3} measured, {:.3} simulated",
             times.op,
             times.devices,
+            times.algorithm,
             times.time_us,
             in_series_us,
             times.time_us / in_series_us,
@@ -1182,19 +1182,21 @@ mod tests {
         assert!(format!("{e:#}").contains("`ring_sums` = \"sideways\""), "{e:#}");
         // A report since the sum lane times the old plan beside the new one, and the
         // validation sets the measured ratio beside the simulated one.
+        // The bench times the direct baseline in series only where its plan differs (D = 8).
         let mut v = with(Some("by_block_size"));
         for row in v["rows"].as_array_mut().unwrap() {
-            if row["algorithm"] == "baseline" && row["op"] == "gemm_rs" {
+            let direct_in_series = row["algorithm"] == "baseline_direct" && row["devices"] == 8;
+            if row["op"] == "gemm_rs" && (row["algorithm"] == "baseline" || direct_in_series) {
                 row["time_sums_in_series_us"] = (row["time_us"].as_f64().unwrap() * 1.25).into();
             }
         }
         let mut out = Vec::new();
         validate_bench_to(&mut out, &v.to_string(), "r.json").unwrap();
         let out = String::from_utf8(out).unwrap();
-        let lines: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("the baseline's ring sums beside")).collect();
-        assert!(lines.len() > 3, "{out}");
-        for d in [2, 4, 8] {
-            let line = lines.iter().find(|l| l.starts_with(&format!("gemm_rs D={d} baseline: "))).unwrap();
+        let lines: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("the baselines' sums beside")).collect();
+        assert!(lines.len() > 4, "{out}");
+        for (algorithm, d) in [("baseline", 2), ("baseline", 4), ("baseline", 8), ("baseline_direct", 8)] {
+            let line = lines.iter().find(|l| l.starts_with(&format!("gemm_rs D={d} {algorithm}: "))).unwrap();
             let simulated: f64 = line.split(", ").nth(1).unwrap().trim_end_matches(" simulated").parse().unwrap();
             assert!(line.contains("= 0.800 measured"), "{line}");
             // The simulator prices the sums beside the copies faster from D = 4 on.

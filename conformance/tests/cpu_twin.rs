@@ -14,6 +14,11 @@ fn corpus_passes() {
 }
 
 #[test]
+fn baselines_pass_with_their_sums_beside() {
+    common::baselines_pass_with_their_sums_beside(&CpuTwin);
+}
+
+#[test]
 fn ring_plan_passes() {
     common::ring_plan_passes(&CpuTwin);
 }

@@ -79,6 +79,11 @@ fn corpus_passes_with_stream_memory_ops() {
 }
 
 #[test]
+fn baselines_pass_with_their_sums_beside() {
+    common::baselines_pass_with_their_sums_beside(&host(SyncMode::Kernels));
+}
+
+#[test]
 fn ring_plan_passes() {
     common::ring_plan_passes(&host(SyncMode::Kernels));
 }

@@ -26,6 +26,13 @@ fn corpus_passes() {
 }
 
 #[test]
+fn baselines_pass_with_their_sums_beside() {
+    if let Some(r) = reference() {
+        common::baselines_pass_with_their_sums_beside(&r);
+    }
+}
+
+#[test]
 fn ring_plan_passes() {
     if let Some(r) = reference() {
         common::ring_plan_passes(&r);

@@ -2,7 +2,7 @@
 //! on 256 TPU v4). The profiles are never fitted to these numbers; the gaps are explained in
 //! `docs/simulator.md`.
 
-use super::analytic::{ring_1d, MeshFamily, MeshShape};
+use super::analytic::{ring_1d, ring_1d_with, MeshFamily, MeshShape};
 use super::engine::{simulate, SimError, SimOptions};
 use super::profile::Profile;
 use super::tune::{best_per_algorithm, replay_llm, tune_llm, LlmConfig, MeshConfig, TuneError};
@@ -186,8 +186,9 @@ pub struct BenchTime {
     /// How the plain, staggered and offset runs issued their copies: the driver's way in
     /// every bench before cmm asked for the copy engines by default.
     pub copies: CopyIssue,
-    /// Where the GEMM+RS / GEMM+AR baseline the bench timed added its sums up: in series
-    /// on its copy lane in every bench before the sum lane (`BySize`: as cmm builds it).
+    /// Where the GEMM+RS / GEMM+AR baselines the bench timed added their sums up: in
+    /// series on their copy lane in every bench before the sum lane (`BySize`: as cmm
+    /// builds them).
     /// The row replays that plan.
     pub ring_sums: RingSums,
 }
@@ -286,7 +287,9 @@ pub fn one_gpu_rows(
             time: TimeRow {
                 case: format!("{op} D={d} {algorithm}"),
                 simulated_us: together.makespan_s * 1e6,
-                analytic_us: ring_1d(&p, algorithm, &super::analytic::copied_by(profile, t.copies)).total_s * 1e6,
+                analytic_us: ring_1d_with(&p, algorithm, t.ring_sums, &super::analytic::copied_by(profile, t.copies))
+                    .total_s
+                    * 1e6,
                 published_us: t.plain_us,
             },
             compute_floor_us: together.compute_floor_s * 1e6,
@@ -793,7 +796,8 @@ mod tests {
             // slow each other in the simulator alone: it differs most). With the copy
             // engines' copies they follow the simulator within 6 %; with the driver's they
             // leave out its contention beside compute, so they are never slower than it.
-            let closed = ring_1d(&seed000_problem(row.op, row.devices, 1).unwrap(), row.algorithm, &profile);
+            let p = seed000_problem(row.op, row.devices, 1).unwrap();
+            let closed = ring_1d_with(&p, row.algorithm, RingSums::InSeries, &profile);
             let closed_us = closed.total_s * 1e6;
             assert!((closed_us - row.copy_engines_us).abs() < 0.06 * row.copy_engines_us, "{row:?}");
             assert!(t.analytic_us < t.simulated_us * 1.06, "{t:?}");

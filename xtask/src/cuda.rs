@@ -228,9 +228,10 @@ struct Row {
     /// A fused plan on the Hopper engine: the share of its persistent kernels' CTA time
     /// spent in their blocks' waits, from one more plain run (null for the other plans).
     fused_wait_share: Option<f64>,
-    /// The GEMM+RS / GEMM+AR baseline again with its ring sums between its copies
-    /// (`RingSums::InSeries`, the plan before the sum lane), in the same run: what adding
-    /// them up beside the copies saved (null for the other plans).
+    /// A GEMM+RS / GEMM+AR baseline again with its sums in series (`RingSums::InSeries`,
+    /// the plan before the sum lane: the ring's between its copies, the direct one's
+    /// after its last block), in the same run: what adding them up beside the copies
+    /// saved (null for the other plans, and where the two plans are one).
     time_sums_in_series_us: Option<f64>,
     /// The GEMM shapes `gemm_sum_us` sums, one per GEMM op.
     #[serde(skip)]
@@ -456,7 +457,7 @@ struct Report {
     /// How the plain runs issued copy-engine copies (`CopyIssue::key` of what the
     /// default came to on this driver: `auto` or `driver`).
     copies: &'static str,
-    /// Where the GEMM+RS / GEMM+AR baseline's ring ReduceScatter adds its sums up: as
+    /// Where the GEMM+RS / GEMM+AR baselines' ReduceScatters add their sums up: as
     /// `cmm_core::algorithms::RingSums::BySize` says (reports without the key timed them
     /// in series).
     ring_sums: &'static str,
@@ -1003,19 +1004,22 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 } else {
                     None
                 };
-                // The baseline as it was before its sums went beside its copies, side by
+                // A baseline as it was before its sums went beside its copies, side by
                 // side with today's (the simulator's `ring_sums` replay of older reports).
-                let sums_in_series = if algorithm == Algorithm::Baseline && op != OpKind::AgGemm {
-                    let series = build_plan_with(&problem, algorithm, RingSums::InSeries)?;
-                    let timed = time_plan(&backend, &series, &run_options, reps, false).map(|(us, _)| us);
-                    let us = or_failed(timed, format!("{} with its sums in series", plan.name), &mut failed);
-                    if let Some(us) = us {
-                        println!("sums: {} D={d} baseline, its sums between its copies: {us:.1} µs", op.name());
-                    }
-                    us
+                let baseline = matches!(algorithm, Algorithm::Baseline | Algorithm::BaselineDirect);
+                let series = if baseline && op != OpKind::AgGemm {
+                    Some(build_plan_with(&problem, algorithm, RingSums::InSeries)?).filter(|series| *series != plan)
                 } else {
                     None
                 };
+                let sums_in_series = series.and_then(|series| {
+                    let timed = time_plan(&backend, &series, &run_options, reps, false).map(|(us, _)| us);
+                    let us = or_failed(timed, format!("{} with its sums in series", plan.name), &mut failed);
+                    if let Some(us) = us {
+                        println!("sums: {} D={d} {algorithm}, its sums in series: {us:.1} µs", op.name());
+                    }
+                    us
+                });
                 failed.extend(without_failed);
                 let specs = gemm_specs(&plan);
                 let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;

@@ -6,7 +6,7 @@
 //! switch, and what the CUDA bench compares the overlapped plans with.
 
 use super::ring::{ag_gemm_gathered, copy, signal, wait};
-use super::{start_plan, Algorithm, AlgorithmError};
+use super::{start_plan, Algorithm, AlgorithmError, RingSums};
 use crate::dtype::DType;
 use crate::plan::{BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemId};
 use crate::problem::{OpKind, Problem};
@@ -33,6 +33,17 @@ pub fn direct_peer(d: usize, step: usize, devices: usize) -> usize {
     (d / block + step / block) % blocks * block + ((d % block) ^ (step % block))
 }
 
+/// The device that sends to `r` at `step` of a direct plan: the inverse of
+/// [`direct_peer`] at that step (each step is a permutation of the devices).
+pub fn direct_sender(r: usize, step: usize, devices: usize) -> usize {
+    if devices < 2 {
+        return r;
+    }
+    let block = 1 << devices.trailing_zeros();
+    let blocks = devices / block;
+    (r / block + blocks - step / block % blocks) % blocks * block + ((r % block) ^ (step % block))
+}
+
 /// The peers of `d` in the order it sends to them ([`direct_peer`]).
 fn peers(d: usize, n: usize) -> impl Iterator<Item = usize> {
     (1..n).map(move |step| direct_peer(d, step, n))
@@ -56,10 +67,18 @@ pub(super) fn ag_gemm(p: &Problem) -> Result<Plan, AlgorithmError> {
 }
 
 /// GEMM+RS (and GEMM+AR): the whole partial product, block r of it copied to device r,
-/// one wait, then one sum per device over the D partials in device order (chained
-/// through an f32 accumulator beyond [`REDUCE_FAN_IN`] inputs); for AR, the reduced
-/// block is then copied to every peer.
-pub(super) fn gemm_reduce(p: &Problem) -> Result<Plan, AlgorithmError> {
+/// then the D partials of each block added up as a chain of `Reduce`s of at most
+/// [`REDUCE_FAN_IN`] inputs (through an f32 accumulator); for AR, the reduced block is
+/// then copied to every peer.
+///
+/// Where the chain has more than one `Reduce` (D > [`REDUCE_FAN_IN`]) and `sums` says so
+/// ([`RingSums::beside`]), each device adds the blocks up on a `sum` lane as they arrive,
+/// in the order of the steps that send them (its own first), each `Reduce` once its
+/// blocks are in: its sums overlap the copies still coming, as a library's direct
+/// ReduceScatter adds what it receives as it comes, with the same `Reduce`s and bytes.
+/// Each step's block is counted on a semaphore of its own (one count would not say which
+/// block came). Otherwise one wait for all D − 1, then the sum in device order.
+pub(super) fn gemm_reduce(p: &Problem, sums: RingSums) -> Result<Plan, AlgorithmError> {
     let (n, rows) = (p.devices, p.row_split());
     let mb = rows.max();
     let (mut b, a, bm, c) = start_plan(p, Algorithm::BaselineDirect);
@@ -67,37 +86,65 @@ pub(super) fn gemm_reduce(p: &Problem) -> Result<Plan, AlgorithmError> {
     // Slot s of `recv` on device r holds the block sent by device r + 1 + s (mod D):
     // each a copy of block r, of its rows.
     let recv_buf = b.buffer("recv", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
+    // With one `Reduce` there is nothing to add before the last block is in.
+    let beside = n > REDUCE_FAN_IN && sums.beside(n, mb * p.n * p.wire.size_bytes());
     let chained = n > REDUCE_FAN_IN;
     let acc = chained.then(|| b.buffer("acc", DType::F32, mb, p.n, BufferRole::Scratch));
-    let recv = b.semaphore("recv");
+    let arrivals = Arrivals::declare(&mut b, n, beside);
     let ag = (p.op == OpKind::GemmAr && n > 1).then(|| b.semaphore("ag"));
     let main = b.lane("main");
     for d in 0..n {
         let (wa, wb, wp) = (b.whole(a), b.whole(bm), b.whole(partial));
         b.push(d, main, Op::gemm(wa, wb, wp));
-        for r in peers(d, n) {
+        if let Arrivals::Beside { lane, ready, .. } = arrivals {
+            b.push(d, main, signal(d, ready));
+            b.push(d, lane, wait(ready, 1));
+        }
+        for (step, r) in (1..n).map(|step| (step, direct_peer(d, step, n))) {
             let slot = (d + n - r - 1) % n;
             let (src, dst) = (b.rows(partial, rows.start(r), rows.len(r)), b.rows(recv_buf, slot * mb, rows.len(r)));
             b.push(d, main, copy(src, r, dst));
-            b.push(d, main, signal(r, recv));
+            b.push(d, main, signal(r, arrivals.sem(step)));
         }
-        if n > 1 {
-            b.push(d, main, wait(recv, (n - 1) as u32));
-        }
-        // The D partials of block d, in device order.
-        let terms: Vec<Region> = (0..n)
-            .map(|src| {
-                if src == d {
-                    b.rows(partial, rows.start(d), rows.len(d))
-                } else {
-                    b.rows(recv_buf, ((src + n - d - 1) % n) * mb, rows.len(d))
-                }
-            })
-            .collect();
+        // Block d of device `src`'s partial: its own, or the copy in its slot.
+        let term = |b: &PlanBuilder, src: usize| {
+            if src == d {
+                b.rows(partial, rows.start(d), rows.len(d))
+            } else {
+                b.rows(recv_buf, ((src + n - d - 1) % n) * mb, rows.len(d))
+            }
+        };
         let out =
             if p.op == OpKind::GemmAr { b.rows(c, rows.start(d), rows.len(d)) } else { b.rows(c, 0, rows.len(d)) };
-        for op in chained_sum(&terms, acc.map(|acc| b.rows(acc, 0, rows.len(d))), out) {
-            b.push(d, main, op);
+        let acc = acc.map(|acc| b.rows(acc, 0, rows.len(d)));
+        let order: Vec<usize> = match arrivals {
+            // Its own block first, then each step's as it comes.
+            Arrivals::Beside { .. } => std::iter::once(d).chain((1..n).map(|step| direct_sender(d, step, n))).collect(),
+            Arrivals::InSeries { .. } => (0..n).collect(),
+        };
+        let terms: Vec<Region> = order.iter().map(|&src| term(&b, src)).collect();
+        match arrivals {
+            Arrivals::Beside { lane, reduced, .. } => {
+                // Each sum waits for the steps whose blocks it adds, the last for the last.
+                let mut arrived = 0;
+                for (run, op) in chain_runs(n).into_iter().zip(chained_sum(&terms, acc, out)) {
+                    for step in arrived + 1..run.end {
+                        b.push(d, lane, wait(arrivals.sem(step), 1));
+                    }
+                    arrived = run.end - 1;
+                    b.push(d, lane, op);
+                }
+                b.push(d, lane, signal(d, reduced));
+                b.push(d, main, wait(reduced, 1));
+            }
+            Arrivals::InSeries { recv } => {
+                if n > 1 {
+                    b.push(d, main, wait(recv, (n - 1) as u32));
+                }
+                for op in chained_sum(&terms, acc, out) {
+                    b.push(d, main, op);
+                }
+            }
         }
         if let Some(ag) = ag {
             broadcast(&mut b, d, main, ag, out, out);
@@ -107,30 +154,74 @@ pub(super) fn gemm_reduce(p: &Problem) -> Result<Plan, AlgorithmError> {
     Ok(b.finish()?)
 }
 
+/// How a direct ReduceScatter counts what it receives.
+#[derive(Clone, Copy)]
+enum Arrivals {
+    /// One count of every block; the sum waits for all of them.
+    InSeries { recv: SemId },
+    /// A count for each step's block (`recv_step{step}`, declared in step order from
+    /// `first_step`), summed as it comes on `lane`, which starts once the partial is
+    /// `ready` and ends the collective on `main` (`reduced`).
+    Beside { lane: LaneId, ready: SemId, reduced: SemId, first_step: SemId },
+}
+
+impl Arrivals {
+    fn declare(b: &mut PlanBuilder, devices: usize, beside: bool) -> Arrivals {
+        if !beside {
+            return Arrivals::InSeries { recv: b.semaphore("recv") };
+        }
+        let first_step = b.semaphore("recv_step1");
+        for step in 2..devices {
+            b.semaphore(&format!("recv_step{step}"));
+        }
+        let (ready, reduced) = (b.semaphore("partial_ready"), b.semaphore("reduced"));
+        Arrivals::Beside { lane: b.lane("sum"), ready, reduced, first_step }
+    }
+
+    /// The semaphore that counts the block sent at `step` (1 ≤ step < D).
+    fn sem(self, step: usize) -> SemId {
+        match self {
+            Arrivals::InSeries { recv } => recv,
+            Arrivals::Beside { first_step, .. } => SemId(first_step.0 + step - 1),
+        }
+    }
+}
+
+/// The terms each `Reduce` of [`chained_sum`] over `terms` terms adds: the first
+/// [`REDUCE_FAN_IN`], then up to `REDUCE_FAN_IN − 1` more onto the running sum each.
+fn chain_runs(terms: usize) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    while start < terms {
+        let end = if start == 0 { REDUCE_FAN_IN } else { start + REDUCE_FAN_IN - 1 }.min(terms);
+        runs.push(start..end);
+        start = end;
+    }
+    runs
+}
+
 /// `out = terms[0] + terms[1] + …` left to right as `Reduce` ops of at most
-/// [`REDUCE_FAN_IN`] inputs, the running sum kept in the f32 `acc` between them.
+/// [`REDUCE_FAN_IN`] inputs ([`chain_runs`]), the running sum kept in the f32 `acc`
+/// between them.
 fn chained_sum(terms: &[Region], acc: Option<Region>, out: Region) -> Vec<Op> {
-    if terms.len() <= REDUCE_FAN_IN {
-        return vec![Op::Reduce { inputs: terms.to_vec(), output: out }];
-    }
-    let acc = acc.expect("a chained sum has an accumulator");
-    let mut ops = vec![Op::Reduce { inputs: terms[..REDUCE_FAN_IN].to_vec(), output: acc }];
-    let mut at = REDUCE_FAN_IN;
-    while at < terms.len() {
-        let take = (REDUCE_FAN_IN - 1).min(terms.len() - at);
-        let last = at + take == terms.len();
-        let mut inputs = vec![acc];
-        inputs.extend_from_slice(&terms[at..at + take]);
-        ops.push(Op::Reduce { inputs, output: if last { out } else { acc } });
-        at += take;
-    }
-    ops
+    let runs = chain_runs(terms.len());
+    let last = runs.len() - 1;
+    runs.into_iter()
+        .enumerate()
+        .map(|(i, run)| {
+            let mut inputs: Vec<Region> =
+                if i == 0 { vec![] } else { vec![acc.expect("a chained sum has an accumulator")] };
+            inputs.extend_from_slice(&terms[run]);
+            let output = if i == last { out } else { acc.expect("a chained sum has an accumulator") };
+            Op::Reduce { inputs, output }
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithms::build_plan;
+    use crate::algorithms::{build_plan, build_plan_with};
     use crate::cpu;
     use crate::generator::Family;
     use crate::schedule::schedule;
@@ -155,6 +246,13 @@ mod tests {
                 }
             }
             for d in 0..n {
+                for step in 1..n {
+                    assert_eq!(
+                        direct_sender(direct_peer(d, step, n), step, n),
+                        d,
+                        "D={n} step {step}: sender of {d}'s peer"
+                    );
+                }
                 let mut met: Vec<usize> = peers(d, n).collect();
                 met.sort_unstable();
                 assert_eq!(met, (0..n).filter(|&e| e != d).collect::<Vec<_>>(), "D={n} device {d}");
@@ -185,6 +283,26 @@ mod tests {
                 let s = schedule(&direct).unwrap();
                 assert!(verify(&direct, &s).unwrap().is_empty(), "{op} D={d}: {:?}", verify(&direct, &s).unwrap());
             }
+        }
+    }
+
+    /// Summed as they arrive, each `Reduce` waits for the steps whose blocks it adds:
+    /// without the wait for any one step the verifier finds the sum reading a slot before
+    /// its copy lands.
+    #[test]
+    fn sums_as_blocks_arrive_wait_for_each_of_their_steps() {
+        let p = problem(OpKind::GemmRs, 7, DType::Bf16, DType::Bf16);
+        let plan = build_plan_with(&p, Algorithm::BaselineDirect, RingSums::Beside).unwrap();
+        let sum = plan.lanes.iter().position(|l| l == "sum").unwrap();
+        let waits = |plan: &Plan| plan.programs[3].lanes[sum].iter().filter(|op| matches!(op, Op::Wait { .. })).count();
+        // The partial's readiness, then one a step.
+        assert_eq!(waits(&plan), 7);
+        for step in 1..7 {
+            let sem = plan.semaphores.iter().position(|s| *s == format!("recv_step{step}")).unwrap();
+            let mut broken = plan.clone();
+            broken.programs[3].lanes[sum].retain(|op| !matches!(op, Op::Wait { sem: s, .. } if s.0 == sem));
+            let s = schedule(&broken).unwrap();
+            assert!(!verify(&broken, &s).unwrap().is_empty(), "without the wait for step {step}");
         }
     }
 
