@@ -231,7 +231,7 @@ struct Row {
     /// A GEMM+RS / GEMM+AR baseline again with its sums in series (`RingSums::InSeries`,
     /// the plan before the sum lane: the ring's between its copies, the direct one's
     /// after its last block), in the same run: what adding them up beside the copies
-    /// saved (null for the other plans, and where the two plans are one).
+    /// saved (null for the other plans; where the two are one plan, the run-to-run noise).
     time_sums_in_series_us: Option<f64>,
     /// The GEMM shapes `gemm_sum_us` sums, one per GEMM op.
     #[serde(skip)]
@@ -1007,8 +1007,10 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 // A baseline as it was before its sums went beside its copies, side by
                 // side with today's (the simulator's `ring_sums` replay of older reports).
                 let baseline = matches!(algorithm, Algorithm::Baseline | Algorithm::BaselineDirect);
+                // Where the two are one plan (the direct baseline at D ≤ 4, small blocks)
+                // the pair measures the run-to-run noise.
                 let series = if baseline && op != OpKind::AgGemm {
-                    Some(build_plan_with(&problem, algorithm, RingSums::InSeries)?).filter(|series| *series != plan)
+                    Some(build_plan_with(&problem, algorithm, RingSums::InSeries)?)
                 } else {
                     None
                 };
