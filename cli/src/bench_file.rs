@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use cmm_core::algorithms::{build_plan, build_plan_with, Algorithm, RingSums};
+use cmm_core::algorithms::{build_plan, build_plan_with, Algorithm, BaselineSums};
 use cmm_core::emulate::sm_copies;
 use cmm_core::engines::CopyIssue;
 use cmm_core::plan::OpSite;
@@ -56,7 +56,7 @@ struct BenchFile {
     /// Where the GEMM+RS / GEMM+AR baseline's ring ReduceScatter added its sums up
     /// (`by_block_size` as cmm builds it, `beside`, `in_series`); reports before the key
     /// timed them in series.
-    ring_sums: Option<String>,
+    baseline_sums: Option<String>,
     /// Whether the bench reached its end (reports before the key did).
     complete: Option<bool>,
     calibration: Option<BenchCalibration>,
@@ -72,11 +72,11 @@ fn one() -> usize {
 
 impl BenchFile {
     /// The baseline's ring sums as the report timed them.
-    fn ring_sums(&self) -> Result<RingSums> {
-        let Some(key) = self.ring_sums.as_deref() else { return Ok(RingSums::InSeries) };
-        match RingSums::from_key(key) {
+    fn baseline_sums(&self) -> Result<BaselineSums> {
+        let Some(key) = self.baseline_sums.as_deref() else { return Ok(BaselineSums::InSeries) };
+        match BaselineSums::from_key(key) {
             Some(sums) => Ok(sums),
-            None => bail!("`ring_sums` = {key:?}: expected \"by_block_size\", \"beside\" or \"in_series\""),
+            None => bail!("`baseline_sums` = {key:?}: expected \"by_block_size\", \"beside\" or \"in_series\""),
         }
     }
 
@@ -367,7 +367,7 @@ struct FusedRow<'a> {
 fn parse_rows(file: &BenchFile) -> Result<(Vec<BenchTime>, Vec<FusedRow<'_>>)> {
     let mut times = Vec::new();
     let mut fused = Vec::new();
-    let ring_sums = file.ring_sums()?;
+    let baseline_sums = file.baseline_sums()?;
     for bench_row in &file.rows {
         let row = &bench_row.times;
         let algorithm = parse_algorithm(&row.algorithm)?;
@@ -387,7 +387,7 @@ fn parse_rows(file: &BenchFile) -> Result<(Vec<BenchTime>, Vec<FusedRow<'_>>)> {
             copy_engines_us: if file.default_copies() { None } else { row.time_copy_engines_us },
             driver_copies_us: if file.default_copies() { row.time_driver_copies_us } else { None },
             copies: file.plain_copies(),
-            ring_sums,
+            baseline_sums,
         });
     }
     Ok((times, fused))
@@ -518,7 +518,7 @@ fn print_copy_columns(out: &mut dyn Write, rows: &[OneGpuRow]) -> Result<()> {
 /// The GEMM+RS / GEMM+AR baselines the report timed both ways, their sums beside their
 /// copies (as cmm builds them) and in series: the measured and the simulated ratio of the
 /// two.
-fn print_ring_sums(out: &mut dyn Write, profile: &Profile, file: &BenchFile) -> Result<()> {
+fn print_baseline_sums(out: &mut dyn Write, profile: &Profile, file: &BenchFile) -> Result<()> {
     let timed: Vec<_> = file.rows.iter().filter_map(|r| r.time_sums_in_series_us.map(|us| (&r.times, us))).collect();
     if timed.is_empty() {
         return Ok(());
@@ -534,7 +534,7 @@ fn print_ring_sums(out: &mut dyn Write, profile: &Profile, file: &BenchFile) -> 
             let plan = build_plan_with(&problem, algorithm, sums)?;
             Ok(simulate(&plan, profile, &as_run)?.makespan_s)
         };
-        let ratio = simulated(file.ring_sums()?)? / simulated(RingSums::InSeries)?;
+        let ratio = simulated(file.baseline_sums()?)? / simulated(BaselineSums::InSeries)?;
         writeln!(
             out,
             "{} D={} {}: {:.1} ÷ {:.1} µs = {:.3} measured, {:.3} simulated",
@@ -772,7 +772,7 @@ pub fn validate_bench_to(out: &mut dyn Write, text: &str, name: &str) -> Result<
     print_rows(out, &rows)?;
     print_fastest(out, &rows)?;
     print_copy_columns(out, &rows)?;
-    print_ring_sums(out, &profile, &file)?;
+    print_baseline_sums(out, &profile, &file)?;
     let Some(c) = &file.calibration else {
         writeln!(out)?;
         let why = if file.complete == Some(false) {
@@ -1155,7 +1155,7 @@ mod tests {
         let with = |sums: Option<&str>| {
             let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
             if let Some(sums) = sums {
-                v["ring_sums"] = sums.into();
+                v["baseline_sums"] = sums.into();
             }
             v
         };
@@ -1179,7 +1179,7 @@ mod tests {
             }
         }
         let e = validate_bench_to(&mut Vec::new(), &with(Some("sideways")).to_string(), "r.json").unwrap_err();
-        assert!(format!("{e:#}").contains("`ring_sums` = \"sideways\""), "{e:#}");
+        assert!(format!("{e:#}").contains("`baseline_sums` = \"sideways\""), "{e:#}");
         // A report since the sum lane times the old plan beside the new one, and the
         // validation sets the measured ratio beside the simulated one.
         // The direct baseline's two plans differ at D = 8 only.

@@ -71,7 +71,7 @@ pub mod tolerance;
 pub mod verify;
 pub mod workload;
 
-pub use algorithms::{build_plan, build_plan_with, Algorithm, AlgorithmError, RingSums};
+pub use algorithms::{build_plan, build_plan_with, Algorithm, AlgorithmError, BaselineSums};
 pub use attention::{AttentionAlgorithm, AttentionError, AttentionProblem, Layout};
 pub use dtype::DType;
 pub use generator::Family;

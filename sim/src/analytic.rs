@@ -14,7 +14,7 @@ use thiserror::Error;
 
 use super::profile::{Profile, TopologyKind};
 use super::topology::Topology;
-use cmm_core::algorithms::{direct_peer, Algorithm, RingSums};
+use cmm_core::algorithms::{direct_peer, Algorithm, BaselineSums};
 use cmm_core::dtype::DType;
 use cmm_core::engines::CopyIssue;
 use cmm_core::problem::{OpKind, Problem};
@@ -119,12 +119,12 @@ pub fn copied_by(profile: &Profile, copies: CopyIssue) -> Profile {
 /// The closed-form estimate of a 1D algorithm (the formulas of BRIEF §7–8 applied to the
 /// ring family). The simulator replays the real plans; this is the back-of-envelope beside it.
 pub fn ring_1d(problem: &Problem, algorithm: Algorithm, profile: &Profile) -> RingEstimate {
-    ring_1d_with(problem, algorithm, RingSums::BySize, profile)
+    ring_1d_with(problem, algorithm, BaselineSums::BySize, profile)
 }
 
 /// [`ring_1d`] of the plan [`cmm_core::build_plan_with`] builds with `sums`: the GEMM+RS /
 /// GEMM+AR baselines' sums beside their copies or in series (an older bench's plan).
-pub fn ring_1d_with(problem: &Problem, algorithm: Algorithm, sums: RingSums, profile: &Profile) -> RingEstimate {
+pub fn ring_1d_with(problem: &Problem, algorithm: Algorithm, sums: BaselineSums, profile: &Profile) -> RingEstimate {
     if profile.interconnect.topology == TopologyKind::OneGpu {
         return ring_1d_on(problem, algorithm, sums, &one_gpu_share(profile, problem.devices), true);
     }
@@ -149,7 +149,7 @@ fn direct_step_ring_load(profile: &Profile, d: usize, step: usize) -> usize {
 fn ring_1d_on(
     problem: &Problem,
     algorithm: Algorithm,
-    sums: RingSums,
+    sums: BaselineSums,
     profile: &Profile,
     one_memory: bool,
 ) -> RingEstimate {

@@ -6,7 +6,7 @@ use super::analytic::{ring_1d, ring_1d_with, MeshFamily, MeshShape};
 use super::engine::{simulate, SimError, SimOptions};
 use super::profile::Profile;
 use super::tune::{best_per_algorithm, replay_llm, tune_llm, LlmConfig, MeshConfig, TuneError};
-use cmm_core::algorithms::{build_plan, build_plan_with, Algorithm, AlgorithmError, RingSums};
+use cmm_core::algorithms::{build_plan, build_plan_with, Algorithm, AlgorithmError, BaselineSums};
 use cmm_core::dtype::DType;
 use cmm_core::engines::CopyIssue;
 use cmm_core::problem::{OpKind, Problem, ProblemError};
@@ -190,7 +190,7 @@ pub struct BenchTime {
     /// series on their copy lane in every bench before the sum lane (`BySize`: as cmm
     /// builds them).
     /// The row replays that plan.
-    pub ring_sums: RingSums,
+    pub baseline_sums: BaselineSums,
 }
 
 /// The CUDA bench on one H100 (f16, per-shard M=1024, K=N=4096, D virtual devices,
@@ -230,7 +230,7 @@ pub fn one_gpu_bench(profile: &Profile) -> Result<Vec<OneGpuRow>, ValidationErro
         copy_engines_us: None,
         driver_copies_us: None,
         copies: CopyIssue::Driver,
-        ring_sums: RingSums::InSeries,
+        baseline_sums: BaselineSums::InSeries,
     });
     one_gpu_rows(profile, &times, 1, H100_COMPUTE_LEVELS)
 }
@@ -249,7 +249,7 @@ pub fn one_gpu_predictions(profile: &Profile) -> Result<Vec<OneGpuRow>, Validati
         copy_engines_us: None,
         driver_copies_us: None,
         copies: CopyIssue::Auto,
-        ring_sums: RingSums::BySize,
+        baseline_sums: BaselineSums::BySize,
     });
     one_gpu_rows(profile, &times, 1, H100_COMPUTE_LEVELS)
 }
@@ -268,7 +268,7 @@ pub fn one_gpu_rows(
     for t in times {
         let (op, d, algorithm) = (t.op, t.devices, t.algorithm);
         let p = seed000_problem(op, d, shrink)?;
-        let plan = build_plan_with(&p, algorithm, t.ring_sums)?;
+        let plan = build_plan_with(&p, algorithm, t.baseline_sums)?;
         let as_run = SimOptions { copies: t.copies, ..SimOptions::default() };
         let together = simulate(&plan, profile, &as_run)?;
         let staggered =
@@ -287,8 +287,13 @@ pub fn one_gpu_rows(
             time: TimeRow {
                 case: format!("{op} D={d} {algorithm}"),
                 simulated_us: together.makespan_s * 1e6,
-                analytic_us: ring_1d_with(&p, algorithm, t.ring_sums, &super::analytic::copied_by(profile, t.copies))
-                    .total_s
+                analytic_us: ring_1d_with(
+                    &p,
+                    algorithm,
+                    t.baseline_sums,
+                    &super::analytic::copied_by(profile, t.copies),
+                )
+                .total_s
                     * 1e6,
                 published_us: t.plain_us,
             },
@@ -797,7 +802,7 @@ mod tests {
             // engines' copies they follow the simulator within 6 %; with the driver's they
             // leave out its contention beside compute, so they are never slower than it.
             let p = seed000_problem(row.op, row.devices, 1).unwrap();
-            let closed = ring_1d_with(&p, row.algorithm, RingSums::InSeries, &profile);
+            let closed = ring_1d_with(&p, row.algorithm, BaselineSums::InSeries, &profile);
             let closed_us = closed.total_s * 1e6;
             assert!((closed_us - row.copy_engines_us).abs() < 0.06 * row.copy_engines_us, "{row:?}");
             assert!(t.analytic_us < t.simulated_us * 1.06, "{t:?}");

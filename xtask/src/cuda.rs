@@ -13,7 +13,7 @@ use cmm_conformance::golden::fnv1a64;
 use cmm_core::oracle::spot_check;
 use cmm_core::plan::OpSite;
 use cmm_core::workload::output_tolerance;
-use cmm_core::{build_plan, build_plan_with, Algorithm, DType, Family, Op, OpKind, Plan, Problem, RingSums};
+use cmm_core::{build_plan, build_plan_with, Algorithm, BaselineSums, DType, Family, Op, OpKind, Plan, Problem};
 use cmm_cuda::kernels::{compile, image_file_name, nvrtc_available, parse_ptxas_verbose, DEFAULT_ARCH, KERNEL_FILES};
 use cmm_cuda::{
     CopyIssue, CudaBackend, CudaExecutor, CudaRunOptions, GemmEngine, GemmSpec, HopperTile, HopperVariant, ReadBack,
@@ -228,7 +228,7 @@ struct Row {
     /// A fused plan on the Hopper engine: the share of its persistent kernels' CTA time
     /// spent in their blocks' waits, from one more plain run (null for the other plans).
     fused_wait_share: Option<f64>,
-    /// A GEMM+RS / GEMM+AR baseline again with its sums in series (`RingSums::InSeries`,
+    /// A GEMM+RS / GEMM+AR baseline again with its sums in series (`BaselineSums::InSeries`,
     /// the plan before the sum lane: the ring's between its copies, the direct one's
     /// after its last block), in the same run: what adding them up beside the copies
     /// saved (null for the other plans; where the two are one plan, the run-to-run noise).
@@ -458,9 +458,9 @@ struct Report {
     /// default came to on this driver: `auto` or `driver`).
     copies: &'static str,
     /// Where the GEMM+RS / GEMM+AR baselines' ReduceScatters add their sums up: as
-    /// `cmm_core::algorithms::RingSums::BySize` says (reports without the key timed them
+    /// `cmm_core::algorithms::BaselineSums::BySize` says (reports without the key timed them
     /// in series).
-    ring_sums: &'static str,
+    baseline_sums: &'static str,
     local_gemm: String,
     local_cublas_us: f64,
     local_tile_us: f64,
@@ -868,7 +868,7 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
         comm_priority,
         hardware_queues: cmm_cuda::lower::hardware_queues()?,
         copies: options.copies.on_driver(backend.batch_copies().is_ok()).key(),
-        ring_sums: RingSums::BySize.key(),
+        baseline_sums: BaselineSums::BySize.key(),
         local_gemm: local_name,
         local_cublas_us,
         local_tile_us,
@@ -1005,12 +1005,12 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                     None
                 };
                 // A baseline as it was before its sums went beside its copies, side by
-                // side with today's (the simulator's `ring_sums` replay of older reports).
+                // side with today's (the simulator's `baseline_sums` replay of older reports).
                 let baseline = matches!(algorithm, Algorithm::Baseline | Algorithm::BaselineDirect);
                 // Where the two are one plan (the direct baseline at D ≤ 4, small blocks)
                 // the pair measures the run-to-run noise.
                 let series = if baseline && op != OpKind::AgGemm {
-                    Some(build_plan_with(&problem, algorithm, RingSums::InSeries)?)
+                    Some(build_plan_with(&problem, algorithm, BaselineSums::InSeries)?)
                 } else {
                     None
                 };

@@ -8,7 +8,7 @@ use cmm_conformance::{
     Goldens,
 };
 use cmm_core::schedule::schedule;
-use cmm_core::{build_plan_with, Algorithm, Family, Op, OpKind, Plan, RingSums};
+use cmm_core::{build_plan_with, Algorithm, BaselineSums, Family, Op, OpKind, Plan};
 
 pub fn corpus() -> Vec<Case> {
     load_corpus(&cases_dir()).unwrap_or_else(|e| panic!("{e}"))
@@ -234,7 +234,7 @@ pub fn missing_signal_deadlocks(backend: &dyn Backend) {
 }
 
 /// Every case of the corpus passes on `backend`.
-/// The GEMM+RS / GEMM+AR baselines with their sums beside their copies (`RingSums::Beside`),
+/// The GEMM+RS / GEMM+AR baselines with their sums beside their copies (`BaselineSums::Beside`),
 /// the form cmm builds only on blocks of 2 MiB or more, which the corpus's small blocks
 /// never reach: on every exact-family baseline case where that plan differs from the
 /// case's (the ring baseline from D = 2, the direct one from D = 5), the oracle's bits and
@@ -247,7 +247,8 @@ pub fn baselines_pass_with_their_sums_beside(backend: &dyn Backend) {
         else {
             continue;
         };
-        let plan = build_plan_with(&p, algorithm, RingSums::Beside).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let plan =
+            build_plan_with(&p, algorithm, BaselineSums::Beside).unwrap_or_else(|e| panic!("{}: {e}", case.name));
         if p.op == OpKind::AgGemm || case.plan().is_ok_and(|own| own == plan) {
             continue;
         }

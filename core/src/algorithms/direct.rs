@@ -6,7 +6,7 @@
 //! switch, and what the CUDA bench compares the overlapped plans with.
 
 use super::ring::{ag_gemm_gathered, copy, signal, wait};
-use super::{start_plan, Algorithm, AlgorithmError, RingSums};
+use super::{start_plan, Algorithm, AlgorithmError, BaselineSums};
 use crate::dtype::DType;
 use crate::plan::{BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemId};
 use crate::problem::{OpKind, Problem};
@@ -72,13 +72,13 @@ pub(super) fn ag_gemm(p: &Problem) -> Result<Plan, AlgorithmError> {
 /// then copied to every peer.
 ///
 /// Where the chain has more than one `Reduce` (D > [`REDUCE_FAN_IN`]) and `sums` says so
-/// ([`RingSums::beside`]), each device adds the blocks up on a `sum` lane as they arrive,
+/// ([`BaselineSums::beside`]), each device adds the blocks up on a `sum` lane as they arrive,
 /// in the order of the steps that send them (its own first), each `Reduce` once its
 /// blocks are in: its sums overlap the copies still coming, as a library's direct
 /// ReduceScatter adds what it receives as it comes, with the same `Reduce`s and bytes.
 /// Each step's block is counted on a semaphore of its own (one count would not say which
 /// block came). Otherwise one wait for all D − 1, then the sum in device order.
-pub(super) fn gemm_reduce(p: &Problem, sums: RingSums) -> Result<Plan, AlgorithmError> {
+pub(super) fn gemm_reduce(p: &Problem, sums: BaselineSums) -> Result<Plan, AlgorithmError> {
     let (n, rows) = (p.devices, p.row_split());
     let mb = rows.max();
     let (mut b, a, bm, c) = start_plan(p, Algorithm::BaselineDirect);
@@ -292,7 +292,7 @@ mod tests {
     #[test]
     fn sums_as_blocks_arrive_wait_for_each_of_their_steps() {
         let p = problem(OpKind::GemmRs, 7, DType::Bf16, DType::Bf16);
-        let plan = build_plan_with(&p, Algorithm::BaselineDirect, RingSums::Beside).unwrap();
+        let plan = build_plan_with(&p, Algorithm::BaselineDirect, BaselineSums::Beside).unwrap();
         let sum = plan.lanes.iter().position(|l| l == "sum").unwrap();
         let waits = |plan: &Plan| plan.programs[3].lanes[sum].iter().filter(|op| matches!(op, Op::Wait { .. })).count();
         // The partial's readiness, then one a step.

@@ -206,14 +206,14 @@ pub enum AlgorithmError {
 
 /// Builds the plan of `algorithm` for `problem`.
 pub fn build_plan(problem: &Problem, algorithm: Algorithm) -> Result<Plan, AlgorithmError> {
-    build_plan_with(problem, algorithm, RingSums::BySize)
+    build_plan_with(problem, algorithm, BaselineSums::BySize)
 }
 
 /// Where a whole ReduceScatter adds its sums up: the ring one of the GEMM+RS / GEMM+AR
 /// `baseline` and of the MoE and linear baselines, and the direct one of
 /// `baseline_direct`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RingSums {
+pub enum BaselineSums {
     /// On the copy lane: a ring's between the copy that brings a running sum and the
     /// one that sends it on, so the link idles while each sum runs; the direct one's
     /// after the last block has arrived. The plans every bench before 2026-11-29 timed.
@@ -239,19 +239,19 @@ pub enum RingSums {
 /// to 64 on every profile (8192³ at D = 8: 0.89 on h100-nvlink, 0.89 on h100-one-gpu).
 pub const SUMS_BESIDE_FROM_BYTES: usize = 2 << 20;
 
-impl RingSums {
-    /// The name a bench report gives it (`ring_sums`).
+impl BaselineSums {
+    /// The name a bench report gives it (`baseline_sums`).
     pub fn key(self) -> &'static str {
         match self {
-            RingSums::InSeries => "in_series",
-            RingSums::Beside => "beside",
-            RingSums::BySize => "by_block_size",
+            BaselineSums::InSeries => "in_series",
+            BaselineSums::Beside => "beside",
+            BaselineSums::BySize => "by_block_size",
         }
     }
 
-    /// The form a report's `ring_sums` names, if any.
-    pub fn from_key(key: &str) -> Option<RingSums> {
-        [RingSums::InSeries, RingSums::Beside, RingSums::BySize].into_iter().find(|s| s.key() == key)
+    /// The form a report's `baseline_sums` names, if any.
+    pub fn from_key(key: &str) -> Option<BaselineSums> {
+        [BaselineSums::InSeries, BaselineSums::Beside, BaselineSums::BySize].into_iter().find(|s| s.key() == key)
     }
 
     /// Whether a ReduceScatter over `devices` of `block_bytes` blocks (a device's share
@@ -260,15 +260,15 @@ impl RingSums {
     pub fn beside(self, devices: usize, block_bytes: usize) -> bool {
         devices > 1
             && match self {
-                RingSums::InSeries => false,
-                RingSums::Beside => true,
-                RingSums::BySize => block_bytes >= SUMS_BESIDE_FROM_BYTES,
+                BaselineSums::InSeries => false,
+                BaselineSums::Beside => true,
+                BaselineSums::BySize => block_bytes >= SUMS_BESIDE_FROM_BYTES,
             }
     }
 }
 
 /// [`build_plan`], with the baseline's sums where `sums` says (other plans have one form).
-pub fn build_plan_with(problem: &Problem, algorithm: Algorithm, sums: RingSums) -> Result<Plan, AlgorithmError> {
+pub fn build_plan_with(problem: &Problem, algorithm: Algorithm, sums: BaselineSums) -> Result<Plan, AlgorithmError> {
     let name = || format!("{}/{algorithm} D={}", problem.op, problem.devices);
     crate::plan::check_op_bound(name, min_ops(problem, algorithm))?;
     match (problem.op, algorithm) {
@@ -443,9 +443,9 @@ mod tests {
                     for dtype in [DType::F32, DType::F16, DType::Bf16] {
                         // Uneven rows: the last device's block is the short one.
                         let p = Problem::new(op, d, 6 * d + 1, 12, 4 * d, dtype, dtype).unwrap();
-                        for sums in [RingSums::InSeries, RingSums::Beside] {
+                        for sums in [BaselineSums::InSeries, BaselineSums::Beside] {
                             let plan = build_plan_with(&p, algorithm, sums).unwrap();
-                            let summing = sums == RingSums::Beside
+                            let summing = sums == BaselineSums::Beside
                                 && d > if algorithm == Algorithm::Baseline { 1 } else { fan_in };
                             assert_eq!(reduces_on(&plan, "sum"), summing, "{}", plan.name);
                             crate::testing::assert_matches_oracle(&plan, &p, seed, Family::Exact);

@@ -1,6 +1,6 @@
 //! The 1D ring family (BRIEF §4) and the non-overlapped baselines.
 
-use super::{check_chunks, start_plan, Algorithm, AlgorithmError, RingSums};
+use super::{check_chunks, start_plan, Algorithm, AlgorithmError, BaselineSums};
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, Engine, LaneId, Op, Plan, PlanBuilder, Region, SemId};
 use crate::problem::{OpKind, Problem, Split, Window};
@@ -1289,8 +1289,8 @@ pub(super) fn gemm_reduce_fused(p: &Problem, chunks: usize) -> Result<Plan, Algo
 /// lane of their own ([`SumLane`]), a piece's sum beside the copy of the one before, as
 /// a collective library does: summing between the copies would idle the link and make
 /// the baseline slower than the collective it stands for. On small blocks the sums stay
-/// on `main` ([`RingSums`]: pieces cost launches).
-pub(super) fn gemm_reduce_baseline(p: &Problem, sums: RingSums) -> Result<Plan, AlgorithmError> {
+/// on `main` ([`BaselineSums`]: pieces cost launches).
+pub(super) fn gemm_reduce_baseline(p: &Problem, sums: BaselineSums) -> Result<Plan, AlgorithmError> {
     let (n, rows) = (p.devices, p.row_split());
     let mb = rows.max();
     let (mut b, a, bm, c) = start_plan(p, Algorithm::Baseline);

@@ -7,7 +7,7 @@
 //!
 //! | algorithm | lanes | collectives |
 //! |---|---|---|
-//! | baseline | main (+ sum) | each AllGather, ReduceScatter or AllReduce whole, then the GEMMs that need it; no overlap of GEMM and communication (a ReduceScatter's sums on the `sum` lane, beside its copies, on blocks from 2 MiB: [`RingSums`]) |
+//! | baseline | main (+ sum) | each AllGather, ReduceScatter or AllReduce whole, then the GEMMs that need it; no overlap of GEMM and communication (a ReduceScatter's sums on the `sum` lane, beside its copies, on blocks from 2 MiB: [`BaselineSums`]) |
 //! | megatron | compute, comm (+ sum) | on the comm lane (sums as the baseline's); the AllGather of X (in the backward, again) starts before the dgrad GEMM, and the dgrad ReduceScatter/AllReduce runs while the wgrad GEMM does; the forward as the baseline |
 //! | ring | compute, comm, comm_rs | AllGathers overlapped block by block with the GEMMs of arrived blocks (AG+GEMM), ReduceScatters step by step with the GEMM of the next block (GEMM+RS) |
 
@@ -17,7 +17,7 @@ use super::{Layer, LinearAlgorithm, LinearProblem, Pass, Tensor};
 use crate::algorithms::ring::{
     copy, ring_all_gather, ring_reduce_scatter, signal, wait, OverlappedReduce, Ring, SumLane, SumSlots, SummingBeside,
 };
-use crate::algorithms::RingSums;
+use crate::algorithms::BaselineSums;
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, PlanError, Pointwise, Region, SemId};
 use crate::problem::Window;
@@ -204,10 +204,10 @@ impl Builder<'_> {
     /// Device d's whole ReduceScatter (AllReduce) of the partial `r.part`, written by
     /// the compute lane before, into `out`: the copies on `comm` (released by the compute
     /// lane when `comm` is another lane), and on large blocks the sums beside them on the
-    /// `sum` lane, as a collective library pipelines them ([`RingSums`]).
+    /// `sum` lane, as a collective library pipelines them ([`BaselineSums`]).
     fn reduce_whole(&mut self, d: usize, comm: LaneId, out: Region, r: &Reduction) {
         let (n, s) = (self.n, self.p.tokens);
-        let sums = RingSums::BySize.beside(n, s / n * out.cols * DType::F32.size_bytes()).then(|| {
+        let sums = BaselineSums::BySize.beside(n, s / n * out.cols * DType::F32.size_bytes()).then(|| {
             let lane = SumLane { lane: self.sum_lane(), summed: self.semaphore(&format!("summed_{}", r.key)) };
             SummingBeside::new(lane, r.ready, self.semaphore(&format!("reduced_{}", r.key)))
         });

@@ -18,7 +18,7 @@ use crate::algorithms::ring::{
     copy, ring_all_gather, ring_reduce_scatter, slot_chunk, wait, ChunkedRing, OverlappedReduce, Ring, SumSlots,
     SummingBeside,
 };
-use crate::algorithms::{Algorithm, RingSums};
+use crate::algorithms::{Algorithm, BaselineSums};
 use crate::dtype::DType;
 use crate::plan::{BufId, BufferRole, LaneId, Op, Plan, PlanBuilder, RouteTables};
 use crate::problem::Window;
@@ -214,7 +214,7 @@ fn ag_moe_ring(b: &mut PlanBuilder, p: &MoeProblem, io: &Io, c: usize) {
 }
 
 /// Route, grouped GEMM over every row, combine every token, then a ring ReduceScatter
-/// (its sums beside its copies on large blocks, as the 1D baseline's: [`RingSums`]).
+/// (its sums beside its copies on large blocks, as the 1D baseline's: [`BaselineSums`]).
 fn moe_rs_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
     let (n, tokens) = (p.devices, p.token_split());
     let td = tokens.max();
@@ -228,7 +228,8 @@ fn moe_rs_baseline(b: &mut PlanBuilder, p: &MoeProblem, io: &Io) {
     let parts: Vec<_> = (0..n).map(|r| b.rows(partial, tokens.start(r), tokens.len(r))).collect();
     let send_slots: Vec<_> = (0..n - 1).map(|s| b.rows(send, s * td, td)).collect();
     let recv_slots: Vec<_> = (0..n - 1).map(|s| b.rows(recv_buf, s * td, td)).collect();
-    let sums = RingSums::BySize.beside(n, td * p.hidden * DType::F32.size_bytes()).then(|| SummingBeside::declare(b));
+    let sums =
+        BaselineSums::BySize.beside(n, td * p.hidden * DType::F32.size_bytes()).then(|| SummingBeside::declare(b));
     let slots = SumSlots { recv: &recv_slots, send: &send_slots };
     for d in 0..n {
         io.route(b, p, d, main);
