@@ -1169,7 +1169,7 @@ mod tests {
         };
         let (old, beside) = (baselines(with(None)), baselines(with(Some("beside"))));
         assert_eq!(old, baselines(with(Some("in_series"))), "{file}");
-        // The bench's blocks (1024 × 4096 f16, 8 MiB) are over cmm's threshold.
+        // The bench's blocks (1024 × 4096 f32 partial sums, 16 MiB) are over cmm's threshold.
         assert_eq!(beside, baselines(with(Some("by_block_size"))), "{file}");
         assert!(old.len() >= 3, "{file}: {old:?}");
         for ((case, in_series), (_, beside)) in old.iter().zip(&beside) {
