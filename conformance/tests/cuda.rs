@@ -26,6 +26,15 @@ fn corpus_passes_with_stream_memory_ops() {
 }
 
 #[test]
+fn baselines_pass_with_their_sums_beside() {
+    for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
+        if let Some(b) = cuda(sync) {
+            common::baselines_pass_with_their_sums_beside(&b);
+        }
+    }
+}
+
+#[test]
 fn reversed_ring_fails() {
     if let Some(b) = cuda(SyncMode::Kernels) {
         common::reversed_ring_fails(&b);

@@ -78,9 +78,12 @@ fn corpus_passes_with_stream_memory_ops() {
     assert!(engines.staged > 100, "{}", engines.describe());
 }
 
+/// In both sync modes: the direct baseline's sum lane waits on a semaphore a step.
 #[test]
 fn baselines_pass_with_their_sums_beside() {
-    common::baselines_pass_with_their_sums_beside(&host(SyncMode::Kernels));
+    for sync in [SyncMode::Kernels, SyncMode::StreamMemOps] {
+        common::baselines_pass_with_their_sums_beside(&host(sync));
+    }
 }
 
 #[test]

@@ -227,7 +227,7 @@ if [ "${CMM_BUNDLE_REHEARSAL:-0}" = 1 ]; then
         # and the lowering refuses them there (conformance/tests/queues.rs).
         step rehearsal-conformance-memops-one-queue 150 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
             "$x" conformance --backend cuda --sync memops --case-timeout 30 --filter '!fused_push'
-        step rehearsal-cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
+        step rehearsal-cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks baselines_pass_with_their_sums_beside
         step rehearsal-conformance-repeated 90 "$x" conformance --backend cuda --sync kernels --filter _d8_ \
             --schedules 2 --case-timeout 30 --stamps "$scratch/repeated-stamps"
         # The sanitizer steps' command, with every launch blocking as under a tool that
@@ -384,7 +384,7 @@ python_torch() {
 }
 export -f python_torch
 step python-torch 150 bash -c python_torch
-step cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks
+step cuda-tests 90 "$here/bin/conformance-cuda-tests" --test-threads=1 reversed_ring_fails missing_signal_deadlocks baselines_pass_with_their_sums_beside
 sanitize() { # corpus cases (the smallest ring ones, and ring_push's GEMMs on a peer's c,
     # unless $2 names others) under one tool; further arguments go to conformance
     # Ungated: a tool that makes launches blocking or runs GPU work one item at a time
