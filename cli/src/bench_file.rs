@@ -53,8 +53,8 @@ struct BenchFile {
     /// How the plain runs issued copy-engine copies (`auto`, `driver`); reports from
     /// before the key left them all to the driver.
     copies: Option<String>,
-    /// Where the GEMM+RS / GEMM+AR baseline's ring ReduceScatter added its sums up
-    /// (`by_block_size` as cmm builds it, `beside`, `in_series`); reports before the key
+    /// Where the GEMM+RS / GEMM+AR baselines' ReduceScatters added their sums up
+    /// (`by_block_size` as cmm builds them, `beside`, `in_series`); reports before the key
     /// timed them in series.
     baseline_sums: Option<String>,
     /// Whether the bench reached its end (reports before the key did).
@@ -71,7 +71,7 @@ fn one() -> usize {
 }
 
 impl BenchFile {
-    /// The baseline's ring sums as the report timed them.
+    /// The baselines' sums as the report timed them.
     fn baseline_sums(&self) -> Result<BaselineSums> {
         let Some(key) = self.baseline_sums.as_deref() else { return Ok(BaselineSums::InSeries) };
         match BaselineSums::from_key(key) {
@@ -526,15 +526,16 @@ fn print_baseline_sums(out: &mut dyn Write, profile: &Profile, file: &BenchFile)
     writeln!(out)?;
     writeln!(out, "the baselines' sums beside their copies (as cmm builds them) ÷ in series, measured and simulated:")?;
     let as_run = SimOptions { copies: file.plain_copies(), ..SimOptions::default() };
+    let timed_sums = file.baseline_sums()?;
     for (times, in_series_us) in timed {
         let op: OpKind = times.op.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let algorithm = Algorithm::parse(&times.algorithm, None).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let algorithm = parse_algorithm(&times.algorithm)?;
         let problem = seed000_problem(op, times.devices, file.shrink)?;
         let simulated = |sums| -> Result<f64> {
             let plan = build_plan_with(&problem, algorithm, sums)?;
             Ok(simulate(&plan, profile, &as_run)?.makespan_s)
         };
-        let ratio = simulated(file.baseline_sums()?)? / simulated(BaselineSums::InSeries)?;
+        let ratio = simulated(timed_sums)? / simulated(BaselineSums::InSeries)?;
         writeln!(
             out,
             "{} D={} {}: {:.1} ÷ {:.1} µs = {:.3} measured, {:.3} simulated",
@@ -1181,8 +1182,8 @@ mod tests {
         let e = validate_bench_to(&mut Vec::new(), &with(Some("sideways")).to_string(), "r.json").unwrap_err();
         assert!(format!("{e:#}").contains("`baseline_sums` = \"sideways\""), "{e:#}");
         // A report since the sum lane times the old plan beside the new one, and the
-        // validation sets the measured ratio beside the simulated one.
-        // The direct baseline's two plans differ at D = 8 only.
+        // validation sets the measured ratio beside the simulated one (the direct
+        // baseline's two plans differ at D = 8 only).
         let mut v = with(Some("by_block_size"));
         for row in v["rows"].as_array_mut().unwrap() {
             if row["op"] == "gemm_rs" && (row["algorithm"] == "baseline" || row["algorithm"] == "baseline_direct") {

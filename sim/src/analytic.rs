@@ -14,7 +14,7 @@ use thiserror::Error;
 
 use super::profile::{Profile, TopologyKind};
 use super::topology::Topology;
-use cmm_core::algorithms::{direct_peer, Algorithm, BaselineSums};
+use cmm_core::algorithms::{direct_peer, direct_sum_runs, Algorithm, BaselineSums};
 use cmm_core::dtype::DType;
 use cmm_core::engines::CopyIssue;
 use cmm_core::problem::{OpKind, Problem};
@@ -390,20 +390,16 @@ fn ring_1d_on(
                         0.0
                     };
                     let gemm = gemm_op_s(profile, m, n, k / d, input, DType::F32);
-                    let fan_in = cmm_core::plan::MAX_REDUCE_INPUTS;
-                    if d > fan_in && sums.beside(d, block as usize) {
-                        // The sums run as the blocks arrive: the first adds the own block and
-                        // those of steps 1..fan_in − 1, each later one fan_in − 1 more onto the
-                        // running sum, each once its last block is in and the one before is done.
-                        // A sum reads its blocks (the own one or the running sum among them)
-                        // and writes one.
-                        let (mut arrived, mut done, mut last_step) = (0.0, 0.0, 0);
-                        while last_step < d - 1 {
-                            let next = (last_step + fan_in - 1).min(d - 1);
-                            arrived += (last_step + 1..=next).map(|f| direct_send(f, block)).sum::<f64>();
-                            let bytes = (next - last_step + 2) as f64 * block;
+                    if sums.direct_beside(d, block as usize) {
+                        // The sums run as the blocks arrive, the plan's chain of `Reduce`s
+                        // (term t: step t's block), each once its last block is in and the
+                        // one before is done. A sum reads its terms (and, after the first,
+                        // the running sum) and writes one block.
+                        let (mut arrived, mut done) = (0.0, 0.0);
+                        for (i, run) in direct_sum_runs(d).into_iter().enumerate() {
+                            arrived += run.clone().filter(|&t| t > 0).map(|t| direct_send(t, block)).sum::<f64>();
+                            let bytes = (run.len() + usize::from(i > 0) + 1) as f64 * block;
                             done = f64::max(done, arrived + sync) + launch + bytes / profile.reduce_bps();
-                            last_step = next;
                         }
                         return RingEstimate {
                             total_s: gemm + done + ag,
@@ -1211,7 +1207,7 @@ mod tests {
                         let p = Problem::new(op, d, 512 * d, n, 1024 * d, DType::Bf16, DType::Bf16).unwrap();
                         // The direct baseline sums as its blocks arrive only where its sum is
                         // more than one `Reduce`.
-                        let direct = (d > cmm_core::plan::MAX_REDUCE_INPUTS).then_some(Algorithm::BaselineDirect);
+                        let direct = (direct_sum_runs(d).len() > 1).then_some(Algorithm::BaselineDirect);
                         for algorithm in std::iter::once(Algorithm::Baseline).chain(direct) {
                             let off = off_the_replay(&p, algorithm, &profile);
                             // One GPU: the form leaves out the copies and sums sharing its HBM.

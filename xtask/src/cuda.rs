@@ -1006,22 +1006,20 @@ pub fn bench(settings: &BenchSettings) -> Result<()> {
                 };
                 // A baseline as it was before its sums went beside its copies, side by
                 // side with today's (the simulator's `baseline_sums` replay of older reports).
-                let baseline = matches!(algorithm, Algorithm::Baseline | Algorithm::BaselineDirect);
                 // Where the two are one plan (the direct baseline at D ≤ 4, small blocks)
                 // the pair measures the run-to-run noise.
-                let series = if baseline && op != OpKind::AgGemm {
-                    Some(build_plan_with(&problem, algorithm, BaselineSums::InSeries)?)
-                } else {
-                    None
-                };
-                let sums_in_series = series.and_then(|series| {
+                let baseline = matches!(algorithm, Algorithm::Baseline | Algorithm::BaselineDirect);
+                let sums_in_series = if baseline && op != OpKind::AgGemm {
+                    let series = build_plan_with(&problem, algorithm, BaselineSums::InSeries)?;
                     let timed = time_plan(&backend, &series, &run_options, reps, false).map(|(us, _)| us);
                     let us = or_failed(timed, format!("{} with its sums in series", plan.name), &mut failed);
                     if let Some(us) = us {
                         println!("sums: {} D={d} {algorithm}, its sums in series: {us:.1} µs", op.name());
                     }
                     us
-                });
+                } else {
+                    None
+                };
                 failed.extend(without_failed);
                 let specs = gemm_specs(&plan);
                 let bound = gemm_sum_us(&backend, &specs, reps, &mut cache)?;

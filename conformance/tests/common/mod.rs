@@ -4,8 +4,8 @@
 #![allow(dead_code)]
 
 use cmm_conformance::{
-    cases_dir, check_case, load_corpus, run_case, Backend, BackendError, Case, CaseProblem, Failure, GoldenStatus,
-    Goldens,
+    cases_dir, check_case, load_corpus, run_case, Backend, BackendError, Case, CaseAlgorithm, CaseProblem, Failure,
+    GoldenStatus, Goldens,
 };
 use cmm_core::schedule::schedule;
 use cmm_core::{build_plan_with, Algorithm, BaselineSums, Family, Op, OpKind, Plan};
@@ -233,7 +233,6 @@ pub fn missing_signal_deadlocks(backend: &dyn Backend) {
     );
 }
 
-/// Every case of the corpus passes on `backend`.
 /// The GEMM+RS / GEMM+AR baselines with their sums beside their copies (`BaselineSums::Beside`),
 /// the form cmm builds only on blocks of 2 MiB or more, which the corpus's small blocks
 /// never reach: on every exact-family baseline case where that plan differs from the
@@ -242,8 +241,10 @@ pub fn missing_signal_deadlocks(backend: &dyn Backend) {
 pub fn baselines_pass_with_their_sums_beside(backend: &dyn Backend) {
     let (mut ran, mut failed) = (Vec::new(), Vec::new());
     for case in corpus().iter().filter(|c| c.family == Family::Exact) {
-        let Ok(CaseProblem::Ring(p)) = case.problem() else { continue };
-        let Ok(algorithm @ (Algorithm::Baseline | Algorithm::BaselineDirect)) = Algorithm::parse(&case.algorithm, None)
+        let (
+            Ok(CaseProblem::Ring(p)),
+            Ok(CaseAlgorithm::Ring(algorithm @ (Algorithm::Baseline | Algorithm::BaselineDirect))),
+        ) = (case.problem(), case.algorithm())
         else {
             continue;
         };
@@ -263,6 +264,7 @@ pub fn baselines_pass_with_their_sums_beside(backend: &dyn Backend) {
     assert!(direct >= 2 && ran.len() >= direct + 4, "too few cases: {ran:?}");
 }
 
+/// Every case of the corpus passes on `backend`.
 pub fn corpus_passes(backend: &dyn Backend) {
     cases_pass(backend, |_| true);
 }

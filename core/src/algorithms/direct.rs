@@ -35,7 +35,7 @@ pub fn direct_peer(d: usize, step: usize, devices: usize) -> usize {
 
 /// The device that sends to `r` at `step` of a direct plan: the inverse of
 /// [`direct_peer`] at that step (each step is a permutation of the devices).
-pub fn direct_sender(r: usize, step: usize, devices: usize) -> usize {
+fn direct_sender(r: usize, step: usize, devices: usize) -> usize {
     if devices < 2 {
         return r;
     }
@@ -72,7 +72,7 @@ pub(super) fn ag_gemm(p: &Problem) -> Result<Plan, AlgorithmError> {
 /// then copied to every peer.
 ///
 /// Where the chain has more than one `Reduce` (D > [`REDUCE_FAN_IN`]) and `sums` says so
-/// ([`BaselineSums::beside`]), each device adds the blocks up on a `sum` lane as they arrive,
+/// ([`BaselineSums::direct_beside`]), each device adds the blocks up on a `sum` lane as they arrive,
 /// in the order of the steps that send them (its own first), each `Reduce` once its
 /// blocks are in: its sums overlap the copies still coming, as a library's direct
 /// ReduceScatter adds what it receives as it comes, with the same `Reduce`s and bytes.
@@ -86,8 +86,7 @@ pub(super) fn gemm_reduce(p: &Problem, sums: BaselineSums) -> Result<Plan, Algor
     // Slot s of `recv` on device r holds the block sent by device r + 1 + s (mod D):
     // each a copy of block r, of its rows.
     let recv_buf = b.buffer("recv", p.wire, (n - 1) * mb, p.n, BufferRole::Scratch);
-    // With one `Reduce` there is nothing to add before the last block is in.
-    let beside = n > REDUCE_FAN_IN && sums.beside(n, mb * p.n * p.wire.size_bytes());
+    let beside = sums.direct_beside(n, mb * p.n * p.wire.size_bytes());
     let chained = n > REDUCE_FAN_IN;
     let acc = chained.then(|| b.buffer("acc", DType::F32, mb, p.n, BufferRole::Scratch));
     let arrivals = Arrivals::declare(&mut b, n, beside);
@@ -127,7 +126,7 @@ pub(super) fn gemm_reduce(p: &Problem, sums: BaselineSums) -> Result<Plan, Algor
             Arrivals::Beside { lane, reduced, .. } => {
                 // Each sum waits for the steps whose blocks it adds, the last for the last.
                 let mut arrived = 0;
-                for (run, op) in chain_runs(n).into_iter().zip(chained_sum(&terms, acc, out)) {
+                for (run, op) in direct_sum_runs(n).into_iter().zip(chained_sum(&terms, acc, out)) {
                     for step in arrived + 1..run.end {
                         b.push(d, lane, wait(arrivals.sem(step), 1));
                     }
@@ -187,9 +186,11 @@ impl Arrivals {
     }
 }
 
-/// The terms each `Reduce` of [`chained_sum`] over `terms` terms adds: the first
-/// [`REDUCE_FAN_IN`], then up to `REDUCE_FAN_IN − 1` more onto the running sum each.
-fn chain_runs(terms: usize) -> Vec<std::ops::Range<usize>> {
+/// The terms each `Reduce` of the direct ReduceScatter's sum of `terms` blocks adds
+/// ([`chained_sum`]): the first [`REDUCE_FAN_IN`], then up to `REDUCE_FAN_IN − 1` more
+/// onto the running sum each. Summed as they arrive, term t is the block of step t (the
+/// own block is term 0).
+pub fn direct_sum_runs(terms: usize) -> Vec<std::ops::Range<usize>> {
     let mut runs = Vec::new();
     let mut start = 0;
     while start < terms {
@@ -201,10 +202,10 @@ fn chain_runs(terms: usize) -> Vec<std::ops::Range<usize>> {
 }
 
 /// `out = terms[0] + terms[1] + …` left to right as `Reduce` ops of at most
-/// [`REDUCE_FAN_IN`] inputs ([`chain_runs`]), the running sum kept in the f32 `acc`
+/// [`REDUCE_FAN_IN`] inputs ([`direct_sum_runs`]), the running sum kept in the f32 `acc`
 /// between them.
 fn chained_sum(terms: &[Region], acc: Option<Region>, out: Region) -> Vec<Op> {
-    let runs = chain_runs(terms.len());
+    let runs = direct_sum_runs(terms.len());
     let last = runs.len() - 1;
     runs.into_iter()
         .enumerate()

@@ -10,7 +10,7 @@ use crate::plan::{BufId, BufferRole, Plan, PlanBuilder, PlanError};
 use crate::problem::{OpKind, Problem, ShardedGemm, Window};
 
 mod direct;
-pub use direct::direct_peer;
+pub use direct::{direct_peer, direct_sum_runs};
 pub(crate) mod ring;
 
 /// A 1D algorithm with its parameters.
@@ -265,6 +265,13 @@ impl BaselineSums {
                 BaselineSums::BySize => block_bytes >= SUMS_BESIDE_FROM_BYTES,
             }
     }
+
+    /// Whether the direct ReduceScatter over `devices` of `block_bytes` blocks adds them up
+    /// as they arrive: where [`BaselineSums::beside`] says so and its sum is more than one
+    /// `Reduce` ([`direct_sum_runs`]); with one, nothing can be added before the last block.
+    pub fn direct_beside(self, devices: usize, block_bytes: usize) -> bool {
+        direct_sum_runs(devices).len() > 1 && self.beside(devices, block_bytes)
+    }
 }
 
 /// [`build_plan`], with the baseline's sums where `sums` says (other plans have one form).
@@ -446,7 +453,7 @@ mod tests {
                         for sums in [BaselineSums::InSeries, BaselineSums::Beside] {
                             let plan = build_plan_with(&p, algorithm, sums).unwrap();
                             let summing = sums == BaselineSums::Beside
-                                && d > if algorithm == Algorithm::Baseline { 1 } else { fan_in };
+                                && if algorithm == Algorithm::Baseline { d > 1 } else { d > fan_in };
                             assert_eq!(reduces_on(&plan, "sum"), summing, "{}", plan.name);
                             crate::testing::assert_matches_oracle(&plan, &p, seed, Family::Exact);
                             crate::testing::assert_matches_oracle(&plan, &p, seed, Family::Realistic);
