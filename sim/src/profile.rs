@@ -124,16 +124,6 @@ pub struct ComputeProfile {
     /// fills). The first is 1 by definition. Default: no gain, `[1, 1, 1, 1]`.
     #[serde(default = "no_concurrent_gain")]
     pub concurrent_throughput: [f64; 4],
-    /// On one GPU, the fraction of its rate a kernel that is not persistent (a reduce, a
-    /// pointwise op, a GEMM of its own) keeps while a persistent kernel (a fused GEMM's,
-    /// whose CTAs hold their SMs from launch to end, computing or spinning) runs beside it:
-    /// such kernels run on the SMs the persistent ones leave, a compute of this capacity
-    /// that they share and that takes nothing from the persistent kernels. Unset: they
-    /// share the one compute like any op. The bench's calibration measures it
-    /// (`cmm_sim::calibration::persistent_plan` with a reduce); no profile sets it until a
-    /// GPU has.
-    #[serde(default)]
-    pub kernel_beside_persistent: Option<f64>,
 }
 
 fn no_concurrent_gain() -> [f64; 4] {
@@ -518,11 +508,7 @@ impl Profile {
             ("copy.compute_beside_copy", self.copy.compute_beside_copy),
             ("compute.split_k_efficiency", self.compute.split_k_efficiency),
         ];
-        let persistent = [
-            ("copy.rate_beside_persistent", self.copy.rate_beside_persistent),
-            ("compute.kernel_beside_persistent", self.compute.kernel_beside_persistent),
-        ];
-        let persistent = persistent.into_iter().filter_map(|(field, v)| Some((field, v?)));
+        let persistent = self.copy.rate_beside_persistent.map(|v| ("copy.rate_beside_persistent", v));
         for (field, v) in fractions.into_iter().chain(persistent) {
             if !(MIN_FRACTION..=1.0).contains(&v) {
                 return Err(invalid(field, shown(v), "is a fraction, at least 10^-12 and at most 1"));

@@ -335,7 +335,8 @@ pub struct OneGpuCalibration {
     pub shrink: usize,
     /// The copy beside persistent kernels (benches since the calibration measured it).
     pub copy_beside_persistent: Option<BesidePersistent>,
-    /// The reduce beside persistent kernels (likewise).
+    /// The reduce beside persistent kernels (likewise): alone, it times the reduce
+    /// kernel's own rate; beside them, it checks the model, which sets nothing from it.
     pub reduce_beside_persistent: Option<BesidePersistent>,
     /// The calibration's persistent kernels alone (two devices' local GEMMs,
     /// [`crate::calibration::persistent_plan`]), writing f16 and writing f32, µs (likewise).
@@ -418,9 +419,12 @@ pub fn copy_rate_gbps(profile: &Profile, bytes: f64, us: f64) -> Result<f64, Val
 /// `profile` with the calibration's figures in place of its assumptions: both copy rates,
 /// the remote waits (half a round trip, one signal reaching one wait, less the signal's
 /// latency), the best efficiency scaled so that the local GEMM takes the measured time,
-/// what GEMMs at once gain, and, where measured, the share of its rate a copy and a reduce
-/// keep beside persistent kernels ([`BesidePersistent::share`]) and the together-rate of
-/// persistent kernels (of every Hopper rate that has one) writing f16 and f32.
+/// what GEMMs at once gain, and, where measured, the share of its rate a copy keeps beside
+/// persistent kernels ([`BesidePersistent::share`]), the reduce kernel's own rate and the
+/// together-rate of persistent kernels (of every Hopper rate that has one) writing f16 and
+/// f32. The reduce beside persistent kernels sets nothing: a reduce shares the one compute
+/// with them, which the line checks (docs/simulator.md, "a reduce beside persistent
+/// kernels").
 pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Profile, ValidationError> {
     let bad = |what: String, value: f64| {
         ValidationError::Calibration(format!("{what} = {value} is not a positive time, rate or ratio"))
@@ -459,9 +463,6 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
     p.compute.concurrent_throughput = concurrent_throughput(&c.together);
     if let Some(share) = c.copy_beside_persistent.and_then(|b| b.share(copy_fixed_us(&p))) {
         p.copy.rate_beside_persistent = Some(share);
-    }
-    if let Some(share) = c.reduce_beside_persistent.and_then(|b| b.share(p.compute.launch_us)) {
-        p.compute.kernel_beside_persistent = Some(share);
     }
     // The reduce alone ([`crate::calibration::reduce_plan`]: two f32 blocks of the local
     // GEMM's output summed into a third) less its launch: the reduce kernel's own rate.
@@ -725,10 +726,16 @@ mod tests {
             persistent_kernels_us: Some((100.0, 125.0)),
         };
         let p = calibrated_one_gpu(&profile, &c).unwrap();
-        // Their fixed costs aside: the copy's 2 µs launch and 1 µs latency (17 µs of work in
-        // 77), the reduce's 2 µs launch (8 in 98).
-        let shares = (p.copy.rate_beside_persistent.unwrap(), p.compute.kernel_beside_persistent.unwrap());
-        assert!((shares.0 - 17.0 / 77.0).abs() < 1e-12 && (shares.1 - 8.0 / 98.0).abs() < 1e-12, "{shares:?}");
+        // Its fixed costs aside: the copy's 2 µs launch and 1 µs latency (17 µs of work in
+        // 77).
+        let share = p.copy.rate_beside_persistent.unwrap();
+        assert!((share - 17.0 / 77.0).abs() < 1e-12, "{share}");
+        // The reduce beside them sets nothing (it shares the one compute with them): only
+        // its time alone counts.
+        let mut other = c.clone();
+        other.reduce_beside_persistent =
+            Some(BesidePersistent { alone_us: 10.0, beside_us: 11.0, kernel_beside_us: 300.0 });
+        assert_eq!(calibrated_one_gpu(&profile, &other).unwrap(), p);
         // The reduce alone, 10 µs less a 2 µs launch for two f32 1024×4096 blocks read and
         // one written: the reduce kernel's rate, which prices every reduce (below the HBM's).
         let reduce_gbps = 3.0 * 1024.0 * 4096.0 * 4.0 / 8.0 / 1e3;
@@ -749,7 +756,7 @@ mod tests {
         assert_eq!(p.engines.unwrap().hopper_128x128.unwrap().shared_efficiency, None);
         (c.copy_beside_persistent, c.reduce_beside_persistent, c.persistent_kernels_us) = (None, None, None);
         let p = calibrated_one_gpu(&profile, &c).unwrap();
-        assert_eq!((p.copy.rate_beside_persistent, p.compute.kernel_beside_persistent), (None, None));
+        assert_eq!(p.copy.rate_beside_persistent, None);
         assert_eq!(p.memory.reduce_gbps, profile.memory.reduce_gbps);
         assert_eq!(
             (wide(&p).shared_efficiency, wide(&p).shared_efficiency_f32),
