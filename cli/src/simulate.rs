@@ -800,9 +800,10 @@ fn compare(problem: &cmm_core::Problem, profile: &Profile, potential: bool, json
 
 /// The benches the validation reads (committed with their runs' summaries): the H200's and
 /// the H100's of 2026-11-26, and the H200's of 2026-11-27 (stopped before its gemm_rs rows
-/// at D = 4 and 8; the first with the copy engines' column), each beside the one-GPU profile
-/// of its GPU.
-pub(crate) const BENCHES: [(&str, &str, &str); 3] = [
+/// at D = 4 and 8; the first with the copy engines' column) with its rerun on CUDA's default
+/// 8 hardware queues (the ring plans and all six fused ones, and a calibration), each beside
+/// the one-GPU profile of its GPU.
+pub(crate) const BENCHES: [(&str, &str, &str); 4] = [
     (
         "one H200, 2026-11-26 at 501302d",
         "docs/gpu-runs/2026-11-26-h200/3-501302d-bench-kernels.json",
@@ -817,6 +818,11 @@ pub(crate) const BENCHES: [(&str, &str, &str); 3] = [
         "one H200, 2026-11-27 at e806307",
         "docs/gpu-runs/2026-11-27-h200/1-e806307-bench-kernels.json",
         include_str!("../../docs/gpu-runs/2026-11-27-h200/1-e806307-bench-kernels.json"),
+    ),
+    (
+        "one H200, 2026-11-27 at e806307, on 8 hardware queues",
+        "docs/gpu-runs/2026-11-27-h200/1-e806307-bench-kernels-8-queues.json",
+        include_str!("../../docs/gpu-runs/2026-11-27-h200/1-e806307-bench-kernels-8-queues.json"),
     ),
 ];
 
