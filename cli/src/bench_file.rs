@@ -1426,7 +1426,7 @@ mod tests {
         assert_eq!(sync, (1.0, 5.0, 5.0));
         // The calibration's own plans then take what was measured on them.
         let measured = BenchCalibration {
-            together: vec![Together { devices: 2, together_us: 200.0, ratio: 0.8 }],
+            together: vec![Together { devices: 2, together_us: 128.0, ratio: 0.8 }],
             copy_gbps: 2000.0,
             round_trip_us: 12.0,
             gemm_us: 80.0,
@@ -1462,19 +1462,28 @@ mod tests {
         let without = BenchCalibration { copy_engines: None, ..measured };
         assert_eq!(without.copy_as_run(true).gbps, 2000.0, "the driver's, where the engines' was not timed");
         assert_eq!(calibration_rows(&p, &without, 1).unwrap().len(), rows.len() - 3);
-        // 2 GEMMs of 80 µs at 1.25 × one's rate, but for their fixed costs, which overlap,
-        // and a launch.
+        // The GEMM of 80 µs alone: its launch, its fixed cost, then its rate's part.
         let (launch, fixed) = (p.compute.launch_us, p.compute.gemm_overhead_us);
-        let together = 2.0 * (80.0 - fixed) / 1.25 + fixed + launch;
-        assert!((simulated("2 local GEMMs at once") - together).abs() < 1e-6, "{rows:?}");
         let gemm = p.gemm_cost(1024, 4096, 4096, cmm_core::DType::F16, cmm_core::DType::F16, false).work_s * 1e6;
-        assert!((gemm - 80.0).abs() < 1e-6, "{gemm}");
-        // 2 at once in 0.8 of their time alone: 1.25 × the throughput; 4 in 0.5: 2 ×; 3 between.
-        assert_eq!(p.compute.concurrent_throughput, [1.0, 1.25, 1.625, 2.0]);
+        assert!((gemm + launch - 80.0).abs() < 1e-6, "{gemm}");
+        // 2 at once in 0.8 of their time alone (128 µs), 4 in 0.5 (160 µs): their launches
+        // and fixed costs overlap, so the throughput is their rates' parts over what is
+        // left, and the model's GEMMs at once take the measured time (3: between).
+        assert!((simulated("2 local GEMMs at once") - 128.0).abs() < 1e-6, "{rows:?}");
+        let rate_part = 80.0 - launch - fixed;
+        let (two, four) = (2.0 * rate_part / (128.0 - launch - fixed), 4.0 * rate_part / (160.0 - launch - fixed));
+        let gains = p.compute.concurrent_throughput;
+        let expected = [1.0, two, (two + four) / 2.0, four];
+        assert!(gains.iter().zip(expected).all(|(g, e)| (g - e).abs() < 1e-12), "{gains:?} against {expected:?}");
+        assert!(two > 1.0 && two < 1.25, "less than 1 / 0.8: the overlapping fixed costs are part of that");
         let broken = OneGpuCalibration { round_trip_us: f64::NAN, ..c.clone() };
         assert!(calibrated_one_gpu(&profile, &broken).unwrap_err().to_string().contains("round_trip_us"));
-        let broken = OneGpuCalibration { together: vec![(2, -1.0)], ..c };
+        let broken = OneGpuCalibration { together: vec![(2, -1.0)], ..c.clone() };
         assert!(calibrated_one_gpu(&profile, &broken).unwrap_err().to_string().contains("together ratio of 2"));
+        // Two GEMMs at once in 8 µs, less than one's launch and fixed cost: refused.
+        let broken = OneGpuCalibration { together: vec![(2, 0.05)], ..c };
+        let e = calibrated_one_gpu(&profile, &broken).unwrap_err().to_string();
+        assert!(e.contains("2 GEMMs at once in 8 µs are not above"), "{e}");
     }
 
     #[test]

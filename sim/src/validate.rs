@@ -382,15 +382,27 @@ pub fn copy_fixed_us(profile: &Profile) -> f64 {
     profile.compute.launch_us + profile.interconnect.link_latency_us
 }
 
-/// The throughputs of 1 to 4 ops at once from measured (n, ratio) points: 1/ratio at each
-/// n measured, linear between them, the last held beyond.
-fn concurrent_throughput(together: &[(usize, f64)]) -> [f64; 4] {
+/// The throughputs of 1 to 4 GEMMs at once from measured (n, ratio) points, n local GEMMs
+/// having taken `ratio` × n times one alone (`alone_us`): as the model runs them, each pays
+/// `fixed_us` (its launch and fixed cost, which overlap) and they share the compute for
+/// their rates' parts, so at n the throughput is n rates' parts over the time less one
+/// fixed cost; linear between the n measured, the last held beyond. An error where a time
+/// together is not above the fixed cost.
+fn concurrent_throughput(together: &[(usize, f64)], alone_us: f64, fixed_us: f64) -> Result<[f64; 4], ValidationError> {
     let mut points = vec![(1usize, 1.0f64)];
-    let mut measured: Vec<(usize, f64)> =
-        together.iter().filter(|(n, _)| *n >= 2).map(|&(n, r)| (n, 1.0 / r)).collect();
+    let mut measured = Vec::new();
+    for &(n, ratio) in together.iter().filter(|(n, _)| *n >= 2) {
+        let together_us = ratio * n as f64 * alone_us;
+        if together_us <= fixed_us {
+            return Err(ValidationError::Calibration(format!(
+                "{n} GEMMs at once in {together_us} µs are not above one GEMM's launch and fixed cost ({fixed_us} µs)"
+            )));
+        }
+        measured.push((n, n as f64 * (alone_us - fixed_us) / (together_us - fixed_us)));
+    }
     measured.sort_by_key(|&(n, _)| n);
     points.extend(measured);
-    std::array::from_fn(|i| {
+    Ok(std::array::from_fn(|i| {
         let n = i + 1;
         match points.iter().position(|&(m, _)| m >= n) {
             Some(j) if points[j].0 == n || j == 0 => points[j].1,
@@ -400,7 +412,7 @@ fn concurrent_throughput(together: &[(usize, f64)]) -> [f64; 4] {
             }
             None => points[points.len() - 1].1,
         }
-    })
+    }))
 }
 
 /// The rate, GB/s, at which a copy of `bytes` that took `us` alone moved them once
@@ -449,18 +461,20 @@ pub fn calibrated_one_gpu(profile: &Profile, c: &OneGpuCalibration) -> Result<Pr
     p.interconnect.link_latency_us = p.interconnect.link_latency_us.min(hop);
     p.sync.remote_round_us = hop - p.interconnect.link_latency_us;
     p.sync.dma_wait_us = p.sync.remote_round_us;
-    // The rate scales so that the local GEMM takes the measured time over the profile's
-    // fixed cost of a GEMM, which stays.
-    let fixed_us = p.compute.gemm_overhead_us;
+    // The rate scales so that the local GEMM takes the measured time: its launch and the
+    // profile's fixed cost of a GEMM, which stay, then its rate's part.
+    let (overhead_us, fixed_us) = (p.compute.gemm_overhead_us, p.compute.gemm_overhead_us + p.compute.launch_us);
     if c.gemm_us <= fixed_us {
         return Err(ValidationError::Calibration(format!(
-            "gemm_us = {} is not above the profile's fixed cost of a GEMM (compute.gemm_overhead_us = {fixed_us})",
+            "gemm_us = {} is not above the profile's launch and fixed cost of a GEMM (compute.launch_us + \
+             compute.gemm_overhead_us = {fixed_us})",
             c.gemm_us
         )));
     }
     let modelled_us = p.gemm_cost(1024 / s, 4096 / s, 4096 / s, DType::F16, DType::F16, false).work_s * 1e6;
-    p.compute.max_efficiency = (p.compute.max_efficiency * (modelled_us - fixed_us) / (c.gemm_us - fixed_us)).min(1.0);
-    p.compute.concurrent_throughput = concurrent_throughput(&c.together);
+    p.compute.max_efficiency =
+        (p.compute.max_efficiency * (modelled_us - overhead_us) / (c.gemm_us - fixed_us)).min(1.0);
+    p.compute.concurrent_throughput = concurrent_throughput(&c.together, c.gemm_us, fixed_us)?;
     if let Some(share) = c.copy_beside_persistent.and_then(|b| b.share(copy_fixed_us(&p))) {
         p.copy.rate_beside_persistent = Some(share);
     }
