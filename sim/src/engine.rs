@@ -1331,6 +1331,7 @@ fn report(sim: Sim<'_>) -> SimReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::MAX_CONCURRENT;
     use cmm_core::algorithms::{algorithms_for, build_plan};
     use cmm_core::{Algorithm, OpKind, Problem};
 
@@ -1876,18 +1877,18 @@ mod tests {
             let twin = cmm_core::emulate::compute_only(&build_plan(&p, Algorithm::Fused { chunks: 1 }).unwrap());
             let flops = 2.0 * (1024 * d) as f64 * 4096.0 * 4096.0 * d as f64;
             let expected = flops / (profile.peak_flops(DType::F16) * together) + profile.launch_s();
-            profile.compute.concurrent_throughput = [1.0; 4];
+            profile.compute.concurrent_throughput = [1.0; MAX_CONCURRENT];
             let r = sim(&twin, &profile);
             assert!(r.engines.describe().contains("Hopper engine 128x256"), "{}", r.engines.describe());
             // Their FLOPs at that rate: no waves or fixed cost of each kernel on top.
             assert!((r.makespan_s / expected - 1.0).abs() < 1e-9, "D={d}: {} vs {expected}", r.makespan_s);
             // The gain of cuBLAS GEMMs at once is in that rate already: not counted twice.
-            profile.compute.concurrent_throughput = [1.0, 1.3, 1.5, 1.6];
+            profile.compute.concurrent_throughput = [1.0, 1.3, 1.5, 1.6, 1.6, 1.6, 1.6, 1.6];
             assert_eq!(sim(&twin, &profile).makespan_s, r.makespan_s, "D={d}");
             // Plain GEMMs still gain it.
             let plain = one_gpu_plan();
             let gained = sim(&plain, &profile).makespan_s;
-            profile.compute.concurrent_throughput = [1.0; 4];
+            profile.compute.concurrent_throughput = [1.0; MAX_CONCURRENT];
             assert!(gained < sim(&plain, &profile).makespan_s);
         }
         // Kernels writing f32 take the rate measured for them where the profile has one.
@@ -1941,7 +1942,7 @@ mod tests {
         // Compute alone (the copy beside it has a test of its own).
         (profile.copy.rate_beside_compute, profile.copy.compute_beside_copy) = (1.0, 1.0);
         (profile.compute.launch_us, profile.compute.gemm_overhead_us) = (0.0, 0.0);
-        profile.compute.concurrent_throughput = [1.0, 1.25, 1.25, 1.25];
+        profile.compute.concurrent_throughput = [1.0, 1.25, 1.25, 1.25, 1.25, 1.25, 1.25, 1.25];
         let plan = one_gpu_plan();
         let gemm = profile.gemm_cost(1024, 4096, 4096, DType::F16, DType::F32, false).work_s;
         let end = |priorities: Vec<i32>, device| {

@@ -119,15 +119,32 @@ pub struct ComputeProfile {
     /// Fixed cost of every data op (kernel launch), µs.
     pub launch_us: f64,
     /// On one GPU shared by several devices (`one_gpu`): the compute's total throughput
-    /// with 1, 2, 3 and 4 or more compute ops running at once, relative to one op alone
-    /// (one GEMM alone leaves part of the chip idle at its wave tails, which a second one
-    /// fills). The first is 1 by definition. Default: no gain, `[1, 1, 1, 1]`.
-    #[serde(default = "no_concurrent_gain")]
-    pub concurrent_throughput: [f64; 4],
+    /// with 1, 2, … compute ops running at once, relative to one op alone (one GEMM alone
+    /// leaves part of the chip idle at its wave tails, which a second one fills). The first
+    /// is 1 by definition; a file gives 1 to [`MAX_CONCURRENT`] of them, and the last it
+    /// gives holds for more ops. Default: no gain.
+    #[serde(default = "no_concurrent_gain", deserialize_with = "up_to_max_concurrent")]
+    pub concurrent_throughput: [f64; MAX_CONCURRENT],
 }
 
-fn no_concurrent_gain() -> [f64; 4] {
-    [1.0; 4]
+/// How many compute ops at once a profile's `concurrent_throughput` can tell apart (the
+/// bench's calibration times 2, 4 and 8).
+pub const MAX_CONCURRENT: usize = 8;
+
+fn no_concurrent_gain() -> [f64; MAX_CONCURRENT] {
+    [1.0; MAX_CONCURRENT]
+}
+
+/// `concurrent_throughput` as a file gives it, 1 to [`MAX_CONCURRENT`] values, the last
+/// held for more ops.
+fn up_to_max_concurrent<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[f64; MAX_CONCURRENT], D::Error> {
+    let given = Vec::<f64>::deserialize(d)?;
+    match given.last() {
+        Some(&last) if given.len() <= MAX_CONCURRENT => {
+            Ok(std::array::from_fn(|i| given.get(i).copied().unwrap_or(last)))
+        }
+        _ => Err(serde::de::Error::invalid_length(given.len(), &"1 to 8 throughputs")),
+    }
 }
 
 fn as_fast() -> f64 {
@@ -136,9 +153,9 @@ fn as_fast() -> f64 {
 
 impl ComputeProfile {
     /// The compute's total throughput with `ops` compute ops at once, relative to one
-    /// alone ([`Self::concurrent_throughput`]; 4 or more take the last).
+    /// alone ([`Self::concurrent_throughput`]; more than it tells apart take the last).
     pub fn throughput_with(&self, ops: usize) -> f64 {
-        self.concurrent_throughput[ops.clamp(1, 4) - 1]
+        self.concurrent_throughput[ops.clamp(1, MAX_CONCURRENT) - 1]
     }
 }
 
@@ -499,7 +516,7 @@ impl Profile {
             return Err(invalid(
                 "compute.concurrent_throughput",
                 format!("{gains:?}"),
-                "is 1, then the throughputs of 2, 3 and 4 ops at once relative to one (10^-12 to 1000)",
+                "is 1, then the throughputs of 2, 3, … ops at once relative to one (10^-12 to 1000)",
             ));
         }
         let fractions = [
@@ -951,6 +968,30 @@ mod tests {
         let mut builtin: Vec<String> = Profile::builtin_names().into_iter().map(String::from).collect();
         builtin.sort();
         assert_eq!(on_disk, builtin);
+    }
+
+    /// A profile gives the throughputs of 1 to 8 ops at once; the last it gives holds for
+    /// more, and none or more than 8 is refused.
+    #[test]
+    fn concurrent_throughputs_hold_their_last_value_for_more_ops() {
+        let base = include_str!("../profiles/h100-one-gpu.toml");
+        let with = |gains: &str| {
+            Profile::parse(
+                &base.replace("launch_us = 2.0", &format!("launch_us = 2.0\nconcurrent_throughput = {gains}")),
+                "t",
+            )
+        };
+        let p = with("[1.0, 1.2, 1.3]").unwrap();
+        let got: Vec<f64> = (1..=10).map(|ops| p.compute.throughput_with(ops)).collect();
+        assert_eq!(got, [1.0, 1.2, 1.3, 1.3, 1.3, 1.3, 1.3, 1.3, 1.3, 1.3]);
+        let p = with("[1.0, 1.1, 1.1, 1.1, 1.2, 1.2, 1.2, 1.4]").unwrap();
+        assert_eq!((p.compute.throughput_with(8), p.compute.throughput_with(64)), (1.4, 1.4));
+        for refused in ["[]", "[1.0, 1.1, 1.1, 1.1, 1.2, 1.2, 1.2, 1.4, 1.5]"] {
+            let e = with(refused).unwrap_err().to_string();
+            assert!(e.contains("concurrent_throughput") || e.contains("1 to 8"), "{refused}: {e}");
+        }
+        // What no profile file gives: no gain.
+        assert_eq!(Profile::load("h100-nvlink").unwrap().compute.throughput_with(8), 1.0);
     }
 
     #[test]

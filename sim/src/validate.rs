@@ -4,7 +4,7 @@
 
 use super::analytic::{ring_1d, ring_1d_with, MeshFamily, MeshShape};
 use super::engine::{simulate, SimError, SimOptions};
-use super::profile::Profile;
+use super::profile::{Profile, MAX_CONCURRENT};
 use super::tune::{best_per_algorithm, replay_llm, tune_llm, LlmConfig, MeshConfig, TuneError};
 use cmm_core::algorithms::{build_plan, build_plan_with, Algorithm, AlgorithmError, BaselineSums};
 use cmm_core::dtype::DType;
@@ -382,16 +382,20 @@ pub fn copy_fixed_us(profile: &Profile) -> f64 {
     profile.compute.launch_us + profile.interconnect.link_latency_us
 }
 
-/// The throughputs of 1 to 4 GEMMs at once from measured (n, ratio) points, n local GEMMs
-/// having taken `ratio` × n times one alone (`alone_us`): as the model runs them, each pays
-/// `fixed_us` (its launch and fixed cost, which overlap) and they share the compute for
-/// their rates' parts, so at n the throughput is n rates' parts over the time less one
-/// fixed cost; linear between the n measured, the last held beyond. An error where a time
-/// together is not above the fixed cost.
-fn concurrent_throughput(together: &[(usize, f64)], alone_us: f64, fixed_us: f64) -> Result<[f64; 4], ValidationError> {
+/// The throughputs of 1 to [`MAX_CONCURRENT`] GEMMs at once from measured (n, ratio)
+/// points, n local GEMMs having taken `ratio` × n times one alone (`alone_us`): as the
+/// model runs them, each pays `fixed_us` (its launch and fixed cost, which overlap) and
+/// they share the compute for their rates' parts, so at n the throughput is n rates' parts
+/// over the time less one fixed cost; linear between the n measured, the last held beyond.
+/// An error where a time together is not above the fixed cost.
+fn concurrent_throughput(
+    together: &[(usize, f64)],
+    alone_us: f64,
+    fixed_us: f64,
+) -> Result<[f64; MAX_CONCURRENT], ValidationError> {
     let mut points = vec![(1usize, 1.0f64)];
     let mut measured = Vec::new();
-    for &(n, ratio) in together.iter().filter(|(n, _)| *n >= 2) {
+    for &(n, ratio) in together.iter().filter(|(n, _)| (2..=MAX_CONCURRENT).contains(n)) {
         let together_us = ratio * n as f64 * alone_us;
         if together_us <= fixed_us {
             return Err(ValidationError::Calibration(format!(

@@ -37,7 +37,7 @@ pub struct Calibration {
     /// One copy from a device to another alone, µs, and its rate in GB/s copied.
     pub copy_us: f64,
     pub copy_gbps: f64,
-    /// The local GEMMs of 2 and 4 devices at once.
+    /// The local GEMMs of 2, 4 and 8 devices at once.
     pub together: Vec<Together>,
     /// The local GEMM alone, µs (cuBLAS).
     pub gemm_us: f64,
@@ -89,7 +89,7 @@ pub fn calibrate(
     let copy_bytes = m * n * 4;
     let copy_us = time(backend, &calibration::gemms_plan(2, (m, n, k), false, true)?, &options, reps)?;
     let mut together = Vec::new();
-    for devices in [2, 4] {
+    for devices in [2, 4, 8] {
         let together_us = time(backend, &calibration::gemms_plan(devices, (m, n, k), true, false)?, &options, reps)?;
         let one_at_a_time_us = devices as f64 * gemm_us;
         together.push(Together { devices, together_us, one_at_a_time_us, ratio: together_us / one_at_a_time_us });
