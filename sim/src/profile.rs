@@ -988,7 +988,10 @@ mod tests {
         assert_eq!((p.compute.throughput_with(8), p.compute.throughput_with(64)), (1.4, 1.4));
         for refused in ["[]", "[1.0, 1.1, 1.1, 1.1, 1.2, 1.2, 1.2, 1.4, 1.5]"] {
             let e = with(refused).unwrap_err().to_string();
-            assert!(e.contains("concurrent_throughput") || e.contains("1 to 8"), "{refused}: {e}");
+            assert!(
+                e.contains("concurrent_throughput = ") && e.contains("expected 1 to 8 throughputs"),
+                "{refused}: {e}"
+            );
         }
         // What no profile file gives: no gain.
         assert_eq!(Profile::load("h100-nvlink").unwrap().compute.throughput_with(8), 1.0);
