@@ -1662,17 +1662,14 @@ mod tests {
     }
 
     /// Device 1 runs a persistent kernel of two blocks that waits, between them, for device
-    /// 0's op: a copy of 64 MiB to device 1 or, with `reduce`, a reduce of two such blocks
-    /// into a third, after which device 0 signals.
-    fn beside_a_persistent_kernel(reduce: bool) -> Plan {
+    /// 0's copy of 64 MiB to device 1, after which device 0 signals.
+    fn beside_a_persistent_kernel() -> Plan {
         use cmm_core::plan::{BufferRole, PlanBuilder};
         let mut b = PlanBuilder::new("beside a persistent kernel", 2);
         let a = b.buffer("A", DType::F16, 128, 512, BufferRole::Scratch);
         let w = b.buffer("B", DType::F16, 512, 4096, BufferRole::Scratch);
         let c = b.buffer("C", DType::F32, 128, 4096, BufferRole::Scratch);
         let x = b.buffer("X", DType::F16, 8192, 4096, BufferRole::Scratch);
-        let y = b.buffer("Y", DType::F16, 8192, 4096, BufferRole::Scratch);
-        let z = b.buffer("Z", DType::F16, 8192, 4096, BufferRole::Scratch);
         let ready = b.semaphore("ready");
         let (compute, comm) = (b.lane("compute"), b.lane("comm"));
         let block = |b: &PlanBuilder, half: usize| {
@@ -1687,12 +1684,7 @@ mod tests {
         b.push(1, compute, Op::Wait { sem: ready, value: 1 });
         b.push(1, compute, second);
         let x = b.whole(x);
-        let op = if reduce {
-            Op::Reduce { inputs: vec![x, b.whole(y)], output: b.whole(z) }
-        } else {
-            Op::Copy { src: x, dst_device: 1, dst: x, engine: Engine::CopyEngine }
-        };
-        b.push(0, comm, op);
+        b.push(0, comm, Op::Copy { src: x, dst_device: 1, dst: x, engine: Engine::CopyEngine });
         b.push(0, comm, Op::Signal { device: 1, sem: ready, add: 1 });
         b.finish().unwrap()
     }
@@ -1831,7 +1823,7 @@ mod tests {
 
     #[test]
     fn on_one_gpu_a_persistent_kernel_holds_a_copy_to_the_share_the_profile_gives_it() {
-        let plan = beside_a_persistent_kernel(false);
+        let plan = beside_a_persistent_kernel();
         let mut profile = instant_one_gpu();
         // An HBM wide enough that only the contention factors bind.
         profile.memory.hbm_gbps = 1e9;
