@@ -120,6 +120,9 @@ namespace cmm_host {
 // global memory, `__nanosleep`, which other launches may complete), a cluster barrier
 // (every thread of every CTA of the cluster), or named barrier `NAMED + id` (bar.sync id,
 // count: released once `count` threads of the block wait at it).
+// The first and the longest nap of a block whose threads all sleep on global memory, ns.
+constexpr long MIN_NAP_NS = 200, MAX_NAP_NS = 1000000;
+
 enum Barrier { SYNCTHREADS = 1, WARP_COLLECTIVE = 2, YIELD = 3, CLUSTER_SYNC = 4, SLEEP = 5, NAMED = 16 };
 constexpr u32 NAMED_BARRIERS = 16;
 // The most CTAs of a cluster the twin runs (the Hopper engine's pairs).
@@ -473,6 +476,7 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, FiberOrder ord
     }
     for (Fiber& f : block.fibers) f.runnable = true;
     bool spun_without_progress = false;  // the last round ran only spins and changed nothing
+    long nap_ns = MIN_NAP_NS;  // how long a block with only sleeps gives the core away
     block.round.resize(fibers);
     for (u32 i = 0; i < fibers; ++i) block.round[i] = order.reversed ? fibers - 1u - i : i;
     u32 draws = order.seed * 0x9E3779B9u | 1u;  // never 0: xorshift would stay there
@@ -628,8 +632,15 @@ inline void run_cluster_fibers(u32 ctas, u32 threads, dim3 first, FiberOrder ord
             if (f.waiting != SLEEP && !(f.waiting == YIELD && f.spun_at == block.progress)) local_work = true;
         }
         if (some_sleep && !local_work) {
-            timespec t{0, 200};
+            // Longer each round nothing wakes, as a GPU's __nanosleep backs off: dozens of
+            // persistent blocks sleeping at once (fused_push at D = 8) would otherwise take
+            // the cores from the few that work, and a loaded machine could starve those
+            // past a wait's deadline.
+            timespec t{0, nap_ns};
             nanosleep(&t, nullptr);
+            nap_ns = nap_ns * 2 > MAX_NAP_NS ? MAX_NAP_NS : nap_ns * 2;
+        } else {
+            nap_ns = MIN_NAP_NS;
         }
     }
     running_block = nullptr;
