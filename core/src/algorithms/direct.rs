@@ -95,7 +95,8 @@ pub(super) fn gemm_reduce(p: &Problem, sums: BaselineSums) -> Result<Plan, Algor
     for d in 0..n {
         let (wa, wb, wp) = (b.whole(a), b.whole(bm), b.whole(partial));
         b.push(d, main, Op::gemm(wa, wb, wp));
-        if let Arrivals::Beside { lane, ready, .. } = arrivals {
+        if let Arrivals::Beside { lane, ready, .. } = &arrivals {
+            let (lane, ready) = (*lane, *ready);
             b.push(d, main, signal(d, ready));
             b.push(d, lane, wait(ready, 1));
         }
@@ -116,14 +117,15 @@ pub(super) fn gemm_reduce(p: &Problem, sums: BaselineSums) -> Result<Plan, Algor
         let out =
             if p.op == OpKind::GemmAr { b.rows(c, rows.start(d), rows.len(d)) } else { b.rows(c, 0, rows.len(d)) };
         let acc = acc.map(|acc| b.rows(acc, 0, rows.len(d)));
-        let order: Vec<usize> = match arrivals {
+        let order: Vec<usize> = match &arrivals {
             // Its own block first, then each step's as it comes.
             Arrivals::Beside { .. } => std::iter::once(d).chain((1..n).map(|step| direct_sender(d, step, n))).collect(),
             Arrivals::InSeries { .. } => (0..n).collect(),
         };
         let terms: Vec<Region> = order.iter().map(|&src| term(&b, src)).collect();
-        match arrivals {
+        match &arrivals {
             Arrivals::Beside { lane, reduced, .. } => {
+                let (lane, reduced) = (*lane, *reduced);
                 // Each sum waits for the steps whose blocks it adds, the last for the last.
                 let mut arrived = 0;
                 for (run, op) in direct_sum_runs(n).into_iter().zip(chained_sum(&terms, acc, out)) {
@@ -138,7 +140,7 @@ pub(super) fn gemm_reduce(p: &Problem, sums: BaselineSums) -> Result<Plan, Algor
             }
             Arrivals::InSeries { recv } => {
                 if n > 1 {
-                    b.push(d, main, wait(recv, (n - 1) as u32));
+                    b.push(d, main, wait(*recv, (n - 1) as u32));
                 }
                 for op in chained_sum(&terms, acc, out) {
                     b.push(d, main, op);
@@ -154,14 +156,13 @@ pub(super) fn gemm_reduce(p: &Problem, sums: BaselineSums) -> Result<Plan, Algor
 }
 
 /// How a direct ReduceScatter counts what it receives.
-#[derive(Clone, Copy)]
 enum Arrivals {
     /// One count of every block; the sum waits for all of them.
     InSeries { recv: SemId },
-    /// A count for each step's block (`recv_step{step}`, declared in step order from
-    /// `first_step`), summed as it comes on `lane`, which starts once the partial is
-    /// `ready` and ends the collective on `main` (`reduced`).
-    Beside { lane: LaneId, ready: SemId, reduced: SemId, first_step: SemId },
+    /// A count for each step's block (`recv_step{step}`, `steps[step − 1]`), summed as it
+    /// comes on `lane`, which starts once the partial is `ready` and ends the collective
+    /// on `main` (`reduced`).
+    Beside { lane: LaneId, ready: SemId, reduced: SemId, steps: Vec<SemId> },
 }
 
 impl Arrivals {
@@ -169,19 +170,16 @@ impl Arrivals {
         if !beside {
             return Arrivals::InSeries { recv: b.semaphore("recv") };
         }
-        let first_step = b.semaphore("recv_step1");
-        for step in 2..devices {
-            b.semaphore(&format!("recv_step{step}"));
-        }
+        let steps = (1..devices).map(|step| b.semaphore(&format!("recv_step{step}"))).collect();
         let (ready, reduced) = (b.semaphore("partial_ready"), b.semaphore("reduced"));
-        Arrivals::Beside { lane: b.lane("sum"), ready, reduced, first_step }
+        Arrivals::Beside { lane: b.lane("sum"), ready, reduced, steps }
     }
 
     /// The semaphore that counts the block sent at `step` (1 ≤ step < D).
-    fn sem(self, step: usize) -> SemId {
+    fn sem(&self, step: usize) -> SemId {
         match self {
-            Arrivals::InSeries { recv } => recv,
-            Arrivals::Beside { first_step, .. } => SemId(first_step.0 + step - 1),
+            Arrivals::InSeries { recv } => *recv,
+            Arrivals::Beside { steps, .. } => steps[step - 1],
         }
     }
 }
@@ -210,10 +208,12 @@ fn chained_sum(terms: &[Region], acc: Option<Region>, out: Region) -> Vec<Op> {
     runs.into_iter()
         .enumerate()
         .map(|(i, run)| {
-            let mut inputs: Vec<Region> =
-                if i == 0 { vec![] } else { vec![acc.expect("a chained sum has an accumulator")] };
+            // Every Reduce but the first adds onto the running sum, every one but the last
+            // writes it.
+            let running = || acc.expect("a chained sum has an accumulator");
+            let mut inputs: Vec<Region> = if i == 0 { vec![] } else { vec![running()] };
             inputs.extend_from_slice(&terms[run]);
-            let output = if i == last { out } else { acc.expect("a chained sum has an accumulator") };
+            let output = if i == last { out } else { running() };
             Op::Reduce { inputs, output }
         })
         .collect()
