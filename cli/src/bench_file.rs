@@ -146,14 +146,9 @@ impl BenchFile {
     }
 
     /// `plan` priced with its copies as cmm issues them by default, as the report's runs
-    /// of that column ran it: on the report's hardware queues where its streams outnumber
-    /// them (a run on CUDA's default 8), else each lane on its own.
+    /// of that column ran it: on the report's hardware queues.
     fn default_copies_simulated_us(&self, plan: &Plan, profile: &Profile) -> Result<f64> {
-        let options = SimOptions::default();
-        if plan.devices * plan.lanes.len() > self.hardware_queues {
-            return on_hardware_queues(plan, profile, &options, self.hardware_queues);
-        }
-        Ok(simulate(plan, profile, &options)?.makespan_s * 1e6)
+        on_hardware_queues(plan, profile, &SimOptions::default(), self.hardware_queues)
     }
 
     /// The compute priorities the bench's staggered runs spread the devices over: the
