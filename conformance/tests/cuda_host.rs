@@ -20,7 +20,7 @@ const HANG_LIMIT: Duration = Duration::from_secs(2);
 
 fn host(sync: SyncMode) -> Cuda<HostTwin> {
     let backend = HostTwin::new().unwrap_or_else(|e| panic!("{e}"));
-    Cuda::new(backend, CudaRunOptions { sync, ..Default::default() })
+    Cuda::new(backend, CudaRunOptions { sync, ..CudaRunOptions::emulated() })
 }
 
 #[test]
@@ -132,7 +132,7 @@ fn corpus_passes_on_emulated_hardware_queues() {
     assert!(!refused.is_empty() && refused.iter().all(|c| c.algorithm == "fused_push"), "{} cases", refused.len());
     for case in refused {
         let plan = case.plan().unwrap();
-        let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..Default::default() };
+        let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..CudaRunOptions::emulated() };
         let one = HostTwin::new().unwrap().with_feed(HostFeed::Queues { queues: 1, offset: 0 });
         match one.run(&plan, case.seed, case.family, &options) {
             Err(CudaError::Enqueue(EnqueueError::Hang(_))) => {}
@@ -154,7 +154,7 @@ fn the_whole_lane_order_hangs_on_one_emulated_queue_as_the_check_predicts() {
     let predicted = check_enqueue_order(&plan, &whole_lane, 1).expect_err("the check predicts a hang");
     check_enqueue_order(&plan, &whole_lane, MAX_QUEUES).expect("a queue per stream cannot hang");
     let twin = HostTwin::new().unwrap();
-    let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..Default::default() };
+    let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..CudaRunOptions::emulated() };
     let hurried = CudaRunOptions { run_timeout: HANG_LIMIT, wait_timeout: HANG_LIMIT, ..options };
     let one = twin.with_feed(HostFeed::Queues { queues: 1, offset: 0 });
     match one.run_in_order(&plan, &whole_lane, MAX_QUEUES, case.seed, case.family, &hurried) {
@@ -175,7 +175,7 @@ fn the_whole_lane_order_hangs_on_one_emulated_queue_as_the_check_predicts() {
 #[test]
 fn orders_the_check_accepts_do_not_hang_on_emulated_queues() {
     let twin = HostTwin::new().unwrap();
-    let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..Default::default() };
+    let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..CudaRunOptions::emulated() };
     let mut accepted = 0;
     for case in common::corpus() {
         let plan = case.plan().unwrap();
@@ -205,7 +205,7 @@ fn orders_the_check_accepts_do_not_hang_on_emulated_queues() {
 #[test]
 fn orders_the_check_rejects_hang_on_emulated_queues() {
     let twin = HostTwin::new().unwrap();
-    let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..Default::default() };
+    let options = CudaRunOptions { sync: SyncMode::StreamMemOps, ..CudaRunOptions::emulated() };
     let hurried = CudaRunOptions { run_timeout: HANG_LIMIT, wait_timeout: HANG_LIMIT, ..options };
     let rejected: Vec<_> = common::corpus()
         .into_iter()

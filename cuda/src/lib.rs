@@ -35,7 +35,9 @@ pub use lower::{
     hopper_rule, GemmCounts, GemmEngine, GemmFacts, GemmImpl, HopperKernel, HopperTile, HopperVariant, SyncMode,
 };
 pub use memory::DeviceBuffer;
-pub use options::{CopyIssue, CudaRunOptions, CudaRunOutput, GemmSpec, OpTimes, Placement, ReadBack};
+pub use options::{
+    CopyIssue, CudaRunOptions, CudaRunOutput, GemmSpec, OpTimes, Placement, ReadBack, EMULATED_WAIT_TIMEOUT,
+};
 pub use pool::{serve_rank_worker, RankPool, WorkerCommand};
 pub use rank::{Rendezvous, MAX_RANKS, RENDEZVOUS_VAR};
 

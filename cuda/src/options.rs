@@ -134,11 +134,29 @@ impl ReadBack {
     }
 }
 
+/// A wait's deadline where the kernels run on the CPU (the host twin, the fake driver):
+/// the corpus's plans finish in milliseconds there too, but the deadline is wall time on a
+/// shared CPU (a hundred stream threads on two cores, a CI machine that can pause), where a
+/// GPU's 10 s has run out with nothing wrong in the plan (docs/cuda.md, the host twin). A
+/// hang still ends in an error naming the wait.
+pub const EMULATED_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
+
 impl CudaRunOptions {
     /// Whether its GEMMs may take the Hopper engine: on cmm's own kernels
     /// ([`Self::hopper`]), or on every GEMM ([`GemmEngine::Hopper`]).
     pub fn asks_hopper(&self) -> bool {
         self.hopper || self.gemm == GemmEngine::Hopper
+    }
+
+    /// The defaults with the deadlines of a run on the CPU: every wait
+    /// [`EMULATED_WAIT_TIMEOUT`], the run twice that (so that a hung wait is named by its
+    /// own deadline first). Runs that are meant to hang set their own, shorter ones.
+    pub fn emulated() -> CudaRunOptions {
+        CudaRunOptions {
+            wait_timeout: EMULATED_WAIT_TIMEOUT,
+            run_timeout: 2 * EMULATED_WAIT_TIMEOUT,
+            ..CudaRunOptions::default()
+        }
     }
 }
 

@@ -84,7 +84,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "kernels")]
     pub sync: Sync,
     /// CUDA only: the time limit of each run of a case, in seconds (past it the run is
-    /// aborted, drained and reported as a failure).
+    /// aborted, drained and reported as a failure); on the fake driver also each wait's.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub case_timeout: u64,
     /// CUDA only: do not hold the lanes behind the gate until the plan is enqueued (for
@@ -238,9 +238,13 @@ impl Args {
 
     fn cuda_options(&self) -> CudaRunOptions {
         let defaults = CudaRunOptions::default();
+        let run_timeout = Duration::from_secs(self.case_timeout);
         CudaRunOptions {
             sync: self.sync.mode(),
-            run_timeout: Duration::from_secs(self.case_timeout),
+            run_timeout,
+            // On the fake driver the kernels run on this machine's shared CPU: a wait gets
+            // the case's whole time, not a GPU's (`cmm_cuda::EMULATED_WAIT_TIMEOUT` says why).
+            wait_timeout: if cmm_cuda::fake::requested() { run_timeout } else { defaults.wait_timeout },
             gate: defaults.gate && !self.ungated,
             comm_priority: !self.no_comm_priority,
             stagger: self.stagger,
