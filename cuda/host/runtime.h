@@ -864,6 +864,16 @@ inline void note_acquire() {
 
 inline void __nanosleep(u32 ns) {
     if (cmm_host::sleep_thread()) return;
-    timespec t{0, (long)ns};
+    // A thread without fibers (a wait or gate kernel: one thread) naps longer each time it
+    // comes back within a nap of the last, as a block of fibers does: a hundred stream
+    // threads each waking every few microseconds would take the cores from the few that
+    // work. A spin that resumes after a pause starts again at `ns`.
+    static thread_local long nap_ns = 0;
+    static thread_local u64 woke_ns = 0;
+    const u64 now = cmm_globaltimer_ns();
+    const bool spinning = woke_ns != 0 && now - woke_ns <= (u64)nap_ns;
+    nap_ns = spinning ? std::min(2 * nap_ns, cmm_host::MAX_NAP_NS) : std::max((long)ns, 1L);
+    timespec t{0, nap_ns};
     nanosleep(&t, nullptr);
+    woke_ns = cmm_globaltimer_ns();
 }

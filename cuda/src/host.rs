@@ -777,6 +777,9 @@ fn execute(
         }
         Submission::StreamWait { addr, value } => {
             let start = Instant::now();
+            // Longer naps the longer it waits (as the fake driver's and the kernels' spins):
+            // dozens of waiting queues must not take the cores from the streams that work.
+            let mut nap = Duration::from_micros(50);
             while semaphore(*addr).load(Ordering::Acquire) < *value {
                 if control.aborted() {
                     return Ok(());
@@ -791,7 +794,8 @@ fn execute(
                         ),
                     });
                 }
-                std::thread::sleep(Duration::from_micros(50));
+                std::thread::sleep(nap);
+                nap = (2 * nap).min(Duration::from_micros(200));
             }
             Ok(())
         }
