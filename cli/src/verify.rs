@@ -2,7 +2,7 @@
 //! semaphore accounting under several interleavings, and what CUDA's FIFO hardware
 //! queues do with it.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use cmm_conformance::CaseRecord;
 use cmm_core::schedule::{orders, schedule_with};
 use cmm_core::verify::{check_cells, verify_in, Cells};
@@ -24,12 +24,19 @@ pub struct Verification {
 /// hours and hold gigabytes before saying anything.
 pub const MAX_SCHEDULES: usize = 100_000;
 
+/// `schedules` as the count of interleavings [`verify_plan`] takes, or why it is not one
+/// (a caller such as Python may hand it a negative number).
+pub fn schedule_count(schedules: i128) -> Result<usize> {
+    usize::try_from(schedules)
+        .ok()
+        .filter(|count| (1..=MAX_SCHEDULES).contains(count))
+        .with_context(|| format!("schedules: 1 to {MAX_SCHEDULES}, not {schedules} (the interleavings verify replays)"))
+}
+
 /// Verifies `plan` under `schedules` interleavings (the default order first), 1 to
 /// [`MAX_SCHEDULES`].
 pub fn verify_plan(plan: &Plan, schedules: usize) -> Result<Verification> {
-    if !(1..=MAX_SCHEDULES).contains(&schedules) {
-        bail!("schedules: 1 to {MAX_SCHEDULES}, not {schedules} (the interleavings verify replays)");
-    }
+    let schedules = schedule_count(schedules as i128)?;
     let cells = Cells::of(plan);
     let mut lines = vec![format!(
         "plan {}: {} devices, {} lanes, {} ops; its {} buffer elements shadowed in {} cells",

@@ -331,7 +331,8 @@ fn corpus() -> PyResult<Vec<PyCase>> {
 /// Verifies a plan file's text under `schedules` interleavings: (the lines `cmm verify`
 /// prints, the findings in words).
 #[pyfunction]
-fn verify(py: Python<'_>, plan_json: &str, schedules: usize) -> PyResult<(Vec<String>, Vec<String>)> {
+fn verify(py: Python<'_>, plan_json: &str, schedules: i64) -> PyResult<(Vec<String>, Vec<String>)> {
+    let schedules = cmm_cli::verify::schedule_count(schedules.into()).map_err(value_error)?;
     let plan = Plan::from_file_json(plan_json).map_err(value_error)?;
     let v = py.detach(|| cmm_cli::verify::verify_plan(&plan, schedules)).map_err(value_error)?;
     let findings = v.records.iter().filter(|r| !r.passed).map(|r| r.reason.clone()).collect();

@@ -151,6 +151,10 @@ def test_bad_arguments_raise_the_right_exception():
         cmm.verify(case.plan(), schedules=0)
     with pytest.raises(ValueError, match="schedules: 1 to 100000"):
         cmm.verify(case.plan(), schedules=10**9)
+    with pytest.raises(ValueError, match="schedules: 1 to 100000, not -3"):
+        cmm.verify(case.plan(), schedules=-3)
+    with pytest.raises(TypeError, match="schedules must be an int, not float"):
+        cmm.verify(case.plan(), schedules=2.7)
     # The command's options as keywords, and their errors in those words.
     with pytest.raises(ValueError, match="simulate: invalid value 'nope' for `op`: unknown op `nope`"):
         cmm.simulate(op="nope", devices=2, m=8, n=8, k=8)

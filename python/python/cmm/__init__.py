@@ -253,8 +253,10 @@ def check(case: Case, outputs: Any) -> CheckResult:
 def verify(plan: Union[Dict[str, Any], str], schedules: int = 4) -> Dict[str, Any]:
     """Verifies a plan (a plan file as a dict or as JSON text) under `schedules`
     interleavings: {"findings": [...], "lines": [what `cmm verify` prints]}."""
+    if isinstance(schedules, bool) or not isinstance(schedules, int):
+        raise TypeError(f"schedules must be an int, not {type(schedules).__name__}")
     text = plan if isinstance(plan, str) else json.dumps(plan)
-    lines, findings = _cmm.verify(text, int(schedules))
+    lines, findings = _cmm.verify(text, schedules)
     return {"findings": findings, "lines": lines}
 
 
