@@ -832,12 +832,19 @@ impl CudaBackend {
     ) -> Result<CudaRunOutput, CudaError> {
         let start = Instant::now();
         let rank = rendezvous.rank;
-        if rendezvous.world != plan.devices {
+        let refused = if rendezvous.world != plan.devices {
+            Some(format!("{} ranks for a plan of {} devices", rendezvous.world, plan.devices))
+        } else if rank >= rendezvous.world {
+            Some(format!("no such rank: the ranks of {} are 0 to {}", rendezvous.world, rendezvous.world - 1))
+        } else {
+            None
+        };
+        if let Some(what) = refused {
             return Err(CudaError::Rendezvous {
                 rank,
                 world: rendezvous.world,
                 socket: rendezvous.socket.clone(),
-                what: format!("{} ranks for a plan of {} devices", rendezvous.world, plan.devices),
+                what,
             });
         }
         self.check_driver_calls(plan, options)?;

@@ -15,7 +15,7 @@ use cmm_core::{build_plan, Algorithm, DType, OpKind, Problem};
 use cmm_cuda::fake::Injection;
 use cmm_cuda::{
     CopyIssue, CudaBackend, CudaError, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec,
-    HopperKernel, HopperTile, HopperVariant, Kernel, Placement, SyncMode,
+    HopperKernel, HopperTile, HopperVariant, Kernel, Placement, Rendezvous, SyncMode,
 };
 
 mod fake;
@@ -154,6 +154,33 @@ fn a_plan_across_two_gpus_is_right() {
             assert_right(&b, &plan, &CudaRunOptions { sync, placement: Placement::Gpus, ..Default::default() });
         }
     }
+}
+
+/// A rank outside its world, or a world that is not the plan's devices, is refused before
+/// anything runs, naming the rank, on generated inputs and on the caller's buffers (a
+/// caller builds its `Rendezvous` as it likes: rank 4 of 4 once indexed past the plan's
+/// devices and panicked). No socket is made.
+#[test]
+fn a_rank_outside_its_world_is_refused_naming_it() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    let plan = ring_plan();
+    let socket = std::env::temp_dir().join(format!("cmm-no-such-rank-{}", std::process::id()));
+    for (rank, world, what) in
+        [(4, 4, "no such rank: the ranks of 4 are 0 to 3"), (0, 2, "2 ranks for a plan of 4 devices")]
+    {
+        let rendezvous = Rendezvous { rank, world, socket: socket.clone(), timeout: Duration::from_secs(1) };
+        let options = CudaRunOptions::default();
+        let generated = b.run_rank(&plan, &rendezvous, 5, Family::Exact, &options).map(|o| o.elapsed);
+        let given = b.run_rank_given(&plan, &rendezvous, &[], &options).map(|o| o.elapsed);
+        for result in [generated, given] {
+            let e = result.expect_err("a rank outside its world ran");
+            let text = e.to_string();
+            assert!(matches!(e, CudaError::Rendezvous { .. }), "{text}");
+            assert!(text.starts_with(&format!("rank {rank} of {world} ")) && text.ends_with(what), "{text}");
+        }
+    }
+    assert!(!socket.exists(), "a refused rank made its socket");
 }
 
 /// Launches that block until their kernel has run (`CUDA_LAUNCH_BLOCKING=1`, and tools
