@@ -1033,6 +1033,9 @@ pub(crate) fn prepare_in_order(
     order: Option<(&[cmm_core::plan::OpSite], usize)>,
 ) -> Result<Lowered, CudaError> {
     plan.validate()?;
+    if let Some(what) = options.deadlines_refused() {
+        return Err(CudaError::Unsupported { plan: plan.name.clone(), what });
+    }
     if let Some(seed) = seed {
         plan.check_generator_range()?;
         cmm_core::moe::check_routing(plan, seed)?;

@@ -37,6 +37,7 @@ pub use lower::{
 pub use memory::DeviceBuffer;
 pub use options::{
     CopyIssue, CudaRunOptions, CudaRunOutput, GemmSpec, OpTimes, Placement, ReadBack, EMULATED_WAIT_TIMEOUT,
+    MAX_DEADLINE,
 };
 pub use pool::{serve_rank_worker, RankPool, WorkerCommand};
 pub use rank::{Rendezvous, MAX_RANKS, RENDEZVOUS_VAR};

@@ -134,6 +134,9 @@ impl ReadBack {
     }
 }
 
+/// The longest deadline a run takes, for a wait or for the whole run: a day.
+pub const MAX_DEADLINE: Duration = Duration::from_secs(86_400);
+
 /// A wait's deadline where the kernels run on the CPU (the host twin, the fake driver):
 /// the corpus's plans finish in milliseconds there too, but the deadline is wall time on a
 /// shared CPU (a hundred stream threads on two cores, a CI machine that can pause), where a
@@ -146,6 +149,25 @@ impl CudaRunOptions {
     /// ([`Self::hopper`]), or on every GEMM ([`GemmEngine::Hopper`]).
     pub fn asks_hopper(&self) -> bool {
         self.hopper || self.gemm == GemmEngine::Hopper
+    }
+
+    /// Why the deadlines cannot be kept, if they cannot: a wait's or the run's longer than
+    /// [`MAX_DEADLINE`] (the kernels count a deadline in nanoseconds, and the host adds and
+    /// doubles them), or a wait's of zero (every wait would fail at once).
+    pub fn deadlines_refused(&self) -> Option<String> {
+        let secs = |d: Duration| d.as_secs_f64();
+        if self.wait_timeout.is_zero() {
+            Some("a wait deadline of 0 s: every wait would time out at once".into())
+        } else if self.wait_timeout > MAX_DEADLINE || self.run_timeout > MAX_DEADLINE {
+            Some(format!(
+                "deadlines of {} s a wait and {} s a run: at most {} s each (a day)",
+                secs(self.wait_timeout),
+                secs(self.run_timeout),
+                MAX_DEADLINE.as_secs()
+            ))
+        } else {
+            None
+        }
     }
 
     /// The defaults with the deadlines of a run on the CPU: every wait

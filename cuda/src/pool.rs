@@ -124,7 +124,12 @@ impl RankPool {
     /// The longest a run's ranks may take to answer: three meetings, the run and its
     /// drain, and some slack. A worker that has not answered by then is stopped.
     fn answer_limit(&self, options: &CudaRunOptions) -> Duration {
-        3 * self.meeting_timeout + options.run_timeout + 2 * options.wait_timeout + self.answer_slack
+        // Saturating, though `prepare` has refused deadlines past a day before any run.
+        self.meeting_timeout
+            .saturating_mul(3)
+            .saturating_add(options.run_timeout)
+            .saturating_add(options.wait_timeout.saturating_mul(2))
+            .saturating_add(self.answer_slack)
     }
 
     fn spawn(&self) -> Result<Worker, CudaError> {

@@ -15,7 +15,7 @@ use cmm_core::{build_plan, Algorithm, DType, OpKind, Problem};
 use cmm_cuda::fake::Injection;
 use cmm_cuda::{
     CopyIssue, CudaBackend, CudaError, CudaExecutor, CudaRunOptions, GemmChoice, GemmEngine, GemmImpl, GemmSpec,
-    HopperKernel, HopperTile, HopperVariant, Kernel, Placement, Rendezvous, SyncMode,
+    HopperKernel, HopperTile, HopperVariant, Kernel, Placement, Rendezvous, SyncMode, MAX_DEADLINE,
 };
 
 mod fake;
@@ -154,6 +154,29 @@ fn a_plan_across_two_gpus_is_right() {
             assert_right(&b, &plan, &CudaRunOptions { sync, placement: Placement::Gpus, ..Default::default() });
         }
     }
+}
+
+/// Deadlines the kernels and the host cannot keep are refused before anything runs, naming
+/// them: "never" written as `Duration::MAX` (which the host's sums of deadlines overflowed,
+/// and the kernels' nanosecond count truncated), and a wait deadline of zero.
+#[test]
+fn deadlines_past_a_day_or_a_zero_wait_are_refused_naming_them() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = fake_backend() else { return };
+    let plan = ring_plan();
+    for (options, said) in [
+        (CudaRunOptions { run_timeout: Duration::MAX, ..Default::default() }, "at most 86400 s each (a day)"),
+        (CudaRunOptions { wait_timeout: Duration::MAX, ..Default::default() }, "at most 86400 s each (a day)"),
+        (CudaRunOptions { wait_timeout: Duration::ZERO, ..Default::default() }, "a wait deadline of 0 s"),
+    ] {
+        let e = b.run(&plan, 5, Family::Exact, &options).map(|o| o.elapsed).expect_err("refused deadlines ran");
+        assert!(matches!(e, CudaError::Unsupported { .. }) && e.to_string().contains(said), "{e}");
+    }
+    assert_right(
+        &b,
+        &plan,
+        &CudaRunOptions { run_timeout: MAX_DEADLINE, wait_timeout: MAX_DEADLINE, ..Default::default() },
+    );
 }
 
 /// A rank outside its world, or a world that is not the plan's devices, is refused before

@@ -169,6 +169,16 @@ fn bindings<'py>(
     Ok((given, keep))
 }
 
+/// `value` seconds as a deadline: positive, and at most a day ([`cmm_cuda::MAX_DEADLINE`]).
+fn seconds(name: &str, value: f64) -> PyResult<Duration> {
+    let most = cmm_cuda::MAX_DEADLINE.as_secs_f64();
+    if value.is_finite() && value > 0.0 && value <= most {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        Err(PyValueError::new_err(format!("{name} {value:?}: a positive number of seconds, at most {most} (a day)")))
+    }
+}
+
 /// Runs a plan file's text on the caller's CUDA tensors, `(device, buffer, tensor)` for
 /// every input, output, accumulator and routing table: of every device in one process, or
 /// with `rank = (rank, world, socket, timeout s)` (or `RANK`/`WORLD_SIZE` in the
@@ -194,27 +204,17 @@ pub fn cuda_run<'py>(
         other => return Err(PyValueError::new_err(format!("sync `{other}`: kernels or memops"))),
     };
     let copies = CopyIssue::parse(copies).map_err(|why| PyValueError::new_err(format!("copies {why}")))?;
-    if !(wait_timeout.is_finite() && wait_timeout > 0.0) {
-        return Err(PyValueError::new_err(format!("wait_timeout {wait_timeout}: a positive number of seconds")));
-    }
+    let wait_timeout = seconds("wait_timeout", wait_timeout)?;
     let rendezvous = match (rank, from_env) {
         (Some((rank, world, socket, timeout)), _) => {
-            if !(timeout.is_finite() && timeout > 0.0) {
-                return Err(PyValueError::new_err(format!("timeout {timeout}: a positive number of seconds")));
-            }
-            Some(Rendezvous { rank, world, socket: PathBuf::from(socket), timeout: Duration::from_secs_f64(timeout) })
+            Some(Rendezvous { rank, world, socket: PathBuf::from(socket), timeout: seconds("timeout", timeout)? })
         }
         (None, true) => Some(Rendezvous::from_env().map_err(|e| PyValueError::new_err(e.to_string()))?),
         (None, false) => None,
     };
     let (given, _capsules) = bindings(py, &plan, &tensors)?;
-    let options = CudaRunOptions {
-        sync,
-        wait_timeout: Duration::from_secs_f64(wait_timeout),
-        read_back: ReadBack::Nothing,
-        copies,
-        ..CudaRunOptions::default()
-    };
+    let options =
+        CudaRunOptions { sync, wait_timeout, read_back: ReadBack::Nothing, copies, ..CudaRunOptions::default() };
     // The GIL stays held: the backend belongs to this thread.
     with_backend(|backend| {
         let run = match &rendezvous {

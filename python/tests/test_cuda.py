@@ -228,3 +228,14 @@ def test_a_rank_outside_its_world_is_refused_naming_it():
         mine = _device_tensors(case)[0]
         with pytest.raises(RuntimeError, match=r"rank 5 of 2 .*no such rank: the ranks of 2 are 0 to 1"):
             cmm.cuda.run(case, mine, rank=5, world=2, rendezvous=os.path.join(tmp, "s"), timeout=1.0)
+
+
+def test_deadlines_past_a_day_are_refused_naming_them():
+    _backend_or_skip()
+    case = _case()
+    tensors = _device_tensors(case)
+    for bad in (1e300, 86401.0, 0.0, float("inf")):
+        with pytest.raises(ValueError, match=r"wait_timeout .*: a positive number of seconds, at most 86400"):
+            cmm.cuda.run(case, tensors, wait_timeout=bad)
+    with pytest.raises(ValueError, match=r"timeout 1e300: a positive number of seconds"):
+        cmm.cuda.run(case, tensors[0], rank=0, world=2, rendezvous="/nonexistent/s", timeout=1e300)

@@ -75,7 +75,8 @@ def run(
     `tensors` is one mapping of buffer name to tensor per device (one process), or one
     mapping for this rank's device (one process per device: `rank` and `world` given, or
     RANK and WORLD_SIZE in the environment). `timeout` bounds each meeting of the ranks,
-    `wait_timeout` each wait of the plan; `sync` is "kernels" or "memops". `copies` is
+    `wait_timeout` each wait of the plan (seconds, more than 0 and at most a day); `sync`
+    is "kernels" or "memops". `copies` is
     "auto" (contiguous copies asked of the copy engines where the driver can be asked,
     strided ones left to it), "driver" (the driver picks the hardware; within one GPU it
     may copy on the SMs) or "copy-engines" (every copy asked of the copy engines, a strided
