@@ -212,22 +212,17 @@ def test_one_process_per_device_as_torchrun_launches_it():
     assert result.ok, result.reason
 
 
-def test_a_rank_alone_is_told_which_ranks_did_not_come():
+@pytest.mark.parametrize("rank, said", [
+    (0, r"rank 0 of 2 .*ranks 1 did not come"),  # alone: its peer never comes
+    (5, r"rank 5 of 2 .*no such rank: the ranks of 2 are 0 to 1"),  # refused before anything runs
+])
+def test_a_rank_that_cannot_run_is_told_why(rank, said):
     _backend_or_skip()
     case = _case()
     with tempfile.TemporaryDirectory() as tmp:
         mine = _device_tensors(case)[0]
-        with pytest.raises(RuntimeError, match=r"rank 0 of 2 .*ranks 1 did not come"):
-            cmm.cuda.run(case, mine, rank=0, world=2, rendezvous=os.path.join(tmp, "s"), timeout=1.0)
-
-
-def test_a_rank_outside_its_world_is_refused_naming_it():
-    _backend_or_skip()
-    case = _case()
-    with tempfile.TemporaryDirectory() as tmp:
-        mine = _device_tensors(case)[0]
-        with pytest.raises(RuntimeError, match=r"rank 5 of 2 .*no such rank: the ranks of 2 are 0 to 1"):
-            cmm.cuda.run(case, mine, rank=5, world=2, rendezvous=os.path.join(tmp, "s"), timeout=1.0)
+        with pytest.raises(RuntimeError, match=said):
+            cmm.cuda.run(case, mine, rank=rank, world=2, rendezvous=os.path.join(tmp, "s"), timeout=1.0)
 
 
 def test_deadlines_past_a_day_are_refused_naming_them():
