@@ -374,11 +374,7 @@ struct EngineCopies {
 
 /// A bench row's algorithm as the bench prints it: `ring`, `ring_accumulate(c=2)`, ….
 fn parse_algorithm(text: &str) -> Result<Algorithm> {
-    let (name, chunks) = match text.strip_suffix(')').and_then(|t| t.split_once("(c=")) {
-        Some((name, chunks)) => (name, Some(chunks.parse::<usize>().with_context(|| format!("chunks of `{text}`"))?)),
-        None => (text, None),
-    };
-    Ok(Algorithm::parse(name, chunks)?)
+    Ok(text.parse::<Algorithm>()?)
 }
 
 /// A fused plan of the report: cmm's own tile kernel, which no profile prices as it

@@ -73,9 +73,9 @@ impl ProblemArgs {
     }
 }
 
-/// Parses `--algorithm` and `--chunks`.
-pub fn algorithm(name: &str, chunks: Option<usize>) -> Result<Algorithm> {
-    Ok(Algorithm::parse(name, chunks)?)
+/// Parses `--algorithm`, `--chunks` and `--node`.
+pub fn algorithm(name: &str, chunks: Option<usize>, node: Option<usize>) -> Result<Algorithm> {
+    Ok(Algorithm::parse_with(name, chunks, node)?)
 }
 
 /// Microseconds with one decimal.

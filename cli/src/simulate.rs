@@ -45,14 +45,19 @@ pub struct Args {
     pub plan: Option<PathBuf>,
     #[command(flatten)]
     pub problem: ProblemArgs,
-    /// Algorithm: baseline, baseline_direct, ring, ring_bidir, ring_chunked, fused, or for
-    /// gemm_rs and gemm_ar ring_accumulate, ring_push and fused_push.
+    /// Algorithm: baseline, baseline_direct, ring, ring_bidir, ring_chunked, fused, for
+    /// gemm_rs and gemm_ar ring_accumulate, ring_push and fused_push, for ag_gemm
+    /// hierarchical.
     #[arg(long, default_value = "ring")]
     pub algorithm: String,
     /// Chunks per shard or block (ring_chunked, required; ring_accumulate, fused and
     /// fused_push, default 1).
     #[arg(long)]
     pub chunks: Option<usize>,
+    /// GPUs per node (hierarchical: required, unless the profile has a network, whose
+    /// node size it then takes).
+    #[arg(long)]
+    pub node: Option<usize>,
     /// Torus shape for torus profiles, e.g. 4x4 (default: a ring of D devices).
     #[arg(long, value_name = "RxC")]
     pub torus: Option<String>,
@@ -243,7 +248,13 @@ pub fn run(args: &Args) -> Result<()> {
     if args.compare {
         return compare(&problem, &profile, args.potential, args.json);
     }
-    let alg = algorithm(&args.algorithm, args.chunks)?;
+    // Without --node, the hierarchical plan takes the profile's node size (all D in one
+    // node where D is smaller).
+    let node = match (args.node, args.algorithm.as_str(), profile.network) {
+        (None, "hierarchical", Some(net)) => Some(net.devices_per_node.min(problem.devices)),
+        (node, ..) => node,
+    };
+    let alg = algorithm(&args.algorithm, args.chunks, node)?;
     let plan = build_plan(&problem, alg)?;
     let plan = if args.offset_starts { cmm_core::emulate::offset_starts(&plan)? } else { plan };
     match args.executor {
@@ -742,7 +753,7 @@ fn json(plan: &Plan, r: &SimReport, analytic_s: Option<f64>) -> serde_json::Valu
 
 fn compare(problem: &cmm_core::Problem, profile: &Profile, potential: bool, json: bool) -> Result<()> {
     let mut rows = Vec::new();
-    for alg in candidates_1d(problem.op) {
+    for alg in candidates_1d(problem.op, problem.devices, profile) {
         let Ok(plan) = build_plan(problem, alg) else { continue };
         let r = simulate(&plan, profile, &SimOptions::default())?;
         let at_cublas_s = if potential {

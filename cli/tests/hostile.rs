@@ -196,6 +196,32 @@ fn flags_are_named_as_given_and_zero_schedules_is_refused() {
     assert!(!o.status.success() && text(&o).contains("1000000000 is not in 1..=100000"), "{}", text(&o));
 }
 
+/// The hierarchical plan's node size: taken from a profile with a network, required
+/// without one, refused where it does not divide D, and the plan refused for GEMM+RS; each
+/// in the algorithm's words.
+#[test]
+fn a_hierarchical_plan_without_whole_nodes_is_refused_in_its_words() {
+    let s = Scratch::new("nodes");
+    let sim = |args: &[&str]| {
+        let problem = ["simulate", "--algorithm", "hierarchical", "-m", "4096", "-n", "4096", "-k", "4096"];
+        cmm(&s.0, &[&problem[..], args].concat())
+    };
+    let o = sim(&["--op", "ag_gemm", "-d", "16", "--profile", "h100-ib"]);
+    assert!(o.status.success() && text(&o).contains("ag_gemm/hierarchical(node=8) D=16"), "{}", text(&o));
+    let o = sim(&["--op", "ag_gemm", "-d", "4", "--profile", "h100-nvlink"]);
+    assert!(!o.status.success() && text(&o).contains("needs the parameter `node`"), "{}", text(&o));
+    let o = sim(&["--op", "ag_gemm", "-d", "4", "--node", "3"]);
+    assert!(!o.status.success() && text(&o).contains("nodes of 3 GPUs do not divide the D=4 devices"), "{}", text(&o));
+    let o = sim(&["--op", "gemm_rs", "-d", "4", "--node", "2"]);
+    assert!(
+        !o.status.success() && text(&o).contains("hierarchical(node=2) is not defined for gemm_rs"),
+        "{}",
+        text(&o)
+    );
+    let o = cmm(&s.0, &["simulate", "--op", "ag_gemm", "-d", "4", "-m", "64", "-n", "64", "-k", "64", "--node", "2"]);
+    assert!(!o.status.success() && text(&o).contains("ring takes no parameter `node`"), "{}", text(&o));
+}
+
 /// Numbers that once came out as `inf µs` or as a ranking of wrapped counts: a profile
 /// in other units, a latency of 10^308 µs, a 2D GEMM whose matrices no buffer holds, a
 /// batch whose tokens overflow, and a batch of none. Each is refused with what is wrong,

@@ -6,6 +6,7 @@
 //! op = "ag_gemm"            # ag_gemm | gemm_rs | gemm_ar | mesh_gemm
 //! algorithm = "ring"        # baseline | ring | ring_bidir | ring_chunked
 //! chunks = 2                # only with ring_chunked
+//! node = 2                  # only with hierarchical (ag_gemm): GPUs per node
 //! devices = 4               # 1D ops: the ring size D
 //! m = 96                    # global GEMM C = A·B: A is M×K, B is K×N
 //! n = 32
@@ -150,6 +151,8 @@ pub struct Case {
     pub algorithm: String,
     /// Chunks per shard, for `ring_chunked` only.
     pub chunks: Option<usize>,
+    /// GPUs per node, for `hierarchical` only.
+    pub node: Option<usize>,
     /// MeshSlice's slice count S.
     pub slices: Option<usize>,
     /// MeshSlice's block size B.
@@ -179,6 +182,8 @@ struct CaseTable {
     algorithm: String,
     #[serde(default)]
     chunks: Option<usize>,
+    #[serde(default)]
+    node: Option<usize>,
     #[serde(default)]
     devices: Option<usize>,
     #[serde(default)]
@@ -268,7 +273,7 @@ impl CaseTable {
         ];
         let moe_fields =
             [(self.experts.is_some(), "experts"), (self.topk.is_some(), "topk"), (self.routing.is_some(), "routing")];
-        let ring_fields = [(self.chunks.is_some(), "chunks")];
+        let ring_fields = [(self.chunks.is_some(), "chunks"), (self.node.is_some(), "node")];
         let wire_fields = [(self.wire.is_some(), "wire")];
         let devices_field = [(self.devices.is_some(), "devices")];
         // The fields of the other families are foreign to each op.
@@ -280,6 +285,7 @@ impl CaseTable {
         let moe_op = self.op.parse::<MoeOp>().ok();
         let topology = if let Some(op) = moe_op {
             reject(&[&mesh_fields, &linear_fields, &attention_fields, &wire_fields]);
+            given(self.node.is_some(), "node", &mut foreign);
             let missing = |field: &str| format!("{op} needs the field `{field}`");
             let routing = self.routing.as_deref().ok_or_else(|| missing("routing"))?.parse()?;
             Topology::Moe {
@@ -346,6 +352,7 @@ impl CaseTable {
             topology,
             algorithm: self.algorithm,
             chunks: self.chunks,
+            node: self.node,
             slices: self.slices,
             block: self.block,
             m: self.m,
@@ -553,7 +560,9 @@ impl Case {
     /// The algorithm the case names, with its parameters.
     pub fn algorithm(&self) -> Result<CaseAlgorithm, CaseError> {
         Ok(match self.topology {
-            Topology::Ring { .. } => CaseAlgorithm::Ring(Algorithm::parse(&self.algorithm, self.chunks)?),
+            Topology::Ring { .. } => {
+                CaseAlgorithm::Ring(Algorithm::parse_with(&self.algorithm, self.chunks, self.node)?)
+            }
             Topology::Mesh { .. } => {
                 CaseAlgorithm::Mesh(MeshAlgorithm::parse(&self.algorithm, self.slices, self.block)?)
             }
@@ -574,7 +583,7 @@ impl Case {
     /// The plan of the case's algorithm for its problem.
     pub fn plan(&self) -> Result<Plan, CaseError> {
         Ok(match self.problem()? {
-            CaseProblem::Ring(p) => build_plan(&p, Algorithm::parse(&self.algorithm, self.chunks)?)?,
+            CaseProblem::Ring(p) => build_plan(&p, Algorithm::parse_with(&self.algorithm, self.chunks, self.node)?)?,
             CaseProblem::Mesh(p) => {
                 build_mesh_plan(&p, MeshAlgorithm::parse(&self.algorithm, self.slices, self.block)?)?
             }

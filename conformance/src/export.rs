@@ -183,7 +183,14 @@ impl Exporter {
         }
         // 1D cases keep the v1 fields; the other families name their own.
         let topology = match case.topology {
-            Topology::Ring { wire, .. } => json!({ "chunks": case.chunks, "wire": wire.unwrap_or(DType::F32).name() }),
+            Topology::Ring { wire, .. } => {
+                let mut fields = json!({ "chunks": case.chunks, "wire": wire.unwrap_or(DType::F32).name() });
+                // `hierarchical`'s GPUs per node, only where given (v1 readers see no new field).
+                if let Some(node) = case.node {
+                    fields["node"] = json!(node);
+                }
+                fields
+            }
             Topology::Linear { layer, pass, sp, microbatches, .. } => json!({
                 "layer": layer.name(), "pass": pass.name(), "sp": sp, "microbatches": microbatches,
             }),

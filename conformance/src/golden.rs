@@ -260,6 +260,7 @@ mod tests {
             topology: Topology::Ring { op: OpKind::GemmRs, devices: 2, wire: None },
             algorithm: "ring".into(),
             chunks: None,
+            node: None,
             slices: None,
             block: None,
             m: 4,

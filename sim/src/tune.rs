@@ -115,8 +115,9 @@ fn check_llm(llm: &LlmConfig) -> Result<(), TuneError> {
 /// Chunk counts tried for `ring_chunked`.
 pub const CHUNK_CANDIDATES: [usize; 4] = [2, 4, 8, 16];
 
-/// The 1D candidates for an operation.
-pub fn candidates_1d(op: OpKind) -> Vec<Algorithm> {
+/// The 1D candidates for an operation over `devices` on `profile`: for AG+GEMM across
+/// the profile's nodes, the hierarchical plan for its node size too.
+pub fn candidates_1d(op: OpKind, devices: usize, profile: &Profile) -> Vec<Algorithm> {
     let mut v = vec![Algorithm::Baseline, Algorithm::BaselineDirect, Algorithm::Ring, Algorithm::RingBidir];
     v.extend(CHUNK_CANDIDATES.iter().map(|&chunks| Algorithm::RingChunked { chunks }));
     if matches!(op, OpKind::GemmRs | OpKind::GemmAr) {
@@ -125,7 +126,16 @@ pub fn candidates_1d(op: OpKind) -> Vec<Algorithm> {
         v.extend([1, 2, 4].map(|chunks| Algorithm::FusedPush { chunks }));
     }
     v.extend([1, 2, 4].map(|chunks| Algorithm::Fused { chunks }));
+    if let Some(node) = nodes_of(profile, devices).filter(|_| op == OpKind::AgGemm) {
+        v.push(Algorithm::Hierarchical { node });
+    }
     v
+}
+
+/// The profile's GPUs per node, where `devices` span more than one of its nodes, whole.
+pub fn nodes_of(profile: &Profile, devices: usize) -> Option<usize> {
+    let node = profile.network?.devices_per_node;
+    (node > 0 && devices > node && devices % node == 0).then_some(node)
 }
 
 /// One simulated 1D candidate.
@@ -214,7 +224,17 @@ fn explain(ranked: &[Ranked1d]) -> String {
     let gemm = r.mean_duration_s(OpClass::Gemm);
     let copy = r.mean_duration_s(OpClass::RemoteCopy);
     let saved = base.report.makespan_s - r.makespan_s;
-    let mut text = if matches!(win.algorithm, Algorithm::RingPush | Algorithm::FusedPush { .. }) {
+    let mut text = if let Algorithm::Hierarchical { node } = win.algorithm {
+        let shards = |n: usize| if n == 1 { "1 shard".to_string() } else { format!("{n} shards") };
+        format!(
+            "each shard crosses between two nodes once and is forwarded inside the node: a NIC carries {} each way where a direct AllGather sends it {}; {} faster than {}, which exposes {}",
+            shards(r.devices / node - 1),
+            shards(r.devices - node),
+            us(saved),
+            baseline_words(base.algorithm),
+            us(base.report.max_exposed_comm_s())
+        )
+    } else if matches!(win.algorithm, Algorithm::RingPush | Algorithm::FusedPush { .. }) {
         format!(
             "the reduction copies nothing: each GEMM adds its partial into the block's owner ({} GEMM per step, its traffic to the owner included); {} faster than {}, which exposes {}",
             us(gemm),
@@ -259,7 +279,7 @@ fn explain(ranked: &[Ranked1d]) -> String {
 pub fn tune_1d(problem: &Problem, profile: &Profile) -> Result<Ranking1d, TuneError> {
     let mut ranked = Vec::new();
     let mut skipped = Vec::new();
-    for algorithm in candidates_1d(problem.op) {
+    for algorithm in candidates_1d(problem.op, problem.devices, profile) {
         match build_plan(problem, algorithm) {
             Ok(plan) => {
                 let report = simulate(&plan, profile, &SimOptions::default())?;
@@ -837,6 +857,31 @@ mod linear_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Across nodes the hierarchical AG+GEMM is a candidate, at the profile's node size,
+    /// and wins: a NIC carries a shard per other node, not one per remote GPU. Inside one
+    /// node, or where D does not fill whole nodes, it is not a candidate.
+    #[test]
+    fn across_nodes_the_hierarchical_plan_is_tried_and_wins() {
+        let ib = Profile::load("h100-ib").unwrap();
+        let p = Problem::new(OpKind::AgGemm, 16, 16384, 4096, 4096, DType::Bf16, DType::Bf16).unwrap();
+        let r = tune_1d(&p, &ib).unwrap();
+        assert_eq!(r.winner().algorithm, Algorithm::Hierarchical { node: 8 }, "{}", r.reason);
+        assert!(r.reason.starts_with("each shard crosses between two nodes once"), "{}", r.reason);
+        assert!(
+            r.reason.contains("a NIC carries 1 shard each way where a direct AllGather sends it 8 shards"),
+            "{}",
+            r.reason
+        );
+        let direct = r.ranked.iter().find(|c| c.algorithm == Algorithm::BaselineDirect).unwrap();
+        assert!(r.winner().report.makespan_s < 0.5 * direct.report.makespan_s);
+        let hierarchical = |op, devices, profile: &Profile| {
+            candidates_1d(op, devices, profile).iter().any(|a| matches!(a, Algorithm::Hierarchical { .. }))
+        };
+        assert!(!hierarchical(OpKind::AgGemm, 8, &ib) && !hierarchical(OpKind::AgGemm, 12, &ib));
+        assert!(!hierarchical(OpKind::GemmRs, 16, &ib));
+        assert!(!hierarchical(OpKind::AgGemm, 16, &Profile::load("h100-nvlink").unwrap()));
+    }
 
     #[test]
     fn the_tuner_picks_the_baseline_on_a_tiny_problem() {

@@ -11,6 +11,7 @@ use crate::problem::{OpKind, Problem, ShardedGemm, Window};
 
 mod direct;
 pub use direct::{direct_peer, direct_sum_runs};
+mod hierarchical;
 pub(crate) mod ring;
 
 /// A 1D algorithm with its parameters.
@@ -69,6 +70,14 @@ pub enum Algorithm {
         /// Chunks per block.
         chunks: usize,
     },
+    /// AG+GEMM only, for devices in nodes of `node` GPUs: each shard goes to the other
+    /// GPUs of its node, and over the network once to the same GPU of every other node,
+    /// which forwards it inside its node; the GEMMs overlap, a node's rows at a time.
+    /// A node's NIC carries `node` times fewer bytes than under a direct AllGather.
+    Hierarchical {
+        /// GPUs per node (devices d and e share a node when d / node = e / node).
+        node: usize,
+    },
 }
 
 impl Algorithm {
@@ -84,6 +93,7 @@ impl Algorithm {
             Algorithm::RingPush => "ring_push",
             Algorithm::Fused { .. } => "fused",
             Algorithm::FusedPush { .. } => "fused_push",
+            Algorithm::Hierarchical { .. } => "hierarchical",
         }
     }
 
@@ -94,6 +104,12 @@ impl Algorithm {
 
     /// Parses a case file's algorithm name and optional chunk count.
     pub fn parse(name: &str, chunks: Option<usize>) -> Result<Self, AlgorithmError> {
+        Algorithm::parse_with(name, chunks, None)
+    }
+
+    /// Parses an algorithm name with its optional chunk count and node size (GPUs per
+    /// node, `hierarchical` only).
+    pub fn parse_with(name: &str, chunks: Option<usize>, node: Option<usize>) -> Result<Self, AlgorithmError> {
         let algorithm = match name {
             "baseline" => Algorithm::Baseline,
             "baseline_direct" => Algorithm::BaselineDirect,
@@ -108,8 +124,14 @@ impl Algorithm {
             "ring_push" => Algorithm::RingPush,
             "fused" => Algorithm::Fused { chunks: chunks.unwrap_or(1) },
             "fused_push" => Algorithm::FusedPush { chunks: chunks.unwrap_or(1) },
+            "hierarchical" => Algorithm::Hierarchical {
+                node: node.ok_or(AlgorithmError::MissingParameter { algorithm: "hierarchical", parameter: "node" })?,
+            },
             other => return Err(AlgorithmError::Unknown { name: other.to_string() }),
         };
+        if node.is_some() && !matches!(algorithm, Algorithm::Hierarchical { .. }) {
+            return Err(AlgorithmError::UnexpectedParameter { algorithm: algorithm.name(), parameter: "node" });
+        }
         if chunks.is_some()
             && !matches!(
                 algorithm,
@@ -135,7 +157,28 @@ impl fmt::Display for Algorithm {
             Algorithm::Fused { chunks } => write!(f, "fused(c={chunks})"),
             Algorithm::FusedPush { chunks: 1 } => f.write_str("fused_push"),
             Algorithm::FusedPush { chunks } => write!(f, "fused_push(c={chunks})"),
+            Algorithm::Hierarchical { node } => write!(f, "hierarchical(node={node})"),
             other => f.write_str(other.name()),
+        }
+    }
+}
+
+/// Parses the form [`Display`](fmt::Display) prints: `ring`, `ring_chunked(c=4)`,
+/// `hierarchical(node=8)`.
+impl std::str::FromStr for Algorithm {
+    type Err = AlgorithmError;
+
+    fn from_str(text: &str) -> Result<Self, AlgorithmError> {
+        let Some((name, parameter)) = text.strip_suffix(')').and_then(|t| t.split_once('(')) else {
+            return Algorithm::parse(text, None);
+        };
+        let malformed = || AlgorithmError::Unknown { name: text.to_string() };
+        let (key, value) = parameter.split_once('=').ok_or_else(malformed)?;
+        let value = value.parse::<usize>().map_err(|_| malformed())?;
+        match key {
+            "c" => Algorithm::parse(name, Some(value)),
+            "node" => Algorithm::parse_with(name, None, Some(value)),
+            _ => Err(malformed()),
         }
     }
 }
@@ -146,7 +189,7 @@ impl fmt::Display for Algorithm {
 pub enum AlgorithmError {
     /// The algorithm name is not known.
     #[error(
-        "unknown algorithm `{name}` (expected baseline, baseline_direct, ring, ring_bidir, ring_chunked, ring_accumulate, ring_push, fused or fused_push)"
+        "unknown algorithm `{name}` (expected baseline, baseline_direct, ring, ring_bidir, ring_chunked, ring_accumulate, ring_push, fused, fused_push or hierarchical)"
     )]
     Unknown {
         /// The name given.
@@ -181,6 +224,14 @@ pub enum AlgorithmError {
         rows: usize,
         /// The chunk count.
         chunks: usize,
+    },
+    /// Nodes of `node` GPUs do not cut the devices into whole nodes.
+    #[error("hierarchical: nodes of {node} GPUs do not divide the D={devices} devices (node must be at least 1 and divide D)")]
+    NodeSize {
+        /// Devices D.
+        devices: usize,
+        /// GPUs per node.
+        node: usize,
     },
     /// The algorithm has no plan for this op.
     #[error("algorithm {algorithm} is not defined for {op}")]
@@ -287,9 +338,11 @@ pub fn build_plan_with(problem: &Problem, algorithm: Algorithm, sums: BaselineSu
             ring::ag_gemm_ring(problem, algorithm, chunks)
         }
         (OpKind::AgGemm, Algorithm::RingBidir) => ring::ag_gemm_bidir(problem),
-        (OpKind::AgGemm, Algorithm::RingAccumulate { .. } | Algorithm::RingPush | Algorithm::FusedPush { .. }) => {
+        (OpKind::AgGemm, Algorithm::RingAccumulate { .. } | Algorithm::RingPush | Algorithm::FusedPush { .. })
+        | (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Hierarchical { .. }) => {
             Err(AlgorithmError::NotDefined { algorithm, op: problem.op.name() })
         }
+        (OpKind::AgGemm, Algorithm::Hierarchical { node }) => hierarchical::ag_gemm(problem, node),
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::RingPush) => ring::gemm_reduce_push(problem),
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Baseline) => ring::gemm_reduce_baseline(problem, sums),
         (
@@ -493,6 +546,31 @@ mod tests {
                 assert_eq!(ops.iter().filter(|op| matches!(op, Op::Reduce { .. })).count(), chunks);
             }
             assert_eq!(plan.buffer(plan.buffer_id("send").unwrap()).rows, 16);
+        }
+    }
+
+    #[test]
+    fn every_printed_algorithm_parses_back() {
+        let mut all = algorithms_for(OpKind::GemmRs);
+        all.extend([Algorithm::RingChunked { chunks: 16 }, Algorithm::Hierarchical { node: 8 }]);
+        for algorithm in all {
+            assert_eq!(algorithm.to_string().parse::<Algorithm>(), Ok(algorithm), "{algorithm}");
+        }
+        for text in ["hierarchical", "hierarchical(c=2)", "ring(node=2)", "fused(c=x)", "fused(n=2)", "fused(c2)"] {
+            assert!(text.parse::<Algorithm>().is_err(), "{text}");
+        }
+        assert_eq!(
+            Algorithm::parse("hierarchical", None),
+            Err(AlgorithmError::MissingParameter { algorithm: "hierarchical", parameter: "node" })
+        );
+    }
+
+    #[test]
+    fn hierarchical_is_refused_for_the_reductions() {
+        for op in [OpKind::GemmRs, OpKind::GemmAr] {
+            let p = Problem::new(op, 4, 16, 16, 16, DType::F32, DType::F32).unwrap();
+            let e = build_plan(&p, Algorithm::Hierarchical { node: 2 }).unwrap_err();
+            assert!(matches!(e, AlgorithmError::NotDefined { .. }), "{e}");
         }
     }
 

@@ -41,7 +41,7 @@ __all__ = [
 
 # The fields a case file's [[case]] table takes, in its order.
 _FIELDS = (
-    "name", "op", "devices", "nr", "nc", "dataflow", "algorithm", "chunks", "slices", "block",
+    "name", "op", "devices", "nr", "nc", "dataflow", "algorithm", "chunks", "node", "slices", "block",
     "layer", "pass_", "sp", "microbatches", "kv_heads", "causal", "layout", "queries",
     "experts", "topk", "routing", "m", "n", "k", "input", "output", "wire", "family", "seed",
 )
@@ -86,7 +86,7 @@ class Output:
 class Case:
     """One conformance case. Keywords are the case format's fields (docs/conformance.md):
     op, devices (or nr and nc for mesh_gemm), algorithm, m, n, k, input, output,
-    family, seed, and per family chunks, wire, dataflow, slices, block, layer, pass_
+    family, seed, and per family chunks, node, wire, dataflow, slices, block, layer, pass_
     (`pass` is a Python keyword), sp, microbatches, kv_heads, causal, layout, queries,
     experts, topk, routing. `name` defaults to "case".
     """
