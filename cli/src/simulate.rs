@@ -45,9 +45,8 @@ pub struct Args {
     pub plan: Option<PathBuf>,
     #[command(flatten)]
     pub problem: ProblemArgs,
-    /// Algorithm: baseline, baseline_direct, ring, ring_bidir, ring_chunked, fused, for
-    /// gemm_rs and gemm_ar ring_accumulate, ring_push and fused_push, for ag_gemm
-    /// hierarchical.
+    /// Algorithm: baseline, baseline_direct, ring, ring_bidir, ring_chunked, fused,
+    /// hierarchical, or for gemm_rs and gemm_ar ring_accumulate, ring_push and fused_push.
     #[arg(long, default_value = "ring")]
     pub algorithm: String,
     /// Chunks per shard or block (ring_chunked, required; ring_accumulate, fused and

@@ -196,9 +196,9 @@ fn flags_are_named_as_given_and_zero_schedules_is_refused() {
     assert!(!o.status.success() && text(&o).contains("1000000000 is not in 1..=100000"), "{}", text(&o));
 }
 
-/// The hierarchical plan's node size: taken from a profile with a network, required
-/// without one, refused where it does not divide D, and the plan refused for GEMM+RS; each
-/// in the algorithm's words.
+/// The hierarchical plans' node size: taken from a profile with a network (or given),
+/// required without one, refused where it does not divide D or for another algorithm;
+/// each in the algorithm's words.
 #[test]
 fn a_hierarchical_plan_without_whole_nodes_is_refused_in_its_words() {
     let s = Scratch::new("nodes");
@@ -212,12 +212,8 @@ fn a_hierarchical_plan_without_whole_nodes_is_refused_in_its_words() {
     assert!(!o.status.success() && text(&o).contains("needs the parameter `node`"), "{}", text(&o));
     let o = sim(&["--op", "ag_gemm", "-d", "4", "--node", "3"]);
     assert!(!o.status.success() && text(&o).contains("nodes of 3 GPUs do not divide the D=4 devices"), "{}", text(&o));
-    let o = sim(&["--op", "gemm_rs", "-d", "4", "--node", "2"]);
-    assert!(
-        !o.status.success() && text(&o).contains("hierarchical(node=2) is not defined for gemm_rs"),
-        "{}",
-        text(&o)
-    );
+    let o = sim(&["--op", "gemm_rs", "-d", "16", "--profile", "h100-ib", "--node", "4"]);
+    assert!(o.status.success() && text(&o).contains("gemm_rs/hierarchical(node=4) D=16"), "{}", text(&o));
     let o = cmm(&s.0, &["simulate", "--op", "ag_gemm", "-d", "4", "-m", "64", "-n", "64", "-k", "64", "--node", "2"]);
     assert!(!o.status.success() && text(&o).contains("ring takes no parameter `node`"), "{}", text(&o));
 }

@@ -71,28 +71,35 @@ fn every_algorithm_of_every_op_runs_at_every_device_count_and_family() {
     }
 }
 
-/// The hierarchical AG+GEMM (whose node size must divide D, so it cannot run at every
-/// device count): one node and several, nodes of one GPU and of several, uneven shards,
-/// both families.
+/// The hierarchical plans (whose node size must divide D, so they cannot run at every
+/// device count), for each op: one node and several, nodes of one GPU and of several,
+/// uneven shards, both families; for the reductions, sums of more than four terms (nodes
+/// of 5) and partial sums in the input dtype.
 #[test]
-fn the_hierarchical_plan_runs_at_several_node_sizes() {
-    let mut shapes = BTreeSet::new();
-    let (mut families, mut uneven) = (BTreeSet::new(), false);
-    for c in ring_cases() {
-        let Topology::Ring { op: OpKind::AgGemm, devices, .. } = c.topology else { continue };
-        if c.algorithm != "hierarchical" {
-            continue;
+fn the_hierarchical_plans_run_at_several_node_sizes() {
+    for op in OpKind::ALL {
+        let mut shapes = BTreeSet::new();
+        let (mut families, mut uneven, mut wires) = (BTreeSet::new(), false, BTreeSet::new());
+        for c in ring_cases() {
+            let Topology::Ring { op: case_op, devices, wire } = c.topology else { continue };
+            if case_op != op || c.algorithm != "hierarchical" {
+                continue;
+            }
+            let node = c.node.expect("hierarchical cases name their node size");
+            shapes.insert((devices / node, node));
+            families.insert(c.family.name());
+            uneven |= c.m % devices != 0;
+            wires.insert(wire.is_some());
         }
-        let node = c.node.expect("hierarchical cases name their node size");
-        shapes.insert((devices / node, node));
-        families.insert(c.family.name());
-        uneven |= c.m % devices != 0;
+        let nodes: BTreeSet<usize> = shapes.iter().map(|s| s.0).collect();
+        let sizes: BTreeSet<usize> = shapes.iter().map(|s| s.1).collect();
+        assert!(nodes.contains(&1) && nodes.iter().filter(|&&n| n > 1).count() >= 2, "{op}: nodes {nodes:?}");
+        assert!(sizes.contains(&1) && sizes.iter().filter(|&&n| n > 2).count() >= 2, "{op}: node sizes {sizes:?}");
+        assert!(uneven && families.len() == 2, "{op}: uneven {uneven}, families {families:?}");
+        if op != OpKind::AgGemm {
+            assert!(sizes.iter().any(|&n| n > 4) && wires.len() == 2, "{op}: node sizes {sizes:?}, wires {wires:?}");
+        }
     }
-    let nodes: BTreeSet<usize> = shapes.iter().map(|s| s.0).collect();
-    let sizes: BTreeSet<usize> = shapes.iter().map(|s| s.1).collect();
-    assert!(nodes.contains(&1) && nodes.iter().filter(|&&n| n > 1).count() >= 2, "nodes {nodes:?}");
-    assert!(sizes.contains(&1) && sizes.iter().filter(|&&n| n > 2).count() >= 2, "node sizes {sizes:?}");
-    assert!(uneven && families.len() == 2, "uneven {uneven}, families {families:?}");
 }
 
 /// Uneven shards (M not a multiple of D): every algorithm of every 1D op has a case, in

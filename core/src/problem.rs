@@ -162,6 +162,11 @@ impl Split {
         (0..self.parts).map(|i| self.len(i)).collect()
     }
 
+    /// Blocks `first..end` together, as (start, items).
+    pub fn span(&self, first: usize, end: usize) -> (usize, usize) {
+        (self.start(first), self.start(end) - self.start(first))
+    }
+
     /// Block `i` cut in turn into `pieces` blocks, as (start within block `i`, items).
     pub fn piece(&self, i: usize, pieces: usize, j: usize) -> (usize, usize) {
         let inner = Split::new(self.len(i), pieces);

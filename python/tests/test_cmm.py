@@ -15,6 +15,8 @@ AG = dict(op="ag_gemm", devices=4, m=64, n=32, k=48, input="bf16", output="bf16"
           family="realistic", algorithm="ring", seed=7)
 MOE = dict(op="moe_rs", devices=2, algorithm="ring", experts=8, topk=2, routing="skewed",
            m=16, n=8, k=12, input="f16", output="f16", family="exact", seed=9)
+RS_NODES = dict(op="gemm_rs", devices=4, algorithm="hierarchical", node=2, m=64, n=32, k=64, input="bf16",
+                output="f32", family="realistic", seed=5)
 ATTN = dict(op="attention", devices=4, algorithm="ring", m=64, n=4, k=16, kv_heads=2,
             causal=True, layout="balanced", input="bf16", output="bf16", family="realistic", seed=3)
 
@@ -47,7 +49,9 @@ def test_inputs_equal_what_cmm_golden_exports_bit_for_bit(cmm_bin, tmp_path):
                 assert mine.tobytes() == exported.tobytes(), (name, d, buffer)
 
 
-@pytest.mark.parametrize("fields,output,device", [(AG, "C", 3), (MOE, "C", 1), (ATTN, "O", 2)])
+@pytest.mark.parametrize("fields,output,device", [
+    (AG, "C", 3), (dict(AG, algorithm="hierarchical", node=2), "C", 2), (RS_NODES, "C", 1), (MOE, "C", 1), (ATTN, "O", 2),
+])
 def test_a_wrong_output_fails_naming_its_device(fields, output, device):
     case = cmm.Case(**fields)
     golden = case.golden("cpu")
@@ -100,6 +104,10 @@ def test_simulate_and_tune_equal_the_commands_json(cmm_bin):
         "--profile", "h100-one-gpu")
     assert cmm.tune(op="ag_gemm", devices=8, m=8192, n=32768, k=4096) == command(
         "tune", "--op", "ag_gemm", "--devices", "8", "--m", "8192", "--n", "32768", "--k", "4096")
+    assert cmm.simulate(op="gemm_ar", devices=16, m=4096, n=4096, k=16384, algorithm="hierarchical", node=8,
+                        profile="h100-ib") == command(
+        "simulate", "--op", "gemm_ar", "--devices", "16", "--m", "4096", "--n", "4096", "--k", "16384",
+        "--algorithm", "hierarchical", "--node", "8", "--profile", "h100-ib")
     plan = cmm.Case(**AG).plan()
     simulated = cmm.simulate(plan, profile="h100-nvlink")
     assert simulated["plan"] == plan["plan"]["name"] and simulated["makespan_us"] > 0
@@ -133,6 +141,10 @@ def test_bad_arguments_raise_the_right_exception():
         cmm.Case(**{**AG, "m": 3})
     with pytest.raises(TypeError, match="must be an int, a bool or a str"):
         cmm.Case(**{**AG, "m": 6.5})
+    with pytest.raises(ValueError, match="nodes of 3 GPUs do not divide the D=4 devices"):
+        cmm.Case(**{**AG, "algorithm": "hierarchical", "node": 3}).plan()
+    with pytest.raises(ValueError, match="ring takes no parameter `node`"):
+        cmm.Case(**{**AG, "node": 2})
     case = cmm.Case(**AG)
     golden = case.golden("cpu")["C"]
     with pytest.raises(ValueError, match="4 devices"):

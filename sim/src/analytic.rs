@@ -12,7 +12,7 @@ use std::fmt;
 
 use thiserror::Error;
 
-use super::profile::{Profile, TopologyKind};
+use super::profile::{NetworkProfile, Profile, TopologyKind};
 use super::topology::Topology;
 use cmm_core::algorithms::{direct_peer, direct_sum_runs, Algorithm, BaselineSums};
 use cmm_core::dtype::DType;
@@ -142,6 +142,61 @@ fn direct_step_ring_load(profile: &Profile, d: usize, step: usize) -> usize {
         }
     }
     load.into_iter().max().unwrap_or(0).max(1)
+}
+
+/// The hierarchical plans' devices: nodes of `node` GPUs, and whether step s's copies
+/// (GPU l of node g to GPU l of node g + s) cross one of the profile's nodes, where they
+/// go at the NIC's rate (`rates[0]`: bandwidth and latency) rather than the link's
+/// (`rates[1]`).
+struct Rails {
+    node: usize,
+    nodes: usize,
+    crosses: Vec<bool>,
+    rates: [(f64, f64); 2],
+    launch: f64,
+}
+
+impl Rails {
+    fn new(node: usize, d: usize, network: Option<NetworkProfile>, rates: [(f64, f64); 2], launch: f64) -> Rails {
+        let (node, nodes) = (node.max(1), d / node.max(1));
+        let crosses = (0..nodes.max(1))
+            .map(|s| {
+                network.is_some_and(|net| {
+                    let to = |x: usize| (x / node + s) % nodes * node + x % node;
+                    (0..d).any(|x| x / net.devices_per_node != to(x) / net.devices_per_node)
+                })
+            })
+            .collect();
+        Rails { node, nodes, crosses, rates, launch }
+    }
+
+    /// One copy of `bytes` at step s (s = 0: inside the node) and its signal.
+    fn send(&self, s: usize, bytes: f64) -> f64 {
+        let (bw, latency) = self.rates[usize::from(!self.crosses[s.min(self.crosses.len() - 1)])];
+        self.launch + bytes / bw + 2.0 * latency
+    }
+
+    /// A hierarchical AllGather of `bytes` blocks: when the node's own blocks are in, and
+    /// when each other node's are (step by step). The lane inside the node sends the own
+    /// block to the node, then forwards each block that came over the NIC once it is in.
+    /// A step that stays inside a node shares the GPU's port with that lane: its copy is
+    /// one more of the port's, in turn.
+    fn gather(&self, bytes: f64, dma: f64) -> (f64, Vec<f64>) {
+        let (intra, inside) = (self.send(0, bytes), (self.node - 1) as f64 * self.send(0, bytes));
+        let (mut arrived, mut inside_done) = (0.0f64, inside);
+        let mut ready = Vec::with_capacity(self.nodes.saturating_sub(1));
+        for s in 1..self.nodes {
+            if self.crosses[s] {
+                arrived += self.send(s, bytes);
+            } else {
+                inside_done += intra;
+                arrived = inside_done;
+            }
+            inside_done = inside_done.max(arrived + dma) + inside;
+            ready.push(arrived.max(inside_done));
+        }
+        (inside, ready)
+    }
 }
 
 /// [`ring_1d`] on `profile`; `one_memory`: the devices share one GPU's memory, so a peer's
@@ -316,36 +371,9 @@ fn ring_1d_on(
                     }
                 }
                 Algorithm::Hierarchical { node } => {
-                    let (l, g) = (node.max(1), d / node.max(1));
-                    // Step s sends to GPU l of node g + s: over the NIC where that crosses
-                    // one of the profile's nodes (one copy a NIC each way per step).
-                    let crosses = |s: usize| {
-                        network.is_some_and(|net| {
-                            (0..d).any(|x| {
-                                x / net.devices_per_node != ((x / l + s) % g * l + x % l) / net.devices_per_node
-                            })
-                        })
-                    };
-                    let intra = send_over(shard, intra_bw, intra_latency);
-                    let nic_send = |s: usize| if crosses(s) { send(shard, copy_bw) } else { intra };
-                    let inside = (l - 1) as f64 * intra;
-                    // The lane inside the node sends the own shard to the node, then
-                    // forwards each shard that came over the NIC once it is in. A step
-                    // that stays inside a node shares the GPU's port with that lane: its
-                    // copy is one more of the port's, in turn.
-                    let mut arrived = 0.0;
-                    let mut inside_done = inside;
-                    let mut ready = Vec::with_capacity(g.saturating_sub(1));
-                    for s in 1..g {
-                        if crosses(s) {
-                            arrived += nic_send(s);
-                        } else {
-                            inside_done += intra;
-                            arrived = inside_done;
-                        }
-                        inside_done = inside_done.max(arrived + dma) + inside;
-                        ready.push(arrived.max(inside_done));
-                    }
+                    let rails = Rails::new(node, d, network, [(copy_bw, latency), (intra_bw, intra_latency)], launch);
+                    let l = rails.node;
+                    let (inside, ready) = rails.gather(shard, dma);
                     let gemm =
                         |rows: usize| if rows > 0 { gemm_op_s(profile, rows, n / d, k, input, output) } else { 0.0 };
                     // The node's other shards: one GEMM for those before the own one, one
@@ -366,7 +394,7 @@ fn ring_1d_on(
                     RingEstimate {
                         total_s: total,
                         gemm_step_s: gemm(l * ms),
-                        comm_step_s: nic_send(1),
+                        comm_step_s: rails.send(1, shard),
                         formula: "own GEMM; the node's L−1 shards after (L−1) sends inside; node h's L·shard rows once its shard has come over the NIC (a send a step) and the lane inside has sent the own shard and forwarded every shard before it (L−1 sends each)",
                     }
                 }
@@ -470,6 +498,59 @@ fn ring_1d_on(
                         comm_step_s: comm,
                         formula:
                             "one GEMM, then (D−1) direct sends of block/BW (a step at its slowest copy: the NIC's rate between nodes, on a torus ring the busiest link's copies at once), L_sync, one D-way sum [+ direct AG for AR]",
+                    }
+                }
+                Algorithm::Hierarchical { node } => {
+                    let rails = Rails::new(node, d, network, [(copy_bw, latency), (intra_bw, intra_latency)], launch);
+                    let (l, g) = (rails.node, rails.nodes);
+                    let piece = gemm_op_s(profile, l * ms, n, k / d, input, DType::F32);
+                    // A chain of `Reduce`s over `terms` blocks, each reading its terms (and
+                    // the running sum after the first) and writing one block.
+                    let sum_s = |terms: usize| {
+                        direct_sum_runs(terms)
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, run)| {
+                                launch + (run.len() + usize::from(i > 0) + 1) as f64 * block / profile.reduce_bps()
+                            })
+                            .sum::<f64>()
+                    };
+                    // Node by node (the own last): the node's rows of the partial, their
+                    // blocks to the node's GPUs, the node sum once the node's are in.
+                    let (mut inside_done, mut sum_done) = (0.0f64, 0.0f64);
+                    let mut summed = Vec::with_capacity(g);
+                    for i in 0..g {
+                        let piece_done = (i + 1) as f64 * piece;
+                        inside_done = inside_done.max(piece_done) + (l - 1) as f64 * rails.send(0, block);
+                        if l > 1 {
+                            sum_done = sum_done.max(inside_done + sync) + sum_s(l);
+                        } else {
+                            sum_done = piece_done;
+                        }
+                        summed.push(sum_done);
+                    }
+                    // Each other node's sum over the NIC once it is done; the G sums of the
+                    // own block once the last is in.
+                    let mut nic_done = 0.0f64;
+                    for s in 1..g {
+                        nic_done = nic_done.max(summed[s - 1]) + rails.send(s, block);
+                    }
+                    let reduced = match (g, l) {
+                        (1, 1) => piece + convert,
+                        (1, _) => sum_done,
+                        _ => sum_done.max(nic_done + sync) + sum_s(g),
+                    };
+                    let gathered = if problem.op == OpKind::GemmAr && d > 1 {
+                        let (inside, ready) = rails.gather((ms * n * output.size_bytes()) as f64, dma);
+                        ready.into_iter().fold(inside, f64::max) + sync
+                    } else {
+                        0.0
+                    };
+                    RingEstimate {
+                        total_s: reduced + gathered,
+                        gemm_step_s: piece,
+                        comm_step_s: rails.send(1, block),
+                        formula: "node by node, the own last: GEMM of the node's rows, (L−1) sends of block/BW inside, a sum of L blocks; each other node's sum over the NIC (block/BW_NIC); a sum of G blocks once the last is in [+ the hierarchical AG of C for AR]",
                     }
                 }
                 Algorithm::RingChunked { chunks } => {
@@ -1181,12 +1262,15 @@ mod tests {
         closed_forms_hold(&["h100-ib"], &[12, 16, 24], &ops, &[Algorithm::BaselineDirect], 0.05);
     }
 
-    /// The hierarchical AG+GEMM: across h100-ib's nodes at its own node size, within 2 %.
+    /// The hierarchical plans' forms. Across h100-ib's nodes at its own node size, where
+    /// the plans are meant to run: AG+GEMM within 2 %, GEMM+RS and GEMM+AR within 8 % (7 %
+    /// under at D = 24, where three nodes' sums run beside the later pieces' GEMMs).
     /// Inside one switch's domain (nodes of 2) a step's "NIC" copy stays on the GPU's
-    /// port, which the form runs in turn with the lane inside, where the replay overlaps
-    /// them at the link's rate: the form comes out 2 to 22 % over; on one GPU 3 to 15 %
-    /// under (the shared-memory share of [`one_gpu_share`]). Not on a torus, whose
-    /// routes the form leaves out.
+    /// port, which the forms do not share with the lane inside: AG+GEMM's form, which runs
+    /// them in turn, comes out up to 22 % over (the replay overlaps them at the link's
+    /// rate), the reductions' up to 27 % under. On one GPU, 3 to 17 % off (the shared
+    /// memory's share of [`one_gpu_share`]). Not on a torus, whose routes the forms leave
+    /// out.
     #[test]
     fn the_hierarchical_form_agrees_with_the_replay() {
         let ag = [OpKind::AgGemm];
@@ -1195,6 +1279,16 @@ mod tests {
         closed_forms_hold(&switch, &[2, 4, 6, 8], &ag, &[Algorithm::Hierarchical { node: 2 }], 0.25);
         let one = ["h100-one-gpu", "h200-one-gpu"];
         closed_forms_hold(&one, &[2, 4, 6, 8], &ag, &[Algorithm::Hierarchical { node: 2 }], 0.16);
+    }
+
+    #[test]
+    fn the_hierarchical_reduction_forms_agree_with_the_replay() {
+        let ops = [OpKind::GemmRs, OpKind::GemmAr];
+        closed_forms_hold(&["h100-ib"], &[16, 24], &ops, &[Algorithm::Hierarchical { node: 8 }], 0.08);
+        let switch = ["h100-nvlink", "h800-nvlink", "h200-nvlink", "pcie-gen4", "h100-ib"];
+        closed_forms_hold(&switch, &[2, 4, 6, 8], &ops, &[Algorithm::Hierarchical { node: 2 }], 0.28);
+        let one = ["h100-one-gpu", "h200-one-gpu"];
+        closed_forms_hold(&one, &[2, 4, 6, 8], &ops, &[Algorithm::Hierarchical { node: 2 }], 0.18);
     }
 
     /// The closed form's error against the replay of the real plan, closed form / replay − 1.

@@ -115,8 +115,8 @@ fn check_llm(llm: &LlmConfig) -> Result<(), TuneError> {
 /// Chunk counts tried for `ring_chunked`.
 pub const CHUNK_CANDIDATES: [usize; 4] = [2, 4, 8, 16];
 
-/// The 1D candidates for an operation over `devices` on `profile`: for AG+GEMM across
-/// the profile's nodes, the hierarchical plan for its node size too.
+/// The 1D candidates for an operation over `devices` on `profile`: across the profile's
+/// nodes, the hierarchical plan for its node size too.
 pub fn candidates_1d(op: OpKind, devices: usize, profile: &Profile) -> Vec<Algorithm> {
     let mut v = vec![Algorithm::Baseline, Algorithm::BaselineDirect, Algorithm::Ring, Algorithm::RingBidir];
     v.extend(CHUNK_CANDIDATES.iter().map(|&chunks| Algorithm::RingChunked { chunks }));
@@ -126,7 +126,7 @@ pub fn candidates_1d(op: OpKind, devices: usize, profile: &Profile) -> Vec<Algor
         v.extend([1, 2, 4].map(|chunks| Algorithm::FusedPush { chunks }));
     }
     v.extend([1, 2, 4].map(|chunks| Algorithm::Fused { chunks }));
-    if let Some(node) = nodes_of(profile, devices).filter(|_| op == OpKind::AgGemm) {
+    if let Some(node) = nodes_of(profile, devices) {
         v.push(Algorithm::Hierarchical { node });
     }
     v
@@ -199,7 +199,7 @@ fn baseline_words(algorithm: Algorithm) -> &'static str {
     }
 }
 
-fn explain(ranked: &[Ranked1d]) -> String {
+fn explain(ranked: &[Ranked1d], op: OpKind) -> String {
     let win = &ranked[0];
     let r = &win.report;
     // The faster baseline (the ranking is fastest first): what overlap has to beat.
@@ -225,11 +225,16 @@ fn explain(ranked: &[Ranked1d]) -> String {
     let copy = r.mean_duration_s(OpClass::RemoteCopy);
     let saved = base.report.makespan_s - r.makespan_s;
     let mut text = if let Algorithm::Hierarchical { node } = win.algorithm {
-        let shards = |n: usize| if n == 1 { "1 shard".to_string() } else { format!("{n} shards") };
+        let (what, pieces, collective) = match op {
+            OpKind::AgGemm => ("each shard crosses between two nodes once and is forwarded inside the node", "shard", "a direct AllGather"),
+            OpKind::GemmRs => ("a node sums each block inside it and sends the sum across once", "block", "a direct ReduceScatter"),
+            OpKind::GemmAr => ("a node sums each block inside it and sends the sum across once, then gathers the blocks as AG+GEMM does", "block", "a direct ReduceScatter"),
+        };
+        let count = |n: usize| if n == 1 { format!("1 {pieces}") } else { format!("{n} {pieces}s") };
         format!(
-            "each shard crosses between two nodes once and is forwarded inside the node: a NIC carries {} each way where a direct AllGather sends it {}; {} faster than {}, which exposes {}",
-            shards(r.devices / node - 1),
-            shards(r.devices - node),
+            "{what}: a NIC carries {} each way where {collective} sends it {}; {} faster than {}, which exposes {}",
+            count(r.devices / node - 1),
+            count(r.devices - node),
             us(saved),
             baseline_words(base.algorithm),
             us(base.report.max_exposed_comm_s())
@@ -302,7 +307,7 @@ pub fn tune_1d(problem: &Problem, profile: &Profile) -> Result<Ranking1d, TuneEr
             .total_cmp(&b.report.makespan_s)
             .then((!is_baseline(a.algorithm)).cmp(&!is_baseline(b.algorithm)))
     });
-    let reason = explain(&ranked);
+    let reason = explain(&ranked, problem.op);
     Ok(Ranking1d { ranked, skipped, reason })
 }
 
@@ -858,9 +863,10 @@ mod linear_tests {
 mod tests {
     use super::*;
 
-    /// Across nodes the hierarchical AG+GEMM is a candidate, at the profile's node size,
-    /// and wins: a NIC carries a shard per other node, not one per remote GPU. Inside one
-    /// node, or where D does not fill whole nodes, it is not a candidate.
+    /// Across nodes the hierarchical plans are candidates, at the profile's node size, and
+    /// win: a NIC carries a shard (or a node's sum of a block) per other node, not one per
+    /// remote GPU. Inside one node, or where D does not fill whole nodes, they are not
+    /// candidates.
     #[test]
     fn across_nodes_the_hierarchical_plan_is_tried_and_wins() {
         let ib = Profile::load("h100-ib").unwrap();
@@ -875,11 +881,18 @@ mod tests {
         );
         let direct = r.ranked.iter().find(|c| c.algorithm == Algorithm::BaselineDirect).unwrap();
         assert!(r.winner().report.makespan_s < 0.5 * direct.report.makespan_s);
+        for op in [OpKind::GemmRs, OpKind::GemmAr] {
+            let p = Problem::new(op, 16, 4096, 12288, 98304, DType::Bf16, DType::Bf16).unwrap();
+            let r = tune_1d(&p, &ib).unwrap();
+            assert_eq!(r.winner().algorithm, Algorithm::Hierarchical { node: 8 }, "{op}: {}", r.reason);
+            assert!(r.reason.starts_with("a node sums each block inside it"), "{}", r.reason);
+            assert!(r.reason.contains("a NIC carries 1 block each way where a direct ReduceScatter sends it 8 blocks"));
+        }
         let hierarchical = |op, devices, profile: &Profile| {
             candidates_1d(op, devices, profile).iter().any(|a| matches!(a, Algorithm::Hierarchical { .. }))
         };
         assert!(!hierarchical(OpKind::AgGemm, 8, &ib) && !hierarchical(OpKind::AgGemm, 12, &ib));
-        assert!(!hierarchical(OpKind::GemmRs, 16, &ib));
+        assert!(hierarchical(OpKind::GemmRs, 16, &ib) && hierarchical(OpKind::GemmAr, 64, &ib));
         assert!(!hierarchical(OpKind::AgGemm, 16, &Profile::load("h100-nvlink").unwrap()));
     }
 

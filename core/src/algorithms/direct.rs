@@ -202,7 +202,7 @@ pub fn direct_sum_runs(terms: usize) -> Vec<std::ops::Range<usize>> {
 /// `out = terms[0] + terms[1] + …` left to right as `Reduce` ops of at most
 /// [`REDUCE_FAN_IN`] inputs ([`direct_sum_runs`]), the running sum kept in the f32 `acc`
 /// between them.
-fn chained_sum(terms: &[Region], acc: Option<Region>, out: Region) -> Vec<Op> {
+pub(super) fn chained_sum(terms: &[Region], acc: Option<Region>, out: Region) -> Vec<Op> {
     let runs = direct_sum_runs(terms.len());
     let last = runs.len() - 1;
     runs.into_iter()

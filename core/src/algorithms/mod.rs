@@ -338,11 +338,11 @@ pub fn build_plan_with(problem: &Problem, algorithm: Algorithm, sums: BaselineSu
             ring::ag_gemm_ring(problem, algorithm, chunks)
         }
         (OpKind::AgGemm, Algorithm::RingBidir) => ring::ag_gemm_bidir(problem),
-        (OpKind::AgGemm, Algorithm::RingAccumulate { .. } | Algorithm::RingPush | Algorithm::FusedPush { .. })
-        | (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Hierarchical { .. }) => {
+        (OpKind::AgGemm, Algorithm::RingAccumulate { .. } | Algorithm::RingPush | Algorithm::FusedPush { .. }) => {
             Err(AlgorithmError::NotDefined { algorithm, op: problem.op.name() })
         }
         (OpKind::AgGemm, Algorithm::Hierarchical { node }) => hierarchical::ag_gemm(problem, node),
+        (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Hierarchical { node }) => hierarchical::gemm_reduce(problem, node),
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::RingPush) => ring::gemm_reduce_push(problem),
         (OpKind::GemmRs | OpKind::GemmAr, Algorithm::Baseline) => ring::gemm_reduce_baseline(problem, sums),
         (
@@ -563,15 +563,6 @@ mod tests {
             Algorithm::parse("hierarchical", None),
             Err(AlgorithmError::MissingParameter { algorithm: "hierarchical", parameter: "node" })
         );
-    }
-
-    #[test]
-    fn hierarchical_is_refused_for_the_reductions() {
-        for op in [OpKind::GemmRs, OpKind::GemmAr] {
-            let p = Problem::new(op, 4, 16, 16, 16, DType::F32, DType::F32).unwrap();
-            let e = build_plan(&p, Algorithm::Hierarchical { node: 2 }).unwrap_err();
-            assert!(matches!(e, AlgorithmError::NotDefined { .. }), "{e}");
-        }
     }
 
     #[test]
