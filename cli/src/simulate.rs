@@ -41,7 +41,7 @@ pub enum Executor {
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// A plan file (JSON, format cmm-plan) to simulate instead of a problem.
-    #[arg(value_name = "PLAN", conflicts_with_all = ["op", "chunks", "compare", "validate", "layer", "attention", "moe", "mesh", "executor"])]
+    #[arg(value_name = "PLAN", conflicts_with_all = ["op", "chunks", "node", "compare", "validate", "layer", "attention", "moe", "mesh", "executor"])]
     pub plan: Option<PathBuf>,
     #[command(flatten)]
     pub problem: ProblemArgs,
@@ -103,8 +103,9 @@ pub struct Args {
     /// Who runs the plan.
     #[arg(long, value_enum, default_value = "sim")]
     pub executor: Executor,
-    /// Print every candidate algorithm's simulated time beside its analytic formula.
-    #[arg(long, conflicts_with_all = ["executor", "trace", "svg"])]
+    /// Print every candidate algorithm's simulated time beside its analytic formula
+    /// (`hierarchical` at the profile's node size, across its nodes).
+    #[arg(long, conflicts_with_all = ["executor", "trace", "svg", "node"])]
     pub compare: bool,
     /// Print the validation table (seed 000 on h100-nvlink, seed 002 on tpuv4-torus).
     #[arg(long, conflicts_with_all = ["op", "devices", "m", "n", "k", "profile", "input", "output", "compare", "executor", "trace", "svg", "json"])]
@@ -117,7 +118,7 @@ pub struct Args {
     pub validate_bench: Option<PathBuf>,
     /// A linear layer instead of a 1D op (with -d, -m = S tokens, -k = H, -n = F):
     /// column, row or mlp; every algorithm is simulated and the overlap verdict printed.
-    #[arg(long, value_parser = parse_layer, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg", "executor", "validate"])]
+    #[arg(long, value_parser = parse_layer, conflicts_with_all = ["op", "chunks", "node", "torus", "compare", "trace", "svg", "executor", "validate"])]
     pub layer: Option<Layer>,
     /// The linear pass: forward, backward (column, row) or train (mlp).
     #[arg(long, value_parser = parse_pass, requires = "layer")]
@@ -131,7 +132,7 @@ pub struct Args {
     /// Sequence-parallel attention instead of a 1D op (with -d, -m = S, -n = query heads,
     /// -k = head dimension): every algorithm is simulated, a causal prefill in both
     /// layouts, and the verdicts printed.
-    #[arg(long, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg", "layer", "executor", "validate"])]
+    #[arg(long, conflicts_with_all = ["op", "chunks", "node", "torus", "compare", "trace", "svg", "layer", "executor", "validate"])]
     pub attention: bool,
     /// Key/value heads (default: the query heads).
     #[arg(long, requires = "attention")]
@@ -145,7 +146,7 @@ pub struct Args {
     /// A mixture-of-experts op instead of a 1D op (ag_moe or moe_rs; with -d, -m = T
     /// tokens, -k = H, -n = F, --experts, --topk, --routing): every algorithm is
     /// simulated, grouped GEMMs priced from the routing, and the verdict printed.
-    #[arg(long, value_parser = parse_moe_op, conflicts_with_all = ["op", "chunks", "torus", "compare", "trace", "svg", "layer", "attention", "executor", "validate"])]
+    #[arg(long, value_parser = parse_moe_op, conflicts_with_all = ["op", "chunks", "node", "torus", "compare", "trace", "svg", "layer", "attention", "executor", "validate"])]
     pub moe: Option<MoeOp>,
     /// Experts E.
     #[arg(long, requires = "moe")]
@@ -159,7 +160,7 @@ pub struct Args {
     /// A 2D GEMM on an Nr×Nc mesh instead of a 1D op (with -m -n -k, --dataflow and
     /// --algorithm collective, summa, cannon, wang, wang_bidir, wang_columns, wang_columns_bidir
     /// or meshslice): the mesh plan itself is simulated, beside seed 002's analytic model.
-    #[arg(long, value_name = "NRxNC", conflicts_with_all = ["op", "chunks", "torus", "compare", "layer", "attention", "moe", "executor", "validate"])]
+    #[arg(long, value_name = "NRxNC", conflicts_with_all = ["op", "chunks", "node", "torus", "compare", "layer", "attention", "moe", "executor", "validate"])]
     pub mesh: Option<String>,
     /// The mesh dataflow: os, ls or rs.
     #[arg(long, default_value = "os", requires = "mesh")]

@@ -216,6 +216,14 @@ fn a_hierarchical_plan_without_whole_nodes_is_refused_in_its_words() {
     assert!(o.status.success() && text(&o).contains("gemm_rs/hierarchical(node=4) D=16"), "{}", text(&o));
     let o = cmm(&s.0, &["simulate", "--op", "ag_gemm", "-d", "4", "-m", "64", "-n", "64", "-k", "64", "--node", "2"]);
     assert!(!o.status.success() && text(&o).contains("ring takes no parameter `node`"), "{}", text(&o));
+    // A node size that would be ignored is refused: a plan file's, or --compare's (which
+    // takes the profile's).
+    let o = sim(&["--op", "ag_gemm", "-d", "16", "--profile", "h100-ib", "--node", "8", "--compare"]);
+    assert!(
+        !o.status.success() && text(&o).contains("'--node <NODE>' cannot be used with '--compare'"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// Numbers that once came out as `inf µs` or as a ranking of wrapped counts: a profile
