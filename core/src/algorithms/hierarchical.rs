@@ -1,8 +1,10 @@
-//! The hierarchical (node-aware) AG+GEMM: for D devices in nodes of `node` GPUs, every
-//! shard crosses between two nodes once, not once for each GPU of the receiving node.
+//! The hierarchical (node-aware) plans: for D devices in nodes of `node` GPUs, every
+//! shard (AG+GEMM) or node sum of a block (GEMM+RS) crosses between two nodes once, not
+//! once for each GPU of the receiving node.
 //!
 //! Device d is GPU l = d mod `node` of node g = d / `node`; the G = D / `node` nodes' GPUs
-//! of one local index l share a network rail (each GPU its own NIC). Device (g, l):
+//! of one local index l share a network rail (each GPU its own NIC). In AG+GEMM, device
+//! (g, l):
 //! - sends its shard to every other GPU of its node (the fast links inside a node);
 //! - sends its shard over its NIC to GPU l of every other node, at step s to node g + s
 //!   (mod G), so that at every step each NIC sends one shard and receives one;
@@ -12,7 +14,9 @@
 //! D − `node` shards of all the other nodes' GPUs: `node` times fewer bytes over the
 //! network, for `node` − 1 extra copies inside the node per remote shard. The GEMMs
 //! overlap the collective: the own shard's first, the node's other shards' once they are
-//! in, then each remote node's rows (one GEMM) once all of its shards are in.
+//! in, then each remote node's rows (one GEMM) once all of its shards are in. GEMM+RS runs
+//! the same rails the other way ([`gemm_reduce`]); GEMM+AR is GEMM+RS, then the
+//! AllGather of C's blocks.
 
 use super::direct::chained_sum;
 use super::ring::{copy, signal, wait};
@@ -23,7 +27,7 @@ use crate::plan::{BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemId};
 use crate::problem::{OpKind, Problem};
 
 /// Refuses a node size that does not cut the devices into whole nodes.
-pub(super) fn check_node(devices: usize, node: usize) -> Result<(), AlgorithmError> {
+fn check_node(devices: usize, node: usize) -> Result<(), AlgorithmError> {
     if node == 0 || devices % node != 0 {
         return Err(AlgorithmError::NodeSize { devices, node });
     }
