@@ -219,11 +219,7 @@ fn a_hierarchical_plan_without_whole_nodes_is_refused_in_its_words() {
     // A node size that would be ignored is refused: a plan file's, or --compare's (which
     // takes the profile's).
     let o = sim(&["--op", "ag_gemm", "-d", "16", "--profile", "h100-ib", "--node", "8", "--compare"]);
-    assert!(
-        !o.status.success() && text(&o).contains("'--node <NODE>' cannot be used with '--compare'"),
-        "{}",
-        text(&o)
-    );
+    assert!(!o.status.success() && text(&o).contains("<NODE>' cannot be used with '--compare'"), "{}", text(&o));
 }
 
 /// Numbers that once came out as `inf µs` or as a ranking of wrapped counts: a profile

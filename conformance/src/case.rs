@@ -772,6 +772,16 @@ pub fn check_case_name(name: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// The cases of `text`, which must parse.
+    fn parsed(text: &str) -> Vec<Case> {
+        parse_cases(text, Path::new("x.toml")).unwrap()
+    }
+
+    /// What parsing `text` as the file `file` refuses, in words.
+    fn refusal(text: &str, file: &str) -> String {
+        parse_cases(text, Path::new(file)).unwrap_err().to_string()
+    }
+
     const GOOD: &str = r#"
 [[case]]
 name = "a"
@@ -790,7 +800,7 @@ seed = 1
 
     #[test]
     fn parses_a_case() {
-        let cases = parse_cases(GOOD, Path::new("x.toml")).unwrap();
+        let cases = parsed(GOOD);
         assert_eq!(cases.len(), 1);
         let c = &cases[0];
         assert_eq!(
@@ -824,7 +834,7 @@ seed = 3
 
     #[test]
     fn parses_a_mesh_case() {
-        let cases = parse_cases(MESH, Path::new("x.toml")).unwrap();
+        let cases = parsed(MESH);
         let c = &cases[0];
         assert_eq!(c.topology, Topology::Mesh { nr: 2, nc: 4, dataflow: Dataflow::Ls, wire: None });
         assert_eq!((c.devices(), c.devices_label(), c.op_label()), (8, "2x4".to_string(), "mesh_gemm ls".to_string()));
@@ -837,32 +847,49 @@ seed = 3
     #[test]
     fn fields_must_fit_the_op() {
         let with_devices = MESH.replace("nr = 2", "nr = 2\ndevices = 8");
-        let text = parse_cases(&with_devices, Path::new("x.toml")).unwrap_err().to_string();
+        let text = refusal(&with_devices, "x.toml");
         assert!(text.contains("mesh_gemm does not take `devices`"), "{text}");
-        let text = parse_cases(&MESH.replace("dataflow = \"ls\"\n", ""), Path::new("x.toml")).unwrap_err().to_string();
+        let text = refusal(&MESH.replace("dataflow = \"ls\"\n", ""), "x.toml");
         assert!(text.contains("mesh_gemm needs the field `dataflow`"), "{text}");
         let text = parse_cases(&MESH.replace("dataflow = \"ls\"", "dataflow = \"xs\""), Path::new("x.toml"))
             .unwrap_err()
             .to_string();
         assert!(text.contains("xs"), "{text}");
         let ring_with_mesh = GOOD.replace("devices = 2", "devices = 2\nnr = 1\nslices = 2");
-        let text = parse_cases(&ring_with_mesh, Path::new("x.toml")).unwrap_err().to_string();
+        let text = refusal(&ring_with_mesh, "x.toml");
         assert!(text.contains("ag_gemm does not take `nr`, `slices`"), "{text}");
-        let text = parse_cases(&GOOD.replace("devices = 2\n", ""), Path::new("x.toml")).unwrap_err().to_string();
+        let text = refusal(&GOOD.replace("devices = 2\n", ""), "x.toml");
         assert!(text.contains("ag_gemm needs the field `devices`"), "{text}");
-        let text =
-            parse_cases(&GOOD.replace("\"ag_gemm\"", "\"mesh_gem\""), Path::new("x.toml")).unwrap_err().to_string();
+        let text = refusal(&GOOD.replace("\"ag_gemm\"", "\"mesh_gem\""), "x.toml");
         assert!(text.contains("unknown op `mesh_gem`"), "{text}");
     }
 
     #[test]
+    fn a_node_size_is_a_hierarchical_case_field() {
+        let hierarchical = GOOD.replace("\"ring_chunked\"\nchunks = 2", "\"hierarchical\"\nnode = 2");
+        let cases = parsed(&hierarchical);
+        assert_eq!(cases[0].algorithm().unwrap(), CaseAlgorithm::Ring(Algorithm::Hierarchical { node: 2 }));
+        assert_eq!(cases[0].algorithm_label(), "hierarchical(node=2)");
+        assert!(cases[0].plan().is_ok());
+        // Parsed, then refused by the algorithm: nodes that do not cut D, another algorithm.
+        let cases = parsed(&hierarchical.replace("node = 2", "node = 3"));
+        assert!(matches!(cases[0].plan(), Err(CaseError::Algorithm(AlgorithmError::NodeSize { devices: 2, node: 3 }))));
+        let cases = parsed(&GOOD.replace("chunks = 2", "chunks = 2\nnode = 2"));
+        assert!(cases[0].algorithm().is_err());
+        let moe = GOOD
+            .replace("\"ag_gemm\"", "\"moe_rs\"")
+            .replace("chunks = 2", "node = 2\nexperts = 4\ntopk = 2\nrouting = \"uniform\"");
+        assert!(refusal(&moe, "x.toml").contains("does not take `node`"));
+    }
+
+    #[test]
     fn mesh_problems_and_algorithms_fail_at_run_time_with_typed_errors() {
-        let cases = parse_cases(&MESH.replace("n = 16", "n = 12"), Path::new("x.toml")).unwrap();
+        let cases = parsed(&MESH.replace("n = 16", "n = 12"));
         assert!(cases[0].problem().is_ok());
         assert!(matches!(cases[0].plan(), Err(CaseError::Mesh(MeshError::SliceIndivisible { .. }))));
-        let cases = parse_cases(&MESH.replace("n = 16", "n = 6"), Path::new("x.toml")).unwrap();
+        let cases = parsed(&MESH.replace("n = 16", "n = 6"));
         assert!(matches!(cases[0].problem(), Err(CaseError::Mesh(MeshError::Indivisible { dim: "N", .. }))));
-        let cases = parse_cases(&MESH.replace("\"meshslice\"", "\"cannon\""), Path::new("x.toml")).unwrap();
+        let cases = parsed(&MESH.replace("\"meshslice\"", "\"cannon\""));
         assert!(matches!(cases[0].plan(), Err(CaseError::Mesh(MeshError::UnexpectedParameter { .. }))));
     }
 
@@ -875,21 +902,20 @@ seed = 3
         assert!(text.contains("dir/x.toml") && text.contains("`a`") && text.contains("bf17"), "{text}");
 
         let unknown = GOOD.replace("seed = 1", "seed = 1\nsed = 2");
-        let text = parse_cases(&unknown, Path::new("x.toml")).unwrap_err().to_string();
+        let text = refusal(&unknown, "x.toml");
         assert!(text.contains("sed"), "{text}");
 
         let missing = GOOD.replace("m = 8\n", "");
-        let text = parse_cases(&missing, Path::new("x.toml")).unwrap_err().to_string();
+        let text = refusal(&missing, "x.toml");
         assert!(text.contains("missing field `m`"), "{text}");
 
-        let text = parse_cases("[[case]\n", Path::new("y.toml")).unwrap_err().to_string();
+        let text = refusal("[[case]\n", "y.toml");
         assert!(text.starts_with("y.toml:"), "{text}");
 
-        let text = parse_cases("cases = 1\n", Path::new("y.toml")).unwrap_err().to_string();
+        let text = refusal("cases = 1\n", "y.toml");
         assert!(text.contains("unexpected top-level key `cases`"), "{text}");
 
-        let text =
-            parse_cases(&GOOD.replace("name = \"a\"", "name = \"a/b\""), Path::new("y.toml")).unwrap_err().to_string();
+        let text = refusal(&GOOD.replace("name = \"a\"", "name = \"a/b\""), "y.toml");
         assert!(text.contains("golden file"), "{text}");
     }
 
@@ -908,7 +934,7 @@ seed = 3
     fn an_invalid_problem_loads_and_fails_later() {
         // N splits into D equal blocks (M may split unevenly).
         let bad = GOOD.replace("n = 4", "n = 5");
-        let cases = parse_cases(&bad, Path::new("x.toml")).unwrap();
+        let cases = parsed(&bad);
         assert!(cases[0].problem().is_err());
     }
 }
