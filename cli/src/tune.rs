@@ -70,6 +70,7 @@ const ONE_GPU_TIE: f64 = 0.05;
 
 /// What a winning plan's prediction assumes that no measurement has shown: the fused
 /// plans' waits inside their persistent kernels cost nothing beyond the data's arrival;
+/// the hierarchical plans' NICs run at the profile's rate, where cmm has never run;
 /// on one GPU, a lead smaller than the model's misses there (`lead`: the runner-up's time
 /// over the winner's, less 1).
 fn caveat(winner: cmm_core::Algorithm, profile: &cmm_sim::Profile, lead: Option<f64>) -> Option<String> {
@@ -88,6 +89,14 @@ fn caveat(winner: cmm_core::Algorithm, profile: &cmm_sim::Profile, lead: Option<
         caveats.push(
             "fused_push has not run on any GPU yet: its persistent kernels' waits and their epilogues adding into the peers' \
              sums are priced by the model alone"
+                .to_string(),
+        );
+    }
+    if matches!(winner, cmm_core::Algorithm::Hierarchical { .. }) {
+        caveats.push(
+            "the hierarchical plans have not run across nodes: cmm has no transport between nodes (docs/multinode.md); \
+             they pass the corpus on the reference and the CUDA host twin, and this prediction prices each NIC at the \
+             profile's rate from published figures, not from a run"
                 .to_string(),
         );
     }
@@ -461,5 +470,8 @@ mod tests {
         assert!(fused.starts_with("the fused plans have run only") && !fused.contains("tie"), "{fused}");
         let both = caveat(Algorithm::Fused { chunks: 1 }, &one, Some(0.02)).unwrap();
         assert!(both.contains("fused plans") && both.contains("read this as a tie"), "{both}");
+        let ib = cmm_sim::Profile::load("h100-ib").unwrap();
+        let nodes = caveat(Algorithm::Hierarchical { node: 8 }, &ib, Some(2.0)).unwrap();
+        assert!(nodes.starts_with("the hierarchical plans have not run across nodes"), "{nodes}");
     }
 }
