@@ -100,34 +100,53 @@ impl GatherSems {
     }
 }
 
+/// The lanes of the copies inside a node: two where a GPU sends to more than one peer
+/// there, the first to the first half of the node and the second to the rest, so that two
+/// copies run at once and together take the GPU's link rather than one copy engine's rate.
+fn inside_lanes(b: &mut PlanBuilder, node: usize) -> Vec<LaneId> {
+    let mut lanes = vec![b.lane("inside")];
+    if node > 2 {
+        lanes.push(b.lane("inside2"));
+    }
+    lanes
+}
+
+/// The lane of [`inside_lanes`] that sends to the GPU `t` places on in the node.
+fn inside_lane(lanes: &[LaneId], nodes: Nodes, t: usize) -> LaneId {
+    lanes[usize::from(t > nodes.node / 2).min(lanes.len() - 1)]
+}
+
 /// Device d's part of a hierarchical AllGather of `blocks` (device e's block is
 /// `blocks[e]` on every device; d's own comes from `own`): over the NIC on `nic` to GPU
-/// l of every other node, and on `inside` to the node's other GPUs, then each block that
-/// came over the NIC forwarded to them.
+/// l of every other node, and to the node's other GPUs, then each block that came over
+/// the NIC forwarded to them, on the lanes `inside` ([`inside_lanes`]).
 fn gather(
     b: &mut PlanBuilder,
     d: usize,
     nodes: Nodes,
-    [nic, inside]: [LaneId; 2],
+    (nic, inside): (LaneId, &[LaneId]),
     sems: &GatherSems,
     own: Region,
     blocks: &[Region],
 ) {
+    let lane_to = |t: usize| inside_lane(inside, nodes, t);
     for s in 1..nodes.nodes {
         let to = nodes.rail(d, s);
         b.push(d, nic, copy(own, to, blocks[d]));
         b.push(d, nic, signal(to, sems.over_nic[s - 1]));
     }
     for t in 1..nodes.node {
-        b.push(d, inside, copy(own, nodes.peer(d, t), blocks[d]));
-        b.push(d, inside, signal(nodes.peer(d, t), sems.local));
+        b.push(d, lane_to(t), copy(own, nodes.peer(d, t), blocks[d]));
+        b.push(d, lane_to(t), signal(nodes.peer(d, t), sems.local));
     }
     for s in 1..nodes.nodes {
         let from = nodes.rail_back(d, s);
-        b.push(d, inside, wait(sems.over_nic[s - 1], 1));
+        for &lane in inside {
+            b.push(d, lane, wait(sems.over_nic[s - 1], 1));
+        }
         for t in 1..nodes.node {
-            b.push(d, inside, copy(blocks[from], nodes.peer(d, t), blocks[from]));
-            b.push(d, inside, signal(nodes.peer(d, t), sems.forwarded[s - 1]));
+            b.push(d, lane_to(t), copy(blocks[from], nodes.peer(d, t), blocks[from]));
+            b.push(d, lane_to(t), signal(nodes.peer(d, t), sems.forwarded[s - 1]));
         }
     }
 }
@@ -140,11 +159,12 @@ pub(super) fn ag_gemm(p: &Problem, node: usize) -> Result<Plan, AlgorithmError> 
     let (mut b, a, bm, c) = start_plan(p, Algorithm::Hierarchical { node });
     let gathered = b.buffer("G", p.input, p.m, p.k, BufferRole::Scratch);
     let sems = GatherSems::declare(&mut b, nodes, "");
-    let (compute, nic, inside) = (b.lane("compute"), b.lane("nic"), b.lane("inside"));
+    let (compute, nic) = (b.lane("compute"), b.lane("nic"));
+    let inside = inside_lanes(&mut b, node);
     let blocks: Vec<Region> = (0..n).map(|r| b.rows(gathered, shards.start(r), shards.len(r))).collect();
     for d in 0..n {
         let own = b.rows(a, 0, shards.len(d));
-        gather(&mut b, d, nodes, [nic, inside], &sems, own, &blocks);
+        gather(&mut b, d, nodes, (nic, &inside), &sems, own, &blocks);
         let whole_b = b.whole(bm);
         let own_c = b.rows(c, shards.start(d), shards.len(d));
         b.push(d, compute, Op::gemm(own, whole_b, own_c));
@@ -196,7 +216,9 @@ pub(super) fn gemm_reduce(p: &Problem, node: usize) -> Result<Plan, AlgorithmErr
     let inside_steps: Vec<SemId> = (0..g_count).map(|s| b.semaphore(&format!("inside_step{s}"))).collect();
     let remote_steps: Vec<SemId> = (1..g_count).map(|s| b.semaphore(&format!("remote_step{s}"))).collect();
     let ag = (p.op == OpKind::GemmAr).then(|| (b.semaphore("reduced"), GatherSems::declare(&mut b, nodes, "ag_")));
-    let (compute, inside, sum, nic) = (b.lane("compute"), b.lane("inside"), b.lane("sum"), b.lane("nic"));
+    let compute = b.lane("compute");
+    let inside = inside_lanes(&mut b, node);
+    let (sum, nic) = (b.lane("sum"), b.lane("nic"));
     // The other nodes in the order they are sent to, then the own.
     let order: Vec<usize> = (1..g_count).chain([0]).collect();
     let block = |b: &PlanBuilder, e: usize| b.rows(partial, rows.start(e), rows.len(e));
@@ -210,15 +232,17 @@ pub(super) fn gemm_reduce(p: &Problem, node: usize) -> Result<Plan, AlgorithmErr
             b.push(d, compute, signal(d, piece));
         }
         for (i, &s) in order.iter().enumerate() {
-            b.push(d, inside, wait(piece, (i + 1) as u32));
+            for &lane in &inside {
+                b.push(d, lane, wait(piece, (i + 1) as u32));
+            }
             for t in 1..l_count {
-                let to = nodes.peer(d, t);
+                let (to, lane) = (nodes.peer(d, t), inside_lane(&inside, nodes, t));
                 let (src, dst) = (
                     block(&b, nodes.rail(to, s)),
                     b.rows(inside_slots, (s * (l_count - 1) + t - 1) * mb, rows.len(nodes.rail(to, s))),
                 );
-                b.push(d, inside, copy(src, to, dst));
-                b.push(d, inside, signal(to, inside_steps[s]));
+                b.push(d, lane, copy(src, to, dst));
+                b.push(d, lane, signal(to, inside_steps[s]));
             }
         }
         // Step s's node sum: the own partial's block first, then the node's in turn.
@@ -275,10 +299,10 @@ pub(super) fn gemm_reduce(p: &Problem, node: usize) -> Result<Plan, AlgorithmErr
         if let Some((reduced, sems)) = &ag {
             let blocks: Vec<Region> = (0..n).map(|e| b.rows(c, rows.start(e), rows.len(e))).collect();
             b.push(d, sum, signal(d, *reduced));
-            for lane in [nic, inside] {
+            for &lane in std::iter::once(&nic).chain(&inside) {
                 b.push(d, lane, wait(*reduced, 1));
             }
-            gather(&mut b, d, nodes, [nic, inside], sems, out, &blocks);
+            gather(&mut b, d, nodes, (nic, &inside), sems, out, &blocks);
             for s in 0..g_count {
                 sems.wait_node(&mut b, d, sum, nodes, s);
             }
