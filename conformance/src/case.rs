@@ -6,7 +6,7 @@
 //! op = "ag_gemm"            # ag_gemm | gemm_rs | gemm_ar | mesh_gemm
 //! algorithm = "ring"        # baseline | ring | ring_bidir | ring_chunked
 //! chunks = 2                # only with ring_chunked
-//! node = 2                  # only with hierarchical (ag_gemm): GPUs per node
+//! node = 2                  # only with hierarchical: GPUs per node
 //! devices = 4               # 1D ops: the ring size D
 //! m = 96                    # global GEMM C = A·B: A is M×K, B is K×N
 //! n = 32
@@ -273,7 +273,8 @@ impl CaseTable {
         ];
         let moe_fields =
             [(self.experts.is_some(), "experts"), (self.topk.is_some(), "topk"), (self.routing.is_some(), "routing")];
-        let ring_fields = [(self.chunks.is_some(), "chunks"), (self.node.is_some(), "node")];
+        let chunks_field = [(self.chunks.is_some(), "chunks")];
+        let node_field = [(self.node.is_some(), "node")];
         let wire_fields = [(self.wire.is_some(), "wire")];
         let devices_field = [(self.devices.is_some(), "devices")];
         // The fields of the other families are foreign to each op.
@@ -284,8 +285,7 @@ impl CaseTable {
         };
         let moe_op = self.op.parse::<MoeOp>().ok();
         let topology = if let Some(op) = moe_op {
-            reject(&[&mesh_fields, &linear_fields, &attention_fields, &wire_fields]);
-            given(self.node.is_some(), "node", &mut foreign);
+            reject(&[&mesh_fields, &linear_fields, &attention_fields, &wire_fields, &node_field]);
             let missing = |field: &str| format!("{op} needs the field `{field}`");
             let routing = self.routing.as_deref().ok_or_else(|| missing("routing"))?.parse()?;
             Topology::Moe {
@@ -296,7 +296,7 @@ impl CaseTable {
                 routing,
             }
         } else if self.op == ATTENTION {
-            reject(&[&ring_fields, &wire_fields, &mesh_fields, &linear_fields, &moe_fields]);
+            reject(&[&chunks_field, &node_field, &wire_fields, &mesh_fields, &linear_fields, &moe_fields]);
             if self.output != self.input {
                 return Err(format!("{ATTENTION}: output must equal input ({}); the log-sum-exp is f32", self.input));
             }
@@ -309,7 +309,7 @@ impl CaseTable {
                 queries: self.queries,
             }
         } else if self.op == MESH_GEMM {
-            reject(&[&devices_field, &ring_fields, &linear_fields, &attention_fields, &moe_fields]);
+            reject(&[&devices_field, &chunks_field, &node_field, &linear_fields, &attention_fields, &moe_fields]);
             let missing = |field: &str| format!("{MESH_GEMM} needs the field `{field}`");
             Topology::Mesh {
                 nr: self.nr.ok_or_else(|| missing("nr"))?,
@@ -318,7 +318,7 @@ impl CaseTable {
                 wire: self.wire,
             }
         } else if self.op == LINEAR {
-            reject(&[&ring_fields, &wire_fields, &mesh_fields, &attention_fields, &moe_fields]);
+            reject(&[&chunks_field, &node_field, &wire_fields, &mesh_fields, &attention_fields, &moe_fields]);
             let missing = |field: &str| format!("{LINEAR} needs the field `{field}`");
             if self.output != self.input {
                 return Err(format!(
@@ -851,9 +851,7 @@ seed = 3
         assert!(text.contains("mesh_gemm does not take `devices`"), "{text}");
         let text = refusal(&MESH.replace("dataflow = \"ls\"\n", ""), "x.toml");
         assert!(text.contains("mesh_gemm needs the field `dataflow`"), "{text}");
-        let text = parse_cases(&MESH.replace("dataflow = \"ls\"", "dataflow = \"xs\""), Path::new("x.toml"))
-            .unwrap_err()
-            .to_string();
+        let text = refusal(&MESH.replace("dataflow = \"ls\"", "dataflow = \"xs\""), "x.toml");
         assert!(text.contains("xs"), "{text}");
         let ring_with_mesh = GOOD.replace("devices = 2", "devices = 2\nnr = 1\nslices = 2");
         let text = refusal(&ring_with_mesh, "x.toml");

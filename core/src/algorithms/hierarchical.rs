@@ -26,14 +26,6 @@ use crate::plan::MAX_REDUCE_INPUTS as REDUCE_FAN_IN;
 use crate::plan::{BufferRole, LaneId, Op, Plan, PlanBuilder, Region, SemId};
 use crate::problem::{OpKind, Problem};
 
-/// Refuses a node size that does not cut the devices into whole nodes.
-fn check_node(devices: usize, node: usize) -> Result<(), AlgorithmError> {
-    if node == 0 || devices % node != 0 {
-        return Err(AlgorithmError::NodeSize { devices, node });
-    }
-    Ok(())
-}
-
 /// The devices cut into nodes of `node` GPUs: device d is GPU d mod `node` of node
 /// d / `node`.
 #[derive(Clone, Copy)]
@@ -43,6 +35,14 @@ struct Nodes {
 }
 
 impl Nodes {
+    /// `devices` in nodes of `node` GPUs, refused where they do not make whole nodes.
+    fn new(devices: usize, node: usize) -> Result<Nodes, AlgorithmError> {
+        if node == 0 || devices % node != 0 {
+            return Err(AlgorithmError::NodeSize { devices, node });
+        }
+        Ok(Nodes { node, nodes: devices / node })
+    }
+
     /// The GPU `t` places on from d inside d's node.
     fn peer(self, d: usize, t: usize) -> usize {
         d / self.node * self.node + (d % self.node + t) % self.node
@@ -153,9 +153,8 @@ fn gather(
 
 /// AG+GEMM, hierarchical: see the module's description.
 pub(super) fn ag_gemm(p: &Problem, node: usize) -> Result<Plan, AlgorithmError> {
-    check_node(p.devices, node)?;
+    let nodes = Nodes::new(p.devices, node)?;
     let (n, shards) = (p.devices, p.row_split());
-    let nodes = Nodes { node, nodes: n / node };
     let (mut b, a, bm, c) = start_plan(p, Algorithm::Hierarchical { node });
     let gathered = b.buffer("G", p.input, p.m, p.k, BufferRole::Scratch);
     let sems = GatherSems::declare(&mut b, nodes, "");
@@ -168,22 +167,23 @@ pub(super) fn ag_gemm(p: &Problem, node: usize) -> Result<Plan, AlgorithmError> 
         let whole_b = b.whole(bm);
         let own_c = b.rows(c, shards.start(d), shards.len(d));
         b.push(d, compute, Op::gemm(own, whole_b, own_c));
-        sems.wait_node(&mut b, d, compute, nodes, 0);
-        // The node's rows before and after the own shard's, then each other node's.
-        let g = d / node;
-        let mut spans = vec![(nodes.first(g), d), (d + 1, nodes.first(g + 1))];
-        spans.extend(
-            (1..nodes.nodes).map(|s| nodes.rail_back(d, s) / node).map(|h| (nodes.first(h), nodes.first(h + 1))),
-        );
-        for (i, (first, end)) in spans.into_iter().enumerate() {
-            if i >= 2 {
-                sems.wait_node(&mut b, d, compute, nodes, i - 1);
-            }
+        // The rows of devices `first..end`, once they are in.
+        let multiply = |b: &mut PlanBuilder, first: usize, end: usize| {
             if first < end {
                 let (start, rows) = shards.span(first, end);
                 let (a_rows, c_rows) = (b.rows(gathered, start, rows), b.rows(c, start, rows));
                 b.push(d, compute, Op::gemm(a_rows, whole_b, c_rows));
             }
+        };
+        // The node's rows before and after the own shard's, then each other node's.
+        let g = d / node;
+        sems.wait_node(&mut b, d, compute, nodes, 0);
+        multiply(&mut b, nodes.first(g), d);
+        multiply(&mut b, d + 1, nodes.first(g + 1));
+        for s in 1..nodes.nodes {
+            let h = nodes.rail_back(d, s) / node;
+            sems.wait_node(&mut b, d, compute, nodes, s);
+            multiply(&mut b, nodes.first(h), nodes.first(h + 1));
         }
     }
     Ok(b.finish()?)
@@ -198,10 +198,10 @@ pub(super) fn ag_gemm(p: &Problem, node: usize) -> Result<Plan, AlgorithmError> 
 /// direct ReduceScatter sends it D − `node`. GEMM+AR then gathers the blocks of C as
 /// AG+GEMM gathers its shards.
 pub(super) fn gemm_reduce(p: &Problem, node: usize) -> Result<Plan, AlgorithmError> {
-    check_node(p.devices, node)?;
-    let (n, rows) = (p.devices, p.row_split());
-    let nodes = Nodes { node, nodes: n / node };
-    let (l_count, g_count, mb) = (node, n / node, rows.max());
+    let nodes = Nodes::new(p.devices, node)?;
+    let (n, rows, mb) = (p.devices, p.row_split(), p.row_split().max());
+    // L GPUs a node, G nodes.
+    let (l_count, g_count) = (nodes.node, nodes.nodes);
     let (mut b, a, bm, c) = start_plan(p, Algorithm::Hierarchical { node });
     let partial = b.buffer("P", p.wire, p.m, p.n, BufferRole::Scratch);
     // Slot s·(L − 1) + t − 1 on device (g, l'): step s's block from GPU l' − t of node g.

@@ -70,10 +70,12 @@ pub enum Algorithm {
         /// Chunks per block.
         chunks: usize,
     },
-    /// AG+GEMM only, for devices in nodes of `node` GPUs: each shard goes to the other
-    /// GPUs of its node, and over the network once to the same GPU of every other node,
-    /// which forwards it inside its node; the GEMMs overlap, a node's rows at a time.
-    /// A node's NIC carries `node` times fewer bytes than under a direct AllGather.
+    /// For devices in nodes of `node` GPUs: AG+GEMM sends each shard to the other GPUs of
+    /// its node, and over the network once to the same GPU of every other node, which
+    /// forwards it inside its node; GEMM+RS sums each block over a node inside it and
+    /// sends the node sum across once (GEMM+AR then gathers as AG+GEMM does). The GEMMs
+    /// overlap, a node's rows at a time; a NIC carries `node` times fewer bytes than
+    /// under a direct collective.
     Hierarchical {
         /// GPUs per node (devices d and e share a node when d / node = e / node).
         node: usize,
